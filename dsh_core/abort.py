@@ -1,0 +1,136 @@
+"""Abort signals: the Python counterpart of the web platform's AbortController.
+
+A caller owns an :class:`AbortController`; everything it starts receives the
+controller's read-only :class:`AbortSignal`. Aborting is one-way and happens
+once: the first reason sticks, listeners run once, in registration order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+__all__ = ["AbortController", "AbortSignal", "AbortedError"]
+
+Listener = Callable[[object], None]
+
+
+class AbortedError(Exception):
+    """Raised by :meth:`AbortSignal.raise_if_aborted` and available to tool bodies."""
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(f"aborted: {reason}")
+        self.reason = reason
+
+
+class AbortSignal:
+    """A read-only view of an abort state that can be observed and awaited."""
+
+    __slots__ = ("_aborted", "_listeners", "_reason", "_waiters")
+
+    def __init__(self) -> None:
+        self._aborted = False
+        self._reason: object = None
+        self._listeners: list[Listener] | None = None
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    @property
+    def aborted(self) -> bool:
+        """True once the owning controller aborted."""
+        return self._aborted
+
+    @property
+    def reason(self) -> object:
+        """The reason given to the first :meth:`AbortController.abort` call."""
+        return self._reason
+
+    def raise_if_aborted(self) -> None:
+        """Raise :class:`AbortedError` when the signal is aborted."""
+        if self._aborted:
+            raise AbortedError(self._reason)
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(reason)`` once on abort (at once if already aborted).
+
+        Returns a function that removes the listener; removing twice is harmless.
+        """
+        if self._aborted:
+            listener(self._reason)
+            return _noop
+        if self._listeners is None:
+            self._listeners = []
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if self._listeners is not None and listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def wait(self) -> object:
+        """Wait until the signal aborts; return the reason."""
+        if self._aborted:
+            return self._reason
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(future)
+        try:
+            await future
+        finally:
+            if self._waiters is not None and future in self._waiters:
+                self._waiters.remove(future)
+        return self._reason
+
+    def _fire(self, reason: object) -> None:
+        if self._aborted:
+            return
+        self._aborted = True
+        self._reason = reason
+        listeners, self._listeners = self._listeners or [], None
+        waiters, self._waiters = self._waiters or [], None
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+        for listener in listeners:
+            listener(reason)
+
+    @staticmethod
+    def never() -> AbortSignal:
+        """A signal that never aborts (no controller can reach it)."""
+        return AbortSignal()
+
+    @staticmethod
+    def aborted_with(reason: object) -> AbortSignal:
+        """A signal that is already aborted with ``reason``."""
+        signal = AbortSignal()
+        signal._fire(reason)
+        return signal
+
+    @staticmethod
+    def any(signals: Iterable[AbortSignal]) -> AbortSignal:
+        """A signal that aborts as soon as any of ``signals`` aborts, with its reason."""
+        controller = AbortController()
+        for signal in signals:
+            if signal.aborted:
+                controller.abort(signal.reason)
+                break
+            signal.add_listener(controller.abort)
+        return controller.signal
+
+
+class AbortController:
+    """Owns an :class:`AbortSignal` and is the only way to abort it."""
+
+    __slots__ = ("signal",)
+
+    def __init__(self) -> None:
+        self.signal = AbortSignal()
+
+    def abort(self, reason: object = "aborted") -> None:
+        """Abort the signal; later calls are ignored (the first reason wins)."""
+        self.signal._fire(reason)
+
+
+def _noop() -> None:
+    return None

@@ -1,0 +1,232 @@
+"""The ``dsh`` command.
+
+Only the requested output goes to stdout; errors go to stderr with a
+non-zero exit code (1 for a failed operation, 2 for bad usage or config).
+Every command takes ``--config FILE`` (repeatable: later files overlay
+earlier ones); without it the built-in default deployment is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from dsh_core.config import Deployment, default_deployment, dump, dump_text, load_deployment
+from dsh_core.errors import DshError
+from dsh_core.lossless import thaw
+from dsh_core.model import ToolResult, converter
+
+__all__ = ["main", "load_config", "run_async", "result_json"]
+
+T = TypeVar("T")
+
+#: Seconds the root scope gets to drain after SIGINT/SIGTERM before a forced exit.
+DRAIN_SECONDS = 5.0
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``dsh: error: message`` to stderr and exit."""
+    click.echo(f"dsh: error: {message}", err=True)
+    sys.exit(code)
+
+
+def load_config(paths: Sequence[str]) -> Deployment:
+    """The effective deployment: the files given, or the default one for the current directory."""
+    try:
+        if paths:
+            return load_deployment(list(paths))
+        return default_deployment(Path.cwd())
+    except DshError as error:
+        fail(error.message, 2)
+
+
+def run_async(main: Callable[[], Awaitable[T]], *, on_signal: Callable[[], Awaitable[None]] | None = None) -> T:
+    """Run ``main`` with SIGINT/SIGTERM wired to a bounded, graceful shutdown.
+
+    The first signal runs ``on_signal`` (dispose the root scope) and cancels
+    ``main``, waiting at most :data:`DRAIN_SECONDS`; a second signal exits at once.
+    """
+
+    async def runner() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(main())
+        state = {"signals": 0}
+        shutdowns: set[asyncio.Task[None]] = set()
+
+        def handle(signum: int) -> None:
+            state["signals"] += 1
+            if state["signals"] > 1:
+                os._exit(128 + signum)
+            click.echo(f"dsh: {signal.Signals(signum).name} received, shutting down "
+                       "(again to exit at once)", err=True)
+
+            async def shutdown() -> None:
+                try:
+                    if on_signal is not None:
+                        await asyncio.wait_for(on_signal(), DRAIN_SECONDS)
+                except (TimeoutError, Exception):
+                    pass
+                task.cancel()
+
+            shutdowns.add(loop.create_task(shutdown()))
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, handle, signum)
+        try:
+            return await task
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+
+    try:
+        return asyncio.run(runner())
+    except asyncio.CancelledError:
+        fail("interrupted", 130)
+
+
+def result_json(result: ToolResult) -> dict[str, Any]:
+    """The ``--json`` shape of a call: ``{"ok", "error", "content", "value"}``."""
+    return {
+        "ok": not result.is_error,
+        "error": None if result.error is None else {"code": result.error.code, "message": result.error.message},
+        "content": converter.unstructure(list(result.content)),
+        "value": None if result.is_error else thaw(result.value),
+    }
+
+
+def emit_json(value: object) -> None:
+    """Write one JSON document to stdout."""
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+config_option = click.option(
+    "--config", "configs", multiple=True, type=click.Path(dir_okay=False),
+    help="Deployment TOML file; repeat to overlay (later files patch earlier ones).")
+
+
+def _configs(ctx: click.Context, local: Sequence[str]) -> list[str]:
+    inherited: Sequence[str] = (ctx.find_root().params.get("configs") or ())
+    return [*inherited, *local]
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-p", "--prompt", "task", help="Run one headless agent turn on TASK and print the answer.")
+@click.option("--session", "session_id", help="With -p: continue this session.")
+@click.option("--agent", "agent_id", help="With -p: the agent to run (default: the first one).")
+@config_option
+@click.pass_context
+def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id: str | None,
+         configs: tuple[str, ...]) -> None:
+    """dsh: a tool runtime for LLM agents, with a sandboxed Code Mode."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if task is None:
+        click.echo(ctx.get_help())
+        return
+    from dsh_core.agent.cli import run_prompt
+
+    run_prompt(load_config(list(configs)), task, session_id=session_id, agent_id=agent_id)
+
+
+@main.group("config")
+def config_group() -> None:
+    """Inspect the effective deployment configuration."""
+
+
+@config_group.command("dump")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: a list of {path, value, source}.")
+@click.pass_context
+def config_dump(ctx: click.Context, configs: tuple[str, ...], as_json: bool) -> None:
+    """Show the effective config, each value with the file it came from."""
+    deployment = load_config(_configs(ctx, configs))
+    if as_json:
+        emit_json([{"path": p, "value": thaw(v), "source": s} for p, v, s in dump(deployment)])
+    else:
+        click.echo(dump_text(deployment), nl=False)
+
+
+@main.group("tools")
+def tools_group() -> None:
+    """List and call tools."""
+
+
+async def _with_harness(deployment: Deployment, work: Callable[[Any], Awaitable[T]]) -> T:
+    from dsh_core.boot import start_harness
+
+    harness = await start_harness(deployment)
+    try:
+        return await work(harness)
+    finally:
+        await harness.aclose()
+
+
+def _boot_and_run(deployment: Deployment, work: Callable[[Any], Awaitable[T]]) -> T:
+    try:
+        return run_async(lambda: _with_harness(deployment, work))
+    except DshError as error:
+        fail(error.message, 2)
+
+
+@tools_group.command("list")
+@config_option
+@click.option("--agent", "agent_id", help="The agent whose view to show (default: the first one).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"mode", "visible", "wire"}.')
+@click.pass_context
+def tools_list(ctx: click.Context, configs: tuple[str, ...], agent_id: str | None, as_json: bool) -> None:
+    """The visible tools and what the model is shown in the current mode."""
+
+    async def work(harness: Any) -> dict[str, Any]:
+        scope = harness.agent(agent_id)
+        registry = harness.registry
+        return {
+            "mode": registry.mode_for(scope),
+            "visible": registry.names(scope),
+            "wire": [thaw(schema.to_json()) for schema in registry.wire_schemas(scope)],
+        }
+
+    listing = _boot_and_run(load_config(_configs(ctx, configs)), work)
+    if as_json:
+        emit_json(listing)
+        return
+    wire = {tool["name"] for tool in listing["wire"]}
+    click.echo(f"mode: {listing['mode']}")
+    for name in listing["visible"]:
+        click.echo(f"  {name}{'' if name in wire else '   (reachable from run_code only)'}")
+
+
+@tools_group.command("call")
+@click.argument("name")
+@click.option("--args", "raw_args", default="{}", show_default=True, help="The arguments, a JSON object.")
+@click.option("--agent", "agent_id", help="The calling agent (default: the first one).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"ok", "error", "content", "value"}.')
+@config_option
+@click.pass_context
+def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | None, as_json: bool,
+               configs: tuple[str, ...]) -> None:
+    """One model-direct call of NAME through the whole pipeline."""
+    try:
+        arguments = json.loads(raw_args)
+    except json.JSONDecodeError as error:
+        fail(f"--args is not valid JSON: {error}", 2)
+
+    async def work(harness: Any) -> ToolResult:
+        result: ToolResult = await harness.call(name, arguments, agent=agent_id)
+        return result
+
+    result = _boot_and_run(load_config(_configs(ctx, configs)), work)
+    if as_json:
+        emit_json(result_json(result))
+    elif result.is_error:
+        click.echo(result.text, err=True)
+    else:
+        click.echo(result.text)
+    sys.exit(1 if result.is_error else 0)

@@ -1,0 +1,739 @@
+"""Deployment configuration: TOML files composed into one effective :class:`Deployment`.
+
+A deployment is described by one or more TOML files (``dsh --config base.toml
+--config overlay.toml``). The first file is the base, later files are
+overlays applied in order:
+
+- tables deep-merge; scalars and lists replace;
+- ``[[plugins]]`` and ``[[agents]]`` rows match by ``id``: a known id patches
+  the row (given keys replace, and a plugin row's ``config`` is replaced
+  *whole*), an unknown id inserts a new row (a plugin row then needs
+  ``use``), ``enabled = false`` drops the row from the effective set and a
+  later ``enabled = true`` brings it back; row order is first appearance;
+  ``enabled = false`` alone for an id no earlier file defines is an
+  unmatched overlay target (an error); when no file declares any agent, one
+  implicit agent ``main`` stands in;
+- ``DSH_TOOLS_MODE`` overrides ``tools.mode`` and ``DSH_HOME`` overrides
+  ``sessions.home``, last.
+
+Every effective leaf remembers where it came from: the file name as given,
+``default`` for a built-in default, or ``env:NAME``. Every problem is a
+:class:`~dsh_core.errors.ConfigError` whose message names the file, the row
+id and the key path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from attrs import asdict, define, field, frozen
+
+# Checked with types-jsonschema when installed; "unused-ignore" keeps this
+# line clean under --strict both with and without those stubs.
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped, unused-ignore]
+
+from dsh_core.errors import ConfigError
+from dsh_core.lossless import JSON, find_loss, freeze
+from dsh_core.schema import check_schema
+
+__all__ = [
+    "MODES",
+    "ISOLATION_LEVELS",
+    "DEFAULT_SOURCE",
+    "DEPLOYMENT_SCHEMA",
+    "ToolsSection",
+    "CodeRuntimeSection",
+    "SessionsSection",
+    "AgentRow",
+    "PluginRow",
+    "Deployment",
+    "load_deployment",
+    "compose",
+    "default_deployment",
+    "validate_plugin_configs",
+    "dump",
+    "dump_text",
+]
+
+#: The presentation modes a deployment or an agent may declare.
+MODES: Final = ("native", "code", "both")
+#: Code Mode isolation levels; ``auto`` picks the strongest available one.
+ISOLATION_LEVELS: Final = ("auto", "L0", "L1", "L2", "L3")
+#: Provenance of a value that no file or environment variable set.
+DEFAULT_SOURCE: Final = "default"
+
+_TOOLS_MODE_ENV: Final = "DSH_TOOLS_MODE"
+_HOME_ENV: Final = "DSH_HOME"
+
+# The character class excludes "\n", but Python's ``re.search`` (which
+# jsonschema uses for ``pattern``) lets ``$`` match before a trailing newline;
+# the lookahead closes that gap while staying a valid ECMA-262 pattern.
+_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$(?!\n)"
+_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_MODULE_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$(?!\n)"
+_BARE_KEY_RE: Final = re.compile(r"[A-Za-z0-9_-]+")
+
+_ID_SCHEMA: Final[dict[str, Any]] = {
+    "type": "string",
+    "pattern": _ID_PATTERN,
+    "description": "a valid id (letters, digits, '_', '.', '-', starting with a letter or digit)",
+}
+_NAMES_SCHEMA: Final[dict[str, Any]] = {"type": "array", "items": {"type": "string", "minLength": 1}}
+
+#: The shape of one config file (Draft 2020-12). Every object is closed
+#: (``additionalProperties: false``) except a plugin row's ``config``, which
+#: belongs to the plugin and is checked later by :func:`validate_plugin_configs`.
+DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "dsh deployment config file",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "tools": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "mode": {"enum": list(MODES)},
+                "max_parallel_sub_calls": {"type": "integer", "minimum": 1},
+            },
+        },
+        "code_runtime": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "isolation": {"enum": list(ISOLATION_LEVELS)},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+                "cpu_s": {"type": "number", "exclusiveMinimum": 0},
+                "memory_mb": {"type": "integer", "minimum": 1},
+                "max_output_bytes": {"type": "integer", "minimum": 4},
+                "preload": {
+                    "type": "array",
+                    "items": {
+                        "type": "string",
+                        "pattern": _MODULE_PATTERN,
+                        "description": "a dotted Python module name",
+                    },
+                },
+            },
+        },
+        "sessions": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "store": {"type": "string", "minLength": 1},
+                "home": {"type": "string", "minLength": 1},
+            },
+        },
+        "agents": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["id"],
+                "properties": {
+                    "id": _ID_SCHEMA,
+                    "enabled": {"type": "boolean"},
+                    "mode": {"enum": list(MODES)},
+                    "provider": {"type": "string", "minLength": 1},
+                    "model": {"type": "string", "minLength": 1},
+                    "max_turns": {"type": "integer", "minimum": 1},
+                    "allow": _NAMES_SCHEMA,
+                    "deny": _NAMES_SCHEMA,
+                    "system_prompt": {"type": "string"},
+                },
+            },
+        },
+        "plugins": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["id"],
+                "properties": {
+                    "id": _ID_SCHEMA,
+                    "use": {"type": "string", "minLength": 1},
+                    "enabled": {"type": "boolean"},
+                    "config": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+
+Draft202012Validator.check_schema(DEPLOYMENT_SCHEMA)
+_FILE_VALIDATOR: Final = Draft202012Validator(DEPLOYMENT_SCHEMA)
+
+_ROW_KINDS: Final = ("agents", "plugins")
+_SECTIONS: Final = ("tools", "code_runtime", "sessions")
+_AGENT_FIELDS: Final = ("mode", "provider", "model", "max_turns", "allow", "deny", "system_prompt")
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _freeze_mapping(value: Mapping[str, Any]) -> JSON:
+    # freeze() accepts only dicts (and returns frozen ones unchanged); callers may hand any Mapping.
+    return freeze(value if isinstance(value, dict) else dict(value))
+
+
+def _empty_config() -> JSON:
+    return freeze({})
+
+
+@frozen
+class ToolsSection:
+    """``[tools]``: the deployment-wide presentation mode and sub-call parallelism."""
+
+    mode: str = "native"
+    max_parallel_sub_calls: int = 10
+
+
+@frozen
+class CodeRuntimeSection:
+    """``[code_runtime]``: isolation level and resource limits of Code Mode runs."""
+
+    isolation: str = "auto"
+    timeout_s: float = 600.0
+    cpu_s: float = 60.0
+    memory_mb: int = 512
+    max_output_bytes: int = 64 * 1024 * 1024
+    preload: tuple[str, ...] = ()
+
+
+@frozen
+class SessionsSection:
+    """``[sessions]``: which session store to use and where dsh keeps its state."""
+
+    store: str = "sqlite"
+    home: str | None = None
+
+
+@frozen
+class AgentRow:
+    """One effective ``[[agents]]`` row; ``None`` means "not set, inherit"."""
+
+    id: str
+    mode: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    max_turns: int | None = None
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] | None = None
+    system_prompt: str | None = None
+
+
+@frozen
+class PluginRow:
+    """One enabled ``[[plugins]]`` row: its id, entry-point name and (frozen) config."""
+
+    id: str
+    use: str
+    # Frozen JSON objects are dicts, hence unhashable; equal rows still hash equal by id/use.
+    config: JSON = field(factory=_empty_config, converter=_freeze_mapping, hash=False)
+
+
+@frozen
+class Deployment:
+    """The effective deployment after composing every config file and the environment.
+
+    ``provenance`` maps each dotted leaf path (``tools.mode``,
+    ``agents[main].mode``, ``plugins[fs].config.root``) to its source: a file
+    name as given, ``default`` or ``env:NAME``. It also holds
+    ``plugins[<id>].config`` itself: the source whose ``config`` table won.
+    """
+
+    tools: ToolsSection = field(factory=ToolsSection)
+    code_runtime: CodeRuntimeSection = field(factory=CodeRuntimeSection)
+    sessions: SessionsSection = field(factory=SessionsSection)
+    agents: tuple[AgentRow, ...] = ()
+    plugins: tuple[PluginRow, ...] = ()
+    sources: tuple[str, ...] = (DEFAULT_SOURCE,)
+    provenance: Mapping[str, str] = field(factory=dict, converter=_freeze_mapping, hash=False)
+
+    def source_of(self, path: str) -> str | None:
+        """The source of the leaf at ``path`` (e.g. ``"tools.mode"``), or ``None``."""
+        return self.provenance.get(path)
+
+    def plugin(self, id: str) -> PluginRow | None:
+        """The enabled plugin row with this id, or ``None``."""
+        return next((row for row in self.plugins if row.id == id), None)
+
+    def agent(self, id: str) -> AgentRow | None:
+        """The enabled agent row with this id, or ``None``."""
+        return next((row for row in self.agents if row.id == id), None)
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _key(key: str) -> str:
+    # Quote keys that would make a dotted path ambiguous, the way TOML does.
+    return key if _BARE_KEY_RE.fullmatch(key) else _literal(key)
+
+
+def _join(prefix: str, part: str | int) -> str:
+    if isinstance(part, int):
+        return f"{prefix}[{part}]"
+    return f"{prefix}.{_key(part)}" if prefix else _key(part)
+
+
+def _row_label(kind: str, row: object, index: int) -> str:
+    row_id = row.get("id") if isinstance(row, Mapping) else None
+    if isinstance(row_id, str) and _ID_RE.fullmatch(row_id):
+        return f"{kind}[{row_id}]"
+    # Rows without a usable id are named by their 1-based position instead.
+    return f"{kind}[#{index + 1}]"
+
+
+def _document_path(document: Mapping[str, Any], parts: Sequence[str | int]) -> str:
+    """Render a path inside one parsed file, naming rows by id: ``plugins[fs].config.root``."""
+    path = ""
+    node: Any = document
+    for depth, part in enumerate(parts):
+        if depth == 1 and isinstance(part, int) and parts[0] in _ROW_KINDS:
+            path = _row_label(str(parts[0]), node[part], part)
+        else:
+            path = _join(path, part)
+        node = node[part]
+    return path
+
+
+def _pointer_parts(document: Any, pointer: str) -> list[str | int]:
+    # A JSON pointer does not say whether "/0" is a key or an index; the document does.
+    parts: list[str | int] = []
+    node = document
+    for raw in pointer.split("/")[1:]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        part: str | int = int(token) if isinstance(node, list) else token
+        parts.append(part)
+        node = node[part]
+    return parts
+
+
+# --------------------------------------------------------------------------- file shape
+
+
+def _error_schema(error: ValidationError) -> Mapping[str, Any]:
+    schema = error.schema
+    return schema if isinstance(schema, Mapping) else {}
+
+
+def _unknown_keys(error: ValidationError) -> list[tuple[list[str | int], str]]:
+    """One (path, message) per unexpected key of an ``additionalProperties``/``unevaluatedProperties`` error.
+
+    jsonschema reports extra keys at the parent object; naming each key
+    instead gives the full key path (and lets its own provenance be found).
+    """
+    instance = error.instance
+    if error.validator not in ("additionalProperties", "unevaluatedProperties") or not isinstance(
+        instance, Mapping
+    ):
+        return []
+    known = sorted(_error_schema(error).get("properties", {}))
+    hint = f"allowed: {', '.join(known)}" if known else "no keys are allowed here"
+    parts: list[str | int] = list(error.absolute_path)
+    # The message quotes each extra key with repr(); matching that reuses
+    # jsonschema's own decision instead of re-implementing properties,
+    # patternProperties and evaluation rules.
+    return [([*parts, key], f"unknown key ({hint})") for key in instance if repr(key) in error.message]
+
+
+def _error_messages(error: ValidationError) -> list[tuple[list[str | int], str]]:
+    """(path, message) pairs for one jsonschema error, with friendlier wording where it helps."""
+    unknown = _unknown_keys(error)
+    if unknown:
+        return unknown
+    parts: list[str | int] = list(error.absolute_path)
+    description = _error_schema(error).get("description")
+    if error.validator == "pattern" and description is not None:
+        return [(parts, f"{error.instance!r} is not {description}")]
+    return [(parts, error.message)]
+
+
+def _sort_key(parts: Sequence[str | int]) -> list[tuple[int, int, str]]:
+    return [(1, part, "") if isinstance(part, int) else (0, 0, part) for part in parts]
+
+
+def _check_document(source: str, document: object) -> list[str]:
+    """Every shape problem of one parsed file, each naming the file and the key path."""
+    if not isinstance(document, Mapping):
+        return [f"{source}: a config file must be a TOML table, got {type(document).__name__}"]
+    document = dict(document)
+    found: list[tuple[list[str | int], str]] = []
+    for error in _FILE_VALIDATOR.iter_errors(document):
+        found.extend(_error_messages(error))
+    found.sort(key=lambda item: (_sort_key(item[0]), item[1]))
+    problems = [
+        f"{source}: {_document_path(document, parts) or '(top level)'}: {msg}" for parts, msg in found
+    ]
+    if problems:
+        return problems
+    # The shape is right; now refuse what JSON cannot carry (TOML dates and
+    # times, inf/nan), wherever it hides, including inside a row's config.
+    loss = find_loss(document)
+    if loss is not None:
+        parts = _pointer_parts(document, loss.path)
+        return [f"{source}: {_document_path(document, parts)}: {loss.reason}"]
+    for kind in _ROW_KINDS:
+        first_index: dict[str, int] = {}
+        for index, row in enumerate(document.get(kind, ())):
+            if row["id"] in first_index:
+                problems.append(
+                    f"{source}: {kind}[{row['id']}]: duplicate id "
+                    f"(rows {first_index[row['id']] + 1} and {index + 1} of [[{kind}]])"
+                )
+            else:
+                first_index[row["id"]] = index
+    return problems
+
+
+# --------------------------------------------------------------------------- composition
+
+
+@define
+class _Row:
+    """Mutable merge state of one row while files are being composed."""
+
+    id: str
+    fields: dict[str, Any]
+    sources: dict[str, str]
+    enabled: bool
+    enabled_source: str
+    config: dict[str, Any]
+    config_source: str
+
+
+def _apply_row(rows: dict[str, _Row], kind: str, source: str, given: Mapping[str, Any]) -> str | None:
+    """Insert or patch one row; return a problem message instead of applying a bad row."""
+    row_id: str = given["id"]
+    label = f"{kind}[{row_id}]"
+    row = rows.get(row_id)
+    if row is None:
+        if set(given) == {"id", "enabled"} and given["enabled"] is False:
+            return (
+                f"{source}: {label}: unmatched overlay target: enabled = false names an id "
+                "that no earlier file defines"
+            )
+        if kind == "plugins" and "use" not in given:
+            return (
+                f"{source}: {label}: a new plugin row needs `use` (an entry-point name in group "
+                "dsh.plugins); no earlier file defines this id"
+            )
+        row = _Row(
+            id=row_id,
+            fields={},
+            sources={"id": source},
+            enabled=True,
+            enabled_source=DEFAULT_SOURCE,
+            config={},
+            config_source=DEFAULT_SOURCE,
+        )
+        rows[row_id] = row
+    for key, value in given.items():
+        if key == "id":
+            continue
+        if key == "enabled":
+            row.enabled, row.enabled_source = value, source
+        elif key == "config":
+            # Replaced whole, never deep-merged: a plugin's config is one
+            # value its schema validates, and half of an old config merged
+            # into a new one is a config nobody wrote.
+            row.config, row.config_source = value, source
+        else:
+            row.fields[key] = value
+            row.sources[key] = source
+    return None
+
+
+def _config_leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """Leaves of a config value in document order: scalars, lists and empty tables."""
+    # Iterative on purpose: config values are arbitrary JSON, so depth must
+    # not be bounded by the interpreter's recursion limit.
+    stack: list[Iterator[tuple[str, Any]]] = [iter([(prefix, value)])]
+    while stack:
+        for path, item in stack[-1]:
+            if isinstance(item, Mapping) and item:
+                stack.append(iter([(_join(path, key), child) for key, child in item.items()]))
+                break
+            yield path, item
+        else:
+            stack.pop()
+
+
+def compose(
+    documents: Sequence[tuple[str, Mapping[str, Any]]], *, env: Mapping[str, str] | None = None
+) -> Deployment:
+    """Compose parsed config files (``(source name, TOML dict)``, base first) into a :class:`Deployment`.
+
+    Every file is checked against :data:`DEPLOYMENT_SCHEMA` first; all problems
+    of all files are reported together in one :class:`ConfigError`.
+    """
+    if not documents:
+        raise ConfigError("no config given: pass at least one config file (or use the default deployment)")
+    env = os.environ if env is None else env
+    problems = [problem for source, document in documents for problem in _check_document(source, document)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+    sections: dict[str, dict[str, Any]] = {
+        "tools": {"mode": "native", "max_parallel_sub_calls": 10},
+        "code_runtime": {
+            "isolation": "auto",
+            "timeout_s": 600.0,
+            "cpu_s": 60.0,
+            "memory_mb": 512,
+            "max_output_bytes": 64 * 1024 * 1024,
+            "preload": [],
+        },
+        "sessions": {"store": "sqlite"},
+    }
+    provenance: dict[str, str] = {
+        f"{name}.{key}": DEFAULT_SOURCE for name, values in sections.items() for key in values
+    }
+    rows: dict[str, dict[str, _Row]] = {kind: {} for kind in _ROW_KINDS}
+    for source, document in documents:
+        for name in _SECTIONS:
+            for key, value in document.get(name, {}).items():
+                sections[name][key] = value
+                provenance[f"{name}.{key}"] = source
+        for kind in _ROW_KINDS:
+            for given in document.get(kind, ()):
+                problem = _apply_row(rows[kind], kind, source, given)
+                if problem is not None:
+                    problems.append(problem)
+
+    mode = env.get(_TOOLS_MODE_ENV)
+    if mode is not None:
+        if mode in MODES:
+            sections["tools"]["mode"] = mode
+            provenance["tools.mode"] = f"env:{_TOOLS_MODE_ENV}"
+        else:
+            problems.append(f"{_TOOLS_MODE_ENV}={mode!r} must be one of {', '.join(MODES)}")
+    home = env.get(_HOME_ENV)
+    if home is not None:
+        if home:
+            sections["sessions"]["home"] = home
+            provenance["sessions.home"] = f"env:{_HOME_ENV}"
+        else:
+            problems.append(f"{_HOME_ENV} is set but empty; unset it or name a directory")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+    agents: list[AgentRow] = []
+    for row in rows["agents"].values():
+        if not row.enabled:
+            continue
+        values = row.fields
+        agents.append(
+            AgentRow(
+                id=row.id,
+                mode=values.get("mode"),
+                provider=values.get("provider"),
+                model=values.get("model"),
+                max_turns=None if "max_turns" not in values else int(values["max_turns"]),
+                allow=None if "allow" not in values else tuple(values["allow"]),
+                deny=None if "deny" not in values else tuple(values["deny"]),
+                system_prompt=values.get("system_prompt"),
+            )
+        )
+        for key, key_source in row.sources.items():
+            provenance[f"agents[{row.id}].{key}"] = key_source
+        provenance[f"agents[{row.id}].enabled"] = row.enabled_source
+    if not rows["agents"]:
+        # No file declares any agent: the deployment still needs one to run.
+        agents.append(AgentRow(id="main"))
+        provenance["agents[main].id"] = DEFAULT_SOURCE
+        provenance["agents[main].enabled"] = DEFAULT_SOURCE
+
+    plugins: list[PluginRow] = []
+    for row in rows["plugins"].values():
+        if not row.enabled:
+            continue
+        plugins.append(PluginRow(id=row.id, use=row.fields["use"], config=row.config))
+        prefix = f"plugins[{row.id}]"
+        provenance[f"{prefix}.id"] = row.sources["id"]
+        provenance[f"{prefix}.use"] = row.sources["use"]
+        provenance[f"{prefix}.enabled"] = row.enabled_source
+        provenance[f"{prefix}.config"] = row.config_source
+        # One file's config won whole, so every leaf shares its source.
+        for path, _ in _config_leaves(f"{prefix}.config", row.config):
+            provenance[path] = row.config_source
+
+    tools, runtime, sessions = sections["tools"], sections["code_runtime"], sections["sessions"]
+    return Deployment(
+        tools=ToolsSection(mode=tools["mode"], max_parallel_sub_calls=int(tools["max_parallel_sub_calls"])),
+        code_runtime=CodeRuntimeSection(
+            isolation=runtime["isolation"],
+            timeout_s=float(runtime["timeout_s"]),
+            cpu_s=float(runtime["cpu_s"]),
+            memory_mb=int(runtime["memory_mb"]),
+            max_output_bytes=int(runtime["max_output_bytes"]),
+            preload=tuple(runtime["preload"]),
+        ),
+        sessions=SessionsSection(store=sessions["store"], home=sessions.get("home")),
+        agents=tuple(agents),
+        plugins=tuple(plugins),
+        sources=tuple(source for source, _ in documents),
+        provenance=provenance,
+    )
+
+
+def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as handle:
+            return source, tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: config file not found") from None
+    except tomllib.TOMLDecodeError as error:
+        # The parser's message carries the line and column.
+        raise ConfigError(f"{source}: invalid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{source}: invalid TOML: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"{source}: cannot read config file: {error.strerror or error}") from None
+
+
+def load_deployment(paths: Sequence[str | Path], *, env: Mapping[str, str] | None = None) -> Deployment:
+    """Read the TOML files in ``paths`` (base first, then overlays) and :func:`compose` them.
+
+    Provenance names each file exactly as given in ``paths``.
+    """
+    return compose([_read(path) for path in paths], env=env)
+
+
+def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | None = None) -> Deployment:
+    """The built-in deployment used when no config file is given.
+
+    The built-in plugins with ``workspace_root`` as the workspace, the
+    ``workspace-write`` approval preset, one scripted ``main`` agent and mode
+    ``native`` (``DSH_TOOLS_MODE`` and ``DSH_HOME`` still apply). Every value's
+    provenance is ``default``.
+    """
+    root = str(Path(workspace_root).absolute())
+    document: dict[str, Any] = {
+        "agents": [{"id": "main", "provider": "scripted"}],
+        "plugins": [
+            {"id": "workspace", "use": "workspace", "config": {"root": root}},
+            {"id": "bash", "use": "bash", "config": {"root": root}},
+            {"id": "approval", "use": "approval", "config": {"preset": "workspace-write", "root": root}},
+            {"id": "guards", "use": "guards"},
+            {"id": "code-mode", "use": "code-mode"},
+        ],
+    }
+    return compose([(DEFAULT_SOURCE, document)], env=env)
+
+
+# --------------------------------------------------------------------------- plugin configs
+
+
+def _blame(deployment: Deployment, row: PluginRow, path: str) -> str:
+    """The source that set the config leaf at ``path``, else the source of the row's config."""
+    # Configs are replaced whole, so every leaf of a row's config shares the
+    # source of ``plugins[<id>].config``; the exact lookup is only a shortcut
+    # for leaves, and the fallback covers inner paths (a missing required key,
+    # an item inside a list leaf).
+    source = deployment.source_of(path) or deployment.source_of(f"plugins[{row.id}].config")
+    if source is None or source == DEFAULT_SOURCE:
+        # A row that never got a config of its own is blamed on the file that added it.
+        return deployment.source_of(f"plugins[{row.id}].use") or source or DEFAULT_SOURCE
+    return source
+
+
+def validate_plugin_configs(
+    deployment: Deployment, schema_for: Callable[[PluginRow], Mapping[str, Any] | None]
+) -> None:
+    """Validate each enabled row's ``config`` against its plugin's Draft 2020-12 schema.
+
+    ``schema_for(row)`` returns the plugin's config schema, or ``None`` when
+    the plugin takes no config (then only an empty config is accepted). All
+    violations of all rows are collected into one :class:`ConfigError`, one per
+    line: ``plugins[<id>].config.<path>: <message> (from <file>)``. An invalid
+    plugin schema raises :class:`~dsh_core.errors.SchemaDefinitionError`.
+    """
+    problems: list[str] = []
+    for row in deployment.plugins:
+        prefix = f"plugins[{row.id}].config"
+        schema = schema_for(row)
+        found: list[tuple[list[str | int], str]] = []
+        if schema is None:
+            found = [([key], f"unknown key (plugin {row.use!r} takes no config)") for key in row.config]
+        else:
+            check_schema(schema, owner=f"plugin {row.use!r} (row {row.id!r}) config")
+            for error in Draft202012Validator(schema).iter_errors(row.config):
+                found.extend(_error_messages(error))
+        found.sort(key=lambda item: (_sort_key(item[0]), item[1]))
+        for parts, message in found:
+            path = prefix
+            for part in parts:
+                path = _join(path, part)
+            problems.append(f"{path}: {message} (from {_blame(deployment, row, path)})")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+# --------------------------------------------------------------------------- dump
+
+
+def _plain(value: Any) -> JSON:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
+    """Every effective leaf as ``(dotted path, value, source)``.
+
+    Order is stable: tools, code_runtime, sessions, then agents and plugins
+    in row order. Unset optional values (``None``) are left out; a plugin's
+    empty config appears as one ``{}`` leaf.
+    """
+    leaves: list[tuple[str, Any]] = []
+    for name, section in (
+        ("tools", deployment.tools),
+        ("code_runtime", deployment.code_runtime),
+        ("sessions", deployment.sessions),
+    ):
+        leaves.extend((f"{name}.{key}", value) for key, value in asdict(section, recurse=False).items())
+    for agent in deployment.agents:
+        prefix = f"agents[{agent.id}]"
+        leaves.extend([(f"{prefix}.id", agent.id), (f"{prefix}.enabled", True)])
+        leaves.extend((f"{prefix}.{key}", getattr(agent, key)) for key in _AGENT_FIELDS)
+    for plugin in deployment.plugins:
+        prefix = f"plugins[{plugin.id}]"
+        leaves.extend(
+            [(f"{prefix}.id", plugin.id), (f"{prefix}.use", plugin.use), (f"{prefix}.enabled", True)]
+        )
+        leaves.extend(_config_leaves(f"{prefix}.config", plugin.config))
+    return [
+        (path, _plain(value), deployment.source_of(path) or "unknown")
+        for path, value in leaves
+        if value is not None
+    ]
+
+
+def _literal(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    # json leaves these line breaks raw; they would split a one-leaf-per-line dump.
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").replace("\x85", "\\u0085")
+
+
+_DUMP_ALIGN: Final = 60
+
+
+def dump_text(deployment: Deployment) -> str:
+    """The effective config as text, one leaf per line: ``tools.mode = "code"  # overlay.toml``.
+
+    Values are JSON literals (which TOML also reads for strings, numbers,
+    booleans and arrays); the ``#`` comments are aligned up to a width of 60.
+    """
+    lines = [(f"{path} = {_literal(value)}", source) for path, value, source in dump(deployment)]
+    width = min(max((len(text) for text, _ in lines), default=0), _DUMP_ALIGN)
+    return "\n".join(f"{text.ljust(width)}  # {source}" for text, source in lines)

@@ -1,0 +1,202 @@
+"""Boot a deployment: root scope, hooks, registry, runtime, plugins, agents.
+
+:meth:`Harness.start` composes everything a :class:`~dsh_core.config.Deployment`
+describes, in order (plugins in row order, then agents), and disposes all of
+it if any step fails. :meth:`Harness.aclose` disposes the root scope: every
+plugin, tool, hook implementation, agent and task unwinds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from dsh_core.abort import AbortSignal
+from dsh_core.config import Deployment, validate_plugin_configs
+from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
+from dsh_core.hooks import Hooks
+from dsh_core.lossless import JSON
+from dsh_core.model import ToolDefinition, ToolExecutionInput, ToolResult
+from dsh_core.plugins import PluginCatalog, config_schema_of, start_plugin
+from dsh_core.registry import ToolRegistry
+from dsh_core.runtime import ToolRuntime
+from dsh_core.scope import Scope
+
+__all__ = ["Harness", "NamedRegistry"]
+
+T = TypeVar("T")
+
+
+class NamedRegistry(Generic[T]):
+    """Objects registered by name by plugins (providers, session stores), owned by their scopes."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, tuple[T, str]] = {}
+
+    def registrar(self, scope: Scope, plugin_id: str) -> Callable[[str, T], None]:
+        """The ``register(name, item)`` callable handed to one plugin's registration hook."""
+
+        def register(name: str, item: T) -> None:
+            if name in self._items:
+                owner = self._items[name][1]
+                raise RegistrationError(f"{self.kind} {name!r} is registered by both plugin {owner!r} "
+                                        f"and plugin {plugin_id!r}")
+            self._items[name] = (item, plugin_id)
+
+            def remove() -> None:
+                if self._items.get(name, (None, None))[0] is item:
+                    del self._items[name]
+
+            scope.on_dispose(remove)
+
+        return register
+
+    def get(self, name: str) -> T | None:
+        """The item registered under ``name``."""
+        entry = self._items.get(name)
+        return None if entry is None else entry[0]
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._items)
+
+
+class Harness:
+    """A running deployment. Build with :meth:`start`; dispose with :meth:`aclose`."""
+
+    def __init__(self, deployment: Deployment, catalog: PluginCatalog, root: Scope, hooks: Hooks,
+                 registry: ToolRegistry, runtime: ToolRuntime) -> None:
+        self.deployment = deployment
+        self.catalog = catalog
+        self.root = root
+        self.hooks = hooks
+        self.registry = registry
+        self.runtime = runtime
+        self.providers: NamedRegistry[Any] = NamedRegistry("provider")
+        self.session_stores: NamedRegistry[Any] = NamedRegistry("session store")
+        self.agents: dict[str, Scope] = {}
+        self.plugins: dict[str, Scope] = {}
+        self._call_ids = itertools.count(1)
+
+    @classmethod
+    async def start(
+        cls,
+        deployment: Deployment,
+        *,
+        catalog: PluginCatalog | None = None,
+        transport: ToolDefinition | Callable[[Harness], ToolDefinition] | None = None,
+    ) -> Harness:
+        """Boot ``deployment``; on any error, dispose what was started and re-raise.
+
+        ``transport`` supplies the reserved ``run_code`` definition (built lazily
+        from the harness on first need).
+        """
+        catalog = catalog or PluginCatalog()
+        root = Scope("root")
+        hooks = Hooks()
+        holder: list[Harness] = []
+
+        def transport_source() -> ToolDefinition:
+            if transport is None:
+                raise RuntimeError("no run_code transport is configured for this harness")
+            return transport if isinstance(transport, ToolDefinition) else transport(holder[0])
+
+        registry = ToolRegistry(default_mode=deployment.tools.mode,  # type: ignore[arg-type]
+                                transport=transport_source if transport is not None else None)
+        runtime = ToolRuntime(registry, hooks)
+        harness = cls(deployment, catalog, root, hooks, registry, runtime)
+        holder.append(harness)
+        root.provide("tools", registry)
+        root.provide("runtime", runtime)
+        root.provide("harness", harness)
+        try:
+            await harness._start_plugins()
+            harness._start_agents()
+        except BaseException:
+            await root.dispose()
+            raise
+        return harness
+
+    async def _start_plugins(self) -> None:
+        factories: dict[str, Callable[..., Any]] = {}
+        for row in self.deployment.plugins:
+            if row.use not in self.catalog:
+                source = self.deployment.source_of(f"plugins[{row.id}].use") or "config"
+                raise ConfigError(f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
+                                  f"(known: {', '.join(self.catalog.names()) or 'none'})")
+            factory = self.catalog.try_load(row.use)
+            if factory is not None:
+                factories[row.id] = factory
+        validate_plugin_configs(
+            self.deployment,
+            lambda row: config_schema_of(factories[row.id]) if row.id in factories else None,
+        )
+        registrars: dict[str, Callable[[Scope, str], Callable[..., None]]] = {
+            "dsh_register_tools": self._tool_registrar,
+            "dsh_register_providers": self.providers.registrar,
+            "dsh_register_session_stores": self.session_stores.registrar,
+        }
+        for row in self.deployment.plugins:
+            factory = factories.get(row.id)
+            if factory is None:
+                continue
+            self.plugins[row.id] = await start_plugin(
+                plugin_id=row.id, factory=factory, config=row.config, parent=self.root, hooks=self.hooks,
+                registrars=registrars, source=self.catalog.source(row.use))
+
+    def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:
+        def register(definition: ToolDefinition) -> None:
+            self.registry.register(definition, scope=scope)
+
+        return register
+
+    def _start_agents(self) -> None:
+        rows = self.deployment.agents
+        for row in rows:
+            scope = self.root.child(f"agent:{row.id}", layered=True)
+            self.agents[row.id] = scope
+            try:
+                if row.mode is not None:
+                    self.registry.present_as(row.mode, scope)  # type: ignore[arg-type]
+                if row.allow is not None or row.deny:
+                    self.registry.restrict(scope, allow=row.allow, deny=row.deny)
+            except RegistrationError as error:
+                source = self.deployment.source_of(f"agents[{row.id}].id") or "config"
+                raise ConfigError(f"{source}: agents[{row.id}]: {error.message}") from None
+
+    def agent(self, agent_id: str | None = None) -> Scope:
+        """The scope of agent ``agent_id`` (the first agent by default)."""
+        if agent_id is None:
+            if not self.agents:
+                raise PluginLoadError("the deployment defines no agent")
+            return next(iter(self.agents.values()))
+        scope = self.agents.get(agent_id)
+        if scope is None:
+            raise ConfigError(f"unknown agent {agent_id!r} (known: {', '.join(self.agents) or 'none'})")
+        return scope
+
+    def next_call_id(self) -> str:
+        """A fresh call id for a model-direct call."""
+        return f"call-{next(self._call_ids)}"
+
+    async def call(self, name: str, arguments: JSON, *, agent: str | Scope | None = None,
+                   signal: AbortSignal | None = None, call_id: str | None = None) -> ToolResult:
+        """One model-direct call through the whole pipeline."""
+        scope = agent if isinstance(agent, Scope) else self.agent(agent)
+        request = ToolExecutionInput(call_id=call_id or self.next_call_id(), name=name, arguments=arguments,
+                                     signal=signal or AbortSignal.never(), agent=scope)
+        return await self.runtime.execute(request)
+
+    async def aclose(self) -> None:
+        """Dispose every plugin, agent and task of the deployment and wait for quiescence."""
+        await self.root.dispose()
+
+    async def __aenter__(self) -> Harness:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+

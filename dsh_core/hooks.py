@@ -1,0 +1,322 @@
+"""The plugin manager and its typed facade: the only code that touches pluggy.
+
+pluggy keeps the hook implementations and validates them against the
+hookspecs; this module calls them. It iterates implementations itself, in
+pluggy's order, so that it can (a) filter them by scope (an implementation
+registered inside an agent's scope sees only that agent's calls), (b) await
+what they return, (c) contain an observer's failure without skipping the
+others, and (d) name the plugin that failed. The aggregation rule of every
+hook lives here, next to its call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
+
+import pluggy
+from dsh_hookspecs import PROJECT, SPEC_MODULES
+
+from dsh_core.errors import DshError, ErrorCode, PluginLoadError
+from dsh_core.model import (
+    ApprovalOutcome,
+    ApprovalRequest,
+    ContentBlock,
+    Middleware,
+    PostDecision,
+    PreDecision,
+    PromptContext,
+    PromptSection,
+    ToolExecution,
+    ToolResult,
+)
+from dsh_core.scope import Scope
+
+__all__ = ["Hooks", "HookFailure", "HookImplInfo"]
+
+log = logging.getLogger("dsh")
+
+#: Hooks whose implementations are called once per plugin at registration.
+REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "dsh_register_session_stores")
+
+
+class HookFailure(DshError):
+    """A hook implementation raised; names the plugin and keeps a typed code."""
+
+    def __init__(self, hook: str, plugin: str, error: BaseException) -> None:
+        code = error.code if isinstance(error, DshError) else ErrorCode.TOOL_FAILED
+        text = error.message if isinstance(error, DshError) else (str(error) or type(error).__name__)
+        super().__init__(text, code=code)
+        self.hook = hook
+        self.plugin = plugin
+        self.original = error
+
+
+class HookImplInfo:
+    """One implementation as the facade calls it."""
+
+    __slots__ = ("argnames", "function", "hook", "layer", "plugin")
+
+    def __init__(self, hook: str, plugin: str, function: Callable[..., Any], argnames: tuple[str, ...],
+                 layer: Scope | None) -> None:
+        self.hook = hook
+        self.plugin = plugin
+        self.function = function
+        self.argnames = argnames
+        self.layer = layer
+
+    def sees(self, agent: Scope | None) -> bool:
+        """Scope filter: deployment-level implementations see everything."""
+        return self.layer is None or (agent is not None and agent.is_within(self.layer))
+
+    def call(self, kwargs: dict[str, Any]) -> Any:
+        """Call with the arguments this implementation opted into."""
+        return self.function(*[kwargs[name] for name in self.argnames])
+
+
+async def _settle(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class Hooks:
+    """The typed facade over one pluggy ``PluginManager`` (one per harness, one per test)."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(PROJECT)
+        for module_name in SPEC_MODULES:
+            self._pm.add_hookspecs(importlib.import_module(module_name))
+        self._layers: dict[str, Scope | None] = {}
+        self._cache: dict[str, tuple[tuple[HookImplInfo, ...], bool]] = {}
+
+    # -- registration -------------------------------------------------------------------------------
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The underlying manager (for tests and the conformance kit's inspection only)."""
+        return self._pm
+
+    def register(self, plugin: object, *, name: str, scope: Scope | None = None) -> Callable[[], None]:
+        """Register a plugin object's hook implementations under ``name``.
+
+        With a ``scope``, the implementations are unregistered when the scope
+        is disposed, and per-call hooks only show them the calls of agents
+        inside the scope's layer (if it lives in an agent's subtree). Refuses,
+        registering nothing, an implementation of an unknown hook, a wrapper,
+        or a duplicate name. Returns the unregister function.
+        """
+        if self._pm.has_plugin(name):
+            raise PluginLoadError(f"a plugin named {name!r} is already registered")
+        try:
+            self._pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as error:
+            raise PluginLoadError(f"plugin {name!r}: {error}") from None
+        try:
+            self._validate(plugin, name)
+        except PluginLoadError:
+            self._pm.unregister(name=name)
+            raise
+        self._layers[name] = scope.layer_owner if scope is not None else None
+        self._cache.clear()
+
+        def unregister() -> None:
+            self.unregister(name)
+
+        if scope is not None:
+            scope.on_dispose(unregister)
+        return unregister
+
+    def _validate(self, plugin: object, name: str) -> None:
+        for caller in self._pm.get_hookcallers(plugin) or ():
+            for impl in caller.get_hookimpls():
+                if impl.plugin is not plugin:
+                    continue
+                if caller.spec is None:
+                    raise PluginLoadError(
+                        f"plugin {name!r} implements unknown hook {caller.name!r} "
+                        f"(known: {', '.join(sorted(self.hook_names()))})"
+                    )
+                if impl.wrapper or impl.hookwrapper:
+                    raise PluginLoadError(
+                        f"plugin {name!r}: {caller.name} is declared as a pluggy wrapper; dsh calls its hooks "
+                        "itself and awaits their results, so wrappers are not supported: return middleware "
+                        "from dsh_around_dispatch to wrap the tool body"
+                    )
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin's implementations (idempotent)."""
+        if self._pm.has_plugin(name):
+            self._pm.unregister(name=name)
+        self._layers.pop(name, None)
+        self._cache.clear()
+
+    def hook_names(self) -> list[str]:
+        """Names of every hook specification."""
+        return sorted(n for n in dir(self._pm.hook) if n.startswith("dsh_"))
+
+    def has_plugin(self, name: str) -> bool:
+        """True if a plugin is registered under ``name``."""
+        return self._pm.has_plugin(name)
+
+    def impls(self, hook: str) -> tuple[HookImplInfo, ...]:
+        """Implementations of ``hook`` in call order."""
+        cached = self._cache.get(hook)
+        if cached is None:
+            caller = getattr(self._pm.hook, hook)
+            infos = tuple(
+                HookImplInfo(hook, impl.plugin_name, impl.function, tuple(impl.argnames),
+                             self._layers.get(impl.plugin_name))
+                for impl in reversed(caller.get_hookimpls())
+            )
+            cached = (infos, any(info.layer is not None for info in infos))
+            self._cache[hook] = cached
+        return cached[0]
+
+    def _visible(self, hook: str, agent: Scope | None) -> Iterable[HookImplInfo]:
+        infos = self.impls(hook)
+        if not self._cache[hook][1]:
+            return infos
+        return [info for info in infos if info.sees(agent)]
+
+    def call_registration(self, plugin: str, hook: str, register: Callable[..., None]) -> None:
+        """Call one plugin's implementation of a registration hook with ``register``."""
+        for info in self.impls(hook):
+            if info.plugin == plugin:
+                info.call({"register": register})
+
+    # -- the per-call pipeline ----------------------------------------------------------------------
+
+    async def pre_execute(self, execution: ToolExecution) -> PreDecision:
+        """Aggregate pre-execute votes: any deny wins, else any ask, else allow."""
+        ask: PreDecision | None = None
+        kwargs = {"execution": execution}
+        for info in self._visible("dsh_pre_execute", execution.agent):
+            try:
+                decision = await _settle(info.call(kwargs))
+            except Exception as error:
+                raise HookFailure("dsh_pre_execute", info.plugin, error) from error
+            if decision is None:
+                continue
+            if not isinstance(decision, PreDecision):
+                raise HookFailure("dsh_pre_execute", info.plugin, TypeError(
+                    f"dsh_pre_execute of plugin {info.plugin!r} returned {type(decision).__name__}, "
+                    "expected PreDecision or None"))
+            if decision.kind == "deny":
+                return decision
+            if decision.kind == "ask" and ask is None:
+                ask = decision
+        return ask if ask is not None else PreDecision.allow()
+
+    async def approve(self, request: ApprovalRequest) -> ApprovalOutcome:
+        """The first channel's answer; ``unavailable`` when none answers or a channel raises."""
+        kwargs = {"request": request}
+        for info in self._visible("dsh_approve", request.execution.agent):
+            try:
+                outcome = await _settle(info.call(kwargs))
+            except Exception:
+                log.warning("approval channel of plugin %r failed", info.plugin, exc_info=True)
+                return ApprovalOutcome.UNAVAILABLE
+            if outcome is None:
+                continue
+            try:
+                return ApprovalOutcome(outcome)
+            except ValueError:
+                log.warning("approval channel of plugin %r answered %r", info.plugin, outcome)
+                return ApprovalOutcome.UNAVAILABLE
+        return ApprovalOutcome.UNAVAILABLE
+
+    async def guard(self, execution: ToolExecution) -> str | None:
+        """The first denial reason of the guard implementations (fail closed on errors)."""
+        kwargs = {"execution": execution}
+        for info in self._visible("dsh_guard", execution.agent):
+            try:
+                reason = await _settle(info.call(kwargs))
+            except Exception as error:
+                return f"guard of plugin {info.plugin!r} failed: {error}"
+            if reason is not None:
+                return str(reason)
+        return None
+
+    def around_dispatch(self, execution: ToolExecution) -> list[Middleware]:
+        """Middleware in call order (the first is outermost)."""
+        kwargs = {"execution": execution}
+        chain: list[Middleware] = []
+        for info in self._visible("dsh_around_dispatch", execution.agent):
+            try:
+                middleware = info.call(kwargs)
+            except Exception as error:
+                raise HookFailure("dsh_around_dispatch", info.plugin, error) from error
+            if middleware is not None:
+                chain.append(middleware)
+        return chain
+
+    async def post_execute(self, execution: ToolExecution, result: ToolResult) -> list[tuple[str, PostDecision]]:
+        """Every post-execute decision with its plugin name, in call order."""
+        kwargs = {"execution": execution, "result": result}
+        decisions: list[tuple[str, PostDecision]] = []
+        for info in self._visible("dsh_post_execute", execution.agent):
+            try:
+                decision = await _settle(info.call(kwargs))
+            except Exception as error:
+                raise HookFailure("dsh_post_execute", info.plugin, error) from error
+            if decision is None:
+                continue
+            if not isinstance(decision, PostDecision):
+                raise HookFailure("dsh_post_execute", info.plugin, TypeError(
+                    f"dsh_post_execute of plugin {info.plugin!r} returned {type(decision).__name__}, "
+                    "expected PostDecision or None"))
+            decisions.append((info.plugin, decision))
+        return decisions
+
+    async def tool_result(self, execution: ToolExecution, result: ToolResult) -> None:
+        """Notify every observer; failures are logged and contained."""
+        kwargs = {"execution": execution, "result": result}
+        for info in self._visible("dsh_tool_result", execution.agent):
+            try:
+                await _settle(info.call(kwargs))
+            except Exception:
+                log.warning("tool result observer of plugin %r failed", info.plugin, exc_info=True)
+
+    async def code_dispatch_log(self, dispatch: Any, agent: Scope | None) -> Sequence[ContentBlock] | None:
+        """The first reshaped durable content, or ``None`` (failures contained)."""
+        kwargs = {"dispatch": dispatch}
+        for info in self._visible("dsh_code_dispatch_log", agent):
+            try:
+                blocks = await _settle(info.call(kwargs))
+            except Exception:
+                log.warning("code dispatch log hook of plugin %r failed", info.plugin, exc_info=True)
+                return None
+            if blocks is not None:
+                return tuple(blocks)
+        return None
+
+    # -- prompt assembly ------------------------------------------------------------------------------
+
+    def prompt_sections(self, context: PromptContext) -> list[tuple[PromptSection, int, str]]:
+        """Contributed sections with the depth of their plugin's layer (0 = deployment) and plugin name."""
+        kwargs = {"context": context}
+        found: list[tuple[PromptSection, int, str]] = []
+        for info in self._visible("dsh_prompt_sections", context.agent):
+            contributed = info.call(kwargs)
+            if contributed is None:
+                continue
+            items = [contributed] if isinstance(contributed, PromptSection) else list(contributed)
+            depth = 0 if info.layer is None else info.layer.depth
+            for section in items:
+                if not isinstance(section, PromptSection):
+                    raise TypeError(f"dsh_prompt_sections of plugin {info.plugin!r} returned "
+                                    f"{type(section).__name__}, expected PromptSection")
+                found.append((section, depth, info.plugin))
+        return found
+
+    def prompt_filter(self, context: PromptContext, sections: list[PromptSection]) -> list[PromptSection]:
+        """Run the filters in call order, each on the previous output."""
+        for info in self._visible("dsh_prompt_filter", context.agent):
+            replaced = info.call({"context": context, "sections": tuple(sections)})
+            if replaced is not None:
+                sections = list(replaced)
+        return sections

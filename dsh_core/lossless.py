@@ -1,0 +1,244 @@
+"""Lossless JSON: the only values that cross a dsh boundary.
+
+A value is *lossless* when ``json.loads(json.dumps(value)) == value`` holds
+exactly and type for type: ``None``, ``bool``, ``int``, finite ``float`` (not
+``-0.0``), ``str``, ``list`` and ``dict`` with ``str`` keys, nested without
+cycles. Tuples, sets, bytes, NaN/Infinity, non-string keys and subclasses of
+the JSON types (``IntEnum``, ``OrderedDict``, a ``str`` subclass, ...) are
+refused: they would come back as something else, so dsh fails closed instead
+of converting "best effort".
+
+Every walk here is iterative: depth is bounded by memory, never by the
+interpreter's recursion limit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, NoReturn, TypeAlias
+
+__all__ = [
+    "JSON",
+    "FrozenDict",
+    "FrozenList",
+    "NotLosslessError",
+    "find_loss",
+    "is_lossless",
+    "snapshot",
+    "freeze",
+    "thaw",
+    "pointer",
+]
+
+#: A lossless JSON value (kept as ``Any`` so it composes with typed callers).
+JSON: TypeAlias = Any
+
+
+class NotLosslessError(TypeError):
+    """A value is not lossless JSON; ``path`` is a JSON pointer to the culprit."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        where = f"at {path}" if path else "at the root"
+        super().__init__(f"not lossless JSON {where}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _immutable(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(f"{type(self).__name__} is immutable (a frozen lossless JSON value)")
+
+
+class FrozenDict(dict[str, Any]):
+    """A JSON object that refuses mutation. Built only by :func:`freeze`."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+    __setitem__ = __delitem__ = _immutable
+    clear = pop = popitem = setdefault = update = __ior__ = _immutable
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (freeze, (thaw(self),))
+
+
+class FrozenList(list[Any]):
+    """A JSON array that refuses mutation. Built only by :func:`freeze`."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _immutable
+    append = extend = insert = pop = remove = clear = sort = reverse = _immutable
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (freeze, (thaw(self),))
+
+
+_SCALARS = (type(None), bool, int, str)
+_CONTAINERS = (dict, list, FrozenDict, FrozenList)
+_DICTS = (dict, FrozenDict)
+_LISTS = (list, FrozenList)
+
+
+def pointer(parts: Iterator[str | int] | list[str | int] | tuple[str | int, ...]) -> str:
+    """Render path parts as a JSON pointer (RFC 6901): ``["a", 0]`` -> ``/a/0``."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _scalar_loss(value: object) -> str | None:
+    kind = type(value)
+    if kind in _SCALARS:
+        return None
+    if kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            return f"float {value!r} is not finite"
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            return "float -0.0 does not survive JSON (it reads back as 0)"
+        return None
+    if kind in _CONTAINERS:
+        return None
+    return _describe(value)
+
+
+def _describe(value: object) -> str:
+    kind = type(value)
+    for base in (bool, int, float, str, dict, list):
+        if isinstance(value, base):
+            return f"{kind.__qualname__} is a subclass of {base.__name__}, not a plain {base.__name__}"
+    if isinstance(value, tuple):
+        return "tuple is not a JSON array (use a list)"
+    if isinstance(value, (set, frozenset)):
+        return f"{kind.__name__} is not JSON (use a list)"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{kind.__name__} is not JSON (decode it to a str)"
+    return f"{kind.__qualname__} is not a JSON type"
+
+
+def _walk(value: object, build: int) -> Any:
+    """Shared iterative walker. ``build``: 0 check only, 1 plain copy, 2 frozen copy.
+
+    Raises :class:`NotLosslessError` at the first problem, in document order.
+    """
+    reason = _scalar_loss(value)
+    if reason is not None:
+        raise NotLosslessError("", reason)
+    if not isinstance(value, (dict, list)):
+        return value
+    if build == 2 and _is_sealed(value):
+        return value
+
+    # Each frame: (source container, its items iterator, the key path, the output container).
+    root_out = _new_container(value, build)
+    stack: list[tuple[Any, Iterator[tuple[str | int, Any]], str | int | None, Any]] = [
+        (value, _items(value), None, root_out)
+    ]
+    on_path: set[int] = {id(value)}
+    while stack:
+        source, items, _, out = stack[-1]
+        advanced = False
+        for key, child in items:
+            if type(key) is not str and isinstance(source, dict):
+                path = pointer(_path(stack))
+                raise NotLosslessError(path, f"object key {key!r} ({type(key).__name__}) is not a string")
+            reason = _scalar_loss(child)
+            if reason is not None:
+                raise NotLosslessError(pointer([*_path(stack), key]), reason)
+            if isinstance(child, (dict, list)):
+                if id(child) in on_path:
+                    raise NotLosslessError(pointer([*_path(stack), key]), "cycle: a container contains itself")
+                if build == 2 and _is_sealed(child):
+                    _store(out, key, child, build)
+                    continue
+                child_out = _new_container(child, build)
+                _store(out, key, child_out, build)
+                on_path.add(id(child))
+                stack.append((child, _items(child), key, child_out))
+                advanced = True
+                break
+            _store(out, key, child, build)
+        if not advanced:
+            stack.pop()
+            on_path.discard(id(source))
+    return root_out
+
+
+def _path(stack: list[tuple[Any, Any, str | int | None, Any]]) -> list[str | int]:
+    return [frame[2] for frame in stack[1:]]  # type: ignore[misc]
+
+
+def _items(container: Any) -> Iterator[tuple[str | int, Any]]:
+    if isinstance(container, dict):
+        return iter(dict.items(container))
+    return enumerate(list.__iter__(container))
+
+
+def _new_container(source: Any, build: int) -> Any:
+    if build == 0:
+        return None
+    if isinstance(source, dict):
+        return FrozenDict() if build == 2 else {}
+    return FrozenList() if build == 2 else []
+
+
+def _store(out: Any, key: str | int, child: Any, build: int) -> None:
+    if build == 0:
+        return
+    if isinstance(out, dict):
+        dict.__setitem__(out, key, child)
+    else:
+        list.append(out, child)
+
+
+def _is_sealed(value: Any) -> bool:
+    # FrozenDict/FrozenList refuse construction with content and every
+    # mutating method, so only freeze() can fill one: its type is its seal.
+    return type(value) in (FrozenDict, FrozenList)
+
+
+def find_loss(value: object) -> NotLosslessError | None:
+    """Return the first reason ``value`` is not lossless JSON, or ``None``."""
+    try:
+        _walk(value, 0)
+    except NotLosslessError as error:
+        return error
+    return None
+
+
+def is_lossless(value: object) -> bool:
+    """True when ``value`` is lossless JSON."""
+    return find_loss(value) is None
+
+
+def snapshot(value: object) -> JSON:
+    """Return a detached, plain (mutable) deep copy; raise :class:`NotLosslessError`."""
+    return _walk(value, 1)
+
+
+def freeze(value: object) -> JSON:
+    """Return a detached, immutable deep copy; raise :class:`NotLosslessError`.
+
+    Objects become :class:`FrozenDict` and arrays :class:`FrozenList` (still
+    ``dict``/``list`` instances, so ``json`` and ``jsonschema`` accept them).
+    Freezing a value that :func:`freeze` produced returns it unchanged.
+    """
+    return _walk(value, 2)
+
+
+def thaw(value: object) -> JSON:
+    """Return a plain mutable deep copy of a (frozen or plain) lossless value."""
+    return _walk(value, 1)

@@ -1,0 +1,244 @@
+"""Plugin discovery and start-up: entry points in ``dsh.plugins``, one instance per config row.
+
+An entry point resolves to a *plugin factory*: ``factory(scope, config)``
+receives the plugin's own lifecycle scope and its validated config and
+returns an object with ``@hookimpl`` methods (or ``None``). Everything the
+instance registers is owned by its scope; if start-up fails anywhere, the
+scope is disposed and nothing stays half-registered.
+
+Built-in plugins are found through the same group as third-party ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
+from typing import Any, Final, Protocol
+
+from attrs import frozen
+
+from dsh_core.errors import DshError, PluginLoadError
+from dsh_core.hooks import REGISTRATION_HOOKS, Hooks
+from dsh_core.lossless import JSON
+from dsh_core.schema import check_schema
+from dsh_core.scope import Scope
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginFactory",
+    "PluginSource",
+    "PluginCatalog",
+    "plugin",
+    "start_plugin",
+    "config_schema_of",
+]
+
+#: The entry-point group every dsh plugin (built-in or third-party) is found in.
+ENTRY_POINT_GROUP: Final = "dsh.plugins"
+
+#: The config schema of a plugin that declares none: only an empty table is valid.
+NO_CONFIG_SCHEMA: Final = {"type": "object", "additionalProperties": False}
+
+
+class PluginFactory(Protocol):
+    """``factory(scope, config) -> plugin object | None``; may carry ``config_schema``."""
+
+    def __call__(self, scope: Scope, config: JSON) -> object | None: ...
+
+
+def plugin(*, config_schema: Mapping[str, Any] | None = None) -> Callable[[Callable[..., Any]], Any]:
+    """Mark a function as a plugin factory and declare its config's JSON Schema.
+
+    >>> @plugin(config_schema={"type": "object", "properties": {"root": {"type": "string"}},
+    ...                        "additionalProperties": False})
+    ... def make(scope, config):
+    ...     return MyPlugin(config)
+    """
+    if config_schema is not None:
+        check_schema(config_schema, owner="plugin config schema")
+
+    def mark(factory: Callable[..., Any]) -> Any:
+        factory.config_schema = dict(config_schema) if config_schema is not None else None  # type: ignore[attr-defined]
+        return factory
+
+    return mark
+
+
+def config_schema_of(factory: object) -> Mapping[str, Any]:
+    """The declared config schema of a factory (a strict empty-object schema if none)."""
+    schema: Mapping[str, Any] | None = getattr(factory, "config_schema", None)
+    return NO_CONFIG_SCHEMA if schema is None else schema
+
+
+@frozen
+class PluginSource:
+    """Where a plugin comes from: entry-point name and value, and its distribution."""
+
+    name: str
+    value: str
+    distribution: str | None
+
+    def describe(self) -> str:
+        """``name (module:attr from dist 1.0)``."""
+        where = f" from distribution {self.distribution}" if self.distribution else ""
+        return f"{self.name!r} ({self.value}{where})"
+
+
+def _distribution_of(entry_point: metadata.EntryPoint) -> str | None:
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return None
+    return f"{dist.metadata['Name']} {dist.version}"
+
+
+#: ``DSH_PLUGINS="name=module:attr,other=pkg.mod:factory"`` adds uninstalled plugins (for plugin development).
+PLUGINS_ENV: Final = "DSH_PLUGINS"
+
+
+def _env_entry_points(environ: Mapping[str, str]) -> list[metadata.EntryPoint]:
+    spec = environ.get(PLUGINS_ENV, "").strip()
+    if not spec:
+        return []
+    found = []
+    for item in spec.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not name or ":" not in value:
+            raise PluginLoadError(f"{PLUGINS_ENV}: {item.strip()!r} is not of the form name=module:attribute")
+        found.append(metadata.EntryPoint(name.strip(), value.strip(), ENTRY_POINT_GROUP))
+    return found
+
+
+class PluginCatalog:
+    """The plugins that can be used: entry points of :data:`ENTRY_POINT_GROUP`, plus extras.
+
+    ``extra`` maps names to factories directly (tests, embedding). Loading is
+    lazy: only plugins a deployment uses are imported. ``strict`` re-raises
+    load failures instead of reporting and skipping.
+    """
+
+    def __init__(
+        self,
+        *,
+        entry_points: Iterable[metadata.EntryPoint] | None = None,
+        extra: Mapping[str, Callable[..., Any]] | None = None,
+        strict: bool = False,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.strict = strict
+        self._report = report or (lambda text: print(text, file=sys.stderr))
+        self._entry_points: dict[str, metadata.EntryPoint] = {}
+        self._sources: dict[str, PluginSource] = {}
+        self._loaded: dict[str, Callable[..., Any]] = {}
+        if entry_points is None:
+            found = [*metadata.entry_points(group=ENTRY_POINT_GROUP), *_env_entry_points(os.environ)]
+        else:
+            found = list(entry_points)
+        duplicates: dict[str, list[PluginSource]] = {}
+        seen_values: dict[str, str] = {}
+        for entry_point in found:
+            source = PluginSource(entry_point.name, entry_point.value, _distribution_of(entry_point))
+            if entry_point.name in self._entry_points:
+                # The same distribution can be visible twice on sys.path (an editable install plus a
+                # build directory); only different targets are a real conflict.
+                if seen_values.get(entry_point.name) == entry_point.value:
+                    continue
+                duplicates.setdefault(entry_point.name, [self._sources[entry_point.name]]).append(source)
+                continue
+            self._entry_points[entry_point.name] = entry_point
+            self._sources[entry_point.name] = source
+            seen_values[entry_point.name] = entry_point.value
+        if duplicates:
+            lines = [f"{name}: " + ", ".join(s.describe() for s in sources) for name, sources in duplicates.items()]
+            raise PluginLoadError(
+                f"duplicate plugin entry-point names in group {ENTRY_POINT_GROUP!r} (each name must be unique; "
+                "name entry points after their distribution): " + "; ".join(lines)
+            )
+        for name, factory in (extra or {}).items():
+            self._loaded[name] = factory
+            self._sources[name] = PluginSource(name, f"{factory.__module__}:{factory.__qualname__}", None)
+
+    def names(self) -> list[str]:
+        """Every plugin name, sorted."""
+        return sorted(self._sources)
+
+    def source(self, name: str) -> PluginSource:
+        """Where ``name`` comes from (``KeyError`` if unknown)."""
+        return self._sources[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sources
+
+    def load(self, name: str) -> Callable[..., Any]:
+        """Import and return a plugin factory; :class:`PluginLoadError` names the distribution on failure."""
+        if name in self._loaded:
+            return self._loaded[name]
+        entry_point = self._entry_points.get(name)
+        if entry_point is None:
+            known = ", ".join(self.names()) or "none"
+            raise PluginLoadError(f"unknown plugin {name!r} (known: {known})")
+        source = self._sources[name]
+        try:
+            factory: Callable[..., Any] = entry_point.load()
+        except Exception as error:
+            raise PluginLoadError(f"plugin {source.describe()} failed to load: "
+                                  f"{type(error).__name__}: {error}") from error
+        if not callable(factory):
+            raise PluginLoadError(f"plugin {source.describe()} is not a factory: {type(factory).__name__}")
+        try:
+            check_schema(config_schema_of(factory), owner=f"plugin {name!r} config schema")
+        except DshError as error:
+            raise PluginLoadError(error.message) from None
+        self._loaded[name] = factory
+        return factory
+
+    def try_load(self, name: str) -> Callable[..., Any] | None:
+        """:meth:`load`, but report and return ``None`` on failure unless strict."""
+        try:
+            return self.load(name)
+        except PluginLoadError as error:
+            if self.strict:
+                raise
+            self._report(f"dsh: warning: {error.message}; skipped")
+            return None
+
+
+Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
+
+
+async def start_plugin(
+    *,
+    plugin_id: str,
+    factory: Callable[..., Any],
+    config: JSON,
+    parent: Scope,
+    hooks: Hooks,
+    registrars: Registrars,
+    source: PluginSource | None = None,
+) -> Scope:
+    """Create the plugin's scope, build its instance, register its hooks and call its registration hooks.
+
+    ``registrars`` maps a registration hook name to ``make(scope, plugin_id)``
+    returning that hook's ``register`` callable. On any failure the scope is
+    disposed (nothing stays registered) and :class:`PluginLoadError` names the
+    row and the plugin.
+    """
+    scope = parent.child(f"plugin:{plugin_id}")
+    what = f"plugin row {plugin_id!r}" + (f" (use {source.describe()})" if source else "")
+    try:
+        instance = factory(scope, config)
+        if instance is not None:
+            hooks.register(instance, name=plugin_id, scope=scope)
+            for hook in REGISTRATION_HOOKS:
+                make = registrars.get(hook)
+                if make is not None:
+                    hooks.call_registration(plugin_id, hook, make(scope, plugin_id))
+    except BaseException as error:
+        await scope.dispose()
+        if isinstance(error, DshError):
+            raise PluginLoadError(f"{what} failed to start: {error.message}") from error
+        if isinstance(error, Exception):
+            raise PluginLoadError(f"{what} failed to start: {type(error).__name__}: {error}") from error
+        raise
+    return scope

@@ -1,0 +1,446 @@
+"""ToolRuntime: the fixed-order execution pipeline, and the only place that orders its stages.
+
+::
+
+    create ──> pre-execute ──> approval (on ask) ──> guards ──> around-dispatch ──> body
+          └─(final-result: invalid args, collapsed, pre-aborted)        │
+                                    post-execute <──────────────────────┘
+                                         └──> finish: finalize_content, materialize, emit (dsh_tool_result)
+
+Staged interface (used by the agent loop and the ``run_code`` scheduler, which
+must interleave stages of several calls): :meth:`ToolRuntime.prepare` →
+:meth:`ToolRuntime.dispatch` → :meth:`ToolRuntime.finalize` (post-execute then
+finish) or :meth:`ToolRuntime.finish` (finish only). :meth:`ToolRuntime.execute`
+runs them in order for one call.
+
+Where a call is denied: :meth:`ToolRuntime._create` (collapse, invalid
+arguments, pre-aborted: before any hook) and :meth:`ToolRuntime.prepare`
+(pre-execute, approval, guards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import attrs
+
+from dsh_core.abort import AbortedError, AbortSignal
+from dsh_core.errors import DshError, ErrorCode, InvalidToolOutputError, UnknownToolError
+from dsh_core.hooks import HookFailure, Hooks
+from dsh_core.lossless import JSON, NotLosslessError, freeze
+from dsh_core.model import (
+    ApprovalOutcome,
+    ApprovalRequest,
+    ContentBlock,
+    ExecutionMode,
+    ExecutionToken,
+    Middleware,
+    PostDecision,
+    Proceed,
+    TextBlock,
+    ToolContext,
+    ToolDefinition,
+    ToolExecution,
+    ToolExecutionInput,
+    ToolResult,
+    text_of,
+)
+from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
+from dsh_core.schema import format_violations, violations
+
+__all__ = ["ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE"]
+
+ABORTED_BEFORE_DISPATCH_MESSAGE = "tool call aborted before dispatch"
+ABORTED_MESSAGE = "tool call aborted"
+
+StageKind = Literal["dispatch", "post-result", "final-result"]
+Finalizer = Callable[[ToolExecution, ToolResult], "Sequence[ContentBlock] | None"]
+
+
+def collapsed_message(name: str) -> str:
+    """The ``UNKNOWN_TOOL`` message of a collapsed call: it tells the model where the tool went."""
+    return (
+        f'unknown tool "{name}": only `{TRANSPORT_NAME}` is callable directly — '
+        f"call `{name}` from inside a `{TRANSPORT_NAME}` program instead"
+    )
+
+
+class Staged:
+    """One execution between stages: its kind says which stage comes next."""
+
+    __slots__ = ("_body_invoked", "_finalizer", "_finished", "_validated", "execution", "kind", "result")
+
+    def __init__(self, execution: ToolExecution, finalizer: Finalizer | None,
+                 validated: ToolDefinition | None) -> None:
+        self.kind: StageKind = "dispatch"
+        self.execution = execution
+        self.result: ToolResult | None = None
+        self._finalizer = finalizer
+        self._validated = validated
+        self._body_invoked = False
+        self._finished = False
+
+    def settle(self, kind: StageKind, result: ToolResult) -> Staged:
+        self.kind = kind
+        self.result = result
+        return self
+
+
+def _aborted_before_dispatch(contexts: Sequence[object] = ()) -> ToolResult:
+    return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH, ABORTED_BEFORE_DISPATCH_MESSAGE,
+                              additional_contexts=tuple(contexts))  # type: ignore[arg-type]
+
+
+def _aborted(contexts: Sequence[object] = ()) -> ToolResult:
+    return ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE,
+                              additional_contexts=tuple(contexts))  # type: ignore[arg-type]
+
+
+def error_result(error: BaseException) -> ToolResult:
+    """The standard error result of a thrown value: typed code kept, anything else ``TOOL_FAILED``."""
+    if isinstance(error, DshError):
+        return ToolResult.failure(str(error.code), error.message)
+    if isinstance(error, AbortedError):
+        return _aborted()
+    try:
+        text = str(error)
+    except Exception:
+        text = "<unprintable exception>"
+    name = type(error).__name__
+    return ToolResult.failure(ErrorCode.TOOL_FAILED, f"{name}: {text}" if text else name)
+
+
+class ToolRuntime:
+    """Runs tool calls through the fixed pipeline against one registry and one hook facade."""
+
+    def __init__(self, registry: ToolRegistry, hooks: Hooks) -> None:
+        self.registry = registry
+        self.hooks = hooks
+
+    # -- whole calls -----------------------------------------------------------------------------------
+
+    async def execute(self, request: ToolExecutionInput) -> ToolResult:
+        """Run one call through every stage and return its final result (exactly one result event)."""
+        staged = await self.prepare(request)
+        try:
+            if staged.kind == "dispatch":
+                staged = await self.dispatch(staged)
+            if staged.kind == "post-result":
+                return await self.finalize(staged)
+            return await self.finish(staged)
+        except asyncio.CancelledError:
+            if not staged._finished:
+                staged.result = _aborted() if staged._body_invoked else _aborted_before_dispatch()
+                await asyncio.shield(self.finish(staged))
+            raise
+
+    def execution_mode(self, request: ToolExecutionInput) -> ExecutionMode:
+        """How a scheduler may run the call: ``parallel`` only for an exact ``True`` from the tool."""
+        try:
+            arguments = freeze(request.arguments)
+        except NotLosslessError:
+            return "exclusive"
+        return self.registry.execution_mode(request.name, arguments, request.agent, request.parent is not None)
+
+    # -- create -----------------------------------------------------------------------------------------
+
+    def _create(self, request: ToolExecutionInput) -> Staged:
+        agent = request.agent
+        nested = request.parent is not None
+        name = request.name
+        visible = self.registry.get(name, agent)
+        collapsed = visible is not None and self.registry.collapses(name, agent, nested)
+        # Captured before the arguments are materialized: the registry may change meanwhile.
+        finalizer = visible.finalize_content if visible is not None else None
+        token = ExecutionToken()
+        try:
+            arguments = freeze(request.arguments)
+            loss: NotLosslessError | None = None
+        except NotLosslessError as error:
+            arguments, loss = None, error
+        execution = ToolExecution(
+            call_id=request.call_id,
+            root_call_id=request.root_call_id if request.root_call_id is not None else request.call_id,
+            name=name,
+            arguments=arguments,
+            signal=request.signal,
+            agent=agent,
+            parent=request.parent,
+            token=token,
+        )
+        staged = Staged(execution, finalizer, None)
+        if loss is not None:
+            return staged.settle("final-result", ToolResult.failure(
+                ErrorCode.INVALID_ARGS, f"tool execution arguments must be losslessly JSON-serializable: {loss}"))
+        if collapsed:
+            if request.signal.aborted:
+                return staged.settle("final-result", _aborted_before_dispatch())
+            staged._finalizer = None
+            return staged.settle("final-result", ToolResult.failure(ErrorCode.UNKNOWN_TOOL, collapsed_message(name)))
+        if visible is not None:
+            invalid = self._argument_violations(visible, arguments)
+            if invalid is not None:
+                return staged.settle("final-result", invalid)
+            staged._validated = visible
+        return staged
+
+    @staticmethod
+    def _argument_violations(definition: ToolDefinition, arguments: JSON) -> ToolResult | None:
+        found = violations(definition.parameters_validator, arguments)
+        if not found:
+            return None
+        return ToolResult.failure(
+            ErrorCode.INVALID_ARGS, f'invalid arguments for tool "{definition.name}": {format_violations(found)}')
+
+    # -- prepare: pre-execute, approval, guards ---------------------------------------------------------
+
+    async def prepare(self, request: ToolExecutionInput) -> Staged:
+        """Create the execution and run the policy stages; the result says what comes next."""
+        staged = self._create(request)
+        if staged.kind != "dispatch":
+            return staged
+        execution = staged.execution
+        signal = execution.signal
+        if signal.aborted:
+            return staged.settle("final-result", _aborted_before_dispatch())
+        try:
+            decision = await self.hooks.pre_execute(execution)
+        except HookFailure as failure:
+            return staged.settle("final-result", ToolResult.failure(str(failure.code), failure.message))
+        if decision.kind == "deny":
+            return staged.settle("post-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
+        if decision.kind == "ask":
+            outcome = await self._ask(execution, decision.reason)
+            if outcome is not ApprovalOutcome.ALLOWED:
+                if outcome is ApprovalOutcome.CANCELLED and signal.aborted:
+                    return staged.settle("post-result", _aborted_before_dispatch())
+                return staged.settle("post-result", self._denied(_approval_denial(execution.name, outcome,
+                                                                                   decision.reason)))
+        reason = await self._guard(execution)
+        if reason is not None:
+            return staged.settle("post-result", self._denied(reason))
+        if signal.aborted:
+            return staged.settle("post-result", _aborted_before_dispatch())
+        return staged
+
+    @staticmethod
+    def _denied(reason: str) -> ToolResult:
+        return ToolResult.failure(ErrorCode.DENIED, reason)
+
+    async def _ask(self, execution: ToolExecution, reason: str | None) -> ApprovalOutcome:
+        signal = execution.signal
+        request = ApprovalRequest(execution, reason, signal)
+        approval = asyncio.ensure_future(self.hooks.approve(request))
+        aborted = asyncio.ensure_future(signal.wait())
+        try:
+            await asyncio.wait({approval, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+        if approval.done():
+            return approval.result()
+        approval.cancel()
+        await asyncio.gather(approval, return_exceptions=True)
+        return ApprovalOutcome.CANCELLED
+
+    async def _guard(self, execution: ToolExecution) -> str | None:
+        for guard in self.registry.guards_for(execution.agent):
+            try:
+                verdict = guard(execution)
+                if inspect.isawaitable(verdict):
+                    verdict = await verdict
+            except Exception as error:
+                return f"guard failed: {error}"
+            if verdict is not None:
+                return str(verdict)
+        return await self.hooks.guard(execution)
+
+    # -- dispatch: around-dispatch middleware and the body ------------------------------------------------
+
+    async def dispatch(self, staged: Staged) -> Staged:
+        """Run the around-dispatch middleware and the body; the result goes to post-execute."""
+        execution = staged.execution
+        caller = execution.signal
+        try:
+            chain = self.hooks.around_dispatch(execution)
+        except HookFailure as failure:
+            return staged.settle("final-result", ToolResult.failure(str(failure.code), failure.message))
+        body_results: list[ToolResult] = []
+
+        async def body(call: ToolExecution) -> ToolResult:
+            result = await self._body(staged, call.signal)
+            body_results.append(result)
+            return result
+
+        proceed: Proceed = body
+        for middleware in reversed(chain):
+            proceed = _link(middleware, proceed)
+        try:
+            result = await proceed(execution)
+        except Exception as error:
+            return staged.settle("final-result", error_result(error))
+        if not isinstance(result, ToolResult):
+            return staged.settle("final-result", ToolResult.failure(
+                ErrorCode.TOOL_FAILED, f"around-dispatch middleware returned {type(result).__name__}, "
+                                       "expected ToolResult"))
+        if not body_results or result is not body_results[-1]:
+            result = self._normalize_authored(execution, result)
+        if caller.aborted and not result.is_error:
+            result = (_aborted if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
+        return staged.settle("post-result", result)
+
+    def _normalize_authored(self, execution: ToolExecution, result: ToolResult) -> ToolResult:
+        if result.is_error:
+            return result
+        definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+        if definition is None:
+            return ToolResult.failure(ErrorCode.UNKNOWN_TOOL, f'unknown tool "{execution.name}"')
+        rebuilt = self._success(definition, execution.arguments, result.value)
+        return attrs.evolve(rebuilt, additional_contexts=result.additional_contexts,
+                            concludes_turn=result.concludes_turn and not rebuilt.is_error)
+
+    async def _body(self, staged: Staged, wrapper_signal: AbortSignal) -> ToolResult:
+        execution = staged.execution
+        caller = execution.signal
+        fused = caller if wrapper_signal is caller else AbortSignal.any((caller, wrapper_signal))
+        if fused.aborted:
+            return _aborted_before_dispatch()
+        definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+        if definition is None:
+            return error_result(UnknownToolError(f'unknown tool "{execution.name}"'))
+        if definition is not staged._validated:
+            invalid = self._argument_violations(definition, execution.arguments)
+            if invalid is not None:
+                return invalid
+        context = ToolContext(execution if fused is caller else attrs.evolve(execution, signal=fused))
+        staged._body_invoked = True
+        try:
+            value = await definition.execute(execution.arguments, context)
+        except Exception as error:
+            result = error_result(error)
+        else:
+            result = self._success(definition, execution.arguments, value)
+            if context.concludes_turn and not result.is_error:
+                result = attrs.evolve(result, concludes_turn=True)
+        if fused.aborted and not result.is_error:
+            result = _aborted()
+        deferred = context.deferred_contexts
+        if deferred:
+            result = attrs.evolve(result, additional_contexts=deferred + result.additional_contexts)
+        return result
+
+    @staticmethod
+    def _success(definition: ToolDefinition, arguments: JSON, value: object) -> ToolResult:
+        """Normalize a body's value: snapshot, validate against the output schema, render."""
+        name = definition.name
+        try:
+            frozen_value = freeze(value)
+        except NotLosslessError as error:
+            return error_result(InvalidToolOutputError(f'tool "{name}" returned invalid output: {error}'))
+        found = violations(definition.output_validator, frozen_value)
+        if found:
+            return error_result(InvalidToolOutputError(
+                f'tool "{name}" returned invalid output: {format_violations(found)}', found))
+        try:
+            content = definition.output.render(arguments, frozen_value)
+            return ToolResult(content=content, value=frozen_value)
+        except Exception as error:
+            return error_result(InvalidToolOutputError(f'tool "{name}": output.render failed: {error}'))
+
+    # -- post-execute and finish ----------------------------------------------------------------------------
+
+    async def finalize(self, staged: Staged) -> ToolResult:
+        """Run post-execute on a dispatched (or policy-denied) result, then :meth:`finish`."""
+        assert staged.result is not None
+        execution = staged.execution
+        result = staged.result
+        try:
+            decisions = await self.hooks.post_execute(execution, result)
+        except HookFailure as failure:
+            staged.result = ToolResult.failure(str(failure.code), failure.message)
+            return await self.finish(staged)
+        if decisions:
+            result = self._apply_post(execution, result, decisions)
+        if execution.signal.aborted and not result.is_error:
+            result = (_aborted if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
+        staged.result = result
+        return await self.finish(staged)
+
+    def _apply_post(self, execution: ToolExecution, result: ToolResult,
+                    decisions: list[tuple[str, PostDecision]]) -> ToolResult:
+        blocks = [d for _, d in decisions if d.kind == "block"]
+        if blocks:
+            feedback = blocks[0].content
+            message = text_of(feedback) or "tool result blocked by post-execute policy"
+            contexts = tuple(c for d in blocks for c in d.additional_contexts)
+            return ToolResult.failure(ErrorCode.BLOCKED, message, content=feedback or message,
+                                      additional_contexts=contexts)
+        replacements = [(p, d) for p, d in decisions if d.kind != "accept"]
+        if len(replacements) > 1:
+            plugins = " and ".join(repr(p) for p, _ in replacements)
+            return ToolResult.failure(ErrorCode.TOOL_FAILED,
+                                      f"post-execute: conflicting replacements from plugins {plugins}")
+        if replacements:
+            _, replacement = replacements[0]
+            if replacement.kind == "replace-content":
+                result = attrs.evolve(result, content=replacement.content)
+            elif result.is_error:
+                return ToolResult.failure(ErrorCode.TOOL_FAILED,
+                                          "post-execute cannot replace the value of a failed result")
+            else:
+                definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+                if definition is None:
+                    return ToolResult.failure(ErrorCode.UNKNOWN_TOOL, f'unknown tool "{execution.name}"')
+                rebuilt = self._success(definition, execution.arguments, replacement.value)
+                if rebuilt.is_error:
+                    return rebuilt
+                result = attrs.evolve(rebuilt, additional_contexts=result.additional_contexts,
+                                      concludes_turn=result.concludes_turn)
+        contexts = tuple(c for _, d in decisions for c in d.additional_contexts)
+        if contexts:
+            result = attrs.evolve(result, additional_contexts=result.additional_contexts + contexts)
+        return result
+
+    async def finish(self, staged: Staged) -> ToolResult:
+        """Apply the captured finalizer, materialize, and emit the one result event."""
+        if staged._finished:
+            raise RuntimeError(f"execution {staged.execution.call_id!r} was already finished")
+        staged._finished = True
+        assert staged.result is not None
+        result = staged.result
+        finalizer = staged._finalizer
+        if finalizer is not None:
+            try:
+                replaced = finalizer(staged.execution, result)
+                if replaced is not None:
+                    result = attrs.evolve(result, content=_blocks(replaced))
+            except Exception as error:
+                result = ToolResult.failure(ErrorCode.TOOL_FAILED, f"finalize_content failed: {error}")
+        staged.result = result
+        await self.hooks.tool_result(staged.execution, result)
+        return result
+
+
+def _blocks(value: object) -> tuple[ContentBlock, ...]:
+    if isinstance(value, str):
+        return (TextBlock(value),)
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def _approval_denial(name: str, outcome: ApprovalOutcome, reason: str | None) -> str:
+    if outcome is ApprovalOutcome.REJECTED:
+        return f'the user rejected tool "{name}"'
+    if outcome is ApprovalOutcome.CANCELLED:
+        return f'approval for tool "{name}" was cancelled'
+    text = f'tool "{name}" requires approval, but no approval channel is available'
+    return f"{text} ({reason})" if reason else text
+
+
+def _link(middleware: Middleware, proceed: Proceed) -> Proceed:
+    async def step(call: ToolExecution) -> ToolResult:
+        return await middleware(call, proceed)
+
+    return step
+

@@ -1,0 +1,1 @@
+"""The built-in dsh plugins, each found through the dsh.plugins entry-point group."""

@@ -1,0 +1,37 @@
+"""Agent runs: model providers and session stores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dsh_hookspecs import hookspec
+
+if TYPE_CHECKING:
+    from dsh_core.agent.provider import Provider
+    from dsh_core.sessions.store import SessionStoreFactory
+
+
+@hookspec
+def dsh_register_providers(register: Callable[[str, Provider], None]) -> None:
+    """Register model providers: ``register(name, provider)``.
+
+    A provider is one async function from OpenAI chat-completions messages and
+    tool schemas to one assistant message (see
+    :class:`dsh_core.agent.provider.Provider`). Agents pick a provider by name
+    (``[[agents]] provider``). A name registered twice is an error naming
+    both plugins. Providers are unregistered with the plugin's scope.
+    """
+
+
+@hookspec
+def dsh_register_session_stores(register: Callable[[str, SessionStoreFactory], None]) -> None:
+    """Register session stores: ``register(name, factory)``.
+
+    ``factory(home: pathlib.Path) -> SessionStore`` opens an append-only event
+    log (see :class:`dsh_core.sessions.store.SessionStore`); the deployment
+    picks one by name (``[sessions] store``). A name registered twice is an
+    error naming both plugins.
+    """
+
+

@@ -1,0 +1,130 @@
+"""The per-call pipeline: pre-execute, approval, guards, around-dispatch, post-execute, observers.
+
+The core runs the stages in a fixed order::
+
+    create -> pre-execute -> approval (on ask) -> guards -> around-dispatch -> body
+           -> post-execute -> finalize -> materialize -> emit (tool result observers)
+
+Plugins add behaviour inside a stage; they cannot reorder or skip stages.
+Every hook here is scope-filtered (see the package docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
+
+from dsh_hookspecs import hookspec
+
+if TYPE_CHECKING:
+    from dsh_core.codemode.history import CodeDispatchLog
+
+    from dsh_core.model import (
+        ApprovalOutcome,
+        ApprovalRequest,
+        ContentBlock,
+        Middleware,
+        PostDecision,
+        PreDecision,
+        ToolExecution,
+        ToolResult,
+    )
+
+
+@hookspec
+def dsh_pre_execute(execution: ToolExecution) -> PreDecision | Awaitable[PreDecision | None] | None:
+    """Vote on a call before it runs: allow, deny (with a reason) or ask a person.
+
+    Called for every call that passed creation (valid lossless arguments,
+    not collapsed), including calls of names no layer registers (they fail
+    later, at dispatch). ``None`` abstains.
+
+    Aggregation: every implementation is consulted; any ``deny`` wins (the
+    first deny's reason in call order is reported), else any ``ask`` asks,
+    else the call is allowed. Raising an exception settles the call as a
+    ``TOOL_FAILED`` error result without post-execute.
+    """
+
+
+@hookspec(firstresult=True)
+def dsh_approve(request: ApprovalRequest) -> ApprovalOutcome | Awaitable[ApprovalOutcome | None] | None:
+    """Resolve an ``ask``: return ``allowed``, ``rejected``, ``cancelled`` or ``unavailable``.
+
+    First result wins: an approval channel that does not handle the request
+    returns ``None`` and the next channel is tried; with no answer the outcome
+    is ``unavailable``. A channel that needs to wait (a person at a terminal)
+    returns an awaitable from a *plain* function; never declare this hook
+    ``async def`` (a coroutine is never ``None``, so it would always win).
+    ``request.signal`` aborts with the call: stop asking and return
+    ``cancelled``.
+
+    ``allowed`` continues to the guards; ``rejected``, ``cancelled`` and
+    ``unavailable`` deny with a message naming the tool (a cancelled approval
+    of an aborted call gives ``ABORTED_BEFORE_DISPATCH``). Raising counts as
+    ``unavailable``.
+    """
+
+
+@hookspec
+def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
+    """A monotonic guard: return a denial reason (``str``) to deny, ``None`` to pass.
+
+    Guards run after an allow, registry guards first (global layer, then the
+    agent's scope chain), then these implementations in call order. The first
+    denial wins and nothing later can allow. Raising denies (fail closed) with
+    the exception's message.
+    """
+
+
+@hookspec
+def dsh_around_dispatch(execution: ToolExecution) -> Middleware | None:
+    """Return middleware ``async (execution, proceed) -> ToolResult`` to wrap the body.
+
+    The core composes the middleware of all implementations: the first one
+    in call order is the outermost. ``await proceed(execution)`` runs the rest
+    of the chain and then the body; a middleware may pass
+    ``attrs.evolve(execution, signal=...)`` to add a tighter abort signal (it
+    is fused with the caller's, which can never be detached) but cannot change
+    the tool, its arguments or identity: the body always runs the call that
+    passed policy. A middleware may also return a result without proceeding.
+    A middleware that raises settles the call as ``TOOL_FAILED`` without
+    post-execute. Returning ``None`` adds no middleware.
+    """
+
+
+@hookspec
+def dsh_post_execute(
+    execution: ToolExecution, result: ToolResult
+) -> PostDecision | Awaitable[PostDecision | None] | None:
+    """Decide about a result: accept, replace its value or content, or block it.
+
+    Called for every dispatched call, failed ones included (not for calls
+    settled before dispatch). ``None`` accepts. Aggregation: any ``block``
+    wins (the first block in call order; only the contexts of block decisions
+    survive); otherwise at most one replacement may be made (two are an error
+    result naming the conflict); ``replace-value`` on a failed result, or a
+    replaced value that fails the output schema, is an error result; the
+    contexts of all decisions are appended in call order. Raising gives a
+    ``TOOL_FAILED`` error result.
+    """
+
+
+@hookspec
+def dsh_tool_result(execution: ToolExecution, result: ToolResult) -> None:
+    """Observe the final result of every execution, nested ones included, exactly once.
+
+    ``execution`` is frozen; for a nested call ``execution.parent`` is only an
+    opaque token. Return value ignored; exceptions are contained and logged as
+    warnings, never affecting the result or other observers.
+    """
+
+
+@hookspec
+def dsh_code_dispatch_log(dispatch: CodeDispatchLog) -> Sequence[ContentBlock] | None:
+    """Reshape the *durable* copy of one nested ``run_code`` sub-result before it is logged.
+
+    Only the session's ``tool/code-dispatch`` event sees the returned blocks;
+    the program and the model are unaffected. The first non-``None`` return in
+    call order is used. A raising implementation is contained and the original
+    content is logged.
+    """

@@ -1,0 +1,81 @@
+"""Throwaway plugin factories, loaded through fake entry points by the plugin tests."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from dsh_core import PreDecision, define_tool, hookimpl, plugin
+from dsh_core.model import ToolExecution
+from dsh_core.scope import Scope
+
+
+def _echo(name: str) -> Any:
+    async def execute(args: Any, ctx: Any) -> Any:
+        return {"said": args.get("text", ""), "by": name}
+
+    return define_tool(name=name, description=f"Echo through {name}.", execute=execute,
+                       parameters={"type": "object", "properties": {"text": {"type": "string"}}},
+                       output_schema={"type": "object"}, is_concurrency_safe=True,
+                       annotations={"read_only": True})
+
+
+class EchoPlugin:
+    def __init__(self, config: Any) -> None:
+        self.tool_name = config.get("tool", "echo")
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        register(_echo(self.tool_name))
+
+
+@plugin(config_schema={"type": "object", "properties": {"tool": {"type": "string"}}, "additionalProperties": False})
+def echo(scope: Scope, config: Any) -> EchoPlugin:
+    return EchoPlugin(config)
+
+
+class DenyPlugin:
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    @hookimpl
+    def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision | None:
+        if execution.name in self.names:
+            return PreDecision.deny(f"{execution.name} is denied by config")
+        return None
+
+
+@plugin(config_schema={"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+                       "required": ["names"], "additionalProperties": False})
+def deny(scope: Scope, config: Any) -> DenyPlugin:
+    return DenyPlugin(list(config["names"]))
+
+
+class HalfBroken:
+    """Registers one tool, then fails: nothing may stay registered."""
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        register(_echo("first"))
+        register(_echo("first"))
+
+
+@plugin()
+def half_broken(scope: Scope, config: Any) -> HalfBroken:
+    scope.on_dispose(lambda: DISPOSED.append("half_broken"))
+    return HalfBroken()
+
+
+DISPOSED: list[str] = []
+
+
+@plugin()
+def noisy(scope: Scope, config: Any) -> None:
+    print("hello from a plugin factory", file=sys.stderr)
+
+
+def not_a_factory_value() -> None:
+    raise AssertionError("never called")
+
+
+raise_on_import = False

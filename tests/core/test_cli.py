@@ -1,0 +1,155 @@
+"""The dsh command: exact JSON shapes, errors on stderr only, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dsh_core.cli import main
+
+BASE = """
+[tools]
+mode = "native"
+
+[[agents]]
+id = "main"
+
+[[agents]]
+id = "coder"
+mode = "code"
+
+[[plugins]]
+id = "alpha"
+use = "sample-echo"
+config = { tool = "alpha" }
+
+[[plugins]]
+id = "policy"
+use = "sample-deny"
+config = { names = ["nothing"] }
+"""
+
+OVERLAY = """
+[tools]
+mode = "both"
+
+[[plugins]]
+id = "policy"
+config = { names = ["alpha"] }
+"""
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,"
+                                      "sample-deny=tests.core.sample_plugins:deny")
+    monkeypatch.delenv("DSH_TOOLS_MODE", raising=False)
+    (tmp_path / "base.toml").write_text(BASE)
+    (tmp_path / "overlay.toml").write_text(OVERLAY)
+    monkeypatch.chdir(tmp_path)
+
+    def invoke(*args: str):  # type: ignore[no-untyped-def]
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+def test_config_dump_names_the_source_of_every_value(run) -> None:  # type: ignore[no-untyped-def]
+    result = run("config", "dump", "--config", "base.toml", "--config", "overlay.toml")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith('tools.mode = "both"') and "# overlay.toml" in line for line in lines)
+    assert any(line.startswith("plugins[alpha].config.tool") and "# base.toml" in line for line in lines)
+    assert any(line.startswith("plugins[policy].config.names") and "# overlay.toml" in line for line in lines)
+    as_json = json.loads(run("config", "dump", "--json", "--config", "base.toml").stdout)
+    assert {"path": "tools.mode", "value": "native", "source": "base.toml"} in as_json
+
+
+def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
+    listing = json.loads(run("tools", "list", "--json", "--config", "base.toml").stdout)
+    assert listing == {"mode": "native", "visible": ["alpha"], "wire": [
+        {"name": "alpha", "description": "Echo through alpha.",
+         "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}]}
+
+
+def test_tools_call_json_and_exit_codes(run) -> None:  # type: ignore[no-untyped-def]
+    ok = run("tools", "call", "alpha", "--args", '{"text": "hi"}', "--json", "--config", "base.toml")
+    assert ok.exit_code == 0
+    assert json.loads(ok.stdout) == {"ok": True, "error": None,
+                                     "content": [{"text": '{\n  "said": "hi",\n  "by": "alpha"\n}', "type": "text"}],
+                                     "value": {"said": "hi", "by": "alpha"}}
+    denied = run("tools", "call", "alpha", "--json", "--config", "base.toml", "--config", "overlay.toml")
+    assert denied.exit_code == 1
+    body = json.loads(denied.stdout)
+    assert body["ok"] is False and body["error"]["code"] == "DENIED" and body["value"] is None
+    collapsed = run("tools", "call", "alpha", "--agent", "coder", "--json", "--config", "base.toml")
+    assert json.loads(collapsed.stdout)["error"]["code"] == "UNKNOWN_TOOL"
+
+
+def test_errors_go_to_stderr_and_nothing_to_stdout(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bad_json = run("tools", "call", "alpha", "--args", "{nope", "--config", "base.toml")
+    assert bad_json.exit_code == 2 and bad_json.stdout == "" and "--args is not valid JSON" in bad_json.stderr
+    (tmp_path / "bad.toml").write_text('[tools]\nmode = "turbo"\nsurprise = 1\n')
+    bad_config = run("tools", "list", "--config", "bad.toml")
+    assert bad_config.exit_code == 2 and bad_config.stdout == ""
+    assert "bad.toml: tools.mode" in bad_config.stderr and "surprise" in bad_config.stderr
+    unknown_agent = run("tools", "list", "--agent", "ghost", "--config", "base.toml")
+    assert unknown_agent.exit_code == 2 and "unknown agent 'ghost'" in unknown_agent.stderr
+    (tmp_path / "unknown_use.toml").write_text('[[plugins]]\nid = "x"\nuse = "ghost-plugin"\n')
+    unknown_use = run("tools", "list", "--config", "unknown_use.toml")
+    assert unknown_use.exit_code == 2 and "plugins[x].use: unknown plugin 'ghost-plugin'" in unknown_use.stderr
+
+
+def test_the_mode_env_variable_is_checked_at_boot(run, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("DSH_TOOLS_MODE", "turbo")
+    result = run("tools", "list", "--config", "base.toml")
+    assert result.exit_code == 2 and "DSH_TOOLS_MODE='turbo'" in result.stderr and result.stdout == ""
+
+
+SIGNAL_SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    from dsh_core.cli import run_async
+
+    async def main():
+        print("ready", flush=True)
+        await asyncio.sleep(30)
+
+    async def dispose():
+        print("disposed", flush=True)
+        if sys.argv[1] == "slow":
+            await asyncio.sleep(30)
+
+    run_async(main, on_signal=dispose)
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_disposes_the_root_and_exits(signum: int) -> None:
+    process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, "fast"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=20)
+    assert "disposed" in out and process.returncode == 130
+    assert "shutting down" in err
+
+
+def test_a_second_signal_exits_at_once() -> None:
+    process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, "slow"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    assert process.stdout.readline() == "disposed\n"
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGINT and time.monotonic() - started < 5

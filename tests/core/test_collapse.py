@@ -1,0 +1,181 @@
+"""The Code Mode collapse, pinned through the executor (not through get()/schemas())."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsh_core.abort import AbortSignal
+from dsh_core.errors import RegistrationError
+from dsh_core.model import ExecutionToken, PreDecision
+from dsh_core.runtime import collapsed_message
+
+from .helpers import Recorder, Stack, body_calls, register, tool
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_model_direct_native_call_under_code_is_unknown_and_no_hook_sees_it() -> None:
+    """A collapsed call ends at creation: UNKNOWN_TOOL with the rerouting message, no hook observes it."""
+    stack = Stack(mode="code")
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.ask("would ask a person"), approval="allowed"))
+    result = await stack.call("echo", {"text": "hi"})
+    assert result.code == "UNKNOWN_TOOL"
+    assert result.error is not None and result.error.message == collapsed_message("echo")
+    assert "from inside a `run_code` program" in result.text
+    assert body_calls(echo) == []
+    assert recorder.stages() == ["result"]  # only the one result event; pre/approve/guard never ran
+
+
+async def test_nested_call_with_parent_token_passes_the_collapse() -> None:
+    """The same tool from inside a program (a parent token) runs, through policy."""
+    stack = Stack(mode="code")
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("echo", {"text": "hi"}, parent=ExecutionToken())
+    assert not result.is_error and result.value == {"echo": "hi"}
+    assert recorder.stages() == ["pre", "guard", "post", "result"]
+
+
+@pytest.mark.parametrize("mode", ["native", "both"])
+async def test_native_and_both_modes_run_direct_calls(mode: str) -> None:
+    stack = Stack(mode=mode)
+    stack.registry.register(tool("echo"))
+    assert (await stack.call("echo", {"text": "x"})).value == {"echo": "x"}
+
+
+@pytest.mark.parametrize("mode", ["code", "both"])
+async def test_run_code_is_reachable_in_every_non_native_mode(mode: str) -> None:
+    stack = Stack(mode=mode)
+    result = await stack.call("run_code", {"text": "program"})
+    assert not result.is_error
+    assert body_calls(stack.transport) == [{"text": "program"}]
+
+
+async def test_native_agent_has_no_run_code_in_its_dispatch_table() -> None:
+    stack = Stack(mode="native")
+    result = await stack.call("run_code", {"text": "x"})
+    assert result.code == "UNKNOWN_TOOL"
+    assert body_calls(stack.transport) == []
+
+
+async def test_one_agent_in_code_while_the_deployment_stays_native() -> None:
+    stack = Stack(mode="native")
+    stack.registry.register(tool("echo"))
+    coder, plain = stack.agent("coder"), stack.agent("plain")
+    stack.registry.present_as("code", coder)
+    assert (await stack.call("echo", agent=coder)).code == "UNKNOWN_TOOL"
+    assert not (await stack.call("echo", agent=plain)).is_error
+    assert not (await stack.call("run_code", agent=coder)).is_error
+    assert (await stack.call("run_code", agent=plain)).code == "UNKNOWN_TOOL"
+
+
+async def test_an_agent_opts_out_of_a_code_deployment() -> None:
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo"))
+    native = stack.agent("native")
+    stack.registry.present_as("native", native)
+    assert not (await stack.call("echo", agent=native)).is_error
+    assert (await stack.call("echo")).code == "UNKNOWN_TOOL"
+
+
+async def test_a_preset_mode_is_inherited_and_siblings_are_unaffected() -> None:
+    stack = Stack(mode="native")
+    stack.registry.register(tool("echo"))
+    preset = stack.root.child("preset:code", layered=True)
+    stack.registry.present_as("code", preset)
+    inside, sibling = stack.agent("inside", parent=preset), stack.agent("sibling")
+    assert (await stack.call("echo", agent=inside)).code == "UNKNOWN_TOOL"
+    assert not (await stack.call("echo", agent=sibling)).is_error
+
+
+async def test_a_second_mode_declaration_in_one_scope_is_refused() -> None:
+    stack = Stack()
+    agent = stack.agent()
+    stack.registry.present_as("code", agent)
+    with pytest.raises(RegistrationError, match="conflicts with mode 'code'"):
+        stack.registry.present_as("both", agent)
+    with pytest.raises(RegistrationError, match="requires a scoped context"):
+        stack.registry.present_as("code", stack.root)
+
+
+async def test_disposing_the_agent_restores_the_default() -> None:
+    stack = Stack(mode="native")
+    stack.registry.register(tool("echo"))
+    agent = stack.agent()
+    stack.registry.present_as("code", agent)
+    assert (await stack.call("echo", agent=agent)).code == "UNKNOWN_TOOL"
+    await agent.dispose()
+    assert stack.registry.mode_for(agent) == "native"
+    assert not (await stack.call("echo", agent=agent)).is_error
+
+
+async def test_restrictions_cannot_remove_run_code_and_no_registration_shadows_it() -> None:
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo"))
+    agent = stack.agent()
+    with pytest.raises(RegistrationError, match="reserved transport"):
+        stack.registry.restrict(agent, deny=["run_code"])
+    stack.registry.restrict(agent, allow=["echo"])
+    with pytest.raises(RegistrationError, match="reserved"):
+        stack.registry.register(tool("run_code"), scope=agent)
+    with pytest.raises(RegistrationError, match="reserved"):
+        stack.registry.register(tool("run_code"))
+    assert not (await stack.call("run_code", agent=agent)).is_error
+    assert body_calls(stack.transport) == [{}]
+
+
+async def test_a_pre_aborted_collapsed_call_is_aborted_before_dispatch_with_the_finalizer() -> None:
+    finalized: list[str] = []
+
+    def finalize(execution: object, result: object) -> str:
+        finalized.append("x")
+        return "finalized"
+
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo", finalize=finalize))
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("echo", signal=AbortSignal.aborted_with("stop"))
+    assert result.code == "ABORTED_BEFORE_DISPATCH"
+    assert result.text == "finalized" and finalized == ["x"]
+    assert recorder.stages() == ["result"]
+
+
+async def test_the_collapsed_unknown_tool_drops_the_finalizer() -> None:
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo", finalize=lambda e, r: "finalized"))
+    result = await stack.call("echo")
+    assert result.code == "UNKNOWN_TOOL" and "only `run_code`" in result.text
+
+
+async def test_invalid_arguments_win_over_the_collapse() -> None:
+    stack = Stack(mode="code")
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("echo", {"text": float("nan")})
+    assert result.code == "INVALID_ARGS"
+    assert "/text" in result.text
+    assert recorder.stages() == ["result"] and body_calls(echo) == []
+
+
+async def test_a_collapsed_call_is_exclusive() -> None:
+    from dsh_core.model import ToolExecutionInput
+
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo", safe=True))
+    request = ToolExecutionInput(call_id="c", name="echo", arguments={})
+    assert stack.runtime.execution_mode(request) == "exclusive"
+    nested = ToolExecutionInput(call_id="c", name="echo", arguments={}, parent=ExecutionToken())
+    assert stack.runtime.execution_mode(nested) == "parallel"
+
+
+async def test_an_unregistered_name_under_code_still_passes_policy_and_fails_at_dispatch() -> None:
+    stack = Stack(mode="code")
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("nope")
+    assert result.code == "UNKNOWN_TOOL" and result.error is not None
+    assert result.error.message == 'unknown tool "nope"'
+    assert recorder.stages() == ["pre", "guard", "post", "result"]

@@ -1,0 +1,103 @@
+"""The hook facade: validation at registration, scope filtering, containment."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from dsh_core import hookimpl
+from dsh_core.errors import PluginLoadError
+from dsh_core.hooks import Hooks
+from dsh_core.model import PreDecision, ToolExecution
+
+from .helpers import Recorder, Stack, register, tool
+
+pytestmark = pytest.mark.anyio
+
+
+def test_every_hookspec_has_a_docstring_contract() -> None:
+    hooks = Hooks()
+    for name in hooks.hook_names():
+        spec = getattr(hooks.plugin_manager.hook, name).spec
+        assert spec is not None and (spec.function.__doc__ or "").strip(), name
+
+
+def test_wrappers_and_unknown_hooks_are_refused_and_nothing_stays_registered() -> None:
+    hooks = Hooks()
+
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def dsh_pre_execute(self, execution: ToolExecution) -> Generator[None, Any, Any]:
+            return (yield)
+
+    class Typo:
+        @hookimpl
+        def dsh_pre_exceute(self, execution: ToolExecution) -> None:
+            return None
+
+    with pytest.raises(PluginLoadError, match="wrappers are not supported"):
+        hooks.register(Wrapper(), name="wrapper")
+    with pytest.raises(PluginLoadError, match="unknown hook 'dsh_pre_exceute'"):
+        hooks.register(Typo(), name="typo")
+    assert not hooks.has_plugin("wrapper") and not hooks.has_plugin("typo")
+    assert hooks.impls("dsh_pre_execute") == ()
+
+
+def test_a_duplicate_plugin_name_is_refused() -> None:
+    hooks = Hooks()
+    hooks.register(Recorder(), name="same")
+    with pytest.raises(PluginLoadError, match="already registered"):
+        hooks.register(Recorder(), name="same")
+
+
+def test_arguments_not_in_the_spec_are_refused() -> None:
+    hooks = Hooks()
+
+    class Extra:
+        @hookimpl
+        def dsh_guard(self, execution: ToolExecution, surprise: int) -> None:
+            return None
+
+    with pytest.raises(PluginLoadError, match="surprise"):
+        hooks.register(Extra(), name="extra")
+
+
+async def test_agent_scoped_implementations_see_only_their_agents_calls() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    mine, other = stack.agent("mine"), stack.agent("other")
+    scoped = Recorder(pre=PreDecision.deny("only for mine"))
+    register(stack.hooks, scoped, scope=mine.child("plugin:policy"))
+    assert (await stack.call("echo", agent=mine)).code == "DENIED"
+    assert not (await stack.call("echo", agent=other)).is_error
+    assert not (await stack.call("echo")).is_error
+    await mine.dispose()
+    assert not stack.hooks.has_plugin("plugin-policy")
+    assert all(info.plugin != "policy" for info in stack.hooks.impls("dsh_pre_execute"))
+
+
+async def test_disposing_the_owning_scope_unregisters_the_plugin() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    scope = stack.root.child("plugin:deny")
+    stack.hooks.register(Recorder(pre=PreDecision.deny("no")), name="deny", scope=scope)
+    assert (await stack.call("echo")).code == "DENIED"
+    await scope.dispose()
+    assert not stack.hooks.has_plugin("deny")
+    assert not (await stack.call("echo")).is_error
+
+
+async def test_async_hook_implementations_are_awaited() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+
+    class AsyncPolicy:
+        @hookimpl
+        async def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision:
+            return PreDecision.deny("async deny")
+
+    register(stack.hooks, AsyncPolicy())
+    result = await stack.call("echo")
+    assert result.error is not None and result.error.message == "async deny"

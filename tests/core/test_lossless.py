@@ -1,0 +1,103 @@
+"""Lossless JSON: what passes, what fails, where, and at any depth."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+import pickle
+import sys
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dsh_core.lossless import FrozenDict, FrozenList, NotLosslessError, find_loss, freeze, is_lossless, snapshot, thaw
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False).filter(
+        lambda f: not (f == 0 and str(f).startswith("-"))) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=40,
+)
+
+
+@given(json_values)
+def test_json_values_round_trip_and_freeze(value: Any) -> None:
+    assert is_lossless(value)
+    frozen = freeze(value)
+    assert frozen == value
+    assert json.loads(json.dumps(frozen)) == value
+    assert freeze(frozen) is frozen
+    assert thaw(frozen) == value
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Text(str):
+    pass
+
+
+@pytest.mark.parametrize(("value", "path", "reason"), [
+    ({"a": [1, float("nan")]}, "/a/1", "not finite"),
+    ({"a": float("inf")}, "/a", "not finite"),
+    ({"z": -0.0}, "/z", "-0.0"),
+    ({1: "x"}, "", "not a string"),
+    ({"t": (1, 2)}, "/t", "tuple"),
+    ({"s": {1}}, "/s", "set"),
+    ({"b": b"x"}, "/b", "bytes"),
+    ({"e": Color.RED}, "/e", "subclass of int"),
+    ({"s": Text("x")}, "/s", "subclass of str"),
+    (OrderedDict(a=1), "", "subclass of dict"),
+    ({"a/b": {"c~d": object()}}, "/a~1b/c~0d", "not a JSON type"),
+])
+def test_non_lossless_values_are_located(value: Any, path: str, reason: str) -> None:
+    loss = find_loss(value)
+    assert loss is not None and loss.path == path and reason in loss.reason
+    with pytest.raises(NotLosslessError):
+        freeze(value)
+
+
+def test_cycles_are_refused_but_shared_references_are_fine() -> None:
+    shared = [1]
+    assert freeze({"a": shared, "b": shared}) == {"a": [1], "b": [1]}
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = [cyclic]
+    error = find_loss(cyclic)
+    assert error is not None and error.path == "/self/0" and "cycle" in error.reason
+
+
+def test_deep_values_need_no_recursion_limit() -> None:
+    depth = 200_000
+    deep: list[Any] = []
+    node = deep
+    for _ in range(depth):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    limit = sys.getrecursionlimit()
+    frozen = freeze(deep)
+    assert sys.getrecursionlimit() == limit
+    count, node = 0, frozen
+    while node:
+        node, count = node[0], count + 1
+    assert count == depth
+    assert snapshot(deep) is not deep
+
+
+def test_frozen_values_refuse_mutation_and_survive_copy_and_pickle() -> None:
+    frozen = freeze({"a": [1, {"b": 2}]})
+    assert isinstance(frozen, FrozenDict) and isinstance(frozen["a"], FrozenList)
+    for mutate in (lambda: frozen.__setitem__("x", 1), lambda: frozen["a"].append(3),
+                   lambda: frozen.update({}), frozen["a"].sort):
+        with pytest.raises(TypeError, match="immutable"):
+            mutate()
+    assert copy.deepcopy(frozen) is frozen
+    assert pickle.loads(pickle.dumps(frozen)) == frozen
+    detached = snapshot(frozen)
+    detached["a"].append(3)
+    assert frozen["a"] == [1, {"b": 2}]

@@ -1,0 +1,529 @@
+"""The pipeline's contracts: order, cancellation, invalid args, modes, policy outcomes, post-execute."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import attrs
+import pytest
+
+from dsh_core import ToolError, hookimpl
+from dsh_core.abort import AbortController, AbortSignal
+from dsh_core.model import (
+    ApprovalOutcome,
+    ContextMessage,
+    ImageBlock,
+    PostDecision,
+    PreDecision,
+    TextBlock,
+    ToolExecution,
+    ToolExecutionInput,
+    ToolResult,
+)
+
+from .helpers import Recorder, Stack, body_calls, register, tool
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_stages_run_in_the_fixed_order_and_emit_one_result() -> None:
+    stack = Stack()
+    order: list[str] = []
+
+    class Plugin:
+        @hookimpl
+        def dsh_pre_execute(self, execution: ToolExecution) -> None:
+            order.append("pre")
+
+        @hookimpl
+        def dsh_guard(self, execution: ToolExecution) -> None:
+            order.append("guard")
+
+        @hookimpl
+        def dsh_around_dispatch(self, execution: ToolExecution) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                order.append("around:in")
+                result = await proceed(call)
+                order.append("around:out")
+                return result  # type: ignore[no-any-return]
+            return middleware
+
+        @hookimpl
+        def dsh_post_execute(self) -> None:
+            order.append("post")
+
+        @hookimpl
+        def dsh_tool_result(self) -> None:
+            order.append("result")
+
+    stack.registry.register(tool("echo", body=lambda a, c: order.append("body") or {"ok": True}))
+    register(stack.hooks, Plugin())
+    result = await stack.call("echo")
+    assert not result.is_error
+    assert order == ["pre", "guard", "around:in", "body", "around:out", "post", "result"]
+
+
+async def test_non_lossless_arguments_are_invalid_before_anything_else() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    for bad in ({"text": (1, 2)}, {1: "x"}, {"text": float("inf")}, {"a": {"b": [set()]}}):
+        result = await stack.call("echo", bad)
+        assert result.code == "INVALID_ARGS", bad
+    assert body_calls(echo) == []
+    assert set(recorder.stages()) == {"result"}
+
+
+async def test_schema_violations_are_all_reported_with_paths() -> None:
+    stack = Stack()
+    params = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    echo = tool("strict", parameters=params)
+    stack.registry.register(echo)
+    result = await stack.call("strict", {"a": "x", "z": 1})
+    assert result.code == "INVALID_ARGS"
+    assert "/a: 'x' is not of type 'integer'" in result.text
+    assert "'b' is a required property" in result.text
+    assert "'z' was unexpected" in result.text
+    assert body_calls(echo) == []
+
+
+async def test_output_is_validated_and_must_be_lossless() -> None:
+    stack = Stack()
+    stack.registry.register(tool("bad", output_schema={"type": "integer"}, body=lambda a, c: "text"))
+    stack.registry.register(tool("lossy", body=lambda a, c: {"x": (1,)}))
+    bad = await stack.call("bad")
+    assert bad.code == "INVALID_TOOL_OUTPUT" and 'tool "bad" returned invalid output' in bad.text
+    lossy = await stack.call("lossy")
+    assert lossy.code == "INVALID_TOOL_OUTPUT" and "/x" in lossy.text
+
+
+async def test_pre_aborted_call_never_runs_the_body_and_keeps_the_finalizer() -> None:
+    stack = Stack()
+    echo = tool("echo", finalize=lambda e, r: [TextBlock(f"final:{r.code}")])
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("echo", signal=AbortSignal.aborted_with("user"))
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and result.text == "final:ABORTED_BEFORE_DISPATCH"
+    assert body_calls(echo) == [] and recorder.stages() == ["result"]
+
+
+async def test_cancellation_after_the_body_started_is_aborted_and_the_body_is_awaited() -> None:
+    stack = Stack()
+    controller = AbortController()
+    finished: list[str] = []
+
+    async def slow(args: Any, ctx: Any) -> Any:
+        controller.abort("user")
+        await asyncio.sleep(0.05)  # an uncooperative body: it ignores the signal
+        finished.append("done")
+        return {"late": True}
+
+    stack.registry.register(tool("slow", body=slow))
+    result = await stack.call("slow", signal=controller.signal)
+    assert result.code == "ABORTED"
+    assert finished == ["done"]
+
+
+async def test_abort_during_approval_is_aborted_before_dispatch() -> None:
+    stack = Stack()
+    controller = AbortController()
+    echo = tool("echo")
+    stack.registry.register(echo)
+
+    class Channel:
+        @hookimpl
+        def dsh_pre_execute(self) -> PreDecision:
+            return PreDecision.ask("check")
+
+        @hookimpl
+        def dsh_approve(self, request: Any) -> Any:
+            async def wait() -> ApprovalOutcome:
+                controller.abort("user")
+                await asyncio.sleep(10)
+                return ApprovalOutcome.ALLOWED
+            return wait()
+
+    register(stack.hooks, Channel())
+    result = await stack.call("echo", signal=controller.signal)
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and body_calls(echo) == []
+
+
+@pytest.mark.parametrize(("outcome", "message"), [
+    ("rejected", 'the user rejected tool "echo"'),
+    ("cancelled", 'approval for tool "echo" was cancelled'),
+    ("unavailable", 'tool "echo" requires approval, but no approval channel is available (why)'),
+    (None, 'tool "echo" requires approval, but no approval channel is available (why)'),
+])
+async def test_approval_outcomes_deny_with_a_message(outcome: str | None, message: str) -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.ask("why"), approval=outcome))
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and result.error is not None and result.error.message == message
+    assert body_calls(echo) == []
+    assert recorder.stages() == ["pre", "approve", "post", "result"]
+
+
+async def test_an_allowed_approval_continues_to_guards_and_the_body() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.ask(), approval="allowed"))
+    assert not (await stack.call("echo")).is_error
+    assert recorder.stages() == ["pre", "approve", "guard", "post", "result"]
+
+
+async def test_pre_execute_deny_wins_over_allow_and_ask() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    register(stack.hooks, Recorder(pre=PreDecision.allow()))
+    register(stack.hooks, Recorder(pre=PreDecision.deny("no way")))
+    register(stack.hooks, Recorder(pre=PreDecision.ask()))
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and result.error is not None and result.error.message == "no way"
+    assert body_calls(echo) == []
+
+
+async def test_a_throwing_pre_execute_settles_without_post_execute() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    recorder = register(stack.hooks, Recorder())
+
+    class Broken:
+        @hookimpl
+        def dsh_pre_execute(self) -> None:
+            raise ToolError("policy store offline", code="POLICY_OFFLINE")
+
+    register(stack.hooks, Broken())
+    result = await stack.call("echo")
+    assert result.code == "POLICY_OFFLINE" and "policy store offline" in result.text
+    assert "post" not in recorder.stages()
+
+
+async def test_guards_are_monotonic_first_denial_wins_and_errors_deny() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    agent = stack.agent()
+    seen: list[str] = []
+
+    def global_guard(execution: ToolExecution) -> str | None:
+        seen.append("global")
+        return None
+
+    def agent_guard(execution: ToolExecution) -> str:
+        seen.append("agent")
+        return "agent says no"
+
+    stack.registry.guard(global_guard)
+    stack.registry.guard(agent_guard, scope=agent)
+    after = register(stack.hooks, Recorder())  # a later hook guard that would pass
+    result = await stack.call("echo", agent=agent)
+    assert result.error is not None and result.error.message == "agent says no"
+    assert seen == ["global", "agent"]
+    assert "guard" not in after.stages()  # nothing after a denial runs, nothing can allow
+
+    class Raising:
+        @hookimpl
+        def dsh_guard(self) -> None:
+            raise RuntimeError("boom")
+
+    register(stack.hooks, Raising())
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and "boom" in result.text
+    assert body_calls(echo) == []
+
+
+async def test_post_execute_block_replaces_the_result_and_keeps_only_its_contexts() -> None:
+    stack = Stack()
+
+    def body(args: Any, ctx: Any) -> Any:
+        ctx.defer_context("from body")
+        return {"secret": 1}
+
+    stack.registry.register(tool("echo", body=body))
+    register(stack.hooks, Recorder(post=PostDecision.accept([ContextMessage("accepted")])))
+    register(stack.hooks, Recorder(post=PostDecision.block("redacted by policy", [ContextMessage("why")])))
+    result = await stack.call("echo")
+    assert result.code == "BLOCKED" and result.text == "redacted by policy"
+    assert result.value is None
+    assert [c.text for c in result.additional_contexts] == ["why"]
+
+
+async def test_post_execute_block_with_images_and_empty_feedback() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    register(stack.hooks, Recorder(post=PostDecision.block([ImageBlock("AAAA", "image/png")])))
+    result = await stack.call("echo")
+    assert result.error is not None and result.error.message == "[image content]"
+    stack2 = Stack()
+    stack2.registry.register(tool("echo"))
+    register(stack2.hooks, Recorder(post=PostDecision.block([])))
+    result2 = await stack2.call("echo")
+    assert result2.error is not None and result2.error.message == "tool result blocked by post-execute policy"
+
+
+async def test_post_execute_replaces_value_content_and_appends_contexts() -> None:
+    stack = Stack()
+
+    def body(args: Any, ctx: Any) -> Any:
+        ctx.defer_context("body context")
+        return {"n": 1}
+
+    stack.registry.register(tool("echo", body=body, output_schema={"type": "object"}))
+    register(stack.hooks, Recorder(post=PostDecision.replace_value({"n": 2}, [ContextMessage("policy")])))
+    result = await stack.call("echo")
+    assert result.value == {"n": 2} and '"n": 2' in result.text
+    assert [c.text for c in result.additional_contexts] == ["body context", "policy"]
+
+    stack2 = Stack()
+    stack2.registry.register(tool("echo"))
+    register(stack2.hooks, Recorder(post=PostDecision.replace_content("shown instead")))
+    result2 = await stack2.call("echo")
+    assert result2.text == "shown instead" and result2.value == {"echo": ""}
+
+
+async def test_post_execute_replacement_errors() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo", output_schema={"type": "object"}))
+    register(stack.hooks, Recorder(post=PostDecision.replace_value("not an object")))
+    assert (await stack.call("echo")).code == "INVALID_TOOL_OUTPUT"
+
+    stack2 = Stack()
+    stack2.registry.register(tool("fails", body=lambda a, c: (_ for _ in ()).throw(ToolError("nope"))))
+    register(stack2.hooks, Recorder(post=PostDecision.replace_value({"x": 1})))
+    failed = await stack2.call("fails")
+    assert failed.is_error and "cannot replace the value of a failed result" in failed.text
+
+    stack3 = Stack()
+    stack3.registry.register(tool("echo"))
+    register(stack3.hooks, Recorder(post=PostDecision.replace_content("a")), name="first")
+    register(stack3.hooks, Recorder(post=PostDecision.replace_content("b")), name="second")
+    conflict = await stack3.call("echo")
+    assert conflict.is_error and "conflicting replacements" in conflict.text
+    assert "'first'" in conflict.text and "'second'" in conflict.text
+
+
+async def test_execution_mode_is_parallel_only_for_exactly_true() -> None:
+    stack = Stack()
+
+    def boom(args: Any) -> bool:
+        raise RuntimeError("classifier crashed")
+
+    cases = {"yes": True, "no": False, "truthy": lambda a: 1, "raises": boom, "undeclared": None}
+    for name, safe in cases.items():
+        stack.registry.register(tool(name, safe=safe))
+    modes = {name: stack.runtime.execution_mode(ToolExecutionInput(call_id="c", name=name, arguments={}))
+             for name in [*cases, "unknown"]}
+    assert modes == {"yes": "parallel", "no": "exclusive", "truthy": "exclusive", "raises": "exclusive",
+                     "undeclared": "exclusive", "unknown": "exclusive"}
+    lossy = ToolExecutionInput(call_id="c", name="yes", arguments={"x": float("nan")})
+    assert stack.runtime.execution_mode(lossy) == "exclusive"
+    assert "is_concurrency_safe" not in str(stack.registry.schemas()[0].to_json())
+
+
+async def test_around_dispatch_cannot_change_what_runs_but_can_tighten_the_signal() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    other = tool("other")
+    stack.registry.register(echo)
+    stack.registry.register(other)
+    controller = AbortController()
+
+    class Sneaky:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                swapped = attrs.evolve(call, name="other", arguments={"text": "forged"})
+                return await proceed(swapped)  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, Sneaky())
+    result = await stack.call("echo", {"text": "real"})
+    assert result.value == {"echo": "real"}
+    assert body_calls(other) == []
+
+    class Tightening:
+        @hookimpl(tryfirst=True)
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                controller.abort("timeout policy")
+                return await proceed(attrs.evolve(call, signal=controller.signal))  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, Tightening())
+    assert (await stack.call("echo", {"text": "x"})).code == "ABORTED_BEFORE_DISPATCH"
+
+
+async def test_middleware_order_first_in_call_order_is_outermost() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    trail: list[str] = []
+
+    def make(label: str) -> Any:
+        class Layer:
+            @hookimpl
+            def dsh_around_dispatch(self) -> Any:
+                async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                    trail.append(f"{label}>")
+                    result = await proceed(call)
+                    trail.append(f"<{label}")
+                    return result  # type: ignore[no-any-return]
+                return middleware
+        return Layer()
+
+    register(stack.hooks, make("old"))
+    register(stack.hooks, make("new"))  # pluggy calls the newest registration first
+    await stack.call("echo")
+    assert trail == ["new>", "old>", "<old", "<new"]
+
+
+async def test_a_raising_middleware_skips_post_execute() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    recorder = register(stack.hooks, Recorder())
+
+    class Raising:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                raise RuntimeError("wrapper bug")
+            return middleware
+
+    register(stack.hooks, Raising())
+    result = await stack.call("echo")
+    assert result.code == "TOOL_FAILED" and "wrapper bug" in result.text
+    assert "post" not in recorder.stages() and recorder.stages()[-1] == "result"
+
+
+async def test_an_authored_middleware_result_is_revalidated() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo", output_schema={"type": "object"}))
+
+    class Authoring:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                return ToolResult(content="cached", value="not an object")
+            return middleware
+
+    register(stack.hooks, Authoring())
+    assert (await stack.call("echo")).code == "INVALID_TOOL_OUTPUT"
+
+
+async def test_unknown_names_pass_policy_and_fail_at_dispatch() -> None:
+    stack = Stack()
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("missing")
+    assert result.code == "UNKNOWN_TOOL"
+    assert recorder.stages() == ["pre", "guard", "post", "result"]
+
+
+async def test_tool_errors_are_typed_and_untyped_ones_are_tool_failed() -> None:
+    stack = Stack()
+
+    def typed(args: Any, ctx: Any) -> Any:
+        raise ToolError("file not found: a.txt", code="NOT_FOUND")
+
+    def untyped(args: Any, ctx: Any) -> Any:
+        raise KeyError("x")
+
+    stack.registry.register(tool("typed", body=typed))
+    stack.registry.register(tool("untyped", body=untyped))
+    typed_result = await stack.call("typed")
+    assert typed_result.code == "NOT_FOUND" and typed_result.text == "Error: file not found: a.txt"
+    untyped_result = await stack.call("untyped")
+    assert untyped_result.code == "TOOL_FAILED" and "KeyError" in untyped_result.text
+
+
+async def test_every_execution_emits_exactly_one_result_event() -> None:
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo"))
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.ask(), approval="rejected"))
+    await stack.call("echo")  # collapsed
+    await stack.call("echo", parent=object())  # type: ignore[arg-type]  # nested, rejected by approval
+    await stack.call("run_code")  # the transport
+    await stack.call("echo", {"text": object()})  # invalid args
+    assert [stage for stage in recorder.stages() if stage == "result"] == ["result"] * 4
+
+
+async def test_observer_failures_are_contained() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+
+    class Failing:
+        @hookimpl
+        def dsh_tool_result(self) -> None:
+            raise RuntimeError("observer bug")
+
+    register(stack.hooks, Failing())
+    later = register(stack.hooks, Recorder())
+    failing_after = register(stack.hooks, Failing())
+    assert failing_after is not None
+    result = await stack.call("echo")
+    assert not result.is_error
+    assert later.stages()[-1] == "result"
+
+
+async def test_the_finalizer_runs_exactly_once_per_outcome() -> None:
+    calls: list[str | None] = []
+
+    def finalize(execution: ToolExecution, result: ToolResult) -> None:
+        calls.append(result.code)
+
+    stack = Stack()
+    stack.registry.register(tool("echo", finalize=finalize))
+    register(stack.hooks, Recorder(post=PostDecision.block("no")))
+    await stack.call("echo")
+    await stack.call("echo", {"text": 1})
+    assert calls == ["BLOCKED", "INVALID_ARGS"]
+
+
+async def test_conclude_turn_and_deferred_contexts() -> None:
+    stack = Stack()
+
+    def body(args: Any, ctx: Any) -> Any:
+        ctx.defer_context("one")
+        ctx.defer_context(ContextMessage("two", source="test"))
+        ctx.conclude_turn()
+        return {}
+
+    stack.registry.register(tool("done", body=body))
+    result = await stack.call("done")
+    assert result.concludes_turn
+    assert [c.text for c in result.additional_contexts] == ["one", "two"]
+
+
+async def test_arguments_the_body_receives_are_frozen() -> None:
+    stack = Stack()
+
+    def body(args: Any, ctx: Any) -> Any:
+        with pytest.raises(TypeError, match="immutable"):
+            args["text"] = "changed"
+        return {}
+
+    stack.registry.register(tool("echo", body=body))
+    assert not (await stack.call("echo", {"text": "x"})).is_error
+
+
+async def test_asyncio_cancellation_still_emits_one_result_event() -> None:
+    stack = Stack()
+    started = asyncio.Event()
+
+    async def body(args: Any, ctx: Any) -> Any:
+        started.set()
+        await asyncio.sleep(10)
+
+    stack.registry.register(tool("hang", body=body))
+    recorder = register(stack.hooks, Recorder())
+    task = asyncio.ensure_future(stack.call("hang"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.results[-1][1].code == "ABORTED"

@@ -1,0 +1,143 @@
+"""Plugin discovery, loading and start-up; deployments booted from config rows."""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from dsh_core.config import compose
+from dsh_core.errors import ConfigError, PluginLoadError
+from dsh_core.harness import Harness
+from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog
+
+pytestmark = pytest.mark.anyio
+
+
+def ep(name: str, value: str) -> metadata.EntryPoint:
+    return metadata.EntryPoint(name, value, ENTRY_POINT_GROUP)
+
+
+def catalog(strict: bool = False, reports: list[str] | None = None) -> PluginCatalog:
+    return PluginCatalog(entry_points=[
+        ep("echo", "tests.core.sample_plugins:echo"),
+        ep("deny", "tests.core.sample_plugins:deny"),
+        ep("half-broken", "tests.core.sample_plugins:half_broken"),
+        ep("broken", "tests.core.broken_plugin:plugin"),
+    ], strict=strict, report=(reports.append if reports is not None else None))
+
+
+def deployment(*documents: dict[str, Any], env: dict[str, str] | None = None) -> Any:
+    return compose([(f"file{i}.toml", doc) for i, doc in enumerate(documents, 1)], env=env or {})
+
+
+async def test_rows_become_plugin_instances_with_their_own_scope_and_config() -> None:
+    dep = deployment({"plugins": [
+        {"id": "a", "use": "echo", "config": {"tool": "alpha"}},
+        {"id": "b", "use": "echo", "config": {"tool": "beta"}},
+        {"id": "policy", "use": "deny", "config": {"names": ["beta"]}},
+    ]})
+    harness = await Harness.start(dep, catalog=catalog())
+    try:
+        assert harness.registry.names(harness.agent()) == ["alpha", "beta"]
+        assert (await harness.call("alpha", {"text": "hi"})).value == {"said": "hi", "by": "alpha"}
+        denied = await harness.call("beta", {})
+        assert denied.code == "DENIED" and "denied by config" in denied.text
+        await harness.plugins["b"].dispose()
+        assert harness.registry.names(harness.agent()) == ["alpha"]
+    finally:
+        await harness.aclose()
+    assert harness.root.disposed
+    assert harness.registry.names() == []
+    assert not harness.hooks.has_plugin("policy")
+
+
+async def test_the_plugin_config_is_validated_against_its_schema_naming_file_row_and_path() -> None:
+    dep = deployment({"plugins": [{"id": "policy", "use": "deny", "config": {"names": [1], "extra": True}}]})
+    with pytest.raises(ConfigError) as caught:
+        await Harness.start(dep, catalog=catalog())
+    text = str(caught.value)
+    assert "plugins[policy].config.names[0]" in text and "file1.toml" in text
+    assert "extra" in text
+
+
+async def test_an_unknown_use_is_a_clear_error() -> None:
+    dep = deployment({"plugins": [{"id": "x", "use": "nonexistent"}]})
+    with pytest.raises(ConfigError, match=r"file1.toml: plugins\[x\].use: unknown plugin 'nonexistent'"):
+        await Harness.start(dep, catalog=catalog())
+
+
+async def test_a_broken_plugin_is_reported_with_its_source_and_skipped_unless_strict() -> None:
+    reports: list[str] = []
+    dep = deployment({"plugins": [{"id": "b", "use": "broken"}, {"id": "e", "use": "echo"}]})
+    harness = await Harness.start(dep, catalog=catalog(reports=reports))
+    try:
+        assert harness.registry.names() == ["echo"]
+    finally:
+        await harness.aclose()
+    assert len(reports) == 1 and "'broken'" in reports[0] and "broken on purpose" in reports[0]
+    assert "skipped" in reports[0]
+    with pytest.raises(PluginLoadError, match="broken on purpose"):
+        await Harness.start(dep, catalog=catalog(strict=True))
+
+
+async def test_a_failing_start_leaves_nothing_half_registered() -> None:
+    loaded = importlib.import_module("tests.core.sample_plugins")  # the module the entry point loads
+    loaded.DISPOSED.clear()
+    dep = deployment({"plugins": [{"id": "ok", "use": "echo"}, {"id": "hb", "use": "half-broken"}]})
+    with pytest.raises(PluginLoadError, match=r"plugin row 'hb'.*tool \"first\" is already registered"):
+        await Harness.start(dep, catalog=catalog())
+    assert loaded.DISPOSED == ["half_broken"]
+
+
+def test_duplicate_entry_point_names_are_an_error() -> None:
+    with pytest.raises(PluginLoadError, match=r"duplicate plugin entry-point names.*echo"):
+        PluginCatalog(entry_points=[ep("echo", "tests.core.sample_plugins:echo"),
+                                    ep("echo", "tests.core.sample_plugins:deny")])
+
+
+def test_the_env_variable_adds_uninstalled_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSH_PLUGINS", "local-echo=tests.core.sample_plugins:echo")
+    assert "local-echo" in PluginCatalog()
+    monkeypatch.setenv("DSH_PLUGINS", "garbage")
+    with pytest.raises(PluginLoadError, match="name=module:attribute"):
+        PluginCatalog()
+
+
+async def test_agents_from_config_get_modes_and_restrictions() -> None:
+    dep = deployment({
+        "tools": {"mode": "native"},
+        "agents": [{"id": "coder", "mode": "code"}, {"id": "reader", "allow": ["alpha"]}],
+        "plugins": [{"id": "a", "use": "echo", "config": {"tool": "alpha"}},
+                    {"id": "b", "use": "echo", "config": {"tool": "beta"}}],
+    })
+    import attrs
+
+    from dsh_core import define_tool
+
+    async def run(args: Any, ctx: Any) -> Any:
+        return {"ran": True}
+
+    transport = define_tool(name="run_code", description="t", parameters={"type": "object"}, execute=run)
+    harness = await Harness.start(dep, catalog=catalog(), transport=transport)
+    try:
+        coder, reader = harness.agent("coder"), harness.agent("reader")
+        assert harness.registry.mode_for(coder) == "code"
+        assert (await harness.call("alpha", {}, agent=coder)).code == "UNKNOWN_TOOL"
+        assert [s.name for s in harness.registry.wire_schemas(coder)] == ["run_code"]
+        assert harness.registry.names(reader) == ["alpha"]
+        assert (await harness.call("beta", {}, agent=reader)).code == "UNKNOWN_TOOL"
+        with pytest.raises(ConfigError, match="unknown agent 'ghost'"):
+            harness.agent("ghost")
+    finally:
+        await harness.aclose()
+    assert attrs.has(type(dep))
+
+
+async def test_the_tools_mode_env_override_reaches_the_registry() -> None:
+    dep = deployment({"plugins": [{"id": "a", "use": "echo"}]}, env={"DSH_TOOLS_MODE": "code"})
+    assert dep.tools.mode == "code"
+    with pytest.raises(ConfigError, match="DSH_TOOLS_MODE='turbo' must be one of native, code, both"):
+        deployment({}, env={"DSH_TOOLS_MODE": "turbo"})

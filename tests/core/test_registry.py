@@ -1,0 +1,127 @@
+"""Layers, restrictions, modes and the wire views of the registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsh_core.errors import RegistrationError, SchemaDefinitionError
+from dsh_core.registry import ToolRegistry
+
+from .helpers import Stack, tool
+
+pytestmark = pytest.mark.anyio
+
+
+def test_wire_schemas_apply_the_mode() -> None:
+    for mode, wire in [("native", ["a", "b"]), ("code", ["run_code"]), ("both", ["a", "b", "run_code"])]:
+        stack = Stack(mode=mode)
+        stack.registry.register(tool("b"))
+        stack.registry.register(tool("a"))
+        assert [s.name for s in stack.registry.wire_schemas()] == wire, mode
+        # get() and schemas() are not collapsed: presentation and inspection see the full set
+        assert stack.registry.get("a") is not None
+        assert "a" in [s.name for s in stack.registry.schemas()]
+        assert [d.name for d in stack.registry.definitions()] == ["a", "b"]
+
+
+async def test_the_nearest_scope_wins_and_disposal_removes_its_tools() -> None:
+    stack = Stack()
+    global_echo = tool("echo")
+    stack.registry.register(global_echo)
+    agent = stack.agent()
+    plugin_scope = agent.child("plugin:mine")
+    agent_echo = tool("echo")
+    stack.registry.register(agent_echo, scope=plugin_scope)
+    assert stack.registry.get("echo", agent) is agent_echo
+    assert stack.registry.get("echo") is global_echo
+    await plugin_scope.dispose()
+    assert stack.registry.get("echo", agent) is global_echo
+
+
+def test_duplicates_in_one_layer_are_refused() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    with pytest.raises(RegistrationError, match="already registered globally"):
+        stack.registry.register(tool("echo"))
+    agent = stack.agent()
+    stack.registry.register(tool("mine"), scope=agent)
+    with pytest.raises(RegistrationError, match="already registered in this scope"):
+        stack.registry.register(tool("mine"), scope=agent)
+
+
+def test_invalid_names_and_foreign_objects_are_refused() -> None:
+    registry = ToolRegistry()
+    with pytest.raises(RegistrationError, match="invalid tool name"):
+        registry.register(tool("has space"))
+    with pytest.raises(RegistrationError, match="define_tool"):
+        registry.register(object())  # type: ignore[arg-type]
+
+
+def test_define_tool_checks_schemas_and_names_the_tool_and_path() -> None:
+    from dsh_core import define_tool
+
+    async def body(args: object, ctx: object) -> None:
+        return None
+
+    with pytest.raises(SchemaDefinitionError, match=r'tool "bad" parameters: invalid JSON Schema at /properties/x'):
+        define_tool(name="bad", description="d", execute=body,
+                    parameters={"type": "object", "properties": {"x": {"type": "integr"}}})
+    with pytest.raises(SchemaDefinitionError, match='tool "bad" output schema'):
+        define_tool(name="bad", description="d", execute=body, parameters={"type": "object"},
+                    output_schema={"type": 5})
+    with pytest.raises(SchemaDefinitionError, match='root schema must have "type": "object"'):
+        define_tool(name="bad", description="d", execute=body, parameters={"type": "string"})
+    with pytest.raises(SchemaDefinitionError, match=r"examples\[0\] does not match"):
+        define_tool(name="bad", description="d", execute=body, examples=[{"x": 1}],
+                    parameters={"type": "object", "properties": {"x": {"type": "string"}}})
+
+
+async def test_restrictions_filter_inherited_tools_intersect_and_exempt_own_tools() -> None:
+    stack = Stack()
+    for name in ("read", "write", "bash"):
+        stack.registry.register(tool(name))
+    preset = stack.root.child("preset:safe", layered=True)
+    stack.registry.restrict(preset, deny=["bash"])
+    agent = stack.agent("a", parent=preset)
+    stack.registry.restrict(agent, allow=["read", "bash"])
+    stack.registry.register(tool("own"), scope=agent)
+    assert [d.name for d in stack.registry.definitions(agent)] == ["own", "read"]
+    assert stack.registry.get("bash", agent) is None
+    assert (await stack.call("bash", agent=agent)).code == "UNKNOWN_TOOL"
+    await agent.dispose()
+    assert [d.name for d in stack.registry.definitions(preset)] == ["read", "write"]
+
+
+def test_restriction_misuse_is_refused_with_the_known_names() -> None:
+    stack = Stack()
+    stack.registry.register(tool("read"))
+    agent = stack.agent()
+    with pytest.raises(RegistrationError, match="requires a scoped context"):
+        stack.registry.restrict(stack.root, deny=["read"])
+    with pytest.raises(RegistrationError, match="no-op"):
+        stack.registry.restrict(agent)
+    with pytest.raises(RegistrationError, match=r"does not inherit: nope \(known: read\)"):
+        stack.registry.restrict(agent, allow=["nope"])
+
+
+def test_views_are_cached_and_invalidated_on_change() -> None:
+    stack = Stack()
+    stack.registry.register(tool("a"))
+    first = stack.registry.wire_schemas()
+    assert stack.registry.wire_schemas() == first
+    stack.registry.register(tool("b"))
+    assert [s.name for s in stack.registry.wire_schemas()] == ["a", "b"]
+    changes: list[int] = []
+    stop = stack.registry.on_change(lambda: changes.append(1))
+    stack.registry.register(tool("c"))
+    stop()
+    stack.registry.register(tool("d"))
+    assert changes == [1]
+
+
+def test_a_code_mode_without_transport_fails_loudly() -> None:
+    registry = ToolRegistry(default_mode="code")
+    with pytest.raises(RuntimeError, match="needs the run_code transport"):
+        registry.wire_schemas()
+    with pytest.raises(ValueError, match="must be one of native, code, both"):
+        ToolRegistry(default_mode="turbo")  # type: ignore[arg-type]
