@@ -12,7 +12,6 @@ hook lives here, next to its call.
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -56,31 +55,44 @@ class HookFailure(DshError):
 
 
 class HookImplInfo:
-    """One implementation as the facade calls it."""
+    """One implementation as the facade calls it: positional values in spec order, opted-in subset."""
 
-    __slots__ = ("argnames", "function", "hook", "layer", "plugin")
+    __slots__ = ("hook", "plugin", "function", "argnames", "layer", "_picks")
 
     def __init__(self, hook: str, plugin: str, function: Callable[..., Any], argnames: tuple[str, ...],
-                 layer: Scope | None) -> None:
+                 layer: Scope | None, spec_argnames: tuple[str, ...]) -> None:
         self.hook = hook
         self.plugin = plugin
         self.function = function
         self.argnames = argnames
         self.layer = layer
+        # pluggy's opt-in arguments: an implementation may take any subset of the spec's arguments.
+        picks = tuple(spec_argnames.index(name) for name in argnames)
+        self._picks: tuple[int, ...] | None = None if picks == tuple(range(len(spec_argnames))) else picks
 
     def sees(self, agent: Scope | None) -> bool:
         """Scope filter: deployment-level implementations see everything."""
         return self.layer is None or (agent is not None and agent.is_within(self.layer))
 
-    def call(self, kwargs: dict[str, Any]) -> Any:
-        """Call with the arguments this implementation opted into."""
-        return self.function(*[kwargs[name] for name in self.argnames])
+    def invoke(self, *values: Any) -> Any:
+        """Call with the spec's arguments (in spec order), passing only those it declared."""
+        if self._picks is None:
+            return self.function(*values)
+        return self.function(*[values[index] for index in self._picks])
 
 
-async def _settle(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
+def _is_awaitable(value: Any) -> bool:
+    # inspect.isawaitable goes through ABC machinery; coroutines are the common case.
+    return type(value) is _COROUTINE or hasattr(value, "__await__")
+
+
+async def _coroutine_type_probe() -> None:
+    return None
+
+
+_probe = _coroutine_type_probe()
+_COROUTINE = type(_probe)
+_probe.close()
 
 
 class Hooks:
@@ -167,9 +179,10 @@ class Hooks:
         cached = self._cache.get(hook)
         if cached is None:
             caller = getattr(self._pm.hook, hook)
+            spec_argnames = tuple(caller.spec.argnames) if caller.spec is not None else ()
             infos = tuple(
                 HookImplInfo(hook, impl.plugin_name, impl.function, tuple(impl.argnames),
-                             self._layers.get(impl.plugin_name))
+                             self._layers.get(impl.plugin_name), spec_argnames)
                 for impl in reversed(caller.get_hookimpls())
             )
             cached = (infos, any(info.layer is not None for info in infos))
@@ -186,17 +199,18 @@ class Hooks:
         """Call one plugin's implementation of a registration hook with ``register``."""
         for info in self.impls(hook):
             if info.plugin == plugin:
-                info.call({"register": register})
+                info.invoke(register)
 
     # -- the per-call pipeline ----------------------------------------------------------------------
 
     async def pre_execute(self, execution: ToolExecution) -> PreDecision:
         """Aggregate pre-execute votes: any deny wins, else any ask, else allow."""
         ask: PreDecision | None = None
-        kwargs = {"execution": execution}
         for info in self._visible("dsh_pre_execute", execution.agent):
             try:
-                decision = await _settle(info.call(kwargs))
+                decision = info.invoke(execution)
+                if decision is not None and _is_awaitable(decision):
+                    decision = await decision
             except Exception as error:
                 raise HookFailure("dsh_pre_execute", info.plugin, error) from error
             if decision is None:
@@ -213,10 +227,11 @@ class Hooks:
 
     async def approve(self, request: ApprovalRequest) -> ApprovalOutcome:
         """The first channel's answer; ``unavailable`` when none answers or a channel raises."""
-        kwargs = {"request": request}
         for info in self._visible("dsh_approve", request.execution.agent):
             try:
-                outcome = await _settle(info.call(kwargs))
+                outcome = info.invoke(request)
+                if outcome is not None and _is_awaitable(outcome):
+                    outcome = await outcome
             except Exception:
                 log.warning("approval channel of plugin %r failed", info.plugin, exc_info=True)
                 return ApprovalOutcome.UNAVAILABLE
@@ -231,10 +246,11 @@ class Hooks:
 
     async def guard(self, execution: ToolExecution) -> str | None:
         """The first denial reason of the guard implementations (fail closed on errors)."""
-        kwargs = {"execution": execution}
         for info in self._visible("dsh_guard", execution.agent):
             try:
-                reason = await _settle(info.call(kwargs))
+                reason = info.invoke(execution)
+                if reason is not None and _is_awaitable(reason):
+                    reason = await reason
             except Exception as error:
                 return f"guard of plugin {info.plugin!r} failed: {error}"
             if reason is not None:
@@ -243,11 +259,10 @@ class Hooks:
 
     def around_dispatch(self, execution: ToolExecution) -> list[Middleware]:
         """Middleware in call order (the first is outermost)."""
-        kwargs = {"execution": execution}
         chain: list[Middleware] = []
         for info in self._visible("dsh_around_dispatch", execution.agent):
             try:
-                middleware = info.call(kwargs)
+                middleware = info.invoke(execution)
             except Exception as error:
                 raise HookFailure("dsh_around_dispatch", info.plugin, error) from error
             if middleware is not None:
@@ -256,11 +271,12 @@ class Hooks:
 
     async def post_execute(self, execution: ToolExecution, result: ToolResult) -> list[tuple[str, PostDecision]]:
         """Every post-execute decision with its plugin name, in call order."""
-        kwargs = {"execution": execution, "result": result}
         decisions: list[tuple[str, PostDecision]] = []
         for info in self._visible("dsh_post_execute", execution.agent):
             try:
-                decision = await _settle(info.call(kwargs))
+                decision = info.invoke(execution, result)
+                if decision is not None and _is_awaitable(decision):
+                    decision = await decision
             except Exception as error:
                 raise HookFailure("dsh_post_execute", info.plugin, error) from error
             if decision is None:
@@ -274,19 +290,21 @@ class Hooks:
 
     async def tool_result(self, execution: ToolExecution, result: ToolResult) -> None:
         """Notify every observer; failures are logged and contained."""
-        kwargs = {"execution": execution, "result": result}
         for info in self._visible("dsh_tool_result", execution.agent):
             try:
-                await _settle(info.call(kwargs))
+                outcome = info.invoke(execution, result)
+                if outcome is not None and _is_awaitable(outcome):
+                    await outcome
             except Exception:
                 log.warning("tool result observer of plugin %r failed", info.plugin, exc_info=True)
 
     async def code_dispatch_log(self, dispatch: Any, agent: Scope | None) -> Sequence[ContentBlock] | None:
         """The first reshaped durable content, or ``None`` (failures contained)."""
-        kwargs = {"dispatch": dispatch}
         for info in self._visible("dsh_code_dispatch_log", agent):
             try:
-                blocks = await _settle(info.call(kwargs))
+                blocks = info.invoke(dispatch)
+                if blocks is not None and _is_awaitable(blocks):
+                    blocks = await blocks
             except Exception:
                 log.warning("code dispatch log hook of plugin %r failed", info.plugin, exc_info=True)
                 return None
@@ -298,10 +316,9 @@ class Hooks:
 
     def prompt_sections(self, context: PromptContext) -> list[tuple[PromptSection, int, str]]:
         """Contributed sections with the depth of their plugin's layer (0 = deployment) and plugin name."""
-        kwargs = {"context": context}
         found: list[tuple[PromptSection, int, str]] = []
         for info in self._visible("dsh_prompt_sections", context.agent):
-            contributed = info.call(kwargs)
+            contributed = info.invoke(context)
             if contributed is None:
                 continue
             items = [contributed] if isinstance(contributed, PromptSection) else list(contributed)
@@ -316,7 +333,7 @@ class Hooks:
     def prompt_filter(self, context: PromptContext, sections: list[PromptSection]) -> list[PromptSection]:
         """Run the filters in call order, each on the previous output."""
         for info in self._visible("dsh_prompt_filter", context.agent):
-            replaced = info.call({"context": context, "sections": tuple(sections)})
+            replaced = info.invoke(context, tuple(sections))
             if replaced is not None:
                 sections = list(replaced)
         return sections

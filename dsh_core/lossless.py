@@ -134,6 +134,13 @@ def _walk(value: object, build: int) -> Any:
 
     Raises :class:`NotLosslessError` at the first problem, in document order.
     """
+    if type(value) is dict and _flat_scalars(value):
+        # The common case (tool arguments): one object of strings, ints, bools and nulls.
+        if build == 0:
+            return None
+        out: dict[str, Any] = FrozenDict() if build == 2 else {}
+        dict.update(out, value)
+        return out
     reason = _scalar_loss(value)
     if reason is not None:
         raise NotLosslessError("", reason)
@@ -175,6 +182,10 @@ def _walk(value: object, build: int) -> Any:
             stack.pop()
             on_path.discard(id(source))
     return root_out
+
+
+def _flat_scalars(value: dict[Any, Any]) -> bool:
+    return all(type(key) is str and type(child) in _SCALARS for key, child in value.items())
 
 
 def _path(stack: list[tuple[Any, Any, str | int | None, Any]]) -> list[str | int]:

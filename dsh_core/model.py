@@ -165,11 +165,15 @@ def _freeze_schema(value: Mapping[str, Any]) -> JSON:
     return freeze(value)
 
 
+# One line of JSON: the C encoder is used, and models read it as well as indented text, for fewer tokens.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
+
+
 def render_json(args: JSON, value: JSON) -> tuple[ContentBlock, ...]:
-    """The default renderer: a string value raw, anything else as indented JSON."""
+    """The default renderer: a string value raw, anything else as one line of JSON."""
     if isinstance(value, str):
         return (TextBlock(value),)
-    return (TextBlock(json.dumps(value, indent=2, ensure_ascii=False)),)
+    return (TextBlock(_COMPACT.encode(value)),)
 
 
 @frozen

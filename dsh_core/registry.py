@@ -74,8 +74,8 @@ class _View:
     def __init__(self, version: int, visible: dict[str, ToolDefinition]) -> None:
         self.version = version
         self.visible = visible
-        self.schemas: list[ToolSchema] | None = None
-        self.wire: list[ToolSchema] | None = None
+        self.schemas: tuple[ToolSchema, ...] | None = None
+        self.wire: tuple[ToolSchema, ...] | None = None
 
 
 class ToolRegistry:
@@ -387,24 +387,24 @@ class ToolRegistry:
             names.append(TRANSPORT_NAME)
         return sorted(names)
 
-    def schemas(self, scope: Scope | None = None) -> list[ToolSchema]:
-        """Projections of every visible tool, ``run_code`` included when present."""
+    def schemas(self, scope: Scope | None = None) -> tuple[ToolSchema, ...]:
+        """Projections of every visible tool, ``run_code`` included when present (cached, immutable)."""
         view = self._view(scope)
         if view.schemas is None:
             schemas = [d.schema for d in view.visible.values()]
             mode = self.mode_for(scope)
             if mode != "native":
                 schemas.append(self._require_transport(mode).schema)
-            view.schemas = sorted(schemas, key=lambda s: s.name)
-        return list(view.schemas)
+            view.schemas = tuple(sorted(schemas, key=lambda s: s.name))
+        return view.schemas
 
-    def wire_schemas(self, scope: Scope | None = None) -> list[ToolSchema]:
-        """What the model is shown: ``native`` all, ``code`` only ``run_code``, ``both`` all plus ``run_code``."""
+    def wire_schemas(self, scope: Scope | None = None) -> tuple[ToolSchema, ...]:
+        """What the model is shown: ``native`` all, ``code`` only ``run_code``, ``both`` all plus ``run_code``.
+
+        Cached per scope until the next change; O(1) for an unchanged registry.
+        """
         view = self._view(scope)
         if view.wire is None:
             mode = self.mode_for(scope)
-            if mode == "code":
-                view.wire = [self._require_transport(mode).schema]
-            else:
-                view.wire = self.schemas(scope)
-        return list(view.wire)
+            view.wire = (self._require_transport(mode).schema,) if mode == "code" else self.schemas(scope)
+        return view.wire

@@ -85,7 +85,7 @@ def test_tools_call_json_and_exit_codes(run) -> None:  # type: ignore[no-untyped
     ok = run("tools", "call", "alpha", "--args", '{"text": "hi"}', "--json", "--config", "base.toml")
     assert ok.exit_code == 0
     assert json.loads(ok.stdout) == {"ok": True, "error": None,
-                                     "content": [{"text": '{\n  "said": "hi",\n  "by": "alpha"\n}', "type": "text"}],
+                                     "content": [{"text": '{"said": "hi", "by": "alpha"}', "type": "text"}],
                                      "value": {"said": "hi", "by": "alpha"}}
     denied = run("tools", "call", "alpha", "--json", "--config", "base.toml", "--config", "overlay.toml")
     assert denied.exit_code == 1
