@@ -1,0 +1,283 @@
+"""Benchmark of dsh's Python CodeRuntime against a cold interpreter spawn and two peers.
+
+Not a test. Run from the repository with the main venv:
+
+    .venv/bin/python bench/bench_coderuntime.py [--peers-python /work/bench-venv/bin/python] [--json OUT]
+
+The peers (smolagents' LocalPythonExecutor, pydantic-monty) are installed only in
+a separate venv (``pip install smolagents==1.26.0 pydantic-monty==1.4.0``) and run
+through ``bench/peers_coderuntime.py`` as a subprocess; without that venv they are
+skipped with a note. Every figure is a median; the machine is shared, so expect
+noise (see the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from dsh_core.coderuntime import BindingNamespace, CodeRuntimeConfig, PythonCodeRuntime  # noqa: E402
+from dsh_core.coderuntime.worker import wire  # noqa: E402
+
+N_COMPUTE = 1_000_000
+COMPUTE = f"s = 0\nfor i in range({N_COMPUTE}):\n    s += i * i\nreturn s"
+EXPECTED = sum(i * i for i in range(N_COMPUTE))
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def cold_floor(n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-I", "-S", "-c", "pass")
+        await proc.wait()
+        times.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.01)
+    return med(times) * 1e3
+
+
+async def trivial(rt: PythonCodeRuntime, n: int, gap: float) -> float:
+    times = []
+    for _ in range(n):
+        if gap:
+            await asyncio.sleep(gap)
+        t0 = time.perf_counter()
+        result = await rt.run("return 1", [])
+        times.append(time.perf_counter() - t0)
+        assert result.value == 1, result
+    return med(times) * 1e3
+
+
+async def add_one(args: Any) -> Any:
+    return args + 1
+
+
+BINDINGS = [BindingNamespace("tools", {"add_one": add_one})]
+
+SEQUENTIAL = """
+import time
+lat = []
+for i in range(2000):
+    t0 = time.perf_counter()
+    await tools.add_one(i)
+    lat.append(time.perf_counter() - t0)
+lat.sort()
+return lat[len(lat) // 2] * 1e6
+"""
+
+IN_FLIGHT = """
+import asyncio, time
+async def lane(n):
+    for i in range(n):
+        await tools.add_one(i)
+t0 = time.perf_counter()
+await asyncio.gather(*[lane(1000) for _ in range(10)])
+return 10000 / (time.perf_counter() - t0)
+"""
+
+
+def one_mb_value() -> Any:
+    rows = [
+        {
+            "id": i,
+            "name": f"item-{i}",
+            "tags": ["alpha", "beta", "gamma"],
+            "score": i * 0.5,
+            "ok": i % 3 == 0,
+            "nested": {"a": [i, i + 1, None], "b": "é" * 3},
+        }
+        for i in range(7000)
+    ]
+    return {"rows": rows, "total": len(rows)}
+
+
+def wire_vs_json(n: int) -> dict[str, float]:
+    value = one_mb_value()
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    wire_times, json_times = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        frame = wire.pack({"t": "done", "v": wire.encode(value)})
+        back = wire.decode(wire.unpack_payload(frame[4:])["v"])  # type: ignore[index]
+        t1 = time.perf_counter()
+        again = json.loads(json.dumps(value))
+        t2 = time.perf_counter()
+        wire_times.append(t1 - t0)
+        json_times.append(t2 - t1)
+    assert back == value and again == value
+    return {"value_bytes": size, "wire_ms": med(wire_times) * 1e3, "json_ms": med(json_times) * 1e3}
+
+
+def proc_mem(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(("VmHWM", "VmRSS")):
+                out[line.split(":")[0] + "_kib"] = int(line.split()[1])
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    out["Pss_kib"] = int(line.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+async def memory(rt: PythonCodeRuntime) -> dict[str, Any]:
+    gate = asyncio.Event()
+    seen = asyncio.Event()
+
+    async def hold(args: Any) -> Any:
+        seen.set()
+        await gate.wait()
+        return None
+
+    binds = [BindingNamespace("tools", {"hold": hold})]
+    task = asyncio.ensure_future(rt.run("await tools.hold({})\nreturn 1", binds))
+    await seen.wait()
+    run = next(iter(rt._live))
+    worker = proc_mem(run.pid)
+    gate.clear()
+    seen.clear()
+    gate.set()
+    await task
+    # 20 concurrent runs, each idle in a binding call.
+    gate = asyncio.Event()
+    count = 0
+    all_in = asyncio.Event()
+
+    async def hold20(args: Any) -> Any:
+        nonlocal count
+        count += 1
+        if count == 20:
+            all_in.set()
+        await gate.wait()
+        return None
+
+    binds = [BindingNamespace("tools", {"hold": hold20})]
+    tasks = [asyncio.ensure_future(rt.run("await tools.hold({})\nreturn 1", binds)) for _ in range(20)]
+    await asyncio.wait_for(all_in.wait(), 60)
+    pss_workers = sum(proc_mem(run.pid).get("Pss_kib", 0) for run in rt._live)
+    zygote = rt._zygote
+    assert zygote is not None and zygote.proc is not None
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert all(r.value == 1 for r in results)
+    return {
+        "idle_worker": worker,
+        "workers20_total_pss_kib": pss_workers,
+        "host_ru_maxrss_kib_after_20": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
+
+
+async def dsh_part() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["cold_spawn_ms"] = await cold_floor(30)
+    rt = PythonCodeRuntime(CodeRuntimeConfig(isolation="auto"))
+    try:
+        out["isolation"] = rt.isolation
+        await rt.run("return 1", [])
+        out["trivial_ms_idle_gap"] = await trivial(rt, 60, 0.02)
+        out["trivial_ms_back_to_back"] = await trivial(rt, 60, 0.0)
+        seq = [(await rt.run(SEQUENTIAL, BINDINGS)).value for _ in range(5)]
+        out["binding_round_trip_us"] = med(seq)  # type: ignore[arg-type]
+        flight = [(await rt.run(IN_FLIGHT, BINDINGS)).value for _ in range(5)]
+        out["in_flight10_calls_per_s"] = med(flight)  # type: ignore[arg-type]
+        compute = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            result = await rt.run(COMPUTE, [])
+            compute.append(time.perf_counter() - t0)
+            assert result.value == EXPECTED, result
+        out["compute_ms"] = med(compute) * 1e3
+        out["memory"] = await memory(rt)
+    finally:
+        await rt.aclose()
+    gc.collect()
+    out["wire_1mb"] = wire_vs_json(20)
+    return out
+
+
+def peers_part(python: str) -> dict[str, Any]:
+    if not os.access(python, os.X_OK):
+        return {"skipped": f"no bench venv at {python}: pip install smolagents==1.26.0 pydantic-monty==1.4.0 there"}
+    proc = subprocess.run(
+        [python, str(HERE / "peers_coderuntime.py")], capture_output=True, text=True, timeout=1200, check=False
+    )
+    if proc.returncode != 0:
+        return {"skipped": f"peer script failed: {proc.stderr[-2000:]}"}
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def summary(d: dict[str, Any], p: dict[str, Any]) -> list[str]:
+    lines = [f"isolation: {d['isolation']}"]
+    cold = d["cold_spawn_ms"]
+    for key in ("trivial_ms_idle_gap", "trivial_ms_back_to_back"):
+        lines.append(
+            f"{key}: {d[key]:.2f} ms  (cold `python -I -S -c pass` {cold:.2f} ms: {cold / d[key]:.1f}x faster;"
+            f" target < 5 ms and >= 5x)"
+        )
+    lines.append(f"binding round trip: {d['binding_round_trip_us']:.1f} us median (target < 100 us)")
+    lines.append(f"10 in flight: {d['in_flight10_calls_per_s']:.0f} calls/s (target >= 20,000)")
+    lines.append(f"compute (sum of squares < 1e6, incl. spawn): {d['compute_ms']:.1f} ms")
+    smol, monty = p.get("smolagents", {}), p.get("monty", {})
+    if "compute_ms" in smol:
+        lines.append(
+            f"  vs smolagents {smol['compute_ms']:.0f} ms: {smol['compute_ms'] / d['compute_ms']:.1f}x (target >= 50x)"
+        )
+    if "compute_ms" in monty:
+        lines.append(
+            f"  vs monty {monty['compute_ms']:.1f} ms: {monty['compute_ms'] / d['compute_ms']:.2f}x (target >= 2x)"
+        )
+    if "trivial_fresh_worker_ms" in monty:
+        lines.append(
+            f"monty fresh worker + trivial: {monty['trivial_fresh_worker_ms']:.2f} ms;"
+            f" async call {monty['async_call_us']:.0f} us; gather {monty['gather_calls_per_s']:.0f} calls/s"
+        )
+    w = d["wire_1mb"]
+    lines.append(
+        f"1 MB value ({w['value_bytes']} B) wire encode+decode {w['wire_ms']:.1f} ms vs json {w['json_ms']:.1f} ms:"
+        f" {w['wire_ms'] / w['json_ms']:.2f}x (target within 3x)"
+    )
+    m = d["memory"]
+    lines.append(
+        f"idle worker: {m['idle_worker']}; 20 workers total PSS {m['workers20_total_pss_kib']} KiB;"
+        f" host ru_maxrss {m['host_ru_maxrss_kib_after_20']} KiB"
+    )
+    if "skipped" in p:
+        lines.append("peers: " + p["skipped"])
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peers-python", default="/work/bench-venv/bin/python")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    dsh = asyncio.run(dsh_part())
+    peers = peers_part(args.peers_python)
+    for line in summary(dsh, peers):
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"dsh": dsh, "peers": peers}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

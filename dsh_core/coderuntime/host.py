@@ -1,0 +1,1019 @@
+"""The Python backend: zygote management, the hostile-peer bridge and the one-outcome latch.
+
+A run goes: validate bindings (misuse raises) -> compile on the host (a
+syntax error is an ``exception`` result, no worker) -> ask the zygote to
+fork a worker -> the worker locks down and reports ``ready`` -> the host
+verifies ``/proc``, joins the cgroup (L3) and only then sends the program ->
+binding calls are bridged -> the first terminal outcome wins -> kill the
+worker's process group (and cgroup), drain its channel and output pipe,
+wait for the zygote to reap it -> resolve.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal as signals
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from dsh_core.abort import AbortController, AbortSignal
+from dsh_core.coderuntime import isolation as iso
+from dsh_core.coderuntime.seam import (
+    BindingFunction,
+    BindingNamespace,
+    CodeRunError,
+    CodeRunResult,
+    CodeRuntimeConfig,
+    ErrorClassSpec,
+    RunControl,
+    _set_current,
+    validate_bindings,
+)
+from dsh_core.coderuntime.worker import program as programs
+from dsh_core.coderuntime.worker import wire
+
+__all__ = ["PythonCodeRuntime", "RuntimeDisposedError", "STDLIB_PRELOAD"]
+
+_ZYGOTE_SCRIPT = os.path.join(iso.WORKER_DIR, "zygote.py")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_NCPU = os.cpu_count() or 1
+_WORKER_KINDS = frozenset({"exception", "invalid-output", "output-limit", "memory-limit"})
+_READY_MAX = 4096
+_DRAIN_GRACE_S = 2.0
+_EXIT_GRACE_S = 0.5
+_START_TIMEOUT_S = 60.0
+
+#: Standard-library modules preloaded in every worker (documented in the README).
+STDLIB_PRELOAD: tuple[str, ...] = ()  # filled below from the worker's own list
+
+# Detected level per requested isolation and preload set: detection runs once
+# per host process (a level that failed is not tried again).
+_DETECTED: dict[tuple[str, tuple[str, ...]], int] = {}
+_DETECT_LOCK = threading.Lock()
+
+
+def _load_stdlib_preload() -> tuple[str, ...]:
+    # zygote.py is a script; read its constant without executing its main.
+    namespace: dict[str, Any] = {}
+    with open(_ZYGOTE_SCRIPT) as handle:
+        source = handle.read()
+    start = source.index("STDLIB_PRELOAD = (")
+    end = source.index(")\n", start)
+    exec(source[start : end + 2], namespace)
+    return tuple(namespace["STDLIB_PRELOAD"])
+
+
+STDLIB_PRELOAD = _load_stdlib_preload()
+
+
+class RuntimeDisposedError(RuntimeError):
+    """``run`` was called on a runtime after :meth:`PythonCodeRuntime.aclose`."""
+
+
+class ZygoteError(Exception):
+    """The zygote could not start (a preload failure, a sandbox that does not work)."""
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal  # True when a lower level would fail the same way
+
+
+# --------------------------------------------------------------------------- zygote
+
+
+class _Zygote:
+    """Host side of one zygote process."""
+
+    def __init__(self, plan: iso.ZygotePlan, loop: asyncio.AbstractEventLoop) -> None:
+        self.plan = plan
+        self.loop = loop
+        self.ctrl: socket.socket | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: dict[str, asyncio.Future[int | None]] = {}
+        self.alive = False
+        self.hello: asyncio.Future[dict[str, Any]] = loop.create_future()
+
+    async def start(self, config: CodeRuntimeConfig) -> None:
+        plan = self.plan
+        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        payload = {
+            "level": plan.level,
+            "preload": list(config.preload),
+            "paths": list(plan.import_paths),
+            "ro_paths": list(plan.ro_paths),
+            "ns": list(iso.L3_NAMESPACES),
+            "budgets": {
+                "memory_mb": config.memory_mb,
+                "cpu_s": config.cpu_s,
+                "max_output_bytes": config.max_output_bytes,
+                "max_frame_bytes": config.max_frame_bytes,
+            },
+        }
+        interpreter = plan.interpreter if plan.argv_prefix else sys.executable
+        argv = [
+            *plan.argv_prefix,
+            interpreter,
+            "-I",
+            "-S",
+            _ZYGOTE_SCRIPT,
+            str(child_end.fileno()),
+            json.dumps(payload),
+        ]
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(child_end.fileno(),),
+                env={},
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as error:
+            host_end.close()
+            raise ZygoteError(f"cannot start the zygote: {error}") from None
+        finally:
+            child_end.close()
+        host_end.setblocking(False)
+        self.ctrl = host_end
+        self.alive = True
+        self.loop.add_reader(host_end.fileno(), self._on_readable)
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(self.hello), _START_TIMEOUT_S)
+        except (TimeoutError, ZygoteError) as error:
+            await self.close()
+            if isinstance(error, ZygoteError):
+                raise
+            raise ZygoteError("the zygote did not start in time") from None
+        if hello.get("t") == "error":
+            await self.close()
+            message = str(hello.get("m"))
+            raise ZygoteError(message, fatal="code_runtime.preload" in message)
+
+    def _on_readable(self) -> None:
+        assert self.ctrl is not None
+        while True:
+            try:
+                data = self.ctrl.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._dead()
+                return
+            try:
+                message = json.loads(data)
+            except ValueError:
+                continue
+            kind = message.get("t")
+            if kind in ("hello", "error"):
+                if not self.hello.done():
+                    self.hello.set_result(message)
+            elif kind == "exit":
+                future = self.exits.get(message.get("r"))
+                if future is not None and not future.done():
+                    future.set_result(int(message.get("status", 0)))
+
+    def _dead(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        if self.ctrl is not None:
+            self.loop.remove_reader(self.ctrl.fileno())
+        if not self.hello.done():
+            self.hello.set_exception(ZygoteError("the zygote exited during start-up"))
+            self.hello.exception()  # mark retrieved
+        for future in self.exits.values():
+            if not future.done():
+                future.set_result(None)
+
+    def spawn(self, run_id: str, proto_fd: int, out_fd: int, cwd: str) -> asyncio.Future[int | None]:
+        future: asyncio.Future[int | None] = self.loop.create_future()
+        self.exits[run_id] = future
+        if not self.alive or self.ctrl is None:
+            future.set_result(None)
+            return future
+        request = json.dumps({"t": "spawn", "r": run_id, "cwd": cwd}).encode()
+        fds = array.array("i", [proto_fd, out_fd])
+        try:
+            self.ctrl.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            self._dead()
+        return future
+
+    def kill(self, run_id: str) -> None:
+        if self.alive and self.ctrl is not None:
+            with contextlib.suppress(OSError):
+                self.ctrl.send(json.dumps({"t": "kill", "r": run_id}).encode())
+
+    def forget(self, run_id: str) -> None:
+        self.exits.pop(run_id, None)
+
+    async def close(self) -> None:
+        """Close the control socket (the zygote kills and reaps its children) and reap it."""
+        if self.ctrl is not None:
+            if self.alive:
+                self.loop.remove_reader(self.ctrl.fileno())
+            self.alive = False
+            self.ctrl.close()
+            self.ctrl = None
+        for future in self.exits.values():
+            if not future.done():
+                future.set_result(None)
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            proc.wait()
+            return
+        try:
+            exited: asyncio.Future[None] = self.loop.create_future()
+
+            def on_exit() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            self.loop.add_reader(pidfd, on_exit)
+            try:
+                await asyncio.wait_for(asyncio.shield(exited), 10.0)
+            except TimeoutError:
+                with contextlib.suppress(OSError):
+                    signals.pidfd_send_signal(pidfd, signals.SIGKILL)
+                await exited
+            finally:
+                self.loop.remove_reader(pidfd)
+        finally:
+            os.close(pidfd)
+        proc.wait()
+
+
+# --------------------------------------------------------------------------- wall clock
+
+
+class _WallClock:
+    """The wall-clock budget; :meth:`pause` stops it from counting (nestable)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, budget: float, expire: Any) -> None:
+        self.loop = loop
+        self.remaining = budget
+        self.expire = expire
+        self.paused = 0
+        self.stopped = False
+        self.since = loop.time()
+        self.handle: asyncio.TimerHandle | None = loop.call_later(budget, expire)
+
+    def pause(self) -> None:
+        self.paused += 1
+        if self.paused == 1 and self.handle is not None:
+            self.remaining -= self.loop.time() - self.since
+            self.handle.cancel()
+            self.handle = None
+
+    def resume(self) -> None:
+        self.paused -= 1
+        if self.paused == 0 and not self.stopped and self.handle is None:
+            self.since = self.loop.time()
+            self.handle = self.loop.call_later(max(self.remaining, 0.0), self.expire)
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+# --------------------------------------------------------------------------- one run
+
+
+_Namespaces = list[tuple[str, dict[str, BindingFunction], ErrorClassSpec | None]]
+
+
+class _Run:
+    """One program run: the bridge, the ledger and the one-outcome latch."""
+
+    def __init__(self, owner: PythonCodeRuntime) -> None:
+        self.owner = owner
+        self.config = owner.config
+        self.loop = asyncio.get_running_loop()
+        self.namespaces: dict[str, dict[str, BindingFunction]] = {}
+        self.start_frame: bytes | None = None
+        self.signal: AbortSignal | None = None
+        self.assigned = False
+        self.run_id = f"r{next(owner._ids)}"
+        self.ledger = wire.Ledger(self.config.max_output_bytes)
+        self.frames = wire.FrameBuffer(self.config.max_frame_bytes)
+        self.controller = AbortController()
+        self.control = RunControl(self.controller.signal, self._pause, self._resume)
+        self.settled: asyncio.Future[None] = self.loop.create_future()
+        self.finished: asyncio.Future[None] = self.loop.create_future()
+        self.outcome: tuple[str, Any] | None = None
+        self.ready = False
+        self.pid = 0
+        self.pidfd = -1
+        self.cgroup: iso.Cgroup | None = None
+        self.cwd: str | None = None
+        self.sock: socket.socket | None = None
+        self.out_fd = -1
+        self.sock_eof = False
+        self.out_eof = False
+        self.eof_waiter: asyncio.Future[None] | None = None
+        self.exit_future: asyncio.Future[int | None] | None = None
+        self.exit_status: int | None = None
+        self.seen_ids: set[int] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.wbuf = bytearray()
+        self.writing = False
+        self.pipe_pending = bytearray()
+        self.descriptor = ""
+        self.cpu_used = 0.0
+        self.cpu_handle: asyncio.TimerHandle | None = None
+        self.exit_timer: asyncio.TimerHandle | None = None
+        self.clock: _WallClock | None = None
+        self.remove_listener: Any = None
+
+    # ---------------------------------------------------------------- latch
+
+    def settle(self, kind: str, payload: Any = None) -> None:
+        """Record the first terminal outcome; every later one is ignored."""
+        if self.outcome is not None:
+            return
+        self.outcome = (kind, payload)
+        if not self.settled.done():
+            self.settled.set_result(None)
+
+    def _pause(self) -> None:
+        if self.clock is not None:
+            self.clock.pause()
+
+    def _resume(self) -> None:
+        if self.clock is not None:
+            self.clock.resume()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def assign(self, source: str, namespaces: _Namespaces, signal: AbortSignal | None) -> None:
+        """Give this (fresh or pre-spawned) worker its one program; the budgets start now."""
+        self.assigned = True
+        self.namespaces = {name: functions for name, functions, _ in namespaces}
+        self.start_frame = wire.pack(
+            {
+                "t": "start",
+                "p": source,
+                "ns": [
+                    [name, sorted(functions), spec.name if spec else None, spec.member if spec else None]
+                    for name, functions, spec in namespaces
+                ],
+            }
+        )
+        self.signal = signal
+        self.clock = _WallClock(self.loop, self.config.timeout_s, self._on_wall)
+        if signal is not None:
+            self.remove_listener = signal.add_listener(lambda reason: self.settle("abort", str(reason)))
+        if self.ready and self.outcome is None:
+            self._begin()
+
+    def _begin(self) -> None:
+        assert self.start_frame is not None
+        self._write(self.start_frame)
+        self._schedule_cpu(min(self.config.cpu_s / _NCPU, 0.25))
+
+    async def finish_run(self, zygote: _Zygote) -> CodeRunResult:
+        """Wait for the one terminal outcome, tear the worker down, build the result."""
+        try:
+            await self.settled
+        except asyncio.CancelledError:
+            self.settle("abort", "run cancelled")
+            await asyncio.shield(self._teardown(zygote))
+            raise
+        await self._teardown(zygote)
+        return self._finish()
+
+    async def hold_warm(self, zygote: _Zygote) -> None:
+        """Lifecycle of a pre-spawned worker until a run takes it (or it dies unused)."""
+        await self.settled
+        if not self.assigned:
+            await self._teardown(zygote)
+
+    def _spawn(self, zygote: _Zygote) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            parent.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            parent.setblocking(False)
+            os.set_blocking(out_r, False)
+            self.sock = parent
+            self.out_fd = out_r
+            if zygote.plan.level < 3:
+                self.cwd = tempfile.mkdtemp(prefix="dsh-run-")
+            self.exit_future = zygote.spawn(self.run_id, child.fileno(), out_w, self.cwd or "/")
+        finally:
+            child.close()
+            os.close(out_w)
+        self.exit_future.add_done_callback(self._on_exit)
+        self.loop.add_reader(parent.fileno(), self._on_sock)
+        self.loop.add_reader(out_r, self._on_pipe)
+
+    def _on_wall(self) -> None:
+        self.settle("error", ("timeout", f"wall-clock ceiling reached ({self.config.timeout_s:g} s)"))
+
+    # ---------------------------------------------------------------- inbound
+
+    def _on_sock(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            if not self.ready:
+                data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+                for level, kind, payload in ancdata:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
+                        self.pid = self.pid or int.from_bytes(payload[0:4], sys.byteorder, signed=True)
+            else:
+                data = sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(sock.fileno())
+            self.sock_eof = True
+            self._check_eof()
+            return
+        if self.outcome is not None:
+            return  # drained after settlement: ignored
+        try:
+            payloads = self.frames.feed(data)
+        except wire.WireError as error:
+            self.settle("limit", f"protocol {error} (max_frame_bytes)")
+            return
+        for payload in payloads:
+            if self.outcome is not None:
+                return
+            try:
+                message = wire.unpack_payload(payload)
+            except wire.WireError:
+                continue  # junk is dropped silently
+            try:
+                self._on_message(message)
+            except Exception:  # the listener never raises, whatever the peer sends
+                continue
+
+    def _on_message(self, message: object) -> None:
+        if type(message) is not dict:
+            return
+        kind = message.get("t")
+        if not self.ready:
+            if kind == "ready":
+                text = message.get("d")
+                if type(text) is str and len(text) <= _READY_MAX:
+                    self._on_ready(text)
+            return
+        if kind == "log":
+            text = message.get("s")
+            if type(text) is str and not self.ledger.add(text):
+                self.settle("limit", None)
+        elif kind == "call":
+            self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"))
+        elif kind == "done":
+            self._on_done(message)
+        elif kind == "output-limit":
+            self.settle("limit", None)
+
+    def _on_ready(self, text: str) -> None:
+        if self.pid <= 0:
+            self.settle("error", ("worker-exit", "the worker's pid could not be verified"))
+            return
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+            facts = iso.verify_proc(self.pid)
+        except OSError as error:
+            self.settle("error", ("worker-exit", f"the worker could not be verified: {error}"))
+            return
+        level = self.owner._level
+        problem = iso.check_level(level, facts)
+        if problem is None and level >= 3 and self.owner._cgroups is not None:
+            try:
+                self.cgroup = self.owner._cgroups.acquire()
+                self.cgroup.join(self.pid)
+                text += f" cgroup(mem={self.config.memory_mb}M,pids={self.owner._cgroups.pids})"
+            except OSError as error:
+                problem = f"cannot join the run cgroup: {error}"
+        if problem is not None:
+            self.settle("error", ("worker-exit", f"isolation check failed: {problem}"))
+            return
+        self.descriptor = f"{text} {iso.suffix(facts)}"
+        with contextlib.suppress(OSError):
+            assert self.sock is not None
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
+        self.ready = True
+        if self.owner._probe_only:
+            self.settle("probe", None)
+        elif self.assigned:
+            self._begin()
+        # else: a pre-spawned worker, verified and waiting for its program
+
+    def _on_call(self, call_id: object, global_name: object, name: object, args: object) -> None:
+        # Rebuild field by field; anything malformed is dropped without a reply.
+        if self.outcome is not None:
+            return  # no calls after settlement
+        if type(call_id) is not int or type(global_name) is not str or type(name) is not str:
+            return
+        if call_id in self.seen_ids:
+            return  # each id is answered at most once
+        self.seen_ids.add(call_id)
+        functions = self.namespaces.get(global_name)
+        function = functions.get(name) if functions is not None else None
+        if function is None:
+            self._reply(call_id, False, f'unknown binding "{global_name}.{name}"')
+            return
+        try:
+            value = wire.decode(args)
+        except wire.WireError:
+            self._reply(call_id, False, "binding arguments must be lossless JSON")
+            return
+        task = self.loop.create_task(self._invoke(call_id, function, value))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _invoke(self, call_id: int, function: BindingFunction, value: Any) -> None:
+        _set_current(self.control)
+        try:
+            result = await function(value)
+        except Exception as error:
+            self._reply(call_id, False, str(error) or type(error).__name__)
+            return
+        except asyncio.CancelledError:
+            self._reply(call_id, False, "binding call cancelled")
+            raise
+        try:
+            tokens = wire.encode(result)
+        except wire.WireError:
+            self._reply(call_id, False, "binding resolution must be lossless JSON")
+            return
+        if self.outcome is None:
+            self._write(wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens}))
+
+    def _reply(self, call_id: int, ok: bool, message: str) -> None:
+        if self.outcome is None:  # late resolutions are dropped
+            self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message}))
+
+    def _on_done(self, message: dict[str, Any]) -> None:
+        if "e" in message:
+            error = message["e"]
+            if type(error) is not dict:
+                return
+            kind, text = error.get("k"), error.get("m")
+            if kind not in _WORKER_KINDS or type(text) is not str:
+                return  # malformed: dropped
+            if kind == "output-limit":
+                self.settle("limit", None)
+            else:
+                self.settle("error", (kind, text))
+            return
+        if "v" not in message:
+            self.settle("novalue", None)
+            return
+        tokens = message["v"]
+        try:
+            value = wire.decode(tokens)
+        except wire.WireError:
+            self.settle("error", ("invalid-output", "program completion must be lossless JSON"))
+            return
+        self.settle("value", (value, wire.tokens_json_size(tokens)))
+
+    def _on_pipe(self) -> None:
+        try:
+            data = os.read(self.out_fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(self.out_fd)
+            self.out_eof = True
+            if self.pipe_pending:
+                self._pipe_line(bytes(self.pipe_pending))
+                self.pipe_pending.clear()
+            self._check_eof()
+            return
+        if self.ledger.overflow:
+            return
+        pending = self.pipe_pending
+        pending += data
+        if b"\n" in data:
+            *lines, rest = bytes(pending).split(b"\n")
+            pending[:] = rest
+            for line in lines:
+                self._pipe_line(line)
+        if len(pending) > self.ledger.cap:  # one endless line: it cannot fit anyway
+            self._pipe_line(bytes(pending))
+            pending.clear()
+
+    def _pipe_line(self, line: bytes) -> None:
+        # Raw writes to descriptors 1/2 (bypassing print) are output too.
+        if not self.ledger.add(line.decode("utf-8", "replace")):
+            self.settle("limit", None)
+
+    # ---------------------------------------------------------------- outbound
+
+    def _write(self, data: bytes) -> None:
+        sock = self.sock
+        if sock is None or self.sock_eof:
+            return
+        if self.wbuf:
+            self.wbuf += data
+            return
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return
+        if sent < len(data):
+            self.wbuf += data[sent:]
+            self.loop.add_writer(sock.fileno(), self._on_writable)
+            self.writing = True
+
+    def _on_writable(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            sent = sock.send(self.wbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            sent = len(self.wbuf)
+        del self.wbuf[:sent]
+        if not self.wbuf:
+            self.loop.remove_writer(sock.fileno())
+            self.writing = False
+
+    # ---------------------------------------------------------------- budgets and exit
+
+    def _schedule_cpu(self, delay: float) -> None:
+        self.cpu_handle = self.loop.call_later(max(delay, 0.01), self._poll_cpu)
+
+    def _read_cpu(self) -> float | None:
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _poll_cpu(self) -> None:
+        if self.outcome is not None:
+            return
+        used = self._read_cpu()
+        if used is None:
+            return
+        self.cpu_used = used
+        if used >= self.config.cpu_s:
+            self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time)"))
+            return
+        self._schedule_cpu(min((self.config.cpu_s - used) / _NCPU, 0.25))
+
+    def _on_exit(self, future: asyncio.Future[int | None]) -> None:
+        self.exit_status = future.result()
+        if self.outcome is None:
+            # Wait for the channel to drain (a done frame may still be in
+            # flight), but not forever: a leftover holder may keep it open.
+            if self.sock_eof:
+                self._settle_exit()
+            else:
+                self.exit_timer = self.loop.call_later(_EXIT_GRACE_S, self._settle_exit)
+
+    def _check_eof(self) -> None:
+        if self.sock_eof and self.exit_future is not None and self.exit_future.done() and self.outcome is None:
+            self._settle_exit()
+        if self.eof_waiter is not None and self.sock_eof and self.out_eof and not self.eof_waiter.done():
+            self.eof_waiter.set_result(None)
+
+    def _settle_exit(self) -> None:
+        if self.outcome is not None:
+            return
+        status = self.exit_status
+        if status is None:
+            self.settle("error", ("worker-exit", "the zygote exited before the worker completed"))
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signals.Signals(sig).name if sig in signals.Signals._value2member_map_ else str(sig)
+            if sig == signals.SIGXCPU or (sig == signals.SIGKILL and self.cpu_used >= self.config.cpu_s):
+                self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time)"))
+            elif sig == signals.SIGKILL and self.cgroup is not None and self.cgroup.oom_kills() > self.cgroup.oom_base:
+                self.settle("error", ("memory-limit", f"memory limit exceeded ({self.config.memory_mb} MiB)"))
+            else:
+                self.settle("error", ("worker-exit", f"worker killed by signal {name} before completing"))
+        else:
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+            self.settle("error", ("worker-exit", f"worker exited with code {code} before completing"))
+
+    # ---------------------------------------------------------------- teardown
+
+    async def _teardown(self, zygote: _Zygote) -> None:
+        try:
+            kind, _ = self.outcome or ("abort", None)
+            self.controller.abort(f"code run settled ({kind})")
+            if self.clock is not None:
+                self.clock.stop()
+            if self.cpu_handle is not None:
+                self.cpu_handle.cancel()
+            if self.exit_timer is not None:
+                self.exit_timer.cancel()
+            if self.remove_listener is not None:
+                self.remove_listener()
+            await asyncio.sleep(0)  # let callbacks queued by the winner run first
+            # Kill: the leader through its pidfd (race-free), its process
+            # group through the zygote (which has not reaped it yet), the cgroup.
+            if self.pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signals.pidfd_send_signal(self.pidfd, signals.SIGKILL)
+            zygote.kill(self.run_id)
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+            # Drain both channels to EOF (bounded: an escaped holder may keep one open).
+            if not (self.sock_eof and self.out_eof):
+                self.eof_waiter = self.loop.create_future()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.eof_waiter), _DRAIN_GRACE_S)
+            # Reap: the zygote reports the exit status only after waitpid.
+            if self.exit_future is not None and not self.exit_future.done():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.exit_future), 10.0)
+        finally:
+            self._close()
+            zygote.forget(self.run_id)
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+    def _close(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.sock.fileno())
+            if self.writing:
+                with contextlib.suppress(Exception):
+                    self.loop.remove_writer(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+        if self.out_fd >= 0:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.out_fd)
+            os.close(self.out_fd)
+            self.out_fd = -1
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        if self.cgroup is not None and self.owner._cgroups is not None:
+            self.cgroup.kill_all()
+            self.owner._cgroups.release(self.cgroup)
+            self.cgroup = None
+        if self.cwd is not None:
+            shutil.rmtree(self.cwd, ignore_errors=True)
+            self.cwd = None
+
+    def _finish(self) -> CodeRunResult:
+        return _assemble(self.ledger, self.outcome or ("error", ("abort", "run ended")))
+
+
+def _assemble(ledger: wire.Ledger, outcome: tuple[str, Any]) -> CodeRunResult:
+    """The result of an outcome through the output ledger (exact UTF-8 JSON bytes)."""
+    kind, payload = outcome
+    if kind == "value":
+        value, size = payload
+        if ledger.fits(size):
+            return CodeRunResult(logs=tuple(ledger.logs), value=value, has_value=True)
+    elif kind in ("novalue", "probe"):
+        if not ledger.overflow:
+            return CodeRunResult(logs=tuple(ledger.logs))
+    elif kind == "error":
+        error_kind, message = payload
+        if ledger.fits(wire.json_str_size(message)):
+            return CodeRunResult(logs=tuple(ledger.logs), error=CodeRunError(error_kind, message))
+    elif kind == "abort" and ledger.fits(wire.json_str_size(str(payload))):
+        return CodeRunResult(logs=tuple(ledger.logs), error=CodeRunError("abort", str(payload)))
+    custom = payload if kind == "limit" and isinstance(payload, str) else None
+    logs, message = ledger.fitted(custom or ledger.limit_message())
+    return CodeRunResult(logs=tuple(logs), error=CodeRunError("output-limit", message))
+
+
+# --------------------------------------------------------------------------- the runtime
+
+
+class PythonCodeRuntime:
+    """The Python ``CodeRuntime``: a fresh, locked-down worker per run, forked by a zygote."""
+
+    def __init__(self, config: CodeRuntimeConfig | None = None) -> None:
+        self.config = config if config is not None else CodeRuntimeConfig()
+        self._ids = itertools.count(1)
+        self._live: set[_Run] = set()
+        self._disposed = False
+        self._zygote: _Zygote | None = None
+        self._zygote_lock: asyncio.Lock | None = None
+        self._level = -1
+        self._descriptor: str | None = None
+        self._cgroups: iso.CgroupPool | None = None
+        self._probe_only = False
+        self._failure: str | None = None
+        self._warm: _Run | None = None
+        self._warm_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def language(self) -> str:
+        """Always ``"python"``."""
+        return "python"
+
+    @property
+    def isolation(self) -> str:
+        """The isolation in force: worker-reported steps plus the host-verified ``/proc`` suffix.
+
+        Detected on first use by actually starting a worker (blocking, once).
+        """
+        if self._descriptor is None and self._failure is None:
+            self._detect_blocking()
+        if self._descriptor is None:
+            return f"unavailable ({self._failure})"
+        return self._descriptor
+
+    @property
+    def level(self) -> int:
+        """The isolation level in force (0-3), detecting it if needed."""
+        if self._level < 0:
+            _ = self.isolation
+        return self._level
+
+    def _detect_blocking(self) -> None:
+        # Runs a private event loop in a thread so it works inside or outside
+        # a running loop; its zygote is closed before the thread ends.
+        def target() -> None:
+            probe = PythonCodeRuntime(self.config)
+            probe._probe_only = True
+
+            async def go() -> None:
+                try:
+                    await probe._ensure_zygote()
+                finally:
+                    await probe.aclose()
+
+            with contextlib.suppress(ZygoteError):
+                asyncio.run(go())
+            self._descriptor, self._level, self._failure = probe._descriptor, probe._level, probe._failure
+
+        thread = threading.Thread(target=target, name="dsh-isolation-detect")
+        thread.start()
+        thread.join()
+
+    async def _ensure_zygote(self) -> _Zygote:
+        zygote = self._zygote
+        if zygote is not None and zygote.alive:
+            return zygote
+        if self._zygote_lock is None:
+            self._zygote_lock = asyncio.Lock()
+        async with self._zygote_lock:
+            zygote = self._zygote
+            if zygote is not None and zygote.alive:
+                return zygote
+            if zygote is not None:
+                await zygote.close()
+                self._zygote = None
+            key = (self.config.isolation, self.config.preload)
+            with _DETECT_LOCK:
+                known = _DETECTED.get(key)
+            levels = [known] if known is not None else iso.candidate_levels(self.config.isolation)
+            reasons: list[str] = []
+            for level in levels:
+                try:
+                    zygote = await self._start_level(level)
+                except ZygoteError as error:
+                    reasons.append(f"L{level}: {error}")
+                    if error.fatal:
+                        self._failure = str(error)
+                        raise
+                    continue
+                with _DETECT_LOCK:
+                    _DETECTED[key] = level
+                self._zygote = zygote
+                self._refill(zygote)
+                return zygote
+            self._failure = "no isolation level works here: " + "; ".join(reasons)
+            raise ZygoteError(self._failure)
+
+    async def _start_level(self, level: int) -> _Zygote:
+        try:
+            plan = iso.plan_for(level, self.config.preload)
+        except OSError as error:
+            raise ZygoteError(str(error)) from None
+        loop = asyncio.get_running_loop()
+        zygote = _Zygote(plan, loop)
+        await zygote.start(self.config)
+        self._level = level
+        if level >= 3 and self._cgroups is None and iso.CgroupPool.available():
+            self._cgroups = iso.CgroupPool(f"dsh-{os.getpid()}-{id(self):x}", self.config.memory_mb)
+        # Probe: one worker that locks down, reports ready and is verified.
+        probe = _Run(self)
+        saved, self._probe_only = self._probe_only, True
+        try:
+            probe._spawn(zygote)
+            result = await probe.finish_run(zygote)
+        finally:
+            self._probe_only = saved
+        if result.error is not None or not probe.descriptor:
+            await zygote.close()
+            message = result.error.message if result.error else "no descriptor"
+            raise ZygoteError(f"probe worker failed: {message}")
+        self._descriptor = probe.descriptor
+        return zygote
+
+    async def run(
+        self,
+        program: str,
+        bindings: Sequence[BindingNamespace],
+        signal: AbortSignal | None = None,
+    ) -> CodeRunResult:
+        """Run ``program`` in a fresh worker; raise only on misuse."""
+        if self._disposed:
+            raise RuntimeDisposedError("the code runtime is disposed")
+        if not isinstance(program, str):
+            raise TypeError("program must be a str")
+        namespaces = validate_bindings(bindings)
+        ledger = wire.Ledger(self.config.max_output_bytes)
+        if signal is not None and signal.aborted:
+            return _assemble(ledger, ("abort", str(signal.reason)))
+        try:
+            programs.build(program)
+        except SyntaxError as error:
+            return _assemble(ledger, ("error", ("exception", programs.format_syntax_error(error, program))))
+        except (ValueError, RecursionError, MemoryError) as error:  # e.g. NUL bytes, absurd nesting
+            return _assemble(ledger, ("error", ("exception", f"{type(error).__name__}: {error}")))
+        try:
+            zygote = await self._ensure_zygote()
+        except ZygoteError as error:
+            return _assemble(ledger, ("error", ("worker-exit", str(error))))
+        if self._disposed:  # disposed while this run was starting: it is aborted, not misuse
+            return _assemble(ledger, ("error", ("abort", "runtime disposed")))
+        run = self._warm
+        self._warm = None
+        if run is None or run.outcome is not None:
+            run = _Run(self)
+            run._spawn(zygote)
+        run.assign(program, namespaces, signal)
+        self._live.add(run)
+        try:
+            return await run.finish_run(zygote)
+        finally:
+            self._live.discard(run)
+            self._refill(zygote)
+
+    def _refill(self, zygote: _Zygote) -> None:
+        # Keep one pre-spawned worker: spawned, locked down, verified and (at
+        # L3) in its cgroup, waiting for a program. It still serves one run only.
+        if self._disposed or self._probe_only or self._warm is not None:
+            return
+        if zygote is not self._zygote or not zygote.alive:
+            return
+        warm = _Run(self)
+        warm._spawn(zygote)
+        self._warm = warm
+        task = asyncio.get_running_loop().create_task(warm.hold_warm(zygote))
+        self._warm_tasks.add(task)
+        task.add_done_callback(self._warm_tasks.discard)
+
+    async def aclose(self) -> None:
+        """Abort every live run ("runtime disposed"), await their workers, stop the zygote."""
+        self._disposed = True
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.settle("error", ("abort", "runtime disposed"))
+        live = list(self._live)
+        for run in live:
+            run.settle("error", ("abort", "runtime disposed"))
+        for run in live:
+            await asyncio.shield(run.finished)
+        # Pre-spawned workers' lifecycles end once their run settled (all did).
+        if self._warm_tasks:
+            await asyncio.gather(*list(self._warm_tasks), return_exceptions=True)
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
+        if self._cgroups is not None:
+            self._cgroups.close()
+            self._cgroups = None
+
+    async def __aenter__(self) -> PythonCodeRuntime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,279 @@
+"""Isolation levels: what each one needs, how a zygote is launched for it, what the host verifies.
+
+L0  process, empty env, private cwd, host-side kill of the process group.
+L1  + rlimits (address space, CPU, files, file size, no core), PDEATHSIG,
+    no-new-privs, empty capability bounding set.
+L2  + Landlock (read-only interpreter prefix, nothing else; TCP denied;
+    signal/abstract-unix scope) and the post-boot seccomp allowlist.
+L3  + bubblewrap (new net/pid/mnt/ipc/uts namespaces, minimal read-only fs,
+    private tmpfs per run), a real kernel uid 65534 with no capabilities, and
+    a cgroup memory + pids cap per run.
+
+What actually took effect is never assumed: the worker reports the steps
+that succeeded, and the host appends what it reads in ``/proc`` for the
+worker's host pid; :func:`check_level` refuses a worker whose verified state
+is weaker than its level claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import sys
+
+import attrs
+
+__all__ = [
+    "LEVELS",
+    "ZygotePlan",
+    "plan_for",
+    "candidate_levels",
+    "verify_proc",
+    "check_level",
+    "CgroupPool",
+    "Cgroup",
+    "WORKER_DIR",
+]
+
+LEVELS = (0, 1, 2, 3)
+WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker")
+L3_NAMESPACES = ("net", "pid", "mnt", "ipc", "uts")
+_NS_ORDER = ("user", "net", "pid", "mnt", "ipc", "uts", "cgroup")
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+@attrs.frozen
+class ZygotePlan:
+    """How to launch a zygote for one level."""
+
+    level: int
+    argv_prefix: tuple[str, ...]  # bwrap ... -- (empty below L3)
+    interpreter: str
+    ro_paths: tuple[str, ...]
+    import_paths: tuple[str, ...]
+
+
+def candidate_levels(requested: str) -> list[int]:
+    """Levels to try, strongest first, at or below ``requested``."""
+    top = 3 if requested == "auto" else int(requested[1])
+    return list(range(top, -1, -1))
+
+
+def _preload_paths(preload: tuple[str, ...]) -> list[str]:
+    # Find the sys.path entry holding each preloaded top-level package, so the
+    # ``-I -S`` zygote can import it without running ``site``.
+    paths: list[str] = []
+    for name in preload:
+        top = name.split(".")[0]
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            continue
+        locations = list(spec.submodule_search_locations or [])
+        origin = spec.origin if spec.origin not in (None, "built-in", "frozen") else None
+        target = locations[0] if locations else origin
+        if target is None:
+            continue
+        # The sys.path entry that directly holds the package or module.
+        parent = os.path.dirname(os.path.abspath(target))
+        if parent not in paths:
+            paths.append(parent)
+    return paths
+
+
+def plan_for(level: int, preload: tuple[str, ...]) -> ZygotePlan:
+    """The launch plan of a zygote at ``level`` (raises OSError when impossible)."""
+    interpreter = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    import_paths = _preload_paths(preload)
+    ro = [prefix, os.path.realpath(WORKER_DIR), *[os.path.realpath(p) for p in import_paths]]
+    if not interpreter.startswith(prefix + os.sep):
+        ro.append(os.path.dirname(interpreter))
+    argv: tuple[str, ...] = ()
+    if level >= 3:
+        bwrap = shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin")
+        if bwrap is None:
+            raise OSError("bubblewrap (bwrap) is not installed")
+        if os.geteuid() != 0:
+            # Without root bwrap needs a user namespace, in which the kernel
+            # uid stays ours: not the real unprivileged uid L3 promises.
+            raise OSError("L3 needs root to give workers a real unprivileged uid")
+        args = [
+            bwrap,
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
+        for link in ("lib", "lib64", "bin", "sbin"):
+            if os.path.islink("/" + link):
+                args += ["--symlink", os.readlink("/" + link), "/" + link]
+        # The tmpfs goes first: bwrap mounts in order, so code living under /tmp (a checkout
+        # there, a venv there) is bound on top of it instead of being hidden by it.
+        args += ["--tmpfs", "/tmp"]
+        for path in ro:
+            if not path.startswith("/usr/"):
+                args += ["--ro-bind", path, path]
+        args += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--cap-drop", "ALL"]
+        # The zygote keeps only what each child needs before it drops to uid
+        # 65534: a private /tmp mount and the uid/gid change; CAP_KILL lets it
+        # kill (and so reap) a worker that already dropped to uid 65534.
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_SYS_ADMIN", "CAP_KILL"):
+            args += ["--cap-add", cap]
+        args.append("--")
+        argv = tuple(args)
+    return ZygotePlan(level, argv, interpreter, tuple(ro), tuple(import_paths))
+
+
+def verify_proc(pid: int) -> dict[str, str]:
+    """What the host sees of ``pid``: kernel uids, CapEff, NoNewPrivs, seccomp, new namespaces."""
+    facts = {"kuid": "?", "CapEff": "?", "NoNewPrivs": "?", "seccomp": "?", "new-ns": "?"}
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            value = value.strip()
+            if key == "Uid":
+                facts["kuid"] = "/".join(value.split()[:3])
+            elif key == "CapEff":
+                facts["CapEff"] = value
+            elif key == "NoNewPrivs":
+                facts["NoNewPrivs"] = value
+            elif key == "Seccomp":
+                facts["seccomp"] = {"0": "off", "1": "strict", "2": "filter"}.get(value, value)
+    fresh = []
+    for ns in _NS_ORDER:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"):
+                fresh.append(ns)
+    facts["new-ns"] = ",".join(fresh) or "none"
+    return facts
+
+
+def suffix(facts: dict[str, str]) -> str:
+    """The host-verified descriptor suffix."""
+    return "[host-verified " + " ".join(f"{k}={v}" for k, v in facts.items()) + "]"
+
+
+def check_level(level: int, facts: dict[str, str]) -> str | None:
+    """None when the verified facts back the level's claims, else the reason."""
+    if level >= 1 and facts["NoNewPrivs"] != "1":
+        return "no-new-privs is not set"
+    if level >= 2 and facts["seccomp"] != "filter":
+        return "no seccomp filter is installed"
+    if level >= 3:
+        if facts["kuid"] != "65534/65534/65534":
+            return f"kernel uid is {facts['kuid']}, not 65534"
+        if facts["CapEff"].strip("0") != "":
+            return f"capabilities remain ({facts['CapEff']})"
+        missing = set(L3_NAMESPACES) - set(facts["new-ns"].split(","))
+        if missing:
+            return f"namespaces not unshared: {','.join(sorted(missing))}"
+    return None
+
+
+# --------------------------------------------------------------------------- cgroups (v1)
+
+
+class Cgroup:
+    """One per-run cgroup pair (memory + pids), reused across runs."""
+
+    def __init__(self, name: str, memory_bytes: int, pids: int) -> None:
+        self.memory = os.path.join(_CGROUP_ROOT, "memory", name)
+        self.pids = os.path.join(_CGROUP_ROOT, "pids", name)
+        os.mkdir(self.memory)
+        try:
+            os.mkdir(self.pids)
+            _write(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory_bytes))
+            _write(os.path.join(self.pids, "pids.max"), str(pids))
+        except OSError:
+            self.remove()
+            raise
+        self.oom_base = 0
+
+    def join(self, pid: int) -> None:
+        """Move ``pid`` into both groups and note the OOM-kill baseline."""
+        self.oom_base = self.oom_kills()
+        _write(os.path.join(self.memory, "cgroup.procs"), str(pid))
+        _write(os.path.join(self.pids, "cgroup.procs"), str(pid))
+
+    def oom_kills(self) -> int:
+        """The cgroup's OOM-kill counter."""
+        try:
+            with open(os.path.join(self.memory, "memory.oom_control")) as handle:
+                for line in handle:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    def kill_all(self) -> None:
+        """SIGKILL every process still in the group (nothing should be)."""
+        for group in (self.pids, self.memory):
+            try:
+                with open(os.path.join(group, "cgroup.procs")) as handle:
+                    pids = [int(x) for x in handle.read().split()]
+            except OSError:
+                continue
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
+
+    def remove(self) -> None:
+        """Delete both groups (they must be empty)."""
+        for group in (self.memory, self.pids):
+            with contextlib.suppress(OSError):
+                os.rmdir(group)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+class CgroupPool:
+    """Per-run cgroups of one runtime, created on demand and reused."""
+
+    def __init__(self, prefix: str, memory_mb: int, pids: int = 64) -> None:
+        self.prefix = prefix
+        self.memory_bytes = memory_mb * 1024 * 1024
+        self.pids = pids
+        self.free: list[Cgroup] = []
+        self.all: list[Cgroup] = []
+
+    @staticmethod
+    def available() -> bool:
+        """True when v1 memory and pids hierarchies are writable here."""
+        return os.access(os.path.join(_CGROUP_ROOT, "memory"), os.W_OK) and os.access(
+            os.path.join(_CGROUP_ROOT, "pids"), os.W_OK
+        )
+
+    def acquire(self) -> Cgroup:
+        """A free cgroup (new if none)."""
+        if self.free:
+            return self.free.pop()
+        group = Cgroup(f"{self.prefix}-{len(self.all)}", self.memory_bytes, self.pids)
+        self.all.append(group)
+        return group
+
+    def release(self, group: Cgroup) -> None:
+        """Return an (empty) cgroup to the pool."""
+        self.free.append(group)
+
+    def close(self) -> None:
+        """Remove every cgroup of the pool."""
+        for group in self.all:
+            group.kill_all()
+            group.remove()
+        self.all.clear()
+        self.free.clear()

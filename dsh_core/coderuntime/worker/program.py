@@ -1,0 +1,84 @@
+"""Compile a program (the body of an ``async def``) the same way on host and worker.
+
+Standard library only. The source is parsed as a module, its statements
+become the body of ``async def __dsh_main__()`` with unchanged line
+numbers, and every top-level ``return X`` becomes ``return [X]`` so the
+runner can tell ``return None`` (a value) from falling off the end or a bare
+``return`` (no value). ``yield`` at top level is refused: a program is a
+coroutine, not a generator.
+"""
+
+from __future__ import annotations
+
+import ast
+import traceback
+import types
+
+__all__ = ["FILENAME", "MAIN", "build", "format_syntax_error"]
+
+FILENAME = "<program>"
+MAIN = "__dsh_main__"
+
+_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _top_level(nodes: list[ast.stmt]) -> list[ast.AST]:
+    # Iterative walk that does not descend into nested scopes.
+    found: list[ast.AST] = []
+    stack: list[ast.AST] = list(nodes)
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if isinstance(node, _NESTED):
+            continue  # its returns and yields belong to its own scope
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def build(source: str) -> types.CodeType:
+    """Return the code object of the module defining ``__dsh_main__``; raise SyntaxError."""
+    tree = compile(source, FILENAME, "exec", ast.PyCF_ONLY_AST)
+    assert isinstance(tree, ast.Module)
+    body = tree.body or [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
+    for node in _top_level(body):
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            raise SyntaxError(
+                "'yield' is not allowed in a program (it is the body of an async function)",
+                (FILENAME, node.lineno, node.col_offset + 1, _line(source, node.lineno)),
+            )
+        if isinstance(node, ast.Return) and node.value is not None:
+            wrapped = ast.List(elts=[node.value], ctx=ast.Load())
+            node.value = ast.copy_location(wrapped, node.value)
+    function = ast.AsyncFunctionDef(
+        name=MAIN,
+        args=ast.arguments(
+            posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]
+        ),
+        body=body,
+        decorator_list=[],
+        returns=None,
+        type_comment=None,
+        lineno=1,
+        col_offset=0,
+    )
+    module = ast.Module(body=[function], type_ignores=[])
+    ast.fix_missing_locations(module)
+    return compile(module, FILENAME, "exec")
+
+
+def _line(source: str, lineno: int | None) -> str | None:
+    if not lineno:
+        return None
+    lines = source.splitlines()
+    return lines[lineno - 1] if 0 < lineno <= len(lines) else None
+
+
+def format_syntax_error(error: SyntaxError, source: str) -> str:
+    """``SyntaxError: msg`` with the file, line and caret, like the interpreter prints it."""
+    if error.text is None and error.lineno:
+        text = _line(source, error.lineno)
+        if text is not None:
+            error.text = text
+            if not error.offset:
+                error.offset = 1
+    return "".join(traceback.format_exception_only(type(error), error)).rstrip("\n")

@@ -1,0 +1,480 @@
+"""One run inside a freshly forked worker: lock down, then execute the program.
+
+Standard library only. The protocol is on descriptor 3 (a stream socket);
+descriptors 1 and 2 are a pipe the host reads as raw output. Nothing untrusted
+is read before the lockdown for the configured level has been applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import linecache
+import os
+import sys
+import threading
+import traceback
+import types
+
+from . import lockdown, program, wire
+
+__all__ = ["serve"]
+
+
+class _Channel:
+    """Blocking, thread-safe frame writer on the protocol descriptor."""
+
+    def __init__(self, fd: int, max_frame: int) -> None:
+        self.fd = fd
+        self.max_frame = max_frame
+        self.lock = threading.Lock()
+
+    def send(self, message: dict[str, object]) -> None:
+        self.raw(wire.pack(message))
+
+    def raw(self, data: bytes) -> None:
+        view = memoryview(data)
+        with self.lock:
+            try:
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            except OSError:
+                os._exit(0)  # the host is gone or closed the channel
+
+    def read_frame(self) -> object:
+        buffer = wire.FrameBuffer(self.max_frame)
+        while True:
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                os._exit(0)
+            frames = buffer.feed(data)
+            if frames:
+                return wire.unpack_payload(frames[0])
+
+
+class _Logs:
+    """Ordered log capture streamed to the host, with the same ledger as the host."""
+
+    def __init__(self, channel: _Channel, cap: int) -> None:
+        self.channel = channel
+        self.ledger = wire.Ledger(cap)
+        self.partial: list[str] = []
+        self.lock = threading.RLock()
+
+    def emit(self, text: str) -> None:
+        with self.lock:
+            if self.ledger.add(text):
+                self.channel.send({"t": "log", "s": text})
+                return
+            # Over budget: send the fitting prefix, say so, and stop here.
+            ledger = self.ledger
+            room = ledger.cap - ledger.used - (1 if ledger.logs else 0)
+            prefix = wire.truncate_json_str(text, room)
+            if prefix:
+                self.channel.send({"t": "log", "s": prefix})
+            self.channel.send({"t": "output-limit"})
+            os._exit(0)
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            lines = text.split("\n")
+            if len(lines) == 1:
+                self.partial.append(text)
+                return
+            first = "".join(self.partial) + lines[0]
+            self.partial = [lines[-1]] if lines[-1] else []
+            self.emit(first)
+            for line in lines[1:-1]:
+                self.emit(line)
+
+    def flush_partial(self) -> None:
+        with self.lock:
+            if self.partial:
+                text = "".join(self.partial)
+                self.partial = []
+                self.emit(text)
+
+
+class _Stream:
+    """``sys.stdout``/``sys.stderr`` replacement feeding the ordered log."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def __init__(self, logs: _Logs, name: str) -> None:
+        self._logs = logs
+        self.name = name
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self._logs.write(text)
+        return len(text)
+
+    def writelines(self, lines: list[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        return None
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+
+class _Console:
+    """``console.log/info/warn/error/debug``: one log entry per call."""
+
+    __slots__ = ("_logs",)
+
+    def __init__(self, logs: _Logs) -> None:
+        self._logs = logs
+
+    def _entry(self, args: tuple[object, ...]) -> None:
+        self._logs.flush_partial()
+        self._logs.emit(" ".join(a if type(a) is str else str(a) for a in args))
+
+    def log(self, *args: object) -> None:
+        """Log the arguments joined by spaces."""
+        self._entry(args)
+
+    info = warn = error = debug = log
+
+    def __repr__(self) -> str:
+        return "<console>"
+
+
+class _ImportGuard:
+    """Refuse imports of modules that were not preloaded, with a clear message."""
+
+    @staticmethod
+    def find_spec(name: str, path: object = None, target: object = None) -> None:
+        raise ModuleNotFoundError(
+            f"module {name!r} is not available in the code runtime; "
+            f"a deployment can allow it with code_runtime.preload",
+            name=name,
+        )
+
+    @staticmethod
+    def find_module(name: str, path: object = None) -> None:
+        _ImportGuard.find_spec(name)
+
+
+def _make_error_class(name: str, member: str) -> type[Exception]:
+    cls = types.new_class(name, (Exception,))
+    cls.__module__ = "__dsh_main__"
+    setattr(cls, member, None)
+    return cls
+
+
+class _Bridge:
+    """Binding calls from the program to the host and their replies."""
+
+    def __init__(self, channel: _Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel = channel
+        self.loop = loop
+        self.next_id = 0
+        self.pending: dict[int, tuple[asyncio.Future[object], str, tuple[type[Exception], str] | None]] = {}
+        self.frames = wire.FrameBuffer(1 << 62)  # replies come from the trusted host
+
+    def make_namespace(self, global_name: str, names: list[str], error: tuple[type[Exception], str] | None) -> object:
+        table = {name: self._make_function(global_name, name, error) for name in names}
+
+        def __getattr__(self: object, attr: str) -> object:
+            try:
+                return table[attr]
+            except KeyError:
+                raise AttributeError(f"{global_name} has no binding {attr!r}") from None
+
+        def __getitem__(self: object, key: str) -> object:
+            try:
+                return table[key]
+            except (KeyError, TypeError):
+                raise KeyError(key) from None
+
+        def __dir__(self: object) -> list[str]:
+            return sorted(table)
+
+        def __contains__(self: object, key: object) -> bool:
+            return key in table
+
+        def __repr__(self: object) -> str:
+            return f"<bindings {global_name}: {', '.join(sorted(table))}>"
+
+        namespace = {
+            "__slots__": (),
+            "__getattr__": __getattr__,
+            "__getitem__": __getitem__,
+            "__dir__": __dir__,
+            "__contains__": __contains__,
+            "__repr__": __repr__,
+        }
+        cls = type("Bindings", (), namespace)
+        return cls()
+
+    def _fail(self, error: tuple[type[Exception], str] | None, name: str, message: str) -> Exception:
+        if error is None:
+            return Exception(message)
+        cls, member = error
+        instance = cls(message)
+        setattr(instance, member, name)
+        return instance
+
+    def _make_function(self, global_name: str, name: str, error: tuple[type[Exception], str] | None) -> object:
+        bridge = self
+
+        async def binding(*args: object, **kwargs: object) -> object:
+            if len(args) > 1 or (args and kwargs):
+                raise TypeError(f"{global_name}.{name}() takes one dict of arguments or keywords")
+            argument = args[0] if args else dict(kwargs)
+            try:
+                tokens = wire.encode(argument)
+            except wire.WireError as reason:
+                raise bridge._fail(error, name, f"binding arguments must be lossless JSON: {reason}") from None
+            bridge.next_id += 1
+            call_id = bridge.next_id
+            frame = wire.pack({"t": "call", "id": call_id, "g": global_name, "n": name, "a": tokens})
+            if len(frame) - 4 > bridge.channel.max_frame:
+                raise bridge._fail(
+                    error, name, f"binding arguments exceed the {bridge.channel.max_frame}-byte frame cap"
+                )
+            future: asyncio.Future[object] = bridge.loop.create_future()
+            bridge.pending[call_id] = (future, name, error)
+            try:
+                bridge.channel.raw(frame)
+                return await future
+            finally:
+                bridge.pending.pop(call_id, None)
+
+        binding.__name__ = name if name.isidentifier() else "binding"
+        binding.__qualname__ = f"{global_name}.{name}"
+        return binding
+
+    def on_readable(self) -> None:
+        try:
+            data = os.read(self.channel.fd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(0)  # the host closed the channel: the run is over
+        for payload in self.frames.feed(data):
+            try:
+                message = wire.unpack_payload(payload)
+            except wire.WireError:
+                continue
+            if type(message) is not dict or message.get("t") != "reply":
+                continue
+            entry = self.pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+            if entry is None:
+                continue
+            future, name, error = entry
+            if future.done():
+                continue
+            if message.get("ok") is True:
+                try:
+                    future.set_result(wire.decode(message.get("v")))
+                except wire.WireError:
+                    future.set_exception(self._fail(error, name, "binding resolution must be lossless JSON"))
+            else:
+                text = message.get("m")
+                future.set_exception(self._fail(error, name, text if type(text) is str else "binding failed"))
+
+
+def _describe_self() -> str:
+    uid = os.getuid()
+    caps = "?"
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("CapEff:"):
+                    caps = line.split()[1]
+    except OSError:
+        pass
+    who = f"uid={uid}" + ("(root!)" if uid == 0 else "")
+    return f"{who} caps:{'none' if caps.strip('0') == '' else caps}"
+
+
+class Prepared:
+    """A spare worker after the lockdown steps that do not need the run's descriptors."""
+
+    def __init__(
+        self, level: int, parts: list[str], loop: asyncio.AbstractEventLoop, config: dict[str, object]
+    ) -> None:
+        self.level = level
+        self.parts = parts
+        self.loop = loop
+        self.config = config
+        selector = getattr(loop, "_selector", None)
+        self.keep_fds = [
+            sock.fileno() for sock in (getattr(loop, "_ssock", None), getattr(loop, "_csock", None)) if sock is not None
+        ] + ([selector.fileno()] if selector is not None else [])
+
+
+def prepare(config: dict[str, object], zygote: int) -> Prepared:
+    """Lock down as far as possible before a run is assigned, and warm the code paths.
+
+    Runs in a freshly forked spare: the pages touched here are copied from
+    the zygote now, not while a program waits.
+    """
+    level = int(config["level"])  # type: ignore[call-overload]
+    budgets = config["budgets"]
+    assert isinstance(budgets, dict)
+    os.setsid()
+    parts = [f"L{level}"]
+    if level >= 3:
+        parts.append("ns(" + ",".join(config["ns"]) + ")")  # type: ignore[arg-type]
+        parts.append(lockdown.private_tmp())
+        os.chdir("/tmp")
+    else:
+        parts.append("ns:host")
+    if level >= 1:
+        parts.append(lockdown.drop_bounding_set())
+    if level >= 3:
+        parts.append(lockdown.drop_uid())
+    if level >= 1:
+        parts.append(lockdown.set_pdeathsig(zygote))
+        parts.append(lockdown.set_no_new_privs())
+        parts.append(lockdown.apply_rlimits(int(budgets["memory_mb"]), float(budgets["cpu_s"])))
+    parts.insert(1, _describe_self())
+    loop = asyncio.new_event_loop()  # epoll + self-pipe: must exist before seccomp
+    asyncio.set_event_loop(loop)
+    _warm(loop)
+    return Prepared(level, parts, loop, config)
+
+
+def _warm(loop: asyncio.AbstractEventLoop) -> None:
+    async def sample() -> object:
+        await asyncio.sleep(0)
+        return [1]
+
+    program.build("x = 1\nreturn x")
+    loop.run_until_complete(sample())
+    wire.decode(wire.encode({"a": [1, 2.5, "x", None, True]}))
+    wire.unpack_payload(wire.pack({"t": "log", "s": "x"})[4:])
+
+
+def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
+    """Finish the lockdown, report ready, run the program, report done."""
+    config = prepared.config
+    level = prepared.level
+    budgets = config["budgets"]
+    assert isinstance(budgets, dict)
+    parts = prepared.parts
+    loop = prepared.loop
+    if level < 3:
+        os.chdir(str(request["cwd"]))
+    if level >= 2 and lockdown.landlock_abi() > 0:
+        parts.append(lockdown.apply_landlock(list(config["ro_paths"])))  # type: ignore[call-overload]
+    channel = _Channel(fd, int(budgets["max_frame_bytes"]))
+    sys.meta_path.insert(0, _ImportGuard)
+    if level >= 2:
+        parts.append(lockdown.apply_seccomp())
+    channel.send({"t": "ready", "d": " ".join(parts)})
+
+    # ---- from here on, everything read is untrusted input for the program
+    start = channel.read_frame()
+    if type(start) is not dict or start.get("t") != "start":
+        return 2
+    source = start["p"]
+    logs = _Logs(channel, int(budgets["max_output_bytes"]))
+    sys.stdout = _Stream(logs, "<stdout>")
+    sys.stderr = _Stream(logs, "<stderr>")
+    linecache.cache[program.FILENAME] = (len(source), None, source.splitlines(True), program.FILENAME)
+    bridge = _Bridge(channel, loop)
+    loop.add_reader(fd, bridge.on_readable)
+    env: dict[str, object] = {"__name__": program.MAIN}
+    safe_builtins = dict(builtins.__dict__)
+
+    def _no_input(*_: object) -> str:
+        raise EOFError("input() is not available in a program")
+
+    safe_builtins["input"] = _no_input
+    env["__builtins__"] = safe_builtins
+    classes: dict[str, type[Exception]] = {}
+    for global_name, names, class_name, member in start["ns"]:
+        error = None
+        if class_name is not None:
+            if class_name not in classes:
+                classes[class_name] = _make_error_class(class_name, member)
+            error = (classes[class_name], member)
+            env[class_name] = error[0]
+        env[global_name] = bridge.make_namespace(global_name, names, error)
+    env["console"] = _Console(logs)
+    outcome: dict[str, object]
+    try:
+        code = program.build(source)
+        exec(code, env)  # defines __dsh_main__ only
+        main = env[program.MAIN]
+        result = loop.run_until_complete(main())  # type: ignore[operator]
+        logs.flush_partial()
+        if result is None:
+            outcome = {"t": "done"}
+        else:
+            value = result[0]
+            try:
+                tokens = wire.encode(value)
+            except wire.WireError as reason:
+                outcome = {
+                    "t": "done",
+                    "e": {"k": "invalid-output", "m": f"program completion must be lossless JSON: {reason}"},
+                }
+            else:
+                if not logs.ledger.fits(wire.tokens_json_size(tokens)):
+                    outcome = {"t": "output-limit"}
+                else:
+                    outcome = {"t": "done", "v": tokens}
+    except BaseException as error:  # the program's own failure, reported as data
+        try:
+            logs.flush_partial()
+            kind = "memory-limit" if isinstance(error, MemoryError) else "exception"
+            message = _format(error)
+            if not logs.ledger.fits(wire.json_str_size(message)):
+                outcome = {"t": "output-limit"}
+            else:
+                outcome = {"t": "done", "e": {"k": kind, "m": message}}
+        except MemoryError:
+            outcome = {"t": "done", "e": {"k": "memory-limit", "m": "MemoryError"}}
+    frame = wire.pack(outcome)
+    if len(frame) - 4 > channel.max_frame:
+        frame = wire.pack({"t": "done", "e": {"k": "output-limit", "m": "completion exceeds the frame cap"}})
+    channel.raw(frame)
+    return 0
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _format(error: BaseException) -> str:
+    """The traceback as the interpreter prints it, without the runner's own frames."""
+    try:
+        top = traceback.TracebackException(type(error), error, error.__traceback__)
+        pending = [top]
+        seen: set[int] = set()
+        while pending:  # iterative: chained exceptions can be long
+            exc = pending.pop()
+            if id(exc) in seen:
+                continue
+            seen.add(id(exc))
+            frames = [frame for frame in exc.stack if not frame.filename.startswith(_HERE)]
+            # Frames before the program's first one are the event loop's plumbing.
+            for index, frame in enumerate(frames):
+                if frame.filename == program.FILENAME:
+                    frames = frames[index:]
+                    break
+            exc.stack = traceback.StackSummary.from_list(frames)
+            pending.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+        text = "".join(top.format())
+    except Exception:
+        try:
+            text = f"{type(error).__name__}: {error}"
+        except Exception:
+            text = "program raised an unrenderable exception"
+    return text.rstrip("\n")

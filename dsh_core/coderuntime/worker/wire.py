@@ -1,0 +1,436 @@
+"""The lossless flat-token wire shared by the host and the worker.
+
+Standard library only: the worker loads this file by path inside a bare
+``-I -S`` interpreter, and the host imports it as
+``dsh_core.coderuntime.worker.wire``.
+
+Values
+    A JSON value travels as one flat list of tokens in pre-order. Scalar
+    tokens are ``None``, ``bool``, ``int``, finite ``float`` (never ``-0.0``)
+    and ``str``. A container is a marker dict with exactly one key followed by
+    its children: ``{"a": n}`` for an array of ``n`` items, ``{"o": [k, ...]}``
+    for an object whose (unique, string) keys are listed in order. Encoding and
+    decoding walk explicit stacks, so depth is bounded by memory only and the
+    recursion limit is never touched. Decoding fails closed (:class:`WireError`)
+    on anything malformed; nothing is ever converted "best effort".
+
+Frames
+    A frame is a 4-byte big-endian length and a UTF-8 JSON message (lone
+    surrogates pass through with ``surrogatepass`` so every ``str`` survives).
+    Messages are shallow JSON objects; values inside them are token lists, so
+    the C JSON parser never needs deep recursion for legitimate traffic.
+
+Output ledger
+    :class:`Ledger` counts the exact UTF-8 bytes of the compact JSON of the
+    logs array plus the value (or failure message), the same way on both sides.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import math
+import struct
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "WireError",
+    "encode",
+    "decode",
+    "tokens_json_size",
+    "json_str_size",
+    "truncate_json_str",
+    "pack",
+    "unpack_payload",
+    "FrameBuffer",
+    "Ledger",
+    "HEADER",
+]
+
+HEADER = struct.Struct(">I")
+
+_NONE = type(None)
+_SCALAR = frozenset((str, int, bool, _NONE))
+_isfinite = math.isfinite
+_copysign = math.copysign
+
+
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def _no_gc(function: _F) -> _F:
+    # The walks allocate one container per node; letting the cyclic GC
+    # traverse a large, still-growing value on every generation-0 threshold
+    # makes them quadratic in practice. Nothing they build can form a cycle.
+    @functools.wraps(function)
+    def wrapper(*args: object) -> object:
+        if not gc.isenabled():
+            return function(*args)
+        gc.disable()
+        try:
+            return function(*args)
+        finally:
+            gc.enable()
+
+    return wrapper  # type: ignore[return-value]
+
+
+class WireError(ValueError):
+    """A value is not lossless JSON, or a token stream / frame is malformed."""
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _bad_float(value: float) -> bool:
+    return not _isfinite(value) or (value == 0.0 and _copysign(1.0, value) < 0)
+
+
+def _scalar_error(value: object) -> str:
+    kind = type(value)
+    if kind is float:
+        return f"float {value!r} is not lossless JSON (non-finite or -0.0)"
+    for base in (bool, int, float, str, dict, list):
+        if isinstance(value, base):
+            return f"{kind.__qualname__} is a subclass of {base.__name__}, not a plain {base.__name__}"
+    return f"{kind.__qualname__} is not a JSON type"
+
+
+def _all_plain_scalars(children: list[object]) -> bool:
+    types = set(map(type, children))
+    if types <= _SCALAR:
+        return True
+    if float in types and types <= _SCALAR_OR_FLOAT:
+        return not any(map(_bad_float, [c for c in children if type(c) is float]))
+    return False
+
+
+_SCALAR_OR_FLOAT = _SCALAR | {float}
+
+
+@_no_gc
+def encode(value: object) -> list[object]:
+    """Encode ``value`` as a flat token list; raise :class:`WireError` if it is lossy.
+
+    Only exact ``dict``/``list``/``str``/``int``/``float``/``bool``/``None``
+    are accepted (no subclasses, no tuples), dict keys must be ``str``, floats
+    finite and not ``-0.0``; cycles are refused.
+    """
+    out: list[object] = []
+    append = out.append
+    # One explicit frame per open container: its children iterator and id
+    # (``on_path`` holds the ids of the open containers, to refuse cycles).
+    stack: list[object] = []
+    ids: list[int] = []
+    on_path: set[int] = set()
+    pending = [value]
+    iterator: object = iter(pending)
+    while True:
+        for child in iterator:  # type: ignore[attr-defined]
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:
+                append(child)
+            elif kind is float:
+                if _bad_float(child):
+                    raise WireError(_scalar_error(child))
+                append(child)
+            elif kind is list or kind is dict:
+                ident = id(child)
+                if ident in on_path:
+                    raise WireError("cycle: a container contains itself")
+                if kind is list:
+                    children = list.copy(child)  # a snapshot: threads may mutate the original
+                    append({"a": len(children)})
+                else:
+                    pairs = list(dict.items(child))
+                    keys = [pair[0] for pair in pairs]
+                    for key in keys:
+                        if type(key) is not str:
+                            raise WireError(f"object key {key!r} ({type(key).__name__}) is not a str")
+                    append({"o": keys})
+                    children = [pair[1] for pair in pairs]
+                if not children:
+                    continue
+                if len(children) > 8 and _all_plain_scalars(children):
+                    out.extend(children)  # fast path: no frame for a flat container
+                    continue
+                stack.append(iterator)
+                ids.append(ident)
+                on_path.add(ident)
+                iterator = iter(children)
+                break
+            else:
+                raise WireError(_scalar_error(child))
+        else:
+            if not stack:
+                return out
+            on_path.discard(ids.pop())
+            iterator = stack.pop()
+
+
+@_no_gc
+def decode(tokens: object) -> object:
+    """Rebuild the value of a token list; raise :class:`WireError` when malformed.
+
+    Fails closed on: a non-list or empty input, a marker with wrong/extra
+    fields, a bad length, non-string or duplicate keys, a claim of more
+    children than tokens remain, non-finite numbers or ``-0.0``, nested lists
+    used as tokens, trailing tokens, and frames left open.
+    """
+    if type(tokens) is not list or not tokens:
+        raise WireError("a value must be a non-empty token list")
+    total = len(tokens)
+    # Frames: [container, keys-or-None, values-collected, remaining-children].
+    stack: list[list[Any]] = []
+    root: object = None
+    frame_for_value: list[Any] | None
+    pending = 0  # children claimed by open markers and not yet seen
+    for index, token in enumerate(tokens, 1):
+        if stack:
+            pending -= 1  # this token fills one claimed slot
+        kind = type(token)
+        if kind in _SCALAR:
+            value: object = token
+            frame_for_value = None
+        elif kind is float:
+            if _bad_float(token):
+                raise WireError("non-finite number or -0.0 in token stream")
+            value = token
+            frame_for_value = None
+        elif kind is dict:
+            if len(token) != 1:
+                raise WireError("a marker has exactly one field")
+            if "a" in token:
+                length = token["a"]
+                if type(length) is not int or length < 0:
+                    raise WireError("array marker length must be an int >= 0")
+                value = []
+                frame_for_value = [value, None, value, length] if length else None
+                pending += length
+            elif "o" in token:
+                keys = token["o"]
+                if type(keys) is not list:
+                    raise WireError("object marker keys must be a list")
+                for key in keys:
+                    if type(key) is not str:
+                        raise WireError("object keys must be strings")
+                if len(set(keys)) != len(keys):
+                    raise WireError("duplicate object key")
+                value = {}
+                frame_for_value = [value, keys, [], len(keys)] if keys else None
+                pending += len(keys)
+            else:
+                raise WireError("unknown marker field")
+            if pending > total - index:
+                raise WireError("a marker claims more children than tokens remain")
+        else:
+            raise WireError(f"{kind.__name__} is not a valid token")
+        if stack:
+            frame = stack[-1]
+            frame[2].append(value)
+            frame[3] -= 1
+            if frame_for_value is not None:
+                stack.append(frame_for_value)
+            else:
+                while stack and stack[-1][3] == 0:
+                    done = stack.pop()
+                    if done[1] is not None:
+                        done[0].update(zip(done[1], done[2], strict=True))
+        elif index == 1:
+            root = value
+            if frame_for_value is not None:
+                stack.append(frame_for_value)
+        else:
+            raise WireError("trailing tokens after the root value")
+    if stack:
+        raise WireError("the token stream ends with open containers")
+    return root
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def _utf8_len(text: str) -> int:
+    # Lone surrogates are counted as their 6-byte ``\\udXXX`` JSON escape.
+    return len(text.encode("utf-8", "backslashreplace"))
+
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def json_str_size(text: str) -> int:
+    """Exact UTF-8 bytes of ``text`` as a compact JSON string (quotes included)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return len(text) + 2
+    return _utf8_len(_COMPACT.encode(text))
+
+
+def tokens_json_size(tokens: list[object]) -> int:
+    """Exact UTF-8 bytes of the compact JSON text of the value that ``tokens`` encode.
+
+    Works on a token list that :func:`decode` accepted (or :func:`encode`
+    produced) without rebuilding the value, so deep values are measured
+    without recursion.
+    """
+    scalars: list[object] = []
+    keys: list[str] = []
+    overhead = 0
+    for token in tokens:
+        if type(token) is dict:
+            if "a" in token:
+                n = token["a"]
+                overhead += 2 + (n - 1 if n else 0)
+            else:
+                names = token["o"]
+                n = len(names)
+                keys.extend(names)
+                overhead += 2 + n + (n - 1 if n else 0)
+        else:
+            scalars.append(token)
+    size = overhead
+    for group in (scalars, keys):
+        if group:
+            size += _utf8_len(_COMPACT.encode(group)) - 2 - (len(group) - 1)
+    return size
+
+
+def truncate_json_str(text: str, budget: int) -> str:
+    """The longest prefix of ``text`` whose compact JSON string fits ``budget`` bytes."""
+    if budget < 2:
+        return ""
+    if json_str_size(text) <= budget:
+        return text
+    escaped = _COMPACT.encode(text)[1:-1].encode("utf-8", "backslashreplace")
+    cut = escaped[: budget - 2].decode("utf-8", "ignore")
+    # Back off over a partial escape sequence (at most 6 characters long).
+    for _ in range(8):
+        try:
+            prefix = json.loads('"' + cut + '"')
+        except ValueError:
+            cut = cut[:-1]
+            continue
+        if type(prefix) is str and text.startswith(prefix) and json_str_size(prefix) <= budget:
+            return prefix
+        cut = cut[:-1]
+    return ""
+
+
+class Ledger:
+    """The output budget: compact JSON bytes of the logs array plus the outcome.
+
+    ``[]`` costs 2, each log its JSON string bytes plus a comma after the
+    first. :meth:`add` refuses the first log that does not fit and keeps a
+    bounded copy of it so the final result can carry its fitting prefix.
+    """
+
+    __slots__ = ("cap", "logs", "used", "overflow", "tail")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.logs: list[str] = []
+        self.used = 2
+        self.overflow = False
+        self.tail: str | None = None
+
+    def add(self, text: str) -> bool:
+        """Append one log entry; return False (and remember a prefix) on overflow."""
+        if self.overflow:
+            return False
+        cost = json_str_size(text) + (1 if self.logs else 0)
+        if self.used + cost <= self.cap:
+            self.logs.append(text)
+            self.used += cost
+            return True
+        self.overflow = True
+        self.tail = text[: self.cap]
+        return False
+
+    def fits(self, size: int) -> bool:
+        """True when an outcome of ``size`` JSON bytes still fits after the logs."""
+        return not self.overflow and self.used + size <= self.cap
+
+    def limit_message(self) -> str:
+        """The fixed output-limit diagnostic."""
+        return f"outer output exceeded {self.cap} bytes"
+
+    def fitted(self, message: str) -> tuple[list[str], str]:
+        """Logs prefix and (possibly truncated) ``message`` that fit the cap together."""
+        message_size = json_str_size(message)
+        if 2 + message_size > self.cap:
+            return [], truncate_json_str(message, self.cap - 2)
+        room = self.cap - message_size
+        kept: list[str] = []
+        used = 2
+        entries = list(self.logs)
+        if self.tail is not None:
+            entries.append(self.tail)
+        for entry in entries:
+            sep = 1 if kept else 0
+            cost = json_str_size(entry) + sep
+            if used + cost <= room:
+                kept.append(entry)
+                used += cost
+                continue
+            prefix = truncate_json_str(entry, room - used - sep)
+            if prefix:
+                kept.append(prefix)
+            break
+        return kept, message
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _reject_constant(name: str) -> object:
+    raise WireError(f"{name} is not JSON")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def pack(message: dict[str, object]) -> bytes:
+    """Serialize one message as a length-prefixed frame."""
+    payload = _ENCODER.encode(message).encode("utf-8", "surrogatepass")
+    return HEADER.pack(len(payload)) + payload
+
+
+def unpack_payload(payload: bytes) -> object:
+    """Parse one frame payload; raise :class:`WireError` on anything malformed."""
+    try:
+        return _DECODER.decode(payload.decode("utf-8", "surrogatepass"))
+    except WireError:
+        raise
+    except (ValueError, RecursionError, MemoryError) as error:
+        raise WireError(f"malformed frame: {type(error).__name__}") from None
+
+
+class FrameBuffer:
+    """Reassembles frames from a byte stream and enforces the frame size cap."""
+
+    __slots__ = ("buffer", "max_frame")
+
+    def __init__(self, max_frame: int) -> None:
+        self.buffer = bytearray()
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return the complete payloads; raise WireError on an oversized frame."""
+        buffer = self.buffer
+        buffer += data
+        frames: list[bytes] = []
+        start = 0
+        end = len(buffer)
+        while end - start >= 4:
+            (size,) = HEADER.unpack_from(buffer, start)
+            if size > self.max_frame:
+                raise WireError(f"frame of {size} bytes exceeds the {self.max_frame}-byte cap")
+            if end - start - 4 < size:
+                break
+            frames.append(bytes(buffer[start + 4 : start + 4 + size]))
+            start += 4 + size
+        if start:
+            del buffer[:start]
+        return frames

@@ -1,0 +1,310 @@
+"""The zygote: a warm, single-threaded ``-I -S`` process that forks one worker per run.
+
+Standard library only; started by the host as
+``<sys.executable> -I -S .../worker/zygote.py <control-fd> <config-json>``
+(inside bubblewrap at L3). It never runs user code itself: it preloads the
+documented module set plus ``code_runtime.preload``, then loops on its
+control socket (SOCK_SEQPACKET). Each ``spawn`` request carries two
+descriptors (the run's protocol socket and its stdout/stderr pipe) as
+SCM_RIGHTS; the zygote forks, the child locks itself down and serves one
+run, and the zygote reaps it and reports its exit status. Because the
+zygote reaps, it can kill a dead leader's process group before the pid is
+released, so no member of a finished run survives and no pid is reused
+under the host's feet.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_package() -> None:
+    # Load this directory as the private package ``_dsh_worker`` so the
+    # worker modules never collide with names a program might import.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_dsh_worker", os.path.join(_HERE, "__init__.py"), submodule_search_locations=[_HERE]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_dsh_worker"] = module
+    spec.loader.exec_module(module)
+
+
+#: Standard-library modules every worker has (documented; importing anything
+#: else needs ``code_runtime.preload``).
+STDLIB_PRELOAD = (
+    "abc",
+    "array",
+    "ast",
+    "asyncio",
+    "base64",
+    "binascii",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "collections.abc",
+    "colorsys",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "enum",
+    "fnmatch",
+    "fractions",
+    "functools",
+    "graphlib",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "keyword",
+    "linecache",
+    "math",
+    "numbers",
+    "operator",
+    "pathlib",
+    "pprint",
+    "random",
+    "re",
+    "reprlib",
+    "secrets",
+    "shlex",
+    "statistics",
+    "string",
+    "struct",
+    "textwrap",
+    "time",
+    "traceback",
+    "types",
+    "typing",
+    "unicodedata",
+    "urllib.parse",
+    "uuid",
+    "weakref",
+    "zlib",
+)
+
+
+def _preload(extra: list[str], paths: list[str]) -> str | None:
+    for path in paths:
+        if path not in sys.path:
+            sys.path.append(path)
+    for name in STDLIB_PRELOAD:
+        importlib.import_module(name)
+    for name in extra:
+        try:
+            importlib.import_module(name)
+        except BaseException as error:
+            return f"cannot preload module {name!r} listed in code_runtime.preload: {type(error).__name__}: {error}"
+    return None
+
+
+def _send(ctrl: socket.socket, message: dict[str, object]) -> None:
+    try:
+        ctrl.send(json.dumps(message).encode())
+    except OSError:
+        os._exit(0)  # the host is gone
+
+
+def main() -> None:
+    """Zygote entry point."""
+    ctrl_fd = int(sys.argv[1])
+    config = json.loads(sys.argv[2])
+    os.environ.clear()  # PEP 538 may have added LC_CTYPE; children inherit nothing
+    ctrl = socket.socket(fileno=ctrl_fd)
+    _load_package()
+    failure = _preload(config["preload"], config["paths"])
+    if failure is None:
+        try:
+            importlib.import_module("_dsh_worker.runner")  # warm the child code
+        except BaseException as error:
+            failure = f"worker bootstrap failed: {type(error).__name__}: {error}"
+    if failure is not None:
+        _send(ctrl, {"t": "error", "m": failure})
+        return
+    import gc
+
+    gc.collect()
+    gc.freeze()  # children share these pages copy-on-write; keep GC off them
+    sigr, sigw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(sigw)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    _send(ctrl, {"t": "hello", "pid": os.getpid()})
+    children: dict[int, str] = {}  # pid -> run id
+    spare: tuple[int, socket.socket] | None = _make_spare(ctrl, config)
+    while True:
+        try:
+            ready, _, _ = select.select([ctrl.fileno(), sigr], [], [])
+        except InterruptedError:
+            continue
+        if sigr in ready:
+            try:
+                while os.read(sigr, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            if _reap(ctrl, children, spare[0] if spare else 0):
+                spare = None  # the spare died unassigned; make another when needed
+        if ctrl.fileno() in ready:
+            try:
+                data, ancdata, _, _ = ctrl.recvmsg(1 << 16, socket.CMSG_SPACE(8 * 4))
+            except InterruptedError:
+                continue
+            fds: list[int] = []
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4))
+            if not data:  # the host closed the control socket: shut down
+                for fd in fds:
+                    os.close(fd)
+                if spare is not None:
+                    spare[1].close()
+                    _kill_group(spare[0])
+                    children[spare[0]] = ""
+                for pid in list(children):
+                    _kill_group(pid)
+                while children:
+                    _reap(ctrl, children, 0, block=True)
+                return
+            request = json.loads(data)
+            if request.get("t") == "spawn" and len(fds) == 2:
+                for _attempt in range(2):
+                    if spare is None:
+                        spare = _make_spare(ctrl, config)
+                    pid, channel = spare
+                    spare = None
+                    try:
+                        channel.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                    except OSError:
+                        channel.close()
+                        continue
+                    finally:
+                        channel.close()
+                    children[pid] = request["r"]
+                    _send(ctrl, {"t": "spawned", "r": request["r"], "pid": pid})
+                    break
+                else:
+                    _send(ctrl, {"t": "exit", "r": request["r"], "status": 70 << 8})
+                for fd in fds:
+                    os.close(fd)
+                spare = _make_spare(ctrl, config)
+            else:
+                for fd in fds:
+                    os.close(fd)
+                if request.get("t") == "kill":
+                    for pid, run in children.items():
+                        if run == request.get("r"):
+                            _kill_group(pid)
+
+
+def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, socket.socket]:
+    """Fork the next worker now; it locks down, warms up and waits for its one run."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        parent.close()
+        _child(ctrl, child, config)  # never returns
+    child.close()
+    return pid, parent
+
+
+def _kill_group(pid: int) -> None:
+    # Safe: the pid is ours and not yet reaped, so neither it nor its
+    # process-group id can have been reused.
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(OSError):
+            kill(pid, signal.SIGKILL)
+
+
+def _reap(ctrl: socket.socket, children: dict[int, str], spare: int, block: bool = False) -> bool:
+    spare_died = False
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
+        except ChildProcessError:
+            return spare_died
+        except InterruptedError:
+            continue
+        if info is None:
+            return spare_died
+        pid = info.si_pid
+        # The leader is a zombie: its group id is still reserved, so killing
+        # the group now reaches every process the run left behind.
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        spare_died = spare_died or pid == spare
+        run = children.pop(pid, None)
+        if run:
+            _send(ctrl, {"t": "exit", "r": run, "status": status})
+        if block and not children:
+            return spare_died
+
+
+def _child(ctrl: socket.socket, channel: socket.socket, config: dict[str, object]) -> None:
+    code = 1
+    try:
+        zygote = os.getppid()
+        ctrl.close()
+        runner: Any = importlib.import_module("_dsh_worker.runner")
+        if channel.fileno() != 3:
+            os.dup2(0, 3)  # hold descriptor 3 for the protocol: the loop's own fds land above it
+        prepared = runner.prepare(config, zygote)
+        data, ancdata, _, _ = channel.recvmsg(1 << 16, socket.CMSG_SPACE(8 * 4))
+        fds: list[int] = []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4))
+        if not data or len(fds) != 2:
+            os._exit(0)  # the zygote is shutting down
+        channel.close()
+        proto, out = fds
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.dup2(proto, 3)
+        keep = sorted(fd for fd in prepared.keep_fds if fd > 3)
+        low = 4
+        for fd in keep:  # close everything inherited except the event loop's own descriptors
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 16)
+        code = runner.serve(3, json.loads(data), prepared)
+    except BaseException as error:  # report through stderr (counted by the host ledger)
+        with contextlib.suppress(OSError):
+            os.write(2, f"worker bootstrap failed: {type(error).__name__}: {error}\n".encode())
+        code = 70
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except OSError as error:
+        if error.errno not in (errno.EPIPE, errno.ECONNRESET):
+            raise

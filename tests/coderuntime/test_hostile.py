@@ -1,0 +1,183 @@
+"""The worker is a hostile peer: forged frames on the protocol descriptor and stdout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
+from dsh_core.coderuntime.host import _Run
+from dsh_core.coderuntime.seam import validate_bindings
+
+from .conftest import FORGE, arun, tools, with_runtime
+
+
+def test_forged_traffic_is_dropped_and_the_real_result_stands() -> None:
+    calls: list[Any] = []
+
+    async def record(args: Any) -> Any:
+        calls.append(args)
+        return "ok"
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = FORGE + (
+            "send([1, 2])\nsend('str')\nsend(None)\nsend({'t': 'nope'})\nsend({'no': 'type'})\n"
+            "send({'t': 'call', 'id': 'x', 'g': 'tools', 'n': 'record', 'a': [1]})\n"  # non-numeric id
+            "send({'t': 'call', 'id': 9001, 'g': 5, 'n': 'record', 'a': [1]})\n"
+            "send({'t': 'call', 'id': 9002, 'g': 'tools', 'n': '__class__', 'a': [{'o': []}]})\n"
+            "send({'t': 'call', 'id': 9003, 'g': 'tools', 'n': 'mro', 'a': [{'o': []}]})\n"
+            "send({'t': 'call', 'id': 9004, 'g': 'tools', 'n': '__dict__', 'a': [{'o': []}]})\n"
+            "send({'t': 'call', 'id': 9005, 'g': '__builtins__', 'n': 'print', 'a': [1]})\n"
+            "send({'t': 'call', 'id': 9006, 'g': 'tools', 'n': 'record', 'a': [{'a': 5}]})\n"  # malformed args
+            "send({'t': 'call', 'id': 9007, 'g': 'tools', 'n': 'record', 'a': ['forged']})\n"
+            "send({'t': 'call', 'id': 9007, 'g': 'tools', 'n': 'record', 'a': ['duplicate']})\n"
+            "send({'t': 'log', 's': 5})\nsend({'t': 'log'})\nsend({'t': 'log', 's': 'forged log'})\n"
+            "send({'t': 'done', 'e': 'bad'})\nsend({'t': 'done', 'e': {'k': 'timeout', 'm': 'x'}})\n"
+            "send({'t': 'done', 'e': {'k': 'exception'}})\nsend({'t': 'done', 'v': [1], 'e': {'k': 1, 'm': 'x'}})\n"
+            "send({'t': 'ready', 'd': 'L9'})\n"
+            "os.write(3, struct.pack('>I', 5) + b'{{{{{')\n"
+            'os.write(1, struct.pack(\'>I\', 20) + b\'{"t":"done","v":[7]}\')\n'
+            "import asyncio\nawait asyncio.sleep(0.3)\n"
+            "return await tools.record({'real': True})"
+        )
+        r = await rt.run(program, tools(record=record))
+        assert r.error is None and r.value == "ok", r
+        assert calls == ["forged", {"real": True}]  # the duplicate id was ignored
+        assert "forged log" in r.logs
+
+    arun(with_runtime(go, isolation="auto"))
+
+
+def test_forged_completions_are_revalidated() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        # A forged lossy completion: invalid-output, never a string.
+        r = await rt.run(FORGE + "send({'t': 'done', 'v': [{'a': 2}, 1]})\nimport time\ntime.sleep(5)", [])
+        assert r.error is not None and r.error.kind == "invalid-output"
+        # A forged value larger than the cap is re-measured by the host.
+        r = await rt.run(FORGE + "send({'t': 'done', 'v': ['x' * 500]})\nimport time\ntime.sleep(5)", [])
+        assert r.error is not None and r.error.kind == "output-limit"
+        # Forged over-limit error text.
+        r = await rt.run(
+            FORGE + "send({'t': 'done', 'e': {'k': 'exception', 'm': 'E' * 500}})\nimport time\ntime.sleep(5)", []
+        )
+        assert r.error is not None and r.error.kind == "output-limit"
+        # A forged log flood through the same ledger, fitting prefix kept.
+        r = await rt.run(
+            FORGE + "for i in range(100):\n    send({'t': 'log', 's': 'é' * 30})\nimport time\ntime.sleep(5)", []
+        )
+        assert r.error is not None and r.error.kind == "output-limit"
+        assert (
+            len(
+                (
+                    json.dumps(list(r.logs), ensure_ascii=False, separators=(",", ":"))
+                    + json.dumps(r.error.message, ensure_ascii=False)
+                ).encode()
+            )
+            <= 300
+        )
+        # A single oversized forged log keeps its fitting escaped prefix.
+        r = await rt.run(FORGE + "send({'t': 'log', 's': '\\n' * 1000})\nimport time\ntime.sleep(5)", [])
+        assert r.error is not None and r.error.kind == "output-limit" and r.logs and set(r.logs[0]) == {"\n"}
+        # A forged worker-side output-limit is honoured.
+        r = await rt.run(FORGE + "send({'t': 'output-limit'})\nreturn 1", [])
+        assert r.error is not None and r.error.kind == "output-limit"
+        # A deeply nested forged completion is measured without recursion.
+        r = await rt.run(
+            FORGE + "send({'t': 'done', 'v': [{'a': 1}] * 50000 + [{'a': 0}]})\nimport time\ntime.sleep(5)", []
+        )
+        assert r.error is not None and r.error.kind == "output-limit"
+        # A frame over max_frame_bytes settles the run.
+        r = await rt.run(FORGE + "os.write(3, struct.pack('>I', 10**9))\nimport time\ntime.sleep(5)", [])
+        assert r.error is not None and r.error.kind == "output-limit" and "max_frame_bytes" in r.error.message
+        # Closing the channel and idling ends at the wall clock, not a hang.
+        r = await rt.run("import os, time\nos.close(3)\ntime.sleep(30)", [])
+        assert r.error is not None and r.error.kind == "timeout"
+
+    arun(with_runtime(go, isolation="auto", max_output_bytes=300, timeout_s=3.0, max_frame_bytes=4096))
+
+
+def _fake_run() -> tuple[_Run, list[bytes], list[Any]]:
+    called: list[Any] = []
+
+    async def f(args: Any) -> Any:
+        called.append(args)
+        return args
+
+    runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L0", max_output_bytes=1000))
+    run = _Run(runtime)
+    run.assign("", validate_bindings(tools(f=f, __class__=f)), None)
+    assert run.clock is not None
+    run.clock.stop()  # no worker behind this run: only its message handling is exercised
+    run.ready = True
+    written: list[bytes] = []
+    run._write = written.append  # type: ignore[method-assign]
+    return run, written, called
+
+
+message_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda c: (
+        st.lists(c, max_size=4)
+        | st.dictionaries(st.sampled_from(["t", "id", "g", "n", "a", "s", "v", "e", "k", "m", "o"]), c, max_size=5)
+    ),
+    max_leaves=12,
+)
+message_types = st.sampled_from(["call", "log", "done", "output-limit", "ready", "reply", "junk"])
+
+
+@given(
+    st.lists(
+        st.one_of(
+            message_values,
+            st.builds(
+                lambda t, rest: {**rest, "t": t} if isinstance(rest, dict) else rest, message_types, message_values
+            ),
+        ),
+        max_size=8,
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_fuzz_bridge_message_validation_never_raises(messages: list[Any]) -> None:
+    async def go() -> None:
+        run, written, _ = _fake_run()
+        for message in messages:
+            run._on_message(message)
+        await asyncio.sleep(0)
+        for task in list(run.tasks):
+            await task
+        # Only declared bindings were ever invoked, each id answered at most once.
+        ids = [json.loads(frame[4:])["id"] for frame in written]
+        assert len(ids) == len(set(ids))
+        if run.outcome is not None:
+            assert run.outcome[0] in ("limit", "error", "value", "novalue")
+            if run.outcome[0] == "error":
+                assert run.outcome[1][0] in ("exception", "invalid-output", "memory-limit")
+
+    arun(go())
+
+
+def test_unknown_binding_replies_by_own_name_lookup() -> None:
+    async def go() -> None:
+        run, written, called = _fake_run()
+        for call_id, name in enumerate(["__class__", "mro", "__dict__", "__init__", "f", "get", "keys"]):
+            run._on_message({"t": "call", "id": call_id, "g": "tools", "n": name, "a": [{"o": []}]})
+        run._on_message({"t": "call", "id": 99, "g": "__class__", "n": "f", "a": [1]})
+        for task in list(run.tasks):
+            await task
+        replies = {m["id"]: m for m in (json.loads(frame[4:]) for frame in written)}
+        assert replies[0]["ok"] is True  # a binding literally named __class__
+        assert replies[1] == {"t": "reply", "id": 1, "ok": False, "m": 'unknown binding "tools.mro"'}
+        assert replies[2]["m"] == 'unknown binding "tools.__dict__"'
+        assert replies[5]["m"] == 'unknown binding "tools.get"'
+        assert replies[99]["m"] == 'unknown binding "__class__.f"'
+        assert called == [{}, {}]
+        run.settle("novalue")
+        run._on_message({"t": "call", "id": 100, "g": "tools", "n": "f", "a": [1]})
+        assert 100 not in {json.loads(frame[4:])["id"] for frame in written}  # ignored after settlement
+        assert called == [{}, {}]
+
+    arun(go())

@@ -1,0 +1,404 @@
+"""Running programs: outcomes, logs, bindings, budgets, abort, disposal, hygiene."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import pytest
+
+from dsh_core.abort import AbortController
+from dsh_core.coderuntime import (
+    BindingNamespace,
+    CodeRunResult,
+    ErrorClassSpec,
+    PythonCodeRuntime,
+    RuntimeDisposedError,
+    current_run,
+)
+
+from .conftest import arun, echo, tools, with_runtime
+
+
+def _kind(result: CodeRunResult) -> str | None:
+    return result.error.kind if result.error else None
+
+
+def test_values_logs_and_exceptions() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(
+            "print('a', 1)\nconsole.log('b', [2])\nconsole.warn('c')\nimport sys\n"
+            "print('e', file=sys.stderr)\nsys.stdout.write('par')\nsys.stdout.write('tial\\n')\n"
+            "print('multi\\nline')\nconsole.error('x\\ny')\nreturn {'v': [1, 2.5, None, True, 'é']}",
+            [],
+        )
+        assert r.logs == ("a 1", "b [2]", "c", "e", "partial", "multi", "line", "x\ny")
+        assert (r.value, r.has_value, r.error) == ({"v": [1, 2.5, None, True, "é"]}, True, None)
+        r = await rt.run("x = 1", [])
+        assert (r.value, r.has_value, r.error) == (None, False, None)
+        r = await rt.run("return", [])
+        assert (r.has_value, r.error) == (False, None)
+        r = await rt.run("return None", [])
+        assert (r.value, r.has_value) == (None, True)
+        r = await rt.run("def f():\n    return 5\nreturn f()", [])
+        assert r.value == 5
+        r = await rt.run("print('kept')\nconsole.log('too')\n\nraise KeyError('boom')", [])
+        assert r.logs == ("kept", "too") and _kind(r) == "exception"
+        assert r.error is not None
+        assert 'File "<program>", line 4' in r.error.message and "raise KeyError('boom')" in r.error.message
+        assert r.error.message.endswith("KeyError: 'boom'") and "runner.py" not in r.error.message
+        r = await rt.run("return float('nan')", [])
+        assert _kind(r) == "invalid-output" and "lossless" in r.error.message  # type: ignore[union-attr]
+        r = await rt.run("return (1, 2)", [])
+        assert _kind(r) == "invalid-output"
+        r = await rt.run("import os\nreturn [dict(os.environ), os.listdir('.') if os.getuid() == 0 else []]", [])
+        assert r.value is not None and r.value[0] == {}
+        r = await rt.run("import sys\nsys.exit(4)", [])
+        assert _kind(r) == "exception" and "SystemExit: 4" in r.error.message  # type: ignore[union-attr]
+        r = await rt.run("yield 1", [])
+        assert _kind(r) == "exception" and "yield" in r.error.message  # type: ignore[union-attr]
+
+    arun(with_runtime(go, isolation="auto"))
+
+
+def test_syntax_error_starts_no_worker() -> None:
+    async def go() -> None:
+        rt = PythonCodeRuntime()
+        try:
+            r = await rt.run("x = 1\nif x\n    pass", [])
+            assert _kind(r) == "exception" and rt._zygote is None
+            assert r.error is not None
+            assert "line 2" in r.error.message and "^" in r.error.message and "SyntaxError" in r.error.message
+            r = await rt.run("nonlocal q", [])
+            assert _kind(r) == "exception" and "nonlocal" in r.error.message  # type: ignore[union-attr]
+            assert rt._zygote is None
+        finally:
+            await rt.aclose()
+
+    arun(go())
+
+
+def test_bindings_both_ways_and_error_class() -> None:
+    seen: list[Any] = []
+
+    async def record(args: Any) -> Any:
+        seen.append(args)
+        return {"ok": args}
+
+    async def fail(args: Any) -> Any:
+        raise RuntimeError("disk on fire")
+
+    async def lossy(args: Any) -> Any:
+        return {"x": float("inf")}
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        ns = [
+            BindingNamespace(
+                "tools",
+                {"read": record, "my-tool": record, "__class__": record, "mro": record, "fail": fail, "lossy": lossy},
+            ),
+            BindingNamespace("other", {"ping": echo}, ErrorClassSpec("OtherError", "which")),
+            BindingNamespace("bare", {"fail": fail}, None),
+        ]
+        program = (
+            "a = await tools.read({'path': 'a'})\n"
+            "b = await tools.read(path='b', n=2)\n"
+            "c = await tools['my-tool']({})\n"
+            "d = await tools['__class__']({'k': 1})\n"
+            "e = await tools['mro']()\n"
+            "try:\n    await tools.fail({})\nexcept ToolCallError as err:\n"
+            "    f = [err.tool_name, str(err), isinstance(err, Exception)]\n"
+            "try:\n    await tools.lossy({})\nexcept ToolCallError as err:\n    g = str(err)\n"
+            "try:\n    await tools.read({'x': {1, 2}})\nexcept ToolCallError as err:\n    h = str(err)\n"
+            "try:\n    await tools.read({'a': 1}, b=2)\nexcept TypeError:\n    i = 'typeerror'\n"
+            "try:\n    tools.nope\nexcept AttributeError:\n    j = 'noattr'\n"
+            "try:\n    await other.ping(None)\n    k = 'ok'\nexcept OtherError:\n    k = 'bad'\n"
+            "try:\n    await bare.fail({})\nexcept ToolCallError:\n    m = 'wrong'\n"
+            "except Exception as err:\n    m = type(err).__name__ + ':' + str(err)\n"
+            "return [a, b, c, d, e, f, g, h, i, j, k, m, type(tools).__name__ != 'dict', sorted(dir(tools))]"
+        )
+        r = await rt.run(program, ns)
+        assert r.error is None, r.error
+        a, b, c, d, e, f, g, h, i, j, k, m, plain, names = r.value
+        assert a == {"ok": {"path": "a"}} and b == {"ok": {"path": "b", "n": 2}}
+        assert c == {"ok": {}} and d == {"ok": {"k": 1}} and e == {"ok": {}}
+        assert f == ["fail", "disk on fire", True]
+        assert g == "binding resolution must be lossless JSON"
+        assert h.startswith("binding arguments must be lossless JSON")
+        assert (i, j, k, m) == ("typeerror", "noattr", "ok", "Exception:disk on fire")
+        assert plain and names == sorted(["read", "my-tool", "__class__", "mro", "fail", "lossy"])
+        # The lossy argument never reached the host.
+        assert {"x": {1, 2}} not in seen and len(seen) == 5
+
+    arun(with_runtime(go, isolation="auto"))
+
+
+def test_gather_and_deep_values_cross_both_ways() -> None:
+    async def depth(args: Any) -> Any:
+        n, node = 0, args
+        while node:
+            node, n = node[0], n + 1
+        out: list[Any] = []
+        for _ in range(n):
+            out = [out]
+        return out
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(
+            "import asyncio\nr = await asyncio.gather(*[tools.echo({'i': i}) for i in range(50)])\n"
+            "v = []\nfor _ in range(200000): v = [v]\nback = await tools.depth(v)\nn = 0\n"
+            "while back:\n    back = back[0]\n    n += 1\nreturn [len(r), r[49], n]",
+            tools(echo=echo, depth=depth),
+        )
+        assert r.value == [50, {"i": 49}, 200000], r.error
+        r = await rt.run("v = []\nfor _ in range(300000): v = [v]\nreturn v", [])
+        node, n = r.value, 0
+        while node:
+            node, n = node[0], n + 1
+        assert n == 300000
+
+    arun(with_runtime(go, isolation="auto"))
+
+
+def test_fresh_state_per_run_and_private_cwd(level: str) -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        cwd = "def cwd():\n    try:\n        return os.getcwd()\n    except OSError:\n        return None\n"
+        first = await rt.run("import json, os\n" + cwd + "json.marker = 1\nreturn [os.getpid(), cwd()]", [])
+        second = await rt.run("import json, os\n" + cwd + "return [hasattr(json, 'marker'), os.getpid(), cwd()]", [])
+        assert first.error is None and second.error is None, (first, second)
+        assert second.value[0] is False
+        assert first.value[0] != second.value[1] or level == "L3"  # L3: each run is pid 2.. of the sandbox
+        if level in ("L0", "L1"):
+            assert first.value[1] != second.value[2] and "dsh-run-" in first.value[1]
+            assert not os.path.exists(first.value[1])  # removed after the run
+
+    arun(with_runtime(go, isolation=level))
+
+
+def test_abort_before_and_during() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        controller = AbortController()
+        controller.abort("user said stop")
+        r = await rt.run("return 1", [], controller.signal)
+        assert (_kind(r), r.error.message if r.error else None) == ("abort", "user said stop")
+        assert rt._zygote is None  # no worker was started for it
+        controller = AbortController()
+        task = asyncio.ensure_future(
+            rt.run("print('started')\nimport time\nwhile True: time.sleep(0.01)", [], controller.signal)
+        )
+        await asyncio.sleep(0.5)
+        controller.abort("enough")
+        r = await task
+        assert _kind(r) == "abort" and r.error is not None and r.error.message == "enough"
+        assert r.logs == ("started",)
+
+    arun(with_runtime(go, isolation="auto"))
+
+
+def test_wall_cpu_budgets_and_pause() -> None:
+    decoy_started = asyncio.Event()
+
+    async def decoy(args: Any) -> Any:
+        decoy_started.set()
+        await asyncio.sleep(3600)
+
+    async def slow(args: Any) -> Any:
+        await asyncio.sleep(1.2)  # waiting on the host costs no CPU
+        return "slow"
+
+    async def approval(args: Any) -> Any:
+        control = current_run()
+        assert control is not None and not control.signal.aborted
+        with control.pause_wall_clock():
+            await asyncio.sleep(1.5)  # longer than the whole wall budget
+        return "approved"
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        binds = tools(decoy=decoy, slow=slow, approval=approval)
+        r = await rt.run("import asyncio\nt = asyncio.ensure_future(tools.decoy({}))\nwhile True: pass", binds)
+        assert _kind(r) == "timeout" and "CPU" in r.error.message, r  # type: ignore[union-attr]
+        r = await rt.run("return await tools.slow({})", binds)
+        assert r.value == "slow", r
+        r = await rt.run("return await tools.approval({})", binds)
+        assert r.value == "approved", r
+
+    arun(with_runtime(go, isolation="auto", cpu_s=0.6, timeout_s=1.3))
+
+    async def idle(rt: PythonCodeRuntime) -> None:
+        r = await rt.run("import asyncio\nprint('waiting')\nawait asyncio.sleep(3600)", [])
+        assert _kind(r) == "timeout" and "wall-clock" in r.error.message and r.logs == ("waiting",)  # type: ignore[union-attr]
+        r = await rt.run("import time\ntime.sleep(3600)", [])
+        assert _kind(r) == "timeout"
+
+    arun(with_runtime(idle, isolation="auto", timeout_s=0.4))
+
+
+def test_pause_wall_clock_nests_and_resumes() -> None:
+    from dsh_core.coderuntime.host import _WallClock
+
+    async def go() -> None:
+        fired: list[int] = []
+        loop = asyncio.get_running_loop()
+        clock = _WallClock(loop, 0.2, lambda: fired.append(1))
+        clock.pause()
+        clock.pause()
+        await asyncio.sleep(0.3)
+        clock.resume()
+        await asyncio.sleep(0.05)
+        assert fired == []
+        clock.resume()
+        await asyncio.sleep(0.3)
+        assert fired == [1]
+        clock.stop()
+
+    arun(go())
+
+
+def test_memory_bomb_fork_and_exit() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run("print('before')\nx = bytearray(1 << 34)", [])
+        assert _kind(r) == "memory-limit" and r.logs == ("before",), r
+        r = await rt.run("import os\nos._exit(3)", [])
+        assert r.error is not None and r.error.kind == "worker-exit" and "code 3" in r.error.message
+        r = await rt.run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", [])
+        assert _kind(r) == "worker-exit" and "SIGSEGV" in r.error.message  # type: ignore[union-attr]
+        r = await rt.run("import os\ntry:\n    os.fork()\nexcept OSError as e:\n    return e.errno", [])
+        assert r.value == 38, r  # ENOSYS from the seccomp allowlist
+
+    arun(with_runtime(go, isolation="L2", memory_mb=128))
+
+
+def test_output_limits_share_one_exact_ledger() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        cap = 200
+        # Logs alone: ["aaaa",...] then a return value: exactly at the cap passes.
+        value = "x" * (cap - 2 - 2)  # [] + "xxx..." quotes
+        r = await rt.run(f"return {value!r}", [])
+        assert r.value == value, r
+        r = await rt.run(f"return {value + 'y'!r}", [])
+        assert _kind(r) == "output-limit" and r.error.message == f"outer output exceeded {cap} bytes"  # type: ignore[union-attr]
+        used = len(json.dumps(["é" * 40], ensure_ascii=False, separators=(",", ":")).encode())
+        fit = cap - used - 2  # logs and value share one ledger, in exact UTF-8 bytes
+        r = await rt.run(f"print('é' * 40)\nreturn 'z' * {fit}", [])
+        assert r.value == "z" * fit and r.logs == ("é" * 40,)
+        r = await rt.run(f"print('é' * 40)\nreturn 'z' * {fit + 1}", [])
+        assert _kind(r) == "output-limit"
+        r = await rt.run("while True: print('flood')", [])
+        assert _kind(r) == "output-limit"
+        total = json.dumps(list(r.logs), separators=(",", ":")) + json.dumps(r.error.message)  # type: ignore[union-attr]
+        assert len(total.encode()) <= cap and r.logs and all(x == "flood" for x in r.logs[:-1])
+        r = await rt.run("print('L' * 100000)", [])
+        assert _kind(r) == "output-limit" and len(r.logs) == 1 and set(r.logs[0]) == {"L"}
+        assert len((json.dumps(list(r.logs)) + json.dumps(r.error.message)).encode()) <= cap  # type: ignore[union-attr]
+        r = await rt.run("raise ValueError('E' * 1000)", [])
+        assert _kind(r) == "output-limit"
+        r = await rt.run("import os\nos.write(1, b'raw\\n' * 1000)\nimport time\ntime.sleep(5)", [])
+        assert _kind(r) == "output-limit" and "raw" in r.logs
+
+    arun(with_runtime(go, isolation="auto", max_output_bytes=200, timeout_s=20))
+
+
+def test_default_cap_exactly_64_mib() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        cap = 64 * 1024 * 1024
+        r = await rt.run(f"return 'x' * {cap - 4}", [])
+        assert r.has_value and len(r.value) == cap - 4
+        r = await rt.run(f"return 'x' * {cap - 3}", [])
+        assert _kind(r) == "output-limit"
+
+    arun(with_runtime(go, isolation="L2"))
+
+
+def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
+    async def go() -> None:
+        rt = PythonCodeRuntime()
+        started = asyncio.Event()
+
+        async def mark(args: Any) -> Any:
+            started.set()
+            return None
+
+        runs = [
+            asyncio.ensure_future(rt.run("await tools.mark({})\nwhile True: pass", tools(mark=mark))) for _ in range(3)
+        ]
+        await asyncio.wait_for(started.wait(), 30)
+        await rt.aclose()
+        results = await asyncio.gather(*runs)
+        assert all(_kind(r) == "abort" and r.error.message == "runtime disposed" for r in results)  # type: ignore[union-attr]
+        with pytest.raises(RuntimeDisposedError):
+            await rt.run("return 1", [])
+
+    arun(go())
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if handle.read().rsplit(")", 1)[1].split()[1] == me:
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_no_zombie_orphan_or_leaked_descriptor() -> None:
+    fds_before = set(os.listdir("/proc/self/fd"))
+    children_before = _children()
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        programs = ["return 1", "1/0", "import os\nos._exit(1)", "while True: pass", "print('x' * 10)"]
+        results = await asyncio.gather(*[rt.run(p, tools(echo=echo)) for p in programs * 4])
+        assert len(results) == 20
+
+    arun(with_runtime(go, isolation="auto", cpu_s=0.5))
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+    assert _children() == children_before
+    leftovers = [d for d in os.listdir("/tmp") if d.startswith("dsh-run-")]
+    assert leftovers == []
+    for hierarchy in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"):  # L3's per-run cgroups are removed
+        if os.path.isdir(hierarchy):
+            assert not [d for d in os.listdir(hierarchy) if d.startswith(f"dsh-{os.getpid()}-")]
+
+
+def test_l0_l1_fork_children_are_killed_with_the_run() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(
+            "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nreturn pid", []
+        )
+        pid = r.value
+        assert isinstance(pid, int)
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            await asyncio.sleep(0.02)
+        assert not os.path.exists(f"/proc/{pid}")
+
+    arun(with_runtime(go, isolation="L1"))
+
+
+def test_binding_results_after_settlement_are_dropped() -> None:
+    released = asyncio.Event()
+    finished: list[str] = []
+
+    async def late(args: Any) -> Any:
+        await released.wait()
+        finished.append("late")
+        return "too late"
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(
+            "import asyncio\nasyncio.ensure_future(tools.late({}))\nawait asyncio.sleep(0.2)\nreturn 'done'",
+            tools(late=late),
+        )
+        assert r.value == "done"
+        released.set()
+        await asyncio.sleep(0.05)
+        assert finished == ["late"]
+
+    arun(with_runtime(go, isolation="auto"))

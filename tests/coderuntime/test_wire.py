@@ -1,0 +1,193 @@
+"""The flat-token wire: round trips, depth, fail-closed decoding, exact sizes, frames."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import struct
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsh_core.coderuntime.worker import wire
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not (f == 0 and math.copysign(1, f) < 0))
+    | st.text(),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=5), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@pytest.mark.parametrize("value", [None, True, False, 0, -5, 1.5, "", "x", [], {}, [[]], {"a": {}}, [1, "2", None]])
+def test_every_root_round_trips(value: object) -> None:
+    tokens = wire.encode(value)
+    assert wire.decode(tokens) == value
+    assert type(wire.decode(tokens)) is type(value)
+
+
+@given(json_values)
+@settings(max_examples=200, deadline=None)
+def test_round_trip_and_exact_size(value: object) -> None:
+    tokens = wire.encode(value)
+    assert wire.decode(tokens) == value
+    # Through a real frame too (JSON text, surrogates included).
+    payload = wire.pack({"v": tokens})[4:]
+    assert wire.decode(wire.unpack_payload(payload)["v"]) == value  # type: ignore[index]
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert wire.tokens_json_size(tokens) == len(expected.encode("utf-8", "backslashreplace"))
+
+
+def test_million_deep_values_both_ways_without_recursion() -> None:
+    limit = sys.getrecursionlimit()
+    value: object = []
+    for _ in range(1_000_000):
+        value = [value]
+    tokens = wire.encode(value)
+    assert len(tokens) == 1_000_001
+    back = wire.decode(tokens)
+    depth = 0
+    node = back
+    while node:
+        node = node[0]  # type: ignore[index]
+        depth += 1
+    assert depth == 1_000_000
+    deep_obj: object = {}
+    for _ in range(100_000):
+        deep_obj = {"k": deep_obj}
+    assert wire.tokens_json_size(wire.encode(deep_obj)) == 6 * 100_000 + 2
+    assert sys.getrecursionlimit() == limit
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), -0.0, (1, 2), {1: "a"}, {"a": {1, 2}}, b"x", _Str("x"), [object()], True.__class__],
+)
+def test_lossy_values_are_refused(value: object) -> None:
+    with pytest.raises(wire.WireError):
+        wire.encode(value)
+
+
+def test_cycles_are_refused() -> None:
+    loop: list[object] = []
+    loop.append([loop])
+    with pytest.raises(wire.WireError, match="cycle"):
+        wire.encode(loop)
+    shared = [1]
+    assert wire.decode(wire.encode([shared, shared])) == [[1], [1]]  # a DAG is fine
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        None,
+        [],
+        "x",
+        {"a": 0},  # not a non-empty list
+        [{"a": 1}],  # claims a child that is not there
+        [{"a": 2}, 1],
+        [{"o": ["a", "b"]}, 1],
+        [{"a": -1}],
+        [{"a": 1.0}, 1],
+        [{"a": True}, 1],
+        [{"a": "1"}, 1],  # bad lengths
+        [{"o": "ab"}],
+        [{"o": [1]}, 2],
+        [{"o": ["a", "a"]}, 1, 2],  # bad keys
+        [{"a": 0, "o": []}],
+        [{}],
+        [{"kind": "array", "length": 0}],  # wrong marker fields
+        [1, 2],
+        [{"a": 0}, 1],  # trailing tokens
+        [[1]],
+        [{"a": 1}, [1]],  # nested lists are not tokens
+        [float("nan")],
+        [float("inf")],
+        [-0.0],
+        [{"a": 1}, float("-inf")],
+        [{"a": 10**12}],
+    ],
+)
+def test_decode_fails_closed(tokens: object) -> None:
+    with pytest.raises(wire.WireError):
+        wire.decode(tokens)
+
+
+@given(
+    st.lists(
+        st.one_of(json_values, st.dictionaries(st.sampled_from(["a", "o", "x"]), json_values, max_size=2)), max_size=12
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_fuzz_decoder_only_ever_raises_wire_error(tokens: list[object]) -> None:
+    try:
+        value = wire.decode(tokens)
+    except wire.WireError:
+        return
+    assert wire.encode(value) == tokens  # whatever decodes is canonical
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_fuzz_frame_payloads(payload: bytes) -> None:
+    with contextlib.suppress(wire.WireError):
+        wire.unpack_payload(payload)
+
+
+def test_payload_rejects_nan_literals_and_deep_nesting() -> None:
+    for text in (b'{"v":NaN}', b"[Infinity]", b"[-Infinity]", b"\xff", b"[" * 100_000):
+        with pytest.raises(wire.WireError):
+            wire.unpack_payload(text)
+    assert wire.unpack_payload(b'{"s":"\\ud800"}') == {"s": "\ud800"}
+
+
+def test_frame_buffer_reassembles_and_caps() -> None:
+    frames = wire.pack({"t": "a"}) + wire.pack({"t": "b"})
+    buffer = wire.FrameBuffer(100)
+    got = []
+    for i in range(len(frames)):
+        got += buffer.feed(frames[i : i + 1])
+    assert [wire.unpack_payload(p) for p in got] == [{"t": "a"}, {"t": "b"}]
+    with pytest.raises(wire.WireError, match="exceeds"):
+        wire.FrameBuffer(100).feed(struct.pack(">I", 101))
+
+
+@pytest.mark.parametrize("text", ["plain", 'q"uote', "back\\slash", "nl\n", "\x01ctl", "é€😀", "\ud800lone", ""])
+def test_json_str_size_is_exact_utf8(text: str) -> None:
+    expected = json.dumps(text, ensure_ascii=False).encode("utf-8", "backslashreplace")
+    assert wire.json_str_size(text) == len(expected)
+
+
+@given(st.text(), st.integers(min_value=0, max_value=80))
+@settings(max_examples=300, deadline=None)
+def test_truncate_keeps_the_longest_fitting_prefix(text: str, budget: int) -> None:
+    prefix = wire.truncate_json_str(text, budget)
+    assert text.startswith(prefix)
+    if budget >= 2:
+        assert wire.json_str_size(prefix) <= budget
+    if len(prefix) < len(text) and budget >= 2:
+        assert wire.json_str_size(text[: len(prefix) + 1]) > budget
+
+
+def test_ledger_counts_logs_array_and_fits_message() -> None:
+    ledger = wire.Ledger(20)
+    assert ledger.add("abc")  # ["abc"] = 7
+    assert ledger.add("de")  # ["abc","de"] = 12
+    assert ledger.used == len(json.dumps(["abc", "de"], separators=(",", ":")))
+    assert ledger.fits(8) and not ledger.fits(9)
+    assert not ledger.add("x" * 50)
+    logs, message = ledger.fitted("over")
+    total = json.dumps(logs, separators=(",", ":")) + json.dumps(message)
+    assert len(total) <= 20 and message == "over" and logs[:1] == ["abc"]
+    tiny = wire.Ledger(4)
+    assert tiny.fitted("outer output exceeded 4 bytes") == ([], "")
