@@ -1,0 +1,235 @@
+"""dsh-http-fetch: one ``fetch`` tool that GETs a URL from an allowed host and returns its text.
+
+Every hop is checked: the first URL and each redirect target must use http or
+https and name an allowed host, so a redirect cannot lead the tool anywhere
+the config does not allow. Responses are read up to ``max_bytes``; HTML is
+reduced to readable text (scripts and styles dropped, block elements on
+their own lines). Proxy settings from the environment are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import re
+from html.parser import HTMLParser
+from typing import Any
+
+import httpx
+
+from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+
+__all__ = ["plugin", "HttpFetch", "html_to_text", "host_allowed"]
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["allowed_hosts"],
+    "properties": {
+        "allowed_hosts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
+                          "description": 'hosts the tool may fetch from: "example.com", "*.python.org", '
+                                         '"127.0.0.1:8080" (with a port: that port only)'},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 15},
+        "max_bytes": {"type": "integer", "minimum": 1024, "default": 1048576,
+                      "description": "most bytes of a response body that are read"},
+        "max_redirects": {"type": "integer", "minimum": 0, "default": 5},
+        "example_url": {"type": "string", "description": "the URL of the tool's example (for the conformance kit)"},
+    },
+}
+
+_BLOCKS = {"p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
+           "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "hr", "title", "nav", "main", "dd", "dt"}
+_SKIPPED = {"script", "style", "noscript", "template", "svg", "head"}
+
+
+class _TextExtractor(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.title: str | None = None
+        self._skip = 0
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "title":
+            self._in_title = True
+        elif tag in _SKIPPED:
+            self._skip += 1
+        if tag in _BLOCKS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self._in_title = False
+        elif tag in _SKIPPED and self._skip:
+            self._skip -= 1
+        if tag in _BLOCKS:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title = (self.title or "") + data
+        elif not self._skip:
+            # Source line breaks are just whitespace in HTML; lines come from block elements.
+            self.parts.append(re.sub(r"\s+", " ", data))
+
+
+def html_to_text(html: str) -> tuple[str | None, str]:
+    """``(title, text)`` of an HTML document: scripts/styles dropped, whitespace collapsed per line."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    lines = (re.sub(r"\s+", " ", line).strip() for line in "".join(parser.parts).split("\n"))
+    text = "\n".join(line for line in lines if line)
+    title = re.sub(r"\s+", " ", parser.title).strip() if parser.title else None
+    return title, text
+
+
+def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
+    """True if the URL's host (and port, when an entry names one) matches an allowed entry."""
+    host = (url.host or "").lower().rstrip(".")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    for entry in allowed:
+        pattern, _, want_port = entry.lower().partition(":")
+        if want_port and want_port != str(port):
+            continue
+        if fnmatch.fnmatchcase(host, pattern):
+            return True
+    return False
+
+
+class HttpFetch:
+    """The plugin instance: the allow list, limits and the ``fetch`` tool."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.allowed: list[str] = list(config["allowed_hosts"])
+        self.timeout_s: float = config.get("timeout_s", 15)
+        self.max_bytes: int = config.get("max_bytes", 1048576)
+        self.max_redirects: int = config.get("max_redirects", 5)
+        concrete = next((h for h in self.allowed if "*" not in h and "?" not in h), None)
+        example = config.get("example_url") or (f"https://{concrete}/" if concrete else None)
+        self.examples = [{"url": example}] if example else []
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        """Register ``fetch``."""
+        register(define_tool(
+            name="fetch",
+            description=("Fetch a web page or text document with HTTP GET and return its text (HTML is "
+                         f"converted to plain text). Allowed hosts: {', '.join(self.allowed)}. Responses are "
+                         f"cut at {self.max_bytes} bytes."),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string", "description": "an http(s) URL on an allowed host"},
+                    "raw": {"type": "boolean", "default": False,
+                            "description": "return HTML source instead of extracted text"},
+                },
+                "required": ["url"],
+                "additionalProperties": False,
+            },
+            output_schema={
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string"}, "status": {"type": "integer"},
+                    "content_type": {"type": "string"}, "title": {"type": ["string", "null"]},
+                    "text": {"type": "string"}, "truncated": {"type": "boolean"},
+                },
+                "required": ["url", "status", "content_type", "title", "text", "truncated"],
+            },
+            execute=self.fetch,
+            render=_render,
+            is_concurrency_safe=True,
+            examples=self.examples,
+            annotations={"read_only": True},
+        ))
+
+    def _check(self, raw: str, *, via: str | None = None) -> httpx.URL:
+        try:
+            url = httpx.URL(raw)
+        except Exception as error:
+            raise ToolError(f"invalid URL {raw!r}: {error}") from None
+        prefix = f"redirect from {via} to {raw} refused: " if via else ""
+        if url.scheme not in ("http", "https"):
+            raise ToolError(f"{prefix}only http and https URLs can be fetched, not {url.scheme or 'a relative URL'!r}")
+        if not url.host:
+            raise ToolError(f"{prefix}the URL {raw!r} names no host")
+        if not host_allowed(url, self.allowed):
+            raise ToolError(f"{prefix}host {url.host!r} is not in the allowed hosts ({', '.join(self.allowed)}); "
+                            "ask the user to add it to allowed_hosts in the http-fetch config")
+        return url
+
+    async def fetch(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``fetch``: the request races the call's abort signal."""
+        url = self._check(args["url"])
+        work = asyncio.ensure_future(self._fetch(url, bool(args.get("raw", False))))
+        aborted = asyncio.ensure_future(ctx.signal.wait())
+        try:
+            await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+            if not work.done():
+                work.cancel()
+            await asyncio.gather(work, aborted, return_exceptions=True)
+        if ctx.signal.aborted:
+            raise AbortedError(ctx.signal.reason)
+        return work.result()
+
+    async def _fetch(self, url: httpx.URL, raw: bool) -> dict[str, Any]:
+        timeout = httpx.Timeout(self.timeout_s)
+        try:
+            # trust_env=False: no proxies or netrc credentials from the environment.
+            async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
+                for _ in range(self.max_redirects + 1):
+                    async with client.stream("GET", url, headers={"Accept": "text/html, text/*, */json"}) as response:
+                        if response.is_redirect:
+                            location = response.headers.get("location", "")
+                            url = self._check(str(url.join(location)), via=str(url))
+                            continue
+                        return await self._read(url, response, raw)
+                raise ToolError(f"more than {self.max_redirects} redirects starting from the URL; giving up")
+        except httpx.TimeoutException:
+            raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s") from None
+        except httpx.HTTPError as error:
+            raise ToolError(f"fetching {url} failed: {type(error).__name__}: {error}") from None
+
+    async def _read(self, url: httpx.URL, response: httpx.Response, raw: bool) -> dict[str, Any]:
+        content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        textual = (content_type.startswith("text/") or content_type.endswith(("json", "xml", "javascript"))
+                   or not content_type)
+        if not textual:
+            raise ToolError(f"{url} is {content_type}, not text; only text documents can be fetched")
+        body = bytearray()
+        truncated = False
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > self.max_bytes:
+                del body[self.max_bytes:]
+                truncated = True
+                break
+        text = body.decode(response.encoding or "utf-8", errors="replace")
+        title = None
+        if content_type in ("text/html", "application/xhtml+xml") and not raw:
+            title, text = html_to_text(text)
+        if response.status_code >= 400:
+            snippet = text[:500] + ("..." if len(text) > 500 else "")
+            raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url}: {snippet}")
+        return {"url": str(url), "status": response.status_code, "content_type": content_type or "unknown",
+                "title": title, "text": text, "truncated": truncated}
+
+
+def _render(_args: Any, value: Any) -> str:
+    head = f"{value['url']} ({value['status']}, {value['content_type']})"
+    if value["title"]:
+        head += f"\n# {value['title']}"
+    tail = "\n[cut at the size limit]" if value["truncated"] else ""
+    return f"{head}\n\n{value['text']}{tail}"
+
+
+@plugin(config_schema=CONFIG_SCHEMA)
+def http_fetch_plugin(scope: Scope, config: Any) -> HttpFetch:
+    """Entry point ``http-fetch``: the ``fetch`` tool limited to ``config["allowed_hosts"]``."""
+    return HttpFetch(dict(config))
+
+
+plugin = http_fetch_plugin

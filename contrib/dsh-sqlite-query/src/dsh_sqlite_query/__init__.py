@@ -1,0 +1,179 @@
+"""dsh-sqlite-query: one read-only ``sql_query`` tool over a configured SQLite database file.
+
+Safety does not rest on parsing SQL. The database is opened read-only
+(``mode=ro`` URI), ``PRAGMA query_only`` is set, and an authorizer allows only
+reading (``SELECT``, reading columns, functions, recursive CTEs), so writes,
+``ATTACH``, ``PRAGMA`` and transactions fail inside SQLite itself. Values are
+always bound parameters (``?`` or ``:name``), never formatted into the SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import os
+import sqlite3
+import urllib.parse
+from typing import Any
+
+from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+
+__all__ = ["plugin", "SqliteQuery"]
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["database"],
+    "properties": {
+        "database": {"type": "string", "minLength": 1, "description": "path of the SQLite database file"},
+        "max_rows": {"type": "integer", "minimum": 1, "default": 200, "description": "rows returned at most"},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10,
+                      "description": "a query running longer is interrupted"},
+    },
+}
+
+_SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
+
+# Everything else (writes, ATTACH, PRAGMA, transactions, DDL) is refused by SQLite.
+_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                              sqlite3.SQLITE_RECURSIVE})
+
+
+def _authorize(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, bytes):
+        return {"blob_base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value + 0.0  # -0.0 becomes 0.0: JSON cannot tell them apart
+    return value
+
+
+class SqliteQuery:
+    """The plugin instance: the database path, limits and the ``sql_query`` tool."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.database = os.path.abspath(config["database"])
+        self.max_rows: int = config.get("max_rows", 200)
+        self.timeout_s: float = config.get("timeout_s", 10)
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        """Register ``sql_query``."""
+        register(define_tool(
+            name="sql_query",
+            description=(f"Run one read-only SQL query (SQLite dialect) against {os.path.basename(self.database)} "
+                         "and get rows as JSON. Pass values as params (a list for ?, an object for :name) — "
+                         f"never inside the SQL text. At most {self.max_rows} rows are returned. List tables "
+                         "with: SELECT name, sql FROM sqlite_schema."),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "sql": {"type": "string", "description": "one SELECT (or WITH ... SELECT) statement"},
+                    "params": {"oneOf": [{"type": "array", "items": _SCALAR},
+                                         {"type": "object", "additionalProperties": _SCALAR}],
+                               "description": "values bound to ? (list) or :name (object) placeholders"},
+                },
+                "required": ["sql"],
+                "additionalProperties": False,
+            },
+            output_schema={
+                "type": "object",
+                "properties": {
+                    "columns": {"type": "array", "items": {"type": "string"}},
+                    "rows": {"type": "array", "items": {"type": "array"}},
+                    "row_count": {"type": "integer"},
+                    "truncated": {"type": "boolean"},
+                },
+                "required": ["columns", "rows", "row_count", "truncated"],
+            },
+            execute=self.query,
+            render=_render,
+            is_concurrency_safe=True,
+            examples=[{"sql": "SELECT name, type FROM sqlite_schema ORDER BY name"},
+                      {"sql": "SELECT ? + ? AS total", "params": [1, 2]},
+                      {"sql": "SELECT upper(:word) AS shout", "params": {"word": "hello"}}],
+            annotations={"read_only": True},
+        ))
+
+    def _connect(self) -> sqlite3.Connection:
+        if not os.path.isfile(self.database):
+            raise ToolError(f"the database file {self.database} does not exist; check the plugin's database config")
+        uri = "file:" + urllib.parse.quote(self.database) + "?mode=ro"
+        try:
+            # check_same_thread=False: the query runs in a worker thread, interrupt() comes from the loop.
+            connection = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as error:
+            raise ToolError(f"cannot open the database {self.database}: {error}") from None
+        connection.text_factory = lambda data: data.decode("utf-8", errors="replace")
+        connection.execute("PRAGMA query_only = ON")
+        connection.set_authorizer(_authorize)
+        return connection
+
+    def _run(self, connection: sqlite3.Connection, sql: str, params: Any) -> dict[str, Any]:
+        cursor = connection.execute(sql, params)
+        columns = [d[0] for d in cursor.description or ()]
+        fetched = cursor.fetchmany(self.max_rows + 1) if cursor.description else []
+        truncated = len(fetched) > self.max_rows
+        rows = [[_json_value(v) for v in row] for row in fetched[: self.max_rows]]
+        return {"columns": columns, "rows": rows, "row_count": len(rows), "truncated": truncated}
+
+    async def query(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``sql_query``: run in a worker thread, interrupted on abort or timeout."""
+        params = args.get("params", [])
+        params = dict(params) if isinstance(params, dict) else list(params)
+        connection = self._connect()
+        loop = asyncio.get_running_loop()
+        timed_out = False
+
+        def on_timeout() -> None:
+            nonlocal timed_out
+            timed_out = True
+            connection.interrupt()
+
+        timer = loop.call_later(self.timeout_s, on_timeout)
+        remove = ctx.signal.add_listener(lambda _reason: connection.interrupt())
+        try:
+            return await asyncio.to_thread(self._run, connection, args["sql"], params)
+        except (sqlite3.Error, ValueError, OverflowError) as error:
+            # OperationalError (syntax, interrupted), DatabaseError (not authorized), ProgrammingError
+            # (two statements, wrong number of bindings), ValueError (a NUL in the SQL)...
+            if ctx.signal.aborted:
+                raise AbortedError(ctx.signal.reason) from None
+            if timed_out:
+                raise ToolError(f"the query ran longer than {self.timeout_s:g} s and was interrupted; "
+                                "add a LIMIT or a narrower WHERE") from None
+            text = str(error)
+            if "not authorized" in text or "readonly" in text or "query_only" in text:
+                raise ToolError(f"only read-only queries are allowed (SELECT or WITH ... SELECT): {text}") from None
+            raise ToolError(f"SQL error: {text}") from None
+        finally:
+            timer.cancel()
+            remove()
+            connection.close()
+
+
+def _render(_args: Any, value: Any) -> str:
+    if not value["columns"]:
+        return "(the statement returned no columns)"
+    lines = ["\t".join(value["columns"])]
+    lines += ["\t".join("NULL" if v is None else str(v) for v in row) for row in value["rows"]]
+    footer = f"({value['row_count']} row{'' if value['row_count'] == 1 else 's'}"
+    footer += ", truncated: add a LIMIT or narrow the query)" if value["truncated"] else ")"
+    return "\n".join([*lines, footer])
+
+
+@plugin(config_schema=CONFIG_SCHEMA)
+def sqlite_query_plugin(scope: Scope, config: Any) -> SqliteQuery:
+    """Entry point ``sqlite-query``: the ``sql_query`` tool over ``config["database"]``."""
+    return SqliteQuery(dict(config))
+
+
+plugin = sqlite_query_plugin

@@ -1,0 +1,149 @@
+"""dsh-sqlite-query through the dsh pipeline, and the conformance kit on it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core import AbortController
+from dsh_core.config import compose
+from dsh_core.harness import Harness
+from dsh_core.model import ToolResult
+from dsh_core.plugins import PluginCatalog
+from dsh_core.testing import ToolPluginConformance
+
+Call = Callable[..., Awaitable[ToolResult]]
+
+
+def make_db(path: Path) -> Path:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, avatar BLOB, score REAL)")
+        db.executemany("INSERT INTO users (name, avatar, score) VALUES (?, ?, ?)",
+                       [(f"user{i}", b"\x00\x01" if i == 0 else None, i / 2) for i in range(50)])
+    db.close()
+    return path
+
+
+def run(database: Path, scenario: Callable[[Harness], Awaitable[Any]], **config: Any) -> Any:
+    """Boot a harness with only this plugin (found through its entry point) and run ``scenario``."""
+    row = {"id": "db", "use": "sqlite-query", "config": {"database": str(database), **config}}
+
+    async def main() -> Any:
+        deployment = compose([("test", {"plugins": [row]})], env={})
+        harness = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
+        try:
+            return await scenario(harness)
+        finally:
+            await harness.aclose()
+
+    return asyncio.run(main())
+
+
+def query(database: Path, sql: str, params: Any = None, **config: Any) -> ToolResult:
+    args: dict[str, Any] = {"sql": sql}
+    if params is not None:
+        args["params"] = params
+    result: ToolResult = run(database, lambda h: h.call("sql_query", args), **config)
+    return result
+
+
+def test_rows_come_back_as_json_with_columns(tmp_path: Path) -> None:
+    db = make_db(tmp_path / "app.db")
+    result = query(db, "SELECT id, name, avatar, score FROM users WHERE id <= 2 ORDER BY id")
+    assert result.value == {"columns": ["id", "name", "avatar", "score"],
+                            "rows": [[1, "user0", {"blob_base64": "AAE="}, 0.0], [2, "user1", None, 0.5]],
+                            "row_count": 2, "truncated": False}
+    assert result.text.splitlines()[0] == "id\tname\tavatar\tscore"
+
+
+def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
+    result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
+    assert result.value["row_count"] == 10 and result.value["truncated"] is True
+    assert "truncated: add a LIMIT" in result.text
+
+
+def test_parameters_are_bound_never_formatted(tmp_path: Path) -> None:
+    db = make_db(tmp_path / "app.db")
+    sneaky = "x'; DROP TABLE users; --"
+    result = query(db, "SELECT ? AS echoed, count(*) AS n FROM users WHERE name = ?", [sneaky, sneaky])
+    assert result.value["rows"] == [[sneaky, 0]]
+    named = query(db, "SELECT name FROM users WHERE id = :id", {"id": 3})
+    assert named.value["rows"] == [["user2"]]
+    wrong = query(db, "SELECT ?", [])
+    assert wrong.code == "TOOL_FAILED" and "SQL error: Incorrect number of bindings" in wrong.text
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO users (name) VALUES ('evil')",
+    "DELETE FROM users",
+    "DROP TABLE users",
+    "UPDATE users SET name = 'x'",
+    "PRAGMA writable_schema = ON",
+    "ATTACH DATABASE 'other.db' AS other",
+    "CREATE TABLE t (x)",
+    "BEGIN",
+])
+def test_anything_but_reading_is_refused_and_changes_nothing(tmp_path: Path, sql: str) -> None:
+    db = make_db(tmp_path / "app.db")
+    before = db.read_bytes()
+    result = query(db, sql)
+    assert result.code == "TOOL_FAILED"
+    assert "only read-only queries are allowed" in result.text
+    assert db.read_bytes() == before
+    assert not (tmp_path / "other.db").exists()
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELEC name FROM users", 'SQL error: near "SELEC": syntax error'),
+    ("SELECT nope FROM users", "SQL error: no such column: nope"),
+    ("SELECT 1; SELECT 2", "SQL error: You can only execute one statement at a time."),
+    ("SELECT '\0'", "SQL error: the query contains a null character"),
+])
+def test_malformed_sql_gets_a_clear_error(tmp_path: Path, sql: str, message: str) -> None:
+    result = query(make_db(tmp_path / "app.db"), sql)
+    assert result.code == "TOOL_FAILED"
+    assert result.error is not None and result.error.message == message
+
+
+def test_a_missing_database_file_is_named(tmp_path: Path) -> None:
+    result = query(tmp_path / "missing.db", "SELECT 1")
+    assert f"the database file {tmp_path / 'missing.db'} does not exist" in result.text
+    assert not (tmp_path / "missing.db").exists()  # mode=ro never creates it
+
+
+ENDLESS = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+
+
+def test_a_runaway_query_is_interrupted_by_the_timeout(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = query(make_db(tmp_path / "app.db"), ENDLESS, timeout_s=0.3)
+    assert time.monotonic() - started < 5
+    assert "the query ran longer than 0.3 s and was interrupted" in result.text
+
+
+def test_abort_interrupts_a_running_query(tmp_path: Path) -> None:
+    async def scenario(harness: Harness) -> tuple[ToolResult, float]:
+        controller = AbortController()
+        asyncio.get_running_loop().call_later(0.2, controller.abort, "stop")
+        started = time.monotonic()
+        result = await harness.call("sql_query", {"sql": ENDLESS}, signal=controller.signal)
+        return result, time.monotonic() - started
+
+    result, elapsed = run(make_db(tmp_path / "app.db"), scenario)
+    assert result.code == "ABORTED" and elapsed < 3
+
+
+class TestSqliteQueryConformance(ToolPluginConformance):
+    """The dsh conformance kit, on an empty scratch database."""
+
+    plugin_name = "sqlite-query"
+
+    @pytest.fixture
+    def plugin_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {"database": str(make_db(tmp_path / "kit.db"))}

@@ -1,0 +1,720 @@
+"""The conformance checks: plain functions from a :class:`Target` to a list of failure messages.
+
+Each message names the check (``[dsh:<check>]``), the plugin and the tool,
+says what is wrong and how to fix it. An empty list means the check passed.
+The pytest classes in :mod:`dsh_core.testing.conformance` only call these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from attrs import field, frozen
+
+from dsh_core.abort import AbortController, AbortedError, AbortSignal
+from dsh_core.errors import DshError, ErrorCode
+from dsh_core.lossless import JSON, find_loss, freeze, thaw
+from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
+from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
+from dsh_core.schema import check_schema, compile_validator, format_violations, violations
+from dsh_core.scope import Scope
+from dsh_core.testing.loader import LoadedPlugin, load_factory, load_plugin
+
+__all__ = [
+    "Target",
+    "CHECKS",
+    "check_entry_point",
+    "check_stdout",
+    "check_config_schema",
+    "check_tool_schemas",
+    "check_tool_names",
+    "check_examples",
+    "check_example_calls",
+    "check_pre_abort",
+    "check_abort",
+    "check_concurrency_safe",
+    "check_typed_errors",
+    "check_dispose",
+    "check_hookimpls",
+]
+
+#: Seconds the kit waits for tasks, threads and processes to end after dispose.
+QUIESCENCE_GRACE_S: Final = 1.0
+#: Seconds past the abort bound after which a call that has not returned is cancelled and reported.
+STUCK_GRACE_S: Final = 5.0
+
+
+@frozen
+class Target:
+    """What to check: an entry-point name, the config to start it with, and the kit's bounds."""
+
+    name: str
+    config: dict[str, Any] = field(factory=dict)
+    abort_bound_s: float = 2.0
+    require_examples: bool = True
+
+
+class _Failed(Exception):
+    """A check cannot go on (the plugin did not load); carries the failure messages."""
+
+    def __init__(self, failures: list[str]) -> None:
+        super().__init__("\n".join(failures))
+        self.failures = failures
+
+
+def failure(target: Target, check: str, problem: str, fix: str, tool: str | None = None) -> str:
+    """One failure message: ``[dsh:check] plugin "p", tool "t": problem`` and a ``fix:`` line."""
+    who = f'plugin "{target.name}"' + (f', tool "{tool}"' if tool else "")
+    return f"[dsh:{check}] {who}: {problem}\n    fix: {fix}"
+
+
+def _run(coroutine_function: Callable[[], Any]) -> Any:
+    return asyncio.run(coroutine_function())
+
+
+async def _load(target: Target, check: str, *, record_only: bool = False) -> LoadedPlugin:
+    try:
+        return await load_plugin(target.name, target.config, record_only=record_only)
+    except Exception as error:
+        message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
+        raise _Failed([failure(target, check, f"the plugin did not start, so this check could not run: {message}",
+                               "make the plugin load and start alone (see the entry-point check)")]) from None
+
+
+def _guarded(check: Callable[[Target], list[str]]) -> Callable[[Target], list[str]]:
+    def run(target: Target) -> list[str]:
+        try:
+            return check(target)
+        except _Failed as failed:
+            return failed.failures
+
+    run.__name__ = check.__name__
+    run.__doc__ = check.__doc__
+    return run
+
+
+def same(left: object, right: object) -> bool:
+    """Deep equality that also compares types (``1``, ``1.0`` and ``True`` all differ)."""
+    stack = [(left, right)]
+    while stack:
+        a, b = stack.pop()
+        if type(a) is not type(b) and not (isinstance(a, dict) and isinstance(b, dict)) \
+                and not (isinstance(a, list) and isinstance(b, list)):
+            return False
+        if isinstance(a, dict):
+            if list(a) != list(b):  # type: ignore[call-overload]
+                return False
+            stack.extend((a[k], b[k]) for k in a)  # type: ignore[index]
+        elif isinstance(a, list):
+            if len(a) != len(b):  # type: ignore[arg-type]
+                return False
+            stack.extend(zip(a, b, strict=True))  # type: ignore[call-overload]
+        elif a != b:
+            return False
+    return True
+
+
+def _brief(value: object, limit: int = 200) -> str:
+    text = json.dumps(thaw(value), ensure_ascii=False) if find_loss(value) is None else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortSignal | None = None,
+          call_id: str = "conformance") -> Any:
+    request = ToolExecutionInput(call_id=call_id, name=name, arguments=arguments,
+                                 signal=signal or AbortSignal.never())
+    return loaded.runtime.execute(request)
+
+
+def _schemas_valid(definition: ToolDefinition) -> bool:
+    """False when a schema is invalid: such a tool is reported by the tool-schemas check and skipped elsewhere."""
+    try:
+        check_schema(thaw(definition.parameters), owner="parameters")
+        check_schema(thaw(definition.output.schema), owner="output schema")
+    except DshError:
+        return False
+    return True
+
+
+# -- loading -------------------------------------------------------------------------------------------------
+
+
+@_guarded
+def check_entry_point(target: Target) -> list[str]:
+    """The entry point exists, loads strictly, and the plugin starts and stops alone."""
+    try:
+        load_factory(target.name)
+    except DshError as error:
+        return [failure(target, "entry-point", error.message,
+                        'declare [project.entry-points."dsh.plugins"] NAME = "module:factory" and install the '
+                        "distribution; the module must import without errors")]
+
+    async def scenario() -> None:
+        loaded = await _load(target, "entry-point")
+        await loaded.dispose()
+
+    _run(scenario)
+    return []
+
+
+@_guarded
+def check_stdout(target: Target) -> list[str]:
+    """Importing, starting and disposing the plugin in a fresh interpreter writes nothing to stdout."""
+    env = dict(os.environ)
+    # The child must see exactly the distributions this process sees (pytester directories included).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    # Files, not pipes: a process the plugin leaked would hold a pipe open and stall the read
+    # (the dispose check reports such leaks; this one only cares about stdout).
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        completed = subprocess.run(
+            [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config)],
+            stdout=out, stderr=err, env=env, timeout=120, check=False)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr_bytes = out.read(), err.read()
+    failures = []
+    if stdout:
+        failures.append(failure(
+            target, "stdout", f"loading the plugin wrote to stdout: {stdout[:300]!r}",
+            "never print() at import or start-up; stdout may be a protocol channel — log to stderr "
+            "(logging) instead"))
+    if completed.returncode != 0:
+        stderr = stderr_bytes.decode("utf-8", errors="replace").strip().splitlines()
+        failures.append(failure(
+            target, "stdout", "the plugin did not load and start in a fresh interpreter: "
+            + (stderr[-1] if stderr else f"exit status {completed.returncode}"),
+            "make the entry point importable on its own (no reliance on modules imported by the tests)"))
+    return failures
+
+
+@_guarded
+def check_config_schema(target: Target) -> list[str]:
+    """The config schema is a valid Draft 2020-12 object schema, and the given config matches it."""
+    from dsh_core.testing.loader import check_config, find_entry_point
+
+    try:
+        factory = find_entry_point(target.name).load()
+    except Exception as error:
+        message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
+        return [failure(target, "config-schema", f"the entry point did not load: {message}",
+                        "fix the entry point first")]
+    schema = getattr(factory, "config_schema", None)
+    if schema is None:
+        return []
+    try:
+        check_schema(schema, owner="config schema")
+    except DshError as error:
+        return [failure(target, "config-schema", error.message,
+                        "declare a valid Draft 2020-12 schema with @plugin(config_schema={...})")]
+    if schema.get("type") != "object":
+        return [failure(target, "config-schema", 'the config schema\'s root must have "type": "object"',
+                        "a plugin's config is a TOML table: describe it as an object schema")]
+    try:
+        check_config(target.name, factory, target.config)
+    except DshError as error:
+        return [failure(target, "config-schema", error.message,
+                        "pass a matching config (subclass: override the plugin_config fixture; command line: "
+                        "--dsh-conformance-config JSON)")]
+    return []
+
+
+# -- definitions -----------------------------------------------------------------------------------------------
+
+
+def _recorded(target: Target, check: str) -> list[ToolDefinition]:
+    async def scenario() -> list[ToolDefinition]:
+        loaded = await _load(target, check, record_only=True)
+        await loaded.dispose()
+        return loaded.definitions
+
+    result: list[ToolDefinition] = _run(scenario)
+    return result
+
+
+@_guarded
+def check_tool_schemas(target: Target) -> list[str]:
+    """Every tool's parameter and output schema is valid Draft 2020-12; parameters are an object schema."""
+    failures = []
+    for definition in _recorded(target, "tool-schemas"):
+        for label, schema in (("parameters", definition.parameters), ("output schema", definition.output.schema)):
+            try:
+                check_schema(thaw(schema), owner=label)
+            except DshError as error:
+                failures.append(failure(target, "tool-schemas", error.message,
+                                        "fix the schema given to define_tool (JSON Schema Draft 2020-12)",
+                                        definition.name))
+        if isinstance(definition.parameters, dict) and definition.parameters.get("type") != "object":
+            failures.append(failure(target, "tool-schemas", 'parameters must have "type": "object" at the root',
+                                    "describe the arguments as one JSON object", definition.name))
+    return failures
+
+
+@_guarded
+def check_tool_names(target: Target) -> list[str]:
+    """Tool names are unique within the plugin, valid, and never the reserved ``run_code``."""
+    failures = []
+    seen: set[str] = set()
+    for definition in _recorded(target, "tool-names"):
+        name = definition.name
+        if name == TRANSPORT_NAME:
+            failures.append(failure(target, "tool-names", f'"{TRANSPORT_NAME}" is reserved for the Code Mode '
+                                    "transport", "rename the tool", name))
+        elif not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+            failures.append(failure(target, "tool-names", f"invalid tool name {name!r}",
+                                    "use 1-64 characters from [A-Za-z0-9_-]", str(name)))
+        if name in seen:
+            failures.append(failure(target, "tool-names", "the plugin registers this name twice",
+                                    "give every tool a unique name", name))
+        seen.add(name)
+    return failures
+
+
+@_guarded
+def check_examples(target: Target) -> list[str]:
+    """Examples exist, match the parameters, and round-trip through freeze and the cattrs converter."""
+    failures = []
+    for definition in _recorded(target, "examples"):
+        name = definition.name
+        if not definition.examples:
+            if target.require_examples:
+                failures.append(failure(target, "examples", "the tool declares no examples, so the kit cannot "
+                                        "call it", "pass examples=[{...}] to define_tool (argument objects "
+                                        "that succeed in a fresh workspace)", name))
+            continue
+        if not _schemas_valid(definition):
+            continue
+        validator = compile_validator(thaw(definition.parameters))
+        for index, example in enumerate(definition.examples):
+            plain = thaw(example)
+            found = violations(validator, plain)
+            if found:
+                failures.append(failure(target, "examples", f"examples[{index}] does not match the parameters: "
+                                        f"{format_violations(found)}", "fix the example or the schema", name))
+            loss = find_loss(plain)
+            if loss is not None:
+                failures.append(failure(target, "examples", f"examples[{index}] is not lossless JSON: {loss}",
+                                        "use only JSON types (dict, list, str, int, finite float, bool, None)",
+                                        name))
+                continue
+            back = json.loads(json.dumps(converter.unstructure(plain)))
+            back = converter.structure(back, dict[str, Any])
+            if not same(back, plain) or not same(thaw(freeze(plain)), plain):
+                failures.append(failure(target, "examples", f"examples[{index}] does not round-trip: "
+                                        f"{_brief(plain)} came back as {_brief(back)}",
+                                        "use only JSON types", name))
+    return failures
+
+
+@_guarded
+def check_concurrency_safe(target: Target) -> list[str]:
+    """``is_concurrency_safe`` is declared, returns a ``bool`` and gives the same answer every time."""
+    failures = []
+    for definition in _recorded(target, "concurrency-safe"):
+        name = definition.name
+        classify = definition.is_concurrency_safe
+        if classify is None:
+            failures.append(failure(target, "concurrency-safe", "is_concurrency_safe is not declared",
+                                    "pass is_concurrency_safe=True (read-only, no shared state) or False "
+                                    "(always acceptable) to define_tool", name))
+            continue
+        for index, example in enumerate(definition.examples or (freeze({}),)):
+            answers: list[object] = []
+            try:
+                for copy in (example, example, freeze(thaw(example))):
+                    answers.append(classify(copy))
+            except Exception as error:
+                failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe raised on "
+                                        f"examples[{index}]: {type(error).__name__}: {error}",
+                                        "make it a pure function of the arguments that never raises", name))
+                continue
+            wrong = [a for a in answers if type(a) is not bool]
+            if wrong:
+                failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe returned {wrong[0]!r} "
+                                        f"({type(wrong[0]).__name__}) for examples[{index}], not a bool",
+                                        "return exactly True or False", name))
+            elif len(set(answers)) > 1:
+                failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe is not pure: it "
+                                        f"answered {answers} for the same examples[{index}]",
+                                        "decide from the arguments only (no counters, clocks or state)", name))
+    return failures
+
+
+# -- calls --------------------------------------------------------------------------------------------------------
+
+
+def _result_problem(definition: ToolDefinition, result: ToolResult) -> str | None:
+    if result.is_error:
+        return f"it returned error {result.code}: {result.error.message if result.error else ''}"
+    value = thaw(result.value)
+    loss = find_loss(value)
+    if loss is not None:
+        return f"its value is not lossless JSON: {loss}"
+    if not same(json.loads(json.dumps(value)), value):
+        return "its value does not survive a JSON round trip"
+    found = violations(compile_validator(thaw(definition.output.schema)), value)
+    if found:
+        return f"its value does not match the output schema: {format_violations(found)}"
+    try:
+        json.dumps(converter.unstructure(list(result.content)))
+    except Exception as error:
+        return f"its content does not serialize: {error}"
+    return None
+
+
+@_guarded
+def check_example_calls(target: Target) -> list[str]:
+    """Each tool, called with each example (registration order), succeeds with lossless JSON matching its schema."""
+
+    async def scenario() -> list[str]:
+        loaded = await _load(target, "example-calls")
+        found: list[str] = []
+        try:
+            for definition in filter(_schemas_valid, loaded.definitions):
+                for index, example in enumerate(definition.examples):
+                    result = await _call(loaded, definition.name, example, call_id=f"example-{index}")
+                    problem = _result_problem(definition, result)
+                    if problem is not None:
+                        found.append(failure(
+                            target, "example-calls", f"examples[{index}] {_brief(example)}: {problem}",
+                            "examples must succeed when called in registration order in a fresh config (the "
+                            "kit gives workspace-like plugins an empty temporary root) and return values "
+                            "matching output_schema", definition.name))
+        finally:
+            await loaded.dispose()
+        return found
+
+    result: list[str] = _run(scenario)
+    return result
+
+
+@_guarded
+def check_pre_abort(target: Target) -> list[str]:
+    """A call whose signal is already aborted gives ``ABORTED_BEFORE_DISPATCH`` and never runs the body."""
+
+    async def scenario() -> list[str]:
+        loaded = await _load(target, "pre-abort")
+        found: list[str] = []
+        try:
+            for definition in loaded.definitions:
+                spy = loaded.spies[definition.name]
+                for example in definition.examples[:1]:
+                    result = await _call(loaded, definition.name, example,
+                                         AbortSignal.aborted_with("conformance: aborted before the call"))
+                    if spy.calls:
+                        found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
+                                             "before dispatch", "do not call tool bodies from hooks; let the "
+                                             "runtime dispatch", definition.name))
+                    if result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
+                        found.append(failure(target, "pre-abort", f"expected ABORTED_BEFORE_DISPATCH, got "
+                                             f"{result.code or 'a success'}", "do not replace results of "
+                                             "aborted calls in around-dispatch or post-execute hooks",
+                                             definition.name))
+        finally:
+            await loaded.dispose()
+        return found
+
+    result: list[str] = _run(scenario)
+    return result
+
+
+@_guarded
+def check_abort(target: Target) -> list[str]:
+    """Aborting a running call makes the body return within ``abort_bound_s``."""
+    bound = target.abort_bound_s
+
+    async def scenario() -> list[str]:
+        loaded = await _load(target, "abort")
+        found: list[str] = []
+        loop = asyncio.get_running_loop()
+        try:
+            for definition in loaded.definitions:
+                if not definition.examples:
+                    continue
+                spy = loaded.spies[definition.name]
+                controller = AbortController()
+                aborted_at: list[float] = []
+
+                def abort(controller: AbortController = controller, stamps: list[float] = aborted_at) -> None:
+                    stamps.append(time.monotonic())
+                    controller.abort("conformance: aborted mid-call")
+
+                # Abort at the body's first suspension point: it is running, and must notice.
+                def on_enter(_context: ToolContext, abort: Callable[[], None] = abort) -> None:
+                    loop.call_soon(abort)
+
+                spy.on_enter = on_enter
+                task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
+                                                   controller.signal))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), bound + STUCK_GRACE_S)
+                spy.on_enter = None
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    found.append(failure(target, "abort", "the call was still running "
+                                         f"{bound + STUCK_GRACE_S:g} s after its signal was aborted",
+                                         "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
+                                         "and stop promptly", definition.name))
+                    continue
+                if not spy.calls:
+                    result = task.result()
+                    found.append(failure(target, "abort", f"the call never reached the body ({result.code}: "
+                                         f"{result.error.message if result.error else ''})",
+                                         "make the first example callable", definition.name))
+                    continue
+                if aborted_at:
+                    elapsed = time.monotonic() - aborted_at[0]
+                    if elapsed > bound:
+                        found.append(failure(target, "abort", f"the body returned {elapsed:.2f} s after the abort "
+                                             f"(bound: {bound:g} s)",
+                                             "watch ctx.signal (ctx.signal.add_listener or await "
+                                             "ctx.signal.wait()), stop the work (kill processes, cancel "
+                                             "requests) and return or raise promptly", definition.name))
+        finally:
+            await loaded.dispose()
+        return found
+
+    result: list[str] = _run(scenario)
+    return result
+
+
+def _perturbations(definition: ToolDefinition) -> Iterator[JSON]:
+    """Each example, then variants with one string emptied, one number zeroed or negated, one bool flipped."""
+    if not _schemas_valid(definition):
+        return
+    validator = compile_validator(thaw(definition.parameters))
+    seen: list[Any] = []
+    for example in definition.examples:
+        plain = thaw(example)
+        candidates = [plain]
+        if isinstance(plain, dict):
+            for key, value in plain.items():
+                replacements: list[Any] = []
+                if isinstance(value, str):
+                    replacements = ["", "\0"]
+                elif isinstance(value, bool):
+                    replacements = [not value]
+                elif isinstance(value, int | float):
+                    replacements = [0, -1]
+                for replacement in replacements:
+                    candidates.append({**plain, key: replacement})
+        for candidate in candidates:
+            if any(same(candidate, s) for s in seen) or violations(validator, candidate):
+                continue
+            seen.append(candidate)
+            yield candidate
+
+
+def _typed(error: BaseException) -> bool:
+    return isinstance(error, DshError | AbortedError | asyncio.CancelledError)
+
+
+@_guarded
+def check_typed_errors(target: Target) -> list[str]:
+    """Bodies fail only with typed errors (``ToolError``/``DshError``), for the examples and edge variants."""
+
+    async def scenario() -> list[str]:
+        loaded = await _load(target, "typed-errors")
+        found: list[str] = []
+        try:
+            for definition in loaded.definitions:
+                spy = loaded.spies[definition.name]
+                for arguments in _perturbations(definition):
+                    before = len(spy.errors)
+                    await _call(loaded, definition.name, arguments, call_id="typed-errors")
+                    for error in spy.errors[before:]:
+                        if not _typed(error):
+                            found.append(failure(
+                                target, "typed-errors", f"called with {_brief(arguments)}, the body raised the "
+                                f"untyped {type(error).__name__}: {error}",
+                                'catch it and raise dsh_core.ToolError("what went wrong and what to do") so the '
+                                "model reads a clear message", definition.name))
+        finally:
+            await loaded.dispose()
+        return found
+
+    result: list[str] = _run(scenario)
+    return result
+
+
+# -- lifecycle --------------------------------------------------------------------------------------------------
+
+
+def _child_pids() -> set[int]:
+    children: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return children  # not Linux: processes are not checked
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as handle:
+                children.update(int(pid) for pid in handle.read().split())
+        except OSError:
+            continue
+    return children
+
+
+def _describe_pid(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            command = handle.read().replace(b"\0", b" ").decode("utf-8", errors="replace").strip()
+    except OSError:
+        command = ""
+    # A zombie has no command line left: it exited but was never reaped (waited for).
+    return f"pid {pid} ({command or 'exited but never reaped'})"
+
+
+@_guarded
+def check_dispose(target: Target) -> list[str]:
+    """Disposing the plugin unregisters every tool and hook and leaves no task, thread or process running."""
+    threads_before = set(threading.enumerate())
+    children_before = _child_pids()
+
+    async def scenario() -> list[str]:
+        tasks_before = asyncio.all_tasks()
+        loaded = await _load(target, "dispose")
+        try:
+            for definition in loaded.definitions:
+                for example in definition.examples[:1]:
+                    await _call(loaded, definition.name, example, call_id="dispose")
+        finally:
+            await loaded.dispose()
+        found = [failure(target, "dispose", f"after dispose, {what} is still registered",
+                         "register through the plugin's scope (the register callables, scope.on_dispose) so "
+                         "dispose can undo it") for what in loaded.leftovers()]
+        deadline = time.monotonic() + QUIESCENCE_GRACE_S
+        pending: set[asyncio.Task[Any]] = set()
+        while time.monotonic() < deadline:
+            pending = {t for t in asyncio.all_tasks() - tasks_before if not t.done()}
+            current = asyncio.current_task()
+            if current is not None:
+                pending.discard(current)
+            if not pending:
+                break
+            await asyncio.sleep(0.02)
+        for task in pending:
+            found.append(failure(target, "dispose", f"task {task.get_name()} ({task.get_coro()!r}) is still "
+                                 "running after dispose", "start background work with scope.spawn(...) so "
+                                 "dispose cancels and awaits it"))
+        return found
+
+    found: list[str] = _run(scenario)
+    deadline = time.monotonic() + QUIESCENCE_GRACE_S
+    threads: set[threading.Thread] = set()
+    children: set[int] = set()
+    while time.monotonic() < deadline:
+        threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()}
+        children = _child_pids() - children_before
+        if not threads and not children:
+            break
+        time.sleep(0.02)
+    for thread in sorted(threads, key=lambda t: t.name):
+        found.append(failure(target, "dispose", f"thread {thread.name!r} is still running after dispose",
+                             "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread"))
+    for pid in sorted(children):
+        found.append(failure(target, "dispose", f"child process {_describe_pid(pid)} is still running after "
+                             "dispose", "kill and reap every process the plugin starts, on completion, on "
+                             "abort and in a disposer"))
+    return found
+
+
+def _hook_specs() -> dict[str, bool]:
+    from dsh_core.hooks import Hooks
+
+    manager = Hooks().plugin_manager
+    specs: dict[str, bool] = {}
+    for name in dir(manager.hook):
+        if name.startswith("dsh_"):
+            caller = getattr(manager.hook, name)
+            specs[name] = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
+    return specs
+
+
+@_guarded
+def check_hookimpls(target: Target) -> list[str]:
+    """Hook implementations name known hooks, declare no defaults, and are neither wrappers nor async firstresult."""
+    from dsh_hookspecs import PROJECT
+
+    try:
+        _, factory = load_factory(target.name)
+    except DshError as error:
+        return [failure(target, "hookimpls", f"the entry point did not load: {error.message}",
+                        "fix the entry point first")]
+    specs = _hook_specs()
+
+    async def make() -> object:
+        scope = Scope("conformance-hookimpls")
+        try:
+            return factory(scope, freeze(dict(target.config)))
+        finally:
+            await scope.dispose()
+
+    try:
+        instance = _run(make)
+    except Exception as error:
+        return [failure(target, "hookimpls", f"the factory raised {type(error).__name__}: {error}",
+                        "make the factory succeed with the given config")]
+    if instance is None:
+        return []
+    found: list[str] = []
+    marker = f"{PROJECT}_impl"
+    for attribute in sorted(dir(instance)):
+        try:
+            member = getattr(instance, attribute)
+        except Exception:
+            continue
+        options = getattr(member, marker, None)
+        if not isinstance(options, dict):
+            continue
+        hook = options.get("specname") or attribute
+        where = f"{attribute} (hook {hook})"
+        if hook not in specs:
+            found.append(failure(target, "hookimpls", f"{where} implements no known hook",
+                                 f"use one of: {', '.join(sorted(specs))}"))
+            continue
+        if options.get("wrapper") or options.get("hookwrapper"):
+            found.append(failure(target, "hookimpls", f"{where} is a pluggy wrapper (wrapper=True/hookwrapper=True), "
+                                 "which dsh refuses: it calls hooks itself and awaits their results",
+                                 "return middleware from dsh_around_dispatch to wrap tool bodies"))
+        function = inspect.unwrap(member)
+        defaulted = [p.name for p in inspect.signature(function).parameters.values()
+                     if p.default is not inspect.Parameter.empty]
+        if defaulted:
+            found.append(failure(target, "hookimpls", f"{where} declares defaults for {', '.join(defaulted)}; "
+                                 "pluggy versions disagree on whether such arguments are passed",
+                                 "remove the defaults (accept only the arguments you use, all required)"))
+        if specs[hook] and (inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)):
+            found.append(failure(target, "hookimpls", f"{where} is async def on a first-result hook: its "
+                                 "coroutine is never None, so it always wins, even when it means to abstain",
+                                 "make it a plain function that returns None or an awaitable"))
+    return found
+
+
+#: Every check, by id, in the order the suite runs them.
+CHECKS: Final[dict[str, Callable[[Target], list[str]]]] = {
+    "entry-point": check_entry_point,
+    "stdout": check_stdout,
+    "config-schema": check_config_schema,
+    "tool-schemas": check_tool_schemas,
+    "tool-names": check_tool_names,
+    "examples": check_examples,
+    "example-calls": check_example_calls,
+    "pre-abort": check_pre_abort,
+    "abort": check_abort,
+    "concurrency-safe": check_concurrency_safe,
+    "typed-errors": check_typed_errors,
+    "dispose": check_dispose,
+    "hookimpls": check_hookimpls,
+}

@@ -1,0 +1,175 @@
+"""Load one plugin the way the conformance kit sees it: strict, alone, with its tool bodies observed.
+
+:func:`load_plugin` resolves one entry point of ``dsh.plugins`` (and no
+other), validates the config against the plugin's schema, and starts the
+plugin in a fresh pipeline (its own pluggy manager, registry and runtime,
+under a root scope that provides ``tools`` and ``runtime``). Every tool the
+plugin registers is registered with its body wrapped by a :class:`ToolSpy`,
+which counts invocations and records what the body raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import metadata
+from typing import Any
+
+import attrs
+from jsonschema import Draft202012Validator
+
+from dsh_core.errors import ConfigError, DshError, PluginLoadError
+from dsh_core.harness import NamedRegistry
+from dsh_core.hooks import Hooks
+from dsh_core.lossless import JSON, freeze
+from dsh_core.model import ToolContext, ToolDefinition
+from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, start_plugin
+from dsh_core.registry import ToolRegistry
+from dsh_core.runtime import ToolRuntime
+from dsh_core.scope import Scope
+
+__all__ = ["ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin"]
+
+
+class ToolSpy:
+    """Wraps one tool body: counts calls, records raised exceptions, runs a hook on entry."""
+
+    def __init__(self, definition: ToolDefinition) -> None:
+        self.definition = definition
+        self.calls = 0
+        self.errors: list[BaseException] = []
+        self.on_enter: Callable[[ToolContext], None] | None = None
+
+    async def execute(self, arguments: JSON, context: ToolContext) -> JSON:
+        """The instrumented body."""
+        self.calls += 1
+        if self.on_enter is not None:
+            self.on_enter(context)
+        try:
+            return await self.definition.execute(arguments, context)
+        except BaseException as error:
+            self.errors.append(error)
+            raise
+
+
+def find_entry_point(name: str) -> metadata.EntryPoint:
+    """The entry point ``name`` of group ``dsh.plugins``; :class:`PluginLoadError` lists the known ones."""
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        known = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        raise PluginLoadError(f"no entry point named {name!r} in group {ENTRY_POINT_GROUP!r} "
+                              f"(installed: {', '.join(known) or 'none'}); is the distribution installed?")
+    return found[0]
+
+
+def load_factory(name: str) -> tuple[PluginCatalog, Callable[..., Any]]:
+    """A strict catalog that sees only entry point ``name``, and the factory it loads."""
+    catalog = PluginCatalog(entry_points=[find_entry_point(name)], strict=True)
+    return catalog, catalog.load(name)
+
+
+def check_config(name: str, factory: object, config: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` when ``config`` does not match the plugin's config schema."""
+    schema = config_schema_of(factory)
+    problems = sorted(
+        f"{'/'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}"
+        for error in Draft202012Validator(schema).iter_errors(config)
+    )
+    if problems:
+        raise ConfigError(f"config for plugin {name!r} does not match its config schema: " + "; ".join(problems))
+
+
+class LoadedPlugin:
+    """A plugin started alone in a fresh pipeline. Dispose it with :meth:`dispose`."""
+
+    def __init__(self, name: str, root: Scope, hooks: Hooks, registry: ToolRegistry, runtime: ToolRuntime,
+                 providers: NamedRegistry[Any], stores: NamedRegistry[Any]) -> None:
+        self.name = name
+        self.root = root
+        self.hooks = hooks
+        self.registry = registry
+        self.runtime = runtime
+        self.providers = providers
+        self.stores = stores
+        self.scope: Scope | None = None
+        self.definitions: list[ToolDefinition] = []
+        self.spies: dict[str, ToolSpy] = {}
+
+    async def dispose(self) -> None:
+        """Dispose the plugin's scope, then the root scope."""
+        if self.scope is not None:
+            await self.scope.dispose()
+        await self.root.dispose()
+
+    def leftovers(self) -> list[str]:
+        """What the plugin still has registered (after dispose this must be empty)."""
+        found = [f'tool "{name}"' for name in self.registry.names()]
+        if self.hooks.has_plugin(self.name):
+            found.append("its hook implementations (still registered with the plugin manager)")
+        for hook in self.hooks.hook_names():
+            for info in self.hooks.impls(hook):
+                found.append(f"an implementation of {hook} (plugin {info.plugin!r})")
+        found.extend(f"provider {n!r}" for n in self.providers.names())
+        found.extend(f"session store {n!r}" for n in self.stores.names())
+        return found
+
+
+async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool = False,
+                      factory: Callable[..., Any] | None = None) -> LoadedPlugin:
+    """Start entry point ``name`` alone with ``config``.
+
+    With ``record_only`` tools are recorded in :attr:`LoadedPlugin.definitions`
+    but not registered (so that checks can report names and schemas the
+    registry would refuse). Raises :class:`PluginLoadError` or
+    :class:`ConfigError` when the plugin cannot start.
+    """
+    if factory is None:
+        catalog, factory = load_factory(name)
+        source = catalog.source(name)
+    else:
+        source = None
+    check_config(name, factory, config)
+    hooks = Hooks()
+    registry = ToolRegistry()
+    runtime = ToolRuntime(registry, hooks)
+    root = Scope("conformance")
+    root.provide("tools", registry)
+    root.provide("runtime", runtime)
+    loaded = LoadedPlugin(name, root, hooks, registry, runtime, NamedRegistry("provider"),
+                          NamedRegistry("session store"))
+
+    def tool_registrar(scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:
+        def register(definition: ToolDefinition) -> None:
+            loaded.definitions.append(definition)
+            if record_only:
+                return
+            spy = ToolSpy(definition)
+            try:
+                registry.register(attrs.evolve(definition, execute=spy.execute), scope=scope)
+            except DshError as error:
+                raise type(error)(f"plugin {plugin_id!r}: {error.message}") from None
+            loaded.spies[definition.name] = spy
+
+        return register
+
+    registrars: dict[str, Callable[[Scope, str], Callable[..., None]]] = {
+        "dsh_register_tools": tool_registrar,
+        "dsh_register_providers": loaded.providers.registrar,
+        "dsh_register_session_stores": loaded.stores.registrar,
+    }
+    try:
+        loaded.scope = await start_plugin(plugin_id=name, factory=factory, config=freeze(dict(config)),
+                                          parent=root, hooks=hooks, registrars=registrars, source=source)
+    except BaseException:
+        await root.dispose()
+        raise
+    return loaded
+
+
+def run(coroutine: Awaitable[Any]) -> Any:
+    """Run ``coroutine`` in a fresh event loop (each check gets its own loop)."""
+    import asyncio
+
+    async def main() -> Any:
+        return await coroutine
+
+    return asyncio.run(main())

@@ -1,0 +1,269 @@
+"""The ``bash`` plugin: run a shell command in the workspace.
+
+Each call starts ``bash -c COMMAND`` in the workspace root, in a new process
+group, with stdin closed and an environment built from an allowlist (names
+that look like credentials are never passed through, even if allowlisted).
+Output (stdout and stderr, interleaved) is capped: the head and the tail are
+kept and the middle is dropped. A timeout, an abort of the call, or the end
+of the command kills the whole process group, so nothing it started in the
+background outlives the call.
+
+Config::
+
+    [[plugins]]
+    id = "bash"
+    use = "bash"
+    config = { root = "/path/to/project", timeout_s = 120, env_allowlist = ["PATH", "HOME", "LANG"] }
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import os
+import shutil
+import signal
+from typing import Any
+
+from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+
+__all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
+
+DEFAULT_ENV_ALLOWLIST = ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL",
+                         "LC_CTYPE", "TERM", "TZ", "TMPDIR"]
+
+#: Variable names never passed to a command, even when allowlisted (matched case-insensitively).
+CREDENTIAL_PATTERNS = ["*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*API_KEY*", "*APIKEY*",
+                       "*PRIVATE_KEY*", "*ACCESS_KEY*", "*CREDENTIAL*", "*_AUTH", "*AUTH_TOKEN*", "AWS_*",
+                       "*SESSION_KEY*", "*COOKIE*"]
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["root"],
+    "properties": {
+        "root": {"type": "string", "minLength": 1, "description": "working directory of every command"},
+        "shell": {"type": "string", "minLength": 1, "default": "bash",
+                  "description": "the shell run as SHELL -c COMMAND"},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 120,
+                      "description": "default timeout of a command"},
+        "max_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 600,
+                          "description": "largest timeout a call may ask for"},
+        "max_output_bytes": {"type": "integer", "minimum": 256, "default": 65536,
+                             "description": "output kept per call (head and tail)"},
+        "env_allowlist": {"type": "array", "items": {"type": "string", "minLength": 1},
+                          "default": DEFAULT_ENV_ALLOWLIST,
+                          "description": "variables passed through from dsh's environment"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "variables set for every command (after the allowlist)"},
+    },
+}
+
+#: Seconds between SIGTERM and SIGKILL of a command's process group.
+KILL_GRACE_S = 0.5
+#: Seconds to keep reading output after the command exited (stragglers holding the pipe are killed).
+DRAIN_S = 1.0
+
+
+def looks_like_credential(name: str) -> bool:
+    """True for variable names that typically hold secrets (``GITHUB_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...)."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in CREDENTIAL_PATTERNS)
+
+
+def build_environment(source: dict[str, str], allowlist: list[str], fixed: dict[str, str]) -> dict[str, str]:
+    """The environment of a command: allowlisted, non-credential variables of ``source``, then ``fixed``."""
+    env = {name: source[name] for name in allowlist if name in source and not looks_like_credential(name)}
+    env.update(fixed)
+    return env
+
+
+class _Output:
+    """Keeps the first and last ``cap / 2`` bytes of a stream and counts what it dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.half = cap // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail += chunk
+        excess = len(self.tail) - self.half
+        if excess > 0:
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        head = self.head.decode("utf-8", errors="replace")
+        tail = self.tail.decode("utf-8", errors="replace")
+        if self.dropped:
+            return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
+        return head + tail
+
+
+class BashTool:
+    """The plugin instance: the config and the ``bash`` tool."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        root = config["root"]
+        if not os.path.isabs(root) or not os.path.isdir(root):
+            raise ToolError(f"bash: root must be an existing absolute directory, got {root!r}")
+        self.root = os.path.realpath(root)
+        shell = config.get("shell", "bash")
+        found = shutil.which(shell) if not os.path.isabs(shell) else shell
+        if found is None and shell == "bash":
+            found = shutil.which("sh")
+        if found is None:
+            raise ToolError(f"bash: shell {shell!r} was not found on PATH")
+        self.shell = found
+        self.timeout_s: float = config.get("timeout_s", 120)
+        self.max_timeout_s: float = config.get("max_timeout_s", 600)
+        self.max_output_bytes: int = config.get("max_output_bytes", 65536)
+        allowlist = list(config.get("env_allowlist", DEFAULT_ENV_ALLOWLIST))
+        refused = [name for name in allowlist if looks_like_credential(name)]
+        if refused:
+            raise ToolError(f"bash: env_allowlist names credential-like variables {refused}; they are never "
+                            "passed through (set a non-secret value under env instead)")
+        self.allowlist = allowlist
+        self.fixed_env: dict[str, str] = dict(config.get("env", {}))
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        """Register the ``bash`` tool."""
+        register(define_tool(
+            name="bash",
+            description=(f"Run a bash command in the workspace ({self.root}) and return its combined "
+                         "stdout/stderr and exit code. stdin is closed; the command is killed after "
+                         f"timeout seconds (default {self.timeout_s:g}, at most {self.max_timeout_s:g}). "
+                         f"Output beyond {self.max_output_bytes} bytes is cut in the middle."),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "minLength": 1, "description": "the bash command line"},
+                    "timeout": {"type": "number", "exclusiveMinimum": 0,
+                                "description": "seconds before the command is killed"},
+                },
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+            output_schema={
+                "type": "object",
+                "properties": {"exit_code": {"type": "integer"}, "output": {"type": "string"},
+                               "truncated": {"type": "boolean"}},
+                "required": ["exit_code", "output", "truncated"],
+            },
+            execute=self.run,
+            render=_render,
+            is_concurrency_safe=False,
+            examples=[{"command": "echo hello"}, {"command": "pwd && ls", "timeout": 10}],
+        ))
+
+    async def run(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``bash``: run, capture, and kill the process group on timeout, abort or exit."""
+        timeout = float(args.get("timeout", min(self.timeout_s, self.max_timeout_s)))
+        if timeout > self.max_timeout_s:
+            raise ToolError(f"timeout {timeout:g} s exceeds the maximum of {self.max_timeout_s:g} s")
+        if "\0" in args["command"]:
+            raise ToolError("the command contains a NUL character, which no shell command can carry")
+        ctx.signal.raise_if_aborted()
+        env = build_environment(dict(os.environ), self.allowlist, self.fixed_env)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.shell, "-c", args["command"], cwd=self.root, env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        except OSError as error:
+            raise ToolError(f"could not start {self.shell}: {error.strerror}") from None
+        output = _Output(self.max_output_bytes)
+        aborted = asyncio.Event()
+        remove = ctx.signal.add_listener(lambda _reason: aborted.set())
+        reader = asyncio.ensure_future(_pump(process, output))
+        # Not process.wait(): in Python 3.11 it also waits for the pipes to close, which a leftover
+        # background child holds open; the exit status is what tells us the command ended.
+        waiter = asyncio.ensure_future(_exited(process))
+        stopper = asyncio.ensure_future(aborted.wait())
+        try:
+            done, _ = await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if stopper in done:
+                await _kill_group(process)
+                raise AbortedError(ctx.signal.reason)
+            if waiter not in done:
+                await _kill_group(process)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(reader, DRAIN_S)
+                raise ToolError(f"command timed out after {timeout:g} s and was killed "
+                                f"(pass a larger timeout, up to {self.max_timeout_s:g}). Output so far:\n"
+                                + (output.text() or "(none)"))
+            # The command is done; anything it left in its process group would hold the pipe open.
+            _signal_group(process, signal.SIGKILL)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), DRAIN_S)
+            exit_code = waiter.result()
+        finally:
+            remove()
+            stopper.cancel()
+            if process.returncode is None:
+                await _kill_group(process)
+            else:
+                _signal_group(process, signal.SIGKILL)
+            for task in (reader, waiter):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(reader, waiter, stopper, return_exceptions=True)
+        return {"exit_code": exit_code, "output": output.text(), "truncated": output.dropped > 0}
+
+
+async def _exited(process: asyncio.subprocess.Process) -> int:
+    """The exit status, polled (the child watcher sets ``returncode`` when the shell exits)."""
+    while process.returncode is None:
+        await asyncio.sleep(0.02)
+    return process.returncode
+
+
+async def _pump(process: asyncio.subprocess.Process, output: _Output) -> None:
+    assert process.stdout is not None
+    while True:
+        chunk = await process.stdout.read(65536)
+        if not chunk:
+            return
+        output.feed(chunk)
+
+
+def _signal_group(process: asyncio.subprocess.Process, signum: int) -> None:
+    # start_new_session=True made the shell a group leader: its pid is the group id.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+async def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM the group, SIGKILL it after a grace period, and reap the shell."""
+    _signal_group(process, signal.SIGTERM)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(_exited(process), KILL_GRACE_S)
+    _signal_group(process, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await _exited(process)
+
+
+def _render(_args: Any, value: Any) -> str:
+    text = value["output"].rstrip("\n")
+    footer = f"[exit code {value['exit_code']}]"
+    return f"{text}\n{footer}" if text else f"(no output)\n{footer}"
+
+
+@plugin(config_schema=CONFIG_SCHEMA)
+def bash_plugin(scope: Scope, config: Any) -> BashTool:
+    """Entry point ``bash``: the ``bash`` tool, run in ``config["root"]``."""
+    return BashTool(dict(config))
+
+
+plugin = bash_plugin  # the entry point names ``dsh_plugins.bash:plugin``

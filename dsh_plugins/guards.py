@@ -1,0 +1,164 @@
+"""The ``guards`` plugin: a path guard and a per-tool allow/deny list, as ``dsh_guard`` implementations.
+
+Guards run after a call was allowed (by the pre-execute votes or a person)
+and can only deny: they are the last, monotonic line of the policy.
+
+* Tools: ``deny_tools`` denies matching names; a non-empty ``allow_tools``
+  denies every name it does not match (``fnmatch`` globs). In Code Mode, list
+  ``run_code`` in ``allow_tools`` too.
+* Paths: every string argument named in ``path_arguments`` (``path`` and
+  friends by default; lists of strings too) is resolved against ``root``
+  (symlinks followed). A call is denied when the path falls under a
+  ``deny_paths`` glob, or lies outside every ``allowed_roots`` directory (when
+  that list is given).
+
+Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
+of segments. A glob starting with ``/`` (or ``~``) matches the absolute path;
+any other glob matches the path relative to ``root`` (so ``**/.env`` denies
+every ``.env`` inside the workspace).
+
+Config::
+
+    [[plugins]]
+    id = "guards"
+    use = "guards"
+    config = { deny_tools = ["bash"], deny_paths = ["**/.env", "**/.git/**"], allowed_roots = ["."] }
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from typing import Any
+
+from dsh_core import Scope, ToolExecution, hookimpl, plugin
+
+__all__ = ["plugin", "Guards", "glob_to_regex"]
+
+DEFAULT_PATH_ARGUMENTS = ["path", "paths", "file", "file_path", "filename", "directory", "dir", "cwd"]
+
+_NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}}
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "allow_tools": {**_NAMES, "description": "if non-empty, only these tool names (globs) may run"},
+        "deny_tools": {**_NAMES, "description": "tool names (globs) that may never run"},
+        "deny_paths": {**_NAMES, "description": "path globs no call may touch"},
+        "allowed_roots": {**_NAMES, "description": "directories every path argument must lie in"},
+        "path_arguments": {**_NAMES, "default": DEFAULT_PATH_ARGUMENTS,
+                           "description": "argument names holding paths"},
+        "root": {"type": "string", "minLength": 1,
+                 "description": "base of relative paths and globs (default: the current directory)"},
+    },
+}
+
+
+def glob_to_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a path glob: ``*``/``?`` within a segment, ``**`` across segments, ``[...]`` classes."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif char == "*":
+            out.append("[^/]*")
+            i += 1
+        elif char == "?":
+            out.append("[^/]")
+            i += 1
+        elif char == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(char))
+                i += 1
+            else:
+                body = pattern[i + 1:end]
+                body = "^" + body[1:] if body.startswith("!") else body.replace("\\", "\\\\")
+                out.append(f"[{body}]")
+                i = end + 1
+        else:
+            out.append(re.escape(char))
+            i += 1
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+class Guards:
+    """The plugin instance: compiled tool lists and path rules."""
+
+    def __init__(self, scope: Scope, config: dict[str, Any]) -> None:
+        # The scope of a plugin row is named "plugin:<row id>"; denials name the row to edit.
+        self.row = scope.name.partition(":")[2] or "guards"
+        self.allow_tools: list[str] = list(config.get("allow_tools", []))
+        self.deny_tools: list[str] = list(config.get("deny_tools", []))
+        self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS))
+        self.root = os.path.realpath(config.get("root") or os.getcwd())
+        self.allowed_roots = [os.path.realpath(os.path.join(self.root, os.path.expanduser(r)))
+                              for r in config.get("allowed_roots", [])]
+        self.deny_paths: list[tuple[str, re.Pattern[str], bool]] = []
+        for pattern in config.get("deny_paths", []):
+            expanded = os.path.expanduser(pattern)
+            absolute = expanded.startswith("/")
+            self.deny_paths.append((pattern, glob_to_regex(expanded), absolute))
+
+    @hookimpl
+    def dsh_guard(self, execution: ToolExecution) -> str | None:
+        """Deny by tool name first, then by each path-like argument."""
+        name = execution.name
+        denied = next((p for p in self.deny_tools if fnmatch.fnmatchcase(name, p)), None)
+        if denied is not None:
+            return (f'guards: tool "{name}" is denied (deny_tools pattern "{denied}" '
+                    f'in the config of plugin row "{self.row}")')
+        if self.allow_tools and not any(fnmatch.fnmatchcase(name, p) for p in self.allow_tools):
+            return (f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
+                    f"(allowed: {', '.join(self.allow_tools)})")
+        arguments = execution.arguments
+        if not isinstance(arguments, dict):
+            return None
+        for key, value in arguments.items():
+            if key not in self.path_arguments:
+                continue
+            values = value if isinstance(value, list) else [value]
+            for item in values:
+                if isinstance(item, str) and item:
+                    reason = self._check_path(key, item)
+                    if reason is not None:
+                        return reason
+        return None
+
+    def _check_path(self, key: str, given: str) -> str | None:
+        if "\0" in given:
+            return f'guards: argument "{key}" contains a NUL character'
+        joined = os.path.join(self.root, os.path.expanduser(given))
+        lexical = os.path.normpath(joined)
+        real = os.path.realpath(lexical)
+        # Check both spellings: the one the tool was given and where its symlinks lead.
+        for candidate in dict.fromkeys((lexical, real)):
+            relative = os.path.relpath(candidate, self.root).replace(os.sep, "/")
+            inside = not (relative == ".." or relative.startswith("../"))
+            for pattern, regex, absolute in self.deny_paths:
+                subject = candidate if absolute else relative
+                if (absolute or inside) and regex.match(subject):
+                    return (f'guards: path "{given}" (argument "{key}") matches the denied pattern '
+                            f'"{pattern}" (deny_paths of plugin row "{self.row}")')
+        if self.allowed_roots and not any(real == root or real.startswith(root.rstrip("/") + "/")
+                                          for root in self.allowed_roots):
+            return (f'guards: path "{given}" (argument "{key}") resolves to {real}, outside the allowed roots '
+                    f"({', '.join(self.allowed_roots)}) of plugin row \"{self.row}\"")
+        return None
+
+
+@plugin(config_schema=CONFIG_SCHEMA)
+def guards_plugin(scope: Scope, config: Any) -> Guards:
+    """Entry point ``guards``: path and tool-name guards (no config: guards nothing)."""
+    return Guards(scope, dict(config))
+
+
+plugin = guards_plugin  # the entry point names ``dsh_plugins.guards:plugin``

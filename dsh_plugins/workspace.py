@@ -1,0 +1,568 @@
+"""The ``workspace`` plugin: file tools confined to one directory.
+
+Tools: ``read`` (line-numbered, ``offset``/``limit``), ``write``, ``edit``
+(exact string replacement), ``list`` and ``search`` (a regex over files,
+bounded). Every path argument is resolved against the configured ``root``;
+an absolute path outside it, a ``..`` that climbs out of it, or a symlink
+that leads out of it is refused before anything is read or written.
+
+Config::
+
+    [[plugins]]
+    id = "workspace"
+    use = "workspace"
+    config = { root = "/path/to/project" }   # max_read_bytes, max_file_bytes, ... optional
+
+This module uses only the public plugin API (``dsh_core``); it doubles as an
+example of a tool plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
+
+__all__ = ["plugin", "Workspace", "WorkspaceTools"]
+
+DEFAULT_EXCLUDES = [".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".tox"]
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["root"],
+    "properties": {
+        "root": {"type": "string", "minLength": 1, "description": "the workspace directory (absolute)"},
+        "max_read_bytes": {"type": "integer", "minimum": 1024, "default": 262144,
+                           "description": "most bytes of file text one read returns"},
+        "max_file_bytes": {"type": "integer", "minimum": 1024, "default": 10485760,
+                           "description": "largest file write and edit handle"},
+        "max_list_entries": {"type": "integer", "minimum": 1, "default": 1000},
+        "max_search_results": {"type": "integer", "minimum": 1, "default": 200},
+        "max_search_file_bytes": {"type": "integer", "minimum": 1024, "default": 2097152},
+        "search_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 20},
+        "search_exclude": {"type": "array", "items": {"type": "string", "minLength": 1},
+                           "description": "directory names search skips", "default": DEFAULT_EXCLUDES},
+    },
+}
+
+DEFAULT_READ_LIMIT = 2000
+MAX_LINE_CHARS = 2000
+SNIFF_BYTES = 8192
+
+READ_ONLY = {"read_only": True, "workspace_confined": True}
+MUTATING = {"workspace_confined": True}
+
+
+def _format_size(size: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def _looks_binary(chunk: bytes) -> bool:
+    if b"\0" in chunk:
+        return True
+    try:
+        chunk.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # A multi-byte character cut at the end of the sniffed chunk is still text.
+        return error.start < len(chunk) - 3
+    return False
+
+
+class Workspace:
+    """Path confinement and file access under one root directory."""
+
+    def __init__(self, root: str) -> None:
+        if not os.path.isabs(root):
+            raise ToolError(f"workspace root must be an absolute path, got {root!r}")
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            raise ToolError(f"workspace root {root!r} is not a directory")
+        self.root = real
+
+    def resolve(self, path: str, *, what: str = "path") -> str:
+        """The real absolute path of ``path`` inside the root; :class:`ToolError` if it leads outside.
+
+        Symlinks are resolved (for components that exist), so a link pointing
+        out of the workspace is refused like a ``..`` or an outside absolute path.
+        """
+        if not path:
+            raise ToolError(f"{what} must not be empty")
+        if "\0" in path:
+            raise ToolError(f"{what} contains a NUL character")
+        joined = path if os.path.isabs(path) else os.path.join(self.root, path)
+        lexical = os.path.normpath(joined)
+        if not self._inside(lexical):
+            raise ToolError(f"{what} {path!r} is outside the workspace {self.root}; "
+                            "use a path relative to the workspace root")
+        real = os.path.realpath(lexical)
+        if not self._inside(real):
+            raise ToolError(f"{what} {path!r} leads outside the workspace {self.root} through a symlink "
+                            f"(it resolves to {real}); refused")
+        return real
+
+    def _inside(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def relative(self, real: str) -> str:
+        """``real`` relative to the root, with ``/`` separators (``.`` for the root itself)."""
+        rel = os.path.relpath(real, self.root)
+        return rel.replace(os.sep, "/")
+
+
+class WorkspaceTools:
+    """The plugin instance: holds the config and registers the five tools."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.workspace = Workspace(config["root"])
+        self.max_read_bytes: int = config.get("max_read_bytes", 262144)
+        self.max_file_bytes: int = config.get("max_file_bytes", 10485760)
+        self.max_list_entries: int = config.get("max_list_entries", 1000)
+        self.max_search_results: int = config.get("max_search_results", 200)
+        self.max_search_file_bytes: int = config.get("max_search_file_bytes", 2097152)
+        self.search_timeout_s: float = config.get("search_timeout_s", 20)
+        self.search_exclude = frozenset(config.get("search_exclude", DEFAULT_EXCLUDES))
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        """Register read, write, edit, list and search (mutating tools first, as the examples build on each other)."""
+        for definition in self.definitions():
+            register(definition)
+
+    def definitions(self) -> list[ToolDefinition]:
+        """The five tool definitions bound to this workspace."""
+        return [
+            define_tool(
+                name="write",
+                description=("Write a text file in the workspace, replacing it if it exists and creating "
+                             "parent directories. Paths are relative to the workspace root."),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "file path relative to the workspace root"},
+                        "content": {"type": "string", "description": "the complete new file content"},
+                    },
+                    "required": ["path", "content"],
+                    "additionalProperties": False,
+                },
+                output_schema={
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "bytes": {"type": "integer"},
+                                   "created": {"type": "boolean"}},
+                    "required": ["path", "bytes", "created"],
+                },
+                execute=self.write,
+                render=lambda _a, v: f"{'Created' if v['created'] else 'Wrote'} {v['path']} ({v['bytes']} bytes)",
+                is_concurrency_safe=False,
+                examples=[{"path": "notes.txt", "content": "hello world\nsecond line\n"}],
+                annotations=MUTATING,
+            ),
+            define_tool(
+                name="edit",
+                description=("Replace an exact string in a text file of the workspace. old_string must occur "
+                             "exactly once unless replace_all is true; include surrounding lines to make it "
+                             "unique. Whitespace and indentation must match exactly."),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "file path relative to the workspace root"},
+                        "old_string": {"type": "string", "description": "the exact text to replace"},
+                        "new_string": {"type": "string", "description": "the replacement text"},
+                        "replace_all": {"type": "boolean", "default": False,
+                                        "description": "replace every occurrence"},
+                    },
+                    "required": ["path", "old_string", "new_string"],
+                    "additionalProperties": False,
+                },
+                output_schema={
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "replacements": {"type": "integer"}},
+                    "required": ["path", "replacements"],
+                },
+                execute=self.edit,
+                render=lambda _a, v: f"Edited {v['path']} ({v['replacements']} replacement"
+                                     f"{'' if v['replacements'] == 1 else 's'})",
+                is_concurrency_safe=False,
+                examples=[{"path": "notes.txt", "old_string": "hello", "new_string": "goodbye"}],
+                annotations=MUTATING,
+            ),
+            define_tool(
+                name="read",
+                description=("Read a text file of the workspace with line numbers. offset is the first line "
+                             f"(1-based), limit the number of lines (default {DEFAULT_READ_LIMIT}). Long "
+                             "output is truncated; continue with the offset given in the notice."),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "file path relative to the workspace root"},
+                        "offset": {"type": "integer", "minimum": 1, "description": "first line, 1-based"},
+                        "limit": {"type": "integer", "minimum": 1, "description": "number of lines"},
+                    },
+                    "required": ["path"],
+                    "additionalProperties": False,
+                },
+                output_schema={
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string"},
+                        "content": {"type": "string"},
+                        "start_line": {"type": "integer"},
+                        "end_line": {"type": "integer"},
+                        "next_offset": {"type": ["integer", "null"]},
+                        "truncated": {"type": "boolean"},
+                    },
+                    "required": ["path", "content", "start_line", "end_line", "next_offset", "truncated"],
+                },
+                execute=self.read,
+                render=_render_read,
+                is_concurrency_safe=True,
+                examples=[{"path": "notes.txt"}, {"path": "notes.txt", "offset": 2, "limit": 1}],
+                annotations=READ_ONLY,
+            ),
+            define_tool(
+                name="list",
+                description="List the entries of a workspace directory (default: the workspace root).",
+                parameters={
+                    "type": "object",
+                    "properties": {"path": {"type": "string",
+                                            "description": "directory relative to the workspace root"}},
+                    "additionalProperties": False,
+                },
+                output_schema={
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string"},
+                        "entries": {"type": "array", "items": {
+                            "type": "object",
+                            "properties": {"name": {"type": "string"},
+                                           "type": {"enum": ["file", "dir", "symlink", "other"]},
+                                           "size": {"type": ["integer", "null"]}},
+                            "required": ["name", "type", "size"]}},
+                        "truncated": {"type": "boolean"},
+                    },
+                    "required": ["path", "entries", "truncated"],
+                },
+                execute=self.list,
+                render=_render_list,
+                is_concurrency_safe=True,
+                examples=[{}, {"path": "."}],
+                annotations=READ_ONLY,
+            ),
+            define_tool(
+                name="search",
+                description=("Search text files of the workspace for a regular expression (Python syntax), "
+                             "line by line. Returns matching lines as path:line: text, at most "
+                             f"{self.max_search_results}; binary and very large files are skipped."),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "pattern": {"type": "string", "minLength": 1, "description": "a regular expression"},
+                        "path": {"type": "string",
+                                 "description": "directory or file to search (default: the workspace root)"},
+                    },
+                    "required": ["pattern"],
+                    "additionalProperties": False,
+                },
+                output_schema={
+                    "type": "object",
+                    "properties": {
+                        "matches": {"type": "array", "items": {
+                            "type": "object",
+                            "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
+                                           "text": {"type": "string"}},
+                            "required": ["path", "line", "text"]}},
+                        "files_searched": {"type": "integer"},
+                        "files_skipped": {"type": "integer"},
+                        "truncated": {"type": "boolean"},
+                        "note": {"type": ["string", "null"]},
+                    },
+                    "required": ["matches", "files_searched", "files_skipped", "truncated", "note"],
+                },
+                execute=self.search,
+                render=_render_search,
+                is_concurrency_safe=True,
+                examples=[{"pattern": "good(bye)?"}, {"pattern": "line$", "path": "."}],
+                annotations=READ_ONLY,
+            ),
+        ]
+
+    # -- bodies -------------------------------------------------------------------------------------------
+
+    def _regular_file(self, real: str, given: str) -> os.stat_result:
+        try:
+            info = os.stat(real)
+        except FileNotFoundError:
+            raise ToolError(f"file not found: {given!r} (use list to see what exists)") from None
+        except OSError as error:
+            raise ToolError(f"cannot access {given!r}: {error.strerror}") from None
+        if stat.S_ISDIR(info.st_mode):
+            raise ToolError(f"{given!r} is a directory, not a file (use list to see its entries)")
+        if not stat.S_ISREG(info.st_mode):
+            raise ToolError(f"{given!r} is not a regular file")
+        return info
+
+    def _read_text(self, real: str, given: str) -> str:
+        """The whole text of a file for edit, refusing binary and oversized files."""
+        info = self._regular_file(real, given)
+        if info.st_size > self.max_file_bytes:
+            raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
+                            f"{_format_size(self.max_file_bytes)} limit for editing; rewrite it with smaller "
+                            "files or change it with bash")
+        data = Path(real).read_bytes()
+        if _looks_binary(data[:SNIFF_BYTES]):
+            raise ToolError(f"{given!r} is a binary file ({_format_size(len(data))}); only text files can be edited")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{given!r} is not valid UTF-8 text; only UTF-8 text files can be edited") from None
+
+    async def read(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``read``: a line range, numbered, bounded by ``max_read_bytes``."""
+        given: str = args["path"]
+        real = self.workspace.resolve(given)
+        info = self._regular_file(real, given)
+        offset: int = args.get("offset", 1)
+        limit: int = args.get("limit", DEFAULT_READ_LIMIT)
+        lines: list[str] = []
+        used = 0
+        truncated = False
+        next_offset: int | None = None
+        number = 0
+        with open(real, "rb") as handle:
+            if _looks_binary(handle.read(SNIFF_BYTES)):
+                raise ToolError(f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows "
+                                "text files")
+            handle.seek(0)
+            for number, raw in enumerate(handle, start=1):
+                if number < offset:
+                    continue
+                if number >= offset + limit:
+                    next_offset = number
+                    break
+                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if len(text) > MAX_LINE_CHARS:
+                    text = text[:MAX_LINE_CHARS] + f" [... line cut at {MAX_LINE_CHARS} characters]"
+                entry = f"{number:>6}\t{text}"
+                used += len(entry.encode("utf-8")) + 1
+                if used > self.max_read_bytes and lines:
+                    truncated, next_offset = True, number
+                    break
+                lines.append(entry)
+                if ctx.signal.aborted:
+                    ctx.signal.raise_if_aborted()
+        if number < offset and offset > 1:
+            raise ToolError(f"offset {offset} is past the end of {given!r}, which has {number} lines")
+        start = offset if lines else 0
+        return {
+            "path": self.workspace.relative(real),
+            "content": "\n".join(lines),
+            "start_line": start,
+            "end_line": start + len(lines) - 1 if lines else 0,
+            "next_offset": next_offset,
+            "truncated": truncated,
+        }
+
+    async def write(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``write``: create or replace one text file inside the workspace."""
+        given: str = args["path"]
+        content: str = args["content"]
+        data = content.encode("utf-8", errors="surrogatepass")
+        if len(data) > self.max_file_bytes:
+            raise ToolError(f"content is {_format_size(len(data))}, larger than the "
+                            f"{_format_size(self.max_file_bytes)} write limit")
+        real = self.workspace.resolve(given)
+        if real == self.workspace.root or os.path.isdir(real):
+            raise ToolError(f"{given!r} is a directory; give a file path")
+        parent = os.path.dirname(real)
+        if not os.path.isdir(parent):
+            if os.path.exists(parent):
+                raise ToolError(f"cannot create {given!r}: a parent path is not a directory")
+            os.makedirs(parent, exist_ok=True)
+            # The parents were just created under a checked real path; re-check in case of a race.
+            self.workspace.resolve(given)
+        created = not os.path.exists(real)
+        ctx.signal.raise_if_aborted()
+        try:
+            # O_NOFOLLOW: a symlink swapped in after the check is refused rather than followed.
+            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        return {"path": self.workspace.relative(real), "bytes": len(data), "created": created}
+
+    async def edit(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``edit``: exact replacement that fails on zero or (without replace_all) several matches."""
+        given: str = args["path"]
+        old: str = args["old_string"]
+        new: str = args["new_string"]
+        replace_all: bool = args.get("replace_all", False)
+        if not old:
+            raise ToolError("old_string must not be empty (use write to create or replace a whole file)")
+        if old == new:
+            raise ToolError("old_string and new_string are identical; nothing would change")
+        real = self.workspace.resolve(given)
+        text = self._read_text(real, given)
+        count = text.count(old)
+        if count == 0:
+            raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
+                            "including whitespace and indentation")
+        if count > 1 and not replace_all:
+            raise ToolError(f"old_string occurs {count} times in {given!r}; include more surrounding text to "
+                            "make it unique, or pass replace_all=true to replace every occurrence")
+        updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+        data = updated.encode("utf-8")
+        if len(data) > self.max_file_bytes:
+            raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "
+                            f"{_format_size(self.max_file_bytes)} limit")
+        ctx.signal.raise_if_aborted()
+        fd = os.open(real, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}
+
+    async def list(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``list``: one directory's entries, sorted, symlinks shown but not followed."""
+        given: str = args.get("path", ".")
+        real = self.workspace.resolve(given)
+        if not os.path.exists(real):
+            raise ToolError(f"directory not found: {given!r}")
+        if not os.path.isdir(real):
+            raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)")
+        entries: list[dict[str, Any]] = []
+        truncated = False
+        with os.scandir(real) as scan:
+            items = sorted(scan, key=lambda e: e.name)
+        for item in items:
+            if len(entries) >= self.max_list_entries:
+                truncated = True
+                break
+            kind, size = "other", None
+            if item.is_symlink():
+                kind = "symlink"
+            elif item.is_dir(follow_symlinks=False):
+                kind = "dir"
+            elif item.is_file(follow_symlinks=False):
+                kind = "file"
+                size = item.stat(follow_symlinks=False).st_size
+            entries.append({"name": item.name, "type": kind, "size": size})
+        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated}
+
+    async def search(self, args: Any, ctx: ToolContext) -> Any:
+        """Body of ``search``: a regex over text files, in a worker thread that stops on abort or timeout."""
+        try:
+            regex = re.compile(args["pattern"])
+        except re.error as error:
+            raise ToolError(f"invalid regular expression {args['pattern']!r}: {error}") from None
+        given: str = args.get("path", ".")
+        real = self.workspace.resolve(given)
+        if not os.path.exists(real):
+            raise ToolError(f"path not found: {given!r}")
+        stop = threading.Event()
+        remove = ctx.signal.add_listener(lambda _reason: stop.set())
+        try:
+            result = await asyncio.to_thread(self._search, regex, real, stop)
+        finally:
+            remove()
+            stop.set()  # a cancelled await leaves the thread running: tell it to stop
+        ctx.signal.raise_if_aborted()
+        return result
+
+    def _files(self, start: str) -> Iterator[str]:
+        if os.path.isfile(start):
+            yield start
+            return
+        for directory, dirs, files in os.walk(start, followlinks=False):
+            dirs[:] = sorted(d for d in dirs if d not in self.search_exclude)
+            for name in sorted(files):
+                yield os.path.join(directory, name)
+
+    def _search(self, regex: re.Pattern[str], start: str, stop: threading.Event) -> dict[str, Any]:
+        deadline = time.monotonic() + self.search_timeout_s
+        matches: list[dict[str, Any]] = []
+        searched = skipped = 0
+        note: str | None = None
+        truncated = False
+        for path in self._files(start):
+            if stop.is_set():
+                note = "search aborted"
+                truncated = True
+                break
+            if time.monotonic() > deadline:
+                note = f"search stopped after {self.search_timeout_s} s; narrow it with path"
+                truncated = True
+                break
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_search_file_bytes:
+                    skipped += 1
+                    continue
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                skipped += 1
+                continue
+            if _looks_binary(data[:SNIFF_BYTES]):
+                skipped += 1
+                continue
+            searched += 1
+            rel = self.workspace.relative(path)
+            for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+                if regex.search(line):
+                    if len(matches) >= self.max_search_results:
+                        truncated = True
+                        note = f"more than {self.max_search_results} matches; narrow the pattern or path"
+                        break
+                    text = line if len(line) <= 500 else line[:500] + " [...]"
+                    matches.append({"path": rel, "line": number, "text": text})
+            if truncated:
+                break
+        return {"matches": matches, "files_searched": searched, "files_skipped": skipped,
+                "truncated": truncated, "note": note}
+
+
+def _render_read(_args: Any, value: Any) -> str:
+    text = value["content"] or "(no lines in this range)"
+    if value["truncated"]:
+        text += (f"\n[output truncated to fit the read limit; continue with offset={value['next_offset']}]")
+    elif value["next_offset"] is not None:
+        text += f"\n[more lines follow; continue with offset={value['next_offset']}]"
+    return text
+
+
+def _render_list(_args: Any, value: Any) -> str:
+    lines = [e["name"] + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else "")
+             for e in value["entries"]]
+    if value["truncated"]:
+        lines.append("[listing truncated]")
+    return "\n".join(lines) if lines else f"(directory {value['path']} is empty)"
+
+
+def _render_search(_args: Any, value: Any) -> str:
+    lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in value["matches"]]
+    if not lines:
+        lines.append(f"no matches ({value['files_searched']} files searched)")
+    if value["note"]:
+        lines.append(f"[{value['note']}]")
+    return "\n".join(lines)
+
+
+@plugin(config_schema=CONFIG_SCHEMA)
+def workspace_plugin(scope: Scope, config: Any) -> WorkspaceTools:
+    """Entry point ``workspace``: file tools confined to ``config["root"]``."""
+    return WorkspaceTools(dict(config))
+
+
+plugin = workspace_plugin  # the entry point names ``dsh_plugins.workspace:plugin``

@@ -1,0 +1,148 @@
+"""The approval plugin through the pipeline: presets, allow/deny lists, the terminal channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import pty
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core import AbortController
+from dsh_core.model import ApprovalOutcome
+from dsh_plugins.approval import ApprovalPolicy
+
+pytestmark = pytest.mark.anyio
+
+
+def rows(workspace: Path, **approval: object) -> list[dict[str, object]]:
+    """workspace + bash + approval rows; ``terminal`` defaults to /dev/null (no terminal)."""
+    config = {"terminal": "/dev/null", **approval}
+    return [{"id": "workspace", "use": "workspace", "config": {"root": str(workspace)}},
+            {"id": "bash", "use": "bash", "config": {"root": str(workspace)}},
+            {"id": "policy", "use": "approval", "config": config}]
+
+
+async def test_read_only_denies_mutating_tools_and_says_how_to_allow(boot: Any, tmp_path: Path) -> None:
+    """read-only: read runs; write and bash are denied with a config hint naming the row."""
+    (tmp_path / "a.txt").write_text("hi\n")
+    async with boot(*rows(tmp_path, preset="read-only")) as h:
+        assert (await h.call("read", {"path": "a.txt"})).error is None
+        for name, args in [("write", {"path": "b.txt", "content": "x"}), ("bash", {"command": "touch c"})]:
+            result = await h.call(name, args)
+            assert result.code == "DENIED"
+            assert f'tool "{name}" may change things and the approval preset is "read-only"' in result.text
+            assert f'add "{name}" to allow in the config of plugin row "policy"' in result.text
+    assert not (tmp_path / "b.txt").exists() and not (tmp_path / "c").exists()
+
+
+async def test_workspace_write_allows_confined_tools_and_asks_for_others(boot: Any, tmp_path: Path) -> None:
+    """workspace-write: write runs; bash asks, and without a terminal it is denied with the hint."""
+    async with boot(*rows(tmp_path, preset="workspace-write")) as h:
+        assert (await h.call("write", {"path": "b.txt", "content": "x"})).error is None
+        result = await h.call("bash", {"command": "touch c"})
+    assert result.code == "DENIED"
+    assert 'tool "bash" requires approval, but no approval channel is available' in result.text
+    assert 'add "bash" to allow in the config of plugin row "policy"' in result.text
+    assert not (tmp_path / "c").exists()
+
+
+async def test_full_allow_and_deny_lists(boot: Any, tmp_path: Path) -> None:
+    """full runs everything; allow overrides the preset; deny always wins."""
+    async with boot(*rows(tmp_path, preset="full", deny=["wr*"])) as h:
+        assert (await h.call("bash", {"command": "true"})).error is None
+        denied = await h.call("write", {"path": "x", "content": ""})
+        assert denied.code == "DENIED" and 'deny pattern "wr*" in plugin row "policy"' in denied.text
+    async with boot(*rows(tmp_path, preset="read-only", allow=["bash"])) as h:
+        assert (await h.call("bash", {"command": "true"})).error is None
+    async with boot(*rows(tmp_path, interactive=False)) as h:
+        assert (await h.call("bash", {"command": "true"})).code == "DENIED"
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, str]]:
+    """A pseudo-terminal: the master fd (the 'person') and the slave's path (the plugin's terminal)."""
+    master, slave = pty.openpty()
+    path = os.ttyname(slave)
+    os.set_blocking(master, False)
+    try:
+        yield master, path
+    finally:
+        os.close(slave)
+        os.close(master)
+
+
+async def _read_until(fd: int, text: bytes) -> bytes:
+    seen = b""
+    for _ in range(500):
+        with contextlib.suppress(BlockingIOError):
+            seen += os.read(fd, 4096)
+        if text in seen:
+            return seen
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{text!r} never appeared on the terminal; got {seen!r}")
+
+
+@pytest.mark.parametrize(("answer", "allowed"), [(b"y\n", True), (b"yes\n", True), (b"n\n", False),
+                                                 (b"\n", False)])
+async def test_an_ask_is_answered_on_the_terminal(boot: Any, tmp_path: Path, terminal: tuple[int, str],
+                                                  answer: bytes, allowed: bool) -> None:
+    """The prompt names the tool and its arguments; y allows, anything else rejects."""
+    master, path = terminal
+    async with boot(*rows(tmp_path, terminal=path, root=str(tmp_path))) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}))
+        prompt = await _read_until(master, b"[y/N] ")
+        assert b'tool "bash"' in prompt and b'{"command": "touch made"}' in prompt
+        assert str(tmp_path).encode() in prompt
+        os.write(master, answer)
+        result = await asyncio.wait_for(call, 5)
+    if allowed:
+        assert result.error is None and (tmp_path / "made").exists()
+    else:
+        assert result.code == "DENIED" and 'the user rejected tool "bash"' in result.text
+        assert not (tmp_path / "made").exists()
+
+
+async def test_an_ask_is_cancelled_when_the_call_aborts(boot: Any, tmp_path: Path,
+                                                        terminal: tuple[int, str]) -> None:
+    """Aborting while the prompt waits settles the call as ABORTED_BEFORE_DISPATCH; the loop never blocks."""
+    master, path = terminal
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        controller = AbortController()
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}, signal=controller.signal))
+        await _read_until(master, b"[y/N] ")
+        ticks = 0
+        for _ in range(5):  # the event loop keeps running while the person thinks
+            await asyncio.sleep(0.01)
+            ticks += 1
+        controller.abort("gave up")
+        result = await asyncio.wait_for(call, 5)
+    assert ticks == 5
+    assert result.code == "ABORTED_BEFORE_DISPATCH"
+    assert not (tmp_path / "made").exists()
+
+
+async def test_arguments_cannot_drive_the_terminal(boot: Any, tmp_path: Path, terminal: tuple[int, str]) -> None:
+    """Control characters in arguments are escaped in the prompt."""
+    master, path = terminal
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": "echo \x1b[2J\x07"}))
+        prompt = await _read_until(master, b"[y/N] ")
+        os.write(master, b"n\n")
+        await asyncio.wait_for(call, 5)
+    assert b"\x1b" not in prompt and b"\\u001b[2J\\u0007" in prompt
+
+
+def test_dsh_approve_is_a_plain_function_that_abstains_without_a_terminal() -> None:
+    """firstresult hook: never async def; no terminal means no answer from this channel."""
+    assert not inspect.iscoroutinefunction(ApprovalPolicy.dsh_approve)
+    from dsh_core import Scope
+
+    policy = ApprovalPolicy(Scope("plugin:approval"), {"terminal": "/nonexistent/tty"})
+    assert policy.dsh_approve(None) is None  # type: ignore[arg-type]
+    assert ApprovalOutcome.UNAVAILABLE.value == "unavailable"

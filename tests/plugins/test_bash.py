@@ -1,0 +1,136 @@
+"""The bash plugin through the pipeline: output, timeout, output cap, abort, environment allowlist."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core import AbortController
+from dsh_core.errors import PluginLoadError
+from dsh_plugins.bash import build_environment, looks_like_credential
+
+pytestmark = pytest.mark.anyio
+
+
+def bash(root: Path, **config: object) -> dict[str, object]:
+    """The bash plugin row."""
+    return {"id": "bash", "use": "bash", "config": {"root": str(root), **config}}
+
+
+def alive(pid: int, settle_s: float = 2.0) -> bool:
+    """True if ``pid`` is still running ``settle_s`` after a kill (a zombie counts as dead)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            return False
+        if state == "Z":
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.02)
+
+
+async def test_runs_in_the_root_and_reports_output_and_exit_code(boot: Any, tmp_path: Path) -> None:
+    """stdout and stderr are combined; a non-zero exit is a result the model reads, not a failure."""
+    async with boot(bash(tmp_path)) as h:
+        ok = await h.call("bash", {"command": "pwd; echo out; echo err >&2"})
+        assert ok.value == {"exit_code": 0, "output": f"{tmp_path.resolve()}\nout\nerr\n", "truncated": False}
+        assert ok.text.endswith("[exit code 0]")
+        failed = await h.call("bash", {"command": "exit 3"})
+        assert failed.value["exit_code"] == 3 and failed.text == "(no output)\n[exit code 3]"
+        stdin = await h.call("bash", {"command": "cat"})  # stdin is closed: cat ends at once
+        assert stdin.value["exit_code"] == 0
+
+
+async def test_credentials_are_never_passed_through(boot: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only allowlisted variables reach the command; credential-like names never do."""
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws_secret")
+    monkeypatch.setenv("HARMLESS", "visible")
+    monkeypatch.setenv("UNLISTED", "hidden")
+    async with boot(bash(tmp_path, env_allowlist=["PATH", "HARMLESS"], env={"FIXED": "1"})) as h:
+        result = await h.call("bash", {"command": "env"})
+    output = result.value["output"]
+    assert "HARMLESS=visible" in output and "FIXED=1" in output
+    assert "secret" not in output and "UNLISTED" not in output
+    with pytest.raises(PluginLoadError, match="env_allowlist names credential-like variables"):
+        async with boot(bash(tmp_path, env_allowlist=["PATH", "GITHUB_TOKEN"])):
+            pass
+
+
+def test_credential_names_and_environment_building() -> None:
+    """The credential patterns and the allowlist filter, without a process."""
+    for name in ("GITHUB_TOKEN", "OPENAI_API_KEY", "aws_access_key_id", "DB_PASSWORD", "MY_SECRET"):
+        assert looks_like_credential(name), name
+    for name in ("PATH", "HOME", "LANG", "TERM"):
+        assert not looks_like_credential(name), name
+    env = build_environment({"PATH": "/bin", "API_KEY": "k", "X": "1"}, ["PATH", "API_KEY"], {"Y": "2"})
+    assert env == {"PATH": "/bin", "Y": "2"}
+
+
+async def test_a_command_that_never_ends_times_out_and_its_group_is_killed(boot: Any, tmp_path: Path) -> None:
+    """The timeout kills the whole process group (background children too) and says what to do."""
+    async with boot(bash(tmp_path)) as h:
+        started = time.monotonic()
+        result = await h.call("bash", {"command": "sleep 60 & echo $! > bg.pid; echo started; sleep 60",
+                                       "timeout": 0.5})
+        assert time.monotonic() - started < 5
+    assert result.code == "TOOL_FAILED"
+    assert "command timed out after 0.5 s and was killed" in result.text and "started" in result.text
+    assert not alive(int((tmp_path / "bg.pid").read_text()))
+
+
+async def test_background_processes_do_not_outlive_the_command(boot: Any, tmp_path: Path) -> None:
+    """When the command ends, what it left running in its group is killed (and the call does not hang)."""
+    async with boot(bash(tmp_path)) as h:
+        started = time.monotonic()
+        result = await h.call("bash", {"command": "sleep 60 & echo $! > bg.pid"})
+        assert time.monotonic() - started < 5
+    assert result.value["exit_code"] == 0
+    assert not alive(int((tmp_path / "bg.pid").read_text()))
+
+
+async def test_flooding_output_is_capped_head_and_tail(boot: Any, tmp_path: Path) -> None:
+    """A flood keeps the first and last bytes and says how much was dropped."""
+    async with boot(bash(tmp_path, max_output_bytes=1000)) as h:
+        result = await h.call("bash", {"command": "echo START; head -c 500000 /dev/zero | tr '\\0' a; echo; echo END"})
+    value = result.value
+    assert value["truncated"] is True
+    assert value["output"].startswith("START\naaa") and value["output"].rstrip().endswith("END")
+    assert "bytes of output omitted" in value["output"] and len(value["output"]) < 1200
+
+
+async def test_abort_kills_the_process_group_promptly(boot: Any, tmp_path: Path) -> None:
+    """Aborting the call's signal ends it as ABORTED and kills what the command started."""
+    async with boot(bash(tmp_path)) as h:
+        controller = AbortController()
+        call = asyncio.ensure_future(h.call("bash", {"command": "sleep 60 & echo $! > bg.pid; sleep 60"},
+                                            signal=controller.signal))
+        while not (tmp_path / "bg.pid").exists() or not (tmp_path / "bg.pid").read_text().strip():
+            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        controller.abort("user pressed ctrl-c")
+        result = await asyncio.wait_for(call, 5)
+        assert time.monotonic() - started < 2
+    assert result.code == "ABORTED"
+    assert not alive(int((tmp_path / "bg.pid").read_text()))
+
+
+async def test_bad_input_is_refused_clearly(boot: Any, tmp_path: Path) -> None:
+    """A timeout above the maximum and a NUL byte are refused before anything runs."""
+    async with boot(bash(tmp_path, max_timeout_s=10)) as h:
+        too_long = await h.call("bash", {"command": "touch never", "timeout": 11})
+        assert "timeout 11 s exceeds the maximum of 10 s" in too_long.text
+        nul = await h.call("bash", {"command": "touch never\0x"})
+        assert "NUL character" in nul.text
+        empty = await h.call("bash", {"command": ""})
+        assert empty.code == "INVALID_ARGS"
+    assert not (tmp_path / "never").exists()

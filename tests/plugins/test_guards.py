@@ -1,0 +1,94 @@
+"""The guards plugin through the pipeline: tool allow/deny lists and the path guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_plugins.guards import glob_to_regex
+
+pytestmark = pytest.mark.anyio
+
+
+def rows(root: Path, **guards: object) -> list[dict[str, object]]:
+    """workspace + bash + guards rows rooted at ``root``."""
+    return [{"id": "workspace", "use": "workspace", "config": {"root": str(root)}},
+            {"id": "bash", "use": "bash", "config": {"root": str(root)}},
+            {"id": "guards", "use": "guards", "config": {"root": str(root), **guards}}]
+
+
+async def test_tool_deny_and_allow_lists(boot: Any, tmp_path: Path) -> None:
+    """deny_tools denies matching names; a non-empty allow_tools denies everything else."""
+    async with boot(*rows(tmp_path, deny_tools=["ba*"])) as h:
+        denied = await h.call("bash", {"command": "touch x"})
+        assert denied.code == "DENIED"
+        assert 'guards: tool "bash" is denied (deny_tools pattern "ba*"' in denied.text
+        assert (await h.call("list", {})).error is None
+    async with boot(*rows(tmp_path, allow_tools=["read", "list"])) as h:
+        assert (await h.call("list", {})).error is None
+        denied = await h.call("write", {"path": "y", "content": ""})
+        assert denied.code == "DENIED" and 'tool "write" is not in allow_tools' in denied.text
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+async def test_deny_paths_cover_relative_absolute_and_symlinked_spellings(boot: Any, tmp_path: Path) -> None:
+    """A denied glob matches the given path and where its symlinks lead; absolute globs match absolute paths."""
+    (tmp_path / ".env").write_text("SECRET=1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "alias").symlink_to(tmp_path / ".env")
+    (tmp_path / "notes.txt").write_text("ok\n")
+    async with boot(*rows(tmp_path, deny_paths=["**/.env", f"{tmp_path}/private/**"])) as h:
+        for path in (".env", "sub/../.env", str(tmp_path / ".env"), "sub/alias", "private/key.pem"):
+            result = await h.call("read", {"path": path})
+            assert result.code == "DENIED", path
+            assert f'guards: path "{path}" (argument "path") matches the denied pattern' in result.text
+        assert (await h.call("read", {"path": "notes.txt"})).error is None
+
+
+async def test_allowed_roots_deny_paths_outside(boot: Any, tmp_path: Path) -> None:
+    """Paths outside every allowed root are denied (before the tool could even try)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x\n")
+    (tmp_path / "docs.txt").write_text("y\n")
+    async with boot(*rows(tmp_path, allowed_roots=["src"])) as h:
+        assert (await h.call("read", {"path": "src/a.py"})).error is None
+        denied = await h.call("write", {"path": "docs.txt", "content": "pwned"})
+        assert denied.code == "DENIED"
+        assert f'resolves to {tmp_path.resolve()}/docs.txt, outside the allowed roots' in denied.text
+    assert (tmp_path / "docs.txt").read_text() == "y\n"
+
+
+async def test_custom_path_arguments_and_lists(boot: Any, tmp_path: Path) -> None:
+    """path_arguments chooses which argument names hold paths; list values are checked item by item."""
+    from dsh_core.plugins import PluginCatalog
+    from dsh_core.testing.loader import load_plugin
+
+    loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": ["*.key"],
+                                          "path_arguments": ["files"]})
+    try:
+        from dsh_core import ToolExecution
+        from dsh_core.abort import AbortSignal
+        from dsh_core.model import ExecutionToken
+
+        def execution(arguments: object) -> ToolExecution:
+            return ToolExecution(call_id="c", root_call_id="c", name="t", arguments=arguments,
+                                 signal=AbortSignal.never(), agent=None, parent=None, token=ExecutionToken())
+
+        assert await loaded.hooks.guard(execution({"files": ["a.txt", "b.key"]})) is not None
+        assert await loaded.hooks.guard(execution({"files": ["a.txt"]})) is None
+        assert await loaded.hooks.guard(execution({"path": "b.key"})) is None  # not a path argument here
+    finally:
+        await loaded.dispose()
+    assert PluginCatalog  # imported for symmetry with the other tests
+
+
+def test_glob_translation() -> None:
+    """* and ? stay in a segment, ** spans segments, classes work."""
+    assert glob_to_regex("**/.env").match(".env")
+    assert glob_to_regex("**/.env").match("a/b/.env")
+    assert not glob_to_regex("*.py").match("a/b.py")
+    assert glob_to_regex("src/**").match("src/a/b.py")
+    assert glob_to_regex("file?.[ch]").match("file1.c")
+    assert not glob_to_regex("file?.[!ch]").match("file1.c")

@@ -1,0 +1,178 @@
+"""The workspace plugin through the whole pipeline: tools, confinement, bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core.registry import ToolRegistry
+
+pytestmark = pytest.mark.anyio
+
+
+def row(use: str, **config: object) -> dict[str, object]:
+    """One plugin row whose id is the entry-point name."""
+    return {"id": use, "use": use, "config": config}
+
+
+def ws(root: Path, **config: object) -> dict[str, object]:
+    return row("workspace", root=str(root), **config)
+
+
+async def test_write_read_edit_list_search_round_trip(boot: Any, tmp_path: Path) -> None:
+    """The five tools work together on a fresh workspace, with model-readable content."""
+    async with boot(ws(tmp_path)) as h:
+        written = await h.call("write", {"path": "src/app.py", "content": "a = 1\nb = 2\nc = a + b\n"})
+        assert written.value == {"path": "src/app.py", "bytes": 22, "created": True}
+        assert written.text == "Created src/app.py (22 bytes)"
+        read = await h.call("read", {"path": "src/app.py", "offset": 2, "limit": 1})
+        assert read.value["content"] == "     2\tb = 2"
+        assert read.value["next_offset"] == 3
+        assert "continue with offset=3" in read.text
+        edited = await h.call("edit", {"path": "src/app.py", "old_string": "b = 2", "new_string": "b = 20"})
+        assert edited.value == {"path": "src/app.py", "replacements": 1}
+        assert (tmp_path / "src/app.py").read_text() == "a = 1\nb = 20\nc = a + b\n"
+        listing = await h.call("list", {})
+        assert listing.value["entries"] == [{"name": "src", "type": "dir", "size": None}]
+        assert listing.text == "src/"
+        found = await h.call("search", {"pattern": r"b = \d+"})
+        assert found.value["matches"] == [{"path": "src/app.py", "line": 2, "text": "b = 20"}]
+        assert found.text == "src/app.py:2: b = 20"
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.txt", "sub/../../outside.txt"])
+async def test_paths_outside_the_root_are_refused_without_side_effect(boot: Any, tmp_path: Path, path: str) -> None:
+    """Absolute paths outside and .. escapes fail clearly, and nothing is written outside."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    async with boot(ws(root)) as h:
+        for name, args in [("read", {"path": path}), ("write", {"path": path, "content": "x"}),
+                           ("edit", {"path": path, "old_string": "a", "new_string": "b"}),
+                           ("list", {"path": path}), ("search", {"pattern": "x", "path": path})]:
+            result = await h.call(name, args)
+            assert result.code == "TOOL_FAILED", (name, result)
+            assert "is outside the workspace" in result.error.message  # type: ignore[union-attr]
+    assert not (tmp_path / "outside.txt").exists()
+
+
+async def test_symlink_escapes_are_refused_without_side_effect(boot: Any, tmp_path: Path) -> None:
+    """A symlink (file or directory) leading out of the root is refused for reading and writing."""
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    secret.write_text("top secret\n")
+    (root / "link.txt").symlink_to(secret)
+    (root / "dir").symlink_to(outside)
+    async with boot(ws(root)) as h:
+        for name, args in [("read", {"path": "link.txt"}), ("read", {"path": "dir/secret.txt"}),
+                           ("write", {"path": "link.txt", "content": "pwned"}),
+                           ("write", {"path": "dir/new.txt", "content": "pwned"}),
+                           ("edit", {"path": "dir/secret.txt", "old_string": "top", "new_string": "no"}),
+                           ("list", {"path": "dir"})]:
+            result = await h.call(name, args)
+            assert result.code == "TOOL_FAILED", (name, result)
+            assert "leads outside the workspace" in result.error.message  # type: ignore[union-attr]
+        listing = await h.call("list", {})
+        assert {"name": "link.txt", "type": "symlink", "size": None} in listing.value["entries"]
+        found = await h.call("search", {"pattern": "secret"})
+        assert found.value["matches"] == []  # search never follows links out
+    assert secret.read_text() == "top secret\n"
+    assert not (outside / "new.txt").exists()
+
+
+async def test_binary_files_get_a_clear_message(boot: Any, tmp_path: Path) -> None:
+    """read and edit refuse binary files by name and size; search skips them."""
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0" + bytes(range(256)) * 4)
+    async with boot(ws(tmp_path)) as h:
+        read = await h.call("read", {"path": "image.png"})
+        assert read.code == "TOOL_FAILED"
+        assert "'image.png' is a binary file" in read.text
+        edit = await h.call("edit", {"path": "image.png", "old_string": "PNG", "new_string": "GIF"})
+        assert "is a binary file" in edit.text
+        found = await h.call("search", {"pattern": "PNG"})
+        assert found.value["files_skipped"] == 1 and found.value["matches"] == []
+
+
+async def test_oversized_files_are_bounded_with_a_clear_message(boot: Any, tmp_path: Path) -> None:
+    """A huge read is truncated with a continuation offset; edit and write refuse beyond their limit."""
+    big = "".join(f"line {i:05d} " + "x" * 90 + "\n" for i in range(5000))  # ~500 KB
+    (tmp_path / "big.txt").write_text(big)
+    async with boot(ws(tmp_path, max_read_bytes=4096, max_file_bytes=100_000)) as h:
+        read = await h.call("read", {"path": "big.txt"})
+        assert read.value["truncated"] is True
+        assert len(read.value["content"].encode()) <= 4096
+        assert f"continue with offset={read.value['next_offset']}" in read.text
+        later = await h.call("read", {"path": "big.txt", "offset": 4999, "limit": 5})
+        assert later.value["content"].startswith("  4999\tline 04998")
+        edit = await h.call("edit", {"path": "big.txt", "old_string": "line 00001", "new_string": "L"})
+        assert "larger than the 97.7 KiB limit for editing" in edit.text
+        write = await h.call("write", {"path": "huge.txt", "content": "y" * 200_000})
+        assert "larger than the 97.7 KiB write limit" in write.text
+        past = await h.call("read", {"path": "big.txt", "offset": 9999})
+        assert "offset 9999 is past the end" in past.text
+    assert not (tmp_path / "huge.txt").exists()
+
+
+async def test_edit_fails_clearly_on_zero_or_several_matches(boot: Any, tmp_path: Path) -> None:
+    """Zero matches and ambiguous matches are refused; replace_all replaces every one."""
+    (tmp_path / "f.txt").write_text("x = 1\nx = 1\n")
+    async with boot(ws(tmp_path)) as h:
+        missing = await h.call("edit", {"path": "f.txt", "old_string": "y = 2", "new_string": "z"})
+        assert "old_string was not found in 'f.txt'" in missing.text
+        several = await h.call("edit", {"path": "f.txt", "old_string": "x = 1", "new_string": "x = 2"})
+        assert "old_string occurs 2 times in 'f.txt'" in several.text and "replace_all" in several.text
+        assert (tmp_path / "f.txt").read_text() == "x = 1\nx = 1\n"
+        every = await h.call("edit", {"path": "f.txt", "old_string": "x = 1", "new_string": "x = 2",
+                                      "replace_all": True})
+        assert every.value["replacements"] == 2
+        same = await h.call("edit", {"path": "f.txt", "old_string": "x", "new_string": "x"})
+        assert "identical" in same.text
+        nofile = await h.call("read", {"path": "nope.txt"})
+        assert "file not found: 'nope.txt'" in nofile.text
+        isdir = await h.call("write", {"path": ".", "content": "x"})
+        assert "is a directory" in isdir.text
+
+
+async def test_search_is_bounded_and_reports_bad_regexes(boot: Any, tmp_path: Path) -> None:
+    """Results stop at max_search_results with a note; an invalid regex is a clear error."""
+    (tmp_path / "many.txt").write_text("hit\n" * 50)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("hit\n")
+    async with boot(ws(tmp_path, max_search_results=10)) as h:
+        found = await h.call("search", {"pattern": "hit"})
+        assert len(found.value["matches"]) == 10 and found.value["truncated"] is True
+        assert "more than 10 matches" in found.text
+        assert all(m["path"] == "many.txt" for m in found.value["matches"])  # .git is excluded
+        bad = await h.call("search", {"pattern": "("})
+        assert bad.code == "TOOL_FAILED" and "invalid regular expression '('" in bad.text
+
+
+async def test_read_only_tools_are_parallel_and_mutating_ones_exclusive(boot: Any, tmp_path: Path) -> None:
+    """Annotations and concurrency declarations are what approval policies and schedulers read."""
+    async with boot(ws(tmp_path)) as h:
+        registry: ToolRegistry = h.registry
+        for name in ("read", "list", "search"):
+            definition = registry.get(name)
+            assert definition is not None
+            assert definition.annotations == {"read_only": True, "workspace_confined": True}
+            assert registry.execution_mode(name, {"path": "x", "pattern": "x"}, None, False) == "parallel"
+        for name in ("write", "edit"):
+            definition = registry.get(name)
+            assert definition is not None
+            assert definition.annotations == {"workspace_confined": True}
+            assert registry.execution_mode(name, {}, None, False) == "exclusive"
+        assert registry.get("read").parameters["required"] == ["path"]  # type: ignore[union-attr]
+
+
+async def test_a_relative_root_is_refused_at_start(boot: Any, tmp_path: Path) -> None:
+    """The plugin refuses to start on a root that is not an absolute directory."""
+    from dsh_core.errors import PluginLoadError
+
+    with pytest.raises(PluginLoadError, match="workspace root must be an absolute path"):
+        async with boot(row("workspace", root="relative/dir")):
+            pass
+    assert os.path.isdir(tmp_path)

@@ -1,0 +1,69 @@
+"""The README documents every hook with its exact signature, and its plugin walk-through works."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from dsh_hookspecs import PROJECT, SPEC_MODULES
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _section(name: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"<!-- section:{name} -->(.*?)<!-- /section:{name} -->", text, re.S)
+    assert match, f"README.md has no {name} section"
+    return match.group(1)
+
+
+def _hookspecs() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for module_name in SPEC_MODULES:
+        module = importlib.import_module(module_name)
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if getattr(function, f"{PROJECT}_spec", None) is not None:
+                found[name] = f"{name}({', '.join(inspect.signature(function).parameters)})"
+    return found
+
+
+def test_every_hookspec_is_documented_with_its_exact_signature() -> None:
+    """Each hook has a heading ### `dsh_name(arg1, arg2)` in the hooks section, and no stale ones remain."""
+    headings = set(re.findall(r"^### `(dsh_\w+\([^)]*\))`$", _section("hooks"), re.M))
+    specs = _hookspecs()
+    assert len(specs) >= 12
+    missing = sorted(set(specs.values()) - headings)
+    assert not missing, f"undocumented (or wrong signature) in README hooks section: {missing}"
+    stale = sorted(h for h in headings if h.split("(")[0] not in specs)
+    assert not stale, f"README documents hooks that do not exist: {stale}"
+
+
+def _code_blocks(section: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+
+
+@pytest.mark.slow
+def test_the_writing_a_plugin_walk_through_passes_the_kit(tmp_path: Path) -> None:
+    """The README's example package, made importable with its entry point, passes all 13 checks."""
+    section = _section("plugins")
+    python = [block for block in _code_blocks(section, "python") if "class Weather" in block]
+    test = [block for block in _code_blocks(section, "python") if "ToolPluginConformance" in block]
+    assert python and test
+    (tmp_path / "dsh_weather.py").write_text(python[0])
+    (tmp_path / "test_conformance.py").write_text(test[0])
+    dist = tmp_path / "dsh_weather-0.1.0.dist-info"  # what `pip install` would write
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dsh-weather\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[dsh.plugins]\nweather = dsh_weather:plugin\n")
+    assert 'weather = "dsh_weather:plugin"' in section
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+         "test_conformance.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 0, textwrap.indent(completed.stdout[-3000:], "  ")
+    assert "13 passed" in completed.stdout

@@ -1,0 +1,184 @@
+"""The conformance kit (dsh_core.testing), tested black-box with pytester in subprocesses.
+
+The fixture plugins under tests/fixtures/conformance are "installed" into each
+pytester directory as a distribution (a ``.dist-info`` with entry points), so
+the kit finds them through ``dsh.plugins`` exactly as it finds a real package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dsh_core.abort import AbortSignal
+from dsh_core.model import ToolResult
+from dsh_core.testing import checks
+from dsh_core.testing.checks import Target
+
+pytest_plugins = ["pytester"]
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"
+
+ENTRY_POINTS = """\
+[dsh.plugins]
+good = good_plugin:plugin
+noisy = noisy_plugin:plugin
+bad-config = broken_plugins:bad_config
+bad-names = broken_plugins:bad_names
+bad-tools = broken_plugins:bad_tools
+bad-hooks = broken_plugins:bad_hooks
+leaky = broken_plugins:leaky
+"""
+
+
+#: Options of every inner run: no cache, and no hypothesis plugin (it costs a second per interpreter).
+QUIET = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+
+
+@pytest.fixture
+def kit(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A pytester directory where the fixture plugins are an installed distribution."""
+    for source in FIXTURES.glob("*.py"):
+        shutil.copy(source, pytester.path / source.name)
+    dist = pytester.path / "dsh_conformance_fixtures-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dsh-conformance-fixtures\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(ENTRY_POINTS)
+    return pytester
+
+
+def test_good_plugin_passes_every_check_from_the_command_line_and_as_a_subclass(kit: pytest.Pytester) -> None:
+    """--dsh-conformance=good adds the shipped suite; a ToolPluginConformance subclass runs the same checks.
+
+    Both pass all 13 checks (the subclass feeds its own config through plugin_config); a subclass that
+    forgets plugin_name errors with a message saying what to set; the marker is registered (strict markers).
+    """
+    kit.makepyfile(test_mine="""
+        import pytest
+        from dsh_core.testing import ToolPluginConformance
+
+        class TestGood(ToolPluginConformance):
+            plugin_name = "good"
+
+            @pytest.fixture
+            def plugin_config(self):
+                return {"greeting": "hi"}
+
+        class TestNothing(ToolPluginConformance):
+            pass
+    """)
+    result = kit.runpytest_subprocess(".", "--dsh-conformance=good", *QUIET, "--strict-markers",
+                                      "-m", "dsh_conformance", "-v")
+    result.assert_outcomes(passed=26, errors=13)
+    out = result.stdout
+    out.fnmatch_lines(["*TestDshConformance::test_dispose_unregisters_everything_and_quiesces[[]good[]] PASSED*"])
+    out.fnmatch_lines(["*test_mine.py::TestGood::test_dispose_unregisters_everything_and_quiesces PASSED*"])
+    out.fnmatch_lines(["*TestNothing: set plugin_name = '<entry point name in dsh.plugins>'*"])
+
+
+def test_broken_plugins_fail_each_check_with_its_message(kit: pytest.Pytester) -> None:
+    """Every check fails on the plugin broken for it, naming the tool, the check and the fix.
+
+    Also: an unknown name lists the installed entry points, and with no test paths only the suite runs.
+    """
+    kit.makepyfile(test_unrelated="def test_not_collected():\n    raise AssertionError")
+    names = ["noisy", "bad-config", "bad-names", "bad-tools", "bad-hooks", "leaky", "nope"]
+    result = kit.runpytest_subprocess(*[f"--dsh-conformance={n}" for n in names],
+                                      "--dsh-conformance-abort-bound=0.1", *QUIET, "-rf")
+    out = result.stdout
+    out.fnmatch_lines(["*[[]dsh:stdout[]] plugin \"noisy\": loading the plugin wrote to stdout: "
+                       "b'noisy plugin loaded!*", "*fix: never print() at import*"])
+    out.fnmatch_lines(["*[[]dsh:config-schema[]] plugin \"bad-config\": *invalid JSON Schema*"])
+    out.fnmatch_lines(["*[[]dsh:entry-point[]] plugin \"bad-config\": *config schema*"])
+    out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "run_code": "run_code" is reserved*'])
+    out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "bad name!": invalid tool name*'])
+    out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "twice": the plugin registers this '
+                       "name twice*"])
+    out.fnmatch_lines(['*[[]dsh:tool-schemas[]] plugin "bad-tools", tool "bad_schema": *invalid JSON Schema*'])
+    out.fnmatch_lines(['*[[]dsh:examples[]] plugin "bad-tools", tool "no_examples": the tool declares no '
+                       "examples*"])
+    out.fnmatch_lines(['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "no_examples": '
+                       "is_concurrency_safe is not declared*"])
+    out.fnmatch_lines(['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "moody": is_concurrency_safe '
+                       "is not pure*"])
+    out.fnmatch_lines(['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "stringly": '
+                       "is_concurrency_safe returned 'yes' (str)*"])
+    out.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "bad-tools", tool "lossy": *INVALID_TOOL_OUTPUT*'])
+    out.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "bad-tools", tool "wrong_output": '
+                       "*INVALID_TOOL_OUTPUT*"])
+    out.fnmatch_lines(['*[[]dsh:typed-errors[]] plugin "bad-tools", tool "untyped": *the untyped KeyError*',
+                       "*fix: catch it and raise dsh_core.ToolError*"])
+    out.fnmatch_lines(['*[[]dsh:abort[]] plugin "bad-tools", tool "deaf": the body returned * s after the '
+                       "abort (bound: 0.1 s)*"])
+    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_guard (hook dsh_guard) declares '
+                       "defaults for execution*"])
+    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_approve (hook dsh_approve) is async def '
+                       "on a first-result hook*"])
+    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_pre_execute (hook dsh_pre_execute) is a '
+                       "pluggy wrapper*"])
+    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_no_such_hook (hook dsh_no_such_hook) '
+                       "implements no known hook*"])
+    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": task leaked-task * is still running after dispose*'])
+    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": thread \'leaked-thread\' is still running*'])
+    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": child process pid * (sleep 10) is still running*'])
+    out.fnmatch_lines(["*[[]dsh:entry-point[]] plugin \"nope\": no entry point named 'nope'*installed:*good*"])
+    assert "test_not_collected" not in out.str()
+    failed = {line.split("[", 1)[1].split("]", 1)[0] for line in result.outlines
+              if line.startswith("FAILED") and "[" in line}
+    assert set(names) <= failed
+
+
+def test_opting_out_with_p_no_dsh_removes_the_options(kit: pytest.Pytester) -> None:
+    """-p no:dsh disables the plugin: its options are unknown."""
+    result = kit.runpytest_subprocess("-p", "no:dsh", *QUIET, "--dsh-conformance=good")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*unrecognized arguments: --dsh-conformance=good*"])
+
+
+def test_the_plugin_is_inert_without_its_options(kit: pytest.Pytester) -> None:
+    """Without --dsh-conformance the plugin collects nothing extra (the project's tests run alone)."""
+    kit.makepyfile(test_plain="def test_ok():\n    pass")
+    kit.runpytest_subprocess(*QUIET, "--strict-markers").assert_outcomes(passed=1)
+
+
+class _StubRuntime:
+    """A runtime that ignores abort signals: what the pre-abort check exists to catch."""
+
+    def __init__(self, loaded: Any) -> None:
+        self.loaded = loaded
+
+    async def execute(self, request: Any) -> ToolResult:
+        spy = self.loaded.spies[request.name]
+        await spy.execute(request.arguments, SimpleNamespace(signal=AbortSignal.never()))
+        return ToolResult(content="ran anyway")
+
+
+def test_pre_abort_check_catches_a_body_that_runs_after_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core makes a pre-aborted dispatch impossible for plugins, so the check is proven on a stub runtime."""
+    real_load = checks.load_plugin
+
+    async def load(*args: Any, **kwargs: Any) -> Any:
+        loaded = await real_load(*args, **kwargs)
+        loaded.runtime = _StubRuntime(loaded)  # type: ignore[assignment]
+        return loaded
+
+    monkeypatch.setattr(checks, "load_plugin", load)
+    failures = checks.check_pre_abort(Target("guards"))
+    assert failures == []  # guards registers no tools: nothing to call
+    failures = checks.check_pre_abort(Target("bash", {"root": str(Path.cwd())}))
+    assert any("the body ran although the call was aborted" in f for f in failures)
+    assert any("expected ABORTED_BEFORE_DISPATCH, got a success" in f for f in failures)
+
+
+def test_same_compares_types_deeply() -> None:
+    """The round-trip comparison tells 1, 1.0 and True apart, at any depth."""
+    assert checks.same({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]})
+    assert not checks.same({"a": [1]}, {"a": [1.0]})
+    assert not checks.same([True], [1])
+    assert not checks.same({"a": 1, "b": 2}, {"b": 2, "a": 1})  # key order survives JSON; keep it
+    asyncio.run(asyncio.sleep(0))
