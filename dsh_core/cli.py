@@ -230,3 +230,9 @@ def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | Non
     else:
         click.echo(result.text)
     sys.exit(1 if result.is_error else 0)
+
+
+# Code Mode commands (run-code, sdk) live with Code Mode.
+from dsh_core.codemode.cli import register as _register_codemode  # noqa: E402
+
+_register_codemode(main)

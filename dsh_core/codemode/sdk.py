@@ -1,0 +1,469 @@
+"""The SDK a ``run_code`` program is written against, rendered from the caller's visible tools.
+
+Two renderers share one iterative schema walker (an explicit stack, so a deep
+schema never meets the interpreter's recursion limit; nesting deeper than
+:data:`MAX_TYPE_DEPTH` renders as ``Any``/``JsonValue``):
+
+* :func:`render_python_sdk`: usage rules, then a ``python`` block with
+  ``TypedDict`` classes for every argument and output object (``NotRequired``
+  for optional keys, ``Literal`` for ``const``/``enum``, ``A | B`` for
+  ``oneOf``/``anyOf``/type lists, ``list[...]``, ``Any`` where untyped), a
+  ``ToolCallError`` class and a ``Tools`` protocol with one
+  ``async def name(self, args) -> Output`` per tool whose name is a plain
+  identifier, its description as the docstring. Other names (keywords, a
+  leading underscore, punctuation) are listed as comments to be called by
+  subscript: ``tools["my-tool"]({...})``.
+* :func:`render_typescript_sdk`: the same information as TypeScript
+  declarations (``ToolArgsMap``, ``ToolOutputMap``, ``ToolCallError``,
+  ``declare const tools``), for parity.
+
+Output is deterministic: tools are sorted by name, properties keep their
+declared order, and class names are minted in traversal order, so an
+unchanged tool set renders byte-identically.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from attrs import frozen
+
+from dsh_core.model import ToolDefinition
+
+__all__ = [
+    "MAX_TYPE_DEPTH",
+    "SdkTool",
+    "SDK_RENDERERS",
+    "render_sdk",
+    "render_python_sdk",
+    "render_typescript_sdk",
+    "sdk_tools",
+    "is_attribute_name",
+]
+
+#: Types nested deeper than this render as ``Any`` (Python) / ``JsonValue`` (TypeScript).
+MAX_TYPE_DEPTH: Final = 180
+#: Longest generated class name (before a de-duplication suffix).
+MAX_CLASS_NAME: Final = 120
+
+
+@frozen
+class SdkTool:
+    """What a renderer needs of one tool: name, description and the two schemas."""
+
+    name: str
+    description: str
+    parameters: Any
+    output: Any
+
+
+def sdk_tools(definitions: Iterable[ToolDefinition]) -> list[SdkTool]:
+    """Project definitions for rendering, sorted by name (``run_code`` is never among them)."""
+    tools = [SdkTool(d.name, d.description, d.parameters, d.output.schema) for d in definitions
+             if d.name != "run_code"]
+    return sorted(tools, key=lambda tool: tool.name)
+
+
+def is_attribute_name(name: str) -> bool:
+    """True when ``tools.<name>`` works and reads well: an NFKC-stable identifier, no keyword, no ``_`` prefix."""
+    return (name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
+            and unicodedata.normalize("NFKC", name) == name)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- the iterative walker -------------------------------------------------------------------------------
+
+
+class _Node:
+    """An inner type: its children (schema, name hint) and how to combine their texts."""
+
+    __slots__ = ("children", "combine")
+
+    def __init__(self, children: list[tuple[Any, str]], combine: Callable[[list[str]], str]) -> None:
+        self.children = children
+        self.combine = combine
+
+
+Visit = Callable[[Any, str, int], "str | _Node"]
+
+
+def _expand(schema: Any, hint: str, visit: Visit) -> str:
+    """Post-order over the type tree with an explicit stack: children are combined before parents."""
+    first = visit(schema, hint, 0)
+    if isinstance(first, str):
+        return first
+    frames: list[tuple[_Node, Iterable[tuple[Any, str]], list[str], int]] = [(first, iter(first.children), [], 0)]
+    while True:
+        node, children, done, depth = frames[-1]
+        child = next(children, None)  # type: ignore[call-overload]
+        if child is None:
+            frames.pop()
+            text = node.combine(done)
+            if not frames:
+                return text
+            frames[-1][2].append(text)
+            continue
+        visited = visit(child[0], child[1], depth + 1)
+        if isinstance(visited, str):
+            done.append(visited)
+        else:
+            frames.append((visited, iter(visited.children), [], depth + 1))
+
+
+def _types_of(schema: Mapping[str, Any]) -> list[str]:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return [kind]
+    if isinstance(kind, list) and all(isinstance(k, str) for k in kind):
+        return list(dict.fromkeys(kind))
+    if isinstance(schema.get("properties"), dict):
+        return ["object"]
+    if "items" in schema:
+        return ["array"]
+    return []
+
+
+def _alternatives(schema: Mapping[str, Any]) -> list[Any] | None:
+    for key in ("oneOf", "anyOf"):
+        value = schema.get(key)
+        if isinstance(value, list) and value:
+            return value
+    value = schema.get("allOf")
+    if isinstance(value, list) and len(value) == 1:
+        return value
+    return None
+
+
+def _union(parts: Sequence[str]) -> str:
+    unique = list(dict.fromkeys(parts))
+    return " | ".join(unique) if unique else "Any"
+
+
+def _camel(text: str) -> str:
+    words = re.split(r"[^0-9A-Za-z]+", text)
+    name = "".join(word[:1].upper() + word[1:] for word in words if word)
+    if not name:
+        name = "Tool"
+    if name[0].isdigit():
+        name = "T" + name
+    return name
+
+
+# -- Python -------------------------------------------------------------------------------------------
+
+
+_PY_SCALARS: Final = {"string": "str", "number": "float", "integer": "int", "boolean": "bool", "null": "None"}
+
+
+def _py_literal(value: Any) -> str | None:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return None
+
+
+def _py_value_type(value: Any) -> str:
+    if value is None:
+        return "None"
+    for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
+        if isinstance(value, kind):
+            return name
+    return "list[Any]" if isinstance(value, list) else "dict[str, Any]"
+
+
+class _PythonTypes:
+    """Renders schemas as Python type expressions, collecting the TypedDict classes they need."""
+
+    def __init__(self) -> None:
+        self.classes: list[str] = []
+        self.used: set[str] = set()
+        self._names: set[str] = {"ToolCallError", "Tools", "Any", "Literal", "NotRequired", "Protocol",
+                                 "TypedDict"}
+
+    def class_name(self, hint: str) -> str:
+        base = hint[:MAX_CLASS_NAME]
+        name, suffix = base, 2
+        while name in self._names:
+            name = f"{base}{suffix}"
+            suffix += 1
+        self._names.add(name)
+        return name
+
+    def expression(self, schema: Any, hint: str) -> str:
+        return _expand(schema, hint, self._visit)
+
+    def _any(self) -> str:
+        self.used.add("Any")
+        return "Any"
+
+    def _visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+        if not isinstance(schema, dict) or depth > MAX_TYPE_DEPTH:
+            return self._any()
+        if "const" in schema:
+            return self._literals([schema["const"]])
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum:
+            return self._literals(enum)
+        alternatives = _alternatives(schema)
+        if alternatives is not None:
+            return _Node([(alt, f"{hint}{i + 1}" if len(alternatives) > 1 else hint)
+                          for i, alt in enumerate(alternatives)], _union)
+        types = _types_of(schema)
+        if not types:
+            return self._any()
+        if len(types) > 1:
+            return _Node([({**schema, "type": kind}, hint) for kind in types], _union)
+        kind = types[0]
+        if kind in _PY_SCALARS:
+            return _PY_SCALARS[kind]
+        if kind == "array":
+            items = schema.get("items")
+            if isinstance(items, dict):
+                return _Node([(items, hint + "Item")], lambda parts: f"list[{parts[0]}]")
+            return f"list[{self._any()}]"
+        if kind == "object":
+            return self._object(schema, hint)
+        return self._any()
+
+    def _literals(self, values: list[Any]) -> str:
+        literals = [_py_literal(v) for v in values]
+        if all(item is not None for item in literals):
+            self.used.add("Literal")
+            return f"Literal[{', '.join(dict.fromkeys(literals))}]"  # type: ignore[arg-type]
+        types = [_py_value_type(v) for v in values]
+        if any("Any" in t for t in types):
+            self.used.add("Any")
+        return _union(types)
+
+    def _object(self, schema: Mapping[str, Any], hint: str) -> str | _Node:
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties", True)
+        if not isinstance(properties, dict) or not properties:
+            if isinstance(extra, dict):
+                return _Node([(extra, hint + "Value")], lambda parts: f"dict[str, {parts[0]}]")
+            return f"dict[str, {self._any()}]"
+        name = self.class_name(hint)
+        keys = list(properties)
+        required = schema.get("required")
+        required_set = set(required) if isinstance(required, list) else set()
+        children = [(properties[key], name + _camel(key)) for key in keys]
+        open_object = extra is not False
+
+        def combine(parts: list[str]) -> str:
+            self.used.add("TypedDict")
+            fields: list[tuple[str, str, str]] = []
+            for key, part in zip(keys, parts, strict=True):
+                annotation = part
+                if key not in required_set:
+                    self.used.add("NotRequired")
+                    annotation = f"NotRequired[{part}]"
+                prop = properties[key]
+                note = prop.get("description") if isinstance(prop, dict) else None
+                fields.append((key, annotation, _one_line(note) if isinstance(note, str) and note.strip() else ""))
+            if all(key.isidentifier() and not keyword.iskeyword(key) for key in keys):
+                lines = [f"class {name}(TypedDict):"]
+                if open_object:
+                    lines.append("    # Additional keys beyond those declared are allowed.")
+                for key, annotation, note in fields:
+                    lines.append(f"    {key}: {annotation}" + (f"  # {note}" if note else ""))
+            else:
+                # Keys that cannot be class attributes still get a precise type: the functional syntax.
+                lines = []
+                if open_object:
+                    lines.append("# Additional keys beyond those declared are allowed.")
+                lines.append(f"{name} = TypedDict({json.dumps(name)}, {{")
+                for key, annotation, note in fields:
+                    lines.append(f"    {json.dumps(key, ensure_ascii=False)}: {annotation},"
+                                 + (f"  # {note}" if note else ""))
+                lines.append("})")
+            self.classes.append("\n".join(lines))
+            return name
+
+        return _Node(children, combine)
+
+
+def _docstring(text: str, indent: str) -> str:
+    body = text.strip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    lines = body.splitlines() or [""]
+    if len(lines) == 1:
+        return f'{indent}"""{lines[0]}"""'
+    rest = "\n".join((indent + line) if line.strip() else "" for line in lines[1:])
+    return f'{indent}"""{lines[0]}\n{rest}\n{indent}"""'
+
+
+PYTHON_RULES: Final = """\
+## Writing code for run_code
+
+`run_code` runs a Python program: the body of an `async def` (top-level `await` and `return` work) in a \
+fresh sandboxed worker. Only `tools` and `ToolCallError` are predefined at run time; everything in the \
+block below is a static stub for reading, not importable: build plain dicts (calling a TypedDict stub \
+raises `NameError`).
+
+- Call a tool with one dict or with keywords: `await tools.read({"path": "a.txt"})` or \
+`await tools.read(path="a.txt")`. Names that are not plain identifiers (keywords, a leading `_`, \
+punctuation) are reached by subscript: `await tools["my-tool"]({...})`.
+- Arguments and results are JSON values (dict, list, str, int, float, bool, None); a result has the \
+tool's `...Output` type.
+- Run independent calls together with `asyncio.gather(...)` (`import asyncio`): concurrency-safe tools \
+overlap, the others run one at a time in call order.
+- A failed, denied or unknown call raises `ToolCallError` (`.tool_name` names the tool): \
+`try: ... except ToolCallError as e: ...` and go on.
+- Program output is only what you `print(...)` and/or `return`: keep it short and curated; \
+intermediate tool results stay out of the conversation.
+
+The available tools:"""
+
+
+def render_python_sdk(tools: Sequence[SdkTool]) -> str:
+    """The Python SDK section: rules, then a ``python`` block with the typed stubs."""
+    types = _PythonTypes()
+    types.used.add("Protocol")
+    members: list[str] = []
+    methods = 0
+    for tool in sorted(tools, key=lambda t: t.name):
+        stem = _camel(tool.name)
+        args = types.expression(tool.parameters, stem + "Args")
+        output = types.expression(tool.output, stem + "Output")
+        if is_attribute_name(tool.name):
+            methods += 1
+            members.append(f"    async def {tool.name}(self, args: {args}) -> {output}:\n"
+                           f"{_docstring(tool.description, '        ')}")
+        else:
+            members.append(f"    # tools[{json.dumps(tool.name)}](args: {args}) -> {output}: "
+                           f"{_one_line(tool.description)}")
+    imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypedDict") if name in types.used]
+    blocks = [f"from typing import {', '.join(imports)}",
+              "class ToolCallError(Exception):\n    tool_name: str",
+              *types.classes,
+              # A class body of comments only is not valid Python: ``pass`` keeps the stub parseable.
+              "class Tools(Protocol):\n" + "\n".join([*members, *([] if methods else ["    pass"])]),
+              "tools: Tools"]
+    return f"{PYTHON_RULES}\n\n```python\n" + "\n\n".join(blocks) + "\n```"
+
+
+# -- TypeScript -----------------------------------------------------------------------------------------
+
+
+_TS_SCALARS: Final = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean",
+                      "null": "null"}
+_TS_KEY: Final = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
+
+
+def _ts_key(key: str) -> str:
+    return key if _TS_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _ts_array(item: str) -> str:
+    return f"({item})[]" if ("|" in item or "&" in item) else f"{item}[]"
+
+
+def _ts_visit(schema: Any, hint: str, depth: int) -> str | _Node:
+    if not isinstance(schema, dict):
+        return "JsonValue" if schema is True else "unknown"
+    if depth > MAX_TYPE_DEPTH:
+        return "JsonValue"
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list) and values:
+        return _union([json.dumps(v, ensure_ascii=False) if not isinstance(v, (dict, list)) else "JsonValue"
+                       for v in values])
+    alternatives = _alternatives(schema)
+    if alternatives is not None:
+        return _Node([(alt, hint) for alt in alternatives], _union)
+    types = _types_of(schema)
+    if not types:
+        return "JsonValue"
+    if len(types) > 1:
+        return _Node([({**schema, "type": kind}, hint) for kind in types], _union)
+    kind = types[0]
+    if kind in _TS_SCALARS:
+        return _TS_SCALARS[kind]
+    if kind == "array":
+        items = schema.get("items")
+        if isinstance(items, dict):
+            return _Node([(items, hint)], lambda parts: _ts_array(parts[0]))
+        return "JsonValue[]"
+    if kind != "object":
+        return "unknown"
+    properties = schema.get("properties")
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(properties, dict) or not properties:
+        return "Record<string, never>" if extra is False else "Record<string, JsonValue>"
+    keys = list(properties)
+    required = schema.get("required")
+    required_set = set(required) if isinstance(required, list) else set()
+
+    def combine(parts: list[str]) -> str:
+        fields = "; ".join(f"{_ts_key(k)}{'' if k in required_set else '?'}: {p}"
+                           for k, p in zip(keys, parts, strict=True))
+        text = f"{{ {fields} }}"
+        return text if extra is False else f"{text} & Record<string, JsonValue>"
+
+    return _Node([(properties[k], hint) for k in keys], combine)
+
+
+TYPESCRIPT_RULES: Final = """\
+## Writing code for run_code
+
+`run_code` runs a TypeScript program: the body of an async function (erasable syntax only: no `enum` or \
+`namespace`; types are advisory; top-level `await` and `return` work).
+
+- Call a tool as `await tools.name(args)`; names that are not identifiers: `await tools["my-tool"](args)`.
+- Every call resolves to the tool's JSON value; arguments must be plain JSON.
+- A failed call rejects with `ToolCallError` (`toolName` names the tool): use `try`/`catch`.
+- Independent calls may overlap under `Promise.all` (concurrency-safe tools run together, the others alone \
+in submission order).
+- Program output is only what you `return` and/or `console.log`: curate it; everything else stays out of \
+the conversation.
+
+The available tools:"""
+
+
+def render_typescript_sdk(tools: Sequence[SdkTool]) -> str:
+    """The TypeScript SDK section (parity renderer)."""
+    ordered = sorted(tools, key=lambda t: t.name)
+    args_members: list[str] = []
+    output_members: list[str] = []
+    for tool in ordered:
+        doc = "  /** " + _one_line(tool.description).replace("*/", "*\\/") + " */"
+        key = _ts_key(tool.name)
+        args_members.append(f"{doc}\n  {key}: {_expand(tool.parameters, tool.name, _ts_visit)};")
+        output_members.append(f"  {key}: {_expand(tool.output, tool.name, _ts_visit)};")
+    blocks = [
+        "type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };",
+        "interface ToolArgsMap {\n" + "\n".join(args_members) + ("\n" if args_members else "") + "}",
+        "interface ToolOutputMap {\n" + "\n".join(output_members) + ("\n" if output_members else "") + "}",
+        "type ToolName = keyof ToolOutputMap;",
+        'declare class ToolCallError extends Error {\n  readonly name: "ToolCallError";\n'
+        "  readonly toolName: ToolName;\n}",
+        "declare const tools: { [K in ToolName]: (args: ToolArgsMap[K]) => Promise<ToolOutputMap[K]> };",
+    ]
+    return f"{TYPESCRIPT_RULES}\n\n```ts\n" + "\n\n".join(blocks) + "\n```"
+
+
+#: Renderers by code-runtime language (looked up as own keys only).
+SDK_RENDERERS: Final[Mapping[str, Callable[[Sequence[SdkTool]], str]]] = {
+    "python": render_python_sdk,
+    "typescript": render_typescript_sdk,
+}
+
+
+def render_sdk(language: str, tools: Sequence[SdkTool]) -> str:
+    """Render with the renderer of ``language``; an unknown language raises ``ValueError``."""
+    renderer = SDK_RENDERERS.get(language) if isinstance(language, str) else None
+    if renderer is None:
+        known = ", ".join(f'"{name}"' for name in SDK_RENDERERS)
+        raise ValueError(f'dsh: no SDK renderer for code runtime language "{language}" (known: {known})')
+    return renderer(tools)

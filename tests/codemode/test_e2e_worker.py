@@ -1,0 +1,204 @@
+"""End to end with the real worker runtime: start_harness wiring and the CLI (few: each run forks a worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import dsh_core.harness as harness_module
+from dsh_core import PreDecision, ToolError, define_tool, hookimpl
+from dsh_core.boot import LazyCodeRuntime, start_harness
+from dsh_core.cli import main
+from dsh_core.codemode.prompt import SDK_SECTION
+from dsh_core.codemode.transport import RunCodeTransport
+from dsh_core.config import load_deployment
+from dsh_core.errors import ErrorCode
+from dsh_core.model import ApprovalOutcome
+from dsh_core.plugins import PluginCatalog
+from dsh_core.prompt import PromptAssembler
+from dsh_plugins.code_mode import plugin as code_mode_plugin
+
+
+class Tools:
+    """A test plugin: ``add_one`` (concurrency-safe), ``fail`` and an approval-gated ``danger``."""
+
+    def __init__(self) -> None:
+        self.approvals: list[str] = []
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        async def add_one(args: Any, ctx: Any) -> Any:
+            return args["x"] + 1
+
+        async def fail(args: Any, ctx: Any) -> Any:
+            raise ToolError("this tool always fails")
+
+        async def danger(args: Any, ctx: Any) -> Any:
+            return "did the dangerous thing"
+
+        async def listing(args: Any, ctx: Any) -> Any:
+            return {"entries": [{"name": "a.py", "size": 3}], "truncated": False}
+
+        schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+        register(define_tool(name="add_one", description="Add one.", parameters=schema, execute=add_one,
+                             output_schema={"type": "integer"}, is_concurrency_safe=True))
+        register(define_tool(name="fail", description="Fail.", parameters={"type": "object"}, execute=fail))
+        register(define_tool(name="danger", description="Needs approval.", parameters={"type": "object"},
+                             execute=danger))
+        register(define_tool(name="listing", description="Structured output.", parameters={"type": "object"},
+                             execute=listing, is_concurrency_safe=True))
+
+    @hookimpl
+    def dsh_pre_execute(self, execution: Any) -> Any:
+        return PreDecision.ask("dangerous") if execution.name == "danger" else None
+
+    @hookimpl
+    def dsh_approve(self, request: Any) -> Any:
+        async def decide() -> ApprovalOutcome:
+            await asyncio.sleep(1.5)  # a person thinking, longer than the run's wall-clock budget
+            self.approvals.append(request.execution.call_id)
+            return ApprovalOutcome.ALLOWED
+
+        return decide()
+
+
+TOOLS = Tools()
+
+
+def tools_plugin(scope: Any, config: Any) -> Tools:
+    return TOOLS
+
+
+@pytest.fixture
+def catalog(monkeypatch: pytest.MonkeyPatch) -> PluginCatalog:
+    made = PluginCatalog(entry_points=[], extra={"code-mode": code_mode_plugin, "test-tools": tools_plugin})
+    monkeypatch.setattr(harness_module, "PluginCatalog", lambda: made)
+    return made
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "dsh.toml"
+    path.write_text(textwrap.dedent("""
+        [tools]
+        mode = "code"
+        [code_runtime]
+        timeout_s = 1.0
+        [[agents]]
+        id = "main"
+        [[plugins]]
+        id = "tools"
+        use = "test-tools"
+        [[plugins]]
+        id = "code-mode"
+        use = "code-mode"
+    """), encoding="utf-8")
+    return path
+
+
+PROGRAM = """
+import asyncio
+print("start")
+values = await asyncio.gather(*(tools.add_one({"x": i}) for i in range(5)))
+try:
+    await tools.fail({})
+except ToolCallError as error:
+    print("caught", error.tool_name, str(error))
+approved = await tools.danger({})
+listing = await tools.listing({})
+listing["entries"].append("programs get plain, mutable JSON")
+return {"values": values, "approved": approved, "kw": await tools.add_one(x=41), "listing": listing}
+"""
+
+
+async def test_start_harness_runs_programs_on_the_real_worker(catalog: PluginCatalog, config: Path) -> None:
+    deployment = load_deployment([config])
+    harness = await start_harness(deployment, catalog=catalog)
+    try:
+        runtime = harness.root.lookup("code_runtime")
+        assert isinstance(runtime, LazyCodeRuntime) and not runtime.built
+        assert isinstance(harness.root.lookup("run_code"), RunCodeTransport)
+        assembler = harness.root.lookup("prompt")
+        assert isinstance(assembler, PromptAssembler)
+        sections = {s.name: s.text for s in assembler.sections(harness.agent())}
+        assert "async def add_one(self, args: AddOneArgs) -> int:" in sections[SDK_SECTION]
+        assert not runtime.built  # presenting the SDK does not start a worker
+        # The approval wait (1.5 s) is longer than the 1 s wall-clock budget: it does not count.
+        result = await harness.call("run_code", {"code": PROGRAM, "description": "Exercise the tools"})
+        assert not result.is_error, result.text
+        assert result.value == {"logs": ["start", "caught fail this tool always fails"],
+                                "result": {"values": [1, 2, 3, 4, 5], "approved": "did the dangerous thing",
+                                           "kw": 42, "listing": {"entries": [{"name": "a.py", "size": 3},
+                                                                             "programs get plain, mutable JSON"],
+                                                                 "truncated": False}}}
+        assert TOOLS.approvals[-1].endswith(":code:7")
+        assert runtime.built
+        failed = await harness.call("run_code", {"code": "print('x')\n1/0", "description": "Divide by zero"})
+        assert failed.code == ErrorCode.CODE_RUN_FAILED
+        assert failed.error is not None and "(exception)" in failed.error.message
+        assert "ZeroDivisionError" in failed.error.message and failed.error.message.endswith("Captured output:\nx")
+        timeout = await harness.call("run_code", {"code": "while True:\n    pass", "description": "Spin"})
+        assert timeout.error is not None and "code run failed (timeout)" in timeout.error.message
+        direct = await harness.call("add_one", {"x": 1})
+        assert direct.code == ErrorCode.UNKNOWN_TOOL
+    finally:
+        await harness.aclose()
+    assert not runtime.built  # closed with the root scope
+    with pytest.raises(RuntimeError, match="closed"):
+        await runtime.run("pass", [])
+
+
+def test_cli_run_code_json_lists_calls_and_exits_by_outcome(catalog: PluginCatalog, config: Path,
+                                                            tmp_path: Path) -> None:
+    program = tmp_path / "prog.py"
+    program.write_text("print('hi')\nr = await tools.add_one({'x': 1})\n"
+                       "try:\n    await tools.fail({})\nexcept ToolCallError:\n    pass\nreturn r\n")
+    runner = CliRunner()
+    out = runner.invoke(main, ["run-code", str(program), "--json", "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    document = json.loads(out.stdout)
+    assert document == {
+        "outcome": "completed", "logs": ["hi"], "result": 2, "error": None,
+        "calls": [{"sub_call_id": "call-1:code:1", "name": "add_one", "args": {"x": 1}, "ok": True,
+                   "error_code": None},
+                  {"sub_call_id": "call-1:code:2", "name": "fail", "args": {}, "ok": False,
+                   "error_code": "TOOL_FAILED"}]}
+    program.write_text("print('before')\nraise ValueError('nope')\n")
+    out = runner.invoke(main, ["run-code", str(program), "--json", "--config", str(config)])
+    assert out.exit_code == 1
+    document = json.loads(out.stdout)
+    assert document["outcome"] == "exception" and document["logs"] == ["before"] and document["result"] is None
+    assert document["error"]["code"] == "CODE_RUN_FAILED" and "ValueError: nope" in document["error"]["message"]
+    program.write_text("def broken(:\n")
+    out = runner.invoke(main, ["run-code", str(program), "--json", "--config", str(config)])
+    assert out.exit_code == 1 and json.loads(out.stdout)["outcome"] == "exception"
+    out = runner.invoke(main, ["run-code", str(program), "--config", str(config)])
+    assert out.exit_code == 1 and "SyntaxError" in out.stderr
+
+
+def test_cli_run_code_under_a_native_deployment_presents_both_for_the_call(catalog: PluginCatalog,
+                                                                          tmp_path: Path) -> None:
+    config = tmp_path / "native.toml"
+    config.write_text('[[agents]]\nid = "main"\n[[plugins]]\nid = "tools"\nuse = "test-tools"\n')
+    program = tmp_path / "p.py"
+    program.write_text("return await tools.add_one(x=1)\n")
+    out = CliRunner().invoke(main, ["run-code", str(program), "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip() == "2"
+
+
+def test_cli_sdk_prints_the_sdk_in_either_language(catalog: PluginCatalog, config: Path) -> None:
+    runner = CliRunner()
+    out = runner.invoke(main, ["sdk", "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    assert "```python" in out.stdout and "async def add_one(self, args: AddOneArgs) -> int:" in out.stdout
+    out = runner.invoke(main, ["sdk", "--lang", "typescript", "--config", str(config)])
+    assert out.exit_code == 0 and "add_one: { x: number } & Record<string, JsonValue>;" in out.stdout
+    out = runner.invoke(main, ["sdk", "--lang", "cobol", "--config", str(config)])
+    assert out.exit_code == 2

@@ -1,0 +1,145 @@
+"""Quiescence (issue 4 item 7): nothing runs after run_code returns, whatever ends the program."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from codemode_kit import Env, FakeCodeRuntime, tool
+
+from dsh_core.abort import AbortController
+from dsh_core.errors import ErrorCode
+
+
+class Bodies:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.finished: list[str] = []
+        self.saw_abort: list[str] = []
+
+    def slow(self, name: str) -> Any:
+        async def body(args: Any, ctx: Any) -> Any:
+            self.started.append(name)
+            try:
+                await asyncio.wait_for(ctx.signal.wait(), 5)
+                self.saw_abort.append(name)
+                await asyncio.sleep(0.01)  # cleanup after the abort, still awaited
+            finally:
+                self.finished.append(name)
+            return None
+
+        return body
+
+
+async def test_aborting_the_outer_call_aborts_in_flight_and_abandons_queued_calls() -> None:
+    env = Env()
+    bodies = Bodies()
+    env.add(tool("slow", bodies.slow("slow"), safe=True), tool("after", bodies.slow("after")))
+    controller = AbortController()
+    program = """
+import asyncio
+results = await asyncio.gather(tools.slow({}), tools.slow({}), tools.after({}), return_exceptions=True)
+"""
+    run = asyncio.ensure_future(env.run(program, signal=controller.signal))
+    while len(bodies.started) < 2:
+        await asyncio.sleep(0.001)
+    controller.abort("user pressed stop")
+    result = await run
+    assert result.is_error
+    assert bodies.saw_abort == ["slow", "slow"] and bodies.finished == ["slow", "slow"]
+    assert "after" not in bodies.started  # queued: abandoned, never started
+    assert env.sink is not None
+    assert env.sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1"),
+                                ("tool/code-dispatch-start", "call-1:code:2"),
+                                ("tool/code-dispatch", "call-1:code:1"),
+                                ("tool/code-dispatch", "call-1:code:2")]
+    assert all(e["payload"]["error_code"] == "ABORTED" for e in env.sink.events if e["kind"] == "tool/code-dispatch")
+
+
+async def test_nothing_keeps_running_after_run_code_returns(env: Env) -> None:
+    bodies = Bodies()
+    env.add(tool("slow", bodies.slow("slow")))
+    program = "import asyncio\nasyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.01)\nreturn 'early'"
+    tasks_before = asyncio.all_tasks()
+    result = await env.run(program)
+    assert result.value["result"] == "early"
+    # The started body saw the settlement abort and finished before run_code resolved.
+    assert bodies.finished == ["slow"] and bodies.saw_abort == ["slow"]
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() - tasks_before if not t.done()]
+    assert leftover == []
+
+
+async def test_a_late_binding_call_is_rejected_without_dispatch(env: Env) -> None:
+    ran: list[str] = []
+
+    async def body(args: Any, ctx: Any) -> Any:
+        ran.append("x")
+        return None
+
+    env.add(tool("echo", body))
+    captured: dict[str, Any] = {}
+    program = "import builtins\nbuiltins._dsh_test_tools = tools\nreturn 1"
+    await env.run(program)
+    import builtins
+
+    late = builtins._dsh_test_tools  # type: ignore[attr-defined]
+    del builtins._dsh_test_tools  # type: ignore[attr-defined]
+    try:
+        await late.echo({})
+    except Exception as error:
+        captured["error"] = error
+    assert type(captured["error"]).__name__ == "ToolCallError"
+    assert str(captured["error"]) == "run_code run is over (run_code settled); echo not dispatched"
+    assert ran == []
+    assert env.sink is not None and env.sink.events == []
+
+
+async def test_a_runtime_that_starts_a_binding_and_then_rejects_still_reaches_quiescence() -> None:
+    env = Env()
+    assert env.fake is not None
+    env.fake.raise_after_binding = True
+    bodies = Bodies()
+    env.add(tool("slow", bodies.slow("slow")))
+    result = await env.run("pass")
+    assert result.code == ErrorCode.TOOL_FAILED
+    assert result.error is not None and "runtime broke after starting a binding" in result.error.message
+    assert bodies.finished == ["slow"]  # the started body was awaited before run_code returned
+    assert env.sink is not None and [k for k, _ in env.sink.kinds()] == ["tool/code-dispatch-start",
+                                                                          "tool/code-dispatch"]
+    await asyncio.gather(*env.fake.binding_tasks, return_exceptions=True)
+
+
+async def test_cancelling_the_outer_task_still_drains_before_propagating() -> None:
+    env = Env()
+    bodies = Bodies()
+    env.add(tool("slow", bodies.slow("slow")))
+    run = asyncio.ensure_future(env.run("await tools.slow({})"))
+    while not bodies.started:
+        await asyncio.sleep(0.001)
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+    assert bodies.finished == ["slow"]
+    assert env.sink is not None and [k for k, _ in env.sink.kinds()][-1] == "tool/code-dispatch"
+
+
+async def test_each_program_owns_its_scheduler() -> None:
+    env = Env(cap=2)
+    active = {"n": 0, "peak": 0}
+
+    async def body(args: Any, ctx: Any) -> Any:
+        active["n"] += 1
+        active["peak"] = max(active["peak"], active["n"])
+        await asyncio.sleep(0.01)
+        active["n"] -= 1
+        return None
+
+    env.add(tool("safe", body, safe=True))
+    program = "import asyncio\nawait asyncio.gather(*(tools.safe({}) for _ in range(4)))"
+    # Two concurrent programs (e.g. two agents): the cap is per program, not process-wide.
+    other = FakeCodeRuntime()
+    assert other is not None
+    await asyncio.gather(env.run(program, call_id="a"), env.run(program, call_id="b"))
+    assert active["peak"] == 4

@@ -1,0 +1,271 @@
+"""The per-program scheduler (issue 4 item 4) and CODEMODE-TEST-SCHEDULER."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from codemode_kit import Env, tool
+
+from dsh_core import ContextMessage, PostDecision, hookimpl
+from dsh_core.abort import AbortSignal
+from dsh_core.codemode.history import DispatchHistory
+from dsh_core.codemode.scheduler import ProgramScheduler, check_max_parallel
+from dsh_core.codemode.transport import RunCodeTransport
+from dsh_core.hooks import Hooks
+
+
+class Probe:
+    """Tool bodies that record their overlap and the order of pipeline events."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.log: list[str] = []
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def gate(self, key: str) -> asyncio.Event:
+        return self.gates.setdefault(key, asyncio.Event())
+
+    def body(self, label: str, *, wait: bool = False, delay: float = 0.0) -> Any:
+        async def run(args: Any, ctx: Any) -> Any:
+            key = f"{label}{args.get('i', '')}"
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            self.log.append(f"start {key}")
+            try:
+                if wait:
+                    await self.gate(key).wait()
+                elif delay or args.get("delay"):
+                    await asyncio.sleep(args.get("delay", delay))
+                else:
+                    await asyncio.sleep(0)
+            finally:
+                self.active -= 1
+            self.log.append(f"end {key}")
+            return key
+
+        return run
+
+
+def gather(calls: str) -> str:
+    return f"import asyncio\nreturn await asyncio.gather({calls})"
+
+
+async def test_concurrency_safe_calls_overlap_with_ordered_starts(env: Env) -> None:
+    probe = Probe()
+    env.add(tool("safe", probe.body("s", delay=0.02), safe=True))
+    result = await env.run(gather("*(tools.safe({'i': i}) for i in range(3))"))
+    assert result.value["result"] == ["s0", "s1", "s2"]
+    assert probe.peak == 3
+    starts = [e["sub_call_id"] for e in env.sink.events if e["kind"] == "tool/code-dispatch-start"]
+    assert starts == ["call-1:code:1", "call-1:code:2", "call-1:code:3"]
+    assert len([e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]) == 3
+
+
+@pytest.mark.parametrize("cap", [1, 3, 10])
+async def test_the_cap_bounds_the_overlap_window_and_the_peak_reaches_it(cap: int) -> None:
+    env = Env(cap=cap)
+    probe = Probe()
+    env.add(tool("safe", probe.body("s", delay=0.01), safe=True))
+    result = await env.run(gather("*(tools.safe({'i': i}) for i in range(12))"))
+    assert result.value["result"] == [f"s{i}" for i in range(12)]
+    assert probe.peak == cap
+
+
+async def test_an_exclusive_call_is_a_barrier(env: Env) -> None:
+    probe = Probe()
+    env.add(tool("safe", probe.body("s", delay=0.01), safe=True), tool("excl", probe.body("x", delay=0.01)))
+    await env.run(gather("tools.safe({'i': 0}), tools.safe({'i': 1}), tools.excl({}), tools.safe({'i': 2}), "
+                         "tools.safe({'i': 3})"))
+    log = probe.log
+    # Safe calls before it drain first; it runs alone; later calls wait for it.
+    assert log.index("start x") > max(log.index("end s0"), log.index("end s1"))
+    assert log.index("end x") < min(log.index("start s2"), log.index("start s3"))
+    assert probe.peak == 2
+
+
+async def test_gather_over_exclusive_tools_runs_them_serially_in_submission_order(env: Env) -> None:
+    probe = Probe()
+    env.add(tool("excl", probe.body("x")))
+    await env.run(gather("*(tools.excl({'i': i, 'delay': 0.01 * (4 - i)}) for i in range(4))"))
+    assert probe.log == [f"{kind} x{i}" for i in range(4) for kind in ("start", "end")]
+    assert probe.peak == 1
+
+
+async def test_out_of_order_bodies_commit_post_execute_and_contexts_in_submission_order(env: Env) -> None:
+    probe = Probe()
+    commits: list[str] = []
+
+    class Post:
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: Any) -> Any:
+            if execution.nested:
+                commits.append(f"post {execution.arguments['i']}")
+                return PostDecision.accept([ContextMessage(f"ctx {execution.arguments['i']}")])
+            return None
+
+    env.add(tool("safe", probe.body("s"), safe=True))
+    env.plug(Post())
+    # Bodies finish in reverse order (larger delays first).
+    result = await env.run(gather("*(tools.safe({'i': i, 'delay': 0.03 - 0.01 * i}) for i in range(3))"))
+    assert [line for line in probe.log if line.startswith("end")] == ["end s2", "end s1", "end s0"]
+    assert commits == ["post 0", "post 1", "post 2"]
+    assert [c.text for c in result.additional_contexts] == ["ctx 0", "ctx 1", "ctx 2"]
+    ends = [e["sub_call_id"] for e in env.sink.events if e["kind"] == "tool/code-dispatch"]
+    assert ends == ["call-1:code:1", "call-1:code:2", "call-1:code:3"]
+
+
+async def test_ordered_pre_execute_never_overlaps_and_a_slow_policy_delays_the_next_start(env: Env) -> None:
+    probe = Probe()
+    trace: list[str] = []
+
+    class SlowPolicy:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            if not execution.nested:
+                return None
+
+            async def decide() -> None:
+                trace.append(f"policy in {execution.arguments['i']}")
+                await asyncio.sleep(0.03 if execution.arguments["i"] == 0 else 0)
+                trace.append(f"policy out {execution.arguments['i']}")
+
+            return decide()
+
+    env.add(tool("safe", probe.body("s"), safe=True))
+    env.plug(SlowPolicy())
+    await env.run(gather("*(tools.safe({'i': i}) for i in range(3))"))
+    assert trace == ["policy in 0", "policy out 0", "policy in 1", "policy out 1", "policy in 2", "policy out 2"]
+
+
+async def test_an_exclusive_call_holds_its_barrier_through_post_execute(env: Env) -> None:
+    probe = Probe()
+    trace: list[str] = []
+
+    class SlowPost:
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: Any) -> Any:
+            if execution.name != "excl":
+                return None
+
+            async def decide() -> None:
+                trace.append("post excl in")
+                await asyncio.sleep(0.03)
+                trace.append("post excl out")
+
+            return decide()
+
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            if execution.name == "safe":
+                trace.append("pre safe")
+            return None
+
+    env.add(tool("excl", probe.body("x")), tool("safe", probe.body("s"), safe=True))
+    env.plug(SlowPost())
+    await env.run(gather("tools.excl({}), tools.safe({'i': 0})"))
+    assert trace == ["post excl in", "post excl out", "pre safe"]
+
+
+async def test_a_tool_replaced_while_queued_is_reclassified_at_the_head(env: Env) -> None:
+    probe = Probe()
+    env.add(tool("blocker", probe.body("b", wait=True)))
+    unregister = env.registry.register(tool("flip", probe.body("f", delay=0.02), safe=True))
+    env.add(tool("safe", probe.body("s", delay=0.01), safe=True))
+    run = asyncio.ensure_future(env.run(gather("tools.blocker({}), tools.flip({}), tools.safe({'i': 0})")))
+    while "start b" not in probe.log:
+        await asyncio.sleep(0.001)
+    # While flip is queued behind the blocker, it is replaced by an exclusive version.
+    unregister()
+    env.add(tool("flip", probe.body("f", delay=0.02)))
+    probe.gate("b").set()
+    await run
+    log = probe.log
+    assert log.index("end f") < log.index("start s0"), log  # ran alone: it was reclassified exclusive
+    assert probe.peak == 1
+
+
+async def test_a_queued_call_abandoned_by_settlement_logs_no_start_event(env: Env) -> None:
+    probe = Probe()
+    env.add(tool("blocker", probe.body("b", wait=True)), tool("queued", probe.body("q")))
+    program = """
+import asyncio
+first = asyncio.ensure_future(tools.blocker({}))
+second = asyncio.ensure_future(tools.queued({}))
+await asyncio.sleep(0.01)
+return "settled early"
+"""
+    run = asyncio.ensure_future(env.run(program))
+    while "start b" not in probe.log:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.03)
+    assert not run.done()  # run_code waits for the started body (quiescence)
+    probe.gate("b").set()
+    result = await run
+    assert result.value["result"] == "settled early"
+    assert "start q" not in probe.log
+    kinds = env.sink.kinds()
+    assert kinds == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
+    # The started body committed after settlement: aborted, but logged exactly once.
+    assert env.sink.events[1]["payload"]["error_code"] == "ABORTED"
+
+
+async def test_run_settlement_drains_a_commit_in_progress_and_logs_inside_the_turn() -> None:
+    env = Env()
+    assert env.sink is not None
+    env.sink.settle_delay = 0.02  # a slow session store
+    trace: list[str] = []
+
+    class SlowPost:
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: Any) -> Any:
+            if not execution.nested:
+                return None
+
+            async def decide() -> None:
+                trace.append("post in")
+                await asyncio.sleep(0.03)
+                trace.append("post out")
+
+            return decide()
+
+    env.add(tool("echo"))
+    env.plug(SlowPost())
+    program = ("import asyncio\nasync def forget():\n    try:\n        await tools.echo({})\n"
+               "    except ToolCallError:\n        pass\n"
+               "asyncio.ensure_future(forget())\nawait asyncio.sleep(0.005)\nreturn 1")
+    result = await env.run(program)
+    # When run_code returns, the commit that was in progress finished and its event is appended.
+    assert trace == ["post in", "post out"]
+    assert env.sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
+    assert result.value == {"logs": [], "result": 1}
+
+
+async def test_log_backpressure_keeps_at_most_cap_settle_writes_pending() -> None:
+    env = Env(cap=2)
+    assert env.sink is not None
+    env.sink.settle_delay = 0.005
+    env.add(tool("safe", safe=True))
+    result = await env.run(gather("*(tools.safe({'i': i}) for i in range(8))"))
+    assert len(result.value["result"]) == 8
+    assert len([e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]) == 8
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "10", None])
+def test_max_parallel_sub_calls_must_be_a_positive_int(bad: Any) -> None:
+    with pytest.raises(ValueError, match="max_parallel_sub_calls"):
+        check_max_parallel(bad)
+    with pytest.raises(ValueError, match="max_parallel_sub_calls"):
+        RunCodeTransport(lambda: None, None, max_parallel_sub_calls=bad)  # type: ignore[arg-type]
+
+
+async def test_the_default_cap_is_ten() -> None:
+    transport = RunCodeTransport(lambda: None, None)  # type: ignore[arg-type,return-value]
+    assert transport.max_parallel_sub_calls == 10
+    env = Env()
+    scheduler = ProgramScheduler(env.runtime, signal=AbortSignal.never(), context=None,
+                                 history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
+    assert scheduler._cap == 10
+    await scheduler.drain()

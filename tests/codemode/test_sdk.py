@@ -1,0 +1,187 @@
+"""The SDK renderers (issue 4 item 2): Python and TypeScript, deterministic, iterative."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from typing import Any
+
+import pytest
+
+from dsh_core.codemode.sdk import (
+    MAX_TYPE_DEPTH,
+    SdkTool,
+    is_attribute_name,
+    render_python_sdk,
+    render_sdk,
+    render_typescript_sdk,
+    sdk_tools,
+)
+from dsh_core.define import define_tool
+
+READ = SdkTool(
+    "read", "Read a file.\nReturns its text.",
+    {"type": "object", "properties": {
+        "path": {"type": "string", "description": "File path,\n relative to the root"},
+        "offset": {"type": "integer"},
+        "mode": {"enum": ["text", "bytes"]},
+        "flag": {"const": True},
+        "either": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        "maybe": {"type": ["string", "null"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "anything": {},
+        "raw": {"type": "array"},
+    }, "required": ["path"], "additionalProperties": False},
+    {"type": "object", "properties": {
+        "text": {"type": "string"},
+        "lines": {"type": "array", "items": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                             "required": ["n"], "additionalProperties": False}},
+        "meta": {"type": "object", "additionalProperties": {"type": "number"}},
+    }, "required": ["text"], "additionalProperties": False},
+)
+EXOTIC = [
+    SdkTool("my-tool", "Hyphenated. Has */ and \"\"\" inside.", {"type": "object", "properties": {
+        "a-b": {"type": "string"}, "class": {"type": "integer"}}, "required": ["a-b"]}, {"type": "string"}),
+    SdkTool("__proto__", "Proto.", {"type": "object"}, {}),
+    SdkTool("__class__", "Class.", {"type": "object"}, {}),
+    SdkTool("import", "A keyword.", {"type": "object"}, {"type": "boolean"}),
+    SdkTool("_private", "Underscore.", {"type": "object"}, {"type": "null"}),
+]
+
+
+def python_block(text: str) -> str:
+    return text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+
+
+def test_python_sdk_types() -> None:
+    text = render_python_sdk([READ])
+    code = python_block(text)
+    ast.parse(code)  # the stub block is valid Python
+    assert code.startswith("from typing import Any, Literal, NotRequired, Protocol, TypedDict\n")
+    assert "class ToolCallError(Exception):\n    tool_name: str" in code
+    assert "class ReadArgs(TypedDict):\n    path: str  # File path, relative to the root\n" in code
+    for line in ("    offset: NotRequired[int]", '    mode: NotRequired[Literal["text", "bytes"]]',
+                 "    flag: NotRequired[Literal[True]]", "    either: NotRequired[str | int]",
+                 "    maybe: NotRequired[str | None]", "    tags: NotRequired[list[str]]",
+                 "    anything: NotRequired[Any]", "    raw: NotRequired[list[Any]]",
+                 "    lines: NotRequired[list[ReadOutputLinesItem]]", "    meta: NotRequired[dict[str, float]]"):
+        assert line + "\n" in code, line
+    assert "class ReadOutputLinesItem(TypedDict):\n    n: int" in code
+    # Nested classes come before the classes that use them.
+    assert code.index("class ReadOutputLinesItem") < code.index("class ReadOutput(")
+    assert '    async def read(self, args: ReadArgs) -> ReadOutput:\n        """Read a file.\n' in code
+    assert code.rstrip().endswith("tools: Tools")
+    for rule in ("asyncio.gather", "except ToolCallError", "print(...)", "return", 'tools["my-tool"]',
+                 "plain dicts"):
+        assert rule in text
+
+
+def test_open_objects_say_so() -> None:
+    tool = SdkTool("t", "T.", {"type": "object", "properties": {"a": {"type": "string"}}}, {})
+    assert "# Additional keys beyond those declared are allowed." in render_python_sdk([tool])
+    closed = SdkTool("t", "T.", {"type": "object", "properties": {"a": {"type": "string"}},
+                                 "additionalProperties": False}, {})
+    assert "Additional keys" not in render_python_sdk([closed])
+
+
+def test_exotic_names_are_listed_for_subscript_access() -> None:
+    code = python_block(render_python_sdk(EXOTIC))
+    ast.parse(code)
+    assert '    # tools["my-tool"](args: MyToolArgs) -> str: Hyphenated. Has */ and """ inside.' in code
+    for name in ("__proto__", "__class__", "import", "_private"):
+        assert f'    # tools["{name}"](args: ' in code
+        assert f"async def {name}(" not in code
+    # Keys that cannot be class attributes use the functional TypedDict syntax.
+    assert 'MyToolArgs = TypedDict("MyToolArgs", {\n    "a-b": str,\n    "class": NotRequired[int],\n})' in code
+
+
+@pytest.mark.parametrize(("name", "ok"), [("read", True), ("read_file", True), ("match", True),
+                                          ("class", False), ("__proto__", False), ("_x", False),
+                                          ("my-tool", False), ("9lives", False), ("ﬁle", False)])
+def test_attribute_names(name: str, ok: bool) -> None:
+    assert is_attribute_name(name) is ok
+
+
+def test_docstrings_escape_quotes_and_backslashes() -> None:
+    tool = SdkTool("quote", 'Ends with a quote" and has \\ and """ and \\"""', {"type": "object"}, {})
+    code = python_block(render_python_sdk([tool]))
+    tree = ast.parse(code)
+    protocol = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tools")
+    method = protocol.body[0]
+    assert isinstance(method, ast.AsyncFunctionDef)
+    assert ast.get_docstring(method) == tool.description
+
+
+def test_class_names_are_unique_and_capped() -> None:
+    long = "x" * 200
+    tools = [SdkTool(long, "Long.", {"type": "object", "properties": {"a": {"type": "object", "properties": {
+        "b": {"type": "string"}}}}}, {}),
+             SdkTool(long + "y", "Long too.", {"type": "object", "properties": {"a": {"type": "string"}}}, {})]
+    code = python_block(render_python_sdk(tools))
+    ast.parse(code)
+    classes = [n.name for n in ast.parse(code).body if isinstance(n, ast.ClassDef)]
+    assert len(classes) == len(set(classes))
+    assert all(len(name) <= 121 for name in classes)
+
+
+def test_an_empty_tool_set_renders_a_valid_stub() -> None:
+    code = python_block(render_python_sdk([]))
+    ast.parse(code)
+    assert "class Tools(Protocol):\n    pass" in code
+
+
+def test_rendering_is_deterministic_and_sorted() -> None:
+    tools = [READ, *EXOTIC]
+    first = render_python_sdk(tools)
+    assert render_python_sdk(list(reversed(tools))) == first
+    assert render_typescript_sdk(tools) == render_typescript_sdk(list(reversed(tools)))
+
+
+def test_deep_schemas_render_without_recursion_and_are_capped() -> None:
+    schema: Any = {"type": "string"}
+    for _ in range(5000):
+        schema = {"type": "array", "items": {"type": "object", "properties": {"c": schema}}}
+    tool = SdkTool("deep", "Deep.", {"type": "object", "properties": {"v": schema}}, schema)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(120)  # well below the type depth: only an iterative walker gets through
+    try:
+        python = render_python_sdk([tool])
+        typescript = render_typescript_sdk([tool])
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "Any" in python and "JsonValue" in typescript
+    assert python.count("class DeepArgs(TypedDict)") == 1
+    ast.parse(python_block(python))
+    assert typescript.count("[]") > MAX_TYPE_DEPTH // 4
+
+
+def test_typescript_sdk() -> None:
+    text = render_typescript_sdk([READ, *EXOTIC])
+    assert "```ts\ntype JsonValue =" in text
+    assert "  /** Read a file. Returns its text. */\n  read: { path: string; offset?: number; " in text
+    assert 'mode?: "text" | "bytes"; flag?: true; either?: string | number; maybe?: string | null; ' in text
+    assert "tags?: string[]; anything?: JsonValue; raw?: JsonValue[] };" in text
+    assert '  "my-tool": { "a-b": string; class?: number } & Record<string, JsonValue>;' in text
+    assert "/** Hyphenated. Has *\\/ and" in text
+    assert "  read: { text: string; lines?: { n: number }[]; meta?: Record<string, JsonValue> };" in text
+    assert "type ToolName = keyof ToolOutputMap;" in text
+    assert 'readonly name: "ToolCallError";' in text and "readonly toolName: ToolName;" in text
+    assert "declare const tools: { [K in ToolName]: (args: ToolArgsMap[K]) => Promise<ToolOutputMap[K]> };" in text
+
+
+def test_render_sdk_selects_by_language() -> None:
+    assert "```python" in render_sdk("python", [READ])
+    assert "```ts" in render_sdk("typescript", [READ])
+    for bad in ("cobol", "__class__", "constructor"):
+        with pytest.raises(ValueError, match="no SDK renderer"):
+            render_sdk(bad, [READ])
+
+
+def test_sdk_tools_projects_definitions_sorted() -> None:
+    async def body(args: Any, ctx: Any) -> Any:
+        return None
+
+    defs = [define_tool(name=n, description=f"{n}.", parameters={"type": "object"}, execute=body,
+                        output_schema={"type": "string"}) for n in ("b", "a")]
+    tools = sdk_tools(defs)
+    assert [t.name for t in tools] == ["a", "b"] and tools[0].output == {"type": "string"}
