@@ -232,6 +232,14 @@ def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | Non
     sys.exit(1 if result.is_error else 0)
 
 
+# -- agent runs and sessions (dsh_core.agent, dsh_core.sessions) ------------------------------------------
+from dsh_core.agent.demo import demo_command  # noqa: E402 - registered after the group is defined
+from dsh_core.sessions.cli import sessions_group  # noqa: E402
+
+main.add_command(sessions_group)
+main.add_command(demo_command)
+
+
 # Code Mode commands (run-code, sdk) live with Code Mode.
 from dsh_core.codemode.cli import register as _register_codemode  # noqa: E402
 

@@ -615,9 +615,12 @@ def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | N
     """The built-in deployment used when no config file is given.
 
     The built-in plugins with ``workspace_root`` as the workspace, the
-    ``workspace-write`` approval preset, one scripted ``main`` agent and mode
-    ``native`` (``DSH_TOOLS_MODE`` and ``DSH_HOME`` still apply). Every value's
-    provenance is ``default``.
+    ``workspace-write`` approval preset, the ``scripted`` provider and the
+    ``sqlite-sessions`` store, one scripted ``main`` agent and mode ``native``
+    (``DSH_TOOLS_MODE`` and ``DSH_HOME`` still apply). Every value's provenance
+    is ``default``, except that ``DSH_BASE_URL`` adds an ``openai`` provider row
+    (``DSH_MODEL``, key in ``DSH_API_KEY``) and makes it ``main``'s provider,
+    with provenance ``env:DSH_BASE_URL``.
     """
     root = str(Path(workspace_root).absolute())
     document: dict[str, Any] = {
@@ -628,9 +631,23 @@ def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | N
             {"id": "approval", "use": "approval", "config": {"preset": "workspace-write", "root": root}},
             {"id": "guards", "use": "guards"},
             {"id": "code-mode", "use": "code-mode"},
+            {"id": "scripted", "use": "scripted"},
+            {"id": "sessions", "use": "sqlite-sessions"},
         ],
     }
-    return compose([(DEFAULT_SOURCE, document)], env=env)
+    documents: list[tuple[str, Mapping[str, Any]]] = [(DEFAULT_SOURCE, document)]
+    # DSH_BASE_URL (+ DSH_MODEL, and the key in DSH_API_KEY) points the main agent at an
+    # OpenAI-compatible endpoint; as an overlay, its values keep their env provenance.
+    environ = os.environ if env is None else env
+    base_url = environ.get("DSH_BASE_URL")
+    if base_url:
+        endpoint: dict[str, Any] = {"base_url": base_url, "api_key_env": "DSH_API_KEY"}
+        if environ.get("DSH_MODEL"):
+            endpoint["model"] = environ["DSH_MODEL"]
+        documents.append(("env:DSH_BASE_URL", {
+            "agents": [{"id": "main", "provider": "openai"}],
+            "plugins": [{"id": "openai", "use": "openai", "config": endpoint}]}))
+    return compose(documents, env=env)
 
 
 # --------------------------------------------------------------------------- plugin configs

@@ -684,6 +684,8 @@ def test_the_default_deployment_has_the_built_in_rows(tmp_path: Path) -> None:
         PluginRow(id="approval", use="approval", config={"preset": "workspace-write", "root": root}),
         PluginRow(id="guards", use="guards"),
         PluginRow(id="code-mode", use="code-mode"),
+        PluginRow(id="scripted", use="scripted"),
+        PluginRow(id="sessions", use="sqlite-sessions"),
     )
     assert d.agents == (AgentRow(id="main", provider="scripted"),)
     assert d.tools.mode == "native"

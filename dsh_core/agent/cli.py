@@ -1,0 +1,187 @@
+"""``dsh -p TASK`` and ``dsh demo``: headless agent runs from the command line.
+
+Only the final answer goes to stdout. Progress and tool activity go to
+stderr through ``rich`` — and only when stderr is a terminal, so pipelines
+and CI logs stay clean. The first SIGINT (or SIGTERM) aborts the run (tool
+bodies see the abort signal; the session records ``aborted``), a second one
+cancels it, a third exits at once.
+
+Exit codes: 0 for an answer (final message or a concluding tool), 1 for a
+run that stopped without one (turn limit, provider or other error), 2 for
+bad usage or config, 130 for an interrupted run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Final, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.prompt import Confirm
+
+from dsh_core.abort import AbortController
+from dsh_core.agent.loop import Approver, LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
+from dsh_core.agent.provider import Message
+from dsh_core.config import Deployment
+from dsh_core.errors import DshError
+from dsh_core.model import ApprovalOutcome, ApprovalRequest
+
+__all__ = ["run_prompt", "run_with_interrupts", "ConsoleObserver", "exit_code", "stderr_console"]
+
+T = TypeVar("T")
+
+#: Error codes that mean "fix your command or config" (exit 2) rather than "the run failed" (exit 1).
+USAGE_ERROR_CODES: Final = frozenset({"INVALID_CONFIG", "PLUGIN_LOAD_FAILED", "SESSION_NOT_FOUND"})
+
+
+def stderr_console() -> Console:
+    """The console for progress: stderr, highlighting off (values are shown as given)."""
+    return Console(stderr=True, highlight=False)
+
+
+def _short(text: str, limit: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ConsoleObserver(LoopObserver):
+    """Renders steps and tool activity on a (stderr) console."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def on_step(self, step: int) -> None:
+        """Announce a model request."""
+        self.console.print(f"[dim]· step {step}: asking the model…[/]")
+
+    def on_assistant(self, message: Message) -> None:
+        """Show the assistant's interim text (the final answer goes to stdout instead)."""
+        if message.get("tool_calls") and message.get("content"):
+            self.console.print(f"[dim]  {escape(_short(str(message['content'])))}[/]")
+
+    def on_tool_start(self, call: ToolCallRecord) -> None:
+        """Show a starting call with its arguments."""
+        arguments = _short(call.raw_arguments, 80)
+        lane = " [dim](parallel)[/]" if call.mode == "parallel" else ""
+        self.console.print(f"  [cyan]→ {escape(call.name)}[/] {escape(arguments)}{lane}")
+
+    def on_tool_end(self, call: ToolCallRecord) -> None:
+        """Show a settled call: outcome and duration."""
+        result = call.result
+        assert result is not None
+        took = f"{call.duration_ms:.0f} ms"
+        if result.error is None:
+            self.console.print(f"  [green]✓ {escape(call.name)}[/] [dim]{took}[/]")
+        else:
+            message = escape(_short(result.error.message, 120))
+            self.console.print(f"  [red]✗ {escape(call.name)} {result.error.code}[/] [dim]{took}[/] {message}")
+
+    def on_end(self, result: RunResult) -> None:
+        """Say why the run stopped and how to continue it."""
+        where = f" · session {result.session_id}" if result.session_id else ""
+        self.console.print(f"[dim]· {result.reason} after {result.turns} turn(s){where}[/]")
+
+
+def console_approver(console: Console) -> Approver:
+    """Ask the person at the terminal to allow a call (runs the blocking prompt off the event loop)."""
+
+    async def approve(request: ApprovalRequest) -> ApprovalOutcome:
+        execution = request.execution
+        arguments = _short(json.dumps(execution.arguments, ensure_ascii=False), 200)
+        why = f" ({request.reason})" if request.reason else ""
+        question = f"Allow [bold]{escape(execution.name)}[/] {escape(arguments)}{escape(why)}?"
+        allowed = await asyncio.to_thread(Confirm.ask, question, console=console, default=False)
+        return ApprovalOutcome.ALLOWED if allowed else ApprovalOutcome.REJECTED
+
+    return approve
+
+
+def run_with_interrupts(main: Callable[[AbortController], Awaitable[T]]) -> T:
+    """Run ``main(controller)`` with SIGINT/SIGTERM wired to the run's abort.
+
+    First signal: abort the controller (the loop stops at the next safe point,
+    tools see their signal). Second: cancel ``main``. Third: exit at once.
+    """
+    controller = AbortController()
+
+    async def runner() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(main(controller))
+        count = 0
+
+        def handle(signum: int) -> None:
+            nonlocal count
+            count += 1
+            name = signal.Signals(signum).name
+            if count == 1:
+                click.echo(f"dsh: {name} received, stopping the run (again to cancel it)", err=True)
+                controller.abort(name)
+            elif count == 2:
+                click.echo(f"dsh: {name} received again, cancelling (again to exit at once)", err=True)
+                task.cancel()
+            else:
+                os._exit(128 + signum)
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, handle, signum)
+        try:
+            return await task
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+
+    return asyncio.run(runner())
+
+
+def exit_code(result: RunResult) -> int:
+    """The process exit code of a run (see the module docstring)."""
+    if result.ok:
+        return 0
+    if result.reason is StopReason.ABORTED:
+        return 130
+    return 1
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"dsh: error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = None,
+               agent_id: str | None = None) -> NoReturn:
+    """``dsh -p TASK``: one headless agent run; print the answer on stdout and exit with :func:`exit_code`."""
+    console = stderr_console()
+    interactive = sys.stderr.isatty()
+    observer: LoopObserver = ConsoleObserver(console) if interactive else LoopObserver()
+    approver = console_approver(console) if interactive and sys.stdin.isatty() else None
+
+    async def main(controller: AbortController) -> RunResult:
+        from dsh_core.boot import start_harness
+
+        harness = await start_harness(deployment)
+        try:
+            return await run_agent(harness, task, agent_id=agent_id, session_id=session_id,
+                                   signal=controller.signal, observer=observer, approver=approver)
+        finally:
+            await harness.aclose()
+
+    try:
+        result = run_with_interrupts(main)
+    except asyncio.CancelledError:
+        _fail("interrupted", 130)
+    except DshError as error:
+        _fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
+    if result.answer is not None:
+        click.echo(result.answer)
+    if not result.ok:
+        detail = result.error or str(result.reason)
+        resume = f" (session {result.session_id})" if result.session_id else ""
+        click.echo(f"dsh: run stopped: {result.reason}: {detail}{resume}", err=True)
+    sys.exit(exit_code(result))

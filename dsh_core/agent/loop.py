@@ -1,0 +1,569 @@
+"""The agent loop: model turn → tool calls through the runtime → model turn … until it stops.
+
+One step: assemble the system prompt (:class:`~dsh_core.prompt.PromptAssembler`),
+send the agent's wire schemas (:meth:`~dsh_core.registry.ToolRegistry.wire_schemas`)
+with the history to the provider, and run the assistant's tool calls
+model-direct (no parent token) through :class:`~dsh_core.runtime.ToolRuntime`.
+Calls the runtime classifies ``parallel`` overlap with their parallel
+neighbours; an ``exclusive`` call waits for the running ones and runs alone;
+results go back to the model in call order as ``tool`` messages, followed by
+the results' additional contexts as user messages.
+
+The loop stops on a final answer (no tool calls), a result that
+``concludes_turn``, the turn limit, an abort, or a provider error, and
+always records why (a ``run/end`` event and :attr:`RunResult.reason`).
+
+Every run gets its own scope, a child of the agent's scope: model-direct
+executions carry it as ``agent`` (so tools, modes, restrictions and scoped
+hooks are the agent's), and it provides the run's
+:class:`~dsh_core.sessions.recorder.SessionRecorder` as the ``session``
+service for the Code Mode transport's nested-dispatch events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+
+from attrs import define, frozen
+
+import dsh_core
+from dsh_core.abort import AbortSignal
+from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, normalize_assistant
+from dsh_core.errors import ConfigError, DshError, ErrorCode
+from dsh_core.hooks import Hooks
+from dsh_core.lossless import JSON, NotLosslessError, freeze
+from dsh_core.model import (
+    ApprovalOutcome,
+    ApprovalRequest,
+    ExecutionMode,
+    PromptContext,
+    PromptSection,
+    ToolExecutionInput,
+    ToolResult,
+)
+from dsh_core.prompt import CoreSection, PromptAssembler
+from dsh_core.registry import ToolRegistry
+from dsh_core.runtime import ToolRuntime
+from dsh_core.scope import Scope
+from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent
+from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
+from dsh_core.sessions.store import SessionStore, dsh_home
+
+if TYPE_CHECKING:
+    from dsh_core.harness import Harness
+
+__all__ = [
+    "StopReason",
+    "RunResult",
+    "ToolCallRecord",
+    "LoopObserver",
+    "Approver",
+    "AgentLoop",
+    "run_agent",
+    "history_from_events",
+    "DEFAULT_MAX_TURNS",
+    "PROMPT_SERVICE",
+    "open_session_store",
+    "core_sections_of",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+# The marker is typed for mypy here, so decorated methods keep their signatures.
+_hookimpl = cast(Callable[[_F], _F], dsh_core.hookimpl)
+
+#: The turn limit of an agent whose row sets no ``max_turns``.
+DEFAULT_MAX_TURNS: Final = 50
+#: Root-scope service key of the deployment's :class:`PromptAssembler` (``dsh_core.boot`` provides one whose
+#: core sections are Code Mode's ``tools:code-only`` and ``tools:sdk``); the loop reuses its core sections.
+PROMPT_SERVICE: Final = "prompt"
+
+#: Answers an approval request for a call of this run; ``None`` lets the next channel answer.
+Approver = Callable[[ApprovalRequest], Awaitable[ApprovalOutcome | None]]
+
+
+class StopReason(StrEnum):
+    """Why a run stopped."""
+
+    FINAL_ANSWER = "final-answer"
+    CONCLUDES_TURN = "concludes-turn"
+    TURN_LIMIT = "turn-limit"
+    ABORTED = "aborted"
+    PROVIDER_ERROR = "provider-error"
+    ERROR = "error"
+
+
+@frozen
+class RunResult:
+    """The outcome of one run: why it stopped, the answer (if any) and the full history."""
+
+    reason: StopReason
+    answer: str | None
+    turns: int
+    messages: tuple[Message, ...]
+    session_id: str | None = None
+    error: str | None = None
+    #: Characters of each model request (system prompt, history and tool schemas as JSON), in order.
+    request_chars: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when the run ended with an answer (a final message or a concluding tool)."""
+        return self.reason in (StopReason.FINAL_ANSWER, StopReason.CONCLUDES_TURN)
+
+
+@define
+class ToolCallRecord:
+    """One model-direct call of a step, as the loop tracks it."""
+
+    index: int
+    call_id: str
+    tool_call_id: str
+    name: str
+    raw_arguments: str
+    arguments: JSON = None
+    parse_error: str | None = None
+    mode: ExecutionMode = "exclusive"
+    result: ToolResult | None = None
+    duration_ms: float = 0.0
+
+
+class LoopObserver:
+    """Progress callbacks (the CLI renders them on stderr). Every method is optional; all are no-ops here."""
+
+    async def on_text(self, fragment: str) -> None:
+        """A streamed fragment of assistant text."""
+
+    def on_step(self, step: int) -> None:
+        """A model request for step ``step`` (1-based within the run) is about to be sent."""
+
+    def on_assistant(self, message: Message) -> None:
+        """The assistant's message of the current step."""
+
+    def on_tool_start(self, call: ToolCallRecord) -> None:
+        """A tool call starts (parallel calls start together)."""
+
+    def on_tool_end(self, call: ToolCallRecord) -> None:
+        """A tool call settled (``call.result`` is set)."""
+
+    def on_end(self, result: RunResult) -> None:
+        """The run ended."""
+
+
+def _default_system_prompt(agent_id: str) -> str:
+    return (f"You are {agent_id}, an agent running in dsh. Use the tools to complete the user's task, "
+            "then reply with a final answer.")
+
+
+def _repair_interrupted(messages: list[Message]) -> list[Message]:
+    """Answer tool calls that never got a result (a run killed mid-step), so the history stays valid."""
+    repaired: list[Message] = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        repaired.append(message)
+        index += 1
+        calls = (message.get("tool_calls") or []) if message.get("role") == "assistant" else []
+        if not calls:
+            continue
+        answered: set[str] = set()
+        while index < len(messages) and messages[index].get("role") == "tool":
+            answered.add(str(messages[index].get("tool_call_id")))
+            repaired.append(messages[index])
+            index += 1
+        for call in calls:
+            if call["id"] not in answered:
+                repaired.append({"role": "tool", "tool_call_id": call["id"],
+                                 "content": "Error: the tool call was interrupted (the run ended before it "
+                                            "returned a result)"})
+    return repaired
+
+
+def history_from_events(events: Sequence[SessionEvent]) -> list[Message]:
+    """The conversation of a session, rebuilt from its message events (for resuming)."""
+    messages: list[Message] = []
+    for event in events:
+        if event.parent_call_id is not None or event.sub_call_id is not None:
+            continue
+        payload = event.payload
+        if event.kind in (EventKind.USER_MESSAGE, EventKind.ASSISTANT_MESSAGE, EventKind.TOOL_RESULT):
+            message = payload.get("message") if isinstance(payload, Mapping) else None
+            if isinstance(message, Mapping):
+                messages.append(dict(message))
+    return _repair_interrupted(messages)
+
+
+def _parse_arguments(raw: str) -> tuple[JSON, str | None]:
+    """Decode a tool call's JSON text strictly (no NaN/Infinity); ``(value, None)`` or ``(None, why)``."""
+    if raw.strip() == "":
+        return {}, None  # some servers send "" for a call without arguments
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not valid JSON")
+
+    try:
+        return freeze(json.loads(raw, parse_constant=refuse)), None
+    except (ValueError, NotLosslessError, RecursionError) as error:
+        return None, str(error)
+
+
+class _ApprovalChannel:
+    """A ``dsh_approve`` channel for the calls of one run: asks the run's approver and records the answer."""
+
+    def __init__(self, run_scope: Scope, approver: Approver, recorder: SessionRecorder | None) -> None:
+        self.run_scope = run_scope
+        self.approver = approver
+        self.recorder = recorder
+
+    @_hookimpl
+    def dsh_approve(self, request: ApprovalRequest) -> Awaitable[ApprovalOutcome | None] | None:
+        agent = request.execution.agent
+        if agent is None or not agent.is_within(self.run_scope):
+            return None
+        return self._answer(request)
+
+    async def _answer(self, request: ApprovalRequest) -> ApprovalOutcome | None:
+        outcome = await self.approver(request)
+        if outcome is not None and self.recorder is not None:
+            execution = request.execution
+            await self.recorder.append(
+                EventKind.APPROVAL,
+                {"name": execution.name, "call_id": execution.call_id, "reason": request.reason,
+                 "outcome": str(ApprovalOutcome(outcome))},
+                root_call_id=execution.root_call_id)
+        return outcome
+
+
+class AgentLoop:
+    """Runs one agent's turns against a provider. Usually built by :func:`run_agent`."""
+
+    def __init__(
+        self,
+        *,
+        agent_id: str,
+        scope: Scope,
+        registry: ToolRegistry,
+        runtime: ToolRuntime,
+        hooks: Hooks,
+        provider: Provider,
+        provider_name: str = "provider",
+        model: str | None = None,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        system_prompt: str | None = None,
+        core_sections: Sequence[CoreSection] = (),
+        recorder: SessionRecorder | None = None,
+        observer: LoopObserver | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"agent {agent_id!r}: max_turns must be at least 1, got {max_turns}")
+        self.agent_id = agent_id
+        self.scope = scope
+        self.registry = registry
+        self.runtime = runtime
+        self.provider = provider
+        self.provider_name = provider_name
+        self.model = model
+        self.max_turns = max_turns
+        self.recorder = recorder
+        self.observer = observer or LoopObserver()
+        self._request_chars: list[int] = []
+        prompt = system_prompt if system_prompt is not None else _default_system_prompt(agent_id)
+
+        def agent_section(_: PromptContext) -> PromptSection:
+            return PromptSection("agent:system", prompt, order=0)
+
+        self.assembler = PromptAssembler(hooks, registry, core=[agent_section, *core_sections])
+
+    # -- recording --------------------------------------------------------------------------------------
+
+    async def _record(self, events: Sequence[NewEvent]) -> None:
+        if self.recorder is not None and events:
+            await self.recorder.append_many(events)
+
+    # -- one run ------------------------------------------------------------------------------------------
+
+    async def run(self, task: str, *, history: Sequence[Message] = (), signal: AbortSignal | None = None,
+                  first_step: int | None = None) -> RunResult:
+        """Add ``task`` as a user message to ``history`` and run until the loop stops.
+
+        ``first_step`` numbers this run's steps after earlier ones (call ids
+        ``<step>.<n>`` stay unique in a resumed session); by default it
+        continues after the assistant messages in ``history``.
+        """
+        signal = signal or AbortSignal.never()
+        self._request_chars = []
+        messages: list[Message] = [dict(m) for m in history]
+        step = first_step if first_step is not None else sum(1 for m in messages if m.get("role") == "assistant")
+        user = {"role": "user", "content": task}
+        messages.append(user)
+        await self._record([NewEvent(EventKind.USER_MESSAGE, {"message": user})])
+        turns = 0
+        answer: str | None = None
+        reason: StopReason
+        error: str | None = None
+        try:
+            while True:
+                if signal.aborted:
+                    reason = StopReason.ABORTED
+                    break
+                if turns >= self.max_turns:
+                    reason = StopReason.TURN_LIMIT
+                    error = f"the turn limit ({self.max_turns}) was reached before a final answer"
+                    break
+                turns += 1
+                step += 1
+                try:
+                    assistant = await self._complete(messages, signal, step)
+                except ProviderError as failure:
+                    reason, error = StopReason.PROVIDER_ERROR, f"provider {self.provider_name!r}: {failure.message}"
+                    break
+                except DshError as failure:
+                    reason, error = StopReason.ERROR, failure.message
+                    break
+                if assistant is None:
+                    reason = StopReason.ABORTED
+                    break
+                meta = assistant.pop("_meta", None)
+                messages.append(assistant)
+                payload: dict[str, Any] = {"message": assistant, "step": step}
+                if meta is not None:
+                    payload["meta"] = meta
+                await self._record([NewEvent(EventKind.ASSISTANT_MESSAGE, payload)])
+                self.observer.on_assistant(assistant)
+                calls = assistant.get("tool_calls") or []
+                if not calls:
+                    reason, answer = StopReason.FINAL_ANSWER, assistant.get("content") or ""
+                    break
+                records = await self._run_calls(calls, step, signal)
+                contexts: list[NewEvent] = []
+                results: list[NewEvent] = []
+                for record in records:
+                    assert record.result is not None
+                    message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": record.result.text}
+                    messages.append(message)
+                    results.append(NewEvent(EventKind.TOOL_RESULT, _result_payload(record, message),
+                                            root_call_id=record.call_id))
+                for record in records:
+                    assert record.result is not None
+                    for context in record.result.additional_contexts:
+                        note = {"role": "user", "content": context.text}
+                        messages.append(note)
+                        contexts.append(NewEvent(EventKind.USER_MESSAGE,
+                                                 {"message": note, "context_source": context.source},
+                                                 root_call_id=record.call_id))
+                await self._record(results + contexts)
+                concluding = [r for r in records if r.result is not None and r.result.concludes_turn]
+                if concluding:
+                    reason = StopReason.CONCLUDES_TURN
+                    assert concluding[0].result is not None
+                    answer = assistant.get("content") or concluding[0].result.text
+                    break
+        except asyncio.CancelledError:
+            # Cancelled from outside (a second interrupt): still leave the session saying why.
+            await asyncio.shield(self._record([NewEvent(EventKind.RUN_END, {
+                "reason": StopReason.ABORTED, "turns": turns, "answer": None, "error": "cancelled"})]))
+            raise
+        if reason is StopReason.ABORTED and error is None:
+            error = f"aborted: {signal.reason}" if signal.aborted else "aborted"
+        end: dict[str, Any] = {"reason": str(reason), "turns": turns, "answer": answer}
+        if error is not None:
+            end["error"] = error
+        await self._record([NewEvent(EventKind.RUN_END, end)])
+        result = RunResult(reason, answer, turns, tuple(messages),
+                           self.recorder.session_id if self.recorder else None, error, tuple(self._request_chars))
+        self.observer.on_end(result)
+        return result
+
+    # -- the model request ---------------------------------------------------------------------------------
+
+    async def _complete(self, messages: list[Message], signal: AbortSignal, step: int) -> Message | None:
+        """The provider's next message (checked), or ``None`` if the run was aborted meanwhile."""
+        system = self.assembler.assemble(self.scope)
+        tools = [schema.to_json() for schema in self.registry.wire_schemas(self.scope)]
+        request = [{"role": "system", "content": system}, *messages]
+        self._request_chars.append(len(json.dumps({"messages": request, "tools": tools}, ensure_ascii=False)))
+        self.observer.on_step(step)
+        on_text: OnText = self.observer.on_text
+        pending = asyncio.ensure_future(self.provider.complete(request, tools, on_text=on_text, model=self.model))
+        aborted = asyncio.ensure_future(signal.wait())
+        try:
+            await asyncio.wait({pending, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+            if not pending.done():
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+        if pending.cancelled():
+            return None
+        raw = pending.result()
+        return normalize_assistant(raw, who=f"provider {self.provider_name!r}",
+                                   fallback_ids=lambda index: f"call_{step}_{index + 1}")
+
+    # -- tool calls ------------------------------------------------------------------------------------------
+
+    def _records(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal) -> list[ToolCallRecord]:
+        records: list[ToolCallRecord] = []
+        for index, call in enumerate(calls):
+            function = call["function"]
+            record = ToolCallRecord(index=index, call_id=f"{step}.{index + 1}", tool_call_id=call["id"],
+                                    name=function["name"], raw_arguments=function["arguments"])
+            record.arguments, record.parse_error = _parse_arguments(record.raw_arguments)
+            if record.parse_error is None:
+                record.mode = self.runtime.execution_mode(self._request(record, signal))
+            records.append(record)
+        return records
+
+    def _request(self, record: ToolCallRecord, signal: AbortSignal) -> ToolExecutionInput:
+        # Model-direct: no parent token, so the registry's Code Mode collapse applies.
+        return ToolExecutionInput(call_id=record.call_id, name=record.name, arguments=record.arguments,
+                                  signal=signal, agent=self.scope)
+
+    async def _run_calls(self, calls: Sequence[Mapping[str, Any]], step: int,
+                         signal: AbortSignal) -> list[ToolCallRecord]:
+        records = self._records(calls, step, signal)
+        # Written before anything runs: a crash mid-tool still shows what was being called.
+        await self._record([NewEvent(EventKind.TOOL_CALL, {
+            "name": r.name, "tool_call_id": r.tool_call_id, "arguments": r.raw_arguments,
+            "execution_mode": r.mode}, root_call_id=r.call_id) for r in records])
+        index = 0
+        while index < len(records):
+            if records[index].mode == "parallel":
+                end = index
+                while end < len(records) and records[end].mode == "parallel":
+                    end += 1
+                await asyncio.gather(*(self._run_one(r, signal) for r in records[index:end]))
+                index = end
+            else:
+                await self._run_one(records[index], signal)
+                index += 1
+        return records
+
+    async def _run_one(self, record: ToolCallRecord, signal: AbortSignal) -> None:
+        self.observer.on_tool_start(record)
+        started = time.perf_counter()
+        if record.parse_error is not None:
+            record.result = ToolResult.failure(
+                ErrorCode.INVALID_ARGS,
+                f'the arguments of tool call "{record.name}" are not valid JSON ({record.parse_error}); '
+                "send one JSON object")
+        else:
+            record.result = await self.runtime.execute(self._request(record, signal))
+        record.duration_ms = (time.perf_counter() - started) * 1000
+        self.observer.on_tool_end(record)
+
+
+def _result_payload(record: ToolCallRecord, message: Message) -> dict[str, Any]:
+    result = record.result
+    assert result is not None
+    return {
+        "name": record.name,
+        "tool_call_id": record.tool_call_id,
+        "ok": not result.is_error,
+        "error": None if result.error is None else {"code": result.error.code, "message": result.error.message},
+        "content": result.text,
+        "concludes_turn": result.concludes_turn,
+        "duration_ms": round(record.duration_ms, 3),
+        "message": message,
+    }
+
+
+# -- running an agent of a harness ---------------------------------------------------------------------------
+
+
+def open_session_store(harness: Harness) -> SessionStore:
+    """Open the deployment's session store (``[sessions] store`` under ``[sessions] home``/``DSH_HOME``)."""
+    name = harness.deployment.sessions.store
+    factory = harness.session_stores.get(name)
+    if factory is None:
+        known = ", ".join(harness.session_stores.names()) or "none"
+        raise ConfigError(f"sessions.store: no session store named {name!r} is registered (known: {known}); "
+                          "add a plugin row that provides it, e.g. use = \"sqlite-sessions\"")
+    store: SessionStore = factory(dsh_home(harness.deployment.sessions.home))
+    return store
+
+
+def core_sections_of(harness: Harness) -> list[CoreSection]:
+    """The deployment's core prompt sections (from the root's ``prompt`` assembler, if any)."""
+    assembler = harness.root.lookup(PROMPT_SERVICE)
+    return list(assembler.core) if isinstance(assembler, PromptAssembler) else []
+
+
+def _provider_for(harness: Harness, agent_id: str, name: str | None) -> Provider:
+    if name is None:
+        raise ConfigError(f"agents[{agent_id}].provider is not set: name a registered provider "
+                          f"(known: {', '.join(harness.providers.names()) or 'none'})")
+    provider = harness.providers.get(name)
+    if provider is None:
+        known = ", ".join(harness.providers.names()) or "none"
+        raise ConfigError(f"agents[{agent_id}].provider: no provider named {name!r} is registered "
+                          f"(known: {known}); add a plugin row that provides it (use = \"scripted\" or \"openai\")")
+    return provider  # type: ignore[no-any-return]
+
+
+async def run_agent(
+    harness: Harness,
+    task: str,
+    *,
+    agent_id: str | None = None,
+    session_id: str | None = None,
+    signal: AbortSignal | None = None,
+    observer: LoopObserver | None = None,
+    approver: Approver | None = None,
+    store: SessionStore | None = None,
+    record: bool = True,
+) -> RunResult:
+    """Run one agent turn of ``harness`` on ``task``, recorded in a session.
+
+    A new session is created unless ``session_id`` names one to continue (its
+    history is rebuilt from the events). ``store`` defaults to the
+    deployment's store, opened and closed here; with ``record=False`` nothing
+    is persisted. ``approver`` becomes an approval channel for this run's
+    calls (answers are recorded).
+    """
+    agent_scope = harness.agent(agent_id)
+    resolved_id = next(i for i, s in harness.agents.items() if s is agent_scope)
+    row = harness.deployment.agent(resolved_id)
+    provider_name = row.provider if row is not None else None
+    provider = _provider_for(harness, resolved_id, provider_name)
+    own_store = False
+    if record and store is None:
+        store = open_session_store(harness)
+        own_store = True
+    run_scope = agent_scope.child(f"run:{session_id or 'new'}")
+    try:
+        recorder: SessionRecorder | None = None
+        history: list[Message] = []
+        if record:
+            assert store is not None
+            if session_id is not None:
+                events = await store.load(session_id)
+                history = history_from_events(events)
+            else:
+                info = await store.create(meta={"agent": resolved_id, "task": task})
+                session_id = info.id
+            recorder = SessionRecorder(store, session_id)
+            run_scope.provide(SESSION_SERVICE, recorder)
+        if approver is not None:
+            harness.hooks.register(_ApprovalChannel(run_scope, approver, recorder),
+                                   name=f"dsh-agent-approval:{run_scope.serial}", scope=run_scope)
+        loop = AgentLoop(
+            agent_id=resolved_id, scope=run_scope, registry=harness.registry, runtime=harness.runtime,
+            hooks=harness.hooks, provider=provider, provider_name=str(provider_name),
+            model=row.model if row is not None else None,
+            max_turns=(row.max_turns if row is not None and row.max_turns else DEFAULT_MAX_TURNS),
+            system_prompt=row.system_prompt if row is not None else None,
+            core_sections=core_sections_of(harness), recorder=recorder, observer=observer)
+        if recorder is not None:
+            await recorder.append(EventKind.RUN_START, {
+                "task": task, "agent": resolved_id, "provider": provider_name,
+                "model": row.model if row is not None else None,
+                "mode": harness.registry.mode_for(run_scope), "resumed": bool(history)})
+        return await loop.run(task, history=history, signal=signal)
+    finally:
+        await run_scope.dispose()
+        if own_store and store is not None:
+            await store.close()

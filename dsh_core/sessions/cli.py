@@ -1,0 +1,298 @@
+"""``dsh sessions list`` and ``dsh sessions show ID``: read recorded sessions.
+
+``show`` renders a session's trajectory as a tree: each run, its messages,
+its model-direct tool calls with outcome and duration, and under each
+``run_code`` call the nested calls its program made (matched start/settle
+pairs by ``sub_call_id``), with approvals where they were asked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from dsh_core.config import Deployment, default_deployment, load_deployment
+from dsh_core.errors import DshError
+from dsh_core.sessions.events import EventKind, SessionEvent, SessionInfo
+from dsh_core.sessions.store import SessionStore
+
+__all__ = ["sessions_group", "render_session", "render_list", "Node"]
+
+T = TypeVar("T")
+
+
+class Node:
+    """A line of the rendered tree and the lines under it."""
+
+    __slots__ = ("label", "children")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.children: list[Node] = []
+
+    def add(self, label: str) -> Node:
+        """Append and return a child."""
+        child = Node(label)
+        self.children.append(child)
+        return child
+
+    def lines(self) -> list[str]:
+        """The tree as text lines, drawn with box characters."""
+        out = [self.label]
+        stack: list[tuple[Node, str, bool]] = [(c, "", i == len(self.children) - 1)
+                                                for i, c in reversed(list(enumerate(self.children)))]
+        # Iterative: a long session must not hit the recursion limit.
+        while stack:
+            node, prefix, last = stack.pop()
+            out.append(f"{prefix}{'└─ ' if last else '├─ '}{node.label}")
+            inner = prefix + ("   " if last else "│  ")
+            count = len(node.children)
+            for index in range(count - 1, -1, -1):
+                stack.append((node.children[index], inner, index == count - 1))
+        return out
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _ms(value: object) -> str:
+    return f"{float(value):.1f} ms" if isinstance(value, int | float) else "? ms"
+
+
+def _outcome(payload: Mapping[str, Any]) -> str:
+    """``ok`` or the error code (+ message) of a result payload, whatever its exact shape."""
+    if payload.get("ok") is True or payload.get("is_error") is False:
+        return "ok"
+    error = payload.get("error")
+    code = payload.get("error_code")
+    message = None
+    if isinstance(error, Mapping):
+        code = code or error.get("code")
+        message = error.get("message")
+    elif isinstance(error, str):
+        message = error
+    text = str(code or "failed")
+    return f"{text}: {_short(message, 100)}" if message else text
+
+
+def _call_summary(arguments: object) -> str:
+    """A call's arguments in one line; a ``run_code`` call by its description, not its program text."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, Mapping) and isinstance(parsed.get("description"), str) and "code" in parsed:
+            return repr(_short(parsed["description"], 60))
+    return _short(arguments, 60)
+
+
+def _sub(sub_call_id: str | None) -> str:
+    # Code Mode ids read "<run_code call id>:code:<n>"; under their run_code call, "#<n>" says it all.
+    text = str(sub_call_id)
+    head, sep, tail = text.rpartition(":code:")
+    return f"#{tail}" if sep and head else f"sub {text}"
+
+
+class _Call:
+    __slots__ = ("node", "start")
+
+    def __init__(self, node: Node, start: float) -> None:
+        self.node = node
+        self.start = start
+
+
+def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
+    """The trajectory of a session as a text tree (see the module docstring)."""
+    agent = info.meta.get("agent", "?")
+    root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created {_when(info.created_at)}")
+    run: Node | None = None
+    runs = 0
+    calls: dict[str, _Call] = {}
+    nested: dict[tuple[str | None, str], _Call] = {}
+
+    def current_run() -> Node:
+        nonlocal run, runs
+        if run is None:
+            runs += 1
+            run = root.add(f"run {runs}")
+        return run
+
+    for event in events:
+        payload: Mapping[str, Any] = event.payload if isinstance(event.payload, Mapping) else {}
+        kind = event.kind
+        if kind == EventKind.RUN_START:
+            runs += 1
+            resumed = " (resumed)" if payload.get("resumed") else ""
+            run = root.add(f"run {runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · provider "
+                           f"{payload.get('provider')} · mode {payload.get('mode')}")
+        elif kind == EventKind.USER_MESSAGE:
+            message = payload.get("message") or {}
+            if payload.get("context_source") is not None or event.root_call_id is not None:
+                source = payload.get("context_source") or event.root_call_id
+                current_run().add(f"context ({source}): {_short(message.get('content', ''))}")
+            else:
+                current_run().add(f"user: {_short(message.get('content', ''))}")
+        elif kind == EventKind.ASSISTANT_MESSAGE:
+            message = payload.get("message") or {}
+            names = [c.get("function", {}).get("name") for c in message.get("tool_calls") or ()]
+            content = message.get("content")
+            if names:
+                said = f" ({_short(content, 60)})" if content else ""
+                current_run().add(f"assistant → {', '.join(str(n) for n in names)}{said}")
+            else:
+                current_run().add(f"assistant: {_short(content or '')}")
+        elif kind == EventKind.TOOL_CALL and event.root_call_id is not None:
+            node = current_run().add(f"{payload.get('name')} [{event.root_call_id}] "
+                                     f"{_call_summary(payload.get('arguments', ''))}")
+            calls[event.root_call_id] = _Call(node, event.at)
+        elif kind == EventKind.TOOL_RESULT and event.root_call_id is not None:
+            call = calls.get(event.root_call_id)
+            if call is None:
+                call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at)
+            call.node.label += f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}"
+        elif kind == EventKind.CODE_DISPATCH_START:
+            parent = calls.get(event.root_call_id or "")
+            holder = parent.node if parent is not None else current_run()
+            args = payload.get("args", payload.get("arguments", ""))
+            node = holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}] {_short(args, 60)}")
+            nested[(event.root_call_id, str(event.sub_call_id))] = _Call(node, event.at)
+        elif kind == EventKind.CODE_DISPATCH:
+            key = (event.root_call_id, str(event.sub_call_id))
+            settled = nested.pop(key, None)
+            if settled is None:
+                parent = calls.get(event.root_call_id or "")
+                holder = parent.node if parent is not None else current_run()
+                settled = _Call(holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}]"), event.at)
+            duration = payload.get("duration_ms")
+            if not isinstance(duration, int | float):
+                duration = (event.at - settled.start) * 1000
+            settled.node.label += f" — {_outcome(payload)} · {_ms(duration)}"
+        elif kind == EventKind.APPROVAL:
+            parent = calls.get(event.root_call_id or "")
+            holder = parent.node if parent is not None else current_run()
+            reason = f" ({_short(payload.get('reason'), 60)})" if payload.get("reason") else ""
+            holder.add(f"approval for {payload.get('name')}: {payload.get('outcome')}{reason}")
+        elif kind == EventKind.RUN_END:
+            error = f": {_short(payload.get('error'), 100)}" if payload.get("error") else ""
+            current_run().add(f"end: {payload.get('reason')} after {payload.get('turns')} turn(s){error}")
+            run = None
+        else:
+            current_run().add(f"{kind}: {_short(payload, 80)}")
+    for call in nested.values():
+        call.node.label += " — no result (interrupted)"
+    return "\n".join(root.lines())
+
+
+def render_list(sessions: Sequence[SessionInfo]) -> str:
+    """A table of sessions: id, last update, event count, agent and first task."""
+    if not sessions:
+        return "no sessions"
+    rows = [("ID", "UPDATED", "EVENTS", "AGENT", "TASK")]
+    rows += [(s.id, _when(s.updated_at), str(s.event_count), str(s.meta.get("agent", "")),
+              _short(str(s.meta.get("task", "")), 50)) for s in sessions]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
+                     for row in rows)
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"dsh: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _deployment(ctx: click.Context, local: Sequence[str]) -> Deployment:
+    inherited: Sequence[str] = ctx.find_root().params.get("configs") or ()
+    paths = [*inherited, *local]
+    try:
+        return load_deployment(paths) if paths else default_deployment(Path.cwd())
+    except DshError as error:
+        _fail(error.message, 2)
+
+
+def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable[T]]) -> T:
+    import asyncio
+
+    from dsh_core.agent.loop import open_session_store
+    from dsh_core.boot import start_harness
+
+    async def main() -> T:
+        harness = await start_harness(deployment)
+        try:
+            store = open_session_store(harness)
+            try:
+                return await work(store)
+            finally:
+                await store.close()
+        finally:
+            await harness.aclose()
+
+    try:
+        return asyncio.run(main())
+    except DshError as error:
+        _fail(error.message, 2 if error.code in ("INVALID_CONFIG", "SESSION_NOT_FOUND") else 1)
+
+
+_config_option = click.option(
+    "--config", "configs", multiple=True, type=click.Path(dir_okay=False),
+    help="Deployment TOML file; repeat to overlay (later files patch earlier ones).")
+
+
+@click.group("sessions")
+def sessions_group() -> None:
+    """List and inspect recorded agent sessions (under DSH_HOME, default ~/.dsh)."""
+
+
+@sessions_group.command("list")
+@_config_option
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of sessions.")
+@click.pass_context
+def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Sessions, most recently updated first."""
+
+    async def work(store: SessionStore) -> list[SessionInfo]:
+        return await store.list(limit=limit)
+
+    found = _with_store(_deployment(ctx, configs), work)
+    if as_json:
+        click.echo(json.dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
+                                "event_count": s.event_count, "meta": dict(s.meta)} for s in found], indent=2))
+    else:
+        click.echo(render_list(found))
+
+
+@sessions_group.command("show")
+@click.argument("session_id")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the events as a JSON list.")
+@click.pass_context
+def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...], as_json: bool) -> None:
+    """A session's trajectory: runs, messages, calls with their nested calls, outcomes, durations."""
+
+    async def work(store: SessionStore) -> tuple[SessionInfo, list[SessionEvent]]:
+        return await store.get(session_id), await store.load(session_id)
+
+    info, events = _with_store(_deployment(ctx, configs), work)
+    if as_json:
+        click.echo(json.dumps([{"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
+                                "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
+                                "payload": e.payload} for e in events], indent=2, ensure_ascii=False))
+    else:
+        click.echo(render_session(info, events))

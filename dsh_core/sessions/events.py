@@ -1,0 +1,109 @@
+"""Session events: the append-only record of an agent run.
+
+A session is an ordered log of :class:`SessionEvent` values keyed by
+``(session_id, seq)``. ``seq`` is assigned by the store at commit time and is
+the one true order. Each event carries a ``kind`` (see :class:`EventKind`), a
+JSON ``payload`` and three correlation ids:
+
+* ``root_call_id`` — the model-direct call an event belongs to (for a nested
+  Code Mode call, the outer ``run_code`` call);
+* ``parent_call_id`` — the call that made a nested call (the ``run_code``
+  call id), ``None`` for model-direct calls;
+* ``sub_call_id`` — the nested call's id inside its program, ``None`` for
+  model-direct calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Final
+
+from attrs import field, frozen
+
+from dsh_core.lossless import JSON, NotLosslessError, snapshot
+
+__all__ = ["EventKind", "NewEvent", "SessionEvent", "SessionInfo", "encode_payload", "decode_payload"]
+
+
+class EventKind(StrEnum):
+    """The event kinds dsh itself writes. Stores accept any non-empty kind string."""
+
+    #: A run started: ``{"task", "agent", "provider", "model", "mode", "resumed"}``.
+    RUN_START = "run/start"
+    #: A user message: ``{"message": {"role": "user", "content"}, "context_source"?}``.
+    USER_MESSAGE = "message/user"
+    #: An assistant message: ``{"message": {...OpenAI shape...}, "step", "meta"?}``.
+    ASSISTANT_MESSAGE = "message/assistant"
+    #: A model-direct tool call before it runs: ``{"name", "tool_call_id", "arguments", "execution_mode"}``.
+    TOOL_CALL = "tool/call"
+    #: Its result: ``{"name", "tool_call_id", "ok", "error", "content", "concludes_turn", "duration_ms", "message"}``.
+    TOOL_RESULT = "tool/result"
+    #: A nested call inside a ``run_code`` program started (written by the Code Mode transport).
+    CODE_DISPATCH_START = "tool/code-dispatch-start"
+    #: A nested call settled (exactly one per start, aborted ones included).
+    CODE_DISPATCH = "tool/code-dispatch"
+    #: A person answered an approval request: ``{"name", "call_id", "reason", "outcome"}``.
+    APPROVAL = "approval"
+    #: The run ended: ``{"reason", "turns", "answer", "error"?}``.
+    RUN_END = "run/end"
+
+
+#: Kinds whose payload carries a conversation message (used to rebuild history on resume).
+MESSAGE_KINDS: Final = frozenset({EventKind.USER_MESSAGE, EventKind.ASSISTANT_MESSAGE, EventKind.TOOL_RESULT})
+
+
+def encode_payload(payload: JSON) -> str:
+    """Canonical JSON text of a payload; raise :class:`TypeError` naming what is not lossless JSON."""
+    try:
+        plain = snapshot(payload)
+    except NotLosslessError as error:
+        raise TypeError(f"session event payload: {error}") from None
+    return json.dumps(plain, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def decode_payload(text: str) -> JSON:
+    """The payload value of stored JSON text."""
+    return json.loads(text)
+
+
+def _check_kind(_: object, attribute: object, value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"session event kind must be a non-empty string, got {value!r}")
+
+
+@frozen
+class NewEvent:
+    """An event to append; the store assigns ``seq`` and ``at``."""
+
+    kind: str = field(validator=_check_kind)
+    payload: JSON = field(factory=dict)
+    root_call_id: str | None = None
+    parent_call_id: str | None = None
+    sub_call_id: str | None = None
+
+
+@frozen
+class SessionEvent:
+    """A committed event."""
+
+    session_id: str
+    seq: int
+    kind: str
+    payload: JSON
+    at: float
+    root_call_id: str | None = None
+    parent_call_id: str | None = None
+    sub_call_id: str | None = None
+
+
+@frozen
+class SessionInfo:
+    """A session's summary: id, creation time, last event time, event count and metadata."""
+
+    id: str
+    created_at: float
+    updated_at: float
+    event_count: int
+    meta: Mapping[str, Any] = field(factory=dict)

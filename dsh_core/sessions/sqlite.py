@@ -1,0 +1,238 @@
+"""The embedded default session store: one SQLite database under dsh's home.
+
+Layout: ``<home>/sessions.db`` in WAL mode with ``synchronous=NORMAL``: a
+committed transaction survives the process being killed (SIGKILL included);
+only an operating-system crash may lose the last commits. Each
+:meth:`SqliteSessionStore.append` is one ``BEGIN IMMEDIATE`` transaction, so a
+batch is committed whole or not at all and ``seq`` numbers never have gaps.
+
+All database work runs on one dedicated thread: the event loop never blocks
+on disk, the connection is only ever used by the thread that opened it, and
+writers are serialized without a lock (the thread takes jobs in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo, decode_payload, encode_payload
+from dsh_core.sessions.store import SessionNotFoundError, SessionStoreError
+
+__all__ = ["SqliteSessionStore", "DB_FILENAME", "new_session_id"]
+
+T = TypeVar("T")
+
+#: The database file name inside dsh's home.
+DB_FILENAME: Final = "sessions.db"
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    event_count INTEGER NOT NULL DEFAULT 0,
+    meta TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    root_call_id TEXT,
+    parent_call_id TEXT,
+    sub_call_id TEXT,
+    at REAL NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_root ON events(session_id, root_call_id);
+CREATE INDEX IF NOT EXISTS sessions_updated ON sessions(updated_at);
+"""
+
+
+def new_session_id() -> str:
+    """A fresh, time-sortable session id: ``20250101-120000-a1b2c3``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class SqliteSessionStore:
+    """:class:`~dsh_core.sessions.store.SessionStore` on SQLite (stdlib ``sqlite3``)."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 5000) -> None:
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dsh-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        try:
+            # Opened synchronously so that a bad path fails at boot, naming the file.
+            self._executor.submit(self._connect).result()
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+
+    @classmethod
+    def open(cls, home: Path) -> SqliteSessionStore:
+        """Open (creating if needed) ``<home>/sessions.db``; the factory registered as store ``sqlite``."""
+        home = Path(home).expanduser()
+        try:
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as error:
+            raise SessionStoreError(f"cannot create dsh home {str(home)!r}: {error.strerror or error}") from None
+        return cls(home / DB_FILENAME)
+
+    def __repr__(self) -> str:
+        return f"<SqliteSessionStore {str(self.path)!r}{' closed' if self._executor is None else ''}>"
+
+    # -- the database thread ---------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as error:
+            raise SessionStoreError(f"cannot open session database {str(self.path)!r}: {error}") from None
+        self._conn = conn
+
+    def _db(self) -> sqlite3.Connection:
+        assert self._conn is not None
+        return self._conn
+
+    async def _run(self, job: Callable[[], T]) -> T:
+        executor = self._executor
+        if executor is None:
+            raise SessionStoreError(f"session store {str(self.path)!r} is closed")
+        return await asyncio.get_running_loop().run_in_executor(executor, job)
+
+    def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._db()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = work(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- the SessionStore API ----------------------------------------------------------------------------
+
+    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None) -> SessionInfo:
+        """Create a session; an id that already exists is a :class:`SessionStoreError`."""
+        chosen = session_id or new_session_id()
+        meta_text = encode_payload(dict(meta or {}))
+        now = time.time()
+
+        def work(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute("INSERT INTO sessions (id, created_at, updated_at, meta) VALUES (?, ?, ?, ?)",
+                             (chosen, now, now, meta_text))
+            except sqlite3.IntegrityError:
+                raise SessionStoreError(f"session {chosen!r} already exists in {self.path}") from None
+
+        await self._run(lambda: self._transaction(work))
+        return SessionInfo(chosen, now, now, 0, json.loads(meta_text))
+
+    async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:
+        """Commit ``events`` in one transaction; ``seq`` continues the session's order."""
+        if not events:
+            return []
+        # Encoded here, on the caller's side, so a bad payload fails before anything is written.
+        rows = [(event, encode_payload(event.payload)) for event in events]
+
+        def work(conn: sqlite3.Connection) -> list[SessionEvent]:
+            found = conn.execute("SELECT event_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if found is None:
+                raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?",
+                                   (session_id,)).fetchone()
+            now = time.time()
+            stored: list[SessionEvent] = []
+            params = []
+            for offset, (event, text) in enumerate(rows, start=1):
+                seq = last + offset
+                params.append((session_id, seq, event.kind, event.root_call_id, event.parent_call_id,
+                               event.sub_call_id, now, text))
+                stored.append(SessionEvent(session_id, seq, event.kind, decode_payload(text), now,
+                                           event.root_call_id, event.parent_call_id, event.sub_call_id))
+            conn.executemany(
+                "INSERT INTO events (session_id, seq, kind, root_call_id, parent_call_id, sub_call_id, at, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", params)
+            conn.execute("UPDATE sessions SET updated_at = ?, event_count = event_count + ? WHERE id = ?",
+                         (now, len(params), session_id))
+            return stored
+
+        return await self._run(lambda: self._transaction(work))
+
+    async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
+        """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""
+
+        def work() -> list[SessionEvent]:
+            conn = self._db()
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            query = ("SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
+                     "WHERE session_id = ?")
+            args: tuple[str, ...] = (session_id,)
+            if root_call_id is not None:
+                query += " AND root_call_id = ?"
+                args = (session_id, root_call_id)
+            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
+            return [SessionEvent(session_id, seq, kind, decode_payload(payload), at, root, parent, sub)
+                    for seq, kind, at, payload, root, parent, sub in rows]
+
+        return await self._run(work)
+
+    async def get(self, session_id: str) -> SessionInfo:
+        """The summary of one session."""
+
+        def work() -> SessionInfo:
+            row = self._db().execute(
+                "SELECT id, created_at, updated_at, event_count, meta FROM sessions WHERE id = ?",
+                (session_id,)).fetchone()
+            if row is None:
+                raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]))
+
+        return await self._run(work)
+
+    async def list(self, *, limit: int | None = None) -> list[SessionInfo]:
+        """Sessions, most recently updated first (at most ``limit``)."""
+
+        def work() -> list[SessionInfo]:
+            rows = self._db().execute(
+                "SELECT id, created_at, updated_at, event_count, meta FROM sessions "
+                "ORDER BY updated_at DESC, id DESC LIMIT ?", (-1 if limit is None else int(limit),)).fetchall()
+            return [SessionInfo(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+        return await self._run(work)
+
+    async def close(self) -> None:
+        """Close the connection and stop the database thread (idempotent)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, shut)
+        finally:
+            executor.shutdown(wait=True)

@@ -1,0 +1,438 @@
+"""The ``openai`` provider: any OpenAI-compatible chat-completions endpoint, over ``httpx``.
+
+Works with OpenAI, DeepSeek, vLLM, Ollama (``/v1``) and llama.cpp servers.
+Config (``[[plugins]] use = "openai"``)::
+
+    base_url = "https://api.deepseek.com/v1"   # the URL before /chat/completions
+    model = "deepseek-chat"                   # default model (an agent's `model` overrides it)
+    api_key_env = "DSH_API_KEY"               # NAME of the variable holding the key (never the key)
+    timeout_s = 120, connect_timeout_s = 10   # read and connect timeouts
+    max_retries = 2                           # on 408/409/429/5xx and connection errors
+    backoff_base_s = 0.5, backoff_max_s = 8   # jittered exponential backoff; Retry-After wins
+    stream = false                            # SSE streaming (deltas assembled into tool calls)
+
+Failures are :class:`~dsh_core.agent.provider.ProviderError` with a ``kind``:
+``auth`` (401/403), ``model-not-found`` (404), ``context-length`` (a 400 that
+says the prompt is too long), ``malformed-response`` / ``malformed-tool-call``,
+``rate-limited`` / ``server`` / ``connection`` (after the retries), ``http``
+(any other status) and ``no-model``. The key is read from the environment
+at each request and never appears in a message, a repr or a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from email.utils import parsedate_to_datetime
+from typing import Any, Final
+
+import httpx
+
+from dsh_core import Scope, hookimpl
+from dsh_core.agent.provider import (
+    Message,
+    OnText,
+    Provider,
+    ProviderError,
+    ToolSpec,
+    normalize_assistant,
+    openai_tools,
+    wire_message,
+)
+from dsh_core.plugins import plugin as declare_plugin
+
+__all__ = ["plugin", "OpenAICompatProvider", "CONFIG_SCHEMA"]
+
+CONFIG_SCHEMA: Final = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["base_url"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "default": "openai"},
+        "base_url": {"type": "string", "pattern": "^https?://", "description": "an http(s) URL"},
+        "model": {"type": "string", "minLength": 1},
+        "api_key_env": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+                        "description": "the name of an environment variable"},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+        "connect_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+        "max_retries": {"type": "integer", "minimum": 0, "maximum": 10},
+        "backoff_base_s": {"type": "number", "minimum": 0},
+        "backoff_max_s": {"type": "number", "minimum": 0},
+        "max_retry_after_s": {"type": "number", "minimum": 0},
+        "stream": {"type": "boolean"},
+        "temperature": {"type": "number", "minimum": 0},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "extra_body": {"type": "object", "description": "extra request fields, merged into every request"},
+    },
+}
+
+#: Statuses worth retrying (the OpenAI SDK's set): timeout, conflict, rate limit, server errors.
+RETRY_STATUSES: Final = frozenset({408, 409, 429})
+
+# Substrings servers use to say the prompt does not fit (OpenAI, vLLM, llama.cpp, Ollama, DeepSeek).
+_CONTEXT_MARKERS: Final = (
+    "context_length_exceeded", "maximum context length", "context length", "context window",
+    "too many tokens", "prompt is too long", "exceeds the available context", "n_ctx", "input is too long",
+)
+
+
+class _Retry(Exception):
+    """An attempt failed in a way worth retrying; ``error`` is what to raise when retries run out."""
+
+    def __init__(self, error: ProviderError, retry_after: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = retry_after
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds the server asks us to wait (``retry-after-ms``, ``retry-after`` seconds or HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _detail(text: str) -> str:
+    """The server's own error message (``{"error": {"message"}}`` or plain text), shortened."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, Mapping):
+        error = data.get("error", data)
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            code = error.get("code") or error.get("type")
+            text = str(error["message"])
+            return text + (f" ({code})" if isinstance(code, str) and code not in text else "")
+        if isinstance(error, str):
+            return error
+        if isinstance(data.get("detail"), str):
+            return str(data["detail"])
+    text = " ".join(text.split())
+    return text[:300] + ("…" if len(text) > 300 else "") if text else "(empty response body)"
+
+
+class OpenAICompatProvider:
+    """A :class:`~dsh_core.agent.provider.Provider` for OpenAI-compatible chat completions."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 2,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        max_retry_after_s: float = 60.0,
+        stream: bool = False,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        name: str = "openai",
+        transport: httpx.AsyncBaseTransport | None = None,
+        env: Mapping[str, str] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.max_retry_after_s = max_retry_after_s
+        self.stream = stream
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})
+        self._env = os.environ if env is None else env
+        self._sleep = sleep
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+                                         transport=transport)
+        #: Attempts made by the last request (1 = no retry), for diagnostics and tests.
+        self.last_attempts = 0
+
+    def __repr__(self) -> str:
+        key = f" key from ${self.api_key_env}" if self.api_key_env else ""
+        return f"<OpenAICompatProvider {self.name!r} {self.url} model={self.model!r}{key}>"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (the plugin's scope does this on dispose)."""
+        await self._client.aclose()
+
+    # -- request ------------------------------------------------------------------------------------------
+
+    def _key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        return self._env.get(self.api_key_env) or None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        key = self._key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if self.stream:
+            headers["Accept"] = "text/event-stream"
+        return headers
+
+    def _redact(self, text: str) -> str:
+        key = self._key()
+        return text.replace(key, "***") if key and len(key) >= 4 else text
+
+    def _body(self, messages: Sequence[Message], tools: Sequence[ToolSpec], model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "messages": [wire_message(m) for m in messages]}
+        if tools:
+            body["tools"] = openai_tools(tools)
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        body.update(self.extra_body)
+        if self.stream:
+            body["stream"] = True
+        return body
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
+                       on_text: OnText | None = None, model: str | None = None) -> Message:
+        """POST the conversation and return the assistant message (retrying what is worth retrying)."""
+        chosen = model or self.model
+        if not chosen:
+            raise ProviderError("no-model", f"{self.name}: no model configured: set `model` in the provider's "
+                                            "plugin config or the agent's `model`")
+        body = self._body(messages, tools, chosen)
+        attempt = 0
+        while True:
+            attempt += 1
+            self.last_attempts = attempt
+            try:
+                if self.stream:
+                    return await self._stream_once(body, chosen, on_text)
+                return await self._once(body, chosen)
+            except _Retry as retry:
+                if attempt > self.max_retries:
+                    raise ProviderError(retry.error.kind, f"{retry.error.message} (gave up after {attempt} "
+                                                          f"attempt{'s' if attempt > 1 else ''})",
+                                        status=retry.error.status) from None
+                delay = retry.retry_after
+                if delay is None:
+                    delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+                    delay *= random.uniform(0.5, 1.0)  # jitter: clients that failed together retry apart
+                elif delay > self.max_retry_after_s:
+                    raise ProviderError(retry.error.kind, f"{retry.error.message}; the server asks to retry after "
+                                                          f"{delay:.0f}s, more than max_retry_after_s "
+                                                          f"({self.max_retry_after_s:g}s)",
+                                        status=retry.error.status) from None
+                await self._sleep(delay)
+
+    def _failure(self, status: int, text: str, headers: httpx.Headers, model: str) -> Exception:
+        """The error for an HTTP error status: a :class:`_Retry` or a final :class:`ProviderError`."""
+        detail = self._redact(_detail(text))
+        where = f"{self.name}: {self.url}"
+        if status in (401, 403):
+            hint = (f"check the API key in ${self.api_key_env}" if self._key() else
+                    f"${self.api_key_env} is not set" if self.api_key_env else
+                    "no API key is configured (set api_key_env to the name of the variable holding it)")
+            return ProviderError("auth", f"{where}: authentication failed (HTTP {status}): {detail}; {hint}",
+                                 status=status)
+        if status == 404:
+            return ProviderError("model-not-found", f"{where}: model {model!r} not found (HTTP 404): {detail} "
+                                                    "(check `model` and that base_url ends before "
+                                                    "/chat/completions)", status=status)
+        lowered = detail.lower()
+        if status in (400, 413, 422) and any(marker in lowered for marker in _CONTEXT_MARKERS):
+            return ProviderError("context-length", f"{where}: the conversation is too long for model {model!r} "
+                                                   f"(HTTP {status}): {detail}", status=status)
+        if status in RETRY_STATUSES or status >= 500:
+            kind = "rate-limited" if status == 429 else "server"
+            return _Retry(ProviderError(kind, f"{where}: HTTP {status}: {detail}", status=status),
+                          _retry_after(headers))
+        return ProviderError("http", f"{where}: HTTP {status}: {detail}", status=status)
+
+    def _connection(self, error: httpx.HTTPError) -> _Retry:
+        what = "timed out" if isinstance(error, httpx.TimeoutException) else "failed"
+        return _Retry(ProviderError("connection", f"{self.name}: {self.url}: request {what}: "
+                                                  f"{type(error).__name__}: {error}"))
+
+    async def _once(self, body: dict[str, Any], model: str) -> Message:
+        try:
+            response = await self._client.post(self.url, json=body, headers=self._headers())
+        except httpx.TransportError as error:
+            raise self._connection(error) from None
+        if response.status_code >= 400:
+            raise self._failure(response.status_code, response.text, response.headers, model)
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            raw = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
+                                                      f"completion: {_detail(response.text)}") from None
+        message = normalize_assistant(raw, who=f"{self.name}: {self.url}")
+        meta = {"finish_reason": choice.get("finish_reason"), "usage": data.get("usage")}
+        message["_meta"] = {k: v for k, v in meta.items() if v is not None}
+        return message
+
+    # -- streaming ------------------------------------------------------------------------------------------
+
+    async def _stream_once(self, body: dict[str, Any], model: str, on_text: OnText | None) -> Message:
+        assembler = _StreamAssembler(f"{self.name}: {self.url}")
+        started = False
+        try:
+            async with self._client.stream("POST", self.url, json=body, headers=self._headers()) as response:
+                if response.status_code >= 400:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    raise self._failure(response.status_code, text, response.headers, model)
+                async for data in _sse_data(response):
+                    started = True
+                    if data == "[DONE]":
+                        break
+                    fragment = assembler.feed(data)
+                    if fragment and on_text is not None:
+                        await on_text(fragment)
+        except httpx.TransportError as error:
+            if started:
+                # Part of the answer was already shown (on_text): replaying it would duplicate it.
+                raise ProviderError("connection", f"{self.name}: {self.url}: the stream broke after it started "
+                                                  f"(not retried): {type(error).__name__}: {error}") from None
+            raise self._connection(error) from None
+        return assembler.message()
+
+
+async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` payloads of a server-sent-event stream (multi-line data joined by newlines)."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        if line.startswith(":"):
+            continue  # a comment / keep-alive
+        field, _, value = line.partition(":")
+        if field == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)
+
+
+class _StreamAssembler:
+    """Builds one assistant message from ``chat.completion.chunk`` deltas."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.parts: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.slot_of_index: dict[int, int] = {}
+        self.finish_reason: str | None = None
+        self.usage: object = None
+
+    def feed(self, data: str) -> str | None:
+        """Apply one chunk; return its text fragment (if any)."""
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not JSON: "
+                                                      f"{data[:200]!r}") from None
+        if not isinstance(chunk, Mapping):
+            raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not an object")
+        if "error" in chunk:
+            raise ProviderError("http", f"{self.who}: the server reported an error mid-stream: "
+                                        f"{_detail(json.dumps(chunk))}")
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
+        fragment: str | None = None
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                self.parts.append(text)
+                fragment = (fragment or "") + text
+            for position, call in enumerate(delta.get("tool_calls") or ()):
+                self._tool_delta(position, call)
+        return fragment
+
+    def _tool_delta(self, position: int, delta: object) -> None:
+        if not isinstance(delta, Mapping):
+            raise ProviderError("malformed-tool-call", f"{self.who}: a tool-call delta is not an object")
+        index = delta.get("index", position)
+        if not isinstance(index, int):
+            raise ProviderError("malformed-tool-call", f"{self.who}: a tool-call delta has index {index!r}")
+        call_id = delta.get("id")
+        slot = self.slot_of_index.get(index)
+        # Some servers (Ollama) reuse index 0 for parallel calls and tell them apart only by a new id.
+        if slot is None or (call_id and self.calls[slot]["id"] and self.calls[slot]["id"] != call_id):
+            self.calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            slot = len(self.calls) - 1
+            self.slot_of_index[index] = slot
+        entry = self.calls[slot]
+        if call_id:
+            entry["id"] = call_id
+        function = delta.get("function") or {}
+        if not isinstance(function, Mapping):
+            raise ProviderError("malformed-tool-call", f"{self.who}: tool call {index}: 'function' is not an object")
+        if isinstance(function.get("name"), str):
+            entry["function"]["name"] += function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            entry["function"]["arguments"] += arguments
+        elif isinstance(arguments, Mapping):
+            entry["function"]["arguments"] += json.dumps(arguments, ensure_ascii=False)
+
+    def message(self) -> Message:
+        """The assembled assistant message (checked)."""
+        raw: dict[str, Any] = {"role": "assistant", "content": "".join(self.parts) or None}
+        if self.calls:
+            raw["tool_calls"] = self.calls
+        message = normalize_assistant(raw, who=self.who, fallback_ids=lambda i: f"call_stream_{i + 1}")
+        meta = {"finish_reason": self.finish_reason, "usage": self.usage}
+        message["_meta"] = {k: v for k, v in meta.items() if v is not None}
+        return message
+
+
+class OpenAIPlugin:
+    """Registers one :class:`OpenAICompatProvider`; its HTTP client closes with the plugin's scope."""
+
+    def __init__(self, provider: OpenAICompatProvider) -> None:
+        self.provider = provider
+
+    @hookimpl
+    def dsh_register_providers(self, register: Callable[[str, Provider], None]) -> None:
+        """Register the provider under its configured name."""
+        register(self.provider.name, self.provider)
+
+
+@declare_plugin(config_schema=CONFIG_SCHEMA)
+def plugin(scope: Scope, config: Any) -> OpenAIPlugin:
+    """Plugin factory of ``openai``."""
+    options = {k: v for k, v in dict(config).items() if k != "extra_body"}
+    provider = OpenAICompatProvider(**options, extra_body=config.get("extra_body"))
+    scope.on_dispose(provider.aclose)
+    return OpenAIPlugin(provider)

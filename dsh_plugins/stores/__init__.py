@@ -1,0 +1,1 @@
+"""Session stores: ``sqlite-sessions`` (the embedded default)."""

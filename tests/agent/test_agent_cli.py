@@ -1,0 +1,133 @@
+"""``dsh -p``, ``dsh sessions`` and ``dsh demo`` as a user runs them (subprocesses, no TTY)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_kit import call, calls, final, write_script
+
+from dsh_plugins.providers.scripted import NO_MODEL_NOTICE
+
+
+def dsh(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ, text=True,
+                          capture_output=True, timeout=60, check=False)
+
+
+def test_dsh_p_works_out_of_the_box_and_prints_only_the_answer(tmp_path: Path) -> None:
+    done = dsh("-p", "hello", cwd=tmp_path, env={"DSH_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == NO_MODEL_NOTICE + "\n"
+    assert done.stderr == ""  # not a terminal: no progress output
+    assert (tmp_path / "home" / "sessions.db").exists()
+
+
+def config(tmp_path: Path, turns: list[dict[str, Any]], max_turns: int = 5) -> Path:
+    script = write_script(tmp_path / "script.jsonl", turns)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("alpha\n")
+    path = tmp_path / "dsh.toml"
+    path.write_text(f"""
+[sessions]
+home = {json.dumps(str(tmp_path / "home"))}
+
+[[agents]]
+id = "main"
+provider = "scripted"
+max_turns = {max_turns}
+
+[[plugins]]
+id = "workspace"
+use = "workspace"
+config = {{ root = {json.dumps(str(tmp_path / "ws"))} }}
+
+[[plugins]]
+id = "scripted"
+use = "scripted"
+config = {{ script = {json.dumps(str(script))} }}
+
+[[plugins]]
+id = "sessions"
+use = "sqlite-sessions"
+""")
+    return path
+
+
+def test_a_run_is_recorded_listed_shown_and_resumed(tmp_path: Path) -> None:
+    turns = [calls(call("read", {"path": "a.txt"}, "r")), final("It says alpha.", {"last_role": "tool"}),
+             final("Still alpha.", {"last_content_contains": "again"})]
+    cfg = config(tmp_path, turns)
+    first = dsh("--config", str(cfg), "-p", "what is in a.txt?", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "It says alpha.\n" and first.stderr == ""
+
+    listed = dsh("sessions", "list", "--config", str(cfg), "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    (session,) = json.loads(listed.stdout)
+    assert session["meta"] == {"agent": "main", "task": "what is in a.txt?"}
+    table = dsh("sessions", "list", "--config", str(cfg), cwd=tmp_path)
+    assert session["id"] in table.stdout and "what is in a.txt?" in table.stdout
+
+    again = dsh("--config", str(cfg), "-p", "again?", "--session", session["id"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "Still alpha.\n"
+
+    shown = dsh("sessions", "show", session["id"], "--config", str(cfg), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"session {session['id']} · agent main · ")
+    assert lines[1] == "├─ run 1: what is in a.txt? · provider scripted · mode native"
+    assert any(line.startswith('│  ├─ read [1.1] {"path": "a.txt"} — ok · ') for line in lines)
+    assert "│  └─ end: final-answer after 2 turn(s)" in lines
+    assert lines[-4:] == ["└─ run 2 (resumed): again? · provider scripted · mode native",
+                          "   ├─ user: again?", "   ├─ assistant: Still alpha.",
+                          "   └─ end: final-answer after 1 turn(s)"]
+    events = json.loads(dsh("sessions", "show", session["id"], "--json", "--config", str(cfg), cwd=tmp_path).stdout)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_a_run_without_an_answer_exits_1_and_says_why(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [calls(call("read", {"path": "a.txt"})), final("late")], max_turns=1)
+    done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "dsh: run stopped: turn-limit: the turn limit (1) was reached before a final answer" in done.stderr
+
+
+def test_unknown_sessions_fail_with_usage_errors(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [final("x")])
+    resumed = dsh("--config", str(cfg), "-p", "go", "--session", "nope", cwd=tmp_path)
+    assert resumed.returncode == 2 and "dsh: error: no session 'nope'" in resumed.stderr
+    shown = dsh("sessions", "show", "nope", "--config", str(cfg), cwd=tmp_path)
+    assert shown.returncode == 2 and "no session 'nope'" in shown.stderr
+
+
+def test_a_broken_script_fails_at_boot_naming_the_line(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [final("x")])
+    (tmp_path / "script.jsonl").write_text('{"role": "assistant", "content": "ok"}\n{"expect": {"colour": 1}}\n')
+    done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "script.jsonl:2: unknown expect key 'colour'" in done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dsh_core.codemode.transport") is None,
+                    reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet")
+def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
+    done = dsh("demo", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Answer: Surveyed src/inventory.py" in out
+    assert "run_code [1.1] 'Read three files and search for TODOs in parallel' — ok" in out
+    for nested in ("read [#1] {\"path\": \"src/inventory.py\"} — ok", "search [#4] {\"pattern\": \"TODO\"} — ok",
+                   "write [#2] {\"path\": \"REPORT.md\""):
+        assert nested in out
+    assert "REPORT.md: written" in out
+    assert "Code Mode sent" in out and "native " in out

@@ -1,0 +1,433 @@
+"""The agent loop with the scripted provider: modes, scheduling, stop reasons, sessions, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_kit import ToolsPlugin, call, calls, final, program, scripted, start, tool
+
+from dsh_core import AbortController, ApprovalOutcome, PreDecision, hookimpl
+from dsh_core.agent.cli import run_with_interrupts
+from dsh_core.agent.loop import StopReason, history_from_events, open_session_store, run_agent
+from dsh_core.sessions.events import SessionEvent
+
+pytestmark = pytest.mark.anyio
+
+
+async def add(args: Any, ctx: Any) -> Any:
+    return {"sum": args["a"] + args["b"]}
+
+
+ADD_PARAMS = {"type": "object", "required": ["a", "b"],
+              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+
+
+async def events_of(harness: Any, session_id: str) -> list[SessionEvent]:
+    store = open_session_store(harness)
+    try:
+        return await store.load(session_id)
+    finally:
+        await store.close()
+
+
+async def test_native_run_calls_a_tool_and_answers(tmp_path: Path) -> None:
+    turns = [calls(call("add", {"a": 2, "b": 40}, "call_1"), expect={"last_role": "user", "tools_include": ["add"]}),
+             final("The answer is 42.", expect={"last_role": "tool"})]
+    harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns)
+    try:
+        result = await run_agent(harness, "what is 2+40?")
+        assert result.reason is StopReason.FINAL_ANSWER and result.ok
+        assert result.answer == "The answer is 42."
+        assert result.turns == 2 and len(result.request_chars) == 2
+        roles = [m["role"] for m in result.messages]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        assert result.messages[2] == {"role": "tool", "tool_call_id": "call_1",
+                                      "content": json.dumps({"sum": 42})}
+        request = scripted(harness).requests[0]
+        assert request["messages"][0]["role"] == "system" and "main" in request["messages"][0]["content"]
+        assert [t["name"] for t in request["tools"]] == ["add"]
+        assert request["tools"][0]["parameters"] == ADD_PARAMS
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        assert [e.kind for e in events] == ["run/start", "message/user", "message/assistant", "tool/call",
+                                            "tool/result", "message/assistant", "run/end"]
+        assert [e.seq for e in events] == list(range(1, 8))
+        call_event, result_event = events[3], events[4]
+        assert call_event.root_call_id == result_event.root_call_id == "1.1"
+        assert call_event.payload["execution_mode"] == "exclusive"
+        assert result_event.payload["ok"] is True and result_event.payload["duration_ms"] >= 0
+        assert events[-1].payload == {"reason": "final-answer", "turns": 2, "answer": "The answer is 42."}
+    finally:
+        await harness.aclose()
+
+
+async def test_code_mode_collapses_a_direct_native_call_and_runs_programs(tmp_path: Path) -> None:
+    ran: list[Any] = []
+
+    async def counted(args: Any, ctx: Any) -> Any:
+        ran.append((args, ctx.execution.nested))
+        return await add(args, ctx)
+
+    turns = [calls(call("add", {"a": 1, "b": 1}, "direct"), expect={"tools_include": ["run_code"],
+                                                                   "tools_exclude": ["add"]}),
+             calls(call("run_code", {"code": program(("add", {"a": 2, "b": 3})), "description": "add"}, "prog")),
+             final("5")]
+    harness = await start(tmp_path, tools=[tool("add", counted, params=ADD_PARAMS)], turns=turns, mode="code")
+    try:
+        result = await run_agent(harness, "add")
+        assert result.reason is StopReason.FINAL_ANSWER
+        direct = result.messages[2]
+        assert direct["tool_call_id"] == "direct"
+        assert direct["content"].startswith('Error: unknown tool "add": only `run_code` is callable directly')
+        assert ran == [({"a": 2, "b": 3}, True)]  # the direct call's body never ran; the nested one did
+        assert "tools:code-only" not in json.dumps(result.messages)  # prompt sections stay in the system prompt
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        results = [e for e in events if e.kind == "tool/result"]
+        assert results[0].payload["error"]["code"] == "UNKNOWN_TOOL"
+        nested = [e for e in events if e.kind.startswith("tool/code-dispatch")]
+        assert [e.kind for e in nested] == ["tool/code-dispatch-start", "tool/code-dispatch"]
+        assert {(e.root_call_id, e.parent_call_id, e.sub_call_id) for e in nested} == {("2.1", "2.1", "2.1:code:1")}
+        # The nested events sit between the outer call and its result.
+        seqs = {e.kind: e.seq for e in events if e.root_call_id == "2.1"}
+        assert seqs["tool/call"] < seqs["tool/code-dispatch-start"] < seqs["tool/code-dispatch"] < seqs["tool/result"]
+    finally:
+        await harness.aclose()
+
+
+async def test_both_mode_offers_native_tools_and_run_code(tmp_path: Path) -> None:
+    turns = [calls(call("add", {"a": 1, "b": 2}, "d"),
+                   call("run_code", {"code": program(("add", {"a": 3, "b": 4})), "description": "x"}, "p"),
+                   expect={"tools_include": ["add", "run_code"]}),
+             final("ok")]
+    harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns, mode="both")
+    try:
+        result = await run_agent(harness, "go")
+        assert result.ok
+        tool_messages = [m for m in result.messages if m["role"] == "tool"]
+        assert [m["tool_call_id"] for m in tool_messages] == ["d", "p"]
+        assert '"sum": 3' in tool_messages[0]["content"]
+        assert '"sum": 7' in tool_messages[1]["content"].replace("\\", "")
+    finally:
+        await harness.aclose()
+
+
+async def test_an_agent_row_mode_overrides_the_deployment(tmp_path: Path) -> None:
+    harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)],
+                          turns=[final("hi", expect={"tools_include": ["run_code"], "tools_exclude": ["add"]})],
+                          agent={"mode": "code"})
+    try:
+        assert (await run_agent(harness, "hi")).ok
+    finally:
+        await harness.aclose()
+
+
+async def test_parallel_safe_calls_overlap_and_exclusive_ones_run_alone_in_order(tmp_path: Path) -> None:
+    log: list[str] = []
+    running = 0
+    both_started = asyncio.Event()
+    seen_max = 0
+
+    def make(name: str) -> Any:
+        async def body(args: Any, ctx: Any) -> Any:
+            nonlocal running, seen_max
+            running += 1
+            seen_max = max(seen_max, running)
+            log.append(f"start {name}")
+            if running == 2:
+                both_started.set()
+            if name.startswith("safe"):
+                # Each safe call waits until the other is running too: only overlap lets them finish.
+                await asyncio.wait_for(both_started.wait(), 5)
+            else:
+                assert running == 1, "an exclusive call must run alone"
+            await asyncio.sleep(0.01)
+            log.append(f"end {name}")
+            running -= 1
+            return name
+
+        return body
+
+    tools = [tool("safe_a", make("safe_a"), safe=True), tool("safe_b", make("safe_b"), safe=True),
+             tool("excl", make("excl"))]
+    turns = [calls(call("safe_a", {}, "1"), call("safe_b", {}, "2"), call("excl", {}, "3"), call("safe_a", {}, "4")),
+             final("done")]
+    harness = await start(tmp_path, tools=tools, turns=turns)
+    try:
+        result = await run_agent(harness, "go")
+        assert result.ok
+        assert log[:2] == ["start safe_a", "start safe_b"]
+        assert log.index("start excl") > max(log.index("end safe_a"), log.index("end safe_b"))
+        assert log.index("start excl") + 1 == log.index("end excl")
+        assert [m["tool_call_id"] for m in result.messages if m["role"] == "tool"] == ["1", "2", "3", "4"]
+        assert [m["content"] for m in result.messages if m["role"] == "tool"] == ["safe_a", "safe_b", "excl", "safe_a"]
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        modes = [e.payload["execution_mode"] for e in events if e.kind == "tool/call"]
+        assert modes == ["parallel", "parallel", "exclusive", "parallel"]
+    finally:
+        await harness.aclose()
+
+
+async def test_the_turn_limit_stops_the_run_and_is_recorded(tmp_path: Path) -> None:
+    turns = [calls(call("add", {"a": 1, "b": 1}, f"c{i}")) for i in range(3)] + [final("never")]
+    harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns, max_turns=2)
+    try:
+        result = await run_agent(harness, "loop")
+        assert result.reason is StopReason.TURN_LIMIT and not result.ok and result.answer is None
+        assert result.turns == 2 and "turn limit (2)" in str(result.error)
+        assert len(scripted(harness).requests) == 2
+        assert result.session_id is not None
+        end = (await events_of(harness, result.session_id))[-1]
+        assert end.kind == "run/end" and end.payload["reason"] == "turn-limit"
+    finally:
+        await harness.aclose()
+
+
+async def test_an_abort_mid_tool_stops_the_run(tmp_path: Path) -> None:
+    controller = AbortController()
+    started = asyncio.Event()
+    later_ran: list[bool] = []
+
+    async def slow(args: Any, ctx: Any) -> Any:
+        started.set()
+        await ctx.signal.wait()
+        return "interrupted"
+
+    async def later(args: Any, ctx: Any) -> Any:
+        later_ran.append(True)
+        return "ran"
+
+    turns = [calls(call("slow", {}, "s"), call("later", {}, "l")), final("never")]
+    harness = await start(tmp_path, tools=[tool("slow", slow), tool("later", later)], turns=turns)
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "go", signal=controller.signal))
+        await asyncio.wait_for(started.wait(), 5)
+        controller.abort("test")
+        result = await asyncio.wait_for(task, 5)
+        assert result.reason is StopReason.ABORTED and result.error == "aborted: test"
+        contents = [m["content"] for m in result.messages if m["role"] == "tool"]
+        assert contents == ["Error: tool call aborted", "Error: tool call aborted before dispatch"]
+        assert later_ran == [] and len(scripted(harness).requests) == 1
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        assert [e.payload["error"]["code"] for e in events if e.kind == "tool/result"] == [
+            "ABORTED", "ABORTED_BEFORE_DISPATCH"]
+        assert events[-1].payload["reason"] == "aborted"
+    finally:
+        await harness.aclose()
+
+
+async def test_an_abort_while_the_model_thinks_cancels_the_request(tmp_path: Path) -> None:
+    controller = AbortController()
+    harness = await start(tmp_path, turns=[final("slow")])
+    provider = scripted(harness)
+    original = provider.complete
+    entered = asyncio.Event()
+
+    async def slow_complete(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await asyncio.sleep(30)
+        return await original(*args, **kwargs)
+
+    provider.complete = slow_complete
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "go", signal=controller.signal))
+        await asyncio.wait_for(entered.wait(), 5)
+        controller.abort("SIGINT")
+        result = await asyncio.wait_for(task, 5)
+        assert result.reason is StopReason.ABORTED and result.turns == 1
+    finally:
+        await harness.aclose()
+
+
+def test_sigint_aborts_the_run_through_the_abort_controller(tmp_path: Path) -> None:
+    async def main(controller: AbortController) -> Any:
+        started = asyncio.Event()
+
+        async def slow(args: Any, ctx: Any) -> Any:
+            started.set()
+            await ctx.signal.wait()
+            return "stopped"
+
+        harness = await start(tmp_path, tools=[tool("slow", slow)], turns=[calls(call("slow", {})), final("x")])
+        try:
+            task = asyncio.ensure_future(run_agent(harness, "go", signal=controller.signal))
+            await asyncio.wait_for(started.wait(), 5)
+            os.kill(os.getpid(), signal.SIGINT)
+            return await asyncio.wait_for(task, 5)
+        finally:
+            await harness.aclose()
+
+    result = run_with_interrupts(main)
+    assert result.reason is StopReason.ABORTED and result.error == "aborted: SIGINT"
+
+
+async def test_invalid_json_arguments_become_an_invalid_args_message(tmp_path: Path) -> None:
+    ran: list[Any] = []
+
+    async def body(args: Any, ctx: Any) -> Any:
+        ran.append(args)
+        return "ran"
+
+    turns = [calls(call("t", '{"a": 1,', "bad"), call("t", '{"x": NaN}', "nan"), call("t", "", "empty")),
+             final("ok")]
+    harness = await start(tmp_path, tools=[tool("t", body)], turns=turns)
+    try:
+        result = await run_agent(harness, "go")
+        contents = [m["content"] for m in result.messages if m["role"] == "tool"]
+        assert contents[0].startswith('Error: the arguments of tool call "t" are not valid JSON')
+        assert "NaN is not valid JSON" in contents[1]
+        assert contents[2] == "ran" and ran == [{}]  # "" means no arguments
+        assert result.session_id is not None
+        codes = [e.payload["error"] and e.payload["error"]["code"]
+                 for e in await events_of(harness, result.session_id) if e.kind == "tool/result"]
+        assert codes == ["INVALID_ARGS", "INVALID_ARGS", None]
+    finally:
+        await harness.aclose()
+
+
+async def test_concludes_turn_stops_and_contexts_become_user_messages(tmp_path: Path) -> None:
+    async def note(args: Any, ctx: Any) -> Any:
+        ctx.defer_context("remember: the build is green")
+        return "noted"
+
+    async def finish(args: Any, ctx: Any) -> Any:
+        ctx.conclude_turn()
+        return "all done"
+
+    turns = [calls(call("note", {}, "n"), call("finish", {}, "f")), final("never asked")]
+    harness = await start(tmp_path, tools=[tool("note", note), tool("finish", finish)], turns=turns)
+    try:
+        result = await run_agent(harness, "go")
+        assert result.reason is StopReason.CONCLUDES_TURN and result.answer == "all done"
+        assert [m["role"] for m in result.messages] == ["user", "assistant", "tool", "tool", "user"]
+        assert result.messages[-1]["content"] == "remember: the build is green"
+        assert len(scripted(harness).requests) == 1
+    finally:
+        await harness.aclose()
+
+
+async def test_a_provider_failure_is_recorded_as_the_end_reason(tmp_path: Path) -> None:
+    harness = await start(tmp_path, turns=[final("only one")])
+    try:
+        first = await run_agent(harness, "one")
+        assert first.ok
+        # Resuming asks for a second assistant turn the script does not have.
+        second = await run_agent(harness, "two", session_id=first.session_id)
+        assert second.reason is StopReason.PROVIDER_ERROR
+        assert "script exhausted" in str(second.error) and "provider 'scripted'" in str(second.error)
+        assert first.session_id is not None
+        assert (await events_of(harness, first.session_id))[-1].payload["reason"] == "provider-error"
+    finally:
+        await harness.aclose()
+
+
+async def test_resuming_a_session_rebuilds_the_history(tmp_path: Path) -> None:
+    turns = [calls(call("add", {"a": 1, "b": 2}, "c1")), final("3"),
+             final("still 3", expect={"last_content_contains": "and now?"})]
+    harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns)
+    try:
+        first = await run_agent(harness, "1+2?")
+        second = await run_agent(harness, "and now?", session_id=first.session_id)
+        assert second.ok and second.answer == "still 3" and second.session_id == first.session_id
+        assert [m["role"] for m in second.messages] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+        request = scripted(harness).requests[-1]["messages"]
+        assert [m["role"] for m in request] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert first.session_id is not None
+        events = await events_of(harness, first.session_id)
+        starts = [e.payload["resumed"] for e in events if e.kind == "run/start"]
+        assert starts == [False, True]
+    finally:
+        await harness.aclose()
+
+
+def test_history_repairs_a_step_interrupted_before_its_results() -> None:
+    def event(seq: int, kind: str, message: dict[str, Any]) -> SessionEvent:
+        return SessionEvent("s", seq, kind, {"message": message}, 0.0)
+
+    assistant = {"role": "assistant", "content": None, "tool_calls": [call("a", {}, "x"), call("b", {}, "y")]}
+    events = [event(1, "message/user", {"role": "user", "content": "go"}),
+              event(2, "message/assistant", assistant),
+              event(3, "tool/result", {"role": "tool", "tool_call_id": "x", "content": "fine"})]
+    history = history_from_events(events)
+    assert [m.get("tool_call_id") for m in history] == [None, None, "x", "y"]
+    assert "interrupted" in history[-1]["content"]
+
+
+class AskingPlugin(ToolsPlugin):
+    """Asks a person before every call."""
+
+    @hookimpl
+    def dsh_pre_execute(self, execution: Any) -> PreDecision:
+        return PreDecision.ask("writes files")
+
+
+async def test_approvals_go_through_the_run_approver_and_are_recorded(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def approver(request: Any) -> ApprovalOutcome:
+        asked.append(request.execution.name)
+        return ApprovalOutcome.REJECTED
+
+    turns = [calls(call("t", {}, "c")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("t", add)], turns=turns, plugin=AskingPlugin([]))
+    try:
+        result = await run_agent(harness, "go", approver=approver)
+        assert asked == ["t"]
+        assert result.messages[2]["content"] == 'Error: the user rejected tool "t"'
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        approval = next(e for e in events if e.kind == "approval")
+        assert approval.payload == {"name": "t", "call_id": "1.1", "reason": "writes files", "outcome": "rejected"}
+        assert approval.root_call_id == "1.1"
+        # Without an approver (headless, no terminal) nobody can allow the call.
+        again = await run_agent(harness, "go", record=False)
+        assert "no approval channel is available" in again.messages[2]["content"]
+    finally:
+        await harness.aclose()
+
+
+async def test_a_missing_provider_or_store_fails_with_a_clear_message(tmp_path: Path) -> None:
+    from dsh_core.errors import ConfigError
+
+    harness = await start(tmp_path, agent={"provider": "nope"})
+    try:
+        with pytest.raises(ConfigError, match=r"agents\[main\].provider: no provider named 'nope'.*known: scripted"):
+            await run_agent(harness, "go")
+    finally:
+        await harness.aclose()
+
+
+def test_the_console_observer_shows_calls_outcomes_and_the_end(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from dsh_core.agent.cli import ConsoleObserver
+    from dsh_core.agent.loop import RunResult, ToolCallRecord
+    from dsh_core.model import ToolResult
+
+    out = io.StringIO()
+    observer = ConsoleObserver(Console(file=out, width=200, color_system=None))
+    observer.on_step(1)
+    observer.on_assistant({"role": "assistant", "content": "Reading [bold]", "tool_calls": [call("read", {})]})
+    record = ToolCallRecord(index=0, call_id="1.1", tool_call_id="c", name="read", raw_arguments='{"path": "a"}',
+                            mode="parallel", duration_ms=3.2)
+    observer.on_tool_start(record)
+    record.result = ToolResult.failure("DENIED", "outside the workspace")
+    observer.on_tool_end(record)
+    observer.on_end(RunResult(StopReason.FINAL_ANSWER, "x", 1, (), "s-1"))
+    assert out.getvalue().splitlines() == [
+        "· step 1: asking the model…",
+        "  Reading [bold]",
+        '  → read {"path": "a"} (parallel)',
+        "  ✗ read DENIED 3 ms outside the workspace",
+        "· final-answer after 1 turn(s) · session s-1",
+    ]

@@ -1,0 +1,298 @@
+"""The OpenAI-compatible HTTP provider against a loopback fake server."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeServer, completion
+
+from dsh_core import define_tool, hookimpl
+from dsh_core.agent.loop import run_agent
+from dsh_core.agent.provider import ProviderError
+from dsh_core.config import compose, default_deployment
+from dsh_core.harness import Harness
+from dsh_core.plugins import PluginCatalog
+from dsh_core.scope import Scope
+from dsh_plugins.providers.openai_compat import OpenAICompatProvider, plugin
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "sk-test-0123456789"
+TOOLS = [{"name": "add", "description": "Add.", "parameters": {"type": "object"}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 40}"}}
+
+
+def provider(server: FakeServer, **options: Any) -> tuple[OpenAICompatProvider, list[float]]:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    options.setdefault("model", "m1")
+    made = OpenAICompatProvider(base_url=server.url + "/", api_key_env="TEST_KEY", env={"TEST_KEY": SECRET},
+                                backoff_base_s=0.01, sleep=sleep, **options)
+    return made, slept
+
+
+async def test_tool_calls_are_parsed_and_the_request_has_the_openai_shape(server: FakeServer) -> None:
+    server.reply(body=completion(None, [CALL], finish="tool_calls"))
+    client, _ = provider(server)
+    try:
+        history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+40?"},
+                   {"role": "assistant", "content": "hm", "_meta": {"usage": 1}}]
+        message = await client.complete(history, TOOLS)
+    finally:
+        await client.aclose()
+    assert message == {"role": "assistant", "content": None, "tool_calls": [CALL],
+                       "_meta": {"finish_reason": "tool_calls", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}}
+    (request,) = server.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["Authorization"] == f"Bearer {SECRET}"
+    body = request["body"]
+    assert body["model"] == "m1" and "stream" not in body
+    assert body["tools"] == [{"type": "function", "function": TOOLS[0]}]
+    assert body["messages"][-1] == {"role": "assistant", "content": "hm"}  # private keys stripped
+    assert SECRET not in repr(client) and "TEST_KEY" in repr(client)
+
+
+async def test_the_agent_model_overrides_and_arguments_objects_are_reencoded(server: FakeServer) -> None:
+    server.reply(body=completion(None, [{"id": "c", "type": "function",
+                                         "function": {"name": "add", "arguments": {"a": 1}}}]))
+    client, _ = provider(server, temperature=0.2, max_tokens=50, extra_body={"seed": 7})
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [], model="m2")
+    finally:
+        await client.aclose()
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    body = server.requests[0]["body"]
+    assert (body["model"], body["temperature"], body["max_tokens"], body["seed"]) == ("m2", 0.2, 50, 7)
+    assert "tools" not in body
+
+
+async def test_streaming_assembles_text_and_tool_calls_by_index(server: FakeServer) -> None:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    server.stream([
+        ": keep-alive",
+        chunk({"role": "assistant", "content": "Let me "}),
+        chunk({"content": "add."}),
+        chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                               "function": {"name": "add", "arguments": ""}}]}),
+        chunk({"tool_calls": [{"index": 1, "id": "c2", "type": "function",
+                               "function": {"name": "mul", "arguments": "{\"a\""}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 2,"}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": ": 3}"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": " \"b\": 40}"}}]}, "tool_calls"),
+        {"choices": [], "usage": {"total_tokens": 9}},
+    ])
+    fragments: list[str] = []
+
+    async def on_text(text: str) -> None:
+        fragments.append(text)
+
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], TOOLS, on_text=on_text)
+    finally:
+        await client.aclose()
+    assert fragments == ["Let me ", "add."]
+    assert message["content"] == "Let me add."
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] \
+        == [("c1", "add", {"a": 2, "b": 40}), ("c2", "mul", {"a": 3})]
+    assert message["_meta"] == {"finish_reason": "tool_calls", "usage": {"total_tokens": 9}}
+    assert server.requests[0]["body"]["stream"] is True
+    assert server.requests[0]["headers"]["Accept"] == "text/event-stream"
+
+
+async def test_streaming_tells_apart_calls_that_reuse_index_zero(server: FakeServer) -> None:
+    # Ollama-style: parallel calls all arrive with index 0 and differ only by id.
+    server.stream([
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "a", "function": {"name": "read", "arguments": "{\"path\": \"x\"}"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "b", "function": {"name": "read", "arguments": "{\"path\": \"y\"}"}}]}}]},
+    ])
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], TOOLS)
+    finally:
+        await client.aclose()
+    assert [(c["id"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("a", '{"path": "x"}'), ("b", '{"path": "y"}')]
+
+
+async def test_429_and_5xx_are_retried_honouring_retry_after(server: FakeServer) -> None:
+    server.reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "2"})
+    server.reply(503, "upstream overloaded")
+    server.reply(body=completion("hi"))
+    client, slept = provider(server, max_retries=2)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "hi" and client.last_attempts == 3
+    assert slept[0] == 2.0  # the server's Retry-After, not the backoff
+    assert 0.005 <= slept[1] <= 0.02  # jittered exponential backoff (base 0.01, second attempt)
+
+
+async def test_retry_after_ms_and_streams_are_retried_before_they_start(server: FakeServer) -> None:
+    server.reply(429, "busy", {"retry-after-ms": "250"})
+    server.stream([{"choices": [{"index": 0, "delta": {"content": "ok"}}]}])
+    client, slept = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "ok" and slept == [0.25]
+
+
+async def test_retries_run_out_with_a_clear_error(server: FakeServer) -> None:
+    for _ in range(3):
+        server.reply(429, {"error": {"message": "quota", "code": "rate_limit_exceeded"}})
+    client, slept = provider(server, max_retries=2)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == "rate-limited" and caught.value.status == 429
+    assert "HTTP 429: quota (rate_limit_exceeded) (gave up after 3 attempts)" in caught.value.message
+    assert len(slept) == 2
+
+
+async def test_a_retry_after_beyond_the_limit_is_not_waited_for(server: FakeServer) -> None:
+    server.reply(429, "later", {"Retry-After": "3600"})
+    client, slept = provider(server)
+    try:
+        with pytest.raises(ProviderError, match="retry after 3600s, more than max_retry_after_s"):
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert slept == []
+
+
+@pytest.mark.parametrize(("status", "body", "kind", "text"), [
+    (401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}, "auth",
+     "authentication failed (HTTP 401): Incorrect API key provided: ***; check the API key in $TEST_KEY"),
+    (403, "forbidden", "auth", "authentication failed (HTTP 403): forbidden"),
+    (404, {"error": {"message": "The model `m1` does not exist"}}, "model-not-found",
+     "model 'm1' not found (HTTP 404): The model `m1` does not exist"),
+    (400, {"error": {"message": "This model's maximum context length is 8192 tokens",
+                     "code": "context_length_exceeded"}}, "context-length",
+     "the conversation is too long for model 'm1' (HTTP 400): This model's maximum context length"),
+    (400, {"error": {"message": "the request exceeds the available context size (n_ctx)"}}, "context-length",
+     "too long"),
+    (400, {"error": {"message": "temperature must be <= 2"}}, "http", "HTTP 400: temperature must be <= 2"),
+    (200, "<html>not json</html>", "malformed-response", "the response is not a chat completion: <html>"),
+    (200, completion(None, [{"id": "c", "type": "function", "function": {"arguments": "{}"}}]),
+     "malformed-tool-call", "tool_calls[0].function.name is missing"),
+    (200, completion(None, [{"id": "c", "type": "function", "function": {"name": "x", "arguments": 5}}]),
+     "malformed-tool-call", "arguments of tool 'x' is int, expected JSON text"),
+])
+async def test_each_failure_has_a_clear_error(server: FakeServer, status: int, body: Any, kind: str,
+                                              text: str) -> None:
+    server.reply(status, body)
+    client, slept = provider(server)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind
+    assert text in caught.value.message and SECRET not in caught.value.message
+    assert slept == [] and len(server.requests) == 1  # none of these is retried
+
+
+async def test_an_error_inside_a_stream_is_reported(server: FakeServer) -> None:
+    server.stream([{"error": {"message": "model crashed"}}], done=False)
+    client, _ = provider(server, stream=True)
+    try:
+        with pytest.raises(ProviderError, match="mid-stream: model crashed"):
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+
+
+async def test_no_model_and_no_server_fail_clearly() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    client = OpenAICompatProvider(base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.0,
+                                  sleep=sleep)
+    try:
+        with pytest.raises(ProviderError, match="no model configured"):
+            await client.complete([], [])
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [], model="m")
+    finally:
+        await client.aclose()
+    assert caught.value.kind == "connection" and "gave up after 2 attempts" in caught.value.message
+    assert len(slept) == 1
+
+
+async def test_the_plugin_closes_its_client_with_its_scope(server: FakeServer) -> None:
+    scope = Scope("plugin:openai")
+    instance = plugin(scope, {"base_url": server.url, "model": "m"})
+    client = instance.provider._client
+    assert not client.is_closed
+    await scope.dispose()
+    assert client.is_closed
+
+
+class AddTool:
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        async def add(args: Any, ctx: Any) -> Any:
+            return args["a"] + args["b"]
+
+        register(define_tool(name="add", description="Add two integers.", parameters={"type": "object"},
+                             execute=add))
+
+
+async def test_the_loop_runs_against_an_openai_compatible_server(server: FakeServer, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSH_TEST_KEY", SECRET)
+    server.reply(body=completion(None, [CALL], finish="tool_calls"))
+    server.reply(body=completion("42"))
+    deployment = compose([("test", {
+        "agents": [{"id": "main", "provider": "openai", "model": "agent-model"}],
+        "plugins": [{"id": "tools", "use": "tools"},
+                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m",
+                                                                "api_key_env": "DSH_TEST_KEY"}}],
+    })], env={})
+    harness = await Harness.start(deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: AddTool()},
+                                                                    strict=True))
+    try:
+        result = await run_agent(harness, "2+40?", record=False)
+    finally:
+        await harness.aclose()
+    assert result.ok and result.answer == "42"
+    second = server.requests[1]["body"]
+    assert second["model"] == "agent-model"
+    assert second["messages"][0]["role"] == "system"
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    assert [t["function"]["name"] for t in second["tools"]] == ["add"]
+
+
+def test_three_environment_variables_point_the_default_deployment_at_an_endpoint(tmp_path: Path) -> None:
+    env = {"DSH_BASE_URL": "http://localhost:11434/v1", "DSH_MODEL": "qwen3", "DSH_API_KEY": SECRET}
+    deployment = default_deployment(tmp_path, env=env)
+    row = deployment.plugin("openai")
+    assert row is not None
+    assert dict(row.config) == {"base_url": "http://localhost:11434/v1", "api_key_env": "DSH_API_KEY",
+                                "model": "qwen3"}
+    assert deployment.agent("main").provider == "openai"  # type: ignore[union-attr]
+    assert deployment.source_of("agents[main].provider") == "env:DSH_BASE_URL"
+    assert SECRET not in json.dumps(dict(row.config))  # the key itself never enters the config
+    plain = default_deployment(tmp_path, env={})
+    assert plain.plugin("openai") is None and plain.agent("main").provider == "scripted"  # type: ignore[union-attr]

@@ -1,0 +1,100 @@
+"""The scripted provider: replay, expect guards, divergence and exhaustion, script checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core.agent.provider import ProviderError
+from dsh_core.scope import Scope
+from dsh_plugins.providers.scripted import NO_MODEL_NOTICE, ScriptedProvider, load_script, plugin
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = [{"name": "add", "description": "Add.", "parameters": {"type": "object"}}]
+
+
+def script(tmp_path: Path, *lines: Any) -> Path:
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+CALL_TURN = {"expect": {"last_role": "user", "tools_include": ["add"], "model": "m"}, "role": "assistant",
+             "content": None, "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]}
+FINAL_TURN = {"expect": {"last_role": "tool", "last_content_contains": "2"}, "role": "assistant", "content": "two"}
+
+
+async def test_turns_replay_in_order_and_expectations_are_checked(tmp_path: Path) -> None:
+    provider = ScriptedProvider.from_file(script(tmp_path, CALL_TURN, "", FINAL_TURN))
+    user = [{"role": "system", "content": "s"}, {"role": "user", "content": "1+1"}]
+    first = await provider.complete(user, TOOLS, model="m")
+    assert first == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]}
+    seen: list[str] = []
+
+    async def on_text(text: str) -> None:
+        seen.append(text)
+
+    history = [*user, first, {"role": "tool", "tool_call_id": "call_1_1", "content": "2"}]
+    assert (await provider.complete(history, TOOLS, on_text=on_text))["content"] == "two"
+    assert seen == ["two"]
+    assert [r["model"] for r in provider.requests] == ["m", None]
+
+
+async def test_divergence_and_exhaustion_fail_naming_the_line(tmp_path: Path) -> None:
+    path = script(tmp_path, CALL_TURN, FINAL_TURN)
+    provider = ScriptedProvider.from_file(path)
+    with pytest.raises(ProviderError, match=r"s\.jsonl:1: expect failed at assistant turn 1: tools_include: add "
+                                            r"not offered \(offered: none\)"):
+        await provider.complete([{"role": "user", "content": "x"}], [], model="m")
+    with pytest.raises(ProviderError, match="model 'm' expected, the agent asked for 'other'"):
+        await provider.complete([{"role": "user", "content": "x"}], TOOLS, model="other")
+    wrong = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "improvised"},
+             {"role": "tool", "content": "2"}]
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(wrong, TOOLS)
+    assert caught.value.kind == "script-diverged"
+    assert "s.jsonl:1: the conversation diverged from the script at assistant turn 1: the history has text " \
+           "'improvised', the script has tool calls add" in caught.value.message
+    done = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "other-id", "type": "function", "function": {"name": "add", "arguments": '{ "a" : 1 }'}}]},
+        {"role": "tool", "content": "2"}, {"role": "assistant", "content": "two"}, {"role": "user", "content": "?"}]
+    with pytest.raises(ProviderError) as exhausted:
+        await provider.complete(done, TOOLS)
+    assert exhausted.value.kind == "script-exhausted"
+    assert "script exhausted: the conversation asks for assistant turn 3, but the script has only 2 turn(s)" in \
+        exhausted.value.message
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("{not json", "s.jsonl:1: not valid JSON"),
+    ("[1]", "s.jsonl:1: each line must be a JSON object"),
+    ({"role": "user", "content": "x"}, "s.jsonl:1: expected role 'assistant', got 'user'"),
+    ({"content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}, "tool_calls[0].function.name is missing"),
+    ({"expect": {"last_role": 3}, "content": "x"}, "s.jsonl:1: expect.last_role must be a string"),
+    ({"expect": {"tools_include": "add"}, "content": "x"}, "expect.tools_include must be a list of strings"),
+])
+def test_invalid_scripts_are_refused_at_load(tmp_path: Path, line: Any, message: str) -> None:
+    with pytest.raises(ProviderError) as caught:
+        load_script(script(tmp_path, line))
+    assert caught.value.kind == "script-invalid" and message in caught.value.message
+
+
+def test_missing_and_empty_scripts_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ProviderError, match="cannot read script"):
+        load_script(tmp_path / "missing.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(ProviderError, match="the script has no turns"):
+        load_script(tmp_path / "empty.jsonl")
+
+
+async def test_without_a_script_it_says_no_model_is_configured() -> None:
+    instance = plugin(Scope("p"), {})
+    assert instance.name == "scripted"
+    reply = await instance.provider.complete([{"role": "user", "content": "hi"}], [])
+    assert reply == {"role": "assistant", "content": NO_MODEL_NOTICE}
+    assert "DSH_BASE_URL, DSH_MODEL and DSH_API_KEY" in NO_MODEL_NOTICE

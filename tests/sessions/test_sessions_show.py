@@ -1,0 +1,78 @@
+"""``dsh sessions show``'s tree and ``dsh sessions list``'s table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dsh_core.sessions.cli import render_list, render_session
+from dsh_core.sessions.events import SessionEvent, SessionInfo
+
+
+def ev(seq: int, kind: str, payload: dict[str, Any], at: float, root: str | None = None,
+       parent: str | None = None, sub: str | None = None) -> SessionEvent:
+    return SessionEvent("s1", seq, kind, payload, at, root, parent, sub)
+
+
+def test_show_renders_outer_calls_with_nested_calls_outcomes_and_durations() -> None:
+    program = json.dumps({"code": "await tools.read({'path': 'a'})", "description": "read two files"})
+    events = [
+        ev(1, "run/start", {"task": "survey", "provider": "scripted", "mode": "code", "resumed": False}, 0.0),
+        ev(2, "message/user", {"message": {"role": "user", "content": "survey"}}, 0.0),
+        ev(3, "message/assistant", {"message": {"role": "assistant", "content": "on it", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "run_code", "arguments": program}},
+            {"id": "d", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}}, 0.0),
+        ev(4, "tool/call", {"name": "run_code", "arguments": program}, 0.0, "1.1"),
+        ev(5, "tool/call", {"name": "read", "arguments": "{}"}, 0.0, "1.2"),
+        ev(6, "tool/code-dispatch-start", {"name": "read", "arguments": {"path": "a"}}, 1.000, "1.1", "1.1",
+           "1.1:code:1"),
+        ev(7, "tool/code-dispatch-start", {"name": "write", "arguments": {"path": "b"}}, 1.001, "1.1", "1.1",
+           "1.1:code:2"),
+        ev(8, "approval", {"name": "write", "call_id": "1.1:code:2", "reason": "writes", "outcome": "rejected"},
+           1.002, "1.1"),
+        ev(9, "tool/code-dispatch", {"name": "write", "is_error": True, "error_code": "DENIED"}, 1.003, "1.1", "1.1",
+           "1.1:code:2"),
+        ev(10, "tool/code-dispatch", {"name": "read", "is_error": False, "error_code": None}, 1.0125, "1.1", "1.1",
+           "1.1:code:1"),
+        ev(11, "tool/result", {"name": "run_code", "ok": True, "error": None, "duration_ms": 20.04}, 1.1, "1.1"),
+        ev(12, "tool/result", {"name": "read", "ok": False, "error": {"code": "UNKNOWN_TOOL", "message": "no"},
+                               "duration_ms": 0.5}, 1.1, "1.2"),
+        ev(13, "message/user", {"message": {"role": "user", "content": "a context"}, "context_source": "guard"},
+           1.1, "1.2"),
+        ev(14, "message/assistant", {"message": {"role": "assistant", "content": "Done."}}, 1.2),
+        ev(15, "run/end", {"reason": "final-answer", "turns": 2, "answer": "Done."}, 1.2),
+    ]
+    info = SessionInfo("s1", 0.0, 1.2, len(events), {"agent": "main"})
+    text = render_session(info, events)
+    lines = text.splitlines()
+    assert lines[0].startswith("session s1 · agent main · 15 events · created ")
+    assert lines[1:] == [
+        "└─ run 1: survey · provider scripted · mode code",
+        "   ├─ user: survey",
+        "   ├─ assistant → run_code, read (on it)",
+        "   ├─ run_code [1.1] 'read two files' — ok · 20.0 ms",
+        "   │  ├─ read [#1] {\"path\": \"a\"} — ok · 12.5 ms",
+        "   │  ├─ write [#2] {\"path\": \"b\"} — DENIED · 2.0 ms",
+        "   │  └─ approval for write: rejected (writes)",
+        "   ├─ read [1.2] {} — UNKNOWN_TOOL: no · 0.5 ms",
+        "   ├─ context (guard): a context",
+        "   ├─ assistant: Done.",
+        "   └─ end: final-answer after 2 turn(s)",
+    ]
+
+
+def test_show_marks_a_nested_call_that_never_settled_and_a_run_without_end() -> None:
+    events = [
+        ev(1, "run/start", {"task": "t", "provider": "p", "mode": "code"}, 0.0),
+        ev(2, "tool/call", {"name": "run_code", "arguments": "{}"}, 0.0, "1.1"),
+        ev(3, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 0.0, "1.1", "1.1", "1.1:code:1"),
+    ]
+    text = render_session(SessionInfo("s", 0.0, 0.0, 3, {}), events)
+    assert text.splitlines()[-1] == "      └─ read [#1] {} — no result (interrupted)"
+
+
+def test_list_renders_a_table() -> None:
+    assert render_list([]) == "no sessions"
+    rows = render_list([SessionInfo("a-1", 0.0, 0.0, 7, {"agent": "main", "task": "do it"})]).splitlines()
+    assert rows[0].split() == ["ID", "UPDATED", "EVENTS", "AGENT", "TASK"]
+    assert rows[1].startswith("a-1") and rows[1].endswith("7       main   do it")

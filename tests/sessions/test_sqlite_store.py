@@ -1,0 +1,168 @@
+"""The SQLite session store: the seam's contract, atomic batches, crash safety."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dsh_core.sessions import (
+    EventKind,
+    NewEvent,
+    SessionNotFoundError,
+    SessionRecorder,
+    SessionStore,
+    SessionStoreError,
+)
+from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
+from dsh_core.sessions.store import dsh_home
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_create_append_load_list_get(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path / "home")
+    try:
+        assert isinstance(store, SessionStore)
+        info = await store.create(meta={"agent": "main", "task": "t"})
+        other = await store.create(session_id="fixed")
+        stored = await store.append(info.id, [
+            NewEvent(EventKind.USER_MESSAGE, {"message": {"role": "user", "content": "hi"}}),
+            NewEvent(EventKind.TOOL_CALL, {"name": "read", "big": 123456789012345678901234567890},
+                     root_call_id="1.1"),
+        ])
+        assert [e.seq for e in stored] == [1, 2]
+        more = await store.append(info.id, [NewEvent("tool/code-dispatch-start", {"name": "x"}, root_call_id="1.1",
+                                                     parent_call_id="1.1", sub_call_id="1.1:code:1")])
+        assert more[0].seq == 3
+        loaded = await store.load(info.id)
+        assert [(e.seq, e.kind) for e in loaded] == [(1, "message/user"), (2, "tool/call"),
+                                                    (3, "tool/code-dispatch-start")]
+        assert loaded[1].payload["big"] == 123456789012345678901234567890  # lossless through JSON text
+        assert (loaded[2].root_call_id, loaded[2].parent_call_id, loaded[2].sub_call_id) == (
+            "1.1", "1.1", "1.1:code:1")
+        assert [e.seq for e in await store.load(info.id, root_call_id="1.1")] == [2, 3]
+        summary = await store.get(info.id)
+        assert summary.event_count == 3 and summary.meta == {"agent": "main", "task": "t"}
+        listed = await store.list()
+        assert [s.id for s in listed] == [info.id, other.id]  # most recently updated first
+        assert [s.id for s in await store.list(limit=1)] == [info.id]
+        with pytest.raises(SessionStoreError, match="session 'fixed' already exists"):
+            await store.create(session_id="fixed")
+        with pytest.raises(SessionNotFoundError, match="no session 'nope'"):
+            await store.load("nope")
+        with pytest.raises(SessionNotFoundError):
+            await store.append("nope", [NewEvent("x")])
+        with pytest.raises(SessionNotFoundError):
+            await store.get("nope")
+    finally:
+        await store.close()
+        await store.close()  # idempotent
+    with pytest.raises(SessionStoreError, match="closed"):
+        await store.list()
+    conn = sqlite3.connect(tmp_path / "home" / DB_FILENAME)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_a_bad_payload_writes_nothing_of_its_batch(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        with pytest.raises(TypeError, match="session event payload: not lossless JSON at /bad"):
+            await store.append(info.id, [NewEvent("ok", {"n": 1}), NewEvent("bad", {"bad": float("nan")})])
+        assert await store.load(info.id) == []
+        with pytest.raises(ValueError, match="non-empty string"):
+            NewEvent("")
+    finally:
+        await store.close()
+
+
+async def test_concurrent_recorder_appends_keep_call_order_and_whole_batches(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        recorder = SessionRecorder(store, info.id)
+        batch = [NewEvent("batch", {"i": i}) for i in range(5)]
+        await asyncio.gather(*(recorder.append("one", {"n": n}) for n in range(20)), recorder.append_many(batch))
+        events = await recorder.load()
+        assert [e.seq for e in events] == list(range(1, 26))
+        kinds = [e.kind for e in events]
+        first = kinds.index("batch")
+        assert kinds[first:first + 5] == ["batch"] * 5  # never interleaved
+        assert [e.payload["n"] for e in events if e.kind == "one"] == list(range(20))
+    finally:
+        await store.close()
+
+
+def test_the_home_directory_follows_config_then_env_then_default(tmp_path: Path) -> None:
+    assert dsh_home("/cfg", env={"DSH_HOME": "/env"}) == Path("/cfg")
+    assert dsh_home(None, env={"DSH_HOME": "/env"}) == Path("/env")
+    assert dsh_home(None, env={}) == Path("~/.dsh").expanduser()
+
+
+def test_an_unusable_home_fails_naming_the_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SessionStoreError, match="cannot create dsh home"):
+        SqliteSessionStore.open(blocker / "home")
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from dsh_core.sessions import NewEvent
+    from dsh_core.sessions.sqlite import SqliteSessionStore
+
+    async def main():
+        store = SqliteSessionStore.open(Path(sys.argv[1]))
+        info = await store.create(session_id="crash")
+        payload = {"text": "x" * 2000}
+        while True:
+            stored = await store.append(info.id, [NewEvent("tick", payload) for _ in range(10)])
+            print(stored[-1].seq, flush=True)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_child_killed_mid_write_loses_no_committed_event(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        committed = 0
+        for _ in range(60):
+            line = child.stdout.readline()
+            assert line, "the child stopped writing"
+            committed = int(line)
+        child.send_signal(signal.SIGKILL)  # while it keeps appending: most likely inside a transaction
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert committed >= 600
+    conn = sqlite3.connect(tmp_path / DB_FILENAME)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        seqs = [row[0] for row in conn.execute("SELECT seq FROM events WHERE session_id='crash' ORDER BY seq")]
+    finally:
+        conn.close()
+    assert len(seqs) >= committed  # every acknowledged event survived
+    assert seqs == list(range(1, len(seqs) + 1))  # no gaps
+    assert len(seqs) % 10 == 0  # batches are all-or-nothing
+
+    async def reopen() -> int:
+        store = SqliteSessionStore.open(tmp_path)
+        try:
+            await store.append("crash", [NewEvent("after", {})])
+            return (await store.get("crash")).event_count
+        finally:
+            await store.close()
+
+    assert asyncio.run(reopen()) == len(seqs) + 1
