@@ -16,7 +16,7 @@ from dsh_core.model import (
     ToolResult,
     render_json,
 )
-from dsh_core.schema import check_schema, compile_validator, format_violations, violations
+from dsh_core.schema import check_schema, compile_validator, fast_check, format_violations, violations
 
 __all__ = ["define_tool"]
 
@@ -122,4 +122,6 @@ def define_tool(
         annotations=dict(annotations or {}),
         parameters_validator=parameters_validator,
         output_validator=compile_validator(output),
+        parameters_check=fast_check(parameters),
+        output_check=fast_check(output),
     )

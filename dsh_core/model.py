@@ -222,6 +222,9 @@ class ToolDefinition:
     annotations: JSON = field(factory=dict, converter=freeze)
     parameters_validator: Validator = field(default=None, repr=False)
     output_validator: Validator = field(default=None, repr=False)
+    #: Fast validity predicates (see :func:`dsh_core.schema.fast_check`); ``None`` means "use the validator".
+    parameters_check: Callable[[object], bool] | None = field(default=None, repr=False)
+    output_check: Callable[[object], bool] | None = field(default=None, repr=False)
 
     @property
     def schema(self) -> ToolSchema:

@@ -36,6 +36,9 @@ TRANSPORT_NAME: Final = "run_code"
 #: What a tool name may look like (what every major provider accepts).
 TOOL_NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
+#: Per-scope caches (layer chains, views) are dropped wholesale beyond this many scopes.
+_CACHE_LIMIT: Final = 4096
+
 Guard: TypeAlias = Callable[[ToolExecution], "str | None | Awaitable[str | None]"]
 
 
@@ -94,6 +97,7 @@ class ToolRegistry:
         self._layers: dict[Scope, _Layer] = {}
         self._version = 0
         self._views: dict[Scope | None, _View] = {}
+        self._chains: dict[Scope | None, list[_Layer]] = {}
         self._listeners: list[Callable[[], None]] = []
 
     # -- layers ----------------------------------------------------------------------------------------
@@ -101,6 +105,7 @@ class ToolRegistry:
     def _changed(self) -> None:
         self._version += 1
         self._views.clear()
+        self._chains.clear()
         for listener in list(self._listeners):
             listener()
 
@@ -117,6 +122,7 @@ class ToolRegistry:
         if layer is None and create:
             layer = _Layer(owner)
             self._layers[owner] = layer
+            self._chains.clear()
             owner.on_dispose(lambda: self._drop_layer(owner))
         return layer
 
@@ -125,7 +131,10 @@ class ToolRegistry:
             self._changed()
 
     def _chain(self, scope: Scope | None) -> list[_Layer]:
-        """Layers from nearest to farthest, ending with the global layer."""
+        """Layers from nearest to farthest, ending with the global layer (cached until the next change)."""
+        cached = self._chains.get(scope)
+        if cached is not None:
+            return cached
         chain: list[_Layer] = []
         if scope is not None:
             for node in scope.chain():
@@ -134,6 +143,9 @@ class ToolRegistry:
                     if layer is not None:
                         chain.append(layer)
         chain.append(self._global)
+        if len(self._chains) >= _CACHE_LIMIT:  # short-lived run scopes must not pile up between changes
+            self._chains.clear()
+        self._chains[scope] = chain
         return chain
 
     def _own_of(self, scope: Scope | None, chain: list[_Layer]) -> _Layer | None:
@@ -373,6 +385,8 @@ class ToolRegistry:
         if own is not None:
             visible.update(own.tools)
         view = _View(self._version, dict(sorted(visible.items())))
+        if len(self._views) >= _CACHE_LIMIT:
+            self._views.clear()
         self._views[scope] = view
         return view
 

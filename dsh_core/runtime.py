@@ -189,6 +189,9 @@ class ToolRuntime:
 
     @staticmethod
     def _argument_violations(definition: ToolDefinition, arguments: JSON) -> ToolResult | None:
+        check = definition.parameters_check
+        if check is not None and check(arguments):
+            return None
         found = violations(definition.parameters_validator, arguments)
         if not found:
             return None
@@ -339,7 +342,9 @@ class ToolRuntime:
             frozen_value = freeze(value)
         except NotLosslessError as error:
             return error_result(InvalidToolOutputError(f'tool "{name}" returned invalid output: {error}'))
-        found = violations(definition.output_validator, frozen_value)
+        check = definition.output_check
+        found = [] if check is not None and check(frozen_value) else violations(definition.output_validator,
+                                                                                  frozen_value)
         if found:
             return error_result(InvalidToolOutputError(
                 f'tool "{name}" returned invalid output: {format_violations(found)}', found))

@@ -6,7 +6,7 @@ definition; call-time validation reports every violation with its path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -16,7 +16,7 @@ from jsonschema.protocols import Validator
 from dsh_core.errors import SchemaDefinitionError, Violation
 from dsh_core.lossless import find_loss, pointer
 
-__all__ = ["check_schema", "compile_validator", "violations", "format_violations"]
+__all__ = ["check_schema", "compile_validator", "violations", "format_violations", "fast_check"]
 
 
 def check_schema(schema: object, *, owner: str) -> None:
@@ -56,3 +56,110 @@ def violations(validator: Validator, instance: object) -> list[Violation]:
 def format_violations(found: list[Violation]) -> str:
     """``/a: message; /b: message`` for an error message."""
     return "; ".join(str(v) for v in found)
+
+
+# -- a fast validity check for the schemas tools actually use ------------------------------------------
+
+#: Keywords that never affect validity.
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "deprecated",
+                          "readOnly", "writeOnly", "$schema", "$id"})
+_STRUCTURAL = frozenset({"type", "properties", "required", "additionalProperties", "items"})
+
+
+def _type_test(name: str) -> Callable[[object], bool] | None:
+    # Exactly jsonschema's Draft 2020-12 type checker: bools are not numbers, 1.0 is an integer.
+    if name == "object":
+        return lambda v: isinstance(v, dict)
+    if name == "array":
+        return lambda v: isinstance(v, list)
+    if name == "string":
+        return lambda v: isinstance(v, str)
+    if name == "boolean":
+        return lambda v: isinstance(v, bool)
+    if name == "null":
+        return lambda v: v is None
+    if name == "number":
+        return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    if name == "integer":
+        return lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, float) and v.is_integer())
+    return None
+
+
+def fast_check(schema: object) -> Callable[[object], bool] | None:
+    """A plain-Python validity predicate equivalent to Draft 2020-12 for a common subset, else ``None``.
+
+    The subset is ``type`` (a name or a list of names), ``properties``, ``required``,
+    ``additionalProperties`` (a boolean or a subset schema), ``items`` (a subset
+    schema) and annotations. Anything else (``$ref``, ``enum``, ``pattern``,
+    ``minimum``, combinators, ...) returns ``None`` and callers use jsonschema.
+    The predicate only answers *valid or not*; messages always come from
+    jsonschema. The recursion here follows the schema's depth, which
+    :func:`check_schema` has already bounded by parsing it.
+    """
+    if schema is True or schema == {}:
+        return lambda value: True
+    if schema is False:
+        return lambda value: False
+    if not isinstance(schema, Mapping):
+        return None
+    keys = set(schema)
+    if not keys <= _STRUCTURAL | _ANNOTATIONS:
+        return None
+    tests: list[Callable[[object], bool]] = []
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        type_tests = [_type_test(name) for name in names]
+        if any(test is None for test in type_tests):
+            return None
+        checks = tuple(test for test in type_tests if test is not None)
+        if len(checks) == 1:
+            tests.append(checks[0])
+        else:
+            def any_type(value: object) -> bool:
+                return any(check(value) for check in checks)
+            tests.append(any_type)
+    properties: dict[str, Callable[[object], bool]] = {}
+    for name, sub in (schema.get("properties") or {}).items():
+        check = fast_check(sub)
+        if check is None:
+            return None
+        properties[name] = check
+    required = tuple(schema.get("required") or ())
+    extra = schema.get("additionalProperties", True)
+    extra_check: Callable[[object], bool] | None
+    if extra is True:
+        extra_check = None
+    else:
+        extra_check = fast_check(extra)
+        if extra_check is None:
+            return None
+    if properties or required or extra_check is not None:
+        def object_ok(value: object) -> bool:
+            if not isinstance(value, dict):
+                return True  # object keywords ignore non-objects
+            for name in required:
+                if name not in value:
+                    return False
+            for name, child in value.items():
+                check = properties.get(name)
+                if check is not None:
+                    if not check(child):
+                        return False
+                elif extra_check is not None and not extra_check(child):
+                    return False
+            return True
+        tests.append(object_ok)
+    if "items" in schema:
+        item_check = fast_check(schema["items"])
+        if item_check is None:
+            return None
+
+        def items_ok(value: object) -> bool:
+            return not isinstance(value, list) or all(item_check(item) for item in value)
+        tests.append(items_ok)
+    if not tests:
+        return lambda value: True
+    if len(tests) == 1:
+        return tests[0]
+    return lambda value: all(test(value) for test in tests)
