@@ -18,7 +18,6 @@ from dsh_hookspecs import hookspec
 
 if TYPE_CHECKING:
     from dsh_core.codemode.history import CodeDispatchLog
-
     from dsh_core.model import (
         ApprovalOutcome,
         ApprovalRequest,
