@@ -29,7 +29,7 @@ from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, Tool
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
 from dsh_core.scope import Scope
-from dsh_core.testing.loader import LoadedPlugin, load_factory, load_plugin
+from dsh_core.testing.loader import LoadedPlugin, check_config, load_factory, load_plugin
 
 __all__ = [
     "Target",
@@ -652,6 +652,11 @@ def check_hookimpls(target: Target) -> list[str]:
     except DshError as error:
         return [failure(target, "hookimpls", f"the entry point did not load: {error.message}",
                         "fix the entry point first")]
+    try:
+        check_config(target.name, factory, target.config)
+    except DshError as error:
+        return [failure(target, "hookimpls", error.message,
+                        "pass a valid config: --dsh-conformance-config JSON, or plugin_config in your subclass")]
     specs = _hook_specs()
 
     async def make() -> object:

@@ -182,3 +182,15 @@ def test_same_compares_types_deeply() -> None:
     assert not checks.same([True], [1])
     assert not checks.same({"a": 1, "b": 2}, {"b": 2, "a": 1})  # key order survives JSON; keep it
     asyncio.run(asyncio.sleep(0))
+
+
+def test_a_config_that_misses_required_keys_is_named_before_the_factory_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin run without the config it needs fails with its schema's message, not the factory's KeyError."""
+    from dsh_core.testing import checks
+
+    monkeypatch.setattr(checks, "load_factory", lambda name: (None, __import__(
+        "tests.core.sample_plugins", fromlist=["deny"]).deny))
+    failures = checks.check_hookimpls(checks.Target("needs-config", {}))
+    assert len(failures) == 1
+    assert "'names' is a required property" in failures[0] and "--dsh-conformance-config" in failures[0]
