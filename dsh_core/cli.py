@@ -21,7 +21,7 @@ import click
 
 from dsh_core.config import Deployment, default_deployment, dump, dump_text, load_deployment
 from dsh_core.errors import DshError
-from dsh_core.lossless import thaw
+from dsh_core.lossless import dumps, thaw
 from dsh_core.model import ToolResult, converter
 
 __all__ = ["main", "load_config", "run_async", "result_json"]
@@ -104,7 +104,7 @@ def result_json(result: ToolResult) -> dict[str, Any]:
 
 def emit_json(value: object) -> None:
     """Write one JSON document to stdout."""
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+    click.echo(dumps(value, indent=2))
 
 
 config_option = click.option(

@@ -14,6 +14,7 @@ interpreter's recursion limit.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from typing import Any, NoReturn, TypeAlias
@@ -29,6 +30,7 @@ __all__ = [
     "freeze",
     "thaw",
     "pointer",
+    "dumps",
 ]
 
 #: A lossless JSON value (kept as ``Any`` so it composes with typed callers).
@@ -253,3 +255,56 @@ def freeze(value: object) -> JSON:
 def thaw(value: object) -> JSON:
     """Return a plain mutable deep copy of a (frozen or plain) lossless value."""
     return _walk(value, 1)
+
+
+_SCALAR_TEXT = json.JSONEncoder(ensure_ascii=False).encode
+_END = object()
+
+
+def dumps(value: object, *, indent: int | None = None) -> str:
+    """JSON text of a lossless value, at any depth; the same text as ``json.dumps``.
+
+    ``indent=None`` gives one line with ``", "``/``": "`` separators; an integer
+    gives ``json.dumps(value, indent=n)``'s layout. The stdlib encoders recurse
+    and fail past about a thousand levels; this one keeps an explicit stack.
+    """
+    item_sep = ", " if indent is None else ","
+    out: list[str] = []
+    stack: list[tuple[Iterator[Any], bool, int, list[bool]]] = []
+
+    def newline(depth: int) -> str:
+        return "" if indent is None else "\n" + " " * (indent * depth)
+
+    def begin(item: Any, depth: int) -> None:
+        if isinstance(item, dict):
+            if not item:
+                out.append("{}")
+                return
+            out.append("{")
+            stack.append((iter(dict.items(item)), True, depth + 1, [True]))
+        elif isinstance(item, list):
+            if not item:
+                out.append("[]")
+                return
+            out.append("[")
+            stack.append((iter(list.__iter__(item)), False, depth + 1, [True]))
+        else:
+            out.append(_SCALAR_TEXT(item))
+
+    begin(value, 0)
+    while stack:
+        items, is_object, depth, first = stack[-1]
+        item: Any = next(items, _END)
+        if item is _END:
+            stack.pop()
+            out.append(newline(depth - 1) + ("}" if is_object else "]"))
+            continue
+        out.append(("" if first[0] else item_sep) + newline(depth))
+        first[0] = False
+        if is_object:
+            key, child = item
+            out.append(_SCALAR_TEXT(key) + ": ")
+            begin(child, depth)
+        else:
+            begin(item, depth)
+    return "".join(out)

@@ -17,7 +17,7 @@ from attrs import field, frozen
 from jsonschema.protocols import Validator
 
 from dsh_core.abort import AbortSignal
-from dsh_core.lossless import JSON, freeze
+from dsh_core.lossless import JSON, dumps, freeze
 
 if TYPE_CHECKING:
     from dsh_core.scope import Scope
@@ -173,7 +173,10 @@ def render_json(args: JSON, value: JSON) -> tuple[ContentBlock, ...]:
     """The default renderer: a string value raw, anything else as one line of JSON."""
     if isinstance(value, str):
         return (TextBlock(value),)
-    return (TextBlock(_COMPACT.encode(value)),)
+    try:
+        return (TextBlock(_COMPACT.encode(value)),)
+    except RecursionError:  # lossless values may nest deeper than the C encoder recurses
+        return (TextBlock(dumps(value)),)
 
 
 @frozen

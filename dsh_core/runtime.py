@@ -119,13 +119,41 @@ class ToolRuntime:
     def __init__(self, registry: ToolRegistry, hooks: Hooks) -> None:
         self.registry = registry
         self.hooks = hooks
+        # Tokens of executions whose transport body is running now: the only valid parents.
+        self._live_parents: dict[ExecutionToken, int] = {}
+
+    def open_nesting(self, token: ExecutionToken) -> Callable[[], None]:
+        """Accept ``token`` as the parent of nested calls until the returned function is called.
+
+        The runtime does this itself for the reserved ``run_code`` transport, for
+        exactly as long as its body runs; a custom transport built on the staged
+        interface must do the same. A parent that is not open (forged, or from a
+        run that has ended) is ignored: the call is treated as model-direct, so
+        the Code Mode collapse still applies to it.
+        """
+        self._live_parents[token] = self._live_parents.get(token, 0) + 1
+
+        def close() -> None:
+            count = self._live_parents.get(token, 0) - 1
+            if count > 0:
+                self._live_parents[token] = count
+            else:
+                self._live_parents.pop(token, None)
+
+        return close
+
+    def _parent_of(self, request: ToolExecutionInput) -> ExecutionToken | None:
+        parent = request.parent
+        return parent if parent is not None and parent in self._live_parents else None
 
     # -- whole calls -----------------------------------------------------------------------------------
 
     async def execute(self, request: ToolExecutionInput) -> ToolResult:
         """Run one call through every stage and return its final result (exactly one result event)."""
-        staged = await self.prepare(request)
+        staged = self._create(request)
         try:
+            if staged.kind == "dispatch":
+                await self._policy(staged)
             if staged.kind == "dispatch":
                 staged = await self.dispatch(staged)
             if staged.kind == "post-result":
@@ -143,13 +171,15 @@ class ToolRuntime:
             arguments = freeze(request.arguments)
         except NotLosslessError:
             return "exclusive"
-        return self.registry.execution_mode(request.name, arguments, request.agent, request.parent is not None)
+        nested = self._parent_of(request) is not None
+        return self.registry.execution_mode(request.name, arguments, request.agent, nested)
 
     # -- create -----------------------------------------------------------------------------------------
 
     def _create(self, request: ToolExecutionInput) -> Staged:
         agent = request.agent
-        nested = request.parent is not None
+        parent = self._parent_of(request)
+        nested = parent is not None
         name = request.name
         visible = self.registry.get(name, agent)
         collapsed = visible is not None and self.registry.collapses(name, agent, nested)
@@ -168,7 +198,7 @@ class ToolRuntime:
             arguments=arguments,
             signal=request.signal,
             agent=agent,
-            parent=request.parent,
+            parent=parent,
             token=token,
         )
         staged = Staged(execution, finalizer, None)
@@ -203,8 +233,12 @@ class ToolRuntime:
     async def prepare(self, request: ToolExecutionInput) -> Staged:
         """Create the execution and run the policy stages; the result says what comes next."""
         staged = self._create(request)
-        if staged.kind != "dispatch":
-            return staged
+        if staged.kind == "dispatch":
+            await self._policy(staged)
+        return staged
+
+    async def _policy(self, staged: Staged) -> Staged:
+        """Pre-execute, approval, guards: settle ``staged`` if the call may not be dispatched."""
         execution = staged.execution
         signal = execution.signal
         if signal.aborted:
@@ -242,11 +276,13 @@ class ToolRuntime:
             await asyncio.wait({approval, aborted}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             aborted.cancel()
-        if approval.done():
-            return approval.result()
-        approval.cancel()
-        await asyncio.gather(approval, return_exceptions=True)
-        return ApprovalOutcome.CANCELLED
+            if not approval.done():
+                # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
+                approval.cancel()
+                await asyncio.gather(approval, return_exceptions=True)
+        if approval.cancelled():
+            return ApprovalOutcome.CANCELLED
+        return approval.result()
 
     async def _guard(self, execution: ToolExecution) -> str | None:
         for guard in self.registry.guards_for(execution.agent):
@@ -319,6 +355,8 @@ class ToolRuntime:
                 return invalid
         context = ToolContext(execution if fused is caller else attrs.evolve(execution, signal=fused))
         staged._body_invoked = True
+        # While the transport's body runs, calls naming this execution as parent are nested.
+        close = self.open_nesting(execution.token) if definition is self.registry.transport else None
         try:
             value = await definition.execute(execution.arguments, context)
         except Exception as error:
@@ -327,6 +365,9 @@ class ToolRuntime:
             result = self._success(definition, execution.arguments, value)
             if context.concludes_turn and not result.is_error:
                 result = attrs.evolve(result, concludes_turn=True)
+        finally:
+            if close is not None:
+                close()
         if fused.aborted and not result.is_error:
             result = _aborted()
         deferred = context.deferred_contexts

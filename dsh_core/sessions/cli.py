@@ -19,6 +19,7 @@ import click
 
 from dsh_core.config import Deployment, default_deployment, load_deployment
 from dsh_core.errors import DshError
+from dsh_core.lossless import dumps
 from dsh_core.sessions.events import EventKind, SessionEvent, SessionInfo
 from dsh_core.sessions.store import SessionStore
 
@@ -59,7 +60,7 @@ class Node:
 
 
 def _short(value: object, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = value if isinstance(value, str) else dumps(value)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -291,8 +292,8 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
 
     info, events = _with_store(_deployment(ctx, configs), work)
     if as_json:
-        click.echo(json.dumps([{"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
-                                "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
-                                "payload": e.payload} for e in events], indent=2, ensure_ascii=False))
+        click.echo(dumps([{"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
+                            "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
+                            "payload": e.payload} for e in events], indent=2))
     else:
         click.echo(render_session(info, events))

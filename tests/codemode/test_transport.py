@@ -198,8 +198,14 @@ async def test_the_transport_works_with_a_plain_runtime_object() -> None:
 
         execution = ToolExecution(call_id="call-9", root_call_id="call-9", name="run_code", arguments={},
                                   signal=AbortSignal.never(), agent=env.agent, parent=None, token=ExecutionToken())
-        value = await definition.execute(freeze({"code": "return await tools.echo({'a': 1})",
-                                                 "description": "d"}), ToolContext(execution))
+        # Called outside the runtime, the body's token must be opened by hand (the runtime
+        # opens it for exactly as long as a run_code body runs).
+        close = env.runtime.open_nesting(execution.token)
+        try:
+            value = await definition.execute(freeze({"code": "return await tools.echo({'a': 1})",
+                                                     "description": "d"}), ToolContext(execution))
+        finally:
+            close()
     assert value == {"logs": [], "result": {"a": 1}}
     assert record.run is not None and record.run.has_value
     assert [(c.sub_call_id, c.name, c.args, c.ok, c.error_code) for c in record.calls] == [

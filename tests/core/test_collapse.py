@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import pytest
 
 from dsh_core.abort import AbortSignal
@@ -29,14 +32,51 @@ async def test_model_direct_native_call_under_code_is_unknown_and_no_hook_sees_i
 
 
 async def test_nested_call_with_parent_token_passes_the_collapse() -> None:
-    """The same tool from inside a program (a parent token) runs, through policy."""
+    """The same tool from inside a program (a live parent token) runs, through policy."""
     stack = Stack(mode="code")
     echo = tool("echo")
     stack.registry.register(echo)
     recorder = register(stack.hooks, Recorder())
-    result = await stack.call("echo", {"text": "hi"}, parent=ExecutionToken())
+    token = ExecutionToken()
+    close = stack.runtime.open_nesting(token)
+    result = await stack.call("echo", {"text": "hi"}, parent=token)
+    close()
     assert not result.is_error and result.value == {"echo": "hi"}
     assert recorder.stages() == ["pre", "guard", "post", "result"]
+    assert recorder.results[-1][0].parent is token
+
+
+async def test_a_forged_or_stale_parent_token_does_not_pass_the_collapse() -> None:
+    """Only the token of a run_code body that is running now makes a call nested."""
+    stack = Stack(mode="code")
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    forged = await stack.call("echo", parent=ExecutionToken())
+    assert forged.code == "UNKNOWN_TOOL" and body_calls(echo) == []
+    assert recorder.results[-1][0].parent is None  # treated, and shown, as model-direct
+    stale = ExecutionToken()
+    stack.runtime.open_nesting(stale)()
+    assert (await stack.call("echo", parent=stale)).code == "UNKNOWN_TOOL"
+    assert body_calls(echo) == []
+
+
+async def test_the_transport_body_opens_nesting_for_exactly_its_own_run() -> None:
+    """Calls naming the running run_code execution as parent are nested; after it returns they are not."""
+    stack = Stack(mode="code")
+    echo = tool("echo")
+    stack.registry.register(echo)
+    seen: list[object] = []
+
+    async def program(args: object, ctx: Any) -> object:
+        inner = await stack.call("echo", {"text": "in"}, parent=ctx.execution.token)
+        seen.append(ctx.execution.token)
+        return {"inner": inner.code}
+
+    stack.registry._transport = attrs.evolve(tool("run_code_body", body=program), name="run_code")
+    result = await stack.call("run_code")
+    assert result.value == {"inner": None}
+    assert (await stack.call("echo", parent=seen[0])).code == "UNKNOWN_TOOL"  # the run is over
 
 
 @pytest.mark.parametrize("mode", ["native", "both"])
@@ -168,7 +208,9 @@ async def test_a_collapsed_call_is_exclusive() -> None:
     stack.registry.register(tool("echo", safe=True))
     request = ToolExecutionInput(call_id="c", name="echo", arguments={})
     assert stack.runtime.execution_mode(request) == "exclusive"
-    nested = ToolExecutionInput(call_id="c", name="echo", arguments={}, parent=ExecutionToken())
+    token = ExecutionToken()
+    stack.runtime.open_nesting(token)
+    nested = ToolExecutionInput(call_id="c", name="echo", arguments={}, parent=token)
     assert stack.runtime.execution_mode(nested) == "parallel"
 
 

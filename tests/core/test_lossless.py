@@ -101,3 +101,27 @@ def test_frozen_values_refuse_mutation_and_survive_copy_and_pickle() -> None:
     detached = snapshot(frozen)
     detached["a"].append(3)
     assert frozen["a"] == [1, {"b": 2}]
+
+
+@given(json_values)
+def test_dumps_writes_what_json_dumps_writes(value: Any) -> None:
+    from dsh_core.lossless import dumps
+
+    assert dumps(value) == json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    assert dumps(value, indent=2) == json.dumps(value, ensure_ascii=False, indent=2)
+
+
+def test_dumps_and_the_default_renderer_handle_any_depth() -> None:
+    from dsh_core.lossless import dumps
+    from dsh_core.model import render_json
+
+    deep: list[Any] = []
+    node = deep
+    for _ in range(5000):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    text = dumps(deep)
+    assert text == "[" * 5001 + "]" * 5001
+    assert json.loads(dumps({"a": [1, {"b": "é"}]}, indent=2)) == {"a": [1, {"b": "é"}]}
+    assert render_json({}, freeze(deep))[0].text == text

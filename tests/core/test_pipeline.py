@@ -13,6 +13,7 @@ from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.model import (
     ApprovalOutcome,
     ContextMessage,
+    ExecutionToken,
     ImageBlock,
     PostDecision,
     PreDecision,
@@ -446,7 +447,9 @@ async def test_every_execution_emits_exactly_one_result_event() -> None:
     stack.registry.register(tool("echo"))
     recorder = register(stack.hooks, Recorder(pre=PreDecision.ask(), approval="rejected"))
     await stack.call("echo")  # collapsed
-    await stack.call("echo", parent=object())  # type: ignore[arg-type]  # nested, rejected by approval
+    token = ExecutionToken()
+    stack.runtime.open_nesting(token)
+    await stack.call("echo", parent=token)  # nested, rejected by approval
     await stack.call("run_code")  # the transport
     await stack.call("echo", {"text": object()})  # invalid args
     assert [stage for stage in recorder.stages() if stage == "result"] == ["result"] * 4
@@ -527,3 +530,38 @@ async def test_asyncio_cancellation_still_emits_one_result_event() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert recorder.results[-1][1].code == "ABORTED"
+
+
+async def test_cancelling_a_call_during_approval_emits_its_result_and_stops_the_prompt() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    asking = asyncio.Event()
+    prompt_ended: list[str] = []
+
+    class SlowPerson:
+        @hookimpl
+        def dsh_pre_execute(self) -> PreDecision:
+            return PreDecision.ask("check")
+
+        @hookimpl
+        def dsh_approve(self, request: Any) -> Any:
+            async def wait() -> ApprovalOutcome:
+                asking.set()
+                try:
+                    await asyncio.sleep(30)
+                finally:
+                    prompt_ended.append("ended")
+                return ApprovalOutcome.ALLOWED
+            return wait()
+
+    register(stack.hooks, SlowPerson())
+    recorder = register(stack.hooks, Recorder())
+    task = asyncio.ensure_future(stack.call("echo"))
+    await asking.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert prompt_ended == ["ended"]
+    assert [r.code for _, r in recorder.results] == ["ABORTED_BEFORE_DISPATCH"]
+    assert body_calls(echo) == []
