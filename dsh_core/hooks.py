@@ -244,6 +244,16 @@ class Hooks:
                 return ApprovalOutcome.UNAVAILABLE
         return ApprovalOutcome.UNAVAILABLE
 
+    async def approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
+        """Notify every approval observer; failures are logged and contained."""
+        for info in self._visible("dsh_approval_resolved", request.execution.agent):
+            try:
+                result = info.invoke(request, outcome)
+                if result is not None and _is_awaitable(result):
+                    await result
+            except Exception:
+                log.warning("approval observer of plugin %r failed", info.plugin, exc_info=True)
+
     async def guard(self, execution: ToolExecution) -> str | None:
         """The first denial reason of the guard implementations (fail closed on errors)."""
         for info in self._visible("dsh_guard", execution.agent):

@@ -280,9 +280,9 @@ class ToolRuntime:
                 # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
                 approval.cancel()
                 await asyncio.gather(approval, return_exceptions=True)
-        if approval.cancelled():
-            return ApprovalOutcome.CANCELLED
-        return approval.result()
+        outcome = ApprovalOutcome.CANCELLED if approval.cancelled() else approval.result()
+        await self.hooks.approval_resolved(request, outcome)
+        return outcome
 
     async def _guard(self, execution: ToolExecution) -> str | None:
         for guard in self.registry.guards_for(execution.agent):

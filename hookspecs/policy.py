@@ -65,6 +65,18 @@ def dsh_approve(request: ApprovalRequest) -> ApprovalOutcome | Awaitable[Approva
 
 
 @hookspec
+def dsh_approval_resolved(request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
+    """Observe how an approval request was resolved, whichever channel answered (or none).
+
+    Called once per ``ask``, after the outcome is known and before the call
+    goes on (``allowed``) or is denied; ``unavailable`` is reported too. Use it
+    to record approvals (the agent loop writes them to the session). Return
+    value ignored; exceptions are contained and logged, never changing the
+    outcome.
+    """
+
+
+@hookspec
 def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
     """A monotonic guard: return a denial reason (``str``) to deny, ``None`` to pass.
 

@@ -14,7 +14,6 @@ bad usage or config, 130 for an interrupted run.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -24,14 +23,12 @@ from typing import Final, NoReturn, TypeVar
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.prompt import Confirm
 
 from dsh_core.abort import AbortController
-from dsh_core.agent.loop import Approver, LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
+from dsh_core.agent.loop import LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
 from dsh_core.agent.provider import Message
 from dsh_core.config import Deployment
 from dsh_core.errors import DshError
-from dsh_core.model import ApprovalOutcome, ApprovalRequest
 
 __all__ = ["run_prompt", "run_with_interrupts", "ConsoleObserver", "exit_code", "stderr_console"]
 
@@ -87,20 +84,6 @@ class ConsoleObserver(LoopObserver):
         """Say why the run stopped and how to continue it."""
         where = f" · session {result.session_id}" if result.session_id else ""
         self.console.print(f"[dim]· {result.reason} after {result.turns} turn(s){where}[/]")
-
-
-def console_approver(console: Console) -> Approver:
-    """Ask the person at the terminal to allow a call (runs the blocking prompt off the event loop)."""
-
-    async def approve(request: ApprovalRequest) -> ApprovalOutcome:
-        execution = request.execution
-        arguments = _short(json.dumps(execution.arguments, ensure_ascii=False), 200)
-        why = f" ({request.reason})" if request.reason else ""
-        question = f"Allow [bold]{escape(execution.name)}[/] {escape(arguments)}{escape(why)}?"
-        allowed = await asyncio.to_thread(Confirm.ask, question, console=console, default=False)
-        return ApprovalOutcome.ALLOWED if allowed else ApprovalOutcome.REJECTED
-
-    return approve
 
 
 def run_with_interrupts(main: Callable[[AbortController], Awaitable[T]]) -> T:
@@ -160,7 +143,8 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
     console = stderr_console()
     interactive = sys.stderr.isatty()
     observer: LoopObserver = ConsoleObserver(console) if interactive else LoopObserver()
-    approver = console_approver(console) if interactive and sys.stdin.isatty() else None
+    # Approvals are asked by the deployment's approval plugin (its terminal channel honours its
+    # config and the call's abort signal); the run records every outcome in the session.
 
     async def main(controller: AbortController) -> RunResult:
         from dsh_core.boot import start_harness
@@ -168,7 +152,7 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
         harness = await start_harness(deployment)
         try:
             return await run_agent(harness, task, agent_id=agent_id, session_id=session_id,
-                                   signal=controller.signal, observer=observer, approver=approver)
+                                   signal=controller.signal, observer=observer)
         finally:
             await harness.aclose()
 

@@ -212,30 +212,37 @@ def _parse_arguments(raw: str) -> tuple[JSON, str | None]:
 
 
 class _ApprovalChannel:
-    """A ``dsh_approve`` channel for the calls of one run: asks the run's approver and records the answer."""
+    """A ``dsh_approve`` channel for the calls of one run, answered by the run's approver."""
 
-    def __init__(self, run_scope: Scope, approver: Approver, recorder: SessionRecorder | None) -> None:
+    def __init__(self, run_scope: Scope, approver: Approver) -> None:
         self.run_scope = run_scope
         self.approver = approver
-        self.recorder = recorder
 
     @_hookimpl
     def dsh_approve(self, request: ApprovalRequest) -> Awaitable[ApprovalOutcome | None] | None:
         agent = request.execution.agent
         if agent is None or not agent.is_within(self.run_scope):
             return None
-        return self._answer(request)
+        return self.approver(request)
 
-    async def _answer(self, request: ApprovalRequest) -> ApprovalOutcome | None:
-        outcome = await self.approver(request)
-        if outcome is not None and self.recorder is not None:
-            execution = request.execution
-            await self.recorder.append(
-                EventKind.APPROVAL,
-                {"name": execution.name, "call_id": execution.call_id, "reason": request.reason,
-                 "outcome": str(ApprovalOutcome(outcome))},
-                root_call_id=execution.root_call_id)
-        return outcome
+
+class _ApprovalRecorder:
+    """Records every approval outcome of one run's calls, whichever channel answered."""
+
+    def __init__(self, run_scope: Scope, recorder: SessionRecorder) -> None:
+        self.run_scope = run_scope
+        self.recorder = recorder
+
+    @_hookimpl
+    def dsh_approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> Awaitable[object] | None:
+        execution = request.execution
+        if execution.agent is None or not execution.agent.is_within(self.run_scope):
+            return None
+        return self.recorder.append(
+            EventKind.APPROVAL,
+            {"name": execution.name, "call_id": execution.call_id, "reason": request.reason,
+             "outcome": str(ApprovalOutcome(outcome))},
+            root_call_id=execution.root_call_id)
 
 
 class AgentLoop:
@@ -547,8 +554,11 @@ async def run_agent(
                 session_id = info.id
             recorder = SessionRecorder(store, session_id)
             run_scope.provide(SESSION_SERVICE, recorder)
+        if recorder is not None:
+            harness.hooks.register(_ApprovalRecorder(run_scope, recorder),
+                                   name=f"dsh-agent-approval-record:{run_scope.serial}", scope=run_scope)
         if approver is not None:
-            harness.hooks.register(_ApprovalChannel(run_scope, approver, recorder),
+            harness.hooks.register(_ApprovalChannel(run_scope, approver),
                                    name=f"dsh-agent-approval:{run_scope.serial}", scope=run_scope)
         loop = AgentLoop(
             agent_id=resolved_id, scope=run_scope, registry=harness.registry, runtime=harness.runtime,

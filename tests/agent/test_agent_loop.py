@@ -387,9 +387,12 @@ async def test_approvals_go_through_the_run_approver_and_are_recorded(tmp_path: 
         approval = next(e for e in events if e.kind == "approval")
         assert approval.payload == {"name": "t", "call_id": "1.1", "reason": "writes files", "outcome": "rejected"}
         assert approval.root_call_id == "1.1"
-        # Without an approver (headless, no terminal) nobody can allow the call.
-        again = await run_agent(harness, "go", record=False)
+        # Without an approver (headless, no terminal) nobody can allow the call, and that is recorded too.
+        again = await run_agent(harness, "go")
         assert "no approval channel is available" in again.messages[2]["content"]
+        assert again.session_id is not None
+        unavailable = next(e for e in await events_of(harness, again.session_id) if e.kind == "approval")
+        assert unavailable.payload["outcome"] == "unavailable"
     finally:
         await harness.aclose()
 
