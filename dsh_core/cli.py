@@ -8,35 +8,23 @@ earlier ones); without it the built-in default deployment is used.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from dsh_core.clirun import fail, run_async
 from dsh_core.config import Deployment, default_deployment, dump, dump_text, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps, thaw
 from dsh_core.model import ToolResult, converter
 
-__all__ = ["main", "load_config", "run_async", "result_json"]
+__all__ = ["main", "load_config", "run_async", "result_json", "fail"]
 
 T = TypeVar("T")
-
-#: Seconds the root scope gets to drain after SIGINT/SIGTERM before a forced exit.
-DRAIN_SECONDS = 5.0
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    """Print ``dsh: error: message`` to stderr and exit."""
-    click.echo(f"dsh: error: {message}", err=True)
-    sys.exit(code)
-
 
 def load_config(paths: Sequence[str]) -> Deployment:
     """The effective deployment: the files given, or the default one for the current directory."""
@@ -46,50 +34,6 @@ def load_config(paths: Sequence[str]) -> Deployment:
         return default_deployment(Path.cwd())
     except DshError as error:
         fail(error.message, 2)
-
-
-def run_async(main: Callable[[], Awaitable[T]], *, on_signal: Callable[[], Awaitable[None]] | None = None) -> T:
-    """Run ``main`` with SIGINT/SIGTERM wired to a bounded, graceful shutdown.
-
-    The first signal runs ``on_signal`` (dispose the root scope) and cancels
-    ``main``, waiting at most :data:`DRAIN_SECONDS`; a second signal exits at once.
-    """
-
-    async def runner() -> T:
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(main())
-        state = {"signals": 0}
-        shutdowns: set[asyncio.Task[None]] = set()
-
-        def handle(signum: int) -> None:
-            state["signals"] += 1
-            if state["signals"] > 1:
-                os._exit(128 + signum)
-            click.echo(f"dsh: {signal.Signals(signum).name} received, shutting down "
-                       "(again to exit at once)", err=True)
-
-            async def shutdown() -> None:
-                try:
-                    if on_signal is not None:
-                        await asyncio.wait_for(on_signal(), DRAIN_SECONDS)
-                except (TimeoutError, Exception):
-                    pass
-                task.cancel()
-
-            shutdowns.add(loop.create_task(shutdown()))
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, handle, signum)
-        try:
-            return await task
-        finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-
-    try:
-        return asyncio.run(runner())
-    except asyncio.CancelledError:
-        fail("interrupted", 130)
 
 
 def result_json(result: ToolResult) -> dict[str, Any]:

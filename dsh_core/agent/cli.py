@@ -13,11 +13,7 @@ bad usage or config, 130 for an interrupted run.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Final, NoReturn, TypeVar
 
 import click
@@ -27,10 +23,11 @@ from rich.markup import escape
 from dsh_core.abort import AbortController
 from dsh_core.agent.loop import LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
 from dsh_core.agent.provider import Message
+from dsh_core.clirun import fail, run_async
 from dsh_core.config import Deployment
 from dsh_core.errors import DshError
 
-__all__ = ["run_prompt", "run_with_interrupts", "ConsoleObserver", "exit_code", "stderr_console"]
+__all__ = ["run_prompt", "ConsoleObserver", "exit_code", "stderr_console"]
 
 T = TypeVar("T")
 
@@ -86,43 +83,6 @@ class ConsoleObserver(LoopObserver):
         self.console.print(f"[dim]· {result.reason} after {result.turns} turn(s){where}[/]")
 
 
-def run_with_interrupts(main: Callable[[AbortController], Awaitable[T]]) -> T:
-    """Run ``main(controller)`` with SIGINT/SIGTERM wired to the run's abort.
-
-    First signal: abort the controller (the loop stops at the next safe point,
-    tools see their signal). Second: cancel ``main``. Third: exit at once.
-    """
-    controller = AbortController()
-
-    async def runner() -> T:
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(main(controller))
-        count = 0
-
-        def handle(signum: int) -> None:
-            nonlocal count
-            count += 1
-            name = signal.Signals(signum).name
-            if count == 1:
-                click.echo(f"dsh: {name} received, stopping the run (again to cancel it)", err=True)
-                controller.abort(name)
-            elif count == 2:
-                click.echo(f"dsh: {name} received again, cancelling (again to exit at once)", err=True)
-                task.cancel()
-            else:
-                os._exit(128 + signum)
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, handle, signum)
-        try:
-            return await task
-        finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-
-    return asyncio.run(runner())
-
-
 def exit_code(result: RunResult) -> int:
     """The process exit code of a run (see the module docstring)."""
     if result.ok:
@@ -130,11 +90,6 @@ def exit_code(result: RunResult) -> int:
     if result.reason is StopReason.ABORTED:
         return 130
     return 1
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"dsh: error: {message}", err=True)
-    sys.exit(code)
 
 
 def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = None,
@@ -146,7 +101,9 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
     # Approvals are asked by the deployment's approval plugin (its terminal channel honours its
     # config and the call's abort signal); the run records every outcome in the session.
 
-    async def main(controller: AbortController) -> RunResult:
+    controller = AbortController()
+
+    async def main() -> RunResult:
         from dsh_core.boot import start_harness
 
         harness = await start_harness(deployment)
@@ -157,11 +114,10 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
             await harness.aclose()
 
     try:
-        result = run_with_interrupts(main)
-    except asyncio.CancelledError:
-        _fail("interrupted", 130)
+        # The first signal aborts the run: the loop stops at its next safe point and records why.
+        result = run_async(main, on_signal=lambda: controller.abort("interrupted"))
     except DshError as error:
-        _fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
+        fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
     if result.answer is not None:
         click.echo(result.answer)
     if not result.ok:

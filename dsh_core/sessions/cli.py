@@ -9,14 +9,14 @@ pairs by ``sub_call_id``), with approvals where they were asked.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from dsh_core.clirun import fail
 from dsh_core.config import Deployment, default_deployment, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
@@ -213,18 +213,13 @@ def render_list(sessions: Sequence[SessionInfo]) -> str:
 # -- commands ------------------------------------------------------------------------------------------------
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"dsh: error: {message}", err=True)
-    sys.exit(code)
-
-
 def _deployment(ctx: click.Context, local: Sequence[str]) -> Deployment:
     inherited: Sequence[str] = ctx.find_root().params.get("configs") or ()
     paths = [*inherited, *local]
     try:
         return load_deployment(paths) if paths else default_deployment(Path.cwd())
     except DshError as error:
-        _fail(error.message, 2)
+        fail(error.message, 2)
 
 
 def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable[T]]) -> T:
@@ -247,7 +242,7 @@ def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable
     try:
         return asyncio.run(main())
     except DshError as error:
-        _fail(error.message, 2 if error.code in ("INVALID_CONFIG", "SESSION_NOT_FOUND") else 1)
+        fail(error.message, 2 if error.code in ("INVALID_CONFIG", "SESSION_NOT_FOUND") else 1)
 
 
 _config_option = click.option(

@@ -13,8 +13,8 @@ import pytest
 from agent_kit import ToolsPlugin, call, calls, final, program, scripted, start, tool
 
 from dsh_core import AbortController, ApprovalOutcome, PreDecision, hookimpl
-from dsh_core.agent.cli import run_with_interrupts
 from dsh_core.agent.loop import StopReason, history_from_events, open_session_store, run_agent
+from dsh_core.clirun import run_async
 from dsh_core.sessions.events import SessionEvent
 
 pytestmark = pytest.mark.anyio
@@ -248,7 +248,9 @@ async def test_an_abort_while_the_model_thinks_cancels_the_request(tmp_path: Pat
 
 
 def test_sigint_aborts_the_run_through_the_abort_controller(tmp_path: Path) -> None:
-    async def main(controller: AbortController) -> Any:
+    controller = AbortController()
+
+    async def main() -> Any:
         started = asyncio.Event()
 
         async def slow(args: Any, ctx: Any) -> Any:
@@ -265,7 +267,7 @@ def test_sigint_aborts_the_run_through_the_abort_controller(tmp_path: Path) -> N
         finally:
             await harness.aclose()
 
-    result = run_with_interrupts(main)
+    result = run_async(main, on_signal=lambda: controller.abort("SIGINT"))
     assert result.reason is StopReason.ABORTED and result.error == "aborted: SIGINT"
 
 

@@ -119,14 +119,20 @@ SIGNAL_SCRIPT = textwrap.dedent("""
     import asyncio, sys
     from dsh_core.cli import run_async
 
+    stop = None
+
     async def main():
+        global stop
+        stop = asyncio.Event()
         print("ready", flush=True)
-        await asyncio.sleep(30)
+        await asyncio.wait_for(stop.wait(), 30)
+        print("main returned", flush=True)
 
     async def dispose():
         print("disposed", flush=True)
         if sys.argv[1] == "slow":
             await asyncio.sleep(30)
+        stop.set()
 
     run_async(main, on_signal=dispose)
 """)
@@ -139,8 +145,19 @@ def test_a_signal_disposes_the_root_and_exits(signum: int) -> None:
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     process.send_signal(signum)
     out, err = process.communicate(timeout=20)
-    assert "disposed" in out and process.returncode == 130
+    assert out.splitlines() == ["disposed", "main returned"] and process.returncode == 0
     assert "shutting down" in err
+
+
+def test_a_main_that_does_not_finish_in_the_drain_is_cancelled() -> None:
+    script = SIGNAL_SCRIPT.replace("stop.set()", "pass").replace('sys.argv[1] == "slow"', "False")
+    process = subprocess.Popen([sys.executable, "-c", script, "fast"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=20)
+    assert "disposed" in out and "main returned" not in out
+    assert process.returncode == 130 and "interrupted" in err
 
 
 def test_a_second_signal_exits_at_once() -> None:
