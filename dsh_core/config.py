@@ -629,7 +629,7 @@ def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | N
             {"id": "workspace", "use": "workspace", "config": {"root": root}},
             {"id": "bash", "use": "bash", "config": {"root": root}},
             {"id": "approval", "use": "approval", "config": {"preset": "workspace-write", "root": root}},
-            {"id": "guards", "use": "guards"},
+            {"id": "guards", "use": "guards", "config": {"root": root}},
             {"id": "code-mode", "use": "code-mode"},
             {"id": "scripted", "use": "scripted"},
             {"id": "sessions", "use": "sqlite-sessions"},

@@ -8,9 +8,14 @@ and can only deny: they are the last, monotonic line of the policy.
   ``run_code`` in ``allow_tools`` too.
 * Paths: every string argument named in ``path_arguments`` (``path`` and
   friends by default; lists of strings too) is resolved against ``root``
-  (symlinks followed). A call is denied when the path falls under a
-  ``deny_paths`` glob, or lies outside every ``allowed_roots`` directory (when
-  that list is given).
+  (symlinks followed), which must be the root the tools resolve against (the
+  workspace root) and is required once ``deny_paths`` or ``allowed_roots`` is
+  set. A call is denied when the path falls under a ``deny_paths`` glob, or
+  lies outside every ``allowed_roots`` directory (when that list is given).
+  Fail closed: when relative ``deny_paths`` exist, a path that resolves
+  outside ``root`` (an absolute path, ``..``, a symlink) is denied, since
+  relative globs cannot judge it. A leading ``~`` is checked both expanded and
+  literally (tools differ in whether they expand it).
 
 Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
 of segments. A glob starting with ``/`` (or ``~``) matches the absolute path;
@@ -32,7 +37,7 @@ import os
 import re
 from typing import Any
 
-from dsh_core import Scope, ToolExecution, hookimpl, plugin
+from dsh_core import Scope, ToolError, ToolExecution, hookimpl, plugin
 
 __all__ = ["plugin", "Guards", "glob_to_regex"]
 
@@ -51,7 +56,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "path_arguments": {**_NAMES, "default": DEFAULT_PATH_ARGUMENTS,
                            "description": "argument names holding paths"},
         "root": {"type": "string", "minLength": 1,
-                 "description": "base of relative paths and globs (default: the current directory)"},
+                 "description": ("base of relative paths and globs: the workspace root the tools resolve "
+                                 "against (required with deny_paths or allowed_roots)")},
     },
 }
 
@@ -99,7 +105,14 @@ class Guards:
         self.allow_tools: list[str] = list(config.get("allow_tools", []))
         self.deny_tools: list[str] = list(config.get("deny_tools", []))
         self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS))
-        self.root = os.path.realpath(config.get("root") or os.getcwd())
+        if config.get("root") is None and (config.get("deny_paths") or config.get("allowed_roots")):
+            # Resolving against the current directory would check another file than the tool opens.
+            raise ToolError(f'guards: plugin row "{self.row}" sets deny_paths or allowed_roots but no root; '
+                            "set root to the workspace root the tools resolve paths against")
+        root = os.path.expanduser(config.get("root") or os.getcwd())
+        if not os.path.isabs(root):
+            raise ToolError(f'guards: root of plugin row "{self.row}" must be an absolute path, got {root!r}')
+        self.root = os.path.realpath(root)
         self.allowed_roots = [os.path.realpath(os.path.join(self.root, os.path.expanduser(r)))
                               for r in config.get("allowed_roots", [])]
         self.deny_paths: list[tuple[str, re.Pattern[str], bool]] = []
@@ -107,6 +120,7 @@ class Guards:
             expanded = os.path.expanduser(pattern)
             absolute = expanded.startswith("/")
             self.deny_paths.append((pattern, glob_to_regex(expanded), absolute))
+        self.relative_deny = [pattern for pattern, _regex, absolute in self.deny_paths if not absolute]
 
     @hookimpl
     def dsh_guard(self, execution: ToolExecution) -> str | None:
@@ -136,11 +150,11 @@ class Guards:
     def _check_path(self, key: str, given: str) -> str | None:
         if "\0" in given:
             return f'guards: argument "{key}" contains a NUL character'
-        joined = os.path.join(self.root, os.path.expanduser(given))
-        lexical = os.path.normpath(joined)
-        real = os.path.realpath(lexical)
-        # Check both spellings: the one the tool was given and where its symlinks lead.
-        for candidate in dict.fromkeys((lexical, real)):
+        # Every spelling a tool may open: "~" literal and expanded, each as given and where its symlinks lead.
+        lexicals = [os.path.normpath(os.path.join(self.root, spelling))
+                    for spelling in dict.fromkeys((given, os.path.expanduser(given)))]
+        reals = [os.path.realpath(lexical) for lexical in lexicals]
+        for candidate in dict.fromkeys(lexicals + reals):
             relative = os.path.relpath(candidate, self.root).replace(os.sep, "/")
             inside = not (relative == ".." or relative.startswith("../"))
             for pattern, regex, absolute in self.deny_paths:
@@ -148,10 +162,16 @@ class Guards:
                 if (absolute or inside) and regex.match(subject):
                     return (f'guards: path "{given}" (argument "{key}") matches the denied pattern '
                             f'"{pattern}" (deny_paths of plugin row "{self.row}")')
-        if self.allowed_roots and not any(real == root or real.startswith(root.rstrip("/") + "/")
-                                          for root in self.allowed_roots):
-            return (f'guards: path "{given}" (argument "{key}") resolves to {real}, outside the allowed roots '
-                    f"({', '.join(self.allowed_roots)}) of plugin row \"{self.row}\"")
+            if not inside and self.relative_deny:
+                return (f'guards: path "{given}" (argument "{key}") resolves to {candidate}, outside the guard '
+                        f"root {self.root}, where the relative deny_paths patterns "
+                        f"({', '.join(self.relative_deny)}) of plugin row \"{self.row}\" cannot be checked; "
+                        "denied (use a path inside the root)")
+        for real in dict.fromkeys(reals):
+            if self.allowed_roots and not any(real == root or real.startswith(root.rstrip("/") + "/")
+                                              for root in self.allowed_roots):
+                return (f'guards: path "{given}" (argument "{key}") resolves to {real}, outside the allowed '
+                        f"roots ({', '.join(self.allowed_roots)}) of plugin row \"{self.row}\"")
         return None
 
 

@@ -20,16 +20,21 @@ example of a tool plugin.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
 import stat
+import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
+from dsh_plugins import _search_worker
+from dsh_plugins._search_worker import LINE_SEARCH_CHARS
+from dsh_plugins._search_worker import looks_binary as _looks_binary
 
 __all__ = ["plugin", "Workspace", "WorkspaceTools"]
 
@@ -45,6 +50,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
                            "description": "most bytes of file text one read returns"},
         "max_file_bytes": {"type": "integer", "minimum": 1024, "default": 10485760,
                            "description": "largest file write and edit handle"},
+        "max_read_file_bytes": {"type": "integer", "minimum": 1024, "default": 268435456,
+                                "description": "largest file read opens (bigger ones: use bash head/tail)"},
         "max_list_entries": {"type": "integer", "minimum": 1, "default": 1000},
         "max_search_results": {"type": "integer", "minimum": 1, "default": 200},
         "max_search_file_bytes": {"type": "integer", "minimum": 1024, "default": 2097152},
@@ -56,7 +63,15 @@ CONFIG_SCHEMA: dict[str, Any] = {
 
 DEFAULT_READ_LIMIT = 2000
 MAX_LINE_CHARS = 2000
+# A line of MAX_LINE_CHARS characters takes at most this many UTF-8 bytes (plus "\r\n"); read never
+# holds more of one line, and skips the rest of a longer line in SKIP_CHUNK_BYTES pieces.
+MAX_LINE_BYTES = MAX_LINE_CHARS * 4 + 2
+SKIP_CHUNK_BYTES = 1 << 16
 SNIFF_BYTES = 8192
+SEARCH_KILL_GRACE_S = 0.5  # past search_timeout_s, a search stuck inside one regex call is killed
+
+_T = TypeVar("_T")
+_Entries = list[dict[str, Any]]  # (named here: inside WorkspaceTools, "list" is the tool body)
 
 READ_ONLY = {"read_only": True, "workspace_confined": True}
 MUTATING = {"workspace_confined": True}
@@ -70,15 +85,25 @@ def _format_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _looks_binary(chunk: bytes) -> bool:
-    if b"\0" in chunk:
-        return True
+async def _in_thread(ctx: ToolContext, work: Callable[[threading.Event], _T]) -> _T:
+    """Run ``work(stop)`` in a thread; ``stop`` is set on abort and on cancellation.
+
+    ``work`` checks ``stop`` after each bounded step. A cancelled call waits for the
+    thread to notice (one step), so no file work outlives the call.
+    """
+    stop = threading.Event()
+    remove = ctx.signal.add_listener(lambda _reason: stop.set())
+    worker = asyncio.ensure_future(asyncio.to_thread(work, stop))
     try:
-        chunk.decode("utf-8")
-    except UnicodeDecodeError as error:
-        # A multi-byte character cut at the end of the sniffed chunk is still text.
-        return error.start < len(chunk) - 3
-    return False
+        return await asyncio.shield(worker)
+    finally:
+        remove()
+        stop.set()
+        while not worker.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({worker})
+        if not worker.cancelled():
+            worker.exception()  # retrieved (re-raised above when the await was not cancelled)
 
 
 class Workspace:
@@ -129,6 +154,7 @@ class WorkspaceTools:
         self.workspace = Workspace(config["root"])
         self.max_read_bytes: int = config.get("max_read_bytes", 262144)
         self.max_file_bytes: int = config.get("max_file_bytes", 10485760)
+        self.max_read_file_bytes: int = config.get("max_read_file_bytes", 268435456)
         self.max_list_entries: int = config.get("max_list_entries", 1000)
         self.max_search_results: int = config.get("max_search_results", 200)
         self.max_search_file_bytes: int = config.get("max_search_file_bytes", 2097152)
@@ -264,7 +290,8 @@ class WorkspaceTools:
                 name="search",
                 description=("Search text files of the workspace for a regular expression (Python syntax), "
                              "line by line. Returns matching lines as path:line: text, at most "
-                             f"{self.max_search_results}; binary and very large files are skipped."),
+                             f"{self.max_search_results}; binary and very large files are skipped, and a line is "
+                             f"searched in its first {LINE_SEARCH_CHARS} characters only (as if it ended there)."),
                 parameters={
                     "type": "object",
                     "properties": {
@@ -329,12 +356,21 @@ class WorkspaceTools:
             raise ToolError(f"{given!r} is not valid UTF-8 text; only UTF-8 text files can be edited") from None
 
     async def read(self, args: Any, ctx: ToolContext) -> Any:
-        """Body of ``read``: a line range, numbered, bounded by ``max_read_bytes``."""
+        """Body of ``read``: a line range, numbered, bounded by ``max_read_bytes`` (file work in a thread)."""
         given: str = args["path"]
         real = self.workspace.resolve(given)
-        info = self._regular_file(real, given)
         offset: int = args.get("offset", 1)
         limit: int = args.get("limit", DEFAULT_READ_LIMIT)
+        result = await _in_thread(ctx, lambda stop: self._read_lines(real, given, offset, limit, stop))
+        ctx.signal.raise_if_aborted()
+        return result
+
+    def _read_lines(self, real: str, given: str, offset: int, limit: int, stop: threading.Event) -> dict[str, Any]:
+        info = self._regular_file(real, given)
+        if info.st_size > self.max_read_file_bytes:
+            raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
+                            f"{_format_size(self.max_read_file_bytes)} limit for read; look at parts of it with "
+                            "bash (head, tail, sed -n) or search")
         lines: list[str] = []
         used = 0
         truncated = False
@@ -345,14 +381,24 @@ class WorkspaceTools:
                 raise ToolError(f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows "
                                 "text files")
             handle.seek(0)
-            for number, raw in enumerate(handle, start=1):
+            while not stop.is_set():
+                # At most MAX_LINE_BYTES of a line are held; the rest of a longer line is skipped in chunks.
+                raw = handle.readline(MAX_LINE_BYTES)
+                if not raw:
+                    break
+                number += 1
+                cut = len(raw) == MAX_LINE_BYTES and not raw.endswith(b"\n")
+                if cut:
+                    rest = raw
+                    while rest and not rest.endswith(b"\n") and not stop.is_set():
+                        rest = handle.readline(SKIP_CHUNK_BYTES)
                 if number < offset:
                     continue
                 if number >= offset + limit:
                     next_offset = number
                     break
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if len(text) > MAX_LINE_CHARS:
+                if cut or len(text) > MAX_LINE_CHARS:
                     text = text[:MAX_LINE_CHARS] + f" [... line cut at {MAX_LINE_CHARS} characters]"
                 entry = f"{number:>6}\t{text}"
                 used += len(entry.encode("utf-8")) + 1
@@ -360,9 +406,7 @@ class WorkspaceTools:
                     truncated, next_offset = True, number
                     break
                 lines.append(entry)
-                if ctx.signal.aborted:
-                    ctx.signal.raise_if_aborted()
-        if number < offset and offset > 1:
+        if number < offset and offset > 1 and not stop.is_set():
             raise ToolError(f"offset {offset} is past the end of {given!r}, which has {number} lines")
         start = offset if lines else 0
         return {
@@ -441,12 +485,22 @@ class WorkspaceTools:
             raise ToolError(f"directory not found: {given!r}")
         if not os.path.isdir(real):
             raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)")
+        entries, truncated = await _in_thread(ctx, lambda stop: self._list_entries(real, stop))
+        ctx.signal.raise_if_aborted()
+        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated}
+
+    def _list_entries(self, real: str, stop: threading.Event) -> tuple[_Entries, bool]:
         entries: list[dict[str, Any]] = []
         truncated = False
         with os.scandir(real) as scan:
-            items = sorted(scan, key=lambda e: e.name)
+            items = []
+            for item in scan:
+                if stop.is_set():
+                    return entries, True
+                items.append(item)
+        items.sort(key=lambda e: e.name)
         for item in items:
-            if len(entries) >= self.max_list_entries:
+            if len(entries) >= self.max_list_entries or stop.is_set():
                 truncated = True
                 break
             kind, size = "other", None
@@ -458,79 +512,71 @@ class WorkspaceTools:
                 kind = "file"
                 size = item.stat(follow_symlinks=False).st_size
             entries.append({"name": item.name, "type": kind, "size": size})
-        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated}
+        return entries, truncated
 
     async def search(self, args: Any, ctx: ToolContext) -> Any:
-        """Body of ``search``: a regex over text files, in a worker thread that stops on abort or timeout."""
+        """Body of ``search``: a regex over text files, in a child process killed on abort, timeout or cancel.
+
+        A thread would not do: ``re`` holds the GIL while it backtracks, so a pathological
+        pattern would stall the event loop and could not be stopped.
+        """
         try:
-            regex = re.compile(args["pattern"])
+            re.compile(args["pattern"])
         except re.error as error:
             raise ToolError(f"invalid regular expression {args['pattern']!r}: {error}") from None
         given: str = args.get("path", ".")
         real = self.workspace.resolve(given)
         if not os.path.exists(real):
             raise ToolError(f"path not found: {given!r}")
-        stop = threading.Event()
-        remove = ctx.signal.add_listener(lambda _reason: stop.set())
-        try:
-            result = await asyncio.to_thread(self._search, regex, real, stop)
-        finally:
-            remove()
-            stop.set()  # a cancelled await leaves the thread running: tell it to stop
+        request = {"pattern": args["pattern"], "start": real, "root": self.workspace.root,
+                   "timeout_s": self.search_timeout_s, "max_results": self.max_search_results,
+                   "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude)}
         ctx.signal.raise_if_aborted()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", _search_worker.__file__, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        except OSError as error:
+            raise ToolError(f"cannot start the search worker: {error.strerror or error}") from None
+        result: dict[str, Any] = {"matches": [], "files_searched": 0, "files_skipped": 0,
+                                  "truncated": True, "note": None}
+        aborted = asyncio.ensure_future(ctx.signal.wait())
+        collect = asyncio.ensure_future(self._collect(process, request, result))
+        try:
+            done, _ = await asyncio.wait({collect, aborted}, timeout=self.search_timeout_s + SEARCH_KILL_GRACE_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if collect in done:
+                collect.result()
+            elif aborted not in done:
+                result["note"] = (f"search stopped after {self.search_timeout_s:g} s; narrow it with path or "
+                                  "simplify the pattern")
+        finally:
+            aborted.cancel()
+            collect.cancel()
+            if process.returncode is None:
+                process.kill()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(process.wait())  # reap: no worker outlives the call
+        ctx.signal.raise_if_aborted()
+        if result["note"] is None and result["truncated"]:
+            raise ToolError("the search worker ended unexpectedly")
         return result
 
-    def _files(self, start: str) -> Iterator[str]:
-        if os.path.isfile(start):
-            yield start
-            return
-        for directory, dirs, files in os.walk(start, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if d not in self.search_exclude)
-            for name in sorted(files):
-                yield os.path.join(directory, name)
-
-    def _search(self, regex: re.Pattern[str], start: str, stop: threading.Event) -> dict[str, Any]:
-        deadline = time.monotonic() + self.search_timeout_s
-        matches: list[dict[str, Any]] = []
-        searched = skipped = 0
-        note: str | None = None
-        truncated = False
-        for path in self._files(start):
-            if stop.is_set():
-                note = "search aborted"
-                truncated = True
-                break
-            if time.monotonic() > deadline:
-                note = f"search stopped after {self.search_timeout_s} s; narrow it with path"
-                truncated = True
-                break
-            try:
-                info = os.lstat(path)
-                if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_search_file_bytes:
-                    skipped += 1
-                    continue
-                with open(path, "rb") as handle:
-                    data = handle.read()
-            except OSError:
-                skipped += 1
-                continue
-            if _looks_binary(data[:SNIFF_BYTES]):
-                skipped += 1
-                continue
-            searched += 1
-            rel = self.workspace.relative(path)
-            for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
-                if regex.search(line):
-                    if len(matches) >= self.max_search_results:
-                        truncated = True
-                        note = f"more than {self.max_search_results} matches; narrow the pattern or path"
-                        break
-                    text = line if len(line) <= 500 else line[:500] + " [...]"
-                    matches.append({"path": rel, "line": number, "text": text})
-            if truncated:
-                break
-        return {"matches": matches, "files_searched": searched, "files_skipped": skipped,
-                "truncated": truncated, "note": note}
+    async def _collect(self, process: asyncio.subprocess.Process, request: dict[str, Any],
+                       result: dict[str, Any]) -> None:
+        """Send the request and fold the worker's events into ``result`` until it is done."""
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(request).encode())
+        process.stdin.close()
+        while line := await process.stdout.readline():
+            event = json.loads(line)
+            if "match" in event:
+                result["matches"].append(event["match"])
+            elif "file" in event:
+                result["files_searched" if event["file"] == "searched" else "files_skipped"] += 1
+            elif event.get("done"):
+                result["truncated"], result["note"] = event["truncated"], event["note"]
+                return
 
 
 def _render_read(_args: Any, value: Any) -> str:

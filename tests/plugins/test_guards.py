@@ -92,3 +92,46 @@ def test_glob_translation() -> None:
     assert glob_to_regex("src/**").match("src/a/b.py")
     assert glob_to_regex("file?.[ch]").match("file1.c")
     assert not glob_to_regex("file?.[!ch]").match("file1.c")
+
+
+async def test_path_guard_checks_the_file_the_workspace_tool_opens(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths resolve against the guard root (not the cwd); outside paths fail closed under relative deny globs."""
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    for base in (ws, elsewhere):
+        (base / "secrets").mkdir(parents=True)
+        (base / "secrets" / "key").write_text("k\n")
+    (ws / "notes.txt").write_text("ok\n")
+    (tmp_path / "outside.txt").write_text("o\n")
+    monkeypatch.chdir(elsewhere)
+    async with boot(*rows(ws, deny_paths=["secrets/**"])) as h:
+        for path in ("secrets/key", str(ws / "secrets" / "key"), "~/../secrets/key", "notes.txt/../secrets/key"):
+            result = await h.call("read", {"path": path})
+            assert result.code == "DENIED", path
+            assert 'matches the denied pattern "secrets/**"' in result.text
+        outside = await h.call("read", {"path": str(tmp_path / "outside.txt")})
+        assert outside.code == "DENIED"
+        assert (f"outside the guard root {ws.resolve()}, where the relative deny_paths patterns (secrets/**)"
+                in outside.text)
+        assert (await h.call("read", {"path": "../outside.txt"})).code == "DENIED"
+        assert (await h.call("read", {"path": "notes.txt"})).error is None
+        assert (await h.call("read", {"path": str(ws / "notes.txt")})).error is None
+
+
+async def test_path_rules_require_a_root(boot: Any, tmp_path: Path) -> None:
+    """Without root, deny_paths would be checked against the cwd: the row refuses to load."""
+    with pytest.raises(Exception, match="sets deny_paths or allowed_roots but no root"):
+        async with boot({"id": "workspace", "use": "workspace", "config": {"root": str(tmp_path)}},
+                        {"id": "guards", "use": "guards", "config": {"deny_paths": ["secrets/**"]}}):
+            pass  # pragma: no cover
+
+
+async def test_default_deployment_guards_the_workspace_root(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default deployment roots the guards row at the workspace, so rules added to it check the right files."""
+    from dsh_core.config import default_deployment
+
+    monkeypatch.chdir(tmp_path)
+    deployment = default_deployment(tmp_path / "ws", env={})
+    guards = next(row for row in deployment.plugins if row.id == "guards")
+    assert guards.config == {"root": str(tmp_path / "ws")}

@@ -176,3 +176,123 @@ async def test_a_relative_root_is_refused_at_start(boot: Any, tmp_path: Path) ->
         async with boot(row("workspace", root="relative/dir")):
             pass
     assert os.path.isdir(tmp_path)
+
+
+async def test_read_holds_at_most_one_bounded_line_of_a_huge_single_line_file(boot: Any, tmp_path: Path) -> None:
+    """An 8 MB line is cut at 2000 characters without being read into memory; the next line still follows."""
+    import tracemalloc
+
+    with open(tmp_path / "one.txt", "wb") as handle:
+        for _ in range(128):
+            handle.write(b"a" * 65536)
+        handle.write(b"\nsecond\n")
+    async with boot(ws(tmp_path)) as h:
+        tracemalloc.start()
+        try:
+            read = await h.call("read", {"path": "one.txt"})
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 2_000_000  # the file is 8 MiB
+    first, second = read.value["content"].split("\n")
+    assert first == "     1\t" + "a" * 2000 + " [... line cut at 2000 characters]"
+    assert second == "     2\tsecond" and read.value["end_line"] == 2
+
+
+async def test_read_refuses_files_over_the_read_cap(boot: Any, tmp_path: Path) -> None:
+    """A (sparse) multi-GB file is refused by size before anything is read."""
+    with open(tmp_path / "huge.log", "wb") as handle:
+        handle.truncate(3 * 1024**3)
+    (tmp_path / "small.txt").write_text("x" * 3000 + "\n")
+    async with boot(ws(tmp_path)) as h:
+        huge = await h.call("read", {"path": "huge.log"})
+        assert huge.code == "TOOL_FAILED"
+        assert "'huge.log' is 3.0 GiB, larger than the 256.0 MiB limit for read" in huge.text
+        assert "bash (head, tail, sed -n)" in huge.text
+    async with boot(ws(tmp_path, max_read_file_bytes=2048)) as h:
+        assert "larger than the 2.0 KiB limit for read" in (await h.call("read", {"path": "small.txt"})).text
+
+
+def _track_workers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record the search worker processes the workspace plugin starts."""
+    import asyncio
+
+    from dsh_plugins import workspace
+
+    started: list[Any] = []
+    original = asyncio.create_subprocess_exec
+
+    async def tracked(*args: Any, **kwargs: Any) -> Any:
+        process = await original(*args, **kwargs)
+        started.append(process)
+        return process
+
+    monkeypatch.setattr(workspace.asyncio, "create_subprocess_exec", tracked)
+    return started
+
+
+CATASTROPHIC = r"(a+)+$"  # exponential backtracking on a run of "a"s that ends in "b"
+
+
+async def test_a_catastrophic_regex_is_stopped_at_the_timeout_without_stalling_the_loop(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search runs out of process: the loop keeps ticking and the worker is killed at the timeout."""
+    import asyncio
+    import time
+
+    (tmp_path / "evil.txt").write_text("a" * 64 + "b\n")
+    (tmp_path / "fine.txt").write_text("aaa\n")
+    workers = _track_workers(monkeypatch)
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async with boot(ws(tmp_path, search_timeout_s=0.5)) as h:
+        ticking = asyncio.ensure_future(ticker())
+        started = time.monotonic()
+        found = await h.call("search", {"pattern": CATASTROPHIC})
+        elapsed = time.monotonic() - started
+        ticking.cancel()
+        assert found.error is None and found.value["truncated"] is True
+        assert found.value["note"] == "search stopped after 0.5 s; narrow it with path or simplify the pattern"
+        assert elapsed < 3 and max(gaps) < 0.5
+        assert workers and all(p.returncode is not None for p in workers)
+        # The bounded per-line prefix: a match beyond LINE_SEARCH_CHARS characters is not looked for.
+        (tmp_path / "long.txt").write_text("x" * 5000 + "needle\nneedle\n")
+        hits = await h.call("search", {"pattern": "needle", "path": "long.txt"})
+        assert [m["line"] for m in hits.value["matches"]] == [2]
+
+
+async def test_abort_and_cancellation_kill_a_runaway_search_promptly(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Abort ends the call as ABORTED and cancellation ends the task; neither leaves a worker running."""
+    import asyncio
+    import contextlib
+    import time
+
+    from dsh_core import AbortController
+
+    (tmp_path / "evil.txt").write_text("a" * 64 + "b\n")
+    workers = _track_workers(monkeypatch)
+    async with boot(ws(tmp_path, search_timeout_s=60)) as h:
+        controller = AbortController()
+        asyncio.get_running_loop().call_later(0.3, controller.abort, "stop")
+        started = time.monotonic()
+        aborted = await h.call("search", {"pattern": CATASTROPHIC}, signal=controller.signal)
+        assert aborted.code == "ABORTED" and time.monotonic() - started < 2
+        assert len(workers) == 1 and workers[0].returncode is not None
+
+        task = asyncio.ensure_future(h.call("search", {"pattern": CATASTROPHIC}))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - started < 2
+        assert len(workers) == 2 and workers[1].returncode is not None

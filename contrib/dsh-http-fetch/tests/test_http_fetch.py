@@ -58,6 +58,19 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, b"a" * 100_000, "text/plain")
         elif self.path == "/image":
             self.send(200, b"\x89PNG", "image/png")
+        elif self.path == "/drip":
+            # Each byte arrives well within httpx's per-read timeout; the whole body takes 20 s.
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass  # the client gave up
         elif self.path == "/slow":
             time.sleep(2)
             self.send(200, b"late", "text/plain")
@@ -161,6 +174,45 @@ def test_timeouts_and_aborts_are_honoured(server: str) -> None:
 
     result, elapsed = run(server, scenario)
     assert result.code == "ABORTED" and elapsed < 1.5
+
+
+def test_the_timeout_bounds_the_whole_request_not_each_read(server: str) -> None:
+    started = time.monotonic()
+    result = fetch(server, f"http://{server}/drip", timeout_s=1)
+    elapsed = time.monotonic() - started
+    assert result.code == "TOOL_FAILED" and elapsed < 3
+    assert f"fetching http://{server}/drip timed out after 1 s (timeout_s bounds the whole request" in result.text
+
+
+def test_ipv6_allow_list_entries_are_parsed_with_brackets() -> None:
+    import httpx
+    from dsh_http_fetch import parse_host_entry
+
+    assert parse_host_entry("::1") == ("::1", "")
+    assert parse_host_entry("[::1]") == ("::1", "")
+    assert parse_host_entry("[::1]:8080") == ("::1", "8080")
+    assert parse_host_entry("[FE80::1]:443") == ("fe80::1", "443")
+    assert parse_host_entry("h:8080") == ("h", "8080")
+    assert parse_host_entry("*.python.org") == ("*.python.org", "")
+    for bad in ("[::1", "[::1]x", "[::1]:", "h:", "h:http", ":80"):
+        with pytest.raises(ValueError, match="malformed allowed_hosts entry"):
+            parse_host_entry(bad)
+    assert host_allowed(httpx.URL("http://[::1]:8080/"), ["[::1]:8080"])
+    assert not host_allowed(httpx.URL("http://[::1]:9090/"), ["[::1]:8080"])
+    assert host_allowed(httpx.URL("http://[::1]:9090/"), ["::1"])
+    assert host_allowed(httpx.URL("https://[::1]/"), ["[::1]"])
+    assert not host_allowed(httpx.URL("http://[::2]/"), ["::1"])
+
+
+def test_an_ipv6_entry_is_enforced_through_the_pipeline(server: str) -> None:
+    """A bracketed IPv6 entry loads, allows nothing else, and a malformed one refuses to load."""
+    result = run(server, lambda h: h.call("fetch", {"url": f"http://{server}/plain"}),
+                 allowed_hosts=["[::1]:8080", server])
+    assert result.value["text"] == "just text"
+    refused = run(server, lambda h: h.call("fetch", {"url": "http://[::1]:9090/"}), allowed_hosts=["[::1]:8080"])
+    assert refused.code == "TOOL_FAILED" and "host '::1' is not in the allowed hosts" in refused.text
+    with pytest.raises(Exception, match="malformed allowed_hosts entry"):
+        run(server, lambda h: h.call("fetch", {"url": f"http://{server}/plain"}), allowed_hosts=["[::1"])
 
 
 def test_helpers() -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -137,6 +139,41 @@ def test_abort_interrupts_a_running_query(tmp_path: Path) -> None:
 
     result, elapsed = run(make_db(tmp_path / "app.db"), scenario)
     assert result.code == "ABORTED" and elapsed < 3
+
+
+def test_cancelling_a_call_stops_the_worker_thread_before_closing(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncio cancellation (no abort): the never-ending statement is interrupted and its thread ends."""
+    from dsh_sqlite_query import SqliteQuery
+
+    ended = threading.Event()
+    connections: list[sqlite3.Connection] = []
+    original = SqliteQuery._run
+
+    def tracked(self: SqliteQuery, connection: sqlite3.Connection, sql: str, params: Any) -> Any:
+        connections.append(connection)
+        try:
+            return original(self, connection, sql, params)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(SqliteQuery, "_run", tracked)
+
+    async def scenario(harness: Harness) -> tuple[bool, float]:
+        task = asyncio.ensure_future(harness.call("sql_query", {"sql": ENDLESS}))
+        await asyncio.sleep(0.3)
+        assert not ended.is_set()
+        started = time.monotonic()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        stopped = await asyncio.to_thread(ended.wait, 3)
+        if not stopped and connections:
+            connections[0].interrupt()  # do not hang the test run on a regression
+        return stopped, time.monotonic() - started
+
+    stopped, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=60)
+    assert stopped and elapsed < 3
 
 
 class TestSqliteQueryConformance(ToolPluginConformance):

@@ -19,7 +19,7 @@ import httpx
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 
-__all__ = ["plugin", "HttpFetch", "html_to_text", "host_allowed"]
+__all__ = ["plugin", "HttpFetch", "html_to_text", "host_allowed", "parse_host_entry"]
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -28,7 +28,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "properties": {
         "allowed_hosts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
                           "description": 'hosts the tool may fetch from: "example.com", "*.python.org", '
-                                         '"127.0.0.1:8080" (with a port: that port only)'},
+                                         '"127.0.0.1:8080" (with a port: that port only), "::1", "[::1]:8080"'},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 15},
         "max_bytes": {"type": "integer", "minimum": 1024, "default": 1048576,
                       "description": "most bytes of a response body that are read"},
@@ -85,12 +85,37 @@ def html_to_text(html: str) -> tuple[str | None, str]:
     return title, text
 
 
+def parse_host_entry(entry: str) -> tuple[str, str]:
+    """``(host pattern, port or "")`` of an ``allowed_hosts`` entry.
+
+    ``host``, ``host:port``, ``[v6]``, ``[v6]:port``; a bare address with several
+    colons (``::1``) is an IPv6 host without a port. :class:`ValueError` if malformed.
+    """
+    text = entry.strip().lower()
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"malformed allowed_hosts entry {entry!r}: expected [address] or [address]:port")
+        port = rest[1:]
+        if rest and not port:
+            raise ValueError(f"malformed allowed_hosts entry {entry!r}: empty port")
+    elif text.count(":") > 1:
+        host, port = text, ""  # a bare IPv6 address; write [address]:port to name a port
+    else:
+        host, colon, port = text.partition(":")
+        if colon and not port:
+            raise ValueError(f"malformed allowed_hosts entry {entry!r}: empty port")
+    if not host or (port and not port.isdigit()):
+        raise ValueError(f"malformed allowed_hosts entry {entry!r}: expected host, host:port or [address]:port")
+    return host, port
+
+
 def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
     """True if the URL's host (and port, when an entry names one) matches an allowed entry."""
     host = (url.host or "").lower().rstrip(".")
     port = url.port or (443 if url.scheme == "https" else 80)
     for entry in allowed:
-        pattern, _, want_port = entry.lower().partition(":")
+        pattern, want_port = parse_host_entry(entry)
         if want_port and want_port != str(port):
             continue
         if fnmatch.fnmatchcase(host, pattern):
@@ -103,10 +128,14 @@ class HttpFetch:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.allowed: list[str] = list(config["allowed_hosts"])
+        try:
+            parsed = [parse_host_entry(entry) for entry in self.allowed]
+        except ValueError as error:
+            raise ToolError(f"http-fetch: {error}") from None
         self.timeout_s: float = config.get("timeout_s", 15)
         self.max_bytes: int = config.get("max_bytes", 1048576)
         self.max_redirects: int = config.get("max_redirects", 5)
-        concrete = next((h for h in self.allowed if "*" not in h and "?" not in h), None)
+        concrete = next((_netloc(h, p) for h, p in parsed if "*" not in h and "?" not in h and "[" not in h), None)
         example = config.get("example_url") or (f"https://{concrete}/" if concrete else None)
         self.examples = [{"url": example}] if example else []
 
@@ -176,6 +205,16 @@ class HttpFetch:
         return work.result()
 
     async def _fetch(self, url: httpx.URL, raw: bool) -> dict[str, Any]:
+        # httpx's timeout bounds each network operation; this one bounds the whole call (a server
+        # dripping a byte at a time, redirects, the body).
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._request(url, raw)
+        except TimeoutError:
+            raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s (timeout_s bounds the whole "
+                            "request: connecting, redirects and reading the body)") from None
+
+    async def _request(self, url: httpx.URL, raw: bool) -> dict[str, Any]:
         timeout = httpx.Timeout(self.timeout_s)
         try:
             # trust_env=False: no proxies or netrc credentials from the environment.
@@ -216,6 +255,12 @@ class HttpFetch:
             raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url}: {snippet}")
         return {"url": str(url), "status": response.status_code, "content_type": content_type or "unknown",
                 "title": title, "text": text, "truncated": truncated}
+
+
+def _netloc(host: str, port: str) -> str:
+    """``host[:port]`` for a URL, an IPv6 address in brackets."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{shown}:{port}" if port else shown
 
 
 def _render(_args: Any, value: Any) -> str:

@@ -14,6 +14,7 @@ import base64
 import math
 import os
 import sqlite3
+import threading
 import urllib.parse
 from typing import Any
 
@@ -138,10 +139,15 @@ class SqliteQuery:
             timed_out = True
             connection.interrupt()
 
+        # Set on cancellation; the progress handler also stops a statement that starts after the
+        # interrupt() (which is a no-op while no statement runs yet).
+        stop = threading.Event()
+        connection.set_progress_handler(stop.is_set, 1000)
         timer = loop.call_later(self.timeout_s, on_timeout)
         remove = ctx.signal.add_listener(lambda _reason: connection.interrupt())
+        worker = asyncio.ensure_future(asyncio.to_thread(self._run, connection, args["sql"], params))
         try:
-            return await asyncio.to_thread(self._run, connection, args["sql"], params)
+            return await asyncio.shield(worker)
         except (sqlite3.Error, ValueError, OverflowError) as error:
             # OperationalError (syntax, interrupted), DatabaseError (not authorized), ProgrammingError
             # (two statements, wrong number of bindings), ValueError (a NUL in the SQL)...
@@ -157,6 +163,18 @@ class SqliteQuery:
         finally:
             timer.cancel()
             remove()
+            if not worker.done():
+                # Cancelled while the worker thread steps the statement: stop it, and wait for the
+                # thread to leave SQLite before closing the connection under it.
+                stop.set()
+                connection.interrupt()
+                while not worker.done():
+                    try:
+                        await asyncio.wait({worker})
+                    except asyncio.CancelledError:
+                        connection.interrupt()  # cancelled again: keep waiting, closing now is unsafe
+                if not worker.cancelled():
+                    worker.exception()  # retrieved: the interruption is expected
             connection.close()
 
 
