@@ -191,3 +191,111 @@ def test_ledger_counts_logs_array_and_fits_message() -> None:
     assert len(total) <= 20 and message == "over" and logs[:1] == ["abc"]
     tiny = wire.Ledger(4)
     assert tiny.fitted("outer output exceeded 4 bytes") == ([], "")
+
+
+# --------------------------------------------------------------------------- fast paths
+# ``encode``/``decode`` take shortcuts for scalars and small flat containers;
+# ``unpack_payload`` and ``FrameBuffer.feed`` for whole single payloads. Each must
+# give exactly what the general path gives: the same tokens/value (types
+# included) or the same refusal with the same message.
+
+
+def _outcome(function: object, argument: object) -> tuple[str, object]:
+    try:
+        return "ok", function(argument)  # type: ignore[operator]
+    except wire.WireError as error:
+        return "error", str(error)
+
+
+def _same(left: tuple[str, object], right: tuple[str, object]) -> None:
+    assert left == right
+    if left[0] == "ok":
+        assert repr(left[1]) == repr(right[1])  # no 1 == True == 1.0 conflation
+
+
+_odd_scalars = st.sampled_from(
+    [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, (1,), b"x", _Str("s"), 1 + 2j, object()]
+)
+_maybe_lossy = st.recursive(
+    json_values | _odd_scalars,
+    lambda children: (
+        st.lists(children, max_size=40)
+        | st.dictionaries(st.text(max_size=3) | st.integers(0, 3), children, max_size=40)
+    ),
+    max_leaves=60,
+)
+
+
+@given(_maybe_lossy)
+@settings(max_examples=300, deadline=None)
+def test_fuzz_encode_fast_path_matches_the_walk(value: object) -> None:
+    _same(_outcome(wire.encode, value), _outcome(wire._encode_walk, value))
+
+
+_token = st.one_of(
+    json_values.filter(lambda v: not isinstance(v, (list, dict))),
+    _odd_scalars,
+    st.builds(lambda n: {"a": n}, st.integers(-2, 40) | st.sampled_from([True, 1.0, "1"])),
+    st.builds(lambda keys: {"o": keys}, st.lists(st.sampled_from(["a", "b", "c", "d", 1]), max_size=40)),
+    st.sampled_from([{}, {"a": 1, "o": []}, {"x": 1}, {"o": "ab"}, [1]]),
+)
+
+
+@given(st.lists(_token, max_size=42) | json_values.map(wire.encode) | json_values)
+@settings(max_examples=600, deadline=None)
+def test_fuzz_decode_fast_path_matches_the_walk(tokens: object) -> None:
+    _same(_outcome(wire.decode, tokens), _outcome(wire._decode_walk, tokens))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [5, "x", None, True, 2.5, [], {}, [1, "a", None, 2.5, True], {"a": 1, "b": "x"}, list(range(32)), {"k": [1]}],
+)
+def test_fast_paths_round_trip_small_values(value: object) -> None:
+    tokens = wire.encode(value)
+    assert tokens == wire._encode_walk(value)
+    back = wire.decode(tokens)
+    assert back == value and repr(back) == repr(wire._decode_walk(tokens))
+
+
+def _general_unpack(payload: bytes) -> object:
+    try:
+        return wire._DECODER.decode(payload.decode("utf-8", "surrogatepass"))
+    except wire.WireError:
+        raise
+    except (ValueError, RecursionError, MemoryError) as error:
+        raise wire.WireError(f"malformed frame: {type(error).__name__}") from None
+
+
+@given(
+    st.binary(max_size=60)
+    | st.builds(lambda v: json.dumps(v).encode(), json_values)
+    | st.builds(
+        lambda v, pad: pad[0] + json.dumps(v) + pad[1],
+        json_values,
+        st.sampled_from([(" ", ""), ("", " "), ("\n", "\t"), ("", "x"), ("", "]"), ("[", "")]),
+    ).map(str.encode)
+)
+@settings(max_examples=400, deadline=None)
+def test_fuzz_unpack_fast_path_matches_the_full_decoder(payload: bytes) -> None:
+    _same(_outcome(wire.unpack_payload, payload), _outcome(_general_unpack, payload))
+
+
+@given(st.lists(st.binary(max_size=20), max_size=4), st.integers(1, 30))
+@settings(max_examples=300, deadline=None)
+def test_fuzz_frame_buffer_fast_path_matches_byte_by_byte(payloads: list[bytes], cap: int) -> None:
+    stream = b"".join(struct.pack(">I", len(p)) + p for p in payloads)
+
+    def run(chunks: list[bytes]) -> tuple[str, object]:
+        buffer = wire.FrameBuffer(cap)
+        got: list[bytes] = []
+        try:
+            for chunk in chunks:
+                got += buffer.feed(chunk)
+        except wire.WireError as error:
+            return "error", (got, str(error))
+        return "ok", (got, bytes(buffer.buffer))
+
+    whole = run([struct.pack(">I", len(p)) + p for p in payloads])  # one frame per read: the fast path
+    single = run([stream[i : i + 1] for i in range(len(stream))])
+    assert whole == single

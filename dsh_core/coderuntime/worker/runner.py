@@ -33,11 +33,13 @@ class _Channel:
         self.raw(wire.pack(message))
 
     def raw(self, data: bytes) -> None:
-        view = memoryview(data)
         with self.lock:
             try:
-                while view:
-                    view = view[os.write(self.fd, view) :]
+                sent = os.write(self.fd, data)  # one write for a frame that fits the socket buffer
+                if sent < len(data):
+                    view = memoryview(data)[sent:]
+                    while view:
+                        view = view[os.write(self.fd, view) :]
             except OSError:
                 os._exit(0)  # the host is gone or closed the channel
 
@@ -258,7 +260,9 @@ class _Bridge:
 
     def on_readable(self) -> None:
         try:
-            data = os.read(self.channel.fd, 1 << 20)
+            # 64 KiB: below malloc's mmap threshold (a 1 MiB read maps and
+            # unmaps a buffer per reply); a larger reply takes a few callbacks.
+            data = os.read(self.channel.fd, 1 << 16)
         except BlockingIOError:
             return
         except OSError:

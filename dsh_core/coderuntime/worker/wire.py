@@ -110,14 +110,45 @@ def _all_plain_scalars(children: list[object]) -> bool:
 _SCALAR_OR_FLOAT = _SCALAR | {float}
 
 
-@_no_gc
+#: Containers up to this many children may take the flat fast paths below.
+_FLAT_MAX = 32
+
+
 def encode(value: object) -> list[object]:
     """Encode ``value`` as a flat token list; raise :class:`WireError` if it is lossy.
 
     Only exact ``dict``/``list``/``str``/``int``/``float``/``bool``/``None``
     are accepted (no subclasses, no tuples), dict keys must be ``str``, floats
     finite and not ``-0.0``; cycles are refused.
+
+    A scalar, or a small container whose children are all plain scalars (the
+    shape of most binding arguments and results), is encoded directly; the
+    tokens are exactly those of the general walk (:func:`_encode_walk`), which
+    handles everything else, including every refusal and its message.
     """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return [value]
+    if kind is dict:
+        if len(value) <= _FLAT_MAX:  # type: ignore[arg-type]
+            pairs: list[tuple[object, object]] = list(dict.items(value))  # type: ignore[arg-type]  # one snapshot
+            keys = [pair[0] for pair in pairs]
+            children = [pair[1] for pair in pairs]
+            if all(type(key) is str for key in keys) and _all_plain_scalars(children):
+                return [{"o": keys}, *children]
+    elif kind is list:
+        if len(value) <= _FLAT_MAX:  # type: ignore[arg-type]
+            children = list.copy(value)  # type: ignore[arg-type]
+            if _all_plain_scalars(children):
+                return [{"a": len(children)}, *children]
+    elif kind is float and not _bad_float(value):  # type: ignore[arg-type]
+        return [value]
+    return _encode_walk(value)
+
+
+@_no_gc
+def _encode_walk(value: object) -> list[object]:
+    """The general encoder: an explicit-stack walk of any value (see :func:`encode`)."""
     out: list[object] = []
     append = out.append
     # One explicit frame per open container: its children iterator and id
@@ -170,7 +201,6 @@ def encode(value: object) -> list[object]:
             iterator = stack.pop()
 
 
-@_no_gc
 def decode(tokens: object) -> object:
     """Rebuild the value of a token list; raise :class:`WireError` when malformed.
 
@@ -178,7 +208,45 @@ def decode(tokens: object) -> object:
     fields, a bad length, non-string or duplicate keys, a claim of more
     children than tokens remain, non-finite numbers or ``-0.0``, nested lists
     used as tokens, trailing tokens, and frames left open.
+
+    A lone scalar, or one marker followed by exactly its plain scalar
+    children, is accepted directly when it is well-formed; anything else
+    (including everything malformed) goes through :func:`_decode_walk`, so the
+    accepted values and the refusals are exactly the general walk's.
     """
+    if type(tokens) is list:
+        count = len(tokens)
+        if count == 1:
+            token = tokens[0]
+            kind = type(token)
+            if kind is str or kind is int or kind is bool or token is None:
+                return token
+            if kind is float and not _bad_float(token):
+                return token
+        elif 1 < count <= _FLAT_MAX + 1:
+            marker = tokens[0]
+            if type(marker) is dict and len(marker) == 1:
+                children = tokens[1:]
+                if "a" in marker:
+                    length = marker["a"]
+                    if type(length) is int and length == count - 1 and _all_plain_scalars(children):
+                        return children
+                elif "o" in marker:
+                    keys = marker["o"]
+                    if (
+                        type(keys) is list
+                        and len(keys) == count - 1
+                        and all(type(key) is str for key in keys)
+                        and len(set(keys)) == len(keys)
+                        and _all_plain_scalars(children)
+                    ):
+                        return dict(zip(keys, children, strict=True))
+    return _decode_walk(tokens)
+
+
+@_no_gc
+def _decode_walk(tokens: object) -> object:
+    """The general decoder: one pass over the tokens with an explicit stack (see :func:`decode`)."""
     if type(tokens) is not list or not tokens:
         raise WireError("a value must be a non-empty token list")
     total = len(tokens)
@@ -391,16 +459,31 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
+_pack_header = HEADER.pack
+# The C scanner behind ``_DECODER`` (same parse_constant hook). Calling it
+# directly skips ``JSONDecoder.decode``'s two whitespace regex matches; it is
+# used only when it consumes the whole text, so it accepts nothing the full
+# decoder would refuse, and the full decoder handles every other case.
+_scan_once: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
 def pack(message: dict[str, object]) -> bytes:
     """Serialize one message as a length-prefixed frame."""
     payload = _ENCODER.encode(message).encode("utf-8", "surrogatepass")
-    return HEADER.pack(len(payload)) + payload
+    return _pack_header(len(payload)) + payload
 
 
 def unpack_payload(payload: bytes) -> object:
     """Parse one frame payload; raise :class:`WireError` on anything malformed."""
     try:
-        return _DECODER.decode(payload.decode("utf-8", "surrogatepass"))
+        text = payload.decode("utf-8", "surrogatepass")
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:
+            end = -1  # no value at offset 0 (empty, or leading whitespace)
+        if end == len(text):
+            return value
+        return _DECODER.decode(text)
     except WireError:
         raise
     except (ValueError, RecursionError, MemoryError) as error:
@@ -419,6 +502,13 @@ class FrameBuffer:
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the complete payloads; raise WireError on an oversized frame."""
         buffer = self.buffer
+        if not buffer and type(data) is bytes and len(data) >= 4:
+            # Fast path: exactly one whole frame in one read (the common case).
+            (size,) = HEADER.unpack_from(data)
+            if size > self.max_frame:
+                raise WireError(f"frame of {size} bytes exceeds the {self.max_frame}-byte cap")
+            if len(data) == size + 4:
+                return [data[4:]]
         buffer += data
         frames: list[bytes] = []
         start = 0
