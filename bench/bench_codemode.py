@@ -23,7 +23,13 @@ Figures (medians, wall clock, this machine):
    program on the same worker runtime with a bare binding (no pipeline);
 3. ``asyncio.gather`` over 1,000 concurrency-safe calls with the default cap
    (10), in calls per second;
-4. the prompt size of 50 realistic tools under ``native`` (their wire
+4. where the time goes: the trivial program on the worker runtime alone
+   (no transport, no pipeline), interleaved with the ``run_code`` figure; and
+   the transport, scheduler and pipeline in process, on a host-like fake code
+   runtime (no worker: each binding call is a task, as in the worker host), so
+   the per-call cost of the Python side is measured without the worker's
+   context switches;
+5. the prompt size of 50 realistic tools under ``native`` (their wire
    schemas as JSON) against ``code`` (the ``run_code`` schema plus the
    ``tools:code-only`` rule and the SDK section), in characters and in
    o200k_base / cl100k_base tokens.
@@ -165,7 +171,6 @@ async def measure_dsh() -> dict[str, Any]:
     try:
         await _run(harness, TRIVIAL)  # warm: isolation detection, zygote start
         figures["isolation"] = harness.root.lookup("code_runtime").isolation
-        figures["trivial_run_code_ms"] = await _median(harness, TRIVIAL, 50, 1) * 1e3
         # The floor: the same programs on the same worker runtime with a bare binding, no pipeline.
         runtime = harness.root.lookup("code_runtime")
 
@@ -173,6 +178,14 @@ async def measure_dsh() -> dict[str, Any]:
             return args["x"] + 1
 
         bare = [BindingNamespace("tools", {"add_one": add_one})]
+        trivial: dict[str, list[float]] = {"run_code": [], "runtime": []}
+        for _ in range(50):
+            trivial["run_code"].append((await _run(harness, TRIVIAL))[0])
+            started = time.perf_counter()
+            assert (await runtime.run(TRIVIAL, bare)).value == 1
+            trivial["runtime"].append(time.perf_counter() - started)
+        figures["trivial_run_code_ms"] = statistics.median(trivial["run_code"]) * 1e3
+        figures["trivial_worker_runtime_alone_ms"] = statistics.median(trivial["runtime"]) * 1e3
 
         async def bare_run(code: str) -> float:
             started = time.perf_counter()
@@ -208,7 +221,92 @@ async def measure_dsh() -> dict[str, Any]:
                                                            - figures["loop1000_base_ms"])
     finally:
         await harness.aclose()
+    figures["in_process"] = await measure_in_process()
     return figures
+
+
+class HostLikeRuntime:
+    """A fake code runtime for the in-process figures: programs are Python loops, one task per call."""
+
+    language = "python"
+    isolation = "none (in-process benchmark fake)"
+    calls = 1000
+
+    async def run(self, program: str, bindings: Any, signal: Any = None) -> Any:
+        from dsh_core.coderuntime.seam import CodeRunResult, RunControl, _set_current
+
+        control = RunControl(signal, lambda: None, lambda: None)
+        function = bindings[0].functions["add_one"]
+        loop = asyncio.get_running_loop()
+
+        async def invoke(args: Any) -> Any:  # what the worker host does for each call message
+            _set_current(control)
+            return await function(args)
+
+        if program == "sequential":
+            total = 0
+            for i in range(self.calls):
+                total += await loop.create_task(invoke({"x": i}))
+        else:
+            total = sum(await asyncio.gather(*[loop.create_task(invoke({"x": i})) for i in range(self.calls)]))
+        return CodeRunResult((), value=total, has_value=True)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def measure_in_process() -> dict[str, float]:
+    """Transport + scheduler + pipeline per call without the worker (same stages, same sink)."""
+    from dsh_core.abort import AbortSignal
+    from dsh_core.codemode.transport import RunCodeTransport
+    from dsh_core.hooks import Hooks
+    from dsh_core.model import ToolExecutionInput
+    from dsh_core.registry import ToolRegistry
+    from dsh_core.runtime import ToolRuntime
+    from dsh_core.scope import Scope
+
+    fake = HostLikeRuntime()
+    hooks = Hooks()
+    holder: list[ToolRuntime] = []
+    transport = RunCodeTransport(lambda: holder[0], lambda: fake)
+    registry = ToolRegistry(default_mode="code", transport=transport.definition)
+    holder.append(ToolRuntime(registry, hooks))
+    stages = Stages(ask=False)
+    hooks.register(stages, name="stages")
+    stages.dsh_register_tools(registry.register)
+    agent = Scope("root").child("agent:main", layered=True)
+    agent.provide("session", ListSink())
+
+    async def run(program: str) -> float:
+        started = time.perf_counter()
+        result = await holder[0].execute(ToolExecutionInput(
+            call_id="bench", name="run_code", arguments={"code": program, "description": "Benchmark"},
+            signal=AbortSignal.never(), agent=agent))
+        elapsed = time.perf_counter() - started
+        assert result.value["result"] == 500500, result.content
+        return elapsed
+
+    async def bare(program: str) -> float:
+        async def add_one(args: Any) -> Any:
+            return args["x"] + 1
+
+        started = time.perf_counter()
+        await fake.run(program, [BindingNamespace("tools", {"add_one": add_one})])
+        return time.perf_counter() - started
+
+    await run("sequential")
+    rounds: dict[str, list[float]] = {"sequential": [], "gather": [], "bare": []}
+    for _ in range(9):
+        rounds["sequential"].append(await run("sequential"))
+        rounds["gather"].append(await run("gather"))
+        rounds["bare"].append(await bare("sequential"))
+    median = {k: statistics.median(v) for k, v in rounds.items()}
+    return {
+        "sequential_per_call_us": median["sequential"] * 1e3,
+        "bare_binding_per_call_us": median["bare"] * 1e3,
+        "transport_pipeline_per_call_us": (median["sequential"] - median["bare"]) * 1e3,
+        "gather1000_calls_per_s": 1000 / median["gather"],
+    }
 
 
 # -- prompt size ---------------------------------------------------------------------------------------------
