@@ -1,11 +1,9 @@
-"""The scheduler's inline start of bodies and settle-event writes (its cost model).
+"""What each nested body may rely on from the scheduler, whichever way it starts bodies.
 
-A parallel body and the settle-event writer run their first step on the
-driver; one that suspends keeps the driver's task as its own and a new driver
-takes the lane. These tests pin what a task of its own would guarantee:
-``asyncio.current_task()`` and ``asyncio.timeout`` target the task that runs
-the body to its end, context variables do not leak between bodies or into the
-lane, and a failing or cancelled body is contained.
+``asyncio.current_task()`` and ``asyncio.timeout`` target the task that runs the
+body to its end, context variables do not leak between bodies or into the
+ordered lane, and a failing or cancelled body is contained with its start and
+settle events still paired.
 """
 
 from __future__ import annotations
