@@ -238,7 +238,17 @@ class ToolRuntime:
         return staged
 
     async def _policy(self, staged: Staged) -> Staged:
-        """Pre-execute, approval, guards: settle ``staged`` if the call may not be dispatched."""
+        """Pre-execute, approval, guards: settle ``staged`` if the call may not be dispatched.
+
+        Never raises (but for cancellation): an unexpected error settles the call as a
+        final result, so its caller can always finish it and emit its one result event.
+        """
+        try:
+            return await self._policy_stages(staged)
+        except Exception as error:
+            return staged.settle("final-result", error_result(error))
+
+    async def _policy_stages(self, staged: Staged) -> Staged:
         execution = staged.execution
         signal = execution.signal
         if signal.aborted:

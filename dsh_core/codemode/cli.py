@@ -84,6 +84,9 @@ def register(main: click.Group) -> None:
                 fail("this harness has no run_code transport", 2)
             caller = scope
             if registry.mode_for(scope) == "native":
+                # A native agent has no run_code; this developer command lends it one, and says so.
+                click.echo(f"dsh: note: agent {scope.name.removeprefix('agent:')!r} is in native mode; "
+                           "running the program as if its mode were \"both\"", err=True)
                 caller = scope.child("cli:run-code", layered=True)
                 registry.present_as("both", caller)
             call_id = harness.next_call_id()

@@ -41,7 +41,7 @@ from dsh_core.codemode.history import DispatchHistory
 from dsh_core.errors import ErrorCode
 from dsh_core.lossless import JSON
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
-from dsh_core.runtime import Staged, ToolRuntime, error_result
+from dsh_core.runtime import ABORTED_MESSAGE, Staged, ToolRuntime, error_result
 
 __all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "ProgramScheduler", "SubCall", "check_max_parallel", "SubCallError"]
 
@@ -273,7 +273,7 @@ class ProgramScheduler:
         try:
             if staged.kind == "dispatch":
                 # The body task ended without settling (it was cancelled from outside).
-                staged.settle("final-result", ToolResult.failure(ErrorCode.ABORTED, "tool call aborted"))
+                staged.settle("final-result", ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE))
             if staged.kind == "post-result":
                 return await self._runtime.finalize(staged)
             return await self._runtime.finish(staged)

@@ -191,6 +191,7 @@ def test_cli_run_code_under_a_native_deployment_presents_both_for_the_call(catal
     out = CliRunner().invoke(main, ["run-code", str(program), "--config", str(config)])
     assert out.exit_code == 0, out.output
     assert out.stdout.strip() == "2"
+    assert "agent 'main' is in native mode" in out.stderr
 
 
 def test_cli_sdk_prints_the_sdk_in_either_language(catalog: PluginCatalog, config: Path) -> None:

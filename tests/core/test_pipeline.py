@@ -565,3 +565,22 @@ async def test_cancelling_a_call_during_approval_emits_its_result_and_stops_the_
     assert prompt_ended == ["ended"]
     assert [r.code for _, r in recorder.results] == ["ABORTED_BEFORE_DISPATCH"]
     assert body_calls(echo) == []
+
+
+async def test_an_unexpected_error_in_policy_still_settles_the_call_with_one_result(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare() never raises for a broken stage: the staged call settles, so every caller can finish it."""
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+
+    def broken(scope: object) -> list[object]:
+        raise RuntimeError("registry state corrupted")
+
+    monkeypatch.setattr(stack.registry, "guards_for", broken)
+    staged = await stack.runtime.prepare(ToolExecutionInput(call_id="c", name="echo", arguments={}))
+    assert staged.kind == "final-result" and staged.result is not None and staged.result.code == "TOOL_FAILED"
+    result = await stack.runtime.finish(staged)
+    assert "registry state corrupted" in result.text and recorder.results[-1][1] is result
+    assert body_calls(echo) == []
