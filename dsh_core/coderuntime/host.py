@@ -57,6 +57,14 @@ _START_TIMEOUT_S = 60.0
 # maps, faults and unmaps a fresh buffer every time: ~25 us per message).
 _CHUNK = 1 << 16
 _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loop
+# Bridge bounds against a hostile worker (documented in bench/README-coderuntime.md).
+# A forged binding name is echoed back in an error reply up to this many characters.
+_NAME_SHOWN = 100
+# Binding calls running at once; past it a call is refused with an error reply.
+_MAX_IN_FLIGHT = 10_000
+# Call ids remembered outside the consecutive run 1..n that a real worker sends:
+# only forged (or, briefly, out-of-order) ids land there; past it the run settles.
+_MAX_STRAY_IDS = 10_000
 
 #: Standard-library modules preloaded in every worker (documented in the README).
 STDLIB_PRELOAD: tuple[str, ...] = ()  # filled below from the worker's own list
@@ -338,6 +346,10 @@ class _Run:
         self.eof_waiter: asyncio.Future[None] | None = None
         self.exit_future: asyncio.Future[int | None] | None = None
         self.exit_status: int | None = None
+        # Each call id is answered at most once, in bounded memory: the worker
+        # numbers its calls 1, 2, 3, ..., so ids 1..id_floor are all seen and only
+        # ids outside that run (forged ones) are kept, at most _MAX_STRAY_IDS.
+        self.id_floor = 0
         self.seen_ids: set[int] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.wbuf = bytearray()
@@ -556,22 +568,40 @@ class _Run:
             return  # no calls after settlement
         if type(call_id) is not int or type(global_name) is not str or type(name) is not str:
             return
-        if call_id in self.seen_ids:
+        if not self._first_sighting(call_id):
             return  # each id is answered at most once
-        self.seen_ids.add(call_id)
         functions = self.namespaces.get(global_name)
         function = functions.get(name) if functions is not None else None
         if function is None:
-            self._reply(call_id, False, f'unknown binding "{global_name}.{name}"')
+            self._reply(call_id, False, f'unknown binding "{_shown(f"{global_name}.{name}")}"')
             return
         try:
             value = wire.decode(args)
         except wire.WireError:
             self._reply(call_id, False, "binding arguments must be lossless JSON")
             return
+        if len(self.tasks) >= _MAX_IN_FLIGHT:
+            self._reply(call_id, False, f"too many binding calls in flight (at most {_MAX_IN_FLIGHT})")
+            return
         task = self.loop.create_task(self._invoke(call_id, function, value))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _first_sighting(self, call_id: int) -> bool:
+        """Record ``call_id``; False if it was seen before (or the run just settled)."""
+        if 0 < call_id <= self.id_floor or call_id in self.seen_ids:
+            return False
+        if call_id == self.id_floor + 1:
+            self.id_floor = call_id
+            while self.id_floor + 1 in self.seen_ids:  # a gap filled: absorb what follows it
+                self.id_floor += 1
+                self.seen_ids.remove(self.id_floor)
+            return True
+        if len(self.seen_ids) >= _MAX_STRAY_IDS:
+            self.settle("limit", f"protocol: more than {_MAX_STRAY_IDS} forged or out-of-order call ids")
+            return False
+        self.seen_ids.add(call_id)
+        return True
 
     async def _invoke(self, call_id: int, function: BindingFunction, value: Any) -> None:
         _set_current(self.control)
@@ -659,6 +689,16 @@ class _Run:
         if sock is None or self.sock_eof:
             return
         if self.wbuf:
+            # The worker has not taken what is already queued. Past one frame cap
+            # of undelivered replies it is not reading them: settle rather than
+            # buffer without bound (a single larger reply is still always queued).
+            if len(self.wbuf) > self.config.max_frame_bytes:
+                self.settle(
+                    "limit",
+                    f"protocol: the worker stopped reading binding replies ({len(self.wbuf)} bytes "
+                    f"undelivered, over the {self.config.max_frame_bytes}-byte max_frame_bytes cap)",
+                )
+                return
             self.wbuf += data
             return
         try:
@@ -760,6 +800,11 @@ class _Run:
                 self.exit_timer.cancel()
             if self.remove_listener is not None:
                 self.remove_listener()
+            # Nothing outlives the run: cancel the binding calls still running
+            # (awaited below, before the run resolves; their replies are dropped).
+            bindings = list(self.tasks)
+            for task in bindings:
+                task.cancel()
             await asyncio.sleep(0)  # let callbacks queued by the winner run first
             # Kill: the leader through its pidfd (race-free), its process
             # group through the zygote (which has not reaped it yet), the cgroup.
@@ -778,6 +823,8 @@ class _Run:
             if self.exit_future is not None and not self.exit_future.done():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(self.exit_future), 10.0)
+            if bindings:
+                await asyncio.gather(*bindings, return_exceptions=True)
         finally:
             self._close()
             zygote.forget(self.run_id)
@@ -785,6 +832,7 @@ class _Run:
                 self.finished.set_result(None)
 
     def _close(self) -> None:
+        self.wbuf = bytearray()  # undelivered replies: the worker is gone
         if self.sock is not None:
             with contextlib.suppress(Exception):
                 self.loop.remove_reader(self.sock.fileno())
@@ -811,6 +859,13 @@ class _Run:
 
     def _finish(self) -> CodeRunResult:
         return _assemble(self.ledger, self.outcome or ("error", ("abort", "run ended")))
+
+
+def _shown(name: str) -> str:
+    """A peer-supplied name as echoed back: at most ``_NAME_SHOWN`` characters, the cut marked."""
+    if len(name) <= _NAME_SHOWN:
+        return name
+    return f"{name[:_NAME_SHOWN]}... [{len(name) - _NAME_SHOWN} more characters]"
 
 
 def _assemble(ledger: wire.Ledger, outcome: tuple[str, Any]) -> CodeRunResult:

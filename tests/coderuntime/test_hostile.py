@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import tracemalloc
 from typing import Any
 
 from hypothesis import given, settings
@@ -13,7 +15,26 @@ from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime.host import _Run
 from dsh_core.coderuntime.seam import validate_bindings
 
-from .conftest import FORGE, arun, tools, with_runtime
+from .conftest import FORGE, arun, echo, tools, with_runtime
+
+#: Program prelude (after FORGE) that reads one host frame from descriptor 3 itself.
+RECV = (
+    "def recv():\n"
+    "    import time\n"
+    "    def exact(n):\n"
+    "        b = b''\n"
+    "        while len(b) < n:\n"
+    "            try:\n"
+    "                chunk = os.read(3, n - len(b))\n"
+    "            except BlockingIOError:\n"
+    "                time.sleep(0.005)\n"
+    "                continue\n"
+    "            if not chunk:\n"
+    "                raise EOFError\n"
+    "            b += chunk\n"
+    "        return b\n"
+    "    return json.loads(exact(struct.unpack('>I', exact(4))[0]))\n"
+)
 
 
 def test_forged_traffic_is_dropped_and_the_real_result_stands() -> None:
@@ -181,3 +202,102 @@ def test_unknown_binding_replies_by_own_name_lookup() -> None:
         assert called == [{}, {}]
 
     arun(go())
+
+
+def test_long_forged_names_are_truncated_in_replies() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = (
+            FORGE + RECV + ("send({'t': 'call', 'id': 10**6, 'g': 'tools', 'n': 'x' * 5000, 'a': [1]})\nreturn recv()")
+        )
+        r = await rt.run(program, tools(f=echo))
+        assert r.error is None, r
+        assert r.value == {
+            "t": "reply",
+            "id": 10**6,
+            "ok": False,
+            "m": 'unknown binding "tools.' + "x" * 94 + '... [4906 more characters]"',
+        }
+
+    arun(with_runtime(go, isolation="auto", timeout_s=10.0))
+
+
+def test_call_flood_without_reading_replies_is_bounded() -> None:
+    # Forged calls with near-frame-sized unknown names, replies never read: the
+    # host echoes truncated names and stops once a frame cap of replies is queued.
+    async def go(rt: PythonCodeRuntime) -> None:
+        assert (await rt.run("return 1", [])).value == 1  # zygote up before measuring
+        program = FORGE + (
+            "name = 'x' * 60000\n"
+            "for i in range(1, 3001):\n"
+            "    send({'t': 'call', 'id': i, 'g': 'tools', 'n': name, 'a': [1]})\n"
+            "import time\ntime.sleep(60)"
+        )
+        tracemalloc.start()
+        try:
+            r = await rt.run(program, tools(f=echo))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert r.error is not None and r.error.kind == "output-limit", r
+        assert "stopped reading binding replies" in r.error.message
+        assert "65536-byte max_frame_bytes cap" in r.error.message
+        undelivered = int(re.search(r"\((\d+) bytes undelivered", r.error.message).group(1))  # type: ignore[union-attr]
+        assert 65536 < undelivered <= 65536 + 1024  # one short reply past the cap
+        assert peak < 48 * 1024 * 1024, peak  # unbounded, 3,000 echoed names would be ~180 MB
+
+    arun(with_runtime(go, isolation="auto", timeout_s=30.0, max_frame_bytes=65536))
+
+
+def test_forged_call_ids_are_bounded() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        # Consecutive ids (as a real worker sends) cost nothing to remember...
+        program = FORGE + (
+            "for i in range(1, 20001):\n"
+            "    send({'t': 'call', 'id': i, 'g': 'tools', 'n': 'nope', 'a': [1]})\n"
+            "    send({'t': 'call', 'id': i, 'g': 'tools', 'n': 'nope', 'a': [1]})\n"  # duplicate: ignored
+            "send({'t': 'done', 'v': ['ok']})\nimport time\ntime.sleep(60)"
+        )
+        r = await rt.run(program, tools(f=echo))
+        assert r.error is None and r.value == "ok", r
+        # ...scattered (forged) ones are capped: the run settles.
+        program = FORGE + (
+            "for i in range(20000):\n"
+            "    send({'t': 'call', 'id': 10**9 + 7 * i, 'g': 'tools', 'n': 'nope', 'a': [1]})\n"
+            "import time\ntime.sleep(60)"
+        )
+        r = await rt.run(program, tools(f=echo))
+        assert r.error is not None and r.error.kind == "output-limit", r
+        assert "more than 10000 forged or out-of-order call ids" in r.error.message
+
+    arun(with_runtime(go, isolation="auto", timeout_s=30.0))
+
+
+def test_binding_calls_in_flight_are_bounded() -> None:
+    started: list[int] = []
+    ended: list[int] = []
+
+    async def hold(args: Any) -> Any:
+        started.append(args)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(args)
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = (
+            FORGE
+            + RECV
+            + (
+                "for i in range(1, 10002):\n"
+                "    send({'t': 'call', 'id': i, 'g': 'tools', 'n': 'hold', 'a': [i]})\n"
+                "return recv()"
+            )
+        )
+        r = await rt.run(program, tools(hold=hold))
+        assert r.error is None, r
+        message = "too many binding calls in flight (at most 10000)"
+        assert r.value == {"t": "reply", "id": 10001, "ok": False, "m": message}
+        assert sorted(started) == list(range(1, 10001))
+        assert sorted(ended) == sorted(started)  # every one was cancelled and finished before run() returned
+
+    arun(with_runtime(go, isolation="auto", timeout_s=30.0))

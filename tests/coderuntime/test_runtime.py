@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from typing import Any
@@ -387,7 +388,10 @@ def test_binding_results_after_settlement_are_dropped() -> None:
     finished: list[str] = []
 
     async def late(args: Any) -> Any:
-        await released.wait()
+        # Teardown cancels binding calls still running; this one finishes anyway,
+        # after settlement, so its result arrives late and must be dropped.
+        with contextlib.suppress(asyncio.CancelledError):
+            await released.wait()
         finished.append("late")
         return "too late"
 
@@ -402,3 +406,35 @@ def test_binding_results_after_settlement_are_dropped() -> None:
         assert finished == ["late"]
 
     arun(with_runtime(go, isolation="auto"))
+
+
+def test_binding_calls_do_not_outlive_the_run() -> None:
+    events: list[str] = []
+
+    async def sleepy(args: Any) -> Any:
+        events.append(f"start {args['n']}")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            events.append(f"cancelled {args['n']}")
+            raise
+        finally:
+            await asyncio.sleep(0.05)  # a cleanup that itself awaits is awaited too
+            events.append(f"finally {args['n']}")
+        return "never"
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        binds = tools(sleepy=sleepy)
+        # The program exits while its call is still running on the host.
+        r = await rt.run(
+            "import asyncio\nasyncio.ensure_future(tools.sleepy(n=1))\nawait asyncio.sleep(0.2)\nreturn 'done'", binds
+        )
+        assert r.value == "done", r
+        assert events == ["start 1", "cancelled 1", "finally 1"]
+        # The program awaits its call and hits the wall clock.
+        r = await rt.run("return await tools.sleepy(n=2)", binds)
+        assert _kind(r) == "timeout", r
+        assert events[3:] == ["start 2", "cancelled 2", "finally 2"]
+        assert not [t for t in asyncio.all_tasks() if "_invoke" in repr(t.get_coro())]
+
+    arun(with_runtime(go, isolation="auto", timeout_s=1.0))
