@@ -261,19 +261,25 @@ _SCALAR_TEXT = json.JSONEncoder(ensure_ascii=False).encode
 _END = object()
 
 
-def dumps(value: object, *, indent: int | None = None) -> str:
+def dumps(value: object, *, indent: int | None = None, max_indent: int | None = None) -> str:
     """JSON text of a lossless value, at any depth; the same text as ``json.dumps``.
 
     ``indent=None`` gives one line with ``", "``/``": "`` separators; an integer
-    gives ``json.dumps(value, indent=n)``'s layout. The stdlib encoders recurse
-    and fail past about a thousand levels; this one keeps an explicit stack.
+    gives ``json.dumps(value, indent=n)``'s layout, and ``max_indent`` caps the
+    leading spaces of a line (deeper levels still break lines, without more
+    indentation). The stdlib encoders recurse and fail past about a thousand
+    levels; this one keeps an explicit stack.
     """
     item_sep = ", " if indent is None else ","
     out: list[str] = []
     stack: list[tuple[Iterator[Any], bool, int, list[bool]]] = []
+    cap = max_indent if max_indent is not None else -1
 
     def newline(depth: int) -> str:
-        return "" if indent is None else "\n" + " " * (indent * depth)
+        if indent is None:
+            return ""
+        spaces = indent * depth
+        return "\n" + " " * (spaces if cap < 0 else min(spaces, cap))
 
     def begin(item: Any, depth: int) -> None:
         if isinstance(item, dict):

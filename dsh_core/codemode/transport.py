@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -51,7 +50,7 @@ from dsh_core.coderuntime import (
 )
 from dsh_core.define import define_tool
 from dsh_core.errors import CodeRunFailedError, InvalidArgsError, ToolError
-from dsh_core.lossless import JSON, NotLosslessError, freeze, thaw
+from dsh_core.lossless import JSON, NotLosslessError, dumps, freeze, thaw
 from dsh_core.model import TextBlock, ToolContext, ToolDefinition, ToolExecutionInput, ToolResult
 from dsh_core.registry import TRANSPORT_NAME
 from dsh_core.runtime import ToolRuntime
@@ -168,49 +167,7 @@ def pretty_json(value: JSON) -> str:
     Keys keep their order; non-ASCII text is kept as is. Deeper levels than the
     indentation cap are still broken into lines, just without more indentation.
     """
-    out: list[str] = []
-    # Each frame: (iterator over the container's items, is-object, depth, first-item flag holder).
-    stack: list[tuple[Iterator[Any], bool, int, list[bool]]] = []
-
-    def newline(depth: int) -> str:
-        return "\n" + " " * min(2 * depth, _MAX_INDENT)
-
-    def open_value(item: Any, depth: int) -> None:
-        if isinstance(item, dict):
-            if not item:
-                out.append("{}")
-                return
-            out.append("{")
-            stack.append((iter(item.items()), True, depth + 1, [True]))
-        elif isinstance(item, list):
-            if not item:
-                out.append("[]")
-                return
-            out.append("[")
-            stack.append((iter(item), False, depth + 1, [True]))
-        else:
-            out.append(json.dumps(item, ensure_ascii=False))
-
-    open_value(value, 0)
-    while stack:
-        items, is_object, depth, first = stack[-1]
-        item: Any = next(items, _END)
-        if item is _END:
-            stack.pop()
-            out.append(newline(depth - 1) + ("}" if is_object else "]"))
-            continue
-        out.append(("" if first[0] else ",") + newline(depth))
-        first[0] = False
-        if is_object:
-            key, child = item
-            out.append(json.dumps(key, ensure_ascii=False) + ": ")
-            open_value(child, depth)
-        else:
-            open_value(item, depth)
-    return "".join(out)
-
-
-_END: Final[Any] = object()
+    return dumps(value, indent=2, max_indent=_MAX_INDENT)
 
 
 def render_run_output(args: JSON, value: JSON) -> list[TextBlock]:
