@@ -256,7 +256,7 @@ class ToolRuntime:
         try:
             decision = await self.hooks.pre_execute(execution)
         except HookFailure as failure:
-            return staged.settle("final-result", ToolResult.failure(str(failure.code), failure.message))
+            return staged.settle("final-result", error_result(failure))
         if decision.kind == "deny":
             return staged.settle("post-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
         if decision.kind == "ask":
@@ -315,7 +315,7 @@ class ToolRuntime:
         try:
             chain = self.hooks.around_dispatch(execution)
         except HookFailure as failure:
-            return staged.settle("final-result", ToolResult.failure(str(failure.code), failure.message))
+            return staged.settle("final-result", error_result(failure))
         body_results: list[ToolResult] = []
 
         async def body(call: ToolExecution) -> ToolResult:
@@ -415,7 +415,7 @@ class ToolRuntime:
         try:
             decisions = await self.hooks.post_execute(execution, result)
         except HookFailure as failure:
-            staged.result = ToolResult.failure(str(failure.code), failure.message)
+            staged.result = error_result(failure)
             return await self.finish(staged)
         if decisions:
             result = self._apply_post(execution, result, decisions)
