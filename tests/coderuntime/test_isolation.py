@@ -157,3 +157,16 @@ def test_worker_cannot_see_host_environment(monkeypatch: pytest.MonkeyPatch) -> 
     # Only stdin (/dev/null), the output pipe on 1/2, the protocol on 3, and the
     # event loop's own epoll/self-pipe descriptors (plus the one listdir opens).
     assert "3" in result.value[1] and len(result.value[1]) <= 8
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_worker_leads_its_process_group_but_not_a_session(level: str) -> None:
+    # Group leader: the zygote's killpg reaches everything the program forks.
+    # Not a session leader: it could otherwise acquire a controlling terminal.
+    async def go(rt: PythonCodeRuntime) -> Any:
+        return await rt.run("import os\nreturn [os.getpid(), os.getpgid(0), os.getsid(0)]", [])
+
+    result = arun(with_runtime(go, isolation=level))
+    assert result.error is None, result.error
+    pid, pgid, sid = result.value
+    assert pgid == pid and sid != pid
