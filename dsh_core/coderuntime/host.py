@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import array
 import asyncio
+import binascii
 import contextlib
 import itertools
 import json
+import marshal
 import os
 import shutil
 import signal as signals
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -382,7 +385,9 @@ class _Run:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def assign(self, source: str, namespaces: _Namespaces, signal: AbortSignal | None) -> None:
+    def assign(
+        self, source: str, code: types.CodeType, namespaces: _Namespaces, signal: AbortSignal | None
+    ) -> None:
         """Give this (fresh or pre-spawned) worker its one program; the budgets start now."""
         self.assigned = True
         self.namespaces = {name: functions for name, functions, _ in namespaces}
@@ -390,6 +395,9 @@ class _Run:
             {
                 "t": "start",
                 "p": source,
+                # The same interpreter binary runs the worker, so the host's code
+                # object loads there as is (the worker trusts the host).
+                "c": binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii"),
                 "ns": [
                     [name, sorted(functions), spec.name if spec else None, spec.member if spec else None]
                     for name, functions, spec in namespaces
@@ -1032,7 +1040,7 @@ class PythonCodeRuntime:
         if signal is not None and signal.aborted:
             return _assemble(ledger, ("abort", str(signal.reason)))
         try:
-            programs.build(program)
+            code = programs.build(program)
         except SyntaxError as error:
             return _assemble(ledger, ("error", ("exception", programs.format_syntax_error(error, program))))
         except (ValueError, RecursionError, MemoryError) as error:  # e.g. NUL bytes, absurd nesting
@@ -1048,13 +1056,14 @@ class PythonCodeRuntime:
         if run is None or run.outcome is not None:
             run = _Run(self)
             run._spawn(zygote)
-        run.assign(program, namespaces, signal)
+        run.assign(program, code, namespaces, signal)
         self._live.add(run)
         try:
             return await run.finish_run(zygote)
         finally:
             self._live.discard(run)
-            self._refill(zygote)
+            # The next worker is prepared after this result is delivered, not before.
+            asyncio.get_running_loop().call_soon(self._refill, zygote)
 
     def _refill(self, zygote: _Zygote) -> None:
         # Keep one pre-spawned worker: spawned, locked down, verified and (at

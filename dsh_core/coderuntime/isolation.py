@@ -218,16 +218,21 @@ class Cgroup:
         return 0
 
     def kill_all(self) -> None:
-        """SIGKILL every process still in the group (nothing should be)."""
-        for group in (self.pids, self.memory):
-            try:
-                with open(os.path.join(group, "cgroup.procs")) as handle:
-                    pids = [int(x) for x in handle.read().split()]
-            except OSError:
-                continue
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
+        """SIGKILL every process still in the group (nothing should be).
+
+        The pids hierarchy alone is read: ``join`` puts a worker in both
+        groups and its descendants inherit both, while the worker has no write
+        access to any ``cgroup.procs`` to leave. (Each read costs about 0.1 ms
+        here, and a run reads twice.)
+        """
+        try:
+            with open(os.path.join(self.pids, "cgroup.procs")) as handle:
+                pids = [int(x) for x in handle.read().split()]
+        except OSError:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
 
     def remove(self) -> None:
         """Delete both groups (they must be empty)."""

@@ -8,8 +8,10 @@ is read before the lockdown for the configured level has been applied.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import builtins
 import linecache
+import marshal
 import os
 import sys
 import threading
@@ -369,7 +371,7 @@ def _warm(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
-    """Finish the lockdown, report ready, run the program, report done."""
+    """Finish the lockdown, build the program's world, report ready, run the program, report done."""
     config = prepared.config
     level = prepared.level
     budgets = config["budgets"]
@@ -384,6 +386,20 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
     sys.meta_path.insert(0, _ImportGuard)
     if level >= 2:
         parts.append(lockdown.apply_seccomp())
+    # Everything that does not depend on the program is built now, while this
+    # pre-spawned worker waits for a run, not after the program arrives.
+    logs = _Logs(channel, int(budgets["max_output_bytes"]))
+    sys.stdout = _Stream(logs, "<stdout>")
+    sys.stderr = _Stream(logs, "<stderr>")
+    bridge = _Bridge(channel, loop)
+    loop.add_reader(fd, bridge.on_readable)  # serviced only once the program's loop runs
+    safe_builtins = dict(builtins.__dict__)
+
+    def _no_input(*_: object) -> str:
+        raise EOFError("input() is not available in a program")
+
+    safe_builtins["input"] = _no_input
+    env: dict[str, object] = {"__name__": program.MAIN, "__builtins__": safe_builtins, "console": _Console(logs)}
     channel.send({"t": "ready", "d": " ".join(parts)})
 
     # ---- from here on, everything read is untrusted input for the program
@@ -391,20 +407,7 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
     if type(start) is not dict or start.get("t") != "start":
         return 2
     source = start["p"]
-    logs = _Logs(channel, int(budgets["max_output_bytes"]))
-    sys.stdout = _Stream(logs, "<stdout>")
-    sys.stderr = _Stream(logs, "<stderr>")
     linecache.cache[program.FILENAME] = (len(source), None, source.splitlines(True), program.FILENAME)
-    bridge = _Bridge(channel, loop)
-    loop.add_reader(fd, bridge.on_readable)
-    env: dict[str, object] = {"__name__": program.MAIN}
-    safe_builtins = dict(builtins.__dict__)
-
-    def _no_input(*_: object) -> str:
-        raise EOFError("input() is not available in a program")
-
-    safe_builtins["input"] = _no_input
-    env["__builtins__"] = safe_builtins
     classes: dict[str, type[Exception]] = {}
     for global_name, names, class_name, member in start["ns"]:
         error = None
@@ -414,10 +417,11 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
             error = (classes[class_name], member)
             env[class_name] = error[0]
         env[global_name] = bridge.make_namespace(global_name, names, error)
-    env["console"] = _Console(logs)
     outcome: dict[str, object]
     try:
-        code = program.build(source)
+        # The host compiled the program already (to report syntax errors
+        # without a worker); loading its code object skips a second compile.
+        code = marshal.loads(binascii.a2b_base64(start["c"]))
         exec(code, env)  # defines __dsh_main__ only
         main = env[program.MAIN]
         result = loop.run_until_complete(main())  # type: ignore[operator]
