@@ -435,6 +435,67 @@ def test_binding_calls_do_not_outlive_the_run() -> None:
         r = await rt.run("return await tools.sleepy(n=2)", binds)
         assert _kind(r) == "timeout", r
         assert events[3:] == ["start 2", "cancelled 2", "finally 2"]
-        assert not [t for t in asyncio.all_tasks() if "_invoke" in repr(t.get_coro())]
+        # No binding task is left (a call that waited went on in a _carry_on task).
+        assert not [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ in ("_Run._invoke", "_carry_on")]
 
     arun(with_runtime(go, isolation="auto", timeout_s=1.0))
+
+
+def test_program_tasks_run_on_while_a_binding_call_waits() -> None:
+    # A call made while other work is pending in the program (here a timer of
+    # a ticking task) must wait through the program's event loop, not block it.
+    async def slow(args: Any) -> Any:
+        await asyncio.sleep(0.3)
+        return "done"
+
+    program = (
+        "import asyncio\nticks = []\n"
+        "async def ticker():\n    while True:\n        ticks.append(1)\n        await asyncio.sleep(0.02)\n"
+        "task = asyncio.create_task(ticker())\nawait asyncio.sleep(0)\n"
+        "result = await tools.slow({})\ntask.cancel()\nreturn [result, len(ticks)]"
+    )
+
+    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
+        return await rt.run(program, tools(slow=slow))
+
+    result = arun(with_runtime(go, isolation="auto"))
+    assert result.error is None, result.error
+    assert result.value[0] == "done" and result.value[1] >= 5
+
+
+def test_sequential_and_concurrent_calls_agree() -> None:
+    # A lone call waits for its reply in place; concurrent ones go through the
+    # event loop. Values and errors are the same either way, in both the host's
+    # eager path (answered without waiting) and its task path (waits first).
+    async def direct(args: Any) -> Any:
+        if args["i"] % 3 == 0:
+            raise RuntimeError(f"bad {args['i']}")
+        assert current_run() is not None
+        return args["i"] * 2
+
+    async def waits(args: Any) -> Any:
+        assert current_run() is not None
+        await asyncio.sleep(0)
+        assert current_run() is not None
+        return await direct(args)
+
+    program = (
+        "import asyncio\n"
+        "async def one(name, i):\n    try:\n        return await tools[name]({'i': i})\n"
+        "    except ToolCallError as error:\n        return [error.tool_name, str(error)]\n"
+        "out = []\nfor name in ('direct', 'waits'):\n"
+        "    out.append([await one(name, i) for i in range(7)])\n"
+        "    out.append(await asyncio.gather(*[one(name, i) for i in range(7)]))\n"
+        "return out"
+    )
+
+    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
+        return await rt.run(program, tools(direct=direct, waits=waits))
+
+    result = arun(with_runtime(go, isolation="auto"))
+    assert result.error is None, result.error
+    direct_seq, direct_par, waits_seq, waits_par = result.value
+    assert direct_seq == direct_par == [["direct", "bad 0"], 2, 4, ["direct", "bad 3"], 8, 10, ["direct", "bad 6"]]
+    assert waits_seq == waits_par == [
+        ["waits", "bad 0"], 2, 4, ["waits", "bad 3"], 8, 10, ["waits", "bad 6"]
+    ]

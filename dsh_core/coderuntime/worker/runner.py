@@ -248,10 +248,17 @@ class _Bridge:
                 raise bridge._fail(
                     error, name, f"binding arguments exceed the {bridge.channel.max_frame}-byte frame cap"
                 )
+            alone = bridge.alone()
             future: asyncio.Future[object] = bridge.loop.create_future()
             bridge.pending[call_id] = (future, name, error)
             try:
                 bridge.channel.raw(frame)
+                if alone:
+                    # Nothing else in the program could run meanwhile: wait for the
+                    # reply right here rather than through two event-loop turns.
+                    while not future.done():
+                        bridge.on_readable()
+                    return future.result()
                 return await future
             finally:
                 bridge.pending.pop(call_id, None)
@@ -259,6 +266,22 @@ class _Bridge:
         binding.__name__ = name if name.isidentifier() else "binding"
         binding.__qualname__ = f"{global_name}.{name}"
         return binding
+
+    def alone(self) -> bool:
+        """True when a call made now would be the only thing the program waits for.
+
+        That is: no other binding call outstanding, no callback ready and no
+        timer pending on the program's loop, and the caller is that loop's
+        thread. A blocking wait for the reply then delays nothing.
+        """
+        loop = self.loop
+        return (
+            not self.pending
+            and not getattr(loop, "_ready", True)
+            and not getattr(loop, "_scheduled", True)
+            and threading.current_thread() is threading.main_thread()
+            and asyncio.get_running_loop() is loop
+        )
 
     def on_readable(self) -> None:
         try:
