@@ -890,12 +890,15 @@ class _Run:
             for task in bindings:
                 task.cancel()
             await asyncio.sleep(0)  # let callbacks queued by the winner run first
-            # Kill: the leader through its pidfd (race-free), its process
-            # group through the zygote (which has not reaped it yet), the cgroup.
+            # Kill: the leader through its pidfd (race-free), or through the
+            # zygote when there is none yet; the zygote kills the leader's
+            # process group when it reaps it (the leader's pid still reserves
+            # the group id then), and the cgroup catches anything that left it.
             if self.pidfd >= 0:
                 with contextlib.suppress(OSError):
                     signals.pidfd_send_signal(self.pidfd, signals.SIGKILL)
-            zygote.kill(self.run_id)
+            else:
+                zygote.kill(self.run_id)
             if self.cgroup is not None:
                 self.cgroup.kill_all()
             # Drain both channels to EOF (bounded: an escaped holder may keep one open).
