@@ -190,8 +190,13 @@ class Hooks:
         return cached[0]
 
     def _visible(self, hook: str, agent: Scope | None) -> Iterable[HookImplInfo]:
-        infos = self.impls(hook)
-        if not self._cache[hook][1]:
+        # One dict lookup on the per-call path (six hooks per nested call); impls() fills a miss.
+        cached = self._cache.get(hook)
+        if cached is None:
+            self.impls(hook)
+            cached = self._cache[hook]
+        infos, scoped = cached
+        if not scoped:
             return infos
         return [info for info in infos if info.sees(agent)]
 

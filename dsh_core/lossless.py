@@ -92,6 +92,8 @@ class FrozenList(list[Any]):
 
 
 _SCALARS = (type(None), bool, int, str)
+#: Exact types that every walk returns unchanged (floats are not here: they need their checks).
+_IMMUTABLE_SCALARS: frozenset[type] = frozenset(_SCALARS)
 _CONTAINERS = (dict, list, FrozenDict, FrozenList)
 _DICTS = (dict, FrozenDict)
 _LISTS = (list, FrozenList)
@@ -239,6 +241,8 @@ def is_lossless(value: object) -> bool:
 
 def snapshot(value: object) -> JSON:
     """Return a detached, plain (mutable) deep copy; raise :class:`NotLosslessError`."""
+    if type(value) in _IMMUTABLE_SCALARS:
+        return value  # what _walk returns for them, minus its checks (tool values are often scalars)
     return _walk(value, 1)
 
 
@@ -249,11 +253,18 @@ def freeze(value: object) -> JSON:
     ``dict``/``list`` instances, so ``json`` and ``jsonschema`` accept them).
     Freezing a value that :func:`freeze` produced returns it unchanged.
     """
+    kind = type(value)
+    if kind in _IMMUTABLE_SCALARS or kind is FrozenDict or kind is FrozenList:
+        # What _walk returns for these, without its checks: a nested call freezes the same
+        # already-frozen arguments and result several times on its way through the pipeline.
+        return value
     return _walk(value, 2)
 
 
 def thaw(value: object) -> JSON:
     """Return a plain mutable deep copy of a (frozen or plain) lossless value."""
+    if type(value) in _IMMUTABLE_SCALARS:
+        return value
     return _walk(value, 1)
 
 

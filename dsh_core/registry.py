@@ -81,6 +81,10 @@ class _View:
         self.wire: tuple[ToolSchema, ...] | None = None
 
 
+#: Marks a name not yet resolved in ``ToolRegistry._resolved`` (``None`` is a cached answer).
+_UNRESOLVED: Final = object()
+
+
 class ToolRegistry:
     """Tools, restrictions, guards and modes, per layer. See the module docstring."""
 
@@ -98,6 +102,9 @@ class ToolRegistry:
         self._version = 0
         self._views: dict[Scope | None, _View] = {}
         self._chains: dict[Scope | None, list[_Layer]] = {}
+        # get() answers per (name, scope) until the next change: a nested call resolves its tool
+        # three times (create, scheduling class, body), each a walk of the scope chain otherwise.
+        self._resolved: dict[tuple[str, Scope | None], ToolDefinition | None] = {}
         self._listeners: list[Callable[[], None]] = []
 
     # -- layers ----------------------------------------------------------------------------------------
@@ -106,6 +113,7 @@ class ToolRegistry:
         self._version += 1
         self._views.clear()
         self._chains.clear()
+        self._resolved.clear()
         for listener in list(self._listeners):
             listener()
 
@@ -123,6 +131,7 @@ class ToolRegistry:
             layer = _Layer(owner)
             self._layers[owner] = layer
             self._chains.clear()
+            self._resolved.clear()
             owner.on_dispose(lambda: self._drop_layer(owner))
         return layer
 
@@ -322,8 +331,20 @@ class ToolRegistry:
         """The definition ``scope`` sees under ``name`` (``run_code`` included), uncollapsed.
 
         For presenters, inspection and SDK enumeration; execution goes through
-        :meth:`resolve_execution`. Cost: proportional to the scope depth.
+        :meth:`resolve_execution`. Cost: proportional to the scope depth, then a dict
+        lookup until the registry changes.
         """
+        key = (name, scope)
+        resolved = self._resolved.get(key, _UNRESOLVED)
+        if resolved is not _UNRESOLVED:
+            return resolved  # type: ignore[return-value]
+        resolved = self._get(name, scope)
+        if len(self._resolved) >= _CACHE_LIMIT:  # short-lived run scopes must not pile up between changes
+            self._resolved.clear()
+        self._resolved[key] = resolved
+        return resolved
+
+    def _get(self, name: str, scope: Scope | None) -> ToolDefinition | None:
         if name == TRANSPORT_NAME:
             mode = self.mode_for(scope)
             return None if mode == "native" else self._require_transport(mode)
