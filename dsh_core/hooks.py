@@ -42,6 +42,10 @@ log = logging.getLogger("dsh")
 REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "dsh_register_session_stores")
 
 
+#: The aggregate "allow" (frozen, so one instance serves every call).
+_ALLOW: Final = PreDecision.allow()
+
+
 class HookFailure(DshError):
     """A hook implementation raised; names the plugin and keeps a typed code."""
 
@@ -200,6 +204,15 @@ class Hooks:
             return infos
         return [info for info in infos if info.sees(agent)]
 
+    def sees_any(self, hook: str, agent: Scope | None) -> bool:
+        """True when some implementation of ``hook`` would see a call of ``agent``.
+
+        Lets a caller skip building a hook's argument when nobody would receive it.
+        """
+        for _ in self._visible(hook, agent):
+            return True
+        return False
+
     def call_registration(self, plugin: str, hook: str, register: Callable[..., None]) -> None:
         """Call one plugin's implementation of a registration hook with ``register``."""
         for info in self.impls(hook):
@@ -228,7 +241,7 @@ class Hooks:
                 return decision
             if decision.kind == "ask" and ask is None:
                 ask = decision
-        return ask if ask is not None else PreDecision.allow()
+        return ask if ask is not None else _ALLOW
 
     async def approve(self, request: ApprovalRequest) -> ApprovalOutcome:
         """The first channel's answer; ``unavailable`` when none answers or a channel raises."""

@@ -142,7 +142,7 @@ def _walk(value: object, build: int) -> Any:
         # The common case (tool arguments): one object of strings, ints, bools and nulls.
         if build == 0:
             return None
-        out: dict[str, Any] = FrozenDict() if build == 2 else {}
+        out: dict[str, Any] = _new_frozen_dict() if build == 2 else {}
         dict.update(out, value)
         return out
     reason = _scalar_loss(value)
@@ -189,7 +189,12 @@ def _walk(value: object, build: int) -> Any:
 
 
 def _flat_scalars(value: dict[Any, Any]) -> bool:
-    return all(type(key) is str and type(child) in _SCALARS for key, child in value.items())
+    # A plain loop: all() over a generator costs a frame per item on this hot path.
+    scalars = _IMMUTABLE_SCALARS
+    for key, child in value.items():
+        if type(key) is not str or type(child) not in scalars:
+            return False
+    return True
 
 
 def _path(stack: list[tuple[Any, Any, str | int | None, Any]]) -> list[str | int]:
@@ -206,8 +211,17 @@ def _new_container(source: Any, build: int) -> Any:
     if build == 0:
         return None
     if isinstance(source, dict):
-        return FrozenDict() if build == 2 else {}
-    return FrozenList() if build == 2 else []
+        return _new_frozen_dict() if build == 2 else {}
+    return _new_frozen_list() if build == 2 else []
+
+
+def _new_frozen_dict() -> FrozenDict:
+    # The same empty object FrozenDict() builds, without running its Python-level __init__.
+    return dict.__new__(FrozenDict)
+
+
+def _new_frozen_list() -> FrozenList:
+    return list.__new__(FrozenList)
 
 
 def _store(out: Any, key: str | int, child: Any, build: int) -> None:

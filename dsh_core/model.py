@@ -173,6 +173,8 @@ def render_json(args: JSON, value: JSON) -> tuple[ContentBlock, ...]:
     """The default renderer: a string value raw, anything else as one line of JSON."""
     if isinstance(value, str):
         return (TextBlock(value),)
+    if type(value) is int:
+        return (TextBlock(int.__repr__(value)),)  # exactly the encoder's text for an int
     try:
         return (TextBlock(_COMPACT.encode(value)),)
     except RecursionError:  # lossless values may nest deeper than the C encoder recurses

@@ -41,6 +41,7 @@ __all__ = [
     "DispatchLog",
     "DispatchHistory",
     "find_sink",
+    "unstructure_blocks",
 ]
 
 log = logging.getLogger("dsh")
@@ -126,40 +127,66 @@ class DispatchHistory:
 
     async def started(self, sub_call_id: str, name: str, arguments: JSON) -> None:
         """Append ``tool/code-dispatch-start`` (called on the ordered lane when the call starts)."""
-        await self._append(CODE_DISPATCH_START, {"name": name, "arguments": arguments}, sub_call_id)
+        # _append inlined: this runs on the ordered lane once per nested call.
+        sink = self._sink
+        if sink is None:
+            return
+        try:
+            await sink.append(CODE_DISPATCH_START, {"name": name, "arguments": arguments},
+                              root_call_id=self._root_call_id, parent_call_id=self._parent_call_id,
+                              sub_call_id=sub_call_id)
+        except Exception:
+            log.warning("appending %s for %s failed", CODE_DISPATCH_START, sub_call_id, exc_info=True)
 
     async def settled(self, sub_call_id: str, name: str, arguments: JSON, result: ToolResult) -> None:
         """Run the durable-copy hook, then append ``tool/code-dispatch``."""
         if self._sink is None:
             return
         content: Sequence[ContentBlock] = result.content
-        record = CodeDispatchLog(
-            root_call_id=self._root_call_id,
-            parent_call_id=self._parent_call_id,
-            sub_call_id=sub_call_id,
-            name=name,
-            arguments=arguments,
-            is_error=result.is_error,
-            error_code=result.code,
-            content=tuple(result.content),
-        )
-        try:
-            shaped = await self._hooks.code_dispatch_log(record, self._agent)
-            if shaped is not None:
-                content = _checked_blocks(shaped)
-        except Exception:
-            # hooks.code_dispatch_log contains raising implementations; this also covers a
-            # malformed return (not content blocks): the original content is logged.
-            log.warning("dsh_code_dispatch_log returned unusable content for %s", sub_call_id, exc_info=True)
-            content = result.content
+        # The read-only record is built only when some implementation will see it.
+        if self._hooks.sees_any("dsh_code_dispatch_log", self._agent):
+            record = CodeDispatchLog(
+                root_call_id=self._root_call_id,
+                parent_call_id=self._parent_call_id,
+                sub_call_id=sub_call_id,
+                name=name,
+                arguments=arguments,
+                is_error=result.is_error,
+                error_code=result.code,
+                content=tuple(result.content),
+            )
+            try:
+                shaped = await self._hooks.code_dispatch_log(record, self._agent)
+                if shaped is not None:
+                    content = _checked_blocks(shaped)
+            except Exception:
+                # hooks.code_dispatch_log contains raising implementations; this also covers a
+                # malformed return (not content blocks): the original content is logged.
+                log.warning("dsh_code_dispatch_log returned unusable content for %s", sub_call_id, exc_info=True)
+                content = result.content
+        error = result.error
         payload = {
             "name": name,
             "arguments": arguments,
-            "is_error": result.is_error,
-            "error_code": result.code,
-            "content": converter.unstructure(list(content)),
+            "is_error": error is not None,
+            "error_code": None if error is None else error.code,
+            "content": unstructure_blocks(content),
         }
         await self._append(CODE_DISPATCH, payload, sub_call_id)
+
+
+def unstructure_blocks(blocks: Sequence[ContentBlock]) -> list[dict[str, Any]]:
+    """``converter.unstructure(list(blocks))``, with text blocks built directly (the common case).
+
+    The same dicts, keys in the same order: the settle event of every nested call carries them.
+    """
+    out: list[dict[str, Any]] = []
+    for block in blocks:
+        if type(block) is TextBlock:
+            out.append({"text": block.text, "type": block.type})
+        else:
+            out.append(converter.unstructure(block))
+    return out
 
 
 def _checked_blocks(blocks: Sequence[object]) -> tuple[ContentBlock, ...]:
