@@ -191,7 +191,7 @@ def _walk(value: object, build: int) -> Any:
 def _flat_scalars(value: dict[Any, Any]) -> bool:
     # A plain loop: all() over a generator costs a frame per item on this hot path.
     scalars = _IMMUTABLE_SCALARS
-    for key, child in value.items():
+    for key, child in value.items():  # noqa: SIM110 (about 4x faster than all() for a small object)
         if type(key) is not str or type(child) not in scalars:
             return False
     return True

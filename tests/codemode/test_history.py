@@ -126,3 +126,22 @@ def test_find_sink_looks_up_the_session_service_of_the_scope_chain() -> None:
     other = root.child("other")
     other.provide("session", object())  # not a sink: ignored
     assert find_sink(other) is None
+
+
+def test_settle_content_is_unstructured_exactly_as_the_converter_does() -> None:
+    from dsh_core.codemode.history import unstructure_blocks
+    from dsh_core.model import ImageBlock, converter
+
+    for blocks in ([], [TextBlock("a")], [TextBlock("")], [ImageBlock("ZGF0YQ==", "image/png")],
+                   [TextBlock("x"), ImageBlock("ZA==", "image/gif"), TextBlock("y\nz")]):
+        fast, general = unstructure_blocks(blocks), converter.unstructure(list(blocks))
+        assert fast == general
+        assert [list(entry) for entry in fast] == [list(entry) for entry in general]  # same key order
+
+
+def test_ints_render_as_the_json_encoder_renders_them() -> None:
+    import json
+
+    for value in (0, 1, -1, 2**63, -(2**100), 10**50):
+        assert rendered(value) == json.dumps(value)
+    assert rendered(True) == "true" and rendered(None) == "null" and rendered(1.5) == "1.5"

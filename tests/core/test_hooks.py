@@ -101,3 +101,23 @@ async def test_async_hook_implementations_are_awaited() -> None:
     register(stack.hooks, AsyncPolicy())
     result = await stack.call("echo")
     assert result.error is not None and result.error.message == "async deny"
+
+
+def test_sees_any_follows_scope_filtering_and_registration() -> None:
+    stack = Stack()
+    mine, other = stack.agent("mine"), stack.agent("other")
+
+    class Log:
+        @hookimpl
+        def dsh_code_dispatch_log(self, dispatch: Any) -> Any:
+            return None
+
+    assert not stack.hooks.sees_any("dsh_code_dispatch_log", mine)
+    unregister = stack.hooks.register(Log(), name="log", scope=mine.child("plugin:log"))
+    assert stack.hooks.sees_any("dsh_code_dispatch_log", mine)
+    assert not stack.hooks.sees_any("dsh_code_dispatch_log", other)
+    assert not stack.hooks.sees_any("dsh_code_dispatch_log", None)
+    unregister()
+    stack.hooks.register(Log(), name="global-log")
+    assert stack.hooks.sees_any("dsh_code_dispatch_log", other)
+    assert stack.hooks.sees_any("dsh_code_dispatch_log", None)

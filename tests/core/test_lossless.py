@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import enum
 import json
+import math
 import pickle
 import sys
 from collections import OrderedDict
@@ -125,3 +126,52 @@ def test_dumps_and_the_default_renderer_handle_any_depth() -> None:
     assert text == "[" * 5001 + "]" * 5001
     assert json.loads(dumps({"a": [1, {"b": "é"}]}, indent=2)) == {"a": [1, {"b": "é"}]}
     assert render_json({}, freeze(deep))[0].text == text
+
+
+# -- fast paths: freeze/thaw/snapshot skip the walk for some types; the answer must be the walk's ------------
+
+class _Str(str):
+    pass
+
+
+_FAST_PATH_EDGES: list[Any] = [
+    None, True, False, 0, -7, 2**80, "", "text", 1.5, 0.0, -0.0, float("nan"), float("inf"),
+    {}, [], {"a": 1, "b": "x", "c": None, "d": True}, {"a": 1.5}, {"a": [1]}, [1, "x"], {1: "int key"},
+    _Str("sub"), enum.IntEnum("E", "A").A, OrderedDict(a=1), (1, 2), b"bytes", {"a": _Str("x")},
+]
+
+
+def _outcome(function: Any, value: Any) -> tuple[Any, ...]:
+    try:
+        result = function(value)
+    except NotLosslessError as error:
+        return ("error", str(error), error.path, error.reason)
+    comparable = "nan" if isinstance(result, float) and math.isnan(result) else result
+    return ("ok", type(result), comparable, result is value)
+
+
+@pytest.mark.parametrize("value", [*_FAST_PATH_EDGES, freeze({"a": [1, {"b": 2}]}), freeze([1, [2]])])
+def test_the_fast_paths_answer_exactly_what_the_walk_answers(value: Any) -> None:
+    from dsh_core.lossless import _walk
+
+    assert _outcome(freeze, value) == _outcome(lambda v: _walk(v, 2), value)
+    assert _outcome(thaw, value) == _outcome(lambda v: _walk(v, 1), value)
+    assert _outcome(snapshot, value) == _outcome(lambda v: _walk(v, 1), value)
+
+
+@given(json_values)
+def test_the_fast_paths_match_the_walk_on_any_json(value: Any) -> None:
+    from dsh_core.lossless import _walk
+
+    for source in (value, _walk(value, 2)):
+        assert _outcome(freeze, source) == _outcome(lambda v: _walk(v, 2), source)
+        assert _outcome(thaw, source) == _outcome(lambda v: _walk(v, 1), source)
+
+
+def test_frozen_containers_built_without_init_are_the_same_empty_frozen_objects() -> None:
+    from dsh_core.lossless import _new_frozen_dict, _new_frozen_list
+
+    for made, reference in ((_new_frozen_dict(), FrozenDict()), (_new_frozen_list(), FrozenList())):
+        assert type(made) is type(reference) and made == reference and not made
+        with pytest.raises(TypeError, match="immutable"):
+            made.clear()

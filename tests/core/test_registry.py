@@ -125,3 +125,28 @@ def test_a_code_mode_without_transport_fails_loudly() -> None:
         registry.wire_schemas()
     with pytest.raises(ValueError, match="must be one of native, code, both"):
         ToolRegistry(default_mode="turbo")  # type: ignore[arg-type]
+
+
+async def test_memoized_resolution_follows_every_change() -> None:
+    stack = Stack()
+    agent = stack.agent()
+    registry = stack.registry
+    assert registry.get("echo", agent) is None  # a cached miss must not outlive a registration
+    unregister = registry.register(tool("echo"))
+    echo = registry.get("echo", agent)
+    assert echo is not None and registry.get("echo", agent) is echo
+    lift = registry.restrict(agent, deny=["echo"])
+    assert registry.get("echo", agent) is None and registry.get("echo") is echo
+    lift()
+    assert registry.get("echo", agent) is echo
+    plugin_scope = agent.child("plugin:own")
+    own = tool("echo")
+    registry.register(own, scope=plugin_scope)
+    assert registry.get("echo", agent) is own
+    await plugin_scope.dispose()
+    assert registry.get("echo", agent) is echo
+    unregister()
+    assert registry.get("echo", agent) is None
+    assert registry.get("run_code", agent) is None  # native: no transport
+    registry.present_as("code", agent)
+    assert registry.get("run_code", agent) is registry.transport
