@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import asyncio
 import binascii
+import collections
 import contextlib
 import contextvars
 import itertools
@@ -66,6 +67,7 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
+_WARM_WORKERS = 2
 # Call ids remembered outside the consecutive run 1..n that a real worker sends:
 # only forged (or, briefly, out-of-order) ids land there; past it the run settles.
 _MAX_STRAY_IDS = 10_000
@@ -994,7 +996,7 @@ class PythonCodeRuntime:
         self._cgroups: iso.CgroupPool | None = None
         self._probe_only = False
         self._failure: str | None = None
-        self._warm: _Run | None = None
+        self._warm: collections.deque[_Run] = collections.deque()
         self._warm_tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -1130,9 +1132,8 @@ class PythonCodeRuntime:
             return _assemble(ledger, ("error", ("worker-exit", str(error))))
         if self._disposed:  # disposed while this run was starting: it is aborted, not misuse
             return _assemble(ledger, ("error", ("abort", "runtime disposed")))
-        run = self._warm
-        self._warm = None
-        if run is None or run.outcome is not None:
+        run = self._take_warm()
+        if run is None:
             run = _Run(self)
             run._spawn(zygote)
         run.assign(program, code, namespaces, signal)
@@ -1144,26 +1145,40 @@ class PythonCodeRuntime:
             # The next worker is prepared after this result is delivered, not before.
             asyncio.get_running_loop().call_soon(self._refill, zygote)
 
+    def _take_warm(self) -> _Run | None:
+        """A pre-spawned worker for the next run: one that reported ready if any."""
+        warm = self._warm
+        for run in [run for run in warm if run.outcome is not None]:
+            warm.remove(run)  # died unused (its hold_warm task tears it down)
+        for run in warm:
+            if run.ready:
+                warm.remove(run)
+                return run
+        return warm.popleft() if warm else None
+
     def _refill(self, zygote: _Zygote) -> None:
-        # Keep one pre-spawned worker: spawned, locked down, verified and (at
-        # L3) in its cgroup, waiting for a program. It still serves one run only.
-        if self._disposed or self._probe_only or self._warm is not None:
+        # Keep _WARM_WORKERS pre-spawned workers: spawned, locked down, verified
+        # and (at L3) in their cgroup, waiting for a program. Each serves one run
+        # only; two let back-to-back runs find one ready while the next prepares.
+        if self._disposed or self._probe_only:
             return
         if zygote is not self._zygote or not zygote.alive:
             return
-        warm = _Run(self)
-        warm._spawn(zygote)
-        self._warm = warm
-        task = asyncio.get_running_loop().create_task(warm.hold_warm(zygote))
-        self._warm_tasks.add(task)
-        task.add_done_callback(self._warm_tasks.discard)
+        loop = asyncio.get_running_loop()
+        while len(self._warm) < _WARM_WORKERS:
+            warm = _Run(self)
+            warm._spawn(zygote)
+            self._warm.append(warm)
+            task = loop.create_task(warm.hold_warm(zygote))
+            self._warm_tasks.add(task)
+            task.add_done_callback(self._warm_tasks.discard)
 
     async def aclose(self) -> None:
         """Abort every live run ("runtime disposed"), await their workers, stop the zygote."""
         self._disposed = True
-        warm, self._warm = self._warm, None
-        if warm is not None:
-            warm.settle("error", ("abort", "runtime disposed"))
+        warm, self._warm = list(self._warm), collections.deque()
+        for run in warm:
+            run.settle("error", ("abort", "runtime disposed"))
         live = list(self._live)
         for run in live:
             run.settle("error", ("abort", "runtime disposed"))
