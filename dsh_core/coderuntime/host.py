@@ -398,7 +398,6 @@ class _Run:
         self.seen_ids: set[int] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.wbuf = bytearray()
-        self.batch: bytearray | None = None  # replies collected while one read is handled
         self.writing = False
         self.pipe_pending = bytearray()
         self.descriptor = ""
@@ -529,25 +528,17 @@ class _Run:
         except wire.WireError as error:
             self.settle("limit", f"protocol {error} (max_frame_bytes)")
             return
-        # Replies made while this read's frames are handled leave in one send.
-        was_batching = self.batch is not None  # a deferred flush is already scheduled
-        if not was_batching:
-            self.batch = bytearray()
-        try:
-            for payload in payloads:
-                if self.outcome is not None:
-                    return
-                try:
-                    message = wire.unpack_payload(payload)
-                except wire.WireError:
-                    continue  # junk is dropped silently
-                try:
-                    self._on_message(message)
-                except Exception:  # the listener never raises, whatever the peer sends
-                    continue
-        finally:
-            if self.batch is not None and not was_batching:
-                self._flush_batch()
+        for payload in payloads:
+            if self.outcome is not None:
+                return
+            try:
+                message = wire.unpack_payload(payload)
+            except wire.WireError:
+                continue  # junk is dropped silently
+            try:
+                self._on_message(message)
+            except Exception:  # the listener never raises, whatever the peer sends
+                continue
 
     @staticmethod
     def _recv_more(sock: socket.socket, first: bytes) -> bytes:
@@ -754,23 +745,6 @@ class _Run:
     # ---------------------------------------------------------------- outbound
 
     def _write(self, data: bytes) -> None:
-        if self.batch is not None:
-            self.batch += data
-            return
-        if len(self.tasks) > 1:
-            # A reply while other calls are still running on the host: those
-            # finishing in this same event-loop turn leave in the same send.
-            self.batch = bytearray(data)
-            self.loop.call_soon(self._flush_batch)
-            return
-        self._send(data)
-
-    def _flush_batch(self) -> None:
-        batch, self.batch = self.batch, None
-        if batch:
-            self._send(bytes(batch))
-
-    def _send(self, data: bytes) -> None:
         sock = self.sock
         if sock is None or self.sock_eof:
             return

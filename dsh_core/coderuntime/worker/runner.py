@@ -24,52 +24,26 @@ __all__ = ["serve"]
 
 
 class _Channel:
-    """Blocking, thread-safe frame writer on the protocol descriptor.
-
-    Frames go out in the order they are handed over: :meth:`raw` writes at
-    once (after anything deferred), :meth:`defer` queues a frame until the
-    end of the current event-loop turn, so that calls started together (a
-    gather) leave in one write instead of one system call each.
-    """
+    """Blocking, thread-safe frame writer on the protocol descriptor."""
 
     def __init__(self, fd: int, max_frame: int) -> None:
         self.fd = fd
         self.max_frame = max_frame
         self.lock = threading.Lock()
-        self.deferred = bytearray()
 
     def send(self, message: dict[str, object]) -> None:
         self.raw(wire.pack(message))
 
     def raw(self, data: bytes) -> None:
         with self.lock:
-            if self.deferred:
-                data = bytes(self.deferred) + data
-                self.deferred.clear()
-            self._write(data)
-
-    def defer(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        with self.lock:
-            if not self.deferred:
-                loop.call_soon(self.flush)
-            self.deferred += data
-
-    def flush(self) -> None:
-        with self.lock:
-            if self.deferred:
-                data = bytes(self.deferred)
-                self.deferred.clear()
-                self._write(data)
-
-    def _write(self, data: bytes) -> None:
-        try:
-            sent = os.write(self.fd, data)  # one write for what fits the socket buffer
-            if sent < len(data):
-                view = memoryview(data)[sent:]
-                while view:
-                    view = view[os.write(self.fd, view) :]
-        except OSError:
-            os._exit(0)  # the host is gone or closed the channel
+            try:
+                sent = os.write(self.fd, data)  # one write for a frame that fits the socket buffer
+                if sent < len(data):
+                    view = memoryview(data)[sent:]
+                    while view:
+                        view = view[os.write(self.fd, view) :]
+            except OSError:
+                os._exit(0)  # the host is gone or closed the channel
 
     def read_frame(self) -> object:
         buffer = wire.FrameBuffer(self.max_frame)
@@ -278,14 +252,16 @@ class _Bridge:
             future: asyncio.Future[object] = bridge.loop.create_future()
             bridge.pending[call_id] = (future, name, error)
             try:
+                # Written at once, even when other calls are pending: the host starts on
+                # it while this worker goes on (deferring frames to the end of the loop
+                # turn, to batch them, measured 2x slower with ten calls in flight).
+                bridge.channel.raw(frame)
                 if alone:
                     # Nothing else in the program could run meanwhile: wait for the
                     # reply right here rather than through two event-loop turns.
-                    bridge.channel.raw(frame)
                     while not future.done():
                         bridge.on_readable()
                     return future.result()
-                bridge.channel.defer(frame, bridge.loop)
                 return await future
             finally:
                 bridge.pending.pop(call_id, None)
