@@ -25,7 +25,8 @@ Figures (medians, wall clock, this machine):
 3. ``asyncio.gather`` over 1,000 concurrency-safe calls with the default cap
    (10), in calls per second;
 4. where the time goes: the trivial program on the worker runtime alone
-   (no transport, no pipeline), interleaved with the ``run_code`` figure; and
+   (no transport, no pipeline), in blocks alternating with the ``run_code``
+   ones, back to back and after 20 ms idle; and
    the transport, scheduler and pipeline in process, on a host-like fake code
    runtime (no worker: each binding call is a task, as in the worker host), so
    the per-call cost of the Python side is measured without the worker's
@@ -179,27 +180,34 @@ async def measure_dsh() -> dict[str, Any]:
             return args["x"] + 1
 
         bare = [BindingNamespace("tools", {"add_one": add_one})]
-        trivial: dict[str, list[float]] = {"run_code": [], "runtime": []}
-        for _ in range(50):
-            trivial["run_code"].append((await _run(harness, TRIVIAL))[0])
+        # Each variant runs in blocks of its own (alternating blocks, so noise hits all alike):
+        # interleaving single run_code and runtime.run calls would have each one take the
+        # pre-spawned worker the other one just used up, which no real caller does.
+        trivial: dict[str, list[float]] = {k: [] for k in ("run_code", "runtime", "run_code_gap", "runtime_gap")}
+
+        async def one_runtime_run() -> float:
             started = time.perf_counter()
             assert (await runtime.run(TRIVIAL, bare)).value == 1
-            trivial["runtime"].append(time.perf_counter() - started)
+            return time.perf_counter() - started
+
+        for _ in range(2):
+            for _ in range(25):
+                trivial["run_code"].append((await _run(harness, TRIVIAL))[0])
+            for _ in range(25):
+                trivial["runtime"].append(await one_runtime_run())
+            # After 20 ms idle (a model turn is far longer): the pre-spawned workers are
+            # ready, as between two real run_code calls. Back to back, a run also pays for
+            # preparing the next workers on the same 2 CPUs.
+            for _ in range(25):
+                await asyncio.sleep(0.02)
+                trivial["run_code_gap"].append((await _run(harness, TRIVIAL))[0])
+            for _ in range(25):
+                await asyncio.sleep(0.02)
+                trivial["runtime_gap"].append(await one_runtime_run())
         figures["trivial_run_code_ms"] = statistics.median(trivial["run_code"]) * 1e3
         figures["trivial_worker_runtime_alone_ms"] = statistics.median(trivial["runtime"]) * 1e3
-        # The same two, each after 20 ms idle (a model turn is far longer): the pre-spawned
-        # workers are ready, as between two real run_code calls. The pairs above run back to
-        # back, so they also pay for preparing the next workers on the same 2 CPUs.
-        gapped: dict[str, list[float]] = {"run_code": [], "runtime": []}
-        for _ in range(50):
-            await asyncio.sleep(0.02)
-            gapped["run_code"].append((await _run(harness, TRIVIAL))[0])
-            await asyncio.sleep(0.02)
-            started = time.perf_counter()
-            assert (await runtime.run(TRIVIAL, bare)).value == 1
-            gapped["runtime"].append(time.perf_counter() - started)
-        figures["trivial_run_code_idle_gap_ms"] = statistics.median(gapped["run_code"]) * 1e3
-        figures["trivial_worker_runtime_alone_idle_gap_ms"] = statistics.median(gapped["runtime"]) * 1e3
+        figures["trivial_run_code_idle_gap_ms"] = statistics.median(trivial["run_code_gap"]) * 1e3
+        figures["trivial_worker_runtime_alone_idle_gap_ms"] = statistics.median(trivial["runtime_gap"]) * 1e3
 
         async def bare_run(code: str) -> float:
             started = time.perf_counter()
