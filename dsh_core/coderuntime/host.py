@@ -16,7 +16,6 @@ import asyncio
 import binascii
 import collections
 import contextlib
-import contextvars
 import itertools
 import json
 import marshal
@@ -29,7 +28,7 @@ import sys
 import tempfile
 import threading
 import types
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from dsh_core.abort import AbortController, AbortSignal
@@ -278,45 +277,6 @@ class _Zygote:
         finally:
             os.close(pidfd)
         proc.wait()
-
-
-# --------------------------------------------------------------------------- eager binding calls
-
-
-class _Started:
-    """Awaitable that drives a coroutine on from its first suspension.
-
-    The coroutine was stepped once by hand and is waiting on ``waiting``
-    (what it yielded). Awaiting this hands that to the driving Task and then
-    relays every later step (send or throw, e.g. cancellation) to the
-    coroutine, exactly as if the Task had been driving it from the start.
-    """
-
-    __slots__ = ("coroutine", "waiting")
-
-    def __init__(self, coroutine: Coroutine[Any, Any, None], waiting: Any) -> None:
-        self.coroutine = coroutine
-        self.waiting = waiting
-
-    def __await__(self) -> Generator[Any, None, None]:
-        coroutine, waiting = self.coroutine, self.waiting
-        while True:
-            try:
-                yield waiting
-            except BaseException as error:  # thrown in by the Task: the coroutine's to handle
-                try:
-                    waiting = coroutine.throw(error)
-                except StopIteration:
-                    return
-                continue
-            try:
-                waiting = coroutine.send(None)
-            except StopIteration:
-                return
-
-
-async def _carry_on(started: _Started) -> None:
-    await started
 
 
 # --------------------------------------------------------------------------- wall clock
@@ -633,17 +593,9 @@ class _Run:
         if len(self.tasks) >= _MAX_IN_FLIGHT:
             self._reply(call_id, False, f"too many binding calls in flight (at most {_MAX_IN_FLIGHT})")
             return
-        # Step the call eagerly: a binding that answers without waiting (the
-        # common trivial case) is replied to from this callback, without a Task
-        # and a second event-loop turn. One that waits goes on in a Task, in
-        # the same context, from where it stopped.
-        invocation = self._invoke(call_id, function, value)
-        context = contextvars.copy_context()
-        try:
-            waiting = context.run(invocation.send, None)
-        except StopIteration:
-            return
-        task = self.loop.create_task(_carry_on(_Started(invocation, waiting)), context=context)
+        # A Task per call, never an eager first step in this callback: a binding may rely
+        # on running inside a task (asyncio.timeout, anyio cancel scopes, current_task()).
+        task = self.loop.create_task(self._invoke(call_id, function, value))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
