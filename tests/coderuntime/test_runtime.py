@@ -513,3 +513,24 @@ def test_bindings_run_inside_a_task() -> None:
 
     result = arun(with_runtime(go, isolation="auto"))
     assert result.value == [1, 2], result.error
+
+
+def test_a_programs_own_timeout_interrupts_a_binding_call() -> None:
+    # The lone-call wait in place must not swallow the program's own timers.
+    async def slow(args: Any) -> Any:
+        await asyncio.sleep(2)
+        return "late"
+
+    program = (
+        "import asyncio\n"
+        "try:\n    async with asyncio.timeout(0.2):\n        await tools.slow({})\n"
+        "except TimeoutError:\n    first = 'timed out'\n"
+        "try:\n    await asyncio.wait_for(tools.slow({}), 0.2)\nexcept TimeoutError:\n    second = 'timed out'\n"
+        "return [first, second]"
+    )
+
+    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
+        return await rt.run(program, tools(slow=slow))
+
+    result = arun(with_runtime(go, isolation="auto"))
+    assert result.value == ["timed out", "timed out"], result
