@@ -16,6 +16,7 @@ import asyncio
 import binascii
 import collections
 import contextlib
+import functools
 import itertools
 import json
 import marshal
@@ -92,6 +93,13 @@ def _load_stdlib_preload() -> tuple[str, ...]:
 
 
 STDLIB_PRELOAD = _load_stdlib_preload()
+
+
+@functools.cache
+def _sweep_stale_cgroups_once() -> None:
+    # Once per process, before it creates its own per-run cgroups (a rare double
+    # sweep from two threads is harmless).
+    iso.CgroupPool.sweep_stale()
 
 
 class RuntimeDisposedError(RuntimeError):
@@ -1037,6 +1045,7 @@ class PythonCodeRuntime:
         await zygote.start(self.config)
         self._level = level
         if level >= 3 and self._cgroups is None and iso.CgroupPool.available():
+            _sweep_stale_cgroups_once()
             self._cgroups = iso.CgroupPool(f"dsh-{os.getpid()}-{id(self):x}", self.config.memory_mb)
         # Probe: one worker that locks down, reports ready and is verified.
         probe = _Run(self)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 
@@ -246,6 +247,10 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
 
 
+#: The name of a pool's cgroup: ``dsh-<host pid>-<runtime id>-<n>``.
+_POOL_GROUP = re.compile(r"dsh-(\d+)-[0-9a-f]+-\d+")
+
+
 class CgroupPool:
     """Per-run cgroups of one runtime, created on demand and reused."""
 
@@ -262,6 +267,32 @@ class CgroupPool:
         return os.access(os.path.join(_CGROUP_ROOT, "memory"), os.W_OK) and os.access(
             os.path.join(_CGROUP_ROOT, "pids"), os.W_OK
         )
+
+    @staticmethod
+    def sweep_stale() -> list[str]:
+        """Remove empty per-run cgroups left by dsh processes that no longer exist.
+
+        A host that dies without ``aclose`` takes its zygote and workers with it,
+        but not its cgroup directories. Only directories named like a pool's
+        (``dsh-<pid>-<id>-<n>``) whose ``<pid>`` is gone are touched, and only
+        if empty (``rmdir`` refuses otherwise). Returns the paths removed.
+        """
+        removed: list[str] = []
+        for hierarchy in ("memory", "pids"):
+            root = os.path.join(_CGROUP_ROOT, hierarchy)
+            try:
+                names = os.listdir(root)
+            except OSError:
+                continue
+            for name in names:
+                match = _POOL_GROUP.fullmatch(name)
+                if match is None or os.path.exists(f"/proc/{match.group(1)}"):
+                    continue
+                path = os.path.join(root, name)
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+                    removed.append(path)
+        return removed
 
     def acquire(self) -> Cgroup:
         """A free cgroup (new if none)."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
+from dsh_core.coderuntime.isolation import CgroupPool
 
 from .conftest import HAS_BWRAP, LEVELS, arun, with_runtime
 
@@ -170,3 +174,25 @@ def test_worker_leads_its_process_group_but_not_a_session(level: str) -> None:
     assert result.error is None, result.error
     pid, pgid, sid = result.value
     assert pgid == pid and sid != pid
+
+
+@pytest.mark.skipif(not CgroupPool.available(), reason="writable v1 memory and pids cgroups are needed")
+def test_stale_cgroups_of_dead_hosts_are_swept() -> None:
+    # A host that died without aclose leaves its empty per-run cgroups behind.
+    dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
+    dead.wait()
+    roots = [os.path.join("/sys/fs/cgroup", h) for h in ("memory", "pids")]
+    stale = [os.path.join(root, f"dsh-{dead.pid}-abc123-0") for root in roots]
+    live = [os.path.join(root, f"dsh-{os.getpid()}-abc123-7") for root in roots]  # ours: kept
+    other = [os.path.join(root, f"not-dsh-{dead.pid}") for root in roots]  # not a pool's: kept
+    for path in stale + live + other:
+        os.mkdir(path)
+    try:
+        removed = CgroupPool.sweep_stale()
+        assert sorted(removed) == sorted(stale)
+        assert not any(os.path.exists(p) for p in stale)
+        assert all(os.path.exists(p) for p in live + other)
+    finally:
+        for path in stale + live + other:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
