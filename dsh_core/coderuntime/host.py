@@ -67,6 +67,7 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
+_SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
 _WARM_WORKERS = 2
 # Call ids remembered outside the consecutive run 1..n that a real worker sends:
 # only forged (or, briefly, out-of-order) ids land there; past it the run settles.
@@ -420,24 +421,38 @@ class _Run:
     # ---------------------------------------------------------------- lifecycle
 
     def assign(
-        self, source: str, code: types.CodeType, namespaces: _Namespaces, signal: AbortSignal | None
+        self,
+        source: str,
+        namespaces: _Namespaces,
+        signal: AbortSignal | None,
+        compiled: tuple[types.CodeType, list[str]] | None = None,
     ) -> None:
-        """Give this (fresh or pre-spawned) worker its one program; the budgets start now."""
+        """Give this (fresh or pre-spawned) worker its one program; the budgets start now.
+
+        ``compiled`` is the host's compile of ``source`` and its warning texts.
+        """
         self.assigned = True
         self.namespaces = {name: functions for name, functions, _ in namespaces}
-        self.start_frame = wire.pack(
-            {
-                "t": "start",
-                "p": source,
-                # The same interpreter binary runs the worker, so the host's code
-                # object loads there as is (the worker trusts the host).
-                "c": binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii"),
-                "ns": [
-                    [name, sorted(functions), spec.name if spec else None, spec.member if spec else None]
-                    for name, functions, spec in namespaces
-                ],
-            }
-        )
+        start: dict[str, object] = {
+            "t": "start",
+            "p": source,
+            "ns": [
+                [name, sorted(functions), spec.name if spec else None, spec.member if spec else None]
+                for name, functions, spec in namespaces
+            ],
+        }
+        self.start_frame = wire.pack(start)
+        if compiled is not None and len(source) <= _SHIP_CODE_MAX:
+            # The same interpreter binary runs the worker, so the host's code
+            # object loads there as is (the worker trusts the host), with the
+            # warnings that compile printed. Only where it costs little: it
+            # triples the start frame, which must stay within the frame cap.
+            code, warned = compiled
+            start["c"] = binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii")
+            start["w"] = warned
+            with_code = wire.pack(start)
+            if len(with_code) - 4 <= self.config.max_frame_bytes:
+                self.start_frame = with_code
         self.signal = signal
         self.clock = _WallClock(self.loop, self.config.timeout_s, self._on_wall)
         if signal is not None:
@@ -1077,8 +1092,9 @@ class PythonCodeRuntime:
         ledger = wire.Ledger(self.config.max_output_bytes)
         if signal is not None and signal.aborted:
             return _assemble(ledger, ("abort", str(signal.reason)))
+        warned: list[str] = []
         try:
-            code = programs.build(program)
+            code = programs.build(program, warned)
         except SyntaxError as error:
             return _assemble(ledger, ("error", ("exception", programs.format_syntax_error(error, program))))
         except (ValueError, RecursionError, MemoryError) as error:  # e.g. NUL bytes, absurd nesting
@@ -1093,7 +1109,7 @@ class PythonCodeRuntime:
         if run is None:
             run = _Run(self)
             run._spawn(zygote)
-        run.assign(program, code, namespaces, signal)
+        run.assign(program, namespaces, signal, (code, warned))
         self._live.add(run)
         try:
             return await run.finish_run(zygote)

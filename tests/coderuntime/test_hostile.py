@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime.host import _Run
 from dsh_core.coderuntime.seam import validate_bindings
-from dsh_core.coderuntime.worker import program as programs
 
 from .conftest import FORGE, arun, echo, tools, with_runtime
 
@@ -131,7 +130,7 @@ def _fake_run() -> tuple[_Run, list[bytes], list[Any]]:
 
     runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L0", max_output_bytes=1000))
     run = _Run(runtime)
-    run.assign("", programs.build(""), validate_bindings(tools(f=f, __class__=f)), None)
+    run.assign("", validate_bindings(tools(f=f, __class__=f)), None)
     assert run.clock is not None
     run.clock.stop()  # no worker behind this run: only its message handling is exercised
     run.ready = True

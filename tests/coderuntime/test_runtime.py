@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -534,3 +537,101 @@ def test_a_programs_own_timeout_interrupts_a_binding_call() -> None:
 
     result = arun(with_runtime(go, isolation="auto"))
     assert result.value == ["timed out", "timed out"], result
+
+
+def test_a_lone_call_does_not_stall_threads_or_signal_handlers() -> None:
+    # The reply this program waits for depends on work that a thread (or an asyncio
+    # signal handler) hands back to the program's loop: waiting in place would hang.
+    through_thread = (
+        "import asyncio, time, threading\nloop = asyncio.get_running_loop()\n"
+        "async def bg():\n    done = loop.create_future()\n"
+        "    def work():\n        time.sleep(0.05)\n        loop.call_soon_threadsafe(done.set_result, None)\n"
+        "    threading.Thread(target=work).start()\n    await done\n    await tools.release({})\n"
+        "task = asyncio.create_task(bg())\nawait asyncio.sleep(0)\nreturn await tools.wait_released({})"
+    )
+    through_signal = (
+        "import asyncio, signal\nloop = asyncio.get_running_loop()\n"
+        "def on_alarm():\n    asyncio.ensure_future(tools.release({}))\n"
+        "loop.add_signal_handler(signal.SIGALRM, on_alarm)\nsignal.setitimer(signal.ITIMER_REAL, 0.05)\n"
+        "return await tools.wait_released({})"
+    )
+
+    def runs(*programs: str) -> Callable[[PythonCodeRuntime], Awaitable[list[CodeRunResult]]]:
+        async def go(rt: PythonCodeRuntime) -> list[CodeRunResult]:
+            released = asyncio.Event()  # of this event loop
+
+            async def wait_released(args: Any) -> Any:
+                await released.wait()
+                released.clear()
+                return "released"
+
+            async def release(args: Any) -> Any:
+                released.set()
+                return None
+
+            binds = tools(wait_released=wait_released, release=release)
+            return [await rt.run(program, binds) for program in programs]
+
+        return go
+
+    results = arun(with_runtime(runs(through_thread), isolation="auto", timeout_s=5.0))
+    # Seccomp (L2 and up) refuses what add_signal_handler needs; L0 allows it.
+    results += arun(with_runtime(runs(through_thread, through_signal), isolation="L0", timeout_s=5.0))
+    for result in results:
+        assert result.value == "released", result
+
+
+def test_a_signal_handler_raising_during_a_call_reaches_the_program() -> None:
+    # Even an OSError subclass raised by a plain signal handler while a call waits
+    # surfaces from the call; it does not look like a closed channel.
+    async def slow(args: Any) -> Any:
+        await asyncio.sleep(1)
+        return "late"
+
+    program = (
+        "import signal\ndef on_alarm(*_):\n    raise TimeoutError('alarm')\n"
+        "signal.signal(signal.SIGALRM, on_alarm)\nsignal.setitimer(signal.ITIMER_REAL, 0.05)\n"
+        "try:\n    return await tools.slow({})\nexcept TimeoutError as error:\n    return 'caught ' + str(error)"
+    )
+
+    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
+        return await rt.run(program, tools(slow=slow))
+
+    result = arun(with_runtime(go, isolation="auto"))
+    assert result.value == "caught alarm", result
+
+
+def test_asserts_and_compile_warnings_do_not_depend_on_the_host(capfd: pytest.CaptureFixture[str]) -> None:
+    # The host compiles each program to check it; that compile keeps asserts even
+    # under `python -O`, and its warnings go to the program's output, not the host's.
+    script = (
+        "import asyncio\nfrom dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime\n"
+        "async def main():\n"
+        "    async with PythonCodeRuntime(CodeRuntimeConfig(isolation='L0')) as rt:\n"
+        "        r = await rt.run(\"try:\\n    assert False\\nexcept AssertionError:\\n    return [1, __debug__]\\n"
+        "return [0, __debug__]\", [])\n"
+        "        print(r.value)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "[1, True]", done.stderr
+
+    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
+        return await rt.run("x = 1\nif x is 1:\n    return 'one'", [])
+
+    result = arun(with_runtime(go, isolation="auto"))
+    assert result.value == "one", result
+    assert result.logs[0].startswith('<program>:2: SyntaxWarning: "is" with a literal'), result.logs
+    assert "SyntaxWarning" not in capfd.readouterr().err
+
+
+def test_the_start_frame_fits_a_small_frame_cap() -> None:
+    # The host's compiled code rides the start frame only when the frame still fits.
+    program = "".join(f"v{i} = {i}\n" for i in range(200)) + "return v199"
+    assert 1500 < len(program) < 3000
+
+    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
+        return await rt.run(program, [])
+
+    result = arun(with_runtime(go, isolation="auto", max_frame_bytes=4096))
+    assert result.value == 199, result

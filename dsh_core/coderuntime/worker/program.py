@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import traceback
 import types
+import warnings
 
 __all__ = ["FILENAME", "MAIN", "build", "format_syntax_error"]
 
@@ -35,8 +36,30 @@ def _top_level(nodes: list[ast.stmt]) -> list[ast.AST]:
     return found
 
 
-def build(source: str) -> types.CodeType:
-    """Return the code object of the module defining ``__dsh_main__``; raise SyntaxError."""
+def build(source: str, warned: list[str] | None = None) -> types.CodeType:
+    """Return the code object of the module defining ``__dsh_main__``; raise SyntaxError.
+
+    Asserts are always kept (``optimize=0``), whatever the compiling
+    interpreter's ``-O``: the worker's own ``-I`` ignores ``PYTHONOPTIMIZE``.
+    With ``warned``, compile-time warnings (e.g. ``SyntaxWarning``) are not
+    shown but appended to it, formatted as Python prints them, for the worker
+    to show in the program's output; without it they are shown as usual.
+    """
+    if warned is None:
+        return _build(source)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = _build(source)
+    for warning in caught:
+        warned.append(
+            warnings.formatwarning(
+                warning.message, warning.category, warning.filename, warning.lineno, _line(source, warning.lineno)
+            )
+        )
+    return code
+
+
+def _build(source: str) -> types.CodeType:
     tree = compile(source, FILENAME, "exec", ast.PyCF_ONLY_AST)
     assert isinstance(tree, ast.Module)
     body = tree.body or [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
@@ -63,7 +86,7 @@ def build(source: str) -> types.CodeType:
     )
     module = ast.Module(body=[function], type_ignores=[])
     ast.fix_missing_locations(module)
-    return compile(module, FILENAME, "exec")
+    return compile(module, FILENAME, "exec", optimize=0)
 
 
 def _line(source: str, lineno: int | None) -> str | None:

@@ -13,6 +13,7 @@ import builtins
 import linecache
 import marshal
 import os
+import select
 import sys
 import threading
 import traceback
@@ -186,6 +187,12 @@ class _Bridge:
         self.next_id = 0
         self.pending: dict[int, tuple[asyncio.Future[object], str, tuple[type[Exception], str] | None]] = {}
         self.frames = wire.FrameBuffer(1 << 62)  # replies come from the trusted host
+        # The loop's self-pipe: threads (call_soon_threadsafe) and asyncio signal
+        # handlers wake the loop through it, so a wait in place watches it too.
+        self_pipe = getattr(loop, "_ssock", None)
+        self.wakeup = self_pipe.fileno() if self_pipe is not None else -1
+        selector = getattr(loop, "_selector", None)
+        self.selector_map = selector.get_map() if selector is not None else None
 
     def make_namespace(self, global_name: str, names: list[str], error: tuple[type[Exception], str] | None) -> object:
         table = {name: self._make_function(global_name, name, error) for name in names}
@@ -256,11 +263,9 @@ class _Bridge:
                 # it while this worker goes on (deferring frames to the end of the loop
                 # turn, to batch them, measured 2x slower with ten calls in flight).
                 bridge.channel.raw(frame)
-                if alone:
-                    # Nothing else in the program could run meanwhile: wait for the
-                    # reply right here rather than through two event-loop turns.
-                    while not future.done():
-                        bridge.on_readable()
+                # Nothing else in the program could run meanwhile: wait for the
+                # reply right here rather than through two event-loop turns.
+                if alone and bridge.wait_in_place(future):
                     return future.result()
                 return await future
             finally:
@@ -274,17 +279,39 @@ class _Bridge:
         """True when a call made now would be the only thing the program waits for.
 
         That is: no other binding call outstanding, no callback ready and no
-        timer pending on the program's loop, and the caller is that loop's
-        thread. A blocking wait for the reply then delays nothing.
+        timer pending on the program's loop, no descriptor watched by it but its
+        self-pipe and the channel, and the caller is that loop's thread. A wait
+        for the reply in place (:meth:`wait_in_place`) then delays nothing.
         """
         loop = self.loop
+        watched = self.selector_map
         return (
             not self.pending
             and not getattr(loop, "_ready", True)
             and not getattr(loop, "_scheduled", True)
+            and self.wakeup >= 0
+            and watched is not None
+            and len(watched) <= 2
             and threading.current_thread() is threading.main_thread()
             and asyncio.get_running_loop() is loop
         )
+
+    def wait_in_place(self, future: asyncio.Future[object]) -> bool:
+        """Read replies until ``future`` is done; False if the loop was woken first.
+
+        A wake-up of the loop (a thread's callback, an asyncio signal handler)
+        means something else may now run: the caller then awaits the future
+        through the loop instead. An exception raised by a plain signal handler
+        during the wait surfaces from the call, as from any blocking call.
+        """
+        fd, wakeup = self.channel.fd, self.wakeup
+        while not future.done():
+            ready, _, _ = select.select([fd, wakeup], [], [])
+            if fd in ready:
+                self.on_readable()  # readable: does not block
+            if wakeup in ready:
+                break
+        return future.done()
 
     def on_readable(self) -> None:
         try:
@@ -445,9 +472,14 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
         env[global_name] = bridge.make_namespace(global_name, names, error)
     outcome: dict[str, object]
     try:
-        # The host compiled the program already (to report syntax errors
-        # without a worker); loading its code object skips a second compile.
-        code = marshal.loads(binascii.a2b_base64(start["c"]))
+        if "c" in start:
+            # The host compiled the program already (to report syntax errors
+            # without a worker); loading its code object skips a second compile.
+            for text in start["w"]:
+                sys.stderr.write(text)  # what compiling here would have printed
+            code = marshal.loads(binascii.a2b_base64(start["c"]))
+        else:
+            code = program.build(source)
         exec(code, env)  # defines __dsh_main__ only
         main = env[program.MAIN]
         result = loop.run_until_complete(main())  # type: ignore[operator]
