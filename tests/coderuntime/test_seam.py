@@ -131,3 +131,30 @@ def test_disposed_runtime_raises() -> None:
             await runtime.run("return 1", [])
 
     arun(go())
+
+
+def test_program_warnings_are_captured_and_foreign_ones_given_back(recwarn: pytest.WarningsRecorder) -> None:
+    # build() captures the program's compile warnings for the worker to show; a warning
+    # that is not the program's (another thread, same process-wide filters) is re-issued.
+    import threading
+    import warnings as warnings_module
+
+    from dsh_core.coderuntime.worker import program as programs
+
+    warned: list[str] = []
+    original = compile
+    foreign = threading.Event()
+
+    def compile_and_warn(*args: Any, **kwargs: Any) -> Any:
+        if not foreign.is_set():
+            foreign.set()
+            warnings_module.warn_explicit("host-side", UserWarning, "host.py", 7)
+        return original(*args, **kwargs)
+
+    programs.__dict__["compile"] = compile_and_warn  # shadows the builtin inside the module only
+    try:
+        programs.build("x = 1\nif x is 1:\n    pass", warned)
+    finally:
+        del programs.__dict__["compile"]
+    assert len(warned) == 1 and warned[0].startswith('<program>:2: SyntaxWarning: "is" with a literal')
+    assert [str(w.message) for w in recwarn.list] == ["host-side"]

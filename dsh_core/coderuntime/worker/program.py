@@ -51,6 +51,11 @@ def build(source: str, warned: list[str] | None = None) -> types.CodeType:
         warnings.simplefilter("always")
         code = _build(source)
     for warning in caught:
+        if warning.filename != FILENAME:
+            # Not the program's: another thread warned while the filters were swapped
+            # (catch_warnings is process-wide). Give it back to the host, not the program.
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            continue
         warned.append(
             warnings.formatwarning(
                 warning.message, warning.category, warning.filename, warning.lineno, _line(source, warning.lineno)
