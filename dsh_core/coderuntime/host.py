@@ -441,7 +441,6 @@ class _Run:
                 for name, functions, spec in namespaces
             ],
         }
-        self.start_frame = wire.pack(start)
         if compiled is not None and len(source) <= _SHIP_CODE_MAX:
             # The same interpreter binary runs the worker, so the host's code
             # object loads there as is (the worker trusts the host), with the
@@ -450,9 +449,11 @@ class _Run:
             code, warned = compiled
             start["c"] = binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii")
             start["w"] = warned
-            with_code = wire.pack(start)
-            if len(with_code) - 4 <= self.config.max_frame_bytes:
-                self.start_frame = with_code
+        frame = wire.pack(start)
+        if len(frame) - 4 > self.config.max_frame_bytes and "c" in start:
+            del start["c"], start["w"]  # the worker compiles it again instead
+            frame = wire.pack(start)
+        self.start_frame = frame
         self.signal = signal
         self.clock = _WallClock(self.loop, self.config.timeout_s, self._on_wall)
         if signal is not None:
