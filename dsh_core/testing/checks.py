@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 from attrs import field, frozen
@@ -90,6 +90,22 @@ async def _load(target: Target, check: str, *, record_only: bool = False) -> Loa
         message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
         raise _Failed([failure(target, check, f"the plugin did not start, so this check could not run: {message}",
                                "make the plugin load and start alone (see the entry-point check)")]) from None
+
+
+def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]]) -> list[str]:
+    """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures."""
+
+    async def scenario() -> list[str]:
+        loaded = await _load(target, check)
+        found: list[str] = []
+        try:
+            await probe(loaded, found)
+        finally:
+            await loaded.dispose()
+        return found
+
+    result: list[str] = _run(scenario)
+    return result
 
 
 def _guarded(check: Callable[[Target], list[str]]) -> Callable[[Target], list[str]]:
@@ -376,56 +392,42 @@ def _result_problem(definition: ToolDefinition, result: ToolResult) -> str | Non
 def check_example_calls(target: Target) -> list[str]:
     """Each tool, called with each example (registration order), succeeds with lossless JSON matching its schema."""
 
-    async def scenario() -> list[str]:
-        loaded = await _load(target, "example-calls")
-        found: list[str] = []
-        try:
-            for definition in filter(_schemas_valid, loaded.definitions):
-                for index, example in enumerate(definition.examples):
-                    result = await _call(loaded, definition.name, example, call_id=f"example-{index}")
-                    problem = _result_problem(definition, result)
-                    if problem is not None:
-                        found.append(failure(
-                            target, "example-calls", f"examples[{index}] {_brief(example)}: {problem}",
-                            "examples must succeed when called in registration order in a fresh config (the "
-                            "kit gives workspace-like plugins an empty temporary root) and return values "
-                            "matching output_schema", definition.name))
-        finally:
-            await loaded.dispose()
-        return found
+    async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
+        for definition in filter(_schemas_valid, loaded.definitions):
+            for index, example in enumerate(definition.examples):
+                result = await _call(loaded, definition.name, example, call_id=f"example-{index}")
+                problem = _result_problem(definition, result)
+                if problem is not None:
+                    found.append(failure(
+                        target, "example-calls", f"examples[{index}] {_brief(example)}: {problem}",
+                        "examples must succeed when called in registration order in a fresh config (the "
+                        "kit gives workspace-like plugins an empty temporary root) and return values "
+                        "matching output_schema", definition.name))
 
-    result: list[str] = _run(scenario)
-    return result
+    return _with_plugin(target, "example-calls", probe)
 
 
 @_guarded
 def check_pre_abort(target: Target) -> list[str]:
     """A call whose signal is already aborted gives ``ABORTED_BEFORE_DISPATCH`` and never runs the body."""
 
-    async def scenario() -> list[str]:
-        loaded = await _load(target, "pre-abort")
-        found: list[str] = []
-        try:
-            for definition in loaded.definitions:
-                spy = loaded.spies[definition.name]
-                for example in definition.examples[:1]:
-                    result = await _call(loaded, definition.name, example,
-                                         AbortSignal.aborted_with("conformance: aborted before the call"))
-                    if spy.calls:
-                        found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
-                                             "before dispatch", "do not call tool bodies from hooks; let the "
-                                             "runtime dispatch", definition.name))
-                    if result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
-                        found.append(failure(target, "pre-abort", f"expected ABORTED_BEFORE_DISPATCH, got "
-                                             f"{result.code or 'a success'}", "do not replace results of "
-                                             "aborted calls in around-dispatch or post-execute hooks",
-                                             definition.name))
-        finally:
-            await loaded.dispose()
-        return found
+    async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
+        for definition in loaded.definitions:
+            spy = loaded.spies[definition.name]
+            for example in definition.examples[:1]:
+                result = await _call(loaded, definition.name, example,
+                                     AbortSignal.aborted_with("conformance: aborted before the call"))
+                if spy.calls:
+                    found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
+                                         "before dispatch", "do not call tool bodies from hooks; let the "
+                                         "runtime dispatch", definition.name))
+                if result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
+                    found.append(failure(target, "pre-abort", f"expected ABORTED_BEFORE_DISPATCH, got "
+                                         f"{result.code or 'a success'}", "do not replace results of "
+                                         "aborted calls in around-dispatch or post-execute hooks",
+                                         definition.name))
 
-    result: list[str] = _run(scenario)
-    return result
+    return _with_plugin(target, "pre-abort", probe)
 
 
 @_guarded
@@ -433,60 +435,53 @@ def check_abort(target: Target) -> list[str]:
     """Aborting a running call makes the body return within ``abort_bound_s``."""
     bound = target.abort_bound_s
 
-    async def scenario() -> list[str]:
-        loaded = await _load(target, "abort")
-        found: list[str] = []
+    async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            for definition in loaded.definitions:
-                if not definition.examples:
-                    continue
-                spy = loaded.spies[definition.name]
-                controller = AbortController()
-                aborted_at: list[float] = []
+        for definition in loaded.definitions:
+            if not definition.examples:
+                continue
+            spy = loaded.spies[definition.name]
+            controller = AbortController()
+            aborted_at: list[float] = []
 
-                def abort(controller: AbortController = controller, stamps: list[float] = aborted_at) -> None:
-                    stamps.append(time.monotonic())
-                    controller.abort("conformance: aborted mid-call")
+            def abort(controller: AbortController = controller, stamps: list[float] = aborted_at) -> None:
+                stamps.append(time.monotonic())
+                controller.abort("conformance: aborted mid-call")
 
-                # Abort at the body's first suspension point: it is running, and must notice.
-                def on_enter(_context: ToolContext, abort: Callable[[], None] = abort) -> None:
-                    loop.call_soon(abort)
+            # Abort at the body's first suspension point: it is running, and must notice.
+            def on_enter(_context: ToolContext, abort: Callable[[], None] = abort) -> None:
+                loop.call_soon(abort)
 
-                spy.on_enter = on_enter
-                task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
-                                                   controller.signal))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(task), bound + STUCK_GRACE_S)
-                spy.on_enter = None
-                if not task.done():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    found.append(failure(target, "abort", "the call was still running "
-                                         f"{bound + STUCK_GRACE_S:g} s after its signal was aborted",
-                                         "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
-                                         "and stop promptly", definition.name))
-                    continue
-                if not spy.calls:
-                    result = task.result()
-                    found.append(failure(target, "abort", f"the call never reached the body ({result.code}: "
-                                         f"{result.error.message if result.error else ''})",
-                                         "make the first example callable", definition.name))
-                    continue
-                if aborted_at:
-                    elapsed = time.monotonic() - aborted_at[0]
-                    if elapsed > bound:
-                        found.append(failure(target, "abort", f"the body returned {elapsed:.2f} s after the abort "
-                                             f"(bound: {bound:g} s)",
-                                             "watch ctx.signal (ctx.signal.add_listener or await "
-                                             "ctx.signal.wait()), stop the work (kill processes, cancel "
-                                             "requests) and return or raise promptly", definition.name))
-        finally:
-            await loaded.dispose()
-        return found
+            spy.on_enter = on_enter
+            task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
+                                               controller.signal))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), bound + STUCK_GRACE_S)
+            spy.on_enter = None
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                found.append(failure(target, "abort", "the call was still running "
+                                     f"{bound + STUCK_GRACE_S:g} s after its signal was aborted",
+                                     "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
+                                     "and stop promptly", definition.name))
+                continue
+            if not spy.calls:
+                result = task.result()
+                found.append(failure(target, "abort", f"the call never reached the body ({result.code}: "
+                                     f"{result.error.message if result.error else ''})",
+                                     "make the first example callable", definition.name))
+                continue
+            if aborted_at:
+                elapsed = time.monotonic() - aborted_at[0]
+                if elapsed > bound:
+                    found.append(failure(target, "abort", f"the body returned {elapsed:.2f} s after the abort "
+                                         f"(bound: {bound:g} s)",
+                                         "watch ctx.signal (ctx.signal.add_listener or await "
+                                         "ctx.signal.wait()), stop the work (kill processes, cancel "
+                                         "requests) and return or raise promptly", definition.name))
 
-    result: list[str] = _run(scenario)
-    return result
+    return _with_plugin(target, "abort", probe)
 
 
 def _perturbations(definition: ToolDefinition) -> Iterator[JSON]:
@@ -524,28 +519,21 @@ def _typed(error: BaseException) -> bool:
 def check_typed_errors(target: Target) -> list[str]:
     """Bodies fail only with typed errors (``ToolError``/``DshError``), for the examples and edge variants."""
 
-    async def scenario() -> list[str]:
-        loaded = await _load(target, "typed-errors")
-        found: list[str] = []
-        try:
-            for definition in loaded.definitions:
-                spy = loaded.spies[definition.name]
-                for arguments in _perturbations(definition):
-                    before = len(spy.errors)
-                    await _call(loaded, definition.name, arguments, call_id="typed-errors")
-                    for error in spy.errors[before:]:
-                        if not _typed(error):
-                            found.append(failure(
-                                target, "typed-errors", f"called with {_brief(arguments)}, the body raised the "
-                                f"untyped {type(error).__name__}: {error}",
-                                'catch it and raise dsh_core.ToolError("what went wrong and what to do") so the '
-                                "model reads a clear message", definition.name))
-        finally:
-            await loaded.dispose()
-        return found
+    async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
+        for definition in loaded.definitions:
+            spy = loaded.spies[definition.name]
+            for arguments in _perturbations(definition):
+                before = len(spy.errors)
+                await _call(loaded, definition.name, arguments, call_id="typed-errors")
+                for error in spy.errors[before:]:
+                    if not _typed(error):
+                        found.append(failure(
+                            target, "typed-errors", f"called with {_brief(arguments)}, the body raised the "
+                            f"untyped {type(error).__name__}: {error}",
+                            'catch it and raise dsh_core.ToolError("what went wrong and what to do") so the '
+                            "model reads a clear message", definition.name))
 
-    result: list[str] = _run(scenario)
-    return result
+    return _with_plugin(target, "typed-errors", probe)
 
 
 # -- lifecycle --------------------------------------------------------------------------------------------------
