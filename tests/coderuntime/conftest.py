@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dsh_core.coderuntime import BindingNamespace, CodeRuntimeConfig, PythonCodeRuntime
+from dsh_core.coderuntime import BindingNamespace, CodeRunResult, CodeRuntimeConfig, PythonCodeRuntime
 
 T = TypeVar("T")
 
@@ -29,6 +29,15 @@ async def with_runtime(fn: Callable[[PythonCodeRuntime], Awaitable[T]], **config
         return await fn(runtime)
     finally:
         await runtime.aclose()
+
+
+def run_one(program: str, bindings: list[BindingNamespace] | None = None, **config: Any) -> CodeRunResult:
+    """Run one program on a fresh runtime (``config`` for :class:`CodeRuntimeConfig`) and dispose it."""
+
+    async def go(runtime: PythonCodeRuntime) -> CodeRunResult:
+        return await runtime.run(program, bindings or [])
+
+    return arun(with_runtime(go, **config))
 
 
 def tools(**functions: Any) -> list[BindingNamespace]:

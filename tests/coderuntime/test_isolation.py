@@ -15,7 +15,7 @@ import pytest
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime.isolation import CgroupPool
 
-from .conftest import HAS_BWRAP, LEVELS, arun, with_runtime
+from .conftest import HAS_BWRAP, LEVELS, arun, run_one, with_runtime
 
 ATTEMPTS = """
 import os, sys, socket, resource
@@ -131,21 +131,15 @@ def test_auto_picks_l3_and_cgroup_oom_is_memory_limit() -> None:
 
 
 def test_preload_failure_names_the_module_and_the_key() -> None:
-    async def go(rt: PythonCodeRuntime) -> Any:
-        return await rt.run("return 1", [])
-
-    result = arun(with_runtime(go, isolation="L2", preload=("definitely_not_installed_mod",)))
+    result = run_one("return 1", [], isolation="L2", preload=("definitely_not_installed_mod",))
     assert result.error is not None and result.error.kind == "worker-exit"
     assert "definitely_not_installed_mod" in result.error.message and "code_runtime.preload" in result.error.message
 
 
 def test_preload_allows_an_installed_package() -> None:
-    async def go(rt: PythonCodeRuntime) -> Any:
-        return await rt.run("import attr\nreturn attr.__name__", [])
-
-    result = arun(with_runtime(go, isolation="auto", preload=("attr",)))
+    result = run_one("import attr\nreturn attr.__name__", [], isolation="auto", preload=("attr",))
     assert result.value == "attr", result.error
-    blocked = arun(with_runtime(go, isolation="auto"))
+    blocked = run_one("import attr\nreturn attr.__name__", [], isolation="auto")
     assert blocked.error is not None and "code_runtime.preload" in blocked.error.message
     assert "'attr'" in blocked.error.message
 
@@ -153,10 +147,7 @@ def test_preload_allows_an_installed_package() -> None:
 def test_worker_cannot_see_host_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSH_SECRET_TOKEN", "hunter2")
 
-    async def go(rt: PythonCodeRuntime) -> Any:
-        return await rt.run("import os\nreturn [dict(os.environ), sorted(os.listdir('/proc/self/fd'))]", [])
-
-    result = arun(with_runtime(go, isolation="L0"))
+    result = run_one("import os\nreturn [dict(os.environ), sorted(os.listdir('/proc/self/fd'))]", [], isolation="L0")
     assert result.value[0] == {}
     # Only stdin (/dev/null), the output pipe on 1/2, the protocol on 3, and the
     # event loop's own epoll/self-pipe descriptors (plus the one listdir opens).
@@ -167,10 +158,7 @@ def test_worker_cannot_see_host_environment(monkeypatch: pytest.MonkeyPatch) -> 
 def test_worker_leads_its_process_group_but_not_a_session(level: str) -> None:
     # Group leader: the zygote's killpg reaches everything the program forks.
     # Not a session leader: it could otherwise acquire a controlling terminal.
-    async def go(rt: PythonCodeRuntime) -> Any:
-        return await rt.run("import os\nreturn [os.getpid(), os.getpgid(0), os.getsid(0)]", [])
-
-    result = arun(with_runtime(go, isolation=level))
+    result = run_one("import os\nreturn [os.getpid(), os.getpgid(0), os.getsid(0)]", [], isolation=level)
     assert result.error is None, result.error
     pid, pgid, sid = result.value
     assert pgid == pid and sid != pid

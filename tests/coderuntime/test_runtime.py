@@ -23,7 +23,7 @@ from dsh_core.coderuntime import (
     current_run,
 )
 
-from .conftest import arun, echo, tools, with_runtime
+from .conftest import arun, echo, run_one, tools, with_runtime
 
 
 def _kind(result: CodeRunResult) -> str | None:
@@ -457,10 +457,7 @@ def test_program_tasks_run_on_while_a_binding_call_waits() -> None:
         "result = await tools.slow({})\ntask.cancel()\nreturn [result, len(ticks)]"
     )
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run(program, tools(slow=slow))
-
-    result = arun(with_runtime(go, isolation="auto"))
+    result = run_one(program, tools(slow=slow), isolation="auto")
     assert result.error is None, result.error
     assert result.value[0] == "done" and result.value[1] >= 5
 
@@ -491,10 +488,7 @@ def test_sequential_and_concurrent_calls_agree() -> None:
         "return out"
     )
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run(program, tools(direct=direct, waits=waits))
-
-    result = arun(with_runtime(go, isolation="auto"))
+    result = run_one(program, tools(direct=direct, waits=waits), isolation="auto")
     assert result.error is None, result.error
     direct_seq, direct_par, waits_seq, waits_par = result.value
     assert direct_seq == direct_par == [["direct", "bad 0"], 2, 4, ["direct", "bad 3"], 8, 10, ["direct", "bad 6"]]
@@ -511,10 +505,7 @@ def test_bindings_run_inside_a_task() -> None:
         async with asyncio.timeout(5):
             return args
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run("return [await tools.timed(1), await tools.timed(2)]", tools(timed=timed))
-
-    result = arun(with_runtime(go, isolation="auto"))
+    result = run_one("return [await tools.timed(1), await tools.timed(2)]", tools(timed=timed), isolation="auto")
     assert result.value == [1, 2], result.error
 
 
@@ -532,10 +523,7 @@ def test_a_programs_own_timeout_interrupts_a_binding_call() -> None:
         "return [first, second]"
     )
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run(program, tools(slow=slow))
-
-    result = arun(with_runtime(go, isolation="auto"))
+    result = run_one(program, tools(slow=slow), isolation="auto")
     assert result.value == ["timed out", "timed out"], result
 
 
@@ -594,10 +582,7 @@ def test_a_signal_handler_raising_during_a_call_reaches_the_program() -> None:
         "try:\n    return await tools.slow({})\nexcept TimeoutError as error:\n    return 'caught ' + str(error)"
     )
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run(program, tools(slow=slow))
-
-    result = arun(with_runtime(go, isolation="auto"))
+    result = run_one(program, tools(slow=slow), isolation="auto")
     assert result.value == "caught alarm", result
 
 
@@ -616,10 +601,7 @@ def test_asserts_and_compile_warnings_do_not_depend_on_the_host(capfd: pytest.Ca
     done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.strip() == "[1, True]", done.stderr
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run("x = 1\nif x is 1:\n    return 'one'", [])
-
-    result = arun(with_runtime(go, isolation="auto"))
+    result = run_one("x = 1\nif x is 1:\n    return 'one'", [], isolation="auto")
     assert result.value == "one", result
     assert result.logs[0].startswith('<program>:2: SyntaxWarning: "is" with a literal'), result.logs
     assert "SyntaxWarning" not in capfd.readouterr().err
@@ -630,8 +612,5 @@ def test_the_start_frame_fits_a_small_frame_cap() -> None:
     program = "".join(f"v{i} = {i}\n" for i in range(200)) + "return v199"
     assert 1500 < len(program) < 3000
 
-    async def go(rt: PythonCodeRuntime) -> CodeRunResult:
-        return await rt.run(program, [])
-
-    result = arun(with_runtime(go, isolation="auto", max_frame_bytes=4096))
+    result = run_one(program, [], isolation="auto", max_frame_bytes=4096)
     assert result.value == 199, result
