@@ -823,6 +823,8 @@ class _Run:
 
     def _check_eof(self) -> None:
         if self.sock_eof and self.exit_future is not None and self.exit_future.done() and self.outcome is None:
+            # The future's _on_exit callback may not have run yet: read the status here.
+            self.exit_status = self.exit_future.result()
             self._settle_exit()
         if self.eof_waiter is not None and self.sock_eof and self.out_eof and not self.eof_waiter.done():
             self.eof_waiter.set_result(None)

@@ -301,3 +301,18 @@ def test_binding_calls_in_flight_are_bounded() -> None:
         assert sorted(ended) == sorted(started)  # every one was cancelled and finished before run() returned
 
     arun(with_runtime(go, isolation="auto", timeout_s=30.0))
+
+
+def test_exit_status_is_read_when_eof_arrives_before_the_exit_callback() -> None:
+    # The zygote's exit report resolves the exit future; its _on_exit callback runs a
+    # loop turn later. Channel EOF handled in between must still see the real status.
+    async def go() -> Any:
+        run, _, _ = _fake_run()
+        run.exit_future = asyncio.get_running_loop().create_future()
+        run.exit_future.add_done_callback(run._on_exit)
+        run.exit_future.set_result(3 << 8)  # exited with code 3; the callback is only scheduled
+        run.sock_eof = True
+        run._check_eof()
+        return run.outcome
+
+    assert arun(go()) == ("error", ("worker-exit", "worker exited with code 3 before completing"))
