@@ -107,6 +107,12 @@ class RuntimeDisposedError(RuntimeError):
     """``run`` was called on a runtime after :meth:`PythonCodeRuntime.aclose`."""
 
 
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 class ZygoteError(Exception):
     """The zygote could not start (a preload failure, a sandbox that does not work)."""
 
@@ -127,6 +133,7 @@ class _Zygote:
         self.ctrl: socket.socket | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[str, asyncio.Future[int | None]] = {}
+        self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.alive = False
         self.hello: asyncio.Future[dict[str, Any]] = loop.create_future()
 
@@ -217,6 +224,7 @@ class _Zygote:
         if not self.alive:
             return
         self.alive = False
+        self._drop_outbox()
         if self.ctrl is not None:
             self.loop.remove_reader(self.ctrl.fileno())
         if not self.hello.done():
@@ -233,23 +241,63 @@ class _Zygote:
             future.set_result(None)
             return future
         request = json.dumps({"t": "spawn", "r": run_id, "cwd": cwd}).encode()
-        fds = array.array("i", [proto_fd, out_fd])
-        try:
-            self.ctrl.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        except OSError:
-            self._dead()
+        # Our own copies: the caller closes its descriptors once this returns, and the
+        # request may have to wait in the outbox.
+        self._send(request, [os.dup(proto_fd), os.dup(out_fd)])
         return future
 
     def kill(self, run_id: str) -> None:
         if self.alive and self.ctrl is not None:
-            with contextlib.suppress(OSError):
-                self.ctrl.send(json.dumps({"t": "kill", "r": run_id}).encode())
+            self._send(json.dumps({"t": "kill", "r": run_id}).encode(), [])
+
+    def _send(self, data: bytes, fds: list[int]) -> None:
+        # The control socket's send buffer holds about 280 spawn requests (measured);
+        # past that a send would block. A burst of runs larger than that, while the
+        # zygote is busy, waits in the outbox, in order, until the zygote has read
+        # some: a full socket is not a dead zygote.
+        if self.outbox or not self._try_send(data, fds):
+            if not self.outbox and self.ctrl is not None:
+                self.loop.add_writer(self.ctrl.fileno(), self._flush)
+            self.outbox.append((data, fds))
+
+    def _try_send(self, data: bytes, fds: list[int]) -> bool:
+        """Send one message; False if the socket is full. Owned ``fds`` are closed once sent."""
+        assert self.ctrl is not None
+        try:
+            if fds:
+                self.ctrl.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            else:
+                self.ctrl.send(data)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            _close_all(fds)
+            self._dead()
+            return True
+        _close_all(fds)
+        return True
+
+    def _flush(self) -> None:
+        while self.outbox and self.alive:
+            data, fds = self.outbox.popleft()  # out first: a failed send closes its fds
+            if not self._try_send(data, fds):
+                self.outbox.appendleft((data, fds))
+                return
+        if self.ctrl is not None:
+            self.loop.remove_writer(self.ctrl.fileno())
+
+    def _drop_outbox(self) -> None:
+        if self.outbox and self.ctrl is not None:
+            self.loop.remove_writer(self.ctrl.fileno())
+        while self.outbox:
+            _close_all(self.outbox.popleft()[1])
 
     def forget(self, run_id: str) -> None:
         self.exits.pop(run_id, None)
 
     async def close(self) -> None:
         """Close the control socket (the zygote kills and reaps its children) and reap it."""
+        self._drop_outbox()
         if self.ctrl is not None:
             if self.alive:
                 self.loop.remove_reader(self.ctrl.fileno())

@@ -316,3 +316,51 @@ def test_exit_status_is_read_when_eof_arrives_before_the_exit_callback() -> None
         return run.outcome
 
     assert arun(go()) == ("error", ("worker-exit", "worker exited with code 3 before completing"))
+
+
+def test_a_burst_of_spawns_waits_for_a_busy_zygote() -> None:
+    # The control socket's send buffer holds a few hundred spawn requests; more than
+    # that, while the zygote is busy, wait in order: none is lost and the zygote is
+    # not taken for dead. Each request's descriptors travel with it.
+    import array
+    import os
+    import socket
+
+    from dsh_core.coderuntime.host import _Zygote
+
+    burst = 1000  # about 280 fit in the socket here
+
+    async def go() -> None:
+        fds_before = set(os.listdir("/proc/self/fd"))
+        host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        host_end.setblocking(False)
+        zygote = _Zygote(None, asyncio.get_running_loop())  # type: ignore[arg-type]
+        zygote.ctrl, zygote.alive = host_end, True
+        for n in range(burst):
+            read_end, write_end = os.pipe()
+            zygote.spawn(f"r{n}", read_end, write_end, "/")
+            os.close(read_end)
+            os.close(write_end)
+        assert zygote.alive and zygote.outbox  # the socket filled up; the rest waits
+        received: list[str] = []
+        while len(received) < burst:
+            await asyncio.sleep(0.01)  # the event loop flushes the outbox as room appears
+            zygote_end.setblocking(False)
+            while True:
+                try:
+                    data, ancdata, _, _ = zygote_end.recvmsg(4096, socket.CMSG_SPACE(8))
+                except BlockingIOError:
+                    break
+                (level, kind, payload), = ancdata
+                fds = array.array("i", payload)
+                assert (level, kind, len(fds)) == (socket.SOL_SOCKET, socket.SCM_RIGHTS, 2)
+                for fd in fds:
+                    os.close(fd)
+                received.append(json.loads(data)["r"])
+        assert received == [f"r{n}" for n in range(burst)]
+        assert zygote.alive and not zygote.outbox and not any(f.done() for f in zygote.exits.values())
+        await zygote.close()
+        zygote_end.close()
+        assert set(os.listdir("/proc/self/fd")) == fds_before
+
+    arun(go())
