@@ -40,6 +40,7 @@ Figures (medians, wall clock, this machine):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import statistics
@@ -248,7 +249,8 @@ async def measure_dsh() -> dict[str, Any]:
 
 
 class HostLikeRuntime:
-    """A fake code runtime for the in-process figures: programs are Python loops, one task per call."""
+    """A fake code runtime for the in-process figures: programs are Python loops; binding calls are
+    started as the worker host starts them (a task for a coroutine, none for a returned future)."""
 
     language = "python"
     isolation = "none (in-process benchmark fake)"
@@ -261,16 +263,19 @@ class HostLikeRuntime:
         function = bindings[0].functions["add_one"]
         loop = asyncio.get_running_loop()
 
-        async def invoke(args: Any) -> Any:  # what the worker host does for each call message
-            _set_current(control)
-            return await function(args)
+        def invoke(args: Any) -> Any:  # what the worker host does for each call message
+            context = contextvars.copy_context()
+            context.run(_set_current, control)
+            awaitable = context.run(function, args)
+            return awaitable if isinstance(awaitable, asyncio.Future) else loop.create_task(awaitable,
+                                                                                          context=context)
 
         if program == "sequential":
             total = 0
             for i in range(self.calls):
-                total += await loop.create_task(invoke({"x": i}))
+                total += await invoke({"x": i})
         else:
-            total = sum(await asyncio.gather(*[loop.create_task(invoke({"x": i})) for i in range(self.calls)]))
+            total = sum(await asyncio.gather(*[invoke({"x": i}) for i in range(self.calls)]))
         return CodeRunResult((), value=total, has_value=True)
 
     async def aclose(self) -> None:

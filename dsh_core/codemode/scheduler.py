@@ -3,12 +3,12 @@
 Each ``run_code`` execution owns one :class:`ProgramScheduler` (the cap is
 per program, not a process-wide semaphore). State: a FIFO ``pending`` queue of
 submitted calls, the ``in_flight`` set of running bodies, a ``commits`` queue in
-submission order, an ``exclusive`` flag, and a queue of settle events that
-one writer task appends in commit order. One driver loop does, on each pass:
+submission order and an ``exclusive`` flag. One driver task, alive from the first
+call until the run is over, does on each pass:
 
 1. **Commit first.** If the head of ``commits`` has settled, pop it and
    commit it (post-execute, finish, context deferral, turn control, then
-   resolve the program's call and log the settle event). An exclusive entry
+   resolve the program's call and append the settle event). An exclusive entry
    clears the flag only *after* its commit: its barrier covers post-execute.
 2. **Else consider the head of ``pending``.** If the run is over, abandon it
    (the program's call raises; no start event is logged). Otherwise reclassify
@@ -19,13 +19,21 @@ one writer task appends in commit order. One driver loop does, on each pass:
    runs ``prepare`` (pre-execute, approval, guards) on the lane; only a
    ``dispatch`` result runs the body: a parallel one as an in-flight task, an
    exclusive one on the lane itself (nothing may overlap it anyway).
-3. **Else exit** when nothing is pending, committing or in flight, **or sleep**
-   until a body settles, a call is submitted or the run is aborted.
+3. **Else exit** when the run is over and nothing is pending, committing or in
+   flight, **or sleep** until a body settles, a call is submitted or the run is
+   aborted.
 
 So only around-dispatch plus the body overlap; starts, policy, post-execute,
 finalization, context deferral and settlement run on one ordered lane in
 submission order, even when bodies finish out of order, and a slow policy on
 one call delays the next start.
+
+Per call, the program's binding gets a future (no task of its own: see
+:data:`~dsh_core.coderuntime.seam.BindingFunction`) that the commit resolves
+with the plain result value or fails with :class:`SubCallError`; only a
+concurrency-safe body gets a task. The settle event is appended on the lane
+right after the program's call is resolved, so events keep commit order and
+a slow session store slows the lane instead of piling up writes.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from typing import Final
 from dsh_core.abort import AbortSignal
 from dsh_core.codemode.history import DispatchHistory
 from dsh_core.errors import ErrorCode
-from dsh_core.lossless import JSON
+from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
 from dsh_core.runtime import ABORTED_MESSAGE, Staged, ToolRuntime, error_result
 
@@ -74,7 +82,8 @@ class SubCall:
     def __init__(self, request: ToolExecutionInput, logged: JSON) -> None:
         self.request = request
         self.logged = logged
-        self.future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        #: What the program's call resolves to: the plain result value, or :class:`SubCallError`.
+        self.future: asyncio.Future[JSON] = asyncio.get_running_loop().create_future()
         self.staged: Staged | None = None
         self.exclusive = True
         self.settled = False
@@ -92,7 +101,7 @@ class SubCall:
         return self.request.name
 
 
-def _mark_retrieved(future: asyncio.Future[ToolResult]) -> None:
+def _mark_retrieved(future: asyncio.Future[JSON]) -> None:
     # A program that stopped awaiting (it settled, or fired and forgot) never reads the
     # rejection; reading it here keeps asyncio from reporting it as never retrieved.
     if not future.cancelled():
@@ -121,10 +130,8 @@ class ProgramScheduler:
         self._pending: collections.deque[SubCall] = collections.deque()
         self._commits: collections.deque[SubCall] = collections.deque()
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._log_queue: collections.deque[tuple[SubCall, ToolResult]] = collections.deque()
-        self._log_writer: asyncio.Task[None] | None = None
-        self._log_drained = asyncio.Event()
         self._exclusive = False
+        self._closing = False
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         #: The code runtime's run control (set by the transport from the first binding call).
@@ -133,8 +140,13 @@ class ProgramScheduler:
 
     # -- submission -----------------------------------------------------------------------------------
 
-    def submit(self, request: ToolExecutionInput, logged: JSON) -> asyncio.Future[ToolResult]:
-        """Queue a nested call; the future resolves with its final result at its commit."""
+    def submit(self, request: ToolExecutionInput, logged: JSON) -> asyncio.Future[JSON]:
+        """Queue a nested call; the future settles at its commit, with what the program sees.
+
+        That is the tool's plain (unfrozen) result value, or :class:`SubCallError`
+        carrying only the tool's error text. Plain code, no await: the binding that
+        calls it runs in the code runtime's event-loop callback.
+        """
         call = SubCall(request, logged)
         self._pending.append(call)
         self._wake.set()
@@ -170,7 +182,8 @@ class ProgramScheduler:
                     self._commits.append(head)
                     await self._start(head)
                     continue
-            if not self._pending and not self._commits and not self._in_flight:
+            idle = not self._pending and not self._commits and not self._in_flight
+            if idle and (self._closing or self._signal.aborted):
                 return
             await self._wake.wait()
 
@@ -239,31 +252,24 @@ class ProgramScheduler:
                 context.defer_context(message)
             if result.concludes_turn and not result.is_error:
                 context.conclude_turn()
-        if not call.future.done():
-            call.future.set_result(result)
+        future = call.future
+        if not future.done():  # the code runtime cancels the calls of a run that settled
+            error = result.error
+            if error is None:
+                # A plain copy: the value is frozen (dict/list subclasses), and the seam carries
+                # plain JSON only (the worker wire refuses subclasses rather than guessing).
+                future.set_result(thaw(result.value))
+            else:
+                future.add_done_callback(_mark_retrieved)
+                # Only the tool's error text reaches the program: no "Error: " prefix, no code.
+                future.set_exception(SubCallError(error.message))
         if self._on_commit is not None:
             try:
                 self._on_commit(call, result)
             except Exception:
                 log.warning("on_commit observer failed for %s", call.sub_call_id, exc_info=True)
         if self._history.enabled:
-            self._log_queue.append((call, result))
-            if self._log_writer is None or self._log_writer.done():
-                self._log_writer = asyncio.get_running_loop().create_task(self._write_logs())
-            # Backpressure: a slow session store must not let log work pile up without bound.
-            while len(self._log_queue) > self._cap:
-                self._log_drained.clear()
-                await self._log_drained.wait()
-
-    async def _write_logs(self) -> None:
-        """Append settle events in commit order, off the ordered lane (one writer per program)."""
-        while self._log_queue:
-            call, result = self._log_queue[0]
-            try:
-                await self._history.settled(call.sub_call_id, call.name, call.logged, result)
-            finally:
-                self._log_queue.popleft()
-                self._log_drained.set()
+            await self._history.settled(call.sub_call_id, call.name, call.logged, result)
 
     async def _final_result(self, call: SubCall) -> ToolResult:
         staged = call.staged
@@ -289,11 +295,9 @@ class ProgramScheduler:
         Queued calls are abandoned, started bodies are awaited, every commit
         (one already in progress included) finishes, and every log write ends.
         """
+        self._closing = True
         self._wake.set()
         driver = self._driver
         if driver is not None:
             await asyncio.shield(driver)
-        writer = self._log_writer
-        if writer is not None:
-            await asyncio.shield(writer)
         self._unlisten()

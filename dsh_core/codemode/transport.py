@@ -343,11 +343,15 @@ def _binding(
     scheduler: ProgramScheduler,
     counter: Iterator[int],
     keeps_records: bool,
-) -> Callable[[JSON], Awaitable[JSON]]:
-    """The host function behind ``tools.<name>``: snapshot, number, queue, await the commit."""
+) -> Callable[[JSON], asyncio.Future[JSON]]:
+    """The host function behind ``tools.<name>``: snapshot, number, queue; the future settles at commit.
+
+    A plain function: the code runtime calls it as the program's call arrives and
+    awaits the scheduler's future, with no task per call (the scheduler owns the tasks).
+    """
     call_id = execution.call_id
 
-    async def call(args: JSON) -> JSON:
+    def call(args: JSON) -> asyncio.Future[JSON]:
         if signal.aborted:
             raise SubCallError(f"run_code run is over ({signal.reason}); {name} not dispatched")
         if args is None:
@@ -371,14 +375,7 @@ def _binding(
             parent=execution.token,
             root_call_id=execution.root_call_id,
         )
-        result = await scheduler.submit(request, logged)
-        if result.is_error:
-            assert result.error is not None
-            # Only the tool's error text reaches the program: no "Error: " prefix, no content or code.
-            raise SubCallError(result.error.message)
-        # A plain copy: the value is frozen (dict/list subclasses), and the seam carries plain JSON
-        # only (the worker wire refuses subclasses rather than guessing what they mean).
-        return thaw(result.value)
+        return scheduler.submit(request, logged)
 
     call.__name__ = call.__qualname__ = f"tools.{name}" if name.isidentifier() else f"tools[{name!r}]"
     return call

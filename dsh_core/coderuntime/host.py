@@ -16,7 +16,9 @@ import asyncio
 import binascii
 import collections
 import contextlib
+import contextvars
 import functools
+import inspect
 import itertools
 import json
 import marshal
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from dsh_core.abort import AbortController, AbortSignal
@@ -437,7 +439,7 @@ class _Run:
         # ids outside that run (forged ones) are kept, at most _MAX_STRAY_IDS.
         self.id_floor = 0
         self.seen_ids: set[int] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()
         self.wbuf = bytearray()
         self.writing = False
         self.pipe_pending = bytearray()
@@ -689,11 +691,28 @@ class _Run:
         if len(self.tasks) >= _MAX_IN_FLIGHT:
             self._reply(call_id, False, f"too many binding calls in flight (at most {_MAX_IN_FLIGHT})")
             return
-        # A Task per call, never an eager first step in this callback: a binding may rely
-        # on running inside a task (asyncio.timeout, anyio cancel scopes, current_task()).
-        task = self.loop.create_task(self._invoke(call_id, function, value))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        # Calling the function only creates a coroutine: an ``async def`` body never runs in this
+        # callback, but in a task of its own (it may rely on asyncio.timeout, anyio cancel scopes,
+        # current_task()). A plain function returning a future runs here and is awaited without one.
+        context = contextvars.copy_context()
+        context.run(_set_current, self.control)
+        try:
+            awaitable = context.run(function, value)
+        except Exception as error:
+            self._reply(call_id, False, str(error) or type(error).__name__)
+            return
+        pending: asyncio.Future[Any]
+        if isinstance(awaitable, asyncio.Future) and awaitable.get_loop() is self.loop:
+            pending = awaitable
+            pending.add_done_callback(functools.partial(self._on_resolved, call_id))
+        elif inspect.isawaitable(awaitable):
+            pending = self.loop.create_task(self._invoke(call_id, awaitable), context=context)
+        else:
+            self._reply(call_id, False, f"binding {_shown(f'{global_name}.{name}')} returned "
+                                        f"{type(awaitable).__name__}, not an awaitable")
+            return
+        self.tasks.add(pending)
+        pending.add_done_callback(self.tasks.discard)
 
     def _first_sighting(self, call_id: int) -> bool:
         """Record ``call_id``; False if it was seen before (or the run just settled)."""
@@ -711,16 +730,29 @@ class _Run:
         self.seen_ids.add(call_id)
         return True
 
-    async def _invoke(self, call_id: int, function: BindingFunction, value: Any) -> None:
-        _set_current(self.control)
+    async def _invoke(self, call_id: int, awaitable: Awaitable[Any]) -> None:
         try:
-            result = await function(value)
+            result = await awaitable
         except Exception as error:
             self._reply(call_id, False, str(error) or type(error).__name__)
             return
         except asyncio.CancelledError:
             self._reply(call_id, False, "binding call cancelled")
             raise
+        self._resolve(call_id, result)
+
+    def _on_resolved(self, call_id: int, future: asyncio.Future[Any]) -> None:
+        """Reply for a binding that returned a future (no task: this is its done callback)."""
+        if future.cancelled():
+            self._reply(call_id, False, "binding call cancelled")
+            return
+        error = future.exception()
+        if error is not None:
+            self._reply(call_id, False, str(error) or type(error).__name__)
+            return
+        self._resolve(call_id, future.result())
+
+    def _resolve(self, call_id: int, result: Any) -> None:
         try:
             tokens = wire.encode(result)
         except wire.WireError:

@@ -64,7 +64,13 @@ PYTHON_RESERVED_WORDS = frozenset(keyword.kwlist) | frozenset({"match", "type", 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _DUNDER = re.compile(r"^__.+__\Z")
 
-#: A host binding: ``async def f(args: JSON) -> JSON``.
+#: A host binding: ``async def f(args: JSON) -> JSON``, or a plain function returning an
+#: awaitable of the result. The backend calls it with the decoded arguments as soon as the call
+#: arrives; an ``async def`` body then runs in a task of its own, while a plain function runs
+#: right there (outside any task) and the ``asyncio.Future`` it returns is awaited without a
+#: task, which saves a dispatcher that already owns its tasks two event-loop turns per call.
+#: Either way :func:`current_run` names the run, and a call still pending when the run settles
+#: is cancelled. A raise, a failed awaitable or a non-awaitable return is the program's error.
 BindingFunction = Callable[[JSON], Awaitable[JSON]]
 
 

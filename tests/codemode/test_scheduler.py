@@ -243,14 +243,21 @@ async def test_run_settlement_drains_a_commit_in_progress_and_logs_inside_the_tu
     assert result.value == {"logs": [], "result": 1}
 
 
-async def test_log_backpressure_keeps_at_most_cap_settle_writes_pending() -> None:
+async def test_a_slow_store_gets_settle_events_in_commit_order_with_nothing_piled_up() -> None:
     env = Env(cap=2)
     assert env.sink is not None
     env.sink.settle_delay = 0.005
     env.add(tool("safe", safe=True))
     result = await env.run(gather("*(tools.safe({'i': i}) for i in range(8))"))
     assert len(result.value["result"]) == 8
-    assert len([e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]) == 8
+    settles = [sub for kind, sub in env.sink.kinds() if kind == "tool/code-dispatch"]
+    assert settles == [f"call-1:code:{n}" for n in range(1, 9)]
+    # Each settle event is appended on the lane before the next commit: with the cap at two,
+    # at most two more calls have started when a call's settle event is written.
+    kinds = env.sink.kinds()
+    for n, sub in enumerate(settles, start=1):
+        started = {s for k, s in kinds[:kinds.index(("tool/code-dispatch", sub))] if k == "tool/code-dispatch-start"}
+        assert len(started) <= n + 2
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "10", None])

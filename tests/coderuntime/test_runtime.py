@@ -509,6 +509,70 @@ def test_bindings_run_inside_a_task() -> None:
     assert result.value == [1, 2], result.error
 
 
+def test_a_plain_function_returning_a_future_is_awaited_without_a_task() -> None:
+    # The form the run_code scheduler uses: the function runs as the call arrives, outside
+    # any task but with the run visible, and its future settles the program's call.
+    seen: list[tuple[bool, bool]] = []
+
+    def later(args: Any) -> asyncio.Future[Any]:
+        seen.append((asyncio.current_task() is None, current_run() is not None))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if args == "fail":
+            loop.call_soon(future.set_exception, RuntimeError("no such row"))
+        else:
+            loop.call_soon(future.set_result, {"got": args})
+        return future
+
+    program = (
+        "import asyncio\nout = [await tools.later(1)]\n"
+        "out += await asyncio.gather(tools.later(2), tools.later(3))\n"
+        "try:\n    await tools.later('fail')\nexcept ToolCallError as error:\n"
+        "    out.append([error.tool_name, str(error)])\nreturn out"
+    )
+
+    result = run_one(program, tools(later=later), isolation="auto")
+    assert result.error is None, result.error
+    assert result.value == [{"got": 1}, {"got": 2}, {"got": 3}, ["later", "no such row"]]
+    assert seen == [(True, True)] * 4
+
+
+def test_a_plain_binding_that_raises_or_returns_no_awaitable_fails_only_that_call() -> None:
+    def raises(args: Any) -> Any:
+        raise ValueError("refused at once")
+
+    def not_awaitable(args: Any) -> Any:
+        return 42
+
+    program = (
+        "out = []\nfor name in ('raises', 'not_awaitable', 'echo'):\n"
+        "    try:\n        out.append(await tools[name]({'n': name}))\n"
+        "    except ToolCallError as error:\n        out.append([error.tool_name, str(error)])\nreturn out"
+    )
+
+    result = run_one(program, tools(raises=raises, not_awaitable=not_awaitable, echo=echo), isolation="auto")
+    assert result.error is None, result.error
+    assert result.value == [
+        ["raises", "refused at once"],
+        ["not_awaitable", "binding tools.not_awaitable returned int, not an awaitable"],
+        {"n": "echo"},
+    ]
+
+
+def test_a_future_still_pending_when_the_run_settles_is_cancelled() -> None:
+    futures: list[asyncio.Future[Any]] = []
+
+    def never(args: Any) -> asyncio.Future[Any]:
+        futures.append(asyncio.get_running_loop().create_future())
+        return futures[-1]
+
+    program = "import asyncio\nasyncio.ensure_future(tools.never({}))\nawait asyncio.sleep(0.05)\nreturn 'done'"
+
+    result = run_one(program, tools(never=never), isolation="auto")
+    assert result.value == "done", result.error
+    assert len(futures) == 1 and futures[0].cancelled()
+
+
 def test_a_programs_own_timeout_interrupts_a_binding_call() -> None:
     # The lone-call wait in place must not swallow the program's own timers.
     async def slow(args: Any) -> Any:
