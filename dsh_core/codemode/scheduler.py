@@ -2,9 +2,9 @@
 
 Each ``run_code`` execution owns one :class:`ProgramScheduler` (the cap is
 per program, not a process-wide semaphore). State: a FIFO ``pending`` queue of
-submitted calls, the ``in_flight`` set of running bodies, a ``commits`` queue in
-submission order and an ``exclusive`` flag. One driver task, alive from the first
-call until the run is over, does on each pass:
+submitted calls, the number of bodies ``in flight``, a ``commits`` queue in
+submission order, an ``exclusive`` flag, and the **lane**: a baton that at most
+one of the scheduler's tasks holds at a time. The holder repeats:
 
 1. **Commit first.** If the head of ``commits`` has settled, pop it and
    commit it (post-execute, finish, context deferral, turn control, then
@@ -17,23 +17,29 @@ call until the run is over, does on each pass:
    barrier and either it is parallel and fewer than the cap are in flight, or
    it is exclusive and nothing is in flight. Starting logs the start event and
    runs ``prepare`` (pre-execute, approval, guards) on the lane; only a
-   ``dispatch`` result runs the body: a parallel one as an in-flight task, an
-   exclusive one on the lane itself (nothing may overlap it anyway).
-3. **Else exit** when the run is over and nothing is pending, committing or in
-   flight, **or sleep** until a body settles, a call is submitted or the run is
-   aborted.
+   ``dispatch`` result runs the body. An exclusive body runs on the lane
+   (nothing may overlap it anyway). A parallel one gets a task of its own if
+   the lane has more to do now; otherwise the holder lets go of the lane and
+   runs the body itself. A task whose body ended takes the lane if nobody
+   holds it.
+3. **Else release the lane.** Whoever changes the state next takes it: a
+   submission (a new task), a body that ends (its own task), or the run's
+   abort (a new task, which abandons what is queued).
 
 So only around-dispatch plus the body overlap; starts, policy, post-execute,
 finalization, context deferral and settlement run on one ordered lane in
 submission order, even when bodies finish out of order, and a slow policy on
-one call delays the next start.
+one call delays the next start. No task ever waits for the lane: work it
+finds taken stays queued for the holder, which looks again before letting go.
 
-Per call, the program's binding gets a future (no task of its own: see
+Per call that is one task, started when the lane picks the call up, and no
+wake-ups between the stages of a lone call. The program's binding gets a
+future (no task of its own: see
 :data:`~dsh_core.coderuntime.seam.BindingFunction`) that the commit resolves
-with the plain result value or fails with :class:`SubCallError`; only a
-concurrency-safe body gets a task. The settle event is appended on the lane
-right after the program's call is resolved, so events keep commit order and
-a slow session store slows the lane instead of piling up writes.
+with the plain result value or fails with :class:`SubCallError`. The settle
+event is appended on the lane right after the program's call is resolved, so
+events keep commit order and a slow session store slows the lane instead of
+piling up writes.
 """
 
 from __future__ import annotations
@@ -127,16 +133,16 @@ class ProgramScheduler:
         self._context = context
         self._cap = check_max_parallel(max_parallel_sub_calls)
         self._on_commit = on_commit
+        self._loop = asyncio.get_running_loop()
         self._pending: collections.deque[SubCall] = collections.deque()
         self._commits: collections.deque[SubCall] = collections.deque()
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
         self._exclusive = False
-        self._closing = False
-        self._wake = asyncio.Event()
-        self._driver: asyncio.Task[None] | None = None
+        self._lane_held = False
+        self._tasks: set[asyncio.Task[None]] = set()
         #: The code runtime's run control (set by the transport from the first binding call).
         self.run_control: object | None = None
-        self._unlisten = signal.add_listener(lambda _reason: self._wake.set())
+        self._unlisten = signal.add_listener(self._on_abort)
 
     # -- submission -----------------------------------------------------------------------------------
 
@@ -149,43 +155,115 @@ class ProgramScheduler:
         """
         call = SubCall(request, logged)
         self._pending.append(call)
-        self._wake.set()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.get_running_loop().create_task(self._drive(), name="dsh-code-scheduler")
+        if not self._lane_held:
+            self._hand_lane()
         return call.future
 
-    # -- the driver -----------------------------------------------------------------------------------
+    def _on_abort(self, _reason: object) -> None:
+        # Queued calls are abandoned at once, not when some body happens to end.
+        if self._pending and not self._lane_held:
+            self._hand_lane()
 
-    async def _drive(self) -> None:
-        while True:
-            # Cleared before the state is inspected, so a wake-up during a pass is never lost.
-            self._wake.clear()
-            if self._commits and self._commits[0].settled:
-                call = self._commits.popleft()
-                await self._commit(call)
-                if call.exclusive:
-                    self._exclusive = False
-                continue
-            if self._pending:
-                head = self._pending[0]
-                if self._signal.aborted:
-                    self._pending.popleft()
-                    self._abandon(head)
+    # -- the lane -------------------------------------------------------------------------------------
+
+    def _hand_lane(self) -> None:
+        """Give the lane to a new task (the caller holds it, or nobody does)."""
+        self._lane_held = True
+        task = self._loop.create_task(self._hold_lane(), name="dsh-code-lane")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lane_work(self) -> bool:
+        """True if the lane holder could do something now."""
+        if self._commits and self._commits[0].settled:
+            return True
+        if not self._pending:
+            return False
+        if self._signal.aborted:
+            return True
+        # The holder's own test: a parallel head starts below the cap, an exclusive one when
+        # nothing is in flight, and neither while an exclusive call holds the barrier.
+        if self._exclusive:
+            return False
+        if self._in_flight == 0:
+            return True
+        return self._in_flight < self._cap and self._runtime.execution_mode(self._pending[0].request) == "parallel"
+
+    async def _body(self, call: SubCall) -> None:
+        """Run a parallel body in a task of its own, then take the lane if nobody holds it."""
+        try:
+            await self._dispatch(call)
+        except BaseException:
+            # Cancelled from outside: the call settled as aborted; someone must still commit it.
+            self._in_flight -= 1
+            if not self._lane_held and not self._loop.is_closed() and self._lane_work():
+                self._hand_lane()
+            raise
+        self._in_flight -= 1
+        if not self._lane_held:
+            self._lane_held = True
+            await self._hold_lane()
+
+    async def _hold_lane(self) -> None:
+        """Do the lane's work while holding it (the caller took it); see the module docstring."""
+        holding = True
+        try:
+            while True:
+                commits = self._commits
+                if commits and commits[0].settled:
+                    call = commits.popleft()
+                    await self._commit(call)
+                    if call.exclusive:
+                        self._exclusive = False
                     continue
-                exclusive = self._runtime.execution_mode(head.request) != "parallel"
-                in_flight = len(self._in_flight)
-                if not self._exclusive and (in_flight == 0 if exclusive else in_flight < self._cap):
-                    self._pending.popleft()
-                    head.exclusive = exclusive
-                    if exclusive:
-                        self._exclusive = True
-                    self._commits.append(head)
-                    await self._start(head)
-                    continue
-            idle = not self._pending and not self._commits and not self._in_flight
-            if idle and (self._closing or self._signal.aborted):
+                pending = self._pending
+                if pending:
+                    head = pending[0]
+                    if self._signal.aborted:
+                        pending.popleft()
+                        self._abandon(head)
+                        continue
+                    exclusive = self._runtime.execution_mode(head.request) != "parallel"
+                    in_flight = self._in_flight
+                    if not self._exclusive and (in_flight == 0 if exclusive else in_flight < self._cap):
+                        pending.popleft()
+                        head.exclusive = exclusive
+                        if exclusive:
+                            self._exclusive = True
+                        commits.append(head)
+                        await self._start(head)
+                        if head.settled:
+                            continue
+                        if exclusive:
+                            await self._dispatch(head)
+                            continue
+                        self._in_flight += 1
+                        if self._lane_work():
+                            # More to start or commit now: the body gets a task, the lane goes on.
+                            task = self._loop.create_task(self._body(head), name="dsh-code-body")
+                            self._tasks.add(task)
+                            task.add_done_callback(self._tasks.discard)
+                            continue
+                        # Nothing else to do: this task runs the body itself, off the lane.
+                        self._lane_held = holding = False
+                        try:
+                            await self._dispatch(head)
+                        finally:
+                            self._in_flight -= 1
+                        if self._lane_held:
+                            return  # the holder commits it (it looks again before letting go)
+                        self._lane_held = holding = True
+                        continue
+                self._lane_held = holding = False
                 return
-            await self._wake.wait()
+        except BaseException:
+            # Cancelled from outside (the loop is shutting down): never leave the lane taken,
+            # nor a settled call without someone to commit it.
+            if holding:
+                self._lane_held = False
+            if not self._lane_held and not self._loop.is_closed() and self._lane_work():
+                self._hand_lane()
+            raise
 
     def _abandon(self, call: SubCall) -> None:
         call.future.add_done_callback(_mark_retrieved)
@@ -193,9 +271,9 @@ class ProgramScheduler:
             f"run_code run is over ({self._signal.reason}); {call.name} tool call abandoned"))
 
     async def _start(self, call: SubCall) -> None:
-        if self._history.enabled:
-            await self._history.started(call.sub_call_id, call.name, call.logged)
         try:
+            if self._history.enabled:
+                await self._history.started(call.sub_call_id, call.name, call.logged)
             control = self.run_control
             pause = getattr(control, "pause_wall_clock", None)
             if pause is not None:
@@ -210,17 +288,14 @@ class ProgramScheduler:
             call.failure = error_result(error)
             call.settled = True
             return
+        except asyncio.CancelledError:
+            # The lane's task was cancelled from outside: the call is over, and committed as aborted.
+            call.failure = ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE)
+            call.settled = True
+            raise
         call.staged = staged
         if staged.kind != "dispatch":
             call.settled = True
-            return
-        if call.exclusive:
-            # Nothing else may start until this call commits, so the lane itself runs the body:
-            # the same ordering as an in-flight task, without the task and its wake-ups.
-            await self._dispatch(call)
-            return
-        task = asyncio.get_running_loop().create_task(self._body(call), name=f"dsh-sub-call:{call.sub_call_id}")
-        self._in_flight.add(task)
 
     async def _dispatch(self, call: SubCall) -> None:
         staged = call.staged
@@ -232,18 +307,19 @@ class ProgramScheduler:
         finally:
             call.settled = True
 
-    async def _body(self, call: SubCall) -> None:
-        try:
-            await self._dispatch(call)
-        finally:
-            # Done here rather than in a done-callback, which would cost the driver a loop turn.
-            task = asyncio.current_task()
-            if task is not None:
-                self._in_flight.discard(task)
-            self._wake.set()
-
     async def _commit(self, call: SubCall) -> None:
-        result = await self._final_result(call)
+        try:
+            result = await self._final_result(call)
+        except asyncio.CancelledError:
+            # The lane's task was cancelled from outside mid-commit: the program still gets an
+            # answer and the log its one settle event.
+            aborted = ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE)
+            if not call.future.done():
+                call.future.add_done_callback(_mark_retrieved)
+                call.future.set_exception(SubCallError(ABORTED_MESSAGE))
+            if self._history.enabled:
+                await self._history.settled(call.sub_call_id, call.name, call.logged, aborted)
+            raise
         context = self._context
         if context is not None:
             # Deferred at commit, in submission order, onto the outer execution: they ride the
@@ -295,9 +371,9 @@ class ProgramScheduler:
         Queued calls are abandoned, started bodies are awaited, every commit
         (one already in progress included) finishes, and every log write ends.
         """
-        self._closing = True
-        self._wake.set()
-        driver = self._driver
-        if driver is not None:
-            await asyncio.shield(driver)
+        if self._pending and not self._lane_held:
+            self._hand_lane()
+        while self._tasks:
+            # asyncio.wait never cancels what it waits for, even if this task is cancelled.
+            await asyncio.wait(set(self._tasks))
         self._unlisten()
