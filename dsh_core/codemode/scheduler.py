@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Coroutine
+from typing import Any, Final
 
 from dsh_core.abort import AbortSignal
 from dsh_core.codemode.history import DispatchHistory
@@ -83,7 +84,7 @@ class SubCallError(Exception):
 class SubCall:
     """One nested call between submission and commit."""
 
-    __slots__ = ("exclusive", "failure", "future", "logged", "request", "settled", "staged")
+    __slots__ = ("counted", "exclusive", "failure", "future", "logged", "request", "settled", "staged")
 
     def __init__(self, request: ToolExecutionInput, logged: JSON) -> None:
         self.request = request
@@ -95,6 +96,8 @@ class SubCall:
         self.settled = False
         #: A result for a call whose ``prepare`` itself raised (no staged execution exists).
         self.failure: ToolResult | None = None
+        #: True while its body counts against the cap.
+        self.counted = False
 
     @property
     def sub_call_id(self) -> str:
@@ -139,6 +142,8 @@ class ProgramScheduler:
         self._in_flight = 0
         self._exclusive = False
         self._lane_held = False
+        #: The task holding the lane, when it is one of ours mid-work (None between holders).
+        self._holder: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: The code runtime's run control (set by the transport from the first binding call).
         self.run_control: object | None = None
@@ -169,9 +174,39 @@ class ProgramScheduler:
     def _hand_lane(self) -> None:
         """Give the lane to a new task (the caller holds it, or nobody does)."""
         self._lane_held = True
-        task = self._loop.create_task(self._hold_lane(), name="dsh-code-lane")
+        self._holder = self._spawn(self._hold_lane(), "dsh-code-lane", None)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str, call: SubCall | None) -> asyncio.Task[None]:
+        task = self._loop.create_task(work, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._task_done, call))
+        return task
+
+    def _task_done(self, call: SubCall | None, task: asyncio.Task[None]) -> None:
+        """Repair what a task cancelled from outside left behind (loop teardown, a foreign task-killer).
+
+        Whether it was cut before its first step or mid-work: its body ends (the call
+        commits as aborted), the lane it held is let go, and the lane's work goes on.
+        """
+        self._tasks.discard(task)
+        if not task.cancelled():
+            error = task.exception()
+            if error is None:
+                return
+            log.error("run_code scheduler task %s failed", task.get_name(), exc_info=error)
+        if call is not None:
+            call.settled = True
+            self._uncount(call)
+        if task is self._holder:
+            self._holder = None
+            self._lane_held = False
+        if not self._lane_held and not self._loop.is_closed() and self._lane_work():
+            self._hand_lane()
+
+    def _uncount(self, call: SubCall) -> None:
+        if call.counted:
+            call.counted = False
+            self._in_flight -= 1
 
     def _lane_work(self) -> bool:
         """True if the lane holder could do something now."""
@@ -179,7 +214,7 @@ class ProgramScheduler:
             return True
         if not self._pending:
             return False
-        if self._signal.aborted:
+        if self._signal.aborted or self._pending[0].future.cancelled():
             return True
         # The holder's own test: a parallel head starts below the cap, an exclusive one when
         # nothing is in flight, and neither while an exclusive call holds the barrier.
@@ -191,81 +226,72 @@ class ProgramScheduler:
 
     async def _body(self, call: SubCall) -> None:
         """Run a parallel body in a task of its own, then take the lane if nobody holds it."""
-        try:
-            await self._dispatch(call)
-        except BaseException:
-            # Cancelled from outside: the call settled as aborted; someone must still commit it.
-            self._in_flight -= 1
-            if not self._lane_held and not self._loop.is_closed() and self._lane_work():
-                self._hand_lane()
-            raise
-        self._in_flight -= 1
+        await self._dispatch(call)
+        self._uncount(call)
         if not self._lane_held:
             self._lane_held = True
+            self._holder = asyncio.current_task()
             await self._hold_lane()
 
     async def _hold_lane(self) -> None:
         """Do the lane's work while holding it (the caller took it); see the module docstring."""
-        holding = True
-        try:
-            while True:
-                commits = self._commits
-                if commits and commits[0].settled:
-                    call = commits.popleft()
+        while True:
+            commits = self._commits
+            if commits and commits[0].settled:
+                call = commits.popleft()
+                try:
                     await self._commit(call)
+                finally:
                     if call.exclusive:
                         self._exclusive = False
+                continue
+            pending = self._pending
+            if pending:
+                head = pending[0]
+                # A future the code runtime cancelled belongs to a run that is over.
+                if self._signal.aborted or head.future.cancelled():
+                    pending.popleft()
+                    self._abandon(head)
                     continue
-                pending = self._pending
-                if pending:
-                    head = pending[0]
-                    if self._signal.aborted:
-                        pending.popleft()
-                        self._abandon(head)
+                exclusive = self._runtime.execution_mode(head.request) != "parallel"
+                in_flight = self._in_flight
+                if not self._exclusive and (in_flight == 0 if exclusive else in_flight < self._cap):
+                    pending.popleft()
+                    head.exclusive = exclusive
+                    if exclusive:
+                        self._exclusive = True
+                    commits.append(head)
+                    await self._start(head)
+                    if head.settled:
                         continue
-                    exclusive = self._runtime.execution_mode(head.request) != "parallel"
-                    in_flight = self._in_flight
-                    if not self._exclusive and (in_flight == 0 if exclusive else in_flight < self._cap):
-                        pending.popleft()
-                        head.exclusive = exclusive
-                        if exclusive:
-                            self._exclusive = True
-                        commits.append(head)
-                        await self._start(head)
-                        if head.settled:
-                            continue
-                        if exclusive:
-                            await self._dispatch(head)
-                            continue
-                        self._in_flight += 1
-                        if self._lane_work():
-                            # More to start or commit now: the body gets a task, the lane goes on.
-                            task = self._loop.create_task(self._body(head), name="dsh-code-body")
-                            self._tasks.add(task)
-                            task.add_done_callback(self._tasks.discard)
-                            continue
-                        # Nothing else to do: this task runs the body itself, off the lane.
-                        self._lane_held = holding = False
-                        try:
-                            await self._dispatch(head)
-                        finally:
-                            self._in_flight -= 1
-                        if self._lane_held:
-                            return  # the holder commits it (it looks again before letting go)
-                        self._lane_held = holding = True
+                    if exclusive:
+                        await self._dispatch(head)
                         continue
-                self._lane_held = holding = False
-                return
-        except BaseException:
-            # Cancelled from outside (the loop is shutting down): never leave the lane taken,
-            # nor a settled call without someone to commit it.
-            if holding:
-                self._lane_held = False
-            if not self._lane_held and not self._loop.is_closed() and self._lane_work():
-                self._hand_lane()
-            raise
+                    head.counted = True
+                    self._in_flight += 1
+                    if self._lane_work():
+                        # More to start or commit now: the body gets a task, the lane goes on.
+                        self._spawn(self._body(head), "dsh-code-body", head)
+                        continue
+                    # Nothing else to do: this task runs the body itself, off the lane.
+                    self._holder = None
+                    self._lane_held = False
+                    try:
+                        await self._dispatch(head)
+                    finally:
+                        self._uncount(head)
+                    if self._lane_held:
+                        return  # the holder commits it (it looks again before letting go)
+                    self._lane_held = True
+                    self._holder = asyncio.current_task()
+                    continue
+            self._holder = None
+            self._lane_held = False
+            return
 
     def _abandon(self, call: SubCall) -> None:
+        if call.future.done():  # cancelled by the code runtime: its run is over, nobody waits
+            return
         call.future.add_done_callback(_mark_retrieved)
         call.future.set_exception(SubCallError(
             f"run_code run is over ({self._signal.reason}); {call.name} tool call abandoned"))
@@ -308,18 +334,26 @@ class ProgramScheduler:
             call.settled = True
 
     async def _commit(self, call: SubCall) -> None:
+        result: ToolResult | None = None
+        logging_settle = False
         try:
             result = await self._final_result(call)
+            self._deliver(call, result)
+            if self._history.enabled:
+                logging_settle = True
+                await self._history.settled(call.sub_call_id, call.name, call.logged, result)
         except asyncio.CancelledError:
             # The lane's task was cancelled from outside mid-commit: the program still gets an
-            # answer and the log its one settle event.
-            aborted = ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE)
-            if not call.future.done():
-                call.future.add_done_callback(_mark_retrieved)
-                call.future.set_exception(SubCallError(ABORTED_MESSAGE))
-            if self._history.enabled:
-                await self._history.settled(call.sub_call_id, call.name, call.logged, aborted)
+            # answer, the watchers their record and the log its one settle event.
+            if result is None:
+                result = ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE)
+                self._deliver(call, result)
+            if self._history.enabled and not logging_settle:
+                await self._history.settled(call.sub_call_id, call.name, call.logged, result)
             raise
+
+    def _deliver(self, call: SubCall, result: ToolResult) -> None:
+        """Defer contexts, settle the program's call and tell the watcher (no awaits: one step)."""
         context = self._context
         if context is not None:
             # Deferred at commit, in submission order, onto the outer execution: they ride the
@@ -344,8 +378,6 @@ class ProgramScheduler:
                 self._on_commit(call, result)
             except Exception:
                 log.warning("on_commit observer failed for %s", call.sub_call_id, exc_info=True)
-        if self._history.enabled:
-            await self._history.settled(call.sub_call_id, call.name, call.logged, result)
 
     async def _final_result(self, call: SubCall) -> ToolResult:
         staged = call.staged
@@ -371,9 +403,13 @@ class ProgramScheduler:
         Queued calls are abandoned, started bodies are awaited, every commit
         (one already in progress included) finishes, and every log write ends.
         """
-        if self._pending and not self._lane_held:
+        if not self._lane_held and self._lane_work():
             self._hand_lane()
         while self._tasks:
             # asyncio.wait never cancels what it waits for, even if this task is cancelled.
             await asyncio.wait(set(self._tasks))
         self._unlisten()
+        # Nothing can be left by now; should a bug leave something, the program's call still ends.
+        for call in (*self._pending, *self._commits):
+            log.error("run_code scheduler left %s uncommitted", call.sub_call_id)
+            self._abandon(call)

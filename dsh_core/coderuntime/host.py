@@ -701,6 +701,9 @@ class _Run:
         except Exception as error:
             self._reply(call_id, False, str(error) or type(error).__name__)
             return
+        except asyncio.CancelledError:
+            self._reply(call_id, False, "binding call cancelled")
+            return
         pending: asyncio.Future[Any]
         if isinstance(awaitable, asyncio.Future) and awaitable.get_loop() is self.loop:
             pending = awaitable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import textwrap
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from codemode_kit import Env, tool
 
 import dsh_core.harness as harness_module
 from dsh_core import PreDecision, ToolError, define_tool, hookimpl
@@ -17,6 +19,7 @@ from dsh_core.boot import LazyCodeRuntime, start_harness
 from dsh_core.cli import main
 from dsh_core.codemode.prompt import SDK_SECTION
 from dsh_core.codemode.transport import RunCodeTransport
+from dsh_core.coderuntime import PythonCodeRuntime
 from dsh_core.config import load_deployment
 from dsh_core.errors import ErrorCode
 from dsh_core.model import ApprovalOutcome
@@ -203,3 +206,73 @@ def test_cli_sdk_prints_the_sdk_in_either_language(catalog: PluginCatalog, confi
     assert out.exit_code == 0 and "add_one: { x: number } & Record<string, JsonValue>;" in out.stdout
     out = runner.invoke(main, ["sdk", "--lang", "cobol", "--config", str(config)])
     assert out.exit_code == 2
+
+
+async def test_calls_still_queued_when_the_program_settles_never_start_nor_raise() -> None:
+    # The worker host cancels the futures of calls still pending when the run settles; the
+    # scheduler then abandons those queued calls without an error of its own.
+    runtime = PythonCodeRuntime()
+    try:
+        env = Env(code_runtime=runtime)
+        started: list[Any] = []
+
+        async def slow(args: Any, ctx: Any) -> Any:
+            started.append(args)
+            await asyncio.sleep(0.2)
+            return args
+
+        env.add(tool("excl", slow))  # exclusive: the 2nd and 3rd stay queued behind the 1st
+        errors: list[BaseException] = []
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _l, ctx: errors.append(ctx.get("exception") or ctx["message"]))
+        program = ("import asyncio\nfor i in range(3):\n    asyncio.ensure_future(tools.excl({'i': i}))\n"
+                   "await asyncio.sleep(0.05)\nreturn 'done'")
+        result = await env.run(program)
+        assert result.value == {"logs": [], "result": "done"}, result.text
+        await asyncio.sleep(0.3)
+        gc.collect()
+        await asyncio.sleep(0)
+        kinds = env.sink.kinds()
+        assert kinds == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
+        assert started == [{"i": 0}]
+        assert errors == []
+    finally:
+        await runtime.aclose()
+
+
+async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A body that ends between the host's cancellation and run_code's own abort must not
+    # let the next queued call start for a program that is gone.
+    from dsh_core.coderuntime import host
+
+    tearing = asyncio.Event()
+    original = host._Run._teardown
+
+    async def teardown(self: Any, zygote: Any) -> None:
+        if self.tasks:  # the program's run, not a pre-spawned worker
+            tearing.set()
+        await original(self, zygote)
+
+    monkeypatch.setattr(host._Run, "_teardown", teardown)
+    runtime = PythonCodeRuntime()
+    try:
+        env = Env(code_runtime=runtime)
+        started: list[Any] = []
+
+        async def body(args: Any, ctx: Any) -> Any:
+            started.append(args)
+            if args["i"] == 0:
+                await tearing.wait()  # the first call ends while the host tears the run down
+            return args
+
+        env.add(tool("excl", body))
+        asyncio.get_running_loop().set_exception_handler(lambda _l, _c: None)
+        program = ("import asyncio\nfor i in range(2):\n    asyncio.ensure_future(tools.excl({'i': i}))\n"
+                   "await asyncio.sleep(0.05)\nreturn 'done'")
+        result = await env.run(program)
+        assert result.value == {"logs": [], "result": "done"}, result.text
+        # the program is gone; call 2 was queued at settlement: it must not start
+        assert started == [{"i": 0}]
+        assert ("tool/code-dispatch-start", "call-1:code:2") not in env.sink.kinds()
+    finally:
+        await runtime.aclose()
