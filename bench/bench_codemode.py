@@ -23,7 +23,8 @@ Figures (medians, wall clock, this machine):
    hook allowing, so the approval stage runs too; and the floor: the same
    program on the same worker runtime with a bare binding (no pipeline);
 3. ``asyncio.gather`` over 1,000 concurrency-safe calls with the default cap
-   (10), in calls per second;
+   (10), in calls per second; and for both, the host process's own CPU time per
+   call (``time.process_time``, workers excluded);
 4. where the time goes: the trivial program on the worker runtime alone
    (no transport, no pipeline), in blocks alternating with the ``run_code``
    ones, back to back and after 20 ms idle; and
@@ -218,12 +219,16 @@ async def measure_dsh() -> dict[str, Any]:
 
         # Interleaved rounds, so machine noise hits every variant alike; medians of each.
         rounds: dict[str, list[float]] = {k: [] for k in ("tool", "base", "bare", "gather", "bare_gather")}
+        # The host process's own CPU time (workers excluded): where the host is the bottleneck.
+        host_cpu: dict[str, list[float]] = {k: [] for k in rounds}
         for _ in range(9):
-            rounds["tool"].append((await _run(harness, LOOP_TOOL))[0])
-            rounds["base"].append((await _run(harness, LOOP_BASE))[0])
-            rounds["bare"].append(await bare_run(LOOP_TOOL))
-            rounds["gather"].append((await _run(harness, GATHER))[0])
-            rounds["bare_gather"].append(await bare_run(GATHER))
+            for key, work in (("tool", lambda: _run(harness, LOOP_TOOL)), ("base", lambda: _run(harness, LOOP_BASE)),
+                              ("bare", lambda: bare_run(LOOP_TOOL)), ("gather", lambda: _run(harness, GATHER)),
+                              ("bare_gather", lambda: bare_run(GATHER))):
+                cpu = time.process_time()
+                outcome = await work()
+                host_cpu[key].append(time.process_time() - cpu)
+                rounds[key].append(outcome[0] if isinstance(outcome, tuple) else outcome)
         median = {k: statistics.median(v) * 1e3 for k, v in rounds.items()}
         figures["loop1000_tool_ms"] = median["tool"]
         figures["loop1000_base_ms"] = median["base"]
@@ -234,6 +239,10 @@ async def measure_dsh() -> dict[str, Any]:
         figures["gather1000_ms"] = median["gather"]
         figures["gather1000_calls_per_s"] = 1e6 / median["gather"]
         figures["bare_binding_gather1000_calls_per_s"] = 1e6 / median["bare_gather"]
+        cpu = {k: statistics.median(v) * 1e3 for k, v in host_cpu.items()}  # ms per 1,000 calls = µs per call
+        figures["host_cpu_per_call_us"] = {"sequential": cpu["tool"] - cpu["base"],
+                                           "sequential_bare_binding": cpu["bare"] - cpu["base"],
+                                           "gather": cpu["gather"], "gather_bare_binding": cpu["bare_gather"]}
     finally:
         await harness.aclose()
     harness = await _harness(ask=True)

@@ -10,8 +10,10 @@ one of the scheduler's tasks holds at a time. The holder repeats:
    commit it (post-execute, finish, context deferral, turn control, then
    resolve the program's call and append the settle event). An exclusive entry
    clears the flag only *after* its commit: its barrier covers post-execute.
-2. **Else consider the head of ``pending``.** If the run is over, abandon it
-   (the program's call raises; no start event is logged). Otherwise reclassify
+2. **Else consider the head of ``pending``.** If the run is over (the run's
+   signal is aborted, or the code runtime cancelled the call's future because
+   the program settled), abandon it: the program's call raises if anyone still
+   waits, and no start event is logged. Otherwise reclassify
    it *now* (a tool replaced while queued is reclassified; anything unknown
    fails closed to exclusive). It starts when no exclusive call holds the
    barrier and either it is parallel and fewer than the cap are in flight, or
@@ -40,6 +42,14 @@ with the plain result value or fails with :class:`SubCallError`. The settle
 event is appended on the lane right after the program's call is resolved, so
 events keep commit order and a slow session store slows the lane instead of
 piling up writes.
+
+Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
+task-killer may, at any point (before a task's first step included). Each
+task's done-callback repairs what a cancelled one left: its body counts as
+ended (the call commits as aborted), the lane it held is let go and handed on
+if there is work, and an exclusive barrier is cleared by its commit's
+``finally``. A call cancelled mid-commit still answers the program and logs
+its settle event (unless the settle write itself was the one interrupted).
 """
 
 from __future__ import annotations
