@@ -102,19 +102,16 @@ class DispatchHistory:
     program or the model sees.
     """
 
-    __slots__ = ("_agent", "_hooks", "_parent_call_id", "_root_call_id", "_sink")
+    __slots__ = ("_agent", "_hooks", "_parent_call_id", "_root_call_id", "_sink", "enabled")
 
     def __init__(self, hooks: Hooks, agent: Scope | None, *, root_call_id: str, parent_call_id: str) -> None:
         self._hooks = hooks
         self._agent = agent
         self._sink = find_sink(agent)
+        #: True when there is a sink to write to (read on every nested call: an attribute).
+        self.enabled = self._sink is not None
         self._root_call_id = root_call_id
         self._parent_call_id = parent_call_id
-
-    @property
-    def enabled(self) -> bool:
-        """True when there is a sink to write to."""
-        return self._sink is not None
 
     async def _append(self, kind: str, payload: Mapping[str, Any], sub_call_id: str) -> None:
         if self._sink is None:

@@ -94,13 +94,18 @@ class SubCallError(Exception):
 class SubCall:
     """One nested call between submission and commit."""
 
-    __slots__ = ("counted", "exclusive", "failure", "future", "logged", "request", "settled", "staged")
+    __slots__ = ("counted", "exclusive", "failure", "future", "logged", "name", "request", "settled", "staged",
+                 "sub_call_id")
 
-    def __init__(self, request: ToolExecutionInput, logged: JSON) -> None:
+    def __init__(self, request: ToolExecutionInput, logged: JSON, future: asyncio.Future[JSON]) -> None:
         self.request = request
         self.logged = logged
+        #: ``"<run_code call id>:code:<n>"``.
+        self.sub_call_id = request.call_id
+        #: The tool name the program called.
+        self.name = request.name
         #: What the program's call resolves to: the plain result value, or :class:`SubCallError`.
-        self.future: asyncio.Future[JSON] = asyncio.get_running_loop().create_future()
+        self.future = future
         self.staged: Staged | None = None
         self.exclusive = True
         self.settled = False
@@ -108,16 +113,6 @@ class SubCall:
         self.failure: ToolResult | None = None
         #: True while its body counts against the cap.
         self.counted = False
-
-    @property
-    def sub_call_id(self) -> str:
-        """``"<run_code call id>:code:<n>"``."""
-        return self.request.call_id
-
-    @property
-    def name(self) -> str:
-        """The tool name the program called."""
-        return self.request.name
 
 
 def _mark_retrieved(future: asyncio.Future[JSON]) -> None:
@@ -168,7 +163,7 @@ class ProgramScheduler:
         carrying only the tool's error text. Plain code, no await: the binding that
         calls it runs in the code runtime's event-loop callback.
         """
-        call = SubCall(request, logged)
+        call = SubCall(request, logged, self._loop.create_future())
         self._pending.append(call)
         if not self._lane_held:
             self._hand_lane()

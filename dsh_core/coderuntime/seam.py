@@ -12,8 +12,8 @@ import contextvars
 import keyword
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -204,18 +204,29 @@ class RunControl:
         """Aborted when the run settles for any reason (or is aborted)."""
         return self._signal
 
-    @contextmanager
-    def pause_wall_clock(self) -> Iterator[None]:
+    def pause_wall_clock(self) -> AbstractContextManager[None]:
         """Stop the run's wall-clock budget while held (CPU time still counts).
 
         For waits that are not the program's doing, e.g. a nested tool call
         waiting for a person's approval. Nesting is allowed.
         """
+        return _WallClockPause(self._pause, self._resume)
+
+
+class _WallClockPause:
+    """``RunControl.pause_wall_clock()``: a plain class, not a generator (it wraps every nested call)."""
+
+    __slots__ = ("_pause", "_resume")
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self._pause = pause
+        self._resume = resume
+
+    def __enter__(self) -> None:
         self._pause()
-        try:
-            yield
-        finally:
-            self._resume()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._resume()
 
 
 _CURRENT: contextvars.ContextVar[RunControl | None] = contextvars.ContextVar("dsh_code_run", default=None)
