@@ -179,7 +179,12 @@ class ProgramScheduler:
     def _hand_lane(self) -> None:
         """Give the lane to a new task (the caller holds it, or nobody does)."""
         self._lane_held = True
-        self._holder = self._spawn(self._hold_lane(), "dsh-code-lane", None)
+        self._holder = None
+        task = self._spawn(self._hold_lane(), "dsh-code-lane", None)
+        # The task names itself holder on its first step; until then (or if it is cancelled
+        # before it), it is the holder. An eager task factory may have run that step already.
+        if self._lane_held and self._holder is None and not task.done():
+            self._holder = task
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str, call: SubCall | None) -> asyncio.Task[None]:
         task = self._loop.create_task(work, name=name)
@@ -235,11 +240,11 @@ class ProgramScheduler:
         self._uncount(call)
         if not self._lane_held:
             self._lane_held = True
-            self._holder = asyncio.current_task()
             await self._hold_lane()
 
     async def _hold_lane(self) -> None:
         """Do the lane's work while holding it (the caller took it); see the module docstring."""
+        self._holder = asyncio.current_task()
         while True:
             commits = self._commits
             if commits and commits[0].settled:
@@ -410,11 +415,18 @@ class ProgramScheduler:
         """
         if not self._lane_held and self._lane_work():
             self._hand_lane()
+        cancelled = False
         while self._tasks:
-            # asyncio.wait never cancels what it waits for, even if this task is cancelled.
-            await asyncio.wait(set(self._tasks))
+            # asyncio.wait never cancels what it waits for; a cancellation of this task is
+            # held back until everything is quiescent, then re-raised.
+            try:
+                await asyncio.wait(set(self._tasks))
+            except asyncio.CancelledError:
+                cancelled = True
         self._unlisten()
         # Nothing can be left by now; should a bug leave something, the program's call still ends.
         for call in (*self._pending, *self._commits):
             log.error("run_code scheduler left %s uncommitted", call.sub_call_id)
             self._abandon(call)
+        if cancelled:
+            raise asyncio.CancelledError

@@ -236,6 +236,39 @@ async def test_a_scheduler_task_cancelled_before_its_first_step_loses_nothing(en
     assert [v for v in values if v != "tool call aborted"] == [i for i in range(3) if values[i] != "tool call aborted"]
 
 
+async def test_a_cancelled_drain_still_waits_for_every_started_body(env: Env) -> None:
+    # Quiescence holds even if a foreign task-killer cancels the task that drains the scheduler.
+    loop = asyncio.get_running_loop()
+    running = {"n": 0}
+    drains: list[asyncio.Task[Any]] = []
+
+    def factory(loop: Any, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        if getattr(coro, "__qualname__", "") == "ProgramScheduler.drain":
+            drains.append(task)
+            loop.call_soon(task.cancel)
+        return task
+
+    async def body(args: Any, ctx: Any) -> Any:
+        running["n"] += 1
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            running["n"] -= 1
+        return 1
+
+    env.add(tool("s", body, safe=True))
+    loop.set_task_factory(factory)
+    try:
+        await asyncio.wait_for(env.run(
+            "import asyncio\nasyncio.ensure_future(tools.s({}))\nawait asyncio.sleep(0.01)\nreturn 1"), 3)
+    finally:
+        loop.set_task_factory(None)
+    assert drains
+    assert running["n"] == 0, "run_code returned while a nested body was still running"
+    assert [kind for kind, _ in env.sink.kinds()] == ["tool/code-dispatch-start", "tool/code-dispatch"]
+
+
 async def test_an_exclusive_call_holds_its_barrier_through_post_execute(env: Env) -> None:
     probe = Probe()
     trace: list[str] = []
