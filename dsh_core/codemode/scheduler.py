@@ -208,8 +208,7 @@ class ProgramScheduler:
             call.settled = True
             self._uncount(call)
         if task is self._holder:
-            self._holder = None
-            self._lane_held = False
+            self._release_lane()
         if not self._lane_held and not self._loop.is_closed() and self._lane_work():
             self._hand_lane()
 
@@ -218,21 +217,35 @@ class ProgramScheduler:
             call.counted = False
             self._in_flight -= 1
 
+    def _release_lane(self) -> None:
+        self._holder = None
+        self._lane_held = False
+
     def _lane_work(self) -> bool:
-        """True if the lane holder could do something now."""
+        """True if the lane holder could do something now (its own tests, in its order)."""
         if self._commits and self._commits[0].settled:
             return True
         if not self._pending:
             return False
-        if self._signal.aborted or self._pending[0].future.cancelled():
+        head = self._pending[0]
+        if self._is_over(head):
             return True
-        # The holder's own test: a parallel head starts below the cap, an exclusive one when
-        # nothing is in flight, and neither while an exclusive call holds the barrier.
-        if self._exclusive:
-            return False
-        if self._in_flight == 0:
-            return True
-        return self._in_flight < self._cap and self._runtime.execution_mode(self._pending[0].request) == "parallel"
+        # With nothing in flight either kind may start: no need to classify the head yet.
+        return not self._exclusive and (self._in_flight == 0 or self._may_start(self._is_exclusive(head)))
+
+    def _is_over(self, call: SubCall) -> bool:
+        """The run is over for a queued call (the code runtime cancels its future when the program settles)."""
+        return self._signal.aborted or call.future.cancelled()
+
+    def _is_exclusive(self, call: SubCall) -> bool:
+        """Classify ``call`` now: anything but an exact ``parallel`` runs alone."""
+        return self._runtime.execution_mode(call.request) != "parallel"
+
+    def _may_start(self, exclusive: bool) -> bool:
+        """A parallel call starts below the cap, an exclusive one when nothing is in flight,
+        and neither while an exclusive call holds the barrier."""
+        in_flight = self._in_flight
+        return not self._exclusive and (in_flight == 0 if exclusive else in_flight < self._cap)
 
     async def _body(self, call: SubCall) -> None:
         """Run a parallel body in a task of its own, then take the lane if nobody holds it."""
@@ -258,14 +271,12 @@ class ProgramScheduler:
             pending = self._pending
             if pending:
                 head = pending[0]
-                # A future the code runtime cancelled belongs to a run that is over.
-                if self._signal.aborted or head.future.cancelled():
+                if self._is_over(head):
                     pending.popleft()
                     self._abandon(head)
                     continue
-                exclusive = self._runtime.execution_mode(head.request) != "parallel"
-                in_flight = self._in_flight
-                if not self._exclusive and (in_flight == 0 if exclusive else in_flight < self._cap):
+                exclusive = self._is_exclusive(head)
+                if self._may_start(exclusive):
                     pending.popleft()
                     head.exclusive = exclusive
                     if exclusive:
@@ -284,8 +295,7 @@ class ProgramScheduler:
                         self._spawn(self._body(head), "dsh-code-body", head)
                         continue
                     # Nothing else to do: this task runs the body itself, off the lane.
-                    self._holder = None
-                    self._lane_held = False
+                    self._release_lane()
                     try:
                         await self._dispatch(head)
                     finally:
@@ -295,8 +305,7 @@ class ProgramScheduler:
                     self._lane_held = True
                     self._holder = asyncio.current_task()
                     continue
-            self._holder = None
-            self._lane_held = False
+            self._release_lane()
             return
 
     def _abandon(self, call: SubCall) -> None:

@@ -698,11 +698,8 @@ class _Run:
         context.run(_set_current, self.control)
         try:
             awaitable = context.run(function, value)
-        except Exception as error:
-            self._reply(call_id, False, str(error) or type(error).__name__)
-            return
-        except asyncio.CancelledError:
-            self._reply(call_id, False, "binding call cancelled")
+        except (Exception, asyncio.CancelledError) as error:
+            self._fail(call_id, error)
             return
         pending: asyncio.Future[Any]
         if isinstance(awaitable, asyncio.Future) and awaitable.get_loop() is self.loop:
@@ -737,23 +734,27 @@ class _Run:
         try:
             result = await awaitable
         except Exception as error:
-            self._reply(call_id, False, str(error) or type(error).__name__)
+            self._fail(call_id, error)
             return
-        except asyncio.CancelledError:
-            self._reply(call_id, False, "binding call cancelled")
+        except asyncio.CancelledError as error:
+            self._fail(call_id, error)
             raise
         self._resolve(call_id, result)
 
     def _on_resolved(self, call_id: int, future: asyncio.Future[Any]) -> None:
         """Reply for a binding that returned a future (no task: this is its done callback)."""
-        if future.cancelled():
-            self._reply(call_id, False, "binding call cancelled")
-            return
-        error = future.exception()
+        error = asyncio.CancelledError() if future.cancelled() else future.exception()
         if error is not None:
-            self._reply(call_id, False, str(error) or type(error).__name__)
+            self._fail(call_id, error)
             return
         self._resolve(call_id, future.result())
+
+    def _fail(self, call_id: int, error: BaseException) -> None:
+        """The error reply for a binding call that raised, failed or was cancelled."""
+        if isinstance(error, asyncio.CancelledError):
+            self._reply(call_id, False, "binding call cancelled")
+        else:
+            self._reply(call_id, False, str(error) or type(error).__name__)
 
     def _resolve(self, call_id: int, result: Any) -> None:
         try:

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -208,36 +209,50 @@ def test_cli_sdk_prints_the_sdk_in_either_language(catalog: PluginCatalog, confi
     assert out.exit_code == 2
 
 
-async def test_calls_still_queued_when_the_program_settles_never_start_nor_raise() -> None:
-    # The worker host cancels the futures of calls still pending when the run settles; the
-    # scheduler then abandons those queued calls without an error of its own.
+async def _fire_and_forget_on_worker(calls: int, wait: Callable[[Any], Awaitable[None]]) -> tuple[Env, list[Any]]:
+    """On the real worker runtime, run a program that fires ``calls`` exclusive calls and returns at once.
+
+    Each body records its arguments, then awaits ``wait(args)``. Returns the
+    environment (its sink holds the events) and the arguments of the bodies that started.
+    """
+    started: list[Any] = []
+
+    async def body(args: Any, ctx: Any) -> Any:
+        started.append(args)
+        await wait(args)
+        return args
+
     runtime = PythonCodeRuntime()
     try:
         env = Env(code_runtime=runtime)
-        started: list[Any] = []
-
-        async def slow(args: Any, ctx: Any) -> Any:
-            started.append(args)
-            await asyncio.sleep(0.2)
-            return args
-
-        env.add(tool("excl", slow))  # exclusive: the 2nd and 3rd stay queued behind the 1st
-        errors: list[BaseException] = []
-        loop = asyncio.get_running_loop()
-        loop.set_exception_handler(lambda _l, ctx: errors.append(ctx.get("exception") or ctx["message"]))
-        program = ("import asyncio\nfor i in range(3):\n    asyncio.ensure_future(tools.excl({'i': i}))\n"
+        env.add(tool("excl", body))  # exclusive: every later call stays queued behind the first
+        program = (f"import asyncio\nfor i in range({calls}):\n    asyncio.ensure_future(tools.excl({{'i': i}}))\n"
                    "await asyncio.sleep(0.05)\nreturn 'done'")
         result = await env.run(program)
         assert result.value == {"logs": [], "result": "done"}, result.text
-        await asyncio.sleep(0.3)
-        gc.collect()
-        await asyncio.sleep(0)
-        kinds = env.sink.kinds()
-        assert kinds == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
-        assert started == [{"i": 0}]
-        assert errors == []
+        await asyncio.sleep(0.3)  # the started body ends; nothing else may start meanwhile
+        return env, started
     finally:
         await runtime.aclose()
+
+
+async def test_calls_still_queued_when_the_program_settles_never_start_nor_raise() -> None:
+    # The worker host cancels the futures of calls still pending when the run settles; the
+    # scheduler then abandons those queued calls without an error of its own.
+    errors: list[BaseException] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _l, ctx: errors.append(ctx.get("exception") or ctx["message"]))
+
+    async def slow(args: Any) -> None:
+        await asyncio.sleep(0.2)
+
+    env, started = await _fire_and_forget_on_worker(3, slow)
+    gc.collect()
+    await asyncio.sleep(0)
+    kinds = env.sink.kinds()
+    assert kinds == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
+    assert started == [{"i": 0}]
+    assert errors == []
 
 
 async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,25 +269,13 @@ async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypat
         await original(self, zygote)
 
     monkeypatch.setattr(host._Run, "_teardown", teardown)
-    runtime = PythonCodeRuntime()
-    try:
-        env = Env(code_runtime=runtime)
-        started: list[Any] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _l, _c: None)
 
-        async def body(args: Any, ctx: Any) -> Any:
-            started.append(args)
-            if args["i"] == 0:
-                await tearing.wait()  # the first call ends while the host tears the run down
-            return args
+    async def first_waits_for_teardown(args: Any) -> None:
+        if args["i"] == 0:
+            await tearing.wait()  # the first call ends while the host tears the run down
 
-        env.add(tool("excl", body))
-        asyncio.get_running_loop().set_exception_handler(lambda _l, _c: None)
-        program = ("import asyncio\nfor i in range(2):\n    asyncio.ensure_future(tools.excl({'i': i}))\n"
-                   "await asyncio.sleep(0.05)\nreturn 'done'")
-        result = await env.run(program)
-        assert result.value == {"logs": [], "result": "done"}, result.text
-        # the program is gone; call 2 was queued at settlement: it must not start
-        assert started == [{"i": 0}]
-        assert ("tool/code-dispatch-start", "call-1:code:2") not in env.sink.kinds()
-    finally:
-        await runtime.aclose()
+    env, started = await _fire_and_forget_on_worker(2, first_waits_for_teardown)
+    # the program is gone; call 2 was queued at settlement: it must not start
+    assert started == [{"i": 0}]
+    assert ("tool/code-dispatch-start", "call-1:code:2") not in env.sink.kinds()
