@@ -5,8 +5,13 @@ syntax error is an ``exception`` result, no worker) -> ask the zygote to
 fork a worker -> the worker locks down and reports ``ready`` -> the host
 verifies ``/proc``, joins the cgroup (L3) and only then sends the program ->
 binding calls are bridged -> the first terminal outcome wins -> kill the
-worker's process group (and cgroup), drain its channel and output pipe,
-wait for the zygote to reap it -> resolve.
+worker (the zygote kills its process group when it reaps it), wait until it
+is reaped, sweep the cgroup, drain its channel and output pipe -> resolve.
+
+The worker is named by a pidfd the zygote opened while it could not yet
+exit. At L2 and above, where the kernel reports a reaped process's status
+through its pidfd, the kernel reaps the worker as it exits and the host
+reads that status itself; below L2 the zygote reaps and reports it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import sys
 import tempfile
 import threading
 import types
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dsh_core.abort import AbortController, AbortSignal
@@ -47,6 +52,7 @@ from dsh_core.coderuntime.seam import (
     _set_current,
     validate_bindings,
 )
+from dsh_core.coderuntime.worker import pidfd as pidfds
 from dsh_core.coderuntime.worker import program as programs
 from dsh_core.coderuntime.worker import wire
 
@@ -59,6 +65,10 @@ _WORKER_KINDS = frozenset({"exception", "invalid-output", "output-limit", "memor
 _READY_MAX = 4096
 _DRAIN_GRACE_S = 2.0
 _EXIT_GRACE_S = 0.5
+# A pidfd polls readable as its process exits; the kernel records the status
+# as it reaps it, a moment later: look again this often, this many times.
+_EXIT_STATUS_RETRY_S = 0.001
+_EXIT_STATUS_TRIES = 200
 _START_TIMEOUT_S = 60.0
 # Socket reads: 64 KiB stays below glibc's mmap threshold (a 1 MiB ``recv``
 # maps, faults and unmaps a fresh buffer every time: ~25 us per message).
@@ -109,6 +119,14 @@ class RuntimeDisposedError(RuntimeError):
     """``run`` was called on a runtime after :meth:`PythonCodeRuntime.aclose`."""
 
 
+def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
+    return fds
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -135,11 +153,13 @@ class _Zygote:
         self.ctrl: socket.socket | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[str, asyncio.Future[int | None]] = {}
+        self.spawned: dict[str, Callable[[int], None]] = {}
+        self.kernel_reaps = False  # set from the zygote's hello
         self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.alive = False
         self.hello: asyncio.Future[dict[str, Any]] = loop.create_future()
 
-    async def start(self, config: CodeRuntimeConfig) -> None:
+    async def start(self, config: CodeRuntimeConfig, let_kernel_reap: bool = True) -> None:
         plan = self.plan
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         payload = {
@@ -148,6 +168,9 @@ class _Zygote:
             "paths": list(plan.import_paths),
             "ro_paths": list(plan.ro_paths),
             "ns": list(iso.L3_NAMESPACES),
+            # Only where no program can create a process: the zygote's reaping
+            # is what sweeps a finished run's process group.
+            "kernel_reaps": plan.level >= 2 and let_kernel_reap,
             "budgets": {
                 "memory_mb": config.memory_mb,
                 "cpu_s": config.cpu_s,
@@ -196,22 +219,26 @@ class _Zygote:
             await self.close()
             message = str(hello.get("m"))
             raise ZygoteError(message, fatal="code_runtime.preload" in message)
+        self.kernel_reaps = hello.get("kernel_reaps") is True
 
     def _on_readable(self) -> None:
         assert self.ctrl is not None
         while True:
             try:
-                data = self.ctrl.recv(1 << 16)
+                data, ancdata, _, _ = self.ctrl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                data = b""
+                data, ancdata = b"", []
+            fds = _received_fds(ancdata)
             if not data:
+                _close_all(fds)
                 self._dead()
                 return
             try:
                 message = json.loads(data)
             except ValueError:
+                _close_all(fds)
                 continue
             kind = message.get("t")
             if kind in ("hello", "error"):
@@ -221,6 +248,14 @@ class _Zygote:
                 future = self.exits.get(message.get("r"))
                 if future is not None and not future.done():
                     future.set_result(int(message.get("status", 0)))
+            elif kind == "spawned" and len(fds) == 1:
+                run_id = message.get("r")
+                on_spawned = self.spawned.pop(run_id, None)
+                if on_spawned is not None:
+                    if self.kernel_reaps:
+                        self.exits.pop(run_id, None)  # its pidfd tells when and how it ended
+                    on_spawned(fds.pop())
+            _close_all(fds)
 
     def _dead(self) -> None:
         if not self.alive:
@@ -236,9 +271,18 @@ class _Zygote:
             if not future.done():
                 future.set_result(None)
 
-    def spawn(self, run_id: str, proto_fd: int, out_fd: int, cwd: str) -> asyncio.Future[int | None]:
+    def spawn(
+        self, run_id: str, proto_fd: int, out_fd: int, cwd: str, on_spawned: Callable[[int], None] | None = None
+    ) -> asyncio.Future[int | None]:
+        """Ask for a worker; the future resolves with its wait status (None: unknown, the zygote died).
+
+        ``on_spawned`` receives the worker's pidfd (and owns it). Where the kernel
+        reaps, the future is then the caller's to resolve, from that pidfd.
+        """
         future: asyncio.Future[int | None] = self.loop.create_future()
         self.exits[run_id] = future
+        if on_spawned is not None:
+            self.spawned[run_id] = on_spawned
         if not self.alive or self.ctrl is None:
             future.set_result(None)
             return future
@@ -296,6 +340,7 @@ class _Zygote:
 
     def forget(self, run_id: str) -> None:
         self.exits.pop(run_id, None)
+        self.spawned.pop(run_id, None)
 
     async def close(self) -> None:
         """Close the control socket (the zygote kills and reaps its children) and reap it."""
@@ -423,9 +468,14 @@ class _Run:
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.outcome: tuple[str, Any] | None = None
         self.ready = False
-        self.pid = 0
+        self.ready_text: str | None = None  # the worker's ready report, until it is verified
+        self.pid = 0  # from the pidfd, in the host's pid namespace
+        self.cred_pid = 0  # the kernel-attested sender of the worker's first message
         self.pidfd = -1
+        self.watching_exit = False
+        self.exit_tries = 0
         self.cgroup: iso.Cgroup | None = None
+        self.cgroup_empty = False  # a sweep after the reap found no process left
         self.cwd: str | None = None
         self.sock: socket.socket | None = None
         self.out_fd = -1
@@ -433,6 +483,7 @@ class _Run:
         self.out_eof = False
         self.eof_waiter: asyncio.Future[None] | None = None
         self.exit_future: asyncio.Future[int | None] | None = None
+        self.kernel_reaps = False  # the kernel reaps this worker; its pidfd resolves exit_future
         self.exit_status: int | None = None
         # Each call id is answered at most once, in bounded memory: the worker
         # numbers its calls 1, 2, 3, ..., so ids 1..id_floor are all seen and only
@@ -544,13 +595,53 @@ class _Run:
             self.out_fd = out_r
             if zygote.plan.level < 3:
                 self.cwd = tempfile.mkdtemp(prefix="dsh-run-")
-            self.exit_future = zygote.spawn(self.run_id, child.fileno(), out_w, self.cwd or "/")
+            self.exit_future = zygote.spawn(self.run_id, child.fileno(), out_w, self.cwd or "/", self._on_spawned)
+            self.kernel_reaps = zygote.kernel_reaps
         finally:
             child.close()
             os.close(out_w)
         self.exit_future.add_done_callback(self._on_exit)
         self.loop.add_reader(parent.fileno(), self._on_sock)
         self.loop.add_reader(out_r, self._on_pipe)
+
+    def _on_spawned(self, pidfd: int) -> None:
+        """The zygote's pidfd of this run's worker (owned from here on)."""
+        if self.pidfd >= 0 or self.sock is None:  # a duplicate, or the run is closed
+            os.close(pidfd)
+            return
+        self.pidfd = pidfd
+        try:
+            self.pid = pidfds.pid_of(pidfd)
+        except (OSError, ValueError):
+            self.pid = -1
+        if self.kernel_reaps:
+            self.loop.add_reader(pidfd, self._on_pidfd)
+            self.watching_exit = True
+        if self.outcome is not None:  # settled before the worker was known: kill it now
+            with contextlib.suppress(OSError):
+                signals.pidfd_send_signal(pidfd, signals.SIGKILL)
+        elif self.ready_text is not None:
+            self._verify(self.ready_text)
+
+    def _on_pidfd(self) -> None:
+        """Where the kernel reaps: the worker exited; read its status from the pidfd."""
+        if self.pidfd < 0:
+            return  # closed meanwhile
+        status = pidfds.exit_status(self.pidfd)
+        if status is None:
+            # Polled readable at exit; the kernel records the status as it reaps, a moment later.
+            self.exit_tries += 1
+            if self.exit_tries < _EXIT_STATUS_TRIES:
+                if self.watching_exit:
+                    self.loop.remove_reader(self.pidfd)
+                    self.watching_exit = False
+                self.loop.call_later(_EXIT_STATUS_RETRY_S, self._on_pidfd)
+                return
+        if self.watching_exit:
+            self.loop.remove_reader(self.pidfd)
+            self.watching_exit = False
+        if self.exit_future is not None and not self.exit_future.done():
+            self.exit_future.set_result(status)
 
     def _on_wall(self) -> None:
         self.settle("error", ("timeout", f"wall-clock ceiling reached ({self.config.timeout_s:g} s)"))
@@ -565,7 +656,7 @@ class _Run:
                 data, ancdata, _, _ = sock.recvmsg(_CHUNK, socket.CMSG_SPACE(12))
                 for level, kind, payload in ancdata:
                     if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
-                        self.pid = self.pid or int.from_bytes(payload[0:4], sys.byteorder, signed=True)
+                        self.cred_pid = self.cred_pid or int.from_bytes(payload[0:4], sys.byteorder, signed=True)
             else:
                 data = sock.recv(_CHUNK)
                 if len(data) == _CHUNK:
@@ -638,11 +729,18 @@ class _Run:
             self.settle("limit", None)
 
     def _on_ready(self, text: str) -> None:
-        if self.pid <= 0:
+        # The zygote's pidfd and the worker's ready travel on two sockets: verify once both are in.
+        if self.ready_text is not None:
+            return
+        self.ready_text = text
+        if self.pidfd >= 0:
+            self._verify(text)
+
+    def _verify(self, text: str) -> None:
+        if self.pid <= 0 or self.cred_pid != self.pid:
             self.settle("error", ("worker-exit", "the worker's pid could not be verified"))
             return
         try:
-            self.pidfd = os.pidfd_open(self.pid)
             facts = iso.verify_proc(self.pid)
         except OSError as error:
             self.settle("error", ("worker-exit", f"the worker could not be verified: {error}"))
@@ -917,7 +1015,9 @@ class _Run:
         if self.outcome is not None:
             return
         status = self.exit_status
-        if status is None:
+        if status is None and self.kernel_reaps and self.pidfd >= 0:
+            self.settle("error", ("worker-exit", "the worker exited before completing (its status is unreadable)"))
+        elif status is None:
             self.settle("error", ("worker-exit", "the zygote exited before the worker completed"))
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -959,17 +1059,23 @@ class _Run:
             if self.pidfd >= 0:
                 with contextlib.suppress(OSError):
                     signals.pidfd_send_signal(self.pidfd, signals.SIGKILL)
-            else:
+            elif not self.kernel_reaps:
                 zygote.kill(self.run_id)
+            # (Where the kernel reaps, the zygote keeps no record of its workers:
+            # _on_spawned kills this one as soon as its pidfd arrives.)
+            # Reap: the zygote reports the exit status only after waitpid. The
+            # leader's exit is most of a run's teardown; nothing else runs on
+            # this loop before it, so the worker often has this CPU to itself.
+            if self.exit_future is not None:
+                await _until(self.exit_future, 10.0)
+            # Then the cgroup sweep, for anything that left the process group,
+            # before the drain waits on descriptors such a process could hold.
             if self.cgroup is not None:
-                self.cgroup.kill_all()
+                self.cgroup_empty = self.cgroup.kill_all() == 0
             # Drain both channels to EOF (bounded: an escaped holder may keep one open).
             if not (self.sock_eof and self.out_eof):
                 self.eof_waiter = self.loop.create_future()
                 await _until(self.eof_waiter, _DRAIN_GRACE_S)
-            # Reap: the zygote reports the exit status only after waitpid.
-            if self.exit_future is not None:
-                await _until(self.exit_future, 10.0)
             if bindings:
                 await asyncio.gather(*bindings, return_exceptions=True)
         finally:
@@ -994,10 +1100,14 @@ class _Run:
             os.close(self.out_fd)
             self.out_fd = -1
         if self.pidfd >= 0:
+            if self.watching_exit:
+                self.loop.remove_reader(self.pidfd)
+                self.watching_exit = False
             os.close(self.pidfd)
             self.pidfd = -1
         if self.cgroup is not None and self.owner._cgroups is not None:
-            self.cgroup.kill_all()
+            if not self.cgroup_empty:  # nothing can join an empty group but through the host
+                self.cgroup.kill_all()
             self.owner._cgroups.release(self.cgroup)
             self.cgroup = None
         if self.cwd is not None:
@@ -1056,6 +1166,9 @@ class PythonCodeRuntime:
         self._failure: str | None = None
         self._warm: collections.deque[_Run] = collections.deque()
         self._warm_tasks: set[asyncio.Task[None]] = set()
+        # Let the kernel reap workers where it reports their status (L2+); tests
+        # turn it off to keep the zygote's own reaping covered at every level.
+        self._let_kernel_reap = True
 
     @property
     def language(self) -> str:
@@ -1144,7 +1257,7 @@ class PythonCodeRuntime:
             raise ZygoteError(str(error)) from None
         loop = asyncio.get_running_loop()
         zygote = _Zygote(plan, loop)
-        await zygote.start(self.config)
+        await zygote.start(self.config, self._let_kernel_reap)
         self._level = level
         if level >= 3 and self._cgroups is None and iso.CgroupPool.available():
             _sweep_stale_cgroups_once()

@@ -191,11 +191,15 @@ class Cgroup:
     def __init__(self, name: str, memory_bytes: int, pids: int) -> None:
         self.memory = os.path.join(_CGROUP_ROOT, "memory", name)
         self.pids = os.path.join(_CGROUP_ROOT, "pids", name)
+        self._pids_current = -1
         os.mkdir(self.memory)
         try:
             os.mkdir(self.pids)
             _write(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory_bytes))
             _write(os.path.join(self.pids, "pids.max"), str(pids))
+            # Held open: a pread of it answers "is anything left?" in microseconds, where
+            # opening and reading ``cgroup.procs`` costs 0.1 ms or more in every run.
+            self._pids_current = os.open(os.path.join(self.pids, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             self.remove()
             raise
@@ -218,25 +222,34 @@ class Cgroup:
             pass
         return 0
 
-    def kill_all(self) -> None:
-        """SIGKILL every process still in the group (nothing should be).
+    def kill_all(self) -> int:
+        """SIGKILL every process still in the group (nothing should be); return how many were found.
 
         The pids hierarchy alone is read: ``join`` puts a worker in both
         groups and its descendants inherit both, while the worker has no write
-        access to any ``cgroup.procs`` to leave. (Each read costs about 0.1 ms
-        here, and a run reads twice.)
+        access to any ``cgroup.procs`` to leave. The group's task count is
+        read first, so an empty group (every run's case) costs one ``pread``.
         """
+        try:
+            if int(os.pread(self._pids_current, 32, 0)) == 0:
+                return 0
+        except (OSError, ValueError):
+            pass  # read the list instead
         try:
             with open(os.path.join(self.pids, "cgroup.procs")) as handle:
                 pids = [int(x) for x in handle.read().split()]
         except OSError:
-            return
+            return -1  # unknown, not empty
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
+        return len(pids)
 
     def remove(self) -> None:
         """Delete both groups (they must be empty)."""
+        if self._pids_current >= 0:
+            os.close(self._pids_current)
+            self._pids_current = -1
         for group in (self.memory, self.pids):
             with contextlib.suppress(OSError):
                 os.rmdir(group)

@@ -6,11 +6,22 @@ Standard library only; started by the host as
 documented module set plus ``code_runtime.preload``, then loops on its
 control socket (SOCK_SEQPACKET). Each ``spawn`` request carries two
 descriptors (the run's protocol socket and its stdout/stderr pipe) as
-SCM_RIGHTS; the zygote forks, the child locks itself down and serves one
-run, and the zygote reaps it and reports its exit status. Because the
-zygote reaps, it can kill a dead leader's process group before the pid is
-released, so no member of a finished run survives and no pid is reused
-under the host's feet.
+SCM_RIGHTS; a pre-forked spare takes them, locks itself down and serves one
+run. The zygote answers ``spawned`` with a pidfd of that worker, opened
+before the worker could exit, so the host never names it by a pid that
+could be reused.
+
+Who reaps depends on the level:
+
+* Below L2 a program may fork, so the zygote reaps: it kills a dead leader's
+  process group before the pid is released (no member of a finished run
+  survives, no pid is reused under the host's feet) and reports the status.
+* At L2 and above seccomp forbids new processes, so there is no group to
+  sweep. Where the kernel reports an exited process's status through its
+  pidfd (tried once at start-up), the zygote ignores ``SIGCHLD``: the kernel
+  reaps each worker as it exits and the host reads the status itself. That
+  takes the zygote (and its copy-on-write faults after every fork) off the
+  end of every run.
 """
 
 from __future__ import annotations
@@ -121,11 +132,48 @@ def _preload(extra: list[str], paths: list[str]) -> str | None:
     return None
 
 
-def _send(ctrl: socket.socket, message: dict[str, object]) -> None:
+def _send(ctrl: socket.socket, message: dict[str, object], fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
     try:
-        ctrl.send(json.dumps(message).encode())
+        if fds:
+            ctrl.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        else:
+            ctrl.send(data)
     except OSError:
         os._exit(0)  # the host is gone
+
+
+def _kernel_reaps() -> bool:
+    """Ignore SIGCHLD if the kernel then still reports each child's status through its pidfd.
+
+    Tried with one short-lived child, before the preload makes forking dear.
+    """
+    pidfds: Any = importlib.import_module("_dsh_worker.pidfd")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    works = False
+    go_r, go_w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.read(go_r, 1)
+            os._exit(7)
+        try:
+            handle = os.pidfd_open(pid)
+        finally:
+            os.write(go_w, b"g")
+        try:
+            select.select([handle], [], [], 10.0)
+            works = pidfds.exit_status(handle) == 7 << 8
+        finally:
+            os.close(handle)
+    except OSError:
+        works = False
+    finally:
+        os.close(go_r)
+        os.close(go_w)
+    if not works:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return works
 
 
 def main() -> None:
@@ -135,6 +183,7 @@ def main() -> None:
     os.environ.clear()  # PEP 538 may have added LC_CTYPE; children inherit nothing
     ctrl = socket.socket(fileno=ctrl_fd)
     _load_package()
+    kernel_reaps = bool(config.get("kernel_reaps")) and _kernel_reaps()
     failure = _preload(config["preload"], config["paths"])
     if failure is None:
         try:
@@ -150,10 +199,11 @@ def main() -> None:
     gc.freeze()  # children share these pages copy-on-write; keep GC off them
     sigr, sigw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(sigw)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    _send(ctrl, {"t": "hello", "pid": os.getpid()})
-    children: dict[int, str] = {}  # pid -> run id
-    spare: tuple[int, socket.socket] | None = _make_spare(ctrl, config)
+    if not kernel_reaps:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+    _send(ctrl, {"t": "hello", "pid": os.getpid(), "kernel_reaps": kernel_reaps})
+    children: dict[int, str] = {}  # pid -> run id, for the runs this zygote reaps
+    spare: tuple[int, socket.socket, int] | None = _make_spare(ctrl, config)
     while True:
         try:
             ready, _, _ = select.select([ctrl.fileno(), sigr], [], [])
@@ -165,7 +215,9 @@ def main() -> None:
                     pass
             except BlockingIOError:
                 pass
-            if _reap(ctrl, children, spare[0] if spare else 0):
+            if _reap(ctrl, children, spare[0] if spare else 0) and spare is not None:
+                spare[1].close()
+                os.close(spare[2])
                 spare = None  # the spare died unassigned; make another when needed
         if ctrl.fileno() in ready:
             try:
@@ -180,10 +232,17 @@ def main() -> None:
             if not data:  # the host closed the control socket: shut down
                 for fd in fds:
                     os.close(fd)
-                if spare is not None:
+                if spare is not None:  # it never ran a program: it is alone in its group
                     spare[1].close()
-                    _kill_group(spare[0])
-                    children[spare[0]] = ""
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(spare[2], signal.SIGKILL)
+                    if kernel_reaps:
+                        select.select([spare[2]], [], [], 10.0)  # readable once it is gone
+                    else:
+                        children[spare[0]] = ""
+                    os.close(spare[2])
+                # Workers of this zygote's own reaping; the others were torn down by the
+                # host through their pidfds (and would die with the zygote: PDEATHSIG).
                 for pid in list(children):
                     _kill_group(pid)
                 while children:
@@ -194,17 +253,19 @@ def main() -> None:
                 for _attempt in range(2):
                     if spare is None:
                         spare = _make_spare(ctrl, config)
-                    pid, channel = spare
+                    pid, channel, handle = spare
                     spare = None
                     try:
                         channel.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
                     except OSError:
-                        channel.close()
+                        os.close(handle)  # the spare died unassigned
                         continue
                     finally:
                         channel.close()
-                    children[pid] = request["r"]
-                    _send(ctrl, {"t": "spawned", "r": request["r"], "pid": pid})
+                    if not kernel_reaps:
+                        children[pid] = request["r"]
+                    _send(ctrl, {"t": "spawned", "r": request["r"], "pid": pid}, [handle])
+                    os.close(handle)
                     break
                 else:
                     _send(ctrl, {"t": "exit", "r": request["r"], "status": 70 << 8})
@@ -220,8 +281,12 @@ def main() -> None:
                             _kill_group(pid)
 
 
-def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, socket.socket]:
-    """Fork the next worker now; it locks down, warms up and waits for its one run."""
+def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, socket.socket, int]:
+    """Fork the next worker now; it locks down, warms up and waits for its one run.
+
+    Returns its pid, the zygote's end of its channel and a pidfd, opened before
+    the child may go on (so before it can exit and, reaped by the kernel, free its pid).
+    """
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -230,7 +295,12 @@ def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, so
         parent.close()
         _child(ctrl, child, config)  # never returns
     child.close()
-    return pid, parent
+    try:
+        handle = os.pidfd_open(pid)
+    finally:
+        with contextlib.suppress(OSError):
+            parent.send(b"g")
+    return pid, parent, handle
 
 
 def _kill_group(pid: int) -> None:
@@ -271,6 +341,8 @@ def _child(ctrl: socket.socket, channel: socket.socket, config: dict[str, object
     try:
         zygote = os.getppid()
         ctrl.close()
+        if channel.recv(1) != b"g":  # the zygote holds a pidfd of this process from here on
+            os._exit(0)
         runner: Any = importlib.import_module("_dsh_worker.runner")
         if channel.fileno() != 3:
             os.dup2(0, 3)  # hold descriptor 3 for the protocol: the loop's own fds land above it
