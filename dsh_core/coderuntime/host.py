@@ -225,7 +225,7 @@ class _Zygote:
         assert self.ctrl is not None
         while True:
             try:
-                data, ancdata, _, _ = self.ctrl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
+                data, ancdata, _, _ = self.ctrl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -248,14 +248,22 @@ class _Zygote:
                 future = self.exits.get(message.get("r"))
                 if future is not None and not future.done():
                     future.set_result(int(message.get("status", 0)))
-            elif kind == "spawned" and len(fds) == 1:
-                run_id = message.get("r")
-                on_spawned = self.spawned.pop(run_id, None)
-                if on_spawned is not None:
-                    if self.kernel_reaps:
-                        self.exits.pop(run_id, None)  # its pidfd tells when and how it ended
-                    on_spawned(fds.pop())
+            elif kind == "spawned":
+                self._on_spawned_message(message.get("r"), fds)
             _close_all(fds)
+
+    def _on_spawned_message(self, run_id: object, fds: list[int]) -> None:
+        on_spawned = self.spawned.pop(run_id, None) if isinstance(run_id, str) else None
+        if len(fds) == 1 and on_spawned is not None:
+            if self.kernel_reaps:
+                self.exits.pop(str(run_id), None)  # its pidfd tells when and how it ended
+            on_spawned(fds.pop())
+        elif len(fds) == 1:
+            # Its run gave up waiting for it: nothing else would ever kill this worker.
+            with contextlib.suppress(OSError):
+                signals.pidfd_send_signal(fds[0], signals.SIGKILL)
+        elif on_spawned is not None:
+            on_spawned(-1)  # the pidfd was lost on the way (say, the host is out of descriptors)
 
     def _dead(self) -> None:
         if not self.alive:
@@ -605,7 +613,14 @@ class _Run:
         self.loop.add_reader(out_r, self._on_pipe)
 
     def _on_spawned(self, pidfd: int) -> None:
-        """The zygote's pidfd of this run's worker (owned from here on)."""
+        """The zygote's pidfd of this run's worker (owned from here on); -1 if it was lost."""
+        if pidfd < 0:
+            # The worker cannot be named, so it gets no program; it exits once its channel
+            # closes. Where the kernel reaps, no one else will report its end.
+            self.settle("error", ("worker-exit", "the worker's pidfd did not reach the host"))
+            if self.kernel_reaps and self.exit_future is not None and not self.exit_future.done():
+                self.exit_future.set_result(None)
+            return
         if self.pidfd >= 0 or self.sock is None:  # a duplicate, or the run is closed
             os.close(pidfd)
             return
@@ -742,6 +757,8 @@ class _Run:
             return
         try:
             facts = iso.verify_proc(self.pid)
+            # Still the pidfd's process: what /proc showed was the worker, not a reused pid.
+            signals.pidfd_send_signal(self.pidfd, 0)
         except OSError as error:
             self.settle("error", ("worker-exit", f"the worker could not be verified: {error}"))
             return
@@ -987,6 +1004,10 @@ class _Run:
         used = self._read_cpu()
         if used is None:
             return
+        try:
+            signals.pidfd_send_signal(self.pidfd, 0)  # read from the worker, not from a reused pid
+        except OSError:
+            return  # it has exited: its end is being reported
         self.cpu_used = used
         if used >= self.config.cpu_s:
             self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time)"))

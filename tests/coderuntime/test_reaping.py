@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
-from dsh_core.coderuntime.host import _Run
+from dsh_core.coderuntime import isolation as iso
+from dsh_core.coderuntime.host import _Run, _Zygote
 from dsh_core.coderuntime.worker import pidfd as pidfds
 
 from .conftest import arun, tools
@@ -69,17 +70,51 @@ def _runtime(level: str, kernel_reap: bool, **config: Any) -> PythonCodeRuntime:
     return runtime
 
 
+_NO_KERNEL_REAPING = pytest.mark.skipif(
+    not KERNEL_REPORTS, reason="this kernel does not report a reaped process's status through its pidfd (< 6.15)"
+)
 MODES = [
     pytest.param("L1", True, False, id="L1-zygote-reaps"),
-    pytest.param("L2", True, KERNEL_REPORTS, id="L2-kernel-reaps"),
+    pytest.param("L2", True, True, id="L2-kernel-reaps", marks=_NO_KERNEL_REAPING),
     pytest.param("L2", False, False, id="L2-zygote-reaps"),
-    pytest.param("auto", True, KERNEL_REPORTS, id="strongest-kernel-reaps"),
+    pytest.param("auto", True, True, id="strongest-kernel-reaps", marks=_NO_KERNEL_REAPING),
     pytest.param("auto", False, False, id="strongest-zygote-reaps"),
 ]
 
 
+def _zygote_processes() -> set[int]:
+    """Every process on the machine running this checkout's zygote script (zygotes and workers)."""
+    script = os.path.join(iso.WORKER_DIR, "zygote.py").encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if script in handle.read():
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def worker_pids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The host-side pid of every worker sent a program from now on."""
+    seen: list[int] = []
+    begin = _Run._begin
+
+    def recording(run: _Run) -> None:
+        seen.append(run.pid)
+        begin(run)
+
+    monkeypatch.setattr(_Run, "_begin", recording)
+    return seen
+
+
 @pytest.mark.parametrize(("level", "allow", "kernel_reaps"), MODES)
-def test_every_ending_is_reported_and_no_zombie_outlives_its_run(level: str, allow: bool, kernel_reaps: bool) -> None:
+def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
+    level: str, allow: bool, kernel_reaps: bool, worker_pids: list[int]
+) -> None:
     async def echo(args: Any) -> Any:
         return args
 
@@ -91,18 +126,25 @@ def test_every_ending_is_reported_and_no_zombie_outlives_its_run(level: str, all
         ("while True: pass", ("timeout", "CPU budget exhausted")),
     ]
 
+    fds_before = set(os.listdir("/proc/self/fd"))
+    zygotes_before = _zygote_processes()
+
     async def go() -> None:
         runtime = _runtime(level, allow, cpu_s=0.5)
         try:
             for program, expected in endings:
+                worker_pids.clear()
                 result = await runtime.run(program, tools(echo=echo))
+                # Reaped before run() returned: the worker's pid no longer names a process.
+                ran = [pid for pid in worker_pids if pid > 0]
+                assert ran and not [pid for pid in ran if os.path.exists(f"/proc/{pid}")], program
                 assert runtime._zygote is not None and runtime._zygote.kernel_reaps is kernel_reaps
                 if expected is None:
                     assert result.error is None and result.value == 1
                 else:
                     assert result.error is not None, program
                     assert (result.error.kind, result.error.message[: len(expected[1])]) == expected, program
-                # Resolved means reaped: nothing under this process is a zombie now.
+                # Nothing under this process is a zombie either.
                 zombies = [pid for pid, state in _descendants(os.getpid()).items() if state == "Z"]
                 assert zombies == [], program
         finally:
@@ -110,12 +152,17 @@ def test_every_ending_is_reported_and_no_zombie_outlives_its_run(level: str, all
         assert _descendants(os.getpid()) == {}
 
     arun(go())
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+    assert _zygote_processes() == zygotes_before  # no spare or worker left behind, orphaned or not
 
 
 @pytest.mark.parametrize(("level", "allow", "kernel_reaps"), [m for m in MODES if m.id != "L1-zygote-reaps"])
 def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_reaps: bool) -> None:
     # Its workers die with it (PDEATHSIG); each live run settles as worker-exit,
     # and the next run starts a new zygote.
+    fds_before = set(os.listdir("/proc/self/fd"))
+    zygotes_before = _zygote_processes()
+
     async def go() -> None:
         runtime = _runtime(level, allow)
         try:
@@ -136,6 +183,8 @@ def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_r
         assert _descendants(os.getpid()) == {}
 
     arun(go())
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+    assert _zygote_processes() == zygotes_before
 
 
 def _is_zygote(pid: int) -> bool:
@@ -199,3 +248,93 @@ def test_exit_status_of_a_live_process_is_none() -> None:
         assert pidfds.pid_of(handle) == os.getpid()
     finally:
         os.close(handle)
+
+
+def _sleeper() -> tuple[subprocess.Popen[bytes], int]:
+    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", "import time; time.sleep(60)"])
+    return child, os.pidfd_open(child.pid)
+
+
+def test_a_pidfd_that_arrives_after_its_run_gave_up_kills_its_worker() -> None:
+    # No run waits for it any more: nothing else would ever kill that worker.
+    async def go() -> int:
+        zygote = _Zygote(None, asyncio.get_running_loop())  # type: ignore[arg-type]
+        child, handle = _sleeper()
+        fds = [handle]
+        zygote._on_spawned_message("r-gone", fds)
+        assert fds == [handle]  # still the caller's to close
+        os.close(handle)
+        return await asyncio.to_thread(child.wait, 10)
+
+    assert arun(go()) == -signal.SIGKILL
+
+
+def test_a_spawned_message_without_its_pidfd_ends_the_run() -> None:
+    # The descriptor was lost on the way (e.g. the host ran out of descriptors): the run cannot
+    # name its worker, so it never sends it a program; it ends, and does not wait for a report
+    # that, where the kernel reaps, would never come.
+    async def go() -> Any:
+        loop = asyncio.get_running_loop()
+        zygote = _Zygote(None, loop)  # type: ignore[arg-type]
+        zygote.kernel_reaps = True
+        run = _Run(PythonCodeRuntime(CodeRuntimeConfig(isolation="L0")))
+        run.kernel_reaps = True
+        run.exit_future = loop.create_future()
+        zygote.exits["r1"], zygote.spawned["r1"] = run.exit_future, run._on_spawned
+        zygote._on_spawned_message("r1", [])
+        return run.outcome, run.exit_future.done(), run.pidfd
+
+    outcome, exit_known, pidfd = arun(go())
+    assert outcome == ("error", ("worker-exit", "the worker's pidfd did not reach the host"))
+    assert exit_known and pidfd == -1
+
+
+def test_a_second_pidfd_for_the_same_run_is_closed() -> None:
+    async def go() -> None:
+        run = _Run(PythonCodeRuntime(CodeRuntimeConfig(isolation="L0")))
+        run.sock = object()  # type: ignore[assignment]  # an open run
+        child, first = _sleeper()
+        try:
+            run._on_spawned(first)
+            fds_before = set(os.listdir("/proc/self/fd"))
+            run._on_spawned(os.dup(first))
+            assert set(os.listdir("/proc/self/fd")) == fds_before
+            assert run.pidfd == first
+        finally:
+            child.kill()
+            child.wait()
+            os.close(first)
+
+    arun(go())
+
+
+def test_descriptors_from_the_zygote_are_not_inherited_by_programs_the_host_starts() -> None:
+    import array
+    import json
+    import socket
+
+    async def go() -> bool:
+        host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        host_end.setblocking(False)
+        zygote = _Zygote(None, asyncio.get_running_loop())  # type: ignore[arg-type]
+        zygote.ctrl, zygote.alive = host_end, True
+        got: list[int] = []
+        zygote.spawned["r1"] = got.append
+        child, handle = _sleeper()
+        try:
+            os.set_inheritable(handle, True)  # the sender's copy may be inheritable; the received one must not
+            message = json.dumps({"t": "spawned", "r": "r1", "pid": child.pid}).encode()
+            zygote_end.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [handle]))])
+            zygote._on_readable()
+            (received,) = got
+            inheritable = os.get_inheritable(received)
+            os.close(received)
+            return inheritable
+        finally:
+            child.kill()
+            child.wait()
+            os.close(handle)
+            host_end.close()
+            zygote_end.close()
+
+    assert arun(go()) is False

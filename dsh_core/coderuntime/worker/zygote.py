@@ -36,6 +36,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,10 +144,11 @@ def _send(ctrl: socket.socket, message: dict[str, object], fds: list[int] | None
         os._exit(0)  # the host is gone
 
 
-def _kernel_reaps() -> bool:
-    """Ignore SIGCHLD if the kernel then still reports each child's status through its pidfd.
+def _kernel_reports_reaped_status() -> bool:
+    """Whether, with SIGCHLD ignored, the kernel reports a child's status through its pidfd.
 
-    Tried with one short-lived child, before the preload makes forking dear.
+    Tried with one short-lived child, before the preload makes forking dear;
+    SIGCHLD is left at its default (a preloaded module may wait for a child).
     """
     pidfds: Any = importlib.import_module("_dsh_worker.pidfd")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -163,7 +165,13 @@ def _kernel_reaps() -> bool:
             os.write(go_w, b"g")
         try:
             select.select([handle], [], [], 10.0)
-            works = pidfds.exit_status(handle) == 7 << 8
+            # Readable as it exits; the status is recorded as it is reaped, a moment later.
+            for _ in range(1000):
+                status = pidfds.exit_status(handle)
+                if status is not None:
+                    works = status == 7 << 8
+                    break
+                time.sleep(0.001)
         finally:
             os.close(handle)
     except OSError:
@@ -171,7 +179,6 @@ def _kernel_reaps() -> bool:
     finally:
         os.close(go_r)
         os.close(go_w)
-    if not works:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     return works
 
@@ -183,7 +190,7 @@ def main() -> None:
     os.environ.clear()  # PEP 538 may have added LC_CTYPE; children inherit nothing
     ctrl = socket.socket(fileno=ctrl_fd)
     _load_package()
-    kernel_reaps = bool(config.get("kernel_reaps")) and _kernel_reaps()
+    kernel_reaps = bool(config.get("kernel_reaps")) and _kernel_reports_reaped_status()
     failure = _preload(config["preload"], config["paths"])
     if failure is None:
         try:
@@ -199,8 +206,8 @@ def main() -> None:
     gc.freeze()  # children share these pages copy-on-write; keep GC off them
     sigr, sigw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(sigw)
-    if not kernel_reaps:
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+    # Ignored: the kernel reaps each child as it exits (and the host reads its status).
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN if kernel_reaps else lambda *_: None)
     _send(ctrl, {"t": "hello", "pid": os.getpid(), "kernel_reaps": kernel_reaps})
     children: dict[int, str] = {}  # pid -> run id, for the runs this zygote reaps
     spare: tuple[int, socket.socket, int] | None = _make_spare(ctrl, config)
