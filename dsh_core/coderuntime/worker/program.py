@@ -68,15 +68,19 @@ def _build(source: str) -> types.CodeType:
     tree = compile(source, FILENAME, "exec", ast.PyCF_ONLY_AST)
     assert isinstance(tree, ast.Module)
     body = tree.body or [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
-    for node in _top_level(body):
-        if isinstance(node, (ast.Yield, ast.YieldFrom)):
-            raise SyntaxError(
-                "'yield' is not allowed in a program (it is the body of an async function)",
-                (FILENAME, node.lineno, node.col_offset + 1, _line(source, node.lineno)),
-            )
-        if isinstance(node, ast.Return) and node.value is not None:
+    if "yield" in source:  # only then can there be one to refuse (the full walk is dearer)
+        for node in _top_level(body):
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                raise SyntaxError(
+                    "'yield' is not allowed in a program (it is the body of an async function)",
+                    (FILENAME, node.lineno, node.col_offset + 1, _line(source, node.lineno)),
+                )
+    for node in _top_level_returns(body):
+        if node.value is not None:
             wrapped = ast.List(elts=[node.value], ctx=ast.Load())
             node.value = ast.copy_location(wrapped, node.value)
+    # Every node made here has the locations compile needs (the parser's have theirs),
+    # so no fix_missing_locations: its walk of the whole tree cost more than the parse.
     function = ast.AsyncFunctionDef(
         name=MAIN,
         args=ast.arguments(
@@ -90,8 +94,30 @@ def _build(source: str) -> types.CodeType:
         col_offset=0,
     )
     module = ast.Module(body=[function], type_ignores=[])
-    ast.fix_missing_locations(module)
     return compile(module, FILENAME, "exec", optimize=0)
+
+
+def _top_level_returns(nodes: list[ast.stmt]) -> list[ast.Return]:
+    # A return is a statement: walk statement blocks only, not expressions, and not
+    # into nested scopes (their returns are their own).
+    found: list[ast.Return] = []
+    stack: list[ast.stmt] = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            found.append(node)
+        elif isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While)):
+            stack += node.body + node.orelse
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            stack += node.body
+        elif isinstance(node, (ast.Try, ast.TryStar)):
+            stack += node.body + node.orelse + node.finalbody
+            for handler in node.handlers:
+                stack += handler.body
+        elif isinstance(node, ast.Match):
+            for case in node.cases:
+                stack += case.body
+    return found
 
 
 def _line(source: str, lineno: int | None) -> str | None:
