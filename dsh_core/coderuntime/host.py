@@ -615,13 +615,21 @@ class _Run:
     def _on_spawned(self, pidfd: int) -> None:
         """The zygote's pidfd of this run's worker (owned from here on); -1 if it was lost."""
         if pidfd < 0:
-            # The worker cannot be named, so it gets no program; it exits once its channel
-            # closes. Where the kernel reaps, no one else will report its end.
+            # The worker cannot be named, so it gets no program: its channel is shut now,
+            # which ends it. Where the kernel reaps, no one else will report its end.
             self.settle("error", ("worker-exit", "the worker's pidfd did not reach the host"))
+            if self.sock is not None:
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)
             if self.kernel_reaps and self.exit_future is not None and not self.exit_future.done():
                 self.exit_future.set_result(None)
             return
-        if self.pidfd >= 0 or self.sock is None:  # a duplicate, or the run is closed
+        if self.pidfd >= 0:  # a duplicate
+            os.close(pidfd)
+            return
+        if self.sock is None:  # the run is over: nothing else would kill this worker
+            with contextlib.suppress(OSError):
+                signals.pidfd_send_signal(pidfd, signals.SIGKILL)
             os.close(pidfd)
             return
         self.pidfd = pidfd
@@ -771,6 +779,12 @@ class _Run:
                 text += f" cgroup(mem={self.config.memory_mb}M,pids={self.owner._cgroups.pids})"
             except OSError as error:
                 problem = f"cannot join the run cgroup: {error}"
+            else:
+                try:  # joined by pid: still the pidfd's process, so not a reused pid
+                    signals.pidfd_send_signal(self.pidfd, 0)
+                except ProcessLookupError:
+                    self.cgroup.leave(self.pid)  # whoever holds that pid now goes back
+                    problem = "the worker exited before it was verified"
         if problem is not None:
             self.settle("error", ("worker-exit", f"isolation check failed: {problem}"))
             return
@@ -1006,8 +1020,10 @@ class _Run:
             return
         try:
             signals.pidfd_send_signal(self.pidfd, 0)  # read from the worker, not from a reused pid
-        except OSError:
+        except ProcessLookupError:
             return  # it has exited: its end is being reported
+        except OSError:
+            pass  # not allowed to ask (not a sign of exit): keep the reading
         self.cpu_used = used
         if used >= self.config.cpu_s:
             self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time)"))

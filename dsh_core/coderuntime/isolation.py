@@ -211,6 +211,12 @@ class Cgroup:
         _write(os.path.join(self.memory, "cgroup.procs"), str(pid))
         _write(os.path.join(self.pids, "cgroup.procs"), str(pid))
 
+    def leave(self, pid: int) -> None:
+        """Move ``pid`` back to both hierarchies' roots (best effort)."""
+        for hierarchy in ("memory", "pids"):
+            with contextlib.suppress(OSError):
+                _write(os.path.join(_CGROUP_ROOT, hierarchy, "cgroup.procs"), str(pid))
+
     def oom_kills(self) -> int:
         """The cgroup's OOM-kill counter."""
         try:

@@ -75,12 +75,27 @@ def test_only_the_programs_own_returns_carry_a_value(source: str, expected: Any)
         "if True:\n    for i in range(2):\n        yield i",
         "yield from []",
         "return (yield)",
+        # Parts of a def, lambda or class that run in the program's own scope:
+        "@(yield)\ndef f():\n    pass",
+        "def f(x=(yield)):\n    pass",
+        "def f(*, x=(yield)):\n    pass",
+        "def f(x: (yield)):\n    pass",
+        "def f() -> (yield):\n    pass",
+        "f = lambda x=(yield): x",
+        "class C((yield)):\n    pass",
+        "class C(metaclass=(yield)):\n    pass",
+        "@(yield)\nclass C:\n    pass",
     ],
 )
 def test_a_yield_in_the_program_itself_is_refused(source: str) -> None:
     with pytest.raises(SyntaxError, match="'yield' is not allowed in a program") as caught:
         programs.build(source)
     assert caught.value.filename == programs.FILENAME and caught.value.lineno is not None
+
+
+def test_a_yield_in_a_nested_scope_is_its_own() -> None:
+    source = "def g():\n    yield 1\nclass C:\n    def m(self):\n        yield 2\nreturn [*g(), *C().m()]"
+    assert _result(source) == [1, 2]
 
 
 def _reference_build(source: str) -> types.CodeType:

@@ -152,8 +152,8 @@ def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
         assert _descendants(os.getpid()) == {}
 
     arun(go())
-    assert set(os.listdir("/proc/self/fd")) == fds_before
-    assert _zygote_processes() == zygotes_before  # no spare or worker left behind, orphaned or not
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
+    assert _zygote_processes() <= zygotes_before  # no spare or worker left behind, orphaned or not
 
 
 @pytest.mark.parametrize(("level", "allow", "kernel_reaps"), [m for m in MODES if m.id != "L1-zygote-reaps"])
@@ -183,8 +183,8 @@ def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_r
         assert _descendants(os.getpid()) == {}
 
     arun(go())
-    assert set(os.listdir("/proc/self/fd")) == fds_before
-    assert _zygote_processes() == zygotes_before
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
+    assert _zygote_processes() <= zygotes_before
 
 
 def _is_zygote(pid: int) -> bool:
@@ -338,3 +338,126 @@ def test_descriptors_from_the_zygote_are_not_inherited_by_programs_the_host_star
             zygote_end.close()
 
     assert arun(go()) is False
+
+
+def test_the_zygote_probe_gives_up_at_once_where_the_kernel_cannot_report(tmp_path: Any) -> None:
+    # Before Linux 6.15 the status read fails outright: no point waiting for it.
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import errno, sys\n"
+        f"sys.path.insert(0, {iso.WORKER_DIR!r})\n"
+        "import zygote\n"
+        "zygote._load_package()\n"
+        "import _dsh_worker.pidfd as pidfds\n"
+        "calls = []\n"
+        "def unsupported(fd):\n"
+        "    calls.append(fd)\n"
+        "    raise OSError(errno.ENOTTY, 'no PIDFD_GET_INFO')\n"
+        "pidfds.recorded_exit_status = unsupported\n"
+        "print(zygote._kernel_reports_reaped_status(), len(calls))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(script)], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["False", "1"], done.stderr
+
+
+def _polling_run(monkeypatch: pytest.MonkeyPatch, probe_error: BaseException) -> Any:
+    async def go() -> Any:
+        run = _Run(PythonCodeRuntime(CodeRuntimeConfig(isolation="L0", cpu_s=1.0)))
+        run.pidfd = 1234
+        monkeypatch.setattr(run, "_read_cpu", lambda: 5.0)  # over the budget
+
+        def probe(fd: int, sig: int) -> None:
+            raise probe_error
+
+        monkeypatch.setattr(signal, "pidfd_send_signal", probe)
+        run._poll_cpu()
+        return run.outcome
+
+    return arun(go())
+
+
+def test_cpu_polling_ignores_a_reading_once_the_worker_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its pid may name another process by now; its own end is being reported.
+    assert _polling_run(monkeypatch, ProcessLookupError()) is None
+
+
+def test_cpu_polling_still_enforces_the_budget_when_the_liveness_probe_is_not_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outcome = _polling_run(monkeypatch, PermissionError())
+    assert outcome == ("error", ("timeout", "CPU budget exhausted (1 s of CPU time)"))
+
+
+def test_a_run_without_its_pidfd_shuts_its_worker_channel() -> None:
+    import socket
+
+    async def go() -> bytes:
+        run = _Run(PythonCodeRuntime(CodeRuntimeConfig(isolation="L0")))
+        ours, workers = socket.socketpair()
+        workers.settimeout(5)  # a failure, not a hang
+        run.sock = ours
+        try:
+            run._on_spawned(-1)
+            return workers.recv(10)  # EOF: the worker's read ends and it exits
+        finally:
+            ours.close()
+            workers.close()
+
+    assert arun(go()) == b""
+
+
+def test_a_pidfd_that_arrives_after_its_run_closed_kills_the_worker() -> None:
+    async def go() -> int:
+        run = _Run(PythonCodeRuntime(CodeRuntimeConfig(isolation="L0")))
+        assert run.sock is None  # closed (never opened here)
+        child, handle = _sleeper()
+        run._on_spawned(handle)  # owned from here on: killed and closed
+        assert run.pidfd == -1
+        return await asyncio.to_thread(child.wait, 10)
+
+    assert arun(go()) == -signal.SIGKILL
+
+
+def test_a_worker_gone_right_after_joining_its_cgroup_is_moved_out_and_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The join goes by pid: if the pidfd says the worker is gone, the pid may be
+    # someone else's by now, so it is moved back out and the worker refused.
+    moves: list[tuple[str, int]] = []
+
+    class Group:
+        def join(self, pid: int) -> None:
+            moves.append(("join", pid))
+
+        def leave(self, pid: int) -> None:
+            moves.append(("leave", pid))
+
+    class Pool:
+        pids = 64
+
+        def acquire(self) -> Group:
+            return Group()
+
+    async def go() -> Any:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L3"))
+        runtime._level, runtime._cgroups = 3, Pool()  # type: ignore[assignment]
+        run = _Run(runtime)
+        run.pid = run.cred_pid = 4242
+        run.pidfd = 1234
+        monkeypatch.setattr(iso, "verify_proc", lambda pid: {})
+        monkeypatch.setattr(iso, "check_level", lambda level, facts: None)
+        probes = iter([None, ProcessLookupError()])  # alive for /proc, gone after the join
+
+        def probe(fd: int, sig: int) -> None:
+            outcome = next(probes)
+            if outcome is not None:
+                raise outcome
+
+        monkeypatch.setattr(signal, "pidfd_send_signal", probe)
+        run._verify("L3")
+        return run.outcome
+
+    assert arun(go()) == ("error", ("worker-exit", "isolation check failed: the worker exited before it was verified"))
+    assert moves == [("join", 4242), ("leave", 4242)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import struct
 
-__all__ = ["exit_status", "pid_of"]
+__all__ = ["exit_status", "pid_of", "recorded_exit_status"]
 
 _PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(0xFF, 11, struct pidfd_info): its 64-byte first version
 _PIDFD_INFO_EXIT = 1 << 3
@@ -27,12 +27,21 @@ def exit_status(pidfd: int) -> int | None:
 
     None while it has not been reaped, or where the kernel does not report it.
     """
-    info = bytearray(_INFO_SIZE)
-    struct.pack_into("=Q", info, 0, _PIDFD_INFO_EXIT)
     try:
-        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info)
+        return recorded_exit_status(pidfd)
     except OSError:
         return None
+
+
+def recorded_exit_status(pidfd: int) -> int | None:
+    """Like :func:`exit_status`, but raise ``OSError`` where the kernel cannot report it.
+
+    Before Linux 6.13 there is no ``PIDFD_GET_INFO``; before 6.15, once the
+    process is reaped, it fails with ``ESRCH``. None: not reaped (or recorded) yet.
+    """
+    info = bytearray(_INFO_SIZE)
+    struct.pack_into("=Q", info, 0, _PIDFD_INFO_EXIT)
+    fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info)
     (mask,) = struct.unpack_from("=Q", info, 0)
     if not mask & _PIDFD_INFO_EXIT:
         return None

@@ -24,16 +24,35 @@ _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 def _top_level(nodes: list[ast.stmt]) -> list[ast.AST]:
-    # Iterative walk that does not descend into nested scopes.
+    # Iterative walk that does not descend into nested scopes, but does into the
+    # parts of a def, lambda or class that run in the enclosing scope.
     found: list[ast.AST] = []
     stack: list[ast.AST] = list(nodes)
     while stack:
         node = stack.pop()
         found.append(node)
         if isinstance(node, _NESTED):
-            continue  # its returns and yields belong to its own scope
+            stack.extend(_evaluated_outside(node))  # its body's returns and yields are its own
+            continue
         stack.extend(ast.iter_child_nodes(node))
     return found
+
+
+def _evaluated_outside(node: ast.AST) -> list[ast.AST]:
+    """The expressions of a def, lambda or class that the enclosing scope evaluates."""
+    parts: list[ast.expr | None] = []
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        parts += node.decorator_list
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        arguments = node.args
+        parts += arguments.defaults + arguments.kw_defaults
+        if not isinstance(node, ast.Lambda):
+            every = arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+            every += [arg for arg in (arguments.vararg, arguments.kwarg) if arg is not None]
+            parts += [arg.annotation for arg in every] + [node.returns]
+    if isinstance(node, ast.ClassDef):
+        parts += node.bases + [keyword.value for keyword in node.keywords]
+    return [part for part in parts if part is not None]
 
 
 def build(source: str, warned: list[str] | None = None) -> types.CodeType:

@@ -166,8 +166,9 @@ def _kernel_reports_reaped_status() -> bool:
         try:
             select.select([handle], [], [], 10.0)
             # Readable as it exits; the status is recorded as it is reaped, a moment later.
+            # An error (no such ioctl, or no status once reaped) means no support: no waiting.
             for _ in range(1000):
-                status = pidfds.exit_status(handle)
+                status = pidfds.recorded_exit_status(handle)
                 if status is not None:
                     works = status == 7 << 8
                     break
