@@ -51,7 +51,9 @@ from dsh_core.model import (
 from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 from dsh_core.schema import format_violations, violations
 
-__all__ = ["ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE"]
+__all__ = [
+    "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
+]
 
 ABORTED_BEFORE_DISPATCH_MESSAGE = "tool call aborted before dispatch"
 ABORTED_MESSAGE = "tool call aborted"
@@ -94,7 +96,8 @@ def _aborted_before_dispatch(contexts: Sequence[object] = ()) -> ToolResult:
                               additional_contexts=tuple(contexts))  # type: ignore[arg-type]
 
 
-def _aborted(contexts: Sequence[object] = ()) -> ToolResult:
+def aborted_result(contexts: Sequence[object] = ()) -> ToolResult:
+    """The result of a call aborted once it had started (``ABORTED``), with ``contexts`` kept."""
     return ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE,
                               additional_contexts=tuple(contexts))  # type: ignore[arg-type]
 
@@ -104,7 +107,7 @@ def error_result(error: BaseException) -> ToolResult:
     if isinstance(error, DshError):
         return ToolResult.failure(str(error.code), error.message)
     if isinstance(error, AbortedError):
-        return _aborted()
+        return aborted_result()
     try:
         text = str(error)
     except Exception:
@@ -161,7 +164,7 @@ class ToolRuntime:
             return await self.finish(staged)
         except asyncio.CancelledError:
             if not staged._finished:
-                staged.result = _aborted() if staged._body_invoked else _aborted_before_dispatch()
+                staged.result = aborted_result() if staged._body_invoked else _aborted_before_dispatch()
                 await asyncio.shield(self.finish(staged))
             raise
 
@@ -337,7 +340,7 @@ class ToolRuntime:
         if not body_results or result is not body_results[-1]:
             result = self._normalize_authored(execution, result)
         if caller.aborted and not result.is_error:
-            result = (_aborted if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
+            result = (aborted_result if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
         return staged.settle("post-result", result)
 
     def _normalize_authored(self, execution: ToolExecution, result: ToolResult) -> ToolResult:
@@ -379,7 +382,7 @@ class ToolRuntime:
             if close is not None:
                 close()
         if fused.aborted and not result.is_error:
-            result = _aborted()
+            result = aborted_result()
         deferred = context.deferred_contexts
         if deferred:
             result = attrs.evolve(result, additional_contexts=deferred + result.additional_contexts)
@@ -420,7 +423,7 @@ class ToolRuntime:
         if decisions:
             result = self._apply_post(execution, result, decisions)
         if execution.signal.aborted and not result.is_error:
-            result = (_aborted if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
+            result = (aborted_result if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
         staged.result = result
         return await self.finish(staged)
 

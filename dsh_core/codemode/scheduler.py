@@ -63,10 +63,9 @@ from typing import Any, Final
 
 from dsh_core.abort import AbortSignal
 from dsh_core.codemode.history import DispatchHistory
-from dsh_core.errors import ErrorCode
 from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
-from dsh_core.runtime import ABORTED_MESSAGE, Staged, ToolRuntime, error_result
+from dsh_core.runtime import Staged, ToolRuntime, aborted_result, error_result
 
 __all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "ProgramScheduler", "SubCall", "check_max_parallel", "SubCallError"]
 
@@ -335,7 +334,7 @@ class ProgramScheduler:
             return
         except asyncio.CancelledError:
             # The lane's task was cancelled from outside: the call is over, and committed as aborted.
-            call.failure = ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE)
+            call.failure = aborted_result()
             call.settled = True
             raise
         call.staged = staged
@@ -365,7 +364,7 @@ class ProgramScheduler:
             # The lane's task was cancelled from outside mid-commit: the program still gets an
             # answer, the watchers their record and the log its one settle event.
             if result is None:
-                result = ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE)
+                result = aborted_result()
                 self._deliver(call, result)
             if self._history.enabled and not logging_settle:
                 await self._history.settled(call.sub_call_id, call.name, call.logged, result)
@@ -406,7 +405,7 @@ class ProgramScheduler:
         try:
             if staged.kind == "dispatch":
                 # The body task ended without settling (it was cancelled from outside).
-                staged.settle("final-result", ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE))
+                staged.settle("final-result", aborted_result())
             if staged.kind == "post-result":
                 return await self._runtime.finalize(staged)
             return await self._runtime.finish(staged)

@@ -52,9 +52,8 @@ from dsh_core.coderuntime.seam import (
     _set_current,
     validate_bindings,
 )
-from dsh_core.coderuntime.worker import pidfd as pidfds
+from dsh_core.coderuntime.worker import descriptors, wire
 from dsh_core.coderuntime.worker import program as programs
-from dsh_core.coderuntime.worker import wire
 
 __all__ = ["PythonCodeRuntime", "RuntimeDisposedError", "STDLIB_PRELOAD"]
 
@@ -117,14 +116,6 @@ def _sweep_stale_cgroups_once() -> None:
 
 class RuntimeDisposedError(RuntimeError):
     """``run`` was called on a runtime after :meth:`PythonCodeRuntime.aclose`."""
-
-
-def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
-    return fds
 
 
 def _close_all(fds: list[int]) -> None:
@@ -230,7 +221,7 @@ class _Zygote:
                 return
             except OSError:
                 data, ancdata = b"", []
-            fds = _received_fds(ancdata)
+            fds = descriptors.received(ancdata)
             if not data:
                 _close_all(fds)
                 self._dead()
@@ -259,9 +250,7 @@ class _Zygote:
                 self.exits.pop(str(run_id), None)  # its pidfd tells when and how it ended
             on_spawned(fds.pop())
         elif len(fds) == 1:
-            # Its run gave up waiting for it: nothing else would ever kill this worker.
-            with contextlib.suppress(OSError):
-                signals.pidfd_send_signal(fds[0], signals.SIGKILL)
+            descriptors.kill(fds[0])  # its run gave up waiting for it: nothing else ever would
         elif on_spawned is not None:
             on_spawned(-1)  # the pidfd was lost on the way (say, the host is out of descriptors)
 
@@ -381,8 +370,7 @@ class _Zygote:
             try:
                 await asyncio.wait_for(asyncio.shield(exited), 10.0)
             except TimeoutError:
-                with contextlib.suppress(OSError):
-                    signals.pidfd_send_signal(pidfd, signals.SIGKILL)
+                descriptors.kill(pidfd)
                 await exited
             finally:
                 self.loop.remove_reader(pidfd)
@@ -628,21 +616,19 @@ class _Run:
             os.close(pidfd)
             return
         if self.sock is None:  # the run is over: nothing else would kill this worker
-            with contextlib.suppress(OSError):
-                signals.pidfd_send_signal(pidfd, signals.SIGKILL)
+            descriptors.kill(pidfd)
             os.close(pidfd)
             return
         self.pidfd = pidfd
         try:
-            self.pid = pidfds.pid_of(pidfd)
+            self.pid = descriptors.pid_of(pidfd)
         except (OSError, ValueError):
             self.pid = -1
         if self.kernel_reaps:
             self.loop.add_reader(pidfd, self._on_pidfd)
             self.watching_exit = True
         if self.outcome is not None:  # settled before the worker was known: kill it now
-            with contextlib.suppress(OSError):
-                signals.pidfd_send_signal(pidfd, signals.SIGKILL)
+            descriptors.kill(pidfd)
         elif self.ready_text is not None:
             self._verify(self.ready_text)
 
@@ -650,19 +636,16 @@ class _Run:
         """Where the kernel reaps: the worker exited; read its status from the pidfd."""
         if self.pidfd < 0:
             return  # closed meanwhile
-        status = pidfds.exit_status(self.pidfd)
+        status = descriptors.exit_status(self.pidfd)
+        if self.watching_exit:  # readable for good from now on
+            self.loop.remove_reader(self.pidfd)
+            self.watching_exit = False
         if status is None:
             # Polled readable at exit; the kernel records the status as it reaps, a moment later.
             self.exit_tries += 1
             if self.exit_tries < _EXIT_STATUS_TRIES:
-                if self.watching_exit:
-                    self.loop.remove_reader(self.pidfd)
-                    self.watching_exit = False
                 self.loop.call_later(_EXIT_STATUS_RETRY_S, self._on_pidfd)
                 return
-        if self.watching_exit:
-            self.loop.remove_reader(self.pidfd)
-            self.watching_exit = False
         if self.exit_future is not None and not self.exit_future.done():
             self.exit_future.set_result(status)
 
@@ -1094,15 +1077,15 @@ class _Run:
             # process group when it reaps it (the leader's pid still reserves
             # the group id then), and the cgroup catches anything that left it.
             if self.pidfd >= 0:
-                with contextlib.suppress(OSError):
-                    signals.pidfd_send_signal(self.pidfd, signals.SIGKILL)
+                descriptors.kill(self.pidfd)
             elif not self.kernel_reaps:
                 zygote.kill(self.run_id)
             # (Where the kernel reaps, the zygote keeps no record of its workers:
             # _on_spawned kills this one as soon as its pidfd arrives.)
-            # Reap: the zygote reports the exit status only after waitpid. The
-            # leader's exit is most of a run's teardown; nothing else runs on
-            # this loop before it, so the worker often has this CPU to itself.
+            # Reap: the status comes once the worker is reaped, from the zygote after
+            # its waitpid or, where the kernel reaps, from the pidfd. The leader's exit
+            # is most of a run's teardown; nothing else runs on this loop before it,
+            # so the worker often has this CPU to itself.
             if self.exit_future is not None:
                 await _until(self.exit_future, 10.0)
             # Then the cgroup sweep, for anything that left the process group,

@@ -20,7 +20,7 @@ import pytest
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.host import _Run, _Zygote
-from dsh_core.coderuntime.worker import pidfd as pidfds
+from dsh_core.coderuntime.worker import descriptors
 
 from .conftest import arun, tools
 
@@ -30,7 +30,7 @@ def _kernel_reports_exit_status() -> bool:
     handle = os.pidfd_open(child.pid)
     try:
         child.wait()
-        return pidfds.exit_status(handle) == 5 << 8
+        return descriptors.exit_status(handle) == 5 << 8
     finally:
         os.close(handle)
 
@@ -224,7 +224,7 @@ def test_the_exit_status_is_read_again_until_the_kernel_has_recorded_it(monkeypa
     # A pidfd polls readable as its process exits; the status is recorded as the
     # kernel reaps it, a moment later. The host looks again instead of giving up.
     answers = [None, None, 3 << 8]
-    monkeypatch.setattr(pidfds, "exit_status", lambda fd: answers.pop(0))
+    monkeypatch.setattr(descriptors, "exit_status", lambda fd: answers.pop(0))
 
     async def go() -> Any:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L0"))
@@ -244,8 +244,8 @@ def test_the_exit_status_is_read_again_until_the_kernel_has_recorded_it(monkeypa
 def test_exit_status_of_a_live_process_is_none() -> None:
     handle = os.pidfd_open(os.getpid())
     try:
-        assert pidfds.exit_status(handle) is None
-        assert pidfds.pid_of(handle) == os.getpid()
+        assert descriptors.exit_status(handle) is None
+        assert descriptors.pid_of(handle) == os.getpid()
     finally:
         os.close(handle)
 
@@ -348,12 +348,12 @@ def test_the_zygote_probe_gives_up_at_once_where_the_kernel_cannot_report(tmp_pa
         f"sys.path.insert(0, {iso.WORKER_DIR!r})\n"
         "import zygote\n"
         "zygote._load_package()\n"
-        "import _dsh_worker.pidfd as pidfds\n"
+        "import _dsh_worker.descriptors as descriptors\n"
         "calls = []\n"
         "def unsupported(fd):\n"
         "    calls.append(fd)\n"
         "    raise OSError(errno.ENOTTY, 'no PIDFD_GET_INFO')\n"
-        "pidfds.recorded_exit_status = unsupported\n"
+        "descriptors.recorded_exit_status = unsupported\n"
         "print(zygote._kernel_reports_reaped_status(), len(calls))\n"
     )
     done = subprocess.run(

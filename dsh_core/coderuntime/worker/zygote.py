@@ -150,7 +150,7 @@ def _kernel_reports_reaped_status() -> bool:
     Tried with one short-lived child, before the preload makes forking dear;
     SIGCHLD is left at its default (a preloaded module may wait for a child).
     """
-    pidfds: Any = importlib.import_module("_dsh_worker.pidfd")
+    descriptors: Any = importlib.import_module("_dsh_worker.descriptors")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     works = False
     go_r, go_w = os.pipe()
@@ -168,7 +168,7 @@ def _kernel_reports_reaped_status() -> bool:
             # Readable as it exits; the status is recorded as it is reaped, a moment later.
             # An error (no such ioctl, or no status once reaped) means no support: no waiting.
             for _ in range(1000):
-                status = pidfds.recorded_exit_status(handle)
+                status = descriptors.recorded_exit_status(handle)
                 if status is not None:
                     works = status == 7 << 8
                     break
@@ -191,6 +191,7 @@ def main() -> None:
     os.environ.clear()  # PEP 538 may have added LC_CTYPE; children inherit nothing
     ctrl = socket.socket(fileno=ctrl_fd)
     _load_package()
+    descriptors: Any = importlib.import_module("_dsh_worker.descriptors")
     kernel_reaps = bool(config.get("kernel_reaps")) and _kernel_reports_reaped_status()
     failure = _preload(config["preload"], config["paths"])
     if failure is None:
@@ -232,18 +233,13 @@ def main() -> None:
                 data, ancdata, _, _ = ctrl.recvmsg(1 << 16, socket.CMSG_SPACE(8 * 4))
             except InterruptedError:
                 continue
-            fds: list[int] = []
-            for level, kind, payload in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4))
+            fds: list[int] = descriptors.received(ancdata)
             if not data:  # the host closed the control socket: shut down
                 for fd in fds:
                     os.close(fd)
                 if spare is not None:  # it never ran a program: it is alone in its group
                     spare[1].close()
-                    with contextlib.suppress(OSError):
-                        signal.pidfd_send_signal(spare[2], signal.SIGKILL)
+                    descriptors.kill(spare[2])
                     if kernel_reaps:
                         select.select([spare[2]], [], [], 10.0)  # readable once it is gone
                     else:
@@ -356,11 +352,7 @@ def _child(ctrl: socket.socket, channel: socket.socket, config: dict[str, object
             os.dup2(0, 3)  # hold descriptor 3 for the protocol: the loop's own fds land above it
         prepared = runner.prepare(config, zygote)
         data, ancdata, _, _ = channel.recvmsg(1 << 16, socket.CMSG_SPACE(8 * 4))
-        fds: list[int] = []
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % 4
-                fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4))
+        fds: list[int] = importlib.import_module("_dsh_worker.descriptors").received(ancdata)
         if not data or len(fds) != 2:
             os._exit(0)  # the zygote is shutting down
         channel.close()

@@ -1,7 +1,8 @@
-"""Process descriptors: which process a pidfd names, and how it ended once the kernel reaped it.
+"""Descriptors between host, zygote and worker: those passed over a socket, and pidfds.
 
-Standard library only: the zygote uses it to probe the kernel, the host to
-learn how a worker ended without waiting for the zygote to report it.
+Standard library only: the zygote uses it to read the descriptors that come
+with a message and to probe the kernel, the host to do the same and to learn
+how a worker ended without waiting for the zygote to report it.
 
 Where the zygote ignores ``SIGCHLD`` the kernel reaps each worker the moment
 it exits (no zombie, nothing left for the zygote to do), and its wait status
@@ -11,10 +12,14 @@ is read from a pidfd opened while it was alive: ``PIDFD_GET_INFO`` with
 
 from __future__ import annotations
 
+import array
+import contextlib
 import fcntl
+import signal
+import socket
 import struct
 
-__all__ = ["exit_status", "pid_of", "recorded_exit_status"]
+__all__ = ["exit_status", "kill", "pid_of", "received", "recorded_exit_status"]
 
 _PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(0xFF, 11, struct pidfd_info): its 64-byte first version
 _PIDFD_INFO_EXIT = 1 << 3
@@ -56,3 +61,18 @@ def pid_of(pidfd: int) -> int:
             if line.startswith("Pid:"):
                 return int(line.split()[1])
     return -1
+
+
+def received(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors that came with a message (``recvmsg``'s ancillary data), in order."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
+    return fds
+
+
+def kill(pidfd: int) -> None:
+    """SIGKILL the process behind ``pidfd``; one that is already gone is not an error."""
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
