@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from dsh_core.abort import AbortController
 from dsh_core.coderuntime import (
     BindingNamespace,
     CodeRunResult,
+    CodeRuntimeConfig,
     ErrorClassSpec,
     PythonCodeRuntime,
     RuntimeDisposedError,
@@ -176,9 +178,45 @@ def test_fresh_state_per_run_and_private_cwd(level: str) -> None:
         assert first.value[0] != second.value[1] or level == "L3"  # L3: each run is pid 2.. of the sandbox
         if level in ("L0", "L1"):
             assert first.value[1] != second.value[2] and "dsh-run-" in first.value[1]
-            assert not os.path.exists(first.value[1])  # removed after the run
+            assert not os.path.exists(first.value[1])  # removed once its result was delivered
 
     arun(with_runtime(go, isolation=level))
+
+
+@pytest.mark.parametrize("isolation", ["L0", "L1"])  # L2 and up cannot write there
+def test_private_cwd_left_full_is_removed_without_following_links(isolation: str, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    program = (
+        "import os, pathlib\n"
+        "os.makedirs('a/b')\n"
+        "pathlib.Path('a/b/f.txt').write_text('x')\n"
+        "pathlib.Path('g.txt').write_text('y')\n"
+        "link = None\n"
+        "try:\n"
+        f"    os.symlink({str(outside)!r}, 'a/link')\n"
+        "    link = True\n"
+        "except OSError:\n"
+        "    link = False\n"
+        "return [os.getcwd(), link]"
+    )
+
+    async def go() -> None:
+        rt = PythonCodeRuntime(CodeRuntimeConfig(isolation=isolation))
+        try:
+            r = await rt.run(program, [])
+            assert r.error is None, r
+            cwd, _ = r.value
+            await asyncio.sleep(0)  # removed once its result was delivered
+            assert not os.path.exists(cwd)  # the whole tree, not just an empty directory
+            r = await rt.run(program, [])
+            cwd, _ = r.value
+        finally:
+            await rt.aclose()  # straight away: closing removes what is still pending
+        assert not os.path.exists(cwd)
+
+    arun(go())
+    assert outside.read_text() == "keep"
 
 
 def test_abort_before_and_during() -> None:
