@@ -1258,6 +1258,8 @@ class PythonCodeRuntime:
             levels = [known] if known is not None else iso.candidate_levels(self.config.isolation)
             reasons: list[str] = []
             for level in levels:
+                if self._disposed:
+                    raise ZygoteError("runtime disposed")
                 try:
                     zygote = await self._start_level(level)
                 except ZygoteError as error:
@@ -1268,6 +1270,9 @@ class PythonCodeRuntime:
                     continue
                 with _DETECT_LOCK:
                     _DETECTED[key] = level
+                if self._disposed:  # disposed while it started (aclose waits for this lock)
+                    await zygote.close()
+                    raise ZygoteError("runtime disposed")
                 self._zygote = zygote
                 self._refill(zygote)
                 return zygote
@@ -1326,6 +1331,8 @@ class PythonCodeRuntime:
         try:
             zygote = await self._ensure_zygote()
         except ZygoteError as error:
+            if self._disposed:
+                return _assemble(ledger, ("error", ("abort", "runtime disposed")))
             return _assemble(ledger, ("error", ("worker-exit", str(error))))
         if self._disposed:  # disposed while this run was starting: it is aborted, not misuse
             return _assemble(ledger, ("error", ("abort", "runtime disposed")))
@@ -1397,6 +1404,9 @@ class PythonCodeRuntime:
         # Pre-spawned workers' lifecycles end once their run settled (all did).
         if self._warm_tasks:
             await asyncio.gather(*list(self._warm_tasks), return_exceptions=True)
+        if self._zygote_lock is not None:
+            async with self._zygote_lock:
+                pass  # a zygote still starting finishes, sees the disposal and closes itself
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None

@@ -375,6 +375,23 @@ def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
     arun(go())
 
 
+
+def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
+    children_before = _children()
+
+    async def go() -> None:
+        rt = PythonCodeRuntime()
+        _ = rt.isolation  # detected once per host: what remains is this runtime's own zygote start
+        run = asyncio.ensure_future(rt.run("return 1", []))
+        await asyncio.sleep(0.01)
+        assert rt._zygote is None  # still starting
+        await rt.aclose()
+        assert _children() == children_before  # nothing outlives aclose, not even a zygote mid-start
+        result = await run
+        assert (_kind(result), result.error.message if result.error else None) == ("abort", "runtime disposed")
+
+    arun(go())
+
 def _children() -> set[int]:
     me = str(os.getpid())
     found = set()
