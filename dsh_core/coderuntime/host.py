@@ -1203,13 +1203,32 @@ class PythonCodeRuntime:
     def isolation(self) -> str:
         """The isolation in force: worker-reported steps plus the host-verified ``/proc`` suffix.
 
-        Detected on first use by actually starting a worker (blocking, once).
+        Detected on first use by actually starting a worker: blocking, once,
+        unless :meth:`start` or a run has done it already.
         """
         if self._descriptor is None and self._failure is None:
             self._detect_blocking()
         if self._descriptor is None:
             return f"unavailable ({self._failure})"
         return self._descriptor
+
+    async def start(self) -> str:
+        """Start the zygote and its first worker now, and return :attr:`isolation`.
+
+        Optional: the first :meth:`run` does the same. Awaiting it at start-up
+        takes the zygote's start (a few hundred milliseconds, and the once-per-host
+        detection of the level) off the first run, and reads ``isolation``
+        without blocking the event loop. Where no level works, the descriptor
+        says ``unavailable (...)`` and runs report ``worker-exit``. Idempotent;
+        raises :class:`RuntimeDisposedError` once the runtime is disposed.
+        """
+        if self._disposed:
+            raise RuntimeDisposedError("the code runtime is disposed")
+        with contextlib.suppress(ZygoteError):
+            await self._ensure_zygote()
+        if self._disposed:
+            raise RuntimeDisposedError("the code runtime was disposed while starting")
+        return self.isolation
 
     @property
     def level(self) -> int:

@@ -133,6 +133,34 @@ def test_disposed_runtime_raises() -> None:
     arun(go())
 
 
+def test_start_describes_the_isolation_without_blocking_and_serves_the_first_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def go() -> None:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L1"))
+
+        def no_blocking_detection() -> None:
+            raise AssertionError("isolation was detected in a blocking thread")
+
+        monkeypatch.setattr(runtime, "_detect_blocking", no_blocking_detection)
+        try:
+            described = await runtime.start()
+            assert described.startswith("L1 ") and "[host-verified kuid=" in described
+            assert runtime.isolation == described and runtime.level == 1
+            zygote = runtime._zygote
+            assert zygote is not None and zygote.alive
+            assert await runtime.start() == described  # idempotent: the same zygote
+            assert runtime._zygote is zygote
+            result = await runtime.run("return 1", [])
+            assert result.value == 1 and runtime._zygote is zygote
+        finally:
+            await runtime.aclose()
+        with pytest.raises(RuntimeDisposedError):
+            await runtime.start()
+
+    arun(go())
+
+
 def test_program_warnings_are_captured_and_foreign_ones_given_back(recwarn: pytest.WarningsRecorder) -> None:
     # build() captures the program's compile warnings for the worker to show; a warning
     # that is not the program's (another thread, same process-wide filters) is re-issued.
