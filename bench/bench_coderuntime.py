@@ -215,9 +215,25 @@ async def dsh_part() -> dict[str, Any]:
         out["memory"] = await memory(rt)
     finally:
         await rt.aclose()
+    out["trivial_ms_idle_gap_by_level"] = await trivial_by_level(40)
     gc.collect()
     out["wire_1mb"] = wire_vs_json(20)
     return out
+
+
+async def trivial_by_level(n: int) -> dict[str, float]:
+    """The idle-gap trivial run at each level this host can run (for deployments without bubblewrap)."""
+    figures: dict[str, float] = {}
+    for level in ("L0", "L1", "L2", "L3"):
+        rt = PythonCodeRuntime(CodeRuntimeConfig(isolation=level))
+        try:
+            if not rt.isolation.startswith(level):
+                continue  # not available here: the runtime fell back to a lower level
+            await rt.run("return 1", [])
+            figures[level] = await trivial(rt, n, 0.02)
+        finally:
+            await rt.aclose()
+    return figures
 
 
 def peers_part(python: str) -> dict[str, Any]:
@@ -245,6 +261,12 @@ def summary(d: dict[str, Any], p: dict[str, Any]) -> list[str]:
         lines.append(
             f"{key}: {d[key]:.2f} ms  (cold `python -I -S -c pass` {cold:.2f} ms: {cold / d[key]:.1f}x faster;"
             f" target < 5 ms and >= 5x)"
+        )
+    by_level = d.get("trivial_ms_idle_gap_by_level", {})
+    if by_level:
+        lines.append(
+            "trivial_ms_idle_gap by level: "
+            + ", ".join(f"{level} {ms:.2f} ms ({cold / ms:.1f}x)" for level, ms in by_level.items())
         )
     lines.append(f"binding round trip: {d['binding_round_trip_us']:.1f} us median (target < 100 us)")
     lines.append(f"10 in flight: {d['in_flight10_calls_per_s']:.0f} calls/s (target >= 20,000)")
