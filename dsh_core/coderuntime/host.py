@@ -69,6 +69,7 @@ _EXIT_GRACE_S = 0.5
 _EXIT_STATUS_RETRY_S = 0.001
 _EXIT_STATUS_TRIES = 200
 _START_TIMEOUT_S = 60.0
+_PROBE_READY_TIMEOUT_S = 60.0  # the zygote's first worker: locked down, ready and verified
 # Socket reads: 64 KiB stays below glibc's mmap threshold (a 1 MiB ``recv``
 # maps, faults and unmaps a fresh buffer every time: ~25 us per message).
 _CHUNK = 1 << 16
@@ -212,6 +213,12 @@ class _Zygote:
             raise ZygoteError(message, fatal="code_runtime.preload" in message)
         self.kernel_reaps = hello.get("kernel_reaps") is True
 
+    def abort_start(self, reason: str) -> None:
+        """Make a ``start`` still waiting for the hello fail now (it then closes the zygote)."""
+        if not self.hello.done():
+            self.hello.set_exception(ZygoteError(reason))
+            self.hello.exception()  # mark retrieved
+
     def _on_readable(self) -> None:
         assert self.ctrl is not None
         while True:
@@ -352,8 +359,8 @@ class _Zygote:
             if not future.done():
                 future.set_result(None)
         proc = self.proc
-        if proc is None:
-            return
+        if proc is None or proc.returncode is not None:
+            return  # never started, or closed already: its pid may belong to another process now
         try:
             pidfd = os.pidfd_open(proc.pid)
         except OSError:
@@ -1190,6 +1197,8 @@ class PythonCodeRuntime:
         self._warm: collections.deque[_Run] = collections.deque()
         self._warm_tasks: set[asyncio.Task[None]] = set()
         self._run_dirs: set[str] = set()  # per-run directories (L0-L2) awaiting removal
+        self._starting: _Zygote | None = None  # a zygote being started (aclose aborts it)
+        self._probing: _Run | None = None  # its probe worker
         # Let the kernel reap workers where it reports their status (L2+); tests
         # turn it off to keep the zygote's own reaping covered at every level.
         self._let_kernel_reap = True
@@ -1305,23 +1314,35 @@ class PythonCodeRuntime:
             raise ZygoteError(str(error)) from None
         loop = asyncio.get_running_loop()
         zygote = _Zygote(plan, loop)
-        await zygote.start(self.config, self._let_kernel_reap)
-        self._level = level
-        if level >= 3 and self._cgroups is None and iso.CgroupPool.available():
-            _sweep_stale_cgroups_once()
-            self._cgroups = iso.CgroupPool(f"dsh-{os.getpid()}-{id(self):x}", self.config.memory_mb)
-        # Probe: one worker that locks down, reports ready and is verified.
-        probe = _Run(self)
-        saved, self._probe_only = self._probe_only, True
+        self._starting = zygote
         try:
-            probe._spawn(zygote)
-            result = await probe.finish_run(zygote)
+            await zygote.start(self.config, self._let_kernel_reap)
+            self._level = level
+            if level >= 3 and self._cgroups is None and iso.CgroupPool.available():
+                _sweep_stale_cgroups_once()
+                self._cgroups = iso.CgroupPool(f"dsh-{os.getpid()}-{id(self):x}", self.config.memory_mb)
+            # Probe: one worker that locks down, reports ready and is verified. It has
+            # no program, so no wall clock: it gets the start-up bound instead.
+            probe = self._probing = _Run(self)
+            saved, self._probe_only = self._probe_only, True
+            late = ("worker-exit", "the probe worker did not report ready in time")
+            expiry = loop.call_later(_PROBE_READY_TIMEOUT_S, probe.settle, "error", late)
+            try:
+                probe._spawn(zygote)
+                result = await probe.finish_run(zygote)
+            finally:
+                expiry.cancel()
+                self._probe_only = saved
+                self._probing = None
+            if result.error is not None or not probe.descriptor:
+                message = result.error.message if result.error else "no descriptor"
+                raise ZygoteError(f"probe worker failed: {message}")
+        except BaseException:
+            # Failed, cancelled or disposed mid-start: nothing started here outlives it.
+            await asyncio.shield(zygote.close())
+            raise
         finally:
-            self._probe_only = saved
-        if result.error is not None or not probe.descriptor:
-            await zygote.close()
-            message = result.error.message if result.error else "no descriptor"
-            raise ZygoteError(f"probe worker failed: {message}")
+            self._starting = None
         self._descriptor = probe.descriptor
         return zygote
 
@@ -1370,7 +1391,12 @@ class PythonCodeRuntime:
 
     def _remove_run_dir_soon(self, path: str) -> None:
         self._run_dirs.add(path)
-        asyncio.get_running_loop().call_soon(self._remove_run_dir, path)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a teardown finalised outside its loop: no later turn will come
+            self._remove_run_dir(path)
+            return
+        loop.call_soon(self._remove_run_dir, path)
 
     def _remove_run_dir(self, path: str) -> None:
         if path not in self._run_dirs:
@@ -1423,9 +1449,13 @@ class PythonCodeRuntime:
         # Pre-spawned workers' lifecycles end once their run settled (all did).
         if self._warm_tasks:
             await asyncio.gather(*list(self._warm_tasks), return_exceptions=True)
+        if self._starting is not None:  # a start in progress fails now instead of finishing
+            self._starting.abort_start("runtime disposed")
+        if self._probing is not None:
+            self._probing.settle("error", ("abort", "runtime disposed"))
         if self._zygote_lock is not None:
             async with self._zygote_lock:
-                pass  # a zygote still starting finishes, sees the disposal and closes itself
+                pass  # the start in progress, if any, has closed what it started
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None

@@ -192,13 +192,8 @@ def test_private_cwd_left_full_is_removed_without_following_links(isolation: str
         "os.makedirs('a/b')\n"
         "pathlib.Path('a/b/f.txt').write_text('x')\n"
         "pathlib.Path('g.txt').write_text('y')\n"
-        "link = None\n"
-        "try:\n"
-        f"    os.symlink({str(outside)!r}, 'a/link')\n"
-        "    link = True\n"
-        "except OSError:\n"
-        "    link = False\n"
-        "return [os.getcwd(), link]"
+        f"os.symlink({str(outside)!r}, 'a/link')\n"
+        "return os.getcwd()"
     )
 
     async def go() -> None:
@@ -206,17 +201,31 @@ def test_private_cwd_left_full_is_removed_without_following_links(isolation: str
         try:
             r = await rt.run(program, [])
             assert r.error is None, r
-            cwd, _ = r.value
             await asyncio.sleep(0)  # removed once its result was delivered
-            assert not os.path.exists(cwd)  # the whole tree, not just an empty directory
-            r = await rt.run(program, [])
-            cwd, _ = r.value
+            assert not os.path.exists(r.value)  # the whole tree, not just an empty directory
         finally:
-            await rt.aclose()  # straight away: closing removes what is still pending
-        assert not os.path.exists(cwd)
+            await rt.aclose()
 
     arun(go())
     assert outside.read_text() == "keep"
+
+
+def test_run_directories_still_pending_are_removed_by_aclose_or_at_once_without_a_loop(tmp_path: Path) -> None:
+    pending, later = tmp_path / "pending", tmp_path / "later"
+    for path in (pending, later):
+        (path / "sub").mkdir(parents=True)
+        (path / "sub" / "f").write_text("x")
+
+    async def go() -> None:
+        rt = PythonCodeRuntime(CodeRuntimeConfig(isolation="L0"))
+        rt._run_dirs.add(str(pending))  # as a teardown left it, its removal not yet run
+        await rt.aclose()
+        assert not pending.exists()
+
+    arun(go())
+    # A teardown finalised outside any running loop (a task destroyed after its loop closed).
+    PythonCodeRuntime(CodeRuntimeConfig(isolation="L0"))._remove_run_dir_soon(str(later))
+    assert not later.exists()
 
 
 def test_abort_before_and_during() -> None:
@@ -375,7 +384,6 @@ def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
     arun(go())
 
 
-
 def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
     children_before = _children()
 
@@ -391,6 +399,56 @@ def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
         assert (_kind(result), result.error.message if result.error else None) == ("abort", "runtime disposed")
 
     arun(go())
+
+
+def test_cancelling_the_run_that_starts_the_zygote_leaves_no_process() -> None:
+    children_before = _children()
+
+    async def go() -> None:
+        rt = PythonCodeRuntime()
+        _ = rt.isolation
+        run = asyncio.ensure_future(rt.run("return 1", []))
+        await asyncio.sleep(0.01)
+        assert rt._zygote is None  # still starting
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert _children() == children_before  # the half-started zygote was closed with it
+        assert (await rt.run("return 2", [])).value == 2  # and the next run starts a new one
+        await rt.aclose()
+
+    arun(go())
+
+
+def test_a_probe_worker_that_never_reports_ready_neither_hangs_runs_nor_aclose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsh_core.coderuntime import host
+
+    children_before = _children()
+    run_one("return 1")  # the level is detected (once per host) while workers still report ready
+    monkeypatch.setattr(host._Run, "_on_ready", lambda self, text: None)  # from now on every worker stays silent
+
+    async def go(start_timeout: float) -> CodeRunResult:  # the probe's bound
+        monkeypatch.setattr(host, "_PROBE_READY_TIMEOUT_S", start_timeout)
+        rt = PythonCodeRuntime()
+        run = asyncio.ensure_future(rt.run("return 1", []))
+        if start_timeout < 5:
+            result = await asyncio.wait_for(run, 20)  # bounded by the probe's timeout
+            await rt.aclose()
+            return result
+        for _ in range(200):  # until the zygote is up and its probe worker waits
+            await asyncio.sleep(0.01)
+            if rt._probing is not None and rt._probing.pidfd >= 0:
+                break
+        assert rt._probing is not None
+        await asyncio.wait_for(rt.aclose(), 10)  # the probe is aborted, not waited for
+        return await run
+
+    timed_out = arun(go(0.5))
+    assert _kind(timed_out) == "worker-exit" and "did not report ready in time" in timed_out.error.message  # type: ignore[union-attr]
+    disposed = arun(go(60.0))
+    assert (_kind(disposed), disposed.error.message if disposed.error else None) == ("abort", "runtime disposed")
+    assert _children() == children_before
+
 
 def _children() -> set[int]:
     me = str(os.getpid())
