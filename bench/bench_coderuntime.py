@@ -197,7 +197,7 @@ async def dsh_part() -> dict[str, Any]:
     out["cold_spawn_ms"] = await cold_floor(30)
     rt = PythonCodeRuntime(CodeRuntimeConfig(isolation="auto"))
     try:
-        out["isolation"] = rt.isolation
+        out["isolation"] = await rt.start()
         await rt.run("return 1", [])
         out["trivial_ms_idle_gap"] = await trivial(rt, 60, 0.02)
         out["trivial_ms_back_to_back"] = await trivial(rt, 60, 0.0)
@@ -227,7 +227,7 @@ async def trivial_by_level(n: int) -> dict[str, float]:
     for level in ("L0", "L1", "L2", "L3"):
         rt = PythonCodeRuntime(CodeRuntimeConfig(isolation=level))
         try:
-            if not rt.isolation.startswith(level):
+            if not (await rt.start()).startswith(level):
                 continue  # not available here: the runtime fell back to a lower level
             await rt.run("return 1", [])
             figures[level] = await trivial(rt, n, 0.02)
