@@ -113,6 +113,12 @@ _SCALAR_OR_FLOAT = _SCALAR | {float}
 #: Containers up to this many children may take the flat fast paths below.
 _FLAT_MAX = 32
 
+#: Shared markers for short arrays. Token lists are only ever read (packed,
+#: measured, decoded), so one marker dict can stand for every array of its
+#: length: a value with a million small arrays then costs a million
+#: references, not a million dicts.
+_ARRAY_MARKERS = tuple({"a": n} for n in range(64))
+
 
 def encode(value: object) -> list[object]:
     """Encode ``value`` as a flat token list; raise :class:`WireError` if it is lossy.
@@ -173,7 +179,8 @@ def _encode_walk(value: object) -> list[object]:
                     raise WireError("cycle: a container contains itself")
                 if kind is list:
                     children = list.copy(child)  # a snapshot: threads may mutate the original
-                    append({"a": len(children)})
+                    count = len(children)
+                    append(_ARRAY_MARKERS[count] if count < 64 else {"a": count})
                 else:
                     pairs = list(dict.items(child))
                     keys = [pair[0] for pair in pairs]
@@ -473,8 +480,24 @@ def pack(message: dict[str, object]) -> bytes:
     return _pack_header(len(payload)) + payload
 
 
+#: Payloads from this size on are parsed with the cyclic GC paused (see :func:`_no_gc`):
+#: the parser allocates one container per marker, and nothing it builds can form a cycle.
+_LARGE_PAYLOAD = 1 << 16
+
+
 def unpack_payload(payload: bytes) -> object:
     """Parse one frame payload; raise :class:`WireError` on anything malformed."""
+    if len(payload) >= _LARGE_PAYLOAD:
+        return _unpack_large(payload)
+    return _unpack(payload)
+
+
+@_no_gc
+def _unpack_large(payload: bytes) -> object:
+    return _unpack(payload)
+
+
+def _unpack(payload: bytes) -> object:
     try:
         text = payload.decode("utf-8", "surrogatepass")
         try:
