@@ -65,10 +65,12 @@ def test_forged_traffic_is_dropped_and_the_real_result_stands() -> None:
             "import asyncio\nawait asyncio.sleep(0.3)\n"
             "return await tools.record({'real': True})"
         )
+        described = await rt.start()
         r = await rt.run(program, tools(record=record))
         assert r.error is None and r.value == "ok", r
         assert calls == ["forged", {"real": True}]  # the duplicate id was ignored
         assert "forged log" in r.logs
+        assert rt.isolation == described  # the forged 'ready' changed nothing
 
     arun(with_runtime(go, isolation="auto"))
 
@@ -140,7 +142,8 @@ def _fake_run() -> tuple[_Run, list[bytes], list[Any]]:
 
 
 message_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["tools", "f", "__class__", "mro", "record"]),  # names a call may target
     lambda c: (
         st.lists(c, max_size=4)
         | st.dictionaries(st.sampled_from(["t", "id", "g", "n", "a", "s", "v", "e", "k", "m", "o"]), c, max_size=5)
@@ -164,15 +167,23 @@ message_types = st.sampled_from(["call", "log", "done", "output-limit", "ready",
 @settings(max_examples=150, deadline=None)
 def test_fuzz_bridge_message_validation_never_raises(messages: list[Any]) -> None:
     async def go() -> None:
-        run, written, _ = _fake_run()
+        run, written, called = _fake_run()
         for message in messages:
             run._on_message(message)
         await asyncio.sleep(0)
         for task in list(run.tasks):
             await task
         # Only declared bindings were ever invoked, each id answered at most once.
-        ids = [json.loads(frame[4:])["id"] for frame in written]
+        replies = [json.loads(frame[4:]) for frame in written]
+        ids = [reply["id"] for reply in replies]
         assert len(ids) == len(set(ids))
+        declared = [
+            m for m in messages
+            if type(m) is dict and m.get("t") == "call" and m.get("g") == "tools" and m.get("n") in ("f", "__class__")
+        ]
+        assert len(called) <= len(declared)
+        answered = {m.get("id") for m in declared if type(m.get("id")) is int}
+        assert all(reply["id"] in answered for reply in replies if "v" in reply)
         if run.outcome is not None:
             assert run.outcome[0] in ("limit", "error", "value", "novalue")
             if run.outcome[0] == "error":

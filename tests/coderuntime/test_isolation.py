@@ -49,9 +49,24 @@ def import_more():
 def raise_rlimit():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+def clone3():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(435, 0, 0)  # clone3(NULL, 0): EINVAL where the call is reachable
+    if ctypes.get_errno() == 38:
+        raise OSError(38, "clone3 refused")
+def abstract_unix():
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(2)
+    s.connect(ABSTRACT)
+    s.close()
+def big_file():
+    with open("big", "wb") as handle:
+        handle.write(b"x" * (17 << 20))  # past the 16 MiB file-size limit of L1 and up
 return {name: attempt(fn) for name, fn in [("read", read), ("write", write), ("socket", connect),
         ("spawn", spawn), ("fork", fork), ("signal", signal_host), ("import", import_more),
-        ("rlimit", raise_rlimit)]}
+        ("rlimit", raise_rlimit), ("clone3", clone3), ("abstract-unix", abstract_unix),
+        ("big-file", big_file)]}
 """
 
 
@@ -64,13 +79,15 @@ def _has_sys_resource() -> bool:
 
 
 def _expected(level: str) -> dict[str, str]:
-    names = ["read", "write", "socket", "spawn", "fork", "signal", "import", "rlimit"]
+    names = ["read", "write", "socket", "spawn", "fork", "signal", "import", "rlimit", "clone3", "abstract-unix",
+             "big-file"]
     if level == "L0":
         return dict.fromkeys(names, "ESCAPE")
     if level == "L1":
         verdicts = dict.fromkeys(names, "ESCAPE")
         # Only the missing CAP_SYS_RESOURCE (as in this VM) keeps root from raising it back.
         verdicts["rlimit"] = "ESCAPE" if _has_sys_resource() else "blocked"
+        verdicts["big-file"] = "blocked"  # RLIMIT_FSIZE: EFBIG (the interpreter ignores SIGXFSZ)
         return verdicts
     return dict.fromkeys(names, "blocked")
 
@@ -83,7 +100,14 @@ def test_escape_matrix(level: str, tmp_path: Path) -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = listener.getsockname()[1]
-    program = f"HOST_FILE = {str(host_file)!r}\nPORT = {port}\nHOST_PID = {os.getpid()}\n" + ATTEMPTS
+    abstract_name = f"\0dsh-escape-{os.getpid()}-{level}"
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(abstract_name)
+    abstract.listen(8)
+    program = (
+        f"HOST_FILE = {str(host_file)!r}\nPORT = {port}\nHOST_PID = {os.getpid()}\nABSTRACT = {abstract_name!r}\n"
+        + ATTEMPTS
+    )
 
     async def go(rt: PythonCodeRuntime) -> dict[str, str]:
         result = await rt.run(program, [])
@@ -94,6 +118,7 @@ def test_escape_matrix(level: str, tmp_path: Path) -> None:
         verdicts = arun(with_runtime(go, isolation=level))
     finally:
         listener.close()
+        abstract.close()
     assert verdicts == _expected(level)
     assert (tmp_path / "written").exists() == (level in ("L0", "L1"))
 
@@ -106,6 +131,11 @@ def test_descriptor_is_honest(level: str) -> None:
 
     descriptor = arun(with_runtime(go, isolation=level))
     assert descriptor.startswith(level + " ") and "[host-verified kuid=" in descriptor
+    steps = descriptor.split(" [host-verified", 1)[0]
+    # Only what took effect: each level's own steps, none of a stronger level's.
+    assert ("rlimits(" in steps) == ("capbset=0" in steps) == ("nnp" in steps.split()) == (level != "L0")
+    assert ("landlock(" in steps) == ("seccomp(" in steps) == (level in ("L2", "L3"))
+    assert ("cgroup(" in steps) == ("setuid(65534)" in steps) == (level == "L3")
     if level == "L0":
         assert "NoNewPrivs=0 seccomp=off new-ns=none" in descriptor
     if level in ("L1", "L2", "L3"):
@@ -115,6 +145,125 @@ def test_descriptor_is_honest(level: str) -> None:
     if level == "L3":
         assert "kuid=65534/65534/65534" in descriptor and "CapEff=0000000000000000" in descriptor
         assert "new-ns=net,pid,mnt,ipc,uts" in descriptor and "cgroup(mem=" in descriptor
+
+
+@pytest.mark.parametrize("level", ["L0", "L1"])
+def test_the_verified_suffix_is_what_the_worker_itself_sees(level: str) -> None:
+    # Below L2 the worker can still read its own /proc entry: the host's suffix must match it.
+    program = (
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())\n"
+        "return {k: status[k].split() for k in ('Uid', 'CapEff', 'NoNewPrivs', 'Seccomp')}"
+    )
+
+    async def go(rt: PythonCodeRuntime) -> tuple[Any, str]:
+        result = await rt.run(program, [])
+        assert result.error is None, result.error
+        return result.value, rt.isolation
+
+    seen, descriptor = arun(with_runtime(go, isolation=level))
+    seccomp = {"0": "off", "1": "strict", "2": "filter"}[seen["Seccomp"][0]]
+    expected = (
+        f"[host-verified kuid={'/'.join(seen['Uid'][:3])} CapEff={seen['CapEff'][0]}"
+        f" NoNewPrivs={seen['NoNewPrivs'][0]} seccomp={seccomp} new-ns=none]"
+    )
+    assert descriptor.endswith(expected), (descriptor, expected)
+
+
+@pytest.mark.parametrize(("level", "forged", "reason", "fallback"), [
+    ("L1", {"NoNewPrivs": "0"}, "no-new-privs is not set", "L0"),
+    ("L2", {"seccomp": "off"}, "no seccomp filter is installed", "L1"),
+])
+def test_a_worker_whose_proc_facts_do_not_back_its_level_is_refused(
+    level: str, forged: dict[str, str], reason: str, fallback: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsh_core.coderuntime import host
+    from dsh_core.coderuntime import isolation as iso
+    from dsh_core.coderuntime.host import ZygoteError
+
+    real = iso.verify_proc
+    monkeypatch.setattr(host.iso, "verify_proc", lambda pid: {**real(pid), **forged})
+    monkeypatch.setattr(host, "_DETECTED", {})  # detect afresh
+
+    async def go(rt: PythonCodeRuntime) -> str:
+        with pytest.raises(ZygoteError, match=f"isolation check failed: {reason}"):
+            await rt._start_level(int(level[1]))  # the level's probe worker is refused...
+        result = await rt.run("return 1", [])
+        assert result.value == 1, result.error
+        return rt.isolation
+
+    # ... so the runtime settles on the strongest level whose facts do back it.
+    assert arun(with_runtime(go, isolation=level)).startswith(fallback + " ")
+
+
+def test_a_level_that_fails_to_start_falls_back_and_is_detected_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsh_core.coderuntime import host
+    from dsh_core.coderuntime.host import ZygoteError
+
+    tried: list[int] = []
+    real = PythonCodeRuntime._start_level
+
+    async def start_level(self: PythonCodeRuntime, level: int) -> Any:
+        tried.append(level)
+        if level >= 2:
+            raise ZygoteError(f"L{level} refused for this test")
+        return await real(self, level)
+
+    monkeypatch.setattr(PythonCodeRuntime, "_start_level", start_level)
+    monkeypatch.setattr(host, "_DETECTED", {})
+
+    async def go(rt: PythonCodeRuntime) -> str:
+        result = await rt.run("return 1", [])
+        assert result.value == 1, result.error
+        return rt.isolation
+
+    assert arun(with_runtime(go, isolation="L3")).startswith("L1 ")  # the strongest that works
+    assert tried == [3, 2, 1]
+    assert arun(with_runtime(go, isolation="L3")).startswith("L1 ")
+    assert tried == [3, 2, 1, 1]  # detected once per host: the next runtime starts at L1 directly
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_worker_runs_the_hosts_interpreter_isolated_with_only_its_own_descriptors(level: str) -> None:
+    # An inheritable descriptor the host holds when the zygote starts must not reach a worker.
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_r, True)
+    os.set_inheritable(leak_w, True)
+    program = (
+        "import os, sys\n"
+        "def is_open(fd):\n"
+        "    for probe in (lambda: os.read(fd, 0), lambda: os.write(fd, b'')):\n"
+        "        try:\n"
+        "            probe()\n"
+        "            return True\n"
+        "        except OSError as error:\n"
+        "            if error.errno != 9:\n"
+        "                return True\n"
+        "    return False\n"
+        "return [[sys.flags.isolated, sys.flags.no_site, sys.flags.ignore_environment], sys.executable,\n"
+        "        [fd for fd in range(1024) if is_open(fd)]]"
+    )
+    try:
+        result = run_one(program, [], isolation=level)
+    finally:
+        os.close(leak_r)
+        os.close(leak_w)
+    assert result.error is None, result.error
+    flags, executable, fds = result.value
+    assert flags == [1, 1, 1]  # -I -S
+    # The resolved interpreter, never a PATH lookup (bubblewrap runs its real path).
+    assert executable == (os.path.realpath(sys.executable) if level == "L3" else sys.executable)
+    # stdin, the output pipe on 1 and 2, the protocol on 3, and the event loop's
+    # epoll descriptor and self-pipe: nothing else.
+    assert fds[:4] == [0, 1, 2, 3] and len(fds) == 7, fds
+
+
+@pytest.mark.parametrize("level", ["L0", "L1"])
+def test_private_cwd_starts_empty(level: str) -> None:
+    # (From L2 on the program cannot even list it: getcwd and directory reads are refused.)
+    result = run_one("import os\nreturn [os.getcwd(), os.listdir('.')]", [], isolation=level)
+    assert result.error is None, result.error
+    cwd, entries = result.value
+    assert entries == [] and os.path.basename(cwd).startswith("dsh-run-")
 
 
 @pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap (as root) is needed for L3")

@@ -25,7 +25,7 @@ from dsh_core.coderuntime import (
     current_run,
 )
 
-from .conftest import arun, echo, run_one, tools, with_runtime
+from .conftest import LEVELS, arun, echo, run_one, tools, with_runtime
 
 
 def _kind(result: CodeRunResult) -> str | None:
@@ -50,6 +50,12 @@ def test_values_logs_and_exceptions() -> None:
         assert (r.value, r.has_value) == (None, True)
         r = await rt.run("def f():\n    return 5\nreturn f()", [])
         assert r.value == 5
+        r = await rt.run(
+            "console.log('l', 1)\nconsole.info('i')\nconsole.warn('w')\nconsole.error('e')\n"
+            "console.debug('d', None)",
+            [],
+        )
+        assert r.logs == ("l 1", "i", "w", "e", "d None") and r.error is None
         r = await rt.run("print('kept')\nconsole.log('too')\n\nraise KeyError('boom')", [])
         assert r.logs == ("kept", "too") and _kind(r) == "exception"
         assert r.error is not None
@@ -159,11 +165,12 @@ def test_gather_and_deep_values_cross_both_ways() -> None:
             tools(echo=echo, depth=depth),
         )
         assert r.value == [50, {"i": 49}, 200000], r.error
-        r = await rt.run("v = []\nfor _ in range(300000): v = [v]\nreturn v", [])
+        limit = sys.getrecursionlimit()
+        r = await rt.run("v = []\nfor _ in range(1000000): v = [v]\nreturn v", [])
         node, n = r.value, 0
         while node:
             node, n = node[0], n + 1
-        assert n == 300000
+        assert n == 1_000_000 and sys.getrecursionlimit() == limit
 
     arun(with_runtime(go, isolation="auto"))
 
@@ -483,7 +490,25 @@ def test_no_zombie_orphan_or_leaked_descriptor() -> None:
             assert not [d for d in os.listdir(hierarchy) if d.startswith(f"dsh-{os.getpid()}-")]
 
 
-def test_l0_l1_fork_children_are_killed_with_the_run() -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_logs_written_before_the_worker_dies_are_kept(level: str) -> None:
+    # The worker itself dies (no exception, no host-side kill): what it printed and what
+    # it wrote raw to descriptor 1 before that is drained and kept, in order per channel.
+    program = (
+        "import os\nprint('via print')\nconsole.log('via console')\n"
+        "os.write(1, b'raw one\\nraw two\\n')\nos.write(2, b'raw tail without newline')\nos._exit(3)"
+    )
+    result = run_one(program, [], isolation=level)
+    assert result.error is not None and result.error.kind == "worker-exit", result
+    assert "exited with code 3" in result.error.message
+    logs = list(result.logs)
+    assert [line for line in logs if line.startswith("via")] == ["via print", "via console"]
+    assert [line for line in logs if line.startswith("raw")] == ["raw one", "raw two", "raw tail without newline"]
+    assert len(logs) == 5
+
+
+@pytest.mark.parametrize("level", ["L0", "L1"])
+def test_l0_l1_fork_children_are_killed_with_the_run(level: str) -> None:
     async def go(rt: PythonCodeRuntime) -> None:
         r = await rt.run(
             "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\nreturn pid", []
@@ -496,7 +521,7 @@ def test_l0_l1_fork_children_are_killed_with_the_run() -> None:
             await asyncio.sleep(0.02)
         assert not os.path.exists(f"/proc/{pid}")
 
-    arun(with_runtime(go, isolation="L1"))
+    arun(with_runtime(go, isolation=level))
 
 
 def test_binding_results_after_settlement_are_dropped() -> None:
