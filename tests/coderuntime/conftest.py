@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from dsh_core.coderuntime import BindingNamespace, CodeRunResult, CodeRuntimeConfig, PythonCodeRuntime
+from dsh_core.coderuntime import isolation as iso
 
 T = TypeVar("T")
 
@@ -65,3 +66,18 @@ LEVELS = ["L0", "L1", "L2"] + (["L3"] if HAS_BWRAP else [])
 def level(request: pytest.FixtureRequest) -> str:
     """Every isolation level that this host can run."""
     return str(request.param)
+
+
+def zygote_processes() -> set[int]:
+    """Every process on the machine running this checkout's zygote script (zygotes and workers)."""
+    script = os.path.join(iso.WORKER_DIR, "zygote.py").encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if script in handle.read():
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found

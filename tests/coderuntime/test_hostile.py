@@ -83,6 +83,13 @@ def test_forged_completions_are_revalidated() -> None:
         # A forged value larger than the cap is re-measured by the host.
         r = await rt.run(FORGE + "send({'t': 'done', 'v': ['x' * 500]})\nimport time\ntime.sleep(5)", [])
         assert r.error is not None and r.error.kind == "output-limit"
+        # Forged log and value exactly at the cap are accepted; one byte more is not. The
+        # ledger: compact JSON of the logs array (["a..."] = 100 + 4) plus the value ("x..." = m + 2).
+        exact = "send({'t': 'log', 's': 'a' * 100})\nsend({'t': 'done', 'v': ['x' * %d]})\nimport time\ntime.sleep(5)"
+        r = await rt.run(FORGE + exact % 194, [])
+        assert (r.error, r.value, r.logs) == (None, "x" * 194, ("a" * 100,)), r
+        r = await rt.run(FORGE + exact % 195, [])
+        assert r.error is not None and r.error.kind == "output-limit", r
         # Forged over-limit error text.
         r = await rt.run(
             FORGE + "send({'t': 'done', 'e': {'k': 'exception', 'm': 'E' * 500}})\nimport time\ntime.sleep(5)", []

@@ -22,7 +22,7 @@ from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.host import _Run, _Zygote
 from dsh_core.coderuntime.worker import descriptors
 
-from .conftest import arun, tools
+from .conftest import arun, tools, zygote_processes
 
 
 def _kernel_reports_exit_status() -> bool:
@@ -82,21 +82,6 @@ MODES = [
 ]
 
 
-def _zygote_processes() -> set[int]:
-    """Every process on the machine running this checkout's zygote script (zygotes and workers)."""
-    script = os.path.join(iso.WORKER_DIR, "zygote.py").encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if script in handle.read():
-                        found.add(int(entry))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.fixture
 def worker_pids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The host-side pid of every worker sent a program from now on."""
@@ -127,7 +112,7 @@ def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
     ]
 
     fds_before = set(os.listdir("/proc/self/fd"))
-    zygotes_before = _zygote_processes()
+    zygotes_before = zygote_processes()
 
     async def go() -> None:
         runtime = _runtime(level, allow, cpu_s=0.5)
@@ -153,7 +138,7 @@ def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
 
     arun(go())
     assert set(os.listdir("/proc/self/fd")) <= fds_before
-    assert _zygote_processes() <= zygotes_before  # no spare or worker left behind, orphaned or not
+    assert zygote_processes() <= zygotes_before  # no spare or worker left behind, orphaned or not
 
 
 @pytest.mark.parametrize(("level", "allow", "kernel_reaps"), [m for m in MODES if m.id != "L1-zygote-reaps"])
@@ -161,7 +146,7 @@ def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_r
     # Its workers die with it (PDEATHSIG); each live run settles as worker-exit,
     # and the next run starts a new zygote.
     fds_before = set(os.listdir("/proc/self/fd"))
-    zygotes_before = _zygote_processes()
+    zygotes_before = zygote_processes()
 
     async def go() -> None:
         runtime = _runtime(level, allow)
@@ -184,7 +169,7 @@ def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_r
 
     arun(go())
     assert set(os.listdir("/proc/self/fd")) <= fds_before
-    assert _zygote_processes() <= zygotes_before
+    assert zygote_processes() <= zygotes_before
 
 
 def _is_zygote(pid: int) -> bool:

@@ -25,7 +25,7 @@ from dsh_core.coderuntime import (
     current_run,
 )
 
-from .conftest import LEVELS, arun, echo, run_one, tools, with_runtime
+from .conftest import LEVELS, arun, echo, run_one, tools, with_runtime, zygote_processes
 
 
 def _kind(result: CodeRunResult) -> str | None:
@@ -370,6 +370,8 @@ def test_default_cap_exactly_64_mib() -> None:
 
 
 def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
+    before = zygote_processes()
+
     async def go() -> None:
         rt = PythonCodeRuntime()
         started = asyncio.Event()
@@ -383,6 +385,7 @@ def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
         ]
         await asyncio.wait_for(started.wait(), 30)
         await rt.aclose()
+        assert zygote_processes() <= before  # every worker awaited, orphaned or not, and the zygote
         results = await asyncio.gather(*runs)
         assert all(_kind(r) == "abort" and r.error.message == "runtime disposed" for r in results)  # type: ignore[union-attr]
         with pytest.raises(RuntimeDisposedError):
@@ -393,6 +396,7 @@ def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
 
 def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
     children_before = _children()
+    zygotes_before = zygote_processes()
 
     async def go() -> None:
         rt = PythonCodeRuntime()
@@ -402,6 +406,7 @@ def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
         assert rt._zygote is None  # still starting
         await rt.aclose()
         assert _children() == children_before  # nothing outlives aclose, not even a zygote mid-start
+        assert zygote_processes() <= zygotes_before
         result = await run
         assert (_kind(result), result.error.message if result.error else None) == ("abort", "runtime disposed")
 
@@ -410,6 +415,7 @@ def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
 
 def test_cancelling_the_run_that_starts_the_zygote_leaves_no_process() -> None:
     children_before = _children()
+    zygotes_before = zygote_processes()
 
     async def go() -> None:
         rt = PythonCodeRuntime()
@@ -421,6 +427,7 @@ def test_cancelling_the_run_that_starts_the_zygote_leaves_no_process() -> None:
         with pytest.raises(asyncio.CancelledError):
             await run
         assert _children() == children_before  # the half-started zygote was closed with it
+        assert zygote_processes() <= zygotes_before
         assert (await rt.run("return 2", [])).value == 2  # and the next run starts a new one
         await rt.aclose()
 
