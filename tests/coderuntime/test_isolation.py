@@ -266,6 +266,43 @@ def test_private_cwd_starts_empty(level: str) -> None:
     assert entries == [] and os.path.basename(cwd).startswith("dsh-run-")
 
 
+THREADS = """
+import threading
+stop = threading.Event()
+threads, error = [], None
+for _ in range(WANTED):
+    thread = threading.Thread(target=stop.wait)
+    try:
+        thread.start()
+    except RuntimeError as failure:
+        error = str(failure)
+        break
+    threads.append(thread)
+stop.set()
+for thread in threads:
+    thread.join()
+return [len(threads), error]
+"""
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_programs_can_start_dozens_of_threads(level: str) -> None:
+    # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS a program
+    # could start only about seven threads until the zygote asked for a single arena.
+    result = run_one("WANTED = 40\n" + THREADS, [], isolation=level)
+    assert result.value == [40, None], result
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap (as root) is needed for L3")
+def test_l3_pids_cgroup_caps_threads() -> None:
+    # A memory budget large enough that the address space is not what stops it: the
+    # worker's pids cgroup (64 tasks: the worker and 63 threads) is.
+    result = run_one("WANTED = 200\n" + THREADS, [], isolation="L3", memory_mb=2048)
+    assert result.value == [63, "can't start new thread"], result
+    at_l1 = run_one("WANTED = 200\n" + THREADS, [], isolation="L1", memory_mb=2048)
+    assert at_l1.value == [200, None], at_l1  # no pids cap below L3
+
+
 @pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap (as root) is needed for L3")
 def test_auto_picks_l3_and_cgroup_oom_is_memory_limit() -> None:
     assert PythonCodeRuntime(CodeRuntimeConfig()).isolation.startswith("L3 ")
