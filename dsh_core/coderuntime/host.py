@@ -155,6 +155,7 @@ class _Zygote:
         plan = self.plan
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         payload = {
+            "host": os.getpid(),  # names the host in the process list (ps, and the tests' scans)
             "level": plan.level,
             "preload": list(config.preload),
             "paths": list(plan.import_paths),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -69,15 +69,31 @@ def level(request: pytest.FixtureRequest) -> str:
 
 
 def zygote_processes() -> set[int]:
-    """Every process on the machine running this checkout's zygote script (zygotes and workers)."""
+    """Every process on the machine running a zygote of this test process (zygotes and workers).
+
+    Found by command line (the zygote script, and this process's pid in its
+    configuration), so an orphaned worker counts too, and zygotes of another
+    process using the same checkout (a benchmark, a second test run) do not.
+    """
     script = os.path.join(iso.WORKER_DIR, "zygote.py").encode()
+    host = f'"host": {os.getpid()},'.encode()
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if script in handle.read():
-                        found.add(int(entry))
+                    command = handle.read()
             except OSError:
                 continue
+            if script in command and host in command:
+                found.add(int(entry))
     return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _shared_wire_markers_stay_intact() -> Iterator[None]:
+    """Token lists share their short array markers: no consumer may ever change one."""
+    from dsh_core.coderuntime.worker import wire
+
+    yield
+    assert tuple({"a": n} for n in range(64)) == wire._ARRAY_MARKERS

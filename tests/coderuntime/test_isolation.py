@@ -268,6 +268,7 @@ def test_private_cwd_starts_empty(level: str) -> None:
 
 THREADS = """
 import threading
+threading.stack_size(256 << 10)  # so that the stacks, sized by the runner's ulimit -s, are not what stops it
 stop = threading.Event()
 threads, error = [], None
 for _ in range(WANTED):

@@ -384,8 +384,9 @@ def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
             asyncio.ensure_future(rt.run("await tools.mark({})\nwhile True: pass", tools(mark=mark))) for _ in range(3)
         ]
         await asyncio.wait_for(started.wait(), 30)
+        assert zygote_processes() - before  # the scan sees this runtime's zygote and workers...
         await rt.aclose()
-        assert zygote_processes() <= before  # every worker awaited, orphaned or not, and the zygote
+        assert zygote_processes() <= before  # ...and none after: every worker awaited, orphaned or not
         results = await asyncio.gather(*runs)
         assert all(_kind(r) == "abort" and r.error.message == "runtime disposed" for r in results)  # type: ignore[union-attr]
         with pytest.raises(RuntimeDisposedError):

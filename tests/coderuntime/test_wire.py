@@ -67,6 +67,13 @@ def test_million_deep_values_both_ways_without_recursion() -> None:
     assert sys.getrecursionlimit() == limit
 
 
+def test_short_array_markers_are_shared_read_only() -> None:
+    nested, flat = wire.encode([[1, 2], [3]]), wire.encode([5, 6])
+    assert nested[1] is flat[0] is wire._ARRAY_MARKERS[2]  # walk and fast path alike
+    assert wire.encode(list(range(64)))[0] is not wire.encode(list(range(64)))[0]  # 64 and up: fresh
+    # (conftest checks after the whole session that no consumer changed a shared marker)
+
+
 class _Str(str):
     pass
 

@@ -68,8 +68,8 @@ def _no_gc(function: _F) -> _F:
     def wrapper(*args: object) -> object:
         if not gc.isenabled():
             return function(*args)
-        gc.disable()
-        try:
+        try:  # disabled inside the try: a signal raised just after it still re-enables
+            gc.disable()
             return function(*args)
         finally:
             gc.enable()
@@ -131,6 +131,9 @@ def encode(value: object) -> list[object]:
     shape of most binding arguments and results), is encoded directly; the
     tokens are exactly those of the general walk (:func:`_encode_walk`), which
     handles everything else, including every refusal and its message.
+
+    The result is read-only: the markers of arrays shorter than 64 items are
+    shared by every token list (changing one would change them all).
     """
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
@@ -146,7 +149,7 @@ def encode(value: object) -> list[object]:
         if len(value) <= _FLAT_MAX:  # type: ignore[arg-type]
             children = list.copy(value)  # type: ignore[arg-type]
             if _all_plain_scalars(children):
-                return [{"a": len(children)}, *children]
+                return [_ARRAY_MARKERS[len(children)], *children]
     elif kind is float and not _bad_float(value):  # type: ignore[arg-type]
         return [value]
     return _encode_walk(value)
