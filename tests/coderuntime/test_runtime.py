@@ -395,16 +395,22 @@ def test_disposal_aborts_live_runs_and_awaits_workers() -> None:
     arun(go())
 
 
+async def _first_run_while_the_zygote_starts(rt: PythonCodeRuntime) -> asyncio.Future[CodeRunResult]:
+    """The runtime's first run, caught while it is still starting the zygote."""
+    _ = rt.isolation  # detected once per host: what remains is this runtime's own zygote start
+    run = asyncio.ensure_future(rt.run("return 1", []))
+    await asyncio.sleep(0.01)
+    assert rt._zygote is None  # still starting
+    return run
+
+
 def test_disposal_while_the_zygote_starts_leaves_no_process() -> None:
     children_before = _children()
     zygotes_before = zygote_processes()
 
     async def go() -> None:
         rt = PythonCodeRuntime()
-        _ = rt.isolation  # detected once per host: what remains is this runtime's own zygote start
-        run = asyncio.ensure_future(rt.run("return 1", []))
-        await asyncio.sleep(0.01)
-        assert rt._zygote is None  # still starting
+        run = await _first_run_while_the_zygote_starts(rt)
         await rt.aclose()
         assert _children() == children_before  # nothing outlives aclose, not even a zygote mid-start
         assert zygote_processes() <= zygotes_before
@@ -420,10 +426,7 @@ def test_cancelling_the_run_that_starts_the_zygote_leaves_no_process() -> None:
 
     async def go() -> None:
         rt = PythonCodeRuntime()
-        _ = rt.isolation
-        run = asyncio.ensure_future(rt.run("return 1", []))
-        await asyncio.sleep(0.01)
-        assert rt._zygote is None  # still starting
+        run = await _first_run_while_the_zygote_starts(rt)
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
