@@ -385,48 +385,82 @@ class Prepared:
 def run_to_completion(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` as a task on ``loop`` to its end: ``loop.run_until_complete``, minus a cold start.
 
-    The task's first step runs at once, with the loop marked running as
-    ``run_forever`` marks it (running loop, thread, async-generator hooks),
-    rather than from a first turn of the loop. A program that then has
-    finished, and has left nothing scheduled, never starts the loop: in a
-    fresh worker that machinery runs cold, and for ``return 1`` it cost
-    about a quarter of the worker's time. In every other case (the task
-    waits on something, or the step scheduled a callback, a task or a
-    timer) the loop runs as ``run_until_complete`` would have run it from
-    there, so what runs and in which order is unchanged.
+    The task's first step runs at once, inside the loop's own ``run_forever``
+    set-up and clean-up (running loop, thread, async-generator hooks), rather
+    than from a first turn of the loop. A program that then has finished,
+    and has left nothing scheduled, never starts the loop: in a fresh worker
+    that machinery runs cold, and for ``return 1`` it cost about a quarter
+    of the worker's time. In every other case (the task waits on something;
+    the step scheduled a callback, a task or a timer; it stopped the loop)
+    the loop goes on as ``run_until_complete`` would have gone on after its
+    first turn, so what runs, in which order, and the outcome are the same.
+    Where that first turn could have done more than run the step (a watched
+    descriptor already ready, something already scheduled, debug mode, a
+    loop class with its own ``run_forever``), it is ``run_until_complete``.
     """
+    if not _steps_like_base_loop(loop):
+        return loop.run_until_complete(coroutine)
+    base: Any = loop
+    base._check_closed()  # the errors run_until_complete raises, before anything runs
+    base._check_running()
+    if base._ready or base._scheduled or base._selector.select(0):  # level-triggered: a peek
+        return loop.run_until_complete(coroutine)
     task = loop.create_task(coroutine)
     task._log_destroy_pending = False  # type: ignore[attr-defined]  # as run_until_complete does
-    ready: Any = getattr(loop, "_ready", None)
-    scheduled: Any = getattr(loop, "_scheduled", None)
-    if (
-        isinstance(loop, asyncio.BaseEventLoop)
-        and type(ready) is collections.deque
-        and len(ready) == 1  # the task's first step, nothing else
-        and scheduled == []
-        and not loop.is_running()
-    ):
-        first_step = ready.popleft()
-        hooks = sys.get_asyncgen_hooks()
-        loop._thread_id = threading.get_ident()  # type: ignore[attr-defined]
-        sys.set_asyncgen_hooks(
-            firstiter=loop._asyncgen_firstiter_hook,  # type: ignore[attr-defined]
-            finalizer=loop._asyncgen_finalizer_hook,  # type: ignore[attr-defined]
-        )
-        asyncio.events._set_running_loop(loop)
+    try:
+        first_step = base._ready.popleft()  # the task's, alone (checked empty above)
+        _run_forever_setup(base)
         try:
             first_step._run()
-        except BaseException:  # SystemExit or KeyboardInterrupt from the program, re-raised by the task
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved, as run_until_complete does: no "never retrieved" log
-            raise
         finally:
-            asyncio.events._set_running_loop(None)
-            loop._thread_id = None  # type: ignore[attr-defined]
-            sys.set_asyncgen_hooks(*hooks)
-        if task.done() and not ready and not scheduled:
+            stopped = base._stopping
+            _run_forever_cleanup(base)
+        if stopped:  # the program called loop.stop(): run_forever ends after this turn
+            if not task.done():
+                raise RuntimeError("Event loop stopped before Future completed.")
             return task.result()
-    return loop.run_until_complete(task)
+        if task.done() and not base._ready and not base._scheduled:
+            return task.result()
+        return loop.run_until_complete(task)
+    except BaseException:
+        # SystemExit or KeyboardInterrupt from the program, re-raised by the task:
+        # retrieved, as run_until_complete does for its own task (no "never retrieved" log).
+        if task.done() and not task.cancelled():
+            task.exception()
+        raise
+
+
+def _steps_like_base_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` runs exactly BaseEventLoop's ``run_forever`` over a selector, debug off."""
+    return (
+        isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)
+        and type(loop).run_forever is asyncio.BaseEventLoop.run_forever
+        and type(getattr(loop, "_ready", None)) is collections.deque
+        and not loop.get_debug()
+    )
+
+
+def _run_forever_setup(loop: Any) -> None:
+    # What BaseEventLoop.run_forever does before its first turn (its own method from 3.13).
+    if hasattr(loop, "_run_forever_setup"):
+        loop._run_forever_setup()
+        return
+    loop._old_agen_hooks = sys.get_asyncgen_hooks()
+    loop._thread_id = threading.get_ident()
+    sys.set_asyncgen_hooks(firstiter=loop._asyncgen_firstiter_hook, finalizer=loop._asyncgen_finalizer_hook)
+    asyncio.events._set_running_loop(loop)
+
+
+def _run_forever_cleanup(loop: Any) -> None:
+    # What BaseEventLoop.run_forever does after its last turn (its own method from 3.13).
+    if hasattr(loop, "_run_forever_cleanup"):
+        loop._run_forever_cleanup()
+        return
+    loop._stopping = False
+    loop._thread_id = None
+    asyncio.events._set_running_loop(None)
+    sys.set_asyncgen_hooks(*loop._old_agen_hooks)
+    loop._old_agen_hooks = None
 
 
 def prepare(config: dict[str, object], zygote: int) -> Prepared:
