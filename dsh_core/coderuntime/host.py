@@ -294,7 +294,13 @@ class _Zygote:
         request = json.dumps({"t": "spawn", "r": run_id, "cwd": cwd}).encode()
         # Our own copies: the caller closes its descriptors once this returns, and the
         # request may have to wait in the outbox.
-        self._send(request, [os.dup(proto_fd), os.dup(out_fd)])
+        proto = os.dup(proto_fd)
+        try:
+            out = os.dup(out_fd)
+        except BaseException:
+            os.close(proto)
+            raise
+        self._send(request, [proto, out])
         return future
 
     def kill(self, run_id: str) -> None:
@@ -583,30 +589,53 @@ class _Run:
         return self._finish()
 
     async def hold_warm(self, zygote: _Zygote) -> None:
-        """Lifecycle of a pre-spawned worker until a run takes it (or it dies unused)."""
-        await self.settled
+        """Lifecycle of a pre-spawned worker until a run takes it (or it dies unused).
+
+        Cancelled (for instance by ``asyncio.run`` ending with the runtime
+        never closed), an unassigned worker is still torn down: killed,
+        reaped, its directory removed.
+        """
+        try:
+            await self.settled
+        except asyncio.CancelledError:
+            if not self.assigned:  # an assigned one is its run's to tear down
+                self.settle("error", ("abort", "runtime disposed"))
+                await asyncio.shield(self._teardown(zygote))
+            raise
         if not self.assigned:
             await self._teardown(zygote)
 
     def _spawn(self, zygote: _Zygote) -> None:
+        """Ask the zygote for this run's worker; on any failure nothing is left registered or open."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        self.sock = parent
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            child.close()
+            self._close()
+            raise
+        self.out_fd = out_r
         try:
             parent.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             parent.setblocking(False)
             os.set_blocking(out_r, False)
-            self.sock = parent
-            self.out_fd = out_r
             if zygote.plan.level < 3:
                 self.cwd = tempfile.mkdtemp(prefix="dsh-run-")
+                self.owner._run_dirs.add(self.cwd)  # from now on aclose removes it, whatever happens
             self.exit_future = zygote.spawn(self.run_id, child.fileno(), out_w, self.cwd or "/", self._on_spawned)
             self.kernel_reaps = zygote.kernel_reaps
+            self.exit_future.add_done_callback(self._on_exit)
+            self.loop.add_reader(parent.fileno(), self._on_sock)
+            self.loop.add_reader(out_r, self._on_pipe)
+        except BaseException:
+            # Closing our ends ends a worker the zygote may already have forked.
+            self._close()
+            zygote.forget(self.run_id)
+            raise
         finally:
             child.close()
             os.close(out_w)
-        self.exit_future.add_done_callback(self._on_exit)
-        self.loop.add_reader(parent.fileno(), self._on_sock)
-        self.loop.add_reader(out_r, self._on_pipe)
 
     def _on_spawned(self, pidfd: int) -> None:
         """The zygote's pidfd of this run's worker (owned from here on); -1 if it was lost."""
@@ -1329,7 +1358,10 @@ class PythonCodeRuntime:
             late = ("worker-exit", "the probe worker did not report ready in time")
             expiry = loop.call_later(_PROBE_READY_TIMEOUT_S, probe.settle, "error", late)
             try:
-                probe._spawn(zygote)
+                try:
+                    probe._spawn(zygote)
+                except OSError as error:
+                    raise ZygoteError(f"could not start a probe worker: {error}") from None
                 result = await probe.finish_run(zygote)
             finally:
                 expiry.cancel()
@@ -1380,13 +1412,19 @@ class PythonCodeRuntime:
         run = self._take_warm()
         if run is None:
             run = _Run(self)
-            run._spawn(zygote)
+            try:
+                run._spawn(zygote)
+            except OSError as error:  # e.g. out of descriptors: an outcome, not misuse
+                return _assemble(ledger, ("error", ("worker-exit", f"could not start a worker: {error}")))
         run.assign(program, namespaces, signal, (code, warned))
         self._live.add(run)
         try:
             return await run.finish_run(zygote)
         finally:
-            self._live.discard(run)
+            if run.finished.done():
+                self._live.discard(run)
+            else:  # cancelled again while its teardown runs: aclose still awaits that teardown
+                run.finished.add_done_callback(lambda _: self._live.discard(run))
             # The next worker is prepared after this result is delivered, not before.
             asyncio.get_running_loop().call_soon(self._refill, zygote)
 
@@ -1430,7 +1468,10 @@ class PythonCodeRuntime:
         loop = asyncio.get_running_loop()
         while len(self._warm) < _WARM_WORKERS:
             warm = _Run(self)
-            warm._spawn(zygote)
+            try:
+                warm._spawn(zygote)
+            except OSError:
+                return  # e.g. out of descriptors: the next run spawns its own, and reports why not
             self._warm.append(warm)
             task = loop.create_task(warm.hold_warm(zygote))
             self._warm_tasks.add(task)
