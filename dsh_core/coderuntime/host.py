@@ -510,6 +510,9 @@ class _Run:
         self.exit_timer: asyncio.TimerHandle | None = None
         self.clock: _WallClock | None = None
         self.remove_listener: Any = None
+        self.killed = False
+        self.teardown: asyncio.Future[None] | None = None
+        self.zygote: _Zygote | None = None  # the one that spawned this worker
 
     # ---------------------------------------------------------------- latch
 
@@ -583,9 +586,9 @@ class _Run:
             await self.settled
         except asyncio.CancelledError:
             self.settle("abort", "run cancelled")
-            await asyncio.shield(self._teardown(zygote))
+            await self._shielded_teardown(zygote)
             raise
-        await self._teardown(zygote)
+        await self._shielded_teardown(zygote)
         return self._finish()
 
     async def hold_warm(self, zygote: _Zygote) -> None:
@@ -600,10 +603,16 @@ class _Run:
         except asyncio.CancelledError:
             if not self.assigned:  # an assigned one is its run's to tear down
                 self.settle("error", ("abort", "runtime disposed"))
-                await asyncio.shield(self._teardown(zygote))
+                await self._shielded_teardown(zygote)
             raise
         if not self.assigned:
-            await self._teardown(zygote)
+            await self._shielded_teardown(zygote)
+
+    async def _shielded_teardown(self, zygote: _Zygote) -> None:
+        """Tear down once; a cancellation of the caller leaves it running (``aclose`` awaits it)."""
+        if self.teardown is None:
+            self.teardown = asyncio.ensure_future(self._teardown(zygote))
+        await asyncio.shield(self.teardown)
 
     def _spawn(self, zygote: _Zygote) -> None:
         """Ask the zygote for this run's worker; on any failure nothing is left registered or open."""
@@ -622,12 +631,15 @@ class _Run:
             os.set_blocking(out_r, False)
             if zygote.plan.level < 3:
                 self.cwd = tempfile.mkdtemp(prefix="dsh-run-")
-                self.owner._run_dirs.add(self.cwd)  # from now on aclose removes it, whatever happens
             self.exit_future = zygote.spawn(self.run_id, child.fileno(), out_w, self.cwd or "/", self._on_spawned)
             self.kernel_reaps = zygote.kernel_reaps
             self.exit_future.add_done_callback(self._on_exit)
             self.loop.add_reader(parent.fileno(), self._on_sock)
             self.loop.add_reader(out_r, self._on_pipe)
+            self.zygote = zygote
+            runs = self.owner._runs
+            runs.add(self)  # until its teardown ends: aclose settles and awaits every one
+            self.finished.add_done_callback(lambda _: runs.discard(self))
         except BaseException:
             # Closing our ends ends a worker the zygote may already have forked.
             self._close()
@@ -1109,14 +1121,7 @@ class _Run:
             for task in bindings:
                 task.cancel()
             await asyncio.sleep(0)  # let callbacks queued by the winner run first
-            # Kill: the leader through its pidfd (race-free), or through the
-            # zygote when there is none yet; the zygote kills the leader's
-            # process group when it reaps it (the leader's pid still reserves
-            # the group id then), and the cgroup catches anything that left it.
-            if self.pidfd >= 0:
-                descriptors.kill(self.pidfd)
-            elif not self.kernel_reaps:
-                zygote.kill(self.run_id)
+            self._kill(zygote)
             # (Where the kernel reaps, the zygote keeps no record of its workers:
             # _on_spawned kills this one as soon as its pidfd arrives.)
             # Reap: the status comes once the worker is reaped, from the zygote after
@@ -1136,10 +1141,23 @@ class _Run:
             if bindings:
                 await asyncio.gather(*bindings, return_exceptions=True)
         finally:
+            if not self.killed:  # cancelled before the kill (say, by a loop shutting down)
+                self._kill(zygote)
             self._close()
             zygote.forget(self.run_id)
             if not self.finished.done():
                 self.finished.set_result(None)
+
+    def _kill(self, zygote: _Zygote) -> None:
+        # The leader through its pidfd (race-free), or through the zygote when
+        # there is none yet; the zygote kills the leader's process group when it
+        # reaps it (the leader's pid still reserves the group id then), and the
+        # cgroup catches anything that left it.
+        self.killed = True
+        if self.pidfd >= 0:
+            descriptors.kill(self.pidfd)
+        elif not self.kernel_reaps:
+            zygote.kill(self.run_id)
 
     def _close(self) -> None:
         self.wbuf = bytearray()  # undelivered replies: the worker is gone
@@ -1216,6 +1234,7 @@ class PythonCodeRuntime:
         self.config = config if config is not None else CodeRuntimeConfig()
         self._ids = itertools.count(1)
         self._live: set[_Run] = set()
+        self._runs: set[_Run] = set()  # every spawned worker's run until its teardown ends
         self._disposed = False
         self._zygote: _Zygote | None = None
         self._zygote_lock: asyncio.Lock | None = None
@@ -1360,8 +1379,8 @@ class PythonCodeRuntime:
             try:
                 try:
                     probe._spawn(zygote)
-                except OSError as error:
-                    raise ZygoteError(f"could not start a probe worker: {error}") from None
+                except OSError as error:  # the host's own resources: a lower level fares no better
+                    raise ZygoteError(f"could not start a probe worker: {error}", fatal=True) from None
                 result = await probe.finish_run(zygote)
             finally:
                 expiry.cancel()
@@ -1421,12 +1440,13 @@ class PythonCodeRuntime:
         try:
             return await run.finish_run(zygote)
         finally:
-            if run.finished.done():
-                self._live.discard(run)
-            else:  # cancelled again while its teardown runs: aclose still awaits that teardown
-                run.finished.add_done_callback(lambda _: self._live.discard(run))
-            # The next worker is prepared after this result is delivered, not before.
-            asyncio.get_running_loop().call_soon(self._refill, zygote)
+            self._live.discard(run)
+            # The next worker is prepared after this result is delivered, not before;
+            # not after a cancelled run (the loop may be shutting down, as asyncio.run
+            # cancels every task: a worker spawned then would be nobody's to end).
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():
+                asyncio.get_running_loop().call_soon(self._refill, zygote)
 
     def _remove_run_dir_soon(self, path: str) -> None:
         self._run_dirs.add(path)
@@ -1466,6 +1486,8 @@ class PythonCodeRuntime:
         if zygote is not self._zygote or not zygote.alive:
             return
         loop = asyncio.get_running_loop()
+        for run in [run for run in self._warm if run.outcome is not None]:
+            self._warm.remove(run)  # ended unused (its hold_warm task tears it down)
         while len(self._warm) < _WARM_WORKERS:
             warm = _Run(self)
             try:
@@ -1498,6 +1520,12 @@ class PythonCodeRuntime:
         if self._zygote_lock is not None:
             async with self._zygote_lock:
                 pass  # the start in progress, if any, has closed what it started
+        # Any other worker still being torn down (its task cancelled twice, say) ends before the zygote.
+        pending = [run for run in self._runs if not run.finished.done()]
+        for run in pending:
+            run.settle("error", ("abort", "runtime disposed"))
+        if pending:  # joins a teardown in progress, or does it (for a run nothing else drives)
+            await asyncio.gather(*(run._shielded_teardown(run.zygote) for run in pending if run.zygote))
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +20,8 @@ from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import host as host_module
 
 from .conftest import arun, zygote_processes
+
+HOT_LOOP = "while True:\n    pass"  # never reads its channel: only a kill ends it
 
 
 def _run_dirs() -> set[str]:
@@ -35,6 +40,40 @@ def _fds() -> set[str]:
     return found
 
 
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def _stop_unclosed(runtime: PythonCodeRuntime) -> None:
+    """Stop the zygote of a runtime a test left unclosed on purpose (its loop is gone)."""
+    zygote = runtime._zygote
+    if zygote is not None and zygote.proc is not None:
+        zygote.proc.kill()
+        zygote.proc.wait()
+    if zygote is not None and zygote.ctrl is not None:
+        zygote.ctrl.close()
+
+
 def test_a_runtime_never_closed_still_tears_down_its_prespawned_workers() -> None:
     seen: dict[str, Any] = {}
 
@@ -43,36 +82,57 @@ def test_a_runtime_never_closed_still_tears_down_its_prespawned_workers() -> Non
         seen["runtime"] = runtime
         await runtime.start()
         assert (await runtime.run("return 1", [])).value == 1
-        await asyncio.sleep(0.3)  # the refill's worker is up too
+        await _until(lambda: len(runtime._warm) == 2 and all(run.ready for run in runtime._warm))
         seen["workers"] = [run.pid for run in runtime._warm]
         seen["dirs"] = [run.cwd for run in runtime._warm]
         # No aclose: asyncio.run ends by cancelling the pre-spawned workers' tasks.
 
     arun(go())
+    try:
+        assert all(pid > 0 for pid in seen["workers"])
+        assert [os.path.exists(path) for path in seen["dirs"]] == [False, False]
+        assert [_gone(pid) for pid in seen["workers"]] == [True, True]
+    finally:
+        _stop_unclosed(seen["runtime"])
+
+
+def test_a_runtime_never_closed_with_a_run_in_flight_spawns_nothing_as_the_loop_ends() -> None:
+    seen: dict[str, Any] = {}
+    dirs = _run_dirs()
+
+    async def go() -> None:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        seen["runtime"] = runtime
+        await runtime.start()
+        seen["task"] = asyncio.ensure_future(runtime.run(HOT_LOOP, []))  # left running on purpose
+        await _until(lambda: bool(runtime._live) and all(run.pid > 0 for run in runtime._live))
+        seen["worker"] = next(iter(runtime._live)).pid
+        # No aclose: asyncio.run cancels the run, which must not refill the pool as it ends.
+
+    arun(go())
     runtime = seen["runtime"]
     try:
-        assert len(seen["workers"]) == 2 and all(pid > 0 for pid in seen["workers"])
-        assert [os.path.exists(path) for path in seen["dirs"]] == [False, False]
-        assert [os.path.exists(f"/proc/{pid}") for pid in seen["workers"]] == [False, False]
+        assert _gone(seen["worker"])
+        assert _run_dirs() == dirs
+        zygote = runtime._zygote
+        assert zygote is not None and zygote.proc is not None
+        assert len(_children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
     finally:
-        zygote = runtime._zygote  # never closed: the test stops it
-        if zygote is not None and zygote.proc is not None:
-            zygote.proc.kill()
-            zygote.proc.wait()
-        if zygote is not None and zygote.ctrl is not None:
-            zygote.ctrl.close()
+        _stop_unclosed(runtime)
 
 
 def test_a_worker_that_cannot_be_started_is_a_result_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     failing = False
-    spawn = host_module._Zygote.spawn
+    dup = os.dup
 
-    def spawn_or_fail(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if failing:
+    def dup_or_fail(fd: int) -> int:
+        # Fails the zygote's second dup of a spawn request: the first must be closed again.
+        caller = sys._getframe(1)
+        if failing and caller.f_code.co_name == "spawn" and "proto" in caller.f_locals:
             raise OSError(errno.EMFILE, "Too many open files")
-        return spawn(self, *args, **kwargs)
+        return dup(fd)
 
-    monkeypatch.setattr(host_module._Zygote, "spawn", spawn_or_fail)
+    monkeypatch.setattr(os, "dup", dup_or_fail)
     fds, dirs = _fds(), _run_dirs()
     unhandled: list[dict[str, Any]] = []
 
@@ -87,6 +147,10 @@ def test_a_worker_that_cannot_be_started_is_a_result_and_leaves_nothing(monkeypa
             for _ in range(3):  # two pre-spawned workers, then one the run must spawn itself
                 result = await runtime.run("return 1", [])
                 outcomes.append(result.value if result.error is None else (result.error.kind, result.error.message))
+            zygote = runtime._zygote
+            assert zygote is not None
+            known = {run.run_id for run in runtime._runs}
+            assert set(zygote.exits) <= known and set(zygote.spawned) <= known  # no record of a failed spawn
             failing = False
             outcomes.append((await runtime.run("return 2", [])).value)
             return outcomes
@@ -97,6 +161,37 @@ def test_a_worker_that_cannot_be_started_is_a_result_and_leaves_nothing(monkeypa
     assert outcomes == [1, 1, ("worker-exit", "could not start a worker: [Errno 24] Too many open files"), 2]
     assert unhandled == []  # the refill's failures were not errors of the event loop
     assert _fds() == fds
+    assert _run_dirs() == dirs
+    assert zygote_processes() == set()
+
+
+def test_a_probe_that_cannot_be_started_does_not_lower_the_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    spawn = host_module._Run._spawn
+    failures = [OSError(errno.EMFILE, "Too many open files")]
+
+    def spawn_or_fail(self: Any, zygote: Any) -> None:
+        if failures and self.owner._probe_only:
+            raise failures.pop()
+        spawn(self, zygote)
+
+    monkeypatch.setattr(host_module._Run, "_spawn", spawn_or_fail)
+    monkeypatch.setattr(host_module, "_DETECTED", {})
+    dirs = _run_dirs()
+
+    async def go() -> tuple[str, bool, object, str]:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        try:
+            first = await runtime.start()
+            cached = bool(host_module._DETECTED)
+            result = await runtime.run("return 1", [])  # tries again, at the configured level
+            return first, cached, result.value, runtime.isolation
+        finally:
+            await runtime.aclose()
+
+    first, cached, value, isolation = arun(go())
+    assert first == "unavailable (could not start a probe worker: [Errno 24] Too many open files)"
+    assert not cached
+    assert value == 1 and isolation.startswith("L2 ")
     assert _run_dirs() == dirs
     assert zygote_processes() == set()
 
@@ -126,6 +221,11 @@ def test_aclose_awaits_the_teardown_of_a_run_cancelled_twice(monkeypatch: pytest
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            for warm in list(runtime._warm_tasks):  # and the pre-spawned workers' tasks, twice too
+                warm.cancel()
+            await asyncio.sleep(0)
+            for warm in list(runtime._warm_tasks):
+                warm.cancel()
             slow = False
         finally:
             await runtime.aclose()
@@ -139,3 +239,25 @@ def test_aclose_awaits_the_teardown_of_a_run_cancelled_twice(monkeypatch: pytest
     arun(go())
     assert _fds() == fds
 
+
+def test_a_teardown_cancelled_before_its_kill_still_kills_the_worker() -> None:
+    async def go() -> bool:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2", timeout_s=60, cpu_s=60))
+        try:
+            await runtime.start()
+            task = asyncio.ensure_future(runtime.run(HOT_LOOP, []))
+            await _until(lambda: bool(runtime._live) and all(run.pid > 0 for run in runtime._live))
+            run = next(iter(runtime._live))
+            task.cancel()
+            await asyncio.sleep(0)  # the run settles and schedules its teardown
+            await asyncio.sleep(0)  # which starts, up to its first await
+            assert run.teardown is not None and not run.teardown.done() and not run.killed
+            run.teardown.cancel()  # as a loop shutting down cancels every task
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await _until(lambda: _gone(run.pid), timeout=5.0)  # killed, not left spinning for a minute
+            return True
+        finally:
+            await runtime.aclose()
+
+    assert arun(go())
