@@ -22,6 +22,7 @@ import binascii
 import collections
 import contextlib
 import contextvars
+import errno
 import functools
 import inspect
 import itertools
@@ -125,6 +126,10 @@ def _close_all(fds: list[int]) -> None:
             os.close(fd)
 
 
+#: Errors of the host's own resources: no isolation level would start while they last.
+_RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
 class ZygoteError(Exception):
     """The zygote could not start (a preload failure, a sandbox that does not work)."""
 
@@ -153,7 +158,10 @@ class _Zygote:
 
     async def start(self, config: CodeRuntimeConfig, let_kernel_reap: bool = True) -> None:
         plan = self.plan
-        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as error:  # out of descriptors, say: a lower level fares no better
+            raise ZygoteError(f"cannot start the zygote: {error}", fatal=True) from None
         payload = {
             "host": os.getpid(),  # names the host in the process list (ps, and the tests' scans)
             "level": plan.level,
@@ -194,7 +202,10 @@ class _Zygote:
             )
         except OSError as error:
             host_end.close()
-            raise ZygoteError(f"cannot start the zygote: {error}") from None
+            # No bubblewrap (ENOENT) is a level that does not work here; no process or
+            # descriptor left (EAGAIN, EMFILE...) is this moment, not the level.
+            fatal = error.errno in _RESOURCE_ERRNOS
+            raise ZygoteError(f"cannot start the zygote: {error}", fatal=fatal) from None
         finally:
             child_end.close()
         host_end.setblocking(False)

@@ -261,3 +261,34 @@ def test_a_teardown_cancelled_before_its_kill_still_kills_the_worker() -> None:
             await runtime.aclose()
 
     assert arun(go())
+
+
+def test_a_zygote_that_cannot_be_started_for_want_of_processes_does_not_lower_the_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    popen = host_module.subprocess.Popen
+    failures = [OSError(errno.EAGAIN, "Resource temporarily unavailable")]
+
+    def popen_or_fail(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(host_module.subprocess, "Popen", popen_or_fail)
+    monkeypatch.setattr(host_module, "_DETECTED", {})
+
+    async def go() -> tuple[str, bool, object, str]:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        try:
+            first = await runtime.start()
+            cached = bool(host_module._DETECTED)
+            result = await runtime.run("return 1", [])
+            return first, cached, result.value, runtime.isolation
+        finally:
+            await runtime.aclose()
+
+    first, cached, value, isolation = arun(go())
+    assert first == "unavailable (cannot start the zygote: [Errno 11] Resource temporarily unavailable)"
+    assert not cached
+    assert value == 1 and isolation.startswith("L2 ")
+    assert zygote_processes() == set()
