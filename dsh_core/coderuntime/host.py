@@ -621,9 +621,14 @@ class _Run:
 
     async def _shielded_teardown(self, zygote: _Zygote) -> None:
         """Tear down once; a cancellation of the caller leaves it running (``aclose`` awaits it)."""
-        if self.teardown is None:
+        self._start_teardown(zygote)
+        await asyncio.shield(self.finished)
+
+    def _start_teardown(self, zygote: _Zygote) -> None:
+        if self.teardown is None and not self.finished.done():
             self.teardown = asyncio.ensure_future(self._teardown(zygote))
-        await asyncio.shield(self.teardown)
+            # Cancelled before its first step, it never runs its finally: end it here.
+            self.teardown.add_done_callback(lambda _: self._end(zygote, now=True))
 
     def _spawn(self, zygote: _Zygote) -> None:
         """Ask the zygote for this run's worker; on any failure nothing is left registered or open."""
@@ -1116,21 +1121,9 @@ class _Run:
 
     async def _teardown(self, zygote: _Zygote) -> None:
         try:
-            kind, _ = self.outcome or ("abort", None)
-            self.controller.abort(f"code run settled ({kind})")
-            if self.clock is not None:
-                self.clock.stop()
-            if self.cpu_handle is not None:
-                self.cpu_handle.cancel()
-            if self.exit_timer is not None:
-                self.exit_timer.cancel()
-            if self.remove_listener is not None:
-                self.remove_listener()
-            # Nothing outlives the run: cancel the binding calls still running
+            # Nothing outlives the run: the binding calls still running are cancelled
             # (awaited below, before the run resolves; their replies are dropped).
-            bindings = list(self.tasks)
-            for task in bindings:
-                task.cancel()
+            bindings = self._quiesce()
             await asyncio.sleep(0)  # let callbacks queued by the winner run first
             self._kill(zygote)
             # (Where the kernel reaps, the zygote keeps no record of its workers:
@@ -1152,12 +1145,41 @@ class _Run:
             if bindings:
                 await asyncio.gather(*bindings, return_exceptions=True)
         finally:
-            if not self.killed:  # cancelled before the kill (say, by a loop shutting down)
-                self._kill(zygote)
-            self._close()
-            zygote.forget(self.run_id)
-            if not self.finished.done():
-                self.finished.set_result(None)
+            self._end(zygote)
+
+    def _quiesce(self) -> list[asyncio.Future[Any]]:
+        """Stop the run's clocks, timers and listener, cancel its binding calls; return those calls."""
+        kind, _ = self.outcome or ("abort", None)
+        self.controller.abort(f"code run settled ({kind})")
+        if self.clock is not None:
+            self.clock.stop()
+        if self.cpu_handle is not None:
+            self.cpu_handle.cancel()
+        if self.exit_timer is not None:
+            self.exit_timer.cancel()
+        if self.remove_listener is not None:
+            self.remove_listener()
+            self.remove_listener = None
+        bindings = list(self.tasks)
+        for task in bindings:
+            task.cancel()
+        return bindings
+
+    def _end(self, zygote: _Zygote, *, now: bool = False) -> None:
+        """The synchronous end of every teardown: kill if not yet done, close, forget, finish.
+
+        Also what is left of a teardown cancelled before it could run (a task
+        cancelled before its first step never enters its ``finally``), and then
+        ``now``: the run directory goes at once, as no later loop turn may come.
+        """
+        if self.finished.done():
+            return
+        self._quiesce()
+        if not self.killed:
+            self._kill(zygote)
+        self._close(remove_dir_now=now)
+        zygote.forget(self.run_id)
+        self.finished.set_result(None)
 
     def _kill(self, zygote: _Zygote) -> None:
         # The leader through its pidfd (race-free), or through the zygote when
@@ -1170,7 +1192,7 @@ class _Run:
         elif not self.kernel_reaps:
             zygote.kill(self.run_id)
 
-    def _close(self) -> None:
+    def _close(self, *, remove_dir_now: bool = False) -> None:
         self.wbuf = bytearray()  # undelivered replies: the worker is gone
         if self.sock is not None:
             with contextlib.suppress(Exception):
@@ -1200,7 +1222,11 @@ class _Run:
             # Removed just after the result is delivered, not before: on a disk
             # file system even an empty directory's rmdir costs about 0.7 ms, and
             # the worker (the only thing that could write there) is gone.
-            self.owner._remove_run_dir_soon(self.cwd)
+            if remove_dir_now:
+                self.owner._run_dirs.add(self.cwd)
+                self.owner._remove_run_dir(self.cwd)
+            else:
+                self.owner._remove_run_dir_soon(self.cwd)
             self.cwd = None
 
     def _finish(self) -> CodeRunResult:
@@ -1233,6 +1259,13 @@ def _assemble(ledger: wire.Ledger, outcome: tuple[str, Any]) -> CodeRunResult:
     custom = payload if kind == "limit" and isinstance(payload, str) else None
     logs, message = ledger.fitted(custom or ledger.limit_message())
     return CodeRunResult(logs=tuple(logs), error=CodeRunError("output-limit", message))
+
+
+def _end_if_abandoned(run: _Run, zygote: _Zygote, task: asyncio.Task[None]) -> None:
+    """A pre-spawned worker's task cancelled before its first step: no teardown ever started."""
+    if task.cancelled() and not run.assigned and run.teardown is None:
+        run.settle("error", ("abort", "runtime disposed"))
+        run._end(zygote, now=True)
 
 
 # --------------------------------------------------------------------------- the runtime
@@ -1421,6 +1454,8 @@ class PythonCodeRuntime:
         if not isinstance(program, str):
             raise TypeError("program must be a str")
         namespaces = validate_bindings(bindings)
+        task = asyncio.current_task()
+        cancellations = task.cancelling() if task is not None else 0
         ledger = wire.Ledger(self.config.max_output_bytes)
         if signal is not None and signal.aborted:
             return _assemble(ledger, ("abort", str(signal.reason)))
@@ -1453,10 +1488,10 @@ class PythonCodeRuntime:
         finally:
             self._live.discard(run)
             # The next worker is prepared after this result is delivered, not before;
-            # not after a cancelled run (the loop may be shutting down, as asyncio.run
-            # cancels every task: a worker spawned then would be nobody's to end).
-            task = asyncio.current_task()
-            if task is None or not task.cancelling():
+            # not after a run cancelled meanwhile: the loop may be shutting down (asyncio.run
+            # cancels every task), and a worker spawned then would be nobody's to end. (A
+            # timeout cancels too: the next run that ends normally refills the pool.)
+            if task is None or task.cancelling() <= cancellations:
                 asyncio.get_running_loop().call_soon(self._refill, zygote)
 
     def _remove_run_dir_soon(self, path: str) -> None:
@@ -1509,6 +1544,7 @@ class PythonCodeRuntime:
             task = loop.create_task(warm.hold_warm(zygote))
             self._warm_tasks.add(task)
             task.add_done_callback(self._warm_tasks.discard)
+            task.add_done_callback(functools.partial(_end_if_abandoned, warm, zygote))
 
     async def aclose(self) -> None:
         """Abort every live run ("runtime disposed"), await their workers, stop the zygote."""
@@ -1535,8 +1571,10 @@ class PythonCodeRuntime:
         pending = [run for run in self._runs if not run.finished.done()]
         for run in pending:
             run.settle("error", ("abort", "runtime disposed"))
-        if pending:  # joins a teardown in progress, or does it (for a run nothing else drives)
-            await asyncio.gather(*(run._shielded_teardown(run.zygote) for run in pending if run.zygote))
+            if run.zygote is not None:
+                run._start_teardown(run.zygote)  # joins one in progress, or starts it for a run nothing drives
+        if pending:
+            await asyncio.gather(*(asyncio.shield(run.finished) for run in pending))
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None

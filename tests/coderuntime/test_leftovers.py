@@ -7,6 +7,7 @@ so a leaked worker shows as a leftover directory as well as a process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import sys
@@ -292,3 +293,86 @@ def test_a_zygote_that_cannot_be_started_for_want_of_processes_does_not_lower_th
     assert not cached
     assert value == 1 and isolation.startswith("L2 ")
     assert zygote_processes() == set()
+
+
+def test_a_teardown_cancelled_before_its_first_step_still_ends_the_worker() -> None:
+    from dsh_core.abort import AbortController
+
+    dirs = _run_dirs()
+
+    async def go() -> tuple[object, int]:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2", timeout_s=60, cpu_s=60))
+        try:
+            await runtime.start()
+            controller = AbortController()
+            task = asyncio.ensure_future(runtime.run(HOT_LOOP, [], controller.signal))
+            await _until(lambda: bool(runtime._live) and all(run.pid > 0 for run in runtime._live))
+            run = next(iter(runtime._live))
+            controller.abort("stop")
+            await asyncio.sleep(0)  # the run settles and schedules its teardown, not yet started
+            assert run.teardown is not None and not run.teardown.done() and not run.killed
+            run.teardown.cancel()  # as a loop shutting down cancels every task
+            result = await task
+            await _until(lambda: _gone(run.pid), timeout=5.0)  # killed, not left spinning for a minute
+            return (result.error.kind if result.error else None), run.pid
+        finally:
+            await runtime.aclose()  # and this does not raise
+
+    kind, _ = arun(go())
+    assert kind == "abort"
+    assert _run_dirs() == dirs
+    assert zygote_processes() == set()
+
+
+def test_a_runtime_never_closed_right_after_a_run_leaves_no_prespawned_worker() -> None:
+    seen: dict[str, Any] = {}
+    dirs = _run_dirs()
+
+    async def go() -> None:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        seen["runtime"] = runtime
+        await runtime.start()
+        assert (await runtime.run("return 1", [])).value == 1
+        # Returns at once: the refill after this run spawns as asyncio.run begins to end.
+
+    arun(go())
+    runtime = seen["runtime"]
+    try:
+        assert _run_dirs() == dirs
+        assert [run.finished.done() for run in runtime._runs] == []
+        zygote = runtime._zygote
+        assert zygote is not None and zygote.proc is not None
+        time.sleep(0.2)  # let the killed workers be reaped
+        assert len(_children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
+    finally:
+        _stop_unclosed(runtime)
+
+
+def test_the_pool_refills_after_timeouts_and_in_a_task_that_was_cancelled_before() -> None:
+    async def go() -> list[int]:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        sizes = []
+        try:
+            await runtime.start()
+            await _until(lambda: len(runtime._warm) == 2)
+            for _ in range(2):  # runs cut short by a timeout cancel their task: no refill then
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.3):
+                        await runtime.run(HOT_LOOP, [])
+                await asyncio.sleep(0.05)
+                sizes.append(len(runtime._warm))
+            # A cancellation this task swallowed long ago does not stop later refills.
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1)
+            assert current.cancelling() == 1
+            assert (await runtime.run("return 1", [])).value == 1
+            await asyncio.sleep(0.05)
+            sizes.append(len(runtime._warm))
+            return sizes
+        finally:
+            await runtime.aclose()
+
+    assert arun(go()) == [1, 0, 2]
