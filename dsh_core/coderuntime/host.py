@@ -1334,7 +1334,7 @@ class PythonCodeRuntime:
 
     @property
     def level(self) -> int:
-        """The isolation level in force (0-3), detecting it if needed."""
+        """The isolation level in force (0-3), detecting it if needed; -1 where none could start."""
         if self._level < 0:
             _ = self.isolation
         return self._level
@@ -1435,6 +1435,8 @@ class PythonCodeRuntime:
                 raise ZygoteError(f"probe worker failed: {message}")
         except BaseException:
             # Failed, cancelled or disposed mid-start: nothing started here outlives it.
+            if self._descriptor is None:
+                self._level = -1  # no level is in force (it was set for the probe's check)
             await asyncio.shield(zygote.close())
             raise
         finally:

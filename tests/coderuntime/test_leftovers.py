@@ -184,6 +184,7 @@ def test_a_probe_that_cannot_be_started_does_not_lower_the_level(monkeypatch: py
         try:
             first = await runtime.start()
             cached = bool(host_module._DETECTED)
+            assert runtime.level == -1  # none in force, not the level that was being probed
             result = await runtime.run("return 1", [])  # tries again, at the configured level
             return first, cached, result.value, runtime.isolation
         finally:
