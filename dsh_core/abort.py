@@ -92,8 +92,17 @@ class AbortSignal:
         for future in waiters:
             if not future.done():
                 future.set_result(None)
+        # Every listener hears of it, even after one raised; then the caller does.
+        errors: list[Exception] = []
         for listener in listeners:
-            listener(reason)
+            try:
+                listener(reason)
+            except Exception as error:
+                errors.append(error)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ExceptionGroup("abort listeners raised", errors)
 
     @staticmethod
     def never() -> AbortSignal:
@@ -128,7 +137,11 @@ class AbortController:
         self.signal = AbortSignal()
 
     def abort(self, reason: object = "aborted") -> None:
-        """Abort the signal; later calls are ignored (the first reason wins)."""
+        """Abort the signal; later calls are ignored (the first reason wins).
+
+        Every listener is called, even after one raised; then the error is
+        raised here (an ``ExceptionGroup`` when several listeners raised).
+        """
         self.signal._fire(reason)
 
 
