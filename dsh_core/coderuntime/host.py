@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import types
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -141,12 +142,47 @@ class ZygoteError(Exception):
 # --------------------------------------------------------------------------- zygote
 
 
+class _Abandoned:
+    """What a runtime dropped without ``aclose`` must still end: its zygotes and run directories.
+
+    Ended by a finalizer when the runtime is collected, or at interpreter exit.
+    Holds no reference to the runtime (only sockets, processes and paths), so
+    that it can be collected.
+    """
+
+    def __init__(self) -> None:
+        self.zygotes: dict[int, tuple[socket.socket, subprocess.Popen[bytes]]] = {}  # by pid, until reaped
+        self.dirs: set[str] = set()  # per-run directories (L0-L2) not yet removed
+
+    def end(self) -> None:
+        """Close every zygote's control socket (it then kills and reaps its workers), reap it, remove the dirs."""
+        zygotes = list(self.zygotes.values())
+        self.zygotes.clear()
+        for ctrl, _ in zygotes:
+            ctrl.close()
+        for _, proc in zygotes:
+            try:
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for path in list(self.dirs):
+            self.dirs.discard(path)
+            try:
+                os.rmdir(path)
+            except OSError:
+                shutil.rmtree(path, ignore_errors=True)
+
+
 class _Zygote:
     """Host side of one zygote process."""
 
-    def __init__(self, plan: iso.ZygotePlan, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, plan: iso.ZygotePlan, loop: asyncio.AbstractEventLoop, abandoned: _Abandoned | None = None
+    ) -> None:
         self.plan = plan
         self.loop = loop
+        self.abandoned = abandoned
         self.ctrl: socket.socket | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[str, asyncio.Future[int | None]] = {}
@@ -210,6 +246,8 @@ class _Zygote:
             child_end.close()
         host_end.setblocking(False)
         self.ctrl = host_end
+        if self.abandoned is not None:
+            self.abandoned.zygotes[self.proc.pid] = (host_end, self.proc)
         self.alive = True
         self.loop.add_reader(host_end.fileno(), self._on_readable)
         try:
@@ -379,6 +417,13 @@ class _Zygote:
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return  # never started, or closed already: its pid may belong to another process now
+        try:
+            await self._reap(proc)
+        finally:
+            if proc.returncode is not None and self.abandoned is not None:
+                self.abandoned.zygotes.pop(proc.pid, None)
+
+    async def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         try:
             pidfd = os.pidfd_open(proc.pid)
         except OSError:
@@ -620,9 +665,21 @@ class _Run:
             await self._shielded_teardown(zygote)
 
     async def _shielded_teardown(self, zygote: _Zygote) -> None:
-        """Tear down once; a cancellation of the caller leaves it running (``aclose`` awaits it)."""
+        """Tear down once; a cancellation of the caller leaves it running (``aclose`` awaits it).
+
+        Returns only once the teardown completed (the worker reaped, its pipes
+        drained); a teardown cut short, though it still killed the worker,
+        raises here as it ended (cancelled, or its error).
+        """
         self._start_teardown(zygote)
         await asyncio.shield(self.finished)
+        teardown = self.teardown
+        if teardown is not None and teardown.done():
+            if teardown.cancelled():
+                raise asyncio.CancelledError("the run's teardown was cancelled")
+            error = teardown.exception()
+            if error is not None:
+                raise error
 
     def _start_teardown(self, zygote: _Zygote) -> None:
         if self.teardown is None and not self.finished.done():
@@ -647,6 +704,7 @@ class _Run:
             os.set_blocking(out_r, False)
             if zygote.plan.level < 3:
                 self.cwd = tempfile.mkdtemp(prefix="dsh-run-")
+                self.owner._run_dirs.add(self.cwd)  # removed by its run's end, by aclose, or at last by the finalizer
             self.exit_future = zygote.spawn(self.run_id, child.fileno(), out_w, self.cwd or "/", self._on_spawned)
             self.kernel_reaps = zygote.kernel_reaps
             self.exit_future.add_done_callback(self._on_exit)
@@ -1150,7 +1208,12 @@ class _Run:
     def _quiesce(self) -> list[asyncio.Future[Any]]:
         """Stop the run's clocks, timers and listener, cancel its binding calls; return those calls."""
         kind, _ = self.outcome or ("abort", None)
-        self.controller.abort(f"code run settled ({kind})")
+        try:
+            self.controller.abort(f"code run settled ({kind})")
+        except Exception as error:  # a binding's abort listener: its error, not the teardown's
+            self.loop.call_exception_handler(
+                {"message": "an abort listener of a code run raised", "exception": error}
+            )
         if self.clock is not None:
             self.clock.stop()
         if self.cpu_handle is not None:
@@ -1174,12 +1237,14 @@ class _Run:
         """
         if self.finished.done():
             return
-        self._quiesce()
-        if not self.killed:
-            self._kill(zygote)
-        self._close(remove_dir_now=now)
-        zygote.forget(self.run_id)
-        self.finished.set_result(None)
+        try:
+            if not self.killed:
+                self._kill(zygote)
+            self._quiesce()
+        finally:
+            self._close(remove_dir_now=now)
+            zygote.forget(self.run_id)
+            self.finished.set_result(None)
 
     def _kill(self, zygote: _Zygote) -> None:
         # The leader through its pidfd (race-free), or through the zygote when
@@ -1289,7 +1354,11 @@ class PythonCodeRuntime:
         self._failure: str | None = None
         self._warm: collections.deque[_Run] = collections.deque()
         self._warm_tasks: set[asyncio.Task[None]] = set()
-        self._run_dirs: set[str] = set()  # per-run directories (L0-L2) awaiting removal
+        # Per-run directories (L0-L2) not yet removed, and the zygotes not yet reaped:
+        # ended at collection or exit if this runtime is dropped without aclose.
+        self._abandoned = _Abandoned()
+        self._run_dirs = self._abandoned.dirs
+        weakref.finalize(self, self._abandoned.end)
         self._starting: _Zygote | None = None  # a zygote being started (aclose aborts it)
         self._probing: _Run | None = None  # its probe worker
         # Let the kernel reap workers where it reports their status (L2+); tests
@@ -1406,7 +1475,7 @@ class PythonCodeRuntime:
         except OSError as error:
             raise ZygoteError(str(error)) from None
         loop = asyncio.get_running_loop()
-        zygote = _Zygote(plan, loop)
+        zygote = _Zygote(plan, loop, self._abandoned)
         self._starting = zygote
         try:
             await zygote.start(self.config, self._let_kernel_reap)

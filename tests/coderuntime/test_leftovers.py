@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import os
+import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +23,7 @@ import pytest
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import host as host_module
 
-from .conftest import arun, zygote_processes
+from .conftest import arun, tools, zygote_processes
 
 HOT_LOOP = "while True:\n    pass"  # never reads its channel: only a kill ends it
 
@@ -268,7 +271,7 @@ def test_a_teardown_cancelled_before_its_kill_still_kills_the_worker() -> None:
 def test_a_zygote_that_cannot_be_started_for_want_of_processes_does_not_lower_the_level(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    popen = host_module.subprocess.Popen
+    popen = subprocess.Popen
     failures = [OSError(errno.EAGAIN, "Resource temporarily unavailable")]
 
     def popen_or_fail(*args: Any, **kwargs: Any) -> Any:
@@ -276,7 +279,7 @@ def test_a_zygote_that_cannot_be_started_for_want_of_processes_does_not_lower_th
             raise failures.pop()
         return popen(*args, **kwargs)
 
-    monkeypatch.setattr(host_module.subprocess, "Popen", popen_or_fail)
+    monkeypatch.setattr(subprocess, "Popen", popen_or_fail)
     monkeypatch.setattr(host_module, "_DETECTED", {})
 
     async def go() -> tuple[str, bool, object, str]:
@@ -301,7 +304,7 @@ def test_a_teardown_cancelled_before_its_first_step_still_ends_the_worker() -> N
 
     dirs = _run_dirs()
 
-    async def go() -> tuple[object, int]:
+    async def go() -> tuple[bool, int]:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2", timeout_s=60, cpu_s=60))
         try:
             await runtime.start()
@@ -313,14 +316,15 @@ def test_a_teardown_cancelled_before_its_first_step_still_ends_the_worker() -> N
             await asyncio.sleep(0)  # the run settles and schedules its teardown, not yet started
             assert run.teardown is not None and not run.teardown.done() and not run.killed
             run.teardown.cancel()  # as a loop shutting down cancels every task
-            result = await task
+            with pytest.raises(asyncio.CancelledError):  # cut short: no result before the reap
+                await task
             await _until(lambda: _gone(run.pid), timeout=5.0)  # killed, not left spinning for a minute
-            return (result.error.kind if result.error else None), run.pid
+            return run.finished.done(), run.pid
         finally:
             await runtime.aclose()  # and this does not raise
 
-    kind, _ = arun(go())
-    assert kind == "abort"
+    finished, _ = arun(go())
+    assert finished
     assert _run_dirs() == dirs
     assert zygote_processes() == set()
 
@@ -377,3 +381,67 @@ def test_the_pool_refills_after_timeouts_and_in_a_task_that_was_cancelled_before
             await runtime.aclose()
 
     assert arun(go()) == [1, 0, 2]
+
+
+def test_a_runtime_dropped_without_aclose_ends_its_zygote_and_directories_when_collected() -> None:
+    seen: dict[str, Any] = {}
+    dirs = _run_dirs()
+
+    async def go() -> None:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        await runtime.start()
+        zygote = runtime._zygote
+        assert zygote is not None
+        seen["proc"] = zygote.proc
+
+        async def background() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:  # a run in clean-up, as asyncio.run ends: it refills a pool nobody will end
+                await runtime.run("return 1", [])
+
+        seen["task"] = asyncio.ensure_future(background())
+        await asyncio.sleep(0)
+        seen["runtime"] = weakref.ref(runtime)
+
+    arun(go())
+    del seen["task"]
+    gc.collect()  # the runtime (and the tasks destroyed with the loop) are garbage now
+    assert seen["runtime"]() is None
+    proc = seen["proc"]
+    assert proc.returncode is not None  # the finalizer closed and reaped the zygote
+    assert _children_of(proc.pid) == []
+    assert _run_dirs() == dirs
+    assert zygote_processes() == set()
+
+
+def test_a_raising_abort_listener_does_not_cut_the_teardown_short() -> None:
+    from dsh_core.coderuntime import current_run
+
+    seen: dict[str, Any] = {}
+
+    def listener(reason: object) -> None:
+        raise ZeroDivisionError("a binding's listener")
+
+    async def register(args: Any) -> Any:
+        control = current_run()
+        assert control is not None
+        control.signal.add_listener(listener)
+        seen["run"] = next(iter(seen["runtime"]._live))
+        return "registered"
+
+    reported: list[BaseException | None] = []
+
+    async def go() -> tuple[object, bool, bool]:
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context.get("exception")))
+        runtime = seen["runtime"] = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        try:
+            result = await runtime.run("return await tools.register({})", tools(register=register))
+            run = seen["run"]
+            return result.value, run.finished.done(), _gone(run.pid)  # the worker reaped before the result
+        finally:
+            await runtime.aclose()
+
+    assert arun(go()) == ("registered", True, True)
+    assert [type(error).__name__ for error in reported] == ["ZeroDivisionError"]  # reported, not swallowed
+    assert zygote_processes() == set()
