@@ -151,16 +151,23 @@ class _Abandoned:
     """
 
     def __init__(self) -> None:
-        self.zygotes: dict[int, tuple[socket.socket, subprocess.Popen[bytes]]] = {}  # by pid, until reaped
+        # By pid, until reaped: its control socket, its process, the loop watching that socket.
+        self.zygotes: dict[int, tuple[socket.socket, subprocess.Popen[bytes], asyncio.AbstractEventLoop]] = {}
         self.dirs: set[str] = set()  # per-run directories (L0-L2) not yet removed
 
     def end(self) -> None:
         """Close every zygote's control socket (it then kills and reaps its workers), reap it, remove the dirs."""
         zygotes = list(self.zygotes.values())
         self.zygotes.clear()
-        for ctrl, _ in zygotes:
+        for ctrl, _, loop in zygotes:
+            if not loop.is_closed() and ctrl.fileno() >= 0:
+                # The loop may run on without this runtime: it must stop watching the
+                # descriptor before it is closed, or a new one given its number is not watched.
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(ctrl.fileno())
+                    loop.remove_writer(ctrl.fileno())
             ctrl.close()
-        for _, proc in zygotes:
+        for _, proc, _ in zygotes:
             try:
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
@@ -247,7 +254,7 @@ class _Zygote:
         host_end.setblocking(False)
         self.ctrl = host_end
         if self.abandoned is not None:
-            self.abandoned.zygotes[self.proc.pid] = (host_end, self.proc)
+            self.abandoned.zygotes[self.proc.pid] = (host_end, self.proc, self.loop)
         self.alive = True
         self.loop.add_reader(host_end.fileno(), self._on_readable)
         try:

@@ -445,3 +445,33 @@ def test_a_raising_abort_listener_does_not_cut_the_teardown_short() -> None:
     assert arun(go()) == ("registered", True, True)
     assert [type(error).__name__ for error in reported] == ["ZeroDivisionError"]  # reported, not swallowed
     assert zygote_processes() == set()
+
+
+def test_a_runtime_collected_while_its_loop_runs_on_leaves_that_loop_working() -> None:
+    async def go() -> tuple[bool, bool, object]:
+        loop: Any = asyncio.get_running_loop()
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        await runtime.start()
+        zygote = runtime._zygote
+        assert zygote is not None and zygote.ctrl is not None
+        fd, proc = zygote.ctrl.fileno(), zygote.proc
+        for _ in range(2):  # runs cut short by a timeout: the pool is left empty, nothing holds the runtime
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await runtime.run(HOT_LOOP, [])
+        await asyncio.sleep(0.1)
+        collected = weakref.ref(runtime)
+        del runtime, zygote
+        gc.collect()  # the finalizer runs inside the loop, which goes on
+        assert collected() is None and proc is not None and proc.returncode is not None
+        watched = fd in loop._selector.get_map()
+        second = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        try:
+            await asyncio.wait_for(second.start(), 10)  # its control socket may get the same number
+            value = (await asyncio.wait_for(second.run("return 1", []), 10)).value
+        finally:
+            await second.aclose()
+        return watched, True, value
+
+    assert arun(go()) == (False, True, 1)
+    assert zygote_processes() == set()
