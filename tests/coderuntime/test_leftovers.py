@@ -78,6 +78,19 @@ def _stop_unclosed(runtime: PythonCodeRuntime) -> None:
         zygote.ctrl.close()
 
 
+def _assert_an_unclosed_runtime_left_nothing(runtime: PythonCodeRuntime, dirs: set[str]) -> None:
+    """After its loop ended: no run directory, no run pending, no worker but the zygote's own spare; then stop it."""
+    try:
+        assert _run_dirs() == dirs
+        assert [run.finished.done() for run in runtime._runs] == []
+        zygote = runtime._zygote
+        assert zygote is not None and zygote.proc is not None
+        time.sleep(0.2)  # let the killed workers be reaped
+        assert len(_children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
+    finally:
+        _stop_unclosed(runtime)
+
+
 def test_a_runtime_never_closed_still_tears_down_its_prespawned_workers() -> None:
     seen: dict[str, Any] = {}
 
@@ -114,15 +127,8 @@ def test_a_runtime_never_closed_with_a_run_in_flight_spawns_nothing_as_the_loop_
         # No aclose: asyncio.run cancels the run, which must not refill the pool as it ends.
 
     arun(go())
-    runtime = seen["runtime"]
-    try:
-        assert _gone(seen["worker"])
-        assert _run_dirs() == dirs
-        zygote = runtime._zygote
-        assert zygote is not None and zygote.proc is not None
-        assert len(_children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
-    finally:
-        _stop_unclosed(runtime)
+    _assert_an_unclosed_runtime_left_nothing(seen["runtime"], dirs)
+    assert _gone(seen["worker"])
 
 
 def test_a_worker_that_cannot_be_started_is_a_result_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -341,16 +347,7 @@ def test_a_runtime_never_closed_right_after_a_run_leaves_no_prespawned_worker() 
         # Returns at once: the refill after this run spawns as asyncio.run begins to end.
 
     arun(go())
-    runtime = seen["runtime"]
-    try:
-        assert _run_dirs() == dirs
-        assert [run.finished.done() for run in runtime._runs] == []
-        zygote = runtime._zygote
-        assert zygote is not None and zygote.proc is not None
-        time.sleep(0.2)  # let the killed workers be reaped
-        assert len(_children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
-    finally:
-        _stop_unclosed(runtime)
+    _assert_an_unclosed_runtime_left_nothing(seen["runtime"], dirs)
 
 
 def test_the_pool_refills_after_timeouts_and_in_a_task_that_was_cancelled_before() -> None:
