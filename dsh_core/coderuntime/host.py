@@ -146,8 +146,8 @@ class _Abandoned:
     """What a runtime dropped without ``aclose`` must still end: its zygotes and run directories.
 
     Ended by a finalizer when the runtime is collected, or at interpreter exit.
-    Holds no reference to the runtime (only sockets, processes and paths), so
-    that it can be collected.
+    Holds no reference to the runtime (only sockets, processes, the loops
+    watching those sockets, and paths), so that it can be collected.
     """
 
     def __init__(self) -> None:
@@ -674,9 +674,10 @@ class _Run:
     async def _shielded_teardown(self, zygote: _Zygote) -> None:
         """Tear down once; a cancellation of the caller leaves it running (``aclose`` awaits it).
 
-        Returns only once the teardown completed (the worker reaped, its pipes
-        drained); a teardown cut short, though it still killed the worker,
-        raises here as it ended (cancelled, or its error).
+        Returns only once the teardown completed (the worker reaped and its pipes
+        drained, each wait bounded: 10 s for the reap, the drain grace after); a
+        teardown cut short, though it still killed the worker, raises here as it
+        ended (cancelled, or its error).
         """
         self._start_teardown(zygote)
         await asyncio.shield(self.finished)
@@ -1293,7 +1294,8 @@ class _Run:
         if self.cwd is not None:
             # Removed just after the result is delivered, not before: on a disk
             # file system even an empty directory's rmdir costs about 0.7 ms, and
-            # the worker (the only thing that could write there) is gone.
+            # the worker (the only thing that could write there) is gone. At once
+            # only when no later loop turn may come (a teardown that never ran).
             if remove_dir_now:
                 self.owner._run_dirs.add(self.cwd)
                 self.owner._remove_run_dir(self.cwd)
