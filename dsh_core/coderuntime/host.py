@@ -1297,7 +1297,6 @@ class _Run:
             # the worker (the only thing that could write there) is gone. At once
             # only when no later loop turn may come (a teardown that never ran).
             if remove_dir_now:
-                self.owner._run_dirs.add(self.cwd)
                 self.owner._remove_run_dir(self.cwd)
             else:
                 self.owner._remove_run_dir_soon(self.cwd)

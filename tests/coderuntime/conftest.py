@@ -68,6 +68,20 @@ def level(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def children_of(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (zombies included)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.add(int(entry))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
 def zygote_processes() -> set[int]:
     """Every process on the machine running a zygote of this test process (zygotes and workers).
 

@@ -23,7 +23,7 @@ import pytest
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import host as host_module
 
-from .conftest import arun, tools, zygote_processes
+from .conftest import arun, children_of, tools, zygote_processes
 
 HOT_LOOP = "while True:\n    pass"  # never reads its channel: only a kill ends it
 
@@ -41,19 +41,6 @@ def _fds() -> set[str]:
         except OSError:
             continue
         found.add(name)
-    return found
-
-
-def _children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError):
-                continue
     return found
 
 
@@ -86,7 +73,7 @@ def _assert_an_unclosed_runtime_left_nothing(runtime: PythonCodeRuntime, dirs: s
         zygote = runtime._zygote
         assert zygote is not None and zygote.proc is not None
         time.sleep(0.2)  # let the killed workers be reaped
-        assert len(_children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
+        assert len(children_of(zygote.proc.pid)) <= 1  # the zygote's own unassigned spare, if any
     finally:
         _stop_unclosed(runtime)
 
@@ -407,7 +394,7 @@ def test_a_runtime_dropped_without_aclose_ends_its_zygote_and_directories_when_c
     assert seen["runtime"]() is None
     proc = seen["proc"]
     assert proc.returncode is not None  # the finalizer closed and reaped the zygote
-    assert _children_of(proc.pid) == []
+    assert children_of(proc.pid) == set()
     assert _run_dirs() == dirs
     assert zygote_processes() == set()
 

@@ -25,7 +25,7 @@ from dsh_core.coderuntime import (
     current_run,
 )
 
-from .conftest import LEVELS, arun, echo, run_one, tools, with_runtime, zygote_processes
+from .conftest import LEVELS, arun, children_of, echo, run_one, tools, with_runtime, zygote_processes
 
 
 def _kind(result: CodeRunResult) -> str | None:
@@ -471,17 +471,7 @@ def test_a_probe_worker_that_never_reports_ready_neither_hangs_runs_nor_aclose(m
 
 
 def _children() -> set[int]:
-    me = str(os.getpid())
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    if handle.read().rsplit(")", 1)[1].split()[1] == me:
-                        found.add(int(entry))
-            except OSError:
-                continue
-    return found
+    return children_of(os.getpid())
 
 
 def test_no_zombie_orphan_or_leaked_descriptor() -> None:
