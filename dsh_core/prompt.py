@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dsh_core.errors import DshError
 from dsh_core.hooks import Hooks
 from dsh_core.model import PromptContext, PromptSection
 from dsh_core.registry import ToolRegistry
 from dsh_core.scope import Scope
 
-__all__ = ["PromptAssembler", "CoreSection"]
+__all__ = ["PromptAssembler", "CoreSection", "PromptAssemblyError"]
 
 #: A core section provider: returns a section (or ``None``) for a context; may raise to fail assembly loudly.
 CoreSection = Callable[[PromptContext], "PromptSection | None"]
 
 
-class PromptAssemblyError(ValueError):
+class PromptAssemblyError(DshError, ValueError):
     """Two contributions claim one section name at the same scope level."""
+
+    code = "PROMPT_ASSEMBLY_FAILED"
 
 
 class PromptAssembler:

@@ -10,8 +10,12 @@ results go back to the model in call order as ``tool`` messages, followed by
 the results' additional contexts as user messages.
 
 The loop stops on a final answer (no tool calls), a result that
-``concludes_turn``, the turn limit, an abort, or a provider error, and
-always records why (a ``run/end`` event and :attr:`RunResult.reason`).
+``concludes_turn``, the turn limit, an abort, a provider error or any other
+exception (reason ``error``, the message naming its type unless it is a
+:class:`~dsh_core.errors.DshError`), and always records why (a ``run/end``
+event and :attr:`RunResult.reason`). Cancelled from outside, it records
+``run/end`` (``aborted``, error ``cancelled``) and lets the cancellation
+propagate.
 
 Every run gets its own scope, a child of the agent's scope: model-direct
 executions carry it as ``agent`` (so tools, modes, restrictions and scoped
@@ -23,6 +27,7 @@ service for the Code Mode transport's nested-dispatch events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -312,6 +317,7 @@ class AgentLoop:
         answer: str | None = None
         reason: StopReason
         error: str | None = None
+        failure: Exception | None = None
         try:
             while True:
                 if signal.aborted:
@@ -323,14 +329,7 @@ class AgentLoop:
                     break
                 turns += 1
                 step += 1
-                try:
-                    assistant = await self._complete(messages, signal, step)
-                except ProviderError as failure:
-                    reason, error = StopReason.PROVIDER_ERROR, f"provider {self.provider_name!r}: {failure.message}"
-                    break
-                except DshError as failure:
-                    reason, error = StopReason.ERROR, failure.message
-                    break
+                assistant = await self._complete(messages, signal, step)
                 if assistant is None:
                     reason = StopReason.ABORTED
                     break
@@ -370,16 +369,35 @@ class AgentLoop:
                     answer = assistant.get("content") or concluding[0].result.text
                     break
         except asyncio.CancelledError:
-            # Cancelled from outside (a second interrupt): still leave the session saying why.
-            await asyncio.shield(self._record([NewEvent(EventKind.RUN_END, {
-                "reason": StopReason.ABORTED, "turns": turns, "answer": None, "error": "cancelled"})]))
+            # Cancelled from outside (a second interrupt, a timeout): still leave the session saying why,
+            # but never let a failing store hide the cancellation itself.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._record([NewEvent(EventKind.RUN_END, {
+                    "reason": str(StopReason.ABORTED), "turns": turns, "answer": None, "error": "cancelled"})]))
             raise
+        except ProviderError as caught:
+            failure = caught
+            reason, error = StopReason.PROVIDER_ERROR, f"provider {self.provider_name!r}: {caught.message}"
+        except DshError as caught:
+            failure = caught
+            reason, error = StopReason.ERROR, caught.message
+        except Exception as caught:
+            # A plugin hook, a provider or the store raised something that is not a DshError: the run
+            # still ends with a recorded reason instead of a traceback with no run/end.
+            failure = caught
+            reason, error = StopReason.ERROR, f"{type(caught).__name__}: {caught}"
         if reason is StopReason.ABORTED and error is None:
             error = f"aborted: {signal.reason}" if signal.aborted else "aborted"
         end: dict[str, Any] = {"reason": str(reason), "turns": turns, "answer": answer}
         if error is not None:
             end["error"] = error
-        await self._record([NewEvent(EventKind.RUN_END, end)])
+        try:
+            await self._record([NewEvent(EventKind.RUN_END, end)])
+        except Exception:
+            if failure is None:
+                raise
+            # The store that could not record the run/end most likely caused the failure: report that.
+            raise failure from None
         result = RunResult(reason, answer, turns, tuple(messages),
                            self.recorder.session_id if self.recorder else None, error, tuple(self._request_chars))
         self.observer.on_end(result)

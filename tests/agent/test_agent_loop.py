@@ -271,6 +271,94 @@ def test_sigint_aborts_the_run_through_the_abort_controller(tmp_path: Path) -> N
     assert result.reason is StopReason.ABORTED and result.error == "aborted: SIGINT"
 
 
+async def test_a_cancelled_run_records_its_end_and_propagates_the_cancellation(tmp_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def stubborn(args: Any, ctx: Any) -> Any:
+        started.set()
+        await asyncio.sleep(30)  # does not watch the abort signal: only a cancellation stops it
+        return "late"
+
+    turns = [calls(call("stubborn", {})), final("never")]
+    harness = await start(tmp_path, tools=[tool("stubborn", stubborn)], turns=turns)
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "go"))
+        await asyncio.wait_for(started.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        store = open_session_store(harness)
+        try:
+            (info,) = await store.list()
+            events = await store.load(info.id)
+        finally:
+            await store.close()
+        assert [e.kind for e in events][-2:] == ["tool/call", "run/end"]
+        assert events[-1].payload == {"reason": "aborted", "turns": 1, "answer": None, "error": "cancelled"}
+    finally:
+        await harness.aclose()
+
+
+async def test_a_run_under_wait_for_times_out_with_timeout_error(tmp_path: Path) -> None:
+    async def stubborn(args: Any, ctx: Any) -> Any:
+        await asyncio.sleep(30)
+
+    harness = await start(tmp_path, tools=[tool("stubborn", stubborn)], turns=[calls(call("stubborn", {}))])
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run_agent(harness, "go"), 0.5)
+    finally:
+        await harness.aclose()
+
+
+class _ClashingSections(ToolsPlugin):
+    @hookimpl
+    def dsh_prompt_sections(self, context: Any) -> Any:
+        from dsh_core.model import PromptSection
+
+        return [PromptSection("notes", "a", order=1), PromptSection("notes", "b", order=2)]
+
+
+class _BrokenSections(ToolsPlugin):
+    @hookimpl
+    def dsh_prompt_sections(self, context: Any) -> Any:
+        raise KeyError("oops")
+
+
+@pytest.mark.parametrize(("plugin", "expected"), [
+    (_ClashingSections([]), "prompt section 'notes' is contributed twice at one scope level"),
+    (_BrokenSections([]), "KeyError: 'oops'"),
+])
+async def test_any_exception_ends_the_run_with_a_recorded_error(tmp_path: Path, plugin: Any, expected: str) -> None:
+    harness = await start(tmp_path, plugin=plugin)
+    try:
+        result = await run_agent(harness, "go")
+        assert result.reason is StopReason.ERROR and expected in str(result.error)
+        assert result.session_id is not None
+        end = (await events_of(harness, result.session_id))[-1]
+        assert end.kind == "run/end" and end.payload["reason"] == "error" and expected in end.payload["error"]
+    finally:
+        await harness.aclose()
+
+
+async def test_a_non_dsh_provider_exception_is_recorded_naming_its_type(tmp_path: Path) -> None:
+    harness = await start(tmp_path, turns=[final("x")])
+    provider = scripted(harness)
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'list' object has no attribute 'get'")
+
+    provider.complete = broken
+    try:
+        result = await run_agent(harness, "go")
+        assert result.reason is StopReason.ERROR
+        assert result.error == "AttributeError: 'list' object has no attribute 'get'"
+        assert result.session_id is not None
+        assert (await events_of(harness, result.session_id))[-1].payload["error"] == result.error
+    finally:
+        await harness.aclose()
+
+
 async def test_invalid_json_arguments_become_an_invalid_args_message(tmp_path: Path) -> None:
     ran: list[Any] = []
 
