@@ -14,9 +14,12 @@ Config (``[[plugins]] use = "openai"``)::
 Failures are :class:`~dsh_core.agent.provider.ProviderError` with a ``kind``:
 ``auth`` (401/403), ``model-not-found`` (404), ``context-length`` (a 400 that
 says the prompt is too long), ``malformed-response`` / ``malformed-tool-call``,
-``rate-limited`` / ``server`` / ``connection`` (after the retries), ``http``
-(any other status) and ``no-model``. The key is read from the environment
-at each request and never appears in a message, a repr or a log.
+``rate-limited`` / ``server`` / ``connection`` (after the retries; a stream
+that ends before its ``finish_reason`` or ``[DONE]`` is a ``connection``
+failure too), ``http`` (any other status or HTTP failure) and ``no-model``.
+A streaming request answered with a plain JSON completion is accepted as
+one. The key is read from the environment at each request and never
+appears in a message, a repr or a log.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
@@ -69,6 +73,9 @@ CONFIG_SCHEMA: Final = {
         "extra_body": {"type": "object", "description": "extra request fields, merged into every request"},
     },
 }
+
+#: At most this much of a response that is not an event stream is kept (to parse it, or to quote it).
+_MAX_PLAIN_BODY: Final = 4 * 1024 * 1024
 
 #: Statuses worth retrying (the OpenAI SDK's set): timeout, conflict, rate limit, server errors.
 RETRY_STATUSES: Final = frozenset({408, 409, 429})
@@ -128,6 +135,12 @@ def _detail(text: str) -> str:
             return str(data["detail"])
     text = " ".join(text.split())
     return text[:300] + ("…" if len(text) > 300 else "") if text else "(empty response body)"
+
+
+def _fallback_ids() -> Callable[[int], str]:
+    """Ids for tool calls a server sent without one: unique per response, so never reused in a conversation."""
+    prefix = secrets.token_hex(4)
+    return lambda index: f"call_{prefix}_{index + 1}"
 
 
 class OpenAICompatProvider:
@@ -276,38 +289,55 @@ class OpenAICompatProvider:
         return _Retry(ProviderError("connection", f"{self.name}: {self.url}: request {what}: "
                                                   f"{type(error).__name__}: {error}"))
 
+    def _http_failure(self, error: Exception) -> ProviderError:
+        """Any other ``httpx`` failure (an undecodable body, too many redirects, a bad URL), not retried."""
+        if isinstance(error, httpx.DecodingError):
+            return ProviderError("malformed-response", f"{self.name}: {self.url}: the response body could not be "
+                                                       f"decoded: {type(error).__name__}: {error}")
+        return ProviderError("http", f"{self.name}: {self.url}: request failed: {type(error).__name__}: {error}")
+
+    def _completion(self, text: str) -> Message:
+        """A plain (non-streamed) chat completion body as an assistant message with its ``_meta``."""
+        try:
+            data = json.loads(text)
+            choice = data["choices"][0]
+            raw = choice["message"]
+            finish, usage = choice.get("finish_reason"), data.get("usage")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
+                                                      f"completion: {_detail(text)}") from None
+        message = normalize_assistant(raw, who=f"{self.name}: {self.url}", fallback_ids=_fallback_ids())
+        meta = {"finish_reason": finish, "usage": usage}
+        message["_meta"] = {k: v for k, v in meta.items() if v is not None}
+        return message
+
     async def _once(self, body: dict[str, Any], model: str) -> Message:
         try:
             response = await self._client.post(self.url, json=body, headers=self._headers())
         except httpx.TransportError as error:
             raise self._connection(error) from None
+        except (httpx.HTTPError, httpx.InvalidURL) as error:
+            raise self._http_failure(error) from None
         if response.status_code >= 400:
             raise self._failure(response.status_code, response.text, response.headers, model)
-        try:
-            data = response.json()
-            choice = data["choices"][0]
-            raw = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
-                                                      f"completion: {_detail(response.text)}") from None
-        message = normalize_assistant(raw, who=f"{self.name}: {self.url}")
-        meta = {"finish_reason": choice.get("finish_reason"), "usage": data.get("usage")}
-        message["_meta"] = {k: v for k, v in meta.items() if v is not None}
-        return message
+        return self._completion(response.text)
 
     # -- streaming ------------------------------------------------------------------------------------------
 
     async def _stream_once(self, body: dict[str, Any], model: str, on_text: OnText | None) -> Message:
-        assembler = _StreamAssembler(f"{self.name}: {self.url}")
-        started = False
+        who = f"{self.name}: {self.url}"
+        assembler = _StreamAssembler(who)
+        started = done = False
+        plain = _PlainBody()
         try:
             async with self._client.stream("POST", self.url, json=body, headers=self._headers()) as response:
                 if response.status_code >= 400:
                     text = (await response.aread()).decode("utf-8", "replace")
                     raise self._failure(response.status_code, text, response.headers, model)
-                async for data in _sse_data(response):
+                async for data in _sse_data(response, plain):
                     started = True
                     if data == "[DONE]":
+                        done = True
                         break
                     fragment = assembler.feed(data)
                     if fragment and on_text is not None:
@@ -315,14 +345,71 @@ class OpenAICompatProvider:
         except httpx.TransportError as error:
             if started:
                 # Part of the answer was already shown (on_text): replaying it would duplicate it.
-                raise ProviderError("connection", f"{self.name}: {self.url}: the stream broke after it started "
+                raise ProviderError("connection", f"{who}: the stream broke after it started "
                                                   f"(not retried): {type(error).__name__}: {error}") from None
             raise self._connection(error) from None
+        except (httpx.HTTPError, httpx.InvalidURL) as error:
+            raise self._http_failure(error) from None
+        if not started:
+            # No event at all: a server that ignored stream=true sends a plain completion (or an error object).
+            return await self._plain_answer(plain, on_text)
+        if not done and assembler.finish_reason is None:
+            # A clean close mid-answer looks like the end of the stream: only [DONE] or a finish_reason says so.
+            raise ProviderError("connection", f"{who}: the stream ended before it finished (no finish_reason "
+                                              "and no [DONE]; not retried)")
         return assembler.message()
 
+    async def _plain_answer(self, plain: _PlainBody, on_text: OnText | None) -> Message:
+        """The answer of a streaming request that got no event stream (see :meth:`_stream_once`)."""
+        who = f"{self.name}: {self.url}"
+        text = plain.text()
+        if plain.truncated:
+            raise ProviderError("malformed-response", f"{who}: the response is not an event stream: "
+                                                      f"{_detail(text)}")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if isinstance(data, Mapping) and "choices" not in data and "error" in data:
+            raise ProviderError("http", f"{who}: the server answered with an error instead of a stream: "
+                                        f"{self._redact(_detail(text))}")
+        if not isinstance(data, Mapping):
+            raise ProviderError("malformed-response", f"{who}: the response is neither an event stream nor a "
+                                                      f"chat completion: {self._redact(_detail(text))}")
+        message = self._completion(text)
+        if message.get("content") and on_text is not None:
+            await on_text(message["content"])
+        return message
 
-async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The ``data`` payloads of a server-sent-event stream (multi-line data joined by newlines)."""
+
+class _PlainBody:
+    """The lines of a response that are not server-sent events (kept up to :data:`_MAX_PLAIN_BODY`)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.size = 0
+        self.truncated = False
+
+    def add(self, line: str) -> None:
+        if self.size + len(line) > _MAX_PLAIN_BODY:
+            self.truncated = True
+            return
+        self.lines.append(line)
+        self.size += len(line) + 1
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+#: The fields of a server-sent event; any other line is not part of an event stream.
+_SSE_FIELDS: Final = frozenset({"data", "event", "id", "retry"})
+
+
+async def _sse_data(response: httpx.Response, plain: _PlainBody) -> AsyncIterator[str]:
+    """The ``data`` payloads of a server-sent-event stream (multi-line data joined by newlines).
+
+    Lines that are no SSE field go to ``plain``: if no event came, they are the body to report.
+    """
     lines: list[str] = []
     async for line in response.aiter_lines():
         if line == "":
@@ -335,6 +422,8 @@ async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
         field, _, value = line.partition(":")
         if field == "data":
             lines.append(value[1:] if value.startswith(" ") else value)
+        elif field not in _SSE_FIELDS:
+            plain.add(line)
     if lines:
         yield "\n".join(lines)
 
@@ -365,17 +454,28 @@ class _StreamAssembler:
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
         fragment: str | None = None
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise ProviderError("malformed-response", f"{self.who}: a stream chunk's 'choices' is "
+                                                      f"{type(choices).__name__}, expected a list")
+        for choice in choices:
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
             delta = choice.get("delta") or {}
+            if not isinstance(delta, Mapping):
+                raise ProviderError("malformed-response", f"{self.who}: a stream chunk's 'delta' is "
+                                                          f"{type(delta).__name__}, expected an object")
             text = delta.get("content")
             if isinstance(text, str) and text:
                 self.parts.append(text)
                 fragment = (fragment or "") + text
-            for position, call in enumerate(delta.get("tool_calls") or ()):
+            tool_calls = delta.get("tool_calls") or []
+            if not isinstance(tool_calls, list):
+                raise ProviderError("malformed-tool-call", f"{self.who}: a stream chunk's 'tool_calls' is "
+                                                           f"{type(tool_calls).__name__}, expected a list")
+            for position, call in enumerate(tool_calls):
                 self._tool_delta(position, call)
         return fragment
 
@@ -411,7 +511,7 @@ class _StreamAssembler:
         raw: dict[str, Any] = {"role": "assistant", "content": "".join(self.parts) or None}
         if self.calls:
             raw["tool_calls"] = self.calls
-        message = normalize_assistant(raw, who=self.who, fallback_ids=lambda i: f"call_stream_{i + 1}")
+        message = normalize_assistant(raw, who=self.who, fallback_ids=_fallback_ids())
         meta = {"finish_reason": self.finish_reason, "usage": self.usage}
         message["_meta"] = {k: v for k, v in meta.items() if v is not None}
         return message

@@ -218,6 +218,116 @@ async def test_an_error_inside_a_stream_is_reported(server: FakeServer) -> None:
         await client.aclose()
 
 
+def delta_chunk(delta: Any, finish: str | None = None) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_undecodable_body_is_a_provider_error(server: FakeServer, stream: bool) -> None:
+    server.reply(200, "not gzip", {"Content-Encoding": "gzip"})
+    client, slept = provider(server, stream=stream)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == "malformed-response"
+    assert "the response body could not be decoded: DecodingError" in caught.value.message
+    assert slept == []
+
+
+@pytest.mark.parametrize(("chunk", "kind", "text"), [
+    (delta_chunk(["content"]), "malformed-response", "a stream chunk's 'delta' is list, expected an object"),
+    ({"choices": {"index": 0}}, "malformed-response", "a stream chunk's 'choices' is dict, expected a list"),
+    (delta_chunk({"tool_calls": {"index": 0}}), "malformed-tool-call", "'tool_calls' is dict, expected a list"),
+])
+async def test_a_malformed_stream_chunk_is_a_provider_error(server: FakeServer, chunk: Any, kind: str,
+                                                            text: str) -> None:
+    server.stream([chunk])
+    client, _ = provider(server, stream=True)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind and text in caught.value.message
+
+
+async def test_a_stream_that_ends_before_it_finished_is_not_an_answer(server: FakeServer) -> None:
+    server.stream([delta_chunk({"content": "The answer is: first, "})], done=False)
+    client, slept = provider(server, stream=True)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == "connection"
+    assert "the stream ended before it finished" in caught.value.message
+    assert slept == [] and len(server.requests) == 1  # part of it was shown already: not replayed
+
+
+async def test_a_finish_reason_without_done_completes_a_stream(server: FakeServer) -> None:
+    server.stream([delta_chunk({"content": "all"}), delta_chunk({}, "stop")], done=False)
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "all" and message["_meta"] == {"finish_reason": "stop"}
+
+
+@pytest.mark.parametrize(("body", "kind", "text"), [
+    ({"error": {"message": "upstream overloaded"}}, "http",
+     "the server answered with an error instead of a stream: upstream overloaded"),
+    ("<html>gateway</html>", "malformed-response",
+     "the response is neither an event stream nor a chat completion: <html>gateway</html>"),
+    ("", "malformed-response", "(empty response body)"),
+])
+async def test_a_streaming_request_without_events_fails_naming_the_body(server: FakeServer, body: Any, kind: str,
+                                                                        text: str) -> None:
+    server.reply(200, body)
+    client, _ = provider(server, stream=True)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind and text in caught.value.message
+
+
+async def test_a_plain_completion_answers_a_streaming_request(server: FakeServer) -> None:
+    server.reply(body=completion("full answer"))
+    fragments: list[str] = []
+
+    async def on_text(text: str) -> None:
+        fragments.append(text)
+
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [], on_text=on_text)
+    finally:
+        await client.aclose()
+    assert message["content"] == "full answer" and message["_meta"]["finish_reason"] == "stop"
+    assert fragments == ["full answer"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tool_call_without_an_id_gets_a_unique_one_streamed_or_not(server: FakeServer, stream: bool) -> None:
+    anonymous = {"type": "function", "function": {"name": "add", "arguments": "{}"}}
+    for _ in range(2):
+        if stream:
+            server.stream([delta_chunk({"tool_calls": [dict(anonymous, index=0)]}, "tool_calls")])
+        else:
+            server.reply(body=completion(None, [anonymous], finish="tool_calls"))
+    client, _ = provider(server, stream=stream)
+    try:
+        ids = [(await client.complete([{"role": "user", "content": "x"}], TOOLS))["tool_calls"][0]["id"]
+               for _ in range(2)]
+    finally:
+        await client.aclose()
+    assert all(i.startswith("call_") for i in ids) and ids[0] != ids[1]
+
+
 async def test_no_model_and_no_server_fail_clearly() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
