@@ -14,6 +14,7 @@ writers are serialized without a lock (the thread takes jobs in order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import sqlite3
@@ -118,16 +119,36 @@ class SqliteSessionStore:
             raise SessionStoreError(f"session store {str(self.path)!r} is closed")
         return await asyncio.get_running_loop().run_in_executor(executor, job)
 
-    def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _transaction(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str) -> T:
+        """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; an SQLite failure is a :class:`SessionStoreError`.
+
+        A failed statement or ``COMMIT`` rolls back (only if a transaction is still open: SQLite ends one
+        itself on a full disk, and a blind ``ROLLBACK`` would then replace the real error with "no
+        transaction is active"), so the connection is never left inside a transaction.
+        """
         conn = self._db()
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            result = work(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as error:
+            raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: "
+                                    f"{type(error).__name__}: {error}") from error
         return result
+
+    def _read(self, work: Callable[[sqlite3.Connection], T], *, doing: str) -> T:
+        """Run a read; an SQLite failure is a :class:`SessionStoreError` naming the store and what was read."""
+        try:
+            return work(self._db())
+        except sqlite3.Error as error:
+            raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing}: "
+                                    f"{type(error).__name__}: {error}") from error
 
     # -- the SessionStore API ----------------------------------------------------------------------------
 
@@ -144,7 +165,7 @@ class SqliteSessionStore:
             except sqlite3.IntegrityError:
                 raise SessionStoreError(f"session {chosen!r} already exists in {self.path}") from None
 
-        await self._run(lambda: self._transaction(work))
+        await self._run(lambda: self._transaction(work, session_id=chosen, doing="create"))
         return SessionInfo(chosen, now, now, 0, json.loads(meta_text))
 
     async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:
@@ -176,13 +197,12 @@ class SqliteSessionStore:
                          (now, len(params), session_id))
             return stored
 
-        return await self._run(lambda: self._transaction(work))
+        return await self._run(lambda: self._transaction(work, session_id=session_id, doing="append to"))
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""
 
-        def work() -> list[SessionEvent]:
-            conn = self._db()
+        def work(conn: sqlite3.Connection) -> list[SessionEvent]:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
             query = ("SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
@@ -195,31 +215,31 @@ class SqliteSessionStore:
             return [SessionEvent(session_id, seq, kind, decode_payload(payload), at, root, parent, sub)
                     for seq, kind, at, payload, root, parent, sub in rows]
 
-        return await self._run(work)
+        return await self._run(lambda: self._read(work, doing=f"load session {session_id!r}"))
 
     async def get(self, session_id: str) -> SessionInfo:
         """The summary of one session."""
 
-        def work() -> SessionInfo:
-            row = self._db().execute(
+        def work(conn: sqlite3.Connection) -> SessionInfo:
+            row = conn.execute(
                 "SELECT id, created_at, updated_at, event_count, meta FROM sessions WHERE id = ?",
                 (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
             return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]))
 
-        return await self._run(work)
+        return await self._run(lambda: self._read(work, doing=f"read session {session_id!r}"))
 
     async def list(self, *, limit: int | None = None) -> list[SessionInfo]:
         """Sessions, most recently updated first (at most ``limit``)."""
 
-        def work() -> list[SessionInfo]:
-            rows = self._db().execute(
+        def work(conn: sqlite3.Connection) -> list[SessionInfo]:
+            rows = conn.execute(
                 "SELECT id, created_at, updated_at, event_count, meta FROM sessions "
                 "ORDER BY updated_at DESC, id DESC LIMIT ?", (-1 if limit is None else int(limit),)).fetchall()
             return [SessionInfo(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
-        return await self._run(work)
+        return await self._run(lambda: self._read(work, doing="list sessions"))
 
     async def close(self) -> None:
         """Close the connection and stop the database thread (idempotent)."""

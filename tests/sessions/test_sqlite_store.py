@@ -100,6 +100,71 @@ async def test_concurrent_recorder_appends_keep_call_order_and_whole_batches(tmp
         await store.close()
 
 
+async def test_a_full_disk_is_a_store_error_and_the_store_stays_usable(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        # A database that may not grow stands in for a full disk (SQLITE_FULL either way).
+        await store._run(lambda: store._db().execute("PRAGMA max_page_count = 1").fetchone())
+        with pytest.raises(SessionStoreError) as caught:
+            await store.append(info.id, [NewEvent("big", {"blob": "a" * 100_000})])
+        message = caught.value.message
+        assert str(tmp_path / DB_FILENAME) in message and repr(info.id) in message
+        assert "database or disk is full" in message and "no transaction is active" not in message
+        assert not await store._run(lambda: store._db().in_transaction)
+        (stored,) = await store.append(info.id, [NewEvent("small", {})])
+        assert stored.seq == 1  # the failed batch left nothing behind
+    finally:
+        await store.close()
+
+
+async def test_a_locked_database_is_a_store_error_naming_the_session(tmp_path: Path) -> None:
+    store = SqliteSessionStore(tmp_path / DB_FILENAME, busy_timeout_ms=50)
+    other = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        info = await store.create()
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        with pytest.raises(SessionStoreError, match=rf"cannot append to session '{info.id}': OperationalError: "
+                                                    "database is locked"):
+            await store.append(info.id, [NewEvent("x", {})])
+        other.execute("ROLLBACK")
+        assert [e.seq for e in await store.append(info.id, [NewEvent("x", {})])] == [1]
+    finally:
+        other.close()
+        await store.close()
+
+
+class _FailingCommit:
+    """A connection whose next COMMIT fails (as one can on an I/O error)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.conn, name)
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.conn.execute(sql, *args)
+
+
+async def test_a_failed_commit_rolls_back_and_leaves_no_open_transaction(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        real = store._conn
+        assert real is not None
+        store._conn = _FailingCommit(real)  # type: ignore[assignment]
+        with pytest.raises(SessionStoreError, match="disk I/O error"):
+            await store.append(info.id, [NewEvent("x", {})])
+        store._conn = real
+        assert not await store._run(lambda: real.in_transaction)
+        assert [e.seq for e in await store.append(info.id, [NewEvent("y", {})])] == [1]
+    finally:
+        await store.close()
+
+
 def test_the_home_directory_follows_config_then_env_then_default(tmp_path: Path) -> None:
     assert dsh_home("/cfg", env={"DSH_HOME": "/env"}) == Path("/cfg")
     assert dsh_home(None, env={"DSH_HOME": "/env"}) == Path("/env")
