@@ -35,37 +35,54 @@ def run_async(main: Callable[[], Awaitable[T]], *,
 
     The first signal calls ``on_signal`` (abort the run, dispose the root
     scope; sync or async) and gives ``main`` :data:`DRAIN_SECONDS` in all to
-    finish on its own before it is cancelled (without ``on_signal`` it is
-    cancelled at once, and its ``finally`` blocks dispose what it started). A
-    second signal exits at once. A cancelled ``main`` exits with status 130.
+    finish on its own before it is cancelled. The next signal cancels
+    ``main`` at once (its ``finally`` blocks still run: an agent run records
+    why it ended), and one more exits the process at once. Without
+    ``on_signal`` the first signal already cancels. A cancelled ``main``
+    exits with status 130.
     """
 
     async def runner() -> T:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(main())
-        state = {"signals": 0}
+        # Escalation: abort (only with on_signal), then cancel, then exit.
+        stages = (["abort"] if on_signal is not None else []) + ["cancel", "exit"]
+        state = {"signals": 0, "cancelled": False}
         shutdowns: set[asyncio.Task[None]] = set()
 
-        def handle(signum: int) -> None:
-            state["signals"] += 1
-            if state["signals"] > 1:
-                os._exit(128 + signum)
-            click.echo(f"dsh: {signal.Signals(signum).name} received, shutting down "
-                       "(again to exit at once)", err=True)
-
-            async def shutdown() -> None:
-                deadline = loop.time() + DRAIN_SECONDS
-                try:
-                    if on_signal is not None:
-                        outcome = on_signal()
-                        if outcome is not None:
-                            await asyncio.wait_for(outcome, DRAIN_SECONDS)
-                        await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
-                except Exception:
-                    pass
+        def cancel() -> None:
+            # Once only: a second cancel would interrupt main's finally blocks (the run/end record).
+            if not state["cancelled"]:
+                state["cancelled"] = True
                 task.cancel()
 
-            shutdowns.add(loop.create_task(shutdown()))
+        async def drain() -> None:
+            assert on_signal is not None
+            deadline = loop.time() + DRAIN_SECONDS
+            try:
+                outcome = on_signal()
+                if outcome is not None:
+                    await asyncio.wait_for(outcome, DRAIN_SECONDS)
+                await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+            except Exception:
+                pass
+            cancel()
+
+        def handle(signum: int) -> None:
+            stage = stages[min(state["signals"], len(stages) - 1)]
+            state["signals"] += 1
+            name = signal.Signals(signum).name
+            if stage == "exit":
+                os._exit(128 + signum)
+            if stage == "abort":
+                click.echo(f"dsh: {name} received, shutting down (again to cancel, a third time to exit at once)",
+                           err=True)
+                shutdowns.add(loop.create_task(drain()))
+                return
+            click.echo(f"dsh: {name} received, cancelling (again to exit at once)", err=True)
+            for pending in shutdowns:
+                pending.cancel()
+            cancel()
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, handle, signum)
@@ -78,4 +95,7 @@ def run_async(main: Callable[[], Awaitable[T]], *,
     try:
         return asyncio.run(runner())
     except asyncio.CancelledError:
+        fail("interrupted", 130)
+    except KeyboardInterrupt:
+        # A signal after main ended, while asyncio.run waits for worker threads (a tool's blocking call).
         fail("interrupted", 130)

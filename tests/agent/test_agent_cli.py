@@ -5,14 +5,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agent_kit import call, calls, final, write_script
 
+from dsh_core.agent.loop import StopReason
 from dsh_plugins.providers.scripted import NO_MODEL_NOTICE
 
 
@@ -116,6 +119,89 @@ def test_a_broken_script_fails_at_boot_naming_the_line(tmp_path: Path) -> None:
     done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path)
     assert done.returncode == 2
     assert "script.jsonl:2: unknown expect key 'colour'" in done.stderr
+
+
+SLOW_PLUGIN = """
+import asyncio, pathlib
+from dsh_core import define_tool, hookimpl, plugin as declare
+
+MARK = pathlib.Path(__file__).with_name("started")
+
+class Slow:
+    @hookimpl
+    def dsh_register_tools(self, register):
+        async def body(args, ctx):
+            MARK.write_text("x")
+            while True:  # never watches the abort signal; a stubborn one even ignores cancellation
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    if not args.get("stubborn"):
+                        raise
+
+        register(define_tool(name="slow", description="Slow work.", parameters={"type": "object"}, execute=body))
+
+@declare(config_schema={"type": "object"})
+def plugin(scope, config):
+    return Slow()
+"""
+
+
+def slow_env(tmp_path: Path) -> dict[str, str]:
+    return {"DSH_PLUGINS": "slow=slow_plugin:plugin",
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+
+def interrupt(tmp_path: Path, signals: int, *, stubborn: bool = False) -> tuple[int, str, float]:
+    """Run ``dsh -p`` with a slow tool, send ``signals`` SIGINTs once it runs; exit code, stderr, seconds."""
+    cfg = config(tmp_path, [calls(call("slow", {"stubborn": stubborn})), final("never")])
+    (tmp_path / "slow_plugin.py").write_text(SLOW_PLUGIN)
+    with cfg.open("a") as out:
+        out.write('\n[[plugins]]\nid = "slow"\nuse = "slow"\n')
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    environ.update(slow_env(tmp_path))
+    child = subprocess.Popen([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
+                             env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()[1]
+            time.sleep(0.05)
+        started = time.monotonic()
+        for _ in range(signals):
+            child.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        _, err = child.communicate(timeout=30)
+        return child.returncode, err, time.monotonic() - started
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def last_run_end(tmp_path: Path) -> dict[str, Any] | None:
+    cfg, env = str(tmp_path / "dsh.toml"), slow_env(tmp_path)
+    listed = dsh("sessions", "list", "--config", cfg, "--json", cwd=tmp_path, env=env)
+    (session,) = json.loads(listed.stdout)
+    shown = dsh("sessions", "show", session["id"], "--json", "--config", cfg, cwd=tmp_path, env=env)
+    ends = [e["payload"] for e in json.loads(shown.stdout) if e["kind"] == "run/end"]
+    return ends[-1] if ends else None
+
+
+def test_a_second_interrupt_cancels_the_run_which_still_records_its_end(tmp_path: Path) -> None:
+    code, err, took = interrupt(tmp_path, 2)
+    assert code == 130, err
+    assert "Traceback" not in err and err.splitlines()[-1] == "dsh: error: interrupted"
+    assert "SIGINT received, cancelling (again to exit at once)" in err
+    assert took < 4  # not the 5 s drain: the second interrupt cancels at once
+    assert last_run_end(tmp_path) == {"reason": str(StopReason.ABORTED), "turns": 1, "answer": None,
+                                      "error": "cancelled"}
+
+
+def test_a_third_interrupt_exits_at_once(tmp_path: Path) -> None:
+    code, err, took = interrupt(tmp_path, 3, stubborn=True)  # the tool swallows the cancellation
+    assert code == 130 and took < 4, err
+    assert last_run_end(tmp_path) is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("dsh_core.codemode.transport") is None,
