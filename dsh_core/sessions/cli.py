@@ -3,7 +3,9 @@
 ``show`` renders a session's trajectory as a tree: each run, its messages,
 its model-direct tool calls with outcome and duration, and under each
 ``run_code`` call the nested calls its program made (matched start/settle
-pairs by ``sub_call_id``), with approvals where they were asked.
+pairs by ``sub_call_id``), with approvals where they were asked. A call
+without its result and a run without its ``run/end`` (the process was
+killed, or the session is still being written) are marked interrupted.
 """
 
 from __future__ import annotations
@@ -123,7 +125,11 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
     run: Node | None = None
     runs = 0
     calls: dict[str, _Call] = {}
+    unsettled: dict[str, _Call] = {}
     nested: dict[tuple[str | None, str], _Call] = {}
+
+    def unended(node: Node) -> None:
+        node.add("end: none recorded (interrupted)")
 
     def current_run() -> Node:
         nonlocal run, runs
@@ -136,6 +142,8 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
         payload: Mapping[str, Any] = event.payload if isinstance(event.payload, Mapping) else {}
         kind = event.kind
         if kind == EventKind.RUN_START:
+            if run is not None:
+                unended(run)
             runs += 1
             resumed = " (resumed)" if payload.get("resumed") else ""
             run = root.add(f"run {runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · provider "
@@ -159,8 +167,9 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
         elif kind == EventKind.TOOL_CALL and event.root_call_id is not None:
             node = current_run().add(f"{payload.get('name')} [{event.root_call_id}] "
                                      f"{_call_summary(payload.get('arguments', ''))}")
-            calls[event.root_call_id] = _Call(node, event.at)
+            calls[event.root_call_id] = unsettled[event.root_call_id] = _Call(node, event.at)
         elif kind == EventKind.TOOL_RESULT and event.root_call_id is not None:
+            unsettled.pop(event.root_call_id, None)
             call = calls.get(event.root_call_id)
             if call is None:
                 call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at)
@@ -193,7 +202,9 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
             run = None
         else:
             current_run().add(f"{kind}: {_short(payload, 80)}")
-    for call in nested.values():
+    if run is not None:
+        unended(run)
+    for call in [*unsettled.values(), *nested.values()]:
         call.node.label += " — no result (interrupted)"
     return "\n".join(root.lines())
 

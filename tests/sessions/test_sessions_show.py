@@ -68,7 +68,34 @@ def test_show_marks_a_nested_call_that_never_settled_and_a_run_without_end() -> 
         ev(3, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 0.0, "1.1", "1.1", "1.1:code:1"),
     ]
     text = render_session(SessionInfo("s", 0.0, 0.0, 3, {}), events)
-    assert text.splitlines()[-1] == "      └─ read [#1] {} — no result (interrupted)"
+    assert text.splitlines()[1:] == [
+        "└─ run 1: t · provider p · mode code",
+        "   ├─ run_code [1.1] {} — no result (interrupted)",
+        "   │  └─ read [#1] {} — no result (interrupted)",
+        "   └─ end: none recorded (interrupted)",
+    ]
+
+
+def test_show_marks_a_model_direct_call_without_result_in_each_run() -> None:
+    events = [
+        ev(1, "run/start", {"task": "one", "provider": "p", "mode": "native"}, 0.0),
+        ev(2, "tool/call", {"name": "slow", "arguments": "{}"}, 0.0, "1.1"),
+        ev(3, "tool/call", {"name": "read", "arguments": "{}"}, 0.0, "1.2"),
+        ev(4, "tool/result", {"name": "read", "ok": True, "duration_ms": 1.0}, 0.0, "1.2"),
+        ev(5, "run/start", {"task": "two", "provider": "p", "mode": "native", "resumed": True}, 1.0),
+        ev(6, "tool/call", {"name": "slow", "arguments": "{}"}, 1.0, "2.1"),
+        ev(7, "run/end", {"reason": "aborted", "turns": 1, "answer": None, "error": "cancelled"}, 2.0),
+    ]
+    text = render_session(SessionInfo("s", 0.0, 0.0, 7, {}), events)
+    assert text.splitlines()[1:] == [
+        "├─ run 1: one · provider p · mode native",
+        "│  ├─ slow [1.1] {} — no result (interrupted)",
+        "│  ├─ read [1.2] {} — ok · 1.0 ms",
+        "│  └─ end: none recorded (interrupted)",
+        "└─ run 2 (resumed): two · provider p · mode native",
+        "   ├─ slow [2.1] {} — no result (interrupted)",
+        "   └─ end: aborted after 1 turn(s): cancelled",
+    ]
 
 
 def test_list_renders_a_table() -> None:
