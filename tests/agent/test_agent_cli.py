@@ -204,6 +204,38 @@ def test_a_third_interrupt_exits_at_once(tmp_path: Path) -> None:
     assert last_run_end(tmp_path) is None
 
 
+CLASH_PLUGIN = """
+from dsh_core import hookimpl, plugin as declare
+from dsh_core.model import PromptSection
+
+class Clash:
+    @hookimpl
+    def dsh_prompt_sections(self, context):
+        return [PromptSection("notes", "a", order=1), PromptSection("notes", "b", order=2)]
+
+@declare(config_schema={"type": "object"})
+def plugin(scope, config):
+    return Clash()
+"""
+
+
+def test_a_run_error_that_is_no_dsh_error_is_one_line_and_recorded(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [final("never")])
+    (tmp_path / "clash_plugin.py").write_text(CLASH_PLUGIN)
+    with cfg.open("a") as out:
+        out.write('\n[[plugins]]\nid = "clash"\nuse = "clash"\n')
+    env = {"DSH_PLUGINS": "clash=clash_plugin:plugin",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("dsh: run stopped: error: prompt section 'notes' is contributed twice")
+    listed = dsh("sessions", "list", "--config", str(cfg), "--json", cwd=tmp_path, env=env)
+    (session,) = json.loads(listed.stdout)
+    shown = dsh("sessions", "show", session["id"], "--config", str(cfg), cwd=tmp_path, env=env)
+    assert shown.stdout.splitlines()[-1].startswith("   └─ end: error after 1 turn(s): prompt section 'notes'")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("dsh_core.codemode.transport") is None,
                     reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet")
 def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
