@@ -1,7 +1,7 @@
 """Plugin discovery and start-up: entry points in ``dsh.plugins``, one instance per config row.
 
-An entry point resolves to a *plugin factory*: ``factory(scope, config)``
-receives the plugin's own lifecycle scope and its validated config and
+An entry point resolves to a *plugin factory*: a plain (never ``async def``)
+function ``factory(scope, config)`` that receives the plugin's own lifecycle scope and its validated config and
 returns an object with ``@hookimpl`` methods (or ``None``). Everything the
 instance registers is owned by its scope; if start-up fails anywhere, the
 scope is disposed and nothing stays half-registered.
@@ -11,6 +11,7 @@ Built-in plugins are found through the same group as third-party ones.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -43,7 +44,7 @@ NO_CONFIG_SCHEMA: Final = {"type": "object", "additionalProperties": False}
 
 
 class PluginFactory(Protocol):
-    """``factory(scope, config) -> plugin object | None``; may carry ``config_schema``."""
+    """``factory(scope, config) -> plugin object | None`` (a plain function); may carry ``config_schema``."""
 
     def __call__(self, scope: Scope, config: JSON) -> object | None: ...
 
@@ -204,6 +205,12 @@ class PluginCatalog:
             return None
 
 
+def _factory_name(factory: object) -> str:
+    module = getattr(factory, "__module__", None)
+    name = getattr(factory, "__qualname__", None) or type(factory).__name__
+    return f"{module}:{name}" if module else name
+
+
 Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
 
 
@@ -228,6 +235,16 @@ async def start_plugin(
     what = f"plugin row {plugin_id!r}" + (f" (use {source.describe()})" if source else "")
     try:
         instance = factory(scope, config)
+        if inspect.isawaitable(instance):
+            # Registering the coroutine would register no hook at all: the plugin's tools and
+            # guards would silently not exist. Refuse it, and close it so it never warns later.
+            returned = "a coroutine" if inspect.iscoroutine(instance) else f"an awaitable ({type(instance).__name__})"
+            if inspect.iscoroutine(instance):
+                instance.close()
+            raise PluginLoadError(
+                f"its factory {_factory_name(factory)} returned {returned} (is it `async def`?); a plugin "
+                "factory must be a plain function returning the plugin object or None (start async work "
+                "with scope.spawn(...))")
         if instance is not None:
             hooks.register(instance, name=plugin_id, scope=scope)
             for hook in REGISTRATION_HOOKS:

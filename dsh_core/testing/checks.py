@@ -176,12 +176,19 @@ def check_entry_point(target: Target) -> list[str]:
                         'declare [project.entry-points."dsh.plugins"] NAME = "module:factory" and install the '
                         "distribution; the module must import without errors")]
 
-    async def scenario() -> None:
-        loaded = await _load(target, "entry-point")
+    async def scenario() -> list[str]:
+        try:
+            loaded = await load_plugin(target.name, target.config)
+        except Exception as error:
+            message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
+            return [failure(target, "entry-point", f"the plugin did not start alone: {message}",
+                            "the factory must be a plain function (never `async def`) that starts the plugin "
+                            "from its scope and config alone, with no other plugin loaded")]
         await loaded.dispose()
+        return []
 
-    _run(scenario)
-    return []
+    result: list[str] = _run(scenario)
+    return result
 
 
 @_guarded

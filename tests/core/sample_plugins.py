@@ -79,3 +79,9 @@ def not_a_factory_value() -> None:
 
 
 raise_on_import = False
+
+
+@plugin()
+async def async_factory(scope: Scope, config: Any) -> DenyPlugin:
+    """A plausible mistake: an ``async def`` factory returns a coroutine, not the plugin."""
+    return DenyPlugin(["echo"])

@@ -26,6 +26,7 @@ def catalog(strict: bool = False, reports: list[str] | None = None) -> PluginCat
         ep("deny", "tests.core.sample_plugins:deny"),
         ep("half-broken", "tests.core.sample_plugins:half_broken"),
         ep("broken", "tests.core.broken_plugin:plugin"),
+        ep("async-factory", "tests.core.sample_plugins:async_factory"),
     ], strict=strict, report=(reports.append if reports is not None else None))
 
 
@@ -90,6 +91,20 @@ async def test_a_failing_start_leaves_nothing_half_registered() -> None:
     with pytest.raises(PluginLoadError, match=r"plugin row 'hb'.*tool \"first\" is already registered"):
         await Harness.start(dep, catalog=catalog())
     assert loaded.DISPOSED == ["half_broken"]
+
+
+async def test_an_async_factory_fails_the_boot_instead_of_registering_nothing(recwarn: pytest.WarningsChecker) -> None:
+    """An ``async def`` factory's coroutine has no hook implementations: registering it would drop the plugin."""
+    dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "policy", "use": "async-factory"}]})
+    with pytest.raises(PluginLoadError) as caught:
+        await Harness.start(dep, catalog=catalog())
+    text = caught.value.message
+    assert "plugin row 'policy'" in text and "'async-factory'" in text
+    assert "returned a coroutine" in text and "plain function" in text
+    import gc
+
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]  # the coroutine was closed
 
 
 def test_duplicate_entry_point_names_are_an_error() -> None:

@@ -194,3 +194,22 @@ def test_a_config_that_misses_required_keys_is_named_before_the_factory_runs(
     failures = checks.check_hookimpls(checks.Target("needs-config", {}))
     assert len(failures) == 1
     assert "'names' is a required property" in failures[0] and "--dsh-conformance-config" in failures[0]
+
+
+def test_an_async_factory_fails_the_entry_point_check_and_every_check_that_starts_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``async def`` factory registers nothing; the kit must not pass it on empty tool lists."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("async-factory", "tests.core.sample_plugins:async_factory", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    target = Target("async-factory")
+    failures = checks.check_entry_point(target)
+    assert len(failures) == 1
+    assert failures[0].startswith('[dsh:entry-point] plugin "async-factory": the plugin did not start alone:')
+    assert "returned a coroutine" in failures[0] and "never `async def`" in failures[0]
+    for check in (checks.check_tool_names, checks.check_examples, checks.check_dispose):
+        assert any("returned a coroutine" in f for f in check(target)), check.__name__
