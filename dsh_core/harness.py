@@ -121,29 +121,37 @@ class Harness:
 
     async def _start_plugins(self) -> None:
         factories: dict[str, Callable[..., Any]] = {}
+        # Keyed by ``use``: two rows of one broken plugin import it once and both are named.
+        failures: dict[str, PluginLoadError] = {}
+        problems: list[str] = []
         for row in self.deployment.plugins:
+            source = self.deployment.source_of(f"plugins[{row.id}].use") or "config"
             if row.use not in self.catalog:
-                source = self.deployment.source_of(f"plugins[{row.id}].use") or "config"
                 raise ConfigError(f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
                                   f"(known: {', '.join(self.catalog.names()) or 'none'})")
-            factory = self.catalog.try_load(row.use)
-            if factory is not None:
-                factories[row.id] = factory
-        validate_plugin_configs(
-            self.deployment,
-            lambda row: config_schema_of(factories[row.id]) if row.id in factories else None,
-        )
+            # Always strict: a configured row may be a guard or an approval policy, and
+            # running without it would fail open.
+            error = failures.get(row.use)
+            if error is None:
+                try:
+                    factories[row.id] = self.catalog.load(row.use)
+                    continue
+                except PluginLoadError as failed:
+                    error = failures[row.use] = failed
+            problems.append(f"{source}: plugins[{row.id}].use: {error.message} (the deployment does not start "
+                            "without a configured plugin: fix its installation, or remove the row or set "
+                            "enabled = false)")
+        if problems:
+            raise PluginLoadError("\n".join(problems))
+        validate_plugin_configs(self.deployment, lambda row: config_schema_of(factories[row.id]))
         registrars: dict[str, Callable[[Scope, str], Callable[..., None]]] = {
             "dsh_register_tools": self._tool_registrar,
             "dsh_register_providers": self.providers.registrar,
             "dsh_register_session_stores": self.session_stores.registrar,
         }
         for row in self.deployment.plugins:
-            factory = factories.get(row.id)
-            if factory is None:
-                continue
             self.plugins[row.id] = await start_plugin(
-                plugin_id=row.id, factory=factory, config=row.config, parent=self.root, hooks=self.hooks,
+                plugin_id=row.id, factory=factories[row.id], config=row.config, parent=self.root, hooks=self.hooks,
                 registrars=registrars, source=self.catalog.source(row.use))
 
     def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:

@@ -115,8 +115,11 @@ class PluginCatalog:
     """The plugins that can be used: entry points of :data:`ENTRY_POINT_GROUP`, plus extras.
 
     ``extra`` maps names to factories directly (tests, embedding). Loading is
-    lazy: only plugins a deployment uses are imported. ``strict`` re-raises
-    load failures instead of reporting and skipping.
+    lazy: only plugins a deployment uses are imported. :meth:`load` always
+    raises on failure (a :class:`~dsh_core.harness.Harness` loads every
+    configured row with it: a row that cannot load fails the boot);
+    :meth:`try_load`, for callers that only survey plugins, reports and skips
+    instead unless ``strict``.
     """
 
     def __init__(

@@ -109,6 +109,20 @@ def test_errors_go_to_stderr_and_nothing_to_stdout(run, tmp_path: Path) -> None:
     assert unknown_use.exit_code == 2 and "plugins[x].use: unknown plugin 'ghost-plugin'" in unknown_use.stderr
 
 
+def test_a_configured_plugin_that_cannot_load_fails_the_boot_with_exit_2(  # type: ignore[no-untyped-def]
+        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,"
+                                      "broken=tests.core.broken_plugin:plugin")
+    (tmp_path / "guarded.toml").write_text('[[plugins]]\nid = "alpha"\nuse = "sample-echo"\n\n'
+                                           '[[plugins]]\nid = "my-guard"\nuse = "broken"\n'
+                                           'config = { deny_paths = ["**/.env"] }\n')
+    result = run("tools", "call", "alpha", "--config", "guarded.toml")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "guarded.toml: plugins[my-guard].use: plugin 'broken'" in result.stderr
+    assert "ImportError: this plugin is broken on purpose" in result.stderr
+    assert "takes no config" not in result.stderr
+
+
 def test_the_mode_env_variable_is_checked_at_boot(run, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("DSH_TOOLS_MODE", "turbo")
     result = run("tools", "list", "--config", "base.toml")

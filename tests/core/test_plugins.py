@@ -70,18 +70,32 @@ async def test_an_unknown_use_is_a_clear_error() -> None:
         await Harness.start(dep, catalog=catalog())
 
 
-async def test_a_broken_plugin_is_reported_with_its_source_and_skipped_unless_strict() -> None:
+@pytest.mark.parametrize("strict", [False, True])
+async def test_a_configured_plugin_that_fails_to_load_fails_the_boot_naming_file_row_and_error(
+        strict: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never skipped (a missing guard would fail open), never misreported as "takes no config"; imported once."""
+    imports: list[str] = []
+    real_load = metadata.EntryPoint.load
+
+    def counting_load(self: metadata.EntryPoint) -> Any:
+        imports.append(self.name)
+        return real_load(self)
+
+    monkeypatch.setattr(metadata.EntryPoint, "load", counting_load)
     reports: list[str] = []
-    dep = deployment({"plugins": [{"id": "b", "use": "broken"}, {"id": "e", "use": "echo"}]})
-    harness = await Harness.start(dep, catalog=catalog(reports=reports))
-    try:
-        assert harness.registry.names() == ["echo"]
-    finally:
-        await harness.aclose()
-    assert len(reports) == 1 and "'broken'" in reports[0] and "broken on purpose" in reports[0]
-    assert "skipped" in reports[0]
-    with pytest.raises(PluginLoadError, match="broken on purpose"):
-        await Harness.start(dep, catalog=catalog(strict=True))
+    dep = deployment({"plugins": [{"id": "e", "use": "echo"},
+                                  {"id": "guard-a", "use": "broken", "config": {"deny_paths": ["**/.env"]}},
+                                  {"id": "guard-b", "use": "broken"}]})
+    with pytest.raises(PluginLoadError) as caught:
+        await Harness.start(dep, catalog=catalog(strict=strict, reports=reports))
+    lines = caught.value.message.splitlines()
+    assert len(lines) == 2
+    for line, row in zip(lines, ["guard-a", "guard-b"], strict=True):
+        assert line.startswith(f"file1.toml: plugins[{row}].use: plugin 'broken' (tests.core.broken_plugin:plugin)"
+                               " failed to load: ImportError: this plugin is broken on purpose")
+    assert "takes no config" not in caught.value.message
+    assert imports.count("broken") == 1
+    assert reports == []
 
 
 async def test_a_failing_start_leaves_nothing_half_registered() -> None:
