@@ -41,7 +41,7 @@ from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped
 
 from dsh_core.errors import ConfigError
 from dsh_core.lossless import JSON, find_loss, freeze
-from dsh_core.schema import check_schema
+from dsh_core.schema import check_schema, compile_validator
 
 __all__ = [
     "MODES",
@@ -686,7 +686,7 @@ def validate_plugin_configs(
             found = [([key], f"unknown key (plugin {row.use!r} takes no config)") for key in row.config]
         else:
             check_schema(schema, owner=f"plugin {row.use!r} (row {row.id!r}) config")
-            for error in Draft202012Validator(schema).iter_errors(row.config):
+            for error in compile_validator(schema).iter_errors(row.config):  # refs checked above
                 found.extend(_error_messages(error))
         found.sort(key=lambda item: (_sort_key(item[0]), item[1]))
         for parts, message in found:

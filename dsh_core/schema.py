@@ -7,11 +7,14 @@ definition; call-time validation reports every violation with its path.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
+from referencing import Registry
+from referencing.exceptions import PointerToNowhere, Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from dsh_core.errors import SchemaDefinitionError, Violation
 from dsh_core.lossless import find_loss, pointer
@@ -34,23 +37,86 @@ def check_schema(schema: object, *, owner: str) -> None:
     except SchemaError as error:
         where = pointer(list(error.absolute_path)) or "/"
         raise SchemaDefinitionError(f"{owner}: invalid JSON Schema at {where}: {error.message}") from None
+    _check_references(schema, owner)
+
+
+#: Draft 2020-12 keywords whose value is a subschema, a list of them, or a map of them
+#: (the same sets ``referencing`` crawls, so a walk here sees exactly what validation can reach).
+_IN_VALUE: Final = frozenset({"additionalProperties", "contains", "contentSchema", "else", "if", "items", "not",
+                              "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties"})
+_IN_ARRAY: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_IN_MAP: Final = frozenset({"$defs", "definitions", "dependentSchemas", "patternProperties", "properties"})
+
+#: An empty registry that never retrieves: only the schema's own resources (and none of the network) resolve.
+_LOCAL_ONLY: Final[Registry[Any]] = Registry()
+
+
+def _check_references(schema: Mapping[str, Any], owner: str) -> None:
+    """Resolve every ``$ref``/``$dynamicRef`` against the schema's own resources, or raise naming its pointer.
+
+    Without this an unresolvable reference passes the metaschema and fails
+    every later validation with a raw ``referencing`` error; a remote one would
+    make jsonschema fetch it over the network at call time.
+    """
+    # (referencing exports no public name for its Resolver type.)
+    root: Any = _LOCAL_ONLY.resolver_with_root(DRAFT202012.create_resource(schema))
+    stack: list[tuple[object, list[str | int], Any]] = [(schema, [], root)]
+    while stack:
+        node, path, resolver = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        if isinstance(node.get("$id"), str) and path:
+            resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = node.get(keyword)
+            if not isinstance(ref, str):
+                continue
+            try:
+                resolver.lookup(ref)
+            except PointerToNowhere as error:
+                problem = f"{error.ref!r} does not exist in the schema"
+            except Unresolvable:
+                problem = ("it names no resource of this schema (references must stay inside the schema, e.g. "
+                           "'#/$defs/name'; remote schemas are never retrieved)")
+            else:
+                continue
+            where = pointer([*path, keyword])
+            raise SchemaDefinitionError(f"{owner}: unresolvable {keyword} {ref!r} at {where}: {problem}")
+        for keyword, value in node.items():
+            if keyword in _IN_VALUE:
+                stack.append((value, [*path, keyword], resolver))
+            elif keyword in _IN_ARRAY and isinstance(value, list):
+                stack.extend((item, [*path, keyword, index], resolver) for index, item in enumerate(value))
+            elif keyword in _IN_MAP and isinstance(value, Mapping):
+                stack.extend((item, [*path, keyword, name], resolver) for name, item in value.items())
 
 
 def compile_validator(schema: Mapping[str, Any]) -> Validator:
-    """A reusable Draft 2020-12 validator for an already checked schema."""
-    return Draft202012Validator(schema)
+    """A reusable Draft 2020-12 validator for an already checked schema; it never retrieves remote references."""
+    return Draft202012Validator(schema, registry=_LOCAL_ONLY)
 
 
 def violations(validator: Validator, instance: object) -> list[Violation]:
     """Every violation of ``instance``, sorted by path, each with a JSON pointer."""
     if validator.schema is True or validator.schema == {}:
         return []
-    found = [
-        Violation(pointer(list(error.absolute_path)) or "/", error.message)
-        for error in validator.iter_errors(instance)  # type: ignore[arg-type]
-    ]
+    try:
+        found = [
+            Violation(pointer(list(error.absolute_path)) or "/", error.message)
+            for error in validator.iter_errors(instance)  # type: ignore[arg-type]
+        ]
+    except Unresolvable as error:
+        # check_schema refuses such schemas; a validator compiled without it must still
+        # give an error result, never an exception out of the call.
+        return [Violation("/", f"the schema cannot be evaluated: unresolvable reference ({_brief(error)})")]
     found.sort(key=lambda v: (v.path, v.message))
     return found
+
+
+def _brief(error: Unresolvable) -> str:
+    if isinstance(error, PointerToNowhere):
+        return f"{error.ref!r} does not exist"
+    return f"{type(error).__name__}: {getattr(error, 'ref', error)}"
 
 
 def format_violations(found: list[Violation]) -> str:

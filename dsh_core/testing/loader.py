@@ -15,9 +15,8 @@ from importlib import metadata
 from typing import Any
 
 import attrs
-from jsonschema import Draft202012Validator
 
-from dsh_core.errors import ConfigError, DshError, PluginLoadError
+from dsh_core.errors import ConfigError, DshError, PluginLoadError, SchemaDefinitionError
 from dsh_core.harness import NamedRegistry
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, freeze
@@ -25,6 +24,7 @@ from dsh_core.model import ToolContext, ToolDefinition
 from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, start_plugin
 from dsh_core.registry import ToolRegistry
 from dsh_core.runtime import ToolRuntime
+from dsh_core.schema import check_schema, compile_validator
 from dsh_core.scope import Scope
 
 __all__ = ["ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin"]
@@ -70,9 +70,14 @@ def load_factory(name: str) -> tuple[PluginCatalog, Callable[..., Any]]:
 def check_config(name: str, factory: object, config: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` when ``config`` does not match the plugin's config schema."""
     schema = config_schema_of(factory)
+    try:
+        # Also resolves every $ref: an unresolvable one would escape iter_errors as a raw traceback.
+        check_schema(schema, owner=f"plugin {name!r} config schema")
+    except SchemaDefinitionError as error:
+        raise ConfigError(error.message) from None
     problems = sorted(
         f"{'/'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}"
-        for error in Draft202012Validator(schema).iter_errors(config)
+        for error in compile_validator(schema).iter_errors(config)
     )
     if problems:
         raise ConfigError(f"config for plugin {name!r} does not match its config schema: " + "; ".join(problems))

@@ -121,6 +121,22 @@ async def test_an_async_factory_fails_the_boot_instead_of_registering_nothing(re
     assert not [w for w in recwarn if "never awaited" in str(w.message)]  # the coroutine was closed
 
 
+async def test_an_unresolvable_ref_in_a_config_schema_is_a_schema_error_not_a_traceback() -> None:
+    from dsh_core.errors import ConfigError, SchemaDefinitionError
+    from dsh_core.testing.loader import check_config
+
+    def make(scope: Any, config: Any) -> None:
+        return None
+
+    make.config_schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}  # type: ignore[attr-defined]
+    dep = deployment({"plugins": [{"id": "q", "use": "q", "config": {"a": 1}}]})
+    with pytest.raises(SchemaDefinitionError, match=r"plugin 'q' \(row 'q'\) config: unresolvable \$ref "
+                                                    r"'#/\$defs/nope' at /properties/a/\$ref"):
+        await Harness.start(dep, catalog=PluginCatalog(entry_points=[], extra={"q": make}))
+    with pytest.raises(ConfigError, match=r"plugin 'q' config schema: unresolvable \$ref"):
+        check_config("q", make, {"a": 1})
+
+
 def test_duplicate_entry_point_names_are_an_error() -> None:
     with pytest.raises(PluginLoadError, match=r"duplicate plugin entry-point names.*echo"):
         PluginCatalog(entry_points=[ep("echo", "tests.core.sample_plugins:echo"),

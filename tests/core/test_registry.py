@@ -76,6 +76,41 @@ def test_define_tool_checks_schemas_and_names_the_tool_and_path() -> None:
                     parameters={"type": "object", "properties": {"x": {"type": "string"}}})
 
 
+def test_every_schema_reference_must_resolve_inside_the_schema() -> None:
+    """An unresolvable or remote $ref used to pass the metaschema check and then crash every call."""
+    from dsh_core import define_tool
+    from dsh_core.schema import check_schema, compile_validator, violations
+
+    async def body(args: object, ctx: object) -> None:
+        return None
+
+    def params(**properties: object) -> dict[str, object]:
+        return {"type": "object", "properties": properties}
+
+    with pytest.raises(SchemaDefinitionError, match=r'tool "bad" parameters: unresolvable \$ref '
+                                                    r"'#/\$defs/missing' at /properties/a/\$ref: "):
+        define_tool(name="bad", description="d", execute=body, parameters=params(a={"$ref": "#/$defs/missing"}))
+    with pytest.raises(SchemaDefinitionError, match=r"output schema: unresolvable \$ref .* at /prefixItems/1/\$ref"
+                                                    r".*remote schemas are never retrieved"):
+        define_tool(name="bad", description="d", execute=body, parameters=params(),
+                    output_schema={"prefixItems": [{"type": "string"}, {"$ref": "https://example.com/x.json"}]})
+    with pytest.raises(SchemaDefinitionError, match=r"unresolvable \$dynamicRef '#nowhere' at /\$defs/d/\$dynamicRef"):
+        check_schema({"$defs": {"d": {"$dynamicRef": "#nowhere"}}}, owner="x")
+    # References that resolve within the schema (pointers, anchors, embedded $id resources) pass.
+    for good in [
+        {**params(a={"$ref": "#/$defs/s"}), "$defs": {"s": {"type": "string"}}},
+        {**params(a={"$ref": "#name"}, b={"$anchor": "name", "type": "string"})},
+        {**params(a={"$id": "https://x.test/sub", "$ref": "#/$defs/q", "$defs": {"q": {"type": "string"}}},
+                  b={"$ref": "https://x.test/sub#/$defs/q"}), "$id": "https://x.test/root"},
+        {"$dynamicAnchor": "node", "type": "object", "properties": {"kids": {"items": {"$dynamicRef": "#node"}}}},
+        {**params(tree={"$ref": "#"})},
+    ]:
+        check_schema(good, owner="good")
+    # A validator built without check_schema still gives violations, never a referencing exception.
+    found = violations(compile_validator(params(a={"$ref": "#/$defs/missing"})), {"a": 1})
+    assert len(found) == 1 and "unresolvable reference" in found[0].message
+
+
 async def test_restrictions_filter_inherited_tools_intersect_and_exempt_own_tools() -> None:
     stack = Stack()
     for name in ("read", "write", "bash"):
