@@ -33,8 +33,9 @@ Mode: TypeAlias = Literal["native", "code", "both"]
 MODES: Final = ("native", "code", "both")
 #: The reserved name of the Code Mode transport.
 TRANSPORT_NAME: Final = "run_code"
-#: What a tool name may look like (what every major provider accepts).
-TOOL_NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: What a tool name may look like (what every major provider accepts). Use ``fullmatch``;
+#: ``\Z`` keeps even ``match`` exact (``$`` would also match before a trailing newline).
+TOOL_NAME_PATTERN: Final = re.compile(r"\A[A-Za-z0-9_-]{1,64}\Z")
 
 #: Per-scope caches (layer chains, views) are dropped wholesale beyond this many scopes.
 _CACHE_LIMIT: Final = 4096
@@ -183,7 +184,7 @@ class ToolRegistry:
                 f'tool name "{TRANSPORT_NAME}" is reserved for the Code Mode presentation transport '
                 "and cannot be registered or shadowed"
             )
-        if not TOOL_NAME_PATTERN.match(name):
+        if not TOOL_NAME_PATTERN.fullmatch(name):
             raise RegistrationError(f"invalid tool name {name!r}: use 1-64 characters from [A-Za-z0-9_-]")
         if scope is not None and not scope.active:
             raise RegistrationError(f'cannot register tool "{name}": scope {scope.path!r} is disposed')

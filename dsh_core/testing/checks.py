@@ -293,7 +293,7 @@ def check_tool_names(target: Target) -> list[str]:
         if name == TRANSPORT_NAME:
             failures.append(failure(target, "tool-names", f'"{TRANSPORT_NAME}" is reserved for the Code Mode '
                                     "transport", "rename the tool", name))
-        elif not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+        elif not isinstance(name, str) or not TOOL_NAME_PATTERN.fullmatch(name):
             failures.append(failure(target, "tool-names", f"invalid tool name {name!r}",
                                     "use 1-64 characters from [A-Za-z0-9_-]", str(name)))
         if name in seen:

@@ -53,6 +53,10 @@ def test_invalid_names_and_foreign_objects_are_refused() -> None:
     registry = ToolRegistry()
     with pytest.raises(RegistrationError, match="invalid tool name"):
         registry.register(tool("has space"))
+    for name in ("read\n", "\nread", "x" * 65):
+        with pytest.raises(RegistrationError, match="invalid tool name"):
+            registry.register(tool(name))
+    assert registry.names() == []
     with pytest.raises(RegistrationError, match="define_tool"):
         registry.register(object())  # type: ignore[arg-type]
 

@@ -213,3 +213,11 @@ def test_an_async_factory_fails_the_entry_point_check_and_every_check_that_start
     assert "returned a coroutine" in failures[0] and "never `async def`" in failures[0]
     for check in (checks.check_tool_names, checks.check_examples, checks.check_dispose):
         assert any("returned a coroutine" in f for f in check(target)), check.__name__
+
+
+def test_the_tool_names_check_refuses_a_trailing_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.core.helpers import tool
+
+    monkeypatch.setattr(checks, "_recorded", lambda target, check: [tool("read\n"), tool("fine")])
+    failures = checks.check_tool_names(Target("newline"))
+    assert len(failures) == 1 and "invalid tool name 'read\\n'" in failures[0]
