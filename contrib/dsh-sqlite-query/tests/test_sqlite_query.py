@@ -141,6 +141,35 @@ def test_abort_interrupts_a_running_query(tmp_path: Path) -> None:
     assert result.code == "ABORTED" and elapsed < 3
 
 
+def test_an_abort_before_the_worker_thread_starts_the_statement_is_not_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """interrupt() is a no-op while no statement runs: an abort at body entry must still stop the call."""
+    from dsh_sqlite_query import SqliteQuery
+
+    original_run, original_query = SqliteQuery._run, SqliteQuery.query
+
+    def slow_start(self: SqliteQuery, *args: Any) -> Any:
+        time.sleep(0.3)  # a worker thread that is slow to be scheduled: the abort lands first
+        return original_run(self, *args)
+
+    controller = AbortController()
+
+    async def abort_on_entry(self: SqliteQuery, args: Any, ctx: Any) -> Any:
+        asyncio.get_running_loop().call_soon(controller.abort, "stop")  # what the kit's abort check does
+        return await original_query(self, args, ctx)
+
+    monkeypatch.setattr(SqliteQuery, "_run", slow_start)
+    monkeypatch.setattr(SqliteQuery, "query", abort_on_entry)
+
+    async def scenario(harness: Harness) -> tuple[ToolResult, float]:
+        started = time.monotonic()
+        result = await harness.call("sql_query", {"sql": ENDLESS}, signal=controller.signal)
+        return result, time.monotonic() - started
+
+    result, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=10)
+    assert result.code == "ABORTED" and elapsed < 3
+
+
 def test_cancelling_a_call_stops_the_worker_thread_before_closing(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """asyncio cancellation (no abort): the never-ending statement is interrupted and its thread ends."""
@@ -150,10 +179,10 @@ def test_cancelling_a_call_stops_the_worker_thread_before_closing(tmp_path: Path
     connections: list[sqlite3.Connection] = []
     original = SqliteQuery._run
 
-    def tracked(self: SqliteQuery, connection: sqlite3.Connection, sql: str, params: Any) -> Any:
+    def tracked(self: SqliteQuery, connection: sqlite3.Connection, *args: Any) -> Any:
         connections.append(connection)
         try:
-            return original(self, connection, sql, params)
+            return original(self, connection, *args)
         finally:
             ended.set()
 

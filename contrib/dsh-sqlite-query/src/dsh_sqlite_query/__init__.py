@@ -118,7 +118,9 @@ class SqliteQuery:
         connection.set_authorizer(_authorize)
         return connection
 
-    def _run(self, connection: sqlite3.Connection, sql: str, params: Any) -> dict[str, Any]:
+    def _run(self, connection: sqlite3.Connection, sql: str, params: Any, stop: threading.Event) -> dict[str, Any]:
+        if stop.is_set():  # aborted (or timed out) before this thread got to run
+            raise sqlite3.OperationalError("interrupted")
         cursor = connection.execute(sql, params)
         columns = [d[0] for d in cursor.description or ()]
         fetched = cursor.fetchmany(self.max_rows + 1) if cursor.description else []
@@ -130,22 +132,29 @@ class SqliteQuery:
         """Body of ``sql_query``: run in a worker thread, interrupted on abort or timeout."""
         params = args.get("params", [])
         params = dict(params) if isinstance(params, dict) else list(params)
+        if ctx.signal.aborted:
+            raise AbortedError(ctx.signal.reason)
         connection = self._connect()
         loop = asyncio.get_running_loop()
         timed_out = False
+        # Set on abort, timeout and cancellation: interrupt() is a no-op while no statement runs
+        # yet, so the worker checks ``stop`` before executing and the progress handler stops a
+        # statement that starts after the interrupt().
+        stop = threading.Event()
+
+        def interrupt() -> None:
+            stop.set()
+            connection.interrupt()
 
         def on_timeout() -> None:
             nonlocal timed_out
             timed_out = True
-            connection.interrupt()
+            interrupt()
 
-        # Set on cancellation; the progress handler also stops a statement that starts after the
-        # interrupt() (which is a no-op while no statement runs yet).
-        stop = threading.Event()
         connection.set_progress_handler(stop.is_set, 1000)
         timer = loop.call_later(self.timeout_s, on_timeout)
-        remove = ctx.signal.add_listener(lambda _reason: connection.interrupt())
-        worker = asyncio.ensure_future(asyncio.to_thread(self._run, connection, args["sql"], params))
+        remove = ctx.signal.add_listener(lambda _reason: interrupt())
+        worker = asyncio.ensure_future(asyncio.to_thread(self._run, connection, args["sql"], params, stop))
         try:
             return await asyncio.shield(worker)
         except (sqlite3.Error, ValueError, OverflowError) as error:
@@ -166,8 +175,7 @@ class SqliteQuery:
             if not worker.done():
                 # Cancelled while the worker thread steps the statement: stop it, and wait for the
                 # thread to leave SQLite before closing the connection under it.
-                stop.set()
-                connection.interrupt()
+                interrupt()
                 while not worker.done():
                     try:
                         await asyncio.wait({worker})
