@@ -19,7 +19,7 @@ from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON
 from dsh_core.model import ToolDefinition, ToolExecutionInput, ToolResult
 from dsh_core.plugins import PluginCatalog, config_schema_of, start_plugin
-from dsh_core.registry import ToolRegistry
+from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 from dsh_core.runtime import ToolRuntime
 from dsh_core.scope import Scope
 
@@ -165,14 +165,29 @@ class Harness:
         for row in rows:
             scope = self.root.child(f"agent:{row.id}", layered=True)
             self.agents[row.id] = scope
+            key = "mode"
             try:
                 if row.mode is not None:
                     self.registry.present_as(row.mode, scope)  # type: ignore[arg-type]
                 if row.allow is not None or row.deny:
+                    inherited = self.registry.inherited_names(scope)
+                    for key, names in (("allow", row.allow), ("deny", row.deny)):
+                        # run_code is left to restrict(), which says why it cannot be named.
+                        unknown = sorted(set(names or ()) - set(inherited) - {TRANSPORT_NAME})
+                        if unknown:
+                            raise ConfigError(
+                                f"{self._agent_source(row.id, key)}: agents[{row.id}].{key}: names tools this agent "
+                                f"does not inherit: {', '.join(unknown)} (known: {', '.join(inherited) or 'none'})")
+                    key = "allow" if row.allow is not None and TRANSPORT_NAME in row.allow else "deny"
                     self.registry.restrict(scope, allow=row.allow, deny=row.deny)
             except RegistrationError as error:
-                source = self.deployment.source_of(f"agents[{row.id}].id") or "config"
-                raise ConfigError(f"{source}: agents[{row.id}]: {error.message}") from None
+                raise ConfigError(f"{self._agent_source(row.id, key)}: agents[{row.id}].{key}: "
+                                  f"{error.message}") from None
+
+    def _agent_source(self, agent_id: str, key: str) -> str:
+        """The file that set ``agents[<id>].<key>`` (else the one that added the agent)."""
+        return (self.deployment.source_of(f"agents[{agent_id}].{key}")
+                or self.deployment.source_of(f"agents[{agent_id}].id") or "config")
 
     def agent(self, agent_id: str | None = None) -> Scope:
         """The scope of agent ``agent_id`` (the first agent by default)."""

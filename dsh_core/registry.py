@@ -248,6 +248,13 @@ class ToolRegistry:
         scope.on_dispose(lift)
         return lift
 
+    def inherited_names(self, scope: Scope) -> list[str]:
+        """The sorted names a layered scope inherits from outer layers: what :meth:`restrict` may name."""
+        owner = scope.layer_owner
+        if owner is None:
+            raise RegistrationError("inherited_names() requires a scoped context (an agent or preset scope)")
+        return sorted(self._inherited_names(owner))
+
     def _inherited_names(self, owner: Scope) -> set[str]:
         names: set[str] = set()
         for layer in self._chain(owner):

@@ -181,6 +181,23 @@ async def test_agents_from_config_get_modes_and_restrictions() -> None:
     assert attrs.has(type(dep))
 
 
+@pytest.mark.parametrize(("key", "names", "expected"), [
+    ("allow", ["alpha", "nope"], "file2.toml: agents[reader].allow: names tools this agent does not inherit: nope "
+                                 "(known: alpha)"),
+    ("deny", ["ghost"], "file2.toml: agents[reader].deny: names tools this agent does not inherit: ghost "
+                        "(known: alpha)"),
+    ("allow", ["run_code"], 'file2.toml: agents[reader].allow: "run_code" is reserved transport'),
+])
+async def test_an_agent_restriction_error_blames_the_file_and_key_that_set_it(
+        key: str, names: list[str], expected: str) -> None:
+    dep = deployment({"agents": [{"id": "reader"}],
+                      "plugins": [{"id": "a", "use": "echo", "config": {"tool": "alpha"}}]},
+                     {"agents": [{"id": "reader", key: names}]})
+    with pytest.raises(ConfigError) as caught:
+        await Harness.start(dep, catalog=catalog())
+    assert caught.value.message.startswith(expected)
+
+
 async def test_the_tools_mode_env_override_reaches_the_registry() -> None:
     dep = deployment({"plugins": [{"id": "a", "use": "echo"}]}, env={"DSH_TOOLS_MODE": "code"})
     assert dep.tools.mode == "code"
