@@ -43,6 +43,14 @@ _CACHE_LIMIT: Final = 4096
 Guard: TypeAlias = Callable[[ToolExecution], "str | None | Awaitable[str | None]"]
 
 
+def _ensure_active(scope: Scope, action: str) -> None:
+    # Checked before any change: scope.on_dispose() would raise only after the change was made,
+    # leaving a registration that nothing ever removes.
+    if not scope.active:
+        state = "disposed" if scope.disposed else "being disposed"
+        raise RegistrationError(f"cannot {action}: scope {scope.path!r} is {state}")
+
+
 def check_mode(mode: object, *, source: str = "mode") -> Mode:
     """Return ``mode`` if it is one of :data:`MODES`, else raise ``ValueError`` naming ``source``."""
     if mode not in MODES:
@@ -186,8 +194,8 @@ class ToolRegistry:
             )
         if not TOOL_NAME_PATTERN.fullmatch(name):
             raise RegistrationError(f"invalid tool name {name!r}: use 1-64 characters from [A-Za-z0-9_-]")
-        if scope is not None and not scope.active:
-            raise RegistrationError(f'cannot register tool "{name}": scope {scope.path!r} is disposed')
+        if scope is not None:
+            _ensure_active(scope, f'register tool "{name}"')
         layer = self._own_layer(scope, create=True)
         assert layer is not None
         if name in layer.tools:
@@ -217,6 +225,7 @@ class ToolRegistry:
         Scoped only; an empty filter, naming ``run_code``, or naming a tool the
         scope does not inherit is an error. The scope's own tools are exempt.
         """
+        _ensure_active(scope, "restrict tools")
         owner = scope.layer_owner
         if owner is None:
             raise RegistrationError("restrict() requires a scoped context (an agent or preset scope)")
@@ -264,6 +273,8 @@ class ToolRegistry:
 
     def guard(self, guard: Guard, *, scope: Scope | None = None) -> Callable[[], None]:
         """Add a monotonic guard to ``scope``'s layer: return a reason to deny, ``None`` to pass."""
+        if scope is not None:
+            _ensure_active(scope, "add a guard")
         layer = self._own_layer(scope, create=True)
         assert layer is not None
         layer.guards.append(guard)
@@ -291,6 +302,7 @@ class ToolRegistry:
         inherited mode.
         """
         check_mode(mode)
+        _ensure_active(scope, f"present_as({mode!r})")
         owner = scope.layer_owner
         if owner is None:
             raise RegistrationError("present_as() requires a scoped context (an agent or preset scope)")

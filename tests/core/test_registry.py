@@ -189,3 +189,29 @@ async def test_memoized_resolution_follows_every_change() -> None:
     assert registry.get("run_code", agent) is None  # native: no transport
     registry.present_as("code", agent)
     assert registry.get("run_code", agent) is registry.transport
+
+
+async def test_nothing_is_left_behind_when_registering_on_a_disposed_scope() -> None:
+    """guard/restrict/present_as used to change the layer first and fail in on_dispose() after."""
+    stack = Stack()
+    stack.registry.register(tool("read"))
+    agent = stack.agent("gone")
+    await agent.dispose()
+    changes: list[int] = []
+    stack.registry.on_change(lambda: changes.append(1))
+
+    def deny_all(execution: object) -> str:
+        return "no"
+
+    with pytest.raises(RegistrationError, match=r"cannot add a guard: scope '.*gone' is disposed"):
+        stack.registry.guard(deny_all, scope=agent)
+    assert deny_all not in stack.registry.guards_for(agent)
+    with pytest.raises(RegistrationError, match=r"cannot restrict tools: scope '.*gone' is disposed"):
+        stack.registry.restrict(agent, deny=["read"])
+    assert stack.registry.names(agent) == ["read"]
+    with pytest.raises(RegistrationError, match=r"cannot present_as\('code'\): scope '.*gone' is disposed"):
+        stack.registry.present_as("code", agent)
+    assert stack.registry.mode_for(agent) == "native"
+    with pytest.raises(RegistrationError, match=r'cannot register tool "late": scope .* is disposed'):
+        stack.registry.register(tool("late"), scope=agent)
+    assert stack.registry.names(agent) == ["read"] and changes == []
