@@ -95,7 +95,7 @@ def config_dump(ctx: click.Context, configs: tuple[str, ...], as_json: bool) -> 
     if as_json:
         emit_json([{"path": p, "value": thaw(v), "source": s} for p, v, s in dump(deployment)])
     else:
-        click.echo(dump_text(deployment), nl=False)
+        click.echo(dump_text(deployment))
 
 
 @main.group("tools")

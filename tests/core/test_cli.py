@@ -66,6 +66,8 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-unt
 def test_config_dump_names_the_source_of_every_value(run) -> None:  # type: ignore[no-untyped-def]
     result = run("config", "dump", "--config", "base.toml", "--config", "overlay.toml")
     assert result.exit_code == 0, result.stderr
+    # One final newline, like every other command's output.
+    assert result.stdout.endswith("# overlay.toml\n") and not result.stdout.endswith("\n\n")
     lines = result.stdout.splitlines()
     assert any(line.startswith('tools.mode = "both"') and "# overlay.toml" in line for line in lines)
     assert any(line.startswith("plugins[alpha].config.tool") and "# base.toml" in line for line in lines)
