@@ -249,6 +249,12 @@ async def start_plugin(
                 "factory must be a plain function returning the plugin object or None (start async work "
                 "with scope.spawn(...))")
         if instance is not None:
+            other = hooks.plugin_manager.get_name(instance)
+            if other is not None:
+                # pluggy would only say "already registered under a different name".
+                raise PluginLoadError(
+                    f"its factory returned the object plugin row {other!r} already uses; a factory must build "
+                    "a new instance for each row (every row has its own scope and config)")
             hooks.register(instance, name=plugin_id, scope=scope)
             for hook in REGISTRATION_HOOKS:
                 make = registrars.get(hook)

@@ -137,6 +137,16 @@ async def test_an_unresolvable_ref_in_a_config_schema_is_a_schema_error_not_a_tr
         check_config("q", make, {"a": 1})
 
 
+async def test_a_factory_returning_one_object_for_two_rows_names_both_rows() -> None:
+    from tests.core.sample_plugins import DenyPlugin
+
+    shared = DenyPlugin([])
+    dep = deployment({"plugins": [{"id": "g1", "use": "shared"}, {"id": "g2", "use": "shared"}]})
+    with pytest.raises(PluginLoadError, match=r"plugin row 'g2' .*failed to start: its factory returned the object "
+                                              r"plugin row 'g1' already uses; a factory must build a new instance"):
+        await Harness.start(dep, catalog=PluginCatalog(entry_points=[], extra={"shared": lambda s, c: shared}))
+
+
 def test_duplicate_entry_point_names_are_an_error() -> None:
     with pytest.raises(PluginLoadError, match=r"duplicate plugin entry-point names.*echo"):
         PluginCatalog(entry_points=[ep("echo", "tests.core.sample_plugins:echo"),
