@@ -104,6 +104,8 @@ def _env_entry_points(environ: Mapping[str, str]) -> list[metadata.EntryPoint]:
         return []
     found = []
     for item in spec.split(","):
+        if not item.strip():
+            continue  # "a=m:f," or ",a=m:f", as ``DSH_PLUGINS="$DSH_PLUGINS,a=m:f"`` builds it
         name, sep, value = item.strip().partition("=")
         if not sep or not name or ":" not in value:
             raise PluginLoadError(f"{PLUGINS_ENV}: {item.strip()!r} is not of the form name=module:attribute")

@@ -156,6 +156,8 @@ def test_duplicate_entry_point_names_are_an_error() -> None:
 def test_the_env_variable_adds_uninstalled_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSH_PLUGINS", "local-echo=tests.core.sample_plugins:echo")
     assert "local-echo" in PluginCatalog()
+    monkeypatch.setenv("DSH_PLUGINS", ",local-echo=tests.core.sample_plugins:echo, ,")  # empty items are skipped
+    assert "local-echo" in PluginCatalog()
     monkeypatch.setenv("DSH_PLUGINS", "garbage")
     with pytest.raises(PluginLoadError, match="name=module:attribute"):
         PluginCatalog()
