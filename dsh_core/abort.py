@@ -92,12 +92,14 @@ class AbortSignal:
         for future in waiters:
             if not future.done():
                 future.set_result(None)
-        # Every listener hears of it, even after one raised; then the caller does.
+        # Every listener hears of it, even after one raised; then the caller does, with a note
+        # naming the listener, since the aborting caller is rarely the one that added it.
         errors: list[Exception] = []
         for listener in listeners:
             try:
                 listener(reason)
             except Exception as error:
+                error.add_note(f"raised by abort listener {_describe(listener)}")
                 errors.append(error)
         if len(errors) == 1:
             raise errors[0]
@@ -118,14 +120,37 @@ class AbortSignal:
 
     @staticmethod
     def any(signals: Iterable[AbortSignal]) -> AbortSignal:
-        """A signal that aborts as soon as any of ``signals`` aborts, with its reason."""
+        """A signal that aborts as soon as any of ``signals`` aborts, with its reason.
+
+        Its listeners stay on ``signals`` until they abort: for a signal that lives
+        shorter than its sources (one call under a session's signal), use :meth:`fuse`.
+        """
+        return AbortSignal.fuse(signals)[0]
+
+    @staticmethod
+    def fuse(signals: Iterable[AbortSignal]) -> tuple[AbortSignal, Callable[[], None]]:
+        """Like :meth:`any`, with a function that removes its listeners from ``signals``.
+
+        Call the function once the fused signal is no longer needed, so that a
+        long-lived source does not collect one dead listener per fused signal.
+        Calling it twice is harmless; the fused signal keeps its state.
+        """
         controller = AbortController()
+        removers: list[Callable[[], None]] = []
         for signal in signals:
             if signal.aborted:
                 controller.abort(signal.reason)
                 break
-            signal.add_listener(controller.abort)
-        return controller.signal
+            removers.append(signal.add_listener(controller.abort))
+
+        def release() -> None:
+            for remove in removers:
+                remove()
+            removers.clear()
+
+        if controller.signal.aborted:
+            release()
+        return controller.signal, release
 
 
 class AbortController:
@@ -147,3 +172,12 @@ class AbortController:
 
 def _noop() -> None:
     return None
+
+
+def _describe(listener: Listener) -> str:
+    """The listener's qualified name and where it is defined (for the note on its error)."""
+    name = getattr(listener, "__qualname__", None) or repr(listener)
+    code = getattr(listener, "__code__", None)
+    if code is not None:
+        return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+    return str(name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -55,6 +56,7 @@ from dsh_core.model import TextBlock, ToolContext, ToolDefinition, ToolExecution
 from dsh_core.registry import TRANSPORT_NAME
 from dsh_core.runtime import ToolRuntime
 
+log = logging.getLogger("dsh")
 __all__ = [
     "NO_OUTPUT",
     "FLAVORS",
@@ -299,7 +301,12 @@ class RunCodeTransport:
         # The run gets its own controller: the outer signal aborts it with the same reason, and
         # settlement aborts it ("run_code settled") so late or queued calls are refused.
         run = AbortController()
-        unlisten = execution.signal.add_listener(run.abort)
+        call_id = execution.call_id
+
+        def abort_run(reason: object) -> None:
+            _abort_run(run, reason, call_id)
+
+        unlisten = execution.signal.add_listener(abort_run)
         history = DispatchHistory(tools.hooks, execution.agent, root_call_id=execution.root_call_id,
                                   parent_call_id=execution.call_id)
         on_commit = None
@@ -323,9 +330,11 @@ class RunCodeTransport:
         try:
             outcome = await code_runtime.run(args["code"], [namespace], signal=run.signal)
         finally:
-            run.abort("run_code settled")
-            await _quiesce(scheduler.drain())
-            unlisten()
+            try:
+                abort_run("run_code settled")
+                await _quiesce(scheduler.drain())
+            finally:
+                unlisten()
         if record is not None:
             record.run = outcome
         if outcome.error is not None:
@@ -379,6 +388,20 @@ def _binding(
 
     call.__name__ = call.__qualname__ = f"tools.{name}" if name.isidentifier() else f"tools[{name!r}]"
     return call
+
+
+def _abort_run(run: AbortController, reason: object, call_id: str) -> None:
+    """Abort the run; an abort listener's error is logged, never the run's outcome.
+
+    Listeners on the run's signal are the nested tools' (and the scheduler's):
+    one that raises must not stop the settlement's drain, replace what the
+    program produced, or reach whoever aborted the outer call.
+    """
+    try:
+        run.abort(reason)
+    except Exception as error:
+        log.warning("run_code %r: an abort listener of a nested call failed (abort reason: %s); "
+                    "the run settles as usual", call_id, reason, exc_info=error)
 
 
 async def _quiesce(work: Awaitable[None]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from codemode_kit import Env, FakeCodeRuntime, tool
+from codemode_kit import Env, FakeCodeRuntime, Recorder, tool
 
 from dsh_core.abort import AbortController
 from dsh_core.errors import ErrorCode
@@ -143,3 +143,57 @@ async def test_each_program_owns_its_scheduler() -> None:
     assert other is not None
     await asyncio.gather(env.run(program, call_id="a"), env.run(program, call_id="b"))
     assert active["peak"] == 4
+
+
+def _raising_listener_tool(state: dict[str, Any]) -> Any:
+    """A body whose abort listener raises (closing what is already closed) and which ignores the abort."""
+
+    async def body(args: Any, ctx: Any) -> Any:
+        def close_connection(reason: object) -> None:
+            raise RuntimeError("connection already closed")
+
+        ctx.signal.add_listener(close_connection)
+        state["running"] = True
+        await asyncio.sleep(0.1)
+        state["running"] = False
+        return {"done": True}
+
+    return body
+
+
+async def test_a_raising_abort_listener_neither_cuts_the_drain_nor_replaces_the_outcome(
+        caplog: Any) -> None:
+    env = Env()
+    state: dict[str, Any] = {}
+    recorder = Recorder()
+    env.add(tool("slow", _raising_listener_tool(state), safe=True))
+    env.plug(recorder)
+    outer = AbortController()
+    program = "import asyncio\nt = asyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.02)\nreturn 'kept'"
+    with caplog.at_level("WARNING", logger="dsh"):
+        result = await env.run(program, signal=outer.signal)
+    assert not result.is_error and result.text == "kept"  # the program's own outcome stands
+    assert state["running"] is False  # the nested body finished before run_code returned
+    assert env.sink is not None
+    assert env.sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1"),
+                                ("tool/code-dispatch", "call-1:code:1")]
+    assert [e.call_id for e, _ in recorder.results] == ["call-1:code:1", "call-1"]
+    assert not outer.signal._listeners  # the outer listener is removed too
+    assert "abort listener" in caplog.text and "connection already closed" in caplog.text
+    assert "close_connection" in caplog.text  # the culprit is named
+
+
+async def test_a_raising_abort_listener_does_not_reach_whoever_aborts_the_outer_call(caplog: Any) -> None:
+    env = Env()
+    state: dict[str, Any] = {}
+    env.add(tool("slow", _raising_listener_tool(state), safe=True))
+    outer = AbortController()
+    run = asyncio.ensure_future(env.run("await tools.slow({})", signal=outer.signal))
+    while not state.get("running"):
+        await asyncio.sleep(0.001)
+    with caplog.at_level("WARNING", logger="dsh"):
+        outer.abort("user pressed stop")  # must not raise the nested tool's error here
+        result = await run
+    assert result.code == ErrorCode.CODE_RUN_FAILED and "user pressed stop" in result.text
+    assert state["running"] is False
+    assert "connection already closed" in caplog.text
