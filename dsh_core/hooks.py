@@ -123,8 +123,12 @@ class Hooks:
         is disposed, and per-call hooks only show them the calls of agents
         inside the scope's layer (if it lives in an agent's subtree). Refuses,
         registering nothing, an implementation of an unknown hook, a wrapper,
-        or a duplicate name. Returns the unregister function.
+        a duplicate name, or a ``scope`` that is no longer active. Returns the
+        unregister function.
         """
+        if scope is not None and not scope.active:
+            state = "disposed" if scope.disposed else "being disposed"
+            raise PluginLoadError(f"cannot register plugin {name!r}: its scope {scope.path!r} is {state}")
         if self._pm.has_plugin(name):
             raise PluginLoadError(f"a plugin named {name!r} is already registered")
         try:
@@ -143,7 +147,11 @@ class Hooks:
             self.unregister(name)
 
         if scope is not None:
-            scope.on_dispose(unregister)
+            try:
+                scope.on_dispose(unregister)
+            except BaseException:
+                unregister()
+                raise
         return unregister
 
     def _validate(self, plugin: object, name: str) -> None:

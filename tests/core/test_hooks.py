@@ -89,6 +89,26 @@ async def test_disposing_the_owning_scope_unregisters_the_plugin() -> None:
     assert not (await stack.call("echo")).is_error
 
 
+async def test_registering_in_a_disposed_or_disposing_scope_is_refused_and_leaves_nothing() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    scope = stack.root.child("plugin:late")
+    refused: list[str] = []
+
+    def register_while_disposing() -> None:
+        with pytest.raises(PluginLoadError) as raised:
+            stack.hooks.register(Recorder(pre=PreDecision.deny("no")), name="during", scope=scope)
+        refused.append(str(raised.value))
+
+    scope.on_dispose(register_while_disposing)
+    await scope.dispose()
+    with pytest.raises(PluginLoadError, match=r"'late'.*'root/plugin:late' is disposed"):
+        stack.hooks.register(Recorder(pre=PreDecision.deny("no")), name="late", scope=scope)
+    assert len(refused) == 1 and "'during'" in refused[0] and "being disposed" in refused[0]
+    assert not stack.hooks.has_plugin("late") and not stack.hooks.has_plugin("during")
+    assert not (await stack.call("echo")).is_error  # no leftover implementation denies the call
+
+
 async def test_async_hook_implementations_are_awaited() -> None:
     stack = Stack()
     stack.registry.register(tool("echo"))
