@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 __all__ = [
+    "describe_exception",
     "ErrorCode",
     "DshError",
     "ToolError",
@@ -152,3 +153,13 @@ class PluginLoadError(DshError, RuntimeError):
     """A plugin could not be found, loaded or started; the message names its distribution."""
 
     code = "PLUGIN_LOAD_FAILED"
+
+
+def describe_exception(error: BaseException) -> str:
+    """``<Type>: <text>``, or ``<Type>`` alone when the text is empty (never raises)."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "<unprintable exception>"
+    name = type(error).__name__
+    return f"{name}: {text}" if text else name

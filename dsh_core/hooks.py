@@ -19,7 +19,7 @@ from typing import Any, Final
 import pluggy
 from dsh_hookspecs import PROJECT, SPEC_MODULES
 
-from dsh_core.errors import DshError, ErrorCode, PluginLoadError
+from dsh_core.errors import DshError, ErrorCode, PluginLoadError, describe_exception
 from dsh_core.model import (
     ApprovalOutcome,
     ApprovalRequest,
@@ -34,7 +34,7 @@ from dsh_core.model import (
 )
 from dsh_core.scope import Scope
 
-__all__ = ["Hooks", "HookFailure", "HookImplInfo"]
+__all__ = ["Hooks", "HookFailure", "HookImplInfo", "failure_message"]
 
 log = logging.getLogger("dsh")
 
@@ -46,12 +46,21 @@ REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "ds
 _ALLOW: Final = PreDecision.allow()
 
 
+def failure_message(hook: str, plugin: str, error: BaseException) -> str:
+    """``<hook> of plugin '<name>' failed: <Type>: <text>``: what the model reads of a raising hook."""
+    return f"{hook} of plugin {plugin!r} failed: {describe_exception(error)}"
+
+
 class HookFailure(DshError):
-    """A hook implementation raised; names the plugin and keeps a typed code."""
+    """A hook implementation raised; names the plugin and keeps a typed code.
+
+    The message is :func:`failure_message`, except for a :class:`DshError`
+    the plugin raised on purpose: its code and message are the plugin's choice.
+    """
 
     def __init__(self, hook: str, plugin: str, error: BaseException) -> None:
         code = error.code if isinstance(error, DshError) else ErrorCode.TOOL_FAILED
-        text = error.message if isinstance(error, DshError) else (str(error) or type(error).__name__)
+        text = error.message if isinstance(error, DshError) else failure_message(hook, plugin, error)
         super().__init__(text, code=code)
         self.hook = hook
         self.plugin = plugin
@@ -243,8 +252,7 @@ class Hooks:
                 continue
             if not isinstance(decision, PreDecision):
                 raise HookFailure("dsh_pre_execute", info.plugin, TypeError(
-                    f"dsh_pre_execute of plugin {info.plugin!r} returned {type(decision).__name__}, "
-                    "expected PreDecision or None"))
+                    f"returned {type(decision).__name__}, expected PreDecision or None"))
             if decision.kind == "deny":
                 return decision
             if decision.kind == "ask" and ask is None:
@@ -288,21 +296,28 @@ class Hooks:
                 if reason is not None and _is_awaitable(reason):
                     reason = await reason
             except Exception as error:
-                return f"guard of plugin {info.plugin!r} failed: {error}"
+                # Fail closed, and say whose guard it was: the model reads the reason, the log the trace.
+                log.warning("dsh_guard of plugin %r failed on call %r; the call is denied",
+                            info.plugin, execution.call_id, exc_info=True)
+                return failure_message("dsh_guard", info.plugin, error)
             if reason is not None:
                 return str(reason)
         return None
 
     def around_dispatch(self, execution: ToolExecution) -> list[Middleware]:
         """Middleware in call order (the first is outermost)."""
-        chain: list[Middleware] = []
+        return [middleware for _, middleware in self.around_dispatch_chain(execution)]
+
+    def around_dispatch_chain(self, execution: ToolExecution) -> list[tuple[str, Middleware]]:
+        """Middleware with its plugin's name, in call order (the first is outermost)."""
+        chain: list[tuple[str, Middleware]] = []
         for info in self._visible("dsh_around_dispatch", execution.agent):
             try:
                 middleware = info.invoke(execution)
             except Exception as error:
                 raise HookFailure("dsh_around_dispatch", info.plugin, error) from error
             if middleware is not None:
-                chain.append(middleware)
+                chain.append((info.plugin, middleware))
         return chain
 
     async def post_execute(self, execution: ToolExecution, result: ToolResult) -> list[tuple[str, PostDecision]]:
@@ -319,8 +334,7 @@ class Hooks:
                 continue
             if not isinstance(decision, PostDecision):
                 raise HookFailure("dsh_post_execute", info.plugin, TypeError(
-                    f"dsh_post_execute of plugin {info.plugin!r} returned {type(decision).__name__}, "
-                    "expected PostDecision or None"))
+                    f"returned {type(decision).__name__}, expected PostDecision or None"))
             decisions.append((info.plugin, decision))
         return decisions
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import attrs
 
 from dsh_core.abort import AbortedError, AbortSignal
-from dsh_core.errors import DshError, ErrorCode, InvalidToolOutputError, UnknownToolError
+from dsh_core.errors import DshError, ErrorCode, InvalidToolOutputError, UnknownToolError, describe_exception
 from dsh_core.hooks import HookFailure, Hooks
 from dsh_core.lossless import JSON, NotLosslessError, freeze
 from dsh_core.model import (
@@ -54,6 +55,8 @@ from dsh_core.schema import format_violations, violations
 __all__ = [
     "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
 ]
+
+log = logging.getLogger("dsh")
 
 ABORTED_BEFORE_DISPATCH_MESSAGE = "tool call aborted before dispatch"
 ABORTED_MESSAGE = "tool call aborted"
@@ -108,12 +111,7 @@ def error_result(error: BaseException) -> ToolResult:
         return ToolResult.failure(str(error.code), error.message)
     if isinstance(error, AbortedError):
         return aborted_result()
-    try:
-        text = str(error)
-    except Exception:
-        text = "<unprintable exception>"
-    name = type(error).__name__
-    return ToolResult.failure(ErrorCode.TOOL_FAILED, f"{name}: {text}" if text else name)
+    return ToolResult.failure(ErrorCode.TOOL_FAILED, describe_exception(error))
 
 
 class ToolRuntime:
@@ -259,7 +257,7 @@ class ToolRuntime:
         try:
             decision = await self.hooks.pre_execute(execution)
         except HookFailure as failure:
-            return staged.settle("final-result", error_result(failure))
+            return staged.settle("final-result", _hook_failed(failure, execution))
         if decision.kind == "deny":
             return staged.settle("post-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
         if decision.kind == "ask":
@@ -304,7 +302,11 @@ class ToolRuntime:
                 if inspect.isawaitable(verdict):
                     verdict = await verdict
             except Exception as error:
-                return f"guard failed: {error}"
+                # Fail closed, naming the guard: registry guards carry no plugin name, their function does.
+                name = _callable_name(guard)
+                log.warning("guard %s failed on call %r; the call is denied", name, execution.call_id,
+                            exc_info=True)
+                return f"guard {name} failed: {describe_exception(error)}"
             if verdict is not None:
                 return str(verdict)
         return await self.hooks.guard(execution)
@@ -316,9 +318,9 @@ class ToolRuntime:
         execution = staged.execution
         caller = execution.signal
         try:
-            chain = self.hooks.around_dispatch(execution)
+            chain = self.hooks.around_dispatch_chain(execution)
         except HookFailure as failure:
-            return staged.settle("final-result", error_result(failure))
+            return staged.settle("final-result", _hook_failed(failure, execution))
         body_results: list[ToolResult] = []
 
         async def body(call: ToolExecution) -> ToolResult:
@@ -327,10 +329,12 @@ class ToolRuntime:
             return result
 
         proceed: Proceed = body
-        for middleware in reversed(chain):
-            proceed = _link(middleware, proceed)
+        for plugin, middleware in reversed(chain):
+            proceed = _link(plugin, middleware, proceed)
         try:
             result = await proceed(execution)
+        except HookFailure as failure:
+            return staged.settle("final-result", _hook_failed(failure, execution))
         except Exception as error:
             return staged.settle("final-result", error_result(error))
         if not isinstance(result, ToolResult):
@@ -418,7 +422,7 @@ class ToolRuntime:
         try:
             decisions = await self.hooks.post_execute(execution, result)
         except HookFailure as failure:
-            staged.result = error_result(failure)
+            staged.result = _hook_failed(failure, execution)
             return await self.finish(staged)
         if decisions:
             result = self._apply_post(execution, result, decisions)
@@ -497,9 +501,27 @@ def _approval_denial(name: str, outcome: ApprovalOutcome, reason: str | None) ->
     return f"{text} ({reason})" if reason else text
 
 
-def _link(middleware: Middleware, proceed: Proceed) -> Proceed:
+def _link(plugin: str, middleware: Middleware, proceed: Proceed) -> Proceed:
     async def step(call: ToolExecution) -> ToolResult:
-        return await middleware(call, proceed)
+        try:
+            return await middleware(call, proceed)
+        except (HookFailure, AbortedError):
+            raise  # an inner middleware's failure, already named; an abort keeps its meaning
+        except Exception as error:
+            raise HookFailure("dsh_around_dispatch", plugin, error) from error
 
     return step
+
+
+def _hook_failed(failure: HookFailure, execution: ToolExecution) -> ToolResult:
+    """The error result of a raising hook implementation, logged with the plugin and its traceback."""
+    log.warning("%s of plugin %r failed on call %r (tool %r)", failure.hook, failure.plugin,
+                execution.call_id, execution.name, exc_info=failure.original)
+    return error_result(failure)
+
+
+def _callable_name(function: object) -> str:
+    module = getattr(function, "__module__", None)
+    name = getattr(function, "__qualname__", None) or repr(function)
+    return f"{module}.{name}" if module else str(name)
 

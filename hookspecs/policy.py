@@ -6,7 +6,11 @@ The core runs the stages in a fixed order::
            -> post-execute -> finalize -> materialize -> emit (tool result observers)
 
 Plugins add behaviour inside a stage; they cannot reorder or skip stages.
-Every hook here is scope-filtered (see the package docstring).
+Every hook here is scope-filtered (see the package docstring). Where a
+raising implementation becomes an error result (pre-execute, guard,
+around-dispatch, post-execute), the message reads ``<hook> of plugin
+'<name>' failed: <Type>: <text>`` unless it raised a ``DshError`` (whose
+code and message are kept), and the traceback is logged as a warning.
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
 
     Guards run after an allow, registry guards first (global layer, then the
     agent's scope chain), then these implementations in call order. The first
-    denial wins and nothing later can allow. Raising denies (fail closed) with
-    the exception's message.
+    denial wins and nothing later can allow. Raising denies (fail closed); the
+    reason names the plugin and the exception.
     """
 
 

@@ -201,7 +201,7 @@ async def test_a_throwing_pre_execute_listener_settles_the_sub_call_without_post
     env.add(tool("echo"))
     env.plug(Broken())
     result = await env.run("try:\n    await tools.echo({})\nexcept ToolCallError as e:\n    print('failed:', e)")
-    assert result.text == "failed: policy crashed"
+    assert result.text == "failed: dsh_pre_execute of plugin 'test-plugin-1' failed: ValueError: policy crashed"
     assert posts == ["run_code"]  # the nested call skipped post-execute; the outer one did not
 
 

@@ -584,3 +584,94 @@ async def test_an_unexpected_error_in_policy_still_settles_the_call_with_one_res
     result = await stack.runtime.finish(staged)
     assert "registry state corrupted" in result.text and recorder.results[-1][1] is result
     assert body_calls(echo) == []
+
+
+class _RaisingPre:
+    @hookimpl
+    def dsh_pre_execute(self) -> None:
+        raise KeyError("tenant")
+
+
+class _RaisingPost:
+    @hookimpl
+    def dsh_post_execute(self) -> None:
+        raise ValueError("")  # an exception with an empty message
+
+
+class _RaisingAround:
+    @hookimpl
+    def dsh_around_dispatch(self) -> None:
+        raise RuntimeError("no wrapper today")
+
+
+class _RaisingMiddleware:
+    @hookimpl
+    def dsh_around_dispatch(self) -> Any:
+        async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+            raise RuntimeError("wrapper bug")
+        return middleware
+
+
+class _RaisingGuard:
+    @hookimpl
+    def dsh_guard(self) -> None:
+        raise RuntimeError("guard bug")
+
+
+@pytest.mark.parametrize(("plugin", "message"), [
+    (_RaisingPre(), "dsh_pre_execute of plugin 'acme' failed: KeyError: 'tenant'"),
+    (_RaisingPost(), "dsh_post_execute of plugin 'acme' failed: ValueError"),
+    (_RaisingAround(), "dsh_around_dispatch of plugin 'acme' failed: RuntimeError: no wrapper today"),
+    (_RaisingMiddleware(), "dsh_around_dispatch of plugin 'acme' failed: RuntimeError: wrapper bug"),
+    (_RaisingGuard(), "dsh_guard of plugin 'acme' failed: RuntimeError: guard bug"),
+])
+async def test_a_raising_hook_names_its_hook_and_plugin_and_is_logged(
+        plugin: object, message: str, caplog: pytest.LogCaptureFixture) -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    register(stack.hooks, plugin, name="acme")
+    with caplog.at_level("WARNING", logger="dsh"):
+        result = await stack.call("echo", call_id="c-7")
+    assert result.error is not None and result.error.message == message
+    hook = message.split(" ", 1)[0]
+    records = [r for r in caplog.records if r.name == "dsh" and r.levelname == "WARNING"]
+    assert len(records) == 1 and records[0].exc_info is not None
+    logged = records[0].getMessage()
+    assert hook in logged and "'acme'" in logged and "'c-7'" in logged
+
+
+async def test_a_failing_inner_middleware_is_blamed_not_the_outer_one_it_passed_through() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+
+    class Outer:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                return await proceed(call)  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, _RaisingMiddleware(), name="inner")
+    register(stack.hooks, Outer(), name="outer")  # registered last: called first, the outermost
+    result = await stack.call("echo")
+    assert result.error is not None
+    assert result.error.message == "dsh_around_dispatch of plugin 'inner' failed: RuntimeError: wrapper bug"
+
+
+async def test_a_raising_registry_guard_is_named_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+
+    def tenant_guard(execution: ToolExecution) -> None:
+        raise RuntimeError("quota service down")
+
+    stack.registry.guard(tenant_guard)
+    with caplog.at_level("WARNING", logger="dsh"):
+        result = await stack.call("echo")
+    assert result.code == "DENIED" and body_calls(echo) == []
+    assert result.error is not None and result.error.message.startswith("guard ")
+    assert result.error.message.endswith(
+        "test_pipeline.test_a_raising_registry_guard_is_named_and_logged.<locals>.tenant_guard "
+        "failed: RuntimeError: quota service down")
+    assert "tenant_guard" in caplog.text and "quota service down" in caplog.text
