@@ -15,7 +15,9 @@ runs them in order for one call.
 
 Where a call is denied: :meth:`ToolRuntime._create` (collapse, invalid
 arguments, pre-aborted: before any hook) and :meth:`ToolRuntime.prepare`
-(pre-execute, approval, guards).
+(pre-execute, approval, guards). A call settled before dispatch is finished
+without post-execute: no plugin may rewrite a denial the model reads (the
+upstream harness runs post-execute on policy denials; dsh deliberately does not).
 """
 
 from __future__ import annotations
@@ -259,19 +261,19 @@ class ToolRuntime:
         except HookFailure as failure:
             return staged.settle("final-result", _hook_failed(failure, execution))
         if decision.kind == "deny":
-            return staged.settle("post-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
+            return staged.settle("final-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
         if decision.kind == "ask":
             outcome = await self._ask(execution, decision.reason)
             if outcome is not ApprovalOutcome.ALLOWED:
                 if outcome is ApprovalOutcome.CANCELLED and signal.aborted:
-                    return staged.settle("post-result", _aborted_before_dispatch())
-                return staged.settle("post-result", self._denied(_approval_denial(execution.name, outcome,
+                    return staged.settle("final-result", _aborted_before_dispatch())
+                return staged.settle("final-result", self._denied(_approval_denial(execution.name, outcome,
                                                                                    decision.reason)))
         reason = await self._guard(execution)
         if reason is not None:
-            return staged.settle("post-result", self._denied(reason))
+            return staged.settle("final-result", self._denied(reason))
         if signal.aborted:
-            return staged.settle("post-result", _aborted_before_dispatch())
+            return staged.settle("final-result", _aborted_before_dispatch())
         return staged
 
     @staticmethod
@@ -415,7 +417,7 @@ class ToolRuntime:
     # -- post-execute and finish ----------------------------------------------------------------------------
 
     async def finalize(self, staged: Staged) -> ToolResult:
-        """Run post-execute on a dispatched (or policy-denied) result, then :meth:`finish`."""
+        """Run post-execute on a dispatched result, then :meth:`finish`."""
         assert staged.result is not None
         execution = staged.execution
         result = staged.result

@@ -113,8 +113,11 @@ def dsh_post_execute(
 ) -> PostDecision | Awaitable[PostDecision | None] | None:
     """Decide about a result: accept, replace its value or content, or block it.
 
-    Called for every dispatched call, failed ones included (not for calls
-    settled before dispatch). ``None`` accepts. Aggregation: any ``block``
+    Called for every dispatched call, failed ones included (an unknown name,
+    a raising body, a middleware's own result). Never called for a call
+    settled before dispatch (denied by pre-execute, approval or a guard,
+    aborted before dispatch, collapsed, invalid arguments): a post-execute
+    plugin cannot rewrite a denial the model reads. ``None`` accepts. Aggregation: any ``block``
     wins (the first block in call order; only the contexts of block decisions
     survive); otherwise at most one replacement may be made (two are an error
     result naming the conflict); ``replace-value`` on a failed result, or a

@@ -533,3 +533,26 @@ async def test_without_an_owning_agent_dispatch_works_and_nothing_is_logged() ->
     result = await env.run("return await tools.echo({'a': 1})", agent=None)
     assert result.value == {"logs": [], "result": {"a": 1}}
     assert env.sink is not None and env.sink.events == []
+
+
+async def test_a_denied_nested_call_reaches_the_program_unrewritten_by_post_execute(env: Env) -> None:
+    posts: list[str] = []
+
+    class Policy:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            return PreDecision.deny("writes are off today") if execution.nested else None
+
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: Any) -> Any:
+            posts.append(execution.name)
+            return PostDecision.replace_content("ok: written") if result.is_error else None
+
+    env.add(tool("write"))
+    env.plug(Policy())
+    result = await env.run("try:\n    await tools.write({})\nexcept ToolCallError as e:\n    print('denied:', e)")
+    assert result.text == "denied: writes are off today"
+    assert posts == ["run_code"]  # the denied nested call never reached post-execute
+    assert env.sink is not None
+    settled = [e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]
+    assert [e["payload"]["error_code"] for e in settled] == ["DENIED"]

@@ -166,7 +166,7 @@ async def test_approval_outcomes_deny_with_a_message(outcome: str | None, messag
     result = await stack.call("echo")
     assert result.code == "DENIED" and result.error is not None and result.error.message == message
     assert body_calls(echo) == []
-    assert recorder.stages() == ["pre", "approve", "post", "result"]
+    assert recorder.stages() == ["pre", "approve", "result"]  # never dispatched: no post-execute
 
 
 async def test_an_allowed_approval_continues_to_guards_and_the_body() -> None:
@@ -675,3 +675,40 @@ async def test_a_raising_registry_guard_is_named_and_logged(caplog: pytest.LogCa
         "test_pipeline.test_a_raising_registry_guard_is_named_and_logged.<locals>.tenant_guard "
         "failed: RuntimeError: quota service down")
     assert "tenant_guard" in caplog.text and "quota service down" in caplog.text
+
+
+@pytest.mark.parametrize("denial", ["pre-execute", "approval", "registry guard", "hook guard", "aborted"])
+async def test_post_execute_never_sees_or_rewrites_a_call_denied_before_dispatch(denial: str) -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    rewriter = register(stack.hooks, Recorder(post=PostDecision.replace_content("all good, file written")))
+    controller = AbortController()
+    if denial == "pre-execute":
+        register(stack.hooks, Recorder(pre=PreDecision.deny("policy says no")))
+    elif denial == "approval":
+        register(stack.hooks, Recorder(pre=PreDecision.ask("why"), approval="rejected"))
+    elif denial == "registry guard":
+        stack.registry.guard(lambda execution: "guard says no")
+    elif denial == "hook guard":
+        register(stack.hooks, Recorder(guard="guard says no"))
+    else:
+        class AbortInGuard:  # the call is aborted after the guards passed, before dispatch
+            @hookimpl
+            def dsh_guard(self) -> None:
+                controller.abort("stop")
+
+        register(stack.hooks, AbortInGuard())
+    result = await stack.call("echo", signal=controller.signal)
+    assert result.is_error and result.code in ("DENIED", "ABORTED_BEFORE_DISPATCH")
+    assert "all good" not in result.text and body_calls(echo) == []
+    assert "post" not in rewriter.stages() and rewriter.stages()[-1] == "result"
+
+
+async def test_post_execute_still_sees_dispatched_failures() -> None:
+    stack = Stack()
+    stack.registry.register(tool("boom", body=lambda a, c: (_ for _ in ()).throw(ToolError("disk full"))))
+    recorder = register(stack.hooks, Recorder())
+    assert (await stack.call("boom")).code == "TOOL_FAILED"
+    assert (await stack.call("missing")).code == "UNKNOWN_TOOL"  # unknown names fail at dispatch
+    assert recorder.stages() == ["pre", "guard", "post", "result"] * 2
