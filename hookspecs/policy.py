@@ -42,10 +42,11 @@ def dsh_pre_execute(execution: ToolExecution) -> PreDecision | Awaitable[PreDeci
     not collapsed), including calls of names no layer registers (they fail
     later, at dispatch). ``None`` abstains.
 
-    Aggregation: every implementation is consulted; any ``deny`` wins (the
-    first deny's reason in call order is reported), else any ``ask`` asks,
-    else the call is allowed. Raising an exception settles the call as a
-    ``TOOL_FAILED`` error result without post-execute.
+    Aggregation: implementations are consulted in call order until one
+    denies; the first ``deny`` wins at once and later implementations are not
+    called (to see every call, observe ``dsh_tool_result``). Without a deny,
+    any ``ask`` asks, else the call is allowed. Raising an exception settles
+    the call as a ``TOOL_FAILED`` error result without post-execute.
     """
 
 
@@ -56,8 +57,10 @@ def dsh_approve(request: ApprovalRequest) -> ApprovalOutcome | Awaitable[Approva
     First result wins: an approval channel that does not handle the request
     returns ``None`` and the next channel is tried; with no answer the outcome
     is ``unavailable``. A channel that needs to wait (a person at a terminal)
-    returns an awaitable from a *plain* function; never declare this hook
-    ``async def`` (a coroutine is never ``None``, so it would always win).
+    may be ``async def`` or return an awaitable: the core awaits the answer
+    before testing it for ``None``, so an ``async def`` channel abstains by
+    returning ``None`` like a plain one (dsh calls this hook itself; pluggy's
+    own first-result call, which dsh never makes, would not await).
     ``request.signal`` aborts with the call: stop asking and return
     ``cancelled``.
 

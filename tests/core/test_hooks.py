@@ -10,9 +10,9 @@ import pytest
 from dsh_core import hookimpl
 from dsh_core.errors import PluginLoadError
 from dsh_core.hooks import Hooks
-from dsh_core.model import PreDecision, ToolExecution
+from dsh_core.model import ApprovalOutcome, PreDecision, ToolExecution
 
-from .helpers import Recorder, Stack, register, tool
+from .helpers import Recorder, Stack, body_calls, register, tool
 
 pytestmark = pytest.mark.anyio
 
@@ -121,6 +121,38 @@ async def test_async_hook_implementations_are_awaited() -> None:
     register(stack.hooks, AsyncPolicy())
     result = await stack.call("echo")
     assert result.error is not None and result.error.message == "async deny"
+
+
+async def test_an_async_def_approval_channel_may_abstain_and_the_next_one_answers() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+
+    class Allow:
+        @hookimpl
+        def dsh_approve(self, request: Any) -> ApprovalOutcome:
+            return ApprovalOutcome.ALLOWED
+
+    class AsyncAbstain:
+        @hookimpl
+        async def dsh_approve(self, request: Any) -> None:
+            return None
+
+    register(stack.hooks, Allow())
+    register(stack.hooks, AsyncAbstain())  # registered last: asked first
+    register(stack.hooks, Recorder(pre=PreDecision.ask("check")))
+    result = await stack.call("echo")
+    assert not result.is_error and len(body_calls(echo)) == 1
+
+
+async def test_pre_execute_stops_at_the_first_deny() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    later = register(stack.hooks, Recorder())  # registered first: called last
+    register(stack.hooks, Recorder(pre=PreDecision.deny("no")))
+    assert (await stack.call("echo")).code == "DENIED"
+    assert "pre" not in later.stages()  # an auditor that must see every call uses dsh_tool_result
+    assert later.stages() == ["result"]
 
 
 def test_sees_any_follows_scope_filtering_and_registration() -> None:
