@@ -12,7 +12,9 @@ as the agent, so the program is governed exactly as the agent's own calls.
 ``timeout``, ``abort``, ``worker-exit``, ``memory-limit``, ``invalid-output``,
 ``output-limit``); when the call failed before or around the run (denied by
 policy, no runtime, invalid arguments) it is that result's error code (e.g.
-``DENIED``). ``error`` is ``null`` or ``{"code", "kind", "message"}``;
+``DENIED``). When an around-dispatch middleware answered the call without
+running the program, the outcome is ``completed`` and ``logs``/``result``
+come from its answer. ``error`` is ``null`` or ``{"code", "kind", "message"}``;
 ``calls`` lists the nested calls in submission order. The exit code is 0 only
 for ``completed``.
 
@@ -45,7 +47,14 @@ def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
     if not result.is_error and run is not None:
         return {"outcome": "completed", "logs": list(run.logs),
                 "result": thaw(run.value) if run.has_value else None, "error": None, "calls": calls}
-    assert result.error is not None
+    if result.error is None:
+        # A success with no run: an around-dispatch middleware answered without running the
+        # program (a cache). Its value passed run_code's output schema: {logs, result?}.
+        value = thaw(result.value)
+        answered = value if isinstance(value, dict) else {}
+        logs = answered.get("logs")
+        return {"outcome": "completed", "logs": list(logs) if isinstance(logs, list) else [],
+                "result": answered.get("result"), "error": None, "calls": calls}
     error: dict[str, str | None]
     if run is not None and run.error is not None:
         outcome = run.error.kind

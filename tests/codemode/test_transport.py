@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from codemode_kit import Env, FakeCodeRuntime, tool
 
+from dsh_core import hookimpl
 from dsh_core.abort import AbortSignal
+from dsh_core.codemode.cli import run_code_json
 from dsh_core.codemode.transport import (
     NO_OUTPUT,
     RunCodeTransport,
@@ -19,7 +21,7 @@ from dsh_core.codemode.transport import (
 )
 from dsh_core.errors import CodeRunFailedError, DshError, ErrorCode
 from dsh_core.lossless import freeze
-from dsh_core.model import ToolExecutionInput
+from dsh_core.model import ToolExecutionInput, ToolResult
 
 
 def test_the_schema_has_two_required_strings_and_a_closed_output() -> None:
@@ -210,3 +212,22 @@ async def test_the_transport_works_with_a_plain_runtime_object() -> None:
     assert record.run is not None and record.run.has_value
     assert [(c.sub_call_id, c.name, c.args, c.ok, c.error_code) for c in record.calls] == [
         ("call-9:code:1", "echo", {"a": 1}, True, None)]
+
+
+async def test_run_code_json_of_a_run_code_answered_by_a_middleware_without_a_run() -> None:
+    class Cache:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: Any, proceed: Any) -> ToolResult:
+                if call.name == "run_code":
+                    return ToolResult(content="cached", value={"logs": ["from cache"], "result": {"n": 3}})
+                return await proceed(call)  # type: ignore[no-any-return]
+            return middleware
+
+    env = Env()
+    env.plug(Cache())
+    with env.transport.watch("call-1") as record:
+        result = await env.run("print('never runs')")
+    assert not result.is_error and record.run is None and env.fake is not None and env.fake.runs == 0
+    assert run_code_json(result, record) == {"outcome": "completed", "logs": ["from cache"], "result": {"n": 3},
+                                             "error": None, "calls": []}
