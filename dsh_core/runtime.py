@@ -326,7 +326,17 @@ class ToolRuntime:
         body_results: list[ToolResult] = []
 
         async def body(call: ToolExecution) -> ToolResult:
-            result = await self._body(staged, call.signal)
+            signal = call.signal
+            if signal is caller:
+                result = await self._body(staged, caller)
+            else:
+                # A middleware's tighter signal is fused with the caller's for this body only:
+                # the fused signal's listeners leave the caller's (a whole run's) signal after it.
+                fused, release = AbortSignal.fuse((caller, signal))
+                try:
+                    result = await self._body(staged, fused)
+                finally:
+                    release()
             body_results.append(result)
             return result
 
@@ -359,10 +369,10 @@ class ToolRuntime:
         return attrs.evolve(rebuilt, additional_contexts=result.additional_contexts,
                             concludes_turn=result.concludes_turn and not rebuilt.is_error)
 
-    async def _body(self, staged: Staged, wrapper_signal: AbortSignal) -> ToolResult:
+    async def _body(self, staged: Staged, fused: AbortSignal) -> ToolResult:
+        """Run the body under ``fused``: the caller's signal, or it fused with a middleware's."""
         execution = staged.execution
         caller = execution.signal
-        fused = caller if wrapper_signal is caller else AbortSignal.any((caller, wrapper_signal))
         if fused.aborted:
             return _aborted_before_dispatch()
         definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)

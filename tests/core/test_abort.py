@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsh_core.abort import AbortController
+from dsh_core.abort import AbortController, AbortSignal
 
 
 def test_every_listener_is_called_and_then_the_error_is_raised() -> None:
@@ -36,3 +36,32 @@ def test_several_failing_listeners_are_raised_together() -> None:
     with pytest.raises(ExceptionGroup) as raised:
         controller.abort()
     assert [str(error) for error in raised.value.exceptions] == ["one", "two"]
+
+
+def test_a_listener_error_names_the_listener() -> None:
+    controller = AbortController()
+
+    def close_socket(reason: object) -> None:
+        raise OSError("already closed")
+
+    controller.signal.add_listener(close_socket)
+    with pytest.raises(OSError) as raised:
+        controller.abort()
+    assert any("close_socket" in note for note in raised.value.__notes__)
+
+
+def test_fuse_aborts_with_the_first_reason_and_release_removes_its_listeners() -> None:
+    session, timeout = AbortController(), AbortController()
+    for _ in range(3):
+        fused, release = AbortSignal.fuse((session.signal, timeout.signal))
+        release()
+        release()  # twice is harmless
+    assert not session.signal._listeners and not timeout.signal._listeners
+    fused, release = AbortSignal.fuse((session.signal, timeout.signal))
+    timeout.abort("timeout")
+    assert fused.aborted and fused.reason == "timeout"
+    release()
+    assert not session.signal._listeners
+    already, release = AbortSignal.fuse((AbortSignal.aborted_with("gone"), session.signal))
+    assert already.aborted and already.reason == "gone" and not session.signal._listeners
+    assert AbortSignal.any((session.signal,)) is not session.signal and len(session.signal._listeners or []) == 1

@@ -361,6 +361,29 @@ async def test_around_dispatch_cannot_change_what_runs_but_can_tighten_the_signa
     assert (await stack.call("echo", {"text": "x"})).code == "ABORTED_BEFORE_DISPATCH"
 
 
+async def test_a_middleware_narrowing_the_signal_leaves_no_listener_on_the_callers_signal() -> None:
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    heard: list[object] = []
+
+    class PerCallTimeout:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                timeout = AbortController()
+                return await proceed(attrs.evolve(call, signal=timeout.signal))  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, PerCallTimeout())
+    session = AbortController()  # one agent run's signal, shared by all its calls
+    session.signal.add_listener(heard.append)
+    for _ in range(50):
+        assert not (await stack.call("echo", signal=session.signal)).is_error
+    assert len(session.signal._listeners or []) == 1  # only our own: flat, whatever the number of calls
+    session.abort("done")
+    assert heard == ["done"]
+
+
 async def test_middleware_order_first_in_call_order_is_outermost() -> None:
     stack = Stack()
     stack.registry.register(tool("echo"))
