@@ -137,8 +137,9 @@ class ApprovalPolicy:
     def dsh_approve(self, request: ApprovalRequest) -> Awaitable[ApprovalOutcome] | None:
         """Ask on the terminal; ``None`` (no answer from this channel) when there is no terminal.
 
-        A plain function returning a coroutine: the hook is firstresult, and an
-        ``async def`` would answer (with a coroutine) even when it has nothing to say.
+        A plain function returning a coroutine: the hook is firstresult, and under
+        pluggy's own first-result call an ``async def`` would answer (with a
+        coroutine) even when it has nothing to say.
         """
         if not self.interactive:
             return None

@@ -57,10 +57,11 @@ def dsh_approve(request: ApprovalRequest) -> ApprovalOutcome | Awaitable[Approva
     First result wins: an approval channel that does not handle the request
     returns ``None`` and the next channel is tried; with no answer the outcome
     is ``unavailable``. A channel that needs to wait (a person at a terminal)
-    may be ``async def`` or return an awaitable: the core awaits the answer
-    before testing it for ``None``, so an ``async def`` channel abstains by
-    returning ``None`` like a plain one (dsh calls this hook itself; pluggy's
-    own first-result call, which dsh never makes, would not await).
+    returns an awaitable from a *plain* function: the conformance kit refuses
+    ``async def`` on a first-result hook, since pluggy's own first-result call
+    would take its coroutine (never ``None``) as the answer. (dsh calls this
+    hook itself and awaits before it tests for ``None``, so an ``async def``
+    channel still abstains correctly at run time.)
     ``request.signal`` aborts with the call: stop asking and return
     ``cancelled``.
 

@@ -176,12 +176,38 @@ def test_a_main_that_does_not_finish_in_the_drain_is_cancelled() -> None:
     assert process.returncode == 130 and "interrupted" in err
 
 
-def test_a_second_signal_exits_at_once() -> None:
+def test_a_second_signal_cancels_main_at_once() -> None:
     process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, "slow"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     process.send_signal(signal.SIGINT)
     assert process.stdout.readline() == "disposed\n"
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGINT and time.monotonic() - started < 5
+    assert "main returned" not in out and "cancelling" in err and "interrupted" in err
+
+
+def test_a_third_signal_exits_at_once_when_main_will_not_end() -> None:
+    # main's clean-up outlives its cancellation: only the third signal ends the process.
+    waits = "    await asyncio.wait_for(stop.wait(), 30)\n"
+    assert waits in SIGNAL_SCRIPT
+    script = SIGNAL_SCRIPT.replace(
+        waits,
+        "    try:\n"
+        "        await asyncio.wait_for(stop.wait(), 30)\n"
+        "    finally:\n"
+        "        print('cleaning up', flush=True)\n"
+        "        await asyncio.sleep(30)\n",
+    )
+    process = subprocess.Popen([sys.executable, "-c", script, "slow"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    assert process.stdout.readline() == "disposed\n"
+    process.send_signal(signal.SIGINT)
+    assert process.stdout.readline() == "cleaning up\n"
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=20)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeServer, completion
 
 from dsh_core import define_tool, hookimpl
 from dsh_core.agent.loop import run_agent
@@ -18,6 +17,8 @@ from dsh_core.harness import Harness
 from dsh_core.plugins import PluginCatalog
 from dsh_core.scope import Scope
 from dsh_plugins.providers.openai_compat import OpenAICompatProvider, plugin
+
+from .conftest import FakeServer, completion
 
 pytestmark = pytest.mark.anyio
 
