@@ -456,37 +456,6 @@ class _Zygote:
         proc.wait()
 
 
-def _step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> bool:
-    """Take ``task``'s first step at once, inside the task, as Python 3.12's eager tasks do.
-
-    ``task`` must have just been created on ``loop`` (its first step is the
-    last callback queued). The step runs inside the task, in the task's
-    context: ``current_task()``, ``asyncio.timeout`` and context variables
-    behave as in any task; only its place in the loop's queue moves ahead of
-    callbacks queued before it. A binding that needs no wait then replies
-    within the callback that read its call, a loop turn earlier (the
-    standard loop only, from a callback: on any other loop, with a task
-    factory, or inside a task, the task starts on the next turn as usual).
-    True if the step ran.
-    """
-    ready = getattr(loop, "_ready", None)
-    if (
-        not isinstance(loop, asyncio.BaseEventLoop)
-        or loop.get_task_factory() is not None
-        or type(ready) is not collections.deque
-        or not ready
-        or asyncio.current_task(loop) is not None  # a step cannot run inside another task's
-    ):
-        return False
-    handle = ready[-1]
-    step = getattr(handle, "_callback", None)
-    if not isinstance(handle, asyncio.Handle) or getattr(step, "__self__", None) is not task:
-        return False
-    ready.pop()
-    handle._run()
-    return True
-
-
 async def _until(future: asyncio.Future[Any], timeout: float) -> None:
     """Wait until ``future`` is done or ``timeout`` seconds pass; never cancel ``future``.
 
@@ -965,10 +934,9 @@ class _Run:
         if len(self.tasks) >= _MAX_IN_FLIGHT:
             self._reply(call_id, False, f"too many binding calls in flight (at most {_MAX_IN_FLIGHT})")
             return
-        # Calling the function only creates a coroutine: an ``async def`` body always runs in a
-        # task of its own (it may rely on asyncio.timeout, anyio cancel scopes, current_task()),
-        # whose first step is taken at once. A plain function returning a future runs here and
-        # is awaited without one.
+        # Calling the function only creates a coroutine: an ``async def`` body never runs in this
+        # callback, but in a task of its own (it may rely on asyncio.timeout, anyio cancel scopes,
+        # current_task()). A plain function returning a future runs here and is awaited without one.
         context = contextvars.copy_context()
         context.run(_set_current, self.control)
         try:
@@ -977,20 +945,17 @@ class _Run:
             self._fail(call_id, error)
             return
         pending: asyncio.Future[Any]
-        task: asyncio.Task[None] | None = None
         if isinstance(awaitable, asyncio.Future) and awaitable.get_loop() is self.loop:
             pending = awaitable
             pending.add_done_callback(functools.partial(self._on_resolved, call_id))
         elif inspect.isawaitable(awaitable):
-            pending = task = self.loop.create_task(self._invoke(call_id, awaitable), context=context)
+            pending = self.loop.create_task(self._invoke(call_id, awaitable), context=context)
         else:
             self._reply(call_id, False, f"binding {_shown(f'{global_name}.{name}')} returned "
                                         f"{type(awaitable).__name__}, not an awaitable")
             return
         self.tasks.add(pending)
         pending.add_done_callback(self.tasks.discard)
-        if task is not None:
-            _step_now(self.loop, task)  # once registered: a settlement in its step must find it
 
     def _first_sighting(self, call_id: int) -> bool:
         """Record ``call_id``; False if it was seen before (or the run just settled)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import os
 import subprocess
@@ -24,7 +23,6 @@ from dsh_core.coderuntime import (
     PythonCodeRuntime,
     RuntimeDisposedError,
     current_run,
-    host,
 )
 
 from .conftest import LEVELS, arun, children_of, echo, run_one, tools, with_runtime, zygote_processes
@@ -650,111 +648,6 @@ def test_bindings_run_inside_a_task() -> None:
 
     result = run_one("return [await tools.timed(1), await tools.timed(2)]", tools(timed=timed), isolation="auto")
     assert result.value == [1, 2], result.error
-
-
-def test_an_async_binding_takes_its_first_step_in_the_callback_that_read_its_call(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A loop turn earlier for every async binding: a tenth of a round trip here.
-    steps: list[bool] = []
-    real_step_now = host._step_now
-
-    def counting(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> bool:
-        steps.append(real_step_now(loop, task))
-        return steps[-1]
-
-    monkeypatch.setattr(host, "_step_now", counting)
-    program = "import asyncio\nfirst = await tools.echo(1)\nrest = await asyncio.gather(tools.echo(2), tools.echo(3))\n"
-    result = run_one(program + "return [first, *rest]", tools(echo=echo), isolation="auto")
-    assert result.value == [1, 2, 3], result.error
-    assert steps == [True, True, True]
-
-
-def test_a_first_step_taken_at_once_is_the_tasks_own_and_goes_ahead_of_the_queue() -> None:
-    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="unset")
-
-    async def go() -> list[object]:
-        loop = asyncio.get_running_loop()
-        seen: list[object] = []
-
-        async def body() -> str:
-            seen.append(asyncio.current_task())
-            seen.append(marker.get())
-            async with asyncio.timeout(5):  # refuses to run outside a task
-                return "stepped"
-
-        def from_a_callback() -> None:  # as the run's reader callback calls it
-            loop.call_soon(seen.append, "queued before")
-            context = contextvars.copy_context()
-            context.run(marker.set, "the call's")
-            task = loop.create_task(body(), context=context)
-            assert host._step_now(loop, task)
-            assert task.done() and task.result() == "stepped"
-            assert seen == [task, "the call's"]
-            done.set_result(None)
-
-        done = loop.create_future()
-        loop.call_soon(from_a_callback)
-        await done
-        await asyncio.sleep(0)
-        return seen[2:]
-
-    assert arun(go()) == ["queued before"]
-
-
-def test_a_first_step_is_left_to_the_loop_if_not_last_queued_made_by_a_factory_or_inside_a_task() -> None:
-    async def go() -> None:
-        loop = asyncio.get_running_loop()
-
-        async def body() -> int:
-            return 1
-
-        def try_steps() -> None:
-            task = loop.create_task(body())
-            loop.call_soon(lambda: None)  # queued after the task's step: moving it would reorder
-            assert not host._step_now(loop, task)
-            tasks.append(task)
-            loop.set_task_factory(lambda loop, coro, **kw: asyncio.Task(coro, loop=loop, **kw))
-            task = loop.create_task(body())
-            assert not host._step_now(loop, task)
-            loop.set_task_factory(None)
-            tasks.append(task)
-            assert not any(task.done() for task in tasks)
-
-        tasks: list[asyncio.Task[int]] = []
-        loop.call_soon(try_steps)
-        await asyncio.sleep(0)
-        assert len(tasks) == 2
-        task = loop.create_task(body())  # inside this test's own task
-        assert not host._step_now(loop, task)
-        assert not task.done()
-        assert [await task for task in [*tasks, task]] == [1, 1, 1]
-
-    arun(go())
-
-
-def test_a_binding_that_aborts_the_run_in_its_first_step_is_still_cancelled_and_awaited() -> None:
-    controller = AbortController()
-    events: list[str] = []
-
-    async def stop_then_wait(args: Any) -> Any:
-        controller.abort("stopped by a binding")
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            events.append("cancelled")
-            raise
-        return "never"
-
-    async def go(runtime: PythonCodeRuntime) -> CodeRunResult:
-        result = await runtime.run("return await tools.stop(1)", tools(stop=stop_then_wait), controller.signal)
-        assert not [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "_Run._invoke"]
-        return result
-
-    result = arun(with_runtime(go, isolation="auto"))
-    assert _kind(result) == "abort" and result.error is not None
-    assert "stopped by a binding" in result.error.message
-    assert events == ["cancelled"]
 
 
 def test_a_plain_function_returning_a_future_is_awaited_without_a_task() -> None:
