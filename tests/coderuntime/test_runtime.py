@@ -650,6 +650,30 @@ def test_bindings_run_inside_a_task() -> None:
     assert result.value == [1, 2], result.error
 
 
+def test_a_binding_that_aborts_the_run_before_it_waits_is_still_cancelled_and_awaited() -> None:
+    controller = AbortController()
+    events: list[str] = []
+
+    async def stop_then_wait(args: Any) -> Any:
+        controller.abort("stopped by a binding")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+        return "never"
+
+    async def go(runtime: PythonCodeRuntime) -> CodeRunResult:
+        result = await runtime.run("return await tools.stop(1)", tools(stop=stop_then_wait), controller.signal)
+        assert not [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "_Run._invoke"]
+        return result
+
+    result = arun(with_runtime(go, isolation="auto"))
+    assert _kind(result) == "abort" and result.error is not None
+    assert "stopped by a binding" in result.error.message
+    assert events == ["cancelled"]
+
+
 def test_a_plain_function_returning_a_future_is_awaited_without_a_task() -> None:
     # The form the run_code scheduler uses: the function runs as the call arrives, outside
     # any task but with the run visible, and its future settles the program's call.
