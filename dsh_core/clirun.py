@@ -7,6 +7,7 @@ so that all of them fail and shut down the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -39,7 +40,8 @@ def run_async(main: Callable[[], Awaitable[T]], *,
     ``main`` at once (its ``finally`` blocks still run: an agent run records
     why it ended), and one more exits the process at once. Without
     ``on_signal`` the first signal already cancels. A cancelled ``main``
-    exits with status 130.
+    exits with status 130, as does a signal that comes while the process
+    waits for worker threads after ``main`` ended (at once, without them).
     """
 
     async def runner() -> T:
@@ -80,8 +82,8 @@ def run_async(main: Callable[[], Awaitable[T]], *,
                 shutdowns.add(loop.create_task(drain()))
                 return
             click.echo(f"dsh: {name} received, cancelling (again to exit at once)", err=True)
-            for pending in shutdowns:
-                pending.cancel()
+            # The drain is left running: cancelling it could stop on_signal before it even
+            # started (two signals in one loop turn) or halfway through disposing the root.
             cancel()
 
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -89,6 +91,10 @@ def run_async(main: Callable[[], Awaitable[T]], *,
         try:
             return await task
         finally:
+            # A drain still disposing gets the rest of its bound (a further signal still exits at once);
+            # asyncio.run would otherwise cancel it halfway.
+            if shutdowns:
+                await asyncio.wait(shutdowns, timeout=DRAIN_SECONDS)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
 
@@ -97,5 +103,10 @@ def run_async(main: Callable[[], Awaitable[T]], *,
     except asyncio.CancelledError:
         fail("interrupted", 130)
     except KeyboardInterrupt:
-        # A signal after main ended, while asyncio.run waits for worker threads (a tool's blocking call).
-        fail("interrupted", 130)
+        # A signal after main ended, while asyncio.run waits for worker threads (a tool's blocking
+        # call): exit now, as sys.exit would join those same threads first.
+        click.echo("dsh: error: interrupted", err=True)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from dsh_core.cli import main
+from dsh_core.clirun import DRAIN_SECONDS
 
 BASE = """
 [tools]
@@ -176,17 +177,116 @@ def test_a_main_that_does_not_finish_in_the_drain_is_cancelled() -> None:
     assert process.returncode == 130 and "interrupted" in err
 
 
-def test_a_second_signal_cancels_main_at_once() -> None:
-    process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, "slow"], stdout=subprocess.PIPE,
+def test_a_second_signal_cancels_main_at_once_and_the_drain_keeps_its_bound() -> None:
+    waits = "    await asyncio.wait_for(stop.wait(), 30)\n"
+    assert waits in SIGNAL_SCRIPT
+    script = SIGNAL_SCRIPT.replace(
+        waits,
+        "    try:\n"
+        "        await asyncio.wait_for(stop.wait(), 30)\n"
+        "    except asyncio.CancelledError:\n"
+        "        print('main cancelled', flush=True)\n"
+        "        raise\n",
+    )
+    process = subprocess.Popen([sys.executable, "-c", script, "slow"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    first = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    assert process.stdout.readline() == "disposed\n"
+    second = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    assert process.stdout.readline() == "main cancelled\n"
+    assert time.monotonic() - second < 2
+    # The slow on_signal (a disposal) is not abandoned: it gets the rest of its drain bound.
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGINT
+    assert time.monotonic() - first < DRAIN_SECONDS + 3
+    assert "main returned" not in out and "cancelling" in err and "interrupted" in err
+
+
+def test_two_signals_in_one_loop_turn_still_run_on_signal_before_main_is_cancelled() -> None:
+    script = textwrap.dedent("""
+        import asyncio, time
+        from dsh_core.cli import run_async
+
+        async def main():
+            print("ready", flush=True)
+            time.sleep(1.0)  # a synchronous step: both signals wait for the same loop turn
+            try:
+                await asyncio.sleep(30)
+            finally:
+                print("main finally", flush=True)
+
+        run_async(main, on_signal=lambda: print("on_signal", flush=True))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     process.send_signal(signal.SIGINT)
-    assert process.stdout.readline() == "disposed\n"
+    time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGINT
+    assert out.splitlines() == ["on_signal", "main finally"]
+
+
+def test_an_async_on_signal_is_not_cut_short_by_the_signal_that_cancels_main() -> None:
+    script = textwrap.dedent("""
+        import asyncio, atexit
+        from dsh_core.cli import run_async
+        from dsh_core.scope import Scope
+
+        root = Scope("root")
+        ran = []
+
+        async def main():
+            async def slow_disposer():
+                await asyncio.sleep(1)
+                ran.append("slow")
+
+            root.on_dispose(lambda: ran.append("last"))
+            root.on_dispose(slow_disposer)
+            print("ready", flush=True)
+            await asyncio.sleep(30)
+
+        atexit.register(lambda: print(ran, root._state, flush=True))
+        run_async(main, on_signal=root.dispose)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGINT
+    assert out.splitlines() == ["['slow', 'last'] disposed"]
+
+
+def test_a_signal_while_waiting_for_worker_threads_after_main_exits_at_once() -> None:
+    script = textwrap.dedent("""
+        import asyncio, time
+        from dsh_core.cli import run_async
+
+        async def main():
+            try:  # a tool's blocking call outlives main
+                await asyncio.wait_for(asyncio.to_thread(time.sleep, 30), 0.2)
+            except TimeoutError:
+                pass
+            print("main returned", flush=True)
+
+        run_async(main, on_signal=lambda: None)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "main returned\n"
+    time.sleep(0.3)
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=20)
+    _, err = process.communicate(timeout=20)
     assert process.returncode == 128 + signal.SIGINT and time.monotonic() - started < 5
-    assert "main returned" not in out and "cancelling" in err and "interrupted" in err
+    assert err.strip() == "dsh: error: interrupted"
 
 
 def test_a_third_signal_exits_at_once_when_main_will_not_end() -> None:
