@@ -2,10 +2,15 @@
 
 ::
 
-    create ──> pre-execute ──> approval (on ask) ──> guards ──> around-dispatch ──> body
-          └─(final-result: invalid args, collapsed, pre-aborted)        │
-                                    post-execute <──────────────────────┘
-                                         └──> finish: finalize_content, materialize, emit (dsh_tool_result)
+    create ──> pre-execute ──> approval (on ask) ──> guards ──> around-dispatch ──> body ──> post-execute
+      │             │                 │                │              │                          │
+      └─────────────┴─────────────────┴────────────────┴──────────────┴──> finish <──────────────┘
+        final-result, no post-execute: invalid args, collapsed,             finalize_content,
+        denied, a hook failed, aborted before dispatch                      materialize, emit
+                                                                            (dsh_tool_result)
+
+A call aborted before its body is invoked (even after :meth:`ToolRuntime.prepare`,
+at dispatch) is a final result too: only a dispatched result reaches post-execute.
 
 Staged interface (used by the agent loop and the ``run_code`` scheduler, which
 must interleave stages of several calls): :meth:`ToolRuntime.prepare` →
@@ -316,9 +321,16 @@ class ToolRuntime:
     # -- dispatch: around-dispatch middleware and the body ------------------------------------------------
 
     async def dispatch(self, staged: Staged) -> Staged:
-        """Run the around-dispatch middleware and the body; the result goes to post-execute."""
+        """Run the around-dispatch middleware and the body; the result goes to post-execute.
+
+        A call whose signal aborted after :meth:`prepare` (a scheduler may dispatch it
+        later) is settled here as a final ``ABORTED_BEFORE_DISPATCH`` result, without
+        middleware, body or post-execute: like any call settled before dispatch.
+        """
         execution = staged.execution
         caller = execution.signal
+        if caller.aborted:
+            return staged.settle("final-result", _aborted_before_dispatch())
         try:
             chain = self.hooks.around_dispatch_chain(execution)
         except HookFailure as failure:
@@ -357,6 +369,10 @@ class ToolRuntime:
             result = self._normalize_authored(execution, result)
         if caller.aborted and not result.is_error:
             result = (aborted_result if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
+        if not staged._body_invoked and result.code == ErrorCode.ABORTED_BEFORE_DISPATCH:
+            # Aborted before the body was invoked (the caller's or a middleware's signal): the
+            # call never dispatched, so post-execute must not see or rewrite it.
+            return staged.settle("final-result", result)
         return staged.settle("post-result", result)
 
     def _normalize_authored(self, execution: ToolExecution, result: ToolResult) -> ToolResult:

@@ -399,3 +399,53 @@ async def test_the_default_cap_is_ten() -> None:
                                  history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
     assert scheduler._cap == 10
     await scheduler.drain()
+
+
+async def test_a_call_prepared_then_aborted_before_its_body_task_runs_skips_post_execute() -> None:
+    # The lane prepares a parallel call and gives its body a task; the run is aborted before
+    # that task runs. The call was aborted before dispatch: no middleware, body or post-execute.
+    from dsh_core.abort import AbortController
+    from dsh_core.model import ToolResult
+
+    env = Env()
+    controller = AbortController()
+    ran: list[str] = []
+    wrapped: list[str] = []
+    posted: list[str] = []
+    results: dict[str, ToolResult] = {}
+
+    async def body(args: Any, ctx: Any) -> Any:
+        ran.append(args["i"])
+        return args
+
+    class Plugin:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> None:
+            if execution.nested and execution.arguments["i"] == "b":
+                controller.abort("user pressed stop")  # while call "a" waits for its body task
+
+        @hookimpl
+        def dsh_around_dispatch(self, execution: Any) -> Any:
+            async def middleware(call: Any, proceed: Any) -> Any:
+                wrapped.append(call.arguments.get("i", "run"))
+                return await proceed(call)
+            return middleware
+
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: Any) -> Any:
+            if execution.nested:
+                posted.append(execution.arguments["i"])
+                return PostDecision.replace_content("all good, file written")
+            return None
+
+        @hookimpl
+        def dsh_tool_result(self, execution: Any, result: Any) -> None:
+            if execution.nested:
+                results[execution.arguments["i"]] = result
+
+    env.add(tool("safe", body, safe=True))
+    env.plug(Plugin())
+    await env.run(gather("tools.safe({'i': 'a'}), tools.safe({'i': 'b'})"), signal=controller.signal)
+    assert ran == [] and posted == [] and wrapped == ["run"]
+    assert {i: (r.code, r.text) for i, r in results.items()} == {
+        i: ("ABORTED_BEFORE_DISPATCH", "Error: tool call aborted before dispatch") for i in ("a", "b")}

@@ -152,6 +152,59 @@ async def test_abort_during_approval_is_aborted_before_dispatch() -> None:
     assert result.code == "ABORTED_BEFORE_DISPATCH" and body_calls(echo) == []
 
 
+async def test_a_call_aborted_between_prepare_and_dispatch_is_final_without_middleware_or_post() -> None:
+    # A scheduler prepares a call and dispatches it later (a body task, a slot freeing up):
+    # an abort in between is still "aborted before dispatch", which post-execute never sees.
+    stack = Stack()
+    echo = tool("echo", finalize=lambda e, r: [TextBlock(f"final:{r.code}")])
+    stack.registry.register(echo)
+    wrapped: list[str] = []
+
+    class Wrapper:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                wrapped.append(call.call_id)
+                return await proceed(call)  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, Wrapper())
+    recorder = register(stack.hooks, Recorder(post=PostDecision.replace_content("all good, file written")))
+    controller = AbortController()
+    staged = await stack.runtime.prepare(ToolExecutionInput(
+        call_id="c1", name="echo", arguments={}, signal=controller.signal))
+    assert staged.kind == "dispatch"
+    controller.abort("run_code settled")
+    staged = await stack.runtime.dispatch(staged)
+    assert staged.kind == "final-result"
+    result = await stack.runtime.finish(staged)
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and result.text == "final:ABORTED_BEFORE_DISPATCH"
+    assert recorder.stages() == ["pre", "guard", "result"]  # type: ignore[attr-defined]
+    assert wrapped == [] and body_calls(echo) == []
+
+
+async def test_a_middleware_signal_aborted_before_the_body_is_final_without_post_execute() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    controller = AbortController()
+
+    class Tightening:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                controller.abort("per-call timeout")
+                return await proceed(attrs.evolve(call, signal=controller.signal))  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, Tightening())
+    recorder = register(stack.hooks, Recorder(post=PostDecision.replace_content("all good, file written")))
+    result = await stack.call("echo")
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and result.text == "Error: tool call aborted before dispatch"
+    assert "post" not in recorder.stages()  # type: ignore[attr-defined]
+    assert body_calls(echo) == []
+
+
 @pytest.mark.parametrize(("outcome", "message"), [
     ("rejected", 'the user rejected tool "echo"'),
     ("cancelled", 'approval for tool "echo" was cancelled'),
