@@ -9,8 +9,11 @@ Plugins add behaviour inside a stage; they cannot reorder or skip stages.
 Every hook here is scope-filtered (see the package docstring). Where a
 raising implementation becomes an error result (pre-execute, guard,
 around-dispatch, post-execute), the message reads ``<hook> of plugin
-'<name>' failed: <Type>: <text>`` unless it raised a ``DshError`` (whose
-code and message are kept), and the traceback is logged as a warning.
+'<name>' failed: <Type>: <text>`` and the traceback is logged as a
+warning. A ``DshError`` raised by pre-execute, around-dispatch or
+post-execute keeps its own code and message; a guard is the exception: it
+fails closed, so whatever it raises (a ``DshError`` too) denies the call
+(``DENIED``) with that wrapped message.
 """
 
 from __future__ import annotations
@@ -90,8 +93,9 @@ def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
 
     Guards run after an allow, registry guards first (global layer, then the
     agent's scope chain), then these implementations in call order. The first
-    denial wins and nothing later can allow. Raising denies (fail closed); the
-    reason names the plugin and the exception.
+    denial wins and nothing later can allow. Raising denies (fail closed):
+    the result is ``DENIED`` whatever was raised (a ``DshError``'s own code is
+    not kept), and the reason names the plugin and the exception.
     """
 
 

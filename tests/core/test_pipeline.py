@@ -753,6 +753,34 @@ async def test_a_raising_registry_guard_is_named_and_logged(caplog: pytest.LogCa
     assert "tenant_guard" in caplog.text and "quota service down" in caplog.text
 
 
+@pytest.mark.parametrize("where", ["hook guard", "registry guard"])
+async def test_a_guard_raising_a_typed_error_denies_instead_of_keeping_its_code(where: str) -> None:
+    # Guards fail closed: unlike the other hooks, a DshError a guard raises does not keep
+    # its own code: any guard failure is a denial naming the guard.
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+
+    def quota(execution: ToolExecution) -> None:
+        raise ToolError("tenant 'acme' is over its quota", code="QUOTA_EXCEEDED")
+
+    class Quota:
+        @hookimpl
+        def dsh_guard(self, execution: ToolExecution) -> None:
+            quota(execution)
+
+    if where == "hook guard":
+        register(stack.hooks, Quota(), name="quota")
+    else:
+        stack.registry.guard(quota)
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and body_calls(echo) == []
+    assert result.error is not None
+    assert result.error.message.endswith("failed: ToolError: tenant 'acme' is over its quota")
+    if where == "hook guard":
+        assert result.error.message.startswith("dsh_guard of plugin 'quota' failed")
+
+
 @pytest.mark.parametrize("denial", ["pre-execute", "approval", "registry guard", "hook guard", "aborted"])
 async def test_post_execute_never_sees_or_rewrites_a_call_denied_before_dispatch(denial: str) -> None:
     stack = Stack()
