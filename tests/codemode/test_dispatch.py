@@ -537,6 +537,7 @@ async def test_without_an_owning_agent_dispatch_works_and_nothing_is_logged() ->
 
 async def test_a_denied_nested_call_reaches_the_program_unrewritten_by_post_execute(env: Env) -> None:
     posts: list[str] = []
+    nested: list[Any] = []
 
     class Policy:
         @hookimpl
@@ -548,11 +549,21 @@ async def test_a_denied_nested_call_reaches_the_program_unrewritten_by_post_exec
             posts.append(execution.name)
             return PostDecision.replace_content("ok: written") if result.is_error else None
 
+        @hookimpl
+        def dsh_tool_result(self, execution: Any, result: Any) -> None:
+            if execution.nested:
+                nested.append(result)
+
     env.add(tool("write"))
     env.plug(Policy())
+    # The program prints the error text it caught; the run's result is what the model reads.
     result = await env.run("try:\n    await tools.write({})\nexcept ToolCallError as e:\n    print('denied:', e)")
     assert result.text == "denied: writes are off today"
     assert posts == ["run_code"]  # the denied nested call never reached post-execute
+    # The error text alone would survive a content rewrite: check the nested result's content,
+    # which observers and the session log (what a later turn replays) carry.
+    assert [(r.code, r.text) for r in nested] == [("DENIED", "Error: writes are off today")]
     assert env.sink is not None
     settled = [e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]
     assert [e["payload"]["error_code"] for e in settled] == ["DENIED"]
+    assert [e["payload"]["content"] for e in settled] == [[{"text": "Error: writes are off today", "type": "text"}]]
