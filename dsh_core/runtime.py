@@ -443,8 +443,15 @@ class ToolRuntime:
     # -- post-execute and finish ----------------------------------------------------------------------------
 
     async def finalize(self, staged: Staged) -> ToolResult:
-        """Run post-execute on a dispatched result, then :meth:`finish`."""
+        """Run post-execute on a dispatched result, then :meth:`finish`.
+
+        Only a ``post-result`` is post-executed: handed anything else (a denial,
+        an abort before dispatch), this is :meth:`finish`, so no caller of the
+        staged interface can let a plugin rewrite a result the core settled.
+        """
         assert staged.result is not None
+        if staged.kind != "post-result":
+            return await self.finish(staged)
         execution = staged.execution
         result = staged.result
         try:

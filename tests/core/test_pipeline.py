@@ -183,6 +183,22 @@ async def test_a_call_aborted_between_prepare_and_dispatch_is_final_without_midd
     assert wrapped == [] and body_calls(echo) == []
 
 
+async def test_finalize_never_post_executes_a_result_the_core_settled() -> None:
+    # A custom scheduler that ignores the staged kind still cannot let post-execute
+    # rewrite a denial or an abort before dispatch.
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.deny("writes are off"),
+                                              post=PostDecision.replace_content("all good")))
+    staged = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="echo", arguments={}))
+    assert staged.kind == "final-result"
+    result = await stack.runtime.finalize(staged)
+    assert result.code == "DENIED" and "all good" not in result.text
+    assert recorder.stages() == ["pre", "result"]  # type: ignore[attr-defined]
+    assert body_calls(echo) == []
+
+
 async def test_a_middleware_signal_aborted_before_the_body_is_final_without_post_execute() -> None:
     stack = Stack()
     echo = tool("echo")
