@@ -12,6 +12,7 @@ from typing import Any, Final
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
+from jsonschema_specifications import REGISTRY as _BUNDLED_METASCHEMAS  # type: ignore[import-untyped, unused-ignore]
 from referencing import Registry
 from referencing.exceptions import PointerToNowhere, Unresolvable
 from referencing.jsonschema import DRAFT202012
@@ -48,18 +49,26 @@ _IN_ARRAY: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _IN_MAP: Final = frozenset({"$defs", "definitions", "dependentSchemas", "patternProperties", "properties"})
 
 #: An empty registry that never retrieves: only the schema's own resources (and none of the network) resolve.
+#: jsonschema's validators combine it with the metaschemas they bundle, so those resolve offline too.
 _LOCAL_ONLY: Final[Registry[Any]] = Registry()
+#: What a validator compiled with ``_LOCAL_ONLY`` resolves against (jsonschema does this same combine):
+#: the check must accept exactly the references validation can follow, and nothing remote.
+_OFFLINE: Final[Registry[Any]] = _BUNDLED_METASCHEMAS.combine(_LOCAL_ONLY)
 
 
 def _check_references(schema: Mapping[str, Any], owner: str) -> None:
-    """Resolve every ``$ref``/``$dynamicRef`` against the schema's own resources, or raise naming its pointer.
+    """Resolve every ``$ref``/``$dynamicRef`` offline, or raise naming its pointer.
+
+    A reference may name the schema's own resources or a metaschema jsonschema
+    bundles (e.g. ``https://json-schema.org/draft/2020-12/schema``), exactly what
+    :func:`compile_validator` can resolve.
 
     Without this an unresolvable reference passes the metaschema and fails
     every later validation with a raw ``referencing`` error; a remote one would
     make jsonschema fetch it over the network at call time.
     """
     # (referencing exports no public name for its Resolver type.)
-    root: Any = _LOCAL_ONLY.resolver_with_root(DRAFT202012.create_resource(schema))
+    root: Any = _OFFLINE.resolver_with_root(DRAFT202012.create_resource(schema))
     stack: list[tuple[object, list[str | int], Any]] = [(schema, [], root)]
     while stack:
         node, path, resolver = stack.pop()
@@ -77,7 +86,8 @@ def _check_references(schema: Mapping[str, Any], owner: str) -> None:
                 problem = f"{error.ref!r} does not exist in the schema"
             except Unresolvable:
                 problem = ("it names no resource of this schema (references must stay inside the schema, e.g. "
-                           "'#/$defs/name'; remote schemas are never retrieved)")
+                           "'#/$defs/name', or name a bundled JSON Schema metaschema; remote schemas are never "
+                           "retrieved)")
             else:
                 continue
             where = pointer([*path, keyword])

@@ -115,6 +115,30 @@ def test_every_schema_reference_must_resolve_inside_the_schema() -> None:
     assert len(found) == 1 and "unresolvable reference" in found[0].message
 
 
+def test_a_reference_to_a_bundled_metaschema_is_accepted_and_validates_offline() -> None:
+    """The reference check used an empty registry and refused the 2020-12 metaschema the validator resolves."""
+    from dsh_core import define_tool
+    from dsh_core.schema import check_schema, compile_validator, violations
+
+    async def body(args: object, ctx: object) -> None:
+        return None
+
+    parameters = {"type": "object", "properties": {"schema": {"$ref": "https://json-schema.org/draft/2020-12/schema"}}}
+    check_schema(parameters, owner="x")
+    check_schema({"$ref": "https://json-schema.org/draft/2020-12/meta/validation"}, owner="x")
+    definition = define_tool(name="define_schema", description="d", execute=body, parameters=parameters)
+    assert definition.name == "define_schema"
+    validator = compile_validator(parameters)
+    assert violations(validator, {"schema": {"type": "string"}}) == []
+    assert [v.path for v in violations(validator, {"schema": {"type": 12}})] == ["/schema/type"]
+    # Anything else remote is still refused (never fetched), as is a missing pointer into a metaschema.
+    with pytest.raises(SchemaDefinitionError, match=r"unresolvable \$ref 'https://json-schema.org/draft/2020-12/"
+                                                    r"nothing' .*remote schemas are never retrieved"):
+        check_schema({"$ref": "https://json-schema.org/draft/2020-12/nothing"}, owner="x")
+    with pytest.raises(SchemaDefinitionError, match=r"'/\$defs/nope' does not exist"):
+        check_schema({"$ref": "https://json-schema.org/draft/2020-12/schema#/$defs/nope"}, owner="x")
+
+
 async def test_restrictions_filter_inherited_tools_intersect_and_exempt_own_tools() -> None:
     stack = Stack()
     for name in ("read", "write", "bash"):
