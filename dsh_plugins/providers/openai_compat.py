@@ -137,6 +137,16 @@ def _detail(text: str) -> str:
     return text[:300] + ("…" if len(text) > 300 else "") if text else "(empty response body)"
 
 
+def _quote(text: str, redact: Callable[[str], str]) -> str:
+    """``_detail(text)`` with the API key redacted from it.
+
+    The raw body is redacted before ``_detail`` can shorten it (a key cut in two
+    would leak its first part) and the result again, for a key that only shows
+    once a JSON string is decoded (``\\/`` or ``\\uXXXX`` escapes).
+    """
+    return redact(_detail(redact(text)))
+
+
 def _fallback_ids() -> Callable[[int], str]:
     """Ids for tool calls a server sent without one: unique per response, so never reused in a conversation."""
     prefix = secrets.token_hex(4)
@@ -215,6 +225,10 @@ class OpenAICompatProvider:
         key = self._key()
         return text.replace(key, "***") if key and len(key) >= 4 else text
 
+    def _quote(self, text: str) -> str:
+        """A response body as quoted in an error: the server's message, shortened, without the API key."""
+        return _quote(text, self._redact)
+
     def _body(self, messages: Sequence[Message], tools: Sequence[ToolSpec], model: str) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "messages": [wire_message(m) for m in messages]}
         if tools:
@@ -231,6 +245,18 @@ class OpenAICompatProvider:
     async def complete(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
                        on_text: OnText | None = None, model: str | None = None) -> Message:
         """POST the conversation and return the assistant message (retrying what is worth retrying)."""
+        try:
+            return await self._complete(messages, tools, on_text, model)
+        except ProviderError as error:
+            # Bodies are quoted redacted where they are read; this also covers what other code
+            # quotes from them (normalize_assistant echoes a field): the key never leaves in an error.
+            message = self._redact(error.message)
+            if message == error.message:
+                raise
+            raise ProviderError(error.kind, message, status=error.status) from None
+
+    async def _complete(self, messages: Sequence[Message], tools: Sequence[ToolSpec], on_text: OnText | None,
+                        model: str | None) -> Message:
         chosen = model or self.model
         if not chosen:
             raise ProviderError("no-model", f"{self.name}: no model configured: set `model` in the provider's "
@@ -262,7 +288,7 @@ class OpenAICompatProvider:
 
     def _failure(self, status: int, text: str, headers: httpx.Headers, model: str) -> Exception:
         """The error for an HTTP error status: a :class:`_Retry` or a final :class:`ProviderError`."""
-        detail = self._redact(_detail(text))
+        detail = self._quote(text)
         where = f"{self.name}: {self.url}"
         if status in (401, 403):
             hint = (f"check the API key in ${self.api_key_env}" if self._key() else
@@ -305,7 +331,7 @@ class OpenAICompatProvider:
             finish, usage = choice.get("finish_reason"), data.get("usage")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
-                                                      f"completion: {_detail(text)}") from None
+                                                      f"completion: {self._quote(text)}") from None
         message = normalize_assistant(raw, who=f"{self.name}: {self.url}", fallback_ids=_fallback_ids())
         meta = {"finish_reason": finish, "usage": usage}
         message["_meta"] = {k: v for k, v in meta.items() if v is not None}
@@ -326,7 +352,7 @@ class OpenAICompatProvider:
 
     async def _stream_once(self, body: dict[str, Any], model: str, on_text: OnText | None) -> Message:
         who = f"{self.name}: {self.url}"
-        assembler = _StreamAssembler(who)
+        assembler = _StreamAssembler(who, self._redact)
         started = done = False
         plain = _PlainBody()
         try:
@@ -365,17 +391,17 @@ class OpenAICompatProvider:
         text = plain.text()
         if plain.truncated:
             raise ProviderError("malformed-response", f"{who}: the response is not an event stream: "
-                                                      f"{_detail(text)}")
+                                                      f"{self._quote(text)}")
         try:
             data = json.loads(text)
         except ValueError:
             data = None
         if isinstance(data, Mapping) and "choices" not in data and "error" in data:
             raise ProviderError("http", f"{who}: the server answered with an error instead of a stream: "
-                                        f"{self._redact(_detail(text))}")
+                                        f"{self._quote(text)}")
         if not isinstance(data, Mapping):
             raise ProviderError("malformed-response", f"{who}: the response is neither an event stream nor a "
-                                                      f"chat completion: {self._redact(_detail(text))}")
+                                                      f"chat completion: {self._quote(text)}")
         message = self._completion(text)
         if message.get("content") and on_text is not None:
             await on_text(message["content"])
@@ -431,8 +457,9 @@ async def _sse_data(response: httpx.Response, plain: _PlainBody) -> AsyncIterato
 class _StreamAssembler:
     """Builds one assistant message from ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, who: str) -> None:
+    def __init__(self, who: str, redact: Callable[[str], str]) -> None:
         self.who = who
+        self.redact = redact  # chunks quoted in errors are quoted without the API key
         self.parts: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self.slot_of_index: dict[int, int] = {}
@@ -445,12 +472,12 @@ class _StreamAssembler:
             chunk = json.loads(data)
         except ValueError:
             raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not JSON: "
-                                                      f"{data[:200]!r}") from None
+                                                      f"{self.redact(data)[:200]!r}") from None
         if not isinstance(chunk, Mapping):
             raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not an object")
         if "error" in chunk:
             raise ProviderError("http", f"{self.who}: the server reported an error mid-stream: "
-                                        f"{_detail(json.dumps(chunk))}")
+                                        f"{_quote(json.dumps(chunk), self.redact)}")
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
         fragment: str | None = None

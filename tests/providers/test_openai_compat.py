@@ -312,6 +312,60 @@ async def test_a_plain_completion_answers_a_streaming_request(server: FakeServer
     assert fragments == ["full answer"]
 
 
+#: A body whose text puts the key across the 300-character cut of the quoted detail.
+_STRADDLING = "<html>" + "x" * 277 + " bad key " + SECRET + "</html>"
+
+
+@pytest.mark.parametrize(("stream", "status", "body", "kind"), [
+    # 200 JSON that is neither a completion nor an error: non-streamed, and the streaming fallback.
+    (False, 200, {"detail": f"token {SECRET} is not allowed"}, "malformed-response"),
+    (True, 200, {"detail": f"token {SECRET} is not allowed"}, "malformed-response"),
+    # A key that straddles the shortening of a quoted body.
+    (False, 200, _STRADDLING, "malformed-response"),
+    (True, 200, _STRADDLING, "malformed-response"),
+    (False, 400, _STRADDLING, "http"),
+    (True, 400, _STRADDLING, "http"),
+    # A key that only appears once the JSON string is decoded.
+    (False, 400, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
+    (True, 200, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
+    # A field of the message echoed by normalize_assistant.
+    (False, 200, {"choices": [{"message": {"role": f"user {SECRET}"}}]}, "malformed-response"),
+    # Stream chunks: one that is not JSON (cut at 200 characters) and an error mid-stream.
+    (True, 200, ("sse", ["data: " + "x" * 192 + SECRET]), "malformed-response"),
+    (True, 200, ("sse", ["data: " + json.dumps({"error": {"message": f"bad key {SECRET}"}})]), "http"),
+])
+async def test_the_api_key_never_appears_in_an_error_not_even_in_part(server: FakeServer, stream: bool, status: int,
+                                                                      body: Any, kind: str) -> None:
+    if isinstance(body, tuple):
+        server.stream(body[1], done=False)
+    else:
+        server.reply(status, body)
+    client, _ = provider(server, stream=stream, max_retries=0)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind
+    assert SECRET[:6] not in caught.value.message, caught.value.message  # no prefix of it either
+
+
+async def test_a_truncated_plain_body_is_quoted_without_the_api_key(server: FakeServer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsh_plugins.providers import openai_compat
+
+    monkeypatch.setattr(openai_compat, "_MAX_PLAIN_BODY", 1000)
+    server.reply(200, f"<html> bad key {SECRET}\n" + "y" * 2000)
+    client, _ = provider(server, stream=True)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert "the response is not an event stream: <html> bad key ***" in caught.value.message
+    assert SECRET[:6] not in caught.value.message
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_tool_call_without_an_id_gets_a_unique_one_streamed_or_not(server: FakeServer, stream: bool) -> None:
     anonymous = {"type": "function", "function": {"name": "add", "arguments": "{}"}}
