@@ -34,9 +34,23 @@ from dsh_core.model import (
 )
 from dsh_core.scope import Scope
 
-__all__ = ["Hooks", "HookFailure", "HookImplInfo", "failure_message"]
+__all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "failure_message"]
 
 log = logging.getLogger("dsh")
+
+
+class PluginObjectInUse(PluginLoadError):
+    """:meth:`Hooks.register` was given an object already registered under another plugin name.
+
+    ``name`` is the name asked for, ``other`` the name the object is registered
+    under; the plugin loader uses them to name both rows.
+    """
+
+    def __init__(self, name: str, other: str) -> None:
+        super().__init__(f"cannot register plugin {name!r}: the object is already registered as plugin "
+                         f"{other!r} (each registration needs its own object)")
+        self.name = name
+        self.other = other
 
 #: Hooks whose implementations are called once per plugin at registration.
 REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "dsh_register_session_stores")
@@ -132,14 +146,19 @@ class Hooks:
         is disposed, and per-call hooks only show them the calls of agents
         inside the scope's layer (if it lives in an agent's subtree). Refuses,
         registering nothing, an implementation of an unknown hook, a wrapper,
-        a duplicate name, or a ``scope`` that is no longer active. Returns the
-        unregister function.
+        a duplicate name, an object already registered under another name
+        (:class:`PluginObjectInUse`), or a ``scope`` that is no longer active.
+        Returns the unregister function.
         """
         if scope is not None and not scope.active:
             state = "disposed" if scope.disposed else "being disposed"
             raise PluginLoadError(f"cannot register plugin {name!r}: its scope {scope.path!r} is {state}")
         if self._pm.has_plugin(name):
             raise PluginLoadError(f"a plugin named {name!r} is already registered")
+        other = self._pm.get_name(plugin)
+        if other is not None:
+            # pluggy would raise a bare ValueError ("already registered under a different name").
+            raise PluginObjectInUse(name, other)
         try:
             self._pm.register(plugin, name=name)
         except pluggy.PluginValidationError as error:

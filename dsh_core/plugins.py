@@ -21,7 +21,7 @@ from typing import Any, Final, Protocol
 from attrs import frozen
 
 from dsh_core.errors import DshError, PluginLoadError
-from dsh_core.hooks import REGISTRATION_HOOKS, Hooks
+from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse
 from dsh_core.lossless import JSON
 from dsh_core.schema import check_schema
 from dsh_core.scope import Scope
@@ -251,13 +251,13 @@ async def start_plugin(
                 "factory must be a plain function returning the plugin object or None (start async work "
                 "with scope.spawn(...))")
         if instance is not None:
-            other = hooks.plugin_manager.get_name(instance)
-            if other is not None:
-                # pluggy would only say "already registered under a different name".
+            try:
+                hooks.register(instance, name=plugin_id, scope=scope)
+            except PluginObjectInUse as error:
+                # Rows register under their ids, so the other name is the row that has this object.
                 raise PluginLoadError(
-                    f"its factory returned the object plugin row {other!r} already uses; a factory must build "
-                    "a new instance for each row (every row has its own scope and config)")
-            hooks.register(instance, name=plugin_id, scope=scope)
+                    f"its factory returned the object plugin row {error.other!r} already uses; a factory must "
+                    "build a new instance for each row (every row has its own scope and config)") from None
             for hook in REGISTRATION_HOOKS:
                 make = registrars.get(hook)
                 if make is not None:

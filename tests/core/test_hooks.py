@@ -52,6 +52,22 @@ def test_a_duplicate_plugin_name_is_refused() -> None:
         hooks.register(Recorder(), name="same")
 
 
+def test_one_object_under_two_names_is_refused_naming_both() -> None:
+    """pluggy's bare ValueError reached direct callers; the loader had to ask the plugin manager itself."""
+    hooks = Hooks()
+    shared = Recorder()
+    hooks.register(shared, name="first")
+    with pytest.raises(PluginLoadError, match=r"cannot register plugin 'second': the object is already "
+                                              r"registered as plugin 'first'") as caught:
+        hooks.register(shared, name="second")
+    from dsh_core.hooks import PluginObjectInUse
+
+    assert isinstance(caught.value, PluginObjectInUse)
+    assert (caught.value.name, caught.value.other) == ("second", "first")
+    assert hooks.has_plugin("first") and not hooks.has_plugin("second")
+    assert [impl.plugin for impl in hooks.impls("dsh_pre_execute")] == ["first"]
+
+
 def test_arguments_not_in_the_spec_are_refused() -> None:
     hooks = Hooks()
 
