@@ -359,11 +359,12 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
 
 _TS_SCALARS: Final = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean",
                       "null": "null"}
-_TS_KEY: Final = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
+#: A bare TypeScript property name; anything else (even one with a trailing newline) is quoted.
+_TS_KEY: Final = re.compile(r"\A[A-Za-z_$][A-Za-z0-9_$]*\Z")
 
 
 def _ts_key(key: str) -> str:
-    return key if _TS_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+    return key if _TS_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
 
 
 def _ts_array(item: str) -> str:

@@ -59,7 +59,7 @@ CONFIG_SCHEMA: Final = {
         "name": {"type": "string", "minLength": 1, "default": "openai"},
         "base_url": {"type": "string", "pattern": "^https?://", "description": "an http(s) URL"},
         "model": {"type": "string", "minLength": 1},
-        "api_key_env": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+        "api_key_env": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$(?!\n)",
                         "description": "the name of an environment variable"},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0},
         "connect_timeout_s": {"type": "number", "exclusiveMinimum": 0},

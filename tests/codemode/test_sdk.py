@@ -169,6 +169,14 @@ def test_typescript_sdk() -> None:
     assert "declare const tools: { [K in ToolName]: (args: ToolArgsMap[K]) => Promise<ToolOutputMap[K]> };" in text
 
 
+def test_a_property_name_with_a_trailing_newline_is_quoted_in_typescript() -> None:
+    """``^...$`` with match() also accepts a name ending in a newline: it went in unquoted."""
+    tool = SdkTool("write", "Write.", {"type": "object", "properties": {
+        "path\n": {"type": "string"}, "ok": {"type": "string"}, "$x_1": {"type": "string"}}}, None)
+    text = render_typescript_sdk([tool])
+    assert 'write: { "path\\n"?: string; ok?: string; $x_1?: string } & Record<string, JsonValue>;' in text
+
+
 def test_render_sdk_selects_by_language() -> None:
     assert "```python" in render_sdk("python", [READ])
     assert "```ts" in render_sdk("typescript", [READ])

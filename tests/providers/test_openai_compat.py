@@ -449,6 +449,16 @@ async def test_the_loop_runs_against_an_openai_compatible_server(server: FakeSer
     assert [t["function"]["name"] for t in second["tools"]] == ["add"]
 
 
+def test_an_api_key_variable_name_with_a_trailing_newline_is_refused() -> None:
+    """The config pattern ended in ``$``, which jsonschema (Python ``re``) also matches before a final newline."""
+    from dsh_core.errors import ConfigError
+    from dsh_core.testing.loader import check_config
+
+    check_config("openai", plugin, {"base_url": "http://x/v1", "api_key_env": "OPENAI_API_KEY"})
+    with pytest.raises(ConfigError, match="api_key_env"):
+        check_config("openai", plugin, {"base_url": "http://x/v1", "api_key_env": "OPENAI_API_KEY\n"})
+
+
 def test_three_environment_variables_point_the_default_deployment_at_an_endpoint(tmp_path: Path) -> None:
     env = {"DSH_BASE_URL": "http://localhost:11434/v1", "DSH_MODEL": "qwen3", "DSH_API_KEY": SECRET}
     deployment = default_deployment(tmp_path, env=env)
