@@ -372,12 +372,14 @@ class ToolRegistry:
         own = self._own_of(scope, chain)
         if own is not None and name in own.tools:
             return own.tools[name]
-        for layer in chain:
+        for depth, layer in enumerate(chain):
             if layer is own:
                 continue
             definition = layer.tools.get(name)
             if definition is not None:
-                for restricting in chain:
+                # A layer's restrictions filter what it inherits, never its own tools: only the
+                # layers nearer than the one that registered the tool can hide it.
+                for restricting in chain[:depth]:
                     for restriction in restricting.restrictions:
                         if not restriction.admits(name):
                             return None
@@ -417,14 +419,19 @@ class ToolRegistry:
             return view
         chain = self._chain(scope)
         own = self._own_of(scope, chain)
-        inherited: dict[str, ToolDefinition] = {}
-        for layer in reversed(chain):
-            if layer is not own:
-                inherited.update(layer.tools)
-        restrictions = [r for layer in chain for r in layer.restrictions]
-        visible = {n: d for n, d in inherited.items() if all(r.admits(n) for r in restrictions)}
-        if own is not None:
-            visible.update(own.tools)
+        # Nearest layer first: a name is settled by the nearest layer that registers it (shown,
+        # or hidden by a restriction of a layer nearer still); farther layers cannot bring it back.
+        visible: dict[str, ToolDefinition] = {}
+        settled: set[str] = set()
+        nearer: list[_Restriction] = []
+        for layer in chain:
+            for name, definition in layer.tools.items():
+                if name in settled:
+                    continue
+                settled.add(name)
+                if layer is own or all(r.admits(name) for r in nearer):
+                    visible[name] = definition
+            nearer.extend(layer.restrictions)
         view = _View(self._version, dict(sorted(visible.items())))
         if len(self._views) >= _CACHE_LIMIT:
             self._views.clear()

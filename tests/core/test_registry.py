@@ -155,6 +155,32 @@ async def test_restrictions_filter_inherited_tools_intersect_and_exempt_own_tool
     assert [d.name for d in stack.registry.definitions(preset)] == ["read", "write"]
 
 
+async def test_a_layers_own_tools_stay_exempt_from_its_restrictions_in_its_descendants() -> None:
+    # What `dsh run-code` lends a native agent: a layered child scope. It must see what the
+    # agent sees; the agent's allow list filters what the agent inherits, not the agent's own tools.
+    stack = Stack()
+    for name in ("read", "bash"):
+        stack.registry.register(tool(name))
+    agent = stack.agent("a")
+    stack.registry.register(tool("agent_notes"), scope=agent)
+    stack.registry.restrict(agent, allow=["read"])
+    child = agent.child("cli:run-code", layered=True)
+    stack.registry.present_as("both", child)
+    grandchild = child.child("run")  # not layered: sees what its layered owner sees
+    for scope in (agent, child, grandchild):
+        assert [d.name for d in stack.registry.definitions(scope)] == ["agent_notes", "read"]
+        assert stack.registry.get("agent_notes", scope) is not None
+        assert stack.registry.get("bash", scope) is None
+    assert (await stack.call("agent_notes", agent=child)).code is None
+    assert (await stack.call("bash", agent=child)).code == "UNKNOWN_TOOL"
+    # A restriction of the child still filters what the child inherits, the agent's tools included.
+    stack.registry.restrict(child, deny=["agent_notes"])
+    assert [d.name for d in stack.registry.definitions(child)] == ["read"]
+    assert stack.registry.get("agent_notes", child) is None
+    await child.dispose()
+    await agent.dispose()
+
+
 def test_restriction_misuse_is_refused_with_the_known_names() -> None:
     stack = Stack()
     stack.registry.register(tool("read"))
