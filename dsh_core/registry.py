@@ -223,7 +223,8 @@ class ToolRegistry:
         """Filter what a layered scope inherits (allow-list and/or deny-list); restrictions intersect.
 
         Scoped only; an empty filter, naming ``run_code``, or naming a tool the
-        scope does not inherit is an error. The scope's own tools are exempt.
+        scope does not inherit is an error. The scope's own tools are exempt, as
+        seen from the scope and from every scope below it.
         """
         _ensure_active(scope, "restrict tools")
         owner = scope.layer_owner
