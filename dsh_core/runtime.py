@@ -325,8 +325,12 @@ class ToolRuntime:
 
         A call whose signal aborted after :meth:`prepare` (a scheduler may dispatch it
         later) is settled here as a final ``ABORTED_BEFORE_DISPATCH`` result, without
-        middleware, body or post-execute: like any call settled before dispatch.
+        middleware, body or post-execute: like any call settled before dispatch. A call
+        that is not waiting for dispatch (settled by policy, or dispatched already) is
+        returned as it is: no caller of the staged interface can run a denied body.
         """
+        if staged.kind != "dispatch":
+            return staged
         execution = staged.execution
         caller = execution.signal
         if caller.aborted:

@@ -199,6 +199,31 @@ async def test_finalize_never_post_executes_a_result_the_core_settled() -> None:
     assert body_calls(echo) == []
 
 
+async def test_dispatch_never_runs_the_body_of_a_settled_or_dispatched_call() -> None:
+    # A custom scheduler that ignores the staged kind cannot run a denied call's body, or a body twice.
+    stack = Stack()
+    write = tool("write")
+    stack.registry.register(write)
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.deny("writes are off"),
+                                              post=PostDecision.replace_content("ok: written")))
+    staged = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="write", arguments={}))
+    assert staged.kind == "final-result"
+    staged = await stack.runtime.dispatch(staged)
+    assert staged.kind == "final-result" and body_calls(write) == []
+    result = await stack.runtime.finalize(staged)
+    assert result.code == "DENIED" and "ok: written" not in result.text
+    assert recorder.stages() == ["pre", "result"]  # type: ignore[attr-defined]
+
+    other = tool("other")
+    allowed = Stack()
+    allowed.registry.register(other)
+    staged = await allowed.runtime.prepare(ToolExecutionInput(call_id="c2", name="other", arguments={}))
+    staged = await allowed.runtime.dispatch(staged)
+    assert staged.kind == "post-result"
+    assert (await allowed.runtime.dispatch(staged)) is staged
+    assert len(body_calls(other)) == 1
+
+
 async def test_a_middleware_signal_aborted_before_the_body_is_final_without_post_execute() -> None:
     stack = Stack()
     echo = tool("echo")
