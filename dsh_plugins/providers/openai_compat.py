@@ -133,6 +133,9 @@ def _detail(text: str) -> str:
             return error
         if isinstance(data.get("detail"), str):
             return str(data["detail"])
+    if data is not None:
+        # Quoted decoded: a key written with JSON escapes (\/ or \uXXXX) would slip past redaction.
+        text = json.dumps(data, ensure_ascii=False)
     text = " ".join(text.split())
     return text[:300] + ("…" if len(text) > 300 else "") if text else "(empty response body)"
 

@@ -328,6 +328,9 @@ _STRADDLING = "<html>" + "x" * 277 + " bad key " + SECRET + "</html>"
     # A key that only appears once the JSON string is decoded.
     (False, 400, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
     (True, 200, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
+    # The same, in a body of a shape with no message field, quoted whole.
+    (False, 400, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "http"),
+    (True, 200, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "malformed-response"),
     # A field of the message echoed by normalize_assistant.
     (False, 200, {"choices": [{"message": {"role": f"user {SECRET}"}}]}, "malformed-response"),
     # Stream chunks: one that is not JSON (cut at 200 characters) and an error mid-stream.
@@ -347,7 +350,9 @@ async def test_the_api_key_never_appears_in_an_error_not_even_in_part(server: Fa
     finally:
         await client.aclose()
     assert caught.value.kind == kind
-    assert SECRET[:6] not in caught.value.message, caught.value.message  # no prefix of it either
+    message = caught.value.message
+    assert SECRET[:6] not in message, message  # no prefix of it either
+    assert SECRET[2:8] not in message, message  # nor the key still JSON-escaped (\u0073k-test-...)
 
 
 async def test_a_truncated_plain_body_is_quoted_without_the_api_key(server: FakeServer,
