@@ -49,7 +49,8 @@ def dsh_pre_execute(execution: ToolExecution) -> PreDecision | Awaitable[PreDeci
     denies; the first ``deny`` wins at once and later implementations are not
     called (to see every call, observe ``dsh_tool_result``). Without a deny,
     any ``ask`` asks, else the call is allowed. Raising an exception settles
-    the call as a ``TOOL_FAILED`` error result without post-execute.
+    the call as a ``TOOL_FAILED`` error result (a ``DshError`` keeps its
+    code) without post-execute.
     """
 
 
@@ -112,8 +113,9 @@ def dsh_around_dispatch(execution: ToolExecution) -> Middleware | None:
     passed policy. A middleware may also return a result without proceeding.
     A call whose signal is already aborted when it is dispatched gets no
     middleware: it settles as ``ABORTED_BEFORE_DISPATCH`` without post-execute.
-    A middleware that raises settles the call as ``TOOL_FAILED`` without
-    post-execute. Returning ``None`` adds no middleware.
+    A middleware that raises settles the call as ``TOOL_FAILED`` (a
+    ``DshError`` keeps its code; an ``AbortedError`` gives ``ABORTED``)
+    without post-execute. Returning ``None`` adds no middleware.
     """
 
 
@@ -133,7 +135,7 @@ def dsh_post_execute(
     result naming the conflict); ``replace-value`` on a failed result, or a
     replaced value that fails the output schema, is an error result; the
     contexts of all decisions are appended in call order. Raising gives a
-    ``TOOL_FAILED`` error result.
+    ``TOOL_FAILED`` error result (a ``DshError`` keeps its code).
     """
 
 
