@@ -40,8 +40,9 @@ def run_async(main: Callable[[], Awaitable[T]], *,
     ``main`` at once (its ``finally`` blocks still run: an agent run records
     why it ended), and one more exits the process at once. Without
     ``on_signal`` the first signal already cancels. A cancelled ``main``
-    exits with status 130, as does a signal that comes while the process
-    waits for worker threads after ``main`` ended (at once, without them).
+    exits with status 130, as does a SIGINT that comes while the process
+    waits for worker threads after ``main`` ended (at once, without them; a
+    SIGTERM then ends it by its default action).
     """
 
     async def runner() -> T:
@@ -80,6 +81,10 @@ def run_async(main: Callable[[], Awaitable[T]], *,
                 click.echo(f"dsh: {name} received, shutting down (again to cancel, a third time to exit at once)",
                            err=True)
                 shutdowns.add(loop.create_task(drain()))
+                return
+            if task.done():  # main ended; what is left is the drain's bounded wait
+                click.echo(f"dsh: {name} received, waiting for the shutdown to finish (again to exit at once)",
+                           err=True)
                 return
             click.echo(f"dsh: {name} received, cancelling (again to exit at once)", err=True)
             # The drain is left running: cancelling it could stop on_signal before it even

@@ -289,6 +289,38 @@ def test_a_signal_while_waiting_for_worker_threads_after_main_exits_at_once() ->
     assert err.strip() == "dsh: error: interrupted"
 
 
+def test_a_signal_after_main_ended_waits_for_the_drain_and_says_so() -> None:
+    script = textwrap.dedent("""
+        import asyncio
+        from dsh_core.cli import run_async
+
+        stop = None
+
+        async def main():
+            global stop
+            stop = asyncio.Event()
+            print("ready", flush=True)
+            await stop.wait()
+            print("main returned", flush=True)
+
+        async def dispose():
+            stop.set()  # main ends at once; the rest of the clean-up takes a while
+            await asyncio.sleep(1.5)
+            print("disposed", flush=True)
+
+        run_async(main, on_signal=dispose)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    assert process.stdout.readline() == "main returned\n"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 0 and out == "disposed\n"
+    assert "waiting for the shutdown to finish" in err and "cancelling" not in err
+
+
 def test_a_third_signal_exits_at_once_when_main_will_not_end() -> None:
     # main's clean-up outlives its cancellation: only the third signal ends the process.
     waits = "    await asyncio.wait_for(stop.wait(), 30)\n"
