@@ -43,14 +43,21 @@ class PluginObjectInUse(PluginLoadError):
     """:meth:`Hooks.register` was given an object already registered under another plugin name.
 
     ``name`` is the name asked for, ``other`` the name the object is registered
-    under; the plugin loader uses them to name both rows.
+    under; the plugin loader uses them to name both rows. ``equal`` is true
+    when it is not the same object but an equal one: pluggy tells plugins
+    apart with ``==``, so value-type plugins need ``eq=False``.
     """
 
-    def __init__(self, name: str, other: str) -> None:
-        super().__init__(f"cannot register plugin {name!r}: the object is already registered as plugin "
-                         f"{other!r} (each registration needs its own object)")
+    def __init__(self, name: str, other: str, *, equal: bool = False) -> None:
+        if equal:
+            detail = (f"an equal object is already registered as plugin {other!r} (pluggy compares plugin "
+                      "objects with ==: give the class identity equality, e.g. attrs/dataclass eq=False)")
+        else:
+            detail = f"the object is already registered as plugin {other!r} (each registration needs its own object)"
+        super().__init__(f"cannot register plugin {name!r}: {detail}")
         self.name = name
         self.other = other
+        self.equal = equal
 
 #: Hooks whose implementations are called once per plugin at registration.
 REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "dsh_register_session_stores")
@@ -158,7 +165,7 @@ class Hooks:
         other = self._pm.get_name(plugin)
         if other is not None:
             # pluggy would raise a bare ValueError ("already registered under a different name").
-            raise PluginObjectInUse(name, other)
+            raise PluginObjectInUse(name, other, equal=self._pm.get_plugin(other) is not plugin)
         try:
             self._pm.register(plugin, name=name)
         except pluggy.PluginValidationError as error:

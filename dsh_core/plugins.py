@@ -255,6 +255,11 @@ async def start_plugin(
                 hooks.register(instance, name=plugin_id, scope=scope)
             except PluginObjectInUse as error:
                 # Rows register under their ids, so the other name is the row that has this object.
+                if error.equal:
+                    raise PluginLoadError(
+                        f"its factory returned an object equal to the one plugin row {error.other!r} uses; "
+                        "pluggy compares plugin objects with ==, so give the plugin class identity "
+                        "equality (attrs or dataclass eq=False)") from None
                 raise PluginLoadError(
                     f"its factory returned the object plugin row {error.other!r} already uses; a factory must "
                     "build a new instance for each row (every row has its own scope and config)") from None

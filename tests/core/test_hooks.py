@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+import attrs
 import pytest
 
 from dsh_core import hookimpl
@@ -66,6 +67,26 @@ def test_one_object_under_two_names_is_refused_naming_both() -> None:
     assert (caught.value.name, caught.value.other) == ("second", "first")
     assert hooks.has_plugin("first") and not hooks.has_plugin("second")
     assert [impl.plugin for impl in hooks.impls("dsh_pre_execute")] == ["first"]
+
+
+def test_an_equal_but_distinct_object_is_refused_saying_why() -> None:
+    # pluggy tells plugins apart with ==: a value-type plugin built afresh per row still collides.
+    @attrs.frozen
+    class Audit:
+        level: str
+
+        @hookimpl
+        def dsh_tool_result(self, execution: Any, result: Any) -> None:
+            return None
+
+    from dsh_core.hooks import PluginObjectInUse
+
+    hooks = Hooks()
+    hooks.register(Audit("info"), name="audit-a")
+    with pytest.raises(PluginObjectInUse, match=r"an equal object is already registered as plugin 'audit-a' "
+                                                r"\(pluggy compares plugin objects with ==") as caught:
+        hooks.register(Audit("info"), name="audit-b")
+    assert caught.value.equal and not hooks.has_plugin("audit-b")
 
 
 def test_arguments_not_in_the_spec_are_refused() -> None:
