@@ -117,8 +117,11 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None
 
 
-def _detail(text: str) -> str:
-    """The server's own error message (``{"error": {"message"}}`` or plain text), shortened."""
+def _detail(text: str, redact: Callable[[str], str] = lambda text: text) -> str:
+    """The server's own error message (``{"error": {"message"}}`` or plain text), shortened.
+
+    What is shortened is ``redact``-ed first: a secret cut in two would escape it.
+    """
     try:
         data = json.loads(text)
     except ValueError:
@@ -136,18 +139,19 @@ def _detail(text: str) -> str:
     if data is not None:
         # Quoted decoded: a key written with JSON escapes (\/ or \uXXXX) would slip past redaction.
         text = json.dumps(data, ensure_ascii=False)
-    text = " ".join(text.split())
+    text = redact(" ".join(text.split()))
     return text[:300] + ("…" if len(text) > 300 else "") if text else "(empty response body)"
 
 
 def _quote(text: str, redact: Callable[[str], str]) -> str:
     """``_detail(text)`` with the API key redacted from it.
 
-    The raw body is redacted before ``_detail`` can shorten it (a key cut in two
-    would leak its first part) and the result again, for a key that only shows
-    once a JSON string is decoded (``\\/`` or ``\\uXXXX`` escapes).
+    The raw body is redacted, then whatever ``_detail`` decodes from it (a key
+    that only shows once a JSON string is decoded: ``\\/`` or ``\\uXXXX``
+    escapes) before it is shortened (a key cut in two would leak its first
+    part), and the result once more.
     """
-    return redact(_detail(redact(text)))
+    return redact(_detail(redact(text), redact))
 
 
 def _fallback_ids() -> Callable[[int], str]:

@@ -331,6 +331,8 @@ _STRADDLING = "<html>" + "x" * 277 + " bad key " + SECRET + "</html>"
     # The same, in a body of a shape with no message field, quoted whole.
     (False, 400, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "http"),
     (True, 200, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "malformed-response"),
+    # The same, decoded just across the 300-character cut.
+    (False, 400, '{"errors": "' + "A" * 278 + '\\u0073k-test-0123456789"}', "http"),
     # A field of the message echoed by normalize_assistant.
     (False, 200, {"choices": [{"message": {"role": f"user {SECRET}"}}]}, "malformed-response"),
     # Stream chunks: one that is not JSON (cut at 200 characters) and an error mid-stream.
