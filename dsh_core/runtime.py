@@ -83,7 +83,8 @@ def collapsed_message(name: str) -> str:
 class Staged:
     """One execution between stages: its kind says which stage comes next."""
 
-    __slots__ = ("_body_invoked", "_finalizer", "_finished", "_validated", "execution", "kind", "result")
+    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finished", "_validated", "execution", "kind",
+                 "result")
 
     def __init__(self, execution: ToolExecution, finalizer: Finalizer | None,
                  validated: ToolDefinition | None) -> None:
@@ -93,6 +94,7 @@ class Staged:
         self._finalizer = finalizer
         self._validated = validated
         self._body_invoked = False
+        self._dispatching = False
         self._finished = False
 
     def settle(self, kind: StageKind, result: ToolResult) -> Staged:
@@ -328,9 +330,14 @@ class ToolRuntime:
         middleware, body or post-execute: like any call settled before dispatch. A call
         that is not waiting for dispatch (settled by policy, or dispatched already) is
         returned as it is: no caller of the staged interface can run a denied body.
+        A second dispatch while the first is still running raises :class:`RuntimeError`
+        (a body must never run twice).
         """
         if staged.kind != "dispatch":
             return staged
+        if staged._dispatching:
+            raise RuntimeError(f"call {staged.execution.call_id!r} is already being dispatched")
+        staged._dispatching = True
         execution = staged.execution
         caller = execution.signal
         if caller.aborted:

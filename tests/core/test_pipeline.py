@@ -214,7 +214,11 @@ async def test_dispatch_never_runs_the_body_of_a_settled_or_dispatched_call() ->
     assert result.code == "DENIED" and "ok: written" not in result.text
     assert recorder.stages() == ["pre", "result"]  # type: ignore[attr-defined]
 
-    other = tool("other")
+    async def slow(args: Any, ctx: Any) -> Any:
+        await asyncio.sleep(0.01)  # a body that waits: a second dispatch can come meanwhile
+        return {}
+
+    other = tool("other", body=slow)
     allowed = Stack()
     allowed.registry.register(other)
     staged = await allowed.runtime.prepare(ToolExecutionInput(call_id="c2", name="other", arguments={}))
@@ -222,6 +226,13 @@ async def test_dispatch_never_runs_the_body_of_a_settled_or_dispatched_call() ->
     assert staged.kind == "post-result"
     assert (await allowed.runtime.dispatch(staged)) is staged
     assert len(body_calls(other)) == 1
+    # Two dispatches at once: the second is refused before the first's body has run.
+    staged = await allowed.runtime.prepare(ToolExecutionInput(call_id="c3", name="other", arguments={}))
+    first, second = await asyncio.gather(allowed.runtime.dispatch(staged), allowed.runtime.dispatch(staged),
+                                         return_exceptions=True)
+    assert first is staged and staged.kind == "post-result"
+    assert isinstance(second, RuntimeError) and "'c3' is already being dispatched" in str(second)
+    assert len(body_calls(other)) == 2
 
 
 async def test_a_middleware_signal_aborted_before_the_body_is_final_without_post_execute() -> None:
