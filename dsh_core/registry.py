@@ -1,9 +1,10 @@
 """The tool registry: layers, presentation modes, restrictions, guards and the Code Mode collapse.
 
 Registrations live in layers: one global layer, plus one per *layered* scope
-(agents, presets). A caller sees the tools of its scope chain: the nearest
-layer shadows farther ones, restrictions of every layer on the chain filter
-what the scope inherits (its own layer's tools are exempt), and the reserved
+(agents, presets). A caller sees the tools of its scope chain: a name is
+settled by the nearest layer that registers it, which only the restrictions
+of layers nearer still can hide (a layer's restrictions filter what it
+inherits, never its own tools, as seen from it and from below), and the reserved
 ``run_code`` transport is added when the scope's effective mode is not
 ``native``. ``run_code`` is stored in no layer, so no restriction can remove it
 and no registration can shadow it.
