@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -155,11 +154,24 @@ SIGNAL_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _started(script: str, *args: str, first_line: str = "ready\n") -> subprocess.Popen[str]:
+    """``script`` running in a fresh interpreter, once it has printed ``first_line``."""
+    process = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == first_line
+    return process
+
+
+def _main_waiting(then: str) -> str:
+    """:data:`SIGNAL_SCRIPT` with main's wait in a ``try:`` followed by ``then`` (at the ``try``'s indent)."""
+    waits = "    await asyncio.wait_for(stop.wait(), 30)\n"
+    assert waits in SIGNAL_SCRIPT
+    return SIGNAL_SCRIPT.replace(waits, "    try:\n    " + waits + textwrap.indent(then, "    "))
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_disposes_the_root_and_exits(signum: int) -> None:
-    process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, "fast"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process = _started(SIGNAL_SCRIPT, "fast")
     process.send_signal(signum)
     out, err = process.communicate(timeout=20)
     assert out.splitlines() == ["disposed", "main returned"] and process.returncode == 0
@@ -168,9 +180,7 @@ def test_a_signal_disposes_the_root_and_exits(signum: int) -> None:
 
 def test_a_main_that_does_not_finish_in_the_drain_is_cancelled() -> None:
     script = SIGNAL_SCRIPT.replace("stop.set()", "pass").replace('sys.argv[1] == "slow"', "False")
-    process = subprocess.Popen([sys.executable, "-c", script, "fast"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process = _started(script, "fast")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=20)
     assert "disposed" in out and "main returned" not in out
@@ -178,19 +188,8 @@ def test_a_main_that_does_not_finish_in_the_drain_is_cancelled() -> None:
 
 
 def test_a_second_signal_cancels_main_at_once_and_the_drain_keeps_its_bound() -> None:
-    waits = "    await asyncio.wait_for(stop.wait(), 30)\n"
-    assert waits in SIGNAL_SCRIPT
-    script = SIGNAL_SCRIPT.replace(
-        waits,
-        "    try:\n"
-        "        await asyncio.wait_for(stop.wait(), 30)\n"
-        "    except asyncio.CancelledError:\n"
-        "        print('main cancelled', flush=True)\n"
-        "        raise\n",
-    )
-    process = subprocess.Popen([sys.executable, "-c", script, "slow"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    script = _main_waiting("except asyncio.CancelledError:\n    print('main cancelled', flush=True)\n    raise\n")
+    process = _started(script, "slow")
     first = time.monotonic()
     process.send_signal(signal.SIGINT)
     assert process.stdout.readline() == "disposed\n"
@@ -220,9 +219,7 @@ def test_two_signals_in_one_loop_turn_still_run_on_signal_before_main_is_cancell
 
         run_async(main, on_signal=lambda: print("on_signal", flush=True))
     """)
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process = _started(script)
     process.send_signal(signal.SIGINT)
     time.sleep(0.2)
     process.send_signal(signal.SIGINT)
@@ -253,9 +250,7 @@ def test_an_async_on_signal_is_not_cut_short_by_the_signal_that_cancels_main() -
         atexit.register(lambda: print(ran, root._state, flush=True))
         run_async(main, on_signal=root.dispose)
     """)
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process = _started(script)
     process.send_signal(signal.SIGINT)
     time.sleep(0.3)
     process.send_signal(signal.SIGINT)
@@ -278,9 +273,7 @@ def test_a_signal_while_waiting_for_worker_threads_after_main_exits_at_once() ->
 
         run_async(main, on_signal=lambda: None)
     """)
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "main returned\n"
+    process = _started(script, first_line="main returned\n")
     time.sleep(0.3)
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
@@ -310,9 +303,7 @@ def test_a_signal_after_main_ended_waits_for_the_drain_and_says_so() -> None:
 
         run_async(main, on_signal=dispose)
     """)
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    process = _started(script)
     process.send_signal(signal.SIGINT)
     assert process.stdout.readline() == "main returned\n"
     process.send_signal(signal.SIGINT)
@@ -323,19 +314,8 @@ def test_a_signal_after_main_ended_waits_for_the_drain_and_says_so() -> None:
 
 def test_a_third_signal_exits_at_once_when_main_will_not_end() -> None:
     # main's clean-up outlives its cancellation: only the third signal ends the process.
-    waits = "    await asyncio.wait_for(stop.wait(), 30)\n"
-    assert waits in SIGNAL_SCRIPT
-    script = SIGNAL_SCRIPT.replace(
-        waits,
-        "    try:\n"
-        "        await asyncio.wait_for(stop.wait(), 30)\n"
-        "    finally:\n"
-        "        print('cleaning up', flush=True)\n"
-        "        await asyncio.sleep(30)\n",
-    )
-    process = subprocess.Popen([sys.executable, "-c", script, "slow"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    script = _main_waiting("finally:\n    print('cleaning up', flush=True)\n    await asyncio.sleep(30)\n")
+    process = _started(script, "slow")
     process.send_signal(signal.SIGINT)
     assert process.stdout.readline() == "disposed\n"
     process.send_signal(signal.SIGINT)

@@ -39,6 +39,17 @@ def provider(server: FakeServer, **options: Any) -> tuple[OpenAICompatProvider, 
     return made, slept
 
 
+async def failure(server: FakeServer, **options: Any) -> tuple[ProviderError, list[float]]:
+    """The ProviderError one request raises (the client closed either way), and the back-off sleeps."""
+    client, slept = provider(server, **options)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    return caught.value, slept
+
+
 async def test_tool_calls_are_parsed_and_the_request_has_the_openai_shape(server: FakeServer) -> None:
     server.reply(body=completion(None, [CALL], finish="tool_calls"))
     client, _ = provider(server)
@@ -155,25 +166,16 @@ async def test_retry_after_ms_and_streams_are_retried_before_they_start(server: 
 async def test_retries_run_out_with_a_clear_error(server: FakeServer) -> None:
     for _ in range(3):
         server.reply(429, {"error": {"message": "quota", "code": "rate_limit_exceeded"}})
-    client, slept = provider(server, max_retries=2)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == "rate-limited" and caught.value.status == 429
-    assert "HTTP 429: quota (rate_limit_exceeded) (gave up after 3 attempts)" in caught.value.message
+    error, slept = await failure(server, max_retries=2)
+    assert error.kind == "rate-limited" and error.status == 429
+    assert "HTTP 429: quota (rate_limit_exceeded) (gave up after 3 attempts)" in error.message
     assert len(slept) == 2
 
 
 async def test_a_retry_after_beyond_the_limit_is_not_waited_for(server: FakeServer) -> None:
     server.reply(429, "later", {"Retry-After": "3600"})
-    client, slept = provider(server)
-    try:
-        with pytest.raises(ProviderError, match="retry after 3600s, more than max_retry_after_s"):
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
+    error, slept = await failure(server)
+    assert "retry after 3600s, more than max_retry_after_s" in error.message
     assert slept == []
 
 
@@ -198,25 +200,16 @@ async def test_a_retry_after_beyond_the_limit_is_not_waited_for(server: FakeServ
 async def test_each_failure_has_a_clear_error(server: FakeServer, status: int, body: Any, kind: str,
                                               text: str) -> None:
     server.reply(status, body)
-    client, slept = provider(server)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == kind
-    assert text in caught.value.message and SECRET not in caught.value.message
+    error, slept = await failure(server)
+    assert error.kind == kind
+    assert text in error.message and SECRET not in error.message
     assert slept == [] and len(server.requests) == 1  # none of these is retried
 
 
 async def test_an_error_inside_a_stream_is_reported(server: FakeServer) -> None:
     server.stream([{"error": {"message": "model crashed"}}], done=False)
-    client, _ = provider(server, stream=True)
-    try:
-        with pytest.raises(ProviderError, match="mid-stream: model crashed"):
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
+    error, _ = await failure(server, stream=True)
+    assert "mid-stream: model crashed" in error.message
 
 
 def delta_chunk(delta: Any, finish: str | None = None) -> dict[str, Any]:
@@ -226,14 +219,9 @@ def delta_chunk(delta: Any, finish: str | None = None) -> dict[str, Any]:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_undecodable_body_is_a_provider_error(server: FakeServer, stream: bool) -> None:
     server.reply(200, "not gzip", {"Content-Encoding": "gzip"})
-    client, slept = provider(server, stream=stream)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == "malformed-response"
-    assert "the response body could not be decoded: DecodingError" in caught.value.message
+    error, slept = await failure(server, stream=stream)
+    assert error.kind == "malformed-response"
+    assert "the response body could not be decoded: DecodingError" in error.message
     assert slept == []
 
 
@@ -245,25 +233,15 @@ async def test_an_undecodable_body_is_a_provider_error(server: FakeServer, strea
 async def test_a_malformed_stream_chunk_is_a_provider_error(server: FakeServer, chunk: Any, kind: str,
                                                             text: str) -> None:
     server.stream([chunk])
-    client, _ = provider(server, stream=True)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == kind and text in caught.value.message
+    error, _ = await failure(server, stream=True)
+    assert error.kind == kind and text in error.message
 
 
 async def test_a_stream_that_ends_before_it_finished_is_not_an_answer(server: FakeServer) -> None:
     server.stream([delta_chunk({"content": "The answer is: first, "})], done=False)
-    client, slept = provider(server, stream=True)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == "connection"
-    assert "the stream ended before it finished" in caught.value.message
+    error, slept = await failure(server, stream=True)
+    assert error.kind == "connection"
+    assert "the stream ended before it finished" in error.message
     assert slept == [] and len(server.requests) == 1  # part of it was shown already: not replayed
 
 
@@ -287,13 +265,8 @@ async def test_a_finish_reason_without_done_completes_a_stream(server: FakeServe
 async def test_a_streaming_request_without_events_fails_naming_the_body(server: FakeServer, body: Any, kind: str,
                                                                         text: str) -> None:
     server.reply(200, body)
-    client, _ = provider(server, stream=True)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == kind and text in caught.value.message
+    error, _ = await failure(server, stream=True)
+    assert error.kind == kind and text in error.message
 
 
 async def test_a_plain_completion_answers_a_streaming_request(server: FakeServer) -> None:
@@ -345,14 +318,9 @@ async def test_the_api_key_never_appears_in_an_error_not_even_in_part(server: Fa
         server.stream(body[1], done=False)
     else:
         server.reply(status, body)
-    client, _ = provider(server, stream=stream, max_retries=0)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert caught.value.kind == kind
-    message = caught.value.message
+    error, _ = await failure(server, stream=stream, max_retries=0)
+    assert error.kind == kind
+    message = error.message
     assert SECRET[:6] not in message, message  # no prefix of it either
     assert SECRET[2:8] not in message, message  # nor the key still JSON-escaped (\u0073k-test-...)
 
@@ -363,14 +331,9 @@ async def test_a_truncated_plain_body_is_quoted_without_the_api_key(server: Fake
 
     monkeypatch.setattr(openai_compat, "_MAX_PLAIN_BODY", 1000)
     server.reply(200, f"<html> bad key {SECRET}\n" + "y" * 2000)
-    client, _ = provider(server, stream=True)
-    try:
-        with pytest.raises(ProviderError) as caught:
-            await client.complete([{"role": "user", "content": "x"}], [])
-    finally:
-        await client.aclose()
-    assert "the response is not an event stream: <html> bad key ***" in caught.value.message
-    assert SECRET[:6] not in caught.value.message
+    error, _ = await failure(server, stream=True)
+    assert "the response is not an event stream: <html> bad key ***" in error.message
+    assert SECRET[:6] not in error.message
 
 
 @pytest.mark.parametrize("stream", [False, True])
