@@ -330,11 +330,7 @@ class Hooks:
                 return str(reason)
         return None
 
-    def around_dispatch(self, execution: ToolExecution) -> list[Middleware]:
-        """Middleware in call order (the first is outermost)."""
-        return [middleware for _, middleware in self.around_dispatch_chain(execution)]
-
-    def around_dispatch_chain(self, execution: ToolExecution) -> list[tuple[str, Middleware]]:
+    def around_dispatch(self, execution: ToolExecution) -> list[tuple[str, Middleware]]:
         """Middleware with its plugin's name, in call order (the first is outermost)."""
         chain: list[tuple[str, Middleware]] = []
         for info in self._visible("dsh_around_dispatch", execution.agent):

@@ -343,7 +343,7 @@ class ToolRuntime:
         if caller.aborted:
             return staged.settle("final-result", _aborted_before_dispatch())
         try:
-            chain = self.hooks.around_dispatch_chain(execution)
+            chain = self.hooks.around_dispatch(execution)
         except HookFailure as failure:
             return staged.settle("final-result", _hook_failed(failure, execution))
         body_results: list[ToolResult] = []
