@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
+from dsh_core.errors import describe_callable
+
 __all__ = ["AbortController", "AbortSignal", "AbortedError"]
 
 Listener = Callable[[object], None]
@@ -176,8 +178,6 @@ def _noop() -> None:
 
 def _describe(listener: Listener) -> str:
     """The listener's qualified name and where it is defined (for the note on its error)."""
-    name = getattr(listener, "__qualname__", None) or repr(listener)
+    name = describe_callable(listener)
     code = getattr(listener, "__code__", None)
-    if code is not None:
-        return f"{name} ({code.co_filename}:{code.co_firstlineno})"
-    return str(name)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 __all__ = [
+    "describe_callable",
     "describe_exception",
     "ErrorCode",
     "DshError",
@@ -163,3 +164,12 @@ def describe_exception(error: BaseException) -> str:
         text = "<unprintable exception>"
     name = type(error).__name__
     return f"{name}: {text}" if text else name
+
+
+def describe_callable(function: object) -> str:
+    """``<module>.<qualified name>`` of a function (a plugin's factory, guard or listener) for messages."""
+    name = getattr(function, "__qualname__", None)
+    if not isinstance(name, str):
+        return repr(function)  # a partial or a callable object: its repr says what it wraps
+    module = getattr(function, "__module__", None)
+    return f"{module}.{name}" if module else name

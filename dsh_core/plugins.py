@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 
 from attrs import frozen
 
-from dsh_core.errors import DshError, PluginLoadError
+from dsh_core.errors import DshError, PluginLoadError, describe_callable
 from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse
 from dsh_core.lossless import JSON
 from dsh_core.schema import check_schema
@@ -210,12 +210,6 @@ class PluginCatalog:
             return None
 
 
-def _factory_name(factory: object) -> str:
-    module = getattr(factory, "__module__", None)
-    name = getattr(factory, "__qualname__", None) or type(factory).__name__
-    return f"{module}:{name}" if module else name
-
-
 Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
 
 
@@ -247,7 +241,7 @@ async def start_plugin(
             if inspect.iscoroutine(instance):
                 instance.close()
             raise PluginLoadError(
-                f"its factory {_factory_name(factory)} returned {returned} (is it `async def`?); a plugin "
+                f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
                 "factory must be a plain function returning the plugin object or None (start async work "
                 "with scope.spawn(...))")
         if instance is not None:

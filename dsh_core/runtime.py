@@ -36,7 +36,14 @@ from typing import Literal
 import attrs
 
 from dsh_core.abort import AbortedError, AbortSignal
-from dsh_core.errors import DshError, ErrorCode, InvalidToolOutputError, UnknownToolError, describe_exception
+from dsh_core.errors import (
+    DshError,
+    ErrorCode,
+    InvalidToolOutputError,
+    UnknownToolError,
+    describe_callable,
+    describe_exception,
+)
 from dsh_core.hooks import HookFailure, Hooks
 from dsh_core.lossless import JSON, NotLosslessError, freeze
 from dsh_core.model import (
@@ -312,7 +319,7 @@ class ToolRuntime:
                     verdict = await verdict
             except Exception as error:
                 # Fail closed, naming the guard: registry guards carry no plugin name, their function does.
-                name = _callable_name(guard)
+                name = describe_callable(guard)
                 log.warning("guard %s failed on call %r; the call is denied", name, execution.call_id,
                             exc_info=True)
                 return f"guard {name} failed: {describe_exception(error)}"
@@ -565,9 +572,4 @@ def _hook_failed(failure: HookFailure, execution: ToolExecution) -> ToolResult:
                 execution.call_id, execution.name, exc_info=failure.original)
     return error_result(failure)
 
-
-def _callable_name(function: object) -> str:
-    module = getattr(function, "__module__", None)
-    name = getattr(function, "__qualname__", None) or repr(function)
-    return f"{module}.{name}" if module else str(name)
 
