@@ -1,14 +1,14 @@
 """Benchmark Code Mode (issue 4) against smolagents' LocalPythonExecutor and pydantic-monty, in one run.
 
 Not a test. dsh is measured in this interpreter (the project venv); the peers
-and the tokenizer run in a separate venv (default ``/work/bench-venv``, or
-``$DSH_BENCH_VENV``) holding ``smolagents==1.26.0``, ``pydantic-monty==1.4.0``
-and ``bpe-openai`` (a tiktoken-compatible tokenizer whose encodings ship in
-the wheel: no download). Without that venv only the dsh figures are printed.
+and the tokenizer run in a separate venv holding ``smolagents==1.26.0``,
+``pydantic-monty==1.4.0`` and ``bpe-openai`` (a tiktoken-compatible tokenizer
+whose encodings ship in the wheel: no download), which ``bench/peers_env.py``
+makes on first use from the pinned ``bench/requirements-peers.txt`` (at
+``$DSH_BENCH_VENV``, or ``.bench-venv`` in the repository). If it cannot be made
+only the dsh figures are printed, with the reason.
 
-    python3 -m venv /work/bench-venv
-    /work/bench-venv/bin/pip install smolagents==1.26.0 pydantic-monty==1.4.0 bpe-openai
-    .venv/bin/python bench/bench_codemode.py            # prints JSON, writes nothing
+    .venv/bin/python bench/bench_codemode.py            # prints JSON on stdout
 
 Figures (medians, wall clock, this machine):
 
@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,8 @@ import textwrap
 import time
 from pathlib import Path
 from typing import Any
+
+from peers_env import ensure_peers_python  # bench/: first on sys.path as the script's folder
 
 from dsh_core import PreDecision, define_tool, hookimpl
 from dsh_core.boot import start_harness
@@ -65,7 +66,6 @@ from dsh_core.config import load_deployment
 from dsh_core.model import ApprovalOutcome, ToolResult
 from dsh_core.plugins import PluginCatalog
 
-BENCH_VENV = Path(os.environ.get("DSH_BENCH_VENV", "/work/bench-venv"))
 #: pydantic-monty on the machine where the issue's targets were set (issue 4: "monty pays
 #: about 190 us per async host call"; issue 3: 1,000 gathered async calls in about 144 ms).
 REFERENCE_MONTY = {"sequential_per_call_us": 190.0, "gather1000_calls_per_s": 1000 / 0.144}
@@ -569,10 +569,9 @@ print(json.dumps(out))
 '''
 
 
-def measure_peers(texts: dict[str, str]) -> dict[str, Any]:
-    python = BENCH_VENV / "bin" / "python"
-    if not python.exists():
-        return {"error": f"no bench venv at {BENCH_VENV}: peers and token counts skipped"}
+def measure_peers(texts: dict[str, str], python: Path | None, why: str) -> dict[str, Any]:
+    if python is None:
+        return {"error": f"{why}: peers and token counts skipped"}
     # A file, not -c: smolagents' @tool reads the function's source with inspect.
     script = Path(tempfile.mkdtemp()) / "peers_codemode.py"
     script.write_text(PEERS, encoding="utf-8")
@@ -591,9 +590,10 @@ def measure_peers(texts: dict[str, str]) -> dict[str, Any]:
 
 
 def main() -> None:
+    python, why = ensure_peers_python()  # before dsh is measured: a pip install is no background to time
     dsh = asyncio.run(measure_dsh())
     texts = prompt_texts()
-    peers = measure_peers(texts)
+    peers = measure_peers(texts, python, why)
     report: dict[str, Any] = {"python": sys.version.split()[0], "dsh": dsh,
                               "prompt_chars": {k: len(v) for k, v in texts.items()}, "peers": peers}
     smol = peers.get("smolagents", {}).get("timeout=None", {})

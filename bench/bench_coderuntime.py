@@ -2,12 +2,13 @@
 
 Not a test. Run from the repository with the main venv:
 
-    .venv/bin/python bench/bench_coderuntime.py [--peers-python /work/bench-venv/bin/python] [--json OUT]
+    .venv/bin/python bench/bench_coderuntime.py [--peers-python PYTHON | --no-peers] [--json OUT]
 
 The peers (smolagents' LocalPythonExecutor, pydantic-monty) are installed only in
-a separate venv (``pip install smolagents==1.26.0 pydantic-monty==1.4.0``) and run
-through ``bench/peers_coderuntime.py`` as a subprocess; without that venv they are
-skipped with a note. Every figure is a median; the machine is shared, so expect
+a separate venv, which ``bench/peers_env.py`` makes on first use from the pinned
+``bench/requirements-peers.txt`` (at ``$DSH_BENCH_VENV`` or ``.bench-venv``), and
+run through ``bench/peers_coderuntime.py`` as a subprocess; if that venv cannot be
+made, or with ``--no-peers``, they are skipped with a note. Every figure is a median; the machine is shared, so expect
 noise (see the README).
 """
 
@@ -28,6 +29,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+from peers_env import ensure_peers_python  # noqa: E402  (bench/, first on sys.path as the script's folder)
 
 from dsh_core.coderuntime import BindingNamespace, CodeRuntimeConfig, PythonCodeRuntime  # noqa: E402
 from dsh_core.coderuntime.worker import wire  # noqa: E402
@@ -253,7 +256,7 @@ async def trivial_by_level(n: int) -> dict[str, float]:
 
 def peers_part(python: str) -> dict[str, Any]:
     if not os.access(python, os.X_OK):
-        return {"skipped": f"no bench venv at {python}: pip install smolagents==1.26.0 pydantic-monty==1.4.0 there"}
+        return {"skipped": f"no peers' interpreter at {python}"}
     proc = subprocess.run(
         [python, str(HERE / "peers_coderuntime.py")], capture_output=True, text=True, timeout=1200, check=False
     )
@@ -327,11 +330,18 @@ def summary(d: dict[str, Any], p: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--peers-python", default="/work/bench-venv/bin/python")
+    peers_choice = parser.add_mutually_exclusive_group()
+    peers_choice.add_argument("--peers-python", help="the peers' interpreter (default: the venv peers_env.py makes)")
+    peers_choice.add_argument("--no-peers", action="store_true", help="measure dsh alone")
     parser.add_argument("--json")
     args = parser.parse_args()
+    peers_python: str | None = args.peers_python
+    skipped = "--no-peers" if args.no_peers else ""
+    if peers_python is None and not args.no_peers:
+        made, skipped = ensure_peers_python()  # before dsh is measured: a pip install is no background to time
+        peers_python = None if made is None else str(made)
     dsh = asyncio.run(dsh_part())
-    peers = peers_part(args.peers_python)
+    peers = {"skipped": skipped} if peers_python is None else peers_part(peers_python)
     for line in summary(dsh, peers):
         print(line)
     if args.json:

@@ -1,7 +1,7 @@
 """Peer side of bench_coderuntime.py: run inside the *bench* venv (smolagents, pydantic-monty).
 
 Prints one JSON object. Not imported by dsh; driven as a subprocess:
-    /work/bench-venv/bin/python bench/peers_coderuntime.py
+    .bench-venv/bin/python bench/peers_coderuntime.py   (the venv bench/peers_env.py makes)
 """
 
 import asyncio
