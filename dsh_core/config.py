@@ -167,7 +167,8 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
     },
 }
 
-Draft202012Validator.check_schema(DEPLOYMENT_SCHEMA)
+# Checked against the metaschema by the tests, not here: that check costs every
+# dsh command ~70 ms of start-up for a constant that cannot change at run time.
 _FILE_VALIDATOR: Final = Draft202012Validator(DEPLOYMENT_SCHEMA)
 
 _ROW_KINDS: Final = ("agents", "plugins")
