@@ -97,12 +97,23 @@ class AbortSignal:
         # Every listener hears of it, even after one raised; then the caller does, with a note
         # naming the listener, since the aborting caller is rarely the one that added it.
         errors: list[Exception] = []
+        interrupt: BaseException | None = None
         for listener in listeners:
             try:
                 listener(reason)
             except Exception as error:
                 error.add_note(f"raised by abort listener {_describe(listener)}")
                 errors.append(error)
+            except BaseException as stop:
+                # KeyboardInterrupt, SystemExit, CancelledError: the rest still hear of the
+                # abort (their clean-up is why they listen), then the first of these wins.
+                if interrupt is None:
+                    stop.add_note(f"raised by abort listener {_describe(listener)}")
+                    interrupt = stop
+        if interrupt is not None:
+            for other in errors:
+                interrupt.add_note(f"another abort listener also raised {type(other).__name__}: {other}")
+            raise interrupt
         if len(errors) == 1:
             raise errors[0]
         if errors:

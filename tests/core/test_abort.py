@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from dsh_core.abort import AbortController, AbortSignal
@@ -65,3 +67,29 @@ def test_fuse_aborts_with_the_first_reason_and_release_removes_its_listeners() -
     already, release = AbortSignal.fuse((AbortSignal.aborted_with("gone"), session.signal))
     assert already.aborted and already.reason == "gone" and not session.signal._listeners
     assert AbortSignal.any((session.signal,)) is not session.signal and len(session.signal._listeners or []) == 1
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
+def test_an_interrupt_in_a_listener_still_lets_the_others_hear_and_then_wins(
+    interrupt: type[BaseException],
+) -> None:
+    controller = AbortController()
+    heard: list[str] = []
+
+    def interrupted(reason: object) -> None:
+        heard.append("interrupted")
+        raise interrupt()
+
+    def failing(reason: object) -> None:
+        heard.append("failing")
+        raise ValueError("listener failed")
+
+    controller.signal.add_listener(interrupted)
+    controller.signal.add_listener(failing)
+    controller.signal.add_listener(lambda reason: heard.append(f"last {reason}"))
+    with pytest.raises(interrupt) as raised:
+        controller.abort("stop")
+    assert heard == ["interrupted", "failing", "last stop"]
+    notes = raised.value.__notes__
+    assert any("interrupted" in note for note in notes)
+    assert any("also raised ValueError: listener failed" in note for note in notes)
