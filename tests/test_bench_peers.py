@@ -36,7 +36,8 @@ def test_makes_a_venv_once_and_reuses_it(tmp_path: Path, requirements: Path) -> 
     python, note = peers_env.ensure_peers_python(venv, requirements, OFFLINE)
     assert python == venv / "bin" / "python", note
     assert "made" in note
-    ran = subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
+    ran = subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"],
+                         check=True, capture_output=True, text=True)
     assert ran.stdout.strip() == str(venv)
     (venv / "left-by-the-first-fill").touch()
     again, note = peers_env.ensure_peers_python(venv, requirements, OFFLINE)
