@@ -11,6 +11,7 @@ hook lives here, next to its call.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -195,9 +196,11 @@ class Hooks:
                 if impl.plugin is not plugin:
                     continue
                 if caller.spec is None:
+                    known = self.hook_names()
+                    close = difflib.get_close_matches(caller.name, known, n=1)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
                     raise PluginLoadError(
-                        f"plugin {name!r} implements unknown hook {caller.name!r} "
-                        f"(known: {', '.join(sorted(self.hook_names()))})"
+                        f"plugin {name!r} implements unknown hook {caller.name!r} ({hint}known: {', '.join(known)})"
                     )
                 if impl.wrapper or impl.hookwrapper:
                     raise PluginLoadError(
@@ -215,7 +218,12 @@ class Hooks:
 
     def hook_names(self) -> list[str]:
         """Names of every hook specification."""
-        return sorted(n for n in dir(self._pm.hook) if n.startswith("dsh_"))
+        # Not every name on pm.hook: pluggy leaves a spec-less caller there for a
+        # rejected plugin's misspelled hook, which is no hook anyone may implement.
+        return sorted(
+            name for name in dir(self._pm.hook)
+            if name.startswith("dsh_") and getattr(self._pm.hook, name).spec is not None
+        )
 
     def has_plugin(self, name: str) -> bool:
         """True if a plugin is registered under ``name``."""

@@ -40,10 +40,33 @@ def test_wrappers_and_unknown_hooks_are_refused_and_nothing_stays_registered() -
 
     with pytest.raises(PluginLoadError, match="wrappers are not supported"):
         hooks.register(Wrapper(), name="wrapper")
-    with pytest.raises(PluginLoadError, match="unknown hook 'dsh_pre_exceute'"):
+    with pytest.raises(PluginLoadError, match="unknown hook 'dsh_pre_exceute' \\(did you mean 'dsh_pre_execute'"):
         hooks.register(Typo(), name="typo")
     assert not hooks.has_plugin("wrapper") and not hooks.has_plugin("typo")
     assert hooks.impls("dsh_pre_execute") == ()
+
+
+def test_a_rejected_misspelling_is_never_listed_as_a_known_hook() -> None:
+    hooks = Hooks()
+    specs = hooks.hook_names()
+
+    class Typo:
+        @hookimpl
+        def dsh_pre_exceute(self, execution: ToolExecution) -> None:
+            return None
+
+    class Nonsense:
+        @hookimpl
+        def dsh_zzz(self) -> None:
+            return None
+
+    with pytest.raises(PluginLoadError):
+        hooks.register(Typo(), name="typo")
+    assert hooks.hook_names() == specs
+    with pytest.raises(PluginLoadError) as raised:
+        hooks.register(Nonsense(), name="nonsense")
+    assert "dsh_pre_exceute" not in str(raised.value)
+    assert "did you mean" not in str(raised.value)  # nothing close: no guess
 
 
 def test_a_duplicate_plugin_name_is_refused() -> None:
