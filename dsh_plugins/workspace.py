@@ -436,11 +436,18 @@ class WorkspaceTools:
             os.makedirs(parent, exist_ok=True)
             # The parents were just created under a checked real path; re-check in case of a race.
             self.workspace.resolve(given)
-        created = not os.path.exists(real)
+        try:
+            created = False
+            if not stat.S_ISREG(os.lstat(real).st_mode):
+                # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
+                raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
+        except FileNotFoundError:
+            created = True
         ctx.signal.raise_if_aborted()
         try:
-            # O_NOFOLLOW: a symlink swapped in after the check is refused rather than followed.
-            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            # O_NOFOLLOW: a symlink swapped in after the check is refused rather than followed;
+            # O_NONBLOCK: so is a FIFO (ENXIO without a reader) instead of blocking.
+            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as error:
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
         with os.fdopen(fd, "wb") as handle:

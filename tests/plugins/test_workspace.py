@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,28 @@ async def test_abort_and_cancellation_kill_a_runaway_search_promptly(
             await task
         assert time.monotonic() - started < 2
         assert len(workers) == 2 and workers[1].returncode is not None
+
+
+async def test_write_refuses_a_fifo_instead_of_blocking_the_loop(boot: Any, tmp_path: Path) -> None:
+    """Opening a FIFO for writing waits for a reader; write must refuse it at once, not hang the loop."""
+    import threading
+    import time
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    readers: list[int] = []
+    # On failure, a reader opened from a thread unblocks the writer so the test ends instead of hanging.
+    unblock = threading.Timer(3, lambda: readers.append(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)))
+    unblock.start()
+    try:
+        async with boot(ws(tmp_path)) as h:
+            started = time.monotonic()
+            result = await h.call("write", {"path": "pipe", "content": "x"})
+            elapsed = time.monotonic() - started
+    finally:
+        unblock.cancel()
+        for fd in readers:
+            os.close(fd)
+    assert result.code == "TOOL_FAILED" and "'pipe' is not a regular file" in result.text
+    assert elapsed < 2
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
