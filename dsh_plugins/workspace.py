@@ -340,8 +340,8 @@ class WorkspaceTools:
             raise ToolError(f"{given!r} is not a regular file")
         return info
 
-    def _read_text(self, real: str, given: str) -> str:
-        """The whole text of a file for edit, refusing binary and oversized files."""
+    def _read_text(self, real: str, given: str) -> tuple[os.stat_result, str]:
+        """The stat and whole text of a file for edit, refusing binary and oversized files."""
         info = self._regular_file(real, given)
         if info.st_size > self.max_file_bytes:
             raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
@@ -351,7 +351,7 @@ class WorkspaceTools:
         if _looks_binary(data[:SNIFF_BYTES]):
             raise ToolError(f"{given!r} is a binary file ({_format_size(len(data))}); only text files can be edited")
         try:
-            return data.decode("utf-8")
+            return info, data.decode("utf-8")
         except UnicodeDecodeError:
             raise ToolError(f"{given!r} is not valid UTF-8 text; only UTF-8 text files can be edited") from None
 
@@ -437,22 +437,45 @@ class WorkspaceTools:
             # The parents were just created under a checked real path; re-check in case of a race.
             self.workspace.resolve(given)
         try:
-            created = False
-            if not stat.S_ISREG(os.lstat(real).st_mode):
-                # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
-                raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
+            info: os.stat_result | None = os.lstat(real)
         except FileNotFoundError:
-            created = True
+            info = None
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
+            raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
         ctx.signal.raise_if_aborted()
+        self._replace(real, given, data, info)
+        return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
+
+    def _replace(self, real: str, given: str, data: bytes, info: os.stat_result | None) -> None:
+        """Put ``data`` at ``real`` atomically: a new file beside it, renamed over it (``info``: its old stat).
+
+        Never written in place: a failed write (disk full) leaves the old content whole, and a
+        hard link to a file outside the workspace is replaced, not written through.
+        """
+        if info is not None and not os.access(real, os.W_OK):
+            raise ToolError(f"cannot write {given!r}: Permission denied")
+        parent = os.path.dirname(real)
+        temporary = os.path.join(parent, f".dsh-{os.urandom(6).hex()}.tmp")
         try:
-            # O_NOFOLLOW: a symlink swapped in after the check is refused rather than followed;
-            # O_NONBLOCK: so is a FIFO (ENXIO without a reader) instead of blocking.
-            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except OSError as error:
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        return {"path": self.workspace.relative(real), "bytes": len(data), "created": created}
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                if info is not None:
+                    os.fchmod(fd, stat.S_IMODE(info.st_mode))
+                    if (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
+                        with contextlib.suppress(OSError):
+                            os.fchown(fd, info.st_uid, info.st_gid)
+                handle.write(data)
+                handle.flush()
+                os.fsync(fd)
+            os.replace(temporary, real)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
 
     async def edit(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``edit``: exact replacement that fails on zero or (without replace_all) several matches."""
@@ -465,7 +488,7 @@ class WorkspaceTools:
         if old == new:
             raise ToolError("old_string and new_string are identical; nothing would change")
         real = self.workspace.resolve(given)
-        text = self._read_text(real, given)
+        info, text = self._read_text(real, given)
         count = text.count(old)
         if count == 0:
             raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
@@ -479,9 +502,7 @@ class WorkspaceTools:
             raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "
                             f"{_format_size(self.max_file_bytes)} limit")
         ctx.signal.raise_if_aborted()
-        fd = os.open(real, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        self._replace(real, given, data, info)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}
 
     async def list(self, args: Any, ctx: ToolContext) -> Any:

@@ -322,3 +322,65 @@ async def test_write_refuses_a_fifo_instead_of_blocking_the_loop(boot: Any, tmp_
     assert result.code == "TOOL_FAILED" and "'pipe' is not a regular file" in result.text
     assert elapsed < 2
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+async def test_write_and_edit_replace_the_file_instead_of_writing_through_a_hard_link(
+        boot: Any, tmp_path: Path) -> None:
+    """A hard link inside the root to a file outside: the outside file must not change."""
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("original\n")
+    os.link(victim, root / "linked.txt")
+    (root / "script.sh").write_text("echo hi\n")
+    os.chmod(root / "script.sh", 0o750)
+    async with boot(ws(root)) as h:
+        written = await h.call("write", {"path": "linked.txt", "content": "pwned\n"})
+        assert written.error is None and written.value["created"] is False
+        assert victim.read_text() == "original\n" and (root / "linked.txt").read_text() == "pwned\n"
+        os.unlink(root / "linked.txt")
+        os.link(victim, root / "linked.txt")
+        edited = await h.call("edit", {"path": "linked.txt", "old_string": "original", "new_string": "pwned"})
+        assert edited.error is None
+        assert victim.read_text() == "original\n" and (root / "linked.txt").read_text() == "pwned\n"
+        # Replacing keeps the mode of the file it replaces, and leaves no temporary file behind.
+        await h.call("edit", {"path": "script.sh", "old_string": "hi", "new_string": "bye"})
+        assert stat.S_IMODE(os.stat(root / "script.sh").st_mode) == 0o750
+    assert sorted(os.listdir(root)) == ["linked.txt", "script.sh"]
+
+
+def test_an_edit_whose_write_fails_leaves_the_file_intact(tmp_path: Path) -> None:
+    """A write that fails half-way (here: RLIMIT_FSIZE, as a full disk would) loses no data."""
+    import json
+    import subprocess
+    import sys
+
+    original = "".join(f"line {i}\n" for i in range(300))  # ~2.3 KB
+    (tmp_path / "f.txt").write_text(original)
+    script = f"""
+import asyncio, json, resource, signal
+from dsh_core.config import compose
+from dsh_core.harness import Harness
+from dsh_core.plugins import PluginCatalog
+
+async def main():
+    rows = [{{"id": "workspace", "use": "workspace", "config": {{"root": {str(tmp_path)!r}}}}}]
+    h = await Harness.start(compose([("t", {{"tools": {{"mode": "native"}}, "plugins": rows}})], env={{}}),
+                            catalog=PluginCatalog(strict=True))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.RLIM_INFINITY))
+    result = await h.call("edit", {{"path": "f.txt", "old_string": "line 0\\n", "new_string": "x" * 3000}})
+    await h.aclose()
+    print(json.dumps({{"code": result.code, "text": result.text}}))
+
+asyncio.run(main())
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                          check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == "TOOL_FAILED"
+    assert "cannot write 'f.txt'" in result["text"] and "File too large" in result["text"]
+    assert (tmp_path / "f.txt").read_text() == original
+    assert os.listdir(tmp_path) == ["f.txt"]
