@@ -28,7 +28,6 @@ import stat
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
@@ -106,6 +105,27 @@ async def _in_thread(ctx: ToolContext, work: Callable[[threading.Event], _T]) ->
             worker.exception()  # retrieved (re-raised above when the await was not cancelled)
 
 
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY
+
+
+def _open_child(fd: int, name: str, create: bool) -> int | None:
+    """The directory ``name`` under ``fd``, not followed if it is a symlink (then ``None``)."""
+    try:
+        return os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, dir_fd=fd)
+        return _open_child(fd, name, False)
+    except OSError:
+        # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ENOTDIR (or ELOOP); tell it from a plain file.
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                return None
+        raise
+
+
 class Workspace:
     """Path confinement and file access under one root directory."""
 
@@ -137,6 +157,33 @@ class Workspace:
             raise ToolError(f"{what} {path!r} leads outside the workspace {self.root} through a symlink "
                             f"(it resolves to {real}); refused")
         return real
+
+    def open_dir(self, real: str, given: str, *, create: bool = False) -> int:
+        """A descriptor of the directory ``real`` (as :meth:`resolve` returned it), walked from the root.
+
+        Each component is opened with ``O_NOFOLLOW`` relative to the one before, so a directory
+        swapped for a symlink after :meth:`resolve` checked the path is refused instead of followed
+        out of the workspace. ``create`` makes missing directories on the way (for write). Other
+        failures raise the :class:`OSError` of the component (``FileNotFoundError``, ``NotADirectoryError``...).
+        """
+        relative = os.path.relpath(real, self.root)
+        if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+            raise ToolError(f"path {given!r} is outside the workspace {self.root}")
+        parts = [] if relative == os.curdir else relative.split(os.sep)
+        fd = os.open(self.root, _DIRECTORY)
+        try:
+            for index, part in enumerate(parts):
+                child = _open_child(fd, part, create)
+                if child is None:
+                    shown = "/".join(parts[:index + 1])
+                    raise ToolError(f"{given!r} changed while it was being opened: {shown!r} was replaced by a "
+                                    "symlink; refused")
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _inside(self, path: str) -> bool:
         return path == self.root or path.startswith(self.root.rstrip(os.sep) + os.sep)
@@ -327,27 +374,60 @@ class WorkspaceTools:
 
     # -- bodies -------------------------------------------------------------------------------------------
 
-    def _regular_file(self, real: str, given: str) -> os.stat_result:
+    def _open_parent(self, real: str, given: str, *, create: bool = False) -> int:
+        """:meth:`Workspace.open_dir` of the directory holding ``real``, its failures as :class:`ToolError`."""
         try:
-            info = os.stat(real)
+            return self.workspace.open_dir(os.path.dirname(real), given, create=create)
         except FileNotFoundError:
             raise ToolError(f"file not found: {given!r} (use list to see what exists)") from None
+        except NotADirectoryError:
+            raise ToolError(f"cannot {'create' if create else 'access'} {given!r}: a parent path is not a "
+                            "directory") from None
         except OSError as error:
             raise ToolError(f"cannot access {given!r}: {error.strerror}") from None
-        if stat.S_ISDIR(info.st_mode):
+
+    def _open_regular(self, real: str, given: str) -> tuple[int, os.stat_result]:
+        """A read descriptor and the stat of the regular file ``real``, reached without following symlinks."""
+        if real == self.workspace.root:
             raise ToolError(f"{given!r} is a directory, not a file (use list to see its entries)")
-        if not stat.S_ISREG(info.st_mode):
-            raise ToolError(f"{given!r} is not a regular file")
-        return info
+        parent = self._open_parent(real, given)
+        name = os.path.basename(real)
+        try:
+            try:
+                info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                raise ToolError(f"file not found: {given!r} (use list to see what exists)") from None
+            except OSError as error:
+                raise ToolError(f"cannot access {given!r}: {error.strerror}") from None
+            if stat.S_ISDIR(info.st_mode):
+                raise ToolError(f"{given!r} is a directory, not a file (use list to see its entries)")
+            if not stat.S_ISREG(info.st_mode):
+                raise ToolError(f"{given!r} is not a regular file")
+            try:
+                # O_NONBLOCK: a FIFO swapped in after the check cannot block the open.
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+            except OSError as error:
+                raise ToolError(f"cannot open {given!r}: {error.strerror}") from None
+        finally:
+            os.close(parent)
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+            os.close(fd)
+            raise ToolError(f"{given!r} changed while it was being opened; try again")
+        return fd, opened
 
     def _read_text(self, real: str, given: str) -> tuple[os.stat_result, str]:
         """The stat and whole text of a file for edit, refusing binary and oversized files."""
-        info = self._regular_file(real, given)
-        if info.st_size > self.max_file_bytes:
-            raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
-                            f"{_format_size(self.max_file_bytes)} limit for editing; rewrite it with smaller "
-                            "files or change it with bash")
-        data = Path(real).read_bytes()
+        fd, info = self._open_regular(real, given)
+        with open(fd, "rb") as handle:
+            if info.st_size > self.max_file_bytes:
+                raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
+                                f"{_format_size(self.max_file_bytes)} limit for editing; rewrite it with smaller "
+                                "files or change it with bash")
+            data = handle.read(self.max_file_bytes + 1)
+        if len(data) > self.max_file_bytes:
+            raise ToolError(f"{given!r} grew past the {_format_size(self.max_file_bytes)} limit for editing "
+                            "while it was read")
         if _looks_binary(data[:SNIFF_BYTES]):
             raise ToolError(f"{given!r} is a binary file ({_format_size(len(data))}); only text files can be edited")
         try:
@@ -366,8 +446,9 @@ class WorkspaceTools:
         return result
 
     def _read_lines(self, real: str, given: str, offset: int, limit: int, stop: threading.Event) -> dict[str, Any]:
-        info = self._regular_file(real, given)
+        fd, info = self._open_regular(real, given)
         if info.st_size > self.max_read_file_bytes:
+            os.close(fd)
             raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
                             f"{_format_size(self.max_read_file_bytes)} limit for read; look at parts of it with "
                             "bash (head, tail, sed -n) or search")
@@ -376,7 +457,7 @@ class WorkspaceTools:
         truncated = False
         next_offset: int | None = None
         number = 0
-        with open(real, "rb") as handle:
+        with open(fd, "rb") as handle:
             if _looks_binary(handle.read(SNIFF_BYTES)):
                 raise ToolError(f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows "
                                 "text files")
@@ -429,36 +510,38 @@ class WorkspaceTools:
         real = self.workspace.resolve(given)
         if real == self.workspace.root or os.path.isdir(real):
             raise ToolError(f"{given!r} is a directory; give a file path")
-        parent = os.path.dirname(real)
-        if not os.path.isdir(parent):
-            if os.path.exists(parent):
-                raise ToolError(f"cannot create {given!r}: a parent path is not a directory")
-            os.makedirs(parent, exist_ok=True)
-            # The parents were just created under a checked real path; re-check in case of a race.
-            self.workspace.resolve(given)
+        parent = self._open_parent(real, given, create=True)
+        name = os.path.basename(real)
         try:
-            info: os.stat_result | None = os.lstat(real)
-        except FileNotFoundError:
-            info = None
-        if info is not None and not stat.S_ISREG(info.st_mode):
-            # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
-            raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
-        ctx.signal.raise_if_aborted()
-        self._replace(real, given, data, info)
+            try:
+                info: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                info = None
+            except OSError as error:
+                raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
+            if info is not None and stat.S_ISDIR(info.st_mode):
+                raise ToolError(f"{given!r} is a directory; give a file path")
+            if info is not None and not stat.S_ISREG(info.st_mode):
+                # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
+                raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
+            ctx.signal.raise_if_aborted()
+            self._replace(parent, name, given, data, info)
+        finally:
+            os.close(parent)
         return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
 
-    def _replace(self, real: str, given: str, data: bytes, info: os.stat_result | None) -> None:
-        """Put ``data`` at ``real`` atomically: a new file beside it, renamed over it (``info``: its old stat).
+    def _replace(self, parent: int, name: str, given: str, data: bytes, info: os.stat_result | None) -> None:
+        """Put ``data`` at ``name`` in the directory ``parent`` atomically: a new file beside it, renamed over
+        it (``info``: the stat of the file it replaces).
 
         Never written in place: a failed write (disk full) leaves the old content whole, and a
         hard link to a file outside the workspace is replaced, not written through.
         """
-        if info is not None and not os.access(real, os.W_OK):
+        if info is not None and not os.access(name, os.W_OK, dir_fd=parent):
             raise ToolError(f"cannot write {given!r}: Permission denied")
-        parent = os.path.dirname(real)
-        temporary = os.path.join(parent, f".dsh-{os.urandom(6).hex()}.tmp")
+        temporary = f".dsh-{os.urandom(6).hex()}.tmp"
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=parent)
         except OSError as error:
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
         try:
@@ -471,10 +554,10 @@ class WorkspaceTools:
                 handle.write(data)
                 handle.flush()
                 os.fsync(fd)
-            os.replace(temporary, real)
+            os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
         except OSError as error:
             with contextlib.suppress(OSError):
-                os.unlink(temporary)
+                os.unlink(temporary, dir_fd=parent)
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
 
     async def edit(self, args: Any, ctx: ToolContext) -> Any:
@@ -502,25 +585,36 @@ class WorkspaceTools:
             raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "
                             f"{_format_size(self.max_file_bytes)} limit")
         ctx.signal.raise_if_aborted()
-        self._replace(real, given, data, info)
+        parent = self._open_parent(real, given)
+        try:
+            self._replace(parent, os.path.basename(real), given, data, info)
+        finally:
+            os.close(parent)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}
 
     async def list(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``list``: one directory's entries, sorted, symlinks shown but not followed."""
         given: str = args.get("path", ".")
         real = self.workspace.resolve(given)
-        if not os.path.exists(real):
-            raise ToolError(f"directory not found: {given!r}")
-        if not os.path.isdir(real):
-            raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)")
-        entries, truncated = await _in_thread(ctx, lambda stop: self._list_entries(real, stop))
+        try:
+            fd = self.workspace.open_dir(real, given)
+        except FileNotFoundError:
+            raise ToolError(f"directory not found: {given!r}") from None
+        except NotADirectoryError:
+            raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)") from None
+        except OSError as error:
+            raise ToolError(f"cannot list {given!r}: {error.strerror}") from None
+        try:
+            entries, truncated = await _in_thread(ctx, lambda stop: self._list_entries(fd, stop))
+        finally:
+            os.close(fd)
         ctx.signal.raise_if_aborted()
         return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated}
 
-    def _list_entries(self, real: str, stop: threading.Event) -> tuple[_Entries, bool]:
+    def _list_entries(self, fd: int, stop: threading.Event) -> tuple[_Entries, bool]:
         entries: list[dict[str, Any]] = []
         truncated = False
-        with os.scandir(real) as scan:
+        with os.scandir(fd) as scan:
             items = []
             for item in scan:
                 if stop.is_set():

@@ -384,3 +384,42 @@ asyncio.run(main())
     assert "cannot write 'f.txt'" in result["text"] and "File too large" in result["text"]
     assert (tmp_path / "f.txt").read_text() == original
     assert os.listdir(tmp_path) == ["f.txt"]
+
+
+async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race between resolve() and the open: a checked directory becomes a symlink leading out."""
+    from dsh_plugins.workspace import Workspace
+
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "file.txt").write_text("inside\n")
+    (outside / "file.txt").write_text("outside secret\n")
+    check = Workspace.resolve
+
+    def resolve_then_swap(self: Workspace, path: str, *, what: str = "path") -> str:
+        real = check(self, path, what=what)
+        if os.path.isdir(root / "sub") and not os.path.islink(root / "sub"):  # the attacker's move
+            os.rename(root / "sub", root / "sub.orig")
+            os.symlink(outside, root / "sub")
+        return real
+
+    def restore() -> None:
+        os.unlink(root / "sub")
+        os.rename(root / "sub.orig", root / "sub")
+
+    monkeypatch.setattr(Workspace, "resolve", resolve_then_swap)
+    async with boot(ws(root)) as h:
+        for name, args in [("read", {"path": "sub/file.txt"}), ("write", {"path": "sub/file.txt", "content": "x"}),
+                           ("write", {"path": "sub/new.txt", "content": "x"}),
+                           ("edit", {"path": "sub/file.txt", "old_string": "secret", "new_string": "pwned"}),
+                           ("list", {"path": "sub"})]:
+            result = await h.call(name, args)
+            restore()
+            assert result.code == "TOOL_FAILED", (name, result)
+            assert "'sub' was replaced by a symlink" in result.text, (name, result.text)
+            assert "outside secret" not in result.text
+    assert sorted(os.listdir(outside)) == ["file.txt"]
+    assert (outside / "file.txt").read_text() == "outside secret\n"
+    assert (root / "sub" / "file.txt").read_text() == "inside\n"
