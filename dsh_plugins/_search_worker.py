@@ -53,6 +53,27 @@ def _files(start: str, exclude: frozenset[str]) -> Iterator[str]:
             yield os.path.join(directory, name)
 
 
+def _read_regular(path: str, max_bytes: int) -> bytes | None:
+    """The content of ``path`` if it is a regular file of at most ``max_bytes`` (``None`` otherwise).
+
+    Opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked again once open: a file swapped for a
+    symlink (leading out of the workspace) or a FIFO after the ``lstat`` is skipped, not followed.
+    """
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open(fd, "rb") as handle:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                return None
+            data = handle.read(max_bytes + 1)
+    except OSError:
+        return None
+    return data if len(data) <= max_bytes else None
+
+
 def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
     """Search as ``request`` says, reporting through ``emit``; the last event has ``done``."""
     regex = re.compile(request["pattern"])
@@ -66,14 +87,8 @@ def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> N
         if time.monotonic() > deadline:
             emit(timed_out)
             return
-        try:
-            info = os.lstat(path)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > request["max_file_bytes"]:
-                emit({"file": "skipped"})
-                continue
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except OSError:
+        data = _read_regular(path, request["max_file_bytes"])
+        if data is None:
             emit({"file": "skipped"})
             continue
         if looks_binary(data[:SNIFF_BYTES]):

@@ -423,3 +423,32 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed
     assert sorted(os.listdir(outside)) == ["file.txt"]
     assert (outside / "file.txt").read_text() == "outside secret\n"
     assert (root / "sub" / "file.txt").read_text() == "inside\n"
+
+
+def test_the_search_worker_does_not_follow_a_file_swapped_for_a_symlink(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race between the worker's lstat() and its open: a checked file becomes a symlink leading out."""
+    from dsh_plugins import _search_worker
+
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("needle: top secret\n")
+    (root / "f.txt").write_text("harmless\n")
+    check = os.lstat
+
+    def lstat_then_swap(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        info = check(path, *args, **kwargs)
+        if str(path) == str(root / "f.txt") and not stat.S_ISLNK(info.st_mode):  # the attacker's move
+            os.unlink(path)
+            os.symlink(outside / "secret.txt", path)
+        return info
+
+    monkeypatch.setattr(_search_worker.os, "lstat", lstat_then_swap)
+    events: list[dict[str, Any]] = []
+    _search_worker.search({"pattern": "needle", "start": str(root), "root": str(root), "timeout_s": 10,
+                           "max_results": 10, "max_file_bytes": 1 << 20, "exclude": []}, events.append)
+    monkeypatch.undo()
+    assert os.path.islink(root / "f.txt")  # the swap happened
+    assert not [e for e in events if "match" in e], events
+    assert {"file": "skipped"} in events
