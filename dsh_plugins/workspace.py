@@ -67,6 +67,7 @@ MAX_LINE_CHARS = 2000
 MAX_LINE_BYTES = MAX_LINE_CHARS * 4 + 2
 SKIP_CHUNK_BYTES = 1 << 16
 SNIFF_BYTES = 8192
+READ_CUT_NOTE = " [... line cut to fit the read limit]"  # ASCII: its length is its size in bytes
 SEARCH_KILL_GRACE_S = 0.5  # past search_timeout_s, a search stuck inside one regex call is killed
 
 _T = TypeVar("_T")
@@ -486,6 +487,9 @@ class WorkspaceTools:
                 if used > self.max_read_bytes and lines:
                     truncated, next_offset = True, number
                     break
+                if used > self.max_read_bytes:  # the first line alone is too long: cut it to fit
+                    room = self.max_read_bytes - len(READ_CUT_NOTE)
+                    entry = entry.encode("utf-8")[:room].decode("utf-8", errors="ignore") + READ_CUT_NOTE
                 lines.append(entry)
         if number < offset and offset > 1 and not stop.is_set():
             raise ToolError(f"offset {offset} is past the end of {given!r}, which has {number} lines")

@@ -452,3 +452,16 @@ def test_the_search_worker_does_not_follow_a_file_swapped_for_a_symlink(
     assert os.path.islink(root / "f.txt")  # the swap happened
     assert not [e for e in events if "match" in e], events
     assert {"file": "skipped"} in events
+
+
+async def test_a_single_long_line_is_cut_to_fit_max_read_bytes(boot: Any, tmp_path: Path) -> None:
+    """max_read_bytes holds even when the first line alone is longer (2000 two-byte characters)."""
+    (tmp_path / "wide.txt").write_text("é" * 2000 + "\nsecond\n")
+    async with boot(ws(tmp_path, max_read_bytes=1024)) as h:
+        read = await h.call("read", {"path": "wide.txt"})
+        assert len(read.value["content"].encode()) <= 1024
+        assert read.value["content"].startswith("     1\téé")
+        assert read.value["content"].endswith("[... line cut to fit the read limit]")
+        assert read.value["truncated"] is True and read.value["next_offset"] == 2
+        second = await h.call("read", {"path": "wide.txt", "offset": 2})
+        assert second.value["content"] == "     2\tsecond"
