@@ -555,9 +555,9 @@ class WorkspaceTools:
                     if (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
                         with contextlib.suppress(OSError):
                             os.fchown(fd, info.st_uid, info.st_gid)
+                # No fsync: the body runs on the event loop, where a sync of each write would
+                # stall every other call; the rename already gives readers all or nothing.
                 handle.write(data)
-                handle.flush()
-                os.fsync(fd)
             os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
         except OSError as error:
             with contextlib.suppress(OSError):
