@@ -24,6 +24,7 @@ from attrs import field, frozen
 
 from dsh_core.abort import AbortController, AbortedError, AbortSignal
 from dsh_core.errors import DshError, ErrorCode
+from dsh_core.hooks import REGISTRATION_HOOKS
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
@@ -625,6 +626,12 @@ def check_dispose(target: Target) -> list[str]:
     return found
 
 
+#: Hooks whose return value dsh uses as it is, never awaited: an ``async def`` implementation does nothing
+#: (a registration hook registers nothing) or hands the core a coroutine where it expects a value.
+SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_prompt_sections",
+                               "dsh_prompt_filter"})
+
+
 def _hook_specs() -> dict[str, bool]:
     from dsh_core.hooks import Hooks
 
@@ -695,7 +702,13 @@ def check_hookimpls(target: Target) -> list[str]:
             found.append(failure(target, "hookimpls", f"{where} declares defaults for {', '.join(defaulted)}; "
                                  "pluggy versions disagree on whether such arguments are passed",
                                  "remove the defaults (accept only the arguments you use, all required)"))
-        if specs[hook] and (inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)):
+        is_async = inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+        if is_async and hook in SYNC_HOOKS:
+            found.append(failure(target, "hookimpls", f"{where} is async def, but dsh calls {hook} synchronously "
+                                 "and never awaits what it returns: the coroutine is discarded"
+                                 + (", so nothing is registered" if hook in REGISTRATION_HOOKS else ""),
+                                 "make it a plain def (start async work with scope.spawn(...))"))
+        elif is_async and specs[hook]:
             found.append(failure(target, "hookimpls", f"{where} is async def on a first-result hook: its "
                                  "coroutine is never None, so it always wins, even when it means to abstain",
                                  "make it a plain function that returns None or an awaitable"))

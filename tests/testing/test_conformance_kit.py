@@ -221,3 +221,28 @@ def test_the_tool_names_check_refuses_a_trailing_newline(monkeypatch: pytest.Mon
     monkeypatch.setattr(checks, "_recorded", lambda target, check: [tool("read\n"), tool("fine")])
     failures = checks.check_tool_names(Target("newline"))
     assert len(failures) == 1 and "invalid tool name 'read\\n'" in failures[0]
+
+
+def test_async_def_on_a_hook_dsh_never_awaits_fails_the_hookimpls_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``async def dsh_register_tools`` registers nothing (its coroutine is discarded): zero tools must not pass."""
+    import warnings
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("async-registration",
+                                      "tests.fixtures.conformance.broken_plugins:async_registration",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "coroutine ... was never awaited": the point here
+        failures = checks.check_hookimpls(Target("async-registration"))
+    assert len(failures) == 2, failures
+    assert failures[0].startswith('[dsh:hookimpls] plugin "async-registration": dsh_prompt_sections (hook '
+                                  "dsh_prompt_sections) is async def, but dsh calls dsh_prompt_sections "
+                                  "synchronously")
+    assert failures[1].startswith('[dsh:hookimpls] plugin "async-registration": dsh_register_tools (hook '
+                                  "dsh_register_tools) is async def")
+    assert "so nothing is registered" in failures[1] and "fix: make it a plain def" in failures[1]
