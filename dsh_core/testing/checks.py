@@ -684,6 +684,13 @@ def check_hookimpls(target: Target) -> list[str]:
             continue
         options = getattr(member, marker, None)
         if not isinstance(options, dict):
+            if attribute.startswith("dsh_") and callable(member):
+                # pluggy only sees marked methods: this one is silently never called.
+                known = f"hook {attribute}" if attribute in specs else "no known hook"
+                found.append(failure(target, "hookimpls", f"{attribute} ({known}) is not marked @hookimpl, so "
+                                     "pluggy never calls it",
+                                     "decorate it with @dsh_core.hookimpl" + ("" if attribute in specs else
+                                     f" and name a known hook: {', '.join(sorted(specs))}")))
             continue
         hook = options.get("specname") or attribute
         where = f"{attribute} (hook {hook})"

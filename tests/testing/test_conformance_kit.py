@@ -246,3 +246,22 @@ def test_async_def_on_a_hook_dsh_never_awaits_fails_the_hookimpls_check(
     assert failures[1].startswith('[dsh:hookimpls] plugin "async-registration": dsh_register_tools (hook '
                                   "dsh_register_tools) is async def")
     assert "so nothing is registered" in failures[1] and "fix: make it a plain def" in failures[1]
+
+
+def test_a_hook_method_without_hookimpl_fails_the_hookimpls_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``dsh_*`` method without ``@hookimpl`` is never called (no tools, no guard): zero tools must not pass."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("unmarked", "tests.fixtures.conformance.broken_plugins:unmarked",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    failures = checks.check_hookimpls(Target("unmarked"))
+    assert len(failures) == 2, failures
+    assert failures[0].startswith('[dsh:hookimpls] plugin "unmarked": dsh_gaurd (no known hook) is not marked '
+                                  "@hookimpl")
+    assert "name a known hook: " in failures[0] and "dsh_guard" in failures[0]
+    assert failures[1].startswith('[dsh:hookimpls] plugin "unmarked": dsh_register_tools (hook '
+                                  "dsh_register_tools) is not marked @hookimpl, so pluggy never calls it")
