@@ -101,6 +101,25 @@ def test_anything_but_reading_is_refused_and_changes_nothing(tmp_path: Path, sql
     assert not (tmp_path / "other.db").exists()
 
 
+def _has_fts3_tokenizer() -> bool:
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        try:
+            db.execute("SELECT fts3_tokenizer('simple')")
+        except sqlite3.Error:
+            return False
+    return True
+
+
+@pytest.mark.skipif(not _has_fts3_tokenizer(), reason="this SQLite has no fts3_tokenizer()")
+@pytest.mark.parametrize("sql", ["SELECT fts3_tokenizer('simple')",
+                                 "SELECT hex(FTS3_TOKENIZER('simple', x'4141414141414141'))"])
+def test_fts3_tokenizer_cannot_read_or_install_native_pointers(tmp_path: Path, sql: str) -> None:
+    """fts3_tokenizer leaks a C pointer (one argument) or installs one as tokenizer code (two)."""
+    result = query(make_db(tmp_path / "app.db"), sql)
+    assert result.code == "TOOL_FAILED"
+    assert "only read-only queries are allowed" in result.text
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELEC name FROM users", 'SQL error: near "SELEC": syntax error'),
     ("SELECT nope FROM users", "SQL error: no such column: nope"),

@@ -3,7 +3,8 @@
 Safety does not rest on parsing SQL. The database is opened read-only
 (``mode=ro`` URI), ``PRAGMA query_only`` is set, and an authorizer allows only
 reading (``SELECT``, reading columns, functions, recursive CTEs), so writes,
-``ATTACH``, ``PRAGMA`` and transactions fail inside SQLite itself. Values are
+``ATTACH``, ``PRAGMA``, transactions and the pointer-handling ``fts3_tokenizer``
+fail inside SQLite itself. Values are
 always bound parameters (``?`` or ``:name``), never formatted into the SQL.
 """
 
@@ -40,8 +41,14 @@ _SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                               sqlite3.SQLITE_RECURSIVE})
 
+# Functions that reach past the data: fts3_tokenizer returns a raw C pointer (and with two arguments
+# installs one as a tokenizer's code); load_extension loads native code.
+_DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
 
-def _authorize(action: int, *_: object) -> int:
+
+def _authorize(action: int, _arg1: object, arg2: object, *_: object) -> int:
+    if action == sqlite3.SQLITE_FUNCTION and isinstance(arg2, str) and arg2.lower() in _DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
 
 
