@@ -90,6 +90,7 @@ def test_parameters_are_bound_never_formatted(tmp_path: Path) -> None:
     "ATTACH DATABASE 'other.db' AS other",
     "CREATE TABLE t (x)",
     "BEGIN",
+    "VACUUM INTO 'other.db'",
 ])
 def test_anything_but_reading_is_refused_and_changes_nothing(tmp_path: Path, sql: str) -> None:
     db = make_db(tmp_path / "app.db")

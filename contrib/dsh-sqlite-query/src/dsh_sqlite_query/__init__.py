@@ -173,7 +173,9 @@ class SqliteQuery:
                 raise ToolError(f"the query ran longer than {self.timeout_s:g} s and was interrupted; "
                                 "add a LIMIT or a narrower WHERE") from None
             text = str(error)
-            if "not authorized" in text or "readonly" in text or "query_only" in text:
+            # "authorization denied": statements SQLite authorizes as a whole (VACUUM INTO a new file).
+            if "not authorized" in text or "authorization denied" in text or "readonly" in text \
+                    or "query_only" in text:
                 raise ToolError(f"only read-only queries are allowed (SELECT or WITH ... SELECT): {text}") from None
             raise ToolError(f"SQL error: {text}") from None
         finally:
