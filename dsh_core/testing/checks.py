@@ -352,7 +352,11 @@ def check_concurrency_safe(target: Target) -> list[str]:
                                     "pass is_concurrency_safe=True (read-only, no shared state) or False "
                                     "(always acceptable) to define_tool", name))
             continue
-        for index, example in enumerate(definition.examples or (freeze({}),)):
+        probes = definition.examples
+        if not probes and _schemas_valid(definition) \
+                and not violations(compile_validator(thaw(definition.parameters)), {}):
+            probes = (freeze({}),)  # no examples: probe with {} only where {} is a valid argument object
+        for index, example in enumerate(probes):
             answers: list[object] = []
             try:
                 for copy in (example, example, freeze(thaw(example))):

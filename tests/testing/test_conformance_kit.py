@@ -265,3 +265,16 @@ def test_a_hook_method_without_hookimpl_fails_the_hookimpls_check(monkeypatch: p
     assert "name a known hook: " in failures[0] and "dsh_guard" in failures[0]
     assert failures[1].startswith('[dsh:hookimpls] plugin "unmarked": dsh_register_tools (hook '
                                   "dsh_register_tools) is not marked @hookimpl, so pluggy never calls it")
+
+
+def test_concurrency_safe_of_a_tool_without_examples_is_not_called_with_invalid_arguments(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With require_examples off, a tool may have no examples: ``{}`` misses its required arguments, and a
+    classifier raising on it is fine (the registry treats a raise as exclusive), so it must not fail."""
+    from tests.core.helpers import tool
+
+    needs_seconds = tool("wait", safe=lambda args: args["seconds"] < 1,
+                         parameters={"type": "object", "properties": {"seconds": {"type": "number"}},
+                                     "required": ["seconds"]})
+    monkeypatch.setattr(checks, "_recorded", lambda target, check: [needs_seconds])
+    assert checks.check_concurrency_safe(Target("no-examples", require_examples=False)) == []
