@@ -24,13 +24,12 @@ from attrs import field, frozen
 
 from dsh_core.abort import AbortController, AbortedError, AbortSignal
 from dsh_core.errors import DshError, ErrorCode
-from dsh_core.hooks import REGISTRATION_HOOKS
+from dsh_core.hooks import REGISTRATION_HOOKS, Hooks
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
-from dsh_core.scope import Scope
-from dsh_core.testing.loader import LoadedPlugin, check_config, load_factory, load_plugin
+from dsh_core.testing.loader import LoadedPlugin, check_config, load_factory, load_plugin, make_root
 
 __all__ = [
     "Target",
@@ -637,8 +636,6 @@ SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_
 
 
 def _hook_specs() -> dict[str, bool]:
-    from dsh_core.hooks import Hooks
-
     manager = Hooks().plugin_manager
     specs: dict[str, bool] = {}
     for name in dir(manager.hook):
@@ -666,11 +663,12 @@ def check_hookimpls(target: Target) -> list[str]:
     specs = _hook_specs()
 
     async def make() -> object:
-        scope = Scope("conformance-hookimpls")
+        # The scope load_plugin gives (a plugin may look up "tools" or "runtime" in its factory).
+        root, _registry, _runtime = make_root(Hooks())
         try:
-            return factory(scope, freeze(dict(target.config)))
+            return factory(root.child(f"plugin:{target.name}"), freeze(dict(target.config)))
         finally:
-            await scope.dispose()
+            await root.dispose()
 
     try:
         instance = _run(make)

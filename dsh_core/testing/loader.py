@@ -27,7 +27,7 @@ from dsh_core.runtime import ToolRuntime
 from dsh_core.schema import check_schema, compile_validator
 from dsh_core.scope import Scope
 
-__all__ = ["ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin"]
+__all__ = ["ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin", "make_root"]
 
 
 class ToolSpy:
@@ -118,6 +118,16 @@ class LoadedPlugin:
         return found
 
 
+def make_root(hooks: Hooks) -> tuple[Scope, ToolRegistry, ToolRuntime]:
+    """The root scope a plugin starts under in the kit: it provides ``tools`` and ``runtime``."""
+    registry = ToolRegistry()
+    runtime = ToolRuntime(registry, hooks)
+    root = Scope("conformance")
+    root.provide("tools", registry)
+    root.provide("runtime", runtime)
+    return root, registry, runtime
+
+
 async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool = False,
                       factory: Callable[..., Any] | None = None) -> LoadedPlugin:
     """Start entry point ``name`` alone with ``config``.
@@ -134,11 +144,7 @@ async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool
         source = None
     check_config(name, factory, config)
     hooks = Hooks()
-    registry = ToolRegistry()
-    runtime = ToolRuntime(registry, hooks)
-    root = Scope("conformance")
-    root.provide("tools", registry)
-    root.provide("runtime", runtime)
+    root, registry, runtime = make_root(hooks)
     loaded = LoadedPlugin(name, root, hooks, registry, runtime, NamedRegistry("provider"),
                           NamedRegistry("session store"))
 

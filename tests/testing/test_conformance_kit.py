@@ -278,3 +278,19 @@ def test_concurrency_safe_of_a_tool_without_examples_is_not_called_with_invalid_
                                      "required": ["seconds"]})
     monkeypatch.setattr(checks, "_recorded", lambda target, check: [needs_seconds])
     assert checks.check_concurrency_safe(Target("no-examples", require_examples=False)) == []
+
+
+def test_the_hookimpls_check_starts_the_factory_in_the_scope_load_plugin_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A factory that looks up the "tools" registry starts under load_plugin, so the hookimpls check passes it."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("needs-registry", "tests.fixtures.conformance.broken_plugins:needs_registry",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    target = Target("needs-registry")
+    assert checks.check_entry_point(target) == []
+    assert checks.check_hookimpls(target) == []
