@@ -51,6 +51,8 @@ __all__ = [
 
 #: Seconds the kit waits for tasks, threads and processes to end after dispose.
 QUIESCENCE_GRACE_S: Final = 1.0
+#: Seconds the stdout check lets a fresh interpreter take to import, start and dispose the plugin.
+PROBE_TIMEOUT_S: Final = 120.0
 #: Seconds past the abort bound after which a call that has not returned is cancelled and reported.
 STUCK_GRACE_S: Final = 5.0
 
@@ -200,9 +202,15 @@ def check_stdout(target: Target) -> list[str]:
     # Files, not pipes: a process the plugin leaked would hold a pipe open and stall the read
     # (the dispose check reports such leaks; this one only cares about stdout).
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        completed = subprocess.run(
-            [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config)],
-            stdout=out, stderr=err, env=env, timeout=120, check=False)
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config)],
+                stdout=out, stderr=err, env=env, timeout=PROBE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return [failure(target, "stdout", f"loading, starting and disposing the plugin in a fresh interpreter "
+                            f"took more than {PROBE_TIMEOUT_S:g} s",
+                            "do no blocking work at import or in the factory (start it with scope.spawn) and make "
+                            "dispose return promptly")]
         out.seek(0)
         err.seek(0)
         stdout, stderr_bytes = out.read(), err.read()

@@ -294,3 +294,22 @@ def test_the_hookimpls_check_starts_the_factory_in_the_scope_load_plugin_gives(
     target = Target("needs-registry")
     assert checks.check_entry_point(target) == []
     assert checks.check_hookimpls(target) == []
+
+
+def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe interpreter is killed at PROBE_TIMEOUT_S and the failure names the plugin (no raw traceback)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(checks, "PROBE_TIMEOUT_S", 0.5, raising=False)
+    real_run = subprocess.run
+
+    def hang(command: list[str], **kwargs: Any) -> Any:  # a probe whose plugin import never returns
+        return real_run([sys.executable, "-c", "import time; time.sleep(5)"], **kwargs)
+
+    monkeypatch.setattr(checks.subprocess, "run", hang)
+    failures = checks.check_stdout(Target("hangs"))
+    assert len(failures) == 1
+    assert failures[0].startswith('[dsh:stdout] plugin "hangs": loading, starting and disposing the plugin in a '
+                                  "fresh interpreter took more than 0.5 s")
