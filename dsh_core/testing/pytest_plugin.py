@@ -57,7 +57,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize the shipped suite with the ``--dsh-conformance`` names."""
     if metafunc.cls is None or metafunc.cls.__module__ != SUITE_MODULE:
         return
-    names = metafunc.config.getoption("dsh_conformance")
+    # A name given twice is checked once (its test ids would otherwise become NAME0, NAME1).
+    names = list(dict.fromkeys(metafunc.config.getoption("dsh_conformance")))
     # Without names the parameter set is empty and pytest skips the suite, saying why.
     metafunc.parametrize("dsh_plugin_name", names, ids=names)
 

@@ -313,3 +313,9 @@ def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message
     assert len(failures) == 1
     assert failures[0].startswith('[dsh:stdout] plugin "hangs": loading, starting and disposing the plugin in a '
                                   "fresh interpreter took more than 0.5 s")
+
+
+def test_a_name_given_twice_is_checked_once(kit: pytest.Pytester) -> None:
+    result = kit.runpytest_subprocess("--dsh-conformance=good", "--dsh-conformance=good", *QUIET, "-v")
+    result.assert_outcomes(passed=13)
+    result.stdout.fnmatch_lines(["*test_hookimpls_are_well_formed[[]good[]] PASSED*"])
