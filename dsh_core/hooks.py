@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -62,6 +63,10 @@ class PluginObjectInUse(PluginLoadError):
 
 #: Hooks whose implementations are called once per plugin at registration.
 REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "dsh_register_session_stores")
+#: Hooks whose return value dsh uses as it is, never awaited: an ``async def`` implementation would do
+#: nothing (a registration hook registers nothing) or hand the core a coroutine where it expects a value.
+SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_prompt_sections",
+                               "dsh_prompt_filter"})
 
 
 #: The aggregate "allow" (frozen, so one instance serves every call).
@@ -201,6 +206,12 @@ class Hooks:
                     hint = f"did you mean {close[0]!r}? " if close else ""
                     raise PluginLoadError(
                         f"plugin {name!r} implements unknown hook {caller.name!r} ({hint}known: {', '.join(known)})"
+                    )
+                if caller.name in SYNC_HOOKS and (inspect.iscoroutinefunction(impl.function)
+                                                  or inspect.isasyncgenfunction(impl.function)):
+                    raise PluginLoadError(
+                        f"plugin {name!r}: {caller.name} is async def, but dsh calls it synchronously and never "
+                        "awaits what it returns: make it a plain def (start async work with scope.spawn(...))"
                     )
                 if impl.wrapper or impl.hookwrapper:
                     raise PluginLoadError(

@@ -24,7 +24,7 @@ from attrs import field, frozen
 
 from dsh_core.abort import AbortController, AbortedError, AbortSignal
 from dsh_core.errors import DshError, ErrorCode
-from dsh_core.hooks import REGISTRATION_HOOKS, Hooks
+from dsh_core.hooks import REGISTRATION_HOOKS, SYNC_HOOKS, Hooks
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
@@ -635,12 +635,6 @@ def check_dispose(target: Target) -> list[str]:
                              "dispose", "kill and reap every process the plugin starts, on completion, on "
                              "abort and in a disposer"))
     return found
-
-
-#: Hooks whose return value dsh uses as it is, never awaited: an ``async def`` implementation does nothing
-#: (a registration hook registers nothing) or hands the core a coroutine where it expects a value.
-SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_prompt_sections",
-                               "dsh_prompt_filter"})
 
 
 def _hook_specs() -> dict[str, bool]:

@@ -233,3 +233,16 @@ def test_sees_any_follows_scope_filtering_and_registration() -> None:
     stack.hooks.register(Log(), name="global-log")
     assert stack.hooks.sees_any("dsh_code_dispatch_log", other)
     assert stack.hooks.sees_any("dsh_code_dispatch_log", None)
+
+
+@pytest.mark.parametrize("hook", ["dsh_register_tools", "dsh_around_dispatch", "dsh_prompt_sections"])
+def test_async_def_on_a_hook_dsh_never_awaits_is_refused_at_registration(hook: str) -> None:
+    hooks = Hooks()
+    arguments = {"dsh_register_tools": "register", "dsh_around_dispatch": "execution",
+                 "dsh_prompt_sections": "context"}[hook]
+    namespace: dict[str, Any] = {}
+    exec(f"async def {hook}(self, {arguments}):\n    return None", namespace)
+    plugin_class = type("AsyncPlugin", (), {hook: hookimpl(namespace[hook])})
+    with pytest.raises(PluginLoadError, match=f"plugin 'late': {hook} is async def, but dsh calls it synchronously"):
+        hooks.register(plugin_class(), name="late")
+    assert not hooks.has_plugin("late")
