@@ -6,7 +6,15 @@ that look like credentials are never passed through, even if allowlisted).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
 kept and the middle is dropped. A timeout, an abort of the call, or the end
 of the command kills the whole process group, so nothing it started in the
-background outlives the call.
+background in that group outlives the call.
+
+This is not a sandbox: the command runs as dsh's own user, with its files
+and its processes. A process that leaves the group on purpose (``setsid``,
+a daemon) is not reached by the kill, and the allowlist keeps credentials
+out of the command's environment, not out of its reach: it can still read
+what the user can, dsh's own ``/proc/<pid>/environ`` included. Approval
+(the ``workspace-write`` preset asks before every command) is the control;
+a deployment that must contain the shell runs dsh itself in a container.
 
 Config::
 
