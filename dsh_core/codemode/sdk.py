@@ -296,7 +296,10 @@ class _PythonTypes:
 
 
 def _docstring(text: str, indent: str) -> str:
-    body = text.strip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    body = text.strip().replace("\\", "\\\\")
+    # Quotes next to the closing """ would end the docstring early: escape every trailing one.
+    unquoted = body.rstrip('"')
+    body = unquoted.replace('"""', '\\"\\"\\"') + '\\"' * (len(body) - len(unquoted))
     lines = body.splitlines() or [""]
     if len(lines) == 1:
         return f'{indent}"""{lines[0]}"""'

@@ -193,3 +193,14 @@ def test_sdk_tools_projects_definitions_sorted() -> None:
                         output_schema={"type": "string"}) for n in ("b", "a")]
     tools = sdk_tools(defs)
     assert [t.name for t in tools] == ["a", "b"] and tools[0].output == {"type": "string"}
+
+
+@pytest.mark.parametrize("description", ['Say "hi"', 'Ends in two quotes ""', '"', 'Four """"', 'x\\"'])
+def test_a_docstring_may_end_with_quotes(description: str) -> None:
+    """A quote next to the closing ``\"\"\"`` ended the docstring early: invalid Python, or the wrong text."""
+    code = python_block(render_python_sdk([SdkTool("quote", description, {"type": "object"}, {})]))
+    tree = ast.parse(code)
+    protocol = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tools")
+    method = protocol.body[0]
+    assert isinstance(method, ast.AsyncFunctionDef)
+    assert ast.get_docstring(method) == description
