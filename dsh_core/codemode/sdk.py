@@ -79,6 +79,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _py_comment(text: str) -> str:
+    """One line for a Python ``#`` comment: NUL, which Python source cannot hold, shows as ``\\x00``."""
+    return _one_line(text).replace("\x00", "\\x00")
+
+
 # -- the iterative walker -------------------------------------------------------------------------------
 
 
@@ -272,7 +277,7 @@ class _PythonTypes:
                     annotation = f"NotRequired[{part}]"
                 prop = properties[key]
                 note = prop.get("description") if isinstance(prop, dict) else None
-                fields.append((key, annotation, _one_line(note) if isinstance(note, str) and note.strip() else ""))
+                fields.append((key, annotation, _py_comment(note) if isinstance(note, str) and note.strip() else ""))
             if all(key.isidentifier() and not keyword.iskeyword(key) for key in keys):
                 lines = [f"class {name}(TypedDict):"]
                 if open_object:
@@ -296,7 +301,7 @@ class _PythonTypes:
 
 
 def _docstring(text: str, indent: str) -> str:
-    body = text.strip().replace("\\", "\\\\")
+    body = text.strip().replace("\\", "\\\\").replace("\x00", "\\x00")  # source cannot hold NUL
     # Quotes next to the closing """ would end the docstring early: escape every trailing one.
     unquoted = body.rstrip('"')
     body = unquoted.replace('"""', '\\"\\"\\"') + '\\"' * (len(body) - len(unquoted))
@@ -346,7 +351,7 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
                            f"{_docstring(tool.description, '        ')}")
         else:
             members.append(f"    # tools[{json.dumps(tool.name)}](args: {args}) -> {output}: "
-                           f"{_one_line(tool.description)}")
+                           f"{_py_comment(tool.description)}")
     imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypedDict") if name in types.used]
     blocks = [f"from typing import {', '.join(imports)}",
               "class ToolCallError(Exception):\n    tool_name: str",

@@ -204,3 +204,17 @@ def test_a_docstring_may_end_with_quotes(description: str) -> None:
     method = protocol.body[0]
     assert isinstance(method, ast.AsyncFunctionDef)
     assert ast.get_docstring(method) == description
+
+
+def test_nul_characters_in_descriptions_keep_the_stub_valid() -> None:
+    """Python source cannot contain NUL: a description with one made the stub unparseable."""
+    tools = [SdkTool("nul", "a\x00b", {"type": "object", "properties": {
+                 "k": {"type": "string", "description": "note\x00here"}}}, {}),
+             SdkTool("nul-sub", "c\x00d", {"type": "object"}, {})]
+    code = python_block(render_python_sdk(tools))
+    tree = ast.parse(code)
+    protocol = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tools")
+    method = protocol.body[0]
+    assert isinstance(method, ast.AsyncFunctionDef)
+    assert ast.get_docstring(method) == "a\x00b"
+    assert "# note\\x00here" in code and "c\\x00d" in code
