@@ -75,6 +75,16 @@ def is_attribute_name(name: str) -> bool:
             and unicodedata.normalize("NFKC", name) == name)
 
 
+def _is_field_name(key: str) -> bool:
+    """True when ``key: T`` in a class body declares exactly ``key``.
+
+    Python reads identifiers NFKC-normalized (``ﬁle`` is ``file``) and mangles a
+    ``__name`` without trailing underscores in a class body (``_Cls__name``).
+    """
+    return (key.isidentifier() and not keyword.iskeyword(key) and unicodedata.normalize("NFKC", key) == key
+            and not (key.startswith("__") and not key.endswith("__")))
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -278,7 +288,7 @@ class _PythonTypes:
                 prop = properties[key]
                 note = prop.get("description") if isinstance(prop, dict) else None
                 fields.append((key, annotation, _py_comment(note) if isinstance(note, str) and note.strip() else ""))
-            if all(key.isidentifier() and not keyword.iskeyword(key) for key in keys):
+            if all(_is_field_name(key) for key in keys):
                 lines = [f"class {name}(TypedDict):"]
                 if open_object:
                     lines.append("    # Additional keys beyond those declared are allowed.")

@@ -218,3 +218,19 @@ def test_nul_characters_in_descriptions_keep_the_stub_valid() -> None:
     assert isinstance(method, ast.AsyncFunctionDef)
     assert ast.get_docstring(method) == "a\x00b"
     assert "# note\\x00here" in code and "c\\x00d" in code
+
+
+@pytest.mark.parametrize("key", ["\ufb01le", "__secret", "\u212bngstrom"])
+def test_keys_python_would_rename_in_a_class_body_use_the_functional_syntax(key: str) -> None:
+    """In a class body ``ﬁle`` reads as ``file`` (NFKC) and ``__secret`` as ``_QArgs__secret``."""
+    tool = SdkTool("q", "Q.", {"type": "object", "properties": {key: {"type": "string"}, "ok": {"type": "integer"}},
+                               "required": [key, "ok"]}, {})
+    namespace: dict[str, Any] = {}
+    exec(python_block(render_python_sdk([tool])), namespace)
+    assert list(namespace["QArgs"].__annotations__) == [key, "ok"]
+    assert namespace["QArgs"].__required_keys__ == {key, "ok"}
+
+
+def test_dunder_keys_keep_the_class_syntax() -> None:
+    tool = SdkTool("q", "Q.", {"type": "object", "properties": {"__proto__": {"type": "string"}}}, {})
+    assert "class QArgs(TypedDict):" in render_python_sdk([tool])
