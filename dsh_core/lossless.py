@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn, TypeAlias
 
@@ -92,9 +93,13 @@ class FrozenList(list[Any]):
 
 
 _SCALARS = (type(None), bool, int, str)
-#: Exact types that every walk returns unchanged (floats are not here: they need their checks).
+#: Exact types that every walk returns unchanged (floats are not here: they need their checks; so do
+#: ints beyond ``_SAFE_INT``).
 _IMMUTABLE_SCALARS: frozenset[type] = frozenset(_SCALARS)
 _CONTAINERS = (dict, list, FrozenDict, FrozenList)
+#: Ints strictly between -_SAFE_INT and _SAFE_INT always have a JSON text: Python refuses int <-> str
+#: conversions past ``sys.get_int_max_str_digits()``, which can be set no lower than 640 digits.
+_SAFE_INT = 10**600
 _DICTS = (dict, FrozenDict)
 _LISTS = (list, FrozenList)
 
@@ -107,6 +112,8 @@ def pointer(parts: Iterator[str | int] | list[str | int] | tuple[str | int, ...]
 def _scalar_loss(value: object) -> str | None:
     kind = type(value)
     if kind in _SCALARS:
+        if kind is int and not -_SAFE_INT < value < _SAFE_INT:  # type: ignore[operator]
+            return _int_loss(value)  # type: ignore[arg-type]
         return None
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
@@ -117,6 +124,15 @@ def _scalar_loss(value: object) -> str | None:
     if kind in _CONTAINERS:
         return None
     return _describe(value)
+
+
+def _int_loss(value: int) -> str | None:
+    try:
+        int.__repr__(value)
+    except ValueError:
+        return (f"int of more than {sys.get_int_max_str_digits()} digits does not survive JSON "
+                "(Python refuses to convert it to and from text)")
+    return None
 
 
 def _describe(value: object) -> str:
@@ -191,9 +207,12 @@ def _walk(value: object, build: int) -> Any:
 def _flat_scalars(value: dict[Any, Any]) -> bool:
     # A plain loop: all() over a generator costs a frame per item on this hot path.
     scalars = _IMMUTABLE_SCALARS
-    for key, child in value.items():  # noqa: SIM110 (about 4x faster than all() for a small object)
-        if type(key) is not str or type(child) not in scalars:
+    for key, child in value.items():
+        kind = type(child)
+        if type(key) is not str or kind not in scalars:
             return False
+        if kind is int and not -_SAFE_INT < child < _SAFE_INT:
+            return False  # the walk checks it
     return True
 
 
@@ -255,7 +274,8 @@ def is_lossless(value: object) -> bool:
 
 def snapshot(value: object) -> JSON:
     """Return a detached, plain (mutable) deep copy; raise :class:`NotLosslessError`."""
-    if type(value) in _IMMUTABLE_SCALARS:
+    kind = type(value)
+    if kind in _IMMUTABLE_SCALARS and (kind is not int or -_SAFE_INT < value < _SAFE_INT):  # type: ignore[operator]
         return value  # what _walk returns for them, minus its checks (tool values are often scalars)
     return _walk(value, 1)
 
@@ -268,7 +288,8 @@ def freeze(value: object) -> JSON:
     Freezing a value that :func:`freeze` produced returns it unchanged.
     """
     kind = type(value)
-    if kind in _IMMUTABLE_SCALARS or kind is FrozenDict or kind is FrozenList:
+    if ((kind in _IMMUTABLE_SCALARS and (kind is not int or -_SAFE_INT < value < _SAFE_INT))  # type: ignore[operator]
+            or kind is FrozenDict or kind is FrozenList):
         # What _walk returns for these, without its checks: a nested call freezes the same
         # already-frozen arguments and result several times on its way through the pipeline.
         return value
@@ -277,7 +298,8 @@ def freeze(value: object) -> JSON:
 
 def thaw(value: object) -> JSON:
     """Return a plain mutable deep copy of a (frozen or plain) lossless value."""
-    if type(value) in _IMMUTABLE_SCALARS:
+    kind = type(value)
+    if kind in _IMMUTABLE_SCALARS and (kind is not int or -_SAFE_INT < value < _SAFE_INT):  # type: ignore[operator]
         return value
     return _walk(value, 1)
 

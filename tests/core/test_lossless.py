@@ -175,3 +175,16 @@ def test_frozen_containers_built_without_init_are_the_same_empty_frozen_objects(
         assert type(made) is type(reference) and made == reference and not made
         with pytest.raises(TypeError, match="immutable"):
             made.clear()
+
+
+def test_ints_python_cannot_write_as_json_text_are_refused() -> None:
+    """Past ``sys.get_int_max_str_digits()`` json.dumps raises ValueError: such an int is not lossless."""
+    huge = 10 ** (sys.get_int_max_str_digits() + 10)
+    for value, path in ((huge, ""), (-huge, ""), ({"a": huge}, "/a"), ({"a": [1, huge]}, "/a/1"), ([huge], "/0")):
+        loss = find_loss(value)
+        assert loss is not None and loss.path == path and "digits" in loss.reason, path
+        for function in (freeze, snapshot, thaw):
+            with pytest.raises(NotLosslessError):
+                function(value)
+    big = 10 ** (sys.get_int_max_str_digits() - 10)  # still writable: accepted
+    assert freeze({"a": big}) == {"a": big} and json.loads(json.dumps(big)) == big
