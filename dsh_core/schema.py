@@ -38,7 +38,20 @@ def check_schema(schema: object, *, owner: str) -> None:
     except SchemaError as error:
         where = pointer(list(error.absolute_path)) or "/"
         raise SchemaDefinitionError(f"{owner}: invalid JSON Schema at {where}: {error.message}") from None
+    except RecursionError:  # jsonschema's checks recurse
+        raise SchemaDefinitionError(f"{owner}: schema nests too deeply to be checked "
+                                    f"({_depth(schema)} levels of objects and arrays)") from None
     _check_references(schema, owner)
+
+
+def _depth(value: object) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 #: Draft 2020-12 keywords whose value is a subschema, a list of them, or a map of them

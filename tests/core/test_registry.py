@@ -265,3 +265,15 @@ async def test_nothing_is_left_behind_when_registering_on_a_disposed_scope() -> 
     with pytest.raises(RegistrationError, match=r'cannot register tool "late": scope .* is disposed'):
         stack.registry.register(tool("late"), scope=agent)
     assert stack.registry.names(agent) == ["read"] and changes == []
+
+
+def test_a_schema_too_deep_to_check_is_refused_with_a_schema_error() -> None:
+    """jsonschema's metaschema check recurses: a deep schema escaped as a raw RecursionError."""
+    from dsh_core.schema import check_schema
+
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(3000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(SchemaDefinitionError, match=r'tool "deep" parameters: .*nests too deeply .*3001 levels'):
+        check_schema(schema, owner='tool "deep" parameters')
+
