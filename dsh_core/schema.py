@@ -132,6 +132,11 @@ def violations(validator: Validator, instance: object) -> list[Violation]:
         # check_schema refuses such schemas; a validator compiled without it must still
         # give an error result, never an exception out of the call.
         return [Violation("/", f"the schema cannot be evaluated: unresolvable reference ({_brief(error)})")]
+    except RecursionError:
+        # jsonschema recurses: a recursive schema meeting a deep value, or a $ref cycle that never
+        # reaches a keyword that consumes the value. An error result, never an exception out of the call.
+        return [Violation("/", "the schema cannot be evaluated: validation recursed too deeply (a value nested "
+                               "too deeply for a recursive schema, or a $ref cycle)")]
     found.sort(key=lambda v: (v.path, v.message))
     return found
 

@@ -277,3 +277,18 @@ def test_a_schema_too_deep_to_check_is_refused_with_a_schema_error() -> None:
     with pytest.raises(SchemaDefinitionError, match=r'tool "deep" parameters: .*nests too deeply .*3001 levels'):
         check_schema(schema, owner='tool "deep" parameters')
 
+
+def test_validation_that_recurses_without_end_gives_a_violation_not_an_exception() -> None:
+    """A recursive schema met a deep value (or a $ref cycle any value) with a raw RecursionError at call time."""
+    from dsh_core.schema import check_schema, compile_validator, violations
+
+    tree = {"type": "object", "properties": {"c": {"$ref": "#"}}}
+    cycle = {"type": "object", "$defs": {"a": {"$ref": "#"}}, "$ref": "#/$defs/a"}
+    value: dict[str, object] = {}
+    for _ in range(5000):
+        value = {"c": value}
+    for schema, instance in ((tree, value), (cycle, {})):
+        check_schema(schema, owner="x")
+        found = violations(compile_validator(schema), instance)
+        assert len(found) == 1 and found[0].path == "/" and "cannot be evaluated" in found[0].message
+    assert violations(compile_validator(tree), {"c": {"c": {}}}) == []
