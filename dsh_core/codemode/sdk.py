@@ -146,15 +146,30 @@ def _types_of(schema: Mapping[str, Any]) -> list[str]:
     return []
 
 
+#: Keywords that give a subschema a type of its own (see :func:`_constrains_only`).
+_TYPING_KEYWORDS: Final = frozenset({"type", "properties", "items", "const", "enum", "oneOf", "anyOf", "allOf",
+                                     "$ref", "$dynamicRef"})
+
+
+def _constrains_only(schema: Any) -> bool:
+    """True for a subschema that only narrows its parent's type (``{"required": ["path"]}``)."""
+    return isinstance(schema, dict) and not _TYPING_KEYWORDS.intersection(schema)
+
+
 def _alternatives(schema: Mapping[str, Any]) -> list[Any] | None:
+    found: list[Any] | None = None
     for key in ("oneOf", "anyOf"):
         value = schema.get(key)
         if isinstance(value, list) and value:
-            return value
-    value = schema.get("allOf")
-    if isinstance(value, list) and len(value) == 1:
-        return value
-    return None
+            found = value
+            break
+    else:
+        value = schema.get("allOf")
+        if isinstance(value, list) and len(value) == 1:
+            found = value
+    if found is not None and _types_of(schema) and all(_constrains_only(alt) for alt in found):
+        return None  # e.g. "path or text is required": the schema's own type says more than Any would
+    return found
 
 
 def _union(parts: Sequence[str]) -> str:

@@ -234,3 +234,18 @@ def test_keys_python_would_rename_in_a_class_body_use_the_functional_syntax(key:
 def test_dunder_keys_keep_the_class_syntax() -> None:
     tool = SdkTool("q", "Q.", {"type": "object", "properties": {"__proto__": {"type": "string"}}}, {})
     assert "class QArgs(TypedDict):" in render_python_sdk([tool])
+
+
+def test_combinators_that_only_constrain_keep_the_object_type() -> None:
+    """"path or text is required" (anyOf of required lists) rendered the whole argument object as Any."""
+    either = {"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+              "anyOf": [{"required": ["path"]}, {"required": ["text"]}], "additionalProperties": False}
+    tool = SdkTool("w", "W.", either, {"type": "string", "oneOf": [{"minLength": 1}, {"pattern": "x"}]})
+    code = python_block(render_python_sdk([tool]))
+    assert "class WArgs(TypedDict):\n    path: NotRequired[str]\n    text: NotRequired[str]" in code
+    assert "async def w(self, args: WArgs) -> str:" in code
+    assert "  w: { path?: string; text?: string };" in render_typescript_sdk([tool])
+    # Alternatives that carry types of their own still render as a union.
+    typed = SdkTool("u", "U.", {"type": "object", "properties": {"v": {"anyOf": [{"type": "string"},
+                                                                                {"type": "integer"}]}}}, {})
+    assert "v: NotRequired[str | int]" in render_python_sdk([typed])
