@@ -1002,11 +1002,12 @@ class _Run:
     def _resolve(self, call_id: int, result: Any) -> None:
         try:
             tokens = wire.encode(result)
+            frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens})
         except wire.WireError:
             self._reply(call_id, False, "binding resolution must be lossless JSON")
             return
         if self.outcome is None:
-            self._write(wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens}))
+            self._write(frame)
 
     def _reply(self, call_id: int, ok: bool, message: str) -> None:
         if self.outcome is None:  # late resolutions are dropped
@@ -1031,10 +1032,11 @@ class _Run:
         tokens = message["v"]
         try:
             value = wire.decode(tokens)
+            size = wire.tokens_json_size(tokens)  # WireError if the host's own int limit was lowered since
         except wire.WireError:
             self.settle("error", ("invalid-output", "program completion must be lossless JSON"))
             return
-        self.settle("value", (value, wire.tokens_json_size(tokens)))
+        self.settle("value", (value, size))
 
     def _on_pipe(self) -> None:
         try:

@@ -75,6 +75,34 @@ def test_values_logs_and_exceptions() -> None:
     arun(with_runtime(go, isolation="auto"))
 
 
+def test_an_int_too_long_for_json_text_is_refused_both_ways_even_with_the_limit_lifted() -> None:
+    # Python writes no int past sys.get_int_max_str_digits() (4300) as text, and the host's
+    # parser reads none: such a completion is invalid-output and such an argument or result
+    # is refused like any lossy value, never a traceback from json or a frame the host drops.
+    async def huge(args: Any) -> Any:
+        return 10**5000
+
+    bindings = [BindingNamespace("tools", {"echo": echo, "huge": huge})]
+    lifted = "import sys\nsys.set_int_max_str_digits(0)\n"
+    catch = "try:\n    return await tools.{}\nexcept ToolCallError as error:\n    return str(error)"
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        for prelude in ("", lifted):
+            for program in ("return 10**5000", "return [1, {'n': -10**5000}]"):
+                r = await rt.run(prelude + program, bindings)
+                assert _kind(r) == "invalid-output", (prelude, program, r)
+                assert r.error is not None and "int of more than 4300 digits" in r.error.message
+            r = await rt.run(prelude + catch.format("echo({'x': 10**5000})"), bindings)
+            assert r.value == ("binding arguments must be lossless JSON: int of more than 4300 digits does not "
+                               "survive JSON (Python refuses to convert it to and from text)"), r
+        r = await rt.run(catch.format("huge({})"), bindings)
+        assert r.value == "binding resolution must be lossless JSON", r
+        r = await rt.run("return [10**4299, -10**4299]", bindings)  # 4300 digits: still fine
+        assert r.error is None and r.value == [10**4299, -(10**4299)]
+
+    arun(with_runtime(go, isolation="auto"))
+
+
 def test_syntax_error_starts_no_worker() -> None:
     async def go() -> None:
         rt = PythonCodeRuntime()

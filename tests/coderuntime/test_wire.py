@@ -309,3 +309,19 @@ def test_fuzz_frame_buffer_fast_path_matches_byte_by_byte(payloads: list[bytes],
     whole = run([struct.pack(">I", len(p)) + p for p in payloads])  # one frame per read: the fast path
     single = run([stream[i : i + 1] for i in range(len(stream))])
     assert whole == single
+
+
+def test_an_int_too_long_to_write_is_refused_when_written_whatever_the_current_limit() -> None:
+    tokens = wire.encode([1, 10**5000])  # encode stays check-free for ints: the text is where it fails
+    previous = sys.get_int_max_str_digits()
+    for limit in (previous, 0, 100_000):
+        sys.set_int_max_str_digits(limit)
+        try:
+            with pytest.raises(wire.WireError, match="int of more than 4300 digits"):
+                wire.pack({"v": tokens})
+            with pytest.raises(wire.WireError, match="int of more than 4300 digits"):
+                wire.tokens_json_size(tokens)
+        finally:
+            sys.set_int_max_str_digits(previous)
+        assert sys.get_int_max_str_digits() == previous  # restored after the write
+    assert wire.tokens_json_size(wire.encode(10**4299)) == 4300

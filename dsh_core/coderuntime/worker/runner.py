@@ -251,11 +251,11 @@ class _Bridge:
             argument = args[0] if args else dict(kwargs)
             try:
                 tokens = wire.encode(argument)
+                frame = wire.pack({"t": "call", "id": bridge.next_id + 1, "g": global_name, "n": name, "a": tokens})
             except wire.WireError as reason:
                 raise bridge._fail(error, name, f"binding arguments must be lossless JSON: {reason}") from None
             bridge.next_id += 1
             call_id = bridge.next_id
-            frame = wire.pack({"t": "call", "id": call_id, "g": global_name, "n": name, "a": tokens})
             if len(frame) - 4 > bridge.channel.max_frame:
                 raise bridge._fail(
                     error, name, f"binding arguments exceed the {bridge.channel.max_frame}-byte frame cap"
@@ -577,16 +577,14 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
             value = result[0]
             try:
                 tokens = wire.encode(value)
+                size = wire.tokens_json_size(tokens)  # also refuses an int too long to write as text
             except wire.WireError as reason:
                 outcome = {
                     "t": "done",
                     "e": {"k": "invalid-output", "m": f"program completion must be lossless JSON: {reason}"},
                 }
             else:
-                if not logs.ledger.fits(wire.tokens_json_size(tokens)):
-                    outcome = {"t": "output-limit"}
-                else:
-                    outcome = {"t": "done", "v": tokens}
+                outcome = {"t": "done", "v": tokens} if logs.ledger.fits(size) else {"t": "output-limit"}
     except BaseException as error:  # the program's own failure, reported as data
         try:
             logs.flush_partial()

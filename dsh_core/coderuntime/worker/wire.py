@@ -12,7 +12,9 @@ Values
     for an object whose (unique, string) keys are listed in order. Encoding and
     decoding walk explicit stacks, so depth is bounded by memory only and the
     recursion limit is never touched. Decoding fails closed (:class:`WireError`)
-    on anything malformed; nothing is ever converted "best effort".
+    on anything malformed; nothing is ever converted "best effort". An int
+    longer than Python's int/str digit limit (4,300 by default) has no JSON
+    text: writing it (:func:`pack`, :func:`tokens_json_size`) fails the same way.
 
 Frames
     A frame is a 4-byte big-endian length and a UTF-8 JSON message (lone
@@ -32,6 +34,7 @@ import gc
 import json
 import math
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -53,6 +56,11 @@ HEADER = struct.Struct(">I")
 
 _NONE = type(None)
 _SCALAR = frozenset((str, int, bool, _NONE))
+#: Python's limit on int <-> str conversions, read at import (before any program runs). Text is
+#: written under it whatever a program later sets, so an int the host's parser would refuse
+#: is refused here, as :class:`WireError`, and never sent. Checked while writing the text, not
+#: in :func:`encode`: a check per int there would slow every value down for a case this rare.
+_INT_DIGITS = sys.get_int_max_str_digits()
 _isfinite = math.isfinite
 _copysign = math.copysign
 
@@ -370,8 +378,23 @@ def tokens_json_size(tokens: list[object]) -> int:
     size = overhead
     for group in (scalars, keys):
         if group:
-            size += _utf8_len(_COMPACT.encode(group)) - 2 - (len(group) - 1)
+            size += _utf8_len(_json_text(_COMPACT, group)) - 2 - (len(group) - 1)
     return size
+
+
+def _json_text(encoder: json.JSONEncoder, value: object) -> str:
+    """``encoder.encode(value)`` under the import-time int digit limit; WireError past it."""
+    limit = sys.get_int_max_str_digits()
+    if limit != _INT_DIGITS:
+        sys.set_int_max_str_digits(_INT_DIGITS)
+    try:
+        return encoder.encode(value)
+    except ValueError:  # the only one tokens can raise: NaN and infinities never get this far
+        raise WireError(f"int of more than {_INT_DIGITS} digits does not survive JSON (Python refuses to "
+                        "convert it to and from text)") from None
+    finally:
+        if limit != _INT_DIGITS:
+            sys.set_int_max_str_digits(limit)
 
 
 def truncate_json_str(text: str, budget: int) -> str:
@@ -478,8 +501,8 @@ _scan_once: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # typ
 
 
 def pack(message: dict[str, object]) -> bytes:
-    """Serialize one message as a length-prefixed frame."""
-    payload = _ENCODER.encode(message).encode("utf-8", "surrogatepass")
+    """Serialize one message as a length-prefixed frame; WireError for an int too long to write."""
+    payload = _json_text(_ENCODER, message).encode("utf-8", "surrogatepass")
     return _pack_header(len(payload)) + payload
 
 
