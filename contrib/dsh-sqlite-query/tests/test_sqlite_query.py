@@ -233,3 +233,22 @@ class TestSqliteQueryConformance(ToolPluginConformance):
     @pytest.fixture
     def plugin_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"database": str(make_db(tmp_path / "kit.db"))}
+
+
+def test_a_value_larger_than_the_byte_cap_is_never_built(tmp_path: Path) -> None:
+    # zeroblob(10**8) would be 100 MB in this process and 133 MB of base64 in the result.
+    result = query(make_db(tmp_path / "app.db"), "SELECT zeroblob(100000000) AS big", max_bytes=65536)
+    assert result.code == "TOOL_FAILED"
+    assert "larger than the 65536-byte limit" in result.text and "substr()" in result.text
+
+
+def test_the_byte_cap_truncates_rows_and_says_so(tmp_path: Path) -> None:
+    db = make_db(tmp_path / "app.db")
+    sql = "SELECT id, printf('%.30000c', 'x') AS filler FROM users ORDER BY id"  # 30,000 bytes a row
+    result = query(db, sql, max_bytes=100_000)
+    assert result.code is None, result.text
+    assert result.value["row_count"] == 3 and result.value["truncated"] is True
+    assert [row[0] for row in result.value["rows"]] == [1, 2, 3]
+    wide = "SELECT printf('%.40000c', 'x') || printf('%.40000c', 'y') AS a, printf('%.40000c', 'z') AS b"
+    result = query(db, wide, max_bytes=100_000)
+    assert result.code == "TOOL_FAILED" and "the first row alone is about 120000 bytes" in result.text

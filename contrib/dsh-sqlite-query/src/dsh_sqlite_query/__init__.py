@@ -30,6 +30,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "properties": {
         "database": {"type": "string", "minLength": 1, "description": "path of the SQLite database file"},
         "max_rows": {"type": "integer", "minimum": 1, "default": 200, "description": "rows returned at most"},
+        "max_bytes": {"type": "integer", "minimum": 1024, "default": 1 << 20,
+                      "description": "bytes of row data returned at most (text as UTF-8, BLOBs as base64)"},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10,
                       "description": "a query running longer is interrupted"},
     },
@@ -52,6 +54,15 @@ def _authorize(action: int, _arg1: object, arg2: object, *_: object) -> int:
     return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
 
 
+def _value_size(value: object) -> int:
+    """About the bytes a value takes in the result: UTF-8 text, base64 BLOBs, a number's digits."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, bytes):
+        return (len(value) + 2) // 3 * 4
+    return 8
+
+
 def _json_value(value: object) -> object:
     if isinstance(value, bytes):
         return {"blob_base64": base64.b64encode(value).decode("ascii")}
@@ -70,6 +81,7 @@ class SqliteQuery:
     def __init__(self, config: dict[str, Any]) -> None:
         self.database = os.path.abspath(config["database"])
         self.max_rows: int = config.get("max_rows", 200)
+        self.max_bytes: int = config.get("max_bytes", 1 << 20)
         self.timeout_s: float = config.get("timeout_s", 10)
 
     @hookimpl
@@ -79,7 +91,8 @@ class SqliteQuery:
             name="sql_query",
             description=(f"Run one read-only SQL query (SQLite dialect) against {os.path.basename(self.database)} "
                          "and get rows as JSON. Pass values as params (a list for ?, an object for :name) — "
-                         f"never inside the SQL text. At most {self.max_rows} rows are returned. List tables "
+                         f"never inside the SQL text. At most {self.max_rows} rows (and about "
+                         f"{self.max_bytes // 1024} KiB) are returned. List tables "
                          "with: SELECT name, sql FROM sqlite_schema."),
             parameters={
                 "type": "object",
@@ -122,6 +135,9 @@ class SqliteQuery:
             raise ToolError(f"cannot open the database {self.database}: {error}") from None
         connection.text_factory = lambda data: data.decode("utf-8", errors="replace")
         connection.execute("PRAGMA query_only = ON")
+        # No single value larger than the whole result may be: SQLite refuses to build it
+        # ("string or blob too big"), so zeroblob(10**9) never reaches this process's memory.
+        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.max_bytes)
         connection.set_authorizer(_authorize)
         return connection
 
@@ -130,9 +146,22 @@ class SqliteQuery:
             raise sqlite3.OperationalError("interrupted")
         cursor = connection.execute(sql, params)
         columns = [d[0] for d in cursor.description or ()]
-        fetched = cursor.fetchmany(self.max_rows + 1) if cursor.description else []
-        truncated = len(fetched) > self.max_rows
-        rows = [[_json_value(v) for v in row] for row in fetched[: self.max_rows]]
+        rows: list[list[object]] = []
+        used = 0
+        truncated = False
+        while cursor.description and not truncated:
+            row = cursor.fetchone()
+            if row is None:
+                break
+            size = sum(map(_value_size, row))
+            if len(rows) == self.max_rows or (rows and used + size > self.max_bytes):
+                truncated = True
+            elif size > self.max_bytes:
+                raise ToolError(f"the first row alone is about {size} bytes, more than the {self.max_bytes}-byte "
+                                "limit; select fewer or shorter columns (substr(), length())")
+            else:
+                rows.append([_json_value(v) for v in row])
+                used += size
         return {"columns": columns, "rows": rows, "row_count": len(rows), "truncated": truncated}
 
     async def query(self, args: Any, ctx: ToolContext) -> Any:
@@ -173,6 +202,9 @@ class SqliteQuery:
                 raise ToolError(f"the query ran longer than {self.timeout_s:g} s and was interrupted; "
                                 "add a LIMIT or a narrower WHERE") from None
             text = str(error)
+            if "string or blob too big" in text:
+                raise ToolError(f"a value in the result is larger than the {self.max_bytes}-byte limit; select "
+                                "part of it (substr(), length())") from None
             # "authorization denied": statements SQLite authorizes as a whole (VACUUM INTO a new file).
             if "not authorized" in text or "authorization denied" in text or "readonly" in text \
                     or "query_only" in text:
