@@ -8,6 +8,7 @@ earlier ones); without it the built-in default deployment is used.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,6 +26,19 @@ from dsh_core.model import ToolResult, converter
 __all__ = ["main", "load_config", "run_async", "result_json", "fail"]
 
 T = TypeVar("T")
+
+def _escape_lone_surrogates() -> None:
+    """Write a lone surrogate on stdout and stderr as its ``\\uXXXX`` escape.
+
+    A file name that is not UTF-8 reaches results and sessions as lone surrogates
+    (``os.listdir`` decodes with ``surrogateescape``). Printed strictly they raise,
+    and printed as raw bytes they make ``--json`` output invalid UTF-8; the escape is
+    valid JSON for the same string, and readable text elsewhere.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
 
 def load_config(paths: Sequence[str]) -> Deployment:
     """The effective deployment: the files given, or the default one for the current directory."""
@@ -70,6 +84,7 @@ def _configs(ctx: click.Context, local: Sequence[str]) -> list[str]:
 def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id: str | None,
          configs: tuple[str, ...]) -> None:
     """dsh: a tool runtime for LLM agents, with a sandboxed Code Mode."""
+    _escape_lone_surrogates()
     if ctx.invoked_subcommand is not None:
         return
     if task is None:

@@ -60,7 +60,15 @@ def encode_payload(payload: JSON) -> str:
         plain = snapshot(payload)
     except NotLosslessError as error:
         raise TypeError(f"session event payload: {error}") from None
-    return json.dumps(plain, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(plain, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates (a file name that is not UTF-8, through os.listdir): SQLite text must
+            # be UTF-8, and as \\uXXXX escapes they load back exactly the same.
+            text = json.dumps(plain, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text
 
 
 def decode_payload(text: str) -> JSON:

@@ -160,6 +160,21 @@ def _fallback_ids() -> Callable[[int], str]:
     return lambda index: f"call_{prefix}_{index + 1}"
 
 
+def _request_body(body: dict[str, Any]) -> bytes:
+    """The request as UTF-8 JSON (as httpx's ``json=`` writes it), lone surrogates shown as U+FFFD.
+
+    A file name that is not valid UTF-8 reaches the conversation as lone surrogates
+    (``os.listdir`` decodes with ``surrogateescape``). JSON text cannot carry them to a
+    server as UTF-8, and the model can read a replacement character; failing the whole
+    request instead ended the run at the first such name.
+    """
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
 class OpenAICompatProvider:
     """A :class:`~dsh_core.agent.provider.Provider` for OpenAI-compatible chat completions."""
 
@@ -346,7 +361,7 @@ class OpenAICompatProvider:
 
     async def _once(self, body: dict[str, Any], model: str) -> Message:
         try:
-            response = await self._client.post(self.url, json=body, headers=self._headers())
+            response = await self._client.post(self.url, content=_request_body(body), headers=self._headers())
         except httpx.TransportError as error:
             raise self._connection(error) from None
         except (httpx.HTTPError, httpx.InvalidURL) as error:
@@ -363,7 +378,8 @@ class OpenAICompatProvider:
         started = done = False
         plain = _PlainBody()
         try:
-            async with self._client.stream("POST", self.url, json=body, headers=self._headers()) as response:
+            async with self._client.stream("POST", self.url, content=_request_body(body),
+                                           headers=self._headers()) as response:
                 if response.status_code >= 400:
                     text = (await response.aread()).decode("utf-8", "replace")
                     raise self._failure(response.status_code, text, response.headers, model)

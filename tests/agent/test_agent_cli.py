@@ -249,3 +249,22 @@ def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
         assert nested in out
     assert "REPORT.md: written" in out
     assert "Code Mode sent" in out and "native " in out
+
+
+def test_a_file_name_that_is_not_utf8_is_listed_recorded_and_shown(tmp_path: Path) -> None:
+    # os.listdir hands such a name over as lone surrogates: the session store and sessions show
+    # used to fail on them (UnicodeEncodeError), ending the run at the first list.
+    turns = [calls(call("list", {}, "l")), final("Listed.", {"last_role": "tool"})]
+    cfg = config(tmp_path, turns)
+    with open(os.path.join(os.fsencode(tmp_path / "ws"), b"caf\xe9.txt"), "wb") as latin1_name:
+        latin1_name.write(b"latin-1 name\n")
+    done = dsh("--config", str(cfg), "-p", "list the files", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Listed.\n"
+    listed = json.loads(dsh("sessions", "list", "--config", str(cfg), "--json", cwd=tmp_path).stdout)
+    events = json.loads(dsh("sessions", "show", listed[0]["id"], "--json", "--config", str(cfg), cwd=tmp_path).stdout)
+    results = [e for e in events if e["kind"] == "tool/result"]
+    assert results and "caf\\udce9.txt" in json.dumps(results)  # kept exactly, as its JSON escape
+    shown = dsh("sessions", "show", listed[0]["id"], "--config", str(cfg), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "list [1.1]" in shown.stdout

@@ -441,3 +441,17 @@ def test_three_environment_variables_point_the_default_deployment_at_an_endpoint
     assert SECRET not in json.dumps(dict(row.config))  # the key itself never enters the config
     plain = default_deployment(tmp_path, env={})
     assert plain.plugin("openai") is None and plain.agent("main").provider == "scripted"  # type: ignore[union-attr]
+
+
+async def test_lone_surrogates_reach_the_server_as_replacement_characters(server: FakeServer) -> None:
+    # A file name that is not UTF-8 comes back from os.listdir as lone surrogates; httpx's json=
+    # could not encode it and the request (and the run) failed before anything was sent.
+    server.reply(body=completion("ok"))
+    client, _ = provider(server)
+    try:
+        message = await client.complete([{"role": "user", "content": "files: caf\udce9.txt, d\u00e9j\u00e0.txt"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "ok"
+    (request,) = server.requests
+    assert request["body"]["messages"][0]["content"] == "files: caf\ufffd.txt, d\u00e9j\u00e0.txt"
