@@ -551,10 +551,11 @@ class WorkspaceTools:
         try:
             with os.fdopen(fd, "wb") as handle:
                 if info is not None:
-                    os.fchmod(fd, stat.S_IMODE(info.st_mode))
+                    # Owner first: a chown clears S_ISUID and S_ISGID, which the fchmod then restores.
                     if (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
                         with contextlib.suppress(OSError):
                             os.fchown(fd, info.st_uid, info.st_gid)
+                    os.fchmod(fd, stat.S_IMODE(info.st_mode))
                 # No fsync: the body runs on the event loop, where a sync of each write would
                 # stall every other call; the rename already gives readers all or nothing.
                 handle.write(data)

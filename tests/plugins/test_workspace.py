@@ -465,3 +465,18 @@ async def test_a_single_long_line_is_cut_to_fit_max_read_bytes(boot: Any, tmp_pa
         assert read.value["truncated"] is True and read.value["next_offset"] == 2
         second = await h.call("read", {"path": "wide.txt", "offset": 2})
         assert second.value["content"] == "     2\tsecond"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
+async def test_replacing_a_file_of_another_owner_keeps_its_setuid_and_setgid_bits(boot: Any, tmp_path: Path) -> None:
+    """The copied owner is set before the mode: a chown clears S_ISUID/S_ISGID, so the other order lost them."""
+    for name, mode in [("suid", 0o4755), ("sgid", 0o2755)]:
+        (tmp_path / name).write_text("hi\n")
+        os.chown(tmp_path / name, 65534, 65534)
+        os.chmod(tmp_path / name, mode)
+    async with boot(ws(tmp_path)) as h:
+        assert (await h.call("write", {"path": "suid", "content": "bye\n"})).error is None
+        assert (await h.call("edit", {"path": "sgid", "old_string": "hi", "new_string": "bye"})).error is None
+    for name, mode in [("suid", 0o4755), ("sgid", 0o2755)]:
+        info = os.stat(tmp_path / name)
+        assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (mode, 65534, 65534), name
