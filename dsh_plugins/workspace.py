@@ -606,6 +606,8 @@ class WorkspaceTools:
         except FileNotFoundError:
             raise ToolError(f"directory not found: {given!r}") from None
         except NotADirectoryError:
+            if not os.path.lexists(real):  # a parent is the file, not the path itself
+                raise ToolError(f"directory not found: {given!r} (a parent path is not a directory)") from None
             raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)") from None
         except OSError as error:
             raise ToolError(f"cannot list {given!r}: {error.strerror}") from None

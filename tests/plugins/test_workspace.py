@@ -480,3 +480,14 @@ async def test_replacing_a_file_of_another_owner_keeps_its_setuid_and_setgid_bit
     for name, mode in [("suid", 0o4755), ("sgid", 0o2755)]:
         info = os.stat(tmp_path / name)
         assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (mode, 65534, 65534), name
+
+
+async def test_list_under_a_file_says_the_directory_is_not_found(boot: Any, tmp_path: Path) -> None:
+    """'a.txt/sub' does not exist: list must not call it a file (only its parent is one)."""
+    (tmp_path / "a.txt").write_text("x\n")
+    async with boot(ws(tmp_path)) as h:
+        under = await h.call("list", {"path": "a.txt/sub"})
+        assert under.code == "TOOL_FAILED"
+        assert "directory not found: 'a.txt/sub'" in under.text and "is a file" not in under.text
+        file = await h.call("list", {"path": "a.txt"})
+        assert "'a.txt' is a file, not a directory" in file.text
