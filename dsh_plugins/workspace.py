@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
@@ -127,6 +128,15 @@ def _open_child(fd: int, name: str, create: bool) -> int | None:
         raise
 
 
+def _loops(fd: int, name: str) -> bool:
+    """True if the symlink ``name`` under ``fd`` cannot be followed because it loops."""
+    try:
+        os.stat(name, dir_fd=fd)
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    return False
+
+
 class Workspace:
     """Path confinement and file access under one root directory."""
 
@@ -177,6 +187,8 @@ class Workspace:
                 child = _open_child(fd, part, create)
                 if child is None:
                     shown = "/".join(parts[:index + 1])
+                    if _loops(fd, part):  # resolve() leaves a looping symlink unresolved: no race
+                        raise ToolError(f"cannot access {given!r}: {shown!r} is a symlink loop")
                     raise ToolError(f"{given!r} changed while it was being opened: {shown!r} was replaced by a "
                                     "symlink; refused")
                 os.close(fd)

@@ -491,3 +491,14 @@ async def test_list_under_a_file_says_the_directory_is_not_found(boot: Any, tmp_
         assert "directory not found: 'a.txt/sub'" in under.text and "is a file" not in under.text
         file = await h.call("list", {"path": "a.txt"})
         assert "'a.txt' is a file, not a directory" in file.text
+
+
+async def test_a_symlink_loop_on_the_way_is_named_not_taken_for_a_race(boot: Any, tmp_path: Path) -> None:
+    """resolve() leaves a looping symlink in place; the walk must say so, not that the path changed."""
+    (tmp_path / "loop").symlink_to("loop")
+    async with boot(ws(tmp_path)) as h:
+        for name, args in [("read", {"path": "loop/x"}), ("write", {"path": "loop/x", "content": "x"}),
+                           ("list", {"path": "loop"})]:
+            result = await h.call(name, args)
+            assert result.code == "TOOL_FAILED", (name, result)
+            assert "'loop' is a symlink loop" in result.text and "changed" not in result.text, (name, result.text)
