@@ -107,7 +107,8 @@ async def _in_thread(ctx: ToolContext, work: Callable[[threading.Event], _T]) ->
             worker.exception()  # retrieved (re-raised above when the await was not cancelled)
 
 
-_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY
+# O_PATH (Linux): crossing a directory needs search permission only, as path lookup does, not read permission.
+_DIRECTORY = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
 
 
 def _open_child(fd: int, name: str, create: bool) -> int | None:
@@ -169,13 +170,15 @@ class Workspace:
                             f"(it resolves to {real}); refused")
         return real
 
-    def open_dir(self, real: str, given: str, *, create: bool = False) -> int:
+    def open_dir(self, real: str, given: str, *, create: bool = False, readable: bool = False) -> int:
         """A descriptor of the directory ``real`` (as :meth:`resolve` returned it), walked from the root.
 
         Each component is opened with ``O_NOFOLLOW`` relative to the one before, so a directory
         swapped for a symlink after :meth:`resolve` checked the path is refused instead of followed
-        out of the workspace. ``create`` makes missing directories on the way (for write). Other
-        failures raise the :class:`OSError` of the component (``FileNotFoundError``, ``NotADirectoryError``...).
+        out of the workspace. ``create`` makes missing directories on the way (for write); ``readable``
+        returns a descriptor its entries can be read from (for list; otherwise it may be an ``O_PATH``
+        one, for the ``dir_fd`` of other calls only). Other failures raise the :class:`OSError` of the
+        component (``FileNotFoundError``, ``NotADirectoryError``...).
         """
         relative = os.path.relpath(real, self.root)
         if relative == os.pardir or relative.startswith(os.pardir + os.sep):
@@ -191,6 +194,10 @@ class Workspace:
                         raise ToolError(f"cannot access {given!r}: {shown!r} is a symlink loop")
                     raise ToolError(f"{given!r} changed while it was being opened: {shown!r} was replaced by a "
                                     "symlink; refused")
+                os.close(fd)
+                fd = child
+            if readable:
+                child = os.open(os.curdir, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
                 os.close(fd)
                 fd = child
         except BaseException:
@@ -614,7 +621,7 @@ class WorkspaceTools:
         given: str = args.get("path", ".")
         real = self.workspace.resolve(given)
         try:
-            fd = self.workspace.open_dir(real, given)
+            fd = self.workspace.open_dir(real, given, readable=True)
         except FileNotFoundError:
             raise ToolError(f"directory not found: {given!r}") from None
         except NotADirectoryError:

@@ -502,3 +502,64 @@ async def test_a_symlink_loop_on_the_way_is_named_not_taken_for_a_race(boot: Any
             result = await h.call(name, args)
             assert result.code == "TOOL_FAILED", (name, result)
             assert "'loop' is a symlink loop" in result.text and "changed" not in result.text, (name, result.text)
+
+
+def test_a_directory_that_can_be_crossed_but_not_listed_still_works(tmp_path: Path) -> None:
+    """A drop-box directory (mode 0333: search, no read) is crossed as before the O_NOFOLLOW walk.
+
+    The walk needs search permission on each directory, as path lookup does, not read permission.
+    Run in a child: as root (who reads everything) the child drops to nobody.
+    """
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp()) if os.geteuid() == 0 else tmp_path  # tmp_path is not for nobody to see
+    try:
+        (root / "drop" / "sub").mkdir(parents=True)
+        (root / "drop" / "in.txt").write_text("hi\n")
+        (root / "drop" / "sub" / "f.txt").write_text("f\n")
+        if os.geteuid() == 0:
+            for path in [root, root / "drop", root / "drop" / "in.txt", root / "drop" / "sub",
+                         root / "drop" / "sub" / "f.txt"]:
+                os.chown(path, 65534, 65534)
+        os.chmod(root, 0o755)
+        os.chmod(root / "drop", 0o333)
+        script = f"""
+import asyncio, json
+from dsh_core.config import compose
+from dsh_core.harness import Harness
+from dsh_core.plugins import PluginCatalog
+
+async def main():
+    rows = [{{"id": "workspace", "use": "workspace", "config": {{"root": {str(root)!r}}}}}]
+    h = await Harness.start(compose([("t", {{"tools": {{"mode": "native"}}, "plugins": rows}})], env={{}}),
+                            catalog=PluginCatalog(strict=True))
+    calls = [("read", {{"path": "drop/in.txt"}}), ("write", {{"path": "drop/new.txt", "content": "x"}}),
+             ("edit", {{"path": "drop/in.txt", "old_string": "hi", "new_string": "yo"}}),
+             ("list", {{"path": "drop/sub"}}), ("read", {{"path": "drop/sub/f.txt"}}), ("list", {{"path": "drop"}})]
+    results = [await h.call(name, args) for name, args in calls]
+    await h.aclose()
+    print(json.dumps([[r.code, r.text] for r in results]))
+
+asyncio.run(main())
+"""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # (setpriv, not subprocess's user=: the interpreter may live under a /root that nobody cannot enter)
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        if drop and shutil.which("setpriv") is None:
+            pytest.skip("dropping root privileges needs setpriv")
+        done = subprocess.run([*drop, sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                              timeout=60, check=True, cwd="/")
+        results = json.loads(done.stdout.strip().splitlines()[-1])
+        assert [code for code, _ in results[:5]] == [None] * 5, results
+        assert results[0][1] == "     1\thi" and results[3][1] == "f.txt" and results[4][1] == "     1\tf"
+        assert results[5] == ["TOOL_FAILED", "Error: cannot list 'drop': Permission denied"]
+        os.chmod(root / "drop", 0o755)
+        assert (root / "drop" / "in.txt").read_text() == "yo\n" and (root / "drop" / "new.txt").read_text() == "x"
+    finally:
+        os.chmod(root / "drop", 0o755)
+        if root != tmp_path:
+            shutil.rmtree(root)
