@@ -1032,7 +1032,7 @@ class _Run:
         tokens = message["v"]
         try:
             value = wire.decode(tokens)
-            size = wire.tokens_json_size(tokens)  # WireError if the host's own int limit was lowered since
+            size = wire.tokens_json_size(tokens)  # WireError: an int the worker's limit never lets out
         except wire.WireError:
             self.settle("error", ("invalid-output", "program completion must be lossless JSON"))
             return

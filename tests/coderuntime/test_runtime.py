@@ -103,6 +103,26 @@ def test_an_int_too_long_for_json_text_is_refused_both_ways_even_with_the_limit_
     arun(with_runtime(go, isolation="auto"))
 
 
+def test_a_host_with_the_int_limit_lifted_still_refuses_a_result_the_worker_cannot_read() -> None:
+    # PYTHONINTMAXSTRDIGITS=0 reaches the host only: the worker (-I, empty environment) keeps
+    # Python's default limit, so a 5000-digit binding result is refused, not written in a reply
+    # frame the worker drops (leaving the program waiting until the wall clock ran out).
+    script = (
+        "import asyncio\nfrom dsh_core.coderuntime import BindingNamespace, CodeRuntimeConfig, PythonCodeRuntime\n"
+        "async def huge(args):\n    return 10**5000\n"
+        "async def main():\n"
+        "    async with PythonCodeRuntime(CodeRuntimeConfig(isolation='L0', timeout_s=20)) as rt:\n"
+        "        r = await rt.run('try:\\n    return await tools.huge({})\\nexcept ToolCallError as e:\\n"
+        "    return str(e)', [BindingNamespace('tools', {'huge': huge})])\n"
+        "        print(r.value if r.error is None else r.error.kind)\n"
+        "asyncio.run(main())\n"
+    )
+    env = {**os.environ, "PYTHONINTMAXSTRDIGITS": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+    assert done.stdout.strip() == "binding resolution must be lossless JSON", (done.stdout, done.stderr)
+
+
 def test_syntax_error_starts_no_worker() -> None:
     async def go() -> None:
         rt = PythonCodeRuntime()

@@ -6,8 +6,11 @@ import contextlib
 import gc
 import json
 import math
+import os
 import struct
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -325,3 +328,35 @@ def test_an_int_too_long_to_write_is_refused_when_written_whatever_the_current_l
             sys.set_int_max_str_digits(previous)
         assert sys.get_int_max_str_digits() == previous  # restored after the write
     assert wire.tokens_json_size(wire.encode(10**4299)) == 4300
+
+
+def test_writing_never_changes_the_process_wide_digit_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The limit is one per process: lowering it for a moment, as writes once did under a lifted
+    # limit, fails another thread's int(text) in that moment and undoes its own set_int_max_str_digits.
+    long, short = wire.encode([1, 10**5000]), wire.encode([1, -(10**4299)])
+    previous = sys.get_int_max_str_digits()
+    for limit in (0, 100_000):
+        sys.set_int_max_str_digits(limit)
+        try:
+            with monkeypatch.context() as patch:
+                patch.setattr(sys, "set_int_max_str_digits", lambda _: pytest.fail("the limit was changed"))
+                for write in (lambda t: wire.pack({"t": "done", "v": t}), wire.tokens_json_size):
+                    with pytest.raises(wire.WireError, match="int of more than 4300 digits"):
+                        write(long)
+                    write(short)
+        finally:
+            sys.set_int_max_str_digits(previous)
+
+
+def test_an_int_is_written_under_the_workers_limit_not_the_hosts() -> None:
+    # The worker runs in a bare `-I` interpreter with an empty environment: its parser refuses
+    # ints past Python's default limit whatever the host's environment says, so a host started
+    # with PYTHONINTMAXSTRDIGITS=0 must not write one (the worker would drop the frame).
+    script = (
+        "import sys\nfrom dsh_core.coderuntime.worker import wire\nassert sys.get_int_max_str_digits() == 0\n"
+        "try:\n    wire.pack({'v': wire.encode(10**5000)})\nexcept wire.WireError as e:\n    print(e)\n"
+    )
+    env = {**os.environ, "PYTHONINTMAXSTRDIGITS": "0", "PYTHONPATH": str(Path(wire.__file__).parents[3])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+    assert "int of more than 4300 digits" in done.stdout, (done.stdout, done.stderr)

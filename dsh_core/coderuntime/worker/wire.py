@@ -56,11 +56,14 @@ HEADER = struct.Struct(">I")
 
 _NONE = type(None)
 _SCALAR = frozenset((str, int, bool, _NONE))
-#: Python's limit on int <-> str conversions, read at import (before any program runs). Text is
-#: written under it whatever a program later sets, so an int the host's parser would refuse
-#: is refused here, as :class:`WireError`, and never sent. Checked while writing the text, not
-#: in :func:`encode`: a check per int there would slow every value down for a case this rare.
-_INT_DIGITS = sys.get_int_max_str_digits()
+#: The int <-> str digit limit text is written under, on both sides: the worker's, which runs in a
+#: bare ``-I`` interpreter with an empty environment and so starts with Python's default whatever
+#: the host's environment or ``-X int_max_str_digits`` say. An int past it (one the worker's parser
+#: would refuse) is refused as :class:`WireError` and never sent, whatever a program or the host
+#: later sets. Checked while writing the text, not in :func:`encode`: a check per int there would
+#: slow every value down for a case this rare.
+_INT_DIGITS = sys.int_info.default_max_str_digits
+_INT_BOUND = 10**_INT_DIGITS
 _isfinite = math.isfinite
 _copysign = math.copysign
 
@@ -383,18 +386,43 @@ def tokens_json_size(tokens: list[object]) -> int:
 
 
 def _json_text(encoder: json.JSONEncoder, value: object) -> str:
-    """``encoder.encode(value)`` under the import-time int digit limit; WireError past it."""
+    """``encoder.encode(value)``; WireError for an int of more than ``_INT_DIGITS`` digits.
+
+    Never changes the digit limit, which is process-wide: a host thread (or a program's) that
+    lifted it may be converting a long int right now. Under a lifted limit the text is written
+    and the ints checked after (rare: only then is the walk paid); under a lowered one an int
+    past that limit is refused too (it cannot be written without lifting it).
+    """
     limit = sys.get_int_max_str_digits()
-    if limit != _INT_DIGITS:
-        sys.set_int_max_str_digits(_INT_DIGITS)
     try:
-        return encoder.encode(value)
+        text = encoder.encode(value)
     except ValueError:  # the only one tokens can raise: NaN and infinities never get this far
-        raise WireError(f"int of more than {_INT_DIGITS} digits does not survive JSON (Python refuses to "
-                        "convert it to and from text)") from None
-    finally:
-        if limit != _INT_DIGITS:
-            sys.set_int_max_str_digits(limit)
+        raise _long_int_error(limit if 0 < limit < _INT_DIGITS else _INT_DIGITS) from None
+    if (limit == 0 or limit > _INT_DIGITS) and _has_long_int(value):
+        raise _long_int_error(_INT_DIGITS)
+    return text
+
+
+def _long_int_error(digits: int) -> WireError:
+    return WireError(f"int of more than {digits} digits does not survive JSON (Python refuses to "
+                     "convert it to and from text)")
+
+
+def _has_long_int(value: object) -> bool:
+    """Whether a (shallow) message or token list holds an int of more than ``_INT_DIGITS`` digits."""
+    bound = _INT_BOUND
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is int:
+            if not -bound < item < bound:
+                return True
+        elif kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.values())
+    return False
 
 
 def truncate_json_str(text: str, budget: int) -> str:
