@@ -100,6 +100,7 @@ _CONTAINERS = (dict, list, FrozenDict, FrozenList)
 #: Ints strictly between -_SAFE_INT and _SAFE_INT always have a JSON text: Python refuses int <-> str
 #: conversions past ``sys.get_int_max_str_digits()``, which can be set no lower than 640 digits.
 _SAFE_INT = 10**600
+_SAFE_INT_FLOOR = -_SAFE_INT  # once: negating it in every check allocates a 2,000-bit int each time
 _DICTS = (dict, FrozenDict)
 _LISTS = (list, FrozenList)
 
@@ -112,7 +113,7 @@ def pointer(parts: Iterator[str | int] | list[str | int] | tuple[str | int, ...]
 def _scalar_loss(value: object) -> str | None:
     kind = type(value)
     if kind in _SCALARS:
-        if kind is int and not -_SAFE_INT < value < _SAFE_INT:  # type: ignore[operator]
+        if kind is int and not _SAFE_INT_FLOOR < value < _SAFE_INT:  # type: ignore[operator]
             return _int_loss(value)  # type: ignore[arg-type]
         return None
     if kind is float:
@@ -211,7 +212,7 @@ def _flat_scalars(value: dict[Any, Any]) -> bool:
         kind = type(child)
         if type(key) is not str or kind not in scalars:
             return False
-        if kind is int and not -_SAFE_INT < child < _SAFE_INT:
+        if kind is int and not _SAFE_INT_FLOOR < child < _SAFE_INT:
             return False  # the walk checks it
     return True
 
@@ -275,7 +276,7 @@ def is_lossless(value: object) -> bool:
 def snapshot(value: object) -> JSON:
     """Return a detached, plain (mutable) deep copy; raise :class:`NotLosslessError`."""
     kind = type(value)
-    if kind in _IMMUTABLE_SCALARS and (kind is not int or -_SAFE_INT < value < _SAFE_INT):  # type: ignore[operator]
+    if kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT):  # type: ignore[operator]
         return value  # what _walk returns for them, minus its checks (tool values are often scalars)
     return _walk(value, 1)
 
@@ -288,7 +289,7 @@ def freeze(value: object) -> JSON:
     Freezing a value that :func:`freeze` produced returns it unchanged.
     """
     kind = type(value)
-    if ((kind in _IMMUTABLE_SCALARS and (kind is not int or -_SAFE_INT < value < _SAFE_INT))  # type: ignore[operator]
+    if ((kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT))  # type: ignore[operator]
             or kind is FrozenDict or kind is FrozenList):
         # What _walk returns for these, without its checks: a nested call freezes the same
         # already-frozen arguments and result several times on its way through the pipeline.
@@ -299,7 +300,7 @@ def freeze(value: object) -> JSON:
 def thaw(value: object) -> JSON:
     """Return a plain mutable deep copy of a (frozen or plain) lossless value."""
     kind = type(value)
-    if kind in _IMMUTABLE_SCALARS and (kind is not int or -_SAFE_INT < value < _SAFE_INT):  # type: ignore[operator]
+    if kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT):  # type: ignore[operator]
         return value
     return _walk(value, 1)
 
