@@ -32,6 +32,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import termios
 from collections.abc import Awaitable
 from typing import Any
 
@@ -156,10 +157,16 @@ class ApprovalPolicy:
             async with self._lock:
                 if request.signal.aborted:
                     return ApprovalOutcome.CANCELLED
-                _write_all(fd, self._prompt(request))
+                # Keys typed before the question (a "y" meant for an earlier prompt, or typed
+                # while the agent worked) must not answer it: only what is typed after counts.
+                with contextlib.suppress(termios.error):
+                    termios.tcflush(fd, termios.TCIFLUSH)
+                if not await _write_all(fd, self._prompt(request), request):
+                    return ApprovalOutcome.CANCELLED
                 answer = await _read_line(fd, request)
                 if answer is None:
-                    _write_all(fd, b"\n(cancelled)\n")
+                    with contextlib.suppress(OSError):
+                        os.write(fd, b"\n(cancelled)\n")  # a courtesy: not waited for
                     return ApprovalOutcome.CANCELLED
                 allowed = answer.strip().lower() in ("y", "yes")
                 return ApprovalOutcome.ALLOWED if allowed else ApprovalOutcome.REJECTED
@@ -181,14 +188,38 @@ class ApprovalPolicy:
         return "\n".join(lines).encode("ascii", errors="replace")
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _write_all(fd: int, data: bytes, request: ApprovalRequest) -> bool:
+    """Write ``data`` to the non-blocking ``fd``; False if the request is aborted first.
+
+    A terminal whose output is stopped (Ctrl-S) takes nothing until it is resumed:
+    the loop waits for it to become writable (or for the abort) instead of spinning.
+    """
+    loop = asyncio.get_running_loop()
     view = memoryview(data)
     while view:
         try:
-            written = os.write(fd, view)
+            view = view[os.write(fd, view):]
+            continue
         except BlockingIOError:
-            continue  # a terminal's output buffer drains quickly; prompts are small
-        view = view[written:]
+            pass
+        writable: asyncio.Future[None] = loop.create_future()
+        loop.add_writer(fd, _settle, writable)
+        aborted: asyncio.Future[Any] = asyncio.ensure_future(request.signal.wait())
+        try:
+            await asyncio.wait((writable, aborted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            loop.remove_writer(fd)
+            aborted.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await aborted
+        if not writable.done():
+            return False
+    return True
 
 
 async def _read_line(fd: int, request: ApprovalRequest) -> str | None:
@@ -213,9 +244,9 @@ async def _read_line(fd: int, request: ApprovalRequest) -> str | None:
             line.set_result(buffer.split(b"\n", 1)[0].decode("utf-8", errors="replace"))
 
     loop.add_reader(fd, readable)
-    aborted = asyncio.ensure_future(request.signal.wait())
+    aborted: asyncio.Future[Any] = asyncio.ensure_future(request.signal.wait())
     try:
-        await asyncio.wait({line, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((line, aborted), return_when=asyncio.FIRST_COMPLETED)
         return line.result() if line.done() else None
     finally:
         loop.remove_reader(fd)

@@ -7,6 +7,8 @@ import contextlib
 import inspect
 import os
 import pty
+import termios
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +148,47 @@ def test_dsh_approve_is_a_plain_function_that_abstains_without_a_terminal() -> N
     policy = ApprovalPolicy(Scope("plugin:approval"), {"terminal": "/nonexistent/tty"})
     assert policy.dsh_approve(None) is None  # type: ignore[arg-type]
     assert ApprovalOutcome.UNAVAILABLE.value == "unavailable"
+
+
+async def test_keys_typed_before_the_question_do_not_answer_it(boot: Any, tmp_path: Path,
+                                                               terminal: tuple[int, str]) -> None:
+    """A "y" already waiting on the terminal (typed for nothing, or ahead) is discarded, not taken as yes."""
+    master, path = terminal
+    os.write(master, b"y\n")
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}))
+        await _read_until(master, b"[y/N] ")
+        await asyncio.sleep(0.1)
+        assert not call.done()  # still waiting for an answer typed after the question
+        os.write(master, b"n\n")
+        result = await asyncio.wait_for(call, 5)
+    assert result.code == "DENIED" and not (tmp_path / "made").exists()
+
+
+async def test_a_stopped_terminal_neither_spins_nor_blocks_the_loop(boot: Any, tmp_path: Path,
+                                                                    terminal: tuple[int, str]) -> None:
+    """Output suspended (Ctrl-S): the prompt waits without blocking the loop, and an abort still ends the ask."""
+    _master, path = terminal
+    slave = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    termios.tcflow(slave, termios.TCOOFF)  # as Ctrl-S does: the terminal takes no output
+    try:
+        await _stopped_terminal_ask(boot, tmp_path, path)
+    finally:
+        termios.tcflow(slave, termios.TCOON)
+        os.close(slave)
+
+
+async def _stopped_terminal_ask(boot: Any, tmp_path: Path, path: str) -> None:
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        controller = AbortController()
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}, signal=controller.signal))
+        started = time.process_time()
+        ticks = 0
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        busy = time.process_time() - started
+        controller.abort("gave up")
+        result = await asyncio.wait_for(call, 5)
+    assert ticks == 20 and busy < 0.15  # 0.2 s of waiting: a spinning write would burn all of it
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and not (tmp_path / "made").exists()
