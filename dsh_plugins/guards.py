@@ -16,6 +16,11 @@ and can only deny: they are the last, monotonic line of the policy.
   outside ``root`` (an absolute path, ``..``, a symlink) is denied, since
   relative globs cannot judge it. A leading ``~`` is checked both expanded and
   literally (tools differ in whether they expand it).
+* What a path guard does not see: it judges the paths a call names, not what a
+  tool reaches from them. A directory-wide tool called on a parent directory
+  (``search`` or ``list`` on ``.``) still reads or lists what lies under a
+  denied glob. Deny such tools too where that matters, or keep whole
+  directories out of search with the workspace plugin's ``search_exclude``.
 
 Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
 of segments. A glob starting with ``/`` (or ``~``) matches the absolute path;
