@@ -566,6 +566,12 @@ class WorkspaceTools:
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=parent)
         except OSError as error:
+            if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                # The file itself may be writable: what is refused is a new file beside it.
+                folder = os.path.dirname(given.rstrip(os.sep)) or "."
+                raise ToolError(f"cannot write {given!r}: its directory {folder!r} does not take new files "
+                                f"({error.strerror}); write and edit replace a file through a new one beside "
+                                "it, so they need that directory writable") from None
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
         try:
             with os.fdopen(fd, "wb") as handle:

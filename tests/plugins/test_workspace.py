@@ -521,12 +521,15 @@ def test_a_directory_that_can_be_crossed_but_not_listed_still_works(tmp_path: Pa
         (root / "drop" / "sub").mkdir(parents=True)
         (root / "drop" / "in.txt").write_text("hi\n")
         (root / "drop" / "sub" / "f.txt").write_text("f\n")
+        (root / "ro").mkdir()
+        (root / "ro" / "w.txt").write_text("w\n")
         if os.geteuid() == 0:
             for path in [root, root / "drop", root / "drop" / "in.txt", root / "drop" / "sub",
-                         root / "drop" / "sub" / "f.txt"]:
+                         root / "drop" / "sub" / "f.txt", root / "ro", root / "ro" / "w.txt"]:
                 os.chown(path, 65534, 65534)
         os.chmod(root, 0o755)
         os.chmod(root / "drop", 0o333)
+        os.chmod(root / "ro", 0o555)  # a writable file in a directory that takes no new files
         script = f"""
 import asyncio, json
 from dsh_core.config import compose
@@ -539,7 +542,8 @@ async def main():
                             catalog=PluginCatalog(strict=True))
     calls = [("read", {{"path": "drop/in.txt"}}), ("write", {{"path": "drop/new.txt", "content": "x"}}),
              ("edit", {{"path": "drop/in.txt", "old_string": "hi", "new_string": "yo"}}),
-             ("list", {{"path": "drop/sub"}}), ("read", {{"path": "drop/sub/f.txt"}}), ("list", {{"path": "drop"}})]
+             ("list", {{"path": "drop/sub"}}), ("read", {{"path": "drop/sub/f.txt"}}), ("list", {{"path": "drop"}}),
+             ("write", {{"path": "ro/w.txt", "content": "x"}})]
     results = [await h.call(name, args) for name, args in calls]
     await h.aclose()
     print(json.dumps([[r.code, r.text] for r in results]))
@@ -557,9 +561,13 @@ asyncio.run(main())
         assert [code for code, _ in results[:5]] == [None] * 5, results
         assert results[0][1] == "     1\thi" and results[3][1] == "f.txt" and results[4][1] == "     1\tf"
         assert results[5] == ["TOOL_FAILED", "Error: cannot list 'drop': Permission denied"]
+        assert results[6] == ["TOOL_FAILED", "Error: cannot write 'ro/w.txt': its directory 'ro' does not take new "
+                              "files (Permission denied); write and edit replace a file through a new one beside "
+                              "it, so they need that directory writable"]
         os.chmod(root / "drop", 0o755)
         assert (root / "drop" / "in.txt").read_text() == "yo\n" and (root / "drop" / "new.txt").read_text() == "x"
     finally:
         os.chmod(root / "drop", 0o755)
+        os.chmod(root / "ro", 0o755)
         if root != tmp_path:
             shutil.rmtree(root)
