@@ -195,6 +195,28 @@ def test_bindings_both_ways_and_error_class() -> None:
     arun(with_runtime(go, isolation="auto"))
 
 
+def test_an_unknown_binding_raises_the_declared_error_class_and_still_acts_as_missing() -> None:
+    # The SDK tells the model "a failed, denied or unknown call raises ToolCallError".
+    ns = [BindingNamespace("tools", {"read": echo}), BindingNamespace("bare", {"ping": echo}, None)]
+    program = (
+        "try:\n    await tools.nosuch({})\nexcept ToolCallError as err:\n"
+        "    a = [err.tool_name, str(err), isinstance(err, AttributeError), type(err).__name__]\n"
+        "try:\n    tools['no-such']\nexcept ToolCallError as err:\n"
+        "    b = [err.tool_name, str(err), isinstance(err, KeyError)]\n"
+        "c = [hasattr(tools, 'nosuch'), getattr(tools, 'nosuch', 'default'), hasattr(tools, 'read')]\n"
+        "try:\n    bare.nosuch\nexcept AttributeError as err:\n    d = [type(err).__name__, str(err)]\n"
+        "try:\n    tools.nosuch\nexcept ToolCallError as err:\n    err.tool_name\n    raise\n"
+    )
+    r = run_one(program + "return 1", ns)
+    assert r.error is not None and r.error.message.endswith("ToolCallError: tools has no binding 'nosuch'"), r
+    r = run_one(program.rsplit("try:", 1)[0] + "return [a, b, c, d]", ns)
+    assert r.error is None, r.error
+    assert r.value == [["nosuch", "tools has no binding 'nosuch'", True, "ToolCallError"],
+                       ["no-such", "tools has no binding 'no-such'", True],
+                       [False, "default", True],
+                       ["AttributeError", "bare has no binding 'nosuch'"]]
+
+
 def test_gather_and_deep_values_cross_both_ways() -> None:
     async def depth(args: Any) -> Any:
         n, node = 0, args

@@ -183,6 +183,27 @@ def _make_error_class(name: str, member: str) -> type[Exception]:
     return cls
 
 
+def _missing(error: tuple[type[Exception], str] | None, lookup: type[LookupError | AttributeError]) -> type[Exception]:
+    """The class raised for an unknown binding name: the declared error class and ``lookup`` at once."""
+    if error is None:
+        return lookup
+    cls = error[0]
+
+    def body(namespace: dict[str, Any]) -> None:
+        namespace["__str__"] = BaseException.__str__  # not KeyError's quoted repr
+
+    both = types.new_class(cls.__name__, (cls, lookup), exec_body=body)
+    both.__module__, both.__qualname__ = cls.__module__, cls.__qualname__  # reads as the declared class
+    return both
+
+
+def _unknown(cls: type[Exception], error: tuple[type[Exception], str] | None, global_name: str, name: str) -> Exception:
+    instance = cls(f"{global_name} has no binding {name!r}")
+    if error is not None:
+        setattr(instance, error[1], name)
+    return instance
+
+
 class _Bridge:
     """Binding calls from the program to the host and their replies."""
 
@@ -201,18 +222,24 @@ class _Bridge:
 
     def make_namespace(self, global_name: str, names: list[str], error: tuple[type[Exception], str] | None) -> object:
         table = {name: self._make_function(global_name, name, error) for name in names}
+        # An unknown name raises the declared error class (as the SDK promises for an unknown
+        # call), as an AttributeError or KeyError too, so hasattr() and getattr() defaults work.
+        missing_attribute = _missing(error, AttributeError)
+        missing_key = _missing(error, KeyError)
 
         def __getattr__(self: object, attr: str) -> object:
             try:
                 return table[attr]
             except KeyError:
-                raise AttributeError(f"{global_name} has no binding {attr!r}") from None
+                raise _unknown(missing_attribute, error, global_name, attr) from None
 
         def __getitem__(self: object, key: str) -> object:
             try:
                 return table[key]
             except (KeyError, TypeError):
-                raise KeyError(key) from None
+                if error is None or type(key) is not str:
+                    raise KeyError(key) from None
+                raise _unknown(missing_key, error, global_name, key) from None
 
         def __dir__(self: object) -> list[str]:
             return sorted(table)
