@@ -90,8 +90,8 @@ def collapsed_message(name: str) -> str:
 class Staged:
     """One execution between stages: its kind says which stage comes next."""
 
-    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finished", "_validated", "execution", "kind",
-                 "result")
+    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finished", "_proceeded", "_validated", "execution",
+                 "kind", "result")
 
     def __init__(self, execution: ToolExecution, finalizer: Finalizer | None,
                  validated: ToolDefinition | None) -> None:
@@ -102,6 +102,7 @@ class Staged:
         self._validated = validated
         self._body_invoked = False
         self._dispatching = False
+        self._proceeded = False
         self._finished = False
 
     def settle(self, kind: StageKind, result: ToolResult) -> Staged:
@@ -356,6 +357,12 @@ class ToolRuntime:
         body_results: list[ToolResult] = []
 
         async def body(call: ToolExecution) -> ToolResult:
+            # One body per policy decision: a middleware that proceeds twice, or keeps ``proceed``
+            # and calls it once the call has settled, must not run the tool again or after its result.
+            if staged._proceeded or staged.kind != "dispatch":
+                raise RuntimeError(f"call {execution.call_id!r}: proceed() may be called once, while the call "
+                                   "is being dispatched")
+            staged._proceeded = True
             signal = call.signal
             if signal is caller:
                 result = await self._body(staged, caller)

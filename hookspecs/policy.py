@@ -110,7 +110,8 @@ def dsh_around_dispatch(execution: ToolExecution) -> Middleware | None:
     ``attrs.evolve(execution, signal=...)`` to add a tighter abort signal (it
     is fused with the caller's, which can never be detached) but cannot change
     the tool, its arguments or identity: the body always runs the call that
-    passed policy. A middleware may also return a result without proceeding.
+    passed policy, at most once: ``proceed`` raises if called again or after
+    the call settled. A middleware may also return a result without proceeding.
     A call whose signal is already aborted when it is dispatched gets no
     middleware: it settles as ``ABORTED_BEFORE_DISPATCH`` without post-execute.
     A middleware that raises settles the call as ``TOOL_FAILED`` (a

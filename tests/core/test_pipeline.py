@@ -530,6 +530,38 @@ async def test_a_raising_middleware_skips_post_execute() -> None:
     assert "post" not in recorder.stages() and recorder.stages()[-1] == "result"
 
 
+async def test_a_middleware_cannot_run_the_body_twice_or_after_the_call_settled() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    kept: list[tuple[ToolExecution, Any]] = []
+    keep = False
+
+    class Misbehaving:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                if keep:  # keep proceed for later, answer from a cache
+                    kept.append((call, proceed))
+                    return ToolResult(content="cached", value={"echo": "cached"})
+                await proceed(call)
+                return await proceed(call)  # type: ignore[no-any-return]
+            return middleware
+
+    register(stack.hooks, Misbehaving())
+    result = await stack.call("echo", {"text": "once"})
+    assert len(body_calls(echo)) == 1
+    assert result.code == "TOOL_FAILED" and "proceed() may be called once" in result.text
+
+    keep = True
+    settled = await stack.call("echo", {"text": "late"})
+    assert settled.value == {"echo": "cached"} and len(body_calls(echo)) == 1
+    call, proceed = kept[-1]
+    with pytest.raises(RuntimeError, match="proceed"):
+        await proceed(call)  # kept past the call's result: the body must not run now
+    assert len(body_calls(echo)) == 1
+
+
 async def test_an_authored_middleware_result_is_revalidated() -> None:
     stack = Stack()
     stack.registry.register(tool("echo", output_schema={"type": "object"}))
