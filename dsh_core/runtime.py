@@ -19,7 +19,7 @@ finish) or :meth:`ToolRuntime.finish` (finish only). :meth:`ToolRuntime.execute`
 runs them in order for one call.
 
 Where a call is denied: :meth:`ToolRuntime._create` (collapse, invalid
-arguments, pre-aborted: before any hook) and :meth:`ToolRuntime.prepare`
+arguments, pre-aborted, a disposed calling scope: before any hook) and :meth:`ToolRuntime.prepare`
 (pre-execute, approval, guards). A call settled before dispatch is finished
 without post-execute: no plugin may rewrite a denial the model reads (the
 upstream harness runs post-execute on policy denials; dsh deliberately does not).
@@ -65,6 +65,7 @@ from dsh_core.model import (
 )
 from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 from dsh_core.schema import format_violations, violations
+from dsh_core.scope import Scope
 
 __all__ = [
     "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
@@ -114,6 +115,13 @@ class Staged:
 def _aborted_before_dispatch(contexts: Sequence[object] = ()) -> ToolResult:
     return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH, ABORTED_BEFORE_DISPATCH_MESSAGE,
                               additional_contexts=tuple(contexts))  # type: ignore[arg-type]
+
+
+def _agent_gone(agent: Scope) -> ToolResult:
+    # A disposed scope's layer (restrictions, guards, mode) and scoped hooks are gone: its calls
+    # would run with none of its policy, so they never reach a body.
+    return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH,
+                              f"{ABORTED_BEFORE_DISPATCH_MESSAGE}: the calling scope {agent.path!r} is disposed")
 
 
 def aborted_result(contexts: Sequence[object] = ()) -> ToolResult:
@@ -223,6 +231,8 @@ class ToolRuntime:
         if loss is not None:
             return staged.settle("final-result", ToolResult.failure(
                 ErrorCode.INVALID_ARGS, f"tool execution arguments must be losslessly JSON-serializable: {loss}"))
+        if agent is not None and not agent.active:
+            return staged.settle("final-result", _agent_gone(agent))
         if collapsed:
             if request.signal.aborted:
                 return staged.settle("final-result", _aborted_before_dispatch())
@@ -416,6 +426,9 @@ class ToolRuntime:
         caller = execution.signal
         if fused.aborted:
             return _aborted_before_dispatch()
+        agent = execution.agent
+        if agent is not None and not agent.active:
+            return _agent_gone(agent)
         definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
         if definition is None:
             return error_result(UnknownToolError(f'unknown tool "{execution.name}"'))

@@ -297,6 +297,36 @@ async def test_restrictions_apply_to_nested_calls_through_the_snapshot(env: Env)
     assert result.text == "['read']"
 
 
+async def test_a_program_whose_agent_is_disposed_mid_run_cannot_call_past_its_policy(env: Env) -> None:
+    # The agent's guard goes with its scope; the program's later calls must not run without it.
+    gate = asyncio.Event()
+    ran: list[Any] = []
+
+    async def wait(args: Any, ctx: Any) -> Any:
+        await gate.wait()
+        return "waited"
+
+    async def write(args: Any, ctx: Any) -> Any:
+        ran.append(args)
+        return "written"
+
+    env.add(tool("wait", wait), tool("write", write))
+    assert env.agent is not None
+    env.registry.guard(lambda execution: "writes are frozen" if execution.name == "write" else None,
+                       scope=env.agent)
+    program = "await tools.wait({})\ntry:\n    print(await tools.write({}))\nexcept ToolCallError as e:\n    print(e)"
+    run = asyncio.ensure_future(env.run(program))
+    while not env.sink.events:  # type: ignore[union-attr]
+        await asyncio.sleep(0.01)
+    await env.agent.dispose()
+    gate.set()
+    result = await run
+    assert ran == []
+    assert "disposed" in result.text
+    settled = [e["payload"] for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]
+    assert [(p["name"], p["error_code"]) for p in settled] == [("wait", None), ("write", "ABORTED_BEFORE_DISPATCH")]
+
+
 # -- approval inside a program ---------------------------------------------------------------------------
 
 

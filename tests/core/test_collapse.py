@@ -149,7 +149,13 @@ async def test_disposing_the_agent_restores_the_default() -> None:
     assert (await stack.call("echo", agent=agent)).code == "UNKNOWN_TOOL"
     await agent.dispose()
     assert stack.registry.mode_for(agent) == "native"
-    assert not (await stack.call("echo", agent=agent)).is_error
+    # The layer is gone, but a disposed agent's calls do not run under the default instead.
+    assert (await stack.call("echo", agent=agent)).code == "ABORTED_BEFORE_DISPATCH"
+    live = stack.agent("live")
+    restore = stack.registry.present_as("code", live)
+    assert (await stack.call("echo", agent=live)).code == "UNKNOWN_TOOL"
+    restore()
+    assert not (await stack.call("echo", agent=live)).is_error
 
 
 async def test_restrictions_cannot_remove_run_code_and_no_registration_shadows_it() -> None:

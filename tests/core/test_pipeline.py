@@ -199,6 +199,35 @@ async def test_finalize_never_post_executes_a_result_the_core_settled() -> None:
     assert body_calls(echo) == []
 
 
+async def test_a_disposed_agent_leaves_no_call_to_run_without_its_policy() -> None:
+    # Disposing an agent drops its layer (restrictions, guards, mode) and its scoped hooks: a call
+    # still naming it must be refused, not run under the deployment's defaults.
+    stack = Stack(mode="native")
+    bash, read = tool("bash"), tool("read")
+    stack.registry.register(bash)
+    stack.registry.register(read)
+    agent = stack.agent()
+    stack.registry.restrict(agent, deny=["bash"])
+    stack.registry.guard(lambda execution: "no reads" if execution.name == "read" else None, scope=agent)
+    recorder = register(stack.hooks, Recorder())
+    assert (await stack.call("bash", agent=agent)).code == "UNKNOWN_TOOL"
+    assert (await stack.call("read", agent=agent)).code == "DENIED"
+    # Prepared while the agent lives (an unknown name passes policy), dispatched once it is gone.
+    pending = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="bash", arguments={},
+                                                             agent=agent))
+    assert pending.kind == "dispatch"
+    await agent.dispose()
+    pending = await stack.runtime.dispatch(pending)
+    assert pending.kind == "final-result" and pending.result is not None
+    assert pending.result.code == "ABORTED_BEFORE_DISPATCH" and "disposed" in pending.result.text
+    recorder.seen.clear()
+    for name in ("bash", "read"):
+        result = await stack.call(name, agent=agent)
+        assert result.code == "ABORTED_BEFORE_DISPATCH" and "disposed" in result.text
+    assert recorder.stages() == ["result", "result"]  # type: ignore[attr-defined]
+    assert body_calls(bash) == [] and body_calls(read) == []
+
+
 async def test_dispatch_never_runs_the_body_of_a_settled_or_dispatched_call() -> None:
     # A custom scheduler that ignores the staged kind cannot run a denied call's body, or a body twice.
     stack = Stack()
