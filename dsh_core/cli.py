@@ -88,6 +88,9 @@ def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id:
     if ctx.invoked_subcommand is not None:
         return
     if task is None:
+        for value, option in ((session_id, "--session"), (agent_id, "--agent")):
+            if value is not None:
+                raise click.UsageError(f"{option} needs -p TASK (the run it applies to)", ctx)
         click.echo(ctx.get_help())
         return
     from dsh_core.agent.cli import run_prompt

@@ -226,7 +226,7 @@ async def run_demo(base: Path, *, observer: LoopObserver | None = None) -> str:
         f"Task: {DEMO_TASK}",
         f"Answer: {code.result.answer}",
         "",
-        "Trajectory (dsh sessions show):",
+        "Trajectory (as dsh sessions show renders it; run with --keep to open it later):",
         render_session(code.info, list(code.events)),
         "",
         f"{nested} tool calls ran inside {programs} run_code program(s); "
@@ -255,4 +255,6 @@ def demo_command(keep: bool) -> None:
             shutil.rmtree(base, ignore_errors=True)
     click.echo(report)
     if keep:
-        click.echo(f"\nKept {base} (code/ and native/: workspace, script, config, dsh-home/sessions.db).")
+        click.echo(f"\nKept {base} (code/ and native/: workspace, script, config, dsh-home/sessions.db).\n"
+                   f"Its sessions: dsh sessions list --config {base / 'code' / 'demo.toml'} (then sessions show ID"
+                   " with the same --config).")

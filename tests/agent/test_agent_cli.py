@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,6 +250,27 @@ def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
         assert nested in out
     assert "REPORT.md: written" in out
     assert "Code Mode sent" in out and "native " in out
+
+
+def test_the_kept_demo_says_how_to_open_its_sessions_and_that_works(tmp_path: Path) -> None:
+    done = dsh("demo", "--keep", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "run with --keep to open it later" in done.stdout
+    config_path = done.stdout.split("Its sessions: dsh sessions list --config ", 1)[1].split(" ", 1)[0]
+    try:
+        listed = dsh("sessions", "list", "--config", config_path, "--json", cwd=tmp_path)
+        (session,) = json.loads(listed.stdout)
+        shown = dsh("sessions", "show", session["id"], "--config", config_path, cwd=tmp_path)
+        assert shown.returncode == 0 and "run_code [1.1]" in shown.stdout, shown.stderr
+    finally:
+        shutil.rmtree(Path(config_path).parent.parent, ignore_errors=True)
+
+
+def test_session_or_agent_without_a_prompt_is_a_usage_error(tmp_path: Path) -> None:
+    for option in ("--session", "--agent"):
+        done = dsh(option, "x", cwd=tmp_path, env={"DSH_HOME": str(tmp_path / "home")})
+        assert done.returncode == 2 and done.stdout == ""
+        assert f"{option} needs -p" in done.stderr
 
 
 def test_a_file_name_that_is_not_utf8_is_listed_recorded_and_shown(tmp_path: Path) -> None:
