@@ -184,8 +184,10 @@ def check_entry_point(target: Target) -> list[str]:
         except Exception as error:
             message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
             return [failure(target, "entry-point", f"the plugin did not start alone: {message}",
-                            "the factory must be a plain function (never `async def`) that starts the plugin "
-                            "from its scope and config alone, with no other plugin loaded")]
+                            "fix what the message names: the factory must be a plain function (never "
+                            "`async def`) that starts the plugin from its scope and config alone, with no other "
+                            "plugin loaded, and its hook implementations must be accepted when it is registered "
+                            "(the hookimpls check says how)")]
         await loaded.dispose()
         return []
 

@@ -246,6 +246,9 @@ def test_async_def_on_a_hook_dsh_never_awaits_fails_the_hookimpls_check(
     assert failures[1].startswith('[dsh:hookimpls] plugin "async-registration": dsh_register_tools (hook '
                                   "dsh_register_tools) is async def")
     assert "so nothing is registered" in failures[1] and "fix: make it a plain def" in failures[1]
+    (started,) = checks.check_entry_point(Target("async-registration"))
+    assert "is async def, but dsh calls it synchronously" in started, started
+    assert "the hookimpls check says how" in started
 
 
 def test_a_hook_method_without_hookimpl_fails_the_hookimpls_check(monkeypatch: pytest.MonkeyPatch) -> None:
