@@ -19,7 +19,9 @@ Contract shared by every hook:
   an agent's scope sees only that agent's calls; deployment-level plugins
   see every call.
 * Calls the registry denies deterministically (a model-direct call of a
-  native tool under Code Mode) reach no hook at all.
+  native tool under Code Mode) reach no policy hook: only the result
+  observers (:func:`dsh_tool_result`) see their result, as they see every
+  call's.
 """
 
 from __future__ import annotations

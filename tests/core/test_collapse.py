@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_model_direct_native_call_under_code_is_unknown_and_no_hook_sees_it() -> None:
-    """A collapsed call ends at creation: UNKNOWN_TOOL with the rerouting message, no hook observes it."""
+    """A collapsed call ends at creation: UNKNOWN_TOOL with the rerouting message; no policy hook sees it."""
     stack = Stack(mode="code")
     echo = tool("echo")
     stack.registry.register(echo)
