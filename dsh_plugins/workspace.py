@@ -509,6 +509,10 @@ class WorkspaceTools:
                 if used > self.max_read_bytes:  # the first line alone is too long: cut it to fit
                     room = self.max_read_bytes - len(READ_CUT_NOTE)
                     entry = entry.encode("utf-8")[:room].decode("utf-8", errors="ignore") + READ_CUT_NOTE
+                    lines.append(entry)
+                    # Read cannot show the rest of this line: go on after it, if anything follows.
+                    truncated, next_offset = True, (number + 1 if handle.peek(1) else None)
+                    break
                 lines.append(entry)
         if number < offset and offset > 1 and not stop.is_set():
             raise ToolError(f"offset {offset} is past the end of {given!r}, which has {number} lines")

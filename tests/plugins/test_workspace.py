@@ -465,6 +465,12 @@ async def test_a_single_long_line_is_cut_to_fit_max_read_bytes(boot: Any, tmp_pa
         assert read.value["truncated"] is True and read.value["next_offset"] == 2
         second = await h.call("read", {"path": "wide.txt", "offset": 2})
         assert second.value["content"] == "     2\tsecond"
+        only = await h.call("read", {"path": "wide.txt", "limit": 1})  # the cut line is all there is to show
+        assert only.value["truncated"] is True and only.value["next_offset"] == 2
+    (tmp_path / "wide.txt").write_text("é" * 2000)  # the cut line is the last: nothing to go on to
+    async with boot(ws(tmp_path, max_read_bytes=1024)) as h:
+        last = await h.call("read", {"path": "wide.txt"})
+        assert last.value["truncated"] is True and last.value["next_offset"] is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
