@@ -396,6 +396,11 @@ class ToolRuntime:
             return staged.settle("final-result", _hook_failed(failure, execution))
         except Exception as error:
             return staged.settle("final-result", error_result(error))
+        finally:
+            # ``proceed`` closes with the dispatch, however it ends: cancelled mid-middleware, the
+            # call is settled by its caller without a kind change, and a kept ``proceed`` must not
+            # run the body after that result.
+            staged._proceeded = True
         if not isinstance(result, ToolResult):
             return staged.settle("final-result", ToolResult.failure(
                 ErrorCode.TOOL_FAILED, f"around-dispatch middleware returned {type(result).__name__}, "

@@ -591,6 +591,37 @@ async def test_a_middleware_cannot_run_the_body_twice_or_after_the_call_settled(
     assert len(body_calls(echo)) == 1
 
 
+async def test_a_kept_proceed_cannot_run_the_body_after_a_cancelled_call_settled() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    kept: list[tuple[ToolExecution, Any]] = []
+    entered = asyncio.Event()
+
+    class Keeper:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                kept.append((call, proceed))  # kept for later, not called yet
+                entered.set()
+                await asyncio.sleep(10)
+                raise AssertionError("unreachable")
+            return middleware
+
+    register(stack.hooks, Keeper())
+    task = asyncio.ensure_future(stack.call("echo", {"text": "x"}))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.results[-1][1].code == "ABORTED_BEFORE_DISPATCH"
+    call, proceed = kept[-1]
+    with pytest.raises(RuntimeError, match="proceed"):
+        await proceed(call)  # the call's one result was emitted: the body must not run now
+    assert body_calls(echo) == []
+
+
 async def test_an_authored_middleware_result_is_revalidated() -> None:
     stack = Stack()
     stack.registry.register(tool("echo", output_schema={"type": "object"}))
