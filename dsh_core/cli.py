@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from dsh_core.clirun import fail, run_async
+from dsh_core.clirun import echo_json, fail, run_async
 from dsh_core.config import Deployment, default_deployment, dump, dump_text, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps, thaw
@@ -62,7 +62,7 @@ def result_json(result: ToolResult) -> dict[str, Any]:
 
 def emit_json(value: object) -> None:
     """Write one JSON document to stdout."""
-    click.echo(dumps(value, indent=2))
+    echo_json(dumps(value, indent=2))
 
 
 config_option = click.option(

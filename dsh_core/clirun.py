@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -16,12 +18,38 @@ from typing import NoReturn, TypeVar
 
 import click
 
-__all__ = ["DRAIN_SECONDS", "fail", "run_async"]
+__all__ = ["DRAIN_SECONDS", "echo_json", "fail", "run_async"]
 
 T = TypeVar("T")
 
 #: Seconds the root scope gets to drain after SIGINT/SIGTERM before a forced exit.
 DRAIN_SECONDS = 5.0
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def echo_json(text: str) -> None:
+    """Write JSON text to stdout, still valid JSON whatever stdout's encoding.
+
+    The CLI writes what stdout cannot encode as a backslash escape, but ``\\xe9`` and
+    ``\\U0001f600`` are not JSON: such characters (they only occur inside strings) are
+    written as their JSON ``\\uXXXX`` escapes instead, which read back as the same string.
+    """
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        text = _NON_ASCII.sub(lambda match: _json_char(match.group(), encoding), text)
+    click.echo(text)
+
+
+def _json_char(char: str, encoding: str) -> str:
+    try:
+        char.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return json.dumps(char)[1:-1]
+    return char
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from dsh_core.clirun import fail
+from dsh_core.clirun import echo_json, fail
 from dsh_core.config import Deployment, default_deployment, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
@@ -298,7 +298,7 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
 
     info, events = _with_store(_deployment(ctx, configs), work)
     if as_json:
-        click.echo(dumps([{"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
+        echo_json(dumps([{"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
                             "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
                             "payload": e.payload} for e in events], indent=2))
     else:

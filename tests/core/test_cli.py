@@ -324,3 +324,19 @@ def test_a_third_signal_exits_at_once_when_main_will_not_end() -> None:
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=20)
     assert process.returncode == 128 + signal.SIGINT and time.monotonic() - started < 5
+
+
+def test_json_output_stays_valid_json_on_a_stdout_that_cannot_encode_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI writes what stdout cannot encode as a backslash escape; in --json output that must
+    # be a JSON escape (\\xe9 and \\U0001f600 are not JSON), so the document still parses the same.
+    monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo")
+    (tmp_path / "base.toml").write_text(BASE.split("[[plugins]]\nid = \"policy\"", maxsplit=1)[0])
+    monkeypatch.chdir(tmp_path)
+    text = "caf\u00e9 \u2014 \U0001f600 \udce9"
+    for charset in ("latin-1", "cp1252", "ascii", "utf-8"):
+        result = CliRunner(charset=charset).invoke(
+            main, ["tools", "call", "alpha", "--args", json.dumps({"text": text}), "--json", "--config", "base.toml"],
+            catch_exceptions=False)
+        assert result.exit_code == 0, (charset, result.output)
+        assert json.loads(result.stdout_bytes.decode(charset))["value"]["said"] == text, charset
