@@ -552,18 +552,19 @@ class WorkspaceTools:
                 # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
                 raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
             ctx.signal.raise_if_aborted()
-            self._replace(parent, name, given, data, info)
+            self._replace(parent, real, given, data, info)
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
 
-    def _replace(self, parent: int, name: str, given: str, data: bytes, info: os.stat_result | None) -> None:
-        """Put ``data`` at ``name`` in the directory ``parent`` atomically: a new file beside it, renamed over
-        it (``info``: the stat of the file it replaces).
+    def _replace(self, parent: int, real: str, given: str, data: bytes, info: os.stat_result | None) -> None:
+        """Put ``data`` at ``real`` (``parent`` is its directory) atomically: a new file beside it, renamed
+        over it (``info``: the stat of the file it replaces).
 
         Never written in place: a failed write (disk full) leaves the old content whole, and a
         hard link to a file outside the workspace is replaced, not written through.
         """
+        name = os.path.basename(real)
         if info is not None and not os.access(name, os.W_OK, dir_fd=parent):
             raise ToolError(f"cannot write {given!r}: Permission denied")
         temporary = f".dsh-{os.urandom(6).hex()}.tmp"
@@ -572,7 +573,11 @@ class WorkspaceTools:
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 # The file itself may be writable: what is refused is a new file beside it.
-                folder = os.path.dirname(given.rstrip(os.sep)) or "."
+                # The directory the new file goes in: the resolved one (``given`` may be a symlink
+                # to a file elsewhere), shown as ``given`` is written (absolute, or from the root).
+                folder = os.path.dirname(real)
+                if not os.path.isabs(given):
+                    folder = self.workspace.relative(folder)
                 raise ToolError(f"cannot write {given!r}: its directory {folder!r} does not take new files "
                                 f"({error.strerror}); write and edit replace a file through a new one beside "
                                 "it, so they need that directory writable") from None
@@ -621,7 +626,7 @@ class WorkspaceTools:
         ctx.signal.raise_if_aborted()
         parent = self._open_parent(real, given)
         try:
-            self._replace(parent, os.path.basename(real), given, data, info)
+            self._replace(parent, real, given, data, info)
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}

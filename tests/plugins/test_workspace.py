@@ -536,6 +536,7 @@ def test_a_directory_that_can_be_crossed_but_not_listed_still_works(tmp_path: Pa
         os.chmod(root, 0o755)
         os.chmod(root / "drop", 0o333)
         os.chmod(root / "ro", 0o555)  # a writable file in a directory that takes no new files
+        os.symlink("ro/w.txt", root / "link.txt")  # the new file goes beside the target, in ro, not in .
         script = f"""
 import asyncio, json
 from dsh_core.config import compose
@@ -549,7 +550,8 @@ async def main():
     calls = [("read", {{"path": "drop/in.txt"}}), ("write", {{"path": "drop/new.txt", "content": "x"}}),
              ("edit", {{"path": "drop/in.txt", "old_string": "hi", "new_string": "yo"}}),
              ("list", {{"path": "drop/sub"}}), ("read", {{"path": "drop/sub/f.txt"}}), ("list", {{"path": "drop"}}),
-             ("write", {{"path": "ro/w.txt", "content": "x"}})]
+             ("write", {{"path": "ro/w.txt", "content": "x"}}), ("write", {{"path": "link.txt", "content": "x"}}),
+             ("write", {{"path": {str(root / "ro" / "w.txt")!r}, "content": "x"}})]
     results = [await h.call(name, args) for name, args in calls]
     await h.aclose()
     print(json.dumps([[r.code, r.text] for r in results]))
@@ -570,6 +572,8 @@ asyncio.run(main())
         assert results[6] == ["TOOL_FAILED", "Error: cannot write 'ro/w.txt': its directory 'ro' does not take new "
                               "files (Permission denied); write and edit replace a file through a new one beside "
                               "it, so they need that directory writable"]
+        assert "'link.txt': its directory 'ro' does not take new files" in results[7][1], results[7]
+        assert f"its directory {str(root / 'ro')!r} does not take new files" in results[8][1], results[8]
         os.chmod(root / "drop", 0o755)
         assert (root / "drop" / "in.txt").read_text() == "yo\n" and (root / "drop" / "new.txt").read_text() == "x"
     finally:
