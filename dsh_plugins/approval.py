@@ -147,9 +147,15 @@ class ApprovalPolicy:
         fd = open_terminal(self.terminal)
         if fd is None:
             return None
-        return self._ask(fd, request)
+        # Closed now and opened again by _ask: a coroutine cancelled before its first step never
+        # runs its ``finally``, and a descriptor opened here would then leak.
+        os.close(fd)
+        return self._ask(request)
 
-    async def _ask(self, fd: int, request: ApprovalRequest) -> ApprovalOutcome:
+    async def _ask(self, request: ApprovalRequest) -> ApprovalOutcome:
+        fd = open_terminal(self.terminal)
+        if fd is None:  # gone since dsh_approve looked: nobody can answer
+            return ApprovalOutcome.CANCELLED
         try:
             if self._lock is None:
                 self._lock = asyncio.Lock()
@@ -159,8 +165,9 @@ class ApprovalPolicy:
                     return ApprovalOutcome.CANCELLED
                 # Keys typed before the question (a "y" meant for an earlier prompt, or typed
                 # while the agent worked) must not answer it: only what is typed after counts.
-                with contextlib.suppress(termios.error):
-                    termios.tcflush(fd, termios.TCIFLUSH)
+                if not _background_job_of(fd):  # there tcflush would stop dsh (SIGTTOU) before it asks
+                    with contextlib.suppress(termios.error):
+                        termios.tcflush(fd, termios.TCIFLUSH)
                 if not await _write_all(fd, self._prompt(request), request):
                     return ApprovalOutcome.CANCELLED
                 answer = await _read_line(fd, request)
@@ -186,6 +193,14 @@ class ApprovalPolicy:
             lines.append("  (called from inside a run_code program)")
         lines.append(f'Allow "{execution.name}"? [y/N] ')
         return "\n".join(lines).encode("ascii", errors="replace")
+
+
+def _background_job_of(fd: int) -> bool:
+    """True when ``fd`` is our controlling terminal and another process group holds its foreground."""
+    try:
+        return os.tcgetpgrp(fd) != os.getpgrp()
+    except OSError:  # not our controlling terminal: job control does not apply
+        return False
 
 
 def _settle(future: asyncio.Future[None]) -> None:

@@ -7,15 +7,18 @@ import contextlib
 import inspect
 import os
 import pty
+import subprocess
+import sys
 import termios
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dsh_core import AbortController
+from dsh_core import AbortController, Scope
 from dsh_core.model import ApprovalOutcome
 from dsh_plugins.approval import ApprovalPolicy
 
@@ -192,3 +195,42 @@ async def _stopped_terminal_ask(boot: Any, tmp_path: Path, path: str) -> None:
         result = await asyncio.wait_for(call, 5)
     assert ticks == 20 and busy < 0.15  # 0.2 s of waiting: a spinning write would burn all of it
     assert result.code == "ABORTED_BEFORE_DISPATCH" and not (tmp_path / "made").exists()
+
+
+def test_an_ask_that_never_starts_leaves_no_terminal_descriptor_open(tmp_path: Path,
+                                                                     terminal: tuple[int, str]) -> None:
+    """dsh_approve's awaitable may be dropped unstarted (its call cancelled first): nothing may leak."""
+    _master, path = terminal
+    policy = ApprovalPolicy(Scope("plugin:policy"), {"terminal": path})
+    before = set(os.listdir("/proc/self/fd"))
+    request = types.SimpleNamespace(signal=AbortController().signal)  # the ask never starts: nothing else is read
+    pending = policy.dsh_approve(request)  # type: ignore[arg-type]
+    assert pending is not None
+    pending.close()  # type: ignore[attr-defined]  # a coroutine dropped before its first step
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_job_control_is_respected_before_flushing_the_terminal() -> None:
+    """From a background job, tcflush would stop dsh (SIGTTOU) before the question shows: it is skipped."""
+    script = """
+import os, pty, signal, sys, time
+from dsh_plugins.approval import _background_job_of
+master, slave = pty.openpty()
+name = os.ttyname(slave)
+os.setsid()
+tty = os.open(name, os.O_RDWR)  # after setsid, the first terminal opened becomes the controlling one
+foreground = _background_job_of(tty)
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    time.sleep(5)
+    os._exit(0)
+os.setpgid(child, child)
+os.tcsetpgrp(tty, child)  # another group takes the foreground: this process is now a background job
+background = _background_job_of(tty)
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+print(foreground, background, _background_job_of(os.open(os.ttyname(pty.openpty()[1]), os.O_RDWR | os.O_NOCTTY)))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False)
+    assert done.stdout.split() == ["False", "True", "False"], done.stderr
