@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -16,6 +17,26 @@ from dsh_core.coderuntime import isolation as iso
 T = TypeVar("T")
 
 HAS_BWRAP = shutil.which("bwrap") is not None and os.geteuid() == 0
+
+
+@pytest.fixture(autouse=True, scope="package")
+def _private_run_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Workers' run directories go to a directory of this test run's own.
+
+    The leftover checks list what is there after a test: a dsh runtime used beside the
+    suite (``dsh demo``, another test run) must not make them fail.
+    """
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("run-dirs"))
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+
+
+def run_dirs() -> set[str]:
+    """The workers' run directories that exist now."""
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("dsh-run-")}
 
 
 def arun(coro: Awaitable[T]) -> T:

@@ -23,13 +23,11 @@ import pytest
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import host as host_module
 
-from .conftest import arun, children_of, tools, zygote_processes
+from .conftest import arun, children_of, run_dirs, tools, zygote_processes
 
 HOT_LOOP = "while True:\n    pass"  # never reads its channel: only a kill ends it
 
 
-def _run_dirs() -> set[str]:
-    return {name for name in os.listdir("/tmp") if name.startswith("dsh-run-")}
 
 
 def _fds() -> set[str]:
@@ -68,7 +66,7 @@ def _stop_unclosed(runtime: PythonCodeRuntime) -> None:
 def _assert_an_unclosed_runtime_left_nothing(runtime: PythonCodeRuntime, dirs: set[str]) -> None:
     """After its loop ended: no run directory, no run pending, no worker but the zygote's own spare; then stop it."""
     try:
-        assert _run_dirs() == dirs
+        assert run_dirs() == dirs
         assert [run.finished.done() for run in runtime._runs] == []
         zygote = runtime._zygote
         assert zygote is not None and zygote.proc is not None
@@ -102,7 +100,7 @@ def test_a_runtime_never_closed_still_tears_down_its_prespawned_workers() -> Non
 
 def test_a_runtime_never_closed_with_a_run_in_flight_spawns_nothing_as_the_loop_ends() -> None:
     seen: dict[str, Any] = {}
-    dirs = _run_dirs()
+    dirs = run_dirs()
 
     async def go() -> None:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
@@ -130,7 +128,7 @@ def test_a_worker_that_cannot_be_started_is_a_result_and_leaves_nothing(monkeypa
         return dup(fd)
 
     monkeypatch.setattr(os, "dup", dup_or_fail)
-    fds, dirs = _fds(), _run_dirs()
+    fds, dirs = _fds(), run_dirs()
     unhandled: list[dict[str, Any]] = []
 
     async def go() -> list[object]:
@@ -158,7 +156,7 @@ def test_a_worker_that_cannot_be_started_is_a_result_and_leaves_nothing(monkeypa
     assert outcomes == [1, 1, ("worker-exit", "could not start a worker: [Errno 24] Too many open files"), 2]
     assert unhandled == []  # the refill's failures were not errors of the event loop
     assert _fds() == fds
-    assert _run_dirs() == dirs
+    assert run_dirs() == dirs
     assert zygote_processes() == set()
 
 
@@ -173,7 +171,7 @@ def test_a_probe_that_cannot_be_started_does_not_lower_the_level(monkeypatch: py
 
     monkeypatch.setattr(host_module._Run, "_spawn", spawn_or_fail)
     monkeypatch.setattr(host_module, "_DETECTED", {})
-    dirs = _run_dirs()
+    dirs = run_dirs()
 
     async def go() -> tuple[str, bool, object, str]:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
@@ -190,7 +188,7 @@ def test_a_probe_that_cannot_be_started_does_not_lower_the_level(monkeypatch: py
     assert first == "unavailable (could not start a probe worker: [Errno 24] Too many open files)"
     assert not cached
     assert value == 1 and isolation.startswith("L2 ")
-    assert _run_dirs() == dirs
+    assert run_dirs() == dirs
     assert zygote_processes() == set()
 
 
@@ -204,7 +202,7 @@ def test_aclose_awaits_the_teardown_of_a_run_cancelled_twice(monkeypatch: pytest
         await until(future, timeout)
 
     monkeypatch.setattr(host_module, "_until", slow_until)
-    fds, dirs = _fds(), _run_dirs()
+    fds, dirs = _fds(), run_dirs()
 
     async def go() -> None:
         nonlocal slow
@@ -232,7 +230,7 @@ def test_aclose_awaits_the_teardown_of_a_run_cancelled_twice(monkeypatch: pytest
         loop: Any = asyncio.get_running_loop()
         own = {loop._selector.fileno(), loop._ssock.fileno(), loop._csock.fileno()}  # open until it closes
         assert _fds() - fds == {str(fd) for fd in own}
-        assert _run_dirs() == dirs
+        assert run_dirs() == dirs
 
     arun(go())
     assert _fds() == fds
@@ -295,7 +293,7 @@ def test_a_zygote_that_cannot_be_started_for_want_of_processes_does_not_lower_th
 def test_a_teardown_cancelled_before_its_first_step_still_ends_the_worker() -> None:
     from dsh_core.abort import AbortController
 
-    dirs = _run_dirs()
+    dirs = run_dirs()
 
     async def go() -> tuple[bool, int]:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2", timeout_s=60, cpu_s=60))
@@ -318,13 +316,13 @@ def test_a_teardown_cancelled_before_its_first_step_still_ends_the_worker() -> N
 
     finished, _ = arun(go())
     assert finished
-    assert _run_dirs() == dirs
+    assert run_dirs() == dirs
     assert zygote_processes() == set()
 
 
 def test_a_runtime_never_closed_right_after_a_run_leaves_no_prespawned_worker() -> None:
     seen: dict[str, Any] = {}
-    dirs = _run_dirs()
+    dirs = run_dirs()
 
     async def go() -> None:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
@@ -369,7 +367,7 @@ def test_the_pool_refills_after_timeouts_and_in_a_task_that_was_cancelled_before
 
 def test_a_runtime_dropped_without_aclose_ends_its_zygote_and_directories_when_collected() -> None:
     seen: dict[str, Any] = {}
-    dirs = _run_dirs()
+    dirs = run_dirs()
 
     async def go() -> None:
         runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
@@ -395,7 +393,7 @@ def test_a_runtime_dropped_without_aclose_ends_its_zygote_and_directories_when_c
     proc = seen["proc"]
     assert proc.returncode is not None  # the finalizer closed and reaped the zygote
     assert children_of(proc.pid) == set()
-    assert _run_dirs() == dirs
+    assert run_dirs() == dirs
     assert zygote_processes() == set()
 
 

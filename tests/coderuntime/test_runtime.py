@@ -25,7 +25,7 @@ from dsh_core.coderuntime import (
     current_run,
 )
 
-from .conftest import LEVELS, arun, children_of, echo, run_one, tools, with_runtime, zygote_processes
+from .conftest import LEVELS, arun, children_of, echo, run_dirs, run_one, tools, with_runtime, zygote_processes
 
 
 def _kind(result: CodeRunResult) -> str | None:
@@ -556,8 +556,7 @@ def test_no_zombie_orphan_or_leaked_descriptor() -> None:
     arun(with_runtime(go, isolation="auto", cpu_s=0.5))
     assert set(os.listdir("/proc/self/fd")) == fds_before
     assert _children() == children_before
-    leftovers = [d for d in os.listdir("/tmp") if d.startswith("dsh-run-")]
-    assert leftovers == []
+    assert run_dirs() == set()
     for hierarchy in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"):  # L3's per-run cgroups are removed
         if os.path.isdir(hierarchy):
             assert not [d for d in os.listdir(hierarchy) if d.startswith(f"dsh-{os.getpid()}-")]
