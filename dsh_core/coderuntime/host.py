@@ -564,6 +564,10 @@ class _Run:
         self.id_floor = 0
         self.seen_ids: set[int] = set()
         self.tasks: set[asyncio.Future[Any]] = set()
+        # Payload bytes of the calls in ``tasks``, bounded by the worker's memory budget,
+        # and the size of the frame being handled (its call's share of that bound).
+        self.call_bytes = 0
+        self.frame_size = 0
         self.wbuf = bytearray()
         self.writing = False
         self.pipe_pending = bytearray()
@@ -821,6 +825,7 @@ class _Run:
                 message = wire.unpack_payload(payload)
             except wire.WireError:
                 continue  # junk is dropped silently
+            self.frame_size = len(payload)
             try:
                 self._on_message(message)
             except Exception:  # the listener never raises, whatever the peer sends
@@ -926,6 +931,18 @@ class _Run:
         if function is None:
             self._reply(call_id, False, f'unknown binding "{_shown(f"{global_name}.{name}")}"')
             return
+        # A real worker keeps each call's frame until its reply, so the frames of its calls
+        # in flight fit its memory budget. A forger sends one buffer again and again: without
+        # this bound the host would hold every call's decoded arguments at once.
+        size = self.frame_size
+        budget = self.config.memory_mb * 1024 * 1024
+        if self.tasks and self.call_bytes + size > budget:
+            self._reply(
+                call_id,
+                False,
+                f"binding arguments in flight exceed the memory budget ({self.config.memory_mb} MiB)",
+            )
+            return
         try:
             value = wire.decode(args)
         except wire.WireError:
@@ -955,7 +972,12 @@ class _Run:
                                         f"{type(awaitable).__name__}, not an awaitable")
             return
         self.tasks.add(pending)
-        pending.add_done_callback(self.tasks.discard)
+        self.call_bytes += size
+        pending.add_done_callback(functools.partial(self._call_ended, size))
+
+    def _call_ended(self, size: int, pending: asyncio.Future[Any]) -> None:
+        self.tasks.discard(pending)
+        self.call_bytes -= size
 
     def _first_sighting(self, call_id: int) -> bool:
         """Record ``call_id``; False if it was seen before (or the run just settled)."""

@@ -321,6 +321,39 @@ def test_binding_calls_in_flight_are_bounded() -> None:
     arun(with_runtime(go, isolation="auto", timeout_s=30.0))
 
 
+def test_binding_arguments_in_flight_are_bounded_by_the_memory_budget() -> None:
+    # A forger writes one 4 MiB argument buffer as 40 calls (writev: it holds it once).
+    # The host must not hold 40 decoded copies at once for bindings still running:
+    # past the worker's memory budget (64 MiB here) a call gets an error reply.
+    started: list[int] = []
+
+    def hold(args: Any) -> Any:
+        started.append(len(args["s"]))
+        return asyncio.get_running_loop().create_future()  # never resolved: cancelled at teardown
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = (
+            "import os, struct\n"
+            "body = b'\"' + b'a' * (4 << 20) + b'\"]}'\n"
+            "for i in range(1, 41):\n"
+            "    head = b'{\"t\":\"call\",\"id\":%d,\"g\":\"tools\",\"n\":\"hold\",\"a\":[{\"o\":[\"s\"]},' % i\n"
+            "    os.writev(3, [struct.pack('>I', len(head) + len(body)), head, body])\n"
+            "return 'sent'"
+        )
+        r = await rt.run(program, tools(hold=hold))
+        assert r.error is None and r.value == "sent", r
+        assert 1 <= len(started) <= 16, len(started)  # 40 without the bound
+        # Calls that end release their share: sequential large calls all go through.
+        started.clear()
+        r = await rt.run(
+            "s = 'a' * (4 << 20)\nreturn sum([len((await tools.echo({'s': s}))['s']) for _ in range(40)])",
+            tools(echo=echo),
+        )
+        assert r.error is None and r.value == 40 * (4 << 20), r
+
+    arun(with_runtime(go, isolation="auto", timeout_s=60.0, memory_mb=64))
+
+
 def test_exit_status_is_read_when_eof_arrives_before_the_exit_callback() -> None:
     # The zygote's exit report resolves the exit future; its _on_exit callback runs a
     # loop turn later. Channel EOF handled in between must still see the real status.
