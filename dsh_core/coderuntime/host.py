@@ -931,9 +931,10 @@ class _Run:
         if function is None:
             self._reply(call_id, False, f'unknown binding "{_shown(f"{global_name}.{name}")}"')
             return
-        # A real worker keeps each call's frame until its reply, so the frames of its calls
-        # in flight fit its memory budget. A forger sends one buffer again and again: without
-        # this bound the host would hold every call's decoded arguments at once.
+        # The host holds each running call's decoded arguments: their frames together may not
+        # exceed the worker's own memory budget. A forger writing one buffer as many calls
+        # would otherwise make the host hold every copy; a genuine program reaches the bound
+        # only by passing one large value to many concurrent calls, and gets a catchable error.
         size = self.frame_size
         budget = self.config.memory_mb * 1024 * 1024
         if self.tasks and self.call_bytes + size > budget:
