@@ -282,7 +282,8 @@ class OpenAICompatProvider:
         chosen = model or self.model
         if not chosen:
             raise ProviderError("no-model", f"{self.name}: no model configured: set `model` in the provider's "
-                                            "plugin config or the agent's `model`")
+                                            "plugin config or the agent's `model` (or DSH_MODEL, for the "
+                                            "endpoint DSH_BASE_URL sets up)")
         body = self._body(messages, tools, chosen)
         attempt = 0
         while True:

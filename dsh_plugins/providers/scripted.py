@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -36,7 +37,7 @@ from dsh_core import Scope, hookimpl
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, ToolSpec, normalize_assistant
 from dsh_core.plugins import plugin as declare_plugin
 
-__all__ = ["plugin", "ScriptedProvider", "ScriptTurn", "load_script", "NO_MODEL_NOTICE"]
+__all__ = ["plugin", "ScriptedProvider", "ScriptTurn", "load_script", "NO_MODEL_NOTICE", "no_model_notice"]
 
 #: The answer of a scripted provider without a script.
 NO_MODEL_NOTICE: Final = (
@@ -44,6 +45,17 @@ NO_MODEL_NOTICE: Final = (
     "To use a real model, set DSH_BASE_URL, DSH_MODEL and DSH_API_KEY (any OpenAI-compatible endpoint), "
     "or run `dsh demo` for an offline walk-through of Code Mode."
 )
+
+
+
+def no_model_notice(environ: Mapping[str, str]) -> str:
+    """:data:`NO_MODEL_NOTICE`, saying which half of an endpoint ``environ`` sets without the other."""
+    partial = [name for name in ("DSH_MODEL", "DSH_API_KEY") if environ.get(name)]
+    if partial and not environ.get("DSH_BASE_URL"):
+        return (f"{NO_MODEL_NOTICE} ({' and '.join(partial)} {'is' if len(partial) == 1 else 'are'} set but "
+                "DSH_BASE_URL is not: dsh never guesses the endpoint.)")
+    return NO_MODEL_NOTICE
+
 
 _EXPECT_KEYS: Final = {
     "last_role": str,
@@ -171,7 +183,7 @@ class ScriptedProvider:
         self.requests.append({"messages": copy.deepcopy(list(messages)),
                               "tools": [dict(t) for t in tools], "model": model})
         if self.turns is None:
-            reply: Message = {"role": "assistant", "content": NO_MODEL_NOTICE}
+            reply: Message = {"role": "assistant", "content": no_model_notice(os.environ)}
         else:
             reply = self._next(messages, tools, model)
         if on_text is not None and reply.get("content"):

@@ -98,3 +98,14 @@ async def test_without_a_script_it_says_no_model_is_configured() -> None:
     reply = await instance.provider.complete([{"role": "user", "content": "hi"}], [])
     assert reply == {"role": "assistant", "content": NO_MODEL_NOTICE}
     assert "DSH_BASE_URL, DSH_MODEL and DSH_API_KEY" in NO_MODEL_NOTICE
+
+
+def test_the_notice_says_when_half_an_endpoint_is_set() -> None:
+    from dsh_plugins.providers.scripted import no_model_notice
+
+    assert no_model_notice({}) == NO_MODEL_NOTICE
+    assert no_model_notice({"DSH_BASE_URL": "http://x", "DSH_MODEL": "m"}) == NO_MODEL_NOTICE
+    assert no_model_notice({"DSH_MODEL": "m"}).endswith(
+        "(DSH_MODEL is set but DSH_BASE_URL is not: dsh never guesses the endpoint.)")
+    assert "(DSH_MODEL and DSH_API_KEY are set but DSH_BASE_URL is not" in no_model_notice(
+        {"DSH_MODEL": "m", "DSH_API_KEY": "k"})
