@@ -81,6 +81,10 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
+#: Frames from this size on have their JSON containers counted before they are parsed, and
+#: each container costs at least this much once parsed (an empty dict is 64 bytes).
+_COUNT_CONTAINERS_FROM = 1 << 20
+_CONTAINER_BYTES = 64
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
 _WARM_WORKERS = 2
 # Call ids remembered outside the consecutive run 1..n that a real worker sends:
@@ -821,6 +825,8 @@ class _Run:
         for payload in payloads:
             if self.outcome is not None:
                 return
+            if len(payload) >= _COUNT_CONTAINERS_FROM and self._too_dear_to_read(payload):
+                return
             try:
                 message = wire.unpack_payload(payload)
             except wire.WireError:
@@ -830,6 +836,22 @@ class _Run:
                 self._on_message(message)
             except Exception:  # the listener never raises, whatever the peer sends
                 continue
+
+    def _too_dear_to_read(self, payload: bytes) -> bool:
+        """Settle the run if parsing ``payload`` could take more than the worker's memory budget.
+
+        Parsing builds one Python container per ``{`` or ``[``, each far larger than its one
+        byte (a frame of ``[{},{},...]`` took 26 times its size, and seconds of the loop): a
+        frame whose containers would outgrow the budget is refused before it is parsed. Braces
+        inside strings count too, so the estimate errs toward refusing only such frames.
+        """
+        containers = payload.count(b"{") + payload.count(b"[")
+        budget = self.config.memory_mb * 1024 * 1024
+        if len(payload) + containers * _CONTAINER_BYTES <= budget:
+            return False
+        self.settle("limit", f"protocol: a frame of {len(payload)} bytes with up to {containers} JSON containers "
+                             f"would take more than the memory budget ({self.config.memory_mb} MiB) to read")
+        return True
 
     @staticmethod
     def _recv_more(sock: socket.socket, first: bytes) -> bytes:

@@ -415,3 +415,29 @@ def test_a_burst_of_spawns_waits_for_a_busy_zygote() -> None:
         assert set(os.listdir("/proc/self/fd")) == fds_before
 
     arun(go())
+
+
+def test_a_frame_too_dear_to_parse_is_refused_before_it_is_parsed() -> None:
+    # 3 bytes of JSON make a 64-byte dict: a frame of nothing but empty containers used to take
+    # about 26 times its size of host memory (and seconds of the host's loop) just to be dropped.
+    async def go(rt: PythonCodeRuntime) -> None:
+        assert (await rt.run("return 1", [])).value == 1  # zygote up before measuring
+        program = (
+            "import os, struct\n"
+            "body = b'[' + b'{},' * 2_000_000 + b'{}]'\n"
+            "os.write(3, struct.pack('>I', len(body)) + body)\n"
+            "import time\ntime.sleep(60)"
+        )
+        tracemalloc.start()
+        try:
+            r = await rt.run(program, [])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert r.error is not None and r.error.kind == "output-limit", r
+        assert "with up to 2000002 JSON containers would take more than the memory budget (64 MiB)" in r.error.message
+        assert peak < 48 * 1024 * 1024, peak  # parsed, the 2 million dicts alone would be over 120 MB
+        ok = await rt.run("return [[i, {'k': [i]}] for i in range(30000)]", [])  # 1.1 MB of containers: in budget
+        assert ok.error is None and len(ok.value) == 30000
+
+    arun(with_runtime(go, isolation="auto", timeout_s=30.0, memory_mb=64))
