@@ -18,7 +18,7 @@ from typing import NoReturn, TypeVar
 
 import click
 
-__all__ = ["DRAIN_SECONDS", "echo_json", "fail", "run_async"]
+__all__ = ["DRAIN_SECONDS", "echo_json", "fail", "run_async", "visible"]
 
 T = TypeVar("T")
 
@@ -50,6 +50,21 @@ def _json_char(char: str, encoding: str) -> str:
     except (UnicodeEncodeError, LookupError):
         return json.dumps(char)[1:-1]
     return char
+
+
+#: Characters that would act on a terminal or reorder the line rather than show: C0 and C1
+#: controls (escape sequences start with them), line and paragraph separators, bidi overrides.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every character that would drive a terminal written as its escape.
+
+    For what dsh shows a person of what models and tools wrote (a task, an answer, a
+    tool name or its arguments): such text may carry escape sequences that clear the
+    screen, rewrite the clipboard or hide what follows.
+    """
+    return _INVISIBLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

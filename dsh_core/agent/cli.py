@@ -18,12 +18,12 @@ from typing import Final, NoReturn, TypeVar
 
 import click
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 
 from dsh_core.abort import AbortController
 from dsh_core.agent.loop import LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
 from dsh_core.agent.provider import Message
-from dsh_core.clirun import fail, run_async
+from dsh_core.clirun import fail, run_async, visible
 from dsh_core.config import Deployment
 from dsh_core.errors import DshError
 
@@ -38,6 +38,11 @@ USAGE_ERROR_CODES: Final = frozenset({"INVALID_CONFIG", "PLUGIN_LOAD_FAILED", "S
 def stderr_console() -> Console:
     """The console for progress: stderr, highlighting off (values are shown as given)."""
     return Console(stderr=True, highlight=False)
+
+
+def escape(text: str) -> str:
+    """``text`` for the progress console: no rich markup, nothing that would drive the terminal."""
+    return escape_markup(visible(text))
 
 
 def _short(text: str, limit: int = 100) -> str:

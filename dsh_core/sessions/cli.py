@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from dsh_core.clirun import echo_json, fail
+from dsh_core.clirun import echo_json, fail, visible
 from dsh_core.config import Deployment, default_deployment, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
@@ -46,14 +46,14 @@ class Node:
         return child
 
     def lines(self) -> list[str]:
-        """The tree as text lines, drawn with box characters."""
-        out = [self.label]
+        """The tree as text lines, drawn with box characters, every label made :func:`visible`."""
+        out = [visible(self.label)]
         stack: list[tuple[Node, str, bool]] = [(c, "", i == len(self.children) - 1)
                                                 for i, c in reversed(list(enumerate(self.children)))]
         # Iterative: a long session must not hit the recursion limit.
         while stack:
             node, prefix, last = stack.pop()
-            out.append(f"{prefix}{'└─ ' if last else '├─ '}{node.label}")
+            out.append(f"{prefix}{'└─ ' if last else '├─ '}{visible(node.label)}")
             inner = prefix + ("   " if last else "│  ")
             count = len(node.children)
             for index in range(count - 1, -1, -1):
@@ -214,8 +214,8 @@ def render_list(sessions: Sequence[SessionInfo]) -> str:
     if not sessions:
         return "no sessions"
     rows = [("ID", "UPDATED", "EVENTS", "AGENT", "TASK")]
-    rows += [(s.id, _when(s.updated_at), str(s.event_count), str(s.meta.get("agent", "")),
-              _short(str(s.meta.get("task", "")), 50)) for s in sessions]
+    rows += [(s.id, _when(s.updated_at), str(s.event_count), visible(str(s.meta.get("agent", ""))),
+              visible(_short(str(s.meta.get("task", "")), 50))) for s in sessions]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
                      for row in rows)

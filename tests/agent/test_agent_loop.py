@@ -524,3 +524,25 @@ def test_the_console_observer_shows_calls_outcomes_and_the_end(tmp_path: Path) -
         "  ✗ read DENIED 3 ms outside the workspace",
         "· final-answer after 1 turn(s) · session s-1",
     ]
+
+
+def test_the_console_observer_shows_escape_sequences_instead_of_obeying_them() -> None:
+    import io
+
+    from rich.console import Console
+
+    from dsh_core.agent.cli import ConsoleObserver
+    from dsh_core.agent.loop import ToolCallRecord
+    from dsh_core.model import ToolResult
+
+    out = io.StringIO()
+    observer = ConsoleObserver(Console(file=out, width=200, force_terminal=True, color_system=None))
+    observer.on_assistant({"role": "assistant", "content": "hi\x1b[2J", "tool_calls": [call("read", {})]})
+    record = ToolCallRecord(index=0, call_id="1.1", tool_call_id="c", name="x\x1b]52;c;eA==\x07",
+                            raw_arguments='{"p": "\u202eexe.txt"}', mode="serial", duration_ms=1.0)
+    observer.on_tool_start(record)
+    record.result = ToolResult.failure("UNKNOWN_TOOL", "no \x1b[31mtool")
+    observer.on_tool_end(record)
+    text = out.getvalue()
+    assert not any(ch in text for ch in "\x1b\x07\u202e"), repr(text)
+    assert "hi\\x1b[2J" in text and "x\\x1b]52;c;eA==\\x07" in text and "\\u202eexe.txt" in text

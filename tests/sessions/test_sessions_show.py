@@ -103,3 +103,21 @@ def test_list_renders_a_table() -> None:
     rows = render_list([SessionInfo("a-1", 0.0, 0.0, 7, {"agent": "main", "task": "do it"})]).splitlines()
     assert rows[0].split() == ["ID", "UPDATED", "EVENTS", "AGENT", "TASK"]
     assert rows[1].startswith("a-1") and rows[1].endswith("7       main   do it")
+
+
+def test_nothing_a_model_or_tool_wrote_can_drive_the_terminal() -> None:
+    """Escape sequences, separators and bidi overrides from a session are shown, not obeyed."""
+    clear, clipboard, rtl = "\x1b[2J", "\x1b]52;c;ZWNobyBoaQ==\x07", "\u202eexe.txt"
+    events = [
+        ev(1, "run/start", {"task": f"fix {clear}", "provider": "p", "mode": "native"}, 0.0),
+        ev(2, "tool/call", {"name": f"bad{clear}", "arguments": "{}"}, 0.0, "1.1"),
+        ev(3, "tool/result", {"name": f"bad{clear}", "ok": False, "error": {"code": "UNKNOWN_TOOL",
+                                                                           "message": clipboard}}, 0.0, "1.1"),
+        ev(4, "assistant/message", {"message": {"role": "assistant", "content": f"see {rtl}\u2028more"}}, 0.0),
+        ev(5, "run/end", {"reason": "final-answer", "turns": 1, "answer": "x", "error": None}, 0.0),
+    ]
+    text = render_session(SessionInfo("s", 0.0, 0.0, 5, {}), events)
+    assert not any(ch in text for ch in "\x1b\x07\u202e\u2028")
+    assert "fix \\x1b[2J" in text and "bad\\x1b[2J [1.1]" in text and "\\u202eexe.txt" in text
+    table = render_list([SessionInfo("a-1", 0.0, 0.0, 1, {"agent": "m\x1b[31m", "task": clipboard})])
+    assert "\x1b" not in table and "m\\x1b[31m" in table
