@@ -441,3 +441,28 @@ def test_a_frame_too_dear_to_parse_is_refused_before_it_is_parsed() -> None:
         assert ok.error is None and len(ok.value) == 30000
 
     arun(with_runtime(go, isolation="auto", timeout_s=30.0, memory_mb=64))
+
+
+def test_braces_inside_strings_do_not_make_a_frame_too_dear() -> None:
+    # A string of braces parses into one str of its own size: a 1.1 MB result or argument of
+    # "{" characters (an escaped quote and backslash among them) was refused as 1.1 million
+    # containers, 70 MB for a 64 MiB budget, though it is far within max_output_bytes.
+    async def go(rt: PythonCodeRuntime) -> None:
+        text = "{" * 550_000 + '\\"' + "[" * 550_000
+        r = await rt.run(f"return {text!r}", [])
+        assert r.error is None and r.value == text, r.error
+        r = await rt.run(f"return await tools.echo({{'content': {text!r}}})", tools(echo=echo))
+        assert r.error is None and r.value == {"content": text}, r.error
+        # Real containers after a string that ends in an escaped backslash still count.
+        program = (
+            "import os, struct\n"
+            "body = b'[\"\\\\\\\\\",' + b'{},' * 2_000_000 + b'{}]'\n"
+            "assert body.startswith(b'[\"' + bytes([92, 92]) + b'\",{},')\n"
+            "os.write(3, struct.pack('>I', len(body)) + body)\n"
+            "import time\ntime.sleep(60)"
+        )
+        r = await rt.run(program, [])
+        assert r.error is not None and r.error.kind == "output-limit", r
+        assert "with up to 2000002 JSON containers" in r.error.message, r.error.message
+
+    arun(with_runtime(go, isolation="auto", timeout_s=30.0, memory_mb=64))
