@@ -865,8 +865,10 @@ class _Run:
             del bare
             if len(payload) + containers * _CONTAINER_BYTES <= budget:
                 return False
-        self.settle("limit", f"protocol: a frame of {len(payload)} bytes with up to {containers} JSON containers "
-                             f"would take more than the memory budget ({self.config.memory_mb} MiB) to read")
+        # Not "protocol": a genuine program returning or passing this much in tiny containers gets it too.
+        self.settle("limit", f"a frame of {len(payload)} bytes with up to {containers} JSON containers would take "
+                             f"more than the memory budget ({self.config.memory_mb} MiB) for the host to read; "
+                             "return or pass less at once")
         return True
 
     @staticmethod
