@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -256,5 +257,6 @@ def demo_command(keep: bool) -> None:
     click.echo(report)
     if keep:
         click.echo(f"\nKept {base} (code/ and native/: workspace, script, config, dsh-home/sessions.db).\n"
-                   f"Its sessions: dsh sessions list --config {base / 'code' / 'demo.toml'} (then sessions show ID"
+                   f"Its sessions: dsh sessions list --config {shlex.quote(str(base / 'code' / 'demo.toml'))} "
+                   "(then sessions show ID"
                    " with the same --config).")
