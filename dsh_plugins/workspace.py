@@ -180,9 +180,9 @@ class Workspace:
         one, for the ``dir_fd`` of other calls only). Other failures raise the :class:`OSError` of the
         component (``FileNotFoundError``, ``NotADirectoryError``...).
         """
-        relative = os.path.relpath(real, self.root)
-        if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        if not self._inside(real):
             raise ToolError(f"path {given!r} is outside the workspace {self.root}")
+        relative = os.path.relpath(real, self.root)
         parts = [] if relative == os.curdir else relative.split(os.sep)
         fd = os.open(self.root, _DIRECTORY)
         try:
