@@ -575,10 +575,8 @@ class _Run:
         self.id_floor = 0
         self.seen_ids: set[int] = set()
         self.tasks: set[asyncio.Future[Any]] = set()
-        # Payload bytes of the calls in ``tasks``, bounded by the worker's memory budget,
-        # and the size of the frame being handled (its call's share of that bound).
+        # Frame bytes of the calls in ``tasks``, bounded by the worker's memory budget.
         self.call_bytes = 0
-        self.frame_size = 0
         self.wbuf = bytearray()
         self.writing = False
         self.pipe_pending = bytearray()
@@ -838,11 +836,15 @@ class _Run:
                 message = wire.unpack_payload(payload)
             except wire.WireError:
                 continue  # junk is dropped silently
-            self.frame_size = len(payload)
             try:
-                self._on_message(message)
+                self._on_message(message, len(payload))
             except Exception:  # the listener never raises, whatever the peer sends
                 continue
+
+    @property
+    def _memory_bytes(self) -> int:
+        """The worker's memory budget, which also bounds what its frames make the host hold."""
+        return self.config.memory_mb * 1024 * 1024
 
     def _too_dear_to_read(self, payload: bytes) -> bool:
         """Settle the run if parsing ``payload`` could take more than the worker's memory budget.
@@ -855,7 +857,7 @@ class _Run:
         so many that taking them out would itself hold the loop.
         """
         containers = payload.count(b"{") + payload.count(b"[")
-        budget = self.config.memory_mb * 1024 * 1024
+        budget = self._memory_bytes
         if len(payload) + containers * _CONTAINER_BYTES <= budget:
             return False
         if payload.count(b'"') <= _RECOUNT_MAX_QUOTES:
@@ -889,7 +891,8 @@ class _Run:
                 break
         return b"".join(chunks)
 
-    def _on_message(self, message: object) -> None:
+    def _on_message(self, message: object, size: int = 0) -> None:
+        """Handle one parsed message of ``size`` frame bytes from the worker (never raises for junk)."""
         if type(message) is not dict:
             return
         kind = message.get("t")
@@ -904,7 +907,7 @@ class _Run:
             if type(text) is str and not self.ledger.add(text):
                 self.settle("limit", None)
         elif kind == "call":
-            self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"))
+            self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"), size)
         elif kind == "done":
             self._on_done(message)
         elif kind == "output-limit":
@@ -958,7 +961,7 @@ class _Run:
             self._begin()
         # else: a pre-spawned worker, verified and waiting for its program
 
-    def _on_call(self, call_id: object, global_name: object, name: object, args: object) -> None:
+    def _on_call(self, call_id: object, global_name: object, name: object, args: object, size: int) -> None:
         # Rebuild field by field; anything malformed is dropped without a reply.
         if self.outcome is not None:
             return  # no calls after settlement
@@ -975,9 +978,7 @@ class _Run:
         # exceed the worker's own memory budget. A forger writing one buffer as many calls
         # would otherwise make the host hold every copy; a genuine program reaches the bound
         # only by passing one large value to many concurrent calls, and gets a catchable error.
-        size = self.frame_size
-        budget = self.config.memory_mb * 1024 * 1024
-        if self.tasks and self.call_bytes + size > budget:
+        if self.tasks and self.call_bytes + size > self._memory_bytes:
             self._reply(
                 call_id,
                 False,
