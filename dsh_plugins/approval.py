@@ -224,16 +224,11 @@ async def _write_all(fd: int, data: bytes, request: ApprovalRequest) -> bool:
             pass
         writable: asyncio.Future[None] = loop.create_future()
         loop.add_writer(fd, _settle, writable)
-        aborted: asyncio.Future[Any] = asyncio.ensure_future(request.signal.wait())
         try:
-            await asyncio.wait((writable, aborted), return_when=asyncio.FIRST_COMPLETED)
+            if not await _done_unless_aborted(writable, request):
+                return False
         finally:
             loop.remove_writer(fd)
-            aborted.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await aborted
-        if not writable.done():
-            return False
     return True
 
 
@@ -259,15 +254,22 @@ async def _read_line(fd: int, request: ApprovalRequest) -> str | None:
             line.set_result(buffer.split(b"\n", 1)[0].decode("utf-8", errors="replace"))
 
     loop.add_reader(fd, readable)
-    aborted: asyncio.Future[Any] = asyncio.ensure_future(request.signal.wait())
     try:
-        await asyncio.wait((line, aborted), return_when=asyncio.FIRST_COMPLETED)
-        return line.result() if line.done() else None
+        return line.result() if await _done_unless_aborted(line, request) else None
     finally:
         loop.remove_reader(fd)
+
+
+async def _done_unless_aborted(future: asyncio.Future[Any], request: ApprovalRequest) -> bool:
+    """Wait for ``future`` or the request's abort, whichever comes first; True if ``future`` is done."""
+    aborted: asyncio.Future[Any] = asyncio.ensure_future(request.signal.wait())
+    try:
+        await asyncio.wait((future, aborted), return_when=asyncio.FIRST_COMPLETED)
+    finally:
         aborted.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await aborted
+    return future.done()
 
 
 @plugin(config_schema=CONFIG_SCHEMA)
