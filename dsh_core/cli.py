@@ -32,8 +32,9 @@ def _escape_lone_surrogates() -> None:
 
     A file name that is not UTF-8 reaches results and sessions as lone surrogates
     (``os.listdir`` decodes with ``surrogateescape``). Printed strictly they raise,
-    and printed as raw bytes they make ``--json`` output invalid UTF-8; the escape is
-    valid JSON for the same string, and readable text elsewhere.
+    and printed as raw bytes they are invalid UTF-8; the escape is readable text.
+    (``--json`` output goes through :func:`dsh_core.clirun.echo_json`, which writes
+    JSON escapes for whatever stdout cannot encode.)
     """
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
