@@ -29,7 +29,6 @@ import itertools
 import json
 import marshal
 import os
-import re
 import shutil
 import signal as signals
 import socket
@@ -43,6 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dsh_core.abort import AbortController, AbortSignal
+from dsh_core.coderuntime import framecost
 from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.seam import (
     BindingFunction,
@@ -82,16 +82,6 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
-#: Frames from this size on have their JSON containers counted before they are parsed, and
-#: each container costs at least this much once parsed (an empty dict is 64 bytes).
-_COUNT_CONTAINERS_FROM = 1 << 20
-_CONTAINER_BYTES = 64
-#: A JSON string (possessive: linear, whatever the bytes), its closing quote optional (an
-#: unterminated string ends the parse there); and up to how many quotes a frame over the first
-#: estimate has its strings taken out and its containers counted again (each string costs a
-#: match: about 0.6 s a million).
-_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"?', re.DOTALL)
-_RECOUNT_MAX_QUOTES = 1 << 20
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
 _WARM_WORKERS = 2
 # Call ids remembered outside the consecutive run 1..n that a real worker sends:
@@ -575,7 +565,7 @@ class _Run:
         self.id_floor = 0
         self.seen_ids: set[int] = set()
         self.tasks: set[asyncio.Future[Any]] = set()
-        # Frame bytes of the calls in ``tasks``, bounded by the worker's memory budget.
+        # What the frames of the calls in ``tasks`` may take once read, bounded by the worker's memory budget.
         self.call_bytes = 0
         self.wbuf = bytearray()
         self.writing = False
@@ -830,14 +820,16 @@ class _Run:
         for payload in payloads:
             if self.outcome is not None:
                 return
-            if len(payload) >= _COUNT_CONTAINERS_FROM and self._too_dear_to_read(payload):
+            cost = framecost.read_cost(payload, self._memory_bytes)
+            if cost > self._memory_bytes:
+                self._refuse_dear_frame(len(payload), cost)
                 return
             try:
                 message = wire.unpack_payload(payload)
             except wire.WireError:
                 continue  # junk is dropped silently
             try:
-                self._on_message(message, len(payload))
+                self._on_message(message, cost)
             except Exception:  # the listener never raises, whatever the peer sends
                 continue
 
@@ -846,32 +838,15 @@ class _Run:
         """The worker's memory budget, which also bounds what its frames make the host hold."""
         return self.config.memory_mb * 1024 * 1024
 
-    def _too_dear_to_read(self, payload: bytes) -> bool:
-        """Settle the run if parsing ``payload`` could take more than the worker's memory budget.
+    def _refuse_dear_frame(self, size: int, cost: int) -> None:
+        """Settle the run on a frame that could take more than the worker's memory budget to read.
 
-        Parsing builds one Python container per ``{`` or ``[``, each far larger than its one
-        byte (a frame of ``[{},{},...]`` took 26 times its size, and seconds of the loop): a
-        frame whose containers would outgrow the budget is refused before it is parsed. The
-        first count includes braces inside strings (a string of them parses into one ``str``
-        of its own size); a frame over it is counted again without its strings, unless it has
-        so many that taking them out would itself hold the loop.
+        Refused before it is parsed (:mod:`~dsh_core.coderuntime.framecost`): a frame of
+        tiny JSON elements takes many times its size once parsed, and seconds of the loop.
         """
-        containers = payload.count(b"{") + payload.count(b"[")
-        budget = self._memory_bytes
-        if len(payload) + containers * _CONTAINER_BYTES <= budget:
-            return False
-        if payload.count(b'"') <= _RECOUNT_MAX_QUOTES:
-            # Where the parser gets, it sees the strings this sees; past where it fails, it builds nothing.
-            bare = _JSON_STRING.sub(b"", payload)
-            containers = bare.count(b"{") + bare.count(b"[")
-            del bare
-            if len(payload) + containers * _CONTAINER_BYTES <= budget:
-                return False
-        # Not "protocol": a genuine program returning or passing this much in tiny containers gets it too.
-        self.settle("limit", f"a frame of {len(payload)} bytes with up to {containers} JSON containers would take "
-                             f"more than the memory budget ({self.config.memory_mb} MiB) for the host to read; "
-                             "return or pass less at once")
-        return True
+        # Not "protocol": a genuine program returning or passing this much in tiny elements gets it too.
+        self.settle("limit", f"a frame of {size} bytes could take up to {cost} bytes of host memory to read, "
+                             f"more than the memory budget ({self.config.memory_mb} MiB); return or pass less at once")
 
     @staticmethod
     def _recv_more(sock: socket.socket, first: bytes) -> bytes:
@@ -891,8 +866,11 @@ class _Run:
                 break
         return b"".join(chunks)
 
-    def _on_message(self, message: object, size: int = 0) -> None:
-        """Handle one parsed message of ``size`` frame bytes from the worker (never raises for junk)."""
+    def _on_message(self, message: object, cost: int = 0) -> None:
+        """Handle one parsed message from the worker (never raises for junk).
+
+        ``cost`` bounds the host memory its frame may take once read (:mod:`.framecost`).
+        """
         if type(message) is not dict:
             return
         kind = message.get("t")
@@ -907,7 +885,7 @@ class _Run:
             if type(text) is str and not self.ledger.add(text):
                 self.settle("limit", None)
         elif kind == "call":
-            self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"), size)
+            self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"), cost)
         elif kind == "done":
             self._on_done(message)
         elif kind == "output-limit":
@@ -961,7 +939,7 @@ class _Run:
             self._begin()
         # else: a pre-spawned worker, verified and waiting for its program
 
-    def _on_call(self, call_id: object, global_name: object, name: object, args: object, size: int) -> None:
+    def _on_call(self, call_id: object, global_name: object, name: object, args: object, cost: int) -> None:
         # Rebuild field by field; anything malformed is dropped without a reply.
         if self.outcome is not None:
             return  # no calls after settlement
@@ -974,11 +952,12 @@ class _Run:
         if function is None:
             self._reply(call_id, False, f'unknown binding "{_shown(f"{global_name}.{name}")}"')
             return
-        # The host holds each running call's decoded arguments: their frames together may not
-        # exceed the worker's own memory budget. A forger writing one buffer as many calls
-        # would otherwise make the host hold every copy; a genuine program reaches the bound
+        # The host holds each running call's decoded arguments: what their frames may take once
+        # read (framecost) may not exceed the worker's own memory budget together. A forger
+        # writing one buffer as many calls would otherwise make the host hold every copy; a
+        # genuine program reaches the bound
         # only by passing one large value to many concurrent calls, and gets a catchable error.
-        if self.tasks and self.call_bytes + size > self._memory_bytes:
+        if self.tasks and self.call_bytes + cost > self._memory_bytes:
             self._reply(
                 call_id,
                 False,
@@ -1014,12 +993,12 @@ class _Run:
                                         f"{type(awaitable).__name__}, not an awaitable")
             return
         self.tasks.add(pending)
-        self.call_bytes += size
-        pending.add_done_callback(functools.partial(self._call_ended, size))
+        self.call_bytes += cost
+        pending.add_done_callback(functools.partial(self._call_ended, cost))
 
-    def _call_ended(self, size: int, pending: asyncio.Future[Any]) -> None:
+    def _call_ended(self, cost: int, pending: asyncio.Future[Any]) -> None:
         self.tasks.discard(pending)
-        self.call_bytes -= size
+        self.call_bytes -= cost
 
     def _first_sighting(self, call_id: int) -> bool:
         """Record ``call_id``; False if it was seen before (or the run just settled)."""

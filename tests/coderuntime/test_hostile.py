@@ -435,7 +435,8 @@ def test_a_frame_too_dear_to_parse_is_refused_before_it_is_parsed() -> None:
         finally:
             tracemalloc.stop()
         assert r.error is not None and r.error.kind == "output-limit", r
-        assert "with up to 2000002 JSON containers would take more than the memory budget (64 MiB)" in r.error.message
+        assert r.error.message.startswith("a frame of 6000004 bytes could take up to "), r.error.message
+        assert "bytes of host memory to read, more than the memory budget (64 MiB)" in r.error.message
         assert peak < 48 * 1024 * 1024, peak  # parsed, the 2 million dicts alone would be over 120 MB
         ok = await rt.run("return [[i, {'k': [i]}] for i in range(30000)]", [])  # 1.1 MB of containers: in budget
         assert ok.error is None and len(ok.value) == 30000
@@ -463,6 +464,60 @@ def test_braces_inside_strings_do_not_make_a_frame_too_dear() -> None:
         )
         r = await rt.run(program, [])
         assert r.error is not None and r.error.kind == "output-limit", r
-        assert "with up to 2000002 JSON containers" in r.error.message, r.error.message
+        assert r.error.message.startswith("a frame of 6000009 bytes could take up to "), r.error.message
 
     arun(with_runtime(go, isolation="auto", timeout_s=30.0, memory_mb=64))
+
+
+def test_a_frame_of_tiny_scalars_too_dear_to_parse_is_refused() -> None:
+    # No containers, so the old count let it through: 16 MiB of "1e5," parse into 4 million
+    # floats and their slots, ten times the frame (160 MB, over a second of the host's loop).
+    async def go(rt: PythonCodeRuntime) -> None:
+        assert (await rt.run("return 1", [])).value == 1  # zygote up before measuring
+        program = (
+            "import os, struct, time\n"
+            "body = b'{\"t\":\"call\",\"id\":1,\"g\":\"tools\",\"n\":\"nope\",\"a\":[{\"a\":4194304},'"
+            " + b'1e5,' * 4194303 + b'1e5]}'\n"
+            "os.write(3, struct.pack('>I', len(body)) + body)\n"
+            "time.sleep(3)\n"
+            "return 'not refused'"
+        )
+        tracemalloc.start()
+        try:
+            r = await rt.run(program, [])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert r.error is not None and r.error.kind == "output-limit", r
+        assert r.error.message.startswith("a frame of 16777278 bytes could take up to "), r.error.message
+        assert peak < 64 * 1024 * 1024, peak  # within the budget; parsed, the floats alone would take 160 MB
+        # A genuine result of the same kind, a tenth the size, is read.
+        ok = await rt.run("return [1e5] * 400_000", [])
+        assert ok.error is None and len(ok.value) == 400_000, ok.error
+
+    arun(with_runtime(go, isolation="auto", timeout_s=30.0, memory_mb=64))
+
+
+def test_binding_arguments_in_flight_are_bounded_by_what_they_take_once_read() -> None:
+    # 256 KiB of empty-array markers decode into 32,768 lists: ten times the frame. Counted by
+    # frame bytes, 40 such calls (10 MiB of frames, 100 MB decoded) fitted a 64 MiB budget.
+    started: list[int] = []
+
+    def hold(args: Any) -> Any:
+        started.append(len(args))
+        return asyncio.get_running_loop().create_future()  # never resolved: cancelled at teardown
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = (
+            "import os, struct\n"
+            "body = b'{\"a\":32768},' + b'{\"a\":0},' * 32767 + b'{\"a\":0}]}'\n"
+            "for i in range(1, 41):\n"
+            "    head = b'{\"t\":\"call\",\"id\":%d,\"g\":\"tools\",\"n\":\"hold\",\"a\":[' % i\n"
+            "    os.writev(3, [struct.pack('>I', len(head) + len(body)), head, body])\n"
+            "return 'sent'"
+        )
+        r = await rt.run(program, tools(hold=hold))
+        assert r.error is None and r.value == "sent", r
+        assert 1 <= len(started) <= 8 and set(started) == {32768}, started  # 40 when counted by frame bytes
+
+    arun(with_runtime(go, isolation="auto", timeout_s=60.0, memory_mb=64))

@@ -175,6 +175,25 @@ def test_frame_buffer_reassembles_and_caps() -> None:
         wire.FrameBuffer(100).feed(struct.pack(">I", 101))
 
 
+def test_frame_buffer_copies_a_frame_out_once() -> None:
+    # A frame that arrives in pieces is cut out of the buffer with one copy: the host holds the
+    # buffer and the payload, not a third copy (a bytearray slice) as well.
+    import tracemalloc
+
+    frame = wire.HEADER.pack(16 << 20) + b"x" * (16 << 20)
+    buffer = wire.FrameBuffer(1 << 30)
+    tracemalloc.start()
+    try:
+        got = []
+        for start in range(0, len(frame), 4 << 20):
+            got += buffer.feed(frame[start : start + (4 << 20)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == 1 and len(got[0]) == 16 << 20 and not buffer.buffer
+    assert peak < 2.25 * (16 << 20), peak  # 3x with a slice
+
+
 @pytest.mark.parametrize("text", ["plain", 'q"uote', "back\\slash", "nl\n", "\x01ctl", "é€😀", "\ud800lone", ""])
 def test_json_str_size_is_exact_utf8(text: str) -> None:
     expected = json.dumps(text, ensure_ascii=False).encode("utf-8", "backslashreplace")
