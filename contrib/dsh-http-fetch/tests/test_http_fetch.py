@@ -1,17 +1,31 @@
-"""dsh-http-fetch through the dsh pipeline, against a local server on 127.0.0.1 only."""
+"""dsh-http-fetch through the dsh pipeline, against a local server on 127.0.0.1 only.
+
+Connecting to 127.0.0.1 needs ``allowed_addresses`` (the plugin connects only to
+public addresses by default), so the tests opt in explicitly. Host names other
+than IP literals are answered by a fake resolver (the ``dns`` fixture), and a
+guard fails any connection that is not to 127.0.0.1: nothing reaches the
+internet, whatever the code under test does.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import parse_qs, quote, urlsplit
 
+import dsh_http_fetch
+import httpcore
 import pytest
-from dsh_http_fetch import host_allowed, html_to_text
+from dsh_http_fetch import address_refusal, host_allowed, html_to_text, parse_address_entry
 
 from dsh_core import AbortController
 from dsh_core.config import compose
@@ -27,6 +41,7 @@ with <b>bold</b> text.</p><ul><li>one</li><li>two</li></ul></body></html>"""
 
 class Handler(BaseHTTPRequestHandler):
     hits: ClassVar[list[str]] = []
+    host_headers: ClassVar[list[str]] = []
 
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
@@ -43,7 +58,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         Handler.hits.append(self.path)
+        Handler.host_headers.append(self.headers.get("Host", ""))
         port = self.server.server_address[1]
+        target = parse_qs(urlsplit(self.path).query).get("url", [""])[0]
         if self.path == "/page":
             self.send(200, PAGE)
         elif self.path == "/plain":
@@ -52,6 +69,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(302, b"", headers={"Location": "/plain"})
         elif self.path == "/redirect-out":
             self.send(302, b"", headers={"Location": f"http://localhost:{port}/plain"})
+        elif self.path.startswith("/to?"):
+            self.send(302, b"", headers={"Location": target})
         elif self.path == "/loop":
             self.send(302, b"", headers={"Location": "/loop"})
         elif self.path == "/big":
@@ -86,6 +105,7 @@ def server() -> Iterator[str]:
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     Handler.hits.clear()
+    Handler.host_headers.clear()
     try:
         yield f"127.0.0.1:{httpd.server_address[1]}"
     finally:
@@ -94,8 +114,57 @@ def server() -> Iterator[str]:
         thread.join()
 
 
+class FakeDNS:
+    """Answers for test host names, in order (the last one repeats); every lookup is recorded."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, list[list[str]]] = {}
+        self.lookups: list[str] = []
+
+    def add(self, host: str, *answers: list[str]) -> None:
+        self.records[host] = list(answers)
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        try:
+            return [str(ipaddress.ip_address(host))]  # an IP literal is not looked up
+        except ValueError:
+            pass
+        self.lookups.append(host)
+        answers = self.records.get(host)
+        if not answers:
+            raise socket.gaierror(socket.EAI_NONAME, f"no test record for {host!r}")
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+
+@pytest.fixture(autouse=True)
+def connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The hosts httpcore's socket layer was asked to connect to; anything but 127.0.0.1 is refused."""
+    opened: list[str] = []
+    real = httpcore.AnyIOBackend.connect_tcp
+
+    async def guarded(self: httpcore.AnyIOBackend, host: str, port: int, *args: Any, **kwargs: Any
+                      ) -> httpcore.AsyncNetworkStream:
+        opened.append(host)
+        if host != "127.0.0.1":
+            raise httpcore.ConnectError(f"test guard: a connection to {host!r} was attempted")
+        return await real(self, host, port, *args, **kwargs)
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", guarded)
+    return opened
+
+
+@pytest.fixture
+def dns(monkeypatch: pytest.MonkeyPatch) -> FakeDNS:
+    """Replaces the plugin's resolver: names resolve only to what a test says."""
+    fake = FakeDNS()
+    monkeypatch.setattr(dsh_http_fetch, "resolve", fake.resolve)
+    return fake
+
+
 def run(server: str, scenario: Callable[[Harness], Awaitable[Any]], **config: Any) -> Any:
-    row = {"id": "web", "use": "http-fetch", "config": {"allowed_hosts": [server], **config}}
+    # The server is on loopback, which is refused unless allowed_addresses lists it.
+    row = {"id": "web", "use": "http-fetch",
+           "config": {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], **config}}
 
     async def main() -> Any:
         deployment = compose([("test", {"plugins": [row]})], env={})
@@ -232,4 +301,226 @@ class TestHttpFetchConformance(ToolPluginConformance):
 
     @pytest.fixture
     def plugin_config(self, server: str, tmp_path: Path) -> dict[str, Any]:
-        return {"allowed_hosts": [server], "example_url": f"http://{server}/page"}
+        return {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], "example_url": f"http://{server}/page"}
+
+
+# --- Addresses: DNS rebinding ---------------------------------------------------------------------------------
+
+REFUSAL_HINT = ("; only public addresses are connected to, unless the address or its network is in "
+                "allowed_addresses in the http-fetch config")
+
+
+def test_the_local_server_itself_is_refused_without_allowed_addresses(server: str) -> None:
+    result = fetch(server, f"http://{server}/plain", allowed_addresses=[])
+    assert result.code == "TOOL_FAILED"
+    assert (f"fetching http://{server}/plain refused: host '127.0.0.1' is 127.0.0.1 (a loopback address)"
+            + REFUSAL_HINT) in result.text
+    assert Handler.hits == []
+
+
+@pytest.mark.parametrize(("answer", "kind"), [
+    ("127.0.0.1", "a loopback address"),
+    ("169.254.169.254", "a link-local address"),
+    ("10.1.2.3", "a private address"),
+    ("0.0.0.0", "the unspecified address"),
+    ("::1", "a loopback address"),
+    ("::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1, a loopback address"),
+    ("::ffff:169.254.169.254", "the IPv4-mapped form of 169.254.169.254, a link-local address"),
+    ("64:ff9b::a9fe:a9fe", "a NAT64 address for 169.254.169.254, a link-local address"),
+])
+def test_an_allowed_name_that_resolves_to_a_non_public_address_is_refused(
+        server: str, dns: FakeDNS, connections: list[str], answer: str, kind: str) -> None:
+    port = server.split(":")[1]
+    dns.add("rebind.test", [answer])
+    result = fetch(server, f"http://rebind.test:{port}/plain", allowed_hosts=["rebind.test"], allowed_addresses=[])
+    assert result.code == "TOOL_FAILED"
+    assert (f"fetching http://rebind.test:{port}/plain refused: host 'rebind.test' resolves to {answer} ({kind})"
+            + REFUSAL_HINT) in result.text
+    assert connections == [] and Handler.hits == []
+
+
+def test_an_ipv4_mapped_loopback_literal_is_refused(server: str, connections: list[str]) -> None:
+    port = server.split(":")[1]
+    result = fetch(server, f"http://[::ffff:127.0.0.1]:{port}/plain", allowed_hosts=["*"], allowed_addresses=[])
+    assert result.code == "TOOL_FAILED"
+    assert "refused: host '::ffff:" in result.text
+    assert "(the IPv4-mapped form of 127.0.0.1, a loopback address)" in result.text
+    assert connections == [] and Handler.hits == []
+
+
+def test_one_internal_answer_among_public_ones_refuses_the_host_before_any_connection(
+        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    port = server.split(":")[1]
+    dns.add("mixed.test", ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "10.0.0.7"])
+    result = fetch(server, f"http://mixed.test:{port}/plain", allowed_hosts=["mixed.test"])
+    assert "host 'mixed.test' resolves to 10.0.0.7 (a private address)" in result.text
+    assert connections == []
+
+
+@pytest.mark.parametrize(("target", "refusal"), [
+    ("http://metadata.test/latest/", "host 'metadata.test' resolves to 169.254.169.254 (a link-local address)"),
+    ("http://169.254.169.254/latest/", "host '169.254.169.254' is 169.254.169.254 (a link-local address)"),
+    ("http://intranet.test/", "host 'intranet.test' resolves to 10.0.0.5 (a private address)"),
+])
+def test_a_redirect_to_a_non_public_address_is_refused_before_the_request(
+        server: str, dns: FakeDNS, connections: list[str], target: str, refusal: str) -> None:
+    dns.add("metadata.test", ["169.254.169.254"])
+    dns.add("intranet.test", ["10.0.0.5"])
+    start = f"http://{server}/to?url={quote(target, safe='')}"
+    result = fetch(server, start, allowed_hosts=[server, "metadata.test", "169.254.169.254", "intranet.test"])
+    assert result.code == "TOOL_FAILED"
+    assert f"redirect from {start} to {target} refused: {refusal}" + REFUSAL_HINT in result.text
+    assert Handler.hits == [start.removeprefix(f"http://{server}")]
+    assert connections == ["127.0.0.1"]
+
+
+def test_an_allowed_private_range_is_fetched_with_the_name_in_the_host_header(
+        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    port = server.split(":")[1]
+    dns.add("intranet.test", ["127.0.0.1"])
+    result = fetch(server, f"http://intranet.test:{port}/plain", allowed_hosts=["intranet.test"],
+                   allowed_addresses=["10.0.0.0/8", "127.0.0.0/8"])
+    assert result.value["text"] == "just text"
+    assert Handler.host_headers == [f"intranet.test:{port}"]
+    assert connections == ["127.0.0.1"]
+    # The range allows what it names and nothing else.
+    dns.add("other.test", ["192.168.1.1"])
+    other = fetch(server, f"http://other.test:{port}/plain", allowed_hosts=["other.test"],
+                  allowed_addresses=["10.0.0.0/8", "127.0.0.0/8"])
+    assert "host 'other.test' resolves to 192.168.1.1 (a private address)" in other.text
+
+
+def test_the_connection_uses_the_checked_answer_and_never_a_second_lookup(
+        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    """The name is looked up once per connection and the socket goes to that answer.
+
+    A check that did its own lookup before the client's would see 127.0.0.1
+    (allowed here) and let the client connect to the next answer, the rebound
+    169.254.169.254.
+    """
+    port = server.split(":")[1]
+    dns.add("rebind.test", ["127.0.0.1"], ["169.254.169.254"])
+    config: dict[str, Any] = {"allowed_hosts": ["rebind.test"], "allowed_addresses": ["127.0.0.1"]}
+    result = fetch(server, f"http://rebind.test:{port}/plain", **config)
+    assert result.value["text"] == "just text"
+    assert dns.lookups == ["rebind.test"]
+    assert connections == ["127.0.0.1"]
+    assert Handler.host_headers == [f"rebind.test:{port}"]
+    # The next connection (here a later call) looks the name up again and gets the rebound answer: refused.
+    again = fetch(server, f"http://rebind.test:{port}/plain", **config)
+    assert "host 'rebind.test' resolves to 169.254.169.254 (a link-local address)" in again.text
+    assert dns.lookups == ["rebind.test", "rebind.test"] and connections == ["127.0.0.1"]
+
+
+def test_a_name_rebinding_between_redirect_hops_is_refused_on_the_next_hop(
+        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    port = server.split(":")[1]
+    dns.add("rebind.test", ["127.0.0.1"], ["169.254.169.254"])
+    result = fetch(server, f"http://rebind.test:{port}/redirect-in", allowed_hosts=["rebind.test"])
+    assert (f"redirect from http://rebind.test:{port}/redirect-in to http://rebind.test:{port}/plain refused: "
+            "host 'rebind.test' resolves to 169.254.169.254 (a link-local address)") in result.text
+    assert Handler.hits == ["/redirect-in"] and connections == ["127.0.0.1"]
+
+
+def test_tls_is_negotiated_for_the_name_not_the_address(dns: FakeDNS, connections: list[str]) -> None:
+    """SNI (and so the certificate check) uses the URL's host name although the socket goes to the address."""
+    names: list[str | None] = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # no certificate: the handshake fails after the ClientHello
+    context.sni_callback = lambda _sock, name, _ctx: names.append(name)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(5)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn, contextlib.suppress(OSError):  # ssl.SSLError is an OSError
+            context.wrap_socket(conn, server_side=True)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    dns.add("secure.test", ["127.0.0.1"])
+    try:
+        result = fetch(f"secure.test:{port}", f"https://secure.test:{port}/", timeout_s=5)
+    finally:
+        thread.join(5)
+        listener.close()
+    assert result.code == "TOOL_FAILED" and "ConnectError" in result.text
+    assert names == ["secure.test"] and connections == ["127.0.0.1"]
+
+
+def test_a_name_that_does_not_resolve_is_a_tool_error(server: str, dns: FakeDNS) -> None:
+    result = fetch(server, "http://nowhere.test/", allowed_hosts=["nowhere.test"])
+    assert result.code == "TOOL_FAILED"
+    assert "fetching http://nowhere.test/ failed: ConnectError: cannot resolve 'nowhere.test'" in result.text
+
+
+@pytest.mark.parametrize(("address", "kind"), [
+    ("0.0.0.0", "the unspecified address"),
+    ("127.0.0.1", "a loopback address"),
+    ("127.1.2.3", "a loopback address"),
+    ("10.0.0.1", "a private address"),
+    ("172.16.0.1", "a private address"),
+    ("192.168.0.1", "a private address"),
+    ("169.254.169.254", "a link-local address"),
+    ("100.64.0.1", "not a globally routable address"),
+    ("224.0.0.1", "a multicast address"),
+    ("255.255.255.255", "a private address"),
+    ("::", "the unspecified address"),
+    ("::1", "a loopback address"),
+    ("::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1, a loopback address"),
+    ("::ffff:10.0.0.1", "the IPv4-mapped form of 10.0.0.1, a private address"),
+    ("::ffff:0.0.0.0", "the IPv4-mapped form of 0.0.0.0, the unspecified address"),
+    ("::127.0.0.1", "a reserved address"),
+    ("fe80::1", "a link-local address"),
+    ("fe80::1%1", "a link-local address"),
+    ("fc00::1", "a private address"),
+    ("fec0::1", "a site-local address"),
+    ("ff02::1", "a multicast address"),
+    ("64:ff9b::7f00:1", "a NAT64 address for 127.0.0.1, a loopback address"),
+    ("64:ff9b:1::1", "a reserved address"),
+    ("2002:7f00:1::1", "a 6to4 address for 127.0.0.1, a loopback address"),
+])
+def test_non_public_addresses_are_refused(address: str, kind: str) -> None:
+    assert address_refusal(address) == kind
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "93.184.215.14", "2606:4700:4700::1111", "::ffff:8.8.8.8",
+                                     "64:ff9b::808:808", "2002:808:808::1"])
+def test_public_addresses_are_allowed(address: str) -> None:
+    assert address_refusal(address) is None
+
+
+def test_allowed_addresses_admit_exactly_their_networks() -> None:
+    allowed = [parse_address_entry("10.0.0.0/8"), parse_address_entry("::1"), parse_address_entry(" 127.0.0.1 ")]
+    assert address_refusal("10.9.8.7", allowed) is None
+    assert address_refusal("::ffff:10.9.8.7", allowed) is None  # the same IPv4 destination
+    assert address_refusal("64:ff9b::a09:807", allowed) is None  # NAT64 to 10.9.8.7
+    assert address_refusal("::1", allowed) is None
+    assert address_refusal("127.0.0.1", allowed) is None
+    assert address_refusal("127.0.0.2", allowed) == "a loopback address"
+    assert address_refusal("11.0.0.1", allowed) is None  # public anyway
+    assert address_refusal("192.168.0.1", allowed) == "a private address"
+    assert address_refusal("169.254.169.254", allowed) == "a link-local address"
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("intranet.corp", "malformed allowed_addresses entry 'intranet.corp'"),
+    ("10.0.0.1/8", "10.0.0.1/8 has host bits set"),
+    ("10.0.0.0/33", "malformed allowed_addresses entry '10.0.0.0/33'"),
+])
+def test_a_malformed_allowed_addresses_entry_refuses_to_load(server: str, entry: str, message: str) -> None:
+    with pytest.raises(Exception, match=message):
+        fetch(server, f"http://{server}/plain", allowed_addresses=[entry])
+
+
+def test_the_checked_addresses_are_tried_in_order(server: str, dns: FakeDNS, connections: list[str]) -> None:
+    """When the first address cannot be connected to, the next checked one is; never the name."""
+    port = server.split(":")[1]
+    dns.add("two.test", ["::1", "127.0.0.1"])  # the guard fails ::1 as an unreachable address would
+    result = fetch(server, f"http://two.test:{port}/plain", allowed_hosts=["two.test"],
+                   allowed_addresses=["127.0.0.1", "::1"])
+    assert result.value["text"] == "just text"
+    assert connections == ["::1", "127.0.0.1"] and dns.lookups == ["two.test"]

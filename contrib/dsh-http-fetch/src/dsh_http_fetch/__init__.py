@@ -2,24 +2,40 @@
 
 Every hop is checked: the first URL and each redirect target must use http or
 https and name an allowed host, so a redirect cannot lead the tool anywhere
-the config does not allow. Responses are read up to ``max_bytes``; HTML is
-reduced to readable text (scripts and styles dropped, block elements on
-their own lines). Proxy settings from the environment are ignored.
+the config does not allow. Every connection is checked too, by address: the
+host is resolved once, when the connection is opened, each address it
+resolves to must be public (or in ``allowed_addresses``), and the socket
+connects to that checked address (TLS and the ``Host`` header keep the
+name). So an allowed name that resolves, or re-resolves, to 127.0.0.1,
+169.254.169.254 or 10.x (DNS rebinding) reaches nothing. Responses are read
+up to ``max_bytes``; HTML is reduced to readable text (scripts and styles
+dropped, block elements on their own lines). Proxy settings from the
+environment are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
+import ipaddress
 import re
+import socket
+import ssl
+from collections.abc import Iterable, Sequence
 from html.parser import HTMLParser
 from typing import Any
 
+import httpcore
 import httpx
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 
-__all__ = ["plugin", "HttpFetch", "html_to_text", "host_allowed", "parse_host_entry"]
+__all__ = ["plugin", "HttpFetch", "AddressRefused", "address_refusal", "html_to_text", "host_allowed",
+           "parse_address_entry", "parse_host_entry", "resolve"]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -33,6 +49,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "max_bytes": {"type": "integer", "minimum": 1024, "default": 1048576,
                       "description": "most bytes of a response body that are read"},
         "max_redirects": {"type": "integer", "minimum": 0, "default": 5},
+        "allowed_addresses": {"type": "array", "default": [],
+                              "items": {"type": "string", "minLength": 1}, "uniqueItems": True,
+                              "description": "addresses and networks that are not public (loopback, private, "
+                                             'link-local, ...) but may be connected to: "10.20.0.0/16", '
+                                             '"127.0.0.1", "::1". By default only public addresses are.'},
         "example_url": {"type": "string", "description": "the URL of the tool's example (for the conformance kit)"},
     },
 }
@@ -110,6 +131,158 @@ def parse_host_entry(entry: str) -> tuple[str, str]:
     return host, port
 
 
+def parse_address_entry(entry: str) -> IPNetwork:
+    """The network of an ``allowed_addresses`` entry (an address is a network of one). :class:`ValueError` if not."""
+    try:
+        return ipaddress.ip_network(entry.strip(), strict=True)
+    except ValueError as error:
+        raise ValueError(f"malformed allowed_addresses entry {entry!r}: {error}; expected an address or a network "
+                         "such as 10.20.0.0/16 (not a host name: a name's address is what DNS rebinding changes)"
+                         ) from None
+
+
+# NAT64 (RFC 6052): a gateway carries 64:ff9b::a.b.c.d to the IPv4 address a.b.c.d.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _non_public(ip: IPAddress) -> str | None:
+    """What kind of non-public address ``ip`` is ("a loopback address", ...), or None for a public unicast one.
+
+    ``is_global`` alone is not enough: multicast, site-local and the deprecated
+    IPv4-compatible ``::a.b.c.d`` count as global in some Python versions.
+    """
+    if ip.is_unspecified:
+        return "the unspecified address"
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_multicast:
+        return "a multicast address"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "a site-local address"
+    if ip.is_private:
+        return "a private address"
+    if ip.is_reserved:
+        return "a reserved address"
+    if not ip.is_global:
+        return "not a globally routable address"
+    return None
+
+
+def address_refusal(address: str, allowed: Sequence[IPNetwork] = ()) -> str | None:
+    """Why a connection to ``address`` is refused, or None if the address is public or in ``allowed``.
+
+    An IPv6 address that carries an IPv4 destination is judged by that IPv4
+    address: ``::ffff:127.0.0.1`` (IPv4-mapped) is loopback, ``64:ff9b::a00:1``
+    (NAT64) reaches 10.0.0.1, and a 6to4 address ``2002:a00:1::`` must be public
+    on both sides.
+    """
+    ip = ipaddress.ip_address(address)
+    if any(ip in network for network in allowed):
+        return None
+    judged: list[tuple[IPAddress, str]] = [(ip, "")]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            judged = [(ip.ipv4_mapped, f"the IPv4-mapped form of {ip.ipv4_mapped}, ")]
+        elif ip in _NAT64:
+            embedded = ipaddress.IPv4Address(ip.packed[-4:])
+            judged = [(embedded, f"a NAT64 address for {embedded}, ")]
+        elif ip.sixtofour is not None:
+            judged.append((ip.sixtofour, f"a 6to4 address for {ip.sixtofour}, "))
+    for form, how in judged:
+        kind = _non_public(form)
+        if kind and not any(form in network for network in allowed):
+            return how + kind
+    return None
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The addresses a connection to ``host`` may use, in the resolver's order; an IP literal is itself.
+
+    The one lookup of a connection: the addresses returned here are checked and
+    then connected to, so there is no second lookup that could answer otherwise.
+    """
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses: list[str] = []
+    for family, _type, _proto, _name, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6) and sockaddr[0] not in addresses:
+            addresses.append(str(sockaddr[0]))
+    return addresses
+
+
+class AddressRefused(Exception):
+    """A connection to ``host`` would go to ``address``, which is not public and not allowed."""
+
+    def __init__(self, host: str, address: str, reason: str) -> None:
+        where = f"is {address}" if address == host else f"resolves to {address}"  # an IP literal needs no lookup
+        super().__init__(f"host {host!r} {where} ({reason})")
+        self.host, self.address, self.reason = host, address, reason
+
+
+class _CheckedBackend(httpcore.AsyncNetworkBackend):
+    """Opens the fetch's TCP connections: resolve once, check every address, connect to a checked one.
+
+    httpcore hands ``connect_tcp`` the URL's host name; the socket is opened to
+    the IP address that was checked (an IP literal needs no lookup in anyio),
+    while httpcore still uses the name for TLS (SNI and the certificate check)
+    and httpx for the ``Host`` header.
+    """
+
+    def __init__(self, allowed: Sequence[IPNetwork]) -> None:
+        self._allowed = tuple(allowed)
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+                          ) -> httpcore.AsyncNetworkStream:
+        try:
+            async with asyncio.timeout(timeout):
+                addresses = await resolve(host, port)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"resolving {host!r} timed out") from None
+        except OSError as error:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {error}") from None
+        if not addresses:
+            raise httpcore.ConnectError(f"{host!r} resolves to no address")
+        # All of them, before any connection: a name with one internal answer among public ones is refused.
+        for address in addresses:
+            reason = address_refusal(address, self._allowed)
+            if reason:
+                raise AddressRefused(host, address, reason)
+        for address in addresses[:-1]:  # one after another, in the resolver's order; the last one's error is raised
+            with contextlib.suppress(httpcore.ConnectError, httpcore.ConnectTimeout):
+                return await self._inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
+                                                     socket_options=socket_options)
+        return await self._inner.connect_tcp(addresses[-1], port, timeout=timeout, local_address=local_address,
+                                             socket_options=socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _CheckedTransport(httpx.AsyncHTTPTransport):
+    """httpx's own transport (request and error mapping, streaming) on a pool that connects via the backend.
+
+    httpx 0.28 takes no network backend, so the pool it builds is replaced by one
+    that has ours; if a later httpx keeps its pool elsewhere this refuses to build
+    rather than fetch unchecked (and the tests that pin the check fail).
+    """
+
+    def __init__(self, backend: _CheckedBackend, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, trust_env=False)
+        if not isinstance(getattr(self, "_pool", None), httpcore.AsyncConnectionPool):
+            raise ToolError("http-fetch: this httpx version has no connection pool where expected, so the address "
+                            "check cannot be installed; refusing to fetch")
+        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=backend,
+                                                  keepalive_expiry=5.0)
+
+
 def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
     """True if the URL's host (and port, when an entry names one) matches an allowed entry."""
     host = (url.host or "").lower().rstrip(".")
@@ -135,6 +308,12 @@ class HttpFetch:
         self.timeout_s: float = config.get("timeout_s", 15)
         self.max_bytes: int = config.get("max_bytes", 1048576)
         self.max_redirects: int = config.get("max_redirects", 5)
+        try:
+            self.allowed_addresses: list[IPNetwork] = [parse_address_entry(entry)
+                                                       for entry in config.get("allowed_addresses", [])]
+        except ValueError as error:
+            raise ToolError(f"http-fetch: {error}") from None
+        self._ssl_context: ssl.SSLContext | None = None
         concrete = next((_netloc(h, p) for h, p in parsed if "*" not in h and "?" not in h and "[" not in h), None)
         example = config.get("example_url") or (f"https://{concrete}/" if concrete else None)
         self.examples = [{"url": example}] if example else []
@@ -216,17 +395,26 @@ class HttpFetch:
 
     async def _request(self, url: httpx.URL, raw: bool) -> dict[str, Any]:
         timeout = httpx.Timeout(self.timeout_s)
+        if self._ssl_context is None:  # built on first use (loading the CA bundle takes a moment), then shared
+            self._ssl_context = httpx.create_ssl_context(trust_env=False)
+        transport = _CheckedTransport(_CheckedBackend(self.allowed_addresses), self._ssl_context)
+        via: httpx.URL | None = None
         try:
             # trust_env=False: no proxies or netrc credentials from the environment.
-            async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
+            async with httpx.AsyncClient(transport=transport, follow_redirects=False, timeout=timeout,
+                                         trust_env=False) as client:
                 for _ in range(self.max_redirects + 1):
                     async with client.stream("GET", url, headers={"Accept": "text/html, text/*, */json"}) as response:
                         if response.is_redirect:
                             location = response.headers.get("location", "")
-                            url = self._check(str(url.join(location)), via=str(url))
+                            via, url = url, self._check(str(url.join(location)), via=str(url))
                             continue
                         return await self._read(url, response, raw)
                 raise ToolError(f"more than {self.max_redirects} redirects starting from the URL; giving up")
+        except AddressRefused as refused:
+            what = f"redirect from {via} to {url}" if via is not None else f"fetching {url}"
+            raise ToolError(f"{what} refused: {refused}; only public addresses are connected to, unless the "
+                            "address or its network is in allowed_addresses in the http-fetch config") from None
         except httpx.TimeoutException:
             raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s") from None
         except httpx.HTTPError as error:
