@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from attrs import asdict, define, field, frozen
+from attrs import asdict, define, evolve, field, frozen
 
 # Checked with types-jsonschema when installed; "unused-ignore" keeps this
 # line clean under --strict both with and without those stubs.
@@ -248,6 +248,10 @@ class Deployment:
     ``agents[main].mode``, ``plugins[fs].config.root``) to its source: a file
     name as given, ``default`` or ``env:NAME``. It also holds
     ``plugins[<id>].config`` itself: the source whose ``config`` table won.
+
+    ``config_dirs`` maps each source that is a file read by
+    :func:`load_deployment` to the absolute directory it lives in, the base of
+    relative paths in what it sets (see :meth:`config_dir`).
     """
 
     tools: ToolsSection = field(factory=ToolsSection)
@@ -257,10 +261,23 @@ class Deployment:
     plugins: tuple[PluginRow, ...] = ()
     sources: tuple[str, ...] = (DEFAULT_SOURCE,)
     provenance: Mapping[str, str] = field(factory=dict, converter=_freeze_mapping, hash=False)
+    config_dirs: Mapping[str, str] = field(factory=dict, converter=_freeze_mapping, hash=False)
 
     def source_of(self, path: str) -> str | None:
         """The source of the leaf at ``path`` (e.g. ``"tools.mode"``), or ``None``."""
         return self.provenance.get(path)
+
+    def config_dir(self, plugin_id: str) -> Path | None:
+        """The directory of the file whose ``config`` table plugin row ``plugin_id`` got, if a file set it.
+
+        Relative paths in a row's config mean paths from this directory, as
+        paths in tox's and pytest's config files do. ``None`` when the config
+        came from no file (the default deployment, the environment, a
+        document handed to :func:`compose`) or the row has none of its own.
+        """
+        source = self.source_of(f"plugins[{plugin_id}].config")
+        directory = None if source is None else self.config_dirs.get(source)
+        return None if directory is None else Path(directory)
 
     def plugin(self, id: str) -> PluginRow | None:
         """The enabled plugin row with this id, or ``None``."""
@@ -607,9 +624,13 @@ def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
 def load_deployment(paths: Sequence[str | Path], *, env: Mapping[str, str] | None = None) -> Deployment:
     """Read the TOML files in ``paths`` (base first, then overlays) and :func:`compose` them.
 
-    Provenance names each file exactly as given in ``paths``.
+    Provenance names each file exactly as given in ``paths``; ``config_dirs``
+    records each file's directory, made absolute now, so relative paths in a
+    file keep meaning paths from that file whatever the working directory is later.
     """
-    return compose([_read(path) for path in paths], env=env)
+    deployment = compose([_read(path) for path in paths], env=env)
+    directories = {os.fspath(path): str(Path(path).absolute().parent) for path in paths}
+    return evolve(deployment, config_dirs=directories)
 
 
 def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | None = None) -> Deployment:

@@ -18,7 +18,7 @@ from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON
 from dsh_core.model import ToolDefinition, ToolExecutionInput, ToolResult
-from dsh_core.plugins import PluginCatalog, config_schema_of, start_plugin
+from dsh_core.plugins import CONFIG_DIR_SERVICE, PluginCatalog, config_schema_of, start_plugin
 from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 from dsh_core.runtime import ToolRuntime
 from dsh_core.scope import Scope
@@ -150,9 +150,12 @@ class Harness:
             "dsh_register_session_stores": self.session_stores.registrar,
         }
         for row in self.deployment.plugins:
+            # Relative paths in a row's config are the file's, not the working directory's.
+            config_dir = self.deployment.config_dir(row.id)
             self.plugins[row.id] = await start_plugin(
                 plugin_id=row.id, factory=factories[row.id], config=row.config, parent=self.root, hooks=self.hooks,
-                registrars=registrars, source=self.catalog.source(row.use))
+                registrars=registrars, source=self.catalog.source(row.use),
+                services=None if config_dir is None else {CONFIG_DIR_SERVICE: config_dir})
 
     def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:
         def register(definition: ToolDefinition) -> None:

@@ -34,10 +34,16 @@ __all__ = [
     "plugin",
     "start_plugin",
     "config_schema_of",
+    "CONFIG_DIR_SERVICE",
 ]
 
 #: The entry-point group every dsh plugin (built-in or third-party) is found in.
 ENTRY_POINT_GROUP: Final = "dsh.plugins"
+
+#: The scope service (``scope.lookup(CONFIG_DIR_SERVICE)``) a plugin resolves relative paths of its
+#: config against: the :class:`pathlib.Path` of the directory of the config file that set its row's
+#: ``config``, or ``None`` when no file did (the default deployment, the environment).
+CONFIG_DIR_SERVICE: Final = "config_dir"
 
 #: The config schema of a plugin that declares none: only an empty table is valid.
 NO_CONFIG_SCHEMA: Final = {"type": "object", "additionalProperties": False}
@@ -222,15 +228,19 @@ async def start_plugin(
     hooks: Hooks,
     registrars: Registrars,
     source: PluginSource | None = None,
+    services: Mapping[str, object] | None = None,
 ) -> Scope:
     """Create the plugin's scope, build its instance, register its hooks and call its registration hooks.
 
     ``registrars`` maps a registration hook name to ``make(scope, plugin_id)``
-    returning that hook's ``register`` callable. On any failure the scope is
-    disposed (nothing stays registered) and :class:`PluginLoadError` names the
-    row and the plugin.
+    returning that hook's ``register`` callable. ``services`` are provided in
+    the plugin's scope before its factory runs (e.g. :data:`CONFIG_DIR_SERVICE`).
+    On any failure the scope is disposed (nothing stays registered) and
+    :class:`PluginLoadError` names the row and the plugin.
     """
     scope = parent.child(f"plugin:{plugin_id}")
+    for key, service in (services or {}).items():
+        scope.provide(key, service)
     what = f"plugin row {plugin_id!r}" + (f" (use {source.describe()})" if source else "")
     try:
         instance = factory(scope, config)

@@ -215,6 +215,19 @@ def test_an_overlay_row_replaces_the_config_whole(files: Any) -> None:
     assert d.source_of("plugins[fs].use") == "base.toml"
 
 
+def test_a_rows_config_dir_is_the_absolute_directory_of_the_file_that_set_its_config(
+        files: Any, tmp_path: Path) -> None:
+    (tmp_path / "site").mkdir()
+    overlay = files("site/overlay.toml", '[[plugins]]\nid = "fs"\nconfig = { allow_write = true }\n')
+    d = load(files("base.toml", BASE), overlay)
+    assert d.config_dir("fs") == tmp_path / "site"  # the overlay's config won
+    assert d.config_dir("shell") == tmp_path
+    assert d.config_dir("ghost") is None
+    assert default_deployment(tmp_path, env=NO_ENV).config_dir("workspace") is None  # no file set it
+    assert compose([("base.toml", {"plugins": [{"id": "x", "use": "x", "config": {}}]})],
+                   env=NO_ENV).config_dir("x") is None
+
+
 def test_an_overlay_row_without_config_keeps_the_config_and_replaces_given_keys(files: Any) -> None:
     overlay = files("overlay.toml", '[[plugins]]\nid = "fs"\nuse = "files-v2"\n')
     d = load(files("base.toml", BASE), overlay)

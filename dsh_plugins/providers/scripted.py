@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from dsh_core import Scope, hookimpl
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, ToolSpec, normalize_assistant
+from dsh_core.plugins import CONFIG_DIR_SERVICE
 from dsh_core.plugins import plugin as declare_plugin
 
 __all__ = ["plugin", "ScriptedProvider", "ScriptTurn", "load_script", "NO_MODEL_NOTICE", "no_model_notice"]
@@ -73,7 +74,8 @@ CONFIG_SCHEMA: Final = {
         "name": {"type": "string", "minLength": 1, "default": "scripted",
                  "description": "the provider name agents select with provider = ..."},
         "script": {"type": "string", "minLength": 1,
-                   "description": "path of the JSONL script (relative paths: from the working directory)"},
+                   "description": ("path of the JSONL script (a relative path is read from the directory of "
+                                   "the config file that sets it)")},
     },
 }
 
@@ -259,5 +261,11 @@ class ScriptedPlugin:
 def plugin(scope: Scope, config: Any) -> ScriptedPlugin:
     """Plugin factory of ``scripted`` (the script is loaded and checked at start-up)."""
     script = config.get("script")
-    provider = ScriptedProvider.from_file(Path(script).expanduser()) if script else ScriptedProvider(None)
+    if script:
+        path = Path(script).expanduser()
+        # A relative path is the config file's (as in tox's and pytest's configs), else the working directory's.
+        config_dir: Path | None = scope.lookup(CONFIG_DIR_SERVICE)
+        provider = ScriptedProvider.from_file(path if config_dir is None else config_dir / path)
+    else:
+        provider = ScriptedProvider(None)
     return ScriptedPlugin(str(config.get("name", "scripted")), provider)

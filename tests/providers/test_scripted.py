@@ -109,3 +109,32 @@ def test_the_notice_says_when_half_an_endpoint_is_set() -> None:
         "(DSH_MODEL is set but DSH_BASE_URL is not: dsh never guesses the endpoint.)")
     assert "(DSH_MODEL and DSH_API_KEY are set but DSH_BASE_URL is not" in no_model_notice(
         {"DSH_MODEL": "m", "DSH_API_KEY": "k"})
+
+
+async def test_a_relative_script_is_read_from_the_directory_of_the_config_file_that_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A deployment file /etc/x/dsh.toml saying script = "demo.jsonl" must work from any directory,
+    # as paths in tox's and pytest's config files do; an overlay's own relative path is read from its directory.
+    from dsh_core.config import load_deployment
+    from dsh_core.harness import Harness
+
+    base, overlay = tmp_path / "etc" / "x", tmp_path / "site"
+    base.mkdir(parents=True)
+    overlay.mkdir()
+    script(base, FINAL_TURN).rename(base / "demo.jsonl")
+    script(overlay, CALL_TURN).rename(overlay / "other.jsonl")
+    (base / "dsh.toml").write_text('[[plugins]]\nid = "scripted"\nuse = "scripted"\n'
+                                   'config = { script = "demo.jsonl" }\n')
+    (overlay / "dsh.toml").write_text('[[plugins]]\nid = "scripted"\nconfig = { script = "other.jsonl" }\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    files = [Path("etc/x/dsh.toml"), Path("site/dsh.toml")]  # relative to the directory dsh started in
+    deployment = load_deployment(files[:1], env={})
+    both = load_deployment(files, env={})
+    monkeypatch.chdir(elsewhere)
+    for loaded, expected in ((deployment, base / "demo.jsonl"), (both, overlay / "other.jsonl")):
+        async with await Harness.start(loaded) as harness:
+            provider = harness.providers.get("scripted")
+            assert isinstance(provider, ScriptedProvider)
+            assert provider.source == str(expected)
