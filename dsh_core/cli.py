@@ -87,6 +87,16 @@ def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id:
     """dsh: a tool runtime for LLM agents, with a sandboxed Code Mode."""
     _escape_lone_surrogates()
     if ctx.invoked_subcommand is not None:
+        # These options configure a -p run, and no command reads them: ignoring them would
+        # run `dsh --agent coder tools call ...` as the first agent without a word.
+        command = f"'dsh {ctx.invoked_subcommand}'"
+        if task is not None:
+            raise click.UsageError(f"-p TASK is a run of its own and takes no command, but {command} was given "
+                                   "too", ctx)
+        for value, option in ((session_id, "--session"), (agent_id, "--agent")):
+            if value is not None:
+                raise click.UsageError(f"{option} applies only to a -p run; {command} does not read it "
+                                       "(a command's own options go after its name)", ctx)
         return
     if task is None:
         for value, option in ((session_id, "--session"), (agent_id, "--agent")):

@@ -111,6 +111,22 @@ def test_errors_go_to_stderr_and_nothing_to_stdout(run, tmp_path: Path) -> None:
     assert unknown_use.exit_code == 2 and "plugins[x].use: unknown plugin 'ghost-plugin'" in unknown_use.stderr
 
 
+@pytest.mark.parametrize("command", [
+    ("config", "dump"), ("tools", "list"), ("tools", "call", "alpha"), ("sessions", "list"), ("sdk",),
+    ("run-code", "-"), ("demo",)])
+@pytest.mark.parametrize("option", ["--session", "--agent", "-p"])
+def test_run_options_before_a_command_are_refused_not_ignored(  # type: ignore[no-untyped-def]
+        run, option: str, command: tuple[str, ...]) -> None:
+    # `dsh --agent coder tools call ...` used to call as the first agent, `dsh --session X sessions list`
+    # to list them all: these options belong to a -p run, and no command reads them.
+    result = run("--config", "base.toml", option, "x", *command)
+    assert result.exit_code == 2 and result.stdout == ""
+    if option == "-p":
+        assert f"-p TASK is a run of its own and takes no command, but 'dsh {command[0]}' was given" in result.stderr
+    else:
+        assert f"{option} applies only to a -p run; 'dsh {command[0]}' does not read it" in result.stderr
+
+
 def test_a_configured_plugin_that_cannot_load_fails_the_boot_with_exit_2(  # type: ignore[no-untyped-def]
         run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,"
