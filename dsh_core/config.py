@@ -642,7 +642,10 @@ def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | N
     (``DSH_TOOLS_MODE`` and ``DSH_HOME`` still apply). Every value's provenance
     is ``default``, except that ``DSH_BASE_URL`` adds an ``openai`` provider row
     (``DSH_MODEL``, key in ``DSH_API_KEY``) and makes it ``main``'s provider,
-    with provenance ``env:DSH_BASE_URL``.
+    with provenance ``env:DSH_BASE_URL``; without it, ``DSH_MODEL`` or
+    ``DSH_API_KEY`` set the scripted row's ``endpoint_vars`` (their names) so
+    its no-model notice says the endpoint is half configured. ``env``
+    (default ``os.environ``) is the only environment read.
     """
     root = str(Path(workspace_root).absolute())
     document: dict[str, Any] = {
@@ -662,6 +665,12 @@ def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | N
     # OpenAI-compatible endpoint; as an overlay, its values keep their env provenance.
     environ = os.environ if env is None else env
     base_url = environ.get("DSH_BASE_URL")
+    partial = [name for name in ("DSH_MODEL", "DSH_API_KEY") if environ.get(name)]
+    if partial and not base_url:
+        # Half an endpoint: the scripted provider's notice says which half, from this env (not the
+        # process's, which it would read at request time otherwise). Names only: never the key.
+        documents.append((f"env:{partial[0]}", {
+            "plugins": [{"id": "scripted", "config": {"endpoint_vars": partial}}]}))
     if base_url:
         endpoint: dict[str, Any] = {"base_url": base_url, "api_key_env": "DSH_API_KEY"}
         if environ.get("DSH_MODEL"):

@@ -21,14 +21,14 @@ offered in the request), ``system_contains`` (substring of the system prompt),
 
 Without a ``script``, every request is answered with a short notice that no
 model is configured (so ``dsh -p`` works out of the box and says how to
-point it at a real endpoint).
+point it at a real endpoint); ``endpoint_vars``, which the default deployment
+sets from its environment, lets it say which half of an endpoint is set.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -73,6 +73,11 @@ CONFIG_SCHEMA: Final = {
     "properties": {
         "name": {"type": "string", "minLength": 1, "default": "scripted",
                  "description": "the provider name agents select with provider = ..."},
+        "endpoint_vars": {"type": "array", "uniqueItems": True,
+                          "items": {"enum": ["DSH_MODEL", "DSH_API_KEY"]},
+                          "description": ("names (never values) of the endpoint variables set without "
+                                          "DSH_BASE_URL where the default deployment was built; the no-model "
+                                          "notice names them")},
         "script": {"type": "string", "minLength": 1,
                    "description": ("path of the JSONL script (a relative path is read from the directory of "
                                    "the config file that sets it)")},
@@ -165,9 +170,12 @@ def _describe(message: Mapping[str, Any]) -> str:
 class ScriptedProvider:
     """A :class:`~dsh_core.agent.provider.Provider` replaying a script (see the module docstring)."""
 
-    def __init__(self, turns: Sequence[ScriptTurn] | None, *, source: str = "<script>") -> None:
+    def __init__(self, turns: Sequence[ScriptTurn] | None, *, source: str = "<script>",
+                 notice: str = NO_MODEL_NOTICE) -> None:
         self.turns = list(turns) if turns is not None else None
         self.source = source
+        #: The answer to every request when there is no script.
+        self.notice = notice
         #: Every request received: ``{"messages", "tools", "model"}`` (for assertions in tests).
         self.requests: list[dict[str, Any]] = []
 
@@ -185,7 +193,7 @@ class ScriptedProvider:
         self.requests.append({"messages": copy.deepcopy(list(messages)),
                               "tools": [dict(t) for t in tools], "model": model})
         if self.turns is None:
-            reply: Message = {"role": "assistant", "content": no_model_notice(os.environ)}
+            reply: Message = {"role": "assistant", "content": self.notice}
         else:
             reply = self._next(messages, tools, model)
         if on_text is not None and reply.get("content"):
@@ -267,5 +275,8 @@ def plugin(scope: Scope, config: Any) -> ScriptedPlugin:
         config_dir: Path | None = scope.lookup(CONFIG_DIR_SERVICE)
         provider = ScriptedProvider.from_file(path if config_dir is None else config_dir / path)
     else:
-        provider = ScriptedProvider(None)
+        # The environment is read once, by the deployment that set endpoint_vars, never here: a
+        # deployment built from a given env must not answer from the process's.
+        set_names = config.get("endpoint_vars", ())
+        provider = ScriptedProvider(None, notice=no_model_notice(dict.fromkeys(set_names, "set")))
     return ScriptedPlugin(str(config.get("name", "scripted")), provider)

@@ -138,3 +138,29 @@ async def test_a_relative_script_is_read_from_the_directory_of_the_config_file_t
             provider = harness.providers.get("scripted")
             assert isinstance(provider, ScriptedProvider)
             assert provider.source == str(expected)
+
+
+@pytest.mark.parametrize(("env", "process_env", "says"), [
+    ({"DSH_MODEL": "m", "DSH_API_KEY": "sk-secret"}, {}, "(DSH_MODEL and DSH_API_KEY are set but DSH_BASE_URL"),
+    ({}, {"DSH_MODEL": "m"}, None),
+])
+async def test_the_no_model_notice_reads_the_env_the_default_deployment_was_built_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], process_env: dict[str, str],
+        says: str | None) -> None:
+    # default_deployment(env=...) describes that environment; the notice used to read os.environ instead.
+    from dsh_core.config import default_deployment, dump_text
+    from dsh_core.harness import Harness
+
+    for name in ("DSH_BASE_URL", "DSH_MODEL", "DSH_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in process_env.items():
+        monkeypatch.setenv(name, value)
+    deployment = default_deployment(tmp_path, env=env)
+    assert "sk-secret" not in dump_text(deployment)  # only names reach the config, never a key
+    async with await Harness.start(deployment) as harness:
+        provider = harness.providers.get("scripted")
+        reply = await provider.complete([{"role": "user", "content": "hi"}], [])
+    if says is None:
+        assert reply["content"] == NO_MODEL_NOTICE
+    else:
+        assert reply["content"].startswith(NO_MODEL_NOTICE) and says in reply["content"]
