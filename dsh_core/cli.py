@@ -119,8 +119,20 @@ def config_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: a list of {path, value, source}.")
 @click.pass_context
 def config_dump(ctx: click.Context, configs: tuple[str, ...], as_json: bool) -> None:
-    """Show the effective config, each value with the file it came from."""
+    """Show the effective config, each value with the file it came from.
+
+    The deployment is checked as every run checks it before starting a plugin (each
+    plugin found and importable, each row's config valid against its plugin's schema):
+    one that fails is refused (exit 2), not shown as if it were in force. What only
+    starting a plugin reveals (a missing script file, say) is not checked.
+    """
+    from dsh_core.harness import load_plugins
+
     deployment = load_config(_configs(ctx, configs))
+    try:
+        load_plugins(deployment)
+    except DshError as error:
+        fail(error.message, 2)
     if as_json:
         emit_json([{"path": p, "value": thaw(v), "source": s} for p, v, s in dump(deployment)])
     else:

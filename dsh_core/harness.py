@@ -23,7 +23,7 @@ from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 from dsh_core.runtime import ToolRuntime
 from dsh_core.scope import Scope
 
-__all__ = ["Harness", "NamedRegistry"]
+__all__ = ["Harness", "NamedRegistry", "load_plugins"]
 
 T = TypeVar("T")
 
@@ -61,6 +61,42 @@ class NamedRegistry(Generic[T]):
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._items)
+
+
+def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -> dict[str, Callable[..., Any]]:
+    """Import every enabled row's plugin and validate each row's config: the checks made before any start.
+
+    Returns the factory of each row by id. Raises :class:`ConfigError` for an
+    unknown ``use`` or a config its plugin's schema refuses, and
+    :class:`PluginLoadError` naming every row whose plugin cannot be imported;
+    each message names the file and the row. Nothing is started.
+    """
+    catalog = catalog or PluginCatalog()
+    factories: dict[str, Callable[..., Any]] = {}
+    # Keyed by ``use``: two rows of one broken plugin import it once and both are named.
+    failures: dict[str, PluginLoadError] = {}
+    problems: list[str] = []
+    for row in deployment.plugins:
+        source = deployment.source_of(f"plugins[{row.id}].use") or "config"
+        if row.use not in catalog:
+            raise ConfigError(f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
+                              f"(known: {', '.join(catalog.names()) or 'none'})")
+        # Always strict: a configured row may be a guard or an approval policy, and
+        # running without it would fail open.
+        error = failures.get(row.use)
+        if error is None:
+            try:
+                factories[row.id] = catalog.load(row.use)
+                continue
+            except PluginLoadError as failed:
+                error = failures[row.use] = failed
+        problems.append(f"{source}: plugins[{row.id}].use: {error.message} (the deployment does not start "
+                        "without a configured plugin: fix its installation, or remove the row or set "
+                        "enabled = false)")
+    if problems:
+        raise PluginLoadError("\n".join(problems))
+    validate_plugin_configs(deployment, lambda row: config_schema_of(factories[row.id]))
+    return factories
 
 
 class Harness:
@@ -120,30 +156,7 @@ class Harness:
         return harness
 
     async def _start_plugins(self) -> None:
-        factories: dict[str, Callable[..., Any]] = {}
-        # Keyed by ``use``: two rows of one broken plugin import it once and both are named.
-        failures: dict[str, PluginLoadError] = {}
-        problems: list[str] = []
-        for row in self.deployment.plugins:
-            source = self.deployment.source_of(f"plugins[{row.id}].use") or "config"
-            if row.use not in self.catalog:
-                raise ConfigError(f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
-                                  f"(known: {', '.join(self.catalog.names()) or 'none'})")
-            # Always strict: a configured row may be a guard or an approval policy, and
-            # running without it would fail open.
-            error = failures.get(row.use)
-            if error is None:
-                try:
-                    factories[row.id] = self.catalog.load(row.use)
-                    continue
-                except PluginLoadError as failed:
-                    error = failures[row.use] = failed
-            problems.append(f"{source}: plugins[{row.id}].use: {error.message} (the deployment does not start "
-                            "without a configured plugin: fix its installation, or remove the row or set "
-                            "enabled = false)")
-        if problems:
-            raise PluginLoadError("\n".join(problems))
-        validate_plugin_configs(self.deployment, lambda row: config_schema_of(factories[row.id]))
+        factories = load_plugins(self.deployment, self.catalog)
         registrars: dict[str, Callable[[Scope, str], Callable[..., None]]] = {
             "dsh_register_tools": self._tool_registrar,
             "dsh_register_providers": self.providers.registrar,

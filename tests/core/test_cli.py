@@ -76,6 +76,27 @@ def test_config_dump_names_the_source_of_every_value(run) -> None:  # type: igno
     assert {"path": "tools.mode", "value": "native", "source": "base.toml"} in as_json
 
 
+def test_config_dump_refuses_a_deployment_that_would_not_start(  # type: ignore[no-untyped-def]
+        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The dump is the effective deployment: it used to print a plugin config that every start
+    # refuses as if it were in force.
+    (tmp_path / "bad.toml").write_text('[[plugins]]\nid = "alpha"\nuse = "sample-echo"\n'
+                                       'config = { tool = 3, colour = "red" }\n')
+    for args in (["config", "dump"], ["config", "dump", "--json"]):
+        result = run(*args, "--config", "base.toml", "--config", "bad.toml")
+        assert result.exit_code == 2 and result.stdout == ""
+        assert "plugins[alpha].config.colour: unknown key (allowed: tool) (from bad.toml)" in result.stderr
+        assert "plugins[alpha].config.tool: 3 is not of type 'string' (from bad.toml)" in result.stderr
+    (tmp_path / "unknown_use.toml").write_text('[[plugins]]\nid = "x"\nuse = "ghost-plugin"\n')
+    unknown = run("config", "dump", "--config", "unknown_use.toml")
+    assert unknown.exit_code == 2
+    assert "unknown_use.toml: plugins[x].use: unknown plugin 'ghost-plugin'" in unknown.stderr
+    monkeypatch.setenv("DSH_PLUGINS", "broken=tests.core.broken_plugin:plugin")
+    (tmp_path / "broken.toml").write_text('[[plugins]]\nid = "my-guard"\nuse = "broken"\n')
+    broken = run("config", "dump", "--config", "broken.toml")
+    assert broken.exit_code == 2 and "broken.toml: plugins[my-guard].use: plugin 'broken'" in broken.stderr
+
+
 def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
     listing = json.loads(run("tools", "list", "--json", "--config", "base.toml").stdout)
     assert listing == {"mode": "native", "visible": ["alpha"], "wire": [
