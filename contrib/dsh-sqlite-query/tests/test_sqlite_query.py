@@ -102,6 +102,47 @@ def test_anything_but_reading_is_refused_and_changes_nothing(tmp_path: Path, sql
     assert not (tmp_path / "other.db").exists()
 
 
+def test_table_valued_json_functions_can_be_read(tmp_path: Path) -> None:
+    # json_each and json_tree are eponymous virtual tables, which SQLite sets up on first use
+    # through what the authorizer sees as an update of sqlite_master: they were refused.
+    db = make_db(tmp_path / "app.db")
+    result = query(db, "SELECT key, value FROM json_each(?) ORDER BY key", ['{"a": 1, "b": [2]}'])
+    assert result.code is None, result.text
+    assert result.value["rows"] == [["a", 1], ["b", "[2]"]]
+    nested = query(db, "SELECT u.name, j.value FROM users AS u, json_tree('[1,[2]]') AS j "
+                       "WHERE u.id = 1 AND j.type = 'integer' ORDER BY j.id")
+    assert nested.code is None, nested.text
+    assert nested.value["rows"] == [["user0", 1], ["user0", 2]]
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE sqlite_master SET sql = 'x'",
+    "UPDATE sqlite_schema SET name = 'x' WHERE name IN (SELECT key FROM json_each('[1]'))",
+    "WITH j AS (SELECT value FROM json_each('[1]')) UPDATE users SET name = 'x'",
+])
+def test_an_update_of_the_schema_is_still_refused(tmp_path: Path, sql: str) -> None:
+    db = make_db(tmp_path / "app.db")
+    before = db.read_bytes()
+    result = query(db, sql)
+    assert result.code == "TOOL_FAILED"
+    assert "only read-only queries are allowed" in result.text or "may not be modified" in result.text
+    assert db.read_bytes() == before
+
+
+def test_the_schema_set_up_is_allowed_only_inside_a_select() -> None:
+    from dsh_sqlite_query import _authorizer
+
+    master = (sqlite3.SQLITE_UPDATE, "sqlite_master", "sql", "main", None)
+    in_select = _authorizer()
+    assert in_select(sqlite3.SQLITE_SELECT, None, None, None, None) == sqlite3.SQLITE_OK
+    assert in_select(*master) == sqlite3.SQLITE_OK
+    assert in_select(sqlite3.SQLITE_UPDATE, "users", "name", "main", None) == sqlite3.SQLITE_DENY
+    elsewhere = _authorizer()
+    assert elsewhere(*master) == sqlite3.SQLITE_DENY
+    assert elsewhere(sqlite3.SQLITE_SELECT, None, None, None, None) == sqlite3.SQLITE_OK
+    assert elsewhere(*master) == sqlite3.SQLITE_DENY  # a subquery's SELECT does not make it one
+
+
 def _has_fts3_tokenizer() -> bool:
     with contextlib.closing(sqlite3.connect(":memory:")) as db:
         try:

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
@@ -48,10 +49,30 @@ _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite
 _DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
 
 
-def _authorize(action: int, _arg1: object, arg2: object, *_: object) -> int:
-    if action == sqlite3.SQLITE_FUNCTION and isinstance(arg2, str) and arg2.lower() in _DENIED_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+def _authorizer() -> Callable[..., int]:
+    """The authorizer of one connection, which runs one statement.
+
+    A table-valued function such as ``json_each`` or ``json_tree`` is an eponymous virtual
+    table: the first time a connection uses one, SQLite sets it up through what the
+    authorizer sees as ``SQLITE_UPDATE`` of ``sqlite_master`` columns, in the middle of
+    compiling the SELECT. Only that is let through: in a statement whose first action is not
+    SQLITE_SELECT, an update of ``sqlite_master`` is refused like any other write (SQLite
+    itself refuses ``UPDATE sqlite_master`` before asking, and the connection is read-only
+    and ``query_only`` besides).
+    """
+    first_action: int | None = None
+
+    def authorize(action: int, arg1: object, arg2: object, *_: object) -> int:
+        nonlocal first_action
+        if first_action is None:
+            first_action = action
+        if action == sqlite3.SQLITE_FUNCTION and isinstance(arg2, str) and arg2.lower() in _DENIED_FUNCTIONS:
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master" and first_action == sqlite3.SQLITE_SELECT:
+            return sqlite3.SQLITE_OK
+        return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+    return authorize
 
 
 def _value_size(value: object) -> int:
@@ -138,7 +159,7 @@ class SqliteQuery:
         # No single value larger than the whole result may be: SQLite refuses to build it
         # ("string or blob too big"), so zeroblob(10**9) never reaches this process's memory.
         connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.max_bytes)
-        connection.set_authorizer(_authorize)
+        connection.set_authorizer(_authorizer())
         return connection
 
     def _run(self, connection: sqlite3.Connection, sql: str, params: Any, stop: threading.Event) -> dict[str, Any]:
