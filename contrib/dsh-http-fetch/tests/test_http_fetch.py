@@ -457,6 +457,22 @@ def test_a_name_that_does_not_resolve_is_a_tool_error(server: str, dns: FakeDNS)
     assert "fetching http://nowhere.test/ failed: ConnectError: cannot resolve 'nowhere.test'" in result.text
 
 
+def test_a_name_the_resolver_cannot_encode_is_a_connect_error_naming_the_host(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """socket.getaddrinfo encodes a str host with the idna codec, which raises UnicodeError (not OSError) on
+    an empty or over-long label: a name that does not resolve, not an unexplained crash of the tool."""
+    def offline_getaddrinfo(host: str | bytes, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str):
+            host.encode("idna")  # what the real one does before any lookup
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", offline_getaddrinfo)
+    host = "a" * 64 + ".test"
+    result = fetch(server, f"http://{host}/", allowed_hosts=[host])
+    assert result.code == "TOOL_FAILED"
+    assert f"fetching http://{host}/ failed: ConnectError: cannot resolve '{host}'" in result.text
+
+
 @pytest.mark.parametrize(("address", "kind"), [
     ("0.0.0.0", "the unspecified address"),
     ("127.0.0.1", "a loopback address"),

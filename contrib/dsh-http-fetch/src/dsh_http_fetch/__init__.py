@@ -246,7 +246,7 @@ class _CheckedBackend(httpcore.AsyncNetworkBackend):
                 addresses = await resolve(host, port)
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"resolving {host!r} timed out") from None
-        except OSError as error:
+        except (OSError, UnicodeError) as error:  # UnicodeError: getaddrinfo's idna encoding (an empty or long label)
             raise httpcore.ConnectError(f"cannot resolve {host!r}: {error}") from None
         if not addresses:
             raise httpcore.ConnectError(f"{host!r} resolves to no address")
