@@ -496,7 +496,7 @@ def test_a_name_the_resolver_cannot_encode_is_a_connect_error_naming_the_host(
     ("fec0::1", "a site-local address"),
     ("ff02::1", "a multicast address"),
     ("64:ff9b::7f00:1", "a NAT64 address for 127.0.0.1, a loopback address"),
-    ("64:ff9b:1::1", "a reserved address"),
+    ("64:ff9b:1::1", "a local-use NAT64 address"),
     ("2002:7f00:1::1", "a 6to4 address for 127.0.0.1, a loopback address"),
 ])
 def test_non_public_addresses_are_refused(address: str, kind: str) -> None:
@@ -507,6 +507,35 @@ def test_non_public_addresses_are_refused(address: str, kind: str) -> None:
                                      "64:ff9b::808:808", "2002:808:808::1"])
 def test_public_addresses_are_allowed(address: str) -> None:
     assert address_refusal(address) is None
+
+
+# What Python 3.13 (and the 3.12/3.11 security releases of 2024) added to ipaddress's non-global networks.
+_NEWER_PYTHON_NON_GLOBAL = [ipaddress.ip_network(n) for n in ("192.0.0.0/24", "2002::/16", "64:ff9b:1::/48")]
+
+
+@pytest.mark.parametrize("tables", ["this python", "newer python"])
+def test_the_verdicts_do_not_depend_on_the_python_version(monkeypatch: pytest.MonkeyPatch, tables: str) -> None:
+    """The plugin's policy, not the ipaddress tables of the running Python, decides the edge cases.
+
+    Newer Pythons count all of 2002::/16 (6to4), 64:ff9b:1::/48 and 192.0.0.0/24 as private; 3.11.7 and
+    3.12.1 call them global. A 6to4 address is judged by the IPv4 address it carries, the other two are
+    always refused, with the same reason on every version.
+    """
+    if tables == "newer python":
+        for cls in (ipaddress.IPv4Address, ipaddress.IPv6Address):
+            older = cls.is_private.fget
+
+            def is_private(self: Any, older: Any = older) -> bool:
+                return bool(older(self)) or any(self in network for network in _NEWER_PYTHON_NON_GLOBAL)
+
+            monkeypatch.setattr(cls, "is_private", property(is_private))
+        assert ipaddress.ip_address("2002:808:808::1").is_private  # the simulation is in force
+    assert address_refusal("2002:808:808::1") is None
+    assert address_refusal("2002:7f00:1::1") == "a 6to4 address for 127.0.0.1, a loopback address"
+    assert address_refusal("2002:a9fe:a9fe::") == "a 6to4 address for 169.254.169.254, a link-local address"
+    assert address_refusal("64:ff9b:1::a9fe:a9fe") == "a local-use NAT64 address"
+    assert address_refusal("192.0.0.100") == "an IETF protocol assignment (192.0.0.0/24)"
+    assert address_refusal("192.0.0.1") == "an IETF protocol assignment (192.0.0.0/24)"
 
 
 def test_allowed_addresses_admit_exactly_their_networks() -> None:

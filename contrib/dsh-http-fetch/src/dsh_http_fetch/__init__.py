@@ -143,6 +143,13 @@ def parse_address_entry(entry: str) -> IPNetwork:
 
 # NAT64 (RFC 6052): a gateway carries 64:ff9b::a.b.c.d to the IPv4 address a.b.c.d.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# Networks the ipaddress module classifies differently across Python versions (3.13 and the 2024 security
+# releases count them as private, 3.11.7 and 3.12.1 as global); named here so every version refuses them.
+_ALWAYS_REFUSED: tuple[tuple[IPNetwork, str], ...] = (
+    (ipaddress.IPv4Network("192.0.0.0/24"), "an IETF protocol assignment (192.0.0.0/24)"),
+    # RFC 8215: a network's own NAT64 prefix, the IPv4 address inside it at a place only that network knows.
+    (ipaddress.IPv6Network("64:ff9b:1::/48"), "a local-use NAT64 address"),
+)
 
 
 def _non_public(ip: IPAddress) -> str | None:
@@ -161,6 +168,9 @@ def _non_public(ip: IPAddress) -> str | None:
         return "a multicast address"
     if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
         return "a site-local address"
+    for network, kind in _ALWAYS_REFUSED:
+        if ip in network:
+            return kind
     if ip.is_private:
         return "a private address"
     if ip.is_reserved:
@@ -175,8 +185,9 @@ def address_refusal(address: str, allowed: Sequence[IPNetwork] = ()) -> str | No
 
     An IPv6 address that carries an IPv4 destination is judged by that IPv4
     address: ``::ffff:127.0.0.1`` (IPv4-mapped) is loopback, ``64:ff9b::a00:1``
-    (NAT64) reaches 10.0.0.1, and a 6to4 address ``2002:a00:1::`` must be public
-    on both sides.
+    (NAT64) reaches 10.0.0.1, and a 6to4 address ``2002:a00:1::`` reaches 10.0.0.1
+    through a relay. (Only that IPv4 address: whether 2002::/16 itself counts as
+    global depends on the Python version.)
     """
     ip = ipaddress.ip_address(address)
     if any(ip in network for network in allowed):
@@ -189,7 +200,7 @@ def address_refusal(address: str, allowed: Sequence[IPNetwork] = ()) -> str | No
             embedded = ipaddress.IPv4Address(ip.packed[-4:])
             judged = [(embedded, f"a NAT64 address for {embedded}, ")]
         elif ip.sixtofour is not None:
-            judged.append((ip.sixtofour, f"a 6to4 address for {ip.sixtofour}, "))
+            judged = [(ip.sixtofour, f"a 6to4 address for {ip.sixtofour}, ")]
     for form, how in judged:
         kind = _non_public(form)
         if kind and not any(form in network for network in allowed):
