@@ -226,12 +226,20 @@ async def resolve(host: str, port: int) -> list[str]:
     return addresses
 
 
+def _is_ip_literal(host: str) -> bool:
+    """True if ``host`` is an IP address in any spelling (``::ffff:127.0.0.1``): it is connected to, not looked up."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 class AddressRefused(Exception):
     """A connection to ``host`` would go to ``address``, which is not public and not allowed."""
 
     def __init__(self, host: str, address: str, reason: str) -> None:
-        where = f"is {address}" if address == host else f"resolves to {address}"  # an IP literal needs no lookup
-        super().__init__(f"host {host!r} {where} ({reason})")
+        super().__init__(f"host {host!r} {'is' if _is_ip_literal(host) else 'resolves to'} {address} ({reason})")
         self.host, self.address, self.reason = host, address, reason
 
 
