@@ -474,6 +474,36 @@ def test_a_name_the_resolver_cannot_encode_is_a_connect_error_naming_the_host(
     assert f"fetching http://{host}/ failed: ConnectError: cannot resolve '{host}'" in result.text
 
 
+def test_lookups_that_hang_do_not_take_the_event_loops_worker_threads(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo runs on the loop's default executor, which everything else shares (asyncio.to_thread, the
+    model client's own lookups) and which has only min(32, cpus + 4) threads. A fetch that times out leaves
+    its lookup running until the resolver gives up, so a burst of fetches to names whose DNS never answers
+    must not occupy all of those threads."""
+    release = threading.Event()
+
+    def hanging_getaddrinfo(host: str | bytes, port: Any, *args: Any, **kwargs: Any) -> Any:
+        release.wait(10)  # a DNS server that never answers (until the test ends)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging_getaddrinfo)
+
+    async def scenario(harness: Harness) -> tuple[list[ToolResult], float]:
+        try:
+            calls = [harness.call("fetch", {"url": f"http://h{i}.slow.test/"}) for i in range(12)]
+            results = await asyncio.gather(*calls)
+            started = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(lambda: None), 2)
+            return results, time.monotonic() - started
+        finally:
+            release.set()
+
+    results, elapsed = run(server, scenario, allowed_hosts=["*.slow.test"], timeout_s=0.3)
+    assert all(r.code == "TOOL_FAILED" and "timed out" in r.text for r in results)
+    assert elapsed < 1, "the default executor was full of the fetches' DNS lookups"
+
+
 @pytest.mark.parametrize(("address", "kind"), [
     ("0.0.0.0", "the unspecified address"),
     ("127.0.0.1", "a loopback address"),

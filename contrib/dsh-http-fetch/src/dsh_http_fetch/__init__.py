@@ -22,6 +22,7 @@ import ipaddress
 import re
 import socket
 import ssl
+import weakref
 from collections.abc import Iterable, Sequence
 from html.parser import HTMLParser
 from typing import Any
@@ -208,6 +209,20 @@ def address_refusal(address: str, allowed: Sequence[IPNetwork] = ()) -> str | No
     return None
 
 
+# getaddrinfo blocks, so it runs on the loop's default executor, which the rest of the process shares
+# (asyncio.to_thread, other clients' lookups) and which has min(32, cpus + 4) threads. A name whose DNS
+# never answers holds a thread until the system resolver gives up, long after the fetch timed out; at most
+# this many threads are ever in the plugin's lookups, so a burst of such fetches stalls only fetches.
+_LOOKUP_THREADS = 2
+_lookup_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _lookup_done(lookup: asyncio.Future[Any], slots: asyncio.Semaphore) -> None:
+    slots.release()
+    if not lookup.cancelled():
+        lookup.exception()  # retrieved: nobody awaits a lookup whose fetch gave up
+
+
 async def resolve(host: str, port: int) -> list[str]:
     """The addresses a connection to ``host`` may use, in the resolver's order; an IP literal is itself.
 
@@ -218,7 +233,18 @@ async def resolve(host: str, port: int) -> list[str]:
         return [str(ipaddress.ip_address(host))]
     except ValueError:
         pass
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    loop = asyncio.get_running_loop()
+    slots = _lookup_slots.setdefault(loop, asyncio.Semaphore(_LOOKUP_THREADS))
+    await slots.acquire()
+    try:
+        lookup = loop.run_in_executor(None, socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    except BaseException:
+        slots.release()
+        raise
+    # The slot is freed when the thread is, not when the caller gives up: a cancelled await (timeout, abort)
+    # leaves getaddrinfo running until the system resolver gives up, and that thread is still taken.
+    lookup.add_done_callback(lambda done: _lookup_done(done, slots))
+    infos = await asyncio.shield(lookup)
     addresses: list[str] = []
     for family, _type, _proto, _name, sockaddr in infos:
         if family in (socket.AF_INET, socket.AF_INET6) and sockaddr[0] not in addresses:
