@@ -624,12 +624,28 @@ class WorkspaceTools:
             raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "
                             f"{_format_size(self.max_file_bytes)} limit")
         ctx.signal.raise_if_aborted()
+        self._check_unchanged(real, given, info, text.encode("utf-8"))
         parent = self._open_parent(real, given)
         try:
             self._replace(parent, real, given, data, info)
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}
+
+    def _check_unchanged(self, real: str, given: str, info: os.stat_result, original: bytes) -> None:
+        """Refuse to replace a file that another program changed since the edit read it.
+
+        The edit's new content is the old content it read plus the replacement: written over a
+        newer version (an editor's save, a concurrent shell command), it would silently undo
+        that change. Compared by content, not by timestamps, whose granularity can hide two
+        writes in one tick; what is left is the moment between this read and the rename.
+        """
+        fd, now = self._open_regular(real, given)
+        with open(fd, "rb") as handle:
+            current = handle.read(len(original) + 1)
+        if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino) or current != original:
+            raise ToolError(f"{given!r} changed while it was being edited (another program wrote it); "
+                            "nothing was replaced: read it again and redo the edit")
 
     async def list(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``list``: one directory's entries, sorted, symlinks shown but not followed."""

@@ -350,6 +350,41 @@ async def test_write_and_edit_replace_the_file_instead_of_writing_through_a_hard
     assert sorted(os.listdir(root)) == ["linked.txt", "script.sh"]
 
 
+@pytest.mark.parametrize("change", ["in place, same size", "replaced by another file"])
+async def test_an_edit_does_not_undo_a_change_made_while_it_ran(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """Another program writes the file between the edit's read and its replace: nothing is replaced."""
+    from dsh_plugins.workspace import WorkspaceTools
+
+    target = tmp_path / "notes.txt"
+    target.write_text("alpha beta\n")
+    read_text = WorkspaceTools._read_text
+
+    def read_then_someone_writes(self: Any, real: str, given: str) -> Any:
+        read = read_text(self, real, given)
+        if change == "in place, same size":
+            with open(target, "r+") as handle:  # same inode, same size, likely the same mtime tick
+                handle.write("ALPHA")
+        else:
+            (tmp_path / "new.txt").write_text("alpha beta gamma\n")
+            os.replace(tmp_path / "new.txt", target)
+        return read
+
+    async with boot(ws(tmp_path)) as h:
+        monkeypatch.setattr(WorkspaceTools, "_read_text", read_then_someone_writes)
+        result = await h.call("edit", {"path": "notes.txt", "old_string": "beta", "new_string": "BETA"})
+        assert result.code == "TOOL_FAILED", result
+        assert "changed while it was being edited" in result.text and "read it again" in result.text
+        monkeypatch.undo()
+        expected = "ALPHA beta\n" if change == "in place, same size" else "alpha beta gamma\n"
+        assert target.read_text() == expected
+        # Unchanged since read: the edit goes through.
+        again = await h.call("edit", {"path": "notes.txt", "old_string": "beta", "new_string": "BETA"})
+        assert again.error is None
+        assert target.read_text() == expected.replace("beta", "BETA")
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
 def test_an_edit_whose_write_fails_leaves_the_file_intact(tmp_path: Path) -> None:
     """A write that fails half-way (here: RLIMIT_FSIZE, as a full disk would) loses no data."""
     import json
