@@ -71,6 +71,10 @@ ADVERSARIAL = {
     "one astral character in a long string": _done('"😀'.encode() + b"a" * (1 << 20) + b'"'),
     "BMP text": _done(b'"' + "中文".encode() * (1 << 18) + b'"'),
     "lone surrogates": _done(b'"' + "\ud800".encode("utf-8", "surrogatepass") * (1 << 18) + b'"'),
+    # A frame the C scanner reads whole but with text after it used to be parsed a second time
+    # (by JSONDecoder.decode) while the first parse was still held.
+    "ints and a trailing space": _done(b'{"a":%d},' % N + b"-6," * N + b"0") + b" ",
+    "ints and trailing junk": _call(b"-6," * N + b"0") + b"x",
     "a realistic result": _done(_tokens_of([[i, {"k": [i], "s": "x" * (i % 7)}] for i in range(N // 4)])),
 }
 

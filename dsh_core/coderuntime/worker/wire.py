@@ -33,6 +33,7 @@ import functools
 import gc
 import json
 import math
+import re
 import struct
 import sys
 from collections.abc import Callable
@@ -522,10 +523,15 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 _pack_header = HEADER.pack
 # The C scanner behind ``_DECODER`` (same parse_constant hook). Calling it
-# directly skips ``JSONDecoder.decode``'s two whitespace regex matches; it is
-# used only when it consumes the whole text, so it accepts nothing the full
-# decoder would refuse, and the full decoder handles every other case.
+# directly skips ``JSONDecoder.decode``'s two whitespace regex matches where
+# there is no whitespace around the value; where there is, :func:`_unpack`
+# skips it with the same pattern ``JSONDecoder.decode`` uses, so it accepts and
+# refuses exactly what the full decoder does. It never parses a text twice: a
+# fallback to ``_DECODER.decode`` after a whole parse would hold both results
+# at once (twice what reading the frame takes, past ``framecost``'s bound).
 _scan_once: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+# json.decoder.WHITESPACE; it matches (maybe nothing) at every offset.
+_skip_space: Callable[[str, int], re.Match[str]] = re.compile(r"[ \t\n\r]*").match  # type: ignore[assignment]
 
 
 def pack(message: dict[str, object]) -> bytes:
@@ -554,13 +560,21 @@ def _unpack_large(payload: bytes) -> object:
 def _unpack(payload: bytes) -> object:
     try:
         text = payload.decode("utf-8", "surrogatepass")
+        size = len(text)
         try:
             value, end = _scan_once(text, 0)
-        except StopIteration:
-            end = -1  # no value at offset 0 (empty, or leading whitespace)
-        if end == len(text):
+        except StopIteration:  # no value at offset 0 (empty, or leading whitespace)
+            start = _skip_space(text, 0).end()
+            if not start:
+                raise WireError("malformed frame: JSONDecodeError") from None
+            try:
+                value, end = _scan_once(text, start)
+            except StopIteration:
+                raise WireError("malformed frame: JSONDecodeError") from None
+        if end == size or _skip_space(text, end).end() == size:
             return value
-        return _DECODER.decode(text)
+        del value  # extra data: refused, and not held while the refusal propagates
+        raise WireError("malformed frame: JSONDecodeError")
     except WireError:
         raise
     except (ValueError, RecursionError, MemoryError) as error:
