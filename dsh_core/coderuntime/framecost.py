@@ -20,6 +20,10 @@ peaks in ``tests/coderuntime/test_framecost.py``:
 * each ``,`` or ``:`` pays for the value after it: its slot in the parsed list
   or dict, its slot in the decoded value, and the number object (ints and
   floats up to 19 digits);
+* a number's digits are copied out as bytes before they are converted (an
+  int past the 4,300-digit limit is refused only then), so the bytes outside
+  strings are paid once more (the first count, which takes every byte for a
+  string's, already pays each at least once for the string);
 * each ``[`` or ``{`` pays for a container (a marker dict, its key list, the
   decoded list or dict);
 * each pair of quotes pays for a string object's header, and the characters
@@ -102,6 +106,7 @@ def _cost(counted: bytes, size: int, text_width: int, string_width: int, quotes:
     return (
         size * (1 + text_width)  # the payload, and the text it is decoded into
         + in_strings * string_width
+        + (size - in_strings)  # the bytes a number is copied into before it is converted
         + (quotes // 2 + 1) * _PER_STRING
         + (separators + 1) * _PER_SEPARATOR
         + containers * _PER_CONTAINER

@@ -75,6 +75,10 @@ ADVERSARIAL = {
     # (by JSONDecoder.decode) while the first parse was still held.
     "ints and a trailing space": _done(b'{"a":%d},' % N + b"-6," * N + b"0") + b" ",
     "ints and trailing junk": _call(b"-6," * N + b"0") + b"x",
+    # The scanner copies a number's digits out as bytes before converting them (an int past the
+    # 4,300-digit limit is refused only then): a frame of one number holds it three times.
+    "one long int": _done(b"1" * (1 << 20)),
+    "one long float": _done(b"1." + b"0" * (1 << 20) + b"e5"),
     "a realistic result": _done(_tokens_of([[i, {"k": [i], "s": "x" * (i % 7)}] for i in range(N // 4)])),
 }
 
