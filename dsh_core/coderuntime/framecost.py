@@ -31,6 +31,12 @@ peaks in ``tests/coderuntime/test_framecost.py``:
   for the strings parsed out of it, each at up to 4 bytes a character
   unless the bytes show that no character needs that many.
 
+Decoding the bytes into text takes, at its peak, the payload, a copy of it
+(held by the exception a lone surrogate raises inside ``surrogatepass``) and
+the text both at its final width and at the narrower one it is widened from:
+up to 8 times the payload when a character needs 4 bytes. Neither count goes
+below that.
+
 Bytes that sit inside strings are counted as separators and brackets too,
 which only overestimates; a frame over budget by that first count is
 counted again with its strings taken out, unless it has so many strings that
@@ -92,6 +98,12 @@ def read_cost(payload: bytes, budget: int) -> int:
         # Where the parser gets, it sees the strings this sees; past where it fails, it builds nothing.
         bare = _JSON_STRING.sub(b"", payload)
         cost = min(cost, _cost(bare, size, text_width, string_width, quotes, size - len(bare)))
+    if text_width > 1:
+        # Before any parse, decoding widens the text as wider characters come and holds the
+        # narrower copy meanwhile, and a lone surrogate or invalid byte has the error handler's
+        # exception hold a copy of the payload. The first count pays that; a recount that finds
+        # the bytes outside strings (not JSON, but decoded all the same) may not go below it.
+        cost = max(cost, size * (2 + text_width + text_width // 2) + _FIXED)
     return cost + cost // 8  # slack for the allocator's rounding and other CPython versions' sizes
 
 

@@ -79,6 +79,13 @@ ADVERSARIAL = {
     # 4,300-digit limit is refused only then): a frame of one number holds it three times.
     "one long int": _done(b"1" * (1 << 20)),
     "one long float": _done(b"1." + b"0" * (1 << 20) + b"e5"),
+    # Decoding UTF-8 widens the text as wider characters come (1, 2, then 4 bytes a character),
+    # holding the narrower copy meanwhile; a lone surrogate adds the error handler's copy of the
+    # payload. Outside strings (not JSON: decoded before it is parsed) the recount paid neither.
+    "text widened to 2 bytes by a lone surrogate": b"a" * (1 << 20) + "\ud800".encode("utf-8", "surrogatepass"),
+    "text widened to 2 then 4 bytes, with a lone surrogate": (
+        b"a" * (1 << 20) + "\u0100\ud800\U0001f600".encode("utf-8", "surrogatepass")
+    ),
     "a realistic result": _done(_tokens_of([[i, {"k": [i], "s": "x" * (i % 7)}] for i in range(N // 4)])),
 }
 
