@@ -61,6 +61,11 @@ ADVERSARIAL = {
     "nested array markers": _done(b'{"a":1},' * N + b"0"),
     "nested object markers": _done(b'{"o":[""]},' * N + b"0"),
     "unique keys": _done(b'{"o":[' + b",".join(b'"k%d"' % i for i in range(N)) + b"]}," + b"0," * (N - 1) + b"0"),
+    # Decoding hashes an object marker's keys into a set (up to 133 bytes a key while it grows):
+    # only once the values they claim are known to follow, which pay for it.
+    "an object marker of unique keys and no values": _done(
+        b'{"o":[' + b",".join(b'"%x"' % i for i in range(N)) + b"]}"
+    ),
     "junk dicts": _call(b"{}," * N + b"0"),
     "junk lists": _call(b"[]," * N + b"0"),
     "junk dict of unique keys": _call(b"{" + b",".join(b'"k%d":0' % i for i in range(N)) + b"},0"),

@@ -306,11 +306,13 @@ def _decode_walk(tokens: object) -> object:
                 for key in keys:
                     if type(key) is not str:
                         raise WireError("object keys must be strings")
+                pending += len(keys)
+                if pending > total - index:  # before the set: only keys whose values follow are hashed
+                    raise WireError("a marker claims more children than tokens remain")
                 if len(set(keys)) != len(keys):
                     raise WireError("duplicate object key")
                 value = {}
                 frame_for_value = [value, keys, [], len(keys)] if keys else None
-                pending += len(keys)
             else:
                 raise WireError("unknown marker field")
             if pending > total - index:
