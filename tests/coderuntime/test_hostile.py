@@ -521,3 +521,23 @@ def test_binding_arguments_in_flight_are_bounded_by_what_they_take_once_read() -
         assert 1 <= len(started) <= 8 and set(started) == {32768}, started  # 40 when counted by frame bytes
 
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, memory_mb=64))
+
+
+def test_many_concurrent_small_calls_fit_the_budget_their_arguments_fit() -> None:
+    # 1,500 concurrent calls of 900-byte strings hold about 3 MB of arguments on the host. Counted
+    # at 64 times a frame under 1 KiB, they took 98 MB of a 64 MiB budget: the calls past about
+    # 1,000 were refused, while 1,100-byte strings (scanned) were not.
+    async def hold(args: Any) -> Any:
+        await asyncio.sleep(1.0)
+        return len(args)
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = (
+            "import asyncio\n"
+            "got = await asyncio.gather(*[tools.hold('x' * 900) for _ in range(1500)])\n"
+            "return sum(got)"
+        )
+        r = await rt.run(program, tools(hold=hold))
+        assert r.error is None and r.value == 1500 * 900, r.error
+
+    arun(with_runtime(go, isolation="auto", timeout_s=60.0, memory_mb=64))
