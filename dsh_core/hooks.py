@@ -135,6 +135,13 @@ _COROUTINE = type(_probe)
 _probe.close()
 
 
+
+def _parameters(function: object) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(function).parameters.values())  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # no signature to read (a builtin): pluggy passes what it can
+        return []
+
 class Hooks:
     """The typed facade over one pluggy ``PluginManager`` (one per harness, one per test)."""
 
@@ -212,6 +219,15 @@ class Hooks:
                     raise PluginLoadError(
                         f"plugin {name!r}: {caller.name} is async def, but dsh calls it synchronously and never "
                         "awaits what it returns: make it a plain def (start async work with scope.spawn(...))"
+                    )
+                spec_arguments = set(caller.spec.argnames)
+                defaulted = [parameter.name for parameter in _parameters(impl.function)
+                             if parameter.default is not inspect.Parameter.empty and parameter.name in spec_arguments]
+                if defaulted:
+                    raise PluginLoadError(
+                        f"plugin {name!r}: {caller.name} declares a default for {', '.join(defaulted)}; pluggy "
+                        "never passes an argument that has a default, so it would always be the default: "
+                        "remove the default (accept only the arguments you use, all required)"
                     )
                 if impl.wrapper or impl.hookwrapper:
                     raise PluginLoadError(

@@ -246,3 +246,27 @@ def test_async_def_on_a_hook_dsh_never_awaits_is_refused_at_registration(hook: s
     with pytest.raises(PluginLoadError, match=f"plugin 'late': {hook} is async def, but dsh calls it synchronously"):
         hooks.register(plugin_class(), name="late")
     assert not hooks.has_plugin("late")
+
+
+def test_a_hookimpl_with_a_default_for_a_hook_argument_is_refused_at_registration() -> None:
+    # pluggy never passes an argument that has a default: ``register`` would always be None.
+    received: list[object] = []
+
+    class Defaulted:
+        @hookimpl
+        def dsh_register_tools(self, register: Any = None) -> None:
+            received.append(register)
+
+    hooks = Hooks()
+    with pytest.raises(PluginLoadError, match="plugin 'defaulted': dsh_register_tools declares a default for "
+                                              "register; pluggy never passes an argument that has a default"):
+        hooks.register(Defaulted(), name="defaulted")
+    assert not hooks.has_plugin("defaulted") and not received
+
+    class Helper:  # a default on a name the hook does not pass is the plugin's own business
+        @hookimpl
+        def dsh_register_tools(self, register: Any, _seen: Any = None) -> None:
+            received.append(register)
+
+    hooks.register(Helper(), name="helper")
+    assert hooks.has_plugin("helper")
