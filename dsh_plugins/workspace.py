@@ -78,6 +78,10 @@ READ_ONLY = {"read_only": True, "workspace_confined": True}
 MUTATING = {"workspace_confined": True}
 
 
+#: Extended attributes that hold POSIX ACLs: who may use the file beyond its mode bits.
+_ACL_XATTRS = frozenset({"system.posix_acl_access", "system.posix_acl_default"})
+
+
 def _format_size(size: int) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
@@ -587,9 +591,13 @@ class WorkspaceTools:
                 if info is not None:
                     # Owner first: a chown clears S_ISUID and S_ISGID, which the fchmod then restores.
                     if (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
-                        with contextlib.suppress(OSError):
+                        try:
                             os.fchown(fd, info.st_uid, info.st_gid)
+                        except OSError:  # not ours to give away: keep at least the group (if we are in it)
+                            with contextlib.suppress(OSError):
+                                os.fchown(fd, -1, info.st_gid)
                     os.fchmod(fd, stat.S_IMODE(info.st_mode))
+                    self._copy_xattrs(parent, name, fd, given)
                 # No fsync: the body runs on the event loop, where a sync of each write would
                 # stall every other call; the rename already gives readers all or nothing.
                 handle.write(data)
@@ -598,6 +606,33 @@ class WorkspaceTools:
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=parent)
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=parent)
+            raise
+
+    @staticmethod
+    def _copy_xattrs(parent: int, name: str, fd: int, given: str) -> None:
+        """Give the new file (``fd``) the extended attributes of the one it replaces, its ACL among them.
+
+        An access ACL is an extended attribute: dropped, it would silently change who may read
+        and write the file, so failing to copy it fails the write. Others (a ``user.*`` tag, a
+        security label the kernel gives the new file anyway) are copied where the kernel lets us.
+        """
+        # By the directory's descriptor and the name, never following a link at the end; a path,
+        # not a descriptor of the file, so a file dsh may write but not read keeps its ACL too.
+        old = f"/proc/self/fd/{parent}/{name}"
+        try:
+            names = os.listxattr(old, follow_symlinks=False)
+        except OSError:  # no extended attributes here (or no /proc): nothing to copy
+            return
+        for attribute in names:
+            try:
+                os.setxattr(fd, attribute, os.getxattr(old, attribute, follow_symlinks=False))
+            except OSError as error:
+                if attribute in _ACL_XATTRS:
+                    raise ToolError(f"cannot write {given!r}: its access control list could not be kept on the "
+                                    f"replacement ({error.strerror}); nothing was replaced") from None
 
     async def edit(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``edit``: exact replacement that fails on zero or (without replace_all) several matches."""

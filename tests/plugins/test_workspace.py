@@ -385,6 +385,76 @@ async def test_an_edit_does_not_undo_a_change_made_while_it_ran(
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
+def _acl_granting_read_to(uid: int) -> bytes:
+    import struct
+
+    entries = [(0x01, 6, 0xFFFFFFFF), (0x02, 4, uid), (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF),
+               (0x20, 0, 0xFFFFFFFF)]  # user::rw- user:uid:r-- group::r-- mask::r-- other::---
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+async def test_write_and_edit_keep_the_extended_attributes_and_acl_of_the_file_they_replace(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replacement without them would silently change who may read the file."""
+    target = tmp_path / "shared.txt"
+    target.write_text("alpha\n")
+    acl = _acl_granting_read_to(4321)
+    try:
+        os.setxattr(target, "user.origin", b"ticket-7")
+        os.setxattr(target, "system.posix_acl_access", acl)
+    except OSError as error:
+        pytest.skip(f"no extended attributes or ACLs here: {error}")
+    async with boot(ws(tmp_path)) as h:
+        edited = await h.call("edit", {"path": "shared.txt", "old_string": "alpha", "new_string": "beta"})
+        assert edited.error is None
+        written = await h.call("write", {"path": "shared.txt", "content": "gamma\n"})
+        assert written.error is None
+        assert target.read_text() == "gamma\n"
+        assert os.getxattr(target, "user.origin") == b"ticket-7"
+        assert os.getxattr(target, "system.posix_acl_access") == acl
+
+        real_setxattr = os.setxattr
+
+        def no_acls(path: Any, attribute: str, value: bytes, *args: Any, **kwargs: Any) -> None:
+            if attribute == "system.posix_acl_access":
+                raise OSError(95, "Operation not supported")
+            real_setxattr(path, attribute, value, *args, **kwargs)
+
+        monkeypatch.setattr(os, "setxattr", no_acls)
+        refused = await h.call("edit", {"path": "shared.txt", "old_string": "gamma", "new_string": "delta"})
+        assert refused.code == "TOOL_FAILED"
+        assert "its access control list could not be kept on the replacement" in refused.text
+        assert target.read_text() == "gamma\n"
+        assert os.getxattr(target, "system.posix_acl_access") == acl
+    assert sorted(os.listdir(tmp_path)) == ["shared.txt"]  # no temporary file left behind
+
+
+async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Giving a file away takes privilege; setting a group dsh's user is in does not."""
+    target = tmp_path / "team.txt"
+    target.write_text("alpha\n")
+    try:
+        os.chown(target, 4321, 4322)
+    except PermissionError:
+        pytest.skip("needs to create a file owned by another user")
+    os.chmod(target, 0o666)
+    real_fchown = os.fchown
+
+    def unprivileged(fd: int, uid: int, gid: int) -> None:
+        if uid != -1 and uid != os.getuid():
+            raise PermissionError(1, "Operation not permitted")
+        real_fchown(fd, uid, gid)
+
+    monkeypatch.setattr(os, "fchown", unprivileged)
+    async with boot(ws(tmp_path)) as h:
+        edited = await h.call("edit", {"path": "team.txt", "old_string": "alpha", "new_string": "beta"})
+        assert edited.error is None
+    info = os.stat(target)
+    assert (info.st_uid, info.st_gid) == (os.getuid(), 4322)
+    assert stat.S_IMODE(info.st_mode) == 0o666
+
+
 def test_an_edit_whose_write_fails_leaves_the_file_intact(tmp_path: Path) -> None:
     """A write that fails half-way (here: RLIMIT_FSIZE, as a full disk would) loses no data."""
     import json
