@@ -89,9 +89,29 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+#: Characters Python source cannot hold: NUL, and lone surrogates (a ``str`` may carry them, e.g.
+#: a non-UTF-8 file name through ``surrogateescape``, but source is compiled, and sent, as UTF-8).
+_PY_UNSHOWABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def _py_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _py_escaped(text: str) -> str:
+    """``text`` with every character of :data:`_PY_UNSHOWABLE` written as its Python escape."""
+    return _PY_UNSHOWABLE.sub(_py_escape, text)
+
+
 def _py_comment(text: str) -> str:
-    """One line for a Python ``#`` comment: NUL, which Python source cannot hold, shows as ``\\x00``."""
-    return _one_line(text).replace("\x00", "\\x00")
+    """One line for a Python ``#`` comment, what source cannot hold shown as its escape (``\\x00``)."""
+    return _py_escaped(_one_line(text))
+
+
+def _py_string(text: str) -> str:
+    """A double-quoted Python string literal of ``text`` (JSON escapes are Python escapes too)."""
+    return _py_escaped(json.dumps(text, ensure_ascii=False))
 
 
 # -- the iterative walker -------------------------------------------------------------------------------
@@ -201,7 +221,7 @@ def _py_literal(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return _py_string(value)
     return None
 
 
@@ -316,7 +336,7 @@ class _PythonTypes:
                     lines.append("# Additional keys beyond those declared are allowed.")
                 lines.append(f"{name} = TypedDict({json.dumps(name)}, {{")
                 for key, annotation, note in fields:
-                    lines.append(f"    {json.dumps(key, ensure_ascii=False)}: {annotation},"
+                    lines.append(f"    {_py_string(key)}: {annotation},"
                                  + (f"  # {note}" if note else ""))
                 lines.append("})")
             self.classes.append("\n".join(lines))
@@ -326,7 +346,7 @@ class _PythonTypes:
 
 
 def _docstring(text: str, indent: str) -> str:
-    body = text.strip().replace("\\", "\\\\").replace("\x00", "\\x00")  # source cannot hold NUL
+    body = _py_escaped(text.strip().replace("\\", "\\\\"))  # after the backslashes: escapes stay escapes
     # Quotes next to the closing """ would end the docstring early: escape every trailing one.
     unquoted = body.rstrip('"')
     body = unquoted.replace('"""', '\\"\\"\\"') + '\\"' * (len(body) - len(unquoted))

@@ -249,3 +249,19 @@ def test_combinators_that_only_constrain_keep_the_object_type() -> None:
     typed = SdkTool("u", "U.", {"type": "object", "properties": {"v": {"anyOf": [{"type": "string"},
                                                                                 {"type": "integer"}]}}}, {})
     assert "v: NotRequired[str | int]" in render_python_sdk([typed])
+
+
+def test_lone_surrogates_show_as_escapes_in_the_python_stub() -> None:
+    """A lone surrogate (a non-UTF-8 file name, say) is a legal ``str`` but not UTF-8: the stub
+    neither compiled nor encoded. It shows as its escape, and a docstring or string keeps its value."""
+    tool = SdkTool("s", "a\ud800b", {"type": "object", "properties": {
+        "k\udfff": {"enum": ["x\ud800"], "description": "note\udc80here"}}, "required": ["k\udfff"]}, {})
+    other = SdkTool("s-sub", "c\udbffd", {"type": "object"}, {})
+    text = render_python_sdk([tool, other])
+    text.encode("utf-8")
+    code = python_block(text)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<sdk>", "exec"), namespace)
+    assert namespace["SArgs"].__annotations__["k\udfff"].__args__ == ("x\ud800",)
+    assert namespace["Tools"].s.__doc__ == "a\ud800b"
+    assert "# note\\udc80here" in code and "c\\udbffd" in code
