@@ -416,8 +416,33 @@ _TS_SCALARS: Final = {"string": "string", "number": "number", "integer": "number
 _TS_KEY: Final = re.compile(r"\A[A-Za-z_$][A-Za-z0-9_$]*\Z")
 
 
+#: Characters a TypeScript stub cannot hold: lone surrogates are not UTF-8.
+_TS_UNSHOWABLE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _ts_escaped(text: str) -> str:
+    """``text`` with every character of :data:`_TS_UNSHOWABLE` written as its ``\\uXXXX`` escape."""
+    return _TS_UNSHOWABLE.sub(lambda match: json.dumps(match.group())[1:-1], text)
+
+
+def _ts_string(text: str) -> str:
+    """A double-quoted TypeScript string literal of ``text`` (a JSON string is one)."""
+    return _ts_escaped(json.dumps(text, ensure_ascii=False))
+
+
+def _ts_comment(text: str) -> str:
+    """One line for a ``/** ... */`` comment that no ``*/`` in ``text`` can close early."""
+    return _ts_escaped(_one_line(text).replace("*/", "*\\/"))
+
+
 def _ts_key(key: str) -> str:
-    return key if _TS_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
+    return key if _TS_KEY.fullmatch(key) else _ts_string(key)
+
+
+def _ts_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return _ts_string(value)
+    return "JsonValue" if isinstance(value, (dict, list)) else json.dumps(value)
 
 
 def _ts_array(item: str) -> str:
@@ -431,8 +456,7 @@ def _ts_visit(schema: Any, hint: str, depth: int) -> str | _Node:
         return "JsonValue"
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if isinstance(values, list) and values:
-        return _union([json.dumps(v, ensure_ascii=False) if not isinstance(v, (dict, list)) else "JsonValue"
-                       for v in values])
+        return _union([_ts_literal(v) for v in values])
     alternatives = _alternatives(schema)
     if alternatives is not None:
         return _Node([(alt, hint) for alt in alternatives], _union)
@@ -491,7 +515,7 @@ def render_typescript_sdk(tools: Sequence[SdkTool]) -> str:
     args_members: list[str] = []
     output_members: list[str] = []
     for tool in ordered:
-        doc = "  /** " + _one_line(tool.description).replace("*/", "*\\/") + " */"
+        doc = f"  /** {_ts_comment(tool.description)} */"
         key = _ts_key(tool.name)
         args_members.append(f"{doc}\n  {key}: {_expand(tool.parameters, tool.name, _ts_visit)};")
         output_members.append(f"  {key}: {_expand(tool.output, tool.name, _ts_visit)};")

@@ -265,3 +265,13 @@ def test_lone_surrogates_show_as_escapes_in_the_python_stub() -> None:
     assert namespace["SArgs"].__annotations__["k\udfff"].__args__ == ("x\ud800",)
     assert namespace["Tools"].s.__doc__ == "a\ud800b"
     assert "# note\\udc80here" in code and "c\\udbffd" in code
+
+
+def test_lone_surrogates_show_as_escapes_in_the_typescript_stub() -> None:
+    """Written raw, a lone surrogate made the TypeScript stub impossible to encode as UTF-8."""
+    tool = SdkTool("s\ud800", "a\ud800b */", {"type": "object", "properties": {
+        "k\udfff": {"enum": ["x\udbff"]}}, "required": ["k\udfff"]}, {"const": "\udc00"})
+    text = render_typescript_sdk([tool])
+    text.encode("utf-8")
+    assert '  /** a\\ud800b *\\/ */\n  "s\\ud800": { "k\\udfff": "x\\udbff" } & Record<string, JsonValue>;' in text
+    assert '  "s\\ud800": "\\udc00";' in text
