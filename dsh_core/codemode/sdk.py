@@ -89,9 +89,16 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-#: Characters Python source cannot hold: NUL, and lone surrogates (a ``str`` may carry them, e.g.
-#: a non-UTF-8 file name through ``surrogateescape``, but source is compiled, and sent, as UTF-8).
-_PY_UNSHOWABLE: Final = re.compile("[\x00\ud800-\udfff]")
+#: Characters both stubs write as escapes. Some cannot be there at all: NUL (Python source cannot
+#: hold it) and lone surrogates (a ``str`` may carry them, e.g. a non-UTF-8 file name through
+#: ``surrogateescape``, but a stub is compiled, and sent, as UTF-8). The others would not show as
+#: themselves: controls (ESC drives a terminal; ``\x0b``, ``\x0c`` and ``\x85`` end a line for some
+#: readers and not for Python), line and paragraph separators, bidi controls that reorder what a
+#: reader sees, and invisible format characters (zero-width space, BOM, tag characters). Tab, line
+#: feed and carriage return are the layout of a docstring; a string literal or a comment never holds
+#: them raw. Zero-width (non-)joiners stay: emoji and several scripts are spelled with them.
+_UNSHOWABLE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u2028-\u202e"
+                                "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
 
 
 def _py_escape(match: re.Match[str]) -> str:
@@ -100,12 +107,12 @@ def _py_escape(match: re.Match[str]) -> str:
 
 
 def _py_escaped(text: str) -> str:
-    """``text`` with every character of :data:`_PY_UNSHOWABLE` written as its Python escape."""
-    return _PY_UNSHOWABLE.sub(_py_escape, text)
+    """``text`` with every character of :data:`_UNSHOWABLE` written as its Python escape."""
+    return _UNSHOWABLE.sub(_py_escape, text)
 
 
 def _py_comment(text: str) -> str:
-    """One line for a Python ``#`` comment, what source cannot hold shown as its escape (``\\x00``)."""
+    """One line for a Python ``#`` comment, what would not show as itself written as its escape (``\\x00``)."""
     return _py_escaped(_one_line(text))
 
 
@@ -346,11 +353,13 @@ class _PythonTypes:
 
 
 def _docstring(text: str, indent: str) -> str:
-    body = _py_escaped(text.strip().replace("\\", "\\\\"))  # after the backslashes: escapes stay escapes
+    # CR LF and CR end a line in Python source too: they become line feeds, not escapes.
+    text = text.strip().replace("\r\n", "\n").replace("\r", "\n")
+    body = _py_escaped(text.replace("\\", "\\\\"))  # after the backslashes: escapes stay escapes
     # Quotes next to the closing """ would end the docstring early: escape every trailing one.
     unquoted = body.rstrip('"')
     body = unquoted.replace('"""', '\\"\\"\\"') + '\\"' * (len(body) - len(unquoted))
-    lines = body.splitlines() or [""]
+    lines = body.split("\n")  # splitlines() would also break at characters now escaped
     if len(lines) == 1:
         return f'{indent}"""{lines[0]}"""'
     rest = "\n".join((indent + line) if line.strip() else "" for line in lines[1:])
@@ -416,13 +425,9 @@ _TS_SCALARS: Final = {"string": "string", "number": "number", "integer": "number
 _TS_KEY: Final = re.compile(r"\A[A-Za-z_$][A-Za-z0-9_$]*\Z")
 
 
-#: Characters a TypeScript stub cannot hold: lone surrogates are not UTF-8.
-_TS_UNSHOWABLE: Final = re.compile("[\ud800-\udfff]")
-
-
 def _ts_escaped(text: str) -> str:
-    """``text`` with every character of :data:`_TS_UNSHOWABLE` written as its ``\\uXXXX`` escape."""
-    return _TS_UNSHOWABLE.sub(lambda match: json.dumps(match.group())[1:-1], text)
+    """``text`` with every character of :data:`_UNSHOWABLE` written as its JSON (and JavaScript) escape."""
+    return _UNSHOWABLE.sub(lambda match: json.dumps(match.group())[1:-1], text)
 
 
 def _ts_string(text: str) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import inspect
+import json
 import sys
 from typing import Any
 
@@ -275,3 +277,44 @@ def test_lone_surrogates_show_as_escapes_in_the_typescript_stub() -> None:
     text.encode("utf-8")
     assert '  /** a\\ud800b *\\/ */\n  "s\\ud800": { "k\\udfff": "x\\udbff" } & Record<string, JsonValue>;' in text
     assert '  "s\\ud800": "\\udc00";' in text
+
+
+#: Characters that do not show as themselves: ESC (drives a terminal), DEL, a C1 control, line
+#: breaks only some readers honor, a bidi override (reorders what follows), BOM, an invisible tag.
+HIDDEN = ["\x1b", "\x7f", "\x9b", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\u202e", "\u2066", "\ufeff",
+          "\U000e0041"]
+
+
+@pytest.mark.parametrize("char", HIDDEN)
+def test_characters_that_would_not_show_are_escaped_in_the_python_stub(char: str) -> None:
+    """They went into docstrings, comments and strings raw (and docstrings broke lines at some of them)."""
+    tool = SdkTool("h", f"a{char}b\nc{char}d", {"type": "object", "properties": {
+        f"k{char}": {"enum": [f"x{char}"], "description": f"note{char}here"}}, "required": [f"k{char}"]}, {})
+    other = SdkTool("h-sub", f"c{char}d", {"type": "object"}, {})
+    code = python_block(render_python_sdk([tool, other]))
+    assert char not in code
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<sdk>", "exec"), namespace)
+    assert namespace["HArgs"].__annotations__[f"k{char}"].__args__ == (f"x{char}",)
+    assert inspect.getdoc(namespace["Tools"].h) == f"a{char}b\nc{char}d"
+    escape = char.encode("unicode_escape").decode("ascii")
+    spaced = " " if char.isspace() else escape  # a comment is one line: whitespace joins its words
+    assert f"# note{spaced}here" in code and f"c{spaced}d" in code
+
+
+@pytest.mark.parametrize("char", HIDDEN)
+def test_characters_that_would_not_show_are_escaped_in_the_typescript_stub(char: str) -> None:
+    tool = SdkTool("h", f"a{char}b", {"type": "object", "properties": {f"k{char}": {"const": f"x{char}"}},
+                                      "required": [f"k{char}"]}, {})
+    text = render_typescript_sdk([tool])
+    assert char not in text
+    escape = json.dumps(char)[1:-1]
+    assert f'{{ "k{escape}": "x{escape}" }}' in text
+    assert f"/** a{' ' if char.isspace() else escape}b */" in text
+
+
+def test_docstring_line_ends_are_line_feeds() -> None:
+    tool = SdkTool("crlf", "One.\r\nTwo.\rThree.\tTabbed.", {"type": "object"}, {})
+    namespace: dict[str, Any] = {}
+    exec(python_block(render_python_sdk([tool])), namespace)
+    assert inspect.getdoc(namespace["Tools"].crlf) == "One.\nTwo.\nThree.\tTabbed.".expandtabs()
