@@ -404,7 +404,7 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
             members.append(f"    async def {tool.name}(self, args: {args}) -> {output}:\n"
                            f"{_docstring(tool.description, '        ')}")
         else:
-            members.append(f"    # tools[{json.dumps(tool.name)}](args: {args}) -> {output}: "
+            members.append(f"    # tools[{_py_string(tool.name)}](args: {args}) -> {output}: "
                            f"{_py_comment(tool.description)}")
     imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypedDict") if name in types.used]
     blocks = [f"from typing import {', '.join(imports)}",

@@ -318,3 +318,11 @@ def test_docstring_line_ends_are_line_feeds() -> None:
     namespace: dict[str, Any] = {}
     exec(python_block(render_python_sdk([tool])), namespace)
     assert inspect.getdoc(namespace["Tools"].crlf) == "One.\nTwo.\nThree.\tTabbed.".expandtabs()
+
+
+def test_a_subscript_tool_name_shows_its_own_letters() -> None:
+    """The comment naming a tool to call by subscript wrote every non-ASCII letter as an escape."""
+    code = python_block(render_python_sdk([SdkTool("café-crème", "Brew.", {"type": "object"}, {}),
+                                           SdkTool("x\u202e", "Hidden.", {"type": "object"}, {})]))
+    assert '    # tools["café-crème"](args: ' in code
+    assert '    # tools["x\\u202e"](args: ' in code
