@@ -20,6 +20,12 @@ schema never meets the interpreter's recursion limit; nesting deeper than
 Output is deterministic: tools are sorted by name, properties keep their
 declared order, and class names are minted in traversal order, so an
 unchanged tool set renders byte-identically.
+
+Names, descriptions and schema strings come from plugins and may be any
+``str``: both stubs stay valid and UTF-8 whatever they hold. Text shows as
+itself except what would not (NUL, lone surrogates, controls, line separators,
+bidi and invisible format characters), which is written as its escape; nothing
+can end a docstring, comment or string early (``tests/codemode/test_sdk_properties.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,194 @@
+"""Property tests: whatever text a tool registers, both SDK stubs stay well-formed.
+
+Tool names, descriptions and schema texts (property names, notes, titles, enum and
+const values) come from third-party plugins. Any ``str`` is legal, lone surrogates
+included. Here each is arbitrary text spiked with what has broken a stub before
+(quotes, backslashes, line breaks, NUL, surrogates, comment closers, names Python
+would read as other names).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import unicodedata
+from collections.abc import Iterator
+from typing import Any
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dsh_core.codemode.sdk import SdkTool, is_attribute_name, render_python_sdk, render_typescript_sdk
+
+#: Pieces that ended a docstring, a comment or a string early, that source cannot hold, that Python
+#: reads as another name (NFKC, ``__`` mangling), or that would not show as themselves.
+TRICKY = st.sampled_from([
+    '"', '"""', "'", "'" * 3, "\\", "\\u", "\\N{", "\\x", "\r", "\r\n", "\n", "\t", "\x00", "\x0b", "\x0c", "\x1b",
+    "\x7f", "\x85", "\u2028", "\u2029", "\u202e", "\u2066", "\ufeff", "\u200d", "\ud800", "\udfff", "\U000e0041",
+    "*/", "/*", "//", "#", "`", "${", " ", "\u3000", "é", "😀", "__", "\ufb01", "\u212b",
+])
+IDENTIFIER = st.from_regex(r"[A-Za-z_$][A-Za-z0-9_$]{0,6}", fullmatch=True)
+#: Any code point (surrogates included), ASCII names and the tricky pieces, in any order.
+TEXT = st.lists(st.one_of(TRICKY, IDENTIFIER, st.text(st.characters(exclude_categories=()), max_size=6)),
+                max_size=6).map("".join)
+NAME = st.one_of(IDENTIFIER, TEXT).filter(bool)
+LITERAL = st.one_of(TEXT, st.integers(-(10**20), 10**20), st.booleans(), st.none())
+NOTES = {"description": TEXT, "title": TEXT, "default": TEXT}
+
+
+def objects(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Object schemas of ``children`` properties, each required or not, open or closed."""
+
+    def build(fields: dict[str, tuple[Any, bool]], closed: bool) -> dict[str, Any]:
+        return {"type": "object", "properties": {key: child for key, (child, _) in fields.items()},
+                "required": [key for key, (_, required) in fields.items() if required],
+                "additionalProperties": not closed}
+
+    return st.builds(build, st.dictionaries(NAME, st.tuples(children, st.booleans()), max_size=3), st.booleans())
+
+
+LEAVES = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "number", "boolean", "null"])},
+                          optional=NOTES),
+    st.fixed_dictionaries({"enum": st.lists(LITERAL, min_size=1, max_size=4)}, optional=NOTES),
+    st.fixed_dictionaries({"const": LITERAL}, optional=NOTES),
+)
+SCHEMAS = st.recursive(LEAVES, lambda children: st.one_of(
+    objects(children), st.fixed_dictionaries({"type": st.just("array"), "items": children})), max_leaves=5)
+TOOLS = st.lists(st.builds(SdkTool, name=NAME, description=TEXT, parameters=objects(SCHEMAS), output=SCHEMAS),
+                 max_size=3, unique_by=lambda tool: tool.name)
+
+
+def schema_texts(schema: Any) -> Iterator[tuple[str, str, bool]]:
+    """``("key", k, in_class)`` for every property name and ``("value", v, in_class)`` for every
+    string enum/const value; ``in_class`` when it is rendered in a class (under some property)."""
+    stack = [(schema, False)]
+    while stack:
+        node, in_class = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        values = [node["const"]] if "const" in node else node.get("enum", [])
+        yield from (("value", value, in_class) for value in values if isinstance(value, str))
+        for key, child in node.get("properties", {}).items():
+            yield "key", key, True
+            stack.append((child, True))
+        stack.append((node.get("items"), in_class))
+
+
+def texts(tools: list[SdkTool]) -> tuple[set[str], set[str], set[str]]:
+    """(every tool and property name, every string enum/const value, the values Python shows in code).
+
+    A tool reached by subscript has its signature in a comment: only values inside classes are code.
+    """
+    keys = {tool.name for tool in tools}
+    values: set[str] = set()
+    in_code: set[str] = set()
+    for tool in tools:
+        for kind, text, in_class in (*schema_texts(tool.parameters), *schema_texts(tool.output)):
+            (keys if kind == "key" else values).add(text)
+            if kind == "value" and (in_class or is_attribute_name(tool.name)):
+                in_code.add(text)
+    return keys, values, in_code
+
+
+BIDI_CONTROLS = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
+
+
+def hidden(text: str, layout: str) -> list[str]:
+    """Characters of ``text`` that would not show as themselves: controls (but ``layout``),
+    surrogates, line and paragraph separators, bidi controls."""
+    return [char for char in text if char not in layout and (
+        unicodedata.category(char) in {"Cc", "Cs", "Zl", "Zp"} or unicodedata.bidirectional(char) in BIDI_CONTROLS)]
+
+
+def plain(description: str) -> SdkTool:
+    return SdkTool("plain", description, {"type": "object"}, {})
+
+
+@given(TOOLS)
+@example([plain('Ends in a quote"'), SdkTool("n", "NUL\x00", {"type": "object", "properties": {
+    "__secret": {"type": "string"}, "\ufb01le": {"enum": ["\x00", '"""']}}}, {})])
+@settings(max_examples=100, deadline=None)
+def test_the_python_stub_compiles_encodes_and_keeps_every_text(tools: list[SdkTool]) -> None:
+    text = render_python_sdk(tools)
+    text.encode("utf-8")
+    code = text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    compile(code, "<sdk>", "exec")
+    tree = ast.parse(code)
+    assert hidden(code, "\n\t") == []
+
+    keys, values, in_code = texts(tools)
+    by_name = {tool.name: tool for tool in tools}
+    protocol = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Tools")
+    docstrings: set[int] = set()
+    for method in protocol.body:
+        if isinstance(method, ast.AsyncFunctionDef):
+            # Every method is a tool, its docstring the description (up to layout whitespace).
+            docstring = ast.get_docstring(method, clean=False)
+            assert docstring is not None
+            assert docstring.split() == by_name[method.name].description.split()
+            docstrings.add(id(method.body[0].value))  # type: ignore[attr-defined]
+    class_names = {target.id for node in tree.body if isinstance(node, ast.Assign)
+                   for target in node.targets if isinstance(target, ast.Name)}
+    constants = {node.value for node in ast.walk(tree)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+    # No text closed a string early (the pieces would be strings of their own), and each value shows.
+    assert constants <= keys | values | class_names
+    assert in_code <= constants
+    # Each TypedDict declares keys of the schemas only: none renamed (NFKC, mangling). Only the
+    # classes run: a member of Tools may be named like a builtin an annotation after it uses.
+    namespace: dict[str, Any] = {}
+    exec(code.split("\nclass Tools(Protocol):", 1)[0], namespace)
+    for value in namespace.values():
+        if isinstance(value, type) and hasattr(value, "__required_keys__"):
+            assert set(value.__annotations__) <= keys
+
+
+def ts_tokens(code: str) -> tuple[list[str], list[str]]:
+    """(the bodies of the ``/* */`` comments, the values of the string literals) of ``code``."""
+    comments: list[str] = []
+    strings: list[str] = []
+    string = re.compile(r'"(?:[^"\\\n\r\u2028\u2029]|\\.)*"')
+    at = 0
+    while at < len(code):
+        if code.startswith("/*", at):
+            end = code.find("*/", at + 2)
+            assert end >= 0, code[at:at + 80]
+            assert code[end + 2] == "\n", code[at:end + 80]  # each comment is a line of its own: it ended there
+            comments.append(code[at + 2:end])
+            at = end + 2
+        elif code[at] == '"':
+            match = string.match(code, at)
+            assert match is not None, code[at:at + 80]
+            strings.append(json.loads(match.group()))
+            at = match.end()
+        else:
+            assert not code.startswith("//", at)  # the stub has none: one would be text out of its comment
+            at += 1
+    return comments, strings
+
+
+def utf16(text: str) -> str:
+    """``text`` as a JavaScript string holds it: a high and a low surrogate are one character."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+@given(TOOLS)
+@example([plain("Closes */ its comment"), SdkTool("n", "N.", {"type": "object", "properties": {
+    "path\n": {"const": '"'}, "ok": {"type": "string"}}}, {})])
+@settings(max_examples=100, deadline=None)
+def test_the_typescript_stub_encodes_and_no_text_leaves_its_comment_or_string(tools: list[SdkTool]) -> None:
+    text = render_typescript_sdk(tools)
+    text.encode("utf-8")
+    code = text.split("```ts\n", 1)[1].rsplit("```", 1)[0]
+    assert hidden(code, "\n") == []
+    comments, strings = ts_tokens(code)
+    # One comment per tool, each on its line: a closer in a description would have split one.
+    assert len(comments) == len(tools)
+    assert all(body.startswith("* ") and body.endswith(" ") and "\n" not in body for body in comments)
+    keys, values, _ = texts(tools)
+    shown = {utf16(string) for string in strings}
+    assert shown <= {utf16(text) for text in (*keys, *values, "ToolCallError")}
+    assert {utf16(value) for value in values} <= shown
+    assert {utf16(key) for key in keys if not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)} <= shown
