@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from dsh_core.errors import describe_callable
 
@@ -83,6 +84,34 @@ class AbortSignal:
             if self._waiters is not None and future in self._waiters:
                 self._waiters.remove(future)
         return self._reason
+
+    async def until(self, future: asyncio.Future[Any]) -> bool:
+        """Wait until ``future`` is done or the signal aborts, whichever comes first; True if ``future`` is done.
+
+        ``future`` is neither cancelled nor awaited, whichever wins, and neither is it when
+        the caller is cancelled: what becomes of work the abort overtook (cancel it, wait for
+        it, leave it running) is the caller's decision. One waiting future, no task: cheaper
+        than racing :meth:`wait` against ``future`` in ``asyncio.wait``.
+        """
+        if future.done() or self._aborted:
+            return future.done()
+        waiter: asyncio.Future[None] = future.get_loop().create_future()
+
+        def wake(_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            future.remove_done_callback(wake)
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return future.done()
 
     def _fire(self, reason: object) -> None:
         if self._aborted:

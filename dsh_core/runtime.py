@@ -309,11 +309,9 @@ class ToolRuntime:
         signal = execution.signal
         request = ApprovalRequest(execution, reason, signal)
         approval = asyncio.ensure_future(self.hooks.approve(request))
-        aborted = asyncio.ensure_future(signal.wait())
         try:
-            await asyncio.wait({approval, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            await signal.until(approval)
         finally:
-            aborted.cancel()
             if not approval.done():
                 # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
                 approval.cancel()

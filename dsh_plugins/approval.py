@@ -225,7 +225,7 @@ async def _write_all(fd: int, data: bytes, request: ApprovalRequest) -> bool:
         writable: asyncio.Future[None] = loop.create_future()
         loop.add_writer(fd, _settle, writable)
         try:
-            if not await _done_unless_aborted(writable, request):
+            if not await request.signal.until(writable):
                 return False
         finally:
             loop.remove_writer(fd)
@@ -255,21 +255,9 @@ async def _read_line(fd: int, request: ApprovalRequest) -> str | None:
 
     loop.add_reader(fd, readable)
     try:
-        return line.result() if await _done_unless_aborted(line, request) else None
+        return line.result() if await request.signal.until(line) else None
     finally:
         loop.remove_reader(fd)
-
-
-async def _done_unless_aborted(future: asyncio.Future[Any], request: ApprovalRequest) -> bool:
-    """Wait for ``future`` or the request's abort, whichever comes first; True if ``future`` is done."""
-    aborted: asyncio.Future[Any] = asyncio.ensure_future(request.signal.wait())
-    try:
-        await asyncio.wait((future, aborted), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        aborted.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await aborted
-    return future.done()
 
 
 @plugin(config_schema=CONFIG_SCHEMA)

@@ -414,11 +414,9 @@ class AgentLoop:
         self.observer.on_step(step)
         on_text: OnText = self.observer.on_text
         pending = asyncio.ensure_future(self.provider.complete(request, tools, on_text=on_text, model=self.model))
-        aborted = asyncio.ensure_future(signal.wait())
         try:
-            await asyncio.wait({pending, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            await signal.until(pending)
         finally:
-            aborted.cancel()
             if not pending.done():
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)

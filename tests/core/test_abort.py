@@ -93,3 +93,48 @@ def test_an_interrupt_in_a_listener_still_lets_the_others_hear_and_then_wins(
     notes = raised.value.__notes__
     assert any("interrupted" in note for note in notes)
     assert any("also raised ValueError: listener failed" in note for note in notes)
+
+
+def test_until_returns_when_the_work_is_done_or_the_signal_aborts_and_leaves_the_work_alone() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        controller = AbortController()
+        signal = controller.signal
+        work: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.01, work.set_result, 7)
+        assert await signal.until(work) is True and work.result() == 7
+        assert not signal._waiters  # nothing left behind
+
+        failed: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.01, failed.set_exception, ValueError("the work's own error"))
+        assert await signal.until(failed) is True  # done: its error is the caller's to read
+        assert isinstance(failed.exception(), ValueError)
+
+        slow: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.01, controller.abort, "stop")
+        assert await signal.until(slow) is False
+        assert not slow.done() and not slow.cancelled()  # the abort overtook it; it was not touched
+        assert await signal.until(slow) is False  # already aborted: at once
+        slow.set_result(1)
+        assert await signal.until(slow) is True
+        assert await AbortSignal.never().until(slow) is True
+
+    asyncio.run(go())
+
+
+def test_cancelling_until_leaves_the_work_running_and_removes_its_waiter() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        signal = AbortController().signal
+        work: asyncio.Future[int] = loop.create_future()
+        waiting = asyncio.ensure_future(signal.until(work))
+        await asyncio.sleep(0)
+        assert signal._waiters
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not work.cancelled() and not signal._waiters
+        work.set_result(1)  # no callback of the cancelled wait is left on it
+        await asyncio.sleep(0)
+
+    asyncio.run(go())

@@ -416,14 +416,12 @@ class HttpFetch:
         """Body of ``fetch``: the request races the call's abort signal."""
         url = self._check(args["url"])
         work = asyncio.ensure_future(self._fetch(url, bool(args.get("raw", False))))
-        aborted = asyncio.ensure_future(ctx.signal.wait())
         try:
-            await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            await ctx.signal.until(work)
         finally:
-            aborted.cancel()
             if not work.done():
                 work.cancel()
-            await asyncio.gather(work, aborted, return_exceptions=True)
+            await asyncio.gather(work, return_exceptions=True)
         if ctx.signal.aborted:
             raise AbortedError(ctx.signal.reason)
         return work.result()
