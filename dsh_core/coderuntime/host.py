@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import types
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -82,6 +83,9 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
+_JUNK = object()  # a frame that did not parse
+# Frames from this size on have the host's time reading them charged to the run's CPU budget.
+_TIMED_FRAME_BYTES = 1 << 16
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
 _WARM_WORKERS = 2
 # Call ids remembered outside the consecutive run 1..n that a real worker sends:
@@ -572,6 +576,7 @@ class _Run:
         self.pipe_pending = bytearray()
         self.descriptor = ""
         self.cpu_used = 0.0
+        self.host_cpu = 0.0  # the host's time reading this run's large frames, charged to its CPU budget
         self.cpu_handle: asyncio.TimerHandle | None = None
         self.exit_timer: asyncio.TimerHandle | None = None
         self.clock: _WallClock | None = None
@@ -824,14 +829,20 @@ class _Run:
             if cost > self._memory_bytes:
                 self._refuse_dear_frame(len(payload), cost)
                 return
+            started = time.perf_counter() if len(payload) >= _TIMED_FRAME_BYTES else 0.0
             try:
                 message = wire.unpack_payload(payload)
             except wire.WireError:
-                continue  # junk is dropped silently
-            try:
-                self._on_message(message, cost)
-            except Exception:  # the listener never raises, whatever the peer sends
-                continue
+                message = _JUNK  # dropped silently; its reading still counts
+            if message is not _JUNK:
+                # The listener never raises, whatever the peer sends (no contextlib.suppress: a
+                # context manager per frame on the path of every binding call).
+                try:  # noqa: SIM105
+                    self._on_message(message, cost)
+                except Exception:
+                    pass
+            if started:
+                self._charge_host_reading(time.perf_counter() - started)
 
     @property
     def _memory_bytes(self) -> int:
@@ -1171,6 +1182,23 @@ class _Run:
         except (OSError, IndexError, ValueError):
             return None
 
+    def _charge_host_reading(self, seconds: float) -> None:
+        """Count the host's time reading one large frame against the run's CPU budget.
+
+        Parsing and decoding a frame within the memory budget can still hold the host's loop
+        for seconds (dense numbers parse at 13-35 ms a MiB), and a worker may send one such
+        frame after another: without this, only the wall-clock ceiling would end it, while
+        every other run on the host waited. A genuine program pays little: a frame's reading
+        costs about what writing it cost the worker.
+        """
+        self.host_cpu += seconds
+        if self.outcome is None and self.cpu_used + self.host_cpu >= self.config.cpu_s:
+            self._cpu_exhausted()
+
+    def _cpu_exhausted(self) -> None:
+        host = f", {self.host_cpu:.1f} s of it the host reading the program's frames" if self.host_cpu >= 0.05 else ""
+        self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time{host})"))
+
     def _poll_cpu(self) -> None:
         if self.outcome is not None:
             return
@@ -1184,10 +1212,10 @@ class _Run:
         except OSError:
             pass  # not allowed to ask (not a sign of exit): keep the reading
         self.cpu_used = used
-        if used >= self.config.cpu_s:
-            self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time)"))
+        if used + self.host_cpu >= self.config.cpu_s:
+            self._cpu_exhausted()
             return
-        self._schedule_cpu(min((self.config.cpu_s - used) / _NCPU, 0.25))
+        self._schedule_cpu(min((self.config.cpu_s - used - self.host_cpu) / _NCPU, 0.25))
 
     def _on_exit(self, future: asyncio.Future[int | None]) -> None:
         self.exit_status = future.result()

@@ -541,3 +541,31 @@ def test_many_concurrent_small_calls_fit_the_budget_their_arguments_fit() -> Non
         assert r.error is None and r.value == 1500 * 900, r.error
 
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, memory_mb=64))
+
+
+def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> None:
+    # Each 4 MiB frame of floats is within the memory budget but holds the host's loop for a
+    # fraction of a second; sent one after another, only the wall-clock ceiling ended them,
+    # while every other run on the host waited. The worker itself spends almost no CPU.
+    import time
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        assert (await rt.run("return 1", [])).value == 1
+        program = (
+            "import os, struct\n"
+            "body = b'{\"t\":\"call\",\"id\":%d,\"g\":\"tools\",\"n\":\"nope\",\"a\":[{\"a\":1048576},'"
+            " + b'1e5,' * 1048575 + b'1e5]}'\n"
+            "for i in range(1, 1000):\n"
+            "    frame = body % i\n"
+            "    os.write(3, struct.pack('>I', len(frame)) + frame)\n"
+            "return 'not charged'"
+        )
+        started = time.monotonic()
+        r = await rt.run(program, [])
+        elapsed = time.monotonic() - started
+        assert r.error is not None and r.error.kind == "timeout", r
+        assert r.error.message.startswith("CPU budget exhausted (1 s of CPU time, "), r.error.message
+        assert "s of it the host reading the program's frames)" in r.error.message, r.error.message
+        assert elapsed < 15, elapsed
+
+    arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=1.0))
