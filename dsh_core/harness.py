@@ -8,7 +8,9 @@ plugin, tool, hook implementation, agent and task unwinds.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import sys
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -70,6 +72,9 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
     unknown ``use`` or a config its plugin's schema refuses, and
     :class:`PluginLoadError` naming every row whose plugin cannot be imported;
     each message names the file and the row. Nothing is started.
+
+    What a plugin module prints while it is imported goes to stderr: stdout is
+    the command's output (``dsh config dump --json``, ``dsh -p``'s answer).
     """
     catalog = catalog or PluginCatalog()
     factories: dict[str, Callable[..., Any]] = {}
@@ -86,7 +91,8 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
         error = failures.get(row.use)
         if error is None:
             try:
-                factories[row.id] = catalog.load(row.use)
+                with contextlib.redirect_stdout(sys.stderr):
+                    factories[row.id] = catalog.load(row.use)
                 continue
             except PluginLoadError as failed:
                 error = failures[row.use] = failed

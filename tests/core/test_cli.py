@@ -97,6 +97,28 @@ def test_config_dump_refuses_a_deployment_that_would_not_start(  # type: ignore[
     assert broken.exit_code == 2 and "broken.toml: plugins[my-guard].use: plugin 'broken'" in broken.stderr
 
 
+@pytest.mark.parametrize("config", ['config = { tool = "noisy" }', 'config = { tool = 3 }'])
+def test_what_a_plugin_prints_on_import_never_reaches_stdout(  # type: ignore[no-untyped-def]
+        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    # config dump imports the rows' plugins now: a module that prints when imported must not turn
+    # `dump --json` into something that is not JSON, nor put text on stdout when the dump is refused.
+    # A fresh module per case: a module is imported (and prints) once per process.
+    module = "noisy_plugin_refused" if "3" in config else "noisy_plugin_valid"
+    (tmp_path / f"{module}.py").write_text('print("hello from the noisy plugin")\n'
+                                           "from tests.core.sample_plugins import echo\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DSH_PLUGINS", f"noisy={module}:echo")
+    (tmp_path / "noisy.toml").write_text(f'[[plugins]]\nid = "noisy"\nuse = "noisy"\n{config}\n')
+    result = run("config", "dump", "--json", "--config", "noisy.toml")
+    assert "hello from the noisy plugin" in result.stderr
+    if "3" in config:
+        assert result.exit_code == 2 and result.stdout == ""
+    else:
+        assert result.exit_code == 0, result.stderr
+        assert {"path": "plugins[noisy].config.tool", "value": "noisy", "source": "noisy.toml"} in json.loads(
+            result.stdout)
+
+
 def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
     listing = json.loads(run("tools", "list", "--json", "--config", "base.toml").stdout)
     assert listing == {"mode": "native", "visible": ["alpha"], "wire": [
