@@ -80,6 +80,10 @@ MUTATING = {"workspace_confined": True}
 
 #: Extended attributes that hold POSIX ACLs: who may use the file beyond its mode bits.
 _ACL_XATTRS = frozenset({"system.posix_acl_access", "system.posix_acl_default"})
+#: Extended attributes that belong to the old bytes, never copied onto new ones: file capabilities
+#: (which the kernel itself removes on any write; copied, a program the model wrote would run with
+#: the privileges of the one it replaced) and IMA/EVM measurements of the old content.
+_CONTENT_XATTRS = frozenset({"security.capability", "security.ima", "security.evm"})
 
 
 def _format_size(size: int) -> str:
@@ -617,7 +621,8 @@ class WorkspaceTools:
 
         An access ACL is an extended attribute: dropped, it would silently change who may read
         and write the file, so failing to copy it fails the write. Others (a ``user.*`` tag, a
-        security label the kernel gives the new file anyway) are copied where the kernel lets us.
+        security label the kernel gives the new file anyway) are copied where the kernel lets us,
+        except those of :data:`_CONTENT_XATTRS`, which a write in place would not keep either.
         """
         # By the directory's descriptor and the name, never following a link at the end; a path,
         # not a descriptor of the file, so a file dsh may write but not read keeps its ACL too.
@@ -627,6 +632,8 @@ class WorkspaceTools:
         except OSError:  # no extended attributes here (or no /proc): nothing to copy
             return
         for attribute in names:
+            if attribute in _CONTENT_XATTRS:
+                continue
             try:
                 os.setxattr(fd, attribute, os.getxattr(old, attribute, follow_symlinks=False))
             except OSError as error:

@@ -429,6 +429,38 @@ async def test_write_and_edit_keep_the_extended_attributes_and_acl_of_the_file_t
     assert sorted(os.listdir(tmp_path)) == ["shared.txt"]  # no temporary file left behind
 
 
+@pytest.mark.parametrize("content", ["", "#!/bin/sh\nid\n"])
+async def test_a_replacement_never_gets_the_file_capabilities_of_the_file_it_replaces(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str) -> None:
+    """File capabilities belong to the old bytes: the kernel drops them on any write, and a copy would
+    give a program the model wrote the privileges of the one it replaced (dsh running as root)."""
+    import struct
+
+    target = tmp_path / "tool"
+    target.write_text("x")
+    capabilities = struct.pack("<5I", 0x02000001, 1 << 13, 0, 0, 0)  # v2, effective: cap_net_raw
+    try:
+        os.setxattr(target, "security.capability", capabilities)
+        os.setxattr(target, "user.origin", b"ticket-7")
+    except OSError as error:
+        pytest.skip(f"cannot give a file capabilities here (needs CAP_SETFCAP and user xattrs): {error}")
+    # Whatever the filesystem does on a write: the capability is never even set on the new file.
+    real_setxattr = os.setxattr
+    names: list[str] = []
+
+    def recording(path: Any, attribute: str, *args: Any, **kwargs: Any) -> None:
+        names.append(attribute)
+        real_setxattr(path, attribute, *args, **kwargs)
+
+    monkeypatch.setattr(os, "setxattr", recording)
+    async with boot(ws(tmp_path)) as h:
+        written = await h.call("write", {"path": "tool", "content": content})
+        assert written.error is None
+    assert target.read_text() == content
+    assert "security.capability" not in os.listxattr(target) and "security.capability" not in names
+    assert os.getxattr(target, "user.origin") == b"ticket-7"  # the others are still kept
+
+
 async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Giving a file away takes privilege; setting a group dsh's user is in does not."""
