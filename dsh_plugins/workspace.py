@@ -622,7 +622,8 @@ class WorkspaceTools:
         An access ACL is an extended attribute: dropped, it would silently change who may read
         and write the file, so failing to copy it fails the write. Others (a ``user.*`` tag, a
         security label the kernel gives the new file anyway) are copied where the kernel lets us,
-        except those of :data:`_CONTENT_XATTRS`, which a write in place would not keep either.
+        except those of :data:`_CONTENT_XATTRS`, which a write in place would not keep either. A file
+        without an access ACL stays without one, whatever default ACL its directory gives new files.
         """
         # By the directory's descriptor and the name, never following a link at the end; a path,
         # not a descriptor of the file, so a file dsh may write but not read keeps its ACL too.
@@ -640,6 +641,16 @@ class WorkspaceTools:
                 if attribute in _ACL_XATTRS:
                     raise ToolError(f"cannot write {given!r}: its access control list could not be kept on the "
                                     f"replacement ({error.strerror}); nothing was replaced") from None
+        if "system.posix_acl_access" not in names:
+            # Created in the directory, the new file inherited its default ACL (if it has one): the
+            # file it replaces had none, so nobody the mode bits leave out may use the new one either.
+            try:
+                os.removexattr(fd, "system.posix_acl_access")
+            except OSError as error:
+                if error.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise ToolError(f"cannot write {given!r}: the replacement took its directory's default "
+                                    f"access control list, which could not be removed ({error.strerror}); "
+                                    "nothing was replaced") from None
 
     async def edit(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``edit``: exact replacement that fails on zero or (without replace_all) several matches."""

@@ -461,6 +461,33 @@ async def test_a_replacement_never_gets_the_file_capabilities_of_the_file_it_rep
     assert os.getxattr(target, "user.origin") == b"ticket-7"  # the others are still kept
 
 
+async def test_a_replacement_does_not_take_the_default_acl_of_its_directory(boot: Any, tmp_path: Path) -> None:
+    """The new file is created in the directory, so it inherits its default ACL; the file it replaces had
+    none (removed, or made before the default was set): kept as it was, nobody else may read it."""
+    folder = tmp_path / "team"
+    folder.mkdir()
+    target = folder / "private.txt"
+    target.write_text("alpha\n")
+    os.chmod(target, 0o640)
+    try:
+        os.setxattr(folder, "system.posix_acl_default", _acl_granting_read_to(4321))
+    except OSError as error:
+        pytest.skip(f"no ACLs here: {error}")
+    assert "system.posix_acl_access" not in os.listxattr(target)
+    async with boot(ws(tmp_path)) as h:
+        edited = await h.call("edit", {"path": "team/private.txt", "old_string": "alpha", "new_string": "beta"})
+        assert edited.error is None
+        written = await h.call("write", {"path": "team/private.txt", "content": "gamma\n"})
+        assert written.error is None
+        # A new file still gets the directory's default ACL, as any file created there does.
+        created = await h.call("write", {"path": "team/new.txt", "content": "delta\n"})
+        assert created.error is None
+    assert target.read_text() == "gamma\n"
+    assert "system.posix_acl_access" not in os.listxattr(target)  # user 4321 may not read it
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+    assert "system.posix_acl_access" in os.listxattr(folder / "new.txt")
+
+
 async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Giving a file away takes privilege; setting a group dsh's user is in does not."""
