@@ -627,20 +627,42 @@ class WorkspaceTools:
         """
         # By the directory's descriptor and the name, never following a link at the end; a path,
         # not a descriptor of the file, so a file dsh may write but not read keeps its ACL too.
-        old = f"/proc/self/fd/{parent}/{name}"
+        old: str | int = f"/proc/self/fd/{parent}/{name}"
+        opened: int | None = None
         try:
-            names = os.listxattr(old, follow_symlinks=False)
-        except OSError:  # no extended attributes here (or no /proc): nothing to copy
-            return
-        for attribute in names:
-            if attribute in _CONTENT_XATTRS:
-                continue
             try:
-                os.setxattr(fd, attribute, os.getxattr(old, attribute, follow_symlinks=False))
+                names = os.listxattr(old, follow_symlinks=False)
             except OSError as error:
-                if attribute in _ACL_XATTRS:
-                    raise ToolError(f"cannot write {given!r}: its access control list could not be kept on the "
-                                    f"replacement ({error.strerror}); nothing was replaced") from None
+                if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):  # none on this filesystem
+                    return
+                # No /proc (a chroot, a sandbox), or the file is gone: read them by a descriptor of it
+                # (an ACL is not dropped for want of /proc: a file dsh cannot read is refused instead).
+                try:
+                    opened = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+                    old = opened
+                    names = os.listxattr(opened)
+                except FileNotFoundError:  # gone: there is nothing to keep
+                    return
+                except OSError as error:
+                    if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                        return
+                    raise ToolError(f"cannot write {given!r}: its extended attributes (its access control list "
+                                    f"among them) could not be read ({error.strerror}); nothing was "
+                                    "replaced") from None
+            for attribute in names:
+                if attribute in _CONTENT_XATTRS:
+                    continue
+                try:
+                    value = (os.getxattr(old, attribute) if isinstance(old, int)
+                             else os.getxattr(old, attribute, follow_symlinks=False))
+                    os.setxattr(fd, attribute, value)
+                except OSError as error:
+                    if attribute in _ACL_XATTRS:
+                        raise ToolError(f"cannot write {given!r}: its access control list could not be kept on "
+                                        f"the replacement ({error.strerror}); nothing was replaced") from None
+        finally:
+            if opened is not None:
+                os.close(opened)
         if "system.posix_acl_access" not in names:
             # Created in the directory, the new file inherited its default ACL (if it has one): the
             # file it replaces had none, so nobody the mode bits leave out may use the new one either.

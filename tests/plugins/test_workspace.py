@@ -488,6 +488,47 @@ async def test_a_replacement_does_not_take_the_default_acl_of_its_directory(boot
     assert "system.posix_acl_access" in os.listxattr(folder / "new.txt")
 
 
+async def test_without_proc_a_replacement_still_keeps_the_acl_or_is_refused(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc may be missing (a chroot, a sandbox): an ACL is then not silently dropped."""
+    target = tmp_path / "shared.txt"
+    target.write_text("alpha\n")
+    acl = _acl_granting_read_to(4321)
+    try:
+        os.setxattr(target, "system.posix_acl_access", acl)
+    except OSError as error:
+        pytest.skip(f"no ACLs here: {error}")
+    real_listxattr, real_getxattr, real_open = os.listxattr, os.getxattr, os.open
+
+    def no_proc(real: Any) -> Any:
+        def call(path: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(path, str) and path.startswith("/proc/"):
+                raise FileNotFoundError(2, "No such file or directory")
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "listxattr", no_proc(real_listxattr))
+    monkeypatch.setattr(os, "getxattr", no_proc(real_getxattr))
+    async with boot(ws(tmp_path)) as h:
+        edited = await h.call("edit", {"path": "shared.txt", "old_string": "alpha", "new_string": "beta"})
+        assert edited.error is None
+        assert target.read_text() == "beta\n"
+        assert os.getxattr(target, "system.posix_acl_access") == acl
+
+        def unreadable(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if path == "shared.txt" and flags & os.O_ACCMODE == os.O_RDONLY and kwargs.get("dir_fd") is not None:
+                raise PermissionError(13, "Permission denied")  # a file dsh may write but not read
+            return real_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", unreadable)
+        refused = await h.call("write", {"path": "shared.txt", "content": "gamma\n"})
+        assert refused.code == "TOOL_FAILED"
+        assert "its extended attributes (its access control list among them) could not be read" in refused.text
+        assert target.read_text() == "beta\n"
+        assert os.getxattr(target, "system.posix_acl_access") == acl
+    assert sorted(os.listdir(tmp_path)) == ["shared.txt"]
+
+
 async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Giving a file away takes privilege; setting a group dsh's user is in does not."""
