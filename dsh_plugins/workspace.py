@@ -565,7 +565,8 @@ class WorkspaceTools:
             os.close(parent)
         return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
 
-    def _replace(self, parent: int, real: str, given: str, data: bytes, info: os.stat_result | None) -> None:
+    def _replace(self, parent: int, real: str, given: str, data: bytes, info: os.stat_result | None,
+                 before_rename: Callable[[], None] | None = None) -> None:
         """Put ``data`` at ``real`` (``parent`` is its directory) atomically: a new file beside it, renamed
         over it (``info``: the stat of the file it replaces).
 
@@ -605,6 +606,8 @@ class WorkspaceTools:
                 # No fsync: the body runs on the event loop, where a sync of each write would
                 # stall every other call; the rename already gives readers all or nothing.
                 handle.write(data)
+            if before_rename is not None:
+                before_rename()  # the last moment to refuse: nothing has replaced the file yet
             os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
         except OSError as error:
             with contextlib.suppress(OSError):
@@ -699,10 +702,11 @@ class WorkspaceTools:
             raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "
                             f"{_format_size(self.max_file_bytes)} limit")
         ctx.signal.raise_if_aborted()
-        self._check_unchanged(real, given, info, text.encode("utf-8"))
+        original = text.encode("utf-8")
         parent = self._open_parent(real, given)
         try:
-            self._replace(parent, real, given, data, info)
+            self._replace(parent, real, given, data, info,
+                          before_rename=lambda: self._check_unchanged(real, given, info, original))
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}

@@ -385,6 +385,27 @@ async def test_an_edit_does_not_undo_a_change_made_while_it_ran(
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
+async def test_an_edit_checks_for_a_change_at_the_last_moment_before_the_rename(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change made while the replacement is being written is caught too, not only one before it."""
+    from dsh_plugins.workspace import WorkspaceTools
+
+    target = tmp_path / "notes.txt"
+    target.write_text("alpha beta\n")
+    copy_xattrs = WorkspaceTools._copy_xattrs
+
+    def someone_writes_meanwhile(parent: int, name: str, fd: int, given: str) -> None:
+        target.write_text("alpha beta gamma\n")  # while the new file is being prepared
+        copy_xattrs(parent, name, fd, given)
+
+    monkeypatch.setattr(WorkspaceTools, "_copy_xattrs", staticmethod(someone_writes_meanwhile))
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("edit", {"path": "notes.txt", "old_string": "beta", "new_string": "BETA"})
+        assert result.code == "TOOL_FAILED" and "changed while it was being edited" in result.text
+    assert target.read_text() == "alpha beta gamma\n"
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # the replacement was removed
+
+
 def _acl_granting_read_to(uid: int) -> bytes:
     import struct
 
