@@ -135,12 +135,12 @@ _COROUTINE = type(_probe)
 _probe.close()
 
 
-
 def _parameters(function: object) -> list[inspect.Parameter]:
     try:
         return list(inspect.signature(function).parameters.values())  # type: ignore[arg-type]
     except (TypeError, ValueError):  # no signature to read (a builtin): pluggy passes what it can
         return []
+
 
 class Hooks:
     """The typed facade over one pluggy ``PluginManager`` (one per harness, one per test)."""
