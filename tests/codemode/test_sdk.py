@@ -281,8 +281,8 @@ def test_lone_surrogates_show_as_escapes_in_the_typescript_stub() -> None:
 
 #: Characters that do not show as themselves: ESC (drives a terminal), DEL, a C1 control, line
 #: breaks only some readers honor, a bidi override (reorders what follows), BOM, an invisible tag.
-HIDDEN = ["\x1b", "\x7f", "\x9b", "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\u202e", "\u2066", "\ufeff",
-          "\U000e0041"]
+HIDDEN = ["\x1b", "\x7f", "\x9b", "\x0b", "\x0c", "\x85", "\xad", "\u2028", "\u2029", "\u202e", "\u2066",
+          "\ufeff", "\U000e0041"]
 
 
 @pytest.mark.parametrize("char", HIDDEN)
