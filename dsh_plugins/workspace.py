@@ -169,6 +169,10 @@ class Workspace:
             raise ToolError(f"{what} contains a NUL character")
         joined = path if os.path.isabs(path) else os.path.join(self.root, path)
         lexical = os.path.normpath(joined)
+        if lexical.startswith("//"):
+            # POSIX lets a system give a leading "//" its own meaning, so normpath keeps it; on
+            # Linux it is "/", and "//home/me/ws/a.txt" is a path inside the workspace.
+            lexical = "/" + lexical.lstrip("/")
         if not self._inside(lexical):
             raise ToolError(f"{what} {path!r} is outside the workspace {self.root}; "
                             "use a path relative to the workspace root")

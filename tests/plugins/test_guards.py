@@ -40,11 +40,13 @@ async def test_deny_paths_cover_relative_absolute_and_symlinked_spellings(boot: 
     (tmp_path / "sub" / "alias").symlink_to(tmp_path / ".env")
     (tmp_path / "notes.txt").write_text("ok\n")
     async with boot(*rows(tmp_path, deny_paths=["**/.env", f"{tmp_path}/private/**"])) as h:
-        for path in (".env", "sub/../.env", str(tmp_path / ".env"), "sub/alias", "private/key.pem"):
+        for path in (".env", "sub/../.env", str(tmp_path / ".env"), "sub/alias", "private/key.pem",
+                     "/" + str(tmp_path / "private/key.pem")):
             result = await h.call("read", {"path": path})
             assert result.code == "DENIED", path
             assert f'guards: path "{path}" (argument "path") matches the denied pattern' in result.text
         assert (await h.call("read", {"path": "notes.txt"})).error is None
+        assert (await h.call("read", {"path": "/" + str(tmp_path / "notes.txt")})).error is None
 
 
 async def test_allowed_roots_deny_paths_outside(boot: Any, tmp_path: Path) -> None:

@@ -44,6 +44,17 @@ async def test_write_read_edit_list_search_round_trip(boot: Any, tmp_path: Path)
         assert found.text == "src/app.py:2: b = 20"
 
 
+async def test_a_leading_double_slash_is_the_root_directory(boot: Any, tmp_path: Path) -> None:
+    """On Linux "//x" is "/x": an absolute path written with it inside the workspace is inside."""
+    (tmp_path / "a.txt").write_text("alpha\n")
+    async with boot(ws(tmp_path)) as h:
+        read = await h.call("read", {"path": "/" + str(tmp_path / "a.txt")})
+        assert read.error is None, read.text
+        assert read.value["content"] == "     1\talpha"
+        outside = await h.call("read", {"path": "//etc/passwd"})
+        assert outside.code == "TOOL_FAILED" and "is outside the workspace" in outside.text
+
+
 @pytest.mark.parametrize("path", ["/etc/passwd", "../outside.txt", "sub/../../outside.txt"])
 async def test_paths_outside_the_root_are_refused_without_side_effect(boot: Any, tmp_path: Path, path: str) -> None:
     """Absolute paths outside and .. escapes fail clearly, and nothing is written outside."""
