@@ -829,7 +829,11 @@ class _Run:
             if cost > self._memory_bytes:
                 self._refuse_dear_frame(len(payload), cost)
                 return
-            started = time.perf_counter() if len(payload) >= _TIMED_FRAME_BYTES else 0.0
+            # The loop thread's CPU time, not the wall clock: while the host is off the CPU (other
+            # processes, another thread holding the GIL, stopped with Ctrl-Z) the program is not
+            # costing it anything, and cpu_s is a budget of CPU time.
+            timed = len(payload) >= _TIMED_FRAME_BYTES
+            started = time.thread_time() if timed else 0.0
             try:
                 message = wire.unpack_payload(payload)
             except wire.WireError:
@@ -841,8 +845,8 @@ class _Run:
                     self._on_message(message, cost)
                 except Exception:
                     pass
-            if started:
-                self._charge_host_reading(time.perf_counter() - started)
+            if timed:
+                self._charge_host_reading(time.thread_time() - started)
 
     @property
     def _memory_bytes(self) -> int:

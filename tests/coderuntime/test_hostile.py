@@ -569,3 +569,31 @@ def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> N
         assert elapsed < 15, elapsed
 
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=1.0))
+
+
+def test_only_the_hosts_cpu_time_reading_a_frame_is_charged_not_its_wall_time(monkeypatch: Any) -> None:
+    # The host's loop may be off the CPU while it reads a frame (other processes on the machine,
+    # the GIL held by another thread, the host stopped with Ctrl-Z): that is not the program's
+    # CPU time. Here reading each large frame takes 0.4 s of wall time and almost no CPU.
+    import time
+
+    from dsh_core.coderuntime.worker import wire
+
+    unpack = wire.unpack_payload
+
+    def slow_unpack(payload: Any) -> Any:
+        if len(payload) >= 1 << 16:
+            time.sleep(0.4)
+        return unpack(payload)
+
+    monkeypatch.setattr(wire, "unpack_payload", slow_unpack)
+
+    async def size(args: Any) -> Any:
+        return len(args["s"])
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = "s = 'a' * 100_000\nreturn sum([await tools.size({'s': s}) for _ in range(5)])"
+        r = await rt.run(program, tools(size=size))
+        assert r.error is None and r.value == 500_000, r.error
+
+    arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=1.0))
