@@ -138,3 +138,18 @@ def test_cancelling_until_leaves_the_work_running_and_removes_its_waiter() -> No
         await asyncio.sleep(0)
 
     asyncio.run(go())
+
+
+def test_until_refuses_a_coroutine_with_a_type_error() -> None:
+    async def work() -> int:
+        return 1
+
+    async def go() -> None:
+        coroutine = work()
+        with pytest.raises(TypeError, match="ensure_future"):
+            await AbortSignal().until(coroutine)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="ensure_future"):
+            await AbortSignal.aborted_with("stop").until(coroutine)  # type: ignore[arg-type]
+        assert await coroutine == 1  # untouched: still the caller's to run
+
+    asyncio.run(go())
