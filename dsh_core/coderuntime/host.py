@@ -1251,7 +1251,7 @@ class _Run:
             sig = os.WTERMSIG(status)
             name = signals.Signals(sig).name if sig in signals.Signals._value2member_map_ else str(sig)
             if sig == signals.SIGXCPU or (sig == signals.SIGKILL and self.cpu_used >= self.config.cpu_s):
-                self.settle("error", ("timeout", f"CPU budget exhausted ({self.config.cpu_s:g} s of CPU time)"))
+                self._cpu_exhausted()
             elif sig == signals.SIGKILL and self.cgroup is not None and self.cgroup.oom_kills() > self.cgroup.oom_base:
                 self.settle("error", ("memory-limit", f"memory limit exceeded ({self.config.memory_mb} MiB)"))
             else:
