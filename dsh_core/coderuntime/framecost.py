@@ -52,8 +52,8 @@ __all__ = ["read_cost", "EXACT_FROM"]
 #: Frames shorter than this are bounded by their length alone (:data:`_PER_BYTE` times it),
 #: without a scan: on the path of every small binding call, a scan would cost more than it saves.
 #: Not higher: the binding arguments in flight are counted by this bound, and at 1 KiB a genuine
-#: call of a 900-byte string counted 65 KB (against about 10 KB scanned), so a program with a
-#: thousand such calls running at once exceeded a 64 MiB budget. Below 256 bytes a frame counts
+#: call of a 900-byte string counted 65 KB (against about 10 KB scanned), so a program with
+#: about 1,030 such calls running at once exceeded a 64 MiB budget. Below 256 bytes a frame counts
 #: at most 20 KB; a scan costs about 1 to 5 microseconds from there to 1 KiB.
 EXACT_FROM = 256
 #: Bytes of host memory per frame byte at most, whatever the frame (measured worst: 48, for
