@@ -235,7 +235,13 @@ class Harness:
         return await self.runtime.execute(request)
 
     async def aclose(self) -> None:
-        """Dispose every plugin, agent and task of the deployment and wait for quiescence."""
+        """Dispose every plugin, agent and task of the deployment and wait for quiescence.
+
+        What the harness started (plugin tasks, agent runs it spawned, workers) is ended and
+        awaited. Calls made through :meth:`call` run in their callers' tasks and are not: abort
+        their signals or cancel (and await) those tasks first, or a body still running finds
+        its plugin's resources gone.
+        """
         await self.root.dispose()
 
     async def __aenter__(self) -> Harness:
