@@ -77,6 +77,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, b"a" * 100_000, "text/plain")
         elif self.path == "/image":
             self.send(200, b"\x89PNG", "image/png")
+        elif self.path == "/gone-image":
+            self.send(410, b"\x89PNG", "image/png")
         elif self.path == "/drip":
             # Each byte arrives well within httpx's per-read timeout; the whole body takes 20 s.
             self.send_response(200)
@@ -225,6 +227,9 @@ def test_size_cap_redirect_loop_binary_and_errors(server: str) -> None:
     assert "more than 2 redirects" in loop.text
     image = fetch(server, f"http://{server}/image")
     assert "is image/png, not text" in image.text
+    gone = fetch(server, f"http://{server}/gone-image")  # an error status says more than its page's type
+    assert gone.code == "TOOL_FAILED" and "HTTP 410 Gone for" in gone.text
+    assert "(its body is image/png, not shown)" in gone.text
     missing = fetch(server, f"http://{server}/missing")
     assert missing.code == "TOOL_FAILED" and "HTTP 404 Not Found" in missing.text and "no such page" in missing.text
 

@@ -468,6 +468,9 @@ class HttpFetch:
         textual = (content_type.startswith("text/") or content_type.endswith(("json", "xml", "javascript"))
                    or not content_type)
         if not textual:
+            if response.status_code >= 400:  # the status says more than the type of its error page
+                raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is "
+                                f"{content_type}, not shown)")
             raise ToolError(f"{url} is {content_type}, not text; only text documents can be fetched")
         body = bytearray()
         truncated = False
