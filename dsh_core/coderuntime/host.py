@@ -83,7 +83,6 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
-_JUNK = object()  # a frame that did not parse
 # Frames from this size on have the host's time reading them charged to the run's CPU budget.
 _TIMED_FRAME_BYTES = 1 << 16
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
@@ -834,17 +833,10 @@ class _Run:
             # costing it anything, and cpu_s is a budget of CPU time.
             timed = len(payload) >= _TIMED_FRAME_BYTES
             started = time.thread_time() if timed else 0.0
-            try:
-                message = wire.unpack_payload(payload)
-            except wire.WireError:
-                message = _JUNK  # dropped silently; its reading still counts
-            if message is not _JUNK:
-                # The listener never raises, whatever the peer sends (no contextlib.suppress: a
-                # context manager per frame on the path of every binding call).
-                try:  # noqa: SIM105
-                    self._on_message(message, cost)
-                except Exception:
-                    pass
+            # Junk (a WireError) is dropped silently, its reading still counted; the listener
+            # never raises, whatever the peer sends.
+            with contextlib.suppress(Exception):
+                self._on_message(wire.unpack_payload(payload), cost)
             if timed:
                 self._charge_host_reading(time.thread_time() - started)
 
@@ -970,8 +962,8 @@ class _Run:
         # The host holds each running call's decoded arguments: what their frames may take once
         # read (framecost) may not exceed the worker's own memory budget together. A forger
         # writing one buffer as many calls would otherwise make the host hold every copy; a
-        # genuine program reaches the bound
-        # only by passing one large value to many concurrent calls, and gets a catchable error.
+        # genuine program reaches the bound only by passing large values to many concurrent
+        # calls, and gets a catchable error.
         if self.tasks and self.call_bytes + cost > self._memory_bytes:
             self._reply(
                 call_id,
