@@ -74,15 +74,7 @@ class AbortSignal:
         """Wait until the signal aborts; return the reason."""
         if self._aborted:
             return self._reason
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(future)
-        try:
-            await future
-        finally:
-            if self._waiters is not None and future in self._waiters:
-                self._waiters.remove(future)
+        await self._park(asyncio.get_running_loop().create_future())
         return self._reason
 
     async def until(self, future: asyncio.Future[Any]) -> bool:
@@ -107,16 +99,22 @@ class AbortSignal:
                 waiter.set_result(None)
 
         future.add_done_callback(wake)
+        try:
+            await self._park(waiter)
+        finally:
+            future.remove_done_callback(wake)
+        return future.done()
+
+    async def _park(self, waiter: asyncio.Future[None]) -> None:
+        """Await ``waiter``, which the abort resolves, and forget it however the wait ends."""
         if self._waiters is None:
             self._waiters = []
         self._waiters.append(waiter)
         try:
             await waiter
         finally:
-            future.remove_done_callback(wake)
             if self._waiters is not None and waiter in self._waiters:
                 self._waiters.remove(waiter)
-        return future.done()
 
     def _fire(self, reason: object) -> None:
         if self._aborted:
