@@ -613,13 +613,11 @@ class WorkspaceTools:
             if before_rename is not None:
                 before_rename()  # the last moment to refuse: nothing has replaced the file yet
             os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
-        except OSError as error:
+        except BaseException as error:  # nothing replaced: the new file goes, whatever stopped it
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=parent)
-            raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=parent)
+            if isinstance(error, OSError):
+                raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
             raise
 
     @staticmethod
@@ -632,45 +630,17 @@ class WorkspaceTools:
         except those of :data:`_CONTENT_XATTRS`, which a write in place would not keep either. A file
         without an access ACL stays without one, whatever default ACL its directory gives new files.
         """
-        # By the directory's descriptor and the name, never following a link at the end; a path,
-        # not a descriptor of the file, so a file dsh may write but not read keeps its ACL too.
-        old: str | int = f"/proc/self/fd/{parent}/{name}"
-        opened: int | None = None
-        try:
+        old = WorkspaceTools._old_xattrs(parent, name, given)
+        if old is None:
+            return  # none on this filesystem, or the file is gone: nothing to keep
+        for attribute, value in old.items():
             try:
-                names = os.listxattr(old, follow_symlinks=False)
+                os.setxattr(fd, attribute, value)
             except OSError as error:
-                if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):  # none on this filesystem
-                    return
-                # No /proc (a chroot, a sandbox), or the file is gone: read them by a descriptor of it
-                # (an ACL is not dropped for want of /proc: a file dsh cannot read is refused instead).
-                try:
-                    opened = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
-                    old = opened
-                    names = os.listxattr(opened)
-                except FileNotFoundError:  # gone: there is nothing to keep
-                    return
-                except OSError as error:
-                    if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                        return
-                    raise ToolError(f"cannot write {given!r}: its extended attributes (its access control list "
-                                    f"among them) could not be read ({error.strerror}); nothing was "
-                                    "replaced") from None
-            for attribute in names:
-                if attribute in _CONTENT_XATTRS:
-                    continue
-                try:
-                    value = (os.getxattr(old, attribute) if isinstance(old, int)
-                             else os.getxattr(old, attribute, follow_symlinks=False))
-                    os.setxattr(fd, attribute, value)
-                except OSError as error:
-                    if attribute in _ACL_XATTRS:
-                        raise ToolError(f"cannot write {given!r}: its access control list could not be kept on "
-                                        f"the replacement ({error.strerror}); nothing was replaced") from None
-        finally:
-            if opened is not None:
-                os.close(opened)
-        if "system.posix_acl_access" not in names:
+                if attribute in _ACL_XATTRS:
+                    raise ToolError(f"cannot write {given!r}: its access control list could not be kept on "
+                                    f"the replacement ({error.strerror}); nothing was replaced") from None
+        if "system.posix_acl_access" not in old:
             # Created in the directory, the new file inherited its default ACL (if it has one): the
             # file it replaces had none, so nobody the mode bits leave out may use the new one either.
             try:
@@ -680,6 +650,52 @@ class WorkspaceTools:
                     raise ToolError(f"cannot write {given!r}: the replacement took its directory's default "
                                     f"access control list, which could not be removed ({error.strerror}); "
                                     "nothing was replaced") from None
+
+    @staticmethod
+    def _old_xattrs(parent: int, name: str, given: str) -> dict[str, bytes] | None:
+        """The extended attributes of ``name`` in ``parent`` worth keeping (ACL first in importance).
+
+        ``None`` where there are none to keep: the filesystem has no extended attributes, or the
+        file is gone. An attribute that cannot be read is left out, but an ACL refuses the write.
+        """
+        # By the directory's descriptor and the name, never following a link at the end; a path,
+        # not a descriptor of the file, so a file dsh may write but not read keeps its ACL too.
+        source: str | int = f"/proc/self/fd/{parent}/{name}"
+        opened: int | None = None
+        try:
+            try:
+                names = os.listxattr(source, follow_symlinks=False)
+            except OSError as error:
+                if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                    return None
+                # No /proc (a chroot, a sandbox), or the file is gone: read them by a descriptor of it
+                # (an ACL is not dropped for want of /proc: a file dsh cannot read is refused instead).
+                try:
+                    opened = source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+                    names = os.listxattr(opened)
+                except FileNotFoundError:
+                    return None
+                except OSError as error:
+                    if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                        return None
+                    raise ToolError(f"cannot write {given!r}: its extended attributes (its access control list "
+                                    f"among them) could not be read ({error.strerror}); nothing was "
+                                    "replaced") from None
+            values: dict[str, bytes] = {}
+            for attribute in names:
+                if attribute in _CONTENT_XATTRS:
+                    continue
+                try:
+                    values[attribute] = (os.getxattr(source, attribute) if isinstance(source, int)
+                                         else os.getxattr(source, attribute, follow_symlinks=False))
+                except OSError as error:
+                    if attribute in _ACL_XATTRS:
+                        raise ToolError(f"cannot write {given!r}: its access control list could not be kept on "
+                                        f"the replacement ({error.strerror}); nothing was replaced") from None
+            return values
+        finally:
+            if opened is not None:
+                os.close(opened)
 
     async def edit(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``edit``: exact replacement that fails on zero or (without replace_all) several matches."""
