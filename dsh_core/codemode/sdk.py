@@ -100,9 +100,10 @@ def _one_line(text: str) -> str:
 #: ``surrogateescape``, but a stub is compiled, and sent, as UTF-8). The others would not show as
 #: themselves: controls (ESC drives a terminal; ``\x0b``, ``\x0c`` and ``\x85`` end a line for some
 #: readers and not for Python), line and paragraph separators, bidi controls that reorder what a
-#: reader sees, and invisible format characters (soft hyphen, zero-width space, BOM, tag characters). Tab, line
-#: feed and carriage return are the layout of a docstring; a string literal or a comment never holds
-#: them raw. Zero-width (non-)joiners stay: emoji and several scripts are spelled with them.
+#: reader sees, and invisible format characters (soft hyphen, zero-width space, BOM, tag
+#: characters). Tab, line feed and carriage return are the layout of a docstring; a string literal
+#: or a comment never holds them raw. Zero-width (non-)joiners stay: emoji and several scripts are
+#: spelled with them.
 _UNSHOWABLE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e"
                                 "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
 
