@@ -2,19 +2,22 @@
 
 :meth:`Harness.start` composes everything a :class:`~dsh_core.config.Deployment`
 describes, in order (plugins in row order, then agents), and disposes all of
-it if any step fails. :meth:`Harness.aclose` disposes the root scope: every
-plugin, tool, hook implementation, agent and task unwinds.
+it if any step fails. :meth:`Harness.aclose` first aborts and awaits the calls
+made through :meth:`Harness.call`, then disposes the root scope: every plugin,
+tool, hook implementation, agent and task unwinds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from dsh_core.abort import AbortSignal
+from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.config import Deployment, validate_plugin_configs
 from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.hooks import Hooks
@@ -28,6 +31,8 @@ from dsh_core.scope import Scope
 __all__ = ["Harness", "NamedRegistry", "load_plugins"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("dsh")
 
 
 class NamedRegistry(Generic[T]):
@@ -121,6 +126,9 @@ class Harness:
         self.agents: dict[str, Scope] = {}
         self.plugins: dict[str, Scope] = {}
         self._call_ids = itertools.count(1)
+        # Fused into every call made through call(): aclose aborts it, so no body outlives its plugin.
+        self._closing = AbortController()
+        self._calls: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
 
     @classmethod
     async def start(
@@ -228,20 +236,46 @@ class Harness:
 
     async def call(self, name: str, arguments: JSON, *, agent: str | Scope | None = None,
                    signal: AbortSignal | None = None, call_id: str | None = None) -> ToolResult:
-        """One model-direct call through the whole pipeline."""
+        """One model-direct call through the whole pipeline.
+
+        The call runs under ``signal`` fused with the harness's own: :meth:`aclose`
+        aborts it (reason ``"harness closed"``) and waits for it to end. Raises
+        :class:`RuntimeError` once :meth:`aclose` has begun.
+        """
+        if self._closing.signal.aborted:
+            raise RuntimeError(f"the harness is closed: no call of {name!r} can start (start a new harness)")
         scope = agent if isinstance(agent, Scope) else self.agent(agent)
+        fused, release = AbortSignal.fuse((signal or AbortSignal.never(), self._closing.signal))
         request = ToolExecutionInput(call_id=call_id or self.next_call_id(), name=name, arguments=arguments,
-                                     signal=signal or AbortSignal.never(), agent=scope)
-        return await self.runtime.execute(request)
+                                     signal=fused, agent=scope)
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._calls[ended] = asyncio.current_task()
+        try:
+            return await self.runtime.execute(request)
+        finally:
+            release()
+            del self._calls[ended]
+            ended.set_result(None)
 
     async def aclose(self) -> None:
-        """Dispose every plugin, agent and task of the deployment and wait for quiescence.
+        """Abort and await the calls in flight, then dispose every plugin, agent and task.
 
-        What the harness started (plugin tasks, agent runs it spawned, workers) is ended and
-        awaited. Calls made through :meth:`call` run in their callers' tasks and are not: abort
-        their signals or cancel (and await) those tasks first, or a body still running finds
-        its plugin's resources gone.
+        Calls made through :meth:`call` are aborted with the reason ``"harness closed"``
+        and awaited (their results go to their callers as usual), so no body is still
+        running when its plugin's resources go; later calls raise. Then the root scope
+        is disposed: what the harness started (plugin tasks, agent runs it spawned,
+        workers) is ended and awaited. A body that ignores its abort signal holds this
+        method until it returns. Closing twice is harmless.
         """
+        try:
+            self._closing.abort("harness closed")
+        except Exception:  # a body's abort listener raised: the others were called; close anyway
+            log.warning("an abort listener of a call in flight failed while the harness closed", exc_info=True)
+        current = asyncio.current_task()
+        # A body that closes its own harness must not wait for itself.
+        pending = [ended for ended, task in self._calls.items() if task is None or task is not current]
+        if pending:
+            await asyncio.wait(pending)
         await self.root.dispose()
 
     async def __aenter__(self) -> Harness:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dsh_core import PreDecision, define_tool, hookimpl, plugin
+from dsh_core import AbortedError, PreDecision, define_tool, hookimpl, plugin
 from dsh_core.model import ToolExecution
 from dsh_core.scope import Scope
 
@@ -85,3 +85,49 @@ raise_on_import = False
 async def async_factory(scope: Scope, config: Any) -> DenyPlugin:
     """A plausible mistake: an ``async def`` factory returns a coroutine, not the plugin."""
     return DenyPlugin(["echo"])
+
+
+class SlowPlugin:
+    """A ``slow`` tool that waits for its abort, then reports whether its plugin was still open."""
+
+    def __init__(self, scope: Scope, events: list[str]) -> None:
+        self.scope = scope
+        self.events = events
+        self.open = True
+        self.started = 0
+        scope.on_dispose(self._close)
+
+    def _close(self) -> None:
+        self.open = False
+        self.events.append("disposed")
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        async def execute(args: Any, ctx: Any) -> Any:
+            self.started += 1
+            self.events.append("started")
+            await ctx.signal.wait()
+            self.events.append(f"aborted: {ctx.signal.reason} (plugin open: {self.open})")
+            raise AbortedError(ctx.signal.reason)
+
+        async def close_harness(args: Any, ctx: Any) -> Any:
+            await self.scope.lookup("harness").aclose()
+            return {"closed": True}
+
+        register(define_tool(name="slow", description="Wait until aborted.", execute=execute,
+                             parameters={"type": "object"}, output_schema={"type": "object"},
+                             is_concurrency_safe=True))
+        register(define_tool(name="close_harness", description="Close the harness this tool runs in.",
+                             execute=close_harness, parameters={"type": "object"},
+                             output_schema={"type": "object"}))
+
+
+SLOW_EVENTS: list[str] = []
+SLOW_PLUGINS: list[SlowPlugin] = []
+
+
+@plugin()
+def slow(scope: Scope, config: Any) -> SlowPlugin:
+    instance = SlowPlugin(scope, SLOW_EVENTS)
+    SLOW_PLUGINS.append(instance)
+    return instance
