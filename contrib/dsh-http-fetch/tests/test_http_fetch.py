@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gzip
 import ipaddress
 import socket
 import ssl
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,10 +42,48 @@ PAGE = b"""<!doctype html><html><head><title>Hello  page</title><style>body{colo
 <script>alert('x')</script></head><body><h1>Welcome</h1><p>First   paragraph
 with <b>bold</b> text.</p><ul><li>one</li><li>two</li></ul></body></html>"""
 
+TEXT = "Grüße, plain text that compresses: ".encode() + b"la " * 1000
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+# /encoded/<name>: TEXT (or what is named) served with a Content-Encoding.
+ENCODED: dict[str, tuple[str, bytes]] = {
+    "gzip": ("gzip", gzip.compress(TEXT)),
+    "x-gzip": ("x-gzip", gzip.compress(TEXT)),
+    "gzip-members": ("gzip", gzip.compress(TEXT[:50]) + gzip.compress(TEXT[50:])),  # one file, two members
+    "gzip-trailing": ("gzip", gzip.compress(TEXT) + b"\r\njunk"),  # after a whole member: ignored
+    "deflate-trailing": ("deflate", zlib.compress(TEXT) + b"\r\njunk"),
+    "deflate-zlib": ("deflate", zlib.compress(TEXT)),  # what RFC 9110 says deflate is
+    "deflate-raw": ("deflate", _raw_deflate(TEXT)),  # what some servers send instead
+    "stacked": ("deflate, GZIP", gzip.compress(zlib.compress(TEXT))),  # deflated, then gzipped
+    "identity": ("identity", TEXT),
+    "empty-gzip": ("gzip", b""),
+    "br": ("br", b"\x8b\x02\x80hello\x03"),
+    "zstd": ("zstd", b"(\xb5/\xfd hello"),
+    "unknown": ("gzip, x-squash", gzip.compress(TEXT)),
+    "too-many": ("gzip, gzip, gzip, gzip", gzip.compress(gzip.compress(gzip.compress(gzip.compress(TEXT))))),
+    "corrupt-gzip": ("gzip", b"\x1f\x8b\x08\x00" + b"not really gzip at all" * 10),
+    "corrupt-deflate": ("deflate", b"\xff\xff\xff\xff garbage"),
+    "cut-gzip": ("gzip", gzip.compress(TEXT)[:-6]),  # the stream stops before its trailer
+}
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """64 MiB of one repeated byte, gzipped to about 64 KiB: one or two reads off the socket."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = b"a" * (1 << 20)
+    return b"".join(compressor.compress(block) for _ in range(64)) + compressor.flush()
+
 
 class Handler(BaseHTTPRequestHandler):
     hits: ClassVar[list[str]] = []
     host_headers: ClassVar[list[str]] = []
+    accept_encodings: ClassVar[list[str | None]] = []
 
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
@@ -59,6 +101,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         Handler.hits.append(self.path)
         Handler.host_headers.append(self.headers.get("Host", ""))
+        Handler.accept_encodings.append(self.headers.get("Accept-Encoding"))
         port = self.server.server_address[1]
         target = parse_qs(urlsplit(self.path).query).get("url", [""])[0]
         if self.path == "/page":
@@ -75,6 +118,13 @@ class Handler(BaseHTTPRequestHandler):
             self.send(302, b"", headers={"Location": "/loop"})
         elif self.path == "/big":
             self.send(200, b"a" * 100_000, "text/plain")
+        elif self.path.startswith("/encoded/"):
+            encoding, body = ENCODED[self.path.removeprefix("/encoded/")]
+            self.send(200, body, "text/plain; charset=utf-8", headers={"Content-Encoding": encoding})
+        elif self.path == "/gone-br":
+            self.send(410, b"\x8b\x02\x80gone\x03", headers={"Content-Encoding": "br"})
+        elif self.path == "/bomb":
+            self.send(200, gzip_bomb(), "text/plain", headers={"Content-Encoding": "gzip"})
         elif self.path == "/image":
             self.send(200, b"\x89PNG", "image/png")
         elif self.path == "/gone-image":
@@ -108,6 +158,7 @@ def server() -> Iterator[str]:
     thread.start()
     Handler.hits.clear()
     Handler.host_headers.clear()
+    Handler.accept_encodings.clear()
     try:
         yield f"127.0.0.1:{httpd.server_address[1]}"
     finally:
@@ -232,6 +283,75 @@ def test_size_cap_redirect_loop_binary_and_errors(server: str) -> None:
     assert "(its body is image/png, not shown)" in gone.text
     missing = fetch(server, f"http://{server}/missing")
     assert missing.code == "TOOL_FAILED" and "HTTP 404 Not Found" in missing.text and "no such page" in missing.text
+
+
+# --- Content-Encoding: decoded here, with the size cap applied while decoding ----------------------------------
+
+
+def test_the_request_offers_only_the_encodings_the_plugin_decodes_itself(server: str) -> None:
+    fetch(server, f"http://{server}/plain")
+    assert Handler.accept_encodings == ["gzip, deflate, identity"]
+
+
+@pytest.mark.parametrize("name", ["gzip", "x-gzip", "gzip-members", "gzip-trailing", "deflate-zlib", "deflate-raw",
+                                  "deflate-trailing", "stacked", "identity"])
+def test_compressed_bodies_are_decoded(server: str, name: str) -> None:
+    result = fetch(server, f"http://{server}/encoded/{name}")
+    assert result.value["text"] == TEXT.decode() and result.value["truncated"] is False
+
+
+def test_an_empty_compressed_body_is_empty(server: str) -> None:
+    result = fetch(server, f"http://{server}/encoded/empty-gzip")
+    assert result.value["text"] == "" and result.value["truncated"] is False
+
+
+def test_the_size_cap_counts_decoded_bytes(server: str) -> None:
+    result = fetch(server, f"http://{server}/encoded/stacked", max_bytes=1024)
+    assert result.value["truncated"] is True and result.value["text"].encode() == TEXT[:1024]
+
+
+def test_a_gzip_bomb_is_cut_while_it_is_decoded_not_after(server: str) -> None:
+    """64 MiB of gzip-compressed text arrives in one or two reads; it must never expand in memory beyond the cap.
+
+    httpx's decoders turn each raw chunk into one decoded chunk, whatever its size, and a cap applied after
+    that is too late: here a single 64 KiB read would be 64 MiB in memory before it was cut to 1 MiB.
+    """
+    gzip_bomb()  # built before the measurement
+
+    async def scenario(harness: Harness) -> tuple[ToolResult, int]:
+        tracemalloc.start()
+        try:
+            result = await harness.call("fetch", {"url": f"http://{server}/bomb"})
+            return result, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    max_bytes = 1 << 20
+    result, peak = run(server, scenario, max_bytes=max_bytes)
+    assert result.value["truncated"] is True and result.value["text"] == "a" * max_bytes
+    assert peak < 8 * max_bytes, f"{peak / (1 << 20):.1f} MiB allocated while fetching a body cut at 1 MiB"
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("br", "the body's Content-Encoding 'br' was not asked for and cannot be decoded (only gzip and deflate are)"),
+    ("zstd", "the body's Content-Encoding 'zstd' was not asked for and cannot be decoded"),
+    ("unknown", "the body's Content-Encoding 'x-squash' was not asked for and cannot be decoded"),
+    ("too-many", "the body has 4 stacked content encodings (gzip, gzip, gzip, gzip); at most 3 are decoded"),
+    ("corrupt-gzip", "the body is not valid gzip data (Error -3 while decompressing data"),
+    ("corrupt-deflate", "the body is not valid deflate data (Error -3 while decompressing data"),
+    ("cut-gzip", "the body's gzip data ends before its compressed stream does"),
+])
+def test_a_body_that_cannot_be_decoded_is_a_clear_error(server: str, name: str, message: str) -> None:
+    result = fetch(server, f"http://{server}/encoded/{name}")
+    assert result.code == "TOOL_FAILED"
+    assert f"fetching http://{server}/encoded/{name} failed: {message}" in result.text
+
+
+def test_an_error_status_is_reported_before_an_encoding_that_cannot_be_decoded(server: str) -> None:
+    result = fetch(server, f"http://{server}/gone-br")
+    assert result.code == "TOOL_FAILED"
+    assert (f"HTTP 410 Gone for http://{server}/gone-br (its body is not shown: the body's Content-Encoding 'br' "
+            "was not asked for and cannot be decoded") in result.text
 
 
 def test_timeouts_and_aborts_are_honoured(server: str) -> None:

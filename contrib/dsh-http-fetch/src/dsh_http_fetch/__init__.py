@@ -8,9 +8,10 @@ resolves to must be public (or in ``allowed_addresses``), and the socket
 connects to that checked address (TLS and the ``Host`` header keep the
 name). So an allowed name that resolves, or re-resolves, to 127.0.0.1,
 169.254.169.254 or 10.x (DNS rebinding) reaches nothing. Responses are read
-up to ``max_bytes``; HTML is reduced to readable text (scripts and styles
-dropped, block elements on their own lines). Proxy settings from the
-environment are ignored.
+up to ``max_bytes``, counted after decoding: gzip and deflate bodies are
+decoded here, and decoding stops at the cap; HTML is reduced to readable text
+(scripts and styles dropped, block elements on their own lines). Proxy
+settings from the environment are ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 import socket
 import ssl
 import weakref
+import zlib
 from collections.abc import Iterable, Sequence
 from html.parser import HTMLParser
 from typing import Any
@@ -447,7 +449,8 @@ class HttpFetch:
             async with httpx.AsyncClient(transport=transport, follow_redirects=False, timeout=timeout,
                                          trust_env=False) as client:
                 for _ in range(self.max_redirects + 1):
-                    async with client.stream("GET", url, headers={"Accept": "text/html, text/*, */json"}) as response:
+                    headers = {"Accept": "text/html, text/*, */json", "Accept-Encoding": _ACCEPT_ENCODING}
+                    async with client.stream("GET", url, headers=headers) as response:
                         if response.is_redirect:
                             location = response.headers.get("location", "")
                             via, url = url, self._check(str(url.join(location)), via=str(url))
@@ -472,14 +475,9 @@ class HttpFetch:
                 raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is "
                                 f"{content_type}, not shown)")
             raise ToolError(f"{url} is {content_type}, not text; only text documents can be fetched")
-        body = bytearray()
-        truncated = False
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > self.max_bytes:
-                del body[self.max_bytes:]
-                truncated = True
-                break
+        body = await self._body(url, response)
+        truncated = len(body) > self.max_bytes
+        del body[self.max_bytes:]
         text = body.decode(response.encoding or "utf-8", errors="replace")
         title = None
         if content_type in ("text/html", "application/xhtml+xml") and not raw:
@@ -490,11 +488,180 @@ class HttpFetch:
         return {"url": str(url), "status": response.status_code, "content_type": content_type or "unknown",
                 "title": title, "text": text, "truncated": truncated}
 
+    async def _body(self, url: httpx.URL, response: httpx.Response) -> bytearray:
+        """The decoded body, read from the raw bytes up to ``max_bytes + 1`` (one more: whether it was cut)."""
+        header = response.headers.get("content-encoding", "")
+        codings = _content_codings(header)
+        refused = next((c for c in codings if c not in _DECODED_CODINGS), None)
+        if refused is not None:
+            raise _body_error(url, response, f"the body's Content-Encoding {refused!r} was not asked for and "
+                                             "cannot be decoded (only gzip and deflate are)")
+        if len(codings) > _MAX_CODINGS:
+            raise _body_error(url, response, f"the body has {len(codings)} stacked content encodings ({header}); "
+                                             f"at most {_MAX_CODINGS} are decoded")
+        decoding = _Decoding(codings)
+        limit = self.max_bytes + 1
+        body = bytearray()
+        try:
+            async for chunk in response.aiter_raw():
+                decoding.feed(chunk)
+                while len(body) < limit and (out := decoding.read(min(_DECODED_CHUNK, limit - len(body)))):
+                    body += out
+                if len(body) >= limit:
+                    return body
+            decoding.finish()
+        except _Undecodable as error:
+            raise _body_error(url, response, str(error)) from None
+        return body
+
+
+# The content codings the request offers. The plugin decodes them itself, from the raw bytes, because httpx's
+# decoders have no limit on their output: each raw chunk becomes one decoded chunk, so a 64 KiB read of a gzip
+# bomb would be 64 MiB in memory before the size cap could cut it.
+_ACCEPT_ENCODING = "gzip, deflate, identity"
+_DECODED_CODINGS = ("gzip", "x-gzip", "deflate")  # x-gzip: an old name of gzip (RFC 9110, section 8.4.1.3)
+_MAX_CODINGS = 3  # "gzip, gzip" is legal but unheard of; each stacked coding holds its own zlib window
+_DECODED_CHUNK = 64 * 1024  # the most a coding decodes at a time into the next one
+
+
+class _Undecodable(Exception):
+    """The body is not what its Content-Encoding says (corrupt, or cut before its compressed stream ends)."""
+
+
+class _Identity:
+    """No coding: the raw bytes, at most ``limit`` at a time."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+
+    def read(self, limit: int) -> bytes:
+        out, self._pending = self._pending[:limit], self._pending[limit:]
+        return out
+
+    def finish(self) -> None:
+        pass
+
+
+class _Inflater:
+    """One gzip or deflate coding undone with zlib, never more than ``limit`` bytes per read (``max_length``).
+
+    Input that does not fit the limit waits in ``unconsumed_tail`` until the next read. A gzip body
+    may hold several members, one after another; what follows the first member and is not a member
+    is ignored, as other clients do, and so is anything after a deflate stream.
+    """
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self._gzip = coding != "deflate"
+        self._zlib: Any = zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip else None  # deflate: see read
+        self._pending = b""
+        self._seen = False  # any input: an empty body is empty in every coding
+        self._complete = False  # the first stream ended
+        self._ignoring = False  # the rest of the body is after the end
+
+    def feed(self, data: bytes) -> None:
+        self._seen = self._seen or bool(data)
+        if not self._ignoring:
+            self._pending += data
+
+    def read(self, limit: int) -> bytes:
+        while self._pending:
+            if self._zlib is None:
+                if len(self._pending) < 2:
+                    return b""
+                self._zlib = zlib.decompressobj(_deflate_wbits(self._pending[:2]))
+            elif self._zlib.eof:
+                if not self._gzip:
+                    self._pending, self._ignoring = b"", True
+                    return b""
+                self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)  # the next member
+            try:
+                out: bytes = self._zlib.decompress(self._pending, limit)
+            except zlib.error as error:
+                if self._complete:  # trailing bytes after a whole member
+                    self._pending, self._ignoring = b"", True
+                    return b""
+                raise _Undecodable(f"the body is not valid {self.coding} data ({error})") from None
+            if self._zlib.eof:
+                self._complete = True
+                self._pending = self._zlib.unused_data
+            else:
+                self._pending = self._zlib.unconsumed_tail
+            if out:
+                return out
+        return b""
+
+    def finish(self) -> None:
+        """Raise :class:`_Undecodable` if the input ended inside the first compressed stream."""
+        if self._seen and not self._complete:
+            raise _Undecodable(f"the body's {self.coding} data ends before its compressed stream does")
+
+
+def _deflate_wbits(head: bytes) -> int:
+    """zlib's wbits for a deflate body starting with ``head`` (its first two bytes).
+
+    "deflate" is zlib-wrapped deflate (RFC 1950), but some servers send raw deflate. zlib's own
+    check of the two header bytes decides, as trying the wrapper first and falling back to raw
+    deflate on an error at the start would, without holding the input for a second try.
+    """
+    try:
+        zlib.decompressobj().decompress(head)
+    except zlib.error:
+        return -zlib.MAX_WBITS
+    return zlib.MAX_WBITS
+
+
+class _Decoding:
+    """A body's content codings undone: raw bytes are fed in, decoded bytes read out at most ``limit`` at a time.
+
+    ``Content-Encoding: deflate, gzip`` was deflated, then gzipped: the last coding is undone first.
+    Every stage is bounded, so what is in memory at once is a few chunks, whatever the body expands to.
+    """
+
+    def __init__(self, codings: Sequence[str]) -> None:
+        self._stages: list[_Identity | _Inflater] = [_Inflater(c) for c in reversed(codings)] or [_Identity()]
+
+    def feed(self, data: bytes) -> None:
+        self._stages[0].feed(data)
+
+    def read(self, limit: int) -> bytes:
+        """Up to ``limit`` decoded bytes; empty when everything fed so far is decoded."""
+        return self._pull(len(self._stages) - 1, limit)
+
+    def _pull(self, index: int, limit: int) -> bytes:
+        stage = self._stages[index]
+        while not (out := stage.read(limit)) and index:
+            more = self._pull(index - 1, _DECODED_CHUNK)
+            if not more:
+                break
+            stage.feed(more)
+        return out
+
+    def finish(self) -> None:
+        for stage in self._stages:
+            stage.finish()
+
+
+def _content_codings(header: str) -> list[str]:
+    """The codings a ``Content-Encoding`` value names, in the order they were applied (``identity`` dropped)."""
+    return [c for c in (part.strip().lower() for part in header.split(",")) if c and c != "identity"]
+
 
 def _netloc(host: str, port: str) -> str:
     """``host[:port]`` for a URL, an IPv6 address in brackets."""
     shown = f"[{host}]" if ":" in host else host
     return f"{shown}:{port}" if port else shown
+
+
+def _body_error(url: httpx.URL, response: httpx.Response, problem: str) -> ToolError:
+    """Why the body of ``url`` cannot be shown; an error status comes first, as it says more."""
+    if response.status_code >= 400:
+        return ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is not shown: "
+                         f"{problem})")
+    return ToolError(f"fetching {url} failed: {problem}")
 
 
 def _render(_args: Any, value: Any) -> str:
