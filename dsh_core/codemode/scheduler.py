@@ -149,6 +149,8 @@ class ProgramScheduler:
         #: The task holding the lane, when it is one of ours mid-work (None between holders).
         self._holder: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The task running each call's around-dispatch and body, while it runs them.
+        self._dispatching: dict[SubCall, asyncio.Task[Any]] = {}
         #: The code runtime's run control (set by the transport from the first binding call).
         self.run_control: object | None = None
         self._unlisten = signal.add_listener(self._on_abort)
@@ -344,11 +346,15 @@ class ProgramScheduler:
     async def _dispatch(self, call: SubCall) -> None:
         staged = call.staged
         assert staged is not None
+        task = asyncio.current_task()
+        if task is not None:
+            self._dispatching[call] = task
         try:
             call.staged = await self._runtime.dispatch(staged)
         except Exception as error:
             staged.settle("final-result", error_result(error))
         finally:
+            self._dispatching.pop(call, None)
             call.settled = True
 
     async def _commit(self, call: SubCall) -> None:
@@ -414,6 +420,18 @@ class ProgramScheduler:
             return error_result(error)
 
     # -- settlement -------------------------------------------------------------------------------------
+
+    def cancel_bodies(self) -> None:
+        """Cancel the tasks running a body now, for a run cancelled rather than settled.
+
+        The run's abort asks every body to stop; a body that ignores its signal would
+        otherwise hold :meth:`drain` (and whoever cancelled the run) until it returns.
+        Only around-dispatch and the body are cut: each such call commits as aborted
+        (its task's done-callback hands the lane on), and commits and log writes run
+        to their end as usual.
+        """
+        for task in list(self._dispatching.values()):
+            task.cancel()
 
     async def drain(self) -> None:
         """Wait for quiescence after the run was aborted or settled.

@@ -327,12 +327,18 @@ class RunCodeTransport:
         functions = {name: _binding(name, execution, run.signal, scheduler, counter, keeps_records)
                      for name in names}
         namespace = BindingNamespace("tools", functions, ErrorClassSpec(name="ToolCallError", member="tool_name"))
+        cancelled = False
         try:
             outcome = await code_runtime.run(args["code"], [namespace], signal=run.signal)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             try:
-                abort_run("run_code settled")
-                await _quiesce(scheduler.drain())
+                abort_run("run_code cancelled" if cancelled else "run_code settled")
+                if cancelled:  # as a native call's body would be: cut, not waited for
+                    scheduler.cancel_bodies()
+                await _quiesce(scheduler.drain(), on_cancel=scheduler.cancel_bodies)
             finally:
                 unlisten()
         if record is not None:
@@ -404,8 +410,13 @@ def _abort_run(run: AbortController, reason: object, call_id: str) -> None:
                     "the run settles as usual", call_id, reason, exc_info=error)
 
 
-async def _quiesce(work: Awaitable[None]) -> None:
-    """Await ``work`` to completion even if this task is cancelled meanwhile; then re-raise the cancel."""
+async def _quiesce(work: Awaitable[None], on_cancel: Callable[[], None]) -> None:
+    """Await ``work`` to completion even if this task is cancelled meanwhile; then re-raise the cancel.
+
+    ``on_cancel`` runs at each cancellation (it cuts the nested bodies ``work`` waits for),
+    so cancelling a run that is draining, after its abort, ends it without waiting for a
+    body that ignores its signal.
+    """
     task = asyncio.ensure_future(work)
     cancelled = False
     while True:
@@ -416,5 +427,6 @@ async def _quiesce(work: Awaitable[None]) -> None:
             if task.done():
                 break
             cancelled = True
+            on_cancel()
     if cancelled:
         raise asyncio.CancelledError

@@ -197,3 +197,68 @@ async def test_a_raising_abort_listener_does_not_reach_whoever_aborts_the_outer_
     assert result.code == ErrorCode.CODE_RUN_FAILED and "user pressed stop" in result.text
     assert state["running"] is False
     assert "connection already closed" in caplog.text
+
+
+class Stubborn:
+    """Bodies that ignore their abort signal: only a cancellation stops them."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+
+    def body(self, name: str) -> Any:
+        async def body(args: Any, ctx: Any) -> Any:
+            self.started.append(name)
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.cancelled.append(name)
+                raise
+            return None
+
+        return body
+
+
+async def test_cancelling_the_outer_task_cuts_bodies_that_ignore_their_signal() -> None:
+    """As a native call's body is cut by a cancel, so are a program's: parallel ones in tasks and one on the lane."""
+    for program, names in [
+        ("import asyncio\nawait asyncio.gather(tools.safe({}), tools.safe({}))", ["safe", "safe"]),
+        ("await tools.alone({})", ["alone"]),
+    ]:
+        env = Env()
+        stubborn = Stubborn()
+        env.add(tool("safe", stubborn.body("safe"), safe=True), tool("alone", stubborn.body("alone")))
+        tasks_before = asyncio.all_tasks()
+        run = asyncio.ensure_future(env.run(program))
+        while len(stubborn.started) < len(names):
+            await asyncio.sleep(0.001)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(run, 10)  # a hang guard: before the fix this waited out the 60 s bodies
+        assert run.cancelled()
+        assert stubborn.cancelled == names
+        assert env.sink is not None
+        settles = [e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]
+        assert [e["payload"]["error_code"] for e in settles] == ["ABORTED"] * len(names)
+        await asyncio.sleep(0)
+        assert [t for t in asyncio.all_tasks() - tasks_before if not t.done()] == []
+
+
+async def test_a_cancel_during_the_drain_after_an_abort_cuts_the_bodies_still_running() -> None:
+    """The CLI's second Ctrl-C: the first aborted the run, whose drain waits for a body that ignores it."""
+    env = Env()
+    stubborn = Stubborn()
+    env.add(tool("safe", stubborn.body("safe"), safe=True))
+    controller = AbortController()
+    run = asyncio.ensure_future(env.run("await tools.safe({})", signal=controller.signal))
+    while not stubborn.started:
+        await asyncio.sleep(0.001)
+    controller.abort("interrupted")
+    await asyncio.sleep(0.05)
+    assert not run.done() and not stubborn.cancelled  # the drain waits for the body
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(run, 10)
+    assert run.cancelled() and stubborn.cancelled == ["safe"]
+    assert env.sink is not None and [k for k, _ in env.sink.kinds()] == ["tool/code-dispatch-start",
+                                                                          "tool/code-dispatch"]
