@@ -1,14 +1,19 @@
 """Sessions: append-only event logs of agent runs, behind a store seam (SQLite by default)."""
 
-from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent, SessionInfo
-from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
-from dsh_core.sessions.store import (
-    SessionNotFoundError,
-    SessionStore,
-    SessionStoreError,
-    SessionStoreFactory,
-    dsh_home,
-)
+from typing import TYPE_CHECKING
+
+from dsh_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent, SessionInfo
+    from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
+    from dsh_core.sessions.store import (
+        SessionNotFoundError,
+        SessionStore,
+        SessionStoreError,
+        SessionStoreFactory,
+        dsh_home,
+    )
 
 __all__ = [
     "EventKind",
@@ -23,3 +28,13 @@ __all__ = [
     "SessionStoreFactory",
     "dsh_home",
 ]
+
+# Imported on first use (see dsh_core.lazy): importing a module of this package, as `dsh --help`
+# does, must not load the recorder (asyncio).
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, {
+        "dsh_core.sessions.events": ["EventKind", "NewEvent", "SessionEvent", "SessionInfo"],
+        "dsh_core.sessions.recorder": ["SESSION_SERVICE", "SessionRecorder"],
+        "dsh_core.sessions.store": ["SessionNotFoundError", "SessionStore", "SessionStoreError",
+                                    "SessionStoreFactory", "dsh_home"],
+    })
