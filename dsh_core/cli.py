@@ -8,10 +8,11 @@ earlier ones); without it the built-in default deployment is used.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,7 +77,36 @@ def _configs(ctx: click.Context, local: Sequence[str]) -> list[str]:
     return [*inherited, *local]
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group some of whose commands live in other modules, imported when first looked up.
+
+    ``lazy_commands`` maps a command's name to ``"module:attribute"``. Listing the commands does not
+    import them, but the group's help shows each one's short help, so ``dsh --help`` imports
+    every such module: they import their machinery in the command bodies, not at their top.
+    """
+
+    def __init__(self, *args: Any, lazy_commands: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy_commands and cmd_name not in self.commands:
+            module, _, attribute = self.lazy_commands[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{self.lazy_commands[cmd_name]} is not a click command")
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+# `sessions`, `run-code` and `sdk` are defined with the subsystem they drive; `config`, `tools` and `demo` below.
+@click.group(cls=LazyGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
+             lazy_commands={"run-code": "dsh_core.codemode.cli:run_code_command",
+                            "sdk": "dsh_core.codemode.cli:sdk_command",
+                            "sessions": "dsh_core.sessions.cli:sessions_group"})
 @click.option("-p", "--prompt", "task", help="Run one headless agent turn on TASK and print the answer.")
 @click.option("--session", "session_id", help="With -p: continue this session.")
 @click.option("--agent", "agent_id", help="With -p: the agent to run (default: the first one).")
@@ -217,15 +247,11 @@ def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | Non
     sys.exit(1 if result.is_error else 0)
 
 
-# -- agent runs and sessions (dsh_core.agent, dsh_core.sessions) ------------------------------------------
-from dsh_core.agent.demo import demo_command  # noqa: E402 - registered after the group is defined
-from dsh_core.sessions.cli import sessions_group  # noqa: E402
+# -- the demo (dsh_core.agent.demo) -----------------------------------------------------------------------
+@main.command("demo")
+@click.option("--keep", is_flag=True, help="Keep the temporary workspace (and its session database).")
+def demo_command(keep: bool) -> None:
+    """Run the shipped Code Mode demo offline in a temporary workspace and show what happened."""
+    from dsh_core.agent.demo import demo_main
 
-main.add_command(sessions_group)
-main.add_command(demo_command)
-
-
-# Code Mode commands (run-code, sdk) live with Code Mode.
-from dsh_core.codemode.cli import register as _register_codemode  # noqa: E402
-
-_register_codemode(main)
+    demo_main(keep=keep)

@@ -45,7 +45,7 @@ from dsh_core.scope import Scope
 from dsh_core.sessions.cli import render_session
 from dsh_core.sessions.events import EventKind, SessionEvent, SessionInfo
 
-__all__ = ["demo_command", "prepare_demo", "run_demo", "run_demo_once", "DemoRun", "PromptSize", "prompt_sizes",
+__all__ = ["demo_main", "prepare_demo", "run_demo", "run_demo_once", "DemoRun", "PromptSize", "prompt_sizes",
            "render_comparison", "DEMO_TASK", "DEMO_FILES"]
 
 #: The task the demo agent is given.
@@ -238,10 +238,8 @@ async def run_demo(base: Path, *, observer: LoopObserver | None = None) -> str:
     ])
 
 
-@click.command("demo")
-@click.option("--keep", is_flag=True, help="Keep the temporary workspace (and its session database).")
-def demo_command(keep: bool) -> None:
-    """Run the shipped Code Mode demo offline in a temporary workspace and show what happened."""
+def demo_main(*, keep: bool) -> None:
+    """``dsh demo [--keep]``: run the demo in a temporary directory, print the report, exit 1 on an error."""
     from dsh_core.agent.cli import ConsoleObserver, stderr_console
 
     base = Path(tempfile.mkdtemp(prefix="dsh-demo-"))

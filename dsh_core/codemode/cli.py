@@ -1,4 +1,4 @@
-"""The Code Mode commands of ``dsh``: ``run-code`` and ``sdk`` (registered by :mod:`dsh_core.cli`).
+"""The Code Mode commands of ``dsh``: ``run-code`` and ``sdk`` (loaded by name by :mod:`dsh_core.cli`).
 
 ``dsh run-code FILE [--json]`` makes one model-direct ``run_code`` call with
 the program in FILE (``-`` reads stdin) through the whole pipeline, as the
@@ -30,13 +30,14 @@ from typing import IO, Any
 
 import click
 
+from dsh_core.cli import _boot_and_run, _configs, config_option, emit_json, fail, load_config
 from dsh_core.codemode.sdk import SDK_RENDERERS, render_sdk, sdk_tools
 from dsh_core.codemode.transport import RunCodeTransport, RunRecord
 from dsh_core.lossless import thaw
 from dsh_core.model import ToolResult
 from dsh_core.registry import TRANSPORT_NAME
 
-__all__ = ["register", "run_code_json"]
+__all__ = ["run_code_command", "sdk_command", "run_code_json"]
 
 
 def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
@@ -66,73 +67,68 @@ def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
             "error": error, "calls": calls}
 
 
-def register(main: click.Group) -> None:
-    """Add ``run-code`` and ``sdk`` to the ``dsh`` command group."""
-    # Imported here, not at module level: dsh_core.cli imports this module at its end.
-    from dsh_core.cli import _boot_and_run, _configs, config_option, emit_json, fail, load_config
+@click.command("run-code")
+@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.option("--agent", "agent_id", help="The calling agent (default: the first one).")
+@click.option("--description", default=None, help="The run's title (default: derived from FILE).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"outcome", "logs", "result", "error", "calls"}.')
+@config_option
+@click.pass_context
+def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, description: str | None,
+                     as_json: bool, configs: tuple[str, ...]) -> None:
+    """One model-direct run_code call with the program in FILE (- for stdin)."""
+    code = file.read()
+    title = description or f"Run {getattr(file, 'name', 'program')}"
 
-    @main.command("run-code")
-    @click.argument("file", type=click.File("r", encoding="utf-8"))
-    @click.option("--agent", "agent_id", help="The calling agent (default: the first one).")
-    @click.option("--description", default=None, help="The run's title (default: derived from FILE).")
-    @click.option("--json", "as_json", is_flag=True,
-                  help='Print {"outcome", "logs", "result", "error", "calls"}.')
-    @config_option
-    @click.pass_context
-    def run_code(ctx: click.Context, file: IO[str], agent_id: str | None, description: str | None,
-                 as_json: bool, configs: tuple[str, ...]) -> None:
-        """One model-direct run_code call with the program in FILE (- for stdin)."""
-        code = file.read()
-        title = description or f"Run {getattr(file, 'name', 'program')}"
+    async def work(harness: Any) -> tuple[ToolResult, RunRecord]:
+        scope = harness.agent(agent_id)
+        registry = harness.registry
+        transport = harness.root.lookup("run_code")
+        if not isinstance(transport, RunCodeTransport):
+            fail("this harness has no run_code transport", 2)
+        caller = scope
+        if registry.mode_for(scope) == "native":
+            # A native agent has no run_code; this developer command lends it one, and says so.
+            click.echo(f"dsh: note: agent {scope.name.removeprefix('agent:')!r} is in native mode; "
+                       "running the program as if its mode were \"both\"", err=True)
+            caller = scope.child("cli:run-code", layered=True)
+            registry.present_as("both", caller)
+        call_id = harness.next_call_id()
+        try:
+            with transport.watch(call_id) as record:
+                result: ToolResult = await harness.call(TRANSPORT_NAME, {"code": code, "description": title},
+                                                        agent=caller, call_id=call_id)
+        finally:
+            if caller is not scope:
+                await caller.dispose()
+        return result, record
 
-        async def work(harness: Any) -> tuple[ToolResult, RunRecord]:
-            scope = harness.agent(agent_id)
-            registry = harness.registry
-            transport = harness.root.lookup("run_code")
-            if not isinstance(transport, RunCodeTransport):
-                fail("this harness has no run_code transport", 2)
-            caller = scope
-            if registry.mode_for(scope) == "native":
-                # A native agent has no run_code; this developer command lends it one, and says so.
-                click.echo(f"dsh: note: agent {scope.name.removeprefix('agent:')!r} is in native mode; "
-                           "running the program as if its mode were \"both\"", err=True)
-                caller = scope.child("cli:run-code", layered=True)
-                registry.present_as("both", caller)
-            call_id = harness.next_call_id()
-            try:
-                with transport.watch(call_id) as record:
-                    result: ToolResult = await harness.call(TRANSPORT_NAME, {"code": code, "description": title},
-                                                            agent=caller, call_id=call_id)
-            finally:
-                if caller is not scope:
-                    await caller.dispose()
-            return result, record
+    result, record = _boot_and_run(load_config(_configs(ctx, configs)), work)
+    document = run_code_json(result, record)
+    if as_json:
+        emit_json(document)
+    elif result.is_error:
+        click.echo(result.text, err=True)
+    else:
+        click.echo(result.text)
+    sys.exit(0 if document["outcome"] == "completed" else 1)
 
-        result, record = _boot_and_run(load_config(_configs(ctx, configs)), work)
-        document = run_code_json(result, record)
-        if as_json:
-            emit_json(document)
-        elif result.is_error:
-            click.echo(result.text, err=True)
-        else:
-            click.echo(result.text)
-        sys.exit(0 if document["outcome"] == "completed" else 1)
 
-    @main.command("sdk")
-    @click.option("--lang", "language", type=click.Choice(sorted(SDK_RENDERERS)), default=None,
-                  help="The SDK language (default: the code runtime's).")
-    @click.option("--agent", "agent_id", help="The agent whose visible tools to render (default: the first one).")
-    @config_option
-    @click.pass_context
-    def sdk(ctx: click.Context, language: str | None, agent_id: str | None, configs: tuple[str, ...]) -> None:
-        """The generated SDK a run_code program is written against."""
+@click.command("sdk")
+@click.option("--lang", "language", type=click.Choice(sorted(SDK_RENDERERS)), default=None,
+              help="The SDK language (default: the code runtime's).")
+@click.option("--agent", "agent_id", help="The agent whose visible tools to render (default: the first one).")
+@config_option
+@click.pass_context
+def sdk_command(ctx: click.Context, language: str | None, agent_id: str | None, configs: tuple[str, ...]) -> None:
+    """The generated SDK a run_code program is written against."""
 
-        async def work(harness: Any) -> str:
-            scope = harness.agent(agent_id)
-            lang = language or _runtime_language(harness.root.lookup)
-            return render_sdk(lang, sdk_tools(harness.registry.definitions(scope)))
+    async def work(harness: Any) -> str:
+        scope = harness.agent(agent_id)
+        lang = language or _runtime_language(harness.root.lookup)
+        return render_sdk(lang, sdk_tools(harness.registry.definitions(scope)))
 
-        click.echo(_boot_and_run(load_config(_configs(ctx, configs)), work))
+    click.echo(_boot_and_run(load_config(_configs(ctx, configs)), work))
 
 
 def _runtime_language(lookup: Callable[[str], Any]) -> str:
