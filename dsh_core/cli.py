@@ -14,15 +14,18 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from dsh_core.clirun import echo_json, fail, run_async
-from dsh_core.config import Deployment, default_deployment, dump, dump_text, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps, thaw
-from dsh_core.model import ToolResult, converter
+
+# What the commands drive is imported in their bodies: `dsh --help` must not load it (a test checks).
+if TYPE_CHECKING:
+    from dsh_core.config import Deployment
+    from dsh_core.model import ToolResult
 
 __all__ = ["main", "load_config", "run_async", "result_json", "fail"]
 
@@ -44,6 +47,8 @@ def _escape_lone_surrogates() -> None:
 
 def load_config(paths: Sequence[str]) -> Deployment:
     """The effective deployment: the files given, or the default one for the current directory."""
+    from dsh_core.config import default_deployment, load_deployment
+
     try:
         if paths:
             return load_deployment(list(paths))
@@ -54,6 +59,8 @@ def load_config(paths: Sequence[str]) -> Deployment:
 
 def result_json(result: ToolResult) -> dict[str, Any]:
     """The ``--json`` shape of a call: ``{"ok", "error", "content", "value"}``."""
+    from dsh_core.model import converter
+
     return {
         "ok": not result.is_error,
         "error": None if result.error is None else {"code": result.error.code, "message": result.error.message},
@@ -156,6 +163,7 @@ def config_dump(ctx: click.Context, configs: tuple[str, ...], as_json: bool) -> 
     one that fails is refused (exit 2), not shown as if it were in force. What only
     starting a plugin reveals (a missing script file, say) is not checked.
     """
+    from dsh_core.config import dump, dump_text
     from dsh_core.harness import load_plugins
 
     deployment = load_config(_configs(ctx, configs))

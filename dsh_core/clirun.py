@@ -6,7 +6,6 @@ so that all of them fail and shut down the same way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -87,6 +86,7 @@ def run_async(main: Callable[[], Awaitable[T]], *,
     waits for worker threads after ``main`` ended (at once, without them; a
     SIGTERM then ends it by its default action).
     """
+    import asyncio  # here, not at the top: `dsh --help` imports this module
 
     async def runner() -> T:
         loop = asyncio.get_running_loop()

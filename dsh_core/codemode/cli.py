@@ -26,18 +26,23 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import click
 
 from dsh_core.cli import _boot_and_run, _configs, config_option, emit_json, fail, load_config
-from dsh_core.codemode.sdk import SDK_RENDERERS, render_sdk, sdk_tools
-from dsh_core.codemode.transport import RunCodeTransport, RunRecord
 from dsh_core.lossless import thaw
-from dsh_core.model import ToolResult
-from dsh_core.registry import TRANSPORT_NAME
 
-__all__ = ["run_code_command", "sdk_command", "run_code_json"]
+# `dsh --help` imports this module: Code Mode itself is imported in the command bodies.
+if TYPE_CHECKING:
+    from dsh_core.codemode.transport import RunRecord
+    from dsh_core.model import ToolResult
+
+__all__ = ["SDK_LANGUAGES", "run_code_command", "sdk_command", "run_code_json"]
+
+#: The choices of ``dsh sdk --lang``: the keys of :data:`dsh_core.codemode.sdk.SDK_RENDERERS`, sorted
+#: (a test checks), named here so that the help does not import the renderers.
+SDK_LANGUAGES: Final = ("python", "typescript")
 
 
 def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
@@ -77,6 +82,9 @@ def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
 def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, description: str | None,
                      as_json: bool, configs: tuple[str, ...]) -> None:
     """One model-direct run_code call with the program in FILE (- for stdin)."""
+    from dsh_core.codemode.transport import RunCodeTransport
+    from dsh_core.registry import TRANSPORT_NAME
+
     code = file.read()
     title = description or f"Run {getattr(file, 'name', 'program')}"
 
@@ -115,13 +123,14 @@ def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, de
 
 
 @click.command("sdk")
-@click.option("--lang", "language", type=click.Choice(sorted(SDK_RENDERERS)), default=None,
+@click.option("--lang", "language", type=click.Choice(SDK_LANGUAGES), default=None,
               help="The SDK language (default: the code runtime's).")
 @click.option("--agent", "agent_id", help="The agent whose visible tools to render (default: the first one).")
 @config_option
 @click.pass_context
 def sdk_command(ctx: click.Context, language: str | None, agent_id: str | None, configs: tuple[str, ...]) -> None:
     """The generated SDK a run_code program is written against."""
+    from dsh_core.codemode.sdk import render_sdk, sdk_tools
 
     async def work(harness: Any) -> str:
         scope = harness.agent(agent_id)

@@ -14,16 +14,19 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from dsh_core.clirun import echo_json, fail, visible
-from dsh_core.config import Deployment, default_deployment, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
-from dsh_core.sessions.events import EventKind, SessionEvent, SessionInfo
-from dsh_core.sessions.store import SessionStore
+
+# `dsh --help` imports this module: what the commands and renderers use is imported where used.
+if TYPE_CHECKING:
+    from dsh_core.config import Deployment
+    from dsh_core.sessions.events import SessionEvent, SessionInfo
+    from dsh_core.sessions.store import SessionStore
 
 __all__ = ["sessions_group", "render_session", "render_list", "Node"]
 
@@ -120,6 +123,8 @@ class _Call:
 
 def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
     """The trajectory of a session as a text tree (see the module docstring)."""
+    from dsh_core.sessions.events import EventKind
+
     agent = info.meta.get("agent", "?")
     root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created {_when(info.created_at)}")
     run: Node | None = None
@@ -225,6 +230,8 @@ def render_list(sessions: Sequence[SessionInfo]) -> str:
 
 
 def _deployment(ctx: click.Context, local: Sequence[str]) -> Deployment:
+    from dsh_core.config import default_deployment, load_deployment
+
     inherited: Sequence[str] = ctx.find_root().params.get("configs") or ()
     paths = [*inherited, *local]
     try:
