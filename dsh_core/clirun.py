@@ -54,21 +54,30 @@ def _json_char(char: str, encoding: str) -> str:
 #: Characters that would act on a terminal or reorder the line rather than show: C0 and C1
 #: controls (escape sequences start with them), line and paragraph separators, bidi overrides.
 _INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+#: The same but for newline and tab, which multi-line text keeps.
+_INVISIBLE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
-def visible(text: str) -> str:
+def visible(text: str, *, lines: bool = False) -> str:
     """``text`` with every character that would drive a terminal written as its escape.
 
     For what dsh shows a person of what models and tools wrote (a task, an answer, a
-    tool name or its arguments): such text may carry escape sequences that clear the
-    screen, rewrite the clipboard or hide what follows.
+    tool name or its arguments, an error that quotes them): such text may carry escape
+    sequences that clear the screen, rewrite the clipboard or hide what follows. With
+    ``lines``, newlines and tabs are kept (for multi-line text); a carriage return is
+    still escaped, as it could overwrite what a line showed.
     """
-    return _INVISIBLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+    pattern = _INVISIBLE_IN_LINES if lines else _INVISIBLE
+    return pattern.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Print ``dsh: error: message`` to stderr and exit."""
-    click.echo(f"dsh: error: {message}", err=True)
+    """Print ``dsh: error: message`` to stderr and exit.
+
+    The message may quote what a model, a server or a file wrote, so what would drive
+    the terminal is shown escaped (newlines and tabs are kept).
+    """
+    click.echo(f"dsh: error: {visible(message, lines=True)}", err=True)
     sys.exit(code)
 
 

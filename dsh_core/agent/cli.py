@@ -124,9 +124,15 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
     except DshError as error:
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
     if result.answer is not None:
-        click.echo(result.answer)
+        # On a terminal the model's escape sequences are shown, not obeyed; a pipe gets the answer as
+        # written (color=True: click would strip only some of them, which is neither).
+        if sys.stdout.isatty():
+            click.echo(visible(result.answer, lines=True))
+        else:
+            click.echo(result.answer, color=True)
     if not result.ok:
         detail = result.error or str(result.reason)
         resume = f" (session {result.session_id})" if result.session_id else ""
-        click.echo(f"dsh: run stopped: {result.reason}: {detail}{resume}", err=True)
+        # The detail may quote a provider's error body or a tool's message.
+        click.echo(f"dsh: run stopped: {result.reason}: {visible(detail, lines=True)}{resume}", err=True)
     sys.exit(exit_code(result))

