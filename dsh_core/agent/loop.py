@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -78,6 +79,8 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+log = logging.getLogger("dsh")
 # The marker is typed for mypy here, so decorated methods keep their signatures.
 _hookimpl = cast(Callable[[_F], _F], dsh_core.hookimpl)
 
@@ -157,6 +160,53 @@ class LoopObserver:
 
     def on_end(self, result: RunResult) -> None:
         """The run ended."""
+
+
+class _GuardedObserver(LoopObserver):
+    """An observer whose failures are logged, never the run's: progress display is not the run."""
+
+    def __init__(self, inner: LoopObserver) -> None:
+        self._inner = inner
+
+    def _failed(self, callback: str) -> None:
+        log.warning("agent loop observer %s.%s failed; the run goes on", type(self._inner).__name__, callback,
+                    exc_info=True)
+
+    async def on_text(self, fragment: str) -> None:
+        try:
+            await self._inner.on_text(fragment)
+        except Exception:
+            self._failed("on_text")
+
+    def on_step(self, step: int) -> None:
+        try:
+            self._inner.on_step(step)
+        except Exception:
+            self._failed("on_step")
+
+    def on_assistant(self, message: Message) -> None:
+        try:
+            self._inner.on_assistant(message)
+        except Exception:
+            self._failed("on_assistant")
+
+    def on_tool_start(self, call: ToolCallRecord) -> None:
+        try:
+            self._inner.on_tool_start(call)
+        except Exception:
+            self._failed("on_tool_start")
+
+    def on_tool_end(self, call: ToolCallRecord) -> None:
+        try:
+            self._inner.on_tool_end(call)
+        except Exception:
+            self._failed("on_tool_end")
+
+    def on_end(self, result: RunResult) -> None:
+        try:
+            self._inner.on_end(result)
+        except Exception:
+            self._failed("on_end")
 
 
 def _default_system_prompt(agent_id: str) -> str:
@@ -281,7 +331,7 @@ class AgentLoop:
         self.model = model
         self.max_turns = max_turns
         self.recorder = recorder
-        self.observer = observer or LoopObserver()
+        self.observer: LoopObserver = _GuardedObserver(observer) if observer is not None else LoopObserver()
         self._request_chars: list[int] = []
         prompt = system_prompt if system_prompt is not None else _default_system_prompt(agent_id)
 
@@ -458,7 +508,7 @@ class AgentLoop:
                 end = index
                 while end < len(records) and records[end].mode == "parallel":
                     end += 1
-                await asyncio.gather(*(self._run_one(r, signal) for r in records[index:end]))
+                await _all_or_none([self._run_one(r, signal) for r in records[index:end]])
                 index = end
             else:
                 await self._run_one(records[index], signal)
@@ -477,6 +527,27 @@ class AgentLoop:
             record.result = await self.runtime.execute(self._request(record, signal))
         record.duration_ms = (time.perf_counter() - started) * 1000
         self.observer.on_tool_end(record)
+
+
+async def _all_or_none(work: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` concurrently; if one raises (or this is cancelled), cancel and await the rest, then raise.
+
+    Unlike a bare ``gather``, nothing is left running once this returns or raises: a
+    parallel batch never outlives the run that started it.
+    """
+    tasks = [asyncio.ensure_future(item) for item in work]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error
+    if any(task.cancelled() for task in tasks):
+        raise asyncio.CancelledError  # as gather would: a call cancelled from within cancels the batch
 
 
 def _result_payload(record: ToolCallRecord, message: Message) -> dict[str, Any]:

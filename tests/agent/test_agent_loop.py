@@ -546,3 +546,79 @@ def test_the_console_observer_shows_escape_sequences_instead_of_obeying_them() -
     text = out.getvalue()
     assert not any(ch in text for ch in "\x1b\x07\u202e"), repr(text)
     assert "hi\\x1b[2J" in text and "x\\x1b]52;c;eA==\\x07" in text and "\\u202eexe.txt" in text
+
+
+async def test_a_failing_observer_is_logged_and_the_run_goes_on(tmp_path: Path, caplog: Any) -> None:
+    """An observer that raises in a parallel batch once ended the run and left the other call running."""
+    from dsh_core.agent.loop import LoopObserver
+
+    finished: list[str] = []
+
+    def sleeper(name: str, seconds: float) -> Any:
+        async def body(args: Any, ctx: Any) -> Any:
+            await asyncio.sleep(seconds)
+            finished.append(name)
+            return "ok"
+
+        return body
+
+    class Broken(LoopObserver):
+        async def on_text(self, fragment: str) -> None:
+            raise RuntimeError("on_text bug")
+
+        def on_step(self, step: int) -> None:
+            raise RuntimeError("on_step bug")
+
+        def on_tool_end(self, record: Any) -> None:
+            if record.name == "fast":
+                raise RuntimeError("observer bug")
+
+        def on_end(self, result: Any) -> None:
+            raise RuntimeError("on_end bug")
+
+    harness = await start(tmp_path, tools=[tool("fast", sleeper("fast", 0.01), safe=True),
+                                           tool("slow", sleeper("slow", 0.2), safe=True)],
+                          turns=[calls(call("fast", {}), call("slow", {})), final("both done")])
+    try:
+        with caplog.at_level("WARNING", logger="dsh"):
+            result = await run_agent(harness, "go", observer=Broken())
+    finally:
+        await harness.aclose()
+    assert result.reason is StopReason.FINAL_ANSWER and result.answer == "both done"
+    assert sorted(finished) == ["fast", "slow"]
+    tool_messages = [m for m in result.messages if m["role"] == "tool"]
+    assert [m["content"] for m in tool_messages] == ["ok", "ok"]
+    assert "agent loop observer Broken.on_tool_end failed; the run goes on" in caplog.text
+    assert "Broken.on_step failed" in caplog.text and "Broken.on_end failed" in caplog.text
+
+
+async def test_a_parallel_batch_that_fails_leaves_nothing_running() -> None:
+    from dsh_core.agent.loop import _all_or_none
+
+    events: list[str] = []
+
+    async def fails() -> None:
+        await asyncio.sleep(0.01)
+        raise ValueError("first failure")
+
+    async def slow(name: str) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            events.append(f"{name} cancelled")
+            raise
+
+    before = asyncio.all_tasks()
+    with pytest.raises(ValueError, match="first failure"):
+        await _all_or_none([slow("a"), fails(), slow("b")])
+    assert sorted(events) == ["a cancelled", "b cancelled"]
+    assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
+    # Cancelled from outside: the batch is cancelled and awaited too.
+    events.clear()
+    batch = asyncio.ensure_future(_all_or_none([slow("c"), slow("d")]))
+    await asyncio.sleep(0.01)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert sorted(events) == ["c cancelled", "d cancelled"]
+    assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
