@@ -210,7 +210,11 @@ class CodeRuntimeSection:
 
 @frozen
 class SessionsSection:
-    """``[sessions]``: which session store to use and where dsh keeps its state."""
+    """``[sessions]``: which session store to use and where dsh keeps its state.
+
+    A relative ``home`` from a file read by :func:`load_deployment` is already
+    joined to that file's directory; one from ``DSH_HOME`` is kept as given.
+    """
 
     store: str = "sqlite"
     home: str | None = None
@@ -627,10 +631,16 @@ def load_deployment(paths: Sequence[str | Path], *, env: Mapping[str, str] | Non
     Provenance names each file exactly as given in ``paths``; ``config_dirs``
     records each file's directory, made absolute now, so relative paths in a
     file keep meaning paths from that file whatever the working directory is later.
+    A relative ``[sessions] home`` is joined to the directory of the file that
+    set it here (``DSH_HOME`` stays as given: a path from the working directory).
     """
     deployment = compose([_read(path) for path in paths], env=env)
     directories = {os.fspath(path): str(Path(path).absolute().parent) for path in paths}
-    return evolve(deployment, config_dirs=directories)
+    deployment = evolve(deployment, config_dirs=directories)
+    home, source = deployment.sessions.home, deployment.source_of("sessions.home")
+    if home is not None and source in directories and not Path(home).expanduser().is_absolute():
+        deployment = evolve(deployment, sessions=evolve(deployment.sessions, home=str(Path(directories[source], home))))
+    return deployment
 
 
 def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | None = None) -> Deployment:

@@ -546,6 +546,31 @@ def test_dsh_home_overrides_sessions_home(files: Any) -> None:
     )
 
 
+def test_a_relative_sessions_home_from_a_file_is_read_from_that_files_directory(
+        files: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "a").mkdir()
+    files("proj/dsh.toml", '[sessions]\nhome = "state"\n')
+    files("proj/overlay.toml", '[sessions]\nhome = "../s2"\n')
+    files("abs.toml", '[sessions]\nhome = "/abs/state"\n')
+    files("tilde.toml", '[sessions]\nhome = "~/.dsh-x"\n')
+    monkeypatch.chdir(tmp_path / "a")  # not the files' directory
+    d = load("../proj/dsh.toml")
+    assert d.sessions.home == str(tmp_path / "a" / ".." / "proj" / "state")
+    assert d.source_of("sessions.home") == "../proj/dsh.toml"
+    assert ("sessions.home", d.sessions.home, "../proj/dsh.toml") in dump(d)  # dump shows where it is
+    # The file that set it last decides, from its own directory.
+    assert load("../proj/dsh.toml", "../proj/overlay.toml").sessions.home == str(
+        tmp_path / "a" / ".." / "proj" / ".." / "s2")
+    # Absolute and ~ paths stay as written; compose() has no file to be relative to.
+    assert load("../abs.toml").sessions.home == "/abs/state"
+    assert load("../tilde.toml").sessions.home == "~/.dsh-x"
+    assert compose([("f.toml", {"sessions": {"home": "state"}})], env=NO_ENV).sessions.home == "state"
+    # DSH_HOME keeps meaning a path from the working directory, as any environment path does.
+    d = load("../proj/dsh.toml", env={"DSH_HOME": "rel"})
+    assert d.sessions.home == "rel" and d.source_of("sessions.home") == "env:DSH_HOME"
+
+
 def test_the_environment_defaults_to_os_environ(files: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSH_TOOLS_MODE", "both")
     monkeypatch.delenv("DSH_HOME", raising=False)
