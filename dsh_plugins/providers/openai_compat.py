@@ -18,14 +18,18 @@ says the prompt is too long), ``malformed-response`` / ``malformed-tool-call``,
 that ends before its ``finish_reason`` or ``[DONE]`` is a ``connection``
 failure too), ``http`` (any other status or HTTP failure) and ``no-model``.
 A streaming request answered with a plain JSON completion is accepted as
-one. The key is read from the environment at each request and never
-appears in a message, a repr or a log.
+one. Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, ``-0.0``)
+in the usage the server reports become null (``-0.0``: 0), never a failed
+run; in tool-call arguments they reach the loop as written, which tells the
+model its arguments are not valid JSON. The key is read from the
+environment at each request and never appears in a message, a repr or a log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import secrets
@@ -152,6 +156,34 @@ def _quote(text: str, redact: Callable[[str], str]) -> str:
     part), and the result once more.
     """
     return redact(_detail(redact(text), redact))
+
+
+def _finite_float(text: str) -> float | None:
+    number = float(text)
+    if not math.isfinite(number):
+        return None  # 1e400 and the like: too large for a float
+    return 0.0 if number == 0 else number  # -0.0 reads back as 0 from JSON: not lossless
+
+
+def _null_constant(name: str) -> None:
+    return None  # NaN, Infinity, -Infinity
+
+
+def _meta(finish_reason: object, usage: object) -> dict[str, Any]:
+    """An answer's ``_meta`` (what is set of ``finish_reason`` and ``usage``) as lossless JSON.
+
+    Python's parser accepts ``NaN`` and ``Infinity`` (and reads ``1e400`` as
+    infinity, and keeps ``-0.0``), none of which JSON can carry: the session
+    event of the assistant message would be refused and a good answer lost.
+    This is metadata, so such a number becomes null (``-0.0`` becomes 0).
+    """
+    meta = {key: value for key, value in (("finish_reason", finish_reason), ("usage", usage)) if value is not None}
+    try:
+        cleaned: dict[str, Any] = json.loads(json.dumps(meta), parse_constant=_null_constant,
+                                             parse_float=_finite_float)
+    except (ValueError, RecursionError):  # nested too deep to copy: keep what is certainly plain
+        return {"finish_reason": finish_reason} if isinstance(finish_reason, str) else {}
+    return cleaned
 
 
 def _fallback_ids() -> Callable[[int], str]:
@@ -356,8 +388,7 @@ class OpenAICompatProvider:
             raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
                                                       f"completion: {self._quote(text)}") from None
         message = normalize_assistant(raw, who=f"{self.name}: {self.url}", fallback_ids=_fallback_ids())
-        meta = {"finish_reason": finish, "usage": usage}
-        message["_meta"] = {k: v for k, v in meta.items() if v is not None}
+        message["_meta"] = _meta(finish, usage)
         return message
 
     async def _once(self, body: dict[str, Any], model: str) -> Message:
@@ -563,8 +594,7 @@ class _StreamAssembler:
         if self.calls:
             raw["tool_calls"] = self.calls
         message = normalize_assistant(raw, who=self.who, fallback_ids=_fallback_ids())
-        meta = {"finish_reason": self.finish_reason, "usage": self.usage}
-        message["_meta"] = {k: v for k, v in meta.items() if v is not None}
+        message["_meta"] = _meta(self.finish_reason, self.usage)
         return message
 
 

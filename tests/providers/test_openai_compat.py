@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from dsh_core.agent.loop import run_agent
 from dsh_core.agent.provider import ProviderError
 from dsh_core.config import compose, default_deployment
 from dsh_core.harness import Harness
+from dsh_core.lossless import is_lossless
 from dsh_core.plugins import PluginCatalog
 from dsh_core.scope import Scope
 from dsh_plugins.providers.openai_compat import OpenAICompatProvider, plugin
@@ -455,3 +457,64 @@ async def test_lone_surrogates_reach_the_server_as_replacement_characters(server
     assert message["content"] == "ok"
     (request,) = server.requests
     assert request["body"]["messages"][0]["content"] == "files: caf\ufffd.txt, d\u00e9j\u00e0.txt"
+
+
+# Numbers Python's json reads but JSON cannot carry, as a server might send them in usage.
+_ODD_USAGE = ('{"prompt_tokens": 3, "cost": NaN, "rate": Infinity, "low": -Infinity, "big": 1e400, '
+              '"zero": -0.0, "timings": {"per_s": [NaN, 1.5]}}')
+_CLEAN_USAGE = {"prompt_tokens": 3, "cost": None, "rate": None, "low": None, "big": None, "zero": 0.0,
+                "timings": {"per_s": [None, 1.5]}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_numbers_json_cannot_carry_in_usage_become_null(server: FakeServer, stream: bool) -> None:
+    if stream:
+        server.stream([delta_chunk({"content": "42"}, "stop"), 'data: {"choices": [], "usage": ' + _ODD_USAGE + "}"])
+    else:
+        server.reply(body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, '
+                          '"finish_reason": "stop"}], "usage": ' + _ODD_USAGE + "}")
+    client, _ = provider(server, stream=stream)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["_meta"] == {"finish_reason": "stop", "usage": _CLEAN_USAGE}
+    assert is_lossless(message)
+    assert math.copysign(1.0, message["_meta"]["usage"]["zero"]) == 1.0
+
+
+def test_usage_nested_too_deep_to_copy_is_left_out() -> None:
+    from dsh_plugins.providers.openai_compat import _meta
+
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert _meta("stop", {"x": deep}) == {"finish_reason": "stop"}
+    assert _meta(float("nan"), {"x": deep}) == {}
+
+
+async def test_a_run_with_odd_numbers_in_usage_and_arguments_is_recorded_and_answers(
+        server: FakeServer, tmp_path: Path) -> None:
+    # A NaN in usage failed the run when the assistant message was recorded; a NaN in an arguments
+    # object reaches the loop as JSON text, which tells the model its arguments are not valid JSON.
+    server.reply(body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": '
+                      '[{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '
+                      '{"a": NaN, "b": 1}}}]}, "finish_reason": "tool_calls"}], "usage": {"cost": NaN}}')
+    server.reply(body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, '
+                      '"finish_reason": "stop"}], "usage": {"cost": Infinity, "total_tokens": 8}}')
+    deployment = compose([("test", {
+        "sessions": {"home": str(tmp_path / "home")},
+        "agents": [{"id": "main", "provider": "openai"}],
+        "plugins": [{"id": "tools", "use": "tools"}, {"id": "sessions", "use": "sqlite-sessions"},
+                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m"}}],
+    })], env={})
+    harness = await Harness.start(deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: AddTool()},
+                                                                    strict=True))
+    try:
+        result = await run_agent(harness, "2+40?")
+    finally:
+        await harness.aclose()
+    assert result.ok and result.answer == "42", result.error
+    tool_reply = server.requests[1]["body"]["messages"][-1]
+    assert tool_reply["role"] == "tool" and "not valid JSON" in tool_reply["content"]
+    assert "NaN" in tool_reply["content"]
