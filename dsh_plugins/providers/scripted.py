@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from dsh_core import Scope, hookimpl
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, ToolSpec, normalize_assistant
+from dsh_core.lossless import find_loss
 from dsh_core.plugins import CONFIG_DIR_SERVICE
 from dsh_core.plugins import plugin as declare_plugin
 
@@ -115,8 +116,17 @@ def _ids_for_turn(turn: int) -> Callable[[int], str]:
     return lambda index: f"call_{turn}_{index + 1}"
 
 
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def load_script(path: str | Path) -> list[ScriptTurn]:
-    """Parse and check a JSONL script; every error names the file and the line."""
+    """Parse and check a JSONL script; every error names the file and the line.
+
+    Lines are strict JSON: ``NaN`` and ``Infinity``, which Python's parser
+    accepts, are refused, as is any number a session event could not record
+    (``1e400``, ``-0.0``), instead of failing the run that replays the line.
+    """
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -128,13 +138,20 @@ def load_script(path: str | Path) -> list[ScriptTurn]:
             continue
         where = f"{source}:{number}"
         try:
-            raw = json.loads(line)
+            raw = json.loads(line, parse_constant=_refuse_constant)
         except json.JSONDecodeError as error:
             raise ProviderError("script-invalid", f"{where}: not valid JSON: {error.msg} "
                                                   f"(column {error.colno})") from None
+        except ValueError as error:  # a constant refused above
+            raise ProviderError("script-invalid", f"{where}: not valid JSON: {error}") from None
+        except RecursionError:
+            raise ProviderError("script-invalid", f"{where}: not valid JSON: nested too deeply") from None
         if not isinstance(raw, dict):
             raise ProviderError("script-invalid", f"{where}: each line must be a JSON object "
                                                   "(one assistant message)")
+        loss = find_loss(raw)
+        if loss is not None:
+            raise ProviderError("script-invalid", f"{where}: {loss}")
         expect = _check_expect(where, raw.pop("expect")) if "expect" in raw else None
         try:
             message = normalize_assistant(raw, who=where, fallback_ids=_ids_for_turn(len(turns) + 1))

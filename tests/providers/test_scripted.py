@@ -84,6 +84,26 @@ def test_invalid_scripts_are_refused_at_load(tmp_path: Path, line: Any, message:
     assert caught.value.kind == "script-invalid" and message in caught.value.message
 
 
+@pytest.mark.parametrize(("line", "message"), [
+    # Python's json accepts these; a session event cannot carry them, so the run would fail when recording.
+    ('{"content": "x", "_meta": {"usage": {"cost": NaN}}}', "s.jsonl:2: not valid JSON: NaN is not valid JSON"),
+    ('{"content": null, "tool_calls": [{"function": {"name": "add", "arguments": {"a": -Infinity}}}]}',
+     "s.jsonl:2: not valid JSON: -Infinity is not valid JSON"),
+    ('{"content": "x", "_meta": {"usage": {"cost": 1e400}}}',
+     "s.jsonl:2: not lossless JSON at /_meta/usage/cost: float inf is not finite"),
+    ('{"content": "x", "_meta": {"usage": {"cost": -0.0}}}',
+     "s.jsonl:2: not lossless JSON at /_meta/usage/cost: float -0.0 does not survive JSON"),
+    ('{"content": "x", "_meta": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "s.jsonl:2: not valid JSON: nested too deeply"),
+])
+def test_numbers_json_cannot_carry_are_refused_at_load_naming_the_line(tmp_path: Path, line: str,
+                                                                       message: str) -> None:
+    with pytest.raises(ProviderError) as caught:
+        load_script(script(tmp_path, FINAL_TURN, line))
+    assert caught.value.kind == "script-invalid"
+    assert caught.value.message.startswith(f"{tmp_path / message}"), caught.value.message
+
+
 def test_missing_and_empty_scripts_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ProviderError, match="cannot read script"):
         load_script(tmp_path / "missing.jsonl")
