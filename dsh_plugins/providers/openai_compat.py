@@ -10,6 +10,7 @@ Config (``[[plugins]] use = "openai"``)::
     max_retries = 2                           # on 408/409/429/5xx and connection errors
     backoff_base_s = 0.5, backoff_max_s = 8   # jittered exponential backoff; Retry-After wins
     stream = false                            # SSE streaming (deltas assembled into tool calls)
+    stream_usage = true                       # when streaming, ask for usage (stream_options.include_usage)
 
 Failures are :class:`~dsh_core.agent.provider.ProviderError` with a ``kind``:
 ``auth`` (401/403), ``model-not-found`` (404), ``context-length`` (a 400 that
@@ -72,6 +73,9 @@ CONFIG_SCHEMA: Final = {
         "backoff_max_s": {"type": "number", "minimum": 0},
         "max_retry_after_s": {"type": "number", "minimum": 0},
         "stream": {"type": "boolean"},
+        "stream_usage": {"type": "boolean", "default": True,
+                         "description": ("when streaming, send stream_options = {include_usage = true} so the "
+                                         "server reports usage; false for a server that rejects the field")},
         "temperature": {"type": "number", "minimum": 0},
         "max_tokens": {"type": "integer", "minimum": 1},
         "extra_body": {"type": "object", "description": "extra request fields, merged into every request"},
@@ -223,6 +227,7 @@ class OpenAICompatProvider:
         backoff_max_s: float = 8.0,
         max_retry_after_s: float = 60.0,
         stream: bool = False,
+        stream_usage: bool = True,
         temperature: float | None = None,
         max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -241,6 +246,7 @@ class OpenAICompatProvider:
         self.backoff_max_s = backoff_max_s
         self.max_retry_after_s = max_retry_after_s
         self.stream = stream
+        self.stream_usage = stream_usage
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
@@ -291,6 +297,10 @@ class OpenAICompatProvider:
             body["temperature"] = self.temperature
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
+        if self.stream and self.stream_usage:
+            # OpenAI and vLLM stream usage only when asked, in a last chunk with no choices. Before
+            # extra_body, which may replace it; stream_usage = false leaves it out for a server that objects.
+            body["stream_options"] = {"include_usage": True}
         body.update(self.extra_body)
         if self.stream:
             body["stream"] = True

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dsh_core import define_tool, hookimpl
-from dsh_core.agent.loop import run_agent
+from dsh_core.agent.loop import open_session_store, run_agent
 from dsh_core.agent.provider import ProviderError
 from dsh_core.config import compose, default_deployment
 from dsh_core.harness import Harness
@@ -518,3 +518,71 @@ async def test_a_run_with_odd_numbers_in_usage_and_arguments_is_recorded_and_ans
     tool_reply = server.requests[1]["body"]["messages"][-1]
     assert tool_reply["role"] == "tool" and "not valid JSON" in tool_reply["content"]
     assert "NaN" in tool_reply["content"]
+
+
+async def test_a_streaming_request_asks_for_usage_and_the_run_records_it(server: FakeServer, tmp_path: Path) -> None:
+    # OpenAI and vLLM send usage in a stream only with stream_options.include_usage, as a last chunk
+    # with no choices (every other chunk has "usage": null, as vLLM sends it).
+    server.stream([
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "4"}}], "usage": None},
+        {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop"}], "usage": None},
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
+    ])
+    deployment = compose([("test", {
+        "sessions": {"home": str(tmp_path / "home")},
+        "agents": [{"id": "main", "provider": "openai"}],
+        "plugins": [{"id": "sessions", "use": "sqlite-sessions"},
+                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m",
+                                                                "stream": True}}],
+    })], env={})
+    harness = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
+    try:
+        result = await run_agent(harness, "6*7?")
+        assert result.ok and result.answer == "42", result.error
+        store = open_session_store(harness)
+        try:
+            assert result.session_id is not None
+            events = await store.load(result.session_id)
+        finally:
+            await store.close()
+    finally:
+        await harness.aclose()
+    body = server.requests[0]["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    (assistant,) = [event for event in events if event.kind == "message/assistant"]
+    assert assistant.payload["meta"] == {"finish_reason": "stop",
+                                         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
+
+
+@pytest.mark.parametrize(("options", "sent"), [
+    ({}, None),  # not streaming: no stream_options
+    ({"stream": True, "stream_usage": False}, None),  # a server that rejects the field
+    ({"stream": True, "extra_body": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}},
+     {"include_usage": True, "continuous_usage_stats": True}),  # extra_body replaces it
+])
+async def test_stream_options_can_be_left_out_or_replaced(server: FakeServer, options: dict[str, Any],
+                                                          sent: Any) -> None:
+    if options.get("stream"):
+        server.stream([delta_chunk({"content": "ok"}, "stop")])
+    else:
+        server.reply(body=completion("ok"))
+    client, _ = provider(server, **options)
+    try:
+        await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert server.requests[0]["body"].get("stream_options") == sent
+
+
+async def test_stream_usage_is_a_config_option() -> None:
+    from dsh_core.errors import ConfigError
+    from dsh_core.testing.loader import check_config
+
+    check_config("openai", plugin, {"base_url": "http://x/v1", "stream": True, "stream_usage": False})
+    with pytest.raises(ConfigError, match="stream_usage"):
+        check_config("openai", plugin, {"base_url": "http://x/v1", "stream_usage": "no"})
+    scope = Scope("plugin:openai")
+    try:
+        assert plugin(scope, {"base_url": "http://x/v1", "stream_usage": False}).provider.stream_usage is False
+    finally:
+        await scope.dispose()
