@@ -215,20 +215,31 @@ def _default_system_prompt(agent_id: str) -> str:
 
 
 def _repair_interrupted(messages: list[Message]) -> list[Message]:
-    """Answer tool calls that never got a result (a run killed mid-step), so the history stays valid."""
+    """Make a rebuilt history valid for OpenAI-compatible servers, which reject it otherwise.
+
+    A tool call that never got a result (a run killed mid-step) gets a synthetic
+    "interrupted" one. A ``tool`` message that answers no call of the assistant
+    message right before it (two runs that once appended to one session at the
+    same time left results out of place, or twice) is dropped.
+    """
     repaired: list[Message] = []
     index = 0
     while index < len(messages):
         message = messages[index]
-        repaired.append(message)
         index += 1
+        if message.get("role") == "tool":
+            continue  # no assistant message asked for this result here
+        repaired.append(message)
         calls = (message.get("tool_calls") or []) if message.get("role") == "assistant" else []
         if not calls:
             continue
+        asked = {str(call["id"]) for call in calls}
         answered: set[str] = set()
         while index < len(messages) and messages[index].get("role") == "tool":
-            answered.add(str(messages[index].get("tool_call_id")))
-            repaired.append(messages[index])
+            call_id = str(messages[index].get("tool_call_id"))
+            if call_id in asked and call_id not in answered:
+                answered.add(call_id)
+                repaired.append(messages[index])
             index += 1
         for call in calls:
             if call["id"] not in answered:

@@ -451,6 +451,39 @@ def test_history_repairs_a_step_interrupted_before_its_results() -> None:
     assert "interrupted" in history[-1]["content"]
 
 
+def test_history_drops_tool_results_no_preceding_assistant_message_asked_for() -> None:
+    # What two runs appending to one session at once left behind (before sessions were leased): their
+    # messages interleaved, so results follow the other run's assistant message, or none at all.
+    def event(seq: int, kind: str, message: dict[str, Any]) -> SessionEvent:
+        return SessionEvent("s", seq, kind, {"message": message}, 0.0)
+
+    def asks(call_id: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": None, "tool_calls": [call("slow", {}, call_id)]}
+
+    def result(call_id: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call_id, "content": "{}"}
+
+    messages = [{"role": "user", "content": "start"}, {"role": "assistant", "content": "first"},
+                result("orphan"),
+                {"role": "user", "content": "continue A"}, {"role": "user", "content": "continue B"},
+                asks("call_B"), result("call_B"),
+                asks("call_A"), result("call_B"), result("call_A"), result("call_A"),
+                {"role": "assistant", "content": "second"}, result("call_A"),
+                {"role": "assistant", "content": "second"}]
+    kinds = {"user": "message/user", "assistant": "message/assistant", "tool": "tool/result"}
+    history = history_from_events([event(seq, kinds[m["role"]], m) for seq, m in enumerate(messages, start=1)])
+    shape = [(m["role"], m.get("tool_call_id") or [c["id"] for c in m.get("tool_calls") or []] or m["content"])
+             for m in history]
+    assert shape == [("user", "start"), ("assistant", "first"), ("user", "continue A"), ("user", "continue B"),
+                     ("assistant", ["call_B"]), ("tool", "call_B"), ("assistant", ["call_A"]), ("tool", "call_A"),
+                     ("assistant", "second"), ("assistant", "second")]
+    # Every tool message answers a call of the assistant message before it, once.
+    for position, message in enumerate(history):
+        if message["role"] == "tool":
+            owner = next(m for m in reversed(history[:position]) if m["role"] != "tool")
+            assert message["tool_call_id"] in [c["id"] for c in owner.get("tool_calls") or []]
+
+
 class AskingPlugin(ToolsPlugin):
     """Asks a person before every call."""
 
