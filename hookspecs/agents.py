@@ -29,9 +29,10 @@ def dsh_register_session_stores(register: Callable[[str, SessionStoreFactory], N
     """Register session stores: ``register(name, factory)``.
 
     ``factory(home: pathlib.Path) -> SessionStore`` opens an append-only event
-    log (see :class:`dsh_core.sessions.store.SessionStore`); the deployment
-    picks one by name (``[sessions] store``). A name registered twice is an
-    error naming both plugins.
+    log with a lease per session, so that one run at a time continues it (see
+    :class:`dsh_core.sessions.store.SessionStore`); the deployment picks one
+    by name (``[sessions] store``). A name registered twice is an error
+    naming both plugins.
     """
 
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from enum import StrEnum
@@ -57,6 +58,7 @@ from dsh_core.registry import ToolRegistry
 from dsh_core.runtime import ToolRuntime
 from dsh_core.scope import Scope
 from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent
+from dsh_core.sessions.lease import SessionLease
 from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
 from dsh_core.sessions.store import SessionStore, dsh_home
 
@@ -624,7 +626,11 @@ async def run_agent(
     """Run one agent turn of ``harness`` on ``task``, recorded in a session.
 
     A new session is created unless ``session_id`` names one to continue (its
-    history is rebuilt from the events). ``store`` defaults to the
+    history is rebuilt from the events). The run leases its session first and
+    releases it when it ends, however it ends: while another run that is still
+    running holds it, this one fails with
+    :class:`~dsh_core.sessions.store.SessionBusyError` before touching it.
+    ``store`` defaults to the
     deployment's store, opened and closed here; with ``record=False`` nothing
     is persisted. ``approver`` becomes an approval channel for this run's
     calls (answers are recorded).
@@ -639,16 +645,21 @@ async def run_agent(
         store = open_session_store(harness)
         own_store = True
     run_scope = agent_scope.child(f"run:{session_id or 'new'}")
+    lease: SessionLease | None = None
     try:
         recorder: SessionRecorder | None = None
         history: list[Message] = []
         if record:
             assert store is not None
+            # Made before the claim, so the finally releases it even if the claim fails or is cut short
+            # (releasing a lease that does not hold the session does nothing).
+            lease = SessionLease.for_this_run()
             if session_id is not None:
+                await store.acquire(session_id, lease)  # before loading: no other run appends meanwhile
                 events = await store.load(session_id)
                 history = history_from_events(events)
             else:
-                info = await store.create(meta={"agent": resolved_id, "task": task})
+                info = await store.create(meta={"agent": resolved_id, "task": task}, lease=lease)
                 session_id = info.id
             recorder = SessionRecorder(store, session_id)
             run_scope.provide(SESSION_SERVICE, recorder)
@@ -672,6 +683,27 @@ async def run_agent(
                 "mode": harness.registry.mode_for(run_scope), "resumed": bool(history)})
         return await loop.run(task, history=history, signal=signal)
     finally:
-        await run_scope.dispose()
-        if own_store and store is not None:
-            await store.close()
+        try:
+            await run_scope.dispose()
+        finally:
+            try:
+                if lease is not None and session_id is not None:
+                    assert store is not None
+                    # Quietly while the run (or the disposal) is failing: that failure is the one to report.
+                    await _release(store, session_id, lease, quietly=sys.exc_info()[1] is not None)
+            finally:
+                if own_store and store is not None:
+                    await store.close()
+
+
+async def _release(store: SessionStore, session_id: str, lease: SessionLease, *, quietly: bool) -> None:
+    """Release a run's lease; shielded, so a second cancellation cannot leave the session held.
+
+    ``quietly`` (the run is already failing): a store error here does not replace that failure; a
+    lease left behind is taken over once this process has ended.
+    """
+    try:
+        await asyncio.shield(store.release(session_id, lease))
+    except Exception:
+        if not quietly:
+            raise

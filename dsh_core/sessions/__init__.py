@@ -6,8 +6,10 @@ from dsh_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent, SessionInfo
+    from dsh_core.sessions.lease import SessionLease, holder_alive
     from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
     from dsh_core.sessions.store import (
+        SessionBusyError,
         SessionNotFoundError,
         SessionStore,
         SessionStoreError,
@@ -20,8 +22,11 @@ __all__ = [
     "NewEvent",
     "SessionEvent",
     "SessionInfo",
+    "SessionLease",
+    "holder_alive",
     "SESSION_SERVICE",
     "SessionRecorder",
+    "SessionBusyError",
     "SessionNotFoundError",
     "SessionStore",
     "SessionStoreError",
@@ -34,7 +39,8 @@ __all__ = [
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(__name__, {
         "dsh_core.sessions.events": ["EventKind", "NewEvent", "SessionEvent", "SessionInfo"],
+        "dsh_core.sessions.lease": ["SessionLease", "holder_alive"],
         "dsh_core.sessions.recorder": ["SESSION_SERVICE", "SessionRecorder"],
-        "dsh_core.sessions.store": ["SessionNotFoundError", "SessionStore", "SessionStoreError",
+        "dsh_core.sessions.store": ["SessionBusyError", "SessionNotFoundError", "SessionStore", "SessionStoreError",
                                     "SessionStoreFactory", "dsh_home"],
     })

@@ -5,6 +5,10 @@ committed transaction survives the process being killed (SIGKILL included);
 only an operating-system crash may lose the last commits. Each
 :meth:`SqliteSessionStore.append` is one ``BEGIN IMMEDIATE`` transaction, so a
 batch is committed whole or not at all and ``seq`` numbers never have gaps.
+Leases live in the ``leases`` table (one row per held session, the holder as
+JSON); :meth:`SqliteSessionStore.acquire` reads and claims one in one
+``BEGIN IMMEDIATE`` transaction, so of two processes racing for a session one
+wins and the other sees its lease.
 
 All database work runs on one dedicated thread: the event loop never blocks
 on disk, the connection is only ever used by the thread that opened it, and
@@ -25,7 +29,8 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo, decode_payload, encode_payload
-from dsh_core.sessions.store import SessionNotFoundError, SessionStoreError
+from dsh_core.sessions.lease import SessionLease, holder_alive
+from dsh_core.sessions.store import SessionBusyError, SessionNotFoundError, SessionStoreError
 
 __all__ = ["SqliteSessionStore", "DB_FILENAME", "new_session_id"]
 
@@ -55,6 +60,12 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_root ON events(session_id, root_call_id);
 CREATE INDEX IF NOT EXISTS sessions_updated ON sessions(updated_at);
+CREATE TABLE IF NOT EXISTS leases (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id) ON DELETE CASCADE,
+    token TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    acquired_at REAL NOT NULL
+);
 """
 
 
@@ -152,8 +163,9 @@ class SqliteSessionStore:
 
     # -- the SessionStore API ----------------------------------------------------------------------------
 
-    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None) -> SessionInfo:
-        """Create a session; an id that already exists is a :class:`SessionStoreError`."""
+    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
+                     lease: SessionLease | None = None) -> SessionInfo:
+        """Create a session (held by ``lease`` if given); an id that already exists is a :class:`SessionStoreError`."""
         chosen = session_id or new_session_id()
         meta_text = encode_payload(dict(meta or {}))
         now = time.time()
@@ -164,6 +176,8 @@ class SqliteSessionStore:
                              (chosen, now, now, meta_text))
             except sqlite3.IntegrityError:
                 raise SessionStoreError(f"session {chosen!r} already exists in {self.path}") from None
+            if lease is not None:
+                self._claim(conn, chosen, lease)
 
         await self._run(lambda: self._transaction(work, session_id=chosen, doing="create"))
         return SessionInfo(chosen, now, now, 0, json.loads(meta_text))
@@ -198,6 +212,37 @@ class SqliteSessionStore:
             return stored
 
         return await self._run(lambda: self._transaction(work, session_id=session_id, doing="append to"))
+
+    @staticmethod
+    def _claim(conn: sqlite3.Connection, session_id: str, lease: SessionLease) -> None:
+        conn.execute("INSERT OR REPLACE INTO leases (session_id, token, holder, acquired_at) VALUES (?, ?, ?, ?)",
+                     (session_id, lease.token, json.dumps(lease.to_json()), time.time()))
+
+    async def acquire(self, session_id: str, lease: SessionLease) -> None:
+        """Claim the session for ``lease``: :class:`SessionBusyError` while another live run holds it."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            row = conn.execute("SELECT token, holder FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+            if row is not None and row[0] != lease.token:
+                try:
+                    holder = SessionLease.from_json(json.loads(row[1]))
+                except ValueError:
+                    holder = None  # unreadable: nobody can be told to wait for it, so it is taken over
+                if holder is not None and holder_alive(holder):
+                    raise SessionBusyError(session_id, holder)
+            self._claim(conn, session_id, lease)
+
+        await self._run(lambda: self._transaction(work, session_id=session_id, doing="lease"))
+
+    async def release(self, session_id: str, lease: SessionLease) -> None:
+        """Drop ``lease``'s claim on the session (if it still holds it)."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM leases WHERE session_id = ? AND token = ?", (session_id, lease.token))
+
+        await self._run(lambda: self._transaction(work, session_id=session_id, doing="release the lease of"))
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""

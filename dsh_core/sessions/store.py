@@ -4,6 +4,11 @@ A store is registered by a plugin through ``dsh_register_session_stores`` as
 a factory ``factory(home: pathlib.Path) -> SessionStore``; the deployment
 picks one by name (``[sessions] store``, default ``sqlite``) and dsh keeps its
 state under ``home`` (``[sessions] home``, ``DSH_HOME``, default ``~/.dsh``).
+
+One run at a time continues a session: a run leases its session
+(:class:`~dsh_core.sessions.lease.SessionLease`) before it loads the history
+and releases it when it ends; every store keeps the leases beside the events,
+so that runs of several processes sharing one home see each other's.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from dsh_core.errors import DshError
 from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo
+from dsh_core.sessions.lease import SessionLease
 
-__all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "dsh_home"]
+__all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "SessionBusyError",
+           "dsh_home"]
 
 
 class SessionStoreError(DshError):
@@ -31,6 +38,18 @@ class SessionNotFoundError(SessionStoreError):
     code = "SESSION_NOT_FOUND"
 
 
+class SessionBusyError(SessionStoreError):
+    """Another run that is still running holds the session's lease (the message names the session and it)."""
+
+    code = "SESSION_BUSY"
+
+    def __init__(self, session_id: str, holder: SessionLease) -> None:
+        super().__init__(f"session {session_id!r} is in use by another run ({holder.describe()}); "
+                         "one run at a time may continue a session: resume it once that run has ended")
+        self.session_id = session_id
+        self.holder = holder
+
+
 @runtime_checkable
 class SessionStore(Protocol):
     """An append-only event log per session.
@@ -39,10 +58,33 @@ class SessionStore(Protocol):
     assigns consecutive ``seq`` numbers in batch order; once it returns, the
     events survive a crash of the process. Appends to one session are
     serialized. :meth:`close` is idempotent and leaves nothing running.
+
+    Leases: at most one lease holds a session. :meth:`acquire` claims it
+    atomically (two processes racing for it cannot both win) and takes over a
+    lease whose holder is gone (:func:`~dsh_core.sessions.lease.holder_alive`
+    says so); :meth:`release` drops it. Leases do not restrict :meth:`append`
+    or the reads.
     """
 
-    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None) -> SessionInfo:
-        """Create a session (a fresh id unless given) and return its summary; an existing id is an error."""
+    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
+                     lease: SessionLease | None = None) -> SessionInfo:
+        """Create a session (a fresh id unless given) and return its summary; an existing id is an error.
+
+        With ``lease``, the session is created held by it (in the same transaction).
+        """
+        ...
+
+    async def acquire(self, session_id: str, lease: SessionLease) -> None:
+        """Claim the session for ``lease``'s run.
+
+        :class:`SessionBusyError` if another lease holds it and its holder may
+        still be running; :class:`SessionNotFoundError` if there is no such
+        session. Acquiring again with the lease that holds it succeeds.
+        """
+        ...
+
+    async def release(self, session_id: str, lease: SessionLease) -> None:
+        """Drop ``lease``'s claim on the session; nothing happens if another lease (or none) holds it."""
         ...
 
     async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -13,10 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from agent_kit import call, calls, final, write_script
 
 from dsh_core.agent.loop import StopReason
+from dsh_core.sessions import SessionLease
+from dsh_core.sessions.sqlite import SqliteSessionStore
 from dsh_plugins.providers.scripted import NO_MODEL_NOTICE
 
 
@@ -112,6 +116,35 @@ def test_unknown_sessions_fail_with_usage_errors(tmp_path: Path) -> None:
     assert resumed.returncode == 2 and "dsh: error: no session 'nope'" in resumed.stderr
     shown = dsh("sessions", "show", "nope", "--config", str(cfg), cwd=tmp_path)
     assert shown.returncode == 2 and "no session 'nope'" in shown.stderr
+
+
+def test_a_session_another_run_holds_fails_with_exit_1_until_that_run_is_gone(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [final("one"), final("two", {"last_content_contains": "again"})])
+    first = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (session,) = json.loads(dsh("sessions", "list", "--config", str(cfg), "--json", cwd=tmp_path).stdout)
+
+    async def hold(lease: SessionLease, *, instead_of: SessionLease | None = None) -> None:
+        store = SqliteSessionStore.open(tmp_path / "home")
+        try:
+            if instead_of is not None:
+                await store.release(session["id"], instead_of)
+            await store.acquire(session["id"], lease)
+        finally:
+            await store.close()
+
+    live = SessionLease.for_this_run()
+    asyncio.run(hold(live))  # this test process stands in for a run still going
+    busy = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
+    assert busy.returncode == 1 and busy.stdout == ""
+    assert busy.stderr.startswith(f"dsh: error: session {session['id']!r} is in use by another run "
+                                  f"(pid {os.getpid()} on host "), busy.stderr
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    asyncio.run(hold(attrs.evolve(live, token="killed", pid=dead.pid), instead_of=live))  # a run killed mid-way
+    again = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "two\n"
 
 
 def test_a_broken_script_fails_at_boot_naming_the_line(tmp_path: Path) -> None:

@@ -1,0 +1,156 @@
+"""A run leases its session: a second run on it fails clearly, and the lease ends with the run, however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_kit import call, calls, final, scripted, start, tool
+
+from dsh_core.agent.loop import StopReason, history_from_events, open_session_store, run_agent
+from dsh_core.harness import Harness
+from dsh_core.sessions import SessionBusyError, SessionLease
+
+pytestmark = pytest.mark.anyio
+
+
+async def lease_is_free(harness: Harness, session_id: str) -> bool:
+    """Whether another run could lease the session now (this process counts as a live holder)."""
+    store = open_session_store(harness)
+    probe = SessionLease.for_this_run()
+    try:
+        await store.acquire(session_id, probe)
+    except SessionBusyError:
+        return False
+    finally:
+        await store.close()
+    store = open_session_store(harness)
+    try:
+        await store.release(session_id, probe)
+    finally:
+        await store.close()
+    return True
+
+
+async def test_a_second_run_on_a_leased_session_fails_and_leaves_it_resumable(tmp_path: Path) -> None:
+    started, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow(args: Any, ctx: Any) -> Any:
+        started.set()
+        await go_on.wait()
+        return "slow done"
+
+    turns = [final("first"), calls(call("slow", {}, "call_A")), final("second", expect={"last_role": "tool"}),
+             final("third", expect={"last_content_contains": "and again"})]
+    harness = await start(tmp_path, tools=[tool("slow", slow)], turns=turns)
+    try:
+        first = await run_agent(harness, "start")
+        session_id = first.session_id
+        assert session_id is not None
+        a = asyncio.ensure_future(run_agent(harness, "continue A", session_id=session_id))
+        await asyncio.wait_for(started.wait(), 5)
+        # Its own store, like a second `dsh -p --session` in another terminal.
+        with pytest.raises(SessionBusyError) as caught:
+            await run_agent(harness, "continue B", session_id=session_id)
+        assert caught.value.code == "SESSION_BUSY"
+        assert caught.value.message.startswith(
+            f"session {session_id!r} is in use by another run (pid {os.getpid()} on host ")
+        go_on.set()
+        resumed = await a
+        assert resumed.ok and resumed.answer == "second"
+
+        store = open_session_store(harness)
+        try:
+            events = await store.load(session_id)
+        finally:
+            await store.close()
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert [e.payload["task"] for e in events if e.kind == "run/start"] == ["start", "continue A"]
+        assert "continue B" not in str([e.payload for e in events])  # the refused run wrote nothing
+        assert [e.kind for e in events].count("run/end") == 2
+
+        third = await run_agent(harness, "and again", session_id=session_id)
+        assert third.ok and third.answer == "third"
+        request = scripted(harness).requests[-1]["messages"]
+        assert [m["role"] for m in request] == ["system", "user", "assistant", "user", "assistant", "tool",
+                                                "assistant", "user"]
+        assert [m["tool_call_id"] for m in history_from_events(events) if m["role"] == "tool"] == ["call_A"]
+    finally:
+        await harness.aclose()
+
+
+async def test_a_run_holds_its_new_session_and_releases_it_at_a_normal_end(tmp_path: Path) -> None:
+    seen: list[bool] = []
+
+    async def probe(args: Any, ctx: Any) -> Any:
+        store = open_session_store(harness)
+        try:
+            (info,) = await store.list()
+        finally:
+            await store.close()
+        seen.append(await lease_is_free(harness, info.id))
+        return "probed"
+
+    harness = await start(tmp_path, tools=[tool("probe", probe)], turns=[calls(call("probe", {})), final("done")])
+    try:
+        result = await run_agent(harness, "go")
+        assert result.ok and seen == [False]  # leased by the run that created it, while it runs
+        assert result.session_id is not None and await lease_is_free(harness, result.session_id)
+    finally:
+        await harness.aclose()
+
+
+async def test_the_lease_is_released_when_the_run_ends_in_an_error(tmp_path: Path) -> None:
+    harness = await start(tmp_path, turns=[final("only one")])
+    try:
+        first = await run_agent(harness, "one")
+        assert first.session_id is not None
+        second = await run_agent(harness, "two", session_id=first.session_id)  # the script is exhausted
+        assert second.reason is StopReason.PROVIDER_ERROR
+        assert await lease_is_free(harness, first.session_id)
+    finally:
+        await harness.aclose()
+
+
+async def test_the_lease_is_released_when_the_run_is_cancelled(tmp_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def stubborn(args: Any, ctx: Any) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    harness = await start(tmp_path, tools=[tool("stubborn", stubborn)], turns=[calls(call("stubborn", {}))])
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "go"))
+        await asyncio.wait_for(started.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        store = open_session_store(harness)
+        try:
+            (info,) = await store.list()
+        finally:
+            await store.close()
+        assert await lease_is_free(harness, info.id)
+    finally:
+        await harness.aclose()
+
+
+async def test_a_refused_run_does_not_release_the_holders_lease(tmp_path: Path) -> None:
+    harness = await start(tmp_path, turns=[final("x")])
+    store = open_session_store(harness)
+    holder = SessionLease.for_this_run()
+    try:
+        info = await store.create(lease=holder)
+        for _ in range(2):
+            with pytest.raises(SessionBusyError):
+                await run_agent(harness, "go", session_id=info.id)
+        assert not await lease_is_free(harness, info.id)
+        await store.release(info.id, holder)
+        assert (await run_agent(harness, "go", session_id=info.id)).ok
+    finally:
+        await store.close()
+        await harness.aclose()

@@ -1,0 +1,217 @@
+"""Session leases: the store contract (one run at a time holds a session) and when a holder counts as gone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+
+from dsh_core.sessions import SessionBusyError, SessionLease, SessionNotFoundError, SessionStore, holder_alive
+from dsh_core.sessions.lease import boot_id, process_start
+from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
+
+pytestmark = pytest.mark.anyio
+
+#: Every store implementation dsh ships, as ``factory(home)``: each must honour the lease contract.
+STORES: list[object] = [pytest.param(SqliteSessionStore.open, id="sqlite")]
+
+StoreFactory = Callable[[Path], SessionStore]
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+
+
+def exited_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("factory", STORES)
+async def test_a_lease_holds_its_session_until_it_is_released(tmp_path: Path, factory: StoreFactory) -> None:
+    store = factory(tmp_path)
+    first, second = SessionLease.for_this_run(), SessionLease.for_this_run()
+    try:
+        info = await store.create(meta={"task": "t"}, lease=first)  # a new session is born held
+        with pytest.raises(SessionBusyError) as caught:
+            await store.acquire(info.id, second)
+        busy = caught.value
+        assert busy.code == "SESSION_BUSY" and busy.session_id == info.id and busy.holder == first
+        assert busy.message.startswith(f"session {info.id!r} is in use by another run (pid {os.getpid()} on host ")
+        await store.acquire(info.id, first)  # the holder may claim it again
+        await store.release(info.id, second)  # not the holder's: nothing happens
+        with pytest.raises(SessionBusyError):
+            await store.acquire(info.id, second)
+        await store.release(info.id, first)
+        await store.release(info.id, first)  # idempotent
+        await store.acquire(info.id, second)
+        with pytest.raises(SessionBusyError):
+            await store.acquire(info.id, first)
+
+        unleased = await store.create()
+        await store.acquire(unleased.id, first)
+        with pytest.raises(SessionNotFoundError, match="no session 'nope'"):
+            await store.acquire("nope", first)
+        await store.release("nope", first)
+        assert [e.kind for e in await store.load(info.id)] == []  # leases are not events
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("factory", STORES)
+async def test_of_two_stores_racing_for_a_session_exactly_one_wins(tmp_path: Path, factory: StoreFactory) -> None:
+    # Two store instances on one home stand in for two dsh processes resuming one session at once.
+    stores = [factory(tmp_path), factory(tmp_path)]
+    try:
+        info = await stores[0].create()
+        for _ in range(20):
+            leases = [SessionLease.for_this_run(), SessionLease.for_this_run()]
+            racing = (store.acquire(info.id, lease) for store, lease in zip(stores, leases, strict=True))
+            outcomes = await asyncio.gather(*racing, return_exceptions=True)
+            winners = [lease for lease, outcome in zip(leases, outcomes, strict=True) if outcome is None]
+            assert len(winners) == 1, outcomes
+            assert [type(o) for o in outcomes if o is not None] == [SessionBusyError]
+            await stores[0].release(info.id, winners[0])
+    finally:
+        for store in stores:
+            await store.close()
+
+
+HOLDER = textwrap.dedent("""
+    import asyncio, sys, time
+    from pathlib import Path
+    from dsh_core.sessions import SessionLease
+    from dsh_core.sessions.sqlite import SqliteSessionStore
+
+    async def main():
+        store = SqliteSessionStore.open(Path(sys.argv[1]))
+        await store.acquire(sys.argv[2], SessionLease.for_this_run())
+        print("held", flush=True)
+        time.sleep(60)  # killed here, holding the lease
+
+    asyncio.run(main())
+""")
+
+
+async def test_a_lease_of_a_process_killed_mid_run_does_not_block_a_resume(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        child = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), info.id], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "held\n"
+            with pytest.raises(SessionBusyError, match=f"pid {child.pid} on host"):
+                await store.acquire(info.id, SessionLease.for_this_run())
+            child.send_signal(signal.SIGKILL)  # no chance to release: the lease stays behind
+            child.wait(10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        await store.acquire(info.id, SessionLease.for_this_run())
+    finally:
+        await store.close()
+
+
+def _mine(**changes: object) -> SessionLease:
+    return attrs.evolve(SessionLease.for_this_run(), **changes)  # type: ignore[arg-type]
+
+
+@needs_proc
+@pytest.mark.parametrize("factory", STORES)
+@pytest.mark.parametrize(("holder", "gone"), [
+    pytest.param(lambda: _mine(pid=exited_pid(), started=None), True, id="no-such-pid"),
+    pytest.param(lambda: _mine(started=(process_start(os.getpid()) or 0) + 1), True, id="pid-reused-since"),
+    pytest.param(lambda: _mine(boot_id="another-boot"), True, id="host-rebooted-since"),
+    pytest.param(lambda: _mine(pid=0), True, id="no-pid"),
+    pytest.param(_mine, False, id="this-process"),
+    pytest.param(lambda: _mine(pid=1, started=None), False, id="a-live-pid-started-unknown"),
+    pytest.param(lambda: _mine(pid=exited_pid(), host=socket.gethostname() + "-elsewhere"), False,
+                 id="another-host"),
+    pytest.param(lambda: _mine(pid=exited_pid(), pid_ns="pid:[1]"), False, id="another-pid-namespace"),
+])
+async def test_a_lease_whose_holder_is_gone_is_taken_over(tmp_path: Path, factory: StoreFactory,
+                                                          holder: Callable[[], SessionLease], gone: bool) -> None:
+    held = holder()
+    assert holder_alive(held) is not gone
+    store = factory(tmp_path)
+    try:
+        info = await store.create(lease=held)
+        if gone:
+            await store.acquire(info.id, SessionLease.for_this_run())
+        else:
+            with pytest.raises(SessionBusyError):
+                await store.acquire(info.id, SessionLease.for_this_run())
+    finally:
+        await store.close()
+
+
+@needs_proc
+def test_a_zombie_holder_is_gone() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        started = process_start(child.pid)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        assert not holder_alive(_mine(pid=child.pid, started=started))  # exited, not yet reaped
+    finally:
+        child.wait()
+
+
+def test_a_lease_survives_its_json_form() -> None:
+    lease = SessionLease.for_this_run()
+    assert SessionLease.from_json(lease.to_json()) == lease
+    assert lease.token != SessionLease.for_this_run().token  # two runs of one process are told apart
+    if Path("/proc/sys/kernel/random/boot_id").exists():
+        assert lease.boot_id == boot_id() and lease.started == process_start(os.getpid())
+    for bad in ({}, {"token": "t", "pid": "1", "host": "h"}, {"token": "t", "pid": True, "host": "h"}):
+        with pytest.raises(ValueError, match=r"not a session lease|not an integer"):
+            SessionLease.from_json(bad)
+
+
+async def test_an_unreadable_sqlite_lease_is_taken_over(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+        try:
+            conn.execute("INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', '[1]', 0)",
+                         (info.id,))
+        finally:
+            conn.close()
+        await store.acquire(info.id, SessionLease.for_this_run())
+    finally:
+        await store.close()
+
+
+async def test_a_database_from_before_leases_gets_the_table(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.executescript("""
+            CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at REAL NOT NULL, updated_at REAL NOT NULL,
+                                   event_count INTEGER NOT NULL DEFAULT 0, meta TEXT NOT NULL DEFAULT '{}');
+            INSERT INTO sessions (id, created_at, updated_at) VALUES ('old', 0, 0);
+        """)
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        await store.acquire("old", SessionLease.for_this_run())
+        with pytest.raises(SessionBusyError):
+            await store.acquire("old", SessionLease.for_this_run())
+    finally:
+        await store.close()
