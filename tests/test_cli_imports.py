@@ -120,8 +120,9 @@ def all_helps() -> list[list[str]]:
 def test_the_helps_cover_every_command_and_group() -> None:
     assert all_helps() == [[], ["--help"], ["config", "--help"], ["config", "dump", "--help"], ["demo", "--help"],
                            ["run-code", "--help"], ["sdk", "--help"], ["sessions", "--help"],
-                           ["sessions", "list", "--help"], ["sessions", "show", "--help"], ["tools", "--help"],
-                           ["tools", "call", "--help"], ["tools", "list", "--help"]]
+                           ["sessions", "list", "--help"], ["sessions", "release", "--help"],
+                           ["sessions", "show", "--help"], ["tools", "--help"], ["tools", "call", "--help"],
+                           ["tools", "list", "--help"]]
 
 
 @pytest.mark.parametrize("args", all_helps(), ids=lambda args: " ".join(["dsh", *args]))

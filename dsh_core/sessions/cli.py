@@ -26,6 +26,7 @@ from dsh_core.lossless import dumps
 if TYPE_CHECKING:
     from dsh_core.config import Deployment
     from dsh_core.sessions.events import SessionEvent, SessionInfo
+    from dsh_core.sessions.lease import SessionLease
     from dsh_core.sessions.store import SessionStore
 
 __all__ = ["sessions_group", "render_session", "render_list", "Node"]
@@ -270,7 +271,7 @@ _config_option = click.option(
 
 @click.group("sessions")
 def sessions_group() -> None:
-    """List and inspect recorded agent sessions (under DSH_HOME, default ~/.dsh)."""
+    """List, inspect and release recorded agent sessions (under DSH_HOME, default ~/.dsh)."""
 
 
 @sessions_group.command("list")
@@ -310,3 +311,25 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
                             "payload": e.payload} for e in events], indent=2))
     else:
         click.echo(render_session(info, events))
+
+
+@sessions_group.command("release")
+@click.argument("session_id")
+@_config_option
+@click.pass_context
+def sessions_release(ctx: click.Context, session_id: str, configs: tuple[str, ...]) -> None:
+    """Free a session whose run is gone where dsh cannot check (another host or container).
+
+    A run holds its session while it runs, so that no second run continues it at once; a
+    run killed on this host frees it by itself. Releasing a session a live run still holds
+    lets a second run interleave with it.
+    """
+
+    async def work(store: SessionStore) -> SessionLease | None:
+        return await store.break_lease(session_id)
+
+    holder = _with_store(_deployment(ctx, configs), work)
+    if holder is None:
+        click.echo(f"session {session_id} was not held by any run")
+    else:
+        click.echo(f"released session {session_id} (held by {visible(holder.describe())})")

@@ -244,6 +244,23 @@ class SqliteSessionStore:
 
         await self._run(lambda: self._transaction(work, session_id=session_id, doing="release the lease of"))
 
+    async def break_lease(self, session_id: str) -> SessionLease | None:
+        """Drop whatever lease holds the session and return it (``None`` if none did)."""
+
+        def work(conn: sqlite3.Connection) -> SessionLease | None:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            row = conn.execute("SELECT holder FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+            if row is None:
+                return None
+            conn.execute("DELETE FROM leases WHERE session_id = ?", (session_id,))
+            try:
+                return SessionLease.from_json(json.loads(row[0]))
+            except ValueError:
+                return SessionLease("", 0, "unknown")  # an unreadable holder: broken all the same
+
+        return await self._run(lambda: self._transaction(work, session_id=session_id, doing="break the lease of"))
+
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""
 

@@ -45,7 +45,9 @@ class SessionBusyError(SessionStoreError):
 
     def __init__(self, session_id: str, holder: SessionLease) -> None:
         super().__init__(f"session {session_id!r} is in use by another run ({holder.describe()}); "
-                         "one run at a time may continue a session: resume it once that run has ended")
+                         "one run at a time may continue a session: resume it once that run has ended (if it "
+                         "is gone from another host or container, where dsh cannot check, free the session "
+                         f"with: dsh sessions release {session_id})")
         self.session_id = session_id
         self.holder = holder
 
@@ -85,6 +87,15 @@ class SessionStore(Protocol):
 
     async def release(self, session_id: str, lease: SessionLease) -> None:
         """Drop ``lease``'s claim on the session; nothing happens if another lease (or none) holds it."""
+        ...
+
+    async def break_lease(self, session_id: str) -> SessionLease | None:
+        """Drop whatever lease holds the session and return it (``None`` if none did).
+
+        For a person who knows the holder is gone where dsh cannot check it (a run on
+        another host or in another container that was killed). :class:`SessionNotFoundError`
+        if there is no such session.
+        """
         ...
 
     async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:

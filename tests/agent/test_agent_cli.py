@@ -147,6 +147,36 @@ def test_a_session_another_run_holds_fails_with_exit_1_until_that_run_is_gone(tm
     assert again.stdout == "two\n"
 
 
+def test_sessions_release_frees_a_session_whose_holder_dsh_cannot_check(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [final("one"), final("two", {"last_content_contains": "again"})])
+    assert dsh("--config", str(cfg), "-p", "go", cwd=tmp_path).returncode == 0
+    (session,) = json.loads(dsh("sessions", "list", "--config", str(cfg), "--json", cwd=tmp_path).stdout)
+    gone = attrs.evolve(SessionLease.for_this_run(), host="container-1f2e")  # killed with its container
+
+    async def hold() -> None:
+        store = SqliteSessionStore.open(tmp_path / "home")
+        try:
+            await store.acquire(session["id"], gone)
+        finally:
+            await store.close()
+
+    asyncio.run(hold())
+    busy = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
+    assert busy.returncode == 1
+    assert f"free the session with: dsh sessions release {session['id']})" in busy.stderr
+    released = dsh("sessions", "release", session["id"], "--config", str(cfg), cwd=tmp_path)
+    assert released.returncode == 0, released.stderr
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gone.since))
+    assert released.stdout == (f"released session {session['id']} (held by pid {os.getpid()} on host "
+                               f"'container-1f2e' since {since})\n")
+    again = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == "two\n"
+    idle = dsh("sessions", "release", session["id"], "--config", str(cfg), cwd=tmp_path)
+    assert idle.returncode == 0 and idle.stdout == f"session {session['id']} was not held by any run\n"
+    unknown = dsh("sessions", "release", "nope", "--config", str(cfg), cwd=tmp_path)
+    assert unknown.returncode == 2 and "no session 'nope'" in unknown.stderr
+
+
 def test_a_broken_script_fails_at_boot_naming_the_line(tmp_path: Path) -> None:
     cfg = config(tmp_path, [final("x")])
     (tmp_path / "script.jsonl").write_text('{"role": "assistant", "content": "ok"}\n{"expect": {"colour": 1}}\n')

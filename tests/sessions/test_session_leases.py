@@ -215,3 +215,23 @@ async def test_a_database_from_before_leases_gets_the_table(tmp_path: Path) -> N
             await store.acquire("old", SessionLease.for_this_run())
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("factory", STORES)
+async def test_a_lease_dsh_cannot_check_is_broken_on_request(tmp_path: Path, factory: StoreFactory) -> None:
+    """A run on another host (or container) that died keeps its lease until a person breaks it."""
+    store = factory(tmp_path)
+    try:
+        info = await store.create()
+        elsewhere = attrs.evolve(SessionLease.for_this_run(), host="another-host")
+        await store.acquire(info.id, elsewhere)
+        assert holder_alive(elsewhere)  # unknowable: it may be running
+        with pytest.raises(SessionBusyError, match=f"free the session with: dsh sessions release {info.id}"):
+            await store.acquire(info.id, SessionLease.for_this_run())
+        assert await store.break_lease(info.id) == elsewhere
+        assert await store.break_lease(info.id) is None  # nothing holds it any more
+        await store.acquire(info.id, SessionLease.for_this_run())
+        with pytest.raises(SessionNotFoundError):
+            await store.break_lease("no-such-session")
+    finally:
+        await store.close()
