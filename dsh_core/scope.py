@@ -13,6 +13,8 @@ registry keeps one layer per layered scope (see :mod:`dsh_core.registry`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import itertools
 import logging
@@ -26,6 +28,10 @@ log = logging.getLogger("dsh")
 Disposer = Callable[[], "None | Awaitable[None]"]
 
 _ids = itertools.count(1)
+
+#: The scopes the current context is unwinding (set in unwinding tasks, inherited by what they start).
+_unwinding: contextvars.ContextVar[frozenset[Scope]] = contextvars.ContextVar("dsh_scope_unwinding",
+                                                                              default=frozenset())
 
 
 class ScopeDisposedError(RuntimeError):
@@ -45,6 +51,10 @@ class Scope:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._services: dict[str, object] = {}
         self._state = "active"
+        # Set when the unwinding starts: resolved when it ends; the task running it.
+        self._done: asyncio.Future[None] | None = None
+        self._unwinder: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[None] | None = None  # the unwinding task dispose() started, if it did
         self.depth: int = 0 if parent is None else parent.depth + 1
 
     def __repr__(self) -> str:
@@ -159,32 +169,120 @@ class Scope:
         """Unwind everything this scope owns and wait until it is quiescent.
 
         Children go first (newest first), then disposers in reverse order, then
-        owned tasks are cancelled and awaited. Errors are logged, never stop
-        the unwinding. Disposing twice is harmless.
+        owned tasks are cancelled and awaited; when this returns, nothing the
+        scope started is still running. The unwinding runs once, in a task of
+        its own: every call (concurrent ones included) waits for that one
+        unwinding, and cancelling a caller does not stop it (the caller still
+        gets its :class:`asyncio.CancelledError`). Disposing twice is harmless.
+
+        Errors never stop the unwinding: a disposer (or owned task) that raises
+        is logged and the next step runs. If the unwinding task itself is
+        cancelled (an event loop shutting down cancels every task), the step it
+        was awaiting is abandoned and the rest still run. Only
+        :class:`KeyboardInterrupt` and :class:`SystemExit` stop it: they are
+        asyncio's way out of the event loop, and swallowing them would make a
+        hung disposer unstoppable; the scope then stays "disposing" with what
+        is left, and a later call resumes from there.
+
+        Called from within an unwinding (a disposer, or a task one started) on
+        a scope being unwound or one of its ancestors, this starts that scope's
+        unwinding if needed but returns without waiting: the wait would
+        deadlock on the caller itself.
         """
-        if self._state != "active":
-            return
-        self._state = "disposing"
-        for child in reversed(self._children):
-            await child.dispose()
-        self._children.clear()
-        while self._disposers:
-            disposer = self._disposers.pop()
+        while self._state != "disposed":
+            if self._done is None:
+                loop = asyncio.get_running_loop()
+                self._done = loop.create_future()
+                self._task = self._unwinder = loop.create_task(self._unwind_alone(), name=f"dispose {self.path}")
+                self._task.add_done_callback(self._unwinder_ended)
+            done, task = self._done, self._task
+            if any(scope.is_within(self) for scope in _unwinding.get()):
+                return
             try:
-                outcome = disposer()
-                if inspect.isawaitable(outcome):
-                    await outcome
-            except Exception:
-                log.warning("a disposer of scope %r failed", self.path, exc_info=True)
+                await asyncio.shield(done)
+                if task is not None and not task.done():
+                    await asyncio.shield(task)  # it ends right after: leave no task behind, not even this one
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if me is None or me.cancelling():
+                    raise  # this caller was cancelled: the unwinding goes on without it
+                # Not this caller: the unwinding task was cancelled before it ran (go again), or
+                # just after it finished (done).
+
+    async def _unwind_alone(self) -> None:
+        # The task started by dispose(): a fresh context, unaware of what its creator was unwinding.
+        _unwinding.set(frozenset())
+        await self._unwind()
+
+    def _unwinder_ended(self, task: asyncio.Task[Any]) -> None:
+        # A task cancelled before its first step never runs _unwind: release the waiters, allow a retry.
+        done = self._done
+        if self._task is task and done is not None and not done.done():
+            self._done = None
+            done.cancel()
+
+    def _unwinding_elsewhere(self) -> bool:
+        unwinder = self._unwinder
+        return unwinder is not None and not unwinder.done() and unwinder is not asyncio.current_task()
+
+    async def _unwind(self) -> None:
+        """Unwind this scope in the current task (the scope's own unwinding task, or its parent's)."""
+        self._state = "disposing"
+        self._unwinder = asyncio.current_task()
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+        token = _unwinding.set(_unwinding.get() | {self})
+        try:
+            for child in reversed(list(self._children)):
+                if child.disposed:
+                    continue
+                if child._unwinding_elsewhere():
+                    assert child._done is not None
+                    await self._step("the unwinding of a child", functools.partial(asyncio.shield, child._done))
+                else:
+                    await self._step("a child", child._unwind)
+            self._children.clear()
+            while self._disposers:
+                await self._step("a disposer", self._disposers.pop())
+            await self._step("the wait for its tasks", self._end_tasks)
+            self._services.clear()
+            self._state = "disposed"
+            if self.parent is not None and self in self.parent._children:
+                self.parent._children.remove(self)
+            if not self._done.done():
+                self._done.set_result(None)
+        except BaseException:
+            # KeyboardInterrupt or SystemExit (nothing else reaches here): stop, and let a later
+            # dispose() resume with what is left. Whoever waits is interrupted too.
+            done, self._done = self._done, None
+            if done is not None and not done.done():
+                done.cancel()
+            raise
+        finally:
+            _unwinding.reset(token)
+
+    async def _step(self, what: str, step: Callable[[], object]) -> None:
+        """Run one step of the unwinding; nothing but KeyboardInterrupt and SystemExit stops the rest."""
+        try:
+            outcome = step()
+            if inspect.isawaitable(outcome):
+                await outcome
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                task.uncancel()  # the cancel abandoned this step; the next ones must not see it pending
+            log.warning("%s of scope %r was cancelled; the unwinding goes on", what, self.path)
+        except BaseException:
+            log.warning("%s of scope %r failed", what, self.path, exc_info=True)
+
+    async def _end_tasks(self) -> None:
         tasks = [t for t in self._tasks if not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:
             results = await asyncio.gather(*tasks, return_exceptions=True)
             for result in results:
-                if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
+                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                     log.warning("a task of scope %r failed: %r", self.path, result)
-        self._services.clear()
-        self._state = "disposed"
-        if self.parent is not None and self in self.parent._children:
-            self.parent._children.remove(self)

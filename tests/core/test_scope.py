@@ -74,3 +74,158 @@ def test_services_are_looked_up_through_the_chain_and_layers_are_found() -> None
     assert plugin.is_within(agent) and not agent.is_within(plugin)
     with pytest.raises(ValueError, match="already provided"):
         root.provide("tools", "again")
+
+
+async def test_a_concurrent_dispose_waits_until_the_scope_and_its_children_are_quiescent() -> None:
+    """A second dispose() (Harness.aclose while a plugin scope is being stopped) returns only when all is done."""
+    root = Scope()
+    plugin = root.child("plugin:p")
+    trail: list[str] = []
+
+    async def slow_close() -> None:
+        await asyncio.sleep(0.05)
+        trail.append("slow_close")
+
+    plugin.on_dispose(slow_close)
+    first = asyncio.ensure_future(plugin.dispose())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(root.dispose(), 5)
+    assert trail == ["slow_close"] and plugin.disposed and root.disposed
+    await asyncio.wait_for(plugin.dispose(), 5)  # a third call: already disposed
+    await first
+
+
+async def test_cancelling_the_caller_of_dispose_does_not_stop_the_unwinding() -> None:
+    """The caller gets its CancelledError; the remaining disposers still run, and a retry waits for the end."""
+    root = Scope()
+    plugin = root.child("plugin:p")
+    trail: list[str] = []
+    plugin.on_dispose(lambda: trail.append("unregister"))
+    entered = asyncio.Event()
+
+    async def slow_close() -> None:
+        entered.set()
+        await asyncio.sleep(0.05)
+        trail.append("slow_close")
+
+    plugin.on_dispose(slow_close)
+    caller = asyncio.ensure_future(root.dispose())
+    await entered.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert not root.active and trail == []
+    await asyncio.wait_for(root.dispose(), 5)
+    assert trail == ["slow_close", "unregister"] and plugin.disposed and root.disposed
+
+
+async def test_cancelling_the_unwinding_itself_abandons_one_step_and_runs_the_rest(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What a loop shutdown does (it cancels every task): the disposer being awaited is given up, not the rest."""
+    root = Scope()
+    trail: list[str] = []
+    root.on_dispose(lambda: trail.append("last"))
+    entered = asyncio.Event()
+
+    async def hangs() -> None:
+        entered.set()
+        await asyncio.sleep(10)
+
+    root.on_dispose(hangs)
+    caller = asyncio.ensure_future(root.dispose())
+    await entered.wait()
+    (unwinding,) = [t for t in asyncio.all_tasks() if t.get_name() == "dispose root"]
+    unwinding.cancel()
+    await asyncio.wait_for(caller, 5)
+    assert trail == ["last"] and root.disposed and "was cancelled" in caplog.text
+
+
+async def test_a_disposer_raising_any_base_exception_does_not_stop_the_unwinding(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Odd(BaseException):
+        pass
+
+    root = Scope()
+    child = root.child("c")
+    trail: list[str] = []
+    child.on_dispose(lambda: trail.append("child"))
+
+    def odd() -> None:
+        raise Odd
+
+    async def cancelled_inside() -> None:  # a disposer whose own await was cancelled: not ours to obey
+        raise asyncio.CancelledError
+
+    child.on_dispose(odd)
+    root.on_dispose(lambda: trail.append("root"))
+    root.on_dispose(cancelled_inside)
+    await asyncio.wait_for(root.dispose(), 5)
+    assert trail == ["child", "root"] and child.disposed and root.disposed
+    assert "failed" in caplog.text and "Odd" in caplog.text
+
+
+def test_keyboard_interrupt_stops_the_unwinding_and_a_later_dispose_resumes_it() -> None:
+    """KeyboardInterrupt leaves the event loop as asyncio intends; what is left runs on the next dispose()."""
+    root = Scope()
+    trail: list[str] = []
+    root.on_dispose(lambda: trail.append("first registered"))
+
+    def interrupted() -> None:
+        trail.append("interrupted")
+        raise KeyboardInterrupt
+
+    root.on_dispose(interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(root.dispose())
+    assert trail == ["interrupted"] and not root.active and not root.disposed
+    asyncio.run(asyncio.wait_for(root.dispose(), 5))
+    assert trail == ["interrupted", "first registered"] and root.disposed
+
+
+async def test_dispose_from_within_the_unwinding_does_not_deadlock() -> None:
+    """A disposer disposing its own scope or an ancestor returns at once; the ancestor is still disposed."""
+    root = Scope()
+    child = root.child("c")
+    trail: list[str] = []
+
+    async def disposes_itself_and_its_parent() -> None:
+        await child.dispose()
+        await root.dispose()
+        trail.append("returned")
+
+    child.on_dispose(disposes_itself_and_its_parent)
+    await asyncio.wait_for(child.dispose(), 5)
+    assert trail == ["returned"] and child.disposed
+    await asyncio.wait_for(root.dispose(), 5)
+    assert root.disposed
+
+
+async def test_a_task_of_the_scope_may_dispose_it() -> None:
+    """The task is cancelled by the unwinding it started, which still completes."""
+    root = Scope()
+    worker = root.child("worker")
+    stopped = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await worker.dispose()
+        finally:
+            stopped.set()
+
+    task = worker.spawn(work())
+    await asyncio.wait_for(stopped.wait(), 5)
+    assert task.cancelled()
+    await asyncio.wait_for(worker.dispose(), 5)
+    assert worker.disposed
+
+
+async def test_an_unwinding_cancelled_before_it_ran_is_started_again_for_its_callers() -> None:
+    root = Scope()
+    trail: list[str] = []
+    root.on_dispose(lambda: trail.append("ran"))
+    caller = asyncio.ensure_future(root.dispose())
+    await asyncio.sleep(0)  # the caller has started the unwinding task, which has not run yet
+    (unwinding,) = [t for t in asyncio.all_tasks() if t.get_name() == "dispose root"]
+    unwinding.cancel()
+    await asyncio.wait_for(caller, 5)
+    assert unwinding.cancelled() and trail == ["ran"] and root.disposed
