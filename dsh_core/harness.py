@@ -46,6 +46,11 @@ class NamedRegistry(Generic[T]):
         """The ``register(name, item)`` callable handed to one plugin's registration hook."""
 
         def register(name: str, item: T) -> None:
+            # Checked before any change: scope.on_dispose() would raise only after the item was in,
+            # leaving it registered for good (and refusing the name to every later plugin).
+            if not scope.active:
+                state = "disposed" if scope.disposed else "being disposed"
+                raise RegistrationError(f"cannot register {self.kind} {name!r}: scope {scope.path!r} is {state}")
             if name in self._items:
                 owner = self._items[name][1]
                 raise RegistrationError(f"{self.kind} {name!r} is registered by both plugin {owner!r} "

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from dsh_core.config import compose
-from dsh_core.errors import ConfigError, PluginLoadError
-from dsh_core.harness import Harness
+from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
+from dsh_core.harness import Harness, NamedRegistry
 from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog
+from dsh_core.scope import Scope
 
 pytestmark = pytest.mark.anyio
 
@@ -215,3 +216,22 @@ async def test_the_tools_mode_env_override_reaches_the_registry() -> None:
     assert dep.tools.mode == "code"
     with pytest.raises(ConfigError, match="DSH_TOOLS_MODE='turbo' must be one of native, code, both"):
         deployment({}, env={"DSH_TOOLS_MODE": "turbo"})
+
+
+async def test_a_named_registration_on_a_disposed_scope_changes_nothing() -> None:
+    """The refused provider is not left behind, so a healthy plugin may still register the name."""
+    providers: NamedRegistry[object] = NamedRegistry("provider")
+    root = Scope()
+    gone = root.child("plugin:p")
+    register = providers.registrar(gone, "p")
+    await gone.dispose()
+    with pytest.raises(RegistrationError, match="cannot register provider 'openai': scope 'root/plugin:p' is "
+                                                "disposed"):
+        register("openai", object())
+    assert providers.names() == []
+    healthy = root.child("plugin:q")
+    item = object()
+    providers.registrar(healthy, "q")("openai", item)
+    assert providers.get("openai") is item
+    await root.dispose()
+    assert providers.names() == []
