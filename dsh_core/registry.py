@@ -52,6 +52,14 @@ def _ensure_active(scope: Scope, action: str) -> None:
         raise RegistrationError(f"cannot {action}: scope {scope.path!r} is {state}")
 
 
+def _describe(function: object) -> str:
+    name = getattr(function, "__qualname__", None)
+    module = getattr(function, "__module__", None)
+    if not isinstance(name, str):
+        return repr(function)
+    return f"{module}.{name}" if isinstance(module, str) else name
+
+
 def check_mode(mode: object, *, source: str = "mode") -> Mode:
     """Return ``mode`` if it is one of :data:`MODES`, else raise ``ValueError`` naming ``source``."""
     if mode not in MODES:
@@ -331,6 +339,30 @@ class ToolRegistry:
             if layer.mode is not None:
                 return layer.mode
         return self.default_mode
+
+    # -- introspection -----------------------------------------------------------------------------------
+
+    def inventory(self) -> list[str]:
+        """Everything registered, one description each: tools, guards, restrictions, modes, layers, listeners.
+
+        For leak checks (the conformance kit's dispose check): what is still here once
+        its owners are disposed outlived them.
+        """
+        found: list[str] = []
+        for layer in (self._global, *self._layers.values()):
+            where = "in the global layer" if layer.owner is None else f"in the layer of scope {layer.owner.path!r}"
+            if layer.owner is not None:
+                found.append(f"the tool layer of scope {layer.owner.path!r}")
+            found.extend(f'tool "{name}" {where}' for name in layer.tools)
+            found.extend(f"guard {_describe(guard)} {where}" for guard in layer.guards)
+            for restriction in layer.restrictions:
+                parts = [] if restriction.allow is None else [f"allow={sorted(restriction.allow)}"]
+                parts += [f"deny={sorted(restriction.deny)}"] if restriction.deny else []
+                found.append(f"restriction ({', '.join(parts)}) {where}")
+            if layer.mode is not None:
+                found.append(f'presentation mode "{layer.mode}" {where}')
+        found.extend(f"change listener {_describe(listener)} (from on_change)" for listener in self._listeners)
+        return found
 
     # -- transport -------------------------------------------------------------------------------------
 

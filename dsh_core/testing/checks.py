@@ -601,8 +601,9 @@ def check_dispose(target: Target) -> list[str]:
         finally:
             await loaded.dispose()
         found = [failure(target, "dispose", f"after dispose, {what} is still registered",
-                         "register through the plugin's scope (the register callables, scope.on_dispose) so "
-                         "dispose can undo it") for what in loaded.leftovers()]
+                         "register through the plugin's scope (the register callables, scope=scope for registry "
+                         "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
+                         "undo it") for what in loaded.leftovers()]
         deadline = time.monotonic() + QUIESCENCE_GRACE_S
         pending: set[asyncio.Task[Any]] = set()
         while time.monotonic() < deadline:

@@ -10,6 +10,7 @@ which counts invocations and records what the body raised.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
 from typing import Any
@@ -98,6 +99,8 @@ class LoadedPlugin:
         self.scope: Scope | None = None
         self.definitions: list[ToolDefinition] = []
         self.spies: dict[str, ToolSpy] = {}
+        # What the registry holds before the plugin starts: not the plugin's to undo.
+        self.baseline = Counter(registry.inventory())
 
     async def dispose(self) -> None:
         """Dispose the plugin's scope, then the root scope."""
@@ -106,8 +109,12 @@ class LoadedPlugin:
         await self.root.dispose()
 
     def leftovers(self) -> list[str]:
-        """What the plugin still has registered (after dispose this must be empty)."""
-        found = [f'tool "{name}"' for name in self.registry.names()]
+        """What the plugin still has registered (after dispose this must be empty).
+
+        Every kind of registry state counts (tools, guards, restrictions, modes,
+        layers, change listeners), then hook implementations, providers and stores.
+        """
+        found = list((Counter(self.registry.inventory()) - self.baseline).elements())
         if self.hooks.has_plugin(self.name):
             found.append("its hook implementations (still registered with the plugin manager)")
         for hook in self.hooks.hook_names():

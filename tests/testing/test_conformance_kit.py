@@ -322,3 +322,28 @@ def test_a_name_given_twice_is_checked_once(kit: pytest.Pytester) -> None:
     result = kit.runpytest_subprocess("--dsh-conformance=good", "--dsh-conformance=good", *QUIET, "-v")
     result.assert_outcomes(passed=13)
     result.stdout.fnmatch_lines(["*test_hookimpls_are_well_formed[[]good[]] PASSED*"])
+
+
+def test_the_dispose_check_reports_every_kind_of_registry_state_left_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only tools: a guard, a change listener, and a layer with its mode, restriction and tool."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("leaky-registry", "tests.fixtures.conformance.broken_plugins:leaky_registry",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    failures = checks.check_dispose(Target("leaky-registry"))
+    module = "tests.fixtures.conformance.broken_plugins"
+    left = [f"guard {module}._passes in the global layer",
+            "the tool layer of scope 'stray'",
+            "tool \"stray_tool\" in the layer of scope 'stray'",
+            "restriction (deny=['ping']) in the layer of scope 'stray'",
+            "presentation mode \"both\" in the layer of scope 'stray'",
+            f"change listener {module}._listens (from on_change)"]
+    assert sorted(failures) == sorted(
+        f'[dsh:dispose] plugin "leaky-registry": after dispose, {what} is still registered\n'
+        "    fix: register through the plugin's scope (the register callables, scope=scope for registry guards, "
+        "restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can undo it" for what in left)
