@@ -41,7 +41,7 @@ from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped
 
 from dsh_core.errors import ConfigError
 from dsh_core.lossless import JSON, find_loss, freeze
-from dsh_core.schema import check_schema, compile_validator
+from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 
 __all__ = [
     "MODES",
@@ -727,7 +727,15 @@ def validate_plugin_configs(
             found = [([key], f"unknown key (plugin {row.use!r} takes no config)") for key in row.config]
         else:
             check_schema(schema, owner=f"plugin {row.use!r} (row {row.id!r}) config")
-            for error in compile_validator(schema).iter_errors(row.config):  # refs checked above
+            try:
+                errors = validation_errors(compile_validator(schema), row.config)
+            except SchemaEvaluationError as failed:
+                # A recursive schema meeting a deep config, or a $ref cycle in the schema: one line
+                # naming the row and its file, never a raw RecursionError out of the harness.
+                problems.append(f"{prefix}: cannot be checked against the config schema of plugin {row.use!r}: "
+                                f"{failed} (from {_blame(deployment, row, prefix)})")
+                continue
+            for error in errors:
                 found.extend(_error_messages(error))
         found.sort(key=lambda item: (_sort_key(item[0]), item[1]))
         for parts, message in found:

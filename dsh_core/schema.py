@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.protocols import Validator
 from jsonschema_specifications import REGISTRY as _BUNDLED_METASCHEMAS  # type: ignore[import-untyped, unused-ignore]
 from referencing import Registry
@@ -20,7 +20,8 @@ from referencing.jsonschema import DRAFT202012
 from dsh_core.errors import SchemaDefinitionError, Violation
 from dsh_core.lossless import find_loss, pointer
 
-__all__ = ["check_schema", "compile_validator", "violations", "format_violations", "fast_check"]
+__all__ = ["SchemaEvaluationError", "check_schema", "compile_validator", "validation_errors", "violations",
+           "format_violations", "fast_check"]
 
 
 def check_schema(schema: object, *, owner: str) -> None:
@@ -119,24 +120,43 @@ def compile_validator(schema: Mapping[str, Any]) -> Validator:
     return Draft202012Validator(schema, registry=_LOCAL_ONLY)
 
 
+class SchemaEvaluationError(Exception):
+    """Validation could not finish: the schema cannot be evaluated against this value.
+
+    The message says why, e.g. ``validation recursed too deeply (...)``.
+    """
+
+
+def validation_errors(validator: Validator, instance: object) -> list[ValidationError]:
+    """Every jsonschema error of ``instance``; raise :class:`SchemaEvaluationError` if validation cannot finish.
+
+    jsonschema recurses and resolves references lazily, so a recursive schema
+    meeting a deeply nested value, a ``$ref`` cycle that never consumes the
+    value, or a reference :func:`check_schema` did not vet would otherwise
+    escape as a raw ``RecursionError`` or ``referencing`` exception.
+    """
+    try:
+        return list(validator.iter_errors(instance))  # type: ignore[arg-type]
+    except Unresolvable as error:
+        # check_schema refuses such schemas; a validator compiled without it must still fail cleanly.
+        raise SchemaEvaluationError(f"unresolvable reference ({_brief(error)})") from None
+    except RecursionError:
+        # The value's depth tells the two causes apart: deep means the value, shallow the schema.
+        raise SchemaEvaluationError(f"validation recursed too deeply (a value nested too deeply for a recursive "
+                                    f"schema, or a $ref cycle; the value nests {_depth(instance)} levels of "
+                                    f"objects and arrays)") from None
+
+
 def violations(validator: Validator, instance: object) -> list[Violation]:
     """Every violation of ``instance``, sorted by path, each with a JSON pointer."""
     if validator.schema is True or validator.schema == {}:
         return []
     try:
-        found = [
-            Violation(pointer(list(error.absolute_path)) or "/", error.message)
-            for error in validator.iter_errors(instance)  # type: ignore[arg-type]
-        ]
-    except Unresolvable as error:
-        # check_schema refuses such schemas; a validator compiled without it must still
-        # give an error result, never an exception out of the call.
-        return [Violation("/", f"the schema cannot be evaluated: unresolvable reference ({_brief(error)})")]
-    except RecursionError:
-        # jsonschema recurses: a recursive schema meeting a deep value, or a $ref cycle that never
-        # reaches a keyword that consumes the value. An error result, never an exception out of the call.
-        return [Violation("/", "the schema cannot be evaluated: validation recursed too deeply (a value nested "
-                               "too deeply for a recursive schema, or a $ref cycle)")]
+        errors = validation_errors(validator, instance)
+    except SchemaEvaluationError as error:
+        # An error result, never an exception out of the call.
+        return [Violation("/", f"the schema cannot be evaluated: {error}")]
+    found = [Violation(pointer(list(error.absolute_path)) or "/", error.message) for error in errors]
     found.sort(key=lambda v: (v.path, v.message))
     return found
 

@@ -925,3 +925,48 @@ def test_an_invalid_plugin_schema_is_a_schema_definition_error(files: Any) -> No
     d = load(files("base.toml", BASE))
     with pytest.raises(SchemaDefinitionError, match="plugin 'workspace' \\(row 'fs'\\) config"):
         validate_plugin_configs(d, lambda row: {"type": "nonsense"})
+
+
+MENU_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"menu": {"$ref": "#/$defs/node"}},
+    "$defs": {"node": {"type": "object",
+                       "properties": {"label": {"type": "string"},
+                                      "items": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+}
+
+
+def test_a_config_too_deep_for_a_recursive_schema_is_a_config_error_naming_row_and_file(files: Any) -> None:
+    """jsonschema recurses: a 600-deep menu under a recursive schema escaped as a raw RecursionError."""
+    node: dict[str, Any] = {"label": "leaf"}
+    for depth in range(600):
+        node = {"label": f"level {depth}", "items": [node]}
+    d = compose([("menu.toml", {"plugins": [
+        {"id": "menu", "use": "menus", "config": {"menu": node}},
+        {"id": "sh", "use": "bash", "config": {"timeout_s": 0}},
+    ]})], env=NO_ENV)
+    with pytest.raises(ConfigError) as caught:
+        validate_plugin_configs(d, lambda row: MENU_SCHEMA if row.use == "menus" else schema_for(row))
+    first, second = caught.value.message.splitlines()
+    assert first.startswith("plugins[menu].config: cannot be checked against the config schema of plugin 'menus': "
+                            "validation recursed too deeply")
+    assert "nests 1202 levels" in first and first.endswith("(from menu.toml)")
+    # the other rows are still checked
+    assert second == "plugins[sh].config.timeout_s: 0 is less than or equal to the minimum of 0 (from menu.toml)"
+    # a shallow menu under the same schema is fine
+    shallow = compose([("m.toml", {"plugins": [{"id": "m", "use": "menus", "config": {
+        "menu": {"label": "root", "items": [{"label": "a"}]}}}]})], env=NO_ENV)
+    validate_plugin_configs(shallow, lambda row: MENU_SCHEMA)
+
+
+def test_a_ref_cycle_in_a_plugin_config_schema_is_a_config_error_naming_row_and_file() -> None:
+    cyclic = {"type": "object", "properties": {"limits": {"$ref": "#/$defs/limits"}},
+              "$defs": {"limits": {"allOf": [{"$ref": "#/$defs/limits"}]}}}
+    d = compose([("deploy.toml", {"plugins": [
+        {"id": "lim", "use": "limiter", "config": {"limits": {"rps": 5}}}]})], env=NO_ENV)
+    with pytest.raises(ConfigError) as caught:
+        validate_plugin_configs(d, lambda row: cyclic)
+    message = caught.value.message
+    assert message.startswith("plugins[lim].config: cannot be checked against the config schema of plugin "
+                              "'limiter': validation recursed too deeply")
+    assert "$ref cycle" in message and message.endswith("(from deploy.toml)")
