@@ -92,6 +92,9 @@ def define_tool(
         raise SchemaDefinitionError(f'{owner} parameters: the root schema must have "type": "object"')
     output = {} if output_schema is None else output_schema
     check_schema(output, owner=f"{owner} output schema")
+    # Everything below (validators, fast checks, the model-facing schema) comes from one detached,
+    # immutable copy: a later change to the caller's dict must not change what the tool accepts.
+    parameters, output = freeze(parameters), freeze(output)
     parameters_validator = compile_validator(parameters)
     frozen_examples: list[JSON] = []
     for index, example in enumerate(examples):

@@ -22,7 +22,7 @@ from attrs import frozen
 
 from dsh_core.errors import DshError, PluginLoadError, describe_callable
 from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse
-from dsh_core.lossless import JSON
+from dsh_core.lossless import JSON, freeze
 from dsh_core.schema import check_schema
 from dsh_core.scope import Scope
 
@@ -65,9 +65,12 @@ def plugin(*, config_schema: Mapping[str, Any] | None = None) -> Callable[[Calla
     """
     if config_schema is not None:
         check_schema(config_schema, owner="plugin config schema")
+        # A detached, immutable snapshot: a later change to the caller's (often shared) dict
+        # must not change what configs the plugin accepts.
+        config_schema = freeze(config_schema)
 
     def mark(factory: Callable[..., Any]) -> Any:
-        factory.config_schema = dict(config_schema) if config_schema is not None else None  # type: ignore[attr-defined]
+        factory.config_schema = config_schema  # type: ignore[attr-defined]
         return factory
 
     return mark

@@ -65,6 +65,33 @@ async def test_the_plugin_config_is_validated_against_its_schema_naming_file_row
     assert "extra" in text
 
 
+def test_a_declared_config_schema_is_a_snapshot_the_callers_dict_cannot_change() -> None:
+    """plugin() kept a shallow copy: a change to a nested part of the caller's dict changed what was accepted."""
+    from dsh_core import plugin
+    from dsh_core.harness import load_plugins
+    from dsh_core.plugins import config_schema_of
+
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                              "properties": {"limits": {"type": "object", "additionalProperties": False,
+                                                        "properties": {"rps": {"type": "integer"}}}}}
+
+    @plugin(config_schema=schema)
+    def make(scope: Any, config: Any) -> None:
+        return None
+
+    schema["properties"]["limits"]["properties"]["rps"] = {"type": "string"}
+    schema["properties"]["limits"]["additionalProperties"] = True
+    schema["additionalProperties"] = True
+    assert config_schema_of(make)["properties"]["limits"]["properties"]["rps"] == {"type": "integer"}
+    dep = deployment({"plugins": [{"id": "lim", "use": "lim", "config": {"limits": {"rps": "5", "burst": 1}}}]})
+    with pytest.raises(ConfigError) as caught:
+        load_plugins(dep, PluginCatalog(entry_points=[], extra={"lim": make}))
+    assert caught.value.message.splitlines() == [
+        "plugins[lim].config.limits.burst: unknown key (allowed: rps) (from file1.toml)",
+        "plugins[lim].config.limits.rps: '5' is not of type 'integer' (from file1.toml)",
+    ]
+
+
 async def test_an_unknown_use_is_a_clear_error() -> None:
     dep = deployment({"plugins": [{"id": "x", "use": "nonexistent"}]})
     with pytest.raises(ConfigError, match=r"file1.toml: plugins\[x\].use: unknown plugin 'nonexistent'"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dsh_core.errors import RegistrationError, SchemaDefinitionError
@@ -265,6 +267,35 @@ async def test_nothing_is_left_behind_when_registering_on_a_disposed_scope() -> 
     with pytest.raises(RegistrationError, match=r'cannot register tool "late": scope .* is disposed'):
         stack.registry.register(tool("late"), scope=agent)
     assert stack.registry.names(agent) == ["read"] and changes == []
+
+
+async def test_changing_the_callers_schema_dicts_after_definition_changes_nothing() -> None:
+    """The validators were compiled from the caller's dicts: mutating them changed what the tool accepted,
+    while the model was still shown the frozen schema."""
+    from dsh_core.errors import ErrorCode
+
+    parameters: dict[str, Any] = {"type": "object", "required": ["path"], "additionalProperties": False,
+                                  "properties": {"path": {"type": "string", "pattern": "^[^/]"}}}
+    simple: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}  # the fast-check path
+    output: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    stack = Stack()
+    stack.registry.register(tool("read", parameters=parameters, output_schema=output,
+                                 body=lambda args, ctx: {"n": args["path"]}))
+    stack.registry.register(tool("count", parameters=simple))
+    shown = stack.registry.get("read").schema.to_json()["parameters"]  # type: ignore[union-attr]
+    parameters["properties"]["path"].pop("pattern")
+    parameters["properties"]["content"] = {"type": "string"}
+    parameters["additionalProperties"] = True
+    output["properties"]["n"] = {"type": "string"}
+    simple["properties"]["n"]["type"] = "string"
+    assert stack.registry.get("read").schema.to_json()["parameters"] == shown  # type: ignore[union-attr]
+    assert "content" not in shown["properties"] and shown["properties"]["path"]["pattern"] == "^[^/]"
+    refused = await stack.call("read", {"path": "/etc/shadow", "content": "x"})
+    assert refused.code == ErrorCode.INVALID_ARGS
+    assert (await stack.call("read", {"path": "/etc/shadow"})).code == ErrorCode.INVALID_ARGS
+    assert (await stack.call("count", {"n": "one"})).code == ErrorCode.INVALID_ARGS
+    # the output schema too: a string n is still refused
+    assert (await stack.call("read", {"path": "etc"})).code == ErrorCode.INVALID_TOOL_OUTPUT
 
 
 def test_a_schema_too_deep_to_check_is_refused_with_a_schema_error() -> None:
