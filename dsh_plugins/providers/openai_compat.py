@@ -132,7 +132,7 @@ def _detail(text: str, redact: Callable[[str], str] = lambda text: text) -> str:
     """
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse: quote it raw
         data = None
     if isinstance(data, Mapping):
         error = data.get("error", data)
@@ -394,6 +394,9 @@ class OpenAICompatProvider:
             choice = data["choices"][0]
             raw = choice["message"]
             finish, usage = choice.get("finish_reason"), data.get("usage")
+        except RecursionError:
+            raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is JSON nested too "
+                                                      f"deeply to parse: {self._quote(text)}") from None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
                                                       f"completion: {self._quote(text)}") from None
@@ -459,7 +462,7 @@ class OpenAICompatProvider:
                                                       f"{self._quote(text)}")
         try:
             data = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
             data = None
         if isinstance(data, Mapping) and "choices" not in data and "error" in data:
             raise ProviderError("http", f"{who}: the server answered with an error instead of a stream: "
@@ -538,6 +541,9 @@ class _StreamAssembler:
         except ValueError:
             raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not JSON: "
                                                       f"{self.redact(data)[:200]!r}") from None
+        except RecursionError:
+            raise ProviderError("malformed-response", f"{self.who}: a stream chunk is JSON nested too deeply to "
+                                                      f"parse: {self.redact(data)[:200]!r}") from None
         if not isinstance(chunk, Mapping):
             raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not an object")
         if "error" in chunk:

@@ -239,6 +239,30 @@ async def test_a_malformed_stream_chunk_is_a_provider_error(server: FakeServer, 
     assert error.kind == kind and text in error.message
 
 
+#: JSON nested deeper than Python's parser recurses: it raised RecursionError, not ValueError.
+TOO_DEEP = "[" * 100_000
+
+
+@pytest.mark.parametrize(("stream", "status", "body", "kind", "text"), [
+    (False, 200, TOO_DEEP, "malformed-response", "the response is JSON nested too deeply to parse: [[[["),
+    (False, 400, TOO_DEEP, "http", "HTTP 400: [[[["),
+    (False, 400, '{"error": ' + TOO_DEEP + "}", "http", 'HTTP 400: {"error": [[[['),
+    (True, 400, TOO_DEEP, "http", "HTTP 400: [[[["),
+    (True, 200, TOO_DEEP, "malformed-response", "neither an event stream nor a chat completion: [[[["),
+    (True, 200, ("sse", ["data: " + TOO_DEEP]), "malformed-response",
+     "a stream chunk is JSON nested too deeply to parse: '[[[["),
+])
+async def test_a_body_nested_too_deeply_to_parse_is_a_provider_error_quoting_a_short_excerpt(
+        server: FakeServer, stream: bool, status: int, body: Any, kind: str, text: str) -> None:
+    if isinstance(body, tuple):
+        server.stream(body[1], done=False)
+    else:
+        server.reply(status, body)
+    error, slept = await failure(server, stream=stream)
+    assert error.kind == kind and text in error.message
+    assert len(error.message) < 500 and slept == []
+
+
 async def test_a_stream_that_ends_before_it_finished_is_not_an_answer(server: FakeServer) -> None:
     server.stream([delta_chunk({"content": "The answer is: first, "})], done=False)
     error, slept = await failure(server, stream=True)
