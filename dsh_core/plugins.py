@@ -62,15 +62,23 @@ def plugin(*, config_schema: Mapping[str, Any] | None = None) -> Callable[[Calla
     ...                        "additionalProperties": False})
     ... def make(scope, config):
     ...     return MyPlugin(config)
+
+    The schema is checked when the decorator is applied (a valid Draft 2020-12
+    schema whose every ``$ref`` resolves inside it); a
+    :class:`~dsh_core.errors.SchemaDefinitionError` names the factory. The
+    factory keeps a frozen deep copy of it.
     """
-    if config_schema is not None:
-        check_schema(config_schema, owner="plugin config schema")
-        # A detached, immutable snapshot: a later change to the caller's (often shared) dict
-        # must not change what configs the plugin accepts.
-        config_schema = freeze(config_schema)
 
     def mark(factory: Callable[..., Any]) -> Any:
-        factory.config_schema = config_schema  # type: ignore[attr-defined]
+        schema = config_schema
+        if schema is not None:
+            # Checked where it is declared, naming the factory: a broken schema fails the import of its
+            # module, not a later deployment that happens to configure it.
+            check_schema(schema, owner=f"plugin factory {describe_callable(factory)} config schema")
+            # A detached, immutable snapshot: a later change to the caller's (often shared) dict
+            # must not change what configs the plugin accepts.
+            schema = freeze(schema)
+        factory.config_schema = schema  # type: ignore[attr-defined]
         return factory
 
     return mark

@@ -92,6 +92,25 @@ def test_a_declared_config_schema_is_a_snapshot_the_callers_dict_cannot_change()
     ]
 
 
+def test_an_invalid_declared_config_schema_is_refused_naming_the_factory() -> None:
+    """The declaration check said only "plugin config schema", naming no plugin."""
+    from dsh_core import plugin
+    from dsh_core.errors import SchemaDefinitionError
+
+    expected = (r"plugin factory \S*test_plugins\.test_an_invalid_declared_config_schema_is_refused_"
+                r"naming_the_factory\.<locals>\.{name} config schema: {problem}")
+    with pytest.raises(SchemaDefinitionError, match=expected.format(
+            name="make", problem=r"invalid JSON Schema at /properties/x/type")):
+        @plugin(config_schema={"type": "object", "properties": {"x": {"type": "integr"}}})
+        def make(scope: Any, config: Any) -> None:
+            return None
+    with pytest.raises(SchemaDefinitionError, match=expected.format(
+            name="dangling", problem=r"unresolvable \$ref '#/\$defs/nope'")):
+        @plugin(config_schema={"type": "object", "properties": {"x": {"$ref": "#/$defs/nope"}}})
+        def dangling(scope: Any, config: Any) -> None:
+            return None
+
+
 async def test_an_unknown_use_is_a_clear_error() -> None:
     dep = deployment({"plugins": [{"id": "x", "use": "nonexistent"}]})
     with pytest.raises(ConfigError, match=r"file1.toml: plugins\[x\].use: unknown plugin 'nonexistent'"):
