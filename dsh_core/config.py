@@ -617,6 +617,8 @@ def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as error:
         # The parser's message carries the line and column.
         raise ConfigError(f"{source}: invalid TOML: {error}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise ConfigError(f"{source}: cannot parse: arrays or inline tables nest too deeply") from None
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{source}: invalid TOML: not UTF-8 text ({error.reason} at byte {error.start})"

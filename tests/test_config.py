@@ -489,6 +489,13 @@ def test_malformed_toml_names_the_file_and_the_line_and_column(files: Any) -> No
     assert "line 2, column 8" in message
 
 
+def test_a_file_nesting_too_deeply_to_parse_is_a_config_error_naming_it(files: Any) -> None:
+    """tomllib recurses into arrays and inline tables: a raw RecursionError naming no file escaped."""
+    for deep in ("[" * 50_000 + "]" * 50_000, "{ a = " * 50_000 + "1" + " }" * 50_000):
+        assert config_error(files("deep.toml", f"x = {deep}\n")) == (
+            "deep.toml: cannot parse: arrays or inline tables nest too deeply")
+
+
 def test_a_missing_file_is_named(files: Any) -> None:
     assert config_error(files("base.toml", BASE), "nope.toml") == "nope.toml: config file not found"
 
