@@ -25,7 +25,7 @@ from dsh_core.model import ToolContext, ToolDefinition
 from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, start_plugin
 from dsh_core.registry import ToolRegistry
 from dsh_core.runtime import ToolRuntime
-from dsh_core.schema import check_schema, compile_validator
+from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 from dsh_core.scope import Scope
 
 __all__ = ["ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin", "make_root"]
@@ -76,10 +76,12 @@ def check_config(name: str, factory: object, config: Mapping[str, Any]) -> None:
         check_schema(schema, owner=f"plugin {name!r} config schema")
     except SchemaDefinitionError as error:
         raise ConfigError(error.message) from None
-    problems = sorted(
-        f"{'/'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}"
-        for error in compile_validator(schema).iter_errors(config)
-    )
+    try:
+        found = validation_errors(compile_validator(schema), config)
+    except SchemaEvaluationError as error:
+        raise ConfigError(f"config for plugin {name!r} cannot be checked against its config schema: {error}") from None
+    problems = sorted(f"{'/'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}"
+                      for error in found)
     if problems:
         raise ConfigError(f"config for plugin {name!r} does not match its config schema: " + "; ".join(problems))
 

@@ -281,3 +281,17 @@ async def test_a_named_registration_on_a_disposed_scope_changes_nothing() -> Non
     assert providers.get("openai") is item
     await root.dispose()
     assert providers.names() == []
+
+
+def test_the_kits_config_check_reports_a_schema_that_recurses_forever_as_a_config_error() -> None:
+    from dsh_core.errors import ConfigError
+    from dsh_core.testing.loader import check_config
+
+    def make(scope: Any, config: Any) -> None:
+        return None
+
+    make.config_schema = {"type": "object", "properties": {"limits": {"$ref": "#/$defs/limits"}},  # type: ignore[attr-defined]
+                          "$defs": {"limits": {"allOf": [{"$ref": "#/$defs/limits"}]}}}
+    with pytest.raises(ConfigError, match=r"config for plugin 'lim' cannot be checked against its config schema: "
+                                          r"validation recursed too deeply"):
+        check_config("lim", make, {"limits": {"rps": 5}})
