@@ -23,6 +23,8 @@ from dsh_hookspecs import PROJECT, SPEC_MODULES
 
 from dsh_core.errors import DshError, ErrorCode, PluginLoadError, describe_exception
 from dsh_core.model import (
+    POST_KINDS,
+    PRE_KINDS,
     ApprovalOutcome,
     ApprovalRequest,
     ContentBlock,
@@ -36,7 +38,7 @@ from dsh_core.model import (
 )
 from dsh_core.scope import Scope
 
-__all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "failure_message"]
+__all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "failure_message", "guard_verdict_error"]
 
 log = logging.getLogger("dsh")
 
@@ -71,6 +73,11 @@ SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_
 
 #: The aggregate "allow" (frozen, so one instance serves every call).
 _ALLOW: Final = PreDecision.allow()
+
+
+def guard_verdict_error(verdict: object) -> TypeError:
+    """The error a guard verdict that is neither a reason (``str``) nor ``None`` is reported as."""
+    return TypeError(f"returned {type(verdict).__name__}, expected a denial reason (str) or None")
 
 
 def failure_message(hook: str, plugin: str, error: BaseException) -> str:
@@ -314,10 +321,20 @@ class Hooks:
             if not isinstance(decision, PreDecision):
                 raise HookFailure("dsh_pre_execute", info.plugin, TypeError(
                     f"returned {type(decision).__name__}, expected PreDecision or None"))
-            if decision.kind == "deny":
+            # Fail closed on a decision the core does not recognise (built around the validators):
+            # only exactly "allow" allows, never "anything but deny or ask".
+            kind, reason = decision.kind, decision.reason
+            if reason is not None and not isinstance(reason, str):
+                raise HookFailure("dsh_pre_execute", info.plugin, TypeError(
+                    f"returned a PreDecision whose reason is {type(reason).__name__}, expected str or None"))
+            if kind == "deny":
                 return decision
-            if decision.kind == "ask" and ask is None:
-                ask = decision
+            if kind == "ask":
+                if ask is None:
+                    ask = decision
+            elif kind != "allow":
+                raise HookFailure("dsh_pre_execute", info.plugin, ValueError(
+                    f"returned a PreDecision of unknown kind {kind!r}, expected one of {', '.join(PRE_KINDS)}"))
         return ask if ask is not None else _ALLOW
 
     async def approve(self, request: ApprovalRequest) -> ApprovalOutcome:
@@ -334,8 +351,9 @@ class Hooks:
                 continue
             try:
                 return ApprovalOutcome(outcome)
-            except ValueError:
-                log.warning("approval channel of plugin %r answered %r", info.plugin, outcome)
+            except Exception:  # not an outcome (a typo, a bool, an object whose == raises): never allowed
+                log.warning("approval channel of plugin %r answered %r, which is not an ApprovalOutcome; "
+                            "the request counts as unavailable", info.plugin, outcome)
                 return ApprovalOutcome.UNAVAILABLE
         return ApprovalOutcome.UNAVAILABLE
 
@@ -362,7 +380,12 @@ class Hooks:
                             info.plugin, execution.call_id, exc_info=True)
                 return failure_message("dsh_guard", info.plugin, error)
             if reason is not None:
-                return str(reason)
+                if isinstance(reason, str):
+                    return str(reason)
+                # Not a reason (a bool, a dict): deny all the same, and say whose guard answered what.
+                log.warning("dsh_guard of plugin %r returned %s on call %r; the call is denied",
+                            info.plugin, type(reason).__name__, execution.call_id)
+                return failure_message("dsh_guard", info.plugin, guard_verdict_error(reason))
         return None
 
     def around_dispatch(self, execution: ToolExecution) -> list[tuple[str, Middleware]]:
@@ -392,6 +415,10 @@ class Hooks:
             if not isinstance(decision, PostDecision):
                 raise HookFailure("dsh_post_execute", info.plugin, TypeError(
                     f"returned {type(decision).__name__}, expected PostDecision or None"))
+            if decision.kind not in POST_KINDS:  # built around the validator: fail, never read as a replacement
+                raise HookFailure("dsh_post_execute", info.plugin, ValueError(
+                    f"returned a PostDecision of unknown kind {decision.kind!r}, expected one of "
+                    f"{', '.join(POST_KINDS)}"))
             decisions.append((info.plugin, decision))
         return decisions
 

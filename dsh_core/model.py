@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+import attrs
 import cattrs.preconf.json
 from attrs import field, frozen
 from jsonschema.protocols import Validator
@@ -325,12 +326,36 @@ class ToolContext:
         return self._concludes
 
 
+#: The kinds of :class:`PreDecision` and :class:`PostDecision`, and nothing else.
+PRE_KINDS: tuple[str, ...] = ("allow", "deny", "ask")
+POST_KINDS: tuple[str, ...] = ("accept", "replace-value", "replace-content", "block")
+
+
+def _kind_of(kinds: tuple[str, ...]) -> Callable[[object, attrs.Attribute[str], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+        if value not in kinds:
+            raise ValueError(f"{type(instance).__name__} kind must be one of {', '.join(map(repr, kinds))}, "
+                             f"got {value!r}")
+
+    return check
+
+
+def _optional_str(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be str or None, got {type(value).__name__}")
+
+
 @frozen
 class PreDecision:
-    """A pre-execute vote: ``allow``, ``deny`` (with a reason) or ``ask`` a person."""
+    """A pre-execute vote: ``allow``, ``deny`` (with a reason) or ``ask`` a person.
 
-    kind: Literal["allow", "deny", "ask"]
-    reason: str | None = None
+    Any other ``kind`` is refused here (``ValueError``), and the core treats a
+    decision it does not recognise as a failure of the plugin that returned
+    it: a mistyped vote never counts as ``allow``.
+    """
+
+    kind: Literal["allow", "deny", "ask"] = field(validator=_kind_of(PRE_KINDS))
+    reason: str | None = field(default=None, validator=_optional_str)
 
     @classmethod
     def allow(cls) -> PreDecision:
@@ -373,10 +398,12 @@ class PostDecision:
     ``accept`` keeps it; ``replace-value`` swaps the value (re-validated and
     re-rendered; successes only); ``replace-content`` swaps what the model
     sees; ``block`` turns it into a failure whose content is ``feedback``.
-    Any decision may add ``additional_contexts``.
+    Any decision may add ``additional_contexts``. Any other ``kind`` is refused
+    here (``ValueError``), and the core treats a decision it does not
+    recognise as a failure of the plugin that returned it.
     """
 
-    kind: Literal["accept", "replace-value", "replace-content", "block"]
+    kind: Literal["accept", "replace-value", "replace-content", "block"] = field(validator=_kind_of(POST_KINDS))
     value: JSON = field(default=None, converter=freeze)
     content: tuple[ContentBlock, ...] = field(default=(), converter=_content_tuple)
     additional_contexts: tuple[ContextMessage, ...] = field(default=(), converter=_contexts)

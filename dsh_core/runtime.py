@@ -44,7 +44,7 @@ from dsh_core.errors import (
     describe_callable,
     describe_exception,
 )
-from dsh_core.hooks import HookFailure, Hooks
+from dsh_core.hooks import HookFailure, Hooks, guard_verdict_error
 from dsh_core.lossless import JSON, NotLosslessError, freeze
 from dsh_core.model import (
     ApprovalOutcome,
@@ -285,15 +285,19 @@ class ToolRuntime:
             decision = await self.hooks.pre_execute(execution)
         except HookFailure as failure:
             return staged.settle("final-result", _hook_failed(failure, execution))
-        if decision.kind == "deny":
+        kind = decision.kind
+        if kind == "deny":
             return staged.settle("final-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
-        if decision.kind == "ask":
+        if kind == "ask":
             outcome = await self._ask(execution, decision.reason)
             if outcome is not ApprovalOutcome.ALLOWED:
                 if outcome is ApprovalOutcome.CANCELLED and signal.aborted:
                     return staged.settle("final-result", _aborted_before_dispatch())
                 return staged.settle("final-result", self._denied(_approval_denial(execution.name, outcome,
                                                                                    decision.reason)))
+        elif kind != "allow":  # fail closed: only an exact allow goes on (the facade names the plugin)
+            return staged.settle("final-result", ToolResult.failure(
+                ErrorCode.TOOL_FAILED, f"pre-execute returned a decision of unknown kind {kind!r}"))
         reason = await self._guard(execution)
         if reason is not None:
             return staged.settle("final-result", self._denied(reason))
@@ -333,7 +337,12 @@ class ToolRuntime:
                             exc_info=True)
                 return f"guard {name} failed: {describe_exception(error)}"
             if verdict is not None:
-                return str(verdict)
+                if isinstance(verdict, str):
+                    return str(verdict)
+                name = describe_callable(guard)
+                log.warning("guard %s returned %s on call %r; the call is denied", name, type(verdict).__name__,
+                            execution.call_id)
+                return f"guard {name} failed: {describe_exception(guard_verdict_error(verdict))}"
         return await self.hooks.guard(execution)
 
     # -- dispatch: around-dispatch middleware and the body ------------------------------------------------
@@ -525,6 +534,10 @@ class ToolRuntime:
             _, replacement = replacements[0]
             if replacement.kind == "replace-content":
                 result = attrs.evolve(result, content=replacement.content)
+            elif replacement.kind != "replace-value":  # fail closed: never read an unknown kind as a new value
+                return ToolResult.failure(ErrorCode.TOOL_FAILED, f"post-execute: plugin {replacements[0][0]!r} "
+                                                                 f"returned a decision of unknown kind "
+                                                                 f"{replacement.kind!r}")
             elif result.is_error:
                 return ToolResult.failure(ErrorCode.TOOL_FAILED,
                                           "post-execute cannot replace the value of a failed result")

@@ -50,7 +50,10 @@ def dsh_pre_execute(execution: ToolExecution) -> PreDecision | Awaitable[PreDeci
     called (to see every call, observe ``dsh_tool_result``). Without a deny,
     any ``ask`` asks, else the call is allowed. Raising an exception settles
     the call as a ``TOOL_FAILED`` error result (a ``DshError`` keeps its
-    code) without post-execute.
+    code) without post-execute. So does returning anything the core does
+    not recognise (not a ``PreDecision``, or one whose kind is not exactly
+    ``allow``, ``deny`` or ``ask``, or whose reason is not a ``str``): the
+    call fails closed, naming the plugin, and is never allowed.
     """
 
 
@@ -72,7 +75,8 @@ def dsh_approve(request: ApprovalRequest) -> ApprovalOutcome | Awaitable[Approva
     ``allowed`` continues to the guards; ``rejected``, ``cancelled`` and
     ``unavailable`` deny with a message naming the tool (a cancelled approval
     of an aborted call gives ``ABORTED_BEFORE_DISPATCH``). Raising counts as
-    ``unavailable``.
+    ``unavailable``, and so does an answer that is not an outcome (``True``,
+    ``"ALLOWED"``): it is logged with the plugin's name and never allows.
     """
 
 
@@ -96,7 +100,9 @@ def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
     agent's scope chain), then these implementations in call order. The first
     denial wins and nothing later can allow. Raising denies (fail closed):
     the result is ``DENIED`` whatever was raised (a ``DshError``'s own code is
-    not kept), and the reason names the plugin and the exception.
+    not kept), and the reason names the plugin and the exception. Returning
+    anything else that is not ``None`` (``False``, a dict) denies too, with a
+    reason naming the plugin and what it returned.
     """
 
 
@@ -136,7 +142,10 @@ def dsh_post_execute(
     result naming the conflict); ``replace-value`` on a failed result, or a
     replaced value that fails the output schema, is an error result; the
     contexts of all decisions are appended in call order. Raising gives a
-    ``TOOL_FAILED`` error result (a ``DshError`` keeps its code).
+    ``TOOL_FAILED`` error result (a ``DshError`` keeps its code), and so does
+    returning anything the core does not recognise (not a ``PostDecision``,
+    or one whose kind is not exactly ``accept``, ``replace-value``,
+    ``replace-content`` or ``block``): the message names the plugin.
     """
 
 
