@@ -21,7 +21,7 @@ from typing import Any, Final
 import pluggy
 from dsh_hookspecs import PROJECT, SPEC_MODULES
 
-from dsh_core.errors import DshError, ErrorCode, PluginLoadError, describe_exception
+from dsh_core.errors import DshError, ErrorCode, InvalidToolOutputError, PluginLoadError, describe_exception
 from dsh_core.model import (
     POST_KINDS,
     PRE_KINDS,
@@ -35,6 +35,7 @@ from dsh_core.model import (
     PromptSection,
     ToolExecution,
     ToolResult,
+    content_problem,
 )
 from dsh_core.scope import Scope
 
@@ -419,6 +420,12 @@ class Hooks:
                 raise HookFailure("dsh_post_execute", info.plugin, ValueError(
                     f"returned a PostDecision of unknown kind {decision.kind!r}, expected one of "
                     f"{', '.join(POST_KINDS)}"))
+            if decision.kind in ("replace-content", "block"):
+                problem = content_problem(decision.content)
+                if problem is not None:  # content altered around its checks: what the model would read
+                    raise HookFailure("dsh_post_execute", info.plugin, InvalidToolOutputError(
+                        f"dsh_post_execute of plugin {info.plugin!r} returned invalid content for tool "
+                        f'"{execution.name}": {problem}'))
             decisions.append((info.plugin, decision))
         return decisions
 

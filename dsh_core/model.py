@@ -27,6 +27,7 @@ __all__ = [
     "TextBlock",
     "ImageBlock",
     "ContentBlock",
+    "content_problem",
     "ContextMessage",
     "ToolErrorInfo",
     "ToolResult",
@@ -53,24 +54,58 @@ __all__ = [
 ExecutionMode: TypeAlias = Literal["parallel", "exclusive"]
 
 
+def _str_field(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be str, got {type(value).__name__}")
+
+
 @frozen
 class TextBlock:
-    """A text content block, shown to the model."""
+    """A text content block, shown to the model. ``text`` must be a ``str`` (checked when built)."""
 
-    text: str
+    text: str = field(validator=_str_field)
     type: Literal["text"] = "text"
 
 
 @frozen
 class ImageBlock:
-    """An image content block: base64 ``data`` of ``mime_type``."""
+    """An image content block: base64 ``data`` of ``mime_type`` (both ``str``, checked when built)."""
 
-    data: str
-    mime_type: str
+    data: str = field(validator=_str_field)
+    mime_type: str = field(validator=_str_field)
     type: Literal["image"] = "image"
 
 
 ContentBlock: TypeAlias = TextBlock | ImageBlock
+
+
+def content_problem(content: object) -> str | None:
+    """Why ``content`` is not a tuple of well-formed content blocks, or ``None`` when it is.
+
+    Blocks are checked when built; this is for content that reaches the pipeline
+    around those checks (a block altered with ``object.__setattr__``), so that no
+    result whose content cannot be read is ever emitted.
+    """
+    if type(content) is tuple:
+        for block in content:
+            if not (type(block) is TextBlock and type(block.text) is str):
+                break
+        else:
+            return None  # the common case: text blocks only
+    else:
+        return f"content is {type(content).__name__}, expected a tuple of content blocks"
+    for index, block in enumerate(content):
+        if isinstance(block, TextBlock):
+            fields: tuple[str, ...] = ("text",)
+        elif isinstance(block, ImageBlock):
+            fields = ("data", "mime_type")
+        else:
+            return f"block {index} is {type(block).__name__}, expected TextBlock or ImageBlock"
+        for name in fields:
+            value = getattr(block, name)
+            if not isinstance(value, str):
+                return f"block {index}: {type(block).__name__}.{name} is {type(value).__name__}, expected str"
+    return None
 
 
 def _content_tuple(value: Sequence[ContentBlock] | str) -> tuple[ContentBlock, ...]:
@@ -212,6 +247,10 @@ class ToolDefinition:
     ``ctx.signal``. ``is_concurrency_safe(args)`` makes a call parallel only
     by returning exactly ``True``. ``finalize_content(execution, result)`` is
     a last-mile content transform applied exactly once to every outcome.
+    Content that ``output.render`` or ``finalize_content`` gives (or raising
+    in ``render``) that is not well-formed blocks makes the result an
+    ``INVALID_TOOL_OUTPUT`` error naming the tool; a raising
+    ``finalize_content`` gives ``TOOL_FAILED``.
     ``annotations`` are behaviour hints policies may read (never sent to the
     model): ``read_only`` (the tool changes nothing) and ``workspace_confined``
     (every path it touches is checked to lie inside its workspace root).

@@ -61,6 +61,7 @@ from dsh_core.model import (
     ToolExecution,
     ToolExecutionInput,
     ToolResult,
+    content_problem,
     text_of,
 )
 from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
@@ -562,17 +563,41 @@ class ToolRuntime:
         staged._finished = True
         assert staged.result is not None
         result = staged.result
+        name = staged.execution.name
+        # Materialize: no result whose content cannot be read (a block altered around its checks) is
+        # emitted; checked before the finalizer too, so that it never sees such content.
+        problem = content_problem(result.content)
+        if problem is not None:
+            result = _invalid_content(f'tool "{name}" produced invalid content: {problem}')
         finalizer = staged._finalizer
         if finalizer is not None:
             try:
                 replaced = finalizer(staged.execution, result)
-                if replaced is not None:
-                    result = attrs.evolve(result, content=_blocks(replaced))
             except Exception as error:
                 result = ToolResult.failure(ErrorCode.TOOL_FAILED, f"finalize_content failed: {error}")
+            else:
+                if replaced is not None:
+                    result = _finalized(name, result, replaced)
         staged.result = result
         await self.hooks.tool_result(staged.execution, result)
         return result
+
+
+def _invalid_content(message: str) -> ToolResult:
+    return error_result(InvalidToolOutputError(message))
+
+
+def _finalized(name: str, result: ToolResult, replaced: object) -> ToolResult:
+    """``result`` with the content a finalizer returned, or ``INVALID_TOOL_OUTPUT`` if it is not content."""
+    try:
+        result = attrs.evolve(result, content=_blocks(replaced))
+    except Exception as error:
+        problem: str | None = describe_exception(error)
+    else:
+        problem = content_problem(result.content)
+    if problem is None:
+        return result
+    return _invalid_content(f'tool "{name}": finalize_content returned invalid content: {problem}')
 
 
 def _blocks(value: object) -> tuple[ContentBlock, ...]:

@@ -6,6 +6,10 @@ The core runs the stages in a fixed order::
            -> post-execute -> finalize -> materialize -> emit (tool result observers)
 
 Plugins add behaviour inside a stage; they cannot reorder or skip stages.
+Materialize checks the content of every result before it is emitted: a
+result whose blocks are not well-formed (a ``TextBlock`` whose ``text`` is
+not a ``str``) is replaced by an ``INVALID_TOOL_OUTPUT`` error naming the
+tool, so no observer or caller ever receives content it cannot read.
 Every hook here is scope-filtered (see the package docstring). Where a
 raising implementation becomes an error result (pre-execute, guard,
 around-dispatch, post-execute), the message reads ``<hook> of plugin
@@ -146,6 +150,9 @@ def dsh_post_execute(
     returning anything the core does not recognise (not a ``PostDecision``,
     or one whose kind is not exactly ``accept``, ``replace-value``,
     ``replace-content`` or ``block``): the message names the plugin.
+    Replacement content or block feedback that is not well-formed content
+    blocks (altered after it was built, around the block checks) gives an
+    ``INVALID_TOOL_OUTPUT`` error result naming the plugin and the tool.
     """
 
 

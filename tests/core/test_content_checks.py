@@ -1,0 +1,128 @@
+"""No result whose content cannot be read is emitted: bad content is an INVALID_TOOL_OUTPUT naming its source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dsh_core import define_tool, hookimpl
+from dsh_core.model import (
+    ImageBlock,
+    PostDecision,
+    TextBlock,
+    ToolDefinition,
+    ToolExecution,
+    ToolResult,
+    converter,
+)
+
+from .helpers import Recorder, Stack, register, tool
+
+pytestmark = pytest.mark.anyio
+
+
+def _altered(block: Any, **fields: object) -> Any:
+    """A block changed after it was built, around its checks."""
+    for name, value in fields.items():
+        object.__setattr__(block, name, value)
+    return block
+
+
+def _rendering(render: Any) -> ToolDefinition:
+    async def execute(args: Any, ctx: Any) -> Any:
+        return {"rows": 3}
+
+    return define_tool(name="count", description="Count rows.", parameters={"type": "object"}, execute=execute,
+                       render=render)
+
+
+def _readable(result: ToolResult) -> None:
+    """Everything a consumer does with a result works: its text, and the wire shape of its content."""
+    assert isinstance(result.text, str)
+    for block in converter.unstructure(list(result.content)):
+        assert converter.structure(block, TextBlock | ImageBlock) is not None  # type: ignore[arg-type]
+
+
+def test_blocks_refuse_fields_that_are_not_text() -> None:
+    with pytest.raises(TypeError, match=r"TextBlock\.text must be str, got int"):
+        TextBlock(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"ImageBlock\.data must be str, got bytes"):
+        ImageBlock(b"\x89PNG", "image/png")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"ImageBlock\.mime_type must be str, got NoneType"):
+        ImageBlock("AAAA", None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("render", "message"), [
+    (lambda args, value: [TextBlock(value["rows"])],
+     'tool "count": output.render failed: TextBlock.text must be str, got int'),
+    (lambda args, value: [_altered(TextBlock("3"), text=3)],
+     'tool "count" produced invalid content: block 0: TextBlock.text is int, expected str'),
+    (lambda args, value: [TextBlock("ok"), _altered(ImageBlock("AAAA", "image/png"), data=b"AAAA")],
+     'tool "count" produced invalid content: block 1: ImageBlock.data is bytes, expected str'),
+])
+async def test_a_render_giving_bad_blocks_is_invalid_output_naming_the_tool(render: Any, message: str) -> None:
+    stack = Stack()
+    stack.registry.register(_rendering(render))
+    recorder = register(stack.hooks, Recorder())
+    result = await stack.call("count")
+    assert result.code == "INVALID_TOOL_OUTPUT" and result.error is not None and result.error.message == message
+    assert result.value is None
+    _readable(result)
+    assert recorder.results[-1][1] is result  # observers see the checked result, not the unreadable one
+
+
+@pytest.mark.parametrize(("returned", "problem"), [
+    (lambda: [_altered(TextBlock("x"), text=None)], "block 0: TextBlock.text is NoneType, expected str"),
+    (lambda: [3], "TypeError: content blocks must be TextBlock or ImageBlock, got int"),
+    (lambda: 3, "TypeError: 'int' object is not iterable"),
+])
+async def test_a_finalizer_returning_bad_content_is_invalid_output_naming_the_tool(
+        returned: Any, problem: str) -> None:
+    def finalize(execution: ToolExecution, result: ToolResult) -> Any:
+        return returned()
+
+    stack = Stack()
+    stack.registry.register(tool("echo", finalize=finalize))
+    result = await stack.call("echo")
+    assert result.code == "INVALID_TOOL_OUTPUT" and result.error is not None
+    assert result.error.message == f'tool "echo": finalize_content returned invalid content: {problem}'
+    _readable(result)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PostDecision.replace_content([_altered(TextBlock("[redacted]"), text=["redacted"])]),
+    lambda: PostDecision.block([_altered(TextBlock("[redacted]"), text=["redacted"])]),
+    lambda: _altered(PostDecision.replace_content("x"), content="[redacted]"),
+])
+async def test_post_execute_content_that_cannot_be_read_is_invalid_output_naming_plugin_and_tool(make: Any) -> None:
+    class Redact:
+        @hookimpl
+        def dsh_post_execute(self, execution: ToolExecution, result: ToolResult) -> PostDecision:
+            return make()  # type: ignore[no-any-return]
+
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    register(stack.hooks, Redact(), name="redact")
+    result = await stack.call("echo")
+    assert result.code == "INVALID_TOOL_OUTPUT" and result.error is not None
+    assert result.error.message.startswith(
+        "dsh_post_execute of plugin 'redact' returned invalid content for tool \"echo\": ")
+    _readable(result)
+
+
+async def test_a_middleware_result_whose_content_cannot_be_read_is_invalid_output() -> None:
+    class Shortcut:
+        @hookimpl
+        def dsh_around_dispatch(self, execution: ToolExecution) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                return ToolResult.failure("CACHED", "cached", content=[_altered(TextBlock("cached"), text=7)])
+            return middleware
+
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    register(stack.hooks, Shortcut())
+    result = await stack.call("echo")
+    assert result.code == "INVALID_TOOL_OUTPUT" and result.error is not None
+    assert result.error.message == 'tool "echo" produced invalid content: block 0: TextBlock.text is int, expected str'
+    _readable(result)
