@@ -11,6 +11,7 @@ hook lives here, next to its call.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import importlib
 import inspect
@@ -141,6 +142,19 @@ async def _coroutine_type_probe() -> None:
 _probe = _coroutine_type_probe()
 _COROUTINE = type(_probe)
 _probe.close()
+
+
+def _cancelled_observer(error: asyncio.CancelledError, what: str, plugin: str) -> asyncio.CancelledError | None:
+    """``error`` if the calling task is being cancelled (to raise once every observer heard), else ``None``.
+
+    A ``CancelledError`` while the task is not being cancelled is the observer's own (it awaited
+    something cancelled elsewhere): a failure of that observer, logged and contained like any other.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return error
+    log.warning("%s of plugin %r failed", what, plugin, exc_info=error)
+    return None
 
 
 def _parameters(function: object) -> list[inspect.Parameter]:
@@ -359,14 +373,23 @@ class Hooks:
         return ApprovalOutcome.UNAVAILABLE
 
     async def approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
-        """Notify every approval observer; failures are logged and contained."""
+        """Notify every approval observer; failures are logged and contained.
+
+        Cancelled meanwhile, the observer being awaited is interrupted, the later ones are
+        still notified, and the cancellation is raised after the last.
+        """
+        cancelled: asyncio.CancelledError | None = None
         for info in self._visible("dsh_approval_resolved", request.execution.agent):
             try:
                 result = info.invoke(request, outcome)
                 if result is not None and _is_awaitable(result):
                     await result
+            except asyncio.CancelledError as error:
+                cancelled = _cancelled_observer(error, "approval observer", info.plugin) or cancelled
             except Exception:
                 log.warning("approval observer of plugin %r failed", info.plugin, exc_info=True)
+        if cancelled is not None:
+            raise cancelled
 
     async def guard(self, execution: ToolExecution) -> str | None:
         """The first denial reason of the guard implementations (fail closed on errors)."""
@@ -430,14 +453,24 @@ class Hooks:
         return decisions
 
     async def tool_result(self, execution: ToolExecution, result: ToolResult) -> None:
-        """Notify every observer; failures are logged and contained."""
+        """Notify every observer; failures are logged and contained.
+
+        Exactly one result event per observer: cancelled meanwhile (the caller gave up on the
+        call), the observer being awaited is interrupted, the later ones are still notified
+        (the session recorder among them), and the cancellation is raised after the last.
+        """
+        cancelled: asyncio.CancelledError | None = None
         for info in self._visible("dsh_tool_result", execution.agent):
             try:
                 outcome = info.invoke(execution, result)
                 if outcome is not None and _is_awaitable(outcome):
                     await outcome
+            except asyncio.CancelledError as error:
+                cancelled = _cancelled_observer(error, "tool result observer", info.plugin) or cancelled
             except Exception:
                 log.warning("tool result observer of plugin %r failed", info.plugin, exc_info=True)
+        if cancelled is not None:
+            raise cancelled
 
     async def code_dispatch_log(self, dispatch: Any, agent: Scope | None) -> Sequence[ContentBlock] | None:
         """The first reshaped durable content, or ``None`` (failures contained)."""

@@ -92,7 +92,8 @@ def dsh_approval_resolved(request: ApprovalRequest, outcome: ApprovalOutcome) ->
     goes on (``allowed``) or is denied; ``unavailable`` is reported too. Use it
     to record approvals (the agent loop writes them to the session). Return
     value ignored; exceptions are contained and logged, never changing the
-    outcome.
+    outcome. Cancelled while awaiting one observer, the later ones are still
+    notified (as for ``dsh_tool_result``).
     """
 
 
@@ -162,7 +163,10 @@ def dsh_tool_result(execution: ToolExecution, result: ToolResult) -> None:
 
     ``execution`` is frozen; for a nested call ``execution.parent`` is only an
     opaque token. Return value ignored; exceptions are contained and logged as
-    warnings, never affecting the result or other observers.
+    warnings, never affecting the result or other observers. An awaitable
+    returned is awaited before the next observer is called; if the caller is
+    cancelled meanwhile, that awaitable is cancelled, every later observer is
+    still notified, and the cancellation goes on after the last one.
     """
 
 
