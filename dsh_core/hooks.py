@@ -190,7 +190,9 @@ class Hooks:
         registering nothing, an implementation of an unknown hook, a wrapper,
         a duplicate name, an object already registered under another name
         (:class:`PluginObjectInUse`), or a ``scope`` that is no longer active.
-        Returns the unregister function.
+        Returns the unregister function: it removes this registration only, so
+        called late (after ``name`` was registered again, for another object)
+        it does nothing.
         """
         if scope is not None and not scope.active:
             state = "disposed" if scope.disposed else "being disposed"
@@ -214,7 +216,8 @@ class Hooks:
         self._cache.clear()
 
         def unregister() -> None:
-            self.unregister(name)
+            if self._pm.get_plugin(name) is plugin:  # never a later plugin that took the name
+                self.unregister(name)
 
         if scope is not None:
             try:

@@ -270,3 +270,22 @@ def test_a_hookimpl_with_a_default_for_a_hook_argument_is_refused_at_registratio
 
     hooks.register(Helper(), name="helper")
     assert hooks.has_plugin("helper")
+
+
+async def test_a_stale_unregister_function_leaves_a_later_plugin_of_the_same_name_alone() -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    first = stack.root.child("plugin:guards")
+    stale = stack.hooks.register(Recorder(guard="no"), name="guards", scope=first)
+    await first.dispose()  # the first instance stopped ...
+    again = stack.root.child("plugin:guards")
+    stack.hooks.register(Recorder(guard="still no"), name="guards", scope=again)  # ... and started again
+    stale()  # the first instance's unregister, kept and called late
+    assert stack.hooks.has_plugin("guards")
+    assert [info.plugin for info in stack.hooks.impls("dsh_guard")] == ["guards"]
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and result.error is not None and result.error.message == "still no"
+    assert body_calls(echo) == []
+    await again.dispose()  # the new instance's own unregister still works
+    assert not stack.hooks.has_plugin("guards")
