@@ -492,25 +492,45 @@ class Hooks:
     # -- prompt assembly ------------------------------------------------------------------------------
 
     def prompt_sections(self, context: PromptContext) -> list[tuple[PromptSection, int, str]]:
-        """Contributed sections with the depth of their plugin's layer (0 = deployment) and plugin name."""
+        """Contributed sections with the depth of their plugin's layer (0 = deployment) and plugin name.
+
+        A raising implementation, or one returning something other than sections, fails the
+        assembly with a :class:`HookFailure` naming the hook and the plugin.
+        """
         found: list[tuple[PromptSection, int, str]] = []
         for info in self._visible("dsh_prompt_sections", context.agent):
-            contributed = info.invoke(context)
-            if contributed is None:
-                continue
-            items = [contributed] if isinstance(contributed, PromptSection) else list(contributed)
+            try:
+                contributed = info.invoke(context)
+                if contributed is None:
+                    continue
+                items = [contributed] if isinstance(contributed, PromptSection) else list(contributed)
+            except Exception as error:
+                raise HookFailure("dsh_prompt_sections", info.plugin, error) from error
             depth = 0 if info.layer is None else info.layer.depth
             for section in items:
                 if not isinstance(section, PromptSection):
-                    raise TypeError(f"dsh_prompt_sections of plugin {info.plugin!r} returned "
-                                    f"{type(section).__name__}, expected PromptSection")
+                    raise HookFailure("dsh_prompt_sections", info.plugin, TypeError(
+                        f"returned {type(section).__name__}, expected PromptSection"))
                 found.append((section, depth, info.plugin))
         return found
 
     def prompt_filter(self, context: PromptContext, sections: list[PromptSection]) -> list[PromptSection]:
-        """Run the filters in call order, each on the previous output."""
+        """Run the filters in call order, each on the previous output.
+
+        A raising filter, or one returning something other than sections, fails the assembly
+        with a :class:`HookFailure` naming the hook and the plugin.
+        """
         for info in self._visible("dsh_prompt_filter", context.agent):
-            replaced = info.invoke(context, tuple(sections))
-            if replaced is not None:
-                sections = list(replaced)
+            try:
+                replaced = info.invoke(context, tuple(sections))
+                if replaced is None:
+                    continue
+                filtered = list(replaced)
+            except Exception as error:
+                raise HookFailure("dsh_prompt_filter", info.plugin, error) from error
+            for section in filtered:
+                if not isinstance(section, PromptSection):
+                    raise HookFailure("dsh_prompt_filter", info.plugin, TypeError(
+                        f"returned {type(section).__name__}, expected PromptSection"))
+            sections = filtered
         return sections

@@ -21,7 +21,9 @@ def dsh_prompt_sections(context: PromptContext) -> Iterable[PromptSection] | Pro
     contributor already used replaces it when it comes from a nearer scope
     (agent over deployment); two contributions of one name at the same scope
     level are an error naming the section. Empty sections are dropped.
-    Raising fails the assembly.
+    Raising, or returning anything but sections, fails the assembly with an
+    error reading ``dsh_prompt_sections of plugin '<name>' failed: <Type>:
+    <text>`` (a ``DshError`` keeps its own code and message).
     """
 
 
@@ -30,5 +32,8 @@ def dsh_prompt_filter(context: PromptContext, sections: Sequence[PromptSection])
     """Filter or rewrite the assembled sections; return the new list or ``None`` to keep them.
 
     Implementations run in call order, each seeing the previous one's output;
-    the last output is authoritative. Raising fails the assembly.
+    the last output is authoritative. Raising, or returning anything but
+    sections, fails the assembly with an error reading ``dsh_prompt_filter of
+    plugin '<name>' failed: <Type>: <text>`` (a ``DshError`` keeps its own
+    code and message).
     """

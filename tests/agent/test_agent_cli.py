@@ -410,7 +410,8 @@ def test_why_a_run_stopped_is_shown_with_its_escape_sequences_escaped(tmp_path: 
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
     assert done.returncode == 1 and "\x1b" not in done.stderr and "\x07" not in done.stderr
-    assert "dsh: run stopped: error: RuntimeError: bad \\x1b]0;PWNED\\x07\\x1b[2J title" in done.stderr
+    assert ("dsh: run stopped: error: dsh_prompt_sections of plugin 'raising' failed: "
+            "RuntimeError: bad \\x1b]0;PWNED\\x07\\x1b[2J title") in done.stderr
 
 
 def test_an_error_message_is_shown_with_its_escape_sequences_escaped(capsys: pytest.CaptureFixture[str]) -> None:

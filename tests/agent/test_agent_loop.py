@@ -327,7 +327,7 @@ class _BrokenSections(ToolsPlugin):
 
 @pytest.mark.parametrize(("plugin", "expected"), [
     (_ClashingSections([]), "prompt section 'notes' is contributed twice at one scope level"),
-    (_BrokenSections([]), "KeyError: 'oops'"),
+    (_BrokenSections([]), "dsh_prompt_sections of plugin 'tools' failed: KeyError: 'oops'"),
 ])
 async def test_any_exception_ends_the_run_with_a_recorded_error(tmp_path: Path, plugin: Any, expected: str) -> None:
     harness = await start(tmp_path, plugin=plugin)

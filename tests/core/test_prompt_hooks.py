@@ -1,0 +1,69 @@
+"""A failing prompt hook fails the assembly naming its hook and plugin, like every other hook."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from dsh_core import hookimpl
+from dsh_core.hooks import HookFailure, Hooks
+from dsh_core.model import PromptContext, PromptSection
+from dsh_core.prompt import PromptAssembler
+from dsh_core.registry import ToolRegistry
+
+
+class _Sections:
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    @hookimpl
+    def dsh_prompt_sections(self, context: PromptContext) -> Any:
+        return self.make()
+
+
+class _Filter:
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    @hookimpl
+    def dsh_prompt_filter(self, context: PromptContext, sections: Sequence[PromptSection]) -> Any:
+        return self.make(sections)
+
+
+def _config_lookup() -> Any:
+    return {}["section"]  # a bug in the plugin: KeyError
+
+
+@pytest.mark.parametrize(("plugin", "message"), [
+    (_Sections(_config_lookup), "dsh_prompt_sections of plugin 'notes' failed: KeyError: 'section'"),
+    (_Sections(lambda: 42), "dsh_prompt_sections of plugin 'notes' failed: TypeError: 'int' object is not iterable"),
+    (_Sections(lambda: ["be brief"]),
+     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned str, expected PromptSection"),
+    (_Filter(lambda sections: _config_lookup()), "dsh_prompt_filter of plugin 'notes' failed: KeyError: 'section'"),
+    (_Filter(lambda sections: [s.text for s in sections]),
+     "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned str, expected PromptSection"),
+])
+def test_a_failing_prompt_hook_names_its_hook_and_plugin(plugin: object, message: str) -> None:
+    hooks = Hooks()
+    hooks.register(plugin, name="notes")
+    assembler = PromptAssembler(hooks, ToolRegistry(), core=[lambda context: PromptSection("persona", "Be kind.")])
+    with pytest.raises(HookFailure) as raised:
+        assembler.assemble(None)
+    assert raised.value.message == message
+    assert raised.value.hook == message.split(" ", 1)[0] and raised.value.plugin == "notes"
+
+
+def test_a_plugin_raising_a_typed_error_keeps_its_message() -> None:
+    from dsh_core.prompt import PromptAssemblyError
+
+    def refuse() -> Any:
+        raise PromptAssemblyError("the persona section is mandatory")
+
+    hooks = Hooks()
+    hooks.register(_Sections(refuse), name="notes")
+    with pytest.raises(HookFailure) as raised:
+        PromptAssembler(hooks, ToolRegistry()).assemble(None)
+    assert raised.value.message == "the persona section is mandatory"
+    assert raised.value.code == "PROMPT_ASSEMBLY_FAILED"
