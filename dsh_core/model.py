@@ -119,7 +119,13 @@ def _content_tuple(value: Sequence[ContentBlock] | str) -> tuple[ContentBlock, .
 
 
 def _contexts(value: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
-    return tuple(value)
+    contexts = tuple(value)
+    for context in contexts:
+        if not isinstance(context, ContextMessage):
+            # A plain string would otherwise pass here and break whoever reads ``.text`` later.
+            raise TypeError(f"additional_contexts holds {type(context).__name__}, expected ContextMessage "
+                            "(wrap text in ContextMessage(text))")
+    return contexts
 
 
 def _examples(value: Iterable[JSON]) -> tuple[JSON, ...]:
@@ -133,10 +139,13 @@ def text_of(content: Sequence[ContentBlock]) -> str:
 
 @frozen
 class ContextMessage:
-    """Context attached to a result for the next model turn (a user-role message)."""
+    """Context attached to a result for the next model turn (a user-role message).
 
-    text: str
-    source: str | None = None
+    ``text`` must be a ``str`` and ``source`` a ``str`` or ``None`` (checked when built).
+    """
+
+    text: str = field(validator=_str_field)
+    source: str | None = field(default=None, validator=attrs.validators.optional(_str_field))
 
 
 @frozen

@@ -126,3 +126,32 @@ async def test_a_middleware_result_whose_content_cannot_be_read_is_invalid_outpu
     assert result.code == "INVALID_TOOL_OUTPUT" and result.error is not None
     assert result.error.message == 'tool "echo" produced invalid content: block 0: TextBlock.text is int, expected str'
     _readable(result)
+
+
+def test_context_messages_refuse_what_is_not_text() -> None:
+    from dsh_core.model import ContextMessage
+
+    with pytest.raises(TypeError, match=r"ContextMessage\.text must be str, got int"):
+        ContextMessage(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"ContextMessage\.source must be str, got bytes"):
+        ContextMessage("note", b"plugin")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"additional_contexts holds str, expected ContextMessage"):
+        PostDecision.accept(additional_contexts=["note"])  # type: ignore[list-item]
+
+
+async def test_a_post_execute_context_that_is_a_plain_string_fails_the_plugin_not_the_reader() -> None:
+    """Before, the string rode the result and the agent loop crashed reading its ``.text``."""
+
+    class Noter:
+        @hookimpl
+        def dsh_post_execute(self, execution: ToolExecution, result: ToolResult) -> PostDecision:
+            return PostDecision.accept(additional_contexts=["remember this"])  # type: ignore[list-item]
+
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    register(stack.hooks, Noter(), name="noter")
+    result = await stack.call("echo")
+    assert result.code == "TOOL_FAILED" and result.error is not None
+    assert result.error.message == ("dsh_post_execute of plugin 'noter' failed: TypeError: additional_contexts "
+                                    "holds str, expected ContextMessage (wrap text in ContextMessage(text))")
+    assert all(context.text for context in result.additional_contexts)
