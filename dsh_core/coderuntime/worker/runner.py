@@ -11,6 +11,7 @@ import asyncio
 import binascii
 import builtins
 import collections
+import contextlib
 import linecache
 import marshal
 import os
@@ -174,6 +175,44 @@ class _ImportGuard:
     @staticmethod
     def find_module(name: str, path: object = None) -> None:
         _ImportGuard.find_spec(name)
+
+
+class CodecGuard:
+    """A codec search function behind ``encodings``': an existing codec that was not preloaded is named as such.
+
+    Without it, a codec whose module the import check refused reads as
+    ``unknown encoding``. ``available`` holds the codec modules of the
+    interpreter's ``encodings`` package (listed once, in the zygote).
+    """
+
+    __slots__ = ("available",)
+
+    def __init__(self, available: frozenset[str]) -> None:
+        self.available = available
+
+    @classmethod
+    def install(cls) -> None:
+        """List the interpreter's codec modules and register the guard (in the zygote, before any fork)."""
+        import codecs
+        import encodings
+
+        names: set[str] = set()
+        for directory in encodings.__path__:
+            with contextlib.suppress(OSError):
+                names.update(name.partition(".")[0] for name in os.listdir(directory) if name.endswith((".py", ".pyc")))
+        codecs.register(cls(frozenset(names - {"__init__", "aliases", "mbcs", "oem"})))
+
+    def __call__(self, name: str) -> None:  # None: unknown here too
+        import encodings
+        from encodings.aliases import aliases
+
+        normalized = encodings.normalize_encoding(name)
+        for module in (aliases.get(normalized), aliases.get(normalized.replace(".", "_")), normalized):
+            if module in self.available and f"encodings.{module}" not in sys.modules:
+                raise LookupError(
+                    f"encoding {name!r} is not available in the code runtime; "
+                    f"a deployment can allow it with code_runtime.preload (module 'encodings.{module}')"
+                )
 
 
 def _make_error_class(name: str, member: str) -> type[Exception]:

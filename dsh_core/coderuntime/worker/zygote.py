@@ -4,12 +4,14 @@ Standard library only; started by the host as
 ``<sys.executable> -I -S .../worker/zygote.py <control-fd> <config-json>``
 (inside bubblewrap at L3). It never runs user code itself: it preloads the
 documented module set plus ``code_runtime.preload``, then loops on its
-control socket (SOCK_SEQPACKET). Each ``spawn`` request carries two
-descriptors (the run's protocol socket and its stdout/stderr pipe) as
-SCM_RIGHTS; a pre-forked spare takes them, locks itself down and serves one
-run. The zygote answers ``spawned`` with a pidfd of that worker, opened
-before the worker could exit, so the host never names it by a pid that
-could be reused.
+control socket (SOCK_SEQPACKET). The documented set is STDLIB_PRELOAD, the
+helpers those modules import on first use (LAZY_HELPERS) and the common
+codecs (PRELOADED_ENCODINGS); a worker names any other codec's module when a
+program looks it up. Each ``spawn`` request carries two descriptors (the
+run's protocol socket and its stdout/stderr pipe) as SCM_RIGHTS; a
+pre-forked spare takes them, locks itself down and serves one run. The
+zygote answers ``spawned`` with a pidfd of that worker, opened before the
+worker could exit, so the host never names it by a pid that could be reused.
 
 Who reaps depends on the level:
 
@@ -27,6 +29,7 @@ Who reaps depends on the level:
 from __future__ import annotations
 
 import array
+import codecs
 import contextlib
 import errno
 import importlib
@@ -119,12 +122,44 @@ STDLIB_PRELOAD = (
 )
 
 
+#: Modules that those of STDLIB_PRELOAD import only when a common entry point is
+#: first used (found by running each module's common entry points after the
+#: preload and listing what ``sys.modules`` gained). Imported here, so a worker's
+#: import check never refuses a module the program did not name.
+LAZY_HELPERS = (
+    "_strptime",  # datetime.datetime.strptime, time.strptime
+    "concurrent.futures.thread",  # asyncio.to_thread, loop.run_in_executor (threads are allowed)
+    "pwd",  # os.path.expanduser("~"), pathlib.Path.home(): a worker has no HOME
+)
+
+#: Codecs looked up (so imported and cached) here, for ``str.encode``, ``bytes.decode``,
+#: ``codecs`` and text I/O in a worker: the common ones, each a few KiB in every
+#: worker. Any other codec (``idna`` alone would cost 340 KiB, for ``stringprep``)
+#: needs ``encodings.<name>`` in ``code_runtime.preload``; a worker's lookup says so.
+PRELOADED_ENCODINGS = (
+    "ascii",
+    "latin_1",
+    "utf_8_sig",
+    "utf_16",
+    "utf_16_le",
+    "utf_16_be",
+    "cp1252",
+    "unicode_escape",
+    "punycode",
+    "hex_codec",
+    "base64_codec",
+    "zlib_codec",
+)
+
+
 def _preload(extra: list[str], paths: list[str]) -> str | None:
     for path in paths:
         if path not in sys.path:
             sys.path.append(path)
-    for name in STDLIB_PRELOAD:
+    for name in STDLIB_PRELOAD + LAZY_HELPERS:
         importlib.import_module(name)
+    for name in PRELOADED_ENCODINGS:
+        codecs.lookup(name)
     for name in extra:
         try:
             importlib.import_module(name)
@@ -214,7 +249,8 @@ def main() -> None:
     failure = _preload(config["preload"], config["paths"])
     if failure is None:
         try:
-            importlib.import_module("_dsh_worker.runner")  # warm the child code
+            runner: Any = importlib.import_module("_dsh_worker.runner")  # warm the child code
+            runner.CodecGuard.install()
         except BaseException as error:
             failure = f"worker bootstrap failed: {type(error).__name__}: {error}"
     if failure is not None:
