@@ -11,10 +11,11 @@ as the agent, so the program is governed exactly as the agent's own calls.
 ``outcome`` is ``completed`` or the run's error kind (``exception``,
 ``timeout``, ``abort``, ``worker-exit``, ``memory-limit``, ``invalid-output``,
 ``output-limit``); when the call failed before or around the run (denied by
-policy, no runtime, invalid arguments) it is that result's error code (e.g.
-``DENIED``). When an around-dispatch middleware answered the call without
-running the program, the outcome is ``completed`` and ``logs``/``result``
-come from its answer. ``error`` is ``null`` or ``{"code", "kind", "message"}``;
+policy, no runtime, invalid arguments, blocked by a post-execute hook) it is
+that result's error code (e.g. ``DENIED``). ``logs``/``result`` are what the
+pipeline returned (after the post-execute hooks, or an around-dispatch
+middleware's answer), as the model got them; a failed run's logs only while
+its failure is reported unchanged. ``error`` is ``null`` or ``{"code", "kind", "message"}``;
 ``calls`` lists the nested calls in submission order. The exit code is 0 only
 for ``completed``.
 
@@ -36,6 +37,7 @@ from dsh_core.lossless import thaw
 # `dsh --help` imports this module: Code Mode itself is imported in the command bodies.
 if TYPE_CHECKING:
     from dsh_core.codemode.transport import RunRecord
+    from dsh_core.coderuntime.seam import CodeRunResult
     from dsh_core.model import ToolResult
 
 __all__ = ["SDK_LANGUAGES", "run_code_command", "sdk_command", "run_code_json"]
@@ -46,30 +48,45 @@ SDK_LANGUAGES: Final = ("python", "typescript")
 
 
 def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
-    """The ``--json`` document of one ``run_code`` call."""
+    """The ``--json`` document of one ``run_code`` call: what the pipeline produced, as the model got it.
+
+    ``logs``/``result`` of a success come from the call's result value, after
+    the post-execute hooks (a redacting hook's work stays done), not from the
+    raw run. The run itself gives only the outcome and the error's ``kind``,
+    and its logs and message only while the failure is the run's own as the
+    transport reported it; a failure the pipeline made or rewrote (a block, a
+    replaced message or content) shows its code and model-facing text, no logs.
+    """
     run = record.run
     calls = [{"sub_call_id": c.sub_call_id, "name": c.name, "args": c.args, "ok": c.ok, "error_code": c.error_code}
              for c in record.calls]
-    if not result.is_error and run is not None:
-        return {"outcome": "completed", "logs": list(run.logs),
-                "result": thaw(run.value) if run.has_value else None, "error": None, "calls": calls}
     if result.error is None:
-        # A success with no run: an around-dispatch middleware answered without running the
-        # program (a cache). Its value passed run_code's output schema: {logs, result?}.
+        # The value passed run_code's output schema: {logs, result?} (also when an around-dispatch
+        # middleware answered without running the program, e.g. a cache).
         value = thaw(result.value)
         answered = value if isinstance(value, dict) else {}
         logs = answered.get("logs")
         return {"outcome": "completed", "logs": list(logs) if isinstance(logs, list) else [],
                 "result": answered.get("result"), "error": None, "calls": calls}
-    error: dict[str, str | None]
-    if run is not None and run.error is not None:
-        outcome = run.error.kind
-        error = {"code": result.error.code, "kind": run.error.kind, "message": run.error.message}
-    else:
-        outcome = result.error.code
-        error = {"code": result.error.code, "kind": None, "message": result.error.message}
-    return {"outcome": outcome, "logs": list(run.logs) if run is not None else [], "result": None,
+    failed = run.error if run is not None else None
+    if run is not None and failed is not None and _is_the_runs_own_failure(result, run):
+        return {"outcome": failed.kind, "logs": list(run.logs), "result": None, "calls": calls,
+                "error": {"code": result.error.code, "kind": failed.kind, "message": failed.message}}
+    # The pipeline failed the call itself or rewrote the run's failure: what it says, not the raw run.
+    error: dict[str, str | None] = {"code": result.error.code, "kind": failed.kind if failed is not None else None,
+             "message": result.text.removeprefix("Error: ") or result.error.message}
+    return {"outcome": failed.kind if failed is not None else result.error.code, "logs": [], "result": None,
             "error": error, "calls": calls}
+
+
+def _is_the_runs_own_failure(result: ToolResult, run: CodeRunResult) -> bool:
+    """Whether ``result`` is the transport's report of the run's failure, as the pipeline left it."""
+    from dsh_core.errors import CodeRunFailedError, ErrorCode
+
+    assert result.error is not None and run.error is not None
+    reported = CodeRunFailedError(run.error.kind, run.error.message, run.logs).message
+    return (result.error.code == ErrorCode.CODE_RUN_FAILED and result.error.message == reported
+            and result.text == f"Error: {reported}")
 
 
 @click.command("run-code")

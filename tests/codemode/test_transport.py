@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from typing import Any
 
@@ -20,8 +21,8 @@ from dsh_core.codemode.transport import (
     render_run_output,
 )
 from dsh_core.errors import CodeRunFailedError, DshError, ErrorCode
-from dsh_core.lossless import freeze
-from dsh_core.model import ToolExecutionInput, ToolResult
+from dsh_core.lossless import freeze, thaw
+from dsh_core.model import PostDecision, ToolExecutionInput, ToolResult
 
 
 def test_the_schema_has_two_required_strings_and_a_closed_output() -> None:
@@ -231,3 +232,60 @@ async def test_run_code_json_of_a_run_code_answered_by_a_middleware_without_a_ru
     assert not result.is_error and record.run is None and env.fake is not None and env.fake.runs == 0
     assert run_code_json(result, record) == {"outcome": "completed", "logs": ["from cache"], "result": {"n": 3},
                                              "error": None, "calls": []}
+
+
+class _Redactor:
+    """A post-execute plugin that redacts a secret from run_code results: the value, or a failure's content."""
+
+    @hookimpl
+    def dsh_post_execute(self, execution: Any, result: ToolResult) -> PostDecision | None:
+        if execution.name != "run_code":
+            return None
+        if result.is_error:
+            return PostDecision.replace_content(result.text.replace("hunter2", "[REDACTED]"))
+        value = thaw(result.value)
+        value["logs"] = [line.replace("hunter2", "[REDACTED]") for line in value["logs"]]
+        value["result"] = value["result"].replace("hunter2", "[REDACTED]")
+        return PostDecision.replace_value(value)
+
+
+async def test_run_code_json_shows_what_the_post_execute_hooks_left_not_the_raw_run() -> None:
+    env = Env()
+    env.plug(_Redactor())
+    with env.transport.watch("call-1") as record:
+        result = await env.run("print('password is hunter2')\nreturn 'hunter2'")
+    assert record.run is not None and record.run.logs == ("password is hunter2",)  # the raw run had it
+    assert result.text == "password is [REDACTED]\n[REDACTED]"
+    assert run_code_json(result, record) == {"outcome": "completed", "logs": ["password is [REDACTED]"],
+                                             "result": "[REDACTED]", "error": None, "calls": []}
+    with env.transport.watch("call-2") as record:
+        failed = await env.run("print('password is hunter2')\nraise ValueError('hunter2')", call_id="call-2")
+    assert failed.is_error and "hunter2" not in failed.text
+    document = run_code_json(failed, record)
+    assert "hunter2" not in json.dumps(document)
+    assert document == {"outcome": "exception", "logs": [], "result": None, "calls": [], "error": {
+        "code": "CODE_RUN_FAILED", "kind": "exception", "message": failed.text.removeprefix("Error: ")}}
+
+
+async def test_run_code_json_of_a_run_blocked_after_it_completed_has_no_run_logs() -> None:
+    class Block:
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: ToolResult) -> PostDecision | None:
+            return PostDecision.block("not allowed") if execution.name == "run_code" else None
+
+    env = Env()
+    env.plug(Block())
+    with env.transport.watch("call-1") as record:
+        result = await env.run("print('secret')\nreturn 1")
+    assert record.run is not None and record.run.logs == ("secret",)
+    assert run_code_json(result, record) == {"outcome": "BLOCKED", "logs": [], "result": None, "calls": [],
+                                             "error": {"code": "BLOCKED", "kind": None, "message": "not allowed"}}
+
+
+async def test_run_code_json_of_a_failed_run_reported_unchanged_keeps_its_logs_and_message() -> None:
+    env = Env()
+    with env.transport.watch("call-1") as record:
+        result = await env.run("print('before')\nraise ValueError('nope')")
+    assert run_code_json(result, record) == {"outcome": "exception", "logs": ["before"], "result": None, "calls": [],
+                                             "error": {"code": "CODE_RUN_FAILED", "kind": "exception",
+                                                       "message": "ValueError: nope"}}
