@@ -912,3 +912,25 @@ def test_the_start_frame_fits_a_small_frame_cap() -> None:
 
     result = run_one(program, [], isolation="auto", max_frame_bytes=4096)
     assert result.value == 199, result
+
+
+def test_a_flushed_partial_line_is_its_own_entry_and_survives_a_killed_run() -> None:
+    async def slow(args: Any) -> Any:
+        await asyncio.sleep(30)
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(
+            "import sys\nsys.stdout.write('a')\nsys.stdout.flush()\nprint('b')\n"
+            "print('c', end='')\nprint('d')\nprint('e', end='', flush=True)\nsys.stdout.flush()",
+            [],
+        )
+        assert r.logs == ("a", "b", "cd", "e") and r.error is None
+        r = await rt.run(
+            "print('step 1 done')\nprint('step 2: calling slow ... ', end='', flush=True)\n"
+            "await tools.slow({})\nprint('ok')",
+            tools(slow=slow),
+        )
+        assert _kind(r) == "timeout", r
+        assert r.logs == ("step 1 done", "step 2: calling slow ... ")
+
+    arun(with_runtime(go, isolation="auto", timeout_s=1))

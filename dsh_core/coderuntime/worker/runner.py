@@ -64,7 +64,14 @@ class _Channel:
 
 
 class _Logs:
-    """Ordered log capture streamed to the host, with the same ledger as the host."""
+    """Ordered log capture streamed to the host, with the same ledger as the host.
+
+    One entry per line written; a partial line (``print(..., end="")``) waits
+    for the rest of its line, and is sent as an entry of its own when the
+    stream is flushed (``flush=True``, ``sys.stdout.flush()``), when a console
+    entry follows, or when the program ends: a flushed partial line survives
+    a run that is then killed (timeout, abort, memory).
+    """
 
     def __init__(self, channel: _Channel, cap: int) -> None:
         self.channel = channel
@@ -127,7 +134,7 @@ class _Stream:
             self.write(line)
 
     def flush(self) -> None:
-        return None
+        self._logs.flush_partial()  # the pending partial line becomes an entry now
 
     def isatty(self) -> bool:
         return False
