@@ -934,3 +934,36 @@ def test_a_flushed_partial_line_is_its_own_entry_and_survives_a_killed_run() -> 
         assert r.logs == ("step 1 done", "step 2: calling slow ... ")
 
     arun(with_runtime(go, isolation="auto", timeout_s=1))
+
+
+def test_the_program_is_the_main_module_and_exits_as_a_script_does() -> None:
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(
+            "import sys\nclass A:\n    pass\nif __name__ == '__main__':\n    print('guarded')\n"
+            "return [__name__, A.__module__, sys.modules['__main__'].__dict__.get('console') is console]",
+            [],
+        )
+        assert (r.logs, r.value, r.error) == (("guarded",), ["__main__", "__main__", True], None)
+        for ending in ("sys.exit(0)", "sys.exit()", "sys.exit(None)", "exit()", "quit(0)", "raise SystemExit"):
+            r = await rt.run(f"import sys\nprint('partial', end='')\n{ending}\nprint('never')\nreturn 1", [])
+            assert (r.logs, r.has_value, r.error) == (("partial",), False, None), ending
+        r = await rt.run("import asyncio, sys\nasync def f():\n    sys.exit(0)\nprint('a')\nawait f()\nreturn 1", [])
+        assert (r.logs, r.has_value, r.error) == (("a",), False, None)
+        failures = (("sys.exit(4)", "SystemExit: 4"), ("exit('fatal: no input')", "SystemExit: fatal: no input"))
+        for ending, last in failures:
+            r = await rt.run(f"import sys\n{ending}", [])
+            assert _kind(r) == "exception" and r.error is not None, ending
+            assert r.error.message.endswith(last) and "runner.py" not in r.error.message
+        r = await rt.run(
+            "import asyncio\nasync def main():\n    print('never')\n"
+            "if __name__ == '__main__':\n    asyncio.run(main())",
+            [],
+        )
+        assert _kind(r) == "exception" and r.error is not None and r.logs == ()  # no "never awaited" warning
+        assert r.error.message.endswith(
+            "RuntimeError: asyncio.run() cannot be called from a running event loop: the program already "
+            "runs inside one, so await main() instead of asyncio.run(main())"
+        )
+        assert "runner.py" not in r.error.message
+
+    arun(with_runtime(go, isolation="auto"))

@@ -612,7 +612,15 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
         raise EOFError("input() is not available in a program")
 
     safe_builtins["input"] = _no_input
-    env: dict[str, object] = {"__name__": program.MAIN, "__builtins__": safe_builtins, "console": _Console(logs)}
+    # What the site module would have added (the worker runs without it): exit() is sys.exit().
+    safe_builtins["exit"] = safe_builtins["quit"] = sys.exit
+    # The program is the main module, as a script is: ``if __name__ == "__main__":`` runs,
+    # its classes belong to ``__main__``, and sys.modules["__main__"] holds its globals.
+    main_module = types.ModuleType("__main__")
+    env: dict[str, object] = main_module.__dict__
+    env.update({"__builtins__": safe_builtins, "console": _Console(logs)})
+    sys.modules["__main__"] = main_module
+    asyncio.run = _run_refused_inside_the_program
     channel.send({"t": "ready", "d": " ".join(parts)})
 
     # ---- from here on, everything read is untrusted input for the program
@@ -661,12 +669,15 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
     except BaseException as error:  # the program's own failure, reported as data
         try:
             logs.flush_partial()
-            kind = "memory-limit" if isinstance(error, MemoryError) else "exception"
-            message = _format(error)
-            if not logs.ledger.fits(wire.json_str_size(message)):
-                outcome = {"t": "output-limit"}
+            if isinstance(error, SystemExit) and _exits_with_success(error):
+                outcome = {"t": "done"}  # sys.exit() or sys.exit(0): the program ended, as a script does
             else:
-                outcome = {"t": "done", "e": {"k": kind, "m": message}}
+                kind = "memory-limit" if isinstance(error, MemoryError) else "exception"
+                message = _format(error)
+                if not logs.ledger.fits(wire.json_str_size(message)):
+                    outcome = {"t": "output-limit"}
+                else:
+                    outcome = {"t": "done", "e": {"k": kind, "m": message}}
         except MemoryError:
             outcome = {"t": "done", "e": {"k": "memory-limit", "m": "MemoryError"}}
     frame = wire.pack(outcome)
@@ -674,6 +685,28 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
         frame = wire.pack({"t": "done", "e": {"k": "output-limit", "m": "completion exceeds the frame cap"}})
     channel.raw(frame)
     return 0
+
+
+def _exits_with_success(error: SystemExit) -> bool:
+    """Whether a script ending with ``error`` would exit with status 0 (``sys.exit()``, ``sys.exit(0)``)."""
+    return error.code is None or (type(error.code) in (int, bool) and error.code == 0)
+
+
+_asyncio_run = asyncio.run
+
+
+def _run_refused_inside_the_program(main: Any, *, debug: bool | None = None) -> Any:
+    """``asyncio.run``: refused in the program's own loop, with the fix; elsewhere (a thread) as usual."""
+    if asyncio._get_running_loop() is None:
+        return _asyncio_run(main, debug=debug)
+    name = getattr(main, "__name__", None)
+    if asyncio.iscoroutine(main):
+        main.close()  # not awaited by design: no "never awaited" warning on top of this error
+    call = f"{name}()" if isinstance(name, str) and name.isidentifier() else "main()"
+    raise RuntimeError(
+        "asyncio.run() cannot be called from a running event loop: the program already runs "
+        f"inside one, so await {call} instead of asyncio.run({call})"
+    )
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
