@@ -65,6 +65,11 @@ def test_values_logs_and_exceptions() -> None:
         assert _kind(r) == "invalid-output" and "lossless" in r.error.message  # type: ignore[union-attr]
         r = await rt.run("return (1, 2)", [])
         assert _kind(r) == "invalid-output"
+        r = await rt.run("return {'avg_delta': round(-0.002, 2)}", [])
+        assert r.error is not None and r.error.message == (
+            "program completion must be lossless JSON: float -0.0 is not lossless JSON (it reads back as 0; "
+            'use 0.0, e.g. x + 0.0) at result["avg_delta"]'
+        )
         r = await rt.run("import os\nreturn [dict(os.environ), os.listdir('.') if os.getuid() == 0 else []]", [])
         assert r.value is not None and r.value[0] == {}
         r = await rt.run("import sys\nsys.exit(4)", [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import json
@@ -236,7 +237,7 @@ def _outcome(function: object, argument: object) -> tuple[str, object]:
     try:
         return "ok", function(argument)  # type: ignore[operator]
     except wire.WireError as error:
-        return "error", str(error)
+        return "error", error.reason  # encode alone looks for the culprit's place
 
 
 def _same(left: tuple[str, object], right: tuple[str, object]) -> None:
@@ -262,6 +263,54 @@ _maybe_lossy = st.recursive(
 @settings(max_examples=300, deadline=None)
 def test_fuzz_encode_fast_path_matches_the_walk(value: object) -> None:
     _same(_outcome(wire.encode, value), _outcome(wire._encode_walk, value))
+
+
+@given(_maybe_lossy)
+@settings(max_examples=300, deadline=None)
+def test_fuzz_a_refusal_names_the_path_to_its_culprit(value: object) -> None:
+    try:
+        wire.encode(value)
+    except wire.WireError as error:
+        assert error.path is not None
+        node = value
+        for key in error.path:
+            node = node[key]  # type: ignore[index]
+        if error.reason.startswith("object key"):
+            assert type(node) is dict and any(type(key) is not str for key in node)
+        else:
+            assert error.reason == wire._scalar_error(node)
+        assert str(error) == error.describe("value")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"avg_delta": round(-0.002, 2)},
+         'float -0.0 is not lossless JSON (it reads back as 0; use 0.0, e.g. x + 0.0) at result["avg_delta"]'),
+        ((1, 2), "tuple is not a JSON type (use a list)"),
+        ({"rows": [{"n": 1}, {"n": 2, "at": (1, 2)}]},
+         'tuple is not a JSON type (use a list) at result["rows"][1]["at"]'),
+        ({"by": {1: "a"}}, 'object key 1 (int) is not a str at result["by"]'),
+        ([1] * 40 + [float("nan")], "float nan is not lossless JSON (JSON has no NaN or infinity) at result[40]"),
+        ({"k": {"c": collections.Counter("a")}},
+         'Counter is a subclass of dict, not a plain dict (convert it: dict(x)) at result["k"]["c"]'),
+        ({"x" * 50: b"x"}, 'bytes is not a JSON type (decode it to a str) at result["' + "x" * 40 + '..."]'),
+    ],
+)
+def test_a_refusal_says_where_the_culprit_is(value: object, message: str) -> None:
+    with pytest.raises(wire.WireError) as caught:
+        wire.encode(value)
+    assert caught.value.describe("result") == message
+
+
+def test_the_path_of_a_deep_culprit_is_shortened() -> None:
+    value: object = {1j}
+    for _ in range(1000):
+        value = [value]
+    with pytest.raises(wire.WireError) as caught:
+        wire.encode({"a": value})
+    assert caught.value.path == ("a", *[0] * 1000)
+    assert caught.value.describe("r") == 'set is not a JSON type (use a list) at r["a"]' + "[0]" * 7 + "..." + "[0]" * 8
 
 
 _token = st.one_of(

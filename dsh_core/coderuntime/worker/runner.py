@@ -660,10 +660,8 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
                 tokens = wire.encode(value)
                 size = wire.tokens_json_size(tokens)  # also refuses an int too long to write as text
             except wire.WireError as reason:
-                outcome = {
-                    "t": "done",
-                    "e": {"k": "invalid-output", "m": f"program completion must be lossless JSON: {reason}"},
-                }
+                message = f"program completion must be lossless JSON: {reason.describe('result')}"
+                outcome = {"t": "done", "e": {"k": "invalid-output", "m": message}}
             else:
                 outcome = {"t": "done", "v": tokens} if logs.ledger.fits(size) else {"t": "output-limit"}
     except BaseException as error:  # the program's own failure, reported as data

@@ -90,7 +90,31 @@ def _no_gc(function: _F) -> _F:
 
 
 class WireError(ValueError):
-    """A value is not lossless JSON, or a token stream / frame is malformed."""
+    """A value is not lossless JSON, or a token stream / frame is malformed.
+
+    For a value :func:`encode` refused, ``path`` holds the keys and indexes
+    from the value to the culprit, and the message names where it is (see
+    :meth:`describe`); ``reason`` is the message without the place.
+    """
+
+    def __init__(self, reason: str, path: tuple[str | int, ...] | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        super().__init__(self.describe("value"))
+
+    def describe(self, root: str) -> str:
+        """The reason and, for a culprit inside the value, where: ``... at result["rows"][2]``."""
+        if not self.path:
+            return self.reason
+        return f"{self.reason} at {root}{_subscripts(self.path)}"
+
+
+def _subscripts(path: tuple[str | int, ...]) -> str:
+    parts = [f"[{json.dumps(key[:40] + '...' if len(key) > 40 else key)}]" if type(key) is str else f"[{key}]"
+             for key in path]
+    if len(parts) > 16:  # a deep culprit: its first and last steps
+        parts[8:-8] = ["..."]
+    return "".join(parts)
 
 
 # --------------------------------------------------------------------------- values
@@ -103,10 +127,17 @@ def _bad_float(value: float) -> bool:
 def _scalar_error(value: object) -> str:
     kind = type(value)
     if kind is float:
-        return f"float {value!r} is not lossless JSON (non-finite or -0.0)"
+        if _isfinite(value):  # type: ignore[arg-type]
+            return "float -0.0 is not lossless JSON (it reads back as 0; use 0.0, e.g. x + 0.0)"
+        return f"float {value!r} is not lossless JSON (JSON has no NaN or infinity)"
     for base in (bool, int, float, str, dict, list):
         if isinstance(value, base):
-            return f"{kind.__qualname__} is a subclass of {base.__name__}, not a plain {base.__name__}"
+            name = base.__name__
+            return f"{kind.__qualname__} is a subclass of {name}, not a plain {name} (convert it: {name}(x))"
+    if isinstance(value, (tuple, set, frozenset)):
+        return f"{kind.__qualname__} is not a JSON type (use a list)"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{kind.__qualname__} is not a JSON type (decode it to a str)"
     return f"{kind.__qualname__} is not a JSON type"
 
 
@@ -164,7 +195,60 @@ def encode(value: object) -> list[object]:
                 return [_ARRAY_MARKERS[len(children)], *children]
     elif kind is float and not _bad_float(value):  # type: ignore[arg-type]
         return [value]
-    return _encode_walk(value)
+    try:
+        return _encode_walk(value)
+    except WireError as error:  # only now is the place of the culprit looked for
+        raise _located(value, error) from None
+
+
+@_no_gc
+def _located(value: object, error: WireError) -> WireError:
+    """``error`` with the path to its culprit: the walk of :func:`_encode_walk` again, keeping keys.
+
+    On the error path only, so the encoder itself keeps no path. A value that
+    changed meanwhile (a thread) may hold no culprit any more: ``error`` as it is.
+    """
+    keys: list[str | int] = []  # the key of each open container but the root
+    stack: list[Any] = []
+    ids: list[int] = []
+    on_path: set[int] = set()
+    iterator: Any = iter([(None, value)])
+    while True:
+        for key, child in iterator:
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:
+                continue
+            path = (*keys, key) if stack else ()
+            if kind is float:
+                if _bad_float(child):
+                    return WireError(_scalar_error(child), path)
+            elif kind is list or kind is dict:
+                ident = id(child)
+                if ident in on_path:
+                    return WireError("cycle: a container contains itself", path)
+                if kind is list:
+                    items: list[Any] = list(enumerate(list.copy(child)))
+                else:
+                    items = list(dict.items(child))
+                    for name, _ in items:
+                        if type(name) is not str:
+                            return WireError(f"object key {name!r} ({type(name).__name__}) is not a str", path)
+                if stack:
+                    keys.append(key)
+                stack.append(iterator)
+                ids.append(ident)
+                on_path.add(ident)
+                iterator = iter(items)
+                break
+            else:
+                return WireError(_scalar_error(child), path)
+        else:
+            if not stack:
+                return error
+            on_path.discard(ids.pop())
+            iterator = stack.pop()
+            if stack:
+                keys.pop()
 
 
 @_no_gc
