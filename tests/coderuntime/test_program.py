@@ -116,7 +116,7 @@ def _reference_build(source: str) -> types.CodeType:
     )
     module = ast.Module(body=[function], type_ignores=[])
     ast.fix_missing_locations(module)
-    return compile(module, programs.FILENAME, "exec", optimize=0)
+    return programs._named_as_in_a_script(compile(module, programs.FILENAME, "exec", optimize=0))
 
 
 def _function_bodies() -> list[str]:
@@ -151,3 +151,33 @@ def test_the_code_is_identical_to_a_whole_tree_construction() -> None:
             assert programs.build(source) == expected, source
             compared += 1
     assert compared > 500
+
+
+def test_the_programs_code_is_named_as_a_scripts() -> None:
+    source = textwrap.dedent("""\
+        import dataclasses
+        @dataclasses.dataclass
+        class Point:
+            x: int
+            class Inner:
+                def m(self):
+                    def deep():
+                        pass
+                    return deep
+        def f(x):
+            pass
+        try:
+            f()
+        except TypeError as error:
+            message = str(error)
+        text = "__dsh_main__"  # a program's own strings are left alone
+        return [repr(Point(1)), Point.__qualname__, Point.Inner.m.__qualname__, Point.Inner().m().__qualname__,
+                f.__qualname__, (lambda: 0).__qualname__, message, text]
+        """)
+    assert _result(source, __name__="__main__") == [
+        "Point(x=1)", "Point", "Point.Inner.m", "Point.Inner.m.<locals>.deep", "f", "<lambda>",
+        "f() missing 1 required positional argument: 'x'", "__dsh_main__"]
+    namespace: dict[str, Any] = {}
+    exec(programs.build("return 1"), namespace)
+    main = namespace[programs.MAIN]  # still found by its name; its frames read "in <module>"
+    assert (main.__name__, main.__qualname__) == ("<module>", "<module>")

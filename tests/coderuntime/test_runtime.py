@@ -972,3 +972,32 @@ def test_the_program_is_the_main_module_and_exits_as_a_script_does() -> None:
         assert "runner.py" not in r.error.message
 
     arun(with_runtime(go, isolation="auto"))
+
+
+def test_tracebacks_read_as_a_scripts_exception_groups_included() -> None:
+    async def boom(args: Any) -> Any:
+        raise RuntimeError("tool broke")
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        namespace = [BindingNamespace("tools", {"boom": boom}, ErrorClassSpec(name="ToolCallError"))]
+        r = await rt.run("class MyErr(Exception):\n    pass\nraise MyErr('boom')", namespace)
+        assert r.error is not None and r.error.message == (
+            'Traceback (most recent call last):\n  File "<program>", line 3, in <module>\n'
+            "    raise MyErr('boom')\nMyErr: boom"
+        )
+        r = await rt.run(
+            "import asyncio\nasync def f():\n    await tools.boom({})\n"
+            "async with asyncio.TaskGroup() as g:\n    g.create_task(f())",
+            namespace,
+        )
+        assert r.error is not None
+        message = r.error.message
+        assert "runner.py" not in message and "__dsh_main__" not in message, message
+        assert message.startswith("  + Exception Group Traceback (most recent call last):\n")
+        assert message.endswith(
+            '    | Traceback (most recent call last):\n    |   File "<program>", line 3, in f\n'
+            "    |     await tools.boom({})\n    | ToolCallError: tool broke\n"
+            "    +------------------------------------"
+        )
+
+    arun(with_runtime(go, isolation="auto"))

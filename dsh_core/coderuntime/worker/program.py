@@ -5,7 +5,8 @@ become the body of ``async def __dsh_main__()`` with unchanged line
 numbers, and every top-level ``return X`` becomes ``return [X]`` so the
 runner can tell ``return None`` (a value) from falling off the end or a bare
 ``return`` (no value). ``yield`` at top level is refused: a program is a
-coroutine, not a generator.
+coroutine, not a generator. The code is named as a script's (frames read
+``in <module>``, a class ``MyErr`` is ``MyErr``, not ``__dsh_main__.<locals>.MyErr``).
 """
 
 from __future__ import annotations
@@ -113,7 +114,42 @@ def _build(source: str) -> types.CodeType:
         col_offset=0,
     )
     module = ast.Module(body=[function], type_ignores=[])
-    return compile(module, FILENAME, "exec", optimize=0)
+    return _named_as_in_a_script(compile(module, FILENAME, "exec", optimize=0))
+
+
+_LOCALS = MAIN + ".<locals>."
+
+
+def _named_as_in_a_script(code: types.CodeType) -> types.CodeType:
+    """``code`` with the names of the program's code as a script's: ``<module>``, ``f``, ``A.m``.
+
+    The program's statements are the body of ``__dsh_main__``, so its frames
+    would read ``in __dsh_main__`` and its functions and classes be named
+    ``__dsh_main__.<locals>.f``: that would show in tracebacks (an exception
+    class's name), reprs (a dataclass's) and error messages (``f() missing 1
+    required positional argument``). ``__dsh_main__``'s code is renamed
+    ``<module>``; each code nested in it loses the prefix, and so does the
+    ``__qualname__`` a class body assigns (a constant equal to the body's own
+    qualified name). The function keeps its global name, ``MAIN``.
+    """
+    consts = code.co_consts
+    qualname = code.co_qualname
+    if qualname == MAIN:
+        renamed = name = "<module>"
+    else:
+        renamed, name = qualname.removeprefix(_LOCALS), code.co_name
+    if renamed == qualname and not any(type(const) is types.CodeType for const in consts):
+        return code  # the module's code with nothing to rename
+    nested = qualname not in (renamed, MAIN)
+    fixed = tuple(
+        _named_as_in_a_script(const)
+        if type(const) is types.CodeType
+        else renamed
+        if nested and type(const) is str and const == qualname
+        else const
+        for const in consts
+    )
+    return code.replace(co_name=name, co_qualname=renamed, co_consts=fixed)
 
 
 def _top_level_returns(nodes: list[ast.stmt]) -> list[ast.Return]:

@@ -224,7 +224,7 @@ class CodecGuard:
 
 def _make_error_class(name: str, member: str) -> type[Exception]:
     cls = types.new_class(name, (Exception,))
-    cls.__module__ = "__dsh_main__"
+    cls.__module__ = "__main__"  # a global of the program: shown as a script's own class is
     setattr(cls, member, None)
     return cls
 
@@ -711,7 +711,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _format(error: BaseException) -> str:
-    """The traceback as the interpreter prints it, without the runner's own frames."""
+    """The traceback as the interpreter prints it for a script, without the runner's own frames.
+
+    Chained exceptions and the members of exception groups included.
+    """
     try:
         top = traceback.TracebackException(type(error), error, error.__traceback__)
         pending = [top]
@@ -729,6 +732,7 @@ def _format(error: BaseException) -> str:
                     break
             exc.stack = traceback.StackSummary.from_list(frames)
             pending.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+            pending.extend(exc.exceptions or ())  # an exception group's members
         text = "".join(top.format())
     except Exception:
         try:
