@@ -101,7 +101,7 @@ def test_a_yield_in_a_nested_scope_is_its_own() -> None:
 def _reference_build(source: str) -> types.CodeType:
     # The construction this module had before it stopped walking the whole tree:
     # every node visited, then fix_missing_locations over the result.
-    tree = compile(source, programs.FILENAME, "exec", ast.PyCF_ONLY_AST)
+    tree = compile(source, programs.FILENAME, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     body = tree.body or [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
     for node in programs._top_level(body):
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
@@ -116,7 +116,7 @@ def _reference_build(source: str) -> types.CodeType:
     )
     module = ast.Module(body=[function], type_ignores=[])
     ast.fix_missing_locations(module)
-    return programs._named_as_in_a_script(compile(module, programs.FILENAME, "exec", optimize=0))
+    return programs._named_as_in_a_script(compile(module, programs.FILENAME, "exec", dont_inherit=True, optimize=0))
 
 
 def _function_bodies() -> list[str]:
@@ -181,3 +181,19 @@ def test_the_programs_code_is_named_as_a_scripts() -> None:
     exec(programs.build("return 1"), namespace)
     main = namespace[programs.MAIN]  # still found by its name; its frames read "in <module>"
     assert (main.__name__, main.__qualname__) == ("<module>", "<module>")
+
+
+def test_annotations_are_evaluated_as_in_a_script_not_postponed() -> None:
+    # The compiling module's own ``from __future__ import annotations`` must not leak into the program.
+    source = textwrap.dedent("""\
+        import dataclasses, typing
+        @dataclasses.dataclass
+        class A:
+            x: int
+            k: typing.ClassVar[int] = 5
+            y: dataclasses.InitVar[int] = 0
+            def __post_init__(self, y):
+                self.x += y
+        return [repr(A(1, 2)), A.__annotations__["x"] is int]
+        """)
+    assert _result(source, __name__="__main__") == ["A(x=3)", True]

@@ -85,7 +85,8 @@ def build(source: str, warned: list[str] | None = None) -> types.CodeType:
 
 
 def _build(source: str) -> types.CodeType:
-    tree = compile(source, FILENAME, "exec", ast.PyCF_ONLY_AST)
+    # dont_inherit: this module's ``from __future__ import annotations`` is not the program's.
+    tree = compile(source, FILENAME, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     assert isinstance(tree, ast.Module)
     body = tree.body or [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
     if "yield" in source:  # only then can there be one to refuse (the full walk is dearer)
@@ -114,7 +115,7 @@ def _build(source: str) -> types.CodeType:
         col_offset=0,
     )
     module = ast.Module(body=[function], type_ignores=[])
-    return _named_as_in_a_script(compile(module, FILENAME, "exec", optimize=0))
+    return _named_as_in_a_script(compile(module, FILENAME, "exec", dont_inherit=True, optimize=0))
 
 
 _LOCALS = MAIN + ".<locals>."
