@@ -23,9 +23,11 @@ and can only deny: they are the last, monotonic line of the policy.
   directories out of search with the workspace plugin's ``search_exclude``.
 
 Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
-of segments. A glob starting with ``/`` (or ``~``) matches the absolute path;
-any other glob matches the path relative to ``root`` (so ``**/.env`` denies
-every ``.env`` inside the workspace).
+of segments. A glob starting with ``/`` (or ``~``) matches the absolute path,
+as written and with the symlinks of its glob-free leading directories resolved
+(so ``/tmp/ws/secrets/**`` holds when ``/tmp`` is a symlink, or ``root`` is
+spelled through one); any other glob matches the path relative to ``root`` (so
+``**/.env`` denies every ``.env`` inside the workspace).
 
 Config::
 
@@ -118,14 +120,23 @@ class Guards:
         if not os.path.isabs(root):
             raise ToolError(f'guards: root of plugin row "{self.row}" must be an absolute path, got {root!r}')
         self.root = os.path.realpath(root)
+        # Relative paths resolve against the real root, but a path may also be spelled through the root
+        # as configured (a symlink, like /tmp on macOS): both spellings are the inside of the root.
+        self.roots = list(dict.fromkeys((self.root, _lexical(root))))
         self.allowed_roots = [os.path.realpath(os.path.join(self.root, os.path.expanduser(r)))
                               for r in config.get("allowed_roots", [])]
         self.deny_paths: list[tuple[str, re.Pattern[str], bool]] = []
         for pattern in config.get("deny_paths", []):
             expanded = os.path.expanduser(pattern)
             absolute = expanded.startswith("/")
-            self.deny_paths.append((pattern, glob_to_regex(expanded), absolute))
-        self.relative_deny = [pattern for pattern, _regex, absolute in self.deny_paths if not absolute]
+            # An absolute glob is matched as written and with the symlinks of its glob-free leading
+            # directories resolved, since candidates are real paths too: "/tmp/link/secrets/**" still
+            # denies what the tools open as /tmp/real/secrets/key.
+            globs = [expanded, _resolve_prefix(expanded)] if absolute else [expanded]
+            for glob in dict.fromkeys(globs):
+                self.deny_paths.append((pattern, glob_to_regex(glob), absolute))
+        self.relative_deny = list(dict.fromkeys(pattern for pattern, _regex, absolute in self.deny_paths
+                                                if not absolute))
 
     @hookimpl
     def dsh_guard(self, execution: ToolExecution) -> str | None:
@@ -155,19 +166,20 @@ class Guards:
     def _check_path(self, key: str, given: str) -> str | None:
         if "\0" in given:
             return f'guards: argument "{key}" contains a NUL character'
-        # Every spelling a tool may open: "~" literal and expanded, each as given and where its symlinks lead.
-        lexicals = [os.path.normpath(os.path.join(self.root, spelling))
-                    for spelling in dict.fromkeys((given, os.path.expanduser(given)))]
+        # Every spelling a tool may open: "~" literal and expanded, each as given (under the real root and
+        # under the root as configured) and where its symlinks lead.
+        lexicals = [_lexical(os.path.join(root, spelling))
+                    for spelling in dict.fromkeys((given, os.path.expanduser(given))) for root in self.roots]
         reals = [os.path.realpath(lexical) for lexical in lexicals]
-        for candidate in dict.fromkeys(lexicals + reals):
-            relative = os.path.relpath(candidate, self.root).replace(os.sep, "/")
-            inside = not (relative == ".." or relative.startswith("../"))
+        judged = [(candidate, self._relative(candidate)) for candidate in dict.fromkeys(lexicals + reals)]
+        for candidate, relative in judged:
             for pattern, regex, absolute in self.deny_paths:
                 subject = candidate if absolute else relative
-                if (absolute or inside) and regex.match(subject):
+                if subject is not None and regex.match(subject):
                     return (f'guards: path "{given}" (argument "{key}") matches the denied pattern '
                             f'"{pattern}" (deny_paths of plugin row "{self.row}")')
-            if not inside and self.relative_deny:
+        for candidate, relative in judged:
+            if relative is None and self.relative_deny:
                 return (f'guards: path "{given}" (argument "{key}") resolves to {candidate}, outside the guard '
                         f"root {self.root}, where the relative deny_paths patterns "
                         f"({', '.join(self.relative_deny)}) of plugin row \"{self.row}\" cannot be checked; "
@@ -178,6 +190,34 @@ class Guards:
                 return (f'guards: path "{given}" (argument "{key}") resolves to {real}, outside the allowed '
                         f"roots ({', '.join(self.allowed_roots)}) of plugin row \"{self.row}\"")
         return None
+
+    def _relative(self, candidate: str) -> str | None:
+        """``candidate`` relative to the root (either spelling of it, ``/`` separated), None if outside."""
+        for root in self.roots:
+            relative = os.path.relpath(candidate, root).replace(os.sep, "/")
+            if not (relative == ".." or relative.startswith("../")):
+                return relative
+        return None
+
+
+def _lexical(path: str) -> str:
+    """``path`` normalised without touching the disk; a leading ``//`` is ``/`` (as on Linux, and as the
+    workspace reads it)."""
+    normal = os.path.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("//") else normal
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a glob matching itself only (``*``, ``?`` and ``[`` in brackets)."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def _resolve_prefix(glob: str) -> str:
+    """An absolute ``glob`` with the symlinks of its glob-free leading components resolved (the tail kept)."""
+    parts = glob.split("/")
+    literal = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+    prefix, tail = "/".join(parts[:literal]) or "/", parts[literal:]
+    return "/".join([_glob_escape(os.path.realpath(prefix)).rstrip("/"), *tail]) or "/"
 
 
 @plugin(config_schema=CONFIG_SCHEMA)

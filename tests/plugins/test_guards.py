@@ -7,6 +7,10 @@ from typing import Any
 
 import pytest
 
+from dsh_core import ToolExecution
+from dsh_core.abort import AbortSignal
+from dsh_core.model import ExecutionToken
+from dsh_core.testing.loader import load_plugin
 from dsh_plugins.guards import glob_to_regex
 
 pytestmark = pytest.mark.anyio
@@ -62,28 +66,31 @@ async def test_allowed_roots_deny_paths_outside(boot: Any, tmp_path: Path) -> No
     assert (tmp_path / "docs.txt").read_text() == "y\n"
 
 
-async def test_custom_path_arguments_and_lists(boot: Any, tmp_path: Path) -> None:
-    """path_arguments chooses which argument names hold paths; list values are checked item by item."""
-    from dsh_core.plugins import PluginCatalog
-    from dsh_core.testing.loader import load_plugin
+def execution(arguments: object) -> ToolExecution:
+    """A call of a tool ``t`` with these arguments, for the guard hook alone."""
+    return ToolExecution(call_id="c", root_call_id="c", name="t", arguments=arguments,
+                         signal=AbortSignal.never(), agent=None, parent=None, token=ExecutionToken())
 
+
+async def guard_verdicts(config: dict[str, Any], *paths: str) -> list[str | None]:
+    """The guard's verdict (denial reason or None) on a ``path`` argument of each of ``paths``."""
+    loaded = await load_plugin("guards", config)
+    try:
+        return [await loaded.hooks.guard(execution({"path": path})) for path in paths]
+    finally:
+        await loaded.dispose()
+
+
+async def test_custom_path_arguments_and_lists(tmp_path: Path) -> None:
+    """path_arguments chooses which argument names hold paths; list values are checked item by item."""
     loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": ["*.key"],
                                           "path_arguments": ["files"]})
     try:
-        from dsh_core import ToolExecution
-        from dsh_core.abort import AbortSignal
-        from dsh_core.model import ExecutionToken
-
-        def execution(arguments: object) -> ToolExecution:
-            return ToolExecution(call_id="c", root_call_id="c", name="t", arguments=arguments,
-                                 signal=AbortSignal.never(), agent=None, parent=None, token=ExecutionToken())
-
         assert await loaded.hooks.guard(execution({"files": ["a.txt", "b.key"]})) is not None
         assert await loaded.hooks.guard(execution({"files": ["a.txt"]})) is None
         assert await loaded.hooks.guard(execution({"path": "b.key"})) is None  # not a path argument here
     finally:
         await loaded.dispose()
-    assert PluginCatalog  # imported for symmetry with the other tests
 
 
 def test_glob_translation() -> None:
@@ -137,3 +144,34 @@ async def test_default_deployment_guards_the_workspace_root(tmp_path: Path,
     deployment = default_deployment(tmp_path / "ws", env={})
     guards = next(row for row in deployment.plugins if row.id == "guards")
     assert guards.config == {"root": str(tmp_path / "ws")}
+
+
+async def test_absolute_deny_paths_hold_through_symlinked_roots_and_prefixes(boot: Any, tmp_path: Path) -> None:
+    """An absolute glob matches however the root or the glob spells the directory (symlinks on either side)."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    (real / "secrets").mkdir(parents=True)
+    (real / "secrets" / "key").write_text("k\n")
+    (real / "notes.txt").write_text("ok\n")
+    link.symlink_to(real)  # the root spelled through a symlink, like /tmp or /var on macOS
+    (real / "alias").symlink_to(real / "secrets")  # a glob prefix that is a symlink inside the root
+    (tmp_path / "shortcut").symlink_to(real / "secrets")  # ... and one outside it
+    async with boot(*rows(link, deny_paths=[f"{link}/secrets/**"])) as h:  # the reported case, end to end
+        result = await h.call("read", {"path": "secrets/key"})
+        assert result.code == "DENIED" and f'matches the denied pattern "{link}/secrets/**"' in result.text
+        assert (await h.call("read", {"path": "notes.txt"})).error is None
+    for deny in (f"{link}/secrets/**", f"{real}/secrets/**", f"{real}/alias/**", f"{tmp_path}/shortcut/*",
+                 f"{link}/alias/[k]ey"):
+        verdicts = await guard_verdicts({"root": str(link), "deny_paths": [deny]},
+                                        "secrets/key", "alias/key", str(real / "secrets/key"), "notes.txt")
+        assert all(f'matches the denied pattern "{deny}"' in str(v) for v in verdicts[:3]), (deny, verdicts)
+        assert verdicts[3] is None
+    for deny in (f"{link}/secrets", f"{tmp_path}/shortcut"):  # a glob-free pattern: the directory itself
+        assert [v is None for v in await guard_verdicts({"root": str(link), "deny_paths": [deny]},
+                                                        "secrets", ".")] == [False, True], deny
+    # The root's own spelling counts as inside it, for absolute and relative globs alike.
+    verdicts = await guard_verdicts({"root": str(link), "deny_paths": ["secrets/**", f"{link}/notes.txt"]},
+                                    str(link / "secrets/key"), str(link / "notes.txt"), str(link / "other"))
+    assert [v and v.split(" (argument")[0] for v in verdicts[:2]] == [
+        f'guards: path "{link}/secrets/key"', f'guards: path "{link}/notes.txt"']
+    assert all("matches the denied pattern" in str(v) for v in verdicts[:2])
+    assert verdicts[2] is None
