@@ -27,7 +27,12 @@ of segments. A glob starting with ``/`` (or ``~``) matches the absolute path,
 as written and with the symlinks of its glob-free leading directories resolved
 (so ``/tmp/ws/secrets/**`` holds when ``/tmp`` is a symlink, or ``root`` is
 spelled through one); any other glob matches the path relative to ``root`` (so
-``**/.env`` denies every ``.env`` inside the workspace).
+``**/.env`` denies every ``.env`` inside the workspace). Globs are normalised
+like the paths they judge (``./x`` is ``x``, ``x//y`` and ``x/./y`` are
+``x/y``); a glob ending in ``/`` denies the directory and everything under it
+(``secrets/`` is ``secrets`` and ``secrets/**``), while ``secrets/**`` leaves
+the directory itself (its listing) allowed. A glob with a ``..`` segment is a
+config error.
 
 Config::
 
@@ -127,12 +132,13 @@ class Guards:
                               for r in config.get("allowed_roots", [])]
         self.deny_paths: list[tuple[str, re.Pattern[str], bool]] = []
         for pattern in config.get("deny_paths", []):
-            expanded = os.path.expanduser(pattern)
-            absolute = expanded.startswith("/")
-            # An absolute glob is matched as written and with the symlinks of its glob-free leading
-            # directories resolved, since candidates are real paths too: "/tmp/link/secrets/**" still
-            # denies what the tools open as /tmp/real/secrets/key.
-            globs = [expanded, _resolve_prefix(expanded)] if absolute else [expanded]
+            globs = _normalised_globs(pattern, self.row)
+            absolute = globs[0].startswith("/")
+            if absolute:
+                # An absolute glob is matched as written and with the symlinks of its glob-free leading
+                # directories resolved, since candidates are real paths too: "/tmp/link/secrets/**" still
+                # denies what the tools open as /tmp/real/secrets/key.
+                globs += [_resolve_prefix(glob) for glob in globs]
             for glob in dict.fromkeys(globs):
                 self.deny_paths.append((pattern, glob_to_regex(glob), absolute))
         self.relative_deny = list(dict.fromkeys(pattern for pattern, _regex, absolute in self.deny_paths
@@ -198,6 +204,22 @@ class Guards:
             if not (relative == ".." or relative.startswith("../")):
                 return relative
         return None
+
+
+def _normalised_globs(pattern: str, row: str) -> list[str]:
+    """The globs a ``deny_paths`` entry stands for, spelled as the judged paths are: ``~`` expanded, no
+    empty or ``.`` segments (``./x``, ``x//y``, ``x/./y``); a trailing ``/`` is the directory and everything
+    under it. A ``..`` segment is refused: it would never match a normalised path."""
+    expanded = os.path.expanduser(pattern)
+    parts = [part for part in expanded.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" has a ".." segment, '
+                        "which no path matches (paths are normalised before they are judged); write the "
+                        "directory it means without \"..\"")
+    glob = ("/" if expanded.startswith("/") else "") + "/".join(parts) or "."
+    if not expanded.endswith("/"):
+        return [glob]
+    return [glob, "**" if glob == "." else glob.rstrip("/") + "/**"]
 
 
 def _lexical(path: str) -> str:

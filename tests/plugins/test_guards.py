@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,27 @@ async def test_absolute_deny_paths_hold_through_symlinked_roots_and_prefixes(boo
         f'guards: path "{link}/secrets/key"', f'guards: path "{link}/notes.txt"']
     assert all("matches the denied pattern" in str(v) for v in verdicts[:2])
     assert verdicts[2] is None
+
+
+async def test_deny_paths_are_normalised_like_the_paths_they_judge(boot: Any, tmp_path: Path) -> None:
+    """"./x", "x/" (the directory and all under it), "x//y", "x/./y" match; a ".." glob is refused at load."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text("k\n")
+    (tmp_path / "notes.txt").write_text("ok\n")
+    async with boot(*rows(tmp_path, deny_paths=["./secrets/"])) as h:  # the reported spellings, end to end
+        result = await h.call("read", {"path": "secrets/key"})
+        assert result.code == "DENIED" and 'matches the denied pattern "./secrets/"' in result.text
+        assert (await h.call("list", {"path": "secrets"})).code == "DENIED"
+        assert (await h.call("read", {"path": "notes.txt"})).error is None
+    for deny in ("./secrets/**", "secrets/", "./secrets/", "secrets//key", "././secrets/./key",
+                 f"{tmp_path}//secrets/", f"{tmp_path}/./secrets/key", "**/secrets/"):
+        verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": [deny]},
+                                        "secrets/key", "notes.txt", "secrets")
+        assert f'matches the denied pattern "{deny}"' in str(verdicts[0]), (deny, verdicts)
+        assert verdicts[1] is None
+        assert (verdicts[2] is not None) == deny.endswith("/"), deny  # "x/" is the directory too
+    assert None not in await guard_verdicts({"root": str(tmp_path), "deny_paths": ["./"]}, "notes.txt", ".")
+    for deny in ("../secrets/**", "secrets/../notes.txt", f"{tmp_path}/sub/../secrets/**", "**/.."):
+        with pytest.raises(Exception, match=re.escape(f'deny_paths pattern "{deny}" of plugin row "guards"')):
+            async with boot(*rows(tmp_path, deny_paths=[deny])):
+                pass  # pragma: no cover
