@@ -31,8 +31,8 @@ spelled through one); any other glob matches the path relative to ``root`` (so
 like the paths they judge (``./x`` is ``x``, ``x//y`` and ``x/./y`` are
 ``x/y``); a glob ending in ``/`` denies the directory and everything under it
 (``secrets/`` is ``secrets`` and ``secrets/**``), while ``secrets/**`` leaves
-the directory itself (its listing) allowed. A glob with a ``..`` segment is a
-config error.
+the directory itself (its listing) allowed. A glob with a ``..`` segment, or
+starting with a ``~`` that names no known home directory, is a config error.
 
 Config::
 
@@ -211,6 +211,11 @@ def _normalised_globs(pattern: str, row: str) -> list[str]:
     empty or ``.`` segments (``./x``, ``x//y``, ``x/./y``); a trailing ``/`` is the directory and everything
     under it. A ``..`` segment is refused: it would never match a normalised path."""
     expanded = os.path.expanduser(pattern)
+    if expanded.startswith("~"):
+        # Left as is it would be a relative glob under root, never matching the home directory it names.
+        raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" starts with "~" but '
+                        "names no home directory that can be found; write the absolute path (or \"./~...\" "
+                        "for a directory named so inside root)")
     parts = [part for part in expanded.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" has a ".." segment, '

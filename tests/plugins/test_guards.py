@@ -200,3 +200,16 @@ async def test_deny_paths_are_normalised_like_the_paths_they_judge(boot: Any, tm
         with pytest.raises(Exception, match=re.escape(f'deny_paths pattern "{deny}" of plugin row "guards"')):
             async with boot(*rows(tmp_path, deny_paths=[deny])):
                 pass  # pragma: no cover
+
+
+async def test_a_tilde_glob_that_cannot_be_expanded_is_refused(boot: Any, tmp_path: Path) -> None:
+    """"~nosuchuser/..." would silently become a relative glob under root: the row refuses to load."""
+    deny = "~dsh-no-such-user-xyz/secrets/**"
+    with pytest.raises(Exception, match=re.escape(f'deny_paths pattern "{deny}" of plugin row "guards" starts')):
+        async with boot(*rows(tmp_path, deny_paths=[deny])):
+            pass  # pragma: no cover
+    # A directory named "~x" inside the root is still deniable, spelled "./~x".
+    (tmp_path / "~x").mkdir()
+    (tmp_path / "~x" / "key").write_text("k\n")
+    async with boot(*rows(tmp_path, deny_paths=["./~x/"])) as h:
+        assert (await h.call("read", {"path": "~x/key"})).code == "DENIED"
