@@ -8,7 +8,8 @@ and can only deny: they are the last, monotonic line of the policy.
   ``run_code`` in ``allow_tools`` too.
 * Paths: every string argument named in ``path_arguments`` (``path`` and
   friends by default; lists of strings too) is resolved against ``root``
-  (symlinks followed), which must be the root the tools resolve against (the
+  (symlinks followed, a ``..`` after one both as the system and as the
+  workspace reads it), which must be the root the tools resolve against (the
   workspace root) and is required once ``deny_paths`` or ``allowed_roots`` is
   set. A call is denied when the path falls under a ``deny_paths`` glob, or
   lies outside every ``allowed_roots`` directory (when that list is given).
@@ -173,10 +174,12 @@ class Guards:
         if "\0" in given:
             return f'guards: argument "{key}" contains a NUL character'
         # Every spelling a tool may open: "~" literal and expanded, each as given (under the real root and
-        # under the root as configured) and where its symlinks lead.
-        lexicals = [_lexical(os.path.join(root, spelling))
-                    for spelling in dict.fromkeys((given, os.path.expanduser(given))) for root in self.roots]
-        reals = [os.path.realpath(lexical) for lexical in lexicals]
+        # under the root as configured) and where its symlinks lead: as the system resolves it (a symlink
+        # before a "..": "link/../x" is x beside the link's target) and as the workspace does (".." first).
+        joined = [os.path.join(root, spelling)
+                  for spelling in dict.fromkeys((given, os.path.expanduser(given))) for root in self.roots]
+        lexicals = [_lexical(path) for path in joined]
+        reals = [os.path.realpath(path) for path in dict.fromkeys(lexicals + joined)]
         judged = [(candidate, self._relative(candidate)) for candidate in dict.fromkeys(lexicals + reals)]
         for candidate, relative in judged:
             for pattern, regex, absolute in self.deny_paths:

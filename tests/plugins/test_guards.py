@@ -213,3 +213,17 @@ async def test_a_tilde_glob_that_cannot_be_expanded_is_refused(boot: Any, tmp_pa
     (tmp_path / "~x" / "key").write_text("k\n")
     async with boot(*rows(tmp_path, deny_paths=["./~x/"])) as h:
         assert (await h.call("read", {"path": "~x/key"})).code == "DENIED"
+
+
+async def test_a_symlink_before_dotdot_is_judged_where_the_system_resolves_it(tmp_path: Path) -> None:
+    """"link/../x" is x beside the link's target for open(); the guard judges that file, not root/x."""
+    (tmp_path / "vault" / "inner").mkdir(parents=True)
+    (tmp_path / "vault" / "secrets").mkdir()
+    (tmp_path / "vault" / "secrets" / "key").write_text("k\n")
+    (tmp_path / "link").symlink_to(tmp_path / "vault" / "inner")
+    path = "link/../secrets/key"
+    assert (tmp_path / path).read_text() == "k\n"  # what a tool opening root/path reads
+    verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": ["vault/secrets/**"]},
+                                    path, "link/../notes.txt")
+    assert verdicts[0] is not None and 'matches the denied pattern "vault/secrets/**"' in verdicts[0]
+    assert verdicts[1] is None  # vault/notes.txt (or notes.txt): allowed
