@@ -34,6 +34,10 @@ like the paths they judge (``./x`` is ``x``, ``x//y`` and ``x/./y`` are
 (``secrets/`` is ``secrets`` and ``secrets/**``), while ``secrets/**`` leaves
 the directory itself (its listing) allowed. A glob with a ``..`` segment, or
 starting with a ``~`` that names no known home directory, is a config error.
+Matching is case-sensitive, unless the root's file system looks names up
+ignoring case (macOS and Windows volumes usually do; probed once at load, from
+a name in the root): there ``**/.env`` denies ``.ENV`` too. A case-insensitive
+mount below a case-sensitive root is not detected.
 
 Config::
 
@@ -46,6 +50,7 @@ Config::
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import re
 from typing import Any
@@ -131,6 +136,8 @@ class Guards:
         self.roots = list(dict.fromkeys((self.root, _lexical(root))))
         self.allowed_roots = [os.path.realpath(os.path.join(self.root, os.path.expanduser(r)))
                               for r in config.get("allowed_roots", [])]
+        # Where the root looks names up ignoring case, ".ENV" opens .env: the globs fold case there too.
+        flags = re.DOTALL | re.IGNORECASE if _case_insensitive(self.root) else re.DOTALL
         self.deny_paths: list[tuple[str, re.Pattern[str], bool]] = []
         for pattern in config.get("deny_paths", []):
             globs = _normalised_globs(pattern, self.row)
@@ -141,7 +148,7 @@ class Guards:
                 # denies what the tools open as /tmp/real/secrets/key.
                 globs += [_resolve_prefix(glob) for glob in globs]
             for glob in dict.fromkeys(globs):
-                self.deny_paths.append((pattern, glob_to_regex(glob), absolute))
+                self.deny_paths.append((pattern, re.compile(glob_to_regex(glob).pattern, flags), absolute))
         self.relative_deny = list(dict.fromkeys(pattern for pattern, _regex, absolute in self.deny_paths
                                                 if not absolute))
 
@@ -228,6 +235,32 @@ def _normalised_globs(pattern: str, row: str) -> list[str]:
     if not expanded.endswith("/"):
         return [glob]
     return [glob, "**" if glob == "." else glob.rstrip("/") + "/**"]
+
+
+def _case_insensitive(directory: str) -> bool:
+    """Whether ``directory`` looks names up ignoring case: a name in it (else the directory itself, in its
+    parent) found again with the case of its ASCII letters swapped. A few system calls."""
+    def swapped(name: str) -> str:
+        return "".join(char.swapcase() if char.isascii() else char for char in name)
+
+    probe = None
+    try:
+        with os.scandir(directory) as entries:
+            probe = next((os.path.join(directory, entry.name) for entry in itertools.islice(entries, 64)
+                          if swapped(entry.name) != entry.name), None)
+    except OSError:
+        pass
+    path = directory
+    while probe is None and os.path.dirname(path) != path:
+        probe = path if swapped(os.path.basename(path)) != os.path.basename(path) else None
+        path = os.path.dirname(path)
+    if probe is None:
+        return False
+    parent, name = os.path.split(probe)
+    try:
+        return os.path.samestat(os.lstat(probe), os.lstat(os.path.join(parent, swapped(name))))
+    except OSError:
+        return False
 
 
 def _lexical(path: str) -> str:

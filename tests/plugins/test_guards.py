@@ -227,3 +227,22 @@ async def test_a_symlink_before_dotdot_is_judged_where_the_system_resolves_it(tm
                                     path, "link/../notes.txt")
     assert verdicts[0] is not None and 'matches the denied pattern "vault/secrets/**"' in verdicts[0]
     assert verdicts[1] is None  # vault/notes.txt (or notes.txt): allowed
+
+
+async def test_deny_paths_fold_case_when_the_root_ignores_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a case-insensitive file system (macOS, Windows shares) ".ENV" opens .env: globs then fold case."""
+    from dsh_plugins import guards
+
+    config = {"root": str(tmp_path), "deny_paths": ["**/.env", f"{tmp_path}/secrets/"]}
+    with monkeypatch.context() as patch:
+        patch.setattr(guards, "_case_insensitive", lambda directory: True, raising=False)
+        verdicts = await guard_verdicts(config, ".ENV", "sub/.Env", "SECRETS/key", str(tmp_path / "Secrets"),
+                                        "notes.txt")
+    assert [verdict is not None for verdict in verdicts] == [True, True, True, True, False]
+    # The probe: a name in the root looked up with its case swapped (else the root itself, from its parent).
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "Probe").write_text("")
+    swapped = (tmp_path / "pROBE").exists()
+    assert guards._case_insensitive(str(tmp_path)) is swapped
+    assert guards._case_insensitive(str(tmp_path / "empty")) is swapped
+    assert (await guard_verdicts(config, ".ENV") != [None]) is swapped
