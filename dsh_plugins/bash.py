@@ -6,7 +6,8 @@ that look like credentials are never passed through, even if allowlisted).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
 kept and the middle is dropped. A timeout, an abort of the call, or the end
 of the command kills the whole process group, so nothing it started in the
-background in that group outlives the call.
+background in that group outlives the call (where dsh is PID 1 or a subreaper,
+the killed processes became dsh's children, and it reaps them).
 
 This is not a sandbox: the command runs as dsh's own user, with its files
 and its processes. A process that leaves the group on purpose (``setsid``,
@@ -72,6 +73,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
 KILL_GRACE_S = 0.5
 #: Seconds to keep reading output after the command exited (stragglers holding the pipe are killed).
 DRAIN_S = 1.0
+#: Seconds to wait for killed members of the group that are dsh's children to exit, to reap them.
+REAP_S = 1.0
 
 
 def looks_like_credential(name: str) -> bool:
@@ -222,6 +225,7 @@ class BashTool:
                 await _kill_group(process)
             else:
                 _signal_group(process, signal.SIGKILL)
+            await _reap_group(process)
             for task in (reader, waiter):
                 if not task.done():
                     task.cancel()
@@ -260,6 +264,30 @@ async def _kill_group(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.kill()
     await _exited(process)
+
+
+async def _reap_group(process: asyncio.subprocess.Process) -> None:
+    """Reap the killed members of the shell's group that became dsh's children.
+
+    When dsh is PID 1 (of a container) or a child subreaper, what the shell leaves behind is
+    reparented to dsh, and asyncio waits for the shell's pid only: without this, every killed
+    background process would stay a zombie. Called once the shell is reaped (``returncode`` is
+    set), so ``waitpid(-pgid)`` cannot take the shell's status from asyncio's child watcher;
+    the group id stays the shell's pid while members live, so no other process is waited for.
+    Elsewhere no member is dsh's child and the first call says so (``ChildProcessError``).
+    """
+    assert process.returncode is not None
+    deadline = asyncio.get_running_loop().time() + REAP_S
+    while True:
+        try:
+            pid, _status = os.waitpid(-process.pid, os.WNOHANG)
+        except ChildProcessError:  # no child of dsh left in the group
+            return
+        if pid:
+            continue
+        if asyncio.get_running_loop().time() > deadline:  # one that even SIGKILL does not end at once
+            return
+        await asyncio.sleep(0.01)
 
 
 def _render(_args: Any, value: Any) -> str:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -134,3 +139,61 @@ async def test_bad_input_is_refused_clearly(boot: Any, tmp_path: Path) -> None:
         empty = await h.call("bash", {"command": ""})
         assert empty.code == "INVALID_ARGS"
     assert not (tmp_path / "never").exists()
+
+
+def in_a_process(root: Path, body: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    """Run ``body`` (async code with ``h``, a harness of the bash plugin in ``root``) in a fresh interpreter.
+
+    ``prelude`` runs first, at module level. What the script prints is in ``stdout``; what the
+    interpreter printed at shutdown (unraisable exceptions among them) in ``stderr``.
+    """
+    script = textwrap.dedent("""
+        import asyncio, ctypes, json, os, sys
+        from dsh_core.config import compose
+        from dsh_core.harness import Harness
+        from dsh_core.plugins import PluginCatalog
+        ROOT = {root!r}
+        {prelude}
+        async def main():
+            rows = [{{"id": "bash", "use": "bash", "config": {{"root": ROOT}}}}]
+            h = await Harness.start(compose([("t", {{"tools": {{"mode": "native"}}, "plugins": rows}})], env={{}}),
+                                    catalog=PluginCatalog(strict=True))
+            try:
+        {body}
+            finally:
+                await h.aclose()
+
+        asyncio.run(main())
+        """).format(root=str(root), prelude=prelude, body=textwrap.indent(textwrap.dedent(body), " " * 8))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> None:
+    """As a container's PID 1 (here: a child subreaper), the killed background processes become dsh's
+    children; they are reaped, not left as zombies, and the shell's own exit status is not taken."""
+    done = in_a_process(tmp_path, prelude="assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0",  # SUBREAPER
+                        body="""
+        codes = []
+        for _ in range(3):
+            # Children of the shell, a grandchild whose parent already ended, one whose parent is killed too.
+            result = await h.call("bash", {"command": "sleep 100 & sleep 100 & (sleep 100 &); "
+                                                      "sh -c 'sleep 100 & sleep 100' & echo started"})
+            codes.append(result.value["exit_code"])
+        codes.append((await h.call("bash", {"command": "sleep 100 & exit 7"})).value["exit_code"])
+        await asyncio.sleep(0.5)
+        zombies = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid():
+                zombies.append((pid, fields[0]))
+        print(json.dumps({"codes": codes, "children": zombies}))
+        """)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, 0, 0, 7], "children": []}
