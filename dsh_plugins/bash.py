@@ -33,6 +33,7 @@ import fnmatch
 import os
 import shutil
 import signal
+import subprocess
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
@@ -186,101 +187,109 @@ class BashTool:
             raise ToolError("the command contains a NUL character, which no shell command can carry")
         ctx.signal.raise_if_aborted()
         env = build_environment(dict(os.environ), self.allowlist, self.fixed_env)
+        output = _Output(self.max_output_bytes)
         try:
-            process = await asyncio.create_subprocess_exec(
-                self.shell, "-c", args["command"], cwd=self.root, env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            # loop.subprocess_exec, not create_subprocess_exec: its transport is ours to close, which
+            # a process outside the group that holds the output pipe (setsid) makes necessary.
+            transport, shell = await asyncio.get_running_loop().subprocess_exec(
+                lambda: _Shell(output), self.shell, "-c", args["command"], cwd=self.root, env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True)
         except OSError as error:
             raise ToolError(f"could not start {self.shell}: {error.strerror}") from None
-        output = _Output(self.max_output_bytes)
         aborted = asyncio.Event()
         remove = ctx.signal.add_listener(lambda _reason: aborted.set())
-        reader = asyncio.ensure_future(_pump(process, output))
-        # Not process.wait(): in Python 3.11 it also waits for the pipes to close, which a leftover
-        # background child holds open; the exit status is what tells us the command ended.
-        waiter = asyncio.ensure_future(_exited(process))
+        # The exit, not the end of the output, tells us the command ended: a leftover background
+        # child may hold the pipe open.
+        waiter = asyncio.ensure_future(shell.exited.wait())
         stopper = asyncio.ensure_future(aborted.wait())
         try:
             done, _ = await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done:
-                await _kill_group(process)
+                await _kill_group(transport, shell)
                 raise AbortedError(ctx.signal.reason)
             if waiter not in done:
-                await _kill_group(process)
+                await _kill_group(transport, shell)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(reader, DRAIN_S)
+                    await asyncio.wait_for(shell.drained.wait(), DRAIN_S)
                 raise ToolError(f"command timed out after {timeout:g} s and was killed "
                                 f"(pass a larger timeout, up to {self.max_timeout_s:g}). Output so far:\n"
                                 + (output.text() or "(none)"))
             # The command is done; anything it left in its process group would hold the pipe open.
-            _signal_group(process, signal.SIGKILL)
+            _signal_group(transport, signal.SIGKILL)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(reader), DRAIN_S)
-            exit_code = waiter.result()
+                await asyncio.wait_for(shell.drained.wait(), DRAIN_S)
+            exit_code = transport.get_returncode()
+            assert exit_code is not None
         finally:
             remove()
             stopper.cancel()
-            if process.returncode is None:
-                await _kill_group(process)
-            else:
-                _signal_group(process, signal.SIGKILL)
-            await _reap_group(process)
-            for task in (reader, waiter):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(reader, waiter, stopper, return_exceptions=True)
+            waiter.cancel()
+            try:
+                if transport.get_returncode() is None:
+                    await _kill_group(transport, shell)
+                else:
+                    _signal_group(transport, signal.SIGKILL)
+                await _reap_group(transport)
+            finally:
+                # What still holds the pipe left the group: stop reading it (the straggler's next write
+                # gets EPIPE) rather than keep the pipe and the transport for as long as it lives.
+                transport.close()
+            await asyncio.gather(waiter, stopper, return_exceptions=True)
         return {"exit_code": exit_code, "output": output.text(), "truncated": output.dropped > 0}
 
 
-async def _exited(process: asyncio.subprocess.Process) -> int:
-    """The exit status, polled (the child watcher sets ``returncode`` when the shell exits)."""
-    while process.returncode is None:
-        await asyncio.sleep(0.02)
-    return process.returncode
+class _Shell(asyncio.SubprocessProtocol):
+    """What the running command reports: its output, the end of its output, its exit."""
+
+    def __init__(self, output: _Output) -> None:
+        self.output = output
+        self.drained = asyncio.Event()  # every holder of the output pipe closed it
+        self.exited = asyncio.Event()  # the shell exited (``transport.get_returncode()`` is set)
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.output.feed(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.drained.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
 
 
-async def _pump(process: asyncio.subprocess.Process, output: _Output) -> None:
-    assert process.stdout is not None
-    while True:
-        chunk = await process.stdout.read(65536)
-        if not chunk:
-            return
-        output.feed(chunk)
-
-
-def _signal_group(process: asyncio.subprocess.Process, signum: int) -> None:
+def _signal_group(transport: asyncio.SubprocessTransport, signum: int) -> None:
     # start_new_session=True made the shell a group leader: its pid is the group id.
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signum)
+        os.killpg(transport.get_pid(), signum)
 
 
-async def _kill_group(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM the group, SIGKILL it after a grace period, and reap the shell."""
-    _signal_group(process, signal.SIGTERM)
+async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell) -> None:
+    """SIGTERM the group, SIGKILL it after a grace period, and wait for the shell's exit.
+
+    The shell leads its session, so it never leaves the group: the group's SIGKILL ends it.
+    """
+    _signal_group(transport, signal.SIGTERM)
     with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(_exited(process), KILL_GRACE_S)
-    _signal_group(process, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    await _exited(process)
+        await asyncio.wait_for(shell.exited.wait(), KILL_GRACE_S)
+    _signal_group(transport, signal.SIGKILL)
+    await shell.exited.wait()
 
 
-async def _reap_group(process: asyncio.subprocess.Process) -> None:
+async def _reap_group(transport: asyncio.SubprocessTransport) -> None:
     """Reap the killed members of the shell's group that became dsh's children.
 
     When dsh is PID 1 (of a container) or a child subreaper, what the shell leaves behind is
     reparented to dsh, and asyncio waits for the shell's pid only: without this, every killed
-    background process would stay a zombie. Called once the shell is reaped (``returncode`` is
-    set), so ``waitpid(-pgid)`` cannot take the shell's status from asyncio's child watcher;
+    background process would stay a zombie. Called once the shell is reaped (its returncode is
+    known), so ``waitpid(-pgid)`` cannot take the shell's status from asyncio's child watcher;
     the group id stays the shell's pid while members live, so no other process is waited for.
     Elsewhere no member is dsh's child and the first call says so (``ChildProcessError``).
     """
-    assert process.returncode is not None
+    assert transport.get_returncode() is not None
     deadline = asyncio.get_running_loop().time() + REAP_S
     while True:
         try:
-            pid, _status = os.waitpid(-process.pid, os.WNOHANG)
+            pid, _status = os.waitpid(-transport.get_pid(), os.WNOHANG)
         except ChildProcessError:  # no child of dsh left in the group
             return
         if pid:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -141,11 +143,13 @@ async def test_bad_input_is_refused_clearly(boot: Any, tmp_path: Path) -> None:
     assert not (tmp_path / "never").exists()
 
 
-def in_a_process(root: Path, body: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+def in_a_process(root: Path, body: str, prelude: str = "",
+                 warnings: str = "default") -> subprocess.CompletedProcess[str]:
     """Run ``body`` (async code with ``h``, a harness of the bash plugin in ``root``) in a fresh interpreter.
 
     ``prelude`` runs first, at module level. What the script prints is in ``stdout``; what the
-    interpreter printed at shutdown (unraisable exceptions among them) in ``stderr``.
+    interpreter printed at shutdown (unraisable exceptions among them) in ``stderr``; ``warnings``
+    is its warning filter (by default every warning is shown once, ResourceWarning included).
     """
     script = textwrap.dedent("""
         import asyncio, ctypes, json, os, sys
@@ -166,8 +170,8 @@ def in_a_process(root: Path, body: str, prelude: str = "") -> subprocess.Complet
         asyncio.run(main())
         """).format(root=str(root), prelude=prelude, body=textwrap.indent(textwrap.dedent(body), " " * 8))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
-                          check=False)
+    return subprocess.run([sys.executable, "-W", warnings, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
@@ -197,3 +201,29 @@ def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> 
         """)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, 0, 0, 7], "children": []}
+
+
+def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_path: Path) -> None:
+    """A process that left the group (setsid) and holds the output pipe is not waited for: once the
+    drain is over the call closes its end of the pipe and its subprocess transport, so nothing piles
+    up while the straggler lives, and nothing is left to finalize after the event loop closed."""
+    try:
+        done = in_a_process(tmp_path, body="""
+            await h.call("bash", {"command": "true"})  # what the first call sets up once is not a leak
+            before = len(os.listdir("/proc/self/fd"))
+            outputs = []
+            for n in range(3):
+                # The command waits until the straggler left the group (else the group kill may end it first).
+                result = await h.call("bash", {"command": f"setsid sh -c 'echo $$ > straggler.{n}; exec sleep 60' & "
+                                                          f"until [ -s straggler.{n} ]; do sleep 0.01; done; echo ok"})
+                outputs.append(result.value["output"])
+            await asyncio.sleep(0.2)
+            print(json.dumps({"outputs": outputs, "leaked": len(os.listdir("/proc/self/fd")) - before}))
+            """)
+    finally:
+        for straggler in tmp_path.glob("straggler.*"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(straggler.read_text()), signal.SIGKILL)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"outputs": ["ok\n"] * 3, "leaked": 0}
+    assert "Event loop is closed" not in done.stderr and "unclosed" not in done.stderr, done.stderr
