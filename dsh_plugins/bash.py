@@ -4,7 +4,8 @@ Each call starts ``bash -c COMMAND`` in the workspace root, in a new process
 group, with stdin closed and an environment built from an allowlist (names
 that look like credentials are never passed through, even if allowlisted).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
-kept and the middle is dropped. A timeout, an abort of the call, or the end
+kept and the middle is dropped. The exit code is the shell's, reported as a
+shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
 of the command kills the whole process group, so nothing it started in the
 background in that group outlives the call (where dsh is PID 1 or a subreaper,
 the killed processes became dsh's children, and it reaps them).
@@ -168,7 +169,9 @@ class BashTool:
             },
             output_schema={
                 "type": "object",
-                "properties": {"exit_code": {"type": "integer"}, "output": {"type": "string"},
+                "properties": {"exit_code": {"type": "integer",
+                                             "description": "128+N if the shell was killed by signal N"},
+                               "output": {"type": "string"},
                                "truncated": {"type": "boolean"}},
                 "required": ["exit_code", "output", "truncated"],
             },
@@ -219,8 +222,9 @@ class BashTool:
             _signal_group(transport, signal.SIGKILL)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(shell.drained.wait(), DRAIN_S)
-            exit_code = transport.get_returncode()
-            assert exit_code is not None
+            returncode = transport.get_returncode()
+            assert returncode is not None
+            exit_code = returncode if returncode >= 0 else 128 - returncode  # -N: killed by signal N
         finally:
             remove()
             stopper.cancel()

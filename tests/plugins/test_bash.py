@@ -56,6 +56,15 @@ async def test_runs_in_the_root_and_reports_output_and_exit_code(boot: Any, tmp_
         assert stdin.value["exit_code"] == 0
 
 
+async def test_a_shell_killed_by_a_signal_reports_128_plus_the_signal(boot: Any, tmp_path: Path) -> None:
+    """Like a shell's ``$?``: 137 for SIGKILL, not Python's negative returncode."""
+    async with boot(bash(tmp_path)) as h:
+        killed = await h.call("bash", {"command": "echo before; kill -9 $$"})
+        terminated = await h.call("bash", {"command": "kill -TERM $$"})
+    assert killed.value == {"exit_code": 137, "output": "before\n", "truncated": False}
+    assert killed.text == "before\n[exit code 137]" and terminated.value["exit_code"] == 143
+
+
 async def test_credentials_are_never_passed_through(boot: Any, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Only allowlisted variables reach the command; credential-like names never do."""
