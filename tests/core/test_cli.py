@@ -399,3 +399,55 @@ def test_json_output_stays_valid_json_on_a_stdout_that_cannot_encode_it(
             catch_exceptions=False)
         assert result.exit_code == 0, (charset, result.output)
         assert json.loads(result.stdout_bytes.decode(charset))["value"]["said"] == text, charset
+
+
+def _dsh_on(terminal: bool, *args: str, cwd: Path) -> tuple[int, bytes, bytes]:
+    """``python -m dsh_core ARGS``: exit code, stdout, stderr; both on one pty if ``terminal``, else pipes."""
+    import os
+    import pty
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    command = [sys.executable, "-m", "dsh_core", *args]
+    if not terminal:
+        done = subprocess.run(command, cwd=cwd, env=environ, capture_output=True, timeout=60, check=False)
+        return done.returncode, done.stdout, done.stderr
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(command, cwd=cwd, env=environ, stdout=follower, stderr=follower,
+                               stdin=subprocess.DEVNULL)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return process.wait(timeout=60), shown, b""
+
+
+def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_them(tmp_path: Path) -> None:
+    """A tool's text (here a command's output: a carriage return, a title-setting OSC, a screen clear)
+    is escaped on a terminal, on stdout and, for a failed call, on stderr; into a pipe it is data."""
+    (tmp_path / "bash.toml").write_text(textwrap.dedent(f"""
+        [tools]
+        mode = "native"
+
+        [[plugins]]
+        id = "bash"
+        use = "bash"
+        config = {{ root = {json.dumps(str(tmp_path))} }}
+        """))
+    ok = ["--config", "bash.toml", "tools", "call", "bash",
+          "--args", json.dumps({"command": r"printf 'one\rX\033]0;TITLE\007\ttab\n'"})]
+    assert _dsh_on(True, *ok, cwd=tmp_path) == (
+        0, b"one\\rX\\x1b]0;TITLE\\x07\ttab\r\n[exit code 0]\r\n", b"")
+    assert _dsh_on(False, *ok, cwd=tmp_path) == (0, b"one\rX\x1b]0;TITLE\x07\ttab\n[exit code 0]\n", b"")
+    failed = ["--config", "bash.toml", "tools", "call", "bash",
+              "--args", json.dumps({"command": r"printf 'late\033[2J'; sleep 30", "timeout": 0.5})]
+    code, shown, _ = _dsh_on(True, *failed, cwd=tmp_path)
+    assert code == 1 and shown.endswith(b"Output so far:\r\nlate\\x1b[2J\r\n") and b"\x1b" not in shown
+    code, out, err = _dsh_on(False, *failed, cwd=tmp_path)
+    assert code == 1 and out == b"" and err.endswith(b"Output so far:\nlate\x1b[2J\n")
