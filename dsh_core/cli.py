@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dsh_core.clirun import echo_json, fail, run_async, visible
+from dsh_core.clirun import echo_json, echo_outside_text, fail, run_async
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps, thaw
 
@@ -246,15 +246,10 @@ def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | Non
         return result
 
     result = _boot_and_run(load_config(_configs(ctx, configs)), work)
-    # The text is the tool's (a command's output, a fetched page): on a terminal, what would drive it
-    # (a carriage return, a title or clipboard sequence) is shown escaped; into a pipe it is data,
-    # written as is (color=True: click would strip only some of the sequences, which is neither).
     if as_json:
         emit_json(result_json(result))
-    elif (sys.stderr if result.is_error else sys.stdout).isatty():
-        click.echo(visible(result.text, lines=True), err=result.is_error)
     else:
-        click.echo(result.text, err=result.is_error, color=True)
+        echo_outside_text(result.text, err=result.is_error)
     sys.exit(1 if result.is_error else 0)
 
 

@@ -71,6 +71,19 @@ def visible(text: str, *, lines: bool = False) -> str:
     return pattern.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def echo_outside_text(text: str, *, err: bool = False) -> None:
+    """Print text a model or a tool wrote (an answer, a command's output, a fetched page).
+
+    On a terminal, what would drive it (a carriage return, a title or clipboard sequence)
+    is shown escaped; into a pipe the text is data, written exactly as is (``color=True``:
+    click would otherwise strip only some of the sequences, which is neither safe nor faithful).
+    """
+    if (sys.stderr if err else sys.stdout).isatty():
+        click.echo(visible(text, lines=True), err=err)
+    else:
+        click.echo(text, err=err, color=True)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``dsh: error: message`` to stderr and exit.
 

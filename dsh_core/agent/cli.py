@@ -23,7 +23,7 @@ from rich.markup import escape as escape_markup
 from dsh_core.abort import AbortController
 from dsh_core.agent.loop import LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
 from dsh_core.agent.provider import Message
-from dsh_core.clirun import fail, run_async, visible
+from dsh_core.clirun import echo_outside_text, fail, run_async, visible
 from dsh_core.config import Deployment
 from dsh_core.errors import DshError
 
@@ -124,12 +124,7 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
     except DshError as error:
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
     if result.answer is not None:
-        # On a terminal the model's escape sequences are shown, not obeyed; a pipe gets the answer as
-        # written (color=True: click would strip only some of them, which is neither).
-        if sys.stdout.isatty():
-            click.echo(visible(result.answer, lines=True))
-        else:
-            click.echo(result.answer, color=True)
+        echo_outside_text(result.answer)
     if not result.ok:
         detail = result.error or str(result.reason)
         resume = f" (session {result.session_id})" if result.session_id else ""

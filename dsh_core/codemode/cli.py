@@ -32,6 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 import click
 
 from dsh_core.cli import _boot_and_run, _configs, config_option, emit_json, fail, load_config
+from dsh_core.clirun import echo_outside_text
 from dsh_core.lossless import thaw
 
 # `dsh --help` imports this module: Code Mode itself is imported in the command bodies.
@@ -132,10 +133,8 @@ def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, de
     document = run_code_json(result, record)
     if as_json:
         emit_json(document)
-    elif result.is_error:
-        click.echo(result.text, err=True)
     else:
-        click.echo(result.text)
+        echo_outside_text(result.text, err=result.is_error)
     sys.exit(0 if document["outcome"] == "completed" else 1)
 
 

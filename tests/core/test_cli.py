@@ -451,3 +451,11 @@ def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_t
     assert code == 1 and shown.endswith(b"Output so far:\r\nlate\\x1b[2J\r\n") and b"\x1b" not in shown
     code, out, err = _dsh_on(False, *failed, cwd=tmp_path)
     assert code == 1 and out == b"" and err.endswith(b"Output so far:\nlate\x1b[2J\n")
+
+
+def test_run_code_on_a_terminal_shows_the_programs_escape_sequences_not_obeys_them(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text('print("a\\x1b]0;TITLE\\x07b\\rX")\nreturn 1\n')
+    code, shown, _ = _dsh_on(True, "run-code", "prog.py", cwd=tmp_path)  # stderr's mode note shares the pty
+    assert code == 0 and shown.endswith(b"\r\na\\x1b]0;TITLE\\x07b\\rX\r\n1\r\n") and b"\x1b" not in shown
+    code, out, _ = _dsh_on(False, "run-code", "prog.py", cwd=tmp_path)
+    assert (code, out) == (0, b"a\x1b]0;TITLE\x07b\rX\n1\n")
