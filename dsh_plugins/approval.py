@@ -13,7 +13,14 @@ voted on: every call its program makes passes this policy on its own.
 
 An ask is answered on the controlling terminal (``/dev/tty``, or ``terminal``
 in the config): a prompt names the tool and its arguments and reads ``y``/``n``
-without blocking the event loop. Without a terminal the channel does not
+without blocking the event loop. Nothing of the arguments is dropped unsaid:
+short scalar arguments come first, in full, in the order the tool declares them;
+a long value shows its head and tail around the count of characters not shown;
+a run of 16 or more whitespace characters shows as its count (``[2,100 spaces]``),
+so padding cannot push what follows it away; control characters, escape
+sequences and bidi overrides show as ``\\u`` escapes. When something is not
+shown the prompt says so, and the answer ``s`` shows every argument in full
+before the question is asked again. Without a terminal the channel does not
 answer, the outcome is ``unavailable`` and the call is denied with a message
 saying how to allow the tool in the config.
 
@@ -32,13 +39,15 @@ import contextlib
 import fnmatch
 import json
 import os
+import re
 import termios
-from collections.abc import Awaitable
-from typing import Any
+from collections import Counter
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
 
 from dsh_core import ApprovalOutcome, ApprovalRequest, PreDecision, Scope, ToolExecution, hookimpl, plugin
 
-__all__ = ["plugin", "ApprovalPolicy", "PRESETS"]
+__all__ = ["plugin", "ApprovalPolicy", "PRESETS", "describe_arguments"]
 
 PRESETS = ("read-only", "workspace-write", "full")
 
@@ -62,7 +71,17 @@ CONFIG_SCHEMA: dict[str, Any] = {
     },
 }
 
-MAX_ARGUMENT_CHARS = 2000
+# How the prompt shows arguments, in characters of the display. A scalar argument of at most
+# SHORT_CHARS is listed first (in the tool's declared order) and always in full; a longer value
+# shows its first VALUE_HEAD and last VALUE_TAIL characters and counts what is cut between them;
+# past PROMPT_CHARS the remaining arguments are counted, not listed. Whatever is cut is said, and
+# the answer "s" shows every argument in full. Whitespace runs of WHITESPACE_RUN or more
+# characters are shown as their count ("[2,100 spaces]"), so padding cannot push anything away.
+SHORT_CHARS = 200
+VALUE_CHARS, VALUE_HEAD, VALUE_TAIL = 1000, 500, 400
+KEY_CHARS, KEY_HEAD, KEY_TAIL = 120, 60, 40
+PROMPT_CHARS = 6000
+WHITESPACE_RUN = 16
 
 
 def _matches(name: str, patterns: list[str]) -> str | None:
@@ -163,36 +182,52 @@ class ApprovalPolicy:
             async with self._lock:
                 if request.signal.aborted:
                     return ApprovalOutcome.CANCELLED
-                # Keys typed before the question (a "y" meant for an earlier prompt, or typed
-                # while the agent worked) must not answer it: only what is typed after counts.
-                if not _background_job_of(fd):  # there tcflush would stop dsh (SIGTTOU) before it asks
-                    with contextlib.suppress(termios.error):
-                        termios.tcflush(fd, termios.TCIFLUSH)
-                if not await _write_all(fd, self._prompt(request), request):
-                    return ApprovalOutcome.CANCELLED
-                answer = await _read_line(fd, request)
-                if answer is None:
-                    with contextlib.suppress(OSError):
-                        os.write(fd, b"\n(cancelled)\n")  # a courtesy: not waited for
-                    return ApprovalOutcome.CANCELLED
-                allowed = answer.strip().lower() in ("y", "yes")
+                full = False
+                while True:
+                    # Keys typed before the question (a "y" meant for an earlier prompt, or typed
+                    # while the agent worked) must not answer it: only what is typed after counts.
+                    if not _background_job_of(fd):  # there tcflush would stop dsh (SIGTTOU) before it asks
+                        with contextlib.suppress(termios.error):
+                            termios.tcflush(fd, termios.TCIFLUSH)
+                    if not await _write_all(fd, self._prompt(request, full=full), request):
+                        return ApprovalOutcome.CANCELLED
+                    answer = await _read_line(fd, request)
+                    if answer is None:
+                        with contextlib.suppress(OSError):
+                            os.write(fd, b"\n(cancelled)\n")  # a courtesy: not waited for
+                        return ApprovalOutcome.CANCELLED
+                    answer = answer.strip().lower()
+                    if answer not in ("s", "show"):
+                        break
+                    full = True  # every argument in full, then the same question again
+                allowed = answer in ("y", "yes")
                 return ApprovalOutcome.ALLOWED if allowed else ApprovalOutcome.REJECTED
         finally:
             os.close(fd)
 
-    def _prompt(self, request: ApprovalRequest) -> bytes:
+    def _prompt(self, request: ApprovalRequest, *, full: bool = False) -> bytes:
         execution = request.execution
-        # ensure_ascii escapes control characters: arguments cannot drive the terminal.
-        arguments = json.dumps(execution.arguments, ensure_ascii=True, sort_keys=True)
-        if len(arguments) > MAX_ARGUMENT_CHARS:
-            arguments = arguments[:MAX_ARGUMENT_CHARS] + f"... ({len(arguments)} characters)"
+        lines, complete = describe_arguments(execution.arguments, self._declared_order(execution), full=full)
         where = f" in {self.root}" if self.root else ""
-        lines = [f"\ndsh: the agent wants to run tool \"{execution.name}\"{where} with arguments:",
-                 f"  {arguments}"]
+        if full:
+            head = f"\ndsh: every argument of tool \"{execution.name}\", in full:"
+        else:
+            head = f"\ndsh: the agent wants to run tool \"{execution.name}\"{where} with arguments:"
+        lines.insert(0, head)
         if execution.nested:
             lines.append("  (called from inside a run_code program)")
+        if not complete:
+            lines.append("  Not everything is shown: answer s to see every argument in full.")
         lines.append(f'Allow "{execution.name}"? [y/N] ')
         return "\n".join(lines).encode("ascii", errors="replace")
+
+    def _declared_order(self, execution: ToolExecution) -> list[str]:
+        """The tool's parameters in the order its schema declares them (empty when unknown)."""
+        registry = self.scope.lookup("tools")
+        definition = None if registry is None else registry.get(execution.name, execution.agent)
+        parameters = None if definition is None else definition.parameters
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        return [str(name) for name in properties] if isinstance(properties, Mapping) else []
 
 
 def _background_job_of(fd: int) -> bool:
@@ -258,6 +293,203 @@ async def _read_line(fd: int, request: ApprovalRequest) -> str | None:
         return line.result() if await request.signal.until(line) else None
     finally:
         loop.remove_reader(fd)
+
+
+# --------------------------------------------------------------------------- how arguments are shown
+#
+# A value becomes a list of chunks: LIT is text of a string argument (shown JSON-escaped, so
+# control characters, escape sequences and bidi overrides show as \u escapes, and inside quotes),
+# MARK a note outside the quotes (a whitespace run's count, or what a cut left out), SYN the
+# JSON around them (brackets, separators, numbers). Every chunk knows how many characters of the
+# value it stands for, so a cut can say exactly how many it hides.
+
+LIT, MARK, SYN = "lit", "mark", "syn"
+
+_WHITESPACE = re.compile(rf"\s{{{WHITESPACE_RUN},}}")
+_BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_NAMES = {" ": ("space", "spaces"), "\n": ("newline", "newlines"), "\t": ("tab", "tabs"),
+          "\r": ("carriage return", "carriage returns")}
+
+
+class _Chunk(NamedTuple):
+    kind: str
+    shown: str  # what the terminal displays
+    size: int  # characters of the value it stands for
+    raw: str = ""  # LIT and SYN: the text itself (a cut may take part of it)
+
+
+def _escape(text: str) -> str:
+    return json.dumps(text, ensure_ascii=True)[1:-1]
+
+
+def _lit(text: str) -> _Chunk:
+    return _Chunk(LIT, _escape(text), len(text), text)
+
+
+def _syn(text: str) -> _Chunk:
+    return _Chunk(SYN, text, len(text), text)
+
+
+def _run_marker(run: str) -> _Chunk:
+    """``[2,100 spaces]``; a mixed run counts each kind: ``[12 whitespace characters: 10 spaces, 2 newlines]``."""
+    parts = []
+    for char, count in Counter(run).items():
+        if char in _NAMES:
+            parts.append(f"{count:,} {_NAMES[char][count != 1]}")
+        else:
+            parts.append(f"{count:,} x U+{ord(char):04X}")
+    text = parts[0] if len(parts) == 1 else f"{len(run):,} whitespace characters: {', '.join(parts)}"
+    return _Chunk(MARK, f"[{text}]", len(run))
+
+
+def _string_chunks(text: str) -> list[_Chunk]:
+    if not text:
+        return [_Chunk(SYN, '""', 0)]
+    chunks: list[_Chunk] = []
+    start = 0
+    for run in _WHITESPACE.finditer(text):
+        if run.start() > start:
+            chunks.append(_lit(text[start:run.start()]))
+        chunks.append(_run_marker(run.group()))
+        start = run.end()
+    if start < len(text):
+        chunks.append(_lit(text[start:]))
+    return chunks
+
+
+def _value_chunks(value: object) -> list[_Chunk]:
+    """The chunks of a JSON value, walked without recursion (a deeply nested value is fine)."""
+    chunks: list[_Chunk] = []
+    stack: list[tuple[bool, object]] = [(False, value)]  # (is syntax, item)
+    while stack:
+        syntax, item = stack.pop()
+        if syntax:
+            chunks.append(_syn(cast(str, item)))
+        elif isinstance(item, str):
+            chunks.extend(_string_chunks(item))
+        elif isinstance(item, Mapping):
+            todo: list[tuple[bool, object]] = [(True, "{")]
+            for index, (key, member) in enumerate(item.items()):
+                if index:
+                    todo.append((True, ", "))
+                todo += [(False, str(key)), (True, ": "), (False, member)]
+            todo.append((True, "}"))
+            stack.extend(reversed(todo))
+        elif isinstance(item, (list, tuple)):
+            todo = [(True, "[")]
+            for index, member in enumerate(item):
+                if index:
+                    todo.append((True, ", "))
+                todo.append((False, member))
+            todo.append((True, "]"))
+            stack.extend(reversed(todo))
+        else:  # a number, true, false, null: plain ASCII
+            chunks.append(_syn(json.dumps(item, ensure_ascii=True, default=repr)))
+    return chunks
+
+
+def _width(chunks: list[_Chunk]) -> int:
+    return sum(len(chunk.shown) for chunk in chunks)
+
+
+def _part(chunk: _Chunk, room: int, from_end: bool) -> _Chunk | None:
+    """As much of a LIT or SYN chunk as ``room`` display characters hold, from its start or end."""
+    if chunk.kind == MARK or room <= 0:
+        return None
+    raw = chunk.raw[-room:] if from_end else chunk.raw[:room]  # each character shows as one or more
+    if chunk.kind == SYN:
+        return _syn(raw)
+    used = taken = 0
+    for char in reversed(raw) if from_end else raw:  # an escape (\u202e) is never split
+        width = len(_escape(char))
+        if used + width > room:
+            break
+        used += width
+        taken += 1
+    if not taken:
+        return None
+    return _lit(raw[len(raw) - taken:] if from_end else raw[:taken])
+
+
+def _cut(chunks: list[_Chunk], limit: int, head: int, tail: int) -> tuple[list[_Chunk], int]:
+    """``chunks`` if they show in ``limit`` characters; else their head and tail around a count of the rest."""
+    if _width(chunks) <= limit:
+        return chunks, 0
+    ends: list[list[_Chunk]] = []
+    for budget, from_end in ((head, False), (tail, True)):
+        kept: list[_Chunk] = []
+        room = budget
+        for chunk in reversed(chunks) if from_end else chunks:
+            if len(chunk.shown) > room:
+                piece = _part(chunk, room, from_end)
+                if piece is not None:
+                    kept.append(piece)
+                break
+            kept.append(chunk)
+            room -= len(chunk.shown)
+        ends.append(kept)
+    front, back = ends[0], ends[1][::-1]
+    hidden = sum(c.size for c in chunks) - sum(c.size for c in front) - sum(c.size for c in back)
+    return [*front, _Chunk(MARK, f"... [{hidden:,} characters not shown] ...", hidden), *back], hidden
+
+
+def _join(chunks: list[_Chunk]) -> str:
+    """The display: LIT text in quotes, MARK notes outside them (``"a" [2,100 spaces] "b"``)."""
+    out: list[str] = []
+    previous = ""
+    for chunk in chunks:
+        if chunk.kind == LIT and previous != LIT:
+            out.append(' "' if previous == MARK else '"')
+        elif chunk.kind != LIT and previous == LIT:
+            out.append('"')
+        if chunk.kind == MARK and previous in (LIT, MARK):
+            out.append(" ")
+        out.append(chunk.shown)
+        previous = chunk.kind
+    if previous == LIT:
+        out.append('"')
+    return "".join(out)
+
+
+def describe_arguments(arguments: object, order: Sequence[str] = (), *, full: bool = False) -> tuple[list[str], bool]:
+    """The prompt's lines for ``arguments``, and whether they show everything.
+
+    Short scalar arguments come first, in ``order`` (the tool's declared
+    properties; others after, as given), then the rest. Unless ``full``, a
+    long key or value shows its head and tail and counts what is cut, and
+    arguments past :data:`PROMPT_CHARS` are counted, not listed.
+    """
+    if not isinstance(arguments, Mapping):
+        chunks, hidden = _value_chunks(arguments), 0
+        if not full:
+            chunks, hidden = _cut(chunks, VALUE_CHARS, VALUE_HEAD, VALUE_TAIL)
+        return [f"  {_join(chunks)}"], not hidden
+    if not arguments:
+        return ["  (none)"], True
+    rank = {name: index for index, name in enumerate(order)}
+    entries = []
+    for index, (key, value) in enumerate(arguments.items()):
+        chunks = _value_chunks(value)
+        short = not isinstance(value, (Mapping, list, tuple)) and _width(chunks) <= SHORT_CHARS
+        entries.append(((not short, rank.get(key, len(rank)), index), str(key), chunks))
+    entries.sort(key=lambda entry: entry[0])
+    lines: list[str] = []
+    complete = True
+    used = 0
+    for count, (_, key, value_chunks) in enumerate(entries):
+        key_chunks, shown = [_syn(key)] if _BARE_KEY.fullmatch(key) else _string_chunks(key), value_chunks
+        if not full:
+            key_chunks, hidden_key = _cut(key_chunks, KEY_CHARS, KEY_HEAD, KEY_TAIL)
+            shown, hidden_value = _cut(value_chunks, VALUE_CHARS, VALUE_HEAD, VALUE_TAIL)
+            complete = complete and not hidden_key and not hidden_value
+        line = f"  {_join(key_chunks)}: {_join(shown)}"
+        if not full and lines and used + len(line) > PROMPT_CHARS:
+            left = len(entries) - count
+            lines.append(f"  ... [{left:,} more argument{'s' if left != 1 else ''} not shown]")
+            return lines, False
+        lines.append(line)
+        used += len(line)
+    return lines, complete
 
 
 @plugin(config_schema=CONFIG_SCHEMA)

