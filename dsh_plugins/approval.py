@@ -8,8 +8,15 @@ Presets decide, from each tool's ``annotations``:
 * ``full``: everything runs.
 
 ``allow`` and ``deny`` list tool names (``fnmatch`` globs) that are always
-allowed or always denied, whatever the preset. ``run_code`` itself is never
-voted on: every call its program makes passes this policy on its own.
+allowed or always denied, whatever the preset; they apply to ``run_code`` too.
+Where the code runtime's isolation in force is L2 or above, the presets do not
+vote on ``run_code`` itself: its program can reach nothing but through tool
+calls, and every call it makes passes this policy on its own. Below L2 (or when
+the level cannot be known) a program can touch files, the network and processes
+directly, so ``run_code`` is voted on as an unconfined tool: denied under
+``read-only``, asked under ``workspace-write``, run under ``full``. The level is
+read only when ``run_code`` is called (a cap of ``L0``/``L1`` in the config
+answers at once; otherwise the level is detected once, off the event loop).
 
 An ask is answered on the controlling terminal (``/dev/tty``, or ``terminal``
 in the config): a prompt names the tool and its arguments and reads ``y``/``n``
@@ -51,8 +58,11 @@ __all__ = ["plugin", "ApprovalPolicy", "PRESETS", "describe_arguments"]
 
 PRESETS = ("read-only", "workspace-write", "full")
 
-#: The Code Mode transport: its nested calls are voted on one by one, so the transport itself is not.
+#: The Code Mode transport: at isolation L2+ its nested calls are voted on one by one, and it is not.
 TRANSPORT = "run_code"
+
+#: The isolation level from which a program can only act through its (voted) tool calls.
+CONFINED_LEVEL = 2
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -114,6 +124,8 @@ class ApprovalPolicy:
         self.terminal: str = config.get("terminal", "/dev/tty")
         self.root: str | None = config.get("root")
         self._lock: asyncio.Lock | None = None
+        # The code runtime whose isolation is being (or was) read, and the reading.
+        self._isolation: tuple[object, asyncio.Future[str]] | None = None
 
     def _annotations(self, execution: ToolExecution) -> dict[str, Any] | None:
         registry = self.scope.lookup("tools")
@@ -127,11 +139,12 @@ class ApprovalPolicy:
                 f'([[plugins]] id = "{self.row}", config.allow = ["{name}"]) or set its preset to "full"')
 
     @hookimpl
-    def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision | None:
-        """Vote by the preset and the allow/deny lists; abstain for ``run_code`` and unknown tools."""
+    def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision | Awaitable[PreDecision | None] | None:
+        """Vote by the preset and the allow/deny lists; abstain for unknown tools.
+
+        ``run_code`` gets a coroutine: its vote depends on the code runtime's isolation.
+        """
         name = execution.name
-        if name == TRANSPORT:
-            return None
         denied_by = _matches(name, self.deny)
         if denied_by is not None:
             return PreDecision.deny(f'tool "{name}" is denied by the approval config '
@@ -140,7 +153,9 @@ class ApprovalPolicy:
             return PreDecision.allow()
         annotations = self._annotations(execution)
         if annotations is None:
-            return None  # an unknown tool fails at dispatch with UNKNOWN_TOOL
+            return None  # an unknown tool (run_code in native mode too) fails at dispatch with UNKNOWN_TOOL
+        if name == TRANSPORT:
+            return self._vote_on_transport(execution)
         read_only = annotations.get("read_only") is True
         if self.preset == "read-only":
             if read_only:
@@ -152,6 +167,52 @@ class ApprovalPolicy:
             return PreDecision.allow()
         return PreDecision.ask(f'tool "{name}" is neither read-only nor confined to the workspace; '
                                + self._hint(name))
+
+    async def _vote_on_transport(self, execution: ToolExecution) -> PreDecision | None:
+        """Abstain where programs are confined (L2+); else vote on run_code as an unconfined tool."""
+        level, described = await self._isolation_level(execution)
+        if execution.signal.aborted:
+            return None  # aborted while the level was read: the core settles it before dispatch, unrun
+        if level is not None and level >= CONFINED_LEVEL:
+            return None  # the program acts only through its calls, and each is voted on
+        name = execution.name
+        why = (f'tool "{name}" runs programs that can touch files, the network and processes directly: '
+               f"the code runtime's isolation {described}, below L{CONFINED_LEVEL}")
+        if self.preset == "read-only":
+            return PreDecision.deny(f'{why}, and the approval preset is "read-only"; '
+                                    + self._hint(name).replace(' or set its preset to "full"',
+                                                               ' or set its preset to "workspace-write" or "full"'))
+        return PreDecision.ask(f"{why}; " + self._hint(name))
+
+    async def _isolation_level(self, execution: ToolExecution) -> tuple[int | None, str]:
+        """The code runtime's isolation level in force (``None``: not known) and how to name it.
+
+        A configured cap below L2 answers without starting anything. Otherwise the
+        runtime's ``isolation`` descriptor is read in a thread (reading it may start
+        a worker to detect the level), once per runtime and shared by concurrent
+        calls; an abort stops the wait, not the reading.
+        """
+        runtime = self.scope.lookup("code_runtime")
+        if runtime is None:
+            return None, 'is not known (no "code_runtime" service)'
+        cap = getattr(getattr(runtime, "config", None), "isolation", None)
+        if isinstance(cap, str) and re.fullmatch(r"L[0-9]", cap) and int(cap[1]) < CONFINED_LEVEL:
+            return int(cap[1]), f'is capped at {cap} (code_runtime.isolation = "{cap}")'
+        known = self._isolation
+        if known is None or known[0] is not runtime or _failed(known[1]):  # a failed reading is tried again
+            started = asyncio.ensure_future(asyncio.to_thread(lambda: str(runtime.isolation)))
+            started.add_done_callback(_failed)  # its exception counts as retrieved
+            known = self._isolation = (runtime, started)
+        reading = known[1]
+        if not await execution.signal.until(reading):
+            return None, "is not known yet"
+        if _failed(reading):
+            return None, f"could not be read ({reading.exception() if not reading.cancelled() else 'cancelled'})"
+        descriptor = reading.result()
+        found = re.match(r"L([0-9])\b", descriptor)
+        if found is None:
+            return None, f"is {descriptor.partition(' (')[0] or 'not known'}"
+        return int(found.group(1)), f"is L{found.group(1)}"
 
     @hookimpl
     def dsh_approve(self, request: ApprovalRequest) -> Awaitable[ApprovalOutcome] | None:
@@ -228,6 +289,11 @@ class ApprovalPolicy:
         parameters = None if definition is None else definition.parameters
         properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
         return [str(name) for name in properties] if isinstance(properties, Mapping) else []
+
+
+def _failed(future: asyncio.Future[Any]) -> bool:
+    """True if ``future`` is done without a result (its exception, if any, is retrieved)."""
+    return future.done() and (future.cancelled() or future.exception() is not None)
 
 
 def _background_job_of(fd: int) -> bool:

@@ -10,6 +10,7 @@ import pty
 import subprocess
 import sys
 import termios
+import threading
 import time
 import types
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from dsh_core import AbortController, Scope, define_tool, hookimpl
+from dsh_core.boot import start_harness
 from dsh_core.config import compose
 from dsh_core.harness import Harness
 from dsh_core.model import ApprovalOutcome
@@ -246,6 +248,166 @@ def test_the_display_escapes_counts_whitespace_and_never_drops_silently() -> Non
     assert not describe_arguments({"deep": deep})[1]
     assert describe_arguments("not an object") == (['  "not an object"'], True)
     assert describe_arguments({" odd key": ""}) == (['  " odd key": ""'], True)
+
+
+@contextlib.asynccontextmanager
+async def _code_harness(workspace: Path, isolation: str, mode: str = "code",
+                        **approval: object) -> AsyncIterator[Harness]:
+    """The production composition (the real run_code and code runtime), in code mode by default."""
+    deployment = compose([("test", {"tools": {"mode": mode}, "code_runtime": {"isolation": isolation},
+                                    "plugins": [*rows(workspace, **approval)[::2],
+                                                {"id": "code-mode", "use": "code-mode"}]})], env={})
+    running = await start_harness(deployment, catalog=PluginCatalog(strict=True))
+    try:
+        yield running
+    finally:
+        await running.aclose()
+
+
+def _writes_outside(target: Path) -> dict[str, str]:
+    return {"code": f"open({str(target)!r}, 'w').write('x')\nreturn 'written'", "description": "Write a file"}
+
+
+async def test_run_code_is_voted_on_as_an_unconfined_tool_below_l2(tmp_path: Path) -> None:
+    """Capped below L2, a program touches files itself: read-only denies run_code, workspace-write asks,
+    full runs it, and deny globs apply to it; the cap answers without building the code runtime, and in
+    native mode (no run_code) nothing is read."""
+    target = tmp_path / "outside.txt"
+    (tmp_path / "ws").mkdir()
+    async with _code_harness(tmp_path / "ws", "L1", preset="read-only") as h:
+        result = await h.call("run_code", _writes_outside(target))
+        assert result.code == "DENIED" and not h.root.lookup("code_runtime").built
+    assert ('tool "run_code" runs programs that can touch files, the network and processes directly: the code '
+            "runtime's isolation is capped at L1 (code_runtime.isolation = \"L1\"), below L2, and the approval "
+            'preset is "read-only"') in result.text
+    assert 'add "run_code" to allow in the config of plugin row "policy"' in result.text
+    async with _code_harness(tmp_path / "ws", "L1", preset="workspace-write") as h:
+        result = await h.call("run_code", _writes_outside(target))
+    assert result.code == "DENIED" and "no approval channel is available" in result.text
+    assert "isolation is capped at L1" in result.text
+    async with _code_harness(tmp_path / "ws", "auto", preset="full", deny=["run_*"]) as h:
+        result = await h.call("run_code", _writes_outside(target))
+        assert not h.root.lookup("code_runtime").built
+    assert result.code == "DENIED" and 'deny pattern "run_*" in plugin row "policy"' in result.text
+    async with _code_harness(tmp_path / "ws", "auto", mode="native", preset="workspace-write") as h:
+        result = await h.call("run_code", _writes_outside(target))  # no run_code here: nothing to vote on
+        assert result.code == "UNKNOWN_TOOL" and not h.root.lookup("code_runtime").built
+    assert not target.exists()
+    async with _code_harness(tmp_path / "ws", "L1", preset="full") as h:
+        result = await h.call("run_code", _writes_outside(target))
+    assert result.error is None and target.read_text() == "x"
+
+
+async def test_run_code_at_l2_and_above_is_left_to_the_votes_on_its_calls(tmp_path: Path) -> None:
+    """Where programs are confined (auto detects L2+ here), read-only lets run_code run and denies its write."""
+    (tmp_path / "ws").mkdir()
+    program = {"code": "try:\n    await tools.write(path='a.txt', content='x')\nexcept ToolCallError as e:\n"
+                       "    return str(e)\nreturn await tools.read(path='b.txt')", "description": "Try to write"}
+    (tmp_path / "ws" / "b.txt").write_text("read\n")
+    async with _code_harness(tmp_path / "ws", "auto", preset="read-only") as h:
+        result = await h.call("run_code", program)
+        level = h.root.lookup("code_runtime").isolation  # known by now: the vote read it
+    if not level.startswith(("L2", "L3")):
+        pytest.skip(f"this host's strongest isolation is {level}")
+    assert result.error is None, result.text
+    assert 'tool "write" may change things and the approval preset is "read-only"' in str(result.value)
+    assert not (tmp_path / "ws" / "a.txt").exists()
+
+
+class _FakeRuntime:
+    """A code runtime whose isolation descriptor is read in a thread (counted; it may wait or fail)."""
+
+    def __init__(self, descriptor: str, gate: threading.Event | None = None) -> None:
+        self.descriptor = descriptor
+        self.gate = gate
+        self.reads = 0
+
+    @property
+    def isolation(self) -> str:
+        self.reads += 1
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.descriptor == "raise":
+            raise RuntimeError("the code runtime is closed")
+        return self.descriptor
+
+
+def _policy_over(runtime: _FakeRuntime | None, preset: str) -> ApprovalPolicy:
+    """A policy whose scope sees run_code (a registry that knows it) and ``runtime`` as the code runtime."""
+    root = Scope("root")
+    root.provide("tools", types.SimpleNamespace(get=lambda name, agent: types.SimpleNamespace(annotations={})))
+    if runtime is not None:
+        root.provide("code_runtime", runtime)
+    return ApprovalPolicy(root.child("plugin:policy"), {"preset": preset})
+
+
+def _transport_call(signal: Any = None) -> Any:
+    return types.SimpleNamespace(name="run_code", agent=None, nested=False,
+                                 signal=signal if signal is not None else AbortController().signal)
+
+
+async def test_the_isolation_is_read_off_the_loop_once_and_an_unknown_level_fails_closed() -> None:
+    """The descriptor decides (L2+ abstains); it is read once in a thread, shared by concurrent votes, an
+    abort ends a vote's wait; no runtime, or an unavailable or unreadable one, counts as unconfined."""
+    async def vote(descriptor: str | None, preset: str = "read-only") -> Any:
+        policy = _policy_over(None if descriptor is None else _FakeRuntime(descriptor), preset)
+        return await policy.dsh_pre_execute(_transport_call())
+
+    assert await vote("L3 uid=65534 caps:none") is None
+    assert await vote("L2 landlock(abi7:fs,tcp,scope)") is None
+    assert "isolation is L1, below L2" in (await vote("L1 rlimits(as=512M)")).reason
+    assert (await vote("L0 process", preset="workspace-write")).kind == "ask"
+    for descriptor, said in [(None, 'is not known (no "code_runtime" service)'),
+                             ("unavailable (no isolation level works here: L0: boom)", "is unavailable"),
+                             ("raise", "could not be read (the code runtime is closed)")]:
+        decision = await vote(descriptor)
+        assert decision.kind == "deny" and f"isolation {said}, below L2" in decision.reason
+
+    gate = threading.Event()
+    runtime = _FakeRuntime("L3 uid=65534", gate)
+    policy = _policy_over(runtime, "read-only")
+    controller = AbortController()
+    first = asyncio.ensure_future(policy.dsh_pre_execute(_transport_call(controller.signal)))
+    second = asyncio.ensure_future(policy.dsh_pre_execute(_transport_call()))
+    ticks = 0
+    for _ in range(10):  # the loop runs while the descriptor is read
+        await asyncio.sleep(0.01)
+        ticks += 1
+    controller.abort("gave up")
+    assert await asyncio.wait_for(first, 1) is None  # the core settles an aborted call before dispatch
+    assert ticks == 10 and not second.done()
+    gate.set()
+    assert await asyncio.wait_for(second, 5) is None
+    assert await policy.dsh_pre_execute(_transport_call()) is None
+    assert runtime.reads == 1
+
+
+async def test_a_run_code_call_aborted_while_the_level_is_read_never_runs(tmp_path: Path) -> None:
+    """Read-only, the level still being read: the abort settles the call as aborted before dispatch."""
+    ran: list[str] = []
+
+    async def run(args: Any, ctx: Any) -> Any:
+        ran.append(args["code"])
+        return "ran"
+
+    transport = define_tool(name="run_code", description="Run a program.", execute=run, parameters={
+        "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]})
+    deployment = compose([("test", {"tools": {"mode": "code"}, "plugins": [
+        {"id": "policy", "use": "approval", "config": {"preset": "read-only", "terminal": "/dev/null"}}]})], env={})
+    gate = threading.Event()
+    h = await Harness.start(deployment, catalog=PluginCatalog(strict=True), transport=transport)
+    try:
+        h.root.provide("code_runtime", _FakeRuntime("L1 rlimits", gate))
+        controller = AbortController()
+        call = asyncio.ensure_future(h.call("run_code", {"code": "x"}, signal=controller.signal))
+        await asyncio.sleep(0.1)
+        assert not call.done()
+        controller.abort("gave up")
+        result = await asyncio.wait_for(call, 1)
+    finally:
+        gate.set()
+        await h.aclose()
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and ran == []
 
 
 def test_dsh_approve_is_a_plain_function_that_abstains_without_a_terminal() -> None:
