@@ -20,7 +20,9 @@ answers at once; otherwise the level is detected once, off the event loop).
 
 An ask is answered on the controlling terminal (``/dev/tty``, or ``terminal``
 in the config): a prompt names the tool and its arguments and reads ``y``/``n``
-without blocking the event loop. Nothing of the arguments is dropped unsaid:
+without blocking the event loop. Only keys typed once the terminal has sent the
+whole question count: what was typed before (type-ahead, or while output was
+stopped with Ctrl-S) is discarded. Nothing of the arguments is dropped unsaid:
 short scalar arguments come first, in full, in the order the tool declares them;
 a long value shows its head and tail around the count of characters not shown;
 a run of 16 or more whitespace characters shows as its count (``[2,100 spaces]``),
@@ -43,10 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import fnmatch
 import json
 import os
 import re
+import struct
 import termios
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
@@ -245,13 +249,16 @@ class ApprovalPolicy:
                     return ApprovalOutcome.CANCELLED
                 full = False
                 while True:
-                    # Keys typed before the question (a "y" meant for an earlier prompt, or typed
-                    # while the agent worked) must not answer it: only what is typed after counts.
+                    if not await _write_all(fd, self._prompt(request, full=full), request):
+                        return ApprovalOutcome.CANCELLED
+                    if not await _drain(fd, request):
+                        return ApprovalOutcome.CANCELLED
+                    # Keys typed before the question was on screen (a "y" meant for an earlier prompt,
+                    # typed while the agent worked, or while output was stopped with Ctrl-S) must not
+                    # answer it: only what is typed once it has been shown counts.
                     if not _background_job_of(fd):  # there tcflush would stop dsh (SIGTTOU) before it asks
                         with contextlib.suppress(termios.error):
                             termios.tcflush(fd, termios.TCIFLUSH)
-                    if not await _write_all(fd, self._prompt(request, full=full), request):
-                        return ApprovalOutcome.CANCELLED
                     answer = await _read_line(fd, request)
                     if answer is None:
                         with contextlib.suppress(OSError):
@@ -330,6 +337,34 @@ async def _write_all(fd: int, data: bytes, request: ApprovalRequest) -> bool:
                 return False
         finally:
             loop.remove_writer(fd)
+    return True
+
+
+def _queued_output(fd: int) -> int:
+    """Bytes written to the terminal ``fd`` that it has not sent yet (0 when it cannot say)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
+
+
+async def _drain(fd: int, request: ApprovalRequest) -> bool:
+    """Wait until the terminal has sent all that was written to it; False if the request is aborted first.
+
+    What ``tcdrain`` waits for, polled instead: ``tcdrain`` blocks (on a stopped terminal, for
+    ever) and no abort could end it; it would also stop a background dsh with SIGTTOU.
+    """
+    loop = asyncio.get_running_loop()
+    pause = 0.005
+    while _queued_output(fd) > 0:
+        slept: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(pause, _settle, slept)
+        try:
+            if not await request.signal.until(slept):
+                return False
+        finally:
+            timer.cancel()
+        pause = min(pause * 2, 0.05)
     return True
 
 

@@ -25,6 +25,7 @@ from dsh_core.config import compose
 from dsh_core.harness import Harness
 from dsh_core.model import ApprovalOutcome
 from dsh_core.plugins import PluginCatalog
+from dsh_plugins import approval as approval_module
 from dsh_plugins.approval import ApprovalPolicy, describe_arguments
 
 pytestmark = pytest.mark.anyio
@@ -433,6 +434,68 @@ async def test_keys_typed_before_the_question_do_not_answer_it(boot: Any, tmp_pa
         os.write(master, b"n\n")
         result = await asyncio.wait_for(call, 5)
     assert result.code == "DENIED" and not (tmp_path / "made").exists()
+
+
+async def test_keys_typed_while_output_is_stopped_do_not_answer_the_question(boot: Any, tmp_path: Path,
+                                                                            terminal: tuple[int, str]) -> None:
+    """Output stopped (Ctrl-S): a "y" typed before the question could show is discarded once it has shown."""
+    master, path = terminal
+    slave = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    termios.tcflow(slave, termios.TCOOFF)
+    try:
+        async with boot(*rows(tmp_path, terminal=path)) as h:
+            call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}))
+            await asyncio.sleep(0.3)
+            with contextlib.suppress(BlockingIOError):
+                assert b"[y/N]" not in os.read(master, 4096)  # nothing of the question is on screen
+            os.write(master, b"y\n")  # typed blind, before the question
+            await asyncio.sleep(0.1)
+            termios.tcflow(slave, termios.TCOON)  # Ctrl-Q: now the question shows
+            await _read_until(master, b"[y/N] ")
+            await asyncio.sleep(0.1)
+            assert not call.done()
+            os.write(master, b"n\n")
+            result = await asyncio.wait_for(call, 5)
+    finally:
+        termios.tcflow(slave, termios.TCOON)
+        os.close(slave)
+    assert result.code == "DENIED" and not (tmp_path / "made").exists()
+
+
+async def test_the_question_counts_only_keys_typed_once_the_terminal_has_sent_it(
+        boot: Any, tmp_path: Path, terminal: tuple[int, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the terminal still holds unsent output (a slow line), keys typed do not answer; waiting for it
+    neither blocks the loop nor outlives an abort."""
+    master, path = terminal
+    unsent = [1]
+    monkeypatch.setattr(approval_module, "_queued_output", lambda fd: unsent[0])
+    async with boot(*rows(tmp_path, terminal=path)) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}))
+        await _read_until(master, b"[y/N] ")
+        os.write(master, b"y\n")  # the prompt's bytes left dsh, but the terminal has not sent them all
+        await asyncio.sleep(0.2)
+        assert not call.done()
+        unsent[0] = 0  # sent: what was typed until now is discarded
+        await asyncio.sleep(0.2)
+        assert not call.done()
+        os.write(master, b"n\n")
+        result = await asyncio.wait_for(call, 5)
+        assert result.code == "DENIED" and not (tmp_path / "made").exists()
+
+        unsent[0] = 1  # never sent: the ask waits until the call is aborted
+        controller = AbortController()
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}, signal=controller.signal))
+        await _read_until(master, b"[y/N] ")
+        started = time.process_time()
+        ticks = 0
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        busy = time.process_time() - started
+        controller.abort("gave up")
+        result = await asyncio.wait_for(call, 1)
+    assert ticks == 20 and busy < 0.15
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and not (tmp_path / "made").exists()
 
 
 async def test_a_stopped_terminal_neither_spins_nor_blocks_the_loop(boot: Any, tmp_path: Path,
