@@ -73,6 +73,10 @@ class LazyCodeRuntime:
         """The backend's isolation descriptor (builds it)."""
         return self._get().isolation
 
+    async def start(self) -> str:
+        """Build the backend, start its first worker without blocking the loop, and return :attr:`isolation`."""
+        return await self._get().start()  # type: ignore[attr-defined, no-any-return]
+
     async def run(self, program: str, bindings: Sequence[BindingNamespace],
                   signal: AbortSignal | None = None) -> CodeRunResult:
         """Run ``program`` on the backend (built on the first call)."""

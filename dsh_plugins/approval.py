@@ -192,9 +192,10 @@ class ApprovalPolicy:
         """The code runtime's isolation level in force (``None``: not known) and how to name it.
 
         A configured cap below L2 answers without starting anything. Otherwise the
-        runtime's ``isolation`` descriptor is read in a thread (reading it may start
-        a worker to detect the level), once per runtime and shared by concurrent
-        calls; an abort stops the wait, not the reading.
+        runtime is started (its ``start()``, which detects the level with the worker its
+        first run then uses) or, without one, its ``isolation`` descriptor is read in a
+        thread; once per runtime and shared by concurrent calls; an abort stops the wait,
+        not the reading.
         """
         runtime = self.scope.lookup("code_runtime")
         if runtime is None:
@@ -204,7 +205,11 @@ class ApprovalPolicy:
             return int(cap[1]), f'is capped at {cap} (code_runtime.isolation = "{cap}")'
         known = self._isolation
         if known is None or known[0] is not runtime or _failed(known[1]):  # a failed reading is tried again
-            started = asyncio.ensure_future(asyncio.to_thread(lambda: str(runtime.isolation)))
+            start = getattr(runtime, "start", None)
+            # A runtime that can start itself on the loop starts the worker its first run uses;
+            # otherwise the (blocking) descriptor is read in a thread.
+            started = asyncio.ensure_future(start() if callable(start) else
+                                            asyncio.to_thread(lambda: str(runtime.isolation)))
             started.add_done_callback(_failed)  # its exception counts as retrieved
             known = self._isolation = (runtime, started)
         reading = known[1]

@@ -564,3 +564,31 @@ print(foreground, background, _background_job_of(os.open(os.ttyname(pty.openpty(
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False)
     assert done.stdout.split() == ["False", "True", "False"], done.stderr
+
+
+async def test_a_runtime_that_starts_itself_is_started_on_the_loop_not_read_in_a_thread(tmp_path: Path) -> None:
+    """The vote starts the worker the first run then uses, instead of a separate blocking detection."""
+
+    class Startable(_FakeRuntime):
+        starts = 0
+
+        async def start(self) -> str:
+            self.starts += 1
+            await asyncio.sleep(0)
+            return self.descriptor
+
+    runtime = Startable("L1 rlimits(as=512M)")
+    policy = _policy_over(runtime, "read-only")
+    assert "isolation is L1, below L2" in (await policy.dsh_pre_execute(_transport_call())).reason
+    assert "isolation is L1, below L2" in (await policy.dsh_pre_execute(_transport_call())).reason
+    assert (runtime.starts, runtime.reads) == (1, 0)
+    # The deployment's lazy runtime has such a start: it builds the backend and returns its descriptor.
+    from dsh_core.boot import LazyCodeRuntime
+    from dsh_core.coderuntime import CodeRuntimeConfig
+
+    lazy = LazyCodeRuntime(CodeRuntimeConfig(isolation="L1"))
+    try:
+        described = await lazy.start()
+        assert described.startswith("L1") and lazy.built and lazy.isolation == described
+    finally:
+        await lazy.aclose()
