@@ -293,3 +293,22 @@ def test_the_byte_cap_truncates_rows_and_says_so(tmp_path: Path) -> None:
     wide = "SELECT printf('%.40000c', 'x') || printf('%.40000c', 'y') AS a, printf('%.40000c', 'z') AS b"
     result = query(db, wide, max_bytes=100_000)
     assert result.code == "TOOL_FAILED" and "the first row alone is about 120000 bytes" in result.text
+
+
+def test_a_database_locked_by_a_writer_waits_only_timeout_s_and_says_so(tmp_path: Path) -> None:
+    # sqlite3's default busy timeout (5 s) used to outlast timeout_s, and interrupt() does not
+    # stop a busy wait; the error then blamed the query ("add a LIMIT").
+    db = make_db(tmp_path / "app.db")
+    writer = sqlite3.connect(db, isolation_level=None)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")
+        writer.execute("INSERT INTO users (name) VALUES ('mid-write')")
+        started = time.monotonic()
+        result = query(db, "SELECT count(*) FROM users", timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert elapsed < 3
+    assert result.code == "TOOL_FAILED"
+    assert "the database is locked by another writer" in result.text and "LIMIT" not in result.text

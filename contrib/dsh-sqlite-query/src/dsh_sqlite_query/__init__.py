@@ -34,7 +34,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "max_bytes": {"type": "integer", "minimum": 1024, "default": 1 << 20,
                       "description": "bytes of row data returned at most (text as UTF-8, BLOBs as base64)"},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10,
-                      "description": "a query running longer is interrupted"},
+                      "description": "a query running (or waiting for a writer's lock) longer is interrupted"},
     },
 }
 
@@ -151,7 +151,10 @@ class SqliteQuery:
         uri = "file:" + urllib.parse.quote(self.database) + "?mode=ro"
         try:
             # check_same_thread=False: the query runs in a worker thread, interrupt() comes from the loop.
-            connection = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            # timeout: how long to wait for a writer's lock; interrupt() does not end that wait, so
+            # sqlite3's default of 5 s would outlast a shorter timeout_s.
+            connection = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
+                                         timeout=self.timeout_s)
         except sqlite3.Error as error:
             raise ToolError(f"cannot open the database {self.database}: {error}") from None
         connection.text_factory = lambda data: data.decode("utf-8", errors="replace")
@@ -219,10 +222,13 @@ class SqliteQuery:
             # (two statements, wrong number of bindings), ValueError (a NUL in the SQL)...
             if ctx.signal.aborted:
                 raise AbortedError(ctx.signal.reason) from None
+            text = str(error)
+            if "database is locked" in text:  # the busy timeout (timeout_s) ran out, maybe with the timer
+                raise ToolError(f"the database is locked by another writer; it stayed locked for "
+                                f"{self.timeout_s:g} s, try again later") from None
             if timed_out:
                 raise ToolError(f"the query ran longer than {self.timeout_s:g} s and was interrupted; "
                                 "add a LIMIT or a narrower WHERE") from None
-            text = str(error)
             if "string or blob too big" in text:
                 raise ToolError(f"a value in the result is larger than the {self.max_bytes}-byte limit; select "
                                 "part of it (substr(), length())") from None
