@@ -115,6 +115,40 @@ def test_table_valued_json_functions_can_be_read(tmp_path: Path) -> None:
     assert nested.value["rows"] == [["user0", 1], ["user0", 2]]
 
 
+def test_the_schema_introspection_pragma_functions_can_be_read(tmp_path: Path) -> None:
+    # pragma_table_info() and friends run their PRAGMA inside the SELECT, which the authorizer
+    # refused although the README promised table-valued functions work.
+    db = make_db(tmp_path / "app.db")
+    with sqlite3.connect(db) as setup:
+        setup.execute("CREATE INDEX users_name ON users (name)")
+    setup.close()
+    result = query(db, "SELECT name, type FROM pragma_table_info(?) ORDER BY cid", ["users"])
+    assert result.code is None, result.text
+    assert result.value["rows"] == [["id", "INTEGER"], ["name", "TEXT"], ["avatar", "BLOB"], ["score", "REAL"]]
+    joined = query(db, "SELECT il.name, ii.name FROM pragma_index_list('users') AS il, "
+                       "pragma_index_info(il.name) AS ii")
+    assert joined.code is None, joined.text
+    assert joined.value["rows"] == [["users_name", "name"]]
+    for sql in ("SELECT count(*) FROM pragma_table_xinfo('users', 'main')",
+                "SELECT count(*) FROM pragma_index_xinfo('users_name')",
+                "SELECT count(*) FROM pragma_foreign_key_list('users')"):
+        assert query(db, sql).code is None, sql
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM pragma_writable_schema",
+    "SELECT * FROM pragma_user_version",
+    "SELECT * FROM pragma_database_list",  # the host's file paths
+    "SELECT * FROM pragma_journal_mode",
+    "PRAGMA table_info(users)",  # PRAGMA statements stay refused, even the allowed ones
+])
+def test_other_pragmas_stay_refused(tmp_path: Path, sql: str) -> None:
+    db = make_db(tmp_path / "app.db")
+    result = query(db, sql)
+    assert result.code == "TOOL_FAILED"
+    assert "only read-only queries are allowed" in result.text
+
+
 @pytest.mark.parametrize("sql", [
     "UPDATE sqlite_master SET sql = 'x'",
     "UPDATE sqlite_schema SET name = 'x' WHERE name IN (SELECT key FROM json_each('[1]'))",
@@ -141,6 +175,10 @@ def test_the_schema_set_up_is_allowed_only_inside_a_select() -> None:
     assert elsewhere(*master) == sqlite3.SQLITE_DENY
     assert elsewhere(sqlite3.SQLITE_SELECT, None, None, None, None) == sqlite3.SQLITE_OK
     assert elsewhere(*master) == sqlite3.SQLITE_DENY  # a subquery's SELECT does not make it one
+    table_info = (sqlite3.SQLITE_PRAGMA, "table_info", "users", None, None)
+    assert in_select(*table_info) == sqlite3.SQLITE_OK
+    assert in_select(sqlite3.SQLITE_PRAGMA, "writable_schema", "1", None, None) == sqlite3.SQLITE_DENY
+    assert elsewhere(*table_info) == sqlite3.SQLITE_DENY
 
 
 def _has_fts3_tokenizer() -> bool:

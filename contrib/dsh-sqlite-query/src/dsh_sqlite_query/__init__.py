@@ -48,6 +48,13 @@ _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite
 # installs one as a tokenizer's code); load_extension loads native code.
 _DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
 
+# PRAGMAs that only describe the schema, allowed as table-valued functions in a SELECT
+# (``SELECT * FROM pragma_table_info('t')``): SQLite runs the PRAGMA itself while the SELECT
+# runs, which the authorizer sees as SQLITE_PRAGMA with the pragma's name. Not database_list
+# (the host's file paths), nor any PRAGMA that sets something.
+_SCHEMA_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
+                             "foreign_key_list"})
+
 
 def _authorizer() -> Callable[..., int]:
     """The authorizer of one connection, which runs one statement.
@@ -58,7 +65,8 @@ def _authorizer() -> Callable[..., int]:
     compiling the SELECT. Only that is let through: in a statement whose first action is not
     SQLITE_SELECT, an update of ``sqlite_master`` is refused like any other write (SQLite
     itself refuses ``UPDATE sqlite_master`` before asking, and the connection is read-only
-    and ``query_only`` besides).
+    and ``query_only`` besides). The schema-describing PRAGMAs of :data:`_SCHEMA_PRAGMAS` are let
+    through the same way: as ``pragma_table_info(...)`` inside a SELECT, not as PRAGMA statements.
     """
     first_action: int | None = None
 
@@ -69,6 +77,8 @@ def _authorizer() -> Callable[..., int]:
         if action == sqlite3.SQLITE_FUNCTION and isinstance(arg2, str) and arg2.lower() in _DENIED_FUNCTIONS:
             return sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master" and first_action == sqlite3.SQLITE_SELECT:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_PRAGMA and arg1 in _SCHEMA_PRAGMAS and first_action == sqlite3.SQLITE_SELECT:
             return sqlite3.SQLITE_OK
         return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
 
