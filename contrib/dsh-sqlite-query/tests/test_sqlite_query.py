@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import sqlite3
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -164,7 +167,7 @@ def test_an_update_of_the_schema_is_still_refused(tmp_path: Path, sql: str) -> N
 
 
 def test_the_schema_set_up_is_allowed_only_inside_a_select() -> None:
-    from dsh_sqlite_query import _authorizer
+    from dsh_sqlite_query._worker import _authorizer
 
     master = (sqlite3.SQLITE_UPDATE, "sqlite_master", "sql", "main", None)
     in_select = _authorizer()
@@ -240,16 +243,17 @@ def test_abort_interrupts_a_running_query(tmp_path: Path) -> None:
     assert result.code == "ABORTED" and elapsed < 3
 
 
-def test_an_abort_before_the_worker_thread_starts_the_statement_is_not_lost(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """interrupt() is a no-op while no statement runs: an abort at body entry must still stop the call."""
+def test_an_abort_while_the_worker_starts_is_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An abort that lands while the worker process starts must still stop the call, and the worker."""
     from dsh_sqlite_query import SqliteQuery
 
-    original_run, original_query = SqliteQuery._run, SqliteQuery.query
+    original_spawn, original_query = SqliteQuery._spawn, SqliteQuery.query
+    workers: list[asyncio.subprocess.Process] = []
 
-    def slow_start(self: SqliteQuery, *args: Any) -> Any:
-        time.sleep(0.3)  # a worker thread that is slow to be scheduled: the abort lands first
-        return original_run(self, *args)
+    async def slow_start(self: SqliteQuery) -> Any:
+        await asyncio.sleep(0.3)  # a worker that is slow to start: the abort lands first
+        workers.append(await original_spawn(self))
+        return workers[-1]
 
     controller = AbortController()
 
@@ -257,7 +261,7 @@ def test_an_abort_before_the_worker_thread_starts_the_statement_is_not_lost(
         asyncio.get_running_loop().call_soon(controller.abort, "stop")  # what the kit's abort check does
         return await original_query(self, args, ctx)
 
-    monkeypatch.setattr(SqliteQuery, "_run", slow_start)
+    monkeypatch.setattr(SqliteQuery, "_spawn", slow_start)
     monkeypatch.setattr(SqliteQuery, "query", abort_on_entry)
 
     async def scenario(harness: Harness) -> tuple[ToolResult, float]:
@@ -267,41 +271,71 @@ def test_an_abort_before_the_worker_thread_starts_the_statement_is_not_lost(
 
     result, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=10)
     assert result.code == "ABORTED" and elapsed < 3
+    assert [worker.returncode is not None for worker in workers] == [True]
 
 
-def test_cancelling_a_call_stops_the_worker_thread_before_closing(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """asyncio cancellation (no abort): the never-ending statement is interrupted and its thread ends."""
+def test_cancelling_a_call_kills_and_reaps_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncio cancellation (no abort): the worker running the never-ending statement is killed and reaped."""
     from dsh_sqlite_query import SqliteQuery
 
-    ended = threading.Event()
-    connections: list[sqlite3.Connection] = []
-    original = SqliteQuery._run
+    original = SqliteQuery._spawn
+    workers: list[asyncio.subprocess.Process] = []
 
-    def tracked(self: SqliteQuery, connection: sqlite3.Connection, *args: Any) -> Any:
-        connections.append(connection)
-        try:
-            return original(self, connection, *args)
-        finally:
-            ended.set()
+    async def tracked(self: SqliteQuery) -> Any:
+        workers.append(await original(self))
+        return workers[-1]
 
-    monkeypatch.setattr(SqliteQuery, "_run", tracked)
+    monkeypatch.setattr(SqliteQuery, "_spawn", tracked)
 
     async def scenario(harness: Harness) -> tuple[bool, float]:
         task = asyncio.ensure_future(harness.call("sql_query", {"sql": ENDLESS}))
-        await asyncio.sleep(0.3)
-        assert not ended.is_set()
+        await asyncio.sleep(0.5)
+        assert len(workers) == 1 and workers[0].returncode is None
         started = time.monotonic()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        stopped = await asyncio.to_thread(ended.wait, 3)
-        if not stopped and connections:
-            connections[0].interrupt()  # do not hang the test run on a regression
-        return stopped, time.monotonic() - started
+        return workers[0].returncode is not None, time.monotonic() - started
 
-    stopped, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=60)
-    assert stopped and elapsed < 3
+    reaped, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=60)
+    assert reaped and elapsed < 3
+
+
+def _spawning(monkeypatch: pytest.MonkeyPatch, code: str) -> list[asyncio.subprocess.Process]:
+    """Make the plugin start ``python -c code`` instead of its worker; the list collects the processes."""
+    from dsh_sqlite_query import SqliteQuery
+
+    workers: list[asyncio.subprocess.Process] = []
+
+    async def spawn(self: SqliteQuery) -> asyncio.subprocess.Process:
+        workers.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE))
+        return workers[-1]
+
+    monkeypatch.setattr(SqliteQuery, "_spawn", spawn)
+    return workers
+
+
+def test_a_worker_that_does_not_answer_is_killed_after_the_timeout(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    workers = _spawning(monkeypatch, "import time; time.sleep(60)")  # stuck in one long step
+    started = time.monotonic()
+    result = query(make_db(tmp_path / "app.db"), "SELECT 1", timeout_s=0.2)
+    assert time.monotonic() - started < 5
+    assert "the query ran longer than 0.2 s and was interrupted" in result.text
+    assert len(workers) == 1 and workers[0].returncode is not None
+
+
+@pytest.mark.parametrize(("code", "message"), [
+    ("import sys; sys.exit(3)", "the query worker ended without an answer (exit status 3)"),
+    ("import sys; sys.stdout.write('x' * (3 << 20))", "the query worker's answer is longer than"),
+])
+def test_a_worker_without_a_proper_answer_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      code: str, message: str) -> None:
+    workers = _spawning(monkeypatch, code)
+    result = query(make_db(tmp_path / "app.db"), "SELECT 1")
+    assert result.code == "TOOL_FAILED" and message in result.text, result.text
+    assert workers[0].returncode is not None
 
 
 class TestSqliteQueryConformance(ToolPluginConformance):
@@ -330,7 +364,8 @@ def test_the_byte_cap_truncates_rows_and_says_so(tmp_path: Path) -> None:
     assert [row[0] for row in result.value["rows"]] == [1, 2, 3]
     wide = "SELECT printf('%.40000c', 'x') || printf('%.40000c', 'y') AS a, printf('%.40000c', 'z') AS b"
     result = query(db, wide, max_bytes=100_000)
-    assert result.code == "TOOL_FAILED" and "the first row alone is about 120000 bytes" in result.text
+    # 120000 characters, 4 quotes, a comma, 2 brackets and the comma after the row
+    assert result.code == "TOOL_FAILED" and "the first row alone is about 120008 bytes" in result.text
 
 
 def test_a_database_locked_by_a_writer_waits_only_timeout_s_and_says_so(tmp_path: Path) -> None:
@@ -350,3 +385,60 @@ def test_a_database_locked_by_a_writer_waits_only_timeout_s_and_says_so(tmp_path
     assert elapsed < 3
     assert result.code == "TOOL_FAILED"
     assert "the database is locked by another writer" in result.text and "LIMIT" not in result.text
+
+
+# Runs in a fresh interpreter, whose peak RSS (VmHWM) only this scenario can have raised.
+_PEAK_SCRIPT = """
+import asyncio, json, sys
+from dsh_core.config import compose
+from dsh_core.harness import Harness
+from dsh_core.plugins import PluginCatalog
+
+def peak():
+    with open("/proc/self/status") as status:
+        return int(status.read().split("VmHWM:")[1].split()[0]) * 1024
+
+async def main(database, sqls):
+    row = {"id": "db", "use": "sqlite-query", "config": {"database": database}}
+    harness = await Harness.start(compose([("test", {"plugins": [row]})], env={}),
+                                  catalog=PluginCatalog(strict=True))
+    try:
+        await harness.call("sql_query", {"sql": "SELECT 1"})
+        growth, results = [], []
+        for sql in sqls:
+            before = peak()
+            results.append((await harness.call("sql_query", {"sql": sql})).text)
+            growth.append(peak() - before)
+        return {"growth": growth, "results": results}
+    finally:
+        await harness.aclose()
+
+print(json.dumps(asyncio.run(main(sys.argv[1], json.loads(sys.argv[2])))))
+"""
+
+
+def _nested_max(depth: int, width: int) -> str:
+    """max(randomblob(...), ..., max(...)): every argument is held until the call, under any length limit."""
+    expression = "randomblob(1000000)"
+    for level in range(depth):
+        blobs = ", ".join(f"randomblob({1000000 + level * 1000 + i})" for i in range(width - 1))
+        expression = f"max({blobs}, {expression})"
+    return f"SELECT length({expression}) AS n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status; the memory cap is RLIMIT_AS")
+def test_no_query_makes_the_host_hold_much_more_than_max_bytes(tmp_path: Path) -> None:
+    # The length limit bounds one value, not how many a query holds: 300 columns of
+    # zeroblob(1000000) raised the host's peak RSS by ~600 MB (with max_bytes = 1 MiB) before
+    # "the first row alone is about 400000800 bytes"; a 4 KB SELECT of nested max() holds 100 MB
+    # per level and returns one integer. Now a worker process holds it, under memory_mb.
+    db = make_db(tmp_path / "app.db")
+    wide = "SELECT " + ", ".join(f"zeroblob(1000000) AS c{i}" for i in range(300))
+    sqls = [_nested_max(3, 100), wide]  # the smaller peak first: a peak only grows
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    completed = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(db), json.dumps(sqls)],
+                               capture_output=True, text=True, timeout=120, env=env, check=True)
+    report = json.loads(completed.stdout)
+    assert all(growth < 32 << 20 for growth in report["growth"]), report
+    for text in report["results"]:
+        assert "more than the 64 MiB of memory it may use" in text, text
