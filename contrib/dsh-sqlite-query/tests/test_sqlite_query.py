@@ -348,11 +348,17 @@ class TestSqliteQueryConformance(ToolPluginConformance):
         return {"database": str(make_db(tmp_path / "kit.db"))}
 
 
-def test_a_value_larger_than_the_byte_cap_is_never_built(tmp_path: Path) -> None:
-    # zeroblob(10**8) would be 100 MB in this process and 133 MB of base64 in the result.
-    result = query(make_db(tmp_path / "app.db"), "SELECT zeroblob(100000000) AS big", max_bytes=65536)
+def test_a_value_larger_than_the_byte_cap_is_not_returned_and_a_huge_one_never_built(tmp_path: Path) -> None:
+    db = make_db(tmp_path / "app.db")
+    result = query(db, "SELECT zeroblob(100000) AS big", max_bytes=65536)  # 133 KB of base64
     assert result.code == "TOOL_FAILED"
-    assert "larger than the 65536-byte limit" in result.text and "substr()" in result.text
+    assert "the first row alone is about 133357 bytes, more than the 65536-byte limit" in result.text
+    assert "substr()" in result.text
+    # zeroblob(10**8) would be 100 MB in the worker and 133 MB of base64: past the 8 MiB one
+    # value may take (memory_mb = 64), SQLite refuses to build it.
+    result = query(db, "SELECT zeroblob(100000000) AS big", max_bytes=65536)
+    assert result.code == "TOOL_FAILED"
+    assert "larger than 8388608 bytes, the most one value may take" in result.text
 
 
 def test_the_byte_cap_truncates_rows_and_says_so(tmp_path: Path) -> None:
@@ -442,3 +448,57 @@ def test_no_query_makes_the_host_hold_much_more_than_max_bytes(tmp_path: Path) -
     assert all(growth < 32 << 20 for growth in report["growth"]), report
     for text in report["results"]:
         assert "more than the 64 MiB of memory it may use" in text, text
+
+
+def make_docs(path: Path, body_chars: int) -> Path:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE docs (id INTEGER PRIMARY KEY, title TEXT, body TEXT)")
+        db.executemany("INSERT INTO docs VALUES (?, ?, ?)", [(1, "small", "hello"), (2, "big", "x" * body_chars)])
+    db.close()
+    return path
+
+
+@pytest.mark.parametrize(("sql", "rows"), [
+    ("SELECT id, length(body) FROM docs ORDER BY id", [[1, 5], [2, 3_000_000]]),
+    ("SELECT id, substr(body, 1, 3) FROM docs ORDER BY id", [[1, "hel"], [2, "xxx"]]),
+    ("SELECT id FROM docs WHERE body LIKE 'h%'", [[1]]),
+])
+def test_a_stored_value_larger_than_max_bytes_can_still_be_read_in_part(tmp_path: Path, sql: str,
+                                                                        rows: list[list[Any]]) -> None:
+    # The length limit was max_bytes, and SQLite applies it to reading stored values too: one
+    # 3 MB body made every query touching it fail, although the message advised substr().
+    result = query(make_docs(tmp_path / "docs.db", 3_000_000), sql)
+    assert result.code is None, result.text
+    assert result.value["rows"] == rows
+
+
+def test_a_stored_value_larger_than_max_bytes_is_not_returned_whole(tmp_path: Path) -> None:
+    db = make_docs(tmp_path / "docs.db", 3_000_000)
+    alone = query(db, "SELECT id, body FROM docs WHERE id = 2")
+    assert alone.code == "TOOL_FAILED"
+    assert ('the first row alone is about 3000007 bytes (column "body" about 3000002), more than the '
+            "1048576-byte limit") in alone.text and "substr()" in alone.text
+    after = query(db, "SELECT id, body FROM docs ORDER BY id")
+    assert after.value["rows"] == [[1, "hello"]] and after.value["truncated"] is True
+
+
+def test_a_value_larger_than_one_value_may_be_is_refused_as_such(tmp_path: Path) -> None:
+    # memory_mb = 16: one value, stored or built, may take 2 MiB.
+    db = make_docs(tmp_path / "docs.db", 3_000_000)
+    for sql in ("SELECT length(body) FROM docs", "SELECT length(zeroblob(3000000))"):
+        result = query(db, sql, memory_mb=16)
+        assert result.code == "TOOL_FAILED"
+        assert "larger than 2097152 bytes, the most one value may take (memory_mb / 8" in result.text, result.text
+        assert "a stored value that large cannot be read here" in result.text
+
+
+@pytest.mark.parametrize("value", ["plain", "", "naïve — ☃ 😀", 'quote " back \\ \x00 \x1f', b"", b"\x00\xff" * 7,
+                                   0, -7, 2**63 - 1, 0.1, -0.0, 1e300, float("nan"), float("-inf"), None])
+def test_the_cheap_size_of_a_value_is_never_more_than_its_json(value: object) -> None:
+    # A row whose cheap size is past the budget is refused or truncated without being encoded.
+    from dsh_sqlite_query._worker import _dumps, _floor_size, _json_value
+
+    exact = len(_dumps(_json_value(value)).encode("utf-8"))
+    assert _floor_size(value) <= exact
+    if not isinstance(value, str) or "quote" not in value:
+        assert _floor_size(value) == exact

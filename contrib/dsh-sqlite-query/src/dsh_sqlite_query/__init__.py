@@ -37,7 +37,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10,
                       "description": "a query running (or waiting for a writer's lock) longer is interrupted"},
         "memory_mb": {"type": "integer", "minimum": 16, "default": 64,
-                      "description": "memory a query's worker process may use beyond its start (Linux)"},
+                      "description": "memory a query's worker process may use beyond its start (Linux); "
+                                     "one value may take an eighth of it"},
     },
 }
 

@@ -99,6 +99,31 @@ def _size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+def _floor_size(value: object) -> int:
+    """At most the bytes ``value`` takes as JSON: exactly that but for text that needs escapes.
+
+    Cheaper than encoding, so a row that cannot fit is never encoded.
+    """
+    if isinstance(value, str):
+        return (len(value) if value.isascii() else _size(value)) + 2
+    if isinstance(value, bytes):
+        return (len(value) + 2) // 3 * 4 + len('{"blob_base64":""}')
+    if isinstance(value, float):
+        return len(_dumps(_json_value(value)))
+    return 4 if value is None else len(str(value))
+
+
+def value_cap(max_bytes: int, memory_mb: int) -> int:
+    """The most one value, stored or built, may take: SQLite's length limit.
+
+    It is not ``max_bytes``, which bounds the answer: SQLite applies the limit to reading stored
+    values as well, so a stored value larger than the answer could not even be read in part
+    (``length(body)``, ``substr(body, 1, 10)``, ``body LIKE 'h%'``). An eighth of ``memory_mb``
+    leaves room for the copies a value read whole takes (SQLite's, the bytes, the str).
+    """
+    return max(max_bytes, memory_mb << 17)
+
+
 class Refused(Exception):
     """A query that ran but whose answer cannot be given; the message says what to change."""
 
@@ -139,11 +164,11 @@ def run(connection: sqlite3.Connection, request: dict[str, Any]) -> str:
     max_rows: int = request["max_rows"]
     max_bytes: int = request["max_bytes"]
     params = request["params"]
-    # No single value larger than the whole result may be: SQLite refuses to build it
-    # ("string or blob too big").
-    connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_bytes)
+    # SQLite refuses to read or build a larger value ("string or blob too big").
+    connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, value_cap(max_bytes, request["memory_mb"]))
     cursor = connection.execute(request["sql"], params if isinstance(params, dict) else tuple(params))
-    columns = _dumps([d[0] for d in cursor.description or ()])
+    names = [d[0] for d in cursor.description or ()]
+    columns = _dumps(names)
     if _size(columns) > max_bytes:
         raise Refused(f"the column names alone are about {_size(columns)} bytes, more than the {max_bytes}-byte "
                       "limit; name the columns with AS")
@@ -157,13 +182,18 @@ def run(connection: sqlite3.Connection, request: dict[str, Any]) -> str:
         if len(rows) == max_rows:
             truncated = True
             break
-        encoded = _dumps([_json_value(v) for v in row])
+        floors = [_floor_size(v) for v in row]
+        size = sum(floors) + len(row) + 2  # and the commas, the brackets, the comma after
+        if size <= max_bytes and not (rows and used + size > max_bytes):
+            encoded = _dumps([_json_value(v) for v in row])
+            size = _size(encoded) + 1
         del row
-        size = _size(encoded) + 1  # and the comma
         if rows and used + size > max_bytes:
             truncated = True
         elif size > max_bytes:
-            raise Refused(f"the first row alone is about {size} bytes, more than the {max_bytes}-byte "
+            widest = max(range(len(floors)), key=floors.__getitem__)
+            detail = f" (column {_dumps(names[widest])} about {floors[widest]})" if len(floors) > 1 else ""
+            raise Refused(f"the first row alone is about {size} bytes{detail}, more than the {max_bytes}-byte "
                           "limit; select fewer or shorter columns (substr(), length())")
         else:
             rows.append(encoded)
@@ -185,8 +215,10 @@ def describe(error: BaseException, request: dict[str, Any], deadline: float) -> 
         return (f"the query ran longer than {request['timeout_s']:g} s and was interrupted; "
                 "add a LIMIT or a narrower WHERE")
     if "string or blob too big" in text:
-        return (f"a value in the result is larger than the {request['max_bytes']}-byte limit; select "
-                "part of it (substr(), length())")
+        cap = value_cap(request["max_bytes"], request["memory_mb"])
+        return (f"a value the query reads or builds is larger than {cap} bytes, the most one value may take "
+                "(memory_mb / 8, or max_bytes if larger); a stored value that large cannot be read here, not "
+                "even in part, and a built one must be made smaller")
     # "authorization denied": statements SQLite authorizes as a whole (VACUUM INTO a new file).
     if "not authorized" in text or "authorization denied" in text or "readonly" in text \
             or "query_only" in text:
