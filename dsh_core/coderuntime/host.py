@@ -567,7 +567,10 @@ class _Run:
         # ids outside that run (forged ones) are kept, at most _MAX_STRAY_IDS.
         self.id_floor = 0
         self.seen_ids: set[int] = set()
-        self.tasks: set[asyncio.Future[Any]] = set()
+        #: The binding calls running, by call id (a task, or the future the binding returned).
+        self.tasks: dict[int, asyncio.Future[Any]] = {}
+        #: Ids of running calls the program cancelled: they get no reply.
+        self.cancelled_ids: set[int] = set()
         # What the frames of the calls in ``tasks`` may take once read, bounded by the worker's memory budget.
         self.call_bytes = 0
         self.wbuf = bytearray()
@@ -893,6 +896,8 @@ class _Run:
                 self.settle("limit", None)
         elif kind == "call":
             self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"), cost)
+        elif kind == "cancel":
+            self._on_cancel(message.get("id"))
         elif kind == "done":
             self._on_done(message)
         elif kind == "output-limit":
@@ -999,13 +1004,30 @@ class _Run:
             self._reply(call_id, False, f"binding {_shown(f'{global_name}.{name}')} returned "
                                         f"{type(awaitable).__name__}, not an awaitable")
             return
-        self.tasks.add(pending)
+        self.tasks[call_id] = pending
         self.call_bytes += cost
-        pending.add_done_callback(functools.partial(self._call_ended, cost))
+        pending.add_done_callback(functools.partial(self._call_ended, call_id, cost))
 
-    def _call_ended(self, cost: int, pending: asyncio.Future[Any]) -> None:
-        self.tasks.discard(pending)
+    def _call_ended(self, call_id: int, cost: int, pending: asyncio.Future[Any]) -> None:
+        self.tasks.pop(call_id, None)
         self.call_bytes -= cost
+        if self.cancelled_ids:
+            self.cancelled_ids.discard(call_id)
+
+    def _on_cancel(self, call_id: object) -> None:
+        """The program cancelled its call ``call_id`` (its await was cancelled): cancel the call here.
+
+        Only a call of this run that is still running: an unknown, repeated, late (replied
+        to, or after settlement) or malformed cancel is ignored. The call gets no reply; it
+        stays counted in flight until it has actually ended.
+        """
+        if self.outcome is not None or type(call_id) is not int:
+            return
+        pending = self.tasks.get(call_id)
+        if pending is None or pending.done() or call_id in self.cancelled_ids:
+            return
+        self.cancelled_ids.add(call_id)
+        pending.cancel()
 
     def _first_sighting(self, call_id: int) -> bool:
         """Record ``call_id``; False if it was seen before (or the run just settled)."""
@@ -1044,12 +1066,16 @@ class _Run:
 
     def _fail(self, call_id: int, error: BaseException) -> None:
         """The error reply for a binding call that raised, failed or was cancelled."""
+        if self.cancelled_ids and call_id in self.cancelled_ids:
+            return  # the program cancelled it: nobody waits for this reply
         if isinstance(error, asyncio.CancelledError):
             self._reply(call_id, False, "binding call cancelled")
         else:
             self._reply(call_id, False, str(error) or type(error).__name__)
 
     def _resolve(self, call_id: int, result: Any) -> None:
+        if self.cancelled_ids and call_id in self.cancelled_ids:
+            return  # the program cancelled it: nobody waits for this reply
         try:
             tokens = wire.encode(result)
             frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens})
@@ -1300,7 +1326,7 @@ class _Run:
         if self.remove_listener is not None:
             self.remove_listener()
             self.remove_listener = None
-        bindings = list(self.tasks)
+        bindings = list(self.tasks.values())
         for task in bindings:
             task.cancel()
         return bindings

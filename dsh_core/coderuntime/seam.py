@@ -69,8 +69,12 @@ _DUNDER = re.compile(r"^__.+__\Z")
 #: arrives; an ``async def`` body then runs in a task of its own, while a plain function runs
 #: right there (outside any task) and the ``asyncio.Future`` it returns is awaited without a
 #: task, which saves a dispatcher that already owns its tasks two event-loop turns per call.
-#: Either way :func:`current_run` names the run, and a call still pending when the run settles
-#: is cancelled. A raise, a failed awaitable or a non-awaitable return is the program's error.
+#: Either way :func:`current_run` names the run. The runtime cancels a call's task, or the future
+#: the function returned, when the program cancels the call (its await of the call is cancelled:
+#: ``asyncio.wait_for``, ``asyncio.timeout``, ``task.cancel()``; the call gets no reply then), and
+#: any call still pending when the run settles (the run's :attr:`RunControl.signal` is aborted
+#: first, so a binding can tell the two apart). A raise, a failed awaitable or a non-awaitable
+#: return is the program's error.
 BindingFunction = Callable[[JSON], Awaitable[JSON]]
 
 

@@ -130,7 +130,8 @@ def test_forged_completions_are_revalidated() -> None:
     arun(with_runtime(go, isolation="auto", max_output_bytes=300, timeout_s=3.0, max_frame_bytes=4096))
 
 
-def _fake_run() -> tuple[_Run, list[bytes], list[Any]]:
+def _fake_run(**functions: Any) -> tuple[_Run, list[bytes], list[Any]]:
+    """A run with no worker behind it: bindings ``f`` and ``__class__`` (echoes), or ``functions``."""
     called: list[Any] = []
 
     async def f(args: Any) -> Any:
@@ -139,7 +140,7 @@ def _fake_run() -> tuple[_Run, list[bytes], list[Any]]:
 
     runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L0", max_output_bytes=1000))
     run = _Run(runtime)
-    run.assign("", validate_bindings(tools(f=f, __class__=f)), None)
+    run.assign("", validate_bindings(tools(**(functions or {"f": f, "__class__": f}))), None)
     assert run.clock is not None
     run.clock.stop()  # no worker behind this run: only its message handling is exercised
     run.ready = True
@@ -157,7 +158,7 @@ message_values = st.recursive(
     ),
     max_leaves=12,
 )
-message_types = st.sampled_from(["call", "log", "done", "output-limit", "ready", "reply", "junk"])
+message_types = st.sampled_from(["call", "cancel", "log", "done", "output-limit", "ready", "reply", "junk"])
 
 
 @given(
@@ -178,8 +179,7 @@ def test_fuzz_bridge_message_validation_never_raises(messages: list[Any]) -> Non
         for message in messages:
             run._on_message(message)
         await asyncio.sleep(0)
-        for task in list(run.tasks):
-            await task
+        await asyncio.gather(*run.tasks.values(), return_exceptions=True)  # a valid cancel may cut one
         # Only declared bindings were ever invoked, each id answered at most once.
         replies = [json.loads(frame[4:]) for frame in written]
         ids = [reply["id"] for reply in replies]
@@ -199,13 +199,169 @@ def test_fuzz_bridge_message_validation_never_raises(messages: list[Any]) -> Non
     arun(go())
 
 
+def _replies(written: list[bytes]) -> dict[int, Any]:
+    return {m["id"]: m for m in (json.loads(frame[4:]) for frame in written)}
+
+
+async def _turns() -> None:
+    """A few event-loop turns: cancelled tasks end, then their done-callbacks run."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def _holder(events: list[Any], release: asyncio.Event) -> Any:
+    async def hold(args: Any) -> Any:
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            events.append(("cancelled", args))
+            raise
+        return args
+
+    return hold
+
+
+def test_cancel_messages_are_validated_field_by_field() -> None:
+    # A cancel names a call of this run that is still running; anything else is ignored, never raised on.
+    async def go() -> None:
+        events: list[Any] = []
+        release = asyncio.Event()
+        run, written, _ = _fake_run(hold=_holder(events, release))
+        for call_id in (1, 2, 3):
+            run._on_message({"t": "call", "id": call_id, "g": "tools", "n": "hold", "a": [call_id]})
+        await asyncio.sleep(0)
+        for call_id in (None, "2", 2.0, True, [2], {"o": []}, 0, -2, 4, 2**70):
+            run._on_message({"t": "cancel", "id": call_id})
+        run._on_message({"t": "cancel"})
+        run._on_message({"t": "cancel", "i": 2})
+        run._on_message({"t": "Cancel", "id": 2})
+        await asyncio.sleep(0)
+        assert events == [] and set(run.tasks) == {1, 2, 3} and not run.cancelled_ids
+        run._on_message({"t": "cancel", "id": 2, "extra": "ignored"})
+        run._on_message({"t": "cancel", "id": 2})  # a duplicate: ignored
+        await _turns()
+        assert events == [("cancelled", 2)]
+        assert set(run.tasks) == {1, 3} and not run.cancelled_ids  # forgotten once it ended
+        release.set()
+        await asyncio.gather(*run.tasks.values(), return_exceptions=True)
+        assert _replies(written) == {1: {"t": "reply", "id": 1, "ok": True, "v": [1]},
+                                     3: {"t": "reply", "id": 3, "ok": True, "v": [3]}}  # none for 2
+        release.clear()
+        run._on_message({"t": "cancel", "id": 1})  # late: answered already
+        run._on_message({"t": "call", "id": 4, "g": "tools", "n": "hold", "a": [4]})
+        await asyncio.sleep(0)
+        assert set(run.tasks) == {4}
+        run.settle("novalue")
+        run._on_message({"t": "cancel", "id": 4})  # after settlement: ignored
+        await asyncio.sleep(0)
+        assert events == [("cancelled", 2)] and not run.tasks[4].done()
+        run.tasks[4].cancel()
+
+    arun(go())
+
+
+def test_a_cancelled_call_gets_no_reply_however_its_binding_ends() -> None:
+    # A plain function's future is cancelled at once; a body that swallows the cancellation
+    # and returns stays counted in flight until it ends, and its value is not sent either.
+    async def go() -> None:
+        futures: list[asyncio.Future[Any]] = []
+        finish = asyncio.Event()
+
+        def plain(args: Any) -> asyncio.Future[Any]:
+            futures.append(asyncio.get_running_loop().create_future())
+            return futures[-1]
+
+        async def stubborn(args: Any) -> Any:
+            while True:
+                try:
+                    await finish.wait()
+                    return "finished anyway"
+                except asyncio.CancelledError:
+                    continue
+
+        run, written, _ = _fake_run(plain=plain, stubborn=stubborn)
+        run._on_message({"t": "call", "id": 1, "g": "tools", "n": "plain", "a": [{"o": []}]})
+        run._on_message({"t": "call", "id": 2, "g": "tools", "n": "stubborn", "a": [{"o": []}]})
+        await asyncio.sleep(0)
+        run._on_message({"t": "cancel", "id": 1})
+        run._on_message({"t": "cancel", "id": 2})
+        assert futures[0].cancelled()
+        await asyncio.sleep(0)
+        assert set(run.tasks) == {2}  # still running: still counted against the bounds
+        finish.set()
+        await asyncio.gather(*run.tasks.values())
+        await _turns()
+        assert not run.tasks and not run.cancelled_ids and written == []
+
+    arun(go())
+
+
+def test_a_cancel_flood_is_ignored_in_bounded_memory() -> None:
+    async def go() -> None:
+        events: list[Any] = []
+        release = asyncio.Event()
+        run, written, _ = _fake_run(hold=_holder(events, release))
+        for call_id in range(1, 101):
+            run._on_message({"t": "call", "id": call_id, "g": "tools", "n": "hold", "a": [call_id]})
+        await asyncio.sleep(0)
+        for n in range(50_000):
+            run._on_message({"t": "cancel", "id": (n * 7919) % 1000})  # the 50 odd ids below 100, many times
+            if n % 1000 == 0:
+                assert len(run.cancelled_ids) <= len(run.tasks)
+        await _turns()
+        cancelled = sorted(args for _, args in events)
+        assert cancelled == sorted({(n * 7919) % 1000 for n in range(50_000)} & set(range(1, 101)))
+        assert len(run.tasks) == 100 - len(cancelled) and not run.cancelled_ids
+        release.set()
+        await asyncio.gather(*run.tasks.values())
+        assert sorted(_replies(written)) == sorted(set(range(1, 101)) - set(cancelled))
+
+    arun(go())
+
+
+def test_forged_cancels_reach_only_the_forgers_own_calls_in_flight() -> None:
+    # Run A holds a call (id 1). Run B forges cancels of id 1 (A's id, not yet one of B's),
+    # junk ids and a flood; then B makes a real call, which frees A's. Nothing of A's is cut.
+    events: list[Any] = []
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        release = asyncio.Event()
+        started = asyncio.Event()
+        hold = _holder(events, release)
+
+        async def held(args: Any) -> Any:
+            started.set()
+            return await hold(args)
+
+        async def free(args: Any) -> Any:
+            release.set()
+            return "freed"
+
+        binds = tools(held=held, free=free)
+        a = asyncio.ensure_future(rt.run("return await tools.held('a')", binds))
+        await started.wait()
+        forger = FORGE + (
+            "for i in (1, 0, -1, 2, 10**30, 'x', None, 1.5, True, [1], {'id': 1}):\n"
+            "    send({'t': 'cancel', 'id': i})\n"
+            "for i in range(20000):\n    send({'t': 'cancel', 'id': i % 50})\n"
+            "send({'t': 'cancel'})\nreturn await tools.free({})"
+        )
+        b = await rt.run(forger, binds)
+        assert b.error is None and b.value == "freed", b
+        result = await a
+        assert result.error is None and result.value == "a", result
+        assert events == []
+
+    arun(with_runtime(go, isolation="auto", timeout_s=20.0))
+
+
 def test_unknown_binding_replies_by_own_name_lookup() -> None:
     async def go() -> None:
         run, written, called = _fake_run()
         for call_id, name in enumerate(["__class__", "mro", "__dict__", "__init__", "f", "get", "keys"]):
             run._on_message({"t": "call", "id": call_id, "g": "tools", "n": name, "a": [{"o": []}]})
         run._on_message({"t": "call", "id": 99, "g": "__class__", "n": "f", "a": [1]})
-        for task in list(run.tasks):
+        for task in list(run.tasks.values()):
             await task
         replies = {m["id"]: m for m in (json.loads(frame[4:]) for frame in written)}
         assert replies[0]["ok"] is True  # a binding literally named __class__

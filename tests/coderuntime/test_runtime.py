@@ -830,6 +830,64 @@ def test_a_programs_own_timeout_interrupts_a_binding_call() -> None:
     assert result.value == ["timed out", "timed out"], result
 
 
+_CANCELS = {
+    "wait_for": "try:\n    await asyncio.wait_for(tools.NAME({}), 0.1)\nexcept TimeoutError:\n    out.append('cut')\n",
+    "timeout": "try:\n    async with asyncio.timeout(0.1):\n        await tools.NAME({})\n"
+               "except TimeoutError:\n    out.append('cut')\n",
+    "task.cancel": "task = asyncio.ensure_future(tools.NAME({}))\nawait asyncio.sleep(0.1)\ntask.cancel()\n"
+                   "try:\n    await task\nexcept asyncio.CancelledError:\n    out.append('cut')\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(_CANCELS))
+def test_a_call_the_program_cancels_is_cancelled_on_the_host_without_a_reply(
+    form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker tells the host; the host cancels the binding's task, or the future a plain
+    # function returned, while the run goes on (its signal is not aborted), and sends no reply.
+    from dsh_core.coderuntime import host
+
+    written: list[Any] = []
+    original = host._Run._write
+
+    def write(self: Any, data: bytes) -> None:
+        written.append(json.loads(data[4:]))
+        original(self, data)
+
+    monkeypatch.setattr(host._Run, "_write", write)
+    events: list[Any] = []
+
+    async def held(args: Any) -> Any:
+        control = current_run()
+        assert control is not None
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            events.append(["task cancelled", control.signal.aborted])
+            raise
+        return "never"
+
+    def plain(args: Any) -> asyncio.Future[Any]:
+        control = current_run()
+        assert control is not None
+        future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: events.append(["future cancelled", f.cancelled(), control.signal.aborted]))
+        return future
+
+    async def probe(args: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return list(events)
+
+    program = "import asyncio\nout = []\n" + "".join(_CANCELS[form].replace("NAME", name)
+                                                       for name in ("held", "plain"))
+    program += "out.append(await tools.probe({}))\nreturn out"
+    result = run_one(program, tools(held=held, plain=plain, probe=probe), isolation="auto")
+    assert result.error is None, result.error
+    assert result.value == ["cut", "cut", [["task cancelled", False], ["future cancelled", True, False]]]
+    replies = [message["id"] for message in written if message.get("t") == "reply"]
+    assert replies == [3]  # the probe's; none for the two cancelled calls
+
+
 def test_a_lone_call_does_not_stall_threads_or_signal_handlers() -> None:
     # The reply this program waits for depends on work that a thread (or an asyncio
     # signal handler) hands back to the program's loop: waiting in place would hang.

@@ -346,6 +346,17 @@ class _Bridge:
                 if alone and bridge.wait_in_place(future):
                     return future.result()
                 return await future
+            except GeneratorExit:
+                # Closed, not cancelled: maybe by the garbage collector, even while this thread
+                # holds the channel's lock, where sending would deadlock. The run's end stops it.
+                raise
+            except BaseException:
+                # The program stopped waiting before the reply came (its await was cancelled:
+                # asyncio.wait_for, asyncio.timeout, task.cancel()): the host cancels the call.
+                # Once per call: a reply that arrived already took the entry out.
+                if bridge.pending.pop(call_id, None) is not None:
+                    bridge.channel.send({"t": "cancel", "id": call_id})
+                raise
             finally:
                 bridge.pending.pop(call_id, None)
 
