@@ -43,6 +43,18 @@ event is appended on the lane right after the program's call is resolved, so
 events keep commit order and a slow session store slows the lane instead of
 piling up writes.
 
+**A call the program cancels** (its await of the call was cancelled: ``asyncio.wait_for``,
+``asyncio.timeout``, ``task.cancel()``) has its future cancelled by the code runtime while
+the run goes on. Each call has an abort controller of its own, fused with the run's signal
+(its request's signal): a done-callback on the future aborts it with
+:data:`PROGRAM_CANCELLED`, so policy waiting for it (an approval prompt) and its body stop,
+and cuts the task running its around-dispatch and body, so a body that ignores its signal
+stops too and an exclusive call frees the barrier. The call commits as aborted (a queued
+one is abandoned: it never starts and logs nothing); a call whose body had already ended
+commits as it ended. A future cancelled because the run settled (the run's control signal
+is aborted first) is left to the run's own abort, which reaches every call through the
+same fused signals.
+
 Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
 task-killer may, at any point (before a task's first step included). Each
 task's done-callback repairs what a cancelled one left: its body counts as
@@ -61,18 +73,22 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from dsh_core.abort import AbortSignal
+from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.codemode.history import DispatchHistory
 from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
 from dsh_core.runtime import Staged, ToolRuntime, aborted_result, error_result
 
-__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "ProgramScheduler", "SubCall", "check_max_parallel", "SubCallError"]
+__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "ProgramScheduler", "SubCall", "check_max_parallel",
+           "SubCallError"]
 
 log = logging.getLogger("dsh")
 
 #: The default number of concurrency-safe nested calls one program may have in flight.
 DEFAULT_MAX_PARALLEL_SUB_CALLS: Final = 10
+
+#: The abort reason of a nested call whose program cancelled it.
+PROGRAM_CANCELLED: Final = "cancelled by the program"
 
 
 def check_max_parallel(value: object) -> int:
@@ -93,8 +109,8 @@ class SubCallError(Exception):
 class SubCall:
     """One nested call between submission and commit."""
 
-    __slots__ = ("counted", "exclusive", "failure", "future", "logged", "name", "request", "settled", "staged",
-                 "sub_call_id")
+    __slots__ = ("abort", "counted", "cut", "exclusive", "failure", "future", "logged", "name", "release", "request",
+                 "settled", "staged", "sub_call_id", "watch")
 
     def __init__(self, request: ToolExecutionInput, logged: JSON, future: asyncio.Future[JSON]) -> None:
         self.request = request
@@ -112,6 +128,18 @@ class SubCall:
         self.failure: ToolResult | None = None
         #: True while its body counts against the cap.
         self.counted = False
+        #: Aborts the call's own signal (the request's), fused with the run's; None if it has none.
+        self.abort: AbortController | None = None
+        #: Takes that fused signal's listener off the run's signal (at commit or abandonment).
+        self.release: Callable[[], None] = _noop
+        #: True once the task running its body was cancelled because the program cancelled the call.
+        self.cut = False
+        #: The done-callback on ``future`` that stops the call if the code runtime cancels it.
+        self.watch: Callable[[asyncio.Future[JSON]], None] | None = None
+
+
+def _noop() -> None:
+    return None
 
 
 def _mark_retrieved(future: asyncio.Future[JSON]) -> None:
@@ -157,14 +185,25 @@ class ProgramScheduler:
 
     # -- submission -----------------------------------------------------------------------------------
 
-    def submit(self, request: ToolExecutionInput, logged: JSON) -> asyncio.Future[JSON]:
+    def submit(self, request: ToolExecutionInput, logged: JSON,
+               abort: AbortController | None = None) -> asyncio.Future[JSON]:
         """Queue a nested call; the future settles at its commit, with what the program sees.
 
         That is the tool's plain (unfrozen) result value, or :class:`SubCallError`
         carrying only the tool's error text. Plain code, no await: the binding that
         calls it runs in the code runtime's event-loop callback.
+
+        ``abort`` is the controller of the request's signal: the scheduler fuses it with
+        the run's signal (until the call commits) and aborts it with :data:`PROGRAM_CANCELLED`
+        when the code runtime cancels the future while the run goes on.
         """
-        call = SubCall(request, logged, self._loop.create_future())
+        future: asyncio.Future[JSON] = self._loop.create_future()
+        call = SubCall(request, logged, future)
+        if abort is not None:
+            call.abort = abort
+            call.release = self._signal.add_listener(abort.abort)
+        call.watch = functools.partial(self._on_future_done, call)
+        future.add_done_callback(call.watch)
         self._pending.append(call)
         if not self._lane_held:
             self._hand_lane()
@@ -174,6 +213,36 @@ class ProgramScheduler:
         # Queued calls are abandoned at once, not when some body happens to end.
         if self._pending and not self._lane_held:
             self._hand_lane()
+
+    def _on_future_done(self, call: SubCall, future: asyncio.Future[JSON]) -> None:
+        """The program cancelled ``call`` (the code runtime cancelled its future): stop it.
+
+        A done-callback, not a task; the commit removes it before it resolves the future.
+        """
+        if not future.cancelled() or self._run_over():
+            return  # abandoned; or the run settled, and its own abort reaches the call
+        if not call.settled:
+            abort = call.abort
+            if abort is not None:
+                try:
+                    abort.abort(PROGRAM_CANCELLED)
+                except Exception as error:
+                    log.warning("an abort listener of nested call %s failed (abort reason: %s)", call.sub_call_id,
+                                PROGRAM_CANCELLED, exc_info=error)
+            task = self._dispatching.get(call)
+            if task is not None and not call.cut:
+                # Its body may ignore the signal: cut it, as a cancelled native call's body is cut.
+                call.cut = True
+                task.cancel()
+        if not self._lane_held and self._lane_work():
+            self._hand_lane()  # a queued call to abandon, or a barrier that may lift
+
+    def _run_over(self) -> bool:
+        """True once the run is aborted or settled (the code runtime aborts its control's signal first)."""
+        if self._signal.aborted:
+            return True
+        signal = getattr(self.run_control, "signal", None)
+        return isinstance(signal, AbortSignal) and signal.aborted
 
     # -- the lane -------------------------------------------------------------------------------------
 
@@ -235,7 +304,7 @@ class ProgramScheduler:
         return not self._exclusive and (self._in_flight == 0 or self._may_start(self._is_exclusive(head)))
 
     def _is_over(self, call: SubCall) -> bool:
-        """The run is over for a queued call (the code runtime cancels its future when the program settles)."""
+        """The run is over for a queued call, or the program cancelled it (the code runtime cancelled its future)."""
         return self._signal.aborted or call.future.cancelled()
 
     def _is_exclusive(self, call: SubCall) -> bool:
@@ -310,7 +379,9 @@ class ProgramScheduler:
             return
 
     def _abandon(self, call: SubCall) -> None:
-        if call.future.done():  # cancelled by the code runtime: its run is over, nobody waits
+        call.release()
+        call.watch = None
+        if call.future.done():  # cancelled by the code runtime: the program or its run is over, nobody waits
             return
         call.future.add_done_callback(_mark_retrieved)
         call.future.set_exception(SubCallError(
@@ -353,6 +424,16 @@ class ProgramScheduler:
             call.staged = await self._runtime.dispatch(staged)
         except Exception as error:
             staged.settle("final-result", error_result(error))
+            if call.cut and task is not None:
+                task.uncancel()  # the cut turned into an error by the body: this task goes on
+        except asyncio.CancelledError:
+            # Cut because the program cancelled the call (and by nothing else): the call is over,
+            # committed as aborted, and this task goes on. Any other cancellation goes up.
+            if not call.cut or task is None or task.uncancel() > 0:
+                raise
+        else:
+            if call.cut and task is not None:
+                task.uncancel()  # the body swallowed the cut and returned
         finally:
             self._dispatching.pop(call, None)
             call.settled = True
@@ -378,6 +459,7 @@ class ProgramScheduler:
 
     def _deliver(self, call: SubCall, result: ToolResult) -> None:
         """Defer contexts, settle the program's call and tell the watcher (no awaits: one step)."""
+        call.release()
         context = self._context
         if context is not None:
             # Deferred at commit, in submission order, onto the outer execution: they ride the
@@ -388,6 +470,9 @@ class ProgramScheduler:
                 context.conclude_turn()
         future = call.future
         if not future.done():  # the code runtime cancels the calls of a run that settled
+            watch, call.watch = call.watch, None
+            if watch is not None:
+                future.remove_done_callback(watch)
             error = result.error
             if error is None:
                 # A plain copy: the value is frozen (dict/list subclasses), and the seam carries

@@ -13,7 +13,8 @@ Every call the program makes goes back through the same
 :class:`~dsh_core.runtime.ToolRuntime` (see :meth:`RunCodeTransport._execute`
 and :mod:`dsh_core.codemode.scheduler`): same agent, the outer
 ``root_call_id``, the outer execution's opaque token as ``parent`` (which only
-lets the call past the model-direct collapse) and the run's abort signal. The
+lets the call past the model-direct collapse) and an abort signal of its own,
+aborted with the run's or when the program cancels the call. The
 program's namespace is a fixed snapshot of the scope's visible tools
 (``run_code`` excluded) taken when the program starts.
 
@@ -363,6 +364,8 @@ def _binding(
 
     A plain function: the code runtime calls it as the program's call arrives and
     awaits the scheduler's future, with no task per call (the scheduler owns the tasks).
+    The code runtime cancels that future when the program cancels the call: the
+    scheduler then stops the call (see :mod:`dsh_core.codemode.scheduler`).
     """
     call_id = execution.call_id
 
@@ -381,16 +384,19 @@ def _binding(
             raise SubCallError(f"tool arguments must be lossless JSON: {error}") from None
         if scheduler.run_control is None:
             scheduler.run_control = current_run()
+        # The call's own signal, fused with the run's by the scheduler: it is also aborted
+        # alone when the program cancels the call.
+        abort = AbortController()
         request = ToolExecutionInput(
             call_id=f"{call_id}:code:{next(counter)}",
             name=name,
             arguments=dispatched,
-            signal=signal,
+            signal=abort.signal,
             agent=execution.agent,
             parent=execution.token,
             root_call_id=execution.root_call_id,
         )
-        return scheduler.submit(request, logged)
+        return scheduler.submit(request, logged, abort)
 
     call.__name__ = call.__qualname__ = f"tools.{name}" if name.isidentifier() else f"tools[{name!r}]"
     return call
@@ -399,9 +405,10 @@ def _binding(
 def _abort_run(run: AbortController, reason: object, call_id: str) -> None:
     """Abort the run; an abort listener's error is logged, never the run's outcome.
 
-    Listeners on the run's signal are the nested tools' (and the scheduler's):
-    one that raises must not stop the settlement's drain, replace what the
-    program produced, or reach whoever aborted the outer call.
+    The run's signal reaches the nested tools' listeners (through each call's own
+    signal, fused with it) and the scheduler's: one that raises must not stop the
+    settlement's drain, replace what the program produced, or reach whoever aborted
+    the outer call.
     """
     try:
         run.abort(reason)

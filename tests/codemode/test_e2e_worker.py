@@ -20,7 +20,7 @@ from dsh_core.boot import LazyCodeRuntime, start_harness
 from dsh_core.cli import main
 from dsh_core.codemode.prompt import SDK_SECTION
 from dsh_core.codemode.transport import RunCodeTransport
-from dsh_core.coderuntime import PythonCodeRuntime
+from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.config import load_deployment
 from dsh_core.errors import ErrorCode
 from dsh_core.model import ApprovalOutcome
@@ -279,3 +279,120 @@ async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypat
     # the program is gone; call 2 was queued at settlement: it must not start
     assert started == [{"i": 0}]
     assert ("tool/code-dispatch-start", "call-1:code:2") not in env.sink.kinds()
+
+
+def _settles(env: Env) -> list[tuple[str, str, bool, str | None]]:
+    return [(e["sub_call_id"], e["payload"]["name"], e["payload"]["is_error"], e["payload"]["error_code"])
+            for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]
+
+
+async def test_a_retry_loop_after_timeouts_runs_one_body_at_a_time_on_the_worker() -> None:
+    # asyncio.wait_for gives up on an exclusive call whose body ignores its signal: the worker
+    # tells the host, which aborts and cuts it (ABORTED). The next attempt starts only then, and
+    # a later call is not held up by the barrier (without this, each body ran its 30 s).
+    events: list[str] = []
+
+    async def deploy(args: Any, ctx: Any) -> Any:
+        events.append(f"start {args['attempt']}")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            events.append(f"cut {args['attempt']}: {ctx.signal.reason}")
+            raise
+        return "deployed"
+
+    async def status(args: Any, ctx: Any) -> Any:
+        return "ok"
+
+    program = (
+        "import asyncio, time\nfor attempt in range(3):\n    try:\n"
+        "        await asyncio.wait_for(tools.deploy({'attempt': attempt}), 0.2)\n    except TimeoutError:\n"
+        "        print('attempt', attempt, 'timed out')\n"
+        "began = time.monotonic()\nstatus = await tools.status({})\nreturn [status, time.monotonic() - began < 1]"
+    )
+    runtime = PythonCodeRuntime(CodeRuntimeConfig(timeout_s=10.0))
+    try:
+        env = Env(code_runtime=runtime)
+        env.add(tool("deploy", deploy), tool("status", status))
+        result = await env.run(program)
+    finally:
+        await runtime.aclose()
+    assert result.value == {"logs": [f"attempt {n} timed out" for n in range(3)], "result": ["ok", True]}, result.text
+    assert events == [f"{what} {n}" + (": cancelled by the program" if what == "cut" else "")
+                      for n in range(3) for what in ("start", "cut")]
+    assert _settles(env) == [*((f"call-1:code:{n}", "deploy", True, "ABORTED") for n in (1, 2, 3)),
+                             ("call-1:code:4", "status", False, None)]
+
+
+async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_on_the_worker() -> None:
+    asked: list[str] = []
+    ran: list[str] = []
+
+    class Person:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            return PreDecision.ask("dangerous") if execution.name == "danger" else None
+
+        @hookimpl
+        def dsh_approve(self, request: Any) -> Any:
+            async def think() -> ApprovalOutcome:
+                asked.append("asked")
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    asked.append("withdrawn")
+                    raise
+                return ApprovalOutcome.ALLOWED
+
+            return think()
+
+    async def body(args: Any, ctx: Any) -> Any:
+        ran.append(args["n"])
+        await asyncio.sleep(args.get("s", 0))
+        return args["n"]
+
+    program = (
+        "import asyncio\nfirst = asyncio.ensure_future(tools.work({'n': 'first', 's': 0.3}))\n"
+        "await asyncio.sleep(0.05)\nqueued = asyncio.ensure_future(tools.work({'n': 'queued'}))\n"
+        "await asyncio.sleep(0.05)\nqueued.cancel()\nout = [await first]\n"
+        "try:\n    await asyncio.wait_for(tools.danger({'n': 'danger'}), 0.2)\nexcept TimeoutError:\n"
+        "    out.append('gave up')\nreturn out"
+    )
+    runtime = PythonCodeRuntime(CodeRuntimeConfig(timeout_s=10.0))
+    try:
+        env = Env(code_runtime=runtime)
+        env.plug(Person())
+        env.add(tool("work", body), tool("danger", body))
+        result = await env.run(program)
+    finally:
+        await runtime.aclose()
+    assert result.value == {"logs": [], "result": ["first", "gave up"]}, result.text
+    assert ran == ["first"] and asked == ["asked", "withdrawn"]
+    assert [e["sub_call_id"] for e in env.sink.events if e["kind"] == "tool/code-dispatch-start"] == [
+        "call-1:code:1", "call-1:code:3"]  # nothing of the queued call 2
+    assert _settles(env) == [("call-1:code:1", "work", False, None),
+                             ("call-1:code:3", "danger", True, "ABORTED_BEFORE_DISPATCH")]
+
+
+async def test_a_call_running_when_the_program_returns_is_not_taken_for_cancelled() -> None:
+    # The host cancels the futures of calls still pending when the run settles (aborting the
+    # run's control signal first): that is the run's end, not the program's cancel. The body is
+    # not cut; it hears the run's own abort and is awaited, as before.
+    seen: list[Any] = []
+
+    async def slow(args: Any, ctx: Any) -> Any:
+        await asyncio.sleep(0.2)
+        seen.append(["finished", ctx.signal.reason])
+        return "late"
+
+    runtime = PythonCodeRuntime()
+    try:
+        env = Env(code_runtime=runtime)
+        env.add(tool("slow", slow))
+        result = await env.run("import asyncio\nasyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.05)\n"
+                               "return 'done'")
+    finally:
+        await runtime.aclose()
+    assert result.value == {"logs": [], "result": "done"}, result.text
+    assert seen == [["finished", "run_code settled"]]
+    assert _settles(env) == [("call-1:code:1", "slow", True, "ABORTED")]
