@@ -12,7 +12,9 @@ schema never meets the interpreter's recursion limit; nesting deeper than
   ``async def name(self, args) -> Output`` per tool whose name is a plain
   identifier, its description as the docstring. Other names (keywords, a
   leading underscore, punctuation) are listed as comments to be called by
-  subscript: ``tools["my-tool"]({...})``.
+  subscript: ``tools["my-tool"]({...})``. In that class body a method shadows a builtin
+  or ``typing`` name (the default workspace has a tool named ``list``): the signatures
+  after it write ``builtins.list[str]``, and no generated class is named like a method.
 * :func:`render_typescript_sdk`: the same information as TypeScript
   declarations (``ToolArgsMap``, ``ToolOutputMap``, ``ToolCallError``,
   ``declare const tools``), for parity.
@@ -34,7 +36,7 @@ import json
 import keyword
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any, Final
 
 from attrs import frozen
@@ -239,23 +241,21 @@ def _py_literal(value: Any) -> str | None:
     return None
 
 
-def _py_value_type(value: Any) -> str:
-    if value is None:
-        return "None"
-    for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
-        if isinstance(value, kind):
-            return name
-    return "list[Any]" if isinstance(value, list) else "dict[str, Any]"
+#: A name :class:`_PythonTypes` marked as shadowed by a method of ``Tools``.
+_MARKED: Final = re.compile("([\x01\x02])([A-Za-z]+)")
 
 
 class _PythonTypes:
     """Renders schemas as Python type expressions, collecting the TypedDict classes they need."""
 
-    def __init__(self) -> None:
+    def __init__(self, methods: Iterable[str] = ()) -> None:
         self.classes: list[str] = []
+        #: What the stub imports: names from ``typing``, and the modules ``builtins`` and ``typing``.
         self.used: set[str] = set()
+        #: The ``Tools`` methods: inside that class body such a name is the method, not the type.
+        self._methods = frozenset(methods)
         self._names: set[str] = {"ToolCallError", "Tools", "Any", "Literal", "NotRequired", "Protocol",
-                                 "TypedDict"}
+                                 "TypedDict", *self._methods}
 
     def class_name(self, hint: str) -> str:
         base = hint[:MAX_CLASS_NAME]
@@ -269,9 +269,58 @@ class _PythonTypes:
     def expression(self, schema: Any, hint: str) -> str:
         return _expand(schema, hint, self._visit)
 
+    # A name a method shadows is written with a mark (``\x01list``, ``\x02Any``; marks are control
+    # characters, which no other text of the stub holds raw) that module-level code drops and a
+    # signature in ``Tools`` resolves to ``builtins.list`` / ``typing.Any``.
+
+    def builtin(self, name: str) -> str:
+        """``name`` (``list``, ``str``, ...), marked if a method of ``Tools`` shadows it."""
+        return name if name not in self._methods else f"\x01{name}"
+
+    def typing(self, name: str) -> str:
+        """``Any`` or ``Literal``, imported, or marked if a method of ``Tools`` shadows it."""
+        if name in self._methods:
+            return f"\x02{name}"
+        self.used.add(name)
+        return name
+
+    def module_level(self, text: str) -> str:
+        """``text`` for the module body, where the builtins and ``typing`` names are not shadowed."""
+        if "\x02" in text:
+            self.used.update(name for name in ("Any", "Literal") if f"\x02{name}" in text)
+        return text.replace("\x01", "").replace("\x02", "")
+
+    def signature(self, text: str, defined: Set[str]) -> str:
+        """``text`` for a signature in ``Tools`` after the methods ``defined``: a name one of them
+        shadows is qualified by its module (``builtins.list``)."""
+        def resolve(match: re.Match[str]) -> str:
+            name = match.group(2)
+            if name not in defined:
+                if match.group(1) == "\x02":
+                    self.used.add(name)
+                return name
+            module = "builtins" if match.group(1) == "\x01" else "typing"
+            self.used.add(module)
+            return f"{self.module(module)}.{name}"
+
+        return _MARKED.sub(resolve, text)
+
+    def module(self, module: str) -> str:
+        """The name the stub imports ``module`` as: itself, unless a method shadows that too."""
+        return module if module not in self._methods else f"_{module}"
+
     def _any(self) -> str:
-        self.used.add("Any")
-        return "Any"
+        return self.typing("Any")
+
+    def _value_type(self, value: Any) -> str:
+        if value is None:
+            return "None"
+        for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
+            if isinstance(value, kind):
+                return self.builtin(name)
+        if isinstance(value, list):
+            return f"{self.builtin('list')}[{self._any()}]"
+        return f"{self.builtin('dict')}[{self.builtin('str')}, {self._any()}]"
 
     def _visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
         if not isinstance(schema, dict) or depth > MAX_TYPE_DEPTH:
@@ -292,12 +341,13 @@ class _PythonTypes:
             return _Node([({**schema, "type": kind}, hint) for kind in types], _union)
         kind = types[0]
         if kind in _PY_SCALARS:
-            return _PY_SCALARS[kind]
+            return _PY_SCALARS[kind] if kind == "null" else self.builtin(_PY_SCALARS[kind])
         if kind == "array":
             items = schema.get("items")
+            array = self.builtin("list")
             if isinstance(items, dict):
-                return _Node([(items, hint + "Item")], lambda parts: f"list[{parts[0]}]")
-            return f"list[{self._any()}]"
+                return _Node([(items, hint + "Item")], lambda parts: f"{array}[{parts[0]}]")
+            return f"{array}[{self._any()}]"
         if kind == "object":
             return self._object(schema, hint)
         return self._any()
@@ -305,20 +355,17 @@ class _PythonTypes:
     def _literals(self, values: list[Any]) -> str:
         literals = [_py_literal(v) for v in values]
         if all(item is not None for item in literals):
-            self.used.add("Literal")
-            return f"Literal[{', '.join(dict.fromkeys(literals))}]"  # type: ignore[arg-type]
-        types = [_py_value_type(v) for v in values]
-        if any("Any" in t for t in types):
-            self.used.add("Any")
-        return _union(types)
+            return f"{self.typing('Literal')}[{', '.join(dict.fromkeys(literals))}]"  # type: ignore[arg-type]
+        return _union([self._value_type(v) for v in values])
 
     def _object(self, schema: Mapping[str, Any], hint: str) -> str | _Node:
         properties = schema.get("properties")
         extra = schema.get("additionalProperties", True)
         if not isinstance(properties, dict) or not properties:
+            mapping = f"{self.builtin('dict')}[{self.builtin('str')}, "
             if isinstance(extra, dict):
-                return _Node([(extra, hint + "Value")], lambda parts: f"dict[str, {parts[0]}]")
-            return f"dict[str, {self._any()}]"
+                return _Node([(extra, hint + "Value")], lambda parts: f"{mapping}{parts[0]}]")
+            return f"{mapping}{self._any()}]"
         name = self.class_name(hint)
         keys = list(properties)
         required = schema.get("required")
@@ -353,7 +400,7 @@ class _PythonTypes:
                     lines.append(f"    {_py_string(key)}: {annotation},"
                                  + (f"  # {note}" if note else ""))
                 lines.append("})")
-            self.classes.append("\n".join(lines))
+            self.classes.append(self.module_level("\n".join(lines)))
             return name
 
         return _Node(children, combine)
@@ -398,23 +445,25 @@ The available tools:"""
 
 def render_python_sdk(tools: Sequence[SdkTool]) -> str:
     """The Python SDK section: rules, then a ``python`` block with the typed stubs."""
-    types = _PythonTypes()
+    types = _PythonTypes(tool.name for tool in tools if is_attribute_name(tool.name))
     types.used.add("Protocol")
     members: list[str] = []
-    methods = 0
+    methods: set[str] = set()  # defined so far: in the class body, the names after them are theirs
     for tool in sorted(tools, key=lambda t: t.name):
         stem = _camel(tool.name)
-        args = types.expression(tool.parameters, stem + "Args")
-        output = types.expression(tool.output, stem + "Output")
+        args = types.signature(types.expression(tool.parameters, stem + "Args"), methods)
+        output = types.signature(types.expression(tool.output, stem + "Output"), methods)
         if is_attribute_name(tool.name):
-            methods += 1
+            methods.add(tool.name)
             members.append(f"    async def {tool.name}(self, args: {args}) -> {output}:\n"
                            f"{_docstring(tool.description, '        ')}")
         else:
             members.append(f"    # tools[{_py_string(tool.name)}](args: {args}) -> {output}: "
                            f"{_py_comment(tool.description)}")
     imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypedDict") if name in types.used]
-    blocks = [f"from typing import {', '.join(imports)}",
+    modules = "".join(f"import {name}\n" if types.module(name) == name else f"import {name} as _{name}\n"
+                      for name in ("builtins", "typing") if name in types.used)
+    blocks = [f"{modules}from typing import {', '.join(imports)}",
               "class ToolCallError(Exception):\n    tool_name: str",
               *types.classes,
               # A class body of comments only is not valid Python: ``pass`` keeps the stub parseable.

@@ -6,7 +6,7 @@ import ast
 import inspect
 import json
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -53,6 +53,14 @@ EXOTIC = [
 
 def python_block(text: str) -> str:
     return text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+
+
+def run_stub(code: str) -> dict[str, Any]:
+    """Run ``code`` as written: not under this module's ``from __future__ import annotations``, which
+    ``exec`` and ``compile`` would otherwise apply and so leave every annotation unevaluated."""
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<sdk>", "exec", dont_inherit=True), namespace)
+    return namespace
 
 
 def test_python_sdk_types() -> None:
@@ -227,8 +235,7 @@ def test_keys_python_would_rename_in_a_class_body_use_the_functional_syntax(key:
     """In a class body ``ﬁle`` reads as ``file`` (NFKC) and ``__secret`` as ``_QArgs__secret``."""
     tool = SdkTool("q", "Q.", {"type": "object", "properties": {key: {"type": "string"}, "ok": {"type": "integer"}},
                                "required": [key, "ok"]}, {})
-    namespace: dict[str, Any] = {}
-    exec(python_block(render_python_sdk([tool])), namespace)
+    namespace = run_stub(python_block(render_python_sdk([tool])))
     assert list(namespace["QArgs"].__annotations__) == [key, "ok"]
     assert namespace["QArgs"].__required_keys__ == {key, "ok"}
 
@@ -262,8 +269,7 @@ def test_lone_surrogates_show_as_escapes_in_the_python_stub() -> None:
     text = render_python_sdk([tool, other])
     text.encode("utf-8")
     code = python_block(text)
-    namespace: dict[str, Any] = {}
-    exec(compile(code, "<sdk>", "exec"), namespace)
+    namespace = run_stub(code)
     assert namespace["SArgs"].__annotations__["k\udfff"].__args__ == ("x\ud800",)
     assert namespace["Tools"].s.__doc__ == "a\ud800b"
     assert "# note\\udc80here" in code and "c\\udbffd" in code
@@ -293,8 +299,7 @@ def test_characters_that_would_not_show_are_escaped_in_the_python_stub(char: str
     other = SdkTool("h-sub", f"c{char}d", {"type": "object"}, {})
     code = python_block(render_python_sdk([tool, other]))
     assert char not in code
-    namespace: dict[str, Any] = {}
-    exec(compile(code, "<sdk>", "exec"), namespace)
+    namespace = run_stub(code)
     assert namespace["HArgs"].__annotations__[f"k{char}"].__args__ == (f"x{char}",)
     assert inspect.getdoc(namespace["Tools"].h) == f"a{char}b\nc{char}d"
     escape = char.encode("unicode_escape").decode("ascii")
@@ -315,8 +320,7 @@ def test_characters_that_would_not_show_are_escaped_in_the_typescript_stub(char:
 
 def test_docstring_line_ends_are_line_feeds() -> None:
     tool = SdkTool("crlf", "One.\r\nTwo.\rThree.\tTabbed.", {"type": "object"}, {})
-    namespace: dict[str, Any] = {}
-    exec(python_block(render_python_sdk([tool])), namespace)
+    namespace = run_stub(python_block(render_python_sdk([tool])))
     assert inspect.getdoc(namespace["Tools"].crlf) == "One.\nTwo.\nThree.\tTabbed.".expandtabs()
 
 
@@ -326,3 +330,30 @@ def test_a_subscript_tool_name_shows_its_own_letters() -> None:
                                            SdkTool("x\u202e", "Hidden.", {"type": "object"}, {})]))
     assert '    # tools["café-crème"](args: ' in code
     assert '    # tools["x\\u202e"](args: ' in code
+
+
+def test_tools_named_like_the_types_of_annotations_keep_the_stub_valid() -> None:
+    """A method named ``list`` (the default workspace has one) became ``list`` in the rest of the
+    ``Tools`` body: ``-> list[str]`` after it subscripted the function and the stub did not run."""
+    every = {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
+                       {"const": "x"}, {"enum": [[1], {"a": 1}]}, {}]}
+    output = {"type": "object", "additionalProperties": {"type": "array", "items": every}}
+    names = ["Any", "FooArgs", "Literal", "bool", "builtins", "dict", "float", "foo", "int", "list", "str",
+             "typing", "zz"]
+    foo = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    tools = [SdkTool(name, f"{name}.", foo if name == "foo" else {"type": "object"}, output) for name in names]
+    code = python_block(render_python_sdk(tools))
+    namespace = run_stub(code)
+    expected = dict[str, list[str | int | float | bool | Literal["x"] | list[Any] | dict[str, Any] | Any]]
+    for name in names:
+        annotations = getattr(namespace["Tools"], name).__annotations__
+        assert annotations["return"] == expected, name
+        if name != "foo":
+            assert annotations["args"] == dict[str, Any], name
+    # A generated class is never named like a method either.
+    assert namespace["Tools"].foo.__annotations__["args"].__required_keys__ == {"a"}
+    # Only what a method defined before shadows is qualified, and module-level code needs none.
+    assert "    async def Any(self, args: dict[str, Any]) -> dict[str, list[str | int | float | bool | " in code
+    assert "    async def zz(self, args: _builtins.dict[_builtins.str, _typing.Any]) -> " in code
+    assert "import builtins as _builtins\nimport typing as _typing\nfrom typing import Any, Literal," in code
+    assert "class FooArgs2(TypedDict):\n    # Additional keys beyond those declared are allowed.\n    a: str\n" in code

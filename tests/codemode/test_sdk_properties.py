@@ -32,7 +32,9 @@ IDENTIFIER = st.from_regex(r"[A-Za-z_$][A-Za-z0-9_$]{0,6}", fullmatch=True)
 #: Any code point (surrogates included), ASCII names and the tricky pieces, in any order.
 TEXT = st.lists(st.one_of(TRICKY, IDENTIFIER, st.text(st.characters(exclude_categories=()), max_size=6)),
                 max_size=6).map("".join)
-NAME = st.one_of(IDENTIFIER, TEXT).filter(bool)
+#: Names of the types annotations use, which a method of ``Tools`` would shadow.
+TYPE_NAME = st.sampled_from(["list", "dict", "str", "int", "float", "bool", "Any", "Literal", "builtins", "typing"])
+NAME = st.one_of(IDENTIFIER, TYPE_NAME, TEXT).filter(bool)
 LITERAL = st.one_of(TEXT, st.integers(-(10**20), 10**20), st.booleans(), st.none())
 NOTES = {"description": TEXT, "title": TEXT, "default": TEXT}
 
@@ -136,10 +138,10 @@ def test_the_python_stub_compiles_encodes_and_keeps_every_text(tools: list[SdkTo
     # No text closed a string early (the pieces would be strings of their own), and each value shows.
     assert constants <= keys | values | class_names
     assert in_code <= constants
-    # Each TypedDict declares keys of the schemas only: none renamed (NFKC, mangling). Only the
-    # classes run: a member of Tools may be named like a builtin an annotation after it uses.
+    # The stub runs as written (not under this module's future import), and each TypedDict
+    # declares keys of the schemas only: none renamed (NFKC, mangling).
     namespace: dict[str, Any] = {}
-    exec(code.split("\nclass Tools(Protocol):", 1)[0], namespace)
+    exec(compile(code, "<sdk>", "exec", dont_inherit=True), namespace)
     for value in namespace.values():
         if isinstance(value, type) and hasattr(value, "__required_keys__"):
             assert set(value.__annotations__) <= keys
