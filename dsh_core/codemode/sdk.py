@@ -28,6 +28,8 @@ Names, descriptions and schema strings come from plugins and may be any
 itself except what would not (NUL, lone surrogates, controls, line separators,
 bidi and invisible format characters), which is written as its escape; nothing
 can end a docstring, comment or string early (``tests/codemode/test_sdk_properties.py``).
+A docstring with backslashes is raw, so they read as written (``\\d+``), unless
+it needs an escape or cannot close as a raw string; then they are doubled.
 """
 
 from __future__ import annotations
@@ -406,18 +408,36 @@ class _PythonTypes:
         return _Node(children, combine)
 
 
+def _raw_docstring_quote(text: str) -> str | None:
+    """The quotes of a raw docstring that holds ``text`` as written, or ``None`` if none can.
+
+    In a raw string a backslash is itself (``\\bTODO\\b`` reads as the description wrote it), but
+    it still keeps a quote from closing the string: ``text`` must not hold the closing quotes, end
+    in their quote or in an odd run of backslashes, nor need an escape (:data:`_UNSHOWABLE`).
+    """
+    if _UNSHOWABLE.search(text) or (len(text) - len(text.rstrip("\\"))) % 2:
+        return None
+    return next((quote for quote in ('"""', "'''") if quote not in text and not text.endswith(quote[0])), None)
+
+
 def _docstring(text: str, indent: str) -> str:
+    """A docstring of ``text``: raw when it has backslashes, so the model reads them as written."""
     # CR LF and CR end a line in Python source too: they become line feeds, not escapes.
     text = text.strip().replace("\r\n", "\n").replace("\r", "\n")
-    body = _py_escaped(text.replace("\\", "\\\\"))  # after the backslashes: escapes stay escapes
-    # Quotes next to the closing """ would end the docstring early: escape every trailing one.
-    unquoted = body.rstrip('"')
-    body = unquoted.replace('"""', '\\"\\"\\"') + '\\"' * (len(body) - len(unquoted))
+    quote = _raw_docstring_quote(text) if "\\" in text else None
+    if quote is not None:
+        start, end, body = "r" + quote, quote, text
+    else:
+        start = end = '"""'
+        body = _py_escaped(text.replace("\\", "\\\\"))  # after the backslashes: escapes stay escapes
+        # Quotes next to the closing """ would end the docstring early: escape every trailing one.
+        unquoted = body.rstrip('"')
+        body = unquoted.replace('"""', '\\"\\"\\"') + '\\"' * (len(body) - len(unquoted))
     lines = body.split("\n")  # splitlines() would also break at characters now escaped
     if len(lines) == 1:
-        return f'{indent}"""{lines[0]}"""'
+        return f"{indent}{start}{lines[0]}{end}"
     rest = "\n".join((indent + line) if line.strip() else "" for line in lines[1:])
-    return f'{indent}"""{lines[0]}\n{rest}\n{indent}"""'
+    return f"{indent}{start}{lines[0]}\n{rest}\n{indent}{end}"
 
 
 PYTHON_RULES: Final = """\

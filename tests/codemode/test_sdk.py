@@ -6,6 +6,7 @@ import ast
 import inspect
 import json
 import sys
+import warnings
 from typing import Any, Literal
 
 import pytest
@@ -357,3 +358,25 @@ def test_tools_named_like_the_types_of_annotations_keep_the_stub_valid() -> None
     assert "    async def zz(self, args: _builtins.dict[_builtins.str, _typing.Any]) -> " in code
     assert "import builtins as _builtins\nimport typing as _typing\nfrom typing import Any, Literal," in code
     assert "class FooArgs2(TypedDict):\n    # Additional keys beyond those declared are allowed.\n    a: str\n" in code
+
+
+@pytest.mark.parametrize(("description", "source"), [
+    (r"Search with a regex such as \bTODO\b or \d+ (C:\work)",
+     r'r"""Search with a regex such as \bTODO\b or \d+ (C:\work)"""'),
+    ('A path such as "C:\\dir\\"', "r'''A path such as \"C:\\dir\\\"'''"),
+    ('Has """ and \\d', "r'''Has \"\"\" and \\d'''"),
+    ("Two lines \\n\nand \\N{x} \\u12 \\", None),  # ends in a backslash: a raw string cannot
+    ("Both \"\"\" and ''' and \\d", None),
+    ("A control \x1b and \\d", None),
+    ('Ends in \\"', "r'''Ends in \\\"'''"),
+])
+def test_docstrings_show_backslashes_as_written(description: str, source: str | None) -> None:
+    """A description's backslashes were doubled in the docstring, so the model read ``\\\\bTODO\\\\b``
+    for ``\\bTODO\\b``. A raw docstring shows them as written; what no raw string can hold is escaped."""
+    code = python_block(render_python_sdk([SdkTool("grep", description, {"type": "object"}, {})]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an escape Python does not know would warn
+        namespace = run_stub(code)
+    assert inspect.getdoc(namespace["Tools"].grep) == inspect.cleandoc(description)
+    if source is not None:
+        assert f"        {source}\n" in code
