@@ -19,6 +19,12 @@ schema never meets the interpreter's recursion limit; nesting deeper than
   declarations (``ToolArgsMap``, ``ToolOutputMap``, ``ToolCallError``,
   ``declare const tools``), for parity.
 
+A parent's own keywords hold in each of its ``oneOf``/``anyOf`` variants, and ``allOf``
+members merge into one type (:func:`_variants`): ``properties`` and ``required`` are united,
+``type``, ``const``/``enum`` and ``additionalProperties`` intersect, and a variant that cannot
+hold is left out. Past :data:`MAX_VARIANTS`, or when none holds, the parent renders alone with
+a comment saying so; a variant never drops a key its parent requires.
+
 Output is deterministic: tools are sorted by name, properties keep their
 declared order, and class names are minted in traversal order, so an
 unchanged tool set renders byte-identically.
@@ -34,6 +40,7 @@ it needs an escape or cannot close as a raw string; then they are doubled.
 
 from __future__ import annotations
 
+import itertools
 import json
 import keyword
 import re
@@ -47,6 +54,7 @@ from dsh_core.model import ToolDefinition
 
 __all__ = [
     "MAX_TYPE_DEPTH",
+    "MAX_VARIANTS",
     "SdkTool",
     "SDK_RENDERERS",
     "render_sdk",
@@ -194,24 +202,319 @@ def _constrains_only(schema: Any) -> bool:
     return isinstance(schema, dict) and not _TYPING_KEYWORDS.intersection(schema)
 
 
-def _alternatives(schema: Mapping[str, Any]) -> list[Any] | None:
-    found: list[Any] | None = None
-    for key in ("oneOf", "anyOf"):
-        value = schema.get(key)
-        if isinstance(value, list) and value:
-            found = value
-            break
-    else:
-        value = schema.get("allOf")
-        if isinstance(value, list) and len(value) == 1:
-            found = value
-    if found is not None and _types_of(schema) and all(_constrains_only(alt) for alt in found):
-        return None  # e.g. "path or text is required": the schema's own type says more than Any would
-    return found
+# -- combinators: a parent's keywords hold in each of its variants ----------------------------------------
+
+
+#: Most variants one schema's ``oneOf``/``anyOf`` lists multiply out to before its stub stops spelling
+#: them out (and shows the parent alone, with a note).
+MAX_VARIANTS: Final = 16
+#: Most variants one render spells out in all: alternatives nested in alternatives multiply.
+_VARIANT_BUDGET: Final = 512
+#: Keywords whose meaning a stub shows: a parent with none of them adds nothing to its variants.
+_SHAPE_KEYWORDS: Final = frozenset({"type", "properties", "required", "additionalProperties", "items", "const",
+                                    "enum"})
+_COMBINATORS: Final = ("oneOf", "anyOf", "allOf")
+
+
+class _Noted:
+    """A schema to render with a comment: ``note`` on its own class, ``elsewhere`` on the class or
+    tool around it when it has none."""
+
+    __slots__ = ("elsewhere", "note", "schema")
+
+    def __init__(self, schema: dict[str, Any], note: str, elsewhere: str) -> None:
+        self.schema = schema
+        self.note = note
+        self.elsewhere = elsewhere
+
+
+def _variants_not_shown(own: dict[str, Any]) -> _Noted:
+    """``own`` (a parent's keywords) to render alone: its ``oneOf``/``anyOf`` variants are too many,
+    or none holds together with it."""
+    return _Noted(own, "Must also match one of the oneOf/anyOf variants of its schema, not spelled out here.",
+                  "A type here must also match one of the oneOf/anyOf variants of its schema, not spelled out.")
+
+
+def _says_nothing(schema: Any) -> bool:
+    """True for ``true``, ``{}`` and what is no schema: nothing a stub could show."""
+    return schema is True or (isinstance(schema, dict) and not schema) or not isinstance(schema, (bool, dict))
+
+
+class _Conjunction(dict[str, Any]):
+    """The ``allOf`` :func:`_conjunction` makes: one more conjunct joins its list."""
+
+
+def _same(first: Any, second: Any) -> bool:
+    try:
+        return bool(first is second or first == second)
+    except RecursionError:  # too deep to compare: count them as two
+        return False
+
+
+def _conjunction(first: Any, second: Any) -> Any:
+    """A schema ``first`` and ``second`` both hold in: their ``allOf`` (merged when it is visited)."""
+    if first is False or second is False:
+        return False
+    if _says_nothing(first):
+        return second
+    if _says_nothing(second) or _same(first, second):
+        return first
+    members = list(first["allOf"]) if isinstance(first, _Conjunction) else [first]
+    if any(_same(member, second) for member in members):
+        return first
+    note = next((schema["description"] for schema in (first, second)
+                 if isinstance(schema, dict) and isinstance(schema.get("description"), str)), None)
+    return _Conjunction({"allOf": [*members, second], **({"description": note} if note is not None else {})})
+
+
+def _type_list(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(kind, str) for kind in value):
+        return list(dict.fromkeys(value))
+    return None
+
+
+def _allows(types: Sequence[str], kind: str) -> bool:
+    return kind in types or (kind == "integer" and "number" in types)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    kinds: tuple[tuple[type, str], ...] = ((float, "number"), (str, "string"), (list, "array"), (dict, "object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "")
+
+
+def _value_key(value: Any) -> tuple[str, Any]:
+    """Equal for JSON-equal values (``1`` and ``1.0``; not ``true`` and ``1``)."""
+    if value is None or isinstance(value, (bool, str)):
+        return type(value).__name__, value
+    if isinstance(value, (int, float)):
+        return "number", value
+    try:
+        return "json", json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return "object", id(value)
+
+
+def _conjoin(own: dict[str, Any], part: Mapping[str, Any], deep: bool) -> bool:
+    """Add what ``part`` asks for (its combinators aside) to ``own``; False when nothing can meet both.
+
+    ``type`` and ``const``/``enum`` intersect, ``required`` is the union, ``properties`` merge key by
+    key, each under the other side's ``additionalProperties`` where that side does not list it, and
+    ``additionalProperties`` intersect too. A key is ``false`` (forbidden) where a side forbids it
+    or, ``deep``, where the two schemas of a key conflict (compared one level down only).
+    """
+    for key, value in part.items():
+        if key == "type":
+            types = _type_list(value)
+            if types is not None and "type" in own:
+                mine = own["type"]
+                types = [kind for kind in mine if _allows(types, kind)] + [
+                    kind for kind in types if kind not in mine and _allows(mine, kind)]
+                if not types:
+                    return False
+            if types is not None:
+                own["type"] = types
+        elif key in ("const", "enum"):
+            values = [value] if key == "const" else value
+            if isinstance(values, list):
+                if "enum" in own:
+                    keys = {_value_key(item) for item in values}
+                    values = [item for item in own["enum"] if _value_key(item) in keys]
+                if not values:
+                    return False
+                own["enum"] = values
+        elif key == "required":
+            if isinstance(value, list):
+                own["required"] = list(dict.fromkeys([*own.get("required", ()),
+                                                      *(name for name in value if isinstance(name, str))]))
+        elif key == "items":
+            own["items"] = _conjunction(own["items"], value) if "items" in own else value
+        elif key not in ("properties", "additionalProperties", "$defs", "definitions", *_COMBINATORS):
+            own.setdefault(key, value)  # annotations, and constraints no stub shows
+    properties = part.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    extra = part.get("additionalProperties", True)
+    if properties or not _says_nothing(extra):
+        mine, mine_extra = own.get("properties", {}), own.get("additionalProperties", True)
+        merged: dict[str, Any] = {}
+        for name in [*mine, *(name for name in properties if name not in mine)]:
+            schema = _conjunction(mine.get(name, mine_extra), properties.get(name, extra))
+            if deep and isinstance(schema, _Conjunction) and _conflict(schema["allOf"]):
+                schema = False
+            merged[name] = schema
+        own["properties"] = merged
+        own["additionalProperties"] = _conjunction(mine_extra, extra)
+    return True
+
+
+class _TooComplex(Exception):
+    """More schemas to merge than :data:`_MAX_MERGED` (``allOf`` nests without bound)."""
+
+
+#: Most schemas :func:`_merge` merges into one: past it, the variants are not spelled out.
+_MAX_MERGED: Final = 64
+
+
+def _conflict(parts: Iterable[Any]) -> bool:
+    """True when nothing can meet all of ``parts`` (looking one level deep, into no property)."""
+    try:
+        return _merge(parts, deep=False) is None
+    except _TooComplex:
+        return False
+
+
+def _merge(parts: Iterable[Any], deep: bool = True) -> tuple[dict[str, Any], list[list[Any]]] | None:
+    """One schema all of ``parts`` hold in (their ``allOf`` members merged in too) and the
+    ``oneOf``/``anyOf`` lists it must also match; ``None`` when nothing can meet them all.
+    Raises :class:`_TooComplex` past :data:`_MAX_MERGED` schemas."""
+    own: dict[str, Any] = {}
+    lists: list[list[Any]] = []
+    stack = list(parts)[::-1]
+    merged = 0
+    while stack:
+        part = stack.pop()
+        if part is False:
+            return None
+        if not isinstance(part, dict):
+            continue
+        merged += 1
+        if merged > _MAX_MERGED:
+            raise _TooComplex
+        lists.extend(value for key in ("oneOf", "anyOf") if isinstance(value := part.get(key), list) and value)
+        if isinstance(members := part.get("allOf"), list):
+            stack.extend(reversed(members))
+        if not _conjoin(own, part, deep):
+            return None
+    properties, extra = own.get("properties", {}), own.get("additionalProperties", True)
+    if any(properties.get(name, extra) is False for name in own.get("required", ())):
+        return None  # a required key is forbidden
+    if "enum" in own and "type" in own:
+        own["enum"] = [value for value in own["enum"] if _allows(own["type"], _json_type(value))]
+        if not own["enum"]:
+            return None
+    return own, lists
+
+
+def _variants(schema: Mapping[str, Any], budget: list[int]) -> list[Any] | _Noted | None:
+    """The schemas ``schema`` stands for: its ``oneOf``/``anyOf`` alternatives, each merged with
+    ``schema``'s own keywords and ``allOf`` members; ``None`` if it has no combinator to render.
+
+    ``budget`` (one count, shared by a render) bounds how many variants are spelled out; past it, or
+    past :data:`MAX_VARIANTS`, or when no variant can hold, the parent's keywords render alone with a note.
+    """
+    if not any(isinstance(value := schema.get(key), list) and value for key in _COMBINATORS):
+        return None
+    try:
+        merged = _merge([schema])
+    except _TooComplex:
+        merged = None
+    if merged is None:
+        return _variants_not_shown({key: value for key, value in schema.items() if key not in _COMBINATORS})
+    own, lists = merged
+    if _types_of(own):
+        # e.g. "path or text is required": the parent's type, with both optional, is the stub
+        lists = [alternatives for alternatives in lists if not all(_constrains_only(alt) for alt in alternatives)]
+    if not lists:
+        return [own] if schema.get("allOf") else None
+    count = 1
+    for alternatives in lists:
+        count *= len(alternatives)
+        if count > min(MAX_VARIANTS, budget[0]):
+            return _variants_not_shown(own)
+    budget[0] -= count
+    variants: list[Any] = []
+    adds_nothing = not _SHAPE_KEYWORDS.intersection(own)
+    for combination in itertools.product(*lists):
+        if adds_nothing and len(combination) == 1:
+            variants.append(combination[0])
+            continue
+        try:
+            variant = _merge([own, *combination])
+        except _TooComplex:
+            return _variants_not_shown(own)
+        if variant is not None:
+            variant_own, more = variant
+            variants.append({**variant_own, "allOf": [{"anyOf": alts} for alts in more]} if more else variant_own)
+    return variants or _variants_not_shown(own)
+
+
+def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``schema``'s properties but those it forbids (``false``: no stub lists them)."""
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return None
+    return {key: value for key, value in properties.items() if value is not False}
+
+
+class _Types:
+    """What both renderers share: the variant budget and the notes a stub shows as comments."""
+
+    def __init__(self) -> None:
+        #: Comments waiting for the class (Python) or tool around the type that asked for them.
+        self.notes: list[str] = []
+        self._budget = [_VARIANT_BUDGET]
+
+    def take_notes(self, start: int = 0) -> list[str]:
+        """The notes added since ``start``, which are then gone."""
+        notes = list(dict.fromkeys(self.notes[start:]))
+        del self.notes[start:]
+        return notes
+
+    def combinators(self, schema: Mapping[str, Any], hint: str) -> _Node | None:
+        """A node for ``schema``'s variants (see :func:`_variants`), or ``None`` when it has none."""
+        variants = _variants(schema, self._budget)
+        if variants is None:
+            return None
+        if isinstance(variants, _Noted) or len(variants) == 1:
+            return _Node([(variants if isinstance(variants, _Noted) else variants[0], hint)], _first)
+        return _Node([(variant, f"{hint}{i + 1}") for i, variant in enumerate(variants)], self.variant_union)
+
+    def variant_union(self, parts: list[str]) -> str:
+        """The union of the types of a schema's variants."""
+        return _union(parts)
+
+
+def _first(parts: list[str]) -> str:
+    return parts[0]
+
+
+#: What :func:`_union_members` looks at: an escape, a quote, a bracket, a top-level ``|``.
+_UNION_TOKENS: Final = re.compile(r'\\.|"|[\[({]|[\])}]| \| ')
+
+
+def _union_members(text: str) -> list[str]:
+    """``text`` split at its top-level `` | `` (not one inside brackets or a string literal)."""
+    if " | " not in text:
+        return [text]
+    members: list[str] = []
+    depth, start, quoted = 0, 0, False
+    for token in _UNION_TOKENS.finditer(text):
+        mark = token.group()
+        if mark == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif mark in "([{":
+            depth += 1
+        elif mark in ")]}":
+            depth -= 1
+        elif mark == " | " and depth == 0:
+            members.append(text[start:token.start()])
+            start = token.end()
+    members.append(text[start:])
+    return members
 
 
 def _union(parts: Sequence[str]) -> str:
-    unique = list(dict.fromkeys(parts))
+    """The union of ``parts``, each member once (``str | None`` and ``None`` make ``str | None``)."""
+    unique = list(dict.fromkeys(member for part in parts for member in _union_members(part)))
     return " | ".join(unique) if unique else "Any"
 
 
@@ -247,11 +550,17 @@ def _py_literal(value: Any) -> str | None:
 _MARKED: Final = re.compile("([\x01\x02])([A-Za-z]+)")
 
 
-class _PythonTypes:
+class _PythonTypes(_Types):
     """Renders schemas as Python type expressions, collecting the TypedDict classes they need."""
 
     def __init__(self, methods: Iterable[str] = ()) -> None:
-        self.classes: list[str] = []
+        super().__init__()
+        #: The classes by name, in the order they are defined (each after the classes it uses).
+        self.classes: dict[str, str] = {}
+        #: What each class declares: two classes that declare the same are the same type.
+        self._bodies: dict[str, tuple[object, ...]] = {}
+        #: The note of the :class:`_Noted` schema being visited, until its class takes it.
+        self._note: str | None = None
         #: What the stub imports: names from ``typing``, and the modules ``builtins`` and ``typing``.
         self.used: set[str] = set()
         #: The ``Tools`` methods: inside that class body such a name is the method, not the type.
@@ -311,6 +620,18 @@ class _PythonTypes:
         """The name the stub imports ``module`` as: itself, unless a method shadows that too."""
         return module if module not in self._methods else f"_{module}"
 
+    def variant_union(self, parts: list[str]) -> str:
+        """The union of a schema's variants, each class once: a class that declares what another
+        variant's does (they differ in what no stub shows) is dropped."""
+        kept: dict[tuple[object, ...] | str, str] = {}
+        for member in (member for part in parts for member in _union_members(part)):
+            body = self._bodies.get(member)
+            if body is not None and body in kept:
+                del self.classes[member], self._bodies[member]  # no other type uses a variant's class
+            else:
+                kept[member if body is None else body] = member
+        return _union(list(kept.values()))
+
     def _any(self) -> str:
         return self.typing("Any")
 
@@ -325,6 +646,17 @@ class _PythonTypes:
         return f"{self.builtin('dict')}[{self.builtin('str')}, {self._any()}]"
 
     def _visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+        if not isinstance(schema, _Noted):
+            return self._visit_schema(schema, hint, depth)
+        self._note = schema.note
+        try:
+            return self._visit_schema(schema.schema, hint, depth)
+        finally:
+            if self._note is not None:  # no class of its own: the class or tool around it says it
+                self.notes.append(schema.elsewhere)
+                self._note = None
+
+    def _visit_schema(self, schema: Any, hint: str, depth: int) -> str | _Node:
         if not isinstance(schema, dict) or depth > MAX_TYPE_DEPTH:
             return self._any()
         if "const" in schema:
@@ -332,10 +664,9 @@ class _PythonTypes:
         enum = schema.get("enum")
         if isinstance(enum, list) and enum:
             return self._literals(enum)
-        alternatives = _alternatives(schema)
-        if alternatives is not None:
-            return _Node([(alt, f"{hint}{i + 1}" if len(alternatives) > 1 else hint)
-                          for i, alt in enumerate(alternatives)], _union)
+        variants = self.combinators(schema, hint)
+        if variants is not None:
+            return variants
         types = _types_of(schema)
         if not types:
             return self._any()
@@ -361,7 +692,7 @@ class _PythonTypes:
         return _union([self._value_type(v) for v in values])
 
     def _object(self, schema: Mapping[str, Any], hint: str) -> str | _Node:
-        properties = schema.get("properties")
+        properties = _allowed_properties(schema)
         extra = schema.get("additionalProperties", True)
         if not isinstance(properties, dict) or not properties:
             mapping = f"{self.builtin('dict')}[{self.builtin('str')}, "
@@ -374,8 +705,14 @@ class _PythonTypes:
         required_set = set(required) if isinstance(required, list) else set()
         children = [(properties[key], name + _camel(key)) for key in keys]
         open_object = extra is not False
+        own_notes = [] if self._note is None else [self._note]
+        self._note = None
+        start = len(self.notes)
 
         def combine(parts: list[str]) -> str:
+            notes = [f"# {_py_comment(note)}" for note in dict.fromkeys([*own_notes, *self.take_notes(start)])]
+            if open_object:
+                notes.append("# Additional keys beyond those declared are allowed.")
             self.used.add("TypedDict")
             fields: list[tuple[str, str, str]] = []
             for key, part in zip(keys, parts, strict=True):
@@ -387,22 +724,18 @@ class _PythonTypes:
                 note = prop.get("description") if isinstance(prop, dict) else None
                 fields.append((key, annotation, _py_comment(note) if isinstance(note, str) and note.strip() else ""))
             if all(_is_field_name(key) for key in keys):
-                lines = [f"class {name}(TypedDict):"]
-                if open_object:
-                    lines.append("    # Additional keys beyond those declared are allowed.")
+                lines = [f"class {name}(TypedDict):", *(f"    {note}" for note in notes)]
                 for key, annotation, note in fields:
                     lines.append(f"    {key}: {annotation}" + (f"  # {note}" if note else ""))
             else:
                 # Keys that cannot be class attributes still get a precise type: the functional syntax.
-                lines = []
-                if open_object:
-                    lines.append("# Additional keys beyond those declared are allowed.")
-                lines.append(f"{name} = TypedDict({json.dumps(name)}, {{")
+                lines = [*notes, f"{name} = TypedDict({json.dumps(name)}, {{"]
                 for key, annotation, note in fields:
                     lines.append(f"    {_py_string(key)}: {annotation},"
                                  + (f"  # {note}" if note else ""))
                 lines.append("})")
-            self.classes.append(self.module_level("\n".join(lines)))
+            self.classes[name] = self.module_level("\n".join(lines))
+            self._bodies[name] = (tuple(notes), tuple(fields), lines[0].startswith("class "))
             return name
 
         return _Node(children, combine)
@@ -473,6 +806,7 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
         stem = _camel(tool.name)
         args = types.signature(types.expression(tool.parameters, stem + "Args"), methods)
         output = types.signature(types.expression(tool.output, stem + "Output"), methods)
+        members.extend(f"    # {_py_comment(note)}" for note in types.take_notes())
         if is_attribute_name(tool.name):
             methods.add(tool.name)
             members.append(f"    async def {tool.name}(self, args: {args}) -> {output}:\n"
@@ -485,7 +819,7 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
                       for name in ("builtins", "typing") if name in types.used)
     blocks = [f"{modules}from typing import {', '.join(imports)}",
               "class ToolCallError(Exception):\n    tool_name: str",
-              *types.classes,
+              *types.classes.values(),
               # A class body of comments only is not valid Python: ``pass`` keeps the stub parseable.
               "class Tools(Protocol):\n" + "\n".join([*members, *([] if methods else ["    pass"])]),
               "tools: Tools"]
@@ -530,47 +864,56 @@ def _ts_array(item: str) -> str:
     return f"({item})[]" if ("|" in item or "&" in item) else f"{item}[]"
 
 
-def _ts_visit(schema: Any, hint: str, depth: int) -> str | _Node:
-    if not isinstance(schema, dict):
-        return "JsonValue" if schema is True else "unknown"
-    if depth > MAX_TYPE_DEPTH:
-        return "JsonValue"
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
-    if isinstance(values, list) and values:
-        return _union([_ts_literal(v) for v in values])
-    alternatives = _alternatives(schema)
-    if alternatives is not None:
-        return _Node([(alt, hint) for alt in alternatives], _union)
-    types = _types_of(schema)
-    if not types:
-        return "JsonValue"
-    if len(types) > 1:
-        return _Node([({**schema, "type": kind}, hint) for kind in types], _union)
-    kind = types[0]
-    if kind in _TS_SCALARS:
-        return _TS_SCALARS[kind]
-    if kind == "array":
-        items = schema.get("items")
-        if isinstance(items, dict):
-            return _Node([(items, hint)], lambda parts: _ts_array(parts[0]))
-        return "JsonValue[]"
-    if kind != "object":
-        return "unknown"
-    properties = schema.get("properties")
-    extra = schema.get("additionalProperties", True)
-    if not isinstance(properties, dict) or not properties:
-        return "Record<string, never>" if extra is False else "Record<string, JsonValue>"
-    keys = list(properties)
-    required = schema.get("required")
-    required_set = set(required) if isinstance(required, list) else set()
+class _TypeScriptTypes(_Types):
+    """Renders schemas as TypeScript type expressions (object types inline)."""
 
-    def combine(parts: list[str]) -> str:
-        fields = "; ".join(f"{_ts_key(k)}{'' if k in required_set else '?'}: {p}"
-                           for k, p in zip(keys, parts, strict=True))
-        text = f"{{ {fields} }}"
-        return text if extra is False else f"{text} & Record<string, JsonValue>"
+    def expression(self, schema: Any, hint: str) -> str:
+        return _expand(schema, hint, self._visit)
 
-    return _Node([(properties[k], hint) for k in keys], combine)
+    def _visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+        if isinstance(schema, _Noted):  # no class to carry it: the tool's comment says it
+            self.notes.append(schema.elsewhere)
+            schema = schema.schema
+        if not isinstance(schema, dict):
+            return "JsonValue" if schema is True else "unknown"
+        if depth > MAX_TYPE_DEPTH:
+            return "JsonValue"
+        values = [schema["const"]] if "const" in schema else schema.get("enum")
+        if isinstance(values, list) and values:
+            return _union([_ts_literal(v) for v in values])
+        variants = self.combinators(schema, hint)
+        if variants is not None:
+            return variants
+        types = _types_of(schema)
+        if not types:
+            return "JsonValue"
+        if len(types) > 1:
+            return _Node([({**schema, "type": kind}, hint) for kind in types], _union)
+        kind = types[0]
+        if kind in _TS_SCALARS:
+            return _TS_SCALARS[kind]
+        if kind == "array":
+            items = schema.get("items")
+            if isinstance(items, dict):
+                return _Node([(items, hint)], lambda parts: _ts_array(parts[0]))
+            return "JsonValue[]"
+        if kind != "object":
+            return "unknown"
+        properties = _allowed_properties(schema)
+        extra = schema.get("additionalProperties", True)
+        if not isinstance(properties, dict) or not properties:
+            return "Record<string, never>" if extra is False else "Record<string, JsonValue>"
+        keys = list(properties)
+        required = schema.get("required")
+        required_set = set(required) if isinstance(required, list) else set()
+
+        def combine(parts: list[str]) -> str:
+            fields = "; ".join(f"{_ts_key(k)}{'' if k in required_set else '?'}: {p}"
+                               for k, p in zip(keys, parts, strict=True))
+            text = f"{{ {fields} }}"
+            return text if extra is False else f"{text} & Record<string, JsonValue>"
+
+        return _Node([(properties[k], hint) for k in keys], combine)
 
 
 TYPESCRIPT_RULES: Final = """\
@@ -593,13 +936,15 @@ The available tools:"""
 def render_typescript_sdk(tools: Sequence[SdkTool]) -> str:
     """The TypeScript SDK section (parity renderer)."""
     ordered = sorted(tools, key=lambda t: t.name)
+    types = _TypeScriptTypes()
     args_members: list[str] = []
     output_members: list[str] = []
     for tool in ordered:
-        doc = f"  /** {_ts_comment(tool.description)} */"
         key = _ts_key(tool.name)
-        args_members.append(f"{doc}\n  {key}: {_expand(tool.parameters, tool.name, _ts_visit)};")
-        output_members.append(f"  {key}: {_expand(tool.output, tool.name, _ts_visit)};")
+        args, output = types.expression(tool.parameters, tool.name), types.expression(tool.output, tool.name)
+        doc = f"  /** {_ts_comment(' '.join([tool.description, *types.take_notes()]))} */"
+        args_members.append(f"{doc}\n  {key}: {args};")
+        output_members.append(f"  {key}: {output};")
     blocks = [
         "type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };",
         "interface ToolArgsMap {\n" + "\n".join(args_members) + ("\n" if args_members else "") + "}",

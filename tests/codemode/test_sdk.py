@@ -9,6 +9,7 @@ import sys
 import warnings
 from typing import Any, Literal
 
+import jsonschema
 import pytest
 
 from dsh_core.codemode.sdk import (
@@ -380,3 +381,145 @@ def test_docstrings_show_backslashes_as_written(description: str, source: str | 
     assert inspect.getdoc(namespace["Tools"].grep) == inspect.cleandoc(description)
     if source is not None:
         assert f"        {source}\n" in code
+
+
+SLICE = {"type": "object", "properties": {"path": {"type": "string", "description": "The file."}},
+         "required": ["path"], "oneOf": [
+             {"properties": {"mode": {"const": "lines"}, "start": {"type": "integer"}}, "required": ["mode", "start"]},
+             {"properties": {"mode": {"const": "bytes"}, "offset": {"type": "integer"}},
+              "required": ["mode", "offset"]}]}
+
+
+def test_variants_keep_the_keys_of_their_parent() -> None:
+    """An object with ``properties`` and ``oneOf`` variants rendered as the variants alone: the model
+    was told to leave out ``path``, which every call needs."""
+    tool = SdkTool("slice", "Slice.", SLICE, {"type": "string"})
+    code = python_block(render_python_sdk([tool]))
+    namespace = run_stub(code)
+    assert "    async def slice(self, args: SliceArgs1 | SliceArgs2) -> str:" in code
+    first, second = namespace["SliceArgs1"], namespace["SliceArgs2"]
+    assert list(first.__annotations__) == ["path", "mode", "start"] and first.__required_keys__ == {
+        "path", "mode", "start"}
+    assert list(second.__annotations__) == ["path", "mode", "offset"]
+    assert second.__required_keys__ == {"path", "mode", "offset"}
+    assert "    path: str  # The file.\n    mode: Literal[\"lines\"]\n" in code
+    validator = jsonschema.Draft202012Validator(SLICE)
+    assert validator.is_valid({"path": "a", "mode": "lines", "start": 1})
+    assert not validator.is_valid({"mode": "lines", "start": 1})
+    assert ('  slice: { path: string; mode: "lines"; start: number } & Record<string, JsonValue> | '
+            '{ path: string; mode: "bytes"; offset: number } & Record<string, JsonValue>;'
+            ) in render_typescript_sdk([tool])
+
+
+def test_variants_that_narrow_a_closed_parent() -> None:
+    """Variants that narrow the parent's own keys: each key once, typed by both, required by either."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["path", "mode"], "properties": {
+        "path": {"type": "string"}, "mode": {"enum": ["lines", "bytes"]}, "start": {"type": "integer"},
+        "offset": {"type": "integer"}}, "oneOf": [
+            {"properties": {"mode": {"const": "lines"}}, "required": ["start"]},
+            {"properties": {"mode": {"const": "bytes"}}, "required": ["offset"]}]}
+    code = python_block(render_python_sdk([SdkTool("s", "S.", schema, {})]))
+    assert ('class SArgs1(TypedDict):\n    path: str\n    mode: Literal["lines"]\n    start: int\n'
+            '    offset: NotRequired[int]\n') in code
+    assert ('class SArgs2(TypedDict):\n    path: str\n    mode: Literal["bytes"]\n    start: NotRequired[int]\n'
+            '    offset: int\n') in code
+    run_stub(code)
+    assert ('  s: { path: string; mode: "lines"; start: number; offset?: number } | '
+            '{ path: string; mode: "bytes"; start?: number; offset: number };') in render_typescript_sdk(
+                [SdkTool("s", "S.", schema, {})])
+
+
+def test_all_of_merges_its_members() -> None:
+    """A multi-member ``allOf`` rendered as ``Any``; its members' keys now make one class."""
+    schema = {"type": "object", "properties": {"both": {"description": "Both.", "allOf": [
+        {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"]},
+        {"type": "object", "properties": {"q": {"type": "integer"}, "p": {"description": "The p."}},
+         "additionalProperties": False}]}}}
+    code = python_block(render_python_sdk([SdkTool("m", "M.", schema, {})]))
+    assert "    both: NotRequired[MArgsBoth]  # Both.\n" in code
+    assert "class MArgsBoth(TypedDict):\n    p: str  # The p.\n    q: NotRequired[int]\n" in code
+    assert run_stub(code)["MArgsBoth"].__required_keys__ == {"p"}
+    assert "  m: { both?: { p: string; q?: number } } & Record<string, JsonValue>;" in render_typescript_sdk(
+        [SdkTool("m", "M.", schema, {})])
+
+
+def test_variants_that_cannot_be_spelled_out_leave_the_parent_with_a_note() -> None:
+    """Too many variants, or none that can hold with the parent: the parent's class, and a note;
+    never the variants alone."""
+    many = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "allOf": [
+        {"oneOf": [{"properties": {f"a{i}": {"type": "string"}}, "required": [f"a{i}"]} for i in range(5)]},
+        {"anyOf": [{"properties": {f"b{i}": {"type": "string"}}, "required": [f"b{i}"]} for i in range(5)]}]}
+    # A closed parent forbids the keys its variants add (additionalProperties sees its own properties only).
+    closed = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+              "additionalProperties": False, "oneOf": [{"properties": {"x": {"type": "string"}}, "required": ["x"]},
+                                                       {"properties": {"y": {"type": "string"}}, "required": ["y"]}]}
+    for schema in (many, closed):
+        tool = SdkTool("t", "T.", schema, {})
+        code = python_block(render_python_sdk([tool]))
+        assert "class TArgs(TypedDict):\n    # Must also match one of the oneOf/anyOf variants of its schema, " \
+               "not spelled out here.\n" in code
+        assert run_stub(code)["TArgs"].__required_keys__ == {"path"}
+        text = render_typescript_sdk([tool])
+        assert "  /** T. A type here must also match one of the oneOf/anyOf variants of its schema, " \
+               "not spelled out. */\n  t: { path: string }" in text
+    # A variant that cannot hold is left out, the others stay.
+    closed["oneOf"].append({"properties": {"path": {"const": "p"}}})
+    tool = SdkTool("t", "T.", closed, {})
+    code = python_block(render_python_sdk([tool]))
+    assert 'class TArgs(TypedDict):\n    path: Literal["p"]\n' in code and "(self, args: TArgs) -> Any:" in code
+    assert '  t: { path: "p" };' in render_typescript_sdk([tool])
+
+
+def test_a_parent_type_holds_in_its_variants() -> None:
+    schema = {"type": "object", "properties": {
+        "v": {"type": ["string", "null"], "anyOf": [{"minLength": 1}, {"type": "null"}]},
+        "w": {"type": "string", "oneOf": [{"type": "integer"}, {"enum": ["a", 1, None]}]}}}
+    code = python_block(render_python_sdk([SdkTool("t", "T.", schema, {})]))
+    assert '    v: NotRequired[str | None]\n    w: NotRequired[Literal["a"]]\n' in code
+    assert '  t: { v?: string | null; w?: "a" } & Record<string, JsonValue>;' in render_typescript_sdk(
+        [SdkTool("t", "T.", schema, {})])
+
+
+def test_a_key_whose_schemas_conflict_is_left_out_of_a_variant() -> None:
+    """A key typed two ways cannot be sent: an optional one is not listed, a required one rules
+    the variant out; variants that differ only in what no stub shows render once."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+              "anyOf": [{"properties": {"a": {"type": "integer"}}},
+                        {"properties": {"b": {"const": 1}}, "required": ["b"]},
+                        {"properties": {"b": {"const": 1, "minimum": 0}}, "required": ["b"]}]}
+    code = python_block(render_python_sdk([SdkTool("t", "T.", schema, {})]))
+    assert "class TArgs1(TypedDict):\n    # Additional keys beyond those declared are allowed.\n" \
+           "    b: NotRequired[int]\n\n" in code
+    assert "    a: NotRequired[str]\n    b: Literal[1]\n\n" in code
+    assert "(self, args: TArgs1 | TArgs2) -> Any:" in code and "TArgs3" not in code
+    schema["required"] = ["a"]
+    code = python_block(render_python_sdk([SdkTool("t", "T.", schema, {})]))
+    assert "class TArgs1(TypedDict):\n    # Additional keys beyond those declared are allowed.\n" \
+           "    a: str\n    b: Literal[1]\n\n" in code
+    assert "(self, args: TArgs1) -> Any:" in code
+
+
+def test_deep_combinators_merge_without_recursion_in_bounded_time() -> None:
+    """Variants nested in variants, ``allOf`` nested without bound, and a parent key narrowed at
+    every level: merging stays iterative, and bounded (past the limits the parent renders alone)."""
+    nested: Any = {"type": "string"}
+    chained: Any = {"type": "object", "properties": {"x": {"type": "string"}}}
+    narrowed: Any = {"type": "object", "properties": {"x": {"type": "string"}}}
+    for level in range(5000):
+        nested = {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"],
+                  "oneOf": [nested, {"properties": {"q": {"type": "integer"}}}]}
+        chained = {"allOf": [chained, {"properties": {f"k{level % 3}": {"type": "integer"}}}]}
+        narrowed = {"type": "object", "properties": {"x": {"type": "string"}, "c": narrowed},
+                    "allOf": [{"properties": {"x": {"minLength": 1}, "c": {"required": ["x"]}}}]}
+    tools = [SdkTool(name, "Deep.", schema, schema)
+             for name, schema in (("nested", nested), ("chained", chained), ("narrowed", narrowed))]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(120)
+    try:
+        python = render_python_sdk(tools)
+        typescript = render_typescript_sdk(tools)
+    finally:
+        sys.setrecursionlimit(limit)
+    run_stub(python_block(python))
+    assert len(python) < 200_000 and len(typescript) < 100_000
+    assert python.count("class NestedArgs") < 5  # variants that declare the same render once

@@ -12,11 +12,14 @@ from __future__ import annotations
 import ast
 import json
 import re
+import types
+import typing
 import unicodedata
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +43,11 @@ LITERAL = st.one_of(TEXT, st.integers(-(10**20), 10**20), st.booleans(), st.none
 NOTES = {"description": TEXT, "title": TEXT, "default": TEXT}
 
 
-def objects(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+BOOLEANS = st.booleans()
+
+
+def objects(children: st.SearchStrategy[Any], names: st.SearchStrategy[str] = NAME,
+            closed: st.SearchStrategy[bool] = BOOLEANS) -> st.SearchStrategy[dict[str, Any]]:
     """Object schemas of ``children`` properties, each required or not, open or closed."""
 
     def build(fields: dict[str, tuple[Any, bool]], closed: bool) -> dict[str, Any]:
@@ -48,7 +55,7 @@ def objects(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any
                 "required": [key for key, (_, required) in fields.items() if required],
                 "additionalProperties": not closed}
 
-    return st.builds(build, st.dictionaries(NAME, st.tuples(children, st.booleans()), max_size=3), st.booleans())
+    return st.builds(build, st.dictionaries(names, st.tuples(children, st.booleans()), max_size=3), closed)
 
 
 LEAVES = st.one_of(
@@ -57,42 +64,65 @@ LEAVES = st.one_of(
     st.fixed_dictionaries({"enum": st.lists(LITERAL, min_size=1, max_size=4)}, optional=NOTES),
     st.fixed_dictionaries({"const": LITERAL}, optional=NOTES),
 )
+
+
+#: Property names a parent and its variants share (merged key by key), two of them not class attributes.
+SHARED = st.one_of(st.sampled_from(["path", "mode", "__x", "\ufb01le"]), NAME)
+
+
+def combined(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """An object with ``oneOf``/``anyOf``/``allOf`` members (objects or ``children``) merged into it."""
+    return st.builds(lambda parent, key, members: {**parent, key: members}, objects(children, SHARED),
+                     st.sampled_from(["oneOf", "anyOf", "allOf"]),
+                     st.lists(st.one_of(objects(children, SHARED), children), min_size=1, max_size=2))
+
+
 SCHEMAS = st.recursive(LEAVES, lambda children: st.one_of(
-    objects(children), st.fixed_dictionaries({"type": st.just("array"), "items": children})), max_leaves=5)
-TOOLS = st.lists(st.builds(SdkTool, name=NAME, description=TEXT, parameters=objects(SCHEMAS), output=SCHEMAS),
-                 max_size=3, unique_by=lambda tool: tool.name)
+    objects(children), combined(children), st.fixed_dictionaries({"type": st.just("array"), "items": children})),
+    max_leaves=5)
+TOOLS = st.lists(st.builds(SdkTool, name=NAME, description=TEXT, parameters=st.one_of(
+    objects(SCHEMAS), combined(SCHEMAS)), output=SCHEMAS), max_size=3, unique_by=lambda tool: tool.name)
 
 
-def schema_texts(schema: Any) -> Iterator[tuple[str, str, bool]]:
-    """``("key", k, in_class)`` for every property name and ``("value", v, in_class)`` for every
-    string enum/const value; ``in_class`` when it is rendered in a class (under some property)."""
-    stack = [(schema, False)]
+def schema_texts(schema: Any) -> Iterator[tuple[str, str, bool, bool]]:
+    """``("key", k, in_class, shown)`` for every property name and ``("value", v, in_class, shown)``
+    for every string enum/const value; ``in_class`` when it is rendered in a class (under some
+    property), ``shown`` unless under a combinator (a variant that cannot hold is left out, and
+    merged ``enum`` lists intersect)."""
+    stack = [(schema, False, True)]
     while stack:
-        node, in_class = stack.pop()
+        node, in_class, shown = stack.pop()
         if not isinstance(node, dict):
             continue
+        shown = shown and not any(key in node for key in ("oneOf", "anyOf", "allOf"))
         values = [node["const"]] if "const" in node else node.get("enum", [])
-        yield from (("value", value, in_class) for value in values if isinstance(value, str))
+        yield from (("value", value, in_class, shown) for value in values if isinstance(value, str))
         for key, child in node.get("properties", {}).items():
-            yield "key", key, True
-            stack.append((child, True))
-        stack.append((node.get("items"), in_class))
+            yield "key", key, True, shown
+            stack.append((child, True, shown))
+        stack.append((node.get("items"), in_class, shown))
+        for key in ("oneOf", "anyOf", "allOf"):
+            stack.extend((member, in_class, False) for member in node.get(key, ()))
 
 
-def texts(tools: list[SdkTool]) -> tuple[set[str], set[str], set[str]]:
-    """(every tool and property name, every string enum/const value, the values Python shows in code).
+def texts(tools: list[SdkTool]) -> tuple[set[str], set[str], set[str], set[str]]:
+    """(every tool and property name, every string enum/const value, the values Python shows in code,
+    the names and values that show for sure).
 
     A tool reached by subscript has its signature in a comment: only values inside classes are code.
     """
     keys = {tool.name for tool in tools}
     values: set[str] = set()
     in_code: set[str] = set()
+    shown = set(keys)
     for tool in tools:
-        for kind, text, in_class in (*schema_texts(tool.parameters), *schema_texts(tool.output)):
+        for kind, text, in_class, certain in (*schema_texts(tool.parameters), *schema_texts(tool.output)):
             (keys if kind == "key" else values).add(text)
-            if kind == "value" and (in_class or is_attribute_name(tool.name)):
-                in_code.add(text)
-    return keys, values, in_code
+            if certain:
+                shown.add(text)
+                if kind == "value" and (in_class or is_attribute_name(tool.name)):
+                    in_code.add(text)
+    return keys, values, in_code, shown
 
 
 BIDI_CONTROLS = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
@@ -123,7 +153,7 @@ def test_the_python_stub_compiles_encodes_and_keeps_every_text(tools: list[SdkTo
     tree = ast.parse(code)
     assert hidden(code, "\n\t") == []
 
-    keys, values, in_code = texts(tools)
+    keys, values, in_code, _ = texts(tools)
     by_name = {tool.name: tool for tool in tools}
     protocol = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Tools")
     docstrings: set[int] = set()
@@ -192,8 +222,52 @@ def test_the_typescript_stub_encodes_and_no_text_leaves_its_comment_or_string(to
     # One comment per tool, each on its line: a closer in a description would have split one.
     assert len(comments) == len(tools)
     assert all(body.startswith("* ") and body.endswith(" ") and "\n" not in body for body in comments)
-    keys, values, _ = texts(tools)
+    keys, values, _, certain = texts(tools)
     shown = {utf16(string) for string in strings}
     assert shown <= {utf16(text) for text in (*keys, *values, "ToolCallError")}
-    assert {utf16(value) for value in values} <= shown
-    assert {utf16(key) for key in keys if not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)} <= shown
+    assert {utf16(value) for value in values if value in certain} <= shown
+    assert {utf16(key) for key in keys if key in certain and not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)
+            } <= shown
+
+
+#: Objects with a few keys in common, seldom closed (a closed one forbids the keys the others add).
+FLAT_OBJECTS = objects(LEAVES, st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([False] * 4 + [True]))
+FLAT = st.builds(lambda parent, key, members: {**parent, key: members}, FLAT_OBJECTS,
+                 st.sampled_from(["anyOf", "allOf"]),
+                 st.builds(list.__add__, st.lists(FLAT_OBJECTS, min_size=1, max_size=3), st.lists(LEAVES, max_size=1)))
+
+
+def sample(annotation: Any) -> Any:
+    """A value of ``annotation`` (a type of the stub), or ``Ellipsis`` for ``Any``."""
+    if annotation is Any:
+        return ...
+    if typing.is_typeddict(annotation):
+        values = {key: sample(annotation.__annotations__[key]) for key in annotation.__required_keys__}
+        return ... if ... in values.values() else values
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return annotation.__args__[0]
+    if origin in (typing.Union, types.UnionType):
+        return sample(annotation.__args__[0])
+    if origin in (list, dict):
+        return origin()
+    return {str: "s", int: 0, float: 0.5, bool: True, type(None): None}[annotation]
+
+
+@given(FLAT)
+@settings(max_examples=100, deadline=None)
+def test_each_variant_keeps_what_its_parent_requires_and_validates(schema: dict[str, Any]) -> None:
+    """Every class the arguments may take requires the parent's required keys, and (``anyOf`` and
+    ``allOf``, where more than one variant may match) a value built from it validates."""
+    code = render_python_sdk([SdkTool("t", "T.", schema, {})]).split("```python\n", 1)[1].rsplit("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<sdk>", "exec", dont_inherit=True), namespace)
+    args = namespace["Tools"].t.__annotations__["args"]
+    variants = args.__args__ if isinstance(args, types.UnionType) else (args,)
+    for variant in variants:
+        if not typing.is_typeddict(variant):
+            continue
+        assert set(schema["required"]) <= variant.__required_keys__
+        value = sample(variant)
+        if value is not ... and "not spelled out" not in code:
+            assert jsonschema.Draft202012Validator(schema).is_valid(value), (value, code)
