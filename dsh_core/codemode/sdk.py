@@ -25,6 +25,14 @@ members merge into one type (:func:`_variants`): ``properties`` and ``required``
 hold is left out. Past :data:`MAX_VARIANTS`, or when none holds, the parent renders alone with
 a comment saying so; a variant never drops a key its parent requires.
 
+A local ``$ref`` (``#/$defs/Point``, ``#/definitions/Point``, ``#``: JSON pointers into the
+tool's root schema, as pydantic's ``model_json_schema()`` emits them) names one type per
+definition: a ``TypedDict`` class or ``TypeAlias`` (Python), a ``type`` (TypeScript), named
+after the definition and shared by tools that define it alike. A definition that refers to
+itself names itself (in Python as a string, the class not being defined yet). A ``$ref`` this
+SDK cannot resolve (remote, an anchor, a missing pointer) renders as ``Any``/``JsonValue``
+with a comment saying so.
+
 Output is deterministic: tools are sorted by name, properties keep their
 declared order, and class names are minted in traversal order, so an
 unchanged tool set renders byte-identically.
@@ -40,12 +48,14 @@ it needs an escape or cannot close as a raw string; then they are doubled.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import keyword
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+import urllib.parse
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence, Set
 from typing import Any, Final
 
 from attrs import frozen
@@ -302,13 +312,13 @@ def _value_key(value: Any) -> tuple[str, Any]:
         return "object", id(value)
 
 
-def _conjoin(own: dict[str, Any], part: Mapping[str, Any], deep: bool) -> bool:
+def _conjoin(own: dict[str, Any], part: Mapping[str, Any], conflict: Callable[[list[Any]], bool] | None) -> bool:
     """Add what ``part`` asks for (its combinators aside) to ``own``; False when nothing can meet both.
 
     ``type`` and ``const``/``enum`` intersect, ``required`` is the union, ``properties`` merge key by
     key, each under the other side's ``additionalProperties`` where that side does not list it, and
     ``additionalProperties`` intersect too. A key is ``false`` (forbidden) where a side forbids it
-    or, ``deep``, where the two schemas of a key conflict (compared one level down only).
+    or where the two schemas of a key ``conflict`` (if given).
     """
     for key, value in part.items():
         if key == "type":
@@ -336,7 +346,7 @@ def _conjoin(own: dict[str, Any], part: Mapping[str, Any], deep: bool) -> bool:
                                                       *(name for name in value if isinstance(name, str))]))
         elif key == "items":
             own["items"] = _conjunction(own["items"], value) if "items" in own else value
-        elif key not in ("properties", "additionalProperties", "$defs", "definitions", *_COMBINATORS):
+        elif key not in ("properties", "additionalProperties", "$defs", "definitions", "$ref", *_COMBINATORS):
             own.setdefault(key, value)  # annotations, and constraints no stub shows
     properties = part.get("properties")
     properties = properties if isinstance(properties, dict) else {}
@@ -346,7 +356,7 @@ def _conjoin(own: dict[str, Any], part: Mapping[str, Any], deep: bool) -> bool:
         merged: dict[str, Any] = {}
         for name in [*mine, *(name for name in properties if name not in mine)]:
             schema = _conjunction(mine.get(name, mine_extra), properties.get(name, extra))
-            if deep and isinstance(schema, _Conjunction) and _conflict(schema["allOf"]):
+            if conflict is not None and isinstance(schema, _Conjunction) and conflict(schema["allOf"]):
                 schema = False
             merged[name] = schema
         own["properties"] = merged
@@ -358,91 +368,40 @@ class _TooComplex(Exception):
     """More schemas to merge than :data:`_MAX_MERGED` (``allOf`` nests without bound)."""
 
 
-#: Most schemas :func:`_merge` merges into one: past it, the variants are not spelled out.
+class _Opaque(Exception):
+    """A ``$ref`` to merge into a value inside the definition it names, while that definition is
+    being rendered (a recursion): it can only be named."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(ref)
+        self.ref = ref
+
+
+#: Most schemas :meth:`_Types.merge` merges into one: past it, the variants are not spelled out.
 _MAX_MERGED: Final = 64
 
 
-def _conflict(parts: Iterable[Any]) -> bool:
-    """True when nothing can meet all of ``parts`` (looking one level deep, into no property)."""
-    try:
-        return _merge(parts, deep=False) is None
-    except _TooComplex:
-        return False
+class _Merged(dict[str, Any]):
+    """A schema :meth:`_Types.variants` made, with the definitions merged into it: a ``$ref`` to
+    one of them again, on the same value, adds nothing."""
+
+    def __init__(self, schema: Mapping[str, Any], inlined: frozenset[Hashable]) -> None:
+        super().__init__(schema)
+        self.inlined = inlined
 
 
-def _merge(parts: Iterable[Any], deep: bool = True) -> tuple[dict[str, Any], list[list[Any]]] | None:
-    """One schema all of ``parts`` hold in (their ``allOf`` members merged in too) and the
-    ``oneOf``/``anyOf`` lists it must also match; ``None`` when nothing can meet them all.
-    Raises :class:`_TooComplex` past :data:`_MAX_MERGED` schemas."""
-    own: dict[str, Any] = {}
-    lists: list[list[Any]] = []
-    stack = list(parts)[::-1]
-    merged = 0
-    while stack:
-        part = stack.pop()
-        if part is False:
-            return None
-        if not isinstance(part, dict):
-            continue
-        merged += 1
-        if merged > _MAX_MERGED:
-            raise _TooComplex
-        lists.extend(value for key in ("oneOf", "anyOf") if isinstance(value := part.get(key), list) and value)
-        if isinstance(members := part.get("allOf"), list):
-            stack.extend(reversed(members))
-        if not _conjoin(own, part, deep):
-            return None
-    properties, extra = own.get("properties", {}), own.get("additionalProperties", True)
-    if any(properties.get(name, extra) is False for name in own.get("required", ())):
-        return None  # a required key is forbidden
-    if "enum" in own and "type" in own:
-        own["enum"] = [value for value in own["enum"] if _allows(own["type"], _json_type(value))]
-        if not own["enum"]:
-            return None
-    return own, lists
+@frozen
+class _MergeResult:
+    own: dict[str, Any]
+    lists: list[list[Any]]
+    inlined: frozenset[Hashable]
+    unresolved: list[Any]
 
 
-def _variants(schema: Mapping[str, Any], budget: list[int]) -> list[Any] | _Noted | None:
-    """The schemas ``schema`` stands for: its ``oneOf``/``anyOf`` alternatives, each merged with
-    ``schema``'s own keywords and ``allOf`` members; ``None`` if it has no combinator to render.
-
-    ``budget`` (one count, shared by a render) bounds how many variants are spelled out; past it, or
-    past :data:`MAX_VARIANTS`, or when no variant can hold, the parent's keywords render alone with a note.
-    """
-    if not any(isinstance(value := schema.get(key), list) and value for key in _COMBINATORS):
-        return None
-    try:
-        merged = _merge([schema])
-    except _TooComplex:
-        merged = None
-    if merged is None:
-        return _variants_not_shown({key: value for key, value in schema.items() if key not in _COMBINATORS})
-    own, lists = merged
-    if _types_of(own):
-        # e.g. "path or text is required": the parent's type, with both optional, is the stub
-        lists = [alternatives for alternatives in lists if not all(_constrains_only(alt) for alt in alternatives)]
-    if not lists:
-        return [own] if schema.get("allOf") else None
-    count = 1
-    for alternatives in lists:
-        count *= len(alternatives)
-        if count > min(MAX_VARIANTS, budget[0]):
-            return _variants_not_shown(own)
-    budget[0] -= count
-    variants: list[Any] = []
-    adds_nothing = not _SHAPE_KEYWORDS.intersection(own)
-    for combination in itertools.product(*lists):
-        if adds_nothing and len(combination) == 1:
-            variants.append(combination[0])
-            continue
-        try:
-            variant = _merge([own, *combination])
-        except _TooComplex:
-            return _variants_not_shown(own)
-        if variant is not None:
-            variant_own, more = variant
-            variants.append({**variant_own, "allOf": [{"anyOf": alts} for alts in more]} if more else variant_own)
-    return variants or _variants_not_shown(own)
+def _opaque(ref: str) -> _Noted:
+    """A recursive ``$ref`` that more keywords narrow: it is named, the keywords are not shown."""
+    return _Noted({"$ref": ref}, "Must also match keywords of its schema that are not spelled out here.",
+                  "A type here must also match keywords of its schema that are not spelled out.")
 
 
 def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -453,13 +412,177 @@ def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any] | None:
     return {key: value for key, value in properties.items() if value is not False}
 
 
-class _Types:
-    """What both renderers share: the variant budget and the notes a stub shows as comments."""
+def _has_combinators(schema: Mapping[str, Any]) -> bool:
+    return any(isinstance(value := schema.get(key), list) and value for key in _COMBINATORS)
 
-    def __init__(self) -> None:
+
+# -- $ref: local JSON pointers, one named type per definition ----------------------------------------------
+
+
+_MISSING: Final = object()
+#: A JSON pointer token that indexes an array.
+_INDEX: Final = re.compile(r"0|[1-9][0-9]*")
+#: Most schema nodes :func:`_canonical` writes out (a definition compared across tools).
+_MAX_CANONICAL: Final = 20_000
+#: Most definitions one refers to, directly or not, for it to be compared across tools.
+_MAX_CLOSURE: Final = 64
+
+
+def _pointer_token(token: str) -> str:
+    return urllib.parse.unquote(token).replace("~1", "/").replace("~0", "~")
+
+
+def _follow(root: Any, ref: str) -> Any:
+    """What the local JSON pointer ``ref`` (``#/$defs/Point``, percent- and ``~``-escaped) names
+    in ``root``, or :data:`_MISSING`."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return _MISSING  # an anchor (#name) or not local
+    target = root
+    for token in map(_pointer_token, ref[2:].split("/")):
+        if isinstance(target, dict) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and _INDEX.fullmatch(token) and int(token) < len(target):
+            target = target[int(token)]
+        else:
+            return _MISSING
+    return target
+
+
+class _Raw:
+    """Text :func:`_canonical` writes as is."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _canonical(value: Any) -> tuple[str, list[str]] | None:
+    """A text equal for equal JSON values (keys sorted) and the ``$ref`` strings inside, without
+    recursion; ``None`` for what is not JSON or is too big to compare."""
+    out: list[str] = []
+    refs: list[str] = []
+    stack: list[Any] = [value]
+    count = 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            out.append(item.text)
+            continue
+        count += 1
+        if count > _MAX_CANONICAL:
+            return None
+        if isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                return None
+            if isinstance(ref := item.get("$ref"), str):
+                refs.append(ref)
+            stack.append(_Raw("}"))
+            for key in sorted(item, reverse=True):
+                stack.extend((_Raw(","), item[key], _Raw(json.dumps(key) + ":")))
+            stack.append(_Raw("{"))
+        elif isinstance(item, list):
+            stack.append(_Raw("]"))
+            for element in reversed(item):
+                stack.extend((_Raw(","), element))
+            stack.append(_Raw("["))
+        elif item is None or isinstance(item, (bool, int, float, str)):
+            out.append(json.dumps(item))
+        else:
+            return None
+    return "".join(out), refs
+
+
+class _Def:
+    """A definition (a ``$defs`` entry, or a tool's root schema) while and after it renders."""
+
+    __slots__ = ("active", "expr", "hint", "is_class", "name", "named")
+
+    def __init__(self, hint: str, named: bool) -> None:
+        self.hint = hint
+        #: A ``$defs`` entry always gets its name; a root only if something refers to it.
+        self.named = named
+        self.name: str | None = None
+        self.is_class = False  # its name is the class its schema rendered as
+        self.active = False  # rendering: a $ref to it now is a recursion
+        self.expr: str | None = None
+
+
+@frozen
+class _Resolved:
+    key: Hashable
+    schema: Any
+    hint: str
+
+
+class _Owned:
+    """A definition's schema, to render as that definition."""
+
+    __slots__ = ("key", "schema")
+
+    def __init__(self, key: Hashable, schema: Any) -> None:
+        self.key = key
+        self.schema = schema
+
+
+class _Types:
+    """What both renderers share: names, definitions, merging variants, and the notes a stub shows
+    as comments. A subclass renders types in its language."""
+
+    def __init__(self, reserved: Iterable[str]) -> None:
         #: Comments waiting for the class (Python) or tool around the type that asked for them.
         self.notes: list[str] = []
-        self._budget = [_VARIANT_BUDGET]
+        self._budget = _VARIANT_BUDGET
+        self._names = set(reserved)
+        self._defs: dict[Hashable, _Def] = {}
+        self._def_keys: dict[tuple[int, str], Hashable] = {}
+        self._canonicals: dict[tuple[int, str], tuple[str, list[str]] | None] = {}
+        #: Definitions merged into a value being rendered, by how many nodes on the path merged them.
+        self._inlined: collections.Counter[Hashable] = collections.Counter()
+        self._roots = 0
+        self._root: Any = None
+        self._root_key: Hashable = None
+
+    # -- what a language renders
+
+    def visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+        raise NotImplementedError
+
+    def any_type(self) -> str:
+        raise NotImplementedError
+
+    def forward(self, name: str) -> str:
+        """A reference to the definition ``name`` from inside it."""
+        raise NotImplementedError
+
+    def alias(self, name: str, text: str) -> None:
+        """Declare ``name`` as the type ``text``."""
+        raise NotImplementedError
+
+    def unresolved(self, ref: Any) -> str:
+        """The note on a ``$ref`` this renderer cannot resolve."""
+        raise NotImplementedError
+
+    # -- shared
+
+    def class_name(self, hint: str) -> str:
+        """A new type name from ``hint``, capped, unique (``Point``, ``Point2``, ...)."""
+        base = hint[:MAX_CLASS_NAME]
+        name, suffix = base, 2
+        while name in self._names:
+            name = f"{base}{suffix}"
+            suffix += 1
+        self._names.add(name)
+        return name
+
+    def expression(self, schema: Any, hint: str) -> str:
+        """The type of a tool's ``schema`` (the root its local ``$ref``\\ s resolve against)."""
+        self._roots += 1
+        self._root, self._root_key = schema, ("#", self._roots)
+        definition = self._defs[self._root_key] = _Def(hint, named=False)
+        return self._finish(definition, _expand(_Owned(self._root_key, schema), hint, self.visit))
 
     def take_notes(self, start: int = 0) -> list[str]:
         """The notes added since ``start``, which are then gone."""
@@ -467,18 +590,251 @@ class _Types:
         del self.notes[start:]
         return notes
 
-    def combinators(self, schema: Mapping[str, Any], hint: str) -> _Node | None:
-        """A node for ``schema``'s variants (see :func:`_variants`), or ``None`` when it has none."""
-        variants = _variants(schema, self._budget)
-        if variants is None:
+    def owned(self, owned: _Owned) -> Any:
+        """Start rendering a definition: the schema to render for it."""
+        self._defs[owned.key].active = True
+        schema = owned.schema
+        if isinstance(schema, dict) and ("$ref" in schema or _has_combinators(schema)):
+            # A $ref to itself on this same value adds nothing (it does not recurse).
+            return _Merged(schema, frozenset([owned.key, *getattr(schema, "inlined", ())]))
+        return schema
+
+    def def_name(self, key: Hashable) -> str:
+        """The name of the definition ``key``, minted now if it has none yet."""
+        definition = self._defs[key]
+        if definition.name is None:
+            definition.name = self.class_name(definition.hint)
+        return definition.name
+
+    def resolve(self, ref: Any) -> _Resolved | None:
+        """The definition a local ``$ref`` names in the current root, or ``None``."""
+        if not isinstance(ref, str):
             return None
+        if ref == "#":
+            return _Resolved(self._root_key, self._root, self._defs[self._root_key].hint)
+        target = _follow(self._root, ref)
+        if target is _MISSING:
+            return None
+        memo = (id(self._root), ref)
+        key = self._def_keys.get(memo)
+        if key is None:
+            key = self._def_keys[memo] = self._definition_key(ref, target)
+        return _Resolved(key, target, _camel(_pointer_token(ref.rsplit("/", 1)[-1]), "Definition"))
+
+    def _definition_key(self, ref: str, target: Any) -> Hashable:
+        """Equal for a definition that renders the same in another tool: the same pointer, and the
+        same text for it and every local definition it refers to (so ``Point`` renders once)."""
+        closure: dict[str, str] = {}
+        pending = [ref]
+        while pending:
+            pointer = pending.pop()
+            if pointer in closure:
+                continue
+            memo = (id(self._root), pointer)
+            if memo not in self._canonicals:
+                self._canonicals[memo] = _canonical(target if pointer == ref else _follow(self._root, pointer))
+            canonical = self._canonicals[memo]
+            if canonical is None or pointer == "#" or len(closure) >= _MAX_CLOSURE:
+                return "in", id(self._root), ref  # this root's only
+            closure[pointer], refs = canonical
+            pending.extend(inner for inner in refs if inner.startswith("#"))
+        return "def", ref, tuple(sorted(closure.items()))
+
+    def reference(self, schema: Mapping[str, Any]) -> str | _Node | None:
+        """A ``$ref`` with nothing beside it but annotations, as its definition's name (rendering
+        the definition the first time); ``None`` for any other schema."""
+        if "$ref" not in schema or _SHAPE_KEYWORDS.intersection(schema) or _has_combinators(schema):
+            return None
+        resolved = self.resolve(schema["$ref"])
+        if resolved is None:
+            self.notes.append(self.unresolved(schema["$ref"]))
+            return self.any_type()
+        definition = self._defs.get(resolved.key)
+        if definition is None:
+            definition = self._defs[resolved.key] = _Def(resolved.hint, named=True)
+        if definition.expr is not None:
+            return definition.expr
+        if definition.active:
+            return self.forward(self.def_name(resolved.key))
+        return _Node([(_Owned(resolved.key, resolved.schema), resolved.hint)],
+                     lambda parts: self._finish(definition, parts[0]))
+
+    def _finish(self, definition: _Def, text: str) -> str:
+        definition.active = False
+        if definition.is_class:
+            assert definition.name is not None
+            definition.expr = definition.name
+        elif definition.named or definition.name is not None:
+            definition.expr = definition.name or self.class_name(definition.hint)
+            definition.name = definition.expr
+            self.alias(definition.expr, text)
+        else:
+            definition.expr = text
+        return definition.expr
+
+    # -- combinators
+
+    def combinators(self, schema: Mapping[str, Any], hint: str) -> _Node | None:
+        """A node for ``schema``'s variants (see :meth:`variants`), or ``None`` when it has none."""
+        found = self.variants(schema)
+        if found is None:
+            return None
+        variants, inlined = found
         if isinstance(variants, _Noted) or len(variants) == 1:
-            return _Node([(variants if isinstance(variants, _Noted) else variants[0], hint)], _first)
-        return _Node([(variant, f"{hint}{i + 1}") for i, variant in enumerate(variants)], self.variant_union)
+            node = _Node([(variants if isinstance(variants, _Noted) else variants[0], hint)], _first)
+        else:
+            node = _Node([(variant, f"{hint}{i + 1}") for i, variant in enumerate(variants)], self.variant_union)
+        if inlined:
+            # While its variants render, a $ref to a definition merged into them is a recursion.
+            self._inlined.update(inlined)
+            combine = node.combine
+
+            def release(parts: list[str]) -> str:
+                self._inlined.subtract(inlined)
+                return combine(parts)
+
+            node.combine = release
+        return node
 
     def variant_union(self, parts: list[str]) -> str:
         """The union of the types of a schema's variants."""
         return _union(parts)
+
+    def variants(self, schema: Mapping[str, Any]) -> tuple[list[Any] | _Noted, frozenset[Hashable]] | None:
+        """The schemas ``schema`` stands for, and the definitions merged into them: its
+        ``oneOf``/``anyOf`` alternatives, each merged with ``schema``'s own keywords, ``allOf``
+        members and ``$ref``; ``None`` if it has no combinator (or ``$ref``) to render.
+
+        Past :data:`MAX_VARIANTS`, or the budget of a render, or when no variant can hold, the
+        parent's keywords render alone with a note.
+        """
+        if not _has_combinators(schema) and "$ref" not in schema:
+            return None
+        try:
+            result = self.merge([schema])
+        except _TooComplex:
+            result = None
+        except _Opaque as opaque:
+            return _opaque(opaque.ref), frozenset()
+        if result is None:
+            return _variants_not_shown({key: value for key, value in schema.items()
+                                        if key not in (*_COMBINATORS, "$ref")}), frozenset()
+        self.notes.extend(self.unresolved(ref) for ref in result.unresolved)
+        own, lists, inlined = result.own, result.lists, result.inlined
+        if _types_of(own):
+            # e.g. "path or text is required": the parent's type, with both optional, is the stub
+            lists = [alternatives for alternatives in lists if not all(_constrains_only(alt) for alt in alternatives)]
+        if not lists:
+            return ([_Merged(own, inlined)], inlined) if schema.get("allOf") or "$ref" in schema else None
+        count = 1
+        for alternatives in lists:
+            count *= len(alternatives)
+            if count > min(MAX_VARIANTS, self._budget):
+                return _variants_not_shown(own), inlined
+        self._budget -= count
+        variants: list[Any] = []
+        everything = set(inlined)
+        adds_nothing = not _SHAPE_KEYWORDS.intersection(own)
+        for combination in itertools.product(*lists):
+            if adds_nothing and len(combination) == 1:
+                alternative = combination[0]
+                variants.append(_Merged(alternative, inlined) if inlined and isinstance(alternative, dict)
+                                else alternative)
+                continue
+            try:
+                variant = self.merge([_Merged(own, inlined), *combination])
+            except _TooComplex:
+                return _variants_not_shown(own), inlined
+            except _Opaque as opaque:
+                variants.append(_opaque(opaque.ref))
+                continue
+            if variant is not None:
+                self.notes.extend(self.unresolved(ref) for ref in variant.unresolved)
+                everything.update(variant.inlined)
+                more = [{"anyOf": alternatives} for alternatives in variant.lists]
+                variants.append(_Merged({**variant.own, "allOf": more} if more else variant.own, variant.inlined))
+        return variants or _variants_not_shown(own), frozenset(everything)
+
+    def conflict(self, parts: list[Any]) -> bool:
+        """True when nothing can meet all of ``parts`` (looking one level deep, into no property)."""
+        try:
+            return self.merge(parts, deep=False) is None
+        except (_TooComplex, _Opaque):
+            return False
+
+    def merge(self, parts: Iterable[Any], deep: bool = True) -> _MergeResult | None:
+        """One schema all of ``parts`` hold in (their ``allOf`` members and ``$ref`` targets merged
+        in too) and the ``oneOf``/``anyOf`` lists it must also match; ``None`` when nothing can meet
+        them all. A single ``$ref`` the rest adds nothing to stays a ``$ref`` (a named type).
+
+        Raises :class:`_TooComplex` past :data:`_MAX_MERGED` schemas and :class:`_Opaque` for a
+        ``$ref`` to merge into a value of its own definition while that renders.
+        """
+        parts = list(parts)
+        first = self._merge(parts, deep, inline=False)
+        if first is None or not first.unresolved:  # here: the $refs set aside
+            return first
+        refs = first.unresolved
+        if len(refs) == 1 and not first.lists and self._adds_nothing(first.own, refs[0]):
+            return _MergeResult({"$ref": refs[0]}, [], first.inlined, [])
+        return self._merge(parts, deep, inline=True)
+
+    def _adds_nothing(self, own: Mapping[str, Any], ref: Any) -> bool:
+        """True when ``own`` says nothing a stub shows beyond what ``ref``'s definition does."""
+        shape = _SHAPE_KEYWORDS.intersection(own)
+        if not shape:
+            return True
+        resolved = self.resolve(ref)
+        if shape != {"type"} or resolved is None or not isinstance(resolved.schema, dict):
+            return False
+        return all(_allows(own["type"], kind) for kind in _types_of(resolved.schema))
+
+    def _merge(self, parts: list[Any], deep: bool, inline: bool) -> _MergeResult | None:
+        own: dict[str, Any] = {}
+        lists: list[list[Any]] = []
+        inlined: set[Hashable] = set()
+        refs: list[Any] = []  # unresolved, or (not inline) set aside
+        stack = parts[::-1]
+        merged = 0
+        conflict = self.conflict if deep else None
+        while stack:
+            part = stack.pop()
+            if part is False:
+                return None
+            if not isinstance(part, dict):
+                continue
+            merged += 1
+            if merged > _MAX_MERGED:
+                raise _TooComplex
+            inlined.update(getattr(part, "inlined", ()))
+            if "$ref" in part:
+                ref = part["$ref"]
+                rest = {key: value for key, value in part.items() if key != "$ref"}
+                resolved = self.resolve(ref) if inline else None
+                if resolved is None or resolved.key in inlined:
+                    if resolved is None:
+                        refs.append(ref)
+                    stack.append(rest)
+                    continue
+                definition = self._defs.get(resolved.key)
+                if (definition is not None and definition.active) or self._inlined[resolved.key]:
+                    raise _Opaque(ref)
+                inlined.add(resolved.key)
+                stack.extend((rest, resolved.schema))  # the definition's keys first
+                continue
+            lists.extend(value for key in ("oneOf", "anyOf") if isinstance(value := part.get(key), list) and value)
+            if isinstance(members := part.get("allOf"), list):
+                stack.extend(reversed(members))
+            if not _conjoin(own, part, conflict):
+                return None
+        properties, extra = own.get("properties", {}), own.get("additionalProperties", True)
+        if any(properties.get(name, extra) is False for name in own.get("required", ())):
+            return None  # a required key is forbidden
+        if "enum" in own and "type" in own:
+            own["enum"] = [value for value in own["enum"] if _allows(own["type"], _json_type(value))]
+            if not own["enum"]:
+                return None
+        return _MergeResult(own, lists, frozenset(inlined), refs)
 
 
 def _first(parts: list[str]) -> str:
@@ -518,11 +874,11 @@ def _union(parts: Sequence[str]) -> str:
     return " | ".join(unique) if unique else "Any"
 
 
-def _camel(text: str) -> str:
+def _camel(text: str, default: str = "Tool") -> str:
     words = re.split(r"[^0-9A-Za-z]+", text)
     name = "".join(word[:1].upper() + word[1:] for word in words if word)
     if not name:
-        name = "Tool"
+        name = default
     if name[0].isdigit():
         name = "T" + name
     return name
@@ -554,31 +910,43 @@ class _PythonTypes(_Types):
     """Renders schemas as Python type expressions, collecting the TypedDict classes they need."""
 
     def __init__(self, methods: Iterable[str] = ()) -> None:
-        super().__init__()
-        #: The classes by name, in the order they are defined (each after the classes it uses).
+        #: The ``Tools`` methods: inside that class body such a name is the method, not the type.
+        self._methods = frozenset(methods)
+        super().__init__({"ToolCallError", "Tools", "Any", "Literal", "NotRequired", "Protocol", "TypeAlias",
+                          "TypedDict", *self._methods})
+        #: The classes (and type aliases) by name, in the order they are defined (each after those it uses).
         self.classes: dict[str, str] = {}
         #: What each class declares: two classes that declare the same are the same type.
         self._bodies: dict[str, tuple[object, ...]] = {}
+        #: Classes and aliases named for a definition: other types use them too.
+        self._pinned: set[str] = set()
         #: The note of the :class:`_Noted` schema being visited, until its class takes it.
         self._note: str | None = None
+        #: The definition whose schema is being visited, until its class takes its name.
+        self._owner: Hashable = None
         #: What the stub imports: names from ``typing``, and the modules ``builtins`` and ``typing``.
         self.used: set[str] = set()
-        #: The ``Tools`` methods: inside that class body such a name is the method, not the type.
-        self._methods = frozenset(methods)
-        self._names: set[str] = {"ToolCallError", "Tools", "Any", "Literal", "NotRequired", "Protocol",
-                                 "TypedDict", *self._methods}
 
-    def class_name(self, hint: str) -> str:
-        base = hint[:MAX_CLASS_NAME]
-        name, suffix = base, 2
-        while name in self._names:
-            name = f"{base}{suffix}"
-            suffix += 1
-        self._names.add(name)
-        return name
+    def any_type(self) -> str:
+        return self._any()
 
-    def expression(self, schema: Any, hint: str) -> str:
-        return _expand(schema, hint, self._visit)
+    def forward(self, name: str) -> str:
+        # Marked: an annotation that holds it is written as a string (the class is not defined yet).
+        return f"\x00{name}"
+
+    def alias(self, name: str, text: str) -> None:
+        self.used.add("TypeAlias")
+        self.classes[name] = f"{name}: TypeAlias = {self.annotation(text)}"
+        self._pinned.add(name)
+
+    def unresolved(self, ref: Any) -> str:
+        shown = json.dumps(ref) if isinstance(ref, str) else "that is not a string"
+        return f"Any here stands for a $ref this SDK does not resolve: {shown}."
+
+    def annotation(self, text: str) -> str:
+        """``text`` as a module-level annotation: a string if it names a class not defined yet."""
+        text = self.module_level(text)
+        return _py_string(text.replace("\x00", "")) if "\x00" in text else text
 
     # A name a method shadows is written with a mark (``\x01list``, ``\x02Any``; marks are control
     # characters, which no other text of the stub holds raw) that module-level code drops and a
@@ -614,7 +982,7 @@ class _PythonTypes(_Types):
             self.used.add(module)
             return f"{self.module(module)}.{name}"
 
-        return _MARKED.sub(resolve, text)
+        return _MARKED.sub(resolve, text.replace("\x00", ""))
 
     def module(self, module: str) -> str:
         """The name the stub imports ``module`` as: itself, unless a method shadows that too."""
@@ -626,7 +994,7 @@ class _PythonTypes(_Types):
         kept: dict[tuple[object, ...] | str, str] = {}
         for member in (member for part in parts for member in _union_members(part)):
             body = self._bodies.get(member)
-            if body is not None and body in kept:
+            if body is not None and body in kept and member not in self._pinned:
                 del self.classes[member], self._bodies[member]  # no other type uses a variant's class
             else:
                 kept[member if body is None else body] = member
@@ -645,7 +1013,13 @@ class _PythonTypes(_Types):
             return f"{self.builtin('list')}[{self._any()}]"
         return f"{self.builtin('dict')}[{self.builtin('str')}, {self._any()}]"
 
-    def _visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+    def visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+        if isinstance(schema, _Owned):
+            self._owner = schema.key
+            try:
+                return self._visit_schema(self.owned(schema), hint, depth)
+            finally:
+                self._owner = None
         if not isinstance(schema, _Noted):
             return self._visit_schema(schema, hint, depth)
         self._note = schema.note
@@ -664,6 +1038,9 @@ class _PythonTypes(_Types):
         enum = schema.get("enum")
         if isinstance(enum, list) and enum:
             return self._literals(enum)
+        reference = self.reference(schema)
+        if reference is not None:
+            return reference
         variants = self.combinators(schema, hint)
         if variants is not None:
             return variants
@@ -699,7 +1076,13 @@ class _PythonTypes(_Types):
             if isinstance(extra, dict):
                 return _Node([(extra, hint + "Value")], lambda parts: f"{mapping}{parts[0]}]")
             return f"{mapping}{self._any()}]"
-        name = self.class_name(hint)
+        if self._owner is not None:  # a definition's class: it takes the definition's name
+            name = self.def_name(self._owner)
+            self._defs[self._owner].is_class = True
+            self._pinned.add(name)
+            self._owner = None
+        else:
+            name = self.class_name(hint)
         keys = list(properties)
         required = schema.get("required")
         required_set = set(required) if isinstance(required, list) else set()
@@ -716,10 +1099,10 @@ class _PythonTypes(_Types):
             self.used.add("TypedDict")
             fields: list[tuple[str, str, str]] = []
             for key, part in zip(keys, parts, strict=True):
-                annotation = part
+                annotation = self.annotation(part)
                 if key not in required_set:
                     self.used.add("NotRequired")
-                    annotation = f"NotRequired[{part}]"
+                    annotation = f"NotRequired[{annotation}]"
                 prop = properties[key]
                 note = prop.get("description") if isinstance(prop, dict) else None
                 fields.append((key, annotation, _py_comment(note) if isinstance(note, str) and note.strip() else ""))
@@ -814,7 +1197,8 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
         else:
             members.append(f"    # tools[{_py_string(tool.name)}](args: {args}) -> {output}: "
                            f"{_py_comment(tool.description)}")
-    imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypedDict") if name in types.used]
+    imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypeAlias", "TypedDict")
+               if name in types.used]
     modules = "".join(f"import {name}\n" if types.module(name) == name else f"import {name} as _{name}\n"
                       for name in ("builtins", "typing") if name in types.used)
     blocks = [f"{modules}from typing import {', '.join(imports)}",
@@ -864,13 +1248,35 @@ def _ts_array(item: str) -> str:
     return f"({item})[]" if ("|" in item or "&" in item) else f"{item}[]"
 
 
+#: Names a generated TypeScript type must not take: the stub's own, and globals it could hide.
+_TS_RESERVED: Final = frozenset({"JsonValue", "ToolArgsMap", "ToolOutputMap", "ToolName", "ToolCallError", "Array",
+                                 "Boolean", "Error", "Function", "Number", "Object", "Promise", "Record", "String",
+                                 "Symbol"})
+
+
 class _TypeScriptTypes(_Types):
-    """Renders schemas as TypeScript type expressions (object types inline)."""
+    """Renders schemas as TypeScript type expressions: object types inline, a named ``type`` per definition."""
 
-    def expression(self, schema: Any, hint: str) -> str:
-        return _expand(schema, hint, self._visit)
+    def __init__(self) -> None:
+        super().__init__(_TS_RESERVED)
+        self.declarations: list[str] = []
 
-    def _visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+    def any_type(self) -> str:
+        return "JsonValue"
+
+    def forward(self, name: str) -> str:
+        return name
+
+    def alias(self, name: str, text: str) -> None:
+        self.declarations.append(f"type {name} = {text};")
+
+    def unresolved(self, ref: Any) -> str:
+        shown = json.dumps(ref) if isinstance(ref, str) else "that is not a string"
+        return f"JsonValue here stands for a $ref this SDK does not resolve: {shown}."
+
+    def visit(self, schema: Any, hint: str, depth: int) -> str | _Node:
+        if isinstance(schema, _Owned):
+            schema = self.owned(schema)
         if isinstance(schema, _Noted):  # no class to carry it: the tool's comment says it
             self.notes.append(schema.elsewhere)
             schema = schema.schema
@@ -881,6 +1287,9 @@ class _TypeScriptTypes(_Types):
         values = [schema["const"]] if "const" in schema else schema.get("enum")
         if isinstance(values, list) and values:
             return _union([_ts_literal(v) for v in values])
+        reference = self.reference(schema)
+        if reference is not None:
+            return reference
         variants = self.combinators(schema, hint)
         if variants is not None:
             return variants
@@ -941,12 +1350,14 @@ def render_typescript_sdk(tools: Sequence[SdkTool]) -> str:
     output_members: list[str] = []
     for tool in ordered:
         key = _ts_key(tool.name)
-        args, output = types.expression(tool.parameters, tool.name), types.expression(tool.output, tool.name)
+        stem = _camel(tool.name)  # the name of a root schema a $ref names
+        args, output = types.expression(tool.parameters, stem + "Args"), types.expression(tool.output, stem + "Output")
         doc = f"  /** {_ts_comment(' '.join([tool.description, *types.take_notes()]))} */"
         args_members.append(f"{doc}\n  {key}: {args};")
         output_members.append(f"  {key}: {output};")
     blocks = [
         "type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };",
+        *types.declarations,
         "interface ToolArgsMap {\n" + "\n".join(args_members) + ("\n" if args_members else "") + "}",
         "interface ToolOutputMap {\n" + "\n".join(output_members) + ("\n" if output_members else "") + "}",
         "type ToolName = keyof ToolOutputMap;",

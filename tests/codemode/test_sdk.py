@@ -6,6 +6,7 @@ import ast
 import inspect
 import json
 import sys
+import typing
 import warnings
 from typing import Any, Literal
 
@@ -523,3 +524,120 @@ def test_deep_combinators_merge_without_recursion_in_bounded_time() -> None:
     run_stub(python_block(python))
     assert len(python) < 200_000 and len(typescript) < 100_000
     assert python.count("class NestedArgs") < 5  # variants that declare the same render once
+
+
+#: What pydantic's ``model_json_schema()`` emits for ``class Move(BaseModel): start: Point; end: Point | None = None``.
+MOVE = {"$defs": {"Point": {"properties": {"x": {"title": "X", "type": "integer"},
+                                           "y": {"title": "Y", "type": "integer"}},
+                            "required": ["x", "y"], "title": "Point", "type": "object"}},
+        "properties": {"start": {"$ref": "#/$defs/Point"},
+                       "end": {"anyOf": [{"$ref": "#/$defs/Point"}, {"type": "null"}], "default": None}},
+        "required": ["start"], "title": "Move", "type": "object"}
+
+
+def test_local_refs_render_as_one_named_type_per_definition() -> None:
+    """``$ref``/``$defs`` rendered as ``Any``/``JsonValue``, though the runtime enforces them."""
+    tools = [SdkTool("move", "Move.", MOVE, {"$defs": MOVE["$defs"], "$ref": "#/$defs/Point"}),
+             SdkTool("place", "Place.", {"type": "object", "definitions": {"Point": MOVE["$defs"]["Point"]},
+                                       "properties": {"at": {"$ref": "#/definitions/Point"}}}, {})]
+    code = python_block(render_python_sdk(tools))
+    assert "class Point(TypedDict):\n    # Additional keys beyond those declared are allowed.\n" \
+           "    x: int\n    y: int\n" in code
+    assert "    start: Point\n    end: NotRequired[Point | None]\n" in code
+    assert "    async def move(self, args: MoveArgs) -> Point:" in code
+    assert code.count("class Point(") == 1  # the same definition in another tool is the same class
+    assert "    at: NotRequired[Point2]\n" in code  # ...under another pointer it is another
+    namespace = run_stub(code)
+    assert typing.get_type_hints(namespace["MoveArgs"], namespace)["start"] is namespace["Point"]
+    text = render_typescript_sdk(tools)
+    assert "\ntype Point = { x: number; y: number } & Record<string, JsonValue>;\n" in text
+    assert "  move: { start: Point; end?: Point | null } & Record<string, JsonValue>;" in text
+    assert "  move: Point;" in text
+
+
+def test_recursive_definitions_refer_to_their_own_name() -> None:
+    schema = {"$defs": {
+        "Node": {"type": "object", "required": ["value"], "properties": {
+            "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+            "parent": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}}},
+        "Tree": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#/$defs/Tree"}}]},
+        "Color": {"enum": ["red", "green"], "type": "string"}},
+        "type": "object", "properties": {"root": {"$ref": "#/$defs/Node"}, "tree": {"$ref": "#/$defs/Tree"},
+                                         "color": {"$ref": "#/$defs/Color"}, "again": {"$ref": "#"}}}
+    code = python_block(render_python_sdk([SdkTool("graph", "Graph.", schema, {})]))
+    assert 'class Node(TypedDict):\n    # Additional keys beyond those declared are allowed.\n    value: int\n' \
+           '    children: NotRequired["list[Node]"]\n    parent: NotRequired["Node | None"]\n' in code
+    assert 'Tree: TypeAlias = "str | list[Tree]"\n' in code
+    assert 'Color: TypeAlias = Literal["red", "green"]\n' in code
+    assert '    again: NotRequired["GraphArgs"]\n' in code
+    namespace = run_stub(code)
+    node = namespace["Node"]
+    hints = typing.get_type_hints(node, namespace)
+    assert hints["children"] == list[node] and hints["parent"] == node | None
+    assert typing.get_type_hints(namespace["GraphArgs"], namespace)["again"] is namespace["GraphArgs"]
+    text = render_typescript_sdk([SdkTool("graph", "Graph.", schema, {})])
+    for line in ("type Node = { value: number; children?: Node[]; parent?: Node | null } & Record<string, JsonValue>;",
+                 "type Tree = string | Tree[];", 'type Color = "red" | "green";',
+                 "type GraphArgs = { root?: Node; tree?: Tree; color?: Color; again?: GraphArgs } & "
+                 "Record<string, JsonValue>;", "  graph: GraphArgs;"):
+        assert f"\n{line}\n" in text, line
+
+
+def test_refs_that_cannot_be_resolved_stay_any_with_a_comment() -> None:
+    schema = {"type": "object", "properties": {"remote": {"$ref": "https://example.com/x.json"},
+                                               "anchor": {"$ref": "#point"}, "missing": {"$ref": "#/$defs/Nope"}}}
+    code = python_block(render_python_sdk([SdkTool("t", "T.", schema, {"$ref": "other.json#/x"})]))
+    for ref in ("https://example.com/x.json", "#point", "#/$defs/Nope"):
+        assert f'\n    # Any here stands for a $ref this SDK does not resolve: "{ref}".\n' in code
+    assert "    remote: NotRequired[Any]\n" in code
+    assert '    # Any here stands for a $ref this SDK does not resolve: "other.json#/x".\n' \
+           "    async def t(self, args: TArgs) -> Any:" in code
+    text = render_typescript_sdk([SdkTool("t", "T.", schema, {})])
+    assert 'JsonValue here stands for a $ref this SDK does not resolve: "https://example.com/x.json".' in text
+    assert "remote?: JsonValue;" in text
+
+
+def test_refs_merge_with_what_narrows_them() -> None:
+    """A ``$ref`` alone (or beside annotations, or in a one-member ``allOf``) is its definition's
+    name; with keywords of its own, or under a parent with properties, it merges."""
+    defs = {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "meow": {"type": "boolean"}},
+                    "required": ["kind"]},
+            "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]},
+            "Base": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}}
+    schema = {"$defs": defs, "type": "object", "properties": {
+        "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "discriminator": {"propertyName": "kind"}},
+        "owner": {"allOf": [{"$ref": "#/$defs/Base"}], "description": "Owner."},
+        "typed": {"type": "object", "anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]},
+        "both": {"allOf": [{"$ref": "#/$defs/Base"},
+                           {"properties": {"name": {"type": "string"}}, "required": ["name"]}]},
+        "narrowed": {"$ref": "#/$defs/Cat", "required": ["meow"]},
+        "tagged": {"type": "object", "properties": {"tag": {"type": "string"}}, "required": ["tag"],
+                   "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]}}}
+    code = python_block(render_python_sdk([SdkTool("adopt", "Adopt.", schema, {})]))
+    for line in ("pet: NotRequired[Cat | Dog]", "owner: NotRequired[Base]  # Owner.", "typed: NotRequired[Cat | Dog]",
+                 "both: NotRequired[AdoptArgsBoth]", "narrowed: NotRequired[AdoptArgsNarrowed]",
+                 "tagged: NotRequired[AdoptArgsTagged1 | AdoptArgsTagged2]"):
+        assert f"\n    {line}\n" in code, line
+    namespace = run_stub(code)
+    assert namespace["AdoptArgsBoth"].__required_keys__ == {"id", "name"}
+    assert namespace["AdoptArgsNarrowed"].__required_keys__ == {"kind", "meow"}
+    assert namespace["AdoptArgsTagged1"].__required_keys__ == {"tag", "kind"}
+    assert namespace["AdoptArgsTagged2"].__annotations__["kind"] == Literal["dog"]
+    text = render_typescript_sdk([SdkTool("adopt", "Adopt.", schema, {})])
+    assert ("tagged?: { tag: string; kind: \"cat\"; meow?: boolean } & Record<string, JsonValue> | "
+            "{ tag: string; kind: \"dog\" } & Record<string, JsonValue> }") in text
+
+
+def test_definition_names_are_escaped_and_unique() -> None:
+    schema = {"$defs": {"a/b~c%": {"type": "string"}, "Any": {"type": "integer"}, "Point": {"type": "number"},
+                        "": {"type": "boolean"}, "9": {"type": "null"}},
+              "type": "object", "properties": {"a": {"$ref": "#/$defs/a~1b~0c%25"}, "b": {"$ref": "#/$defs/Any"},
+                                               "c": {"$ref": "#/$defs/Point"}, "d": {"$ref": "#/$defs/"},
+                                               "e": {"$ref": "#/$defs/9"}}}
+    tools = [SdkTool("t", "T.", schema, {}), SdkTool("Point", "P.", {"type": "object"}, {})]
+    code = python_block(render_python_sdk(tools))
+    for line in ("ABC: TypeAlias = str", "Any2: TypeAlias = int", "Point2: TypeAlias = float",
+                 "Definition: TypeAlias = bool", "T9: TypeAlias = None"):
+        assert f"\n{line}\n" in code, line
+    run_stub(code)
+    assert "\ntype Any = number;\n" in render_typescript_sdk(tools)

@@ -15,6 +15,7 @@ import re
 import types
 import typing
 import unicodedata
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -77,11 +78,27 @@ def combined(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, An
                      st.lists(st.one_of(objects(children, SHARED), children), min_size=1, max_size=2))
 
 
-SCHEMAS = st.recursive(LEAVES, lambda children: st.one_of(
+#: Names of the definitions a root schema holds: ``/``, ``~`` and ``%`` are escaped in a pointer.
+DEFINITIONS = ["Point", "a/b~c%", "\u00e9", "Any"]
+
+
+def pointer(name: str) -> str:
+    return "#/$defs/" + urllib.parse.quote(name.replace("~", "~0").replace("/", "~1"), safe="~")
+
+
+#: Local refs to those definitions (recursive ones too), to the root, and refs no stub resolves.
+REFS = st.fixed_dictionaries({"$ref": st.sampled_from([
+    *map(pointer, DEFINITIONS), "#", "#/$defs/missing", "#anchor", "https://example.com/schema.json"])},
+    optional={"description": TEXT})
+SCHEMAS = st.recursive(LEAVES | REFS, lambda children: st.one_of(
     objects(children), combined(children), st.fixed_dictionaries({"type": st.just("array"), "items": children})),
     max_leaves=5)
-TOOLS = st.lists(st.builds(SdkTool, name=NAME, description=TEXT, parameters=st.one_of(
-    objects(SCHEMAS), combined(SCHEMAS)), output=SCHEMAS), max_size=3, unique_by=lambda tool: tool.name)
+#: A root schema: an object, maybe with combinators, maybe with definitions its refs name.
+ROOTS = st.builds(lambda root, definitions: {**root, **({"$defs": definitions} if definitions else {})},
+                  st.one_of(objects(SCHEMAS), combined(SCHEMAS)),
+                  st.none() | st.fixed_dictionaries({name: SCHEMAS for name in DEFINITIONS}))
+TOOLS = st.lists(st.builds(SdkTool, name=NAME, description=TEXT, parameters=ROOTS, output=SCHEMAS),
+                 max_size=3, unique_by=lambda tool: tool.name)
 
 
 def schema_texts(schema: Any) -> Iterator[tuple[str, str, bool, bool]]:
@@ -103,23 +120,24 @@ def schema_texts(schema: Any) -> Iterator[tuple[str, str, bool, bool]]:
         stack.append((node.get("items"), in_class, shown))
         for key in ("oneOf", "anyOf", "allOf"):
             stack.extend((member, in_class, False) for member in node.get(key, ()))
+        stack.extend((definition, True, False) for definition in node.get("$defs", {}).values())
 
 
-def texts(tools: list[SdkTool]) -> tuple[set[str], set[str], set[str], set[str]]:
+def texts(tools: list[SdkTool]) -> tuple[set[str], set[str], set[str], set[tuple[str, str]]]:
     """(every tool and property name, every string enum/const value, the values Python shows in code,
-    the names and values that show for sure).
+    the ``("key", name)`` and ``("value", value)`` pairs TypeScript shows for sure).
 
     A tool reached by subscript has its signature in a comment: only values inside classes are code.
     """
     keys = {tool.name for tool in tools}
     values: set[str] = set()
     in_code: set[str] = set()
-    shown = set(keys)
+    shown = {("key", name) for name in keys}
     for tool in tools:
         for kind, text, in_class, certain in (*schema_texts(tool.parameters), *schema_texts(tool.output)):
             (keys if kind == "key" else values).add(text)
             if certain:
-                shown.add(text)
+                shown.add((kind, text))
                 if kind == "value" and (in_class or is_attribute_name(tool.name)):
                     in_code.add(text)
     return keys, values, in_code, shown
@@ -137,6 +155,29 @@ def hidden(text: str, layout: str) -> list[str]:
 
 def plain(description: str) -> SdkTool:
     return SdkTool("plain", description, {"type": "object"}, {})
+
+
+def strings(tree: ast.AST, docstrings: set[int]) -> set[str]:
+    """The string constants of ``tree`` but docstrings; an annotation written as a string (it names
+    a class defined later) counts as the strings of the expression it holds, which must parse."""
+    annotations: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign):
+            annotations.add(id(node.annotation))
+            if isinstance(node.annotation, ast.Name) and node.annotation.id == "TypeAlias" and node.value:
+                annotations.add(id(node.value))
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "NotRequired":
+            annotations.add(id(node.slice))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "TypedDict":
+            annotations.update(id(value) for value in getattr(node.args[1], "values", ()))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if id(node) in annotations:
+                found |= strings(ast.parse(node.value, mode="eval"), set())
+            else:
+                found.add(node.value)
+    return found
 
 
 @given(TOOLS)
@@ -166,8 +207,7 @@ def test_the_python_stub_compiles_encodes_and_keeps_every_text(tools: list[SdkTo
             docstrings.add(id(method.body[0].value))  # type: ignore[attr-defined]
     class_names = {target.id for node in tree.body if isinstance(node, ast.Assign)
                    for target in node.targets if isinstance(target, ast.Name)}
-    constants = {node.value for node in ast.walk(tree)
-                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+    constants = strings(tree, docstrings)
     # No text closed a string early (the pieces would be strings of their own), and each value shows.
     assert constants <= keys | values | class_names
     assert in_code <= constants
@@ -225,16 +265,20 @@ def test_the_typescript_stub_encodes_and_no_text_leaves_its_comment_or_string(to
     keys, values, _, certain = texts(tools)
     shown = {utf16(string) for string in strings}
     assert shown <= {utf16(text) for text in (*keys, *values, "ToolCallError")}
-    assert {utf16(value) for value in values if value in certain} <= shown
-    assert {utf16(key) for key in keys if key in certain and not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)
+    assert {utf16(value) for value in values if ("value", value) in certain} <= shown
+    assert {utf16(key) for key in keys
+            if ("key", key) in certain and not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)
             } <= shown
 
 
 #: Objects with a few keys in common, seldom closed (a closed one forbids the keys the others add).
 FLAT_OBJECTS = objects(LEAVES, st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([False] * 4 + [True]))
-FLAT = st.builds(lambda parent, key, members: {**parent, key: members}, FLAT_OBJECTS,
-                 st.sampled_from(["anyOf", "allOf"]),
-                 st.builds(list.__add__, st.lists(FLAT_OBJECTS, min_size=1, max_size=3), st.lists(LEAVES, max_size=1)))
+#: Such objects as members, some by ``$ref`` (merged in like the others: they have keys to merge).
+FLAT_MEMBERS = FLAT_OBJECTS | st.sampled_from([{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}])
+FLAT = st.builds(lambda parent, key, members, definitions: {**parent, key: members, "$defs": definitions},
+                 FLAT_OBJECTS, st.sampled_from(["anyOf", "allOf"]),
+                 st.builds(list.__add__, st.lists(FLAT_MEMBERS, min_size=1, max_size=3), st.lists(LEAVES, max_size=1)),
+                 st.fixed_dictionaries({"A": FLAT_OBJECTS, "B": FLAT_OBJECTS}))
 
 
 def sample(annotation: Any) -> Any:
