@@ -1168,9 +1168,10 @@ raises `NameError`).
 `await tools.read(path="a.txt")`. Names that are not plain identifiers (keywords, a leading `_`, \
 punctuation) are reached by subscript: `await tools["my-tool"]({...})`.
 - Arguments and results are JSON values (dict, list, str, int, float, bool, None); a result has the \
-tool's `...Output` type.
-- Run independent calls together with `asyncio.gather(...)` (`import asyncio`): concurrency-safe tools \
-overlap, the others run one at a time in call order.
+tool's `...Output` type. Return lists, not tuples or sets, and `0.0`, not `-0.0` (which `round()` can give).
+- The program already runs in an event loop: `await` directly, never `asyncio.run(...)`. Run independent \
+calls together with `asyncio.gather(...)` (`import asyncio`): concurrency-safe tools overlap, the others \
+run one at a time in call order. A call you cancel (`asyncio.wait_for`, `task.cancel()`) is stopped.
 - A failed, denied or unknown call raises `ToolCallError` (`.tool_name` names the tool): \
 `try: ... except ToolCallError as e: ...` and go on.
 - Program output is only what you `print(...)` and/or `return`: keep it short and curated; \

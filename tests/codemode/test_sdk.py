@@ -641,3 +641,12 @@ def test_definition_names_are_escaped_and_unique() -> None:
         assert f"\n{line}\n" in code, line
     run_stub(code)
     assert "\ntype Any = number;\n" in render_typescript_sdk(tools)
+
+
+def test_the_rules_say_what_the_worker_refuses_or_does_that_a_script_writer_would_not_expect() -> None:
+    """Each sentence answers an error the worker gives (or a behaviour it has) for ordinary script habits."""
+    from dsh_core.codemode.sdk import PYTHON_RULES
+
+    for said in ["not tuples or sets", "not `-0.0`", "never `asyncio.run(...)`", "A call you cancel",
+                 "`ToolCallError`"]:
+        assert said in PYTHON_RULES, said
