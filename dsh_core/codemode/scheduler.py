@@ -45,15 +45,16 @@ piling up writes.
 
 **A call the program cancels** (its await of the call was cancelled: ``asyncio.wait_for``,
 ``asyncio.timeout``, ``task.cancel()``) has its future cancelled by the code runtime while
-the run goes on. Each call has an abort controller of its own, fused with the run's signal
-(its request's signal): a done-callback on the future aborts it with
+the run goes on. Each call has an abort controller of its own (its request's signal), which
+the run's abort reaches until the call commits (through the scheduler's one listener on the
+run's signal, not one per call). A done-callback on the future aborts it with
 :data:`PROGRAM_CANCELLED`, so policy waiting for it (an approval prompt) and its body stop,
 and cuts the task running its around-dispatch and body, so a body that ignores its signal
 stops too and an exclusive call frees the barrier. The call commits as aborted (a queued
 one is abandoned: it never starts and logs nothing); a call whose body had already ended
 commits as it ended. A future cancelled because the run settled (the run's control signal
-is aborted first) is left to the run's own abort, which reaches every call through the
-same fused signals.
+is aborted first) is left to the run's own abort, which reaches every call not yet
+committed.
 
 Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
 task-killer may, at any point (before a task's first step included). Each
@@ -109,7 +110,7 @@ class SubCallError(Exception):
 class SubCall:
     """One nested call between submission and commit."""
 
-    __slots__ = ("abort", "counted", "cut", "exclusive", "failure", "future", "logged", "name", "release", "request",
+    __slots__ = ("abort", "counted", "cut", "exclusive", "failure", "future", "logged", "name", "request",
                  "settled", "staged", "sub_call_id", "watch")
 
     def __init__(self, request: ToolExecutionInput, logged: JSON, future: asyncio.Future[JSON]) -> None:
@@ -128,18 +129,12 @@ class SubCall:
         self.failure: ToolResult | None = None
         #: True while its body counts against the cap.
         self.counted = False
-        #: Aborts the call's own signal (the request's), fused with the run's; None if it has none.
+        #: Aborts the call's own signal (the request's) until its commit; None if it has none.
         self.abort: AbortController | None = None
-        #: Takes that fused signal's listener off the run's signal (at commit or abandonment).
-        self.release: Callable[[], None] = _noop
         #: True once the task running its body was cancelled because the program cancelled the call.
         self.cut = False
         #: The done-callback on ``future`` that stops the call if the code runtime cancels it.
         self.watch: Callable[[asyncio.Future[JSON]], None] | None = None
-
-
-def _noop() -> None:
-    return None
 
 
 def _mark_retrieved(future: asyncio.Future[JSON]) -> None:
@@ -179,6 +174,8 @@ class ProgramScheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         #: The task running each call's around-dispatch and body, while it runs them.
         self._dispatching: dict[SubCall, asyncio.Task[Any]] = {}
+        #: The call being committed (popped from ``_commits``; the run's abort still reaches it).
+        self._committing: SubCall | None = None
         #: The code runtime's run control (set by the transport from the first binding call).
         self.run_control: object | None = None
         self._unlisten = signal.add_listener(self._on_abort)
@@ -201,7 +198,8 @@ class ProgramScheduler:
         call = SubCall(request, logged, future)
         if abort is not None:
             call.abort = abort
-            call.release = self._signal.add_listener(abort.abort)
+            if self._signal.aborted:  # a fresh controller: nothing listens to it yet
+                abort.abort(self._signal.reason)
         call.watch = functools.partial(self._on_future_done, call)
         future.add_done_callback(call.watch)
         self._pending.append(call)
@@ -209,10 +207,29 @@ class ProgramScheduler:
             self._hand_lane()
         return call.future
 
-    def _on_abort(self, _reason: object) -> None:
+    def _on_abort(self, reason: object) -> None:
+        """The run aborted: abort every call not yet committed, and abandon the queued ones at once.
+
+        One listener on the run's signal for all of them (not one per call: a gather queues
+        a thousand calls, and each would add and then remove a listener of its own). Every
+        call is aborted even if one's listeners raise; then that is raised, as a signal does.
+        """
+        errors: list[Exception] = []
+        committing = self._committing
+        for call in (*((committing,) if committing is not None else ()), *self._commits, *self._pending):
+            abort = call.abort
+            if abort is not None:
+                try:
+                    abort.abort(reason)
+                except Exception as error:
+                    errors.append(error)
         # Queued calls are abandoned at once, not when some body happens to end.
         if self._pending and not self._lane_held:
             self._hand_lane()
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ExceptionGroup("abort listeners of nested calls failed", errors)
 
     def _on_future_done(self, call: SubCall, future: asyncio.Future[JSON]) -> None:
         """The program cancelled ``call`` (the code runtime cancelled its future): stop it.
@@ -379,7 +396,7 @@ class ProgramScheduler:
             return
 
     def _abandon(self, call: SubCall) -> None:
-        call.release()
+        call.abort = None
         call.watch = None
         if call.future.done():  # cancelled by the code runtime: the program or its run is over, nobody waits
             return
@@ -439,6 +456,13 @@ class ProgramScheduler:
             call.settled = True
 
     async def _commit(self, call: SubCall) -> None:
+        self._committing = call
+        try:
+            await self._commit_steps(call)
+        finally:
+            self._committing = None
+
+    async def _commit_steps(self, call: SubCall) -> None:
         result: ToolResult | None = None
         logging_settle = False
         try:
@@ -459,7 +483,7 @@ class ProgramScheduler:
 
     def _deliver(self, call: SubCall, result: ToolResult) -> None:
         """Defer contexts, settle the program's call and tell the watcher (no awaits: one step)."""
-        call.release()
+        call.abort = None  # committed: the run's abort no longer reaches it
         context = self._context
         if context is not None:
             # Deferred at commit, in submission order, onto the outer execution: they ride the

@@ -384,7 +384,7 @@ def _binding(
             raise SubCallError(f"tool arguments must be lossless JSON: {error}") from None
         if scheduler.run_control is None:
             scheduler.run_control = current_run()
-        # The call's own signal, fused with the run's by the scheduler: it is also aborted
+        # The call's own signal: the scheduler aborts it with the run's, and also
         # alone when the program cancels the call.
         abort = AbortController()
         request = ToolExecutionInput(
@@ -405,8 +405,8 @@ def _binding(
 def _abort_run(run: AbortController, reason: object, call_id: str) -> None:
     """Abort the run; an abort listener's error is logged, never the run's outcome.
 
-    The run's signal reaches the nested tools' listeners (through each call's own
-    signal, fused with it) and the scheduler's: one that raises must not stop the
+    The run's signal reaches the scheduler's listener, which aborts each call's own
+    signal (and so the nested tools' listeners): one that raises must not stop the
     settlement's drain, replace what the program produced, or reach whoever aborted
     the outer call.
     """
