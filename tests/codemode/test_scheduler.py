@@ -449,3 +449,37 @@ async def test_a_call_prepared_then_aborted_before_its_body_task_runs_skips_post
     assert ran == [] and posted == [] and wrapped == ["run"]
     assert {i: (r.code, r.text) for i, r in results.items()} == {
         i: ("ABORTED_BEFORE_DISPATCH", "Error: tool call aborted before dispatch") for i in ("a", "b")}
+
+
+async def test_one_listener_on_the_run_signal_reaches_every_call_not_yet_committed() -> None:
+    """Not one listener per call (each removal scanned them all: quadratic in a gather's queue)."""
+    from dsh_core.abort import AbortController
+    from dsh_core.model import ToolExecutionInput
+
+    env = Env(mode="native")  # the requests name no parent: the tool must be callable model-direct
+    started = asyncio.Event()
+
+    async def wait(args: Any, ctx: Any) -> Any:
+        started.set()
+        await ctx.signal.wait()
+        return None
+
+    env.add(tool("wait", wait, safe=True))
+    run = AbortController()
+    scheduler = ProgramScheduler(env.runtime, signal=run.signal, context=None, max_parallel_sub_calls=3,
+                                 history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
+    controllers = [AbortController() for _ in range(50)]
+    futures = [scheduler.submit(ToolExecutionInput(call_id=f"c:code:{i}", name="wait", arguments={},
+                                                   signal=controller.signal), {}, controller)
+               for i, controller in enumerate(controllers)]
+    await started.wait()
+    assert len(run.signal._listeners or []) == 1  # the scheduler's own, whatever the number of calls
+    run.abort("run over")
+    await scheduler.drain()
+    assert all(c.signal.aborted and c.signal.reason == "run over" for c in controllers)
+    assert all(f.done() for f in futures)
+    late = AbortController()  # a call submitted once the run is over starts aborted
+    scheduler.submit(ToolExecutionInput(call_id="c:code:late", name="wait", arguments={}, signal=late.signal), {},
+                     late)
+    assert late.signal.aborted and late.signal.reason == "run over"
+    await scheduler.drain()
