@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -112,7 +113,12 @@ def test_valid_bindings_share_the_default_error_class() -> None:
 
 def test_reserved_sets() -> None:
     assert {"match", "type", "_", "class", "await", "None"} <= PYTHON_RESERVED_WORDS
-    assert {"console", "print", "__dsh_main__", "__builtins__", "__name__", "__debug__"} == RESERVED_BINDING_GLOBALS
+    assert {"console", "print", "__dsh_main__", "__builtins__", "__debug__"} <= RESERVED_BINDING_GLOBALS
+    # Every global of the __main__ module the program runs as: a namespace must not replace one.
+    assert set(types.ModuleType("__main__").__dict__) <= RESERVED_BINDING_GLOBALS
+    for name in ("__spec__", "__loader__", "__doc__", "__package__"):
+        with pytest.raises(ValueError, match=f"'{name}' is reserved by the code runtime"):
+            validate_bindings([_ns(name)])
 
 
 def test_descriptors_and_protocol() -> None:
