@@ -408,7 +408,9 @@ class Hooks:
                 return failure_message("dsh_guard", info.plugin, error)
             if reason is not None:
                 if isinstance(reason, str):
-                    return str(reason)
+                    # A blank reason still denies; the model is told whose guard it was.
+                    return str(reason) if reason.strip() else (
+                        f'dsh_guard of plugin {info.plugin!r} denied tool "{execution.name}" (it gave no reason)')
                 # Not a reason (a bool, a dict): deny all the same, and say whose guard answered what.
                 log.warning("dsh_guard of plugin %r returned %s on call %r; the call is denied",
                             info.plugin, type(reason).__name__, execution.call_id)

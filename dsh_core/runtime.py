@@ -338,9 +338,11 @@ class ToolRuntime:
                             exc_info=True)
                 return f"guard {name} failed: {describe_exception(error)}"
             if verdict is not None:
-                if isinstance(verdict, str):
+                if isinstance(verdict, str) and verdict.strip():
                     return str(verdict)
                 name = describe_callable(guard)
+                if isinstance(verdict, str):  # a blank reason still denies; the model is told whose guard it was
+                    return f'guard {name} denied tool "{execution.name}" (it gave no reason)'
                 log.warning("guard %s returned %s on call %r; the call is denied", name, type(verdict).__name__,
                             execution.call_id)
                 return f"guard {name} failed: {describe_exception(guard_verdict_error(verdict))}"

@@ -107,7 +107,8 @@ def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
     the result is ``DENIED`` whatever was raised (a ``DshError``'s own code is
     not kept), and the reason names the plugin and the exception. Returning
     anything else that is not ``None`` (``False``, a dict) denies too, with a
-    reason naming the plugin and what it returned.
+    reason naming the plugin and what it returned; a blank reason (``""``)
+    denies, and the reason given names the plugin.
     """
 
 

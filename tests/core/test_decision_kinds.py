@@ -169,3 +169,33 @@ async def test_a_registry_guard_returning_no_reason_and_not_none_denies_naming_t
     assert result.error is not None and result.error.message.startswith("guard ")
     assert result.error.message.endswith(
         ".tenant_guard failed: TypeError: returned bool, expected a denial reason (str) or None")
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\n"])
+async def test_a_guard_denying_with_a_blank_reason_still_denies_and_says_whose_it_was(blank: str) -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+
+    class Terse:
+        @hookimpl
+        def dsh_guard(self, execution: ToolExecution) -> Any:
+            return blank
+
+    register(stack.hooks, Terse(), name="terse")
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and body_calls(echo) == []
+    assert result.error is not None
+    assert result.error.message == "dsh_guard of plugin 'terse' denied tool \"echo\" (it gave no reason)"
+
+    other = Stack()
+    other.registry.register(tool("echo"))
+
+    def quiet_guard(execution: ToolExecution) -> str:
+        return blank
+
+    other.registry.guard(quiet_guard)
+    result = await other.call("echo")
+    assert result.code == "DENIED" and result.error is not None
+    assert result.error.message.startswith("guard ") and result.error.message.endswith(
+        '.quiet_guard denied tool "echo" (it gave no reason)')
