@@ -502,3 +502,20 @@ def test_the_cheap_size_of_a_value_is_never_more_than_its_json(value: object) ->
     assert _floor_size(value) <= exact
     if not isinstance(value, str) or "quote" not in value:
         assert _floor_size(value) == exact
+
+
+def test_workers_are_killed_without_process_kill_which_could_reap_them_first(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """In 3.11 ``Process.kill()`` polls (``waitpid``) first: a worker that had just exited was reaped
+    there, and asyncio's child watcher then reported exit status 255 instead of its own."""
+
+    def forbidden(self: asyncio.subprocess.Process) -> None:
+        raise AssertionError("Process.kill() may reap the worker before asyncio's child watcher")
+
+    monkeypatch.setattr(asyncio.subprocess.Process, "kill", forbidden)
+    for n in range(5):  # the real worker: answers, is reaped, and its status is its own
+        assert query(make_db(tmp_path / f"db{n}.db"), "SELECT 1").error is None
+    workers = _spawning(monkeypatch, "import time; time.sleep(60)")  # one that must be killed
+    result = query(make_db(tmp_path / "app.db"), "SELECT 1", timeout_s=0.2)
+    assert "the query ran longer than 0.2 s and was interrupted" in result.text
+    assert workers[0].returncode == -9
