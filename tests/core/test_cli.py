@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -401,34 +403,16 @@ def test_json_output_stays_valid_json_on_a_stdout_that_cannot_encode_it(
         assert json.loads(result.stdout_bytes.decode(charset))["value"]["said"] == text, charset
 
 
-def _dsh_on(terminal: bool, *args: str, cwd: Path) -> tuple[int, bytes, bytes]:
-    """``python -m dsh_core ARGS``: exit code, stdout, stderr; both on one pty if ``terminal``, else pipes."""
-    import os
-    import pty
-
+def _dsh_piped(*args: str, cwd: Path) -> tuple[int, bytes, bytes]:
+    """``python -m dsh_core ARGS`` into pipes: exit code, stdout, stderr."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    command = [sys.executable, "-m", "dsh_core", *args]
-    if not terminal:
-        done = subprocess.run(command, cwd=cwd, env=environ, capture_output=True, timeout=60, check=False)
-        return done.returncode, done.stdout, done.stderr
-    leader, follower = pty.openpty()
-    process = subprocess.Popen(command, cwd=cwd, env=environ, stdout=follower, stderr=follower,
-                               stdin=subprocess.DEVNULL)
-    os.close(follower)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    return process.wait(timeout=60), shown, b""
+    done = subprocess.run([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ, capture_output=True,
+                          timeout=60, check=False)
+    return done.returncode, done.stdout, done.stderr
 
 
-def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_them(tmp_path: Path) -> None:
+def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_them(
+        tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]) -> None:
     """A tool's text (here a command's output: a carriage return, a title-setting OSC, a screen clear)
     is escaped on a terminal, on stdout and, for a failed call, on stderr; into a pipe it is data."""
     (tmp_path / "bash.toml").write_text(textwrap.dedent(f"""
@@ -442,20 +426,20 @@ def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_t
         """))
     ok = ["--config", "bash.toml", "tools", "call", "bash",
           "--args", json.dumps({"command": r"printf 'one\rX\033]0;TITLE\007\ttab\n'"})]
-    assert _dsh_on(True, *ok, cwd=tmp_path) == (
-        0, b"one\\rX\\x1b]0;TITLE\\x07\ttab\r\n[exit code 0]\r\n", b"")
-    assert _dsh_on(False, *ok, cwd=tmp_path) == (0, b"one\rX\x1b]0;TITLE\x07\ttab\n[exit code 0]\n", b"")
+    assert dsh_on_terminal(*ok, cwd=tmp_path) == (0, b"one\\rX\\x1b]0;TITLE\\x07\ttab\r\n[exit code 0]\r\n")
+    assert _dsh_piped(*ok, cwd=tmp_path) == (0, b"one\rX\x1b]0;TITLE\x07\ttab\n[exit code 0]\n", b"")
     failed = ["--config", "bash.toml", "tools", "call", "bash",
               "--args", json.dumps({"command": r"printf 'late\033[2J'; sleep 30", "timeout": 0.5})]
-    code, shown, _ = _dsh_on(True, *failed, cwd=tmp_path)
+    code, shown = dsh_on_terminal(*failed, cwd=tmp_path)
     assert code == 1 and shown.endswith(b"Output so far:\r\nlate\\x1b[2J\r\n") and b"\x1b" not in shown
-    code, out, err = _dsh_on(False, *failed, cwd=tmp_path)
+    code, out, err = _dsh_piped(*failed, cwd=tmp_path)
     assert code == 1 and out == b"" and err.endswith(b"Output so far:\nlate\x1b[2J\n")
 
 
-def test_run_code_on_a_terminal_shows_the_programs_escape_sequences_not_obeys_them(tmp_path: Path) -> None:
+def test_run_code_on_a_terminal_shows_the_programs_escape_sequences_not_obeys_them(
+        tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]) -> None:
     (tmp_path / "prog.py").write_text('print("a\\x1b]0;TITLE\\x07b\\rX")\nreturn 1\n')
-    code, shown, _ = _dsh_on(True, "run-code", "prog.py", cwd=tmp_path)  # stderr's mode note shares the pty
+    code, shown = dsh_on_terminal("run-code", "prog.py", cwd=tmp_path)  # stderr's mode note shares the pty
     assert code == 0 and shown.endswith(b"\r\na\\x1b]0;TITLE\\x07b\\rX\r\n1\r\n") and b"\x1b" not in shown
-    code, out, _ = _dsh_on(False, "run-code", "prog.py", cwd=tmp_path)
+    code, out, _ = _dsh_piped("run-code", "prog.py", cwd=tmp_path)
     assert (code, out) == (0, b"a\x1b]0;TITLE\x07b\rX\n1\n")
