@@ -60,8 +60,8 @@ def define_tool(
     ``parameters`` and ``output_schema`` must be valid Draft 2020-12 schemas
     (``parameters`` an object schema; ``output_schema`` defaults to ``{}``,
     any JSON). Both are compiled once, here. ``render(args, value)`` makes the
-    model-facing content (default: a string raw, anything else as indented
-    JSON). ``is_concurrency_safe`` may be ``True``/``False`` or a pure function
+    model-facing content (default: a string raw, anything else as one line of
+    compact JSON). ``is_concurrency_safe`` may be ``True``/``False`` or a pure function
     of the arguments; only an exact ``True`` lets calls overlap. ``examples``
     are argument objects, checked against ``parameters`` now and used by the
     conformance kit. ``annotations`` are hints for policies (``read_only``,

@@ -152,8 +152,14 @@ class ContextMessage:
 class ToolErrorInfo:
     """The error of a failed result: a stable ``code`` and a model-readable ``message``."""
 
-    code: str
-    message: str
+    code: str = field(validator=_str_field)
+    message: str = field(validator=_str_field)
+
+
+def _error_field(instance: object, attribute: attrs.Attribute[ToolErrorInfo | None], value: object) -> None:
+    if value is not None and not isinstance(value, ToolErrorInfo):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be ToolErrorInfo or None, "
+                        f"got {type(value).__name__}")
 
 
 @frozen
@@ -167,7 +173,8 @@ class ToolResult:
 
     content: tuple[ContentBlock, ...] = field(converter=_content_tuple)
     value: JSON = field(default=None, converter=freeze)
-    error: ToolErrorInfo | None = None
+    # Checked here: a middleware's or hook's ``error="boom"`` failed deep in the executor, unnamed.
+    error: ToolErrorInfo | None = field(default=None, validator=_error_field)
     additional_contexts: tuple[ContextMessage, ...] = field(default=(), converter=_contexts)
     concludes_turn: bool = False
 

@@ -155,3 +155,32 @@ async def test_a_post_execute_context_that_is_a_plain_string_fails_the_plugin_no
     assert result.error.message == ("dsh_post_execute of plugin 'noter' failed: TypeError: additional_contexts "
                                     "holds str, expected ContextMessage (wrap text in ContextMessage(text))")
     assert all(context.text for context in result.additional_contexts)
+
+
+def test_an_error_refuses_a_code_or_message_that_is_not_text() -> None:
+    from dsh_core.model import ToolErrorInfo
+
+    with pytest.raises(TypeError, match=r"ToolErrorInfo\.code must be str, got int"):
+        ToolErrorInfo(5, "five")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"ToolErrorInfo\.message must be str, got NoneType"):
+        ToolResult.failure("CACHED", None)  # type: ignore[arg-type]
+
+
+async def test_a_middleware_result_with_an_error_that_is_not_error_info_fails_that_plugin() -> None:
+    """Before, ``error="boom"`` escaped the executor as an AttributeError, naming no plugin."""
+
+    class Shortcut:
+        @hookimpl
+        def dsh_around_dispatch(self, execution: ToolExecution) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                return ToolResult(content="cached", error="boom")  # type: ignore[arg-type]
+            return middleware
+
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    register(stack.hooks, Shortcut(), name="shortcut")
+    result = await stack.call("echo")
+    assert result.code == "TOOL_FAILED" and result.error is not None
+    assert result.error.message.startswith("dsh_around_dispatch of plugin 'shortcut' failed: "
+                                           "TypeError: ToolResult.error must be ToolErrorInfo or None, got str")
+    _readable(result)
