@@ -1079,8 +1079,8 @@ class _Run:
         try:
             tokens = wire.encode(result)
             frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens})
-        except wire.WireError:
-            self._reply(call_id, False, "binding resolution must be lossless JSON")
+        except wire.WireError as error:
+            self._reply(call_id, False, f"binding resolution must be lossless JSON: {error.describe('result')}")
             return
         if self.outcome is None:
             self._write(frame)

@@ -101,7 +101,8 @@ def test_an_int_too_long_for_json_text_is_refused_both_ways_even_with_the_limit_
             assert r.value == ("binding arguments must be lossless JSON: int of more than 4300 digits does not "
                                "survive JSON (Python refuses to convert it to and from text)"), r
         r = await rt.run(catch.format("huge({})"), bindings)
-        assert r.value == "binding resolution must be lossless JSON", r
+        assert r.value == ("binding resolution must be lossless JSON: int of more than 4300 digits does not "
+                           "survive JSON (Python refuses to convert it to and from text)"), r
         r = await rt.run("return [10**4299, -10**4299]", bindings)  # 4300 digits: still fine
         assert r.error is None and r.value == [10**4299, -(10**4299)]
 
@@ -125,7 +126,8 @@ def test_a_host_with_the_int_limit_lifted_still_refuses_a_result_the_worker_cann
     env = {**os.environ, "PYTHONINTMAXSTRDIGITS": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
                           check=False)
-    assert done.stdout.strip() == "binding resolution must be lossless JSON", (done.stdout, done.stderr)
+    assert done.stdout.strip().startswith("binding resolution must be lossless JSON: int of more than 4300 digits"), (
+        done.stdout, done.stderr)
 
 
 def test_syntax_error_starts_no_worker() -> None:
@@ -190,7 +192,8 @@ def test_bindings_both_ways_and_error_class() -> None:
         assert a == {"ok": {"path": "a"}} and b == {"ok": {"path": "b", "n": 2}}
         assert c == {"ok": {}} and d == {"ok": {"k": 1}} and e == {"ok": {}}
         assert f == ["fail", "disk on fire", True]
-        assert g == "binding resolution must be lossless JSON"
+        assert g == ("binding resolution must be lossless JSON: float inf is not lossless JSON "
+                     "(JSON has no NaN or infinity) at result[\"x\"]")
         assert h.startswith("binding arguments must be lossless JSON")
         assert (i, j, k, m) == ("typeerror", "noattr", "ok", "Exception:disk on fire")
         assert plain and names == sorted(["read", "my-tool", "__class__", "mro", "fail", "lossy"])
