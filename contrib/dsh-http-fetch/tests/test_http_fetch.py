@@ -69,6 +69,9 @@ ENCODED: dict[str, tuple[str, bytes]] = {
     "corrupt-gzip": ("gzip", b"\x1f\x8b\x08\x00" + b"not really gzip at all" * 10),
     "corrupt-deflate": ("deflate", b"\xff\xff\xff\xff garbage"),
     "cut-gzip": ("gzip", gzip.compress(TEXT)[:-6]),  # the stream stops before its trailer
+    # Raw bytes that decode to (almost) nothing: would be read until the timeout, however long the body.
+    "empty-members": ("gzip", gzip.compress(b"") * 200_000),
+    "endless-trailer": ("deflate", zlib.compress(b"short") + b"\0" * 4_000_000),
 }
 
 
@@ -345,6 +348,17 @@ def test_a_body_that_cannot_be_decoded_is_a_clear_error(server: str, name: str, 
     result = fetch(server, f"http://{server}/encoded/{name}")
     assert result.code == "TOOL_FAILED"
     assert f"fetching http://{server}/encoded/{name} failed: {message}" in result.text
+
+
+@pytest.mark.parametrize(("name", "coding", "decoded"), [("empty-members", "gzip", 0),
+                                                        ("endless-trailer", "deflate", 5)])
+def test_a_body_that_decodes_to_next_to_nothing_is_not_read_to_its_end(
+        server: str, name: str, coding: str, decoded: int) -> None:
+    result = fetch(server, f"http://{server}/encoded/{name}", max_bytes=1024)
+    assert result.code == "TOOL_FAILED", result.value
+    raw_limit = 2 * 1025 + 64 * 1024
+    assert (f"fetching http://{server}/encoded/{name} failed: the body's {coding} data took more than {raw_limit} "
+            f"bytes to decode to {decoded}; compressed data is never that much larger") in result.text
 
 
 def test_an_error_status_is_reported_before_an_encoding_that_cannot_be_decoded(server: str) -> None:

@@ -501,14 +501,23 @@ class HttpFetch:
                                              f"at most {_MAX_CODINGS} are decoded")
         decoding = _Decoding(codings)
         limit = self.max_bytes + 1
+        raw_limit = 2 * limit + _DECODED_CHUNK
+        raw = 0
         body = bytearray()
         try:
             async for chunk in response.aiter_raw():
+                raw += len(chunk)
                 decoding.feed(chunk)
                 while len(body) < limit and (out := decoding.read(min(_DECODED_CHUNK, limit - len(body)))):
                     body += out
                 if len(body) >= limit:
                     return body
+                if raw > raw_limit:
+                    # Compressed data is never much larger than what it holds, so such a body is a stream of
+                    # empty blocks or members, or endless bytes after its end: it would be read (and
+                    # inflated) until the timeout for nothing.
+                    raise _Undecodable(f"the body's {header} data took more than {raw_limit} bytes to decode to "
+                                       f"{len(body)}; compressed data is never that much larger than what it holds")
             decoding.finish()
         except _Undecodable as error:
             raise _body_error(url, response, str(error)) from None
