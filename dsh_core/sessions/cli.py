@@ -4,8 +4,9 @@
 its model-direct tool calls with outcome and duration, and under each
 ``run_code`` call the nested calls its program made (matched start/settle
 pairs by ``sub_call_id``), with approvals where they were asked. A call
-without its result and a run without its ``run/end`` (the process was
-killed, or the session is still being written) are marked interrupted.
+without its result and a run without its ``run/end`` are marked interrupted
+(the process was killed), or running while a live run holds the session's
+lease; ``list`` and ``show`` name that run.
 """
 
 from __future__ import annotations
@@ -115,11 +116,19 @@ def _sub(sub_call_id: str | None) -> str:
 
 
 class _Call:
-    __slots__ = ("node", "start")
+    __slots__ = ("node", "start", "run")
 
-    def __init__(self, node: Node, start: float) -> None:
+    def __init__(self, node: Node, start: float, run: int) -> None:
         self.node = node
         self.start = start
+        self.run = run  # the number of the run it was made in
+
+
+def _running_holder(info: SessionInfo) -> SessionLease | None:
+    """The run holding ``info``'s session, unless it surely is gone (then the next run takes the lease over)."""
+    from dsh_core.sessions.lease import holder_alive
+
+    return info.holder if info.holder is not None and holder_alive(info.holder) else None
 
 
 def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
@@ -127,7 +136,10 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
     from dsh_core.sessions.events import EventKind
 
     agent = info.meta.get("agent", "?")
-    root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created {_when(info.created_at)}")
+    user = _running_holder(info)
+    in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
+    root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created "
+                f"{_when(info.created_at)}{in_use}")
     run: Node | None = None
     runs = 0
     calls: dict[str, _Call] = {}
@@ -173,26 +185,26 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
         elif kind == EventKind.TOOL_CALL and event.root_call_id is not None:
             node = current_run().add(f"{payload.get('name')} [{event.root_call_id}] "
                                      f"{_call_summary(payload.get('arguments', ''))}")
-            calls[event.root_call_id] = unsettled[event.root_call_id] = _Call(node, event.at)
+            calls[event.root_call_id] = unsettled[event.root_call_id] = _Call(node, event.at, runs)
         elif kind == EventKind.TOOL_RESULT and event.root_call_id is not None:
             unsettled.pop(event.root_call_id, None)
             call = calls.get(event.root_call_id)
             if call is None:
-                call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at)
+                call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at, runs)
             call.node.label += f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}"
         elif kind == EventKind.CODE_DISPATCH_START:
             parent = calls.get(event.root_call_id or "")
             holder = parent.node if parent is not None else current_run()
             args = payload.get("args", payload.get("arguments", ""))
             node = holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}] {_short(args, 60)}")
-            nested[(event.root_call_id, str(event.sub_call_id))] = _Call(node, event.at)
+            nested[(event.root_call_id, str(event.sub_call_id))] = _Call(node, event.at, runs)
         elif kind == EventKind.CODE_DISPATCH:
             key = (event.root_call_id, str(event.sub_call_id))
             settled = nested.pop(key, None)
             if settled is None:
                 parent = calls.get(event.root_call_id or "")
                 holder = parent.node if parent is not None else current_run()
-                settled = _Call(holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}]"), event.at)
+                settled = _Call(holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}]"), event.at, runs)
             duration = payload.get("duration_ms")
             if not isinstance(duration, int | float):
                 duration = (event.at - settled.start) * 1000
@@ -209,21 +221,29 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
         else:
             current_run().add(f"{kind}: {_short(payload, 80)}")
     if run is not None:
-        unended(run)
+        if user is not None:
+            run.add("end: none yet (running)")
+        else:
+            unended(run)
     for call in [*unsettled.values(), *nested.values()]:
-        call.node.label += " — no result (interrupted)"
+        running = user is not None and call.run == runs
+        call.node.label += " — running" if running else " — no result (interrupted)"
     return "\n".join(root.lines())
 
 
 def render_list(sessions: Sequence[SessionInfo]) -> str:
-    """A table of sessions: id, last update, event count, agent and first task."""
+    """A table of sessions: id, last update, event count, agent, the run using it (if any does) and first task."""
     if not sessions:
         return "no sessions"
-    rows = [("ID", "UPDATED", "EVENTS", "AGENT", "TASK")]
+    holders = [_running_holder(s) for s in sessions]
+    using = any(holder is not None for holder in holders)
+    rows = [("ID", "UPDATED", "EVENTS", "AGENT", *(("IN USE BY",) if using else ()), "TASK")]
     rows += [(s.id, _when(s.updated_at), str(s.event_count), visible(str(s.meta.get("agent", ""))),
-              visible(_short(str(s.meta.get("task", "")), 50))) for s in sessions]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
+              *((visible(f"pid {h.pid} on {h.host}") if h is not None else "",) if using else ()),
+              visible(_short(str(s.meta.get("task", "")), 50))) for s, h in zip(sessions, holders, strict=True)]
+    last = len(rows[0]) - 1  # the task: not padded
+    widths = [max(len(row[i]) for row in rows) for i in range(last)]
+    return "\n".join("  ".join(cell.ljust(widths[i]) if i < last else cell for i, cell in enumerate(row)).rstrip()
                      for row in rows)
 
 
@@ -288,9 +308,15 @@ def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_j
     found = _with_store(_deployment(ctx, configs), work)
     if as_json:
         click.echo(json.dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
-                                "event_count": s.event_count, "meta": dict(s.meta)} for s in found], indent=2))
+                                "event_count": s.event_count, "meta": dict(s.meta), "in_use_by": _holder_json(s)}
+                               for s in found], indent=2))
     else:
         click.echo(render_list(found))
+
+
+def _holder_json(info: SessionInfo) -> dict[str, Any] | None:
+    holder = _running_holder(info)
+    return None if holder is None else {"pid": holder.pid, "host": holder.host, "since": holder.since}
 
 
 @sessions_group.command("show")

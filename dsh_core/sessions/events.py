@@ -23,6 +23,7 @@ from typing import Any, Final
 from attrs import field, frozen
 
 from dsh_core.lossless import JSON, NotLosslessError, snapshot
+from dsh_core.sessions.lease import SessionLease
 
 __all__ = ["EventKind", "NewEvent", "SessionEvent", "SessionInfo", "encode_payload", "decode_payload"]
 
@@ -108,10 +109,15 @@ class SessionEvent:
 
 @frozen
 class SessionInfo:
-    """A session's summary: id, creation time, last event time, event count and metadata."""
+    """A session's summary: id, creation time, last event time, event count and metadata.
+
+    ``holder`` is the lease the store holds for the session, if any: the run continuing it, or
+    one that is gone without releasing it (:func:`~dsh_core.sessions.lease.holder_alive` tells).
+    """
 
     id: str
     created_at: float
     updated_at: float
     event_count: int
     meta: Mapping[str, Any] = field(factory=dict)
+    holder: SessionLease | None = None

@@ -74,6 +74,21 @@ def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+_SELECT_INFO: Final = ("SELECT id, created_at, updated_at, event_count, meta, leases.holder "
+                       "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id")
+
+
+def _info(row: tuple[Any, ...]) -> SessionInfo:
+    """The :class:`SessionInfo` of a row of ``_SELECT_INFO``."""
+    holder = None
+    if row[5] is not None:
+        try:
+            holder = SessionLease.from_json(json.loads(row[5]))
+        except ValueError:
+            holder = SessionLease("", 0, "unknown")  # unreadable, but the session is held all the same
+    return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), holder)
+
+
 class SqliteSessionStore:
     """:class:`~dsh_core.sessions.store.SessionStore` on SQLite (stdlib ``sqlite3``)."""
 
@@ -180,7 +195,7 @@ class SqliteSessionStore:
                 self._claim(conn, chosen, lease)
 
         await self._run(lambda: self._transaction(work, session_id=chosen, doing="create"))
-        return SessionInfo(chosen, now, now, 0, json.loads(meta_text))
+        return SessionInfo(chosen, now, now, 0, json.loads(meta_text), lease)
 
     async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:
         """Commit ``events`` in one transaction; ``seq`` continues the session's order."""
@@ -283,12 +298,10 @@ class SqliteSessionStore:
         """The summary of one session."""
 
         def work(conn: sqlite3.Connection) -> SessionInfo:
-            row = conn.execute(
-                "SELECT id, created_at, updated_at, event_count, meta FROM sessions WHERE id = ?",
-                (session_id,)).fetchone()
+            row = conn.execute(_SELECT_INFO + " WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-            return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]))
+            return _info(row)
 
         return await self._run(lambda: self._read(work, doing=f"read session {session_id!r}"))
 
@@ -296,10 +309,9 @@ class SqliteSessionStore:
         """Sessions, most recently updated first (at most ``limit``)."""
 
         def work(conn: sqlite3.Connection) -> list[SessionInfo]:
-            rows = conn.execute(
-                "SELECT id, created_at, updated_at, event_count, meta FROM sessions "
-                "ORDER BY updated_at DESC, id DESC LIMIT ?", (-1 if limit is None else int(limit),)).fetchall()
-            return [SessionInfo(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+            rows = conn.execute(_SELECT_INFO + " ORDER BY updated_at DESC, id DESC LIMIT ?",
+                                (-1 if limit is None else int(limit),)).fetchall()
+            return [_info(row) for row in rows]
 
         return await self._run(lambda: self._read(work, doing="list sessions"))
 

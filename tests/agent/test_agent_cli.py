@@ -161,7 +161,12 @@ def test_sessions_release_frees_a_session_whose_holder_dsh_cannot_check(tmp_path
         finally:
             await store.close()
 
+    assert session["in_use_by"] is None
     asyncio.run(hold())
+    (held,) = json.loads(dsh("sessions", "list", "--config", str(cfg), "--json", cwd=tmp_path).stdout)
+    assert held["in_use_by"] == {"pid": os.getpid(), "host": "container-1f2e", "since": gone.since}
+    shown = dsh("sessions", "show", session["id"], "--config", str(cfg), cwd=tmp_path)
+    assert f"· in use by pid {os.getpid()} on host 'container-1f2e' since " in shown.stdout.splitlines()[0]
     busy = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
     assert busy.returncode == 1
     assert f"free the session with: dsh sessions release {session['id']})" in busy.stderr

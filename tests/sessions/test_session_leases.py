@@ -235,3 +235,19 @@ async def test_a_lease_dsh_cannot_check_is_broken_on_request(tmp_path: Path, fac
             await store.break_lease("no-such-session")
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("factory", STORES)
+async def test_a_sessions_summary_names_the_lease_holding_it(tmp_path: Path, factory: StoreFactory) -> None:
+    store = factory(tmp_path)
+    holder = SessionLease.for_this_run()
+    try:
+        created = await store.create(lease=holder)
+        free = await store.create()
+        assert created.holder == holder and free.holder is None
+        assert (await store.get(created.id)).holder == holder
+        assert {info.id: info.holder for info in await store.list()} == {created.id: holder, free.id: None}
+        await store.release(created.id, holder)
+        assert (await store.get(created.id)).holder is None
+    finally:
+        await store.close()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from typing import Any
+
+import attrs
 
 from dsh_core.sessions.cli import render_list, render_session
 from dsh_core.sessions.events import SessionEvent, SessionInfo
@@ -121,3 +125,50 @@ def test_nothing_a_model_or_tool_wrote_can_drive_the_terminal() -> None:
     assert "fix \\x1b[2J" in text and "bad\\x1b[2J [1.1]" in text and "\\u202eexe.txt" in text
     table = render_list([SessionInfo("a-1", 0.0, 0.0, 1, {"agent": "m\x1b[31m", "task": clipboard})])
     assert "\x1b" not in table and "m\\x1b[31m" in table
+
+
+def _two_runs_the_second_unfinished() -> list[SessionEvent]:
+    return [
+        ev(1, "run/start", {"task": "one", "provider": "p", "mode": "native"}, 0.0),
+        ev(2, "tool/call", {"name": "slow", "arguments": "{}"}, 0.0, "1.1"),
+        ev(3, "run/start", {"task": "two", "provider": "p", "mode": "code", "resumed": True}, 1.0),
+        ev(4, "tool/call", {"name": "run_code", "arguments": "{}"}, 1.0, "2.1"),
+        ev(5, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 1.0, "2.1", "2.1", "2.1:code:1"),
+    ]
+
+
+def test_show_marks_the_unfinished_run_of_a_session_in_use_as_running_not_interrupted() -> None:
+    from dsh_core.sessions.lease import SessionLease
+
+    holder = SessionLease.for_this_run()
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, holder), _two_runs_the_second_unfinished()).splitlines()
+    assert lines[0].endswith(f" · in use by pid {os.getpid()} on host {holder.host!r} since "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.since))}")
+    assert lines[1:] == [
+        "├─ run 1: one · provider p · mode native",
+        "│  ├─ slow [1.1] {} — no result (interrupted)",
+        "│  └─ end: none recorded (interrupted)",
+        "└─ run 2 (resumed): two · provider p · mode code",
+        "   ├─ run_code [2.1] {} — running",
+        "   │  └─ read [#1] {} — running",
+        "   └─ end: none yet (running)",
+    ]
+    # A holder that is gone (here: another process start time for this pid) holds nothing.
+    gone = attrs.evolve(holder, started=(holder.started or 0) + 1)
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, gone), _two_runs_the_second_unfinished()).splitlines()
+    assert "in use" not in lines[0] and lines[-1] == "   └─ end: none recorded (interrupted)"
+    assert lines[-2] == "   │  └─ read [#1] {} — no result (interrupted)"
+
+
+def test_list_names_the_run_using_a_session_only_while_it_runs() -> None:
+    from dsh_core.sessions.lease import SessionLease
+
+    holder = SessionLease.for_this_run()
+    gone = attrs.evolve(holder, started=(holder.started or 0) + 1)
+    rows = render_list([SessionInfo("a-1", 0.0, 0.0, 7, {"agent": "main", "task": "do it"}, holder),
+                        SessionInfo("b-2", 0.0, 0.0, 3, {"agent": "main", "task": "done"}, gone)]).splitlines()
+    assert rows[0].split() == ["ID", "UPDATED", "EVENTS", "AGENT", "IN", "USE", "BY", "TASK"]
+    assert rows[1].endswith(f"main   pid {os.getpid()} on {holder.host}  do it")
+    assert rows[2].endswith(f"main   {' ' * len(f'pid {os.getpid()} on {holder.host}')}  done")
+    assert render_list([SessionInfo("b-2", 0.0, 0.0, 3, {}, gone)]).splitlines()[0].split() == [
+        "ID", "UPDATED", "EVENTS", "AGENT", "TASK"]
