@@ -16,12 +16,12 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+from dsh_core.processes import kill_child
 from dsh_sqlite_query import _worker
 
 __all__ = ["plugin", "SqliteQuery"]
@@ -48,18 +48,6 @@ _SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
 # Past timeout_s, a worker that has not answered (stuck in one SQLite step, or slow to start) is killed.
 KILL_GRACE_S = 2.0
 
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL the worker if it has not been reaped.
-
-    Not ``process.kill()``: in Python 3.11 that polls (``waitpid``) first, so a worker that
-    had just exited was reaped there, before asyncio's child watcher, which then reports
-    exit status 255 ("unknown child process") instead of the worker's own.
-    """
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
 
 class SqliteQuery:
     """The plugin instance: the database path, limits and the ``sql_query`` tool."""
@@ -142,7 +130,7 @@ class SqliteQuery:
         """Stop the exchange, kill the worker if it still runs, and wait for it to end."""
         exchange.cancel()
         await asyncio.wait({exchange})
-        _kill(process)
+        kill_child(process)
         # wait() returns only once the pipes are closed too, and an answer left unread (too long,
         # or the call ended) can keep the worker's stdout open: read it to the end.
         assert process.stdout is not None
@@ -167,7 +155,7 @@ class SqliteQuery:
             nonlocal timed_out
             if process.returncode is None:
                 timed_out = True
-                _kill(process)
+                kill_child(process)
 
         # The worker interrupts itself at timeout_s; this kills one that could not (one long step).
         timer = asyncio.get_running_loop().call_later(self.timeout_s + KILL_GRACE_S, on_timeout)

@@ -1,0 +1,23 @@
+"""Helpers for the child processes a tool body starts with :mod:`asyncio.subprocess`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+__all__ = ["kill_child"]
+
+
+def kill_child(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL ``process`` unless asyncio has already seen it exit; never reap it here.
+
+    Not ``process.kill()``: in Python 3.11 that polls (``waitpid``) first, so a child that
+    had just exited is reaped there, before asyncio's child watcher, which then reports
+    exit status 255 ("unknown child process") instead of the child's own, with a warning.
+    Await ``process.wait()`` afterwards for the real status.
+    """
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
