@@ -204,9 +204,10 @@ class PluginCatalog:
         source = self._sources[name]
         try:
             factory: Callable[..., Any] = entry_point.load()
-        except Exception as error:
-            raise PluginLoadError(f"plugin {source.describe()} failed to load: "
-                                  f"{type(error).__name__}: {error}") from error
+        except (Exception, SystemExit) as error:
+            # SystemExit too: a module that exits on import ("requires X") would otherwise end dsh with its
+            # status (0 included) and no word of which plugin did it.
+            raise PluginLoadError(f"plugin {source.describe()} failed to load: {_describe_failure(error)}") from error
         if not callable(factory):
             raise PluginLoadError(f"plugin {source.describe()} is not a factory: {type(factory).__name__}")
         try:
@@ -225,6 +226,12 @@ class PluginCatalog:
                 raise
             self._report(f"dsh: warning: {error.message}; skipped")
             return None
+
+
+def _describe_failure(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return f"SystemExit: sys.exit({error.code!r}) was called"
+    return f"{type(error).__name__}: {error}"
 
 
 Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
@@ -286,7 +293,7 @@ async def start_plugin(
         await scope.dispose()
         if isinstance(error, DshError):
             raise PluginLoadError(f"{what} failed to start: {error.message}") from error
-        if isinstance(error, Exception):
-            raise PluginLoadError(f"{what} failed to start: {type(error).__name__}: {error}") from error
+        if isinstance(error, Exception | SystemExit):
+            raise PluginLoadError(f"{what} failed to start: {_describe_failure(error)}") from error
         raise
     return scope

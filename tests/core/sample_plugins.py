@@ -131,3 +131,18 @@ def slow(scope: Scope, config: Any) -> SlowPlugin:
     instance = SlowPlugin(scope, SLOW_EVENTS)
     SLOW_PLUGINS.append(instance)
     return instance
+
+
+class ExitingPlugin:
+    """Registers one tool, then calls ``sys.exit(0)`` from its registration hook."""
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        register(_echo("exiting"))
+        sys.exit(0)
+
+
+@plugin()
+def exiting(scope: Scope, config: Any) -> ExitingPlugin:
+    scope.on_dispose(lambda: DISPOSED.append("exiting"))
+    return ExitingPlugin()

@@ -154,6 +154,24 @@ async def test_a_failing_start_leaves_nothing_half_registered() -> None:
     assert loaded.DISPOSED == ["half_broken"]
 
 
+async def test_a_plugin_that_calls_sys_exit_fails_the_boot_instead_of_ending_the_process() -> None:
+    """sys.exit(0) in a plugin's import or start escaped the harness: `dsh tools list` exited 0, printing nothing."""
+    loaded = importlib.import_module("tests.core.sample_plugins")
+    loaded.DISPOSED.clear()
+    plugins = PluginCatalog(entry_points=[ep("exit-on-import", "tests.core.exiting_plugin:plugin"),
+                                          ep("exit-on-start", "tests.core.sample_plugins:exiting")])
+    dep = deployment({"plugins": [{"id": "guard", "use": "exit-on-import"}]})
+    with pytest.raises(PluginLoadError, match=r"file1.toml: plugins\[guard\].use: plugin 'exit-on-import' "
+                                              r"\(tests.core.exiting_plugin:plugin\) failed to load: "
+                                              r"SystemExit: sys.exit\(0\) was called"):
+        await Harness.start(dep, catalog=plugins)
+    dep = deployment({"plugins": [{"id": "e", "use": "exit-on-start"}]})
+    with pytest.raises(PluginLoadError, match=r"plugin row 'e' .*failed to start: SystemExit: sys.exit\(0\) was "
+                                              r"called"):
+        await Harness.start(dep, catalog=plugins)
+    assert loaded.DISPOSED == ["exiting"]
+
+
 async def test_an_async_factory_fails_the_boot_instead_of_registering_nothing(recwarn: pytest.WarningsChecker) -> None:
     """An ``async def`` factory's coroutine has no hook implementations: registering it would drop the plugin."""
     dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "policy", "use": "async-factory"}]})
