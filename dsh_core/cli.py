@@ -134,6 +134,9 @@ def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id:
             if value is not None:
                 raise click.UsageError(f"{option} applies only to a -p run; {command} does not read it "
                                        "(a command's own options go after its name)", ctx)
+        if configs and ctx.invoked_subcommand == "demo":
+            raise click.UsageError("--config does not apply to 'dsh demo': it always runs its own shipped "
+                                   "deployment in a temporary workspace", ctx)
         return
     if task is None:
         for value, option in ((session_id, "--session"), (agent_id, "--agent")):

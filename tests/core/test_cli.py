@@ -172,6 +172,13 @@ def test_run_options_before_a_command_are_refused_not_ignored(  # type: ignore[n
         assert f"{option} applies only to a -p run; 'dsh {command[0]}' does not read it" in result.stderr
 
 
+def test_a_config_before_demo_is_refused_not_ignored(run) -> None:  # type: ignore[no-untyped-def]
+    # `dsh --config base.toml demo` ran the shipped demo deployment without a word about base.toml.
+    result = run("--config", "base.toml", "demo")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--config does not apply to 'dsh demo'" in result.stderr
+
+
 def test_a_configured_plugin_that_cannot_load_fails_the_boot_with_exit_2(  # type: ignore[no-untyped-def]
         run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,"
