@@ -130,6 +130,7 @@ class Harness:
         self.session_stores: NamedRegistry[Any] = NamedRegistry("session store")
         self.agents: dict[str, Scope] = {}
         self.plugins: dict[str, Scope] = {}
+        self._tool_rows: dict[str, str] = {}  # tool name -> the plugin row that registered it
         self._call_ids = itertools.count(1)
         # Fused into every call made through call(): aclose aborts it, so no body outlives its plugin.
         self._closing = AbortController()
@@ -191,7 +192,23 @@ class Harness:
 
     def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:
         def register(definition: ToolDefinition) -> None:
-            self.registry.register(definition, scope=scope)
+            try:
+                self.registry.register(definition, scope=scope)
+            except RegistrationError:
+                # The registry knows scopes, not rows: name the row that has the name, as providers do.
+                owner = self._tool_rows.get(definition.name) if scope.active else None
+                if owner is None or owner == plugin_id:
+                    raise
+                raise RegistrationError(f'tool "{definition.name}" is registered by both plugin row {owner!r} '
+                                        f"and plugin row {plugin_id!r}") from None
+            name = definition.name
+            self._tool_rows[name] = plugin_id
+
+            def forget() -> None:
+                if self._tool_rows.get(name) == plugin_id:
+                    del self._tool_rows[name]
+
+            scope.on_dispose(forget)
 
         return register
 

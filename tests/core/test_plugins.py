@@ -13,6 +13,7 @@ from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.harness import Harness, NamedRegistry
 from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog
 from dsh_core.scope import Scope
+from tests.core import sample_plugins
 
 pytestmark = pytest.mark.anyio
 
@@ -170,6 +171,27 @@ async def test_a_plugin_that_calls_sys_exit_fails_the_boot_instead_of_ending_the
                                               r"called"):
         await Harness.start(dep, catalog=plugins)
     assert loaded.DISPOSED == ["exiting"]
+
+
+async def test_a_tool_name_two_rows_register_names_both_rows() -> None:
+    """The second row's failure named only itself: which row already had the tool was left to guess."""
+    dep = deployment({"plugins": [{"id": "first-echo", "use": "echo", "config": {"tool": "alpha"}},
+                                  {"id": "other", "use": "echo", "config": {"tool": "beta"}},
+                                  {"id": "second-echo", "use": "echo", "config": {"tool": "alpha"}}]})
+    with pytest.raises(PluginLoadError, match=r"plugin row 'second-echo' .*failed to start: tool \"alpha\" is "
+                                              r"registered by both plugin row 'first-echo' and plugin row "
+                                              r"'second-echo'"):
+        await Harness.start(dep, catalog=catalog())
+    # Once its row is gone, the name is free again (and no longer blamed on that row).
+    harness = await Harness.start(deployment({"plugins": [{"id": "first-echo", "use": "echo"}]}), catalog=catalog())
+    try:
+        await harness.plugins["first-echo"].dispose()
+        harness.registry.register(sample_plugins._echo("echo"))
+        with pytest.raises(RegistrationError) as caught:
+            harness._tool_registrar(harness.root.child("plugin:late"), "late")(sample_plugins._echo("echo"))
+        assert "first-echo" not in caught.value.message
+    finally:
+        await harness.aclose()
 
 
 async def test_an_async_factory_fails_the_boot_instead_of_registering_nothing(recwarn: pytest.WarningsChecker) -> None:
