@@ -241,7 +241,7 @@ def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | Non
     """One model-direct call of NAME through the whole pipeline."""
     try:
         arguments = json.loads(raw_args)
-    except json.JSONDecodeError as error:
+    except (ValueError, RecursionError) as error:  # ValueError: also an integer past int's digit limit
         fail(f"--args is not valid JSON: {error}", 2)
 
     async def work(harness: Any) -> ToolResult:
