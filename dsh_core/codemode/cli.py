@@ -103,8 +103,12 @@ def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, de
     from dsh_core.codemode.transport import RunCodeTransport
     from dsh_core.registry import TRANSPORT_NAME
 
-    code = file.read()
-    title = description or f"Run {getattr(file, 'name', 'program')}"
+    name = getattr(file, "name", "program")
+    try:
+        code = file.read()
+    except UnicodeDecodeError as error:
+        fail(f"{name}: the program is not UTF-8 text ({error.reason})", 2)
+    title = description or f"Run {name}"
 
     async def work(harness: Any) -> tuple[ToolResult, RunRecord]:
         scope = harness.agent(agent_id)

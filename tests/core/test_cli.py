@@ -165,6 +165,15 @@ def test_args_that_json_cannot_read_are_a_usage_error_not_a_traceback(run, raw: 
     assert result.stderr.startswith("dsh: error: --args is not valid JSON: ") and "Traceback" not in result.stderr
 
 
+def test_a_program_file_that_is_not_utf8_is_a_usage_error_not_a_traceback(  # type: ignore[no-untyped-def]
+        run, tmp_path: Path) -> None:
+    # The UnicodeDecodeError of reading FILE escaped with a traceback and exit 1, before any run.
+    (tmp_path / "latin.py").write_bytes(b'# caf\xe9\nreturn 1\n')
+    result = CliRunner().invoke(main, ["run-code", "latin.py", "--config", "base.toml"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == "dsh: error: latin.py: the program is not UTF-8 text (invalid continuation byte)\n"
+
+
 @pytest.mark.parametrize("command", [
     ("config", "dump"), ("tools", "list"), ("tools", "call", "alpha"), ("sessions", "list"), ("sdk",),
     ("run-code", "-"), ("demo",)])
