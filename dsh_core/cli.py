@@ -52,7 +52,12 @@ def load_config(paths: Sequence[str]) -> Deployment:
     try:
         if paths:
             return load_deployment(list(paths))
-        return default_deployment(Path.cwd())
+        try:
+            workspace = Path.cwd()
+        except OSError as error:  # the directory dsh was started in has been deleted
+            fail(f"cannot use the current directory as the default workspace: {error.strerror or error} "
+                 "(cd to an existing directory, or pass --config)", 2)
+        return default_deployment(workspace)
     except DshError as error:
         fail(error.message, 2)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -251,14 +250,10 @@ def render_list(sessions: Sequence[SessionInfo]) -> str:
 
 
 def _deployment(ctx: click.Context, local: Sequence[str]) -> Deployment:
-    from dsh_core.config import default_deployment, load_deployment
+    from dsh_core.cli import load_config
 
     inherited: Sequence[str] = ctx.find_root().params.get("configs") or ()
-    paths = [*inherited, *local]
-    try:
-        return load_deployment(paths) if paths else default_deployment(Path.cwd())
-    except DshError as error:
-        fail(error.message, 2)
+    return load_config([*inherited, *local])
 
 
 def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable[T]]) -> T:

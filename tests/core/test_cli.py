@@ -174,6 +174,19 @@ def test_a_program_file_that_is_not_utf8_is_a_usage_error_not_a_traceback(  # ty
     assert result.stderr == "dsh: error: latin.py: the program is not UTF-8 text (invalid continuation byte)\n"
 
 
+@pytest.mark.parametrize("command", [("config", "dump"), ("sessions", "list")])
+def test_the_default_deployment_in_a_deleted_directory_is_an_error_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]) -> None:
+    # Its workspace is the working directory; os.getcwd() raising escaped as a FileNotFoundError traceback.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    result = CliRunner().invoke(main, list(command))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("dsh: error: cannot use the current directory as the default workspace: ")
+
+
 @pytest.mark.parametrize("command", [
     ("config", "dump"), ("tools", "list"), ("tools", "call", "alpha"), ("sessions", "list"), ("sdk",),
     ("run-code", "-"), ("demo",)])
