@@ -92,15 +92,19 @@ def config_schema_of(factory: object) -> Mapping[str, Any]:
 
 @frozen
 class PluginSource:
-    """Where a plugin comes from: entry-point name and value, and its distribution."""
+    """Where a plugin comes from: entry-point name and value, its distribution or ``origin`` (``DSH_PLUGINS``)."""
 
     name: str
     value: str
     distribution: str | None
+    origin: str | None = None
 
     def describe(self) -> str:
-        """``name (module:attr from dist 1.0)``."""
-        where = f" from distribution {self.distribution}" if self.distribution else ""
+        """``name (module:attr from distribution dist 1.0)``, or ``... from DSH_PLUGINS``."""
+        if self.distribution:
+            where = f" from distribution {self.distribution}"
+        else:
+            where = f" from {self.origin}" if self.origin else ""
         return f"{self.name!r} ({self.value}{where})"
 
 
@@ -154,14 +158,18 @@ class PluginCatalog:
         self._entry_points: dict[str, metadata.EntryPoint] = {}
         self._sources: dict[str, PluginSource] = {}
         self._loaded: dict[str, Callable[..., Any]] = {}
+        from_env: list[metadata.EntryPoint] = []
         if entry_points is None:
-            found = [*metadata.entry_points(group=ENTRY_POINT_GROUP), *_env_entry_points(os.environ)]
+            from_env = _env_entry_points(os.environ)
+            found = [*metadata.entry_points(group=ENTRY_POINT_GROUP), *from_env]
         else:
             found = list(entry_points)
+        env_ids = {id(entry_point) for entry_point in from_env}
         duplicates: dict[str, list[PluginSource]] = {}
         seen_values: dict[str, str] = {}
         for entry_point in found:
-            source = PluginSource(entry_point.name, entry_point.value, _distribution_of(entry_point))
+            source = PluginSource(entry_point.name, entry_point.value, _distribution_of(entry_point),
+                                  PLUGINS_ENV if id(entry_point) in env_ids else None)
             if entry_point.name in self._entry_points:
                 # The same distribution can be visible twice on sys.path (an editable install plus a
                 # build directory); only different targets are a real conflict.
@@ -174,9 +182,12 @@ class PluginCatalog:
             seen_values[entry_point.name] = entry_point.value
         if duplicates:
             lines = [f"{name}: " + ", ".join(s.describe() for s in sources) for name, sources in duplicates.items()]
+            involved = [source for sources in duplicates.values() for source in sources]
+            hint = ("rename the DSH_PLUGINS entry" if any(s.origin == PLUGINS_ENV for s in involved)
+                    else "name entry points after their distribution")
             raise PluginLoadError(
                 f"duplicate plugin entry-point names in group {ENTRY_POINT_GROUP!r} (each name must be unique; "
-                "name entry points after their distribution): " + "; ".join(lines)
+                f"{hint}): " + "; ".join(lines)
             )
         for name, factory in (extra or {}).items():
             self._loaded[name] = factory

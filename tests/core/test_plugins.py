@@ -250,6 +250,17 @@ def test_the_env_variable_adds_uninstalled_plugins(monkeypatch: pytest.MonkeyPat
         PluginCatalog()
 
 
+def test_a_name_the_env_variable_reuses_is_blamed_on_the_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error named no DSH_PLUGINS and told the user to rename entry points after their distribution."""
+    monkeypatch.setenv("DSH_PLUGINS", "mine=tests.core.sample_plugins:echo,mine=tests.core.sample_plugins:deny")
+    with pytest.raises(PluginLoadError) as caught:
+        PluginCatalog()
+    assert ("mine: 'mine' (tests.core.sample_plugins:echo from DSH_PLUGINS), "
+            "'mine' (tests.core.sample_plugins:deny from DSH_PLUGINS)") in caught.value.message
+    assert "rename the DSH_PLUGINS entry" in caught.value.message
+    assert "after their distribution" not in caught.value.message
+
+
 async def test_agents_from_config_get_modes_and_restrictions() -> None:
     dep = deployment({
         "tools": {"mode": "native"},
