@@ -100,7 +100,7 @@ def _call_summary(arguments: object) -> str:
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # a model may send arguments nested deeper than json recurses
             parsed = None
         if isinstance(parsed, Mapping) and isinstance(parsed.get("description"), str) and "code" in parsed:
             return repr(_short(parsed["description"], 60))

@@ -172,3 +172,14 @@ def test_list_names_the_run_using_a_session_only_while_it_runs() -> None:
     assert rows[2].endswith(f"main   {' ' * len(f'pid {os.getpid()} on {holder.host}')}  done")
     assert render_list([SessionInfo("b-2", 0.0, 0.0, 3, {}, gone)]).splitlines()[0].split() == [
         "ID", "UPDATED", "EVENTS", "AGENT", "TASK"]
+
+
+def test_show_renders_arguments_nested_deeper_than_json_recurses() -> None:
+    deep = "[" * 100_000 + "]" * 100_000  # what a model sent as a call's arguments, kept as sent
+    events = [
+        ev(1, "run/start", {"task": "t", "provider": "p", "mode": "native"}, 0.0),
+        ev(2, "tool/call", {"name": "read", "arguments": deep}, 0.0, "1.1"),
+        ev(3, "tool/result", {"name": "read", "ok": False, "duration_ms": 1.0}, 0.0, "1.1"),
+    ]
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 3, {}), events).splitlines()
+    assert lines[2].startswith("   ├─ read [1.1] " + "[" * 20)
