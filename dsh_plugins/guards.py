@@ -180,6 +180,12 @@ class Guards:
     def _check_path(self, key: str, given: str) -> str | None:
         if "\0" in given:
             return f'guards: argument "{key}" contains a NUL character'
+        try:
+            os.fsencode(given)
+        except UnicodeEncodeError as error:  # no file has this name, and realpath would raise on it
+            shown = given.encode("utf-8", "backslashreplace").decode("utf-8")
+            return (f'guards: path "{shown}" (argument "{key}") cannot be a file name: it holds a lone surrogate '
+                    f"(\\u{ord(given[error.start]):04x}) that has no encoding")
         # Every spelling a tool may open: "~" literal and expanded, each as given (under the real root and
         # under the root as configured) and where its symlinks lead: as the system resolves it (a symlink
         # before a "..": "link/../x" is x beside the link's target) and as the workspace does (".." first).

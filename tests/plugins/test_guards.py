@@ -246,3 +246,17 @@ async def test_deny_paths_fold_case_when_the_root_ignores_case(tmp_path: Path, m
     assert guards._case_insensitive(str(tmp_path)) is swapped
     assert guards._case_insensitive(str(tmp_path / "empty")) is swapped
     assert (await guard_verdicts(config, ".ENV") != [None]) is swapped
+
+
+async def test_a_path_no_file_can_have_is_denied_with_a_reason_not_a_traceback(
+        boot: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A lone surrogate outside surrogateescape's range has no bytes: realpath raised UnicodeEncodeError."""
+    (tmp_path / "caf\udce9.txt").write_bytes(b"latin-1 name\n")  # surrogateescape: a real file name
+    async with boot(*rows(tmp_path, deny_paths=["**/.env"])) as h:
+        result = await h.call("read", {"path": "a\ud800b"})
+        assert result.code == "DENIED"
+        assert result.error is not None and result.error.message == (
+            'guards: path "a\\ud800b" (argument "path") cannot be a file name: it holds a lone surrogate '
+            "(\\ud800) that has no encoding")
+        assert "Traceback" not in caplog.text and "UnicodeEncodeError" not in caplog.text
+        assert (await h.call("read", {"path": "caf\udce9.txt"})).error is None
