@@ -787,10 +787,18 @@ def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
     ]
 
 
+#: What would drive a terminal or break a line of the dump: controls (json escapes C0 in a literal, not
+#: C1: ``\x9b`` is a CSI), line and paragraph separators, bidi overrides and isolates.
+_UNSHOWABLE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(text: str) -> str:
+    """``text`` with each unshowable character as its ``\\uXXXX`` escape (in a JSON literal: the same value)."""
+    return _UNSHOWABLE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
 def _literal(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    # json leaves these line breaks raw; they would split a one-leaf-per-line dump.
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").replace("\x85", "\\u0085")
+    return _escaped(json.dumps(value, ensure_ascii=False))
 
 
 _DUMP_ALIGN: Final = 60
@@ -804,4 +812,4 @@ def dump_text(deployment: Deployment) -> str:
     """
     lines = [(f"{path} = {_literal(value)}", source) for path, value, source in dump(deployment)]
     width = min(max((len(text) for text, _ in lines), default=0), _DUMP_ALIGN)
-    return "\n".join(f"{text.ljust(width)}  # {source}" for text, source in lines)
+    return "\n".join(f"{text.ljust(width)}  # {_escaped(source)}" for text, source in lines)

@@ -3,6 +3,7 @@ provenance, dumping and plugin-config validation (dsh_core.config)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -709,6 +710,20 @@ def test_dump_text_quotes_odd_keys_escapes_line_breaks_and_caps_alignment(files:
     assert lines[-2].startswith('plugins[p].config."é" = "ü"')
     assert lines[-1] == f'plugins[p].config.long = "{"v" * 80}"  # base.toml'
     assert lines[0].index("#") == 62  # padded to the cap of 60, then two spaces
+
+
+def test_dump_text_escapes_what_would_drive_a_terminal_in_values_keys_and_file_names(files: Any) -> None:
+    """json escapes C0 controls but leaves C1 (``\\x9b`` is an 8-bit CSI) and bidi overrides raw."""
+    name = files("odd\x1b[2J.toml", """
+        [[plugins]]
+        id = "p"
+        use = "u"
+        [plugins.config]
+        "k\\u202e" = "a\\u009b2Jb\\u2066c\\u007f"
+        """)
+    (line,) = [line for line in dump_text(load(name)).splitlines() if ".config." in line]
+    assert line == 'plugins[p].config."k\\u202e" = "a\\u009b2Jb\\u2066c\\u007f"  # odd\\u001b[2J.toml'
+    assert json.loads(line.split(" = ", 1)[1].split("  #")[0]) == "a\x9b2Jb\u2066c\x7f"  # the same value
 
 
 def test_dump_of_a_hand_built_deployment_marks_unknown_sources() -> None:
