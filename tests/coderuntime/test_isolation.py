@@ -286,6 +286,36 @@ return [len(threads), error]
 """
 
 
+MEMORY_FAILURE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+def madvise(address, advice):
+    ctypes.set_errno(0)
+    return [libc.madvise(address, 4096, advice), ctypes.get_errno()]
+page = libc.mmap(None, 4096, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+ordinary = madvise(page, 4)  # MADV_DONTNEED: malloc and thread stacks need it
+libc.munmap(page, 4096)  # unmapped: a reachable injection finds no page to act on (EFAULT)
+return [ordinary, madvise(page, 100), madvise(page, 101)]  # MADV_HWPOISON, MADV_SOFT_OFFLINE
+"""
+
+
+@pytest.mark.parametrize("level", [lv for lv in LEVELS if lv in ("L2", "L3")])
+def test_memory_failure_injection_is_refused_by_the_filter(level: str) -> None:
+    # At L2 the worker keeps root's capabilities, CAP_SYS_ADMIN among them: on a kernel
+    # with CONFIG_MEMORY_FAILURE (most distributions'), madvise(MADV_HWPOISON) would take
+    # physical pages out of the host for good and kill every process sharing one (the
+    # zygote, other runs' workers: copy-on-write pages); MADV_SOFT_OFFLINE offlines them.
+    result = run_one(MEMORY_FAILURE, [], isolation=level)
+    assert result.error is None, result.error
+    ordinary, poison, offline = result.value
+    assert ordinary == [0, 0]
+    assert poison == [-1, 38] and offline == [-1, 38]  # ENOSYS from the filter, not the kernel's answer
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_programs_can_start_dozens_of_threads(level: str) -> None:
     # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS a program

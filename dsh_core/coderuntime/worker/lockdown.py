@@ -150,7 +150,6 @@ PLAIN_ALLOWED = (
     "select",
     "sched_yield",
     "mremap",
-    "madvise",
     "nanosleep",
     "getitimer",
     "alarm",
@@ -339,7 +338,13 @@ _JSET = 0x45
 _JGE = 0x35
 _RET = 0x06
 _CLONE_THREAD = 0x00010000
+_MADV_HWPOISON = 100
+_MADV_SOFT_OFFLINE = 101
 _CLONE_NS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
+
+
+#: Syscalls allowed only with the arguments ``_program`` checks.
+_CHECKED = ("clone", "tgkill", "kill", "prlimit64", "madvise")
 
 
 def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -412,6 +417,21 @@ def _program(pid: int) -> list[bytes]:
             _ins(_RET, 0, 0, _RET_ALLOW),
         ],
     )
+    # madvise: all but the memory-failure injections, MADV_HWPOISON and MADV_SOFT_OFFLINE.
+    # With CAP_SYS_ADMIN (kept by a worker that stays root, as at L2) they act on the
+    # physical page: it is taken out of the machine for good, and a poisoned page
+    # kills every process that maps it (copy-on-write pages shared with the zygote
+    # and other runs' workers). ``advice`` is an int: the kernel reads the low word.
+    prog += guarded(
+        NR["madvise"],
+        [
+            _ins(_LD_ABS_W, 0, 0, _arg_lo(2)),
+            _ins(_JEQ, 2, 0, _MADV_HWPOISON),
+            _ins(_JEQ, 1, 0, _MADV_SOFT_OFFLINE),
+            _ins(_RET, 0, 0, _RET_ALLOW),
+            _ins(_RET, 0, 0, _RET_ENOSYS),
+        ],
+    )
     prog += [_ins(_RET, 0, 0, _RET_ENOSYS)]  # clone3 and everything else
     return prog
 
@@ -430,4 +450,4 @@ def apply_seccomp() -> str:
         _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
         "seccomp(SET_MODE_FILTER)",
     )
-    return f"seccomp(allowlist{len(PLAIN_ALLOWED) + 4}+argchecks,default=ENOSYS)"
+    return f"seccomp(allowlist{len(PLAIN_ALLOWED) + len(_CHECKED)}+argchecks,default=ENOSYS)"
