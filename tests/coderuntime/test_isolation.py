@@ -353,6 +353,61 @@ def test_preload_failure_names_the_module_and_the_key() -> None:
     assert "definitely_not_installed_mod" in result.error.message and "code_runtime.preload" in result.error.message
 
 
+AT_FORK_THREAD = """
+import os, threading, queue
+
+jobs = queue.Queue()
+
+
+def _serve():
+    while True:
+        job, box, done = jobs.get()
+        try:
+            box.append(job())
+        except BaseException as error:
+            box.append(f"blocked: errno {getattr(error, 'errno', None)}")
+        done.set()
+
+
+def _start():
+    threading.Thread(target=_serve, daemon=True).start()
+
+
+def run(job):
+    box, done = [], threading.Event()
+    jobs.put((job, box, done))
+    done.wait()
+    return box[0]
+
+
+os.register_at_fork(after_in_child=_start)
+"""
+
+
+@pytest.mark.parametrize("level", [lv for lv in LEVELS if lv in ("L2", "L3")])
+def test_a_thread_a_preloaded_module_starts_in_each_worker_is_locked_down_too(
+    level: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A preloaded package may restart its background thread in every forked child (an
+    # at-fork hook, as tracing and metrics exporters do): that thread existed before the
+    # lockdown, and a filter installed on the worker's main thread alone did not reach it.
+    # A program handing it work (here a queue; in general by patching what it calls) read
+    # host files at L2.
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "dsh_at_fork_thread.py").write_text(AT_FORK_THREAD)
+    monkeypatch.syspath_prepend(str(modules))
+    program = (
+        "import dsh_at_fork_thread, threading\n"
+        f"return [threading.active_count(), dsh_at_fork_thread.run(lambda: open({str(secret)!r}).read())]"
+    )
+    result = run_one(program, [], isolation=level, preload=("dsh_at_fork_thread",))
+    assert result.error is None, result.error
+    assert result.value == [2, "blocked: errno 38"]  # ENOSYS: the seccomp filter reached that thread too
+
+
 def test_preload_allows_an_installed_package() -> None:
     result = run_one("import attr\nreturn attr.__name__", [], isolation="auto", preload=("attr",))
     assert result.value == "attr", result.error

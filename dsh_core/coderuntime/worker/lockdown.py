@@ -436,18 +436,40 @@ def _program(pid: int) -> list[bytes]:
     return prog
 
 
+_NR_SECCOMP = 317
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
 
 def apply_seccomp() -> str:
-    """Install the post-boot allowlist (default ENOSYS) with argument checks."""
+    """Install the post-boot allowlist (default ENOSYS) with argument checks, on every thread.
+
+    With ``SECCOMP_FILTER_FLAG_TSYNC`` every thread of the worker gets the
+    filter, or none does and this fails: a thread that already exists (one a
+    preloaded module restarts in each forked child, say) would otherwise run
+    unfiltered, and a program can hand it work. Only where the ``seccomp``
+    syscall itself is missing is ``prctl`` used, and then only in a worker
+    with a single thread.
+    """
     prog = _program(os.getpid())
     raw = b"".join(prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
     fprog = _SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
-    _check(
-        _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
-        "seccomp(SET_MODE_FILTER)",
-    )
+    result = _syscall(_NR_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog))
+    if result > 0:
+        raise OSError(f"seccomp(SET_MODE_FILTER, TSYNC): thread {result} could not take the filter")
+    if result < 0:
+        errno = ctypes.get_errno()
+        if errno != _ENOSYS:
+            raise OSError(errno, f"seccomp(SET_MODE_FILTER, TSYNC): {os.strerror(errno)}")
+        if len(os.listdir("/proc/self/task")) != 1:
+            raise OSError("seccomp: no TSYNC here, and the worker has more than one thread")
+        _check(
+            _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
+            "seccomp(SET_MODE_FILTER)",
+        )
     return f"seccomp(allowlist{len(PLAIN_ALLOWED) + len(_CHECKED)}+argchecks,default=ENOSYS)"
