@@ -83,8 +83,8 @@ _MAX_CHUNKS = 64  # at most 4 MiB per callback, so one run cannot starve the loo
 _NAME_SHOWN = 100
 # Binding calls running at once; past it a call is refused with an error reply.
 _MAX_IN_FLIGHT = 10_000
-# Frames from this size on have the host's time reading them charged to the run's CPU budget,
-# and so does every frame once a run's smaller ones add up to it.
+# Reads of frames adding up to this size have the host's time reading them charged to the run's
+# CPU budget, and so does every read once a run's smaller ones add up to it.
 _TIMED_FRAME_BYTES = 1 << 16
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
 _WARM_WORKERS = 2
@@ -580,7 +580,7 @@ class _Run:
         self.descriptor = ""
         self.cpu_used = 0.0
         self.host_cpu = 0.0  # the host's time reading this run's frames, charged to its CPU budget
-        self.untimed_bytes = 0  # the run's small frames read before the host timed every frame
+        self.untimed_bytes = 0  # the run's frames read before the host timed every read
         self.cpu_handle: asyncio.TimerHandle | None = None
         self.exit_timer: asyncio.TimerHandle | None = None
         self.clock: _WallClock | None = None
@@ -826,29 +826,31 @@ class _Run:
         except wire.WireError as error:
             self.settle("limit", f"protocol {error} (max_frame_bytes)")
             return
-        for payload in payloads:
-            if self.outcome is not None:
-                return
-            # The loop thread's CPU time, not the wall clock: while the host is off the CPU (other
-            # processes, another thread holding the GIL, stopped with Ctrl-Z) the program is not
-            # costing it anything, and cpu_s is a budget of CPU time. A large frame is timed, and
-            # so is every frame once the run's small ones add up to 64 KiB: a flood of frames
-            # just under the size would otherwise cost the host many times the worker's CPU.
-            # (A run that moves little, as most do, never pays for the clock reads.)
-            timed = len(payload) >= _TIMED_FRAME_BYTES or self.untimed_bytes >= _TIMED_FRAME_BYTES
-            if timed:
-                started = time.thread_time()
-            else:
-                self.untimed_bytes += len(payload)
-                started = 0.0
-            cost = framecost.read_cost(payload, self._memory_bytes)
-            if cost > self._memory_bytes:
-                self._refuse_dear_frame(len(payload), cost)
-                return
-            # Junk (a WireError) is dropped silently, its reading still counted; the listener
-            # never raises, whatever the peer sends.
-            with contextlib.suppress(Exception):
-                self._on_message(wire.unpack_payload(payload), cost)
+        # The loop thread's CPU time, not the wall clock: while the host is off the CPU (other
+        # processes, another thread holding the GIL, stopped with Ctrl-Z) the program is not
+        # costing it anything, and cpu_s is a budget of CPU time. Timed per read, not per frame:
+        # a read holding a large frame, and every read once the run's small ones add up to
+        # 64 KiB (a flood of frames just under the size would otherwise cost the host many
+        # times the worker's CPU). A run that moves little, as most do, never reads the clock.
+        size = sum(map(len, payloads))
+        timed = size >= _TIMED_FRAME_BYTES or self.untimed_bytes >= _TIMED_FRAME_BYTES
+        if timed:
+            started = time.thread_time()
+        else:
+            self.untimed_bytes += size
+        try:
+            for payload in payloads:
+                if self.outcome is not None:
+                    return
+                cost = framecost.read_cost(payload, self._memory_bytes)
+                if cost > self._memory_bytes:
+                    self._refuse_dear_frame(len(payload), cost)
+                    return
+                # Junk (a WireError) is dropped silently, its reading still counted; the listener
+                # never raises, whatever the peer sends.
+                with contextlib.suppress(Exception):
+                    self._on_message(wire.unpack_payload(payload), cost)
+        finally:
             if timed:
                 self._charge_host_reading(time.thread_time() - started)
 
@@ -1214,7 +1216,7 @@ class _Run:
             return None
 
     def _charge_host_reading(self, seconds: float) -> None:
-        """Charge the host's time reading one frame (large, or past a run's first 64 KiB) to its CPU budget.
+        """Charge the host's time reading frames (large, or past a run's first 64 KiB) to its CPU budget.
 
         Parsing and decoding a frame within the memory budget can still hold the host's loop
         for seconds (dense numbers parse at 13-35 ms a MiB), and a worker may send one such
