@@ -912,6 +912,8 @@ class _Run:
         elif kind == "done":
             self._on_done(message)
         elif kind == "output-limit":
+            if message.get("entries") is True and self.ledger.entries_full:
+                self.ledger.counted_out = True  # the worker's ledger refused one entry too many
             self.settle("limit", None)
 
     def _on_ready(self, text: str) -> None:

@@ -118,7 +118,8 @@ class CodeRuntimeConfig:
     (both end a run as ``timeout``); ``memory_mb`` caps the worker's memory
     (``memory-limit``); ``max_output_bytes`` caps the compact UTF-8 JSON of
     the logs plus the value or failure message (``output-limit``; at least 4,
-    the size of ``[]`` plus ``""``); ``max_frame_bytes`` caps one inbound
+    the size of ``[]`` plus ``""``), and allows one log entry per 64 bytes of
+    it (at least 1,024); ``max_frame_bytes`` caps one inbound
     protocol frame. ``preload`` lists extra installed modules imported before
     lockdown (the config key ``code_runtime.preload``).
     """

@@ -438,6 +438,38 @@ def test_output_limits_share_one_exact_ledger() -> None:
     arun(with_runtime(go, isolation="auto", max_output_bytes=200, timeout_s=20))
 
 
+def test_a_flood_of_short_lines_is_cut_at_one_log_entry_per_64_bytes_of_the_cap() -> None:
+    """Each entry held costs the host about 60 bytes, but the budget counts ``"ab",`` as 5: 64 MiB of
+    two-letter lines was 13 million entries, a gigabyte of the host's memory for one run."""
+    cap = 64 * 1024
+    message = (f"outer output exceeded 1024 log entries (one per 64 bytes of the {cap}-byte output cap); "
+               "print fewer, longer lines")
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run("for _ in range(1024):\n    print('ab')\nreturn 1", [])
+        assert r.error is None and len(r.logs) == 1024 and r.value == 1
+        for program in ("for _ in range(5000):\n    print('ab')",  # through the log frames
+                        "import os, time\nos.write(1, b'ab\\n' * 5000)\ntime.sleep(10)"):  # raw writes
+            r = await rt.run(program, [])
+            assert r.error is not None and (r.error.kind, r.error.message) == ("output-limit", message), program
+            assert r.logs == ("ab",) * 1024
+        # Bytes over the cap, not entries: the message says bytes, as before.
+        r = await rt.run(f"print('x' * {cap})", [])
+        assert r.error is not None and r.error.message == f"outer output exceeded {cap} bytes"
+        # As many entries as allowed, then a value over the cap: bytes again.
+        r = await rt.run(f"for _ in range(1024):\n    print('ab')\nreturn 'y' * {cap}", [])
+        assert r.error is not None and r.error.message == f"outer output exceeded {cap} bytes"
+
+    arun(with_runtime(go, isolation="auto", max_output_bytes=cap, timeout_s=20))
+
+
+def test_the_entry_cap_follows_the_output_cap_with_a_floor() -> None:
+    from dsh_core.coderuntime.worker.wire import Ledger
+
+    assert Ledger(64 * 1024 * 1024).max_entries == 1024 * 1024
+    assert Ledger(200).max_entries == 1024
+
+
 def test_default_cap_exactly_64_mib() -> None:
     async def go(rt: PythonCodeRuntime) -> None:
         cap = 64 * 1024 * 1024

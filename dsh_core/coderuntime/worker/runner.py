@@ -84,13 +84,13 @@ class _Logs:
             if self.ledger.add(text):
                 self.channel.send({"t": "log", "s": text})
                 return
-            # Over budget: send the fitting prefix, say so, and stop here.
+            # Over budget: send the fitting prefix (none past the entry cap), say so, and stop here.
             ledger = self.ledger
             room = ledger.cap - ledger.used - (1 if ledger.logs else 0)
-            prefix = wire.truncate_json_str(text, room)
+            prefix = "" if ledger.counted_out else wire.truncate_json_str(text, room)
             if prefix:
                 self.channel.send({"t": "log", "s": prefix})
-            self.channel.send({"t": "output-limit"})
+            self.channel.send({"t": "output-limit", "entries": True} if ledger.counted_out else {"t": "output-limit"})
             os._exit(0)
 
     def write(self, text: str) -> None:

@@ -533,15 +533,25 @@ def truncate_json_str(text: str, budget: int) -> str:
     return ""
 
 
+#: A log entry held costs its reader (the host, and whatever shows the result) about 60 bytes beyond
+#: its text, while the output budget counts it as 3 (two quotes and a comma): a flood of two-letter
+#: lines within 64 MiB would be 13 million entries, a gigabyte on the host. So a run may also write
+#: at most one entry per this many bytes of its budget (at least ``MIN_LOG_ENTRIES``).
+LOG_ENTRY_BYTES = 64
+MIN_LOG_ENTRIES = 1024
+
+
 class Ledger:
     """The output budget: compact JSON bytes of the logs array plus the outcome.
 
     ``[]`` costs 2, each log its JSON string bytes plus a comma after the
     first. :meth:`add` refuses the first log that does not fit and keeps a
     bounded copy of it so the final result can carry its fitting prefix.
+    It also refuses a log past ``max_entries`` (one per ``LOG_ENTRY_BYTES``
+    of the cap), which bounds what holding the logs takes.
     """
 
-    __slots__ = ("cap", "logs", "used", "overflow", "tail")
+    __slots__ = ("cap", "logs", "used", "overflow", "tail", "max_entries", "counted_out")
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -549,10 +559,15 @@ class Ledger:
         self.used = 2
         self.overflow = False
         self.tail: str | None = None
+        self.max_entries = max(cap // LOG_ENTRY_BYTES, MIN_LOG_ENTRIES)
+        self.counted_out = False  # a log was refused for the number of entries, not for its bytes
 
     def add(self, text: str) -> bool:
         """Append one log entry; return False (and remember a prefix) on overflow."""
         if self.overflow:
+            return False
+        if self.entries_full:
+            self.overflow = self.counted_out = True  # no tail: no bytes of it were over
             return False
         cost = json_str_size(text) + (1 if self.logs else 0)
         if self.used + cost <= self.cap:
@@ -567,8 +582,16 @@ class Ledger:
         """True when an outcome of ``size`` JSON bytes still fits after the logs."""
         return not self.overflow and self.used + size <= self.cap
 
+    @property
+    def entries_full(self) -> bool:
+        """True when no further log entry may be added, whatever its size."""
+        return len(self.logs) >= self.max_entries
+
     def limit_message(self) -> str:
-        """The fixed output-limit diagnostic."""
+        """The output-limit diagnostic: the byte cap, or the entry cap when that is what was reached."""
+        if self.counted_out:
+            return (f"outer output exceeded {self.max_entries} log entries (one per {LOG_ENTRY_BYTES} bytes "
+                    f"of the {self.cap}-byte output cap); print fewer, longer lines")
         return f"outer output exceeded {self.cap} bytes"
 
     def fitted(self, message: str) -> tuple[list[str], str]:
