@@ -110,8 +110,10 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
             "properties": {
                 "isolation": {"enum": list(ISOLATION_LEVELS)},
                 "timeout_s": {"type": "number", "exclusiveMinimum": 0},
-                "cpu_s": {"type": "number", "exclusiveMinimum": 0},
-                "memory_mb": {"type": "integer", "minimum": 1},
+                # The maxima are CodeRuntimeConfig's (MAX_CPU_S, MAX_MEMORY_MB), here so that the
+                # config names the file and key; the runtime is not imported to load a config.
+                "cpu_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9},
+                "memory_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 30},
                 "max_output_bytes": {"type": "integer", "minimum": 4},
                 "preload": {
                     "type": "array",

@@ -992,3 +992,19 @@ def test_a_ref_cycle_in_a_plugin_config_schema_is_a_config_error_naming_row_and_
     assert message.startswith("plugins[lim].config: cannot be checked against the config schema of plugin "
                               "'limiter': validation recursed too deeply")
     assert "$ref cycle" in message and message.endswith("(from deploy.toml)")
+
+
+@pytest.mark.parametrize(("key", "value"), [("memory_mb", (1 << 30) + 1), ("cpu_s", 1e10)])
+def test_budgets_the_worker_cannot_be_given_are_refused_by_the_config(files: Any, key: str, value: object) -> None:
+    """Before, every isolation level's probe failed (its rlimits overflowed) with only an exit code."""
+    from dsh_core.coderuntime.seam import MAX_CPU_S, MAX_MEMORY_MB, CodeRuntimeConfig
+
+    with pytest.raises(ConfigError) as caught:
+        load(files("big.toml", f"[code_runtime]\n{key} = {value!r}\n"))
+    assert "big.toml" in caught.value.message and key in caught.value.message
+    with pytest.raises(ValueError, match=f"CodeRuntimeConfig.{key} must be <= "):
+        CodeRuntimeConfig(**{key: value})  # type: ignore[arg-type]
+    # The config's maxima are the runtime's.
+    schema = DEPLOYMENT_SCHEMA["properties"]["code_runtime"]["properties"]
+    assert (schema["memory_mb"]["maximum"], schema["cpu_s"]["maximum"]) == (MAX_MEMORY_MB, MAX_CPU_S)
+    assert CodeRuntimeConfig(memory_mb=MAX_MEMORY_MB, cpu_s=MAX_CPU_S).memory_mb == MAX_MEMORY_MB

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -87,14 +87,28 @@ def _positive_finite(instance: object, attribute: attrs.Attribute[Any], value: A
         raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be positive and finite, got {value!r}")
 
 
-def _positive_int(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+def _positive_int(minimum: int, maximum: int | None = None) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
     def check(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be an int, got {value!r}")
         if value < minimum:
             raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be >= {minimum}, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be <= {maximum}, got {value!r}")
 
     return check
+
+
+# Past these the worker's rlimits cannot be set (the values overflow the kernel's types), and every
+# isolation level's probe failed with an exit code that did not say why.
+MAX_MEMORY_MB: Final = 1 << 30  # 1 PiB
+MAX_CPU_S: Final = 1e9  # about 31 years
+
+
+def _cpu_budget(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _positive_finite(instance, attribute, value)
+    if value > MAX_CPU_S:
+        raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be <= {MAX_CPU_S:g}, got {value!r}")
 
 
 def _isolation(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -126,8 +140,8 @@ class CodeRuntimeConfig:
 
     isolation: str = attrs.field(default="auto", validator=_isolation)
     timeout_s: float = attrs.field(default=600.0, validator=_positive_finite)
-    cpu_s: float = attrs.field(default=60.0, validator=_positive_finite)
-    memory_mb: int = attrs.field(default=512, validator=_positive_int(1))
+    cpu_s: float = attrs.field(default=60.0, validator=_cpu_budget)
+    memory_mb: int = attrs.field(default=512, validator=_positive_int(1, MAX_MEMORY_MB))
     max_output_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_positive_int(4))
     max_frame_bytes: int = attrs.field(default=256 * 1024 * 1024 + 65536, validator=_positive_int(1024))
     preload: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_preload)
