@@ -7,8 +7,8 @@ continued one session at once would each rebuild the same history, number
 their calls alike and interleave their events in one log.
 
 A lease names its holder: a random token (one per run, so two runs of one
-process are told apart), the pid, the host name, the kernel's boot id, the pid
-namespace and the process's start time. A lease whose holder is gone must not
+process are told apart), the pid, the host name, the machine id, the kernel's
+boot id, the pid namespace and the process's start time. A lease whose holder is gone must not
 keep the session from being resumed: :func:`holder_alive` says whether a
 holder may still be running. On the holder's host it checks the pid, and
 guards against the pid having been reused since by comparing the process's
@@ -30,13 +30,27 @@ from typing import Any
 
 from attrs import frozen
 
-__all__ = ["SessionLease", "holder_alive", "boot_id", "pid_namespace", "process_start"]
+__all__ = ["SessionLease", "holder_alive", "boot_id", "machine_id", "pid_namespace", "process_start"]
 
 
 def boot_id() -> str | None:
     """The kernel's boot id (Linux), new at every boot; ``None`` where there is none."""
     with contextlib.suppress(OSError):
         return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
+    return None
+
+
+def machine_id() -> str | None:
+    """This machine's id (``/etc/machine-id``, systemd's), which outlives reboots; ``None`` where there is none.
+
+    Host names alone do not tell machines apart: two machines sharing a session home may both be
+    ``localhost``, and one would take the other's boot id for a reboot of its own.
+    """
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            found = Path(path).read_text(encoding="ascii").strip()
+            if found:
+                return found
     return None
 
 
@@ -80,18 +94,20 @@ class SessionLease:
     started: int | None = None
     #: When the lease was made (seconds since the epoch).
     since: float = 0.0
+    #: The holder's machine id (:func:`machine_id`).
+    machine: str | None = None
 
     @classmethod
     def for_this_run(cls) -> SessionLease:
         """A new lease held by this process, with a fresh token."""
         pid = os.getpid()
         return cls(secrets.token_hex(16), pid, socket.gethostname(), boot_id(), pid_namespace(),
-                   process_start(pid), time.time())
+                   process_start(pid), time.time(), machine_id())
 
     def to_json(self) -> dict[str, Any]:
         """The lease as a JSON object (what a store keeps)."""
         return {"token": self.token, "pid": self.pid, "host": self.host, "boot_id": self.boot_id,
-                "pid_ns": self.pid_ns, "started": self.started, "since": self.since}
+                "pid_ns": self.pid_ns, "started": self.started, "since": self.since, "machine": self.machine}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionLease:
@@ -104,7 +120,7 @@ class SessionLease:
             return cls(str(data["token"]), pid, str(data["host"]),
                        _optional_str(data.get("boot_id")), _optional_str(data.get("pid_ns")),
                        started if isinstance(started, int) and not isinstance(started, bool) else None,
-                       float(data.get("since") or 0.0))
+                       float(data.get("since") or 0.0), _optional_str(data.get("machine")))
         except (KeyError, TypeError) as error:
             raise ValueError(f"not a session lease: {error}") from None
 
@@ -121,12 +137,14 @@ def _optional_str(value: object) -> str | None:
 def holder_alive(holder: SessionLease) -> bool:
     """Whether ``holder`` may still be running (``False`` only when it surely is not).
 
-    Gone: on this host (same host name, same pid namespace) the host rebooted
-    since (another boot id), no process has the pid, it is a zombie, or it
-    started at another time than the holder (the pid was reused).
+    Gone: on this host (same host name and machine id, same pid namespace) the
+    host rebooted since (another boot id), no process has the pid, it is a
+    zombie, or it started at another time than the holder (the pid was reused).
     """
     if holder.host != socket.gethostname():
         return True  # another machine: its processes cannot be seen from here
+    if holder.machine is not None and holder.machine != machine_id():
+        return True  # another machine of the same name (its boot id is not this one's reboot)
     here = boot_id()
     if holder.boot_id is not None and here is not None and holder.boot_id != here:
         return False  # this host rebooted since: every process of that boot is gone

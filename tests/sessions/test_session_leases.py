@@ -18,7 +18,7 @@ import attrs
 import pytest
 
 from dsh_core.sessions import SessionBusyError, SessionLease, SessionNotFoundError, SessionStore, holder_alive
-from dsh_core.sessions.lease import boot_id, process_start
+from dsh_core.sessions.lease import boot_id, machine_id, process_start
 from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
 
 pytestmark = pytest.mark.anyio
@@ -141,6 +141,10 @@ def _mine(**changes: object) -> SessionLease:
     pytest.param(lambda: _mine(pid=exited_pid(), host=socket.gethostname() + "-elsewhere"), False,
                  id="another-host"),
     pytest.param(lambda: _mine(pid=exited_pid(), pid_ns="pid:[1]"), False, id="another-pid-namespace"),
+    # Two machines of one name sharing a home: the other's boot id is no reboot of this one.
+    pytest.param(lambda: _mine(pid=exited_pid(), boot_id="its-boot", machine="another-machine"), False,
+                 id="another-machine-of-the-same-name"),
+    pytest.param(lambda: _mine(boot_id="another-boot", machine=None), True, id="a-lease-without-machine-id"),
 ])
 async def test_a_lease_whose_holder_is_gone_is_taken_over(tmp_path: Path, factory: StoreFactory,
                                                           holder: Callable[[], SessionLease], gone: bool) -> None:
@@ -178,6 +182,10 @@ def test_a_lease_survives_its_json_form() -> None:
     assert lease.token != SessionLease.for_this_run().token  # two runs of one process are told apart
     if Path("/proc/sys/kernel/random/boot_id").exists():
         assert lease.boot_id == boot_id() and lease.started == process_start(os.getpid())
+    assert lease.machine == machine_id()
+    older = lease.to_json()
+    del older["machine"]  # a lease written before machine ids were kept
+    assert SessionLease.from_json(older) == attrs.evolve(lease, machine=None)
     for bad in ({}, {"token": "t", "pid": "1", "host": "h"}, {"token": "t", "pid": True, "host": "h"}):
         with pytest.raises(ValueError, match=r"not a session lease|not an integer"):
             SessionLease.from_json(bad)
