@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import sys
 import threading
@@ -69,6 +70,9 @@ MAX_LINE_BYTES = MAX_LINE_CHARS * 4 + 2
 SKIP_CHUNK_BYTES = 1 << 16
 SNIFF_BYTES = 8192
 READ_CUT_NOTE = " [... line cut to fit the read limit]"  # ASCII: its length is its size in bytes
+# One worker event (a line of JSON): a match's path is not bounded by PATH_MAX, since the walk opens
+# each directory relative to the one above it (escaped, a deep path of long names is a few MiB at most).
+SEARCH_EVENT_BYTES = 1 << 23
 SEARCH_KILL_GRACE_S = 0.5  # past search_timeout_s, a search stuck inside one regex call is killed
 
 _T = TypeVar("_T")
@@ -84,6 +88,19 @@ _ACL_XATTRS = frozenset({"system.posix_acl_access", "system.posix_acl_default"})
 #: (which the kernel itself removes on any write; copied, a program the model wrote would run with
 #: the privileges of the one it replaced) and IMA/EVM measurements of the old content.
 _CONTENT_XATTRS = frozenset({"security.capability", "security.ima", "security.evm"})
+
+
+#: A line feed that no carriage return precedes.
+_LONE_LF = re.compile(r"(?<!\r)\n")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (half of a broken character, which UTF-8 cannot hold) is named."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ToolError(f"{what} has a lone surrogate (U+{ord(text[error.start]):04X} at character "
+                        f"{error.start}), which UTF-8 text cannot hold; nothing was written") from None
 
 
 def _format_size(size: int) -> str:
@@ -146,6 +163,21 @@ def _loops(fd: int, name: str) -> bool:
     return False
 
 
+def _lexical(path: str) -> str:
+    """``path`` normalised without looking at the file system (``..`` removes the component before it)."""
+    lexical = os.path.normpath(path)
+    if lexical.startswith("//"):
+        # POSIX lets a system give a leading "//" its own meaning, so normpath keeps it; on
+        # Linux it is "/", and "//home/me/ws/a.txt" is a path inside the workspace.
+        lexical = "/" + lexical.lstrip("/")
+    return lexical
+
+
+def _under(path: str, base: str) -> bool:
+    """True if the normalised absolute ``path`` is ``base`` or lies under it (by its components)."""
+    return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
+
+
 class Workspace:
     """Path confinement and file access under one root directory."""
 
@@ -156,6 +188,9 @@ class Workspace:
         if not os.path.isdir(real):
             raise ToolError(f"workspace root {root!r} is not a directory")
         self.root = real
+        #: The root as configured, when a symlink on the way makes it differ from the real one
+        #: (/home -> /data/home): absolute paths spelled like it are inside too.
+        self.alias = _lexical(root) if _lexical(root) != real else None
 
     def resolve(self, path: str, *, what: str = "path") -> str:
         """The real absolute path of ``path`` inside the root; :class:`ToolError` if it leads outside.
@@ -167,12 +202,9 @@ class Workspace:
             raise ToolError(f"{what} must not be empty")
         if "\0" in path:
             raise ToolError(f"{what} contains a NUL character")
-        joined = path if os.path.isabs(path) else os.path.join(self.root, path)
-        lexical = os.path.normpath(joined)
-        if lexical.startswith("//"):
-            # POSIX lets a system give a leading "//" its own meaning, so normpath keeps it; on
-            # Linux it is "/", and "//home/me/ws/a.txt" is a path inside the workspace.
-            lexical = "/" + lexical.lstrip("/")
+        lexical = _lexical(path if os.path.isabs(path) else os.path.join(self.root, path))
+        if self.alias is not None and not self._inside(lexical) and _under(lexical, self.alias):
+            lexical = self.root + lexical[len(self.alias):]  # the configured spelling of the root
         if not self._inside(lexical):
             raise ToolError(f"{what} {path!r} is outside the workspace {self.root}; "
                             "use a path relative to the workspace root")
@@ -218,7 +250,7 @@ class Workspace:
         return fd
 
     def _inside(self, path: str) -> bool:
-        return path == self.root or path.startswith(self.root.rstrip(os.sep) + os.sep)
+        return _under(path, self.root)
 
     def relative(self, real: str) -> str:
         """``real`` relative to the root, with ``/`` separators (``.`` for the root itself)."""
@@ -471,8 +503,8 @@ class WorkspaceTools:
         """Body of ``read``: a line range, numbered, bounded by ``max_read_bytes`` (file work in a thread)."""
         given: str = args["path"]
         real = self.workspace.resolve(given)
-        offset: int = args.get("offset", 1)
-        limit: int = args.get("limit", DEFAULT_READ_LIMIT)
+        offset = int(args.get("offset", 1))  # JSON Schema's integer admits 2.0: the numbers read reports are ints
+        limit = int(args.get("limit", DEFAULT_READ_LIMIT))
         result = await _in_thread(ctx, lambda stop: self._read_lines(real, given, offset, limit, stop))
         ctx.signal.raise_if_aborted()
         return result
@@ -542,10 +574,12 @@ class WorkspaceTools:
         """Body of ``write``: create or replace one text file inside the workspace."""
         given: str = args["path"]
         content: str = args["content"]
-        data = content.encode("utf-8", errors="surrogatepass")
+        data = _utf8(content, "content")
         if len(data) > self.max_file_bytes:
             raise ToolError(f"content is {_format_size(len(data))}, larger than the "
                             f"{_format_size(self.max_file_bytes)} write limit")
+        if given.endswith(("/", "/.", "/..")):
+            raise ToolError(f"{given!r} names a directory; give a file path")
         real = self.workspace.resolve(given)
         if real == self.workspace.root or os.path.isdir(real):
             raise ToolError(f"{given!r} is a directory; give a file path")
@@ -582,7 +616,8 @@ class WorkspaceTools:
             raise ToolError(f"cannot write {given!r}: Permission denied")
         temporary = f".dsh-{os.urandom(6).hex()}.tmp"
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=parent)
+            # 0o666 less the umask, as any program's new file (a replaced file's mode is copied below).
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=parent)
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 # The file itself may be writable: what is refused is a new file beside it.
@@ -707,14 +742,21 @@ class WorkspaceTools:
             raise ToolError("old_string must not be empty (use write to create or replace a whole file)")
         if old == new:
             raise ToolError("old_string and new_string are identical; nothing would change")
+        _utf8(new, "new_string")
         real = self.workspace.resolve(given)
         info, text = self._read_text(real, given)
         count = text.count(old)
+        if count == 0 and "\n" in old and "\r\n" in text:
+            # read shows lines without the CR of a CRLF file: lines copied from it end in LF alone.
+            crlf = _LONE_LF.sub("\r\n", old)
+            if crlf != old and (count := text.count(crlf)):
+                old, new = crlf, _LONE_LF.sub("\r\n", new)  # the new lines end as the file's do
         if count == 0:
             raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
                             "including whitespace and indentation")
-        if count > 1 and not replace_all:
-            raise ToolError(f"old_string occurs {count} times in {given!r}; include more surrounding text to "
+        if not replace_all and (count > 1 or text.find(old, text.find(old) + 1) != -1):
+            where = f"{count} times in {given!r}" if count > 1 else f"more than once in {given!r} (overlapping)"
+            raise ToolError(f"old_string occurs {where}; include more surrounding text to "
                             "make it unique, or pass replace_all=true to replace every occurrence")
         updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         data = updated.encode("utf-8")
@@ -788,9 +830,33 @@ class WorkspaceTools:
                 kind = "dir"
             elif item.is_file(follow_symlinks=False):
                 kind = "file"
-                size = item.stat(follow_symlinks=False).st_size
+                try:
+                    size = item.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue  # removed since the directory was read (a build's temporary file)
             entries.append({"name": item.name, "type": kind, "size": size})
         return entries, truncated
+
+    def _search_request(self, pattern: str, given: str) -> dict[str, Any]:
+        """The worker's request for searching ``given``, with ``fd``: the start directory or file, opened
+        here (the caller closes it) from the root without following symlinks, so a directory swapped
+        for a symlink after :meth:`Workspace.resolve` is refused rather than searched."""
+        real = self.workspace.resolve(given)
+        try:
+            fd = self.workspace.open_dir(real, given, readable=True)
+            kind = "dir"
+        except FileNotFoundError:
+            raise ToolError(f"path not found: {given!r}") from None
+        except NotADirectoryError:
+            if not os.path.lexists(real):  # a parent is the file, not the path itself
+                raise ToolError(f"path not found: {given!r} (a parent path is not a directory)") from None
+            fd, _ = self._open_regular(real, given)
+            kind = "file"
+        except OSError as error:
+            raise ToolError(f"cannot search {given!r}: {error.strerror}") from None
+        return {"pattern": pattern, "fd": fd, "kind": kind, "prefix": self.workspace.relative(real),
+                "timeout_s": self.search_timeout_s, "max_results": self.max_search_results,
+                "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude)}
 
     async def search(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``search``: a regex over text files, in a child process killed on abort, timeout or cancel.
@@ -802,24 +868,23 @@ class WorkspaceTools:
             re.compile(args["pattern"])
         except re.error as error:
             raise ToolError(f"invalid regular expression {args['pattern']!r}: {error}") from None
-        given: str = args.get("path", ".")
-        real = self.workspace.resolve(given)
-        if not os.path.exists(real):
-            raise ToolError(f"path not found: {given!r}")
-        request = {"pattern": args["pattern"], "start": real, "root": self.workspace.root,
-                   "timeout_s": self.search_timeout_s, "max_results": self.max_search_results,
-                   "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude)}
-        ctx.signal.raise_if_aborted()
+        request = self._search_request(args["pattern"], args.get("path", "."))
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", _search_worker.__file__, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        except OSError as error:
-            raise ToolError(f"cannot start the search worker: {error.strerror or error}") from None
+            ctx.signal.raise_if_aborted()
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-I", "-S", _search_worker.__file__, stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(request["fd"],),
+                    limit=SEARCH_EVENT_BYTES)
+            except OSError as error:
+                raise ToolError(f"cannot start the search worker: {error.strerror or error}") from None
+        finally:
+            os.close(request["fd"])  # the worker has its own copy
         result: dict[str, Any] = {"matches": [], "files_searched": 0, "files_skipped": 0,
                                   "truncated": True, "note": None}
         aborted = asyncio.ensure_future(ctx.signal.wait())
         collect = asyncio.ensure_future(self._collect(process, request, result))
+        errors = asyncio.ensure_future(_tail(process.stderr))
         try:
             done, _ = await asyncio.wait({collect, aborted}, timeout=self.search_timeout_s + SEARCH_KILL_GRACE_S,
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -831,13 +896,16 @@ class WorkspaceTools:
         finally:
             aborted.cancel()
             collect.cancel()
-            if process.returncode is None:
-                process.kill()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(process.wait())  # reap: no worker outlives the call
+            _kill(process)
+            await _reap(process, collect, errors)  # no worker outlives the call, even a cancelled one
         ctx.signal.raise_if_aborted()
         if result["note"] is None and result["truncated"]:
-            raise ToolError("the search worker ended unexpectedly")
+            status = process.returncode
+            how = (f"killed by signal {-status}" if status is not None and status < 0
+                   else f"exit status {status}")
+            last = errors.result().strip().splitlines()
+            raise ToolError(f"the search worker ended unexpectedly ({how})"
+                            + (f": {last[-1]}" if last else ""))
         return result
 
     async def _collect(self, process: asyncio.subprocess.Process, request: dict[str, Any],
@@ -855,6 +923,56 @@ class WorkspaceTools:
             elif event.get("done"):
                 result["truncated"], result["note"] = event["truncated"], event["note"]
                 return
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL the worker if asyncio has not seen it end.
+
+    Not ``process.kill()``: in Python 3.11 that polls (``waitpid``) first, so a worker that had
+    just exited was reaped there, before asyncio's child watcher, which then logs "Unknown child
+    process pid ..." and reports exit status 255 instead of the worker's own.
+    """
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+
+
+async def _tail(stream: asyncio.StreamReader | None, keep: int = 4096) -> str:
+    """The last ``keep`` bytes ``stream`` gives until its end (read all along, so the pipe never fills)."""
+    assert stream is not None
+    tail = b""
+    while chunk := await stream.read(65536):
+        tail = (tail + chunk)[-keep:]
+    return tail.decode("utf-8", errors="replace")
+
+
+async def _reap(process: asyncio.subprocess.Process, collect: asyncio.Future[None],
+                errors: asyncio.Future[str]) -> None:
+    """Wait until the (killed) worker has ended and its pipes are closed; a cancellation that comes
+    meanwhile is held, and raised once it has.
+
+    ``wait()`` returns only once stdout is closed too, and a reader paused on a full buffer (events
+    ``collect`` had not taken when it stopped) never sees the end: stdout is read to its end.
+    """
+
+    async def settle() -> None:
+        await asyncio.wait({collect})  # cancelled above: its read ends before another starts
+        assert process.stdout is not None
+        while await process.stdout.read(65536):
+            pass
+        await asyncio.wait({errors})
+        await process.wait()
+
+    settling = asyncio.ensure_future(settle())
+    cancelled = False
+    while not settling.done():
+        try:
+            await asyncio.wait({settling})
+        except asyncio.CancelledError:
+            cancelled = True
+    settling.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _render_read(_args: Any, value: Any) -> str:

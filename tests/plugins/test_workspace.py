@@ -651,7 +651,8 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed
         for name, args in [("read", {"path": "sub/file.txt"}), ("write", {"path": "sub/file.txt", "content": "x"}),
                            ("write", {"path": "sub/new.txt", "content": "x"}),
                            ("edit", {"path": "sub/file.txt", "old_string": "secret", "new_string": "pwned"}),
-                           ("list", {"path": "sub"})]:
+                           ("list", {"path": "sub"}), ("search", {"pattern": "secret", "path": "sub"}),
+                           ("search", {"pattern": "secret", "path": "sub/file.txt"})]:
             result = await h.call(name, args)
             restore()
             assert result.code == "TOOL_FAILED", (name, result)
@@ -664,28 +665,32 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed
 
 def test_the_search_worker_does_not_follow_a_file_swapped_for_a_symlink(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The race between the worker's lstat() and its open: a checked file becomes a symlink leading out."""
+    """The race between the worker's check of a file and its open: a checked file becomes a symlink leading out."""
     from dsh_plugins import _search_worker
+    from dsh_plugins.workspace import WorkspaceTools
 
     root, outside = tmp_path / "ws", tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
     (outside / "secret.txt").write_text("needle: top secret\n")
     (root / "f.txt").write_text("harmless\n")
-    check = os.lstat
+    check = os.stat
 
-    def lstat_then_swap(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+    def stat_then_swap(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
         info = check(path, *args, **kwargs)
-        if str(path) == str(root / "f.txt") and not stat.S_ISLNK(info.st_mode):  # the attacker's move
-            os.unlink(path)
-            os.symlink(outside / "secret.txt", path)
+        if path == "f.txt" and not stat.S_ISLNK(info.st_mode):  # the attacker's move
+            os.unlink(root / "f.txt")
+            os.symlink(outside / "secret.txt", root / "f.txt")
         return info
 
-    monkeypatch.setattr(_search_worker.os, "lstat", lstat_then_swap)
+    request = WorkspaceTools({"root": str(root)})._search_request("needle", ".")
+    monkeypatch.setattr(_search_worker.os, "stat", stat_then_swap)
     events: list[dict[str, Any]] = []
-    _search_worker.search({"pattern": "needle", "start": str(root), "root": str(root), "timeout_s": 10,
-                           "max_results": 10, "max_file_bytes": 1 << 20, "exclude": []}, events.append)
-    monkeypatch.undo()
+    try:
+        _search_worker.search(request, events.append)
+    finally:
+        monkeypatch.undo()
+        os.close(request["fd"])
     assert os.path.islink(root / "f.txt")  # the swap happened
     assert not [e for e in events if "match" in e], events
     assert {"file": "skipped"} in events
@@ -818,3 +823,271 @@ asyncio.run(main())
         os.chmod(root / "ro", 0o755)
         if root != tmp_path:
             shutil.rmtree(root)
+
+
+def test_the_search_worker_does_not_follow_a_directory_swapped_for_a_symlink(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race inside the walk: a directory already listed becomes a symlink leading out before its files
+    are opened. The worker reads each file relative to the directory it opened, so it never crosses it."""
+    from dsh_plugins import _search_worker
+    from dsh_plugins.workspace import WorkspaceTools
+
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "f.txt").write_text("needle: top secret\n")
+    (root / "sub" / "f.txt").write_text("needle: harmless\n")
+    swapped: list[bool] = []
+
+    def swapping_first(call: Any) -> Any:
+        def first_look_at_the_file(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(path, int) and os.fspath(path).endswith("f.txt") and not swapped:  # before any check
+                os.rename(root / "sub", root / "sub.orig")
+                os.symlink(outside, root / "sub")
+                swapped.append(True)
+            return call(path, *args, **kwargs)
+        return first_look_at_the_file
+
+    request = WorkspaceTools({"root": str(root)})._search_request("needle", ".")
+    for name in ("open", "stat", "lstat"):
+        monkeypatch.setattr(_search_worker.os, name, swapping_first(getattr(os, name)))
+    events: list[dict[str, Any]] = []
+    try:
+        _search_worker.search(request, events.append)
+    finally:
+        os.close(request["fd"])
+    monkeypatch.undo()
+    assert swapped
+    matches = [e["match"] for e in events if "match" in e]
+    assert matches == [{"path": "sub/f.txt", "line": 1, "text": "needle: harmless"}], events
+
+
+async def test_search_numbers_lines_as_read_does(boot: Any, tmp_path: Path) -> None:
+    """Only a newline ends a line: a form feed, a lone CR or U+2028 inside one must not shift the numbers
+    search reports from the ones read shows (the model reads at the line search gave it)."""
+    (tmp_path / "f.txt").write_bytes("page one\x0cpage two\nhalf\rline\nsep\u2028x\ny = 1\r\nneedle\r\n".encode())
+    async with boot(ws(tmp_path)) as h:
+        found = await h.call("search", {"pattern": "needle$"})
+        assert found.value["matches"] == [{"path": "f.txt", "line": 5, "text": "needle"}], found.value
+        read = await h.call("read", {"path": "f.txt", "offset": 5, "limit": 1})
+        assert read.value["content"] == "     5\tneedle"
+        blank = await h.call("search", {"pattern": "^$"})  # the end of the last line starts no line of its own
+        assert blank.value["matches"] == []
+
+
+async def test_an_edit_treats_overlapping_occurrences_as_several(boot: Any, tmp_path: Path) -> None:
+    """'aa' occurs twice in 'aaa' (at 0 and 1): taking the first as the unique match edits by chance."""
+    (tmp_path / "f.txt").write_text("x = aaa\n")
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("edit", {"path": "f.txt", "old_string": "aa", "new_string": "b"})
+        assert result.code == "TOOL_FAILED"
+        assert "old_string occurs more than once in 'f.txt'" in result.text and "replace_all" in result.text
+        assert (tmp_path / "f.txt").read_text() == "x = aaa\n"
+
+
+async def test_an_edit_matches_lines_of_a_crlf_file(boot: Any, tmp_path: Path) -> None:
+    """read shows lines without their CR: an old_string of several lines copied from it matches the
+    CRLF text, and the replacement keeps the file's line endings."""
+    (tmp_path / "win.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    (tmp_path / "mixed.txt").write_bytes(b"one\ntwo\r\n")
+    async with boot(ws(tmp_path)) as h:
+        edited = await h.call("edit", {"path": "win.txt", "old_string": "one\ntwo", "new_string": "1\n2\n2.5"})
+        assert edited.error is None, edited.text
+        assert (tmp_path / "win.txt").read_bytes() == b"1\r\n2\r\n2.5\r\nthree\r\n"
+        exact = await h.call("edit", {"path": "mixed.txt", "old_string": "one\ntwo", "new_string": "1\n2"})
+        assert exact.error is None  # found as given: nothing translated
+        assert (tmp_path / "mixed.txt").read_bytes() == b"1\n2\r\n"
+
+
+async def test_write_and_edit_refuse_text_that_utf8_cannot_hold(boot: Any, tmp_path: Path) -> None:
+    """A lone surrogate (a model's broken emoji) is named, not written as invalid UTF-8 or crashed on."""
+    (tmp_path / "f.txt").write_text("alpha\n")
+    async with boot(ws(tmp_path)) as h:
+        written = await h.call("write", {"path": "g.txt", "content": "smile \ud83d!"})
+        assert written.code == "TOOL_FAILED"
+        assert "content has a lone surrogate (U+D83D at character 6)" in written.text
+        edited = await h.call("edit", {"path": "f.txt", "old_string": "alpha", "new_string": "\ud83d"})
+        assert edited.code == "TOOL_FAILED"
+        assert "new_string has a lone surrogate (U+D83D at character 0)" in edited.text
+    assert sorted(os.listdir(tmp_path)) == ["f.txt"]
+    assert (tmp_path / "f.txt").read_text() == "alpha\n"
+
+
+async def test_write_refuses_a_path_that_names_a_directory(boot: Any, tmp_path: Path) -> None:
+    """'notes/' asks for a directory: write must not create a file called 'notes'."""
+    async with boot(ws(tmp_path)) as h:
+        for path in ["notes/", "notes/.", "sub/notes/"]:
+            result = await h.call("write", {"path": path, "content": "x"})
+            assert result.code == "TOOL_FAILED", path
+            assert f"{path!r} names a directory" in result.text, result.text
+    assert os.listdir(tmp_path) == []
+
+
+async def test_read_reports_integral_numbers_as_integers(boot: Any, tmp_path: Path) -> None:
+    """JSON Schema's integer admits 2.0: the line numbers read reports are still integers."""
+    (tmp_path / "f.txt").write_text("1\n2\n3\n")
+    async with boot(ws(tmp_path)) as h:
+        read = await h.call("read", {"path": "f.txt", "offset": 2.0, "limit": 1.0})
+        assert read.value["start_line"] == 2 and type(read.value["start_line"]) is int
+        assert type(read.value["end_line"]) is int and read.value["next_offset"] == 3
+
+
+async def test_a_new_file_gets_the_mode_the_umask_leaves(boot: Any, tmp_path: Path) -> None:
+    """Like any program's new file (0666 less the umask): with umask 002 the group may write it too."""
+    old = os.umask(0o002)
+    try:
+        async with boot(ws(tmp_path)) as h:
+            assert (await h.call("write", {"path": "shared.txt", "content": "x"})).error is None
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "shared.txt").st_mode) == 0o664
+
+
+async def test_list_skips_an_entry_removed_while_it_was_listed(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy directory (a build writing temporary files): an entry gone before its size is read is left
+    out, not a failed list."""
+    (tmp_path / "keep.txt").write_text("k")
+    (tmp_path / "tmp.txt").write_text("t")
+    real_scandir = os.scandir
+
+    class Vanishing:
+        def __init__(self, entry: Any) -> None:
+            self._entry = entry
+            self.name = entry.name
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._entry, name)
+
+        def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+            if self.name == "tmp.txt":
+                raise FileNotFoundError(2, "No such file or directory")
+            return self._entry.stat(follow_symlinks=follow_symlinks)
+
+    class Scan:
+        def __init__(self, fd: Any) -> None:
+            self._scan = real_scandir(fd)
+
+        def __enter__(self) -> Any:
+            return (Vanishing(entry) for entry in self._scan)
+
+        def __exit__(self, *exc: Any) -> None:
+            self._scan.close()
+
+    from dsh_plugins import workspace
+
+    monkeypatch.setattr(workspace.os, "scandir", Scan)
+    async with boot(ws(tmp_path)) as h:
+        listing = await h.call("list", {})
+    assert listing.error is None, listing.text
+    assert listing.value["entries"] == [{"name": "keep.txt", "type": "file", "size": 1}]
+
+
+async def test_the_configured_spelling_of_the_root_is_inside_it(boot: Any, tmp_path: Path) -> None:
+    """A root configured through a symlink (/home -> /data/home): absolute paths written the way the
+    user wrote the root are inside the workspace, not refused as outside it."""
+    (tmp_path / "real" / "proj").mkdir(parents=True)
+    (tmp_path / "real" / "proj" / "a.txt").write_text("alpha\n")
+    (tmp_path / "real" / "other.txt").write_text("outside\n")
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    async with boot(ws(tmp_path / "alias" / "proj")) as h:
+        read = await h.call("read", {"path": str(tmp_path / "alias" / "proj" / "a.txt")})
+        assert read.error is None, read.text
+        assert read.value["path"] == "a.txt"
+        outside = await h.call("read", {"path": str(tmp_path / "alias" / "other.txt")})
+        assert "is outside the workspace" in outside.text
+        climbing = await h.call("read", {"path": str(tmp_path / "alias" / "proj" / ".." / "other.txt")})
+        assert "is outside the workspace" in climbing.text
+
+
+def _fake_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str) -> None:
+    """Run ``source`` as the search worker."""
+    import types
+
+    from dsh_plugins import workspace
+
+    script = tmp_path.parent / f"{tmp_path.name}-worker.py"
+    script.write_text(source)
+    monkeypatch.setattr(workspace, "_search_worker", types.SimpleNamespace(__file__=str(script)))
+
+
+async def test_search_workers_are_killed_without_process_kill_which_could_reap_them_first(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """In 3.11 ``Process.kill()`` polls (``waitpid``) first: a worker that had just exited was reaped there,
+    and asyncio's child watcher then logged "Unknown child process" and reported exit status 255."""
+    import asyncio
+
+    def forbidden(self: asyncio.subprocess.Process) -> None:
+        raise AssertionError("Process.kill() may reap the worker before asyncio's child watcher")
+
+    monkeypatch.setattr(asyncio.subprocess.Process, "kill", forbidden)
+    (tmp_path / "evil.txt").write_text("a" * 64 + "b\n")
+    workers = _track_workers(monkeypatch)
+    async with boot(ws(tmp_path, search_timeout_s=0.2)) as h:
+        for _ in range(5):  # the worker answers, and is reaped with a status of its own
+            assert (await h.call("search", {"pattern": "b$"})).error is None
+        stuck = await h.call("search", {"pattern": CATASTROPHIC})  # one that must be killed
+        assert stuck.value["note"].startswith("search stopped after 0.2 s")
+    assert all(p.returncode in (0, -9) for p in workers), [p.returncode for p in workers]
+    assert workers[-1].returncode == -9
+    assert not [r for r in caplog.records if "child process" in r.getMessage()]
+
+
+async def test_a_search_worker_that_dies_is_reported_with_its_status_and_last_words(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """'ended unexpectedly' alone names no culprit: the exit status and the last line on stderr do."""
+    _fake_worker(monkeypatch, tmp_path, "import sys\nsys.stderr.write('noise\\nMemoryError: out of luck\\n')\n"
+                                        "sys.exit(3)\n")
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("search", {"pattern": "x"})
+    assert result.code == "TOOL_FAILED"
+    assert result.error.message == ("the search worker ended unexpectedly (exit status 3): "  # type: ignore[union-attr]
+                                    "MemoryError: out of luck")
+
+
+async def test_a_cancellation_while_the_worker_is_reaped_is_not_swallowed(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call waits for its worker to end even when cancelled meanwhile, then ends cancelled: it must
+    not return a result as if the cancellation had not come."""
+    import asyncio
+    import contextlib
+
+    from dsh_plugins import workspace
+
+    answered = tmp_path.parent / f"{tmp_path.name}-answered"
+    _fake_worker(monkeypatch, tmp_path, "import json, sys, time\n"
+                                        "print(json.dumps({'done': True, 'truncated': False, 'note': None}), "
+                                        f"flush=True)\nopen({str(answered)!r}, 'w').close()\ntime.sleep(0.5)\n")
+    monkeypatch.setattr(workspace, "_kill", lambda process: None)  # the worker takes its time to end
+    workers = _track_workers(monkeypatch)
+    async with boot(ws(tmp_path)) as h:
+        task = asyncio.ensure_future(h.call("search", {"pattern": "x"}))
+        while not answered.exists():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the answer is read: the call is waiting for the worker to end
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+        assert workers and workers[0].returncode == 0  # not abandoned: it had ended
+
+
+async def test_search_reports_a_match_deeper_than_path_max(boot: Any, tmp_path: Path) -> None:
+    """The walk opens each directory relative to its parent, so a path longer than PATH_MAX (and than
+    asyncio's default 64 KiB line) is searched and reported, not a failed search."""
+    name = "d" * 250
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(300):  # a 75 KB path
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        with open(os.open("deep.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as handle:
+            handle.write("needle\n")
+    finally:
+        os.close(fd)
+    async with boot(ws(tmp_path)) as h:
+        found = await h.call("search", {"pattern": "needle"})
+    assert found.error is None, found.text
+    assert [m["path"] for m in found.value["matches"]] == ["/".join([name] * 300 + ["deep.txt"])]
