@@ -25,7 +25,6 @@ import errno
 import json
 import os
 import re
-import signal
 import stat
 import sys
 import threading
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
+from dsh_core.processes import kill_child
 from dsh_plugins import _search_worker
 from dsh_plugins._search_worker import LINE_SEARCH_CHARS
 from dsh_plugins._search_worker import looks_binary as _looks_binary
@@ -896,7 +896,7 @@ class WorkspaceTools:
         finally:
             aborted.cancel()
             collect.cancel()
-            _kill(process)
+            kill_child(process)
             await _reap(process, collect, errors)  # no worker outlives the call, even a cancelled one
         ctx.signal.raise_if_aborted()
         if result["note"] is None and result["truncated"]:
@@ -923,18 +923,6 @@ class WorkspaceTools:
             elif event.get("done"):
                 result["truncated"], result["note"] = event["truncated"], event["note"]
                 return
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL the worker if asyncio has not seen it end.
-
-    Not ``process.kill()``: in Python 3.11 that polls (``waitpid``) first, so a worker that had
-    just exited was reaped there, before asyncio's child watcher, which then logs "Unknown child
-    process pid ..." and reports exit status 255 instead of the worker's own.
-    """
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
 
 
 async def _tail(stream: asyncio.StreamReader | None, keep: int = 4096) -> str:

@@ -1058,7 +1058,7 @@ async def test_a_cancellation_while_the_worker_is_reaped_is_not_swallowed(
     _fake_worker(monkeypatch, tmp_path, "import json, sys, time\n"
                                         "print(json.dumps({'done': True, 'truncated': False, 'note': None}), "
                                         f"flush=True)\nopen({str(answered)!r}, 'w').close()\ntime.sleep(0.5)\n")
-    monkeypatch.setattr(workspace, "_kill", lambda process: None)  # the worker takes its time to end
+    monkeypatch.setattr(workspace, "kill_child", lambda process: None)  # the worker takes its time to end
     workers = _track_workers(monkeypatch)
     async with boot(ws(tmp_path)) as h:
         task = asyncio.ensure_future(h.call("search", {"pattern": "x"}))
