@@ -44,19 +44,23 @@ EXPECTED = sum(i * i for i in range(N_COMPUTE))
 #: (issue 3, from ``shared/reference/peers.md``).
 REFERENCE_MONTY_ASYNC_CALL_US = 190.0
 
+#: The idle time before each timed cold spawn and each idle-gap trivial run: the two sides
+#: of the >= 5x ratio start from the same idle, so neither finds more of the machine warm.
+IDLE_GAP_S = 0.02
+
 
 def med(values: list[float]) -> float:
     return statistics.median(values)
 
 
-async def cold_floor(n: int) -> float:
+async def cold_floor(n: int, gap: float) -> float:
     times = []
     for _ in range(n):
+        await asyncio.sleep(gap)
         t0 = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(sys.executable, "-I", "-S", "-c", "pass")
         await proc.wait()
         times.append(time.perf_counter() - t0)
-        await asyncio.sleep(0.01)
     return med(times) * 1e3
 
 
@@ -212,12 +216,12 @@ async def memory(rt: PythonCodeRuntime) -> dict[str, Any]:
 
 async def dsh_part() -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out["cold_spawn_ms"] = await cold_floor(30)
+    out["cold_spawn_ms"] = await cold_floor(30, IDLE_GAP_S)
     rt = PythonCodeRuntime(CodeRuntimeConfig(isolation="auto"))
     try:
         out["isolation"] = await rt.start()
         await rt.run("return 1", [])
-        out["trivial_ms_idle_gap"] = await trivial(rt, 60, 0.02)
+        out["trivial_ms_idle_gap"] = await trivial(rt, 60, IDLE_GAP_S)
         out["trivial_ms_back_to_back"] = await trivial(rt, 60, 0.0)
         seq = [(await rt.run(SEQUENTIAL, BINDINGS)).value for _ in range(5)]
         out["binding_round_trip_us"] = med(seq)  # type: ignore[arg-type]
@@ -248,7 +252,7 @@ async def trivial_by_level(n: int) -> dict[str, float]:
             if not (await rt.start()).startswith(level):
                 continue  # not available here: the runtime fell back to a lower level
             await rt.run("return 1", [])
-            figures[level] = await trivial(rt, n, 0.02)
+            figures[level] = await trivial(rt, n, IDLE_GAP_S)
         finally:
             await rt.aclose()
     return figures
