@@ -329,6 +329,12 @@ def summary(d: dict[str, Any], p: dict[str, Any]) -> list[str]:
     )
     if "skipped" in p:
         lines.append("peers: " + p["skipped"])
+    for name in ("smolagents", "monty"):
+        error = p.get(name, {}).get("error")
+        if error is not None:  # its figures and ratios are missing above: say why
+            lines.append(f"peer {name} failed, no figures: {error}")
+    if "exit_status" in p:
+        lines.append(f"peers' interpreter exited with status {p['exit_status']} after printing its figures")
     return lines
 
 
