@@ -55,3 +55,10 @@ def test_peers_that_ran_add_no_failure_line() -> None:
     text = "\n".join(bench.summary(_dsh(), peers))
     assert "vs smolagents 13000 ms: 130.0x" in text
     assert "failed" not in text and "exited" not in text
+
+
+def test_ten_in_flight_is_a_ratio_to_monty_gather_as_the_target_names_it() -> None:
+    text = "\n".join(bench.summary(_dsh(), {"monty": _monty()}))
+    assert "10 in flight: 21000 calls/s (target >= 20,000; monty gather 2000 calls/s: 10.5x, target >= 3x)" in text
+    alone = "\n".join(bench.summary(_dsh(), {"skipped": "--no-peers"}))
+    assert "10 in flight: 21000 calls/s (target >= 20,000)" in alone
