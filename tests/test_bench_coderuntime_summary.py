@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import resource
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -62,3 +64,14 @@ def test_ten_in_flight_is_a_ratio_to_monty_gather_as_the_target_names_it() -> No
     assert "10 in flight: 21000 calls/s (target >= 20,000; monty gather 2000 calls/s: 10.5x, target >= 3x)" in text
     alone = "\n".join(bench.summary(_dsh(), {"skipped": "--no-peers"}))
     assert "10 in flight: 21000 calls/s (target >= 20,000)" in alone
+
+
+def test_the_host_peak_is_reset_before_the_twenty_runs() -> None:
+    held = bytearray(64 * 1024 * 1024)
+    held[::4096] = b"x" * len(held[::4096])  # touch every page: resident
+    del held
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - bench.proc_mem(os.getpid())["VmRSS_kib"] > 48 * 1024
+    assert bench.reset_peak_rss()
+    status = bench.proc_mem(os.getpid())
+    assert status["VmHWM_kib"] - status["VmRSS_kib"] < 16 * 1024
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - status["VmRSS_kib"] < 16 * 1024
