@@ -40,6 +40,9 @@ from dsh_plugins._search_worker import looks_binary as _looks_binary
 __all__ = ["plugin", "Workspace", "WorkspaceTools"]
 
 DEFAULT_EXCLUDES = [".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".tox"]
+# Git runs what its directory holds (hooks, core.fsmonitor and aliases in config): a file written there
+# is a command run later, outside any approval, by whoever next uses git in the workspace.
+DEFAULT_PROTECTED = [".git"]
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -59,6 +62,10 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "search_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 20},
         "search_exclude": {"type": "array", "items": {"type": "string", "minLength": 1},
                            "description": "directory names search skips", "default": DEFAULT_EXCLUDES},
+        "protected_dirs": {"type": "array", "items": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
+                           "default": DEFAULT_PROTECTED,
+                           "description": "names of directories (and files) write and edit never change, "
+                                          "at any depth, compared ignoring case"},
     },
 }
 
@@ -271,6 +278,7 @@ class WorkspaceTools:
         self.max_search_file_bytes: int = config.get("max_search_file_bytes", 2097152)
         self.search_timeout_s: float = config.get("search_timeout_s", 20)
         self.search_exclude = frozenset(config.get("search_exclude", DEFAULT_EXCLUDES))
+        self.protected_dirs = {name.casefold(): name for name in config.get("protected_dirs", DEFAULT_PROTECTED)}
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
@@ -570,6 +578,17 @@ class WorkspaceTools:
             "truncated": truncated,
         }
 
+    def _refuse_protected(self, real: str, given: str, verb: str) -> None:
+        """Refuse to change a file in a protected directory (``.git``), wherever ``given``'s links lead."""
+        for part in self.workspace.relative(real).split("/"):
+            name = self.protected_dirs.get(part.casefold())
+            if name is not None:
+                where = "" if self.workspace.relative(real) == given.strip("/") else (
+                    f" (it resolves to {self.workspace.relative(real)!r})")
+                raise ToolError(f"{verb} refused: {given!r}{where} is in {name!r}, which the workspace protects: "
+                                "git runs what it holds (hooks, config); change git state with git itself, or "
+                                f"remove {name!r} from protected_dirs in the workspace config")
+
     async def write(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``write``: create or replace one text file inside the workspace."""
         given: str = args["path"]
@@ -581,6 +600,7 @@ class WorkspaceTools:
         if given.endswith(("/", "/.", "/..")):
             raise ToolError(f"{given!r} names a directory; give a file path")
         real = self.workspace.resolve(given)
+        self._refuse_protected(real, given, "write")
         if real == self.workspace.root or os.path.isdir(real):
             raise ToolError(f"{given!r} is a directory; give a file path")
         parent = self._open_parent(real, given, create=True)
@@ -744,6 +764,7 @@ class WorkspaceTools:
             raise ToolError("old_string and new_string are identical; nothing would change")
         _utf8(new, "new_string")
         real = self.workspace.resolve(given)
+        self._refuse_protected(real, given, "edit")
         info, text = self._read_text(real, given)
         count = text.count(old)
         if count == 0 and "\n" in old and "\r\n" in text:
