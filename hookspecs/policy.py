@@ -77,8 +77,9 @@ def dsh_approve(request: ApprovalRequest) -> ApprovalOutcome | Awaitable[Approva
     ``cancelled``.
 
     ``allowed`` continues to the guards; ``rejected``, ``cancelled`` and
-    ``unavailable`` deny with a message naming the tool (a cancelled approval
-    of an aborted call gives ``ABORTED_BEFORE_DISPATCH``). Raising counts as
+    ``unavailable`` deny (``DENIED``) with a message naming the tool; only
+    ``unavailable``'s quotes the ask's reason (a cancelled approval of an
+    aborted call gives ``ABORTED_BEFORE_DISPATCH``). Raising counts as
     ``unavailable``, and so does an answer that is not an outcome (``True``,
     ``"ALLOWED"``): it is logged with the plugin's name and never allows.
     """
