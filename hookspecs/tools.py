@@ -22,8 +22,9 @@ def dsh_register_tools(register: Callable[[ToolDefinition], None]) -> None:
 
     ``register`` validates as it goes and raises
     :class:`dsh_core.errors.RegistrationError` (duplicate name in the layer,
-    the reserved name ``run_code``) or
-    :class:`dsh_core.errors.SchemaDefinitionError` (a schema that is not valid
-    Draft 2020-12); the plugin fails to start and nothing it registered stays.
-    Return value: ignored.
+    the reserved name ``run_code``, a name that is not 1-64 characters of
+    ``[A-Za-z0-9_-]``, a definition not built by ``define_tool``); a schema
+    that is not valid Draft 2020-12 is refused earlier, by ``define_tool``
+    (:class:`dsh_core.errors.SchemaDefinitionError`). Either way the plugin
+    fails to start and nothing it registered stays. Return value: ignored.
     """
