@@ -125,6 +125,13 @@ def dsh_around_dispatch(execution: ToolExecution) -> Middleware | None:
     the tool, its arguments or identity: the body always runs the call that
     passed policy, at most once: ``proceed`` raises if called again or after
     the call settled. A middleware may also return a result without proceeding.
+    A successful result it built itself (not the one ``proceed`` returned) is
+    treated like a body's value: its ``value`` is checked against the tool's
+    output schema (``INVALID_TOOL_OUTPUT`` if it fails) and its content is
+    rendered anew from that value, so the ``content`` it carried is dropped
+    (to change what the model reads, use ``dsh_post_execute``
+    ``replace_content``). Returning anything but a ``ToolResult`` gives
+    ``TOOL_FAILED``.
     A call whose signal is already aborted when it is dispatched gets no
     middleware: it settles as ``ABORTED_BEFORE_DISPATCH`` without post-execute.
     A middleware that raises settles the call as ``TOOL_FAILED`` (a
