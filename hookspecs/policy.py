@@ -151,7 +151,8 @@ def dsh_post_execute(
     settled before dispatch (denied by pre-execute, approval or a guard,
     aborted before dispatch, collapsed, invalid arguments): a post-execute
     plugin cannot rewrite a denial the model reads. ``None`` accepts. Aggregation: any ``block``
-    wins (the first block in call order; only the contexts of block decisions
+    wins (the first block in call order: the result becomes a ``BLOCKED``
+    error whose content is its feedback; only the contexts of block decisions
     survive); otherwise at most one replacement may be made (two are an error
     result naming the conflict); ``replace-value`` on a failed result, or a
     replaced value that fails the output schema, is an error result; the
