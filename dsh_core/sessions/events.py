@@ -45,7 +45,8 @@ class EventKind(StrEnum):
     CODE_DISPATCH_START = "tool/code-dispatch-start"
     #: A nested call settled (exactly one per start, aborted ones included).
     CODE_DISPATCH = "tool/code-dispatch"
-    #: A person answered an approval request: ``{"name", "call_id", "reason", "outcome"}``.
+    #: An approval request ended, answered or not (``unavailable`` when no channel could ask):
+    #: ``{"name", "call_id", "reason", "outcome"}``.
     APPROVAL = "approval"
     #: The run ended: ``{"reason", "turns", "answer", "error"?}``.
     RUN_END = "run/end"
