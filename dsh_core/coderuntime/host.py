@@ -29,6 +29,7 @@ import itertools
 import json
 import marshal
 import os
+import random
 import shutil
 import signal as signals
 import socket
@@ -86,6 +87,8 @@ _MAX_IN_FLIGHT = 10_000
 # Reads of frames adding up to this size have the host's time reading them charged to the run's
 # CPU budget, and so does every read once a run's smaller ones add up to it.
 _TIMED_FRAME_BYTES = 1 << 16
+_SAMPLED_READS = 8  # past a run's first 64 KiB of small reads, one in this many is timed (at random)
+_sample = random.Random().random  # seeded from the OS: the worker cannot predict it
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
 _WARM_WORKERS = 2
 # Call ids remembered outside the consecutive run 1..n that a real worker sends:
@@ -829,15 +832,21 @@ class _Run:
         # The loop thread's CPU time, not the wall clock: while the host is off the CPU (other
         # processes, another thread holding the GIL, stopped with Ctrl-Z) the program is not
         # costing it anything, and cpu_s is a budget of CPU time. Timed per read, not per frame:
-        # a read holding a large frame, and every read once the run's small ones add up to
-        # 64 KiB (a flood of frames just under the size would otherwise cost the host many
-        # times the worker's CPU). A run that moves little, as most do, never reads the clock.
+        # every read bringing 64 KiB or more; and once the run's smaller reads add up to 64 KiB
+        # (a flood of frames just under the size would otherwise cost the host many times the
+        # worker's CPU), one read in _SAMPLED_READS at random, charged that many times over, as
+        # reading the thread's clock costs more than a small read's work (0.7 us, a syscall).
+        # The worker cannot tell which reads are timed. A run that moves little never is.
         size = sum(map(len, payloads))
-        timed = size >= _TIMED_FRAME_BYTES or self.untimed_bytes >= _TIMED_FRAME_BYTES
-        if timed:
-            started = time.thread_time()
-        else:
+        if size >= _TIMED_FRAME_BYTES:
+            weight = 1
+        elif self.untimed_bytes < _TIMED_FRAME_BYTES:
             self.untimed_bytes += size
+            weight = 0
+        else:
+            weight = _SAMPLED_READS if _sample() * _SAMPLED_READS < 1 else 0
+        if weight:
+            started = time.thread_time()
         try:
             for payload in payloads:
                 if self.outcome is not None:
@@ -851,8 +860,8 @@ class _Run:
                 with contextlib.suppress(Exception):
                     self._on_message(wire.unpack_payload(payload), cost)
         finally:
-            if timed:
-                self._charge_host_reading(time.thread_time() - started)
+            if weight:
+                self._charge_host_reading((time.thread_time() - started) * weight)
 
     @property
     def _memory_bytes(self) -> int:

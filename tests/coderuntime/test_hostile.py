@@ -755,6 +755,33 @@ def test_the_hosts_time_reading_a_flood_of_frames_under_64_kib_is_charged_to_the
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=0.5))
 
 
+def test_the_hosts_time_reading_a_flood_of_small_reads_is_charged_though_only_some_are_timed() -> None:
+    # Past a run's first 64 KiB of small reads, one read in eight (at random) is timed and charged
+    # eight times over: reading the thread's clock on each would cost more than a small read does.
+    import time
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        program = (
+            "import os, struct, time\n"
+            "body = b'{\"t\":\"x\",\"a\":[' + b','.join([b'0'] * 1500) + b']}'\n"
+            "frame = struct.pack('>I', len(body)) + body\n"
+            "assert len(frame) < 4096\n"
+            "end = time.monotonic() + 8\n"
+            "while time.monotonic() < end:\n"
+            "    os.write(3, frame)\n"
+            "    time.sleep(0)\n"
+            "return 'not charged'"
+        )
+        started = time.monotonic()
+        r = await rt.run(program, [])
+        elapsed = time.monotonic() - started
+        assert r.error is not None and r.error.kind == "timeout", r
+        assert "s of it the host reading the program's frames)" in r.error.message, r.error.message
+        assert elapsed < 7, elapsed
+
+    arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=0.5))
+
+
 def test_only_the_hosts_cpu_time_reading_a_frame_is_charged_not_its_wall_time(monkeypatch: Any) -> None:
     # The host's loop may be off the CPU while it reads a frame (other processes on the machine,
     # the GIL held by another thread, the host stopped with Ctrl-Z): that is not the program's
