@@ -50,14 +50,19 @@ class PromptAssembler:
             if section is not None:
                 contributions.append((section, -1, "dsh"))
         contributions.extend(self.hooks.prompt_sections(context))
+        # A clash is an error whether or not a nearer scope's section of that name wins: otherwise
+        # it would be reported or not depending on the order in which the plugins answered.
+        origins: dict[tuple[str, int], str] = {}
         for section, depth, origin in contributions:
+            level = (section.name, depth)
+            if level in origins:
+                raise PromptAssemblyError(
+                    f"prompt section {section.name!r} is contributed twice at one scope level "
+                    f"(by {origins[level]!r} and {origin!r})")
+            origins[level] = origin
             current = chosen.get(section.name)
             if current is None or depth > current[1]:
                 chosen[section.name] = (section, depth, origin)
-            elif depth == current[1]:
-                raise PromptAssemblyError(
-                    f"prompt section {section.name!r} is contributed twice at one scope level "
-                    f"(by {current[2]!r} and {origin!r})")
         ordered = sorted((s for s, _, _ in chosen.values() if s.text.strip()), key=lambda s: (s.order, s.name))
         return self.hooks.prompt_filter(context, ordered)
 

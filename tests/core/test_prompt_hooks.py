@@ -67,3 +67,34 @@ def test_a_plugin_raising_a_typed_error_keeps_its_message() -> None:
         PromptAssembler(hooks, ToolRegistry()).assemble(None)
     assert raised.value.message == "the persona section is mandatory"
     assert raised.value.code == "PROMPT_ASSEMBLY_FAILED"
+
+
+class _Contributions:
+    """Hooks stand-in answering with given contributions, in the given order."""
+
+    def __init__(self, contributions: list[tuple[PromptSection, int, str]]) -> None:
+        self.contributions = contributions
+
+    def prompt_sections(self, context: PromptContext) -> list[tuple[PromptSection, int, str]]:
+        return self.contributions
+
+    def prompt_filter(self, context: PromptContext, sections: list[PromptSection]) -> list[PromptSection]:
+        return sections
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (0, 2, 1), (2, 0, 1)])
+def test_a_clash_at_one_level_is_an_error_whatever_the_order_and_a_nearer_scope(order: tuple[int, ...]) -> None:
+    """Before, a nearer scope's section answering between the two clashing ones hid the clash."""
+    from dsh_core.prompt import PromptAssemblyError
+
+    made = [(PromptSection("notes", "a"), 0, "alpha"), (PromptSection("notes", "agent's"), 1, "agent-notes"),
+            (PromptSection("notes", "b"), 0, "beta")]
+    assembler = PromptAssembler(_Contributions([made[i] for i in order]), ToolRegistry())  # type: ignore[arg-type]
+    with pytest.raises(PromptAssemblyError, match=r"prompt section 'notes' is contributed twice at one scope level"):
+        assembler.assemble(None)
+
+
+def test_one_plugin_contributing_a_name_at_two_levels_is_no_clash() -> None:
+    assembler = PromptAssembler(_Contributions([(PromptSection("notes", "root"), 0, "notes"),  # type: ignore[arg-type]
+                                                (PromptSection("notes", "agent"), 1, "notes")]), ToolRegistry())
+    assert assembler.assemble(None) == "agent"
