@@ -134,7 +134,8 @@ def aborted_result(contexts: Sequence[object] = ()) -> ToolResult:
 def error_result(error: BaseException) -> ToolResult:
     """The standard error result of a thrown value: typed code kept, anything else ``TOOL_FAILED``."""
     if isinstance(error, DshError):
-        return ToolResult.failure(str(error.code), error.message)
+        # str(): a body may raise ToolError(some_exception); its text, not a TypeError, is the message.
+        return ToolResult.failure(str(error.code), str(error.message))
     if isinstance(error, AbortedError):
         return aborted_result()
     return ToolResult.failure(ErrorCode.TOOL_FAILED, describe_exception(error))

@@ -662,6 +662,20 @@ async def test_tool_errors_are_typed_and_untyped_ones_are_tool_failed() -> None:
     assert untyped_result.code == "TOOL_FAILED" and "KeyError" in untyped_result.text
 
 
+async def test_a_tool_error_raised_with_an_exception_for_its_message_keeps_that_text() -> None:
+    """``raise ToolError(error)`` is common; ToolErrorInfo now refuses a non-str message, and the
+    model read "TypeError: ToolErrorInfo.message must be str" instead of the error's own text."""
+    stack = Stack()
+
+    def body(args: Any, ctx: Any) -> Any:
+        raise ToolError(FileNotFoundError(2, "No such file"), code="NOT_FOUND")  # type: ignore[arg-type]
+
+    stack.registry.register(tool("opens", body=body))
+    result = await stack.call("opens")
+    assert result.error is not None and (result.code, result.error.message) == ("NOT_FOUND", "[Errno 2] No such file")
+    assert result.text == "Error: [Errno 2] No such file"
+
+
 async def test_every_execution_emits_exactly_one_result_event() -> None:
     stack = Stack(mode="code")
     stack.registry.register(tool("echo"))
