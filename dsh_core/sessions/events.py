@@ -114,6 +114,8 @@ class SessionInfo:
 
     ``holder`` is the lease the store holds for the session, if any: the run continuing it, or
     one that is gone without releasing it (:func:`~dsh_core.sessions.lease.holder_alive` tells).
+    A lease the store cannot read is ``None``: :meth:`~dsh_core.sessions.store.SessionStore.acquire`
+    takes it over.
     """
 
     id: str

@@ -82,10 +82,8 @@ def _info(row: tuple[Any, ...]) -> SessionInfo:
     """The :class:`SessionInfo` of a row of ``_SELECT_INFO``."""
     holder = None
     if row[5] is not None:
-        try:
+        with contextlib.suppress(ValueError):  # unreadable: acquire takes such a lease over, so it holds nothing
             holder = SessionLease.from_json(json.loads(row[5]))
-        except ValueError:
-            holder = SessionLease("", 0, "unknown")  # unreadable, but the session is held all the same
     return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), holder)
 
 
