@@ -141,6 +141,7 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
                 f"{_when(info.created_at)}{in_use}")
     run: Node | None = None
     runs = 0
+    started_at: float | None = None  # when the last run started (its run/start), if it said
     calls: dict[str, _Call] = {}
     unsettled: dict[str, _Call] = {}
     nested: dict[tuple[str | None, str], _Call] = {}
@@ -162,6 +163,7 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
             if run is not None:
                 unended(run)
             runs += 1
+            started_at = event.at
             resumed = " (resumed)" if payload.get("resumed") else ""
             run = root.add(f"run {runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · provider "
                            f"{payload.get('provider')} · mode {payload.get('mode')}")
@@ -219,13 +221,16 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
             run = None
         else:
             current_run().add(f"{kind}: {_short(payload, 80)}")
+    # The holder's run is the last one only if that started under its lease: a run that has just
+    # taken the lease over is loading the history, and the unfinished run before it was killed.
+    holders_run = user is not None and (started_at is None or started_at >= user.since)
     if run is not None:
-        if user is not None:
+        if holders_run:
             run.add("end: none yet (running)")
         else:
             unended(run)
     for call in [*unsettled.values(), *nested.values()]:
-        running = user is not None and call.run == runs
+        running = holders_run and call.run == runs
         call.node.label += " — running" if running else " — no result (interrupted)"
     return "\n".join(root.lines())
 

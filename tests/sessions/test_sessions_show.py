@@ -127,13 +127,14 @@ def test_nothing_a_model_or_tool_wrote_can_drive_the_terminal() -> None:
     assert "\x1b" not in table and "m\\x1b[31m" in table
 
 
-def _two_runs_the_second_unfinished() -> list[SessionEvent]:
+def _two_runs_the_second_unfinished(second: float = 1.0) -> list[SessionEvent]:
+    """The second run starts at ``second`` (a run starts after it takes its lease)."""
     return [
         ev(1, "run/start", {"task": "one", "provider": "p", "mode": "native"}, 0.0),
         ev(2, "tool/call", {"name": "slow", "arguments": "{}"}, 0.0, "1.1"),
-        ev(3, "run/start", {"task": "two", "provider": "p", "mode": "code", "resumed": True}, 1.0),
-        ev(4, "tool/call", {"name": "run_code", "arguments": "{}"}, 1.0, "2.1"),
-        ev(5, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 1.0, "2.1", "2.1", "2.1:code:1"),
+        ev(3, "run/start", {"task": "two", "provider": "p", "mode": "code", "resumed": True}, second),
+        ev(4, "tool/call", {"name": "run_code", "arguments": "{}"}, second, "2.1"),
+        ev(5, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, second, "2.1", "2.1", "2.1:code:1"),
     ]
 
 
@@ -141,7 +142,8 @@ def test_show_marks_the_unfinished_run_of_a_session_in_use_as_running_not_interr
     from dsh_core.sessions.lease import SessionLease
 
     holder = SessionLease.for_this_run()
-    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, holder), _two_runs_the_second_unfinished()).splitlines()
+    events = _two_runs_the_second_unfinished(holder.since + 0.5)
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, holder), events).splitlines()
     assert lines[0].endswith(f" · in use by pid {os.getpid()} on host {holder.host!r} since "
                              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.since))}")
     assert lines[1:] == [
@@ -155,9 +157,23 @@ def test_show_marks_the_unfinished_run_of_a_session_in_use_as_running_not_interr
     ]
     # A holder that is gone (here: another process start time for this pid) holds nothing.
     gone = attrs.evolve(holder, started=(holder.started or 0) + 1)
-    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, gone), _two_runs_the_second_unfinished()).splitlines()
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, gone), events).splitlines()
     assert "in use" not in lines[0] and lines[-1] == "   └─ end: none recorded (interrupted)"
     assert lines[-2] == "   │  └─ read [#1] {} — no result (interrupted)"
+
+
+def test_show_does_not_give_a_killed_run_to_the_run_that_has_just_taken_its_lease_over() -> None:
+    """A resumed run holds the lease while it loads the history, before its run/start: the last run
+    then is the one that was killed, and its calls are not running."""
+    from dsh_core.sessions.lease import SessionLease
+
+    holder = SessionLease.for_this_run()
+    events = _two_runs_the_second_unfinished(holder.since - 60)
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, holder), events).splitlines()
+    assert " · in use by pid " in lines[0]
+    assert lines[-3:] == ["   ├─ run_code [2.1] {} — no result (interrupted)",
+                          "   │  └─ read [#1] {} — no result (interrupted)",
+                          "   └─ end: none recorded (interrupted)"]
 
 
 def test_list_names_the_run_using_a_session_only_while_it_runs() -> None:
