@@ -470,6 +470,21 @@ def test_the_entry_cap_follows_the_output_cap_with_a_floor() -> None:
     assert Ledger(200).max_entries == 1024
 
 
+@pytest.mark.parametrize(("cap", "entries", "rule"), [
+    (32 * 1024, 1024, "one per 64 bytes of the 32768-byte output cap, at least 1024"),  # the floor: not 512
+    (128 * 1024, 2048, "one per 64 bytes of the 131072-byte output cap"),
+])
+def test_the_entry_cap_message_names_the_floor_when_the_floor_is_the_cap(cap: int, entries: int, rule: str) -> None:
+    from dsh_core.coderuntime.worker.wire import Ledger
+
+    ledger = Ledger(cap)
+    while ledger.add(""):
+        pass
+    assert len(ledger.logs) == entries and ledger.counted_out
+    assert ledger.limit_message() == (f"outer output exceeded {entries} log entries ({rule}); "
+                                      "print fewer, longer lines")
+
+
 def test_default_cap_exactly_64_mib() -> None:
     async def go(rt: PythonCodeRuntime) -> None:
         cap = 64 * 1024 * 1024

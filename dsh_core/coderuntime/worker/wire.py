@@ -590,8 +590,9 @@ class Ledger:
     def limit_message(self) -> str:
         """The output-limit diagnostic: the byte cap, or the entry cap when that is what was reached."""
         if self.counted_out:
+            floor = f", at least {MIN_LOG_ENTRIES}" if self.cap // LOG_ENTRY_BYTES < MIN_LOG_ENTRIES else ""
             return (f"outer output exceeded {self.max_entries} log entries (one per {LOG_ENTRY_BYTES} bytes "
-                    f"of the {self.cap}-byte output cap); print fewer, longer lines")
+                    f"of the {self.cap}-byte output cap{floor}); print fewer, longer lines")
         return f"outer output exceeded {self.cap} bytes"
 
     def fitted(self, message: str) -> tuple[list[str], str]:
