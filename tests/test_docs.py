@@ -67,3 +67,14 @@ def test_the_writing_a_plugin_walk_through_passes_the_kit(tmp_path: Path) -> Non
          "test_conformance.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert completed.returncode == 0, textwrap.indent(completed.stdout[-3000:], "  ")
     assert "13 passed" in completed.stdout
+
+
+def test_the_cpu_budget_sentence_says_how_the_hosts_reading_is_charged() -> None:
+    """Past a run's first 64 KiB of small reads the host times one read in eight at random (9358183);
+    the README still said every read was timed."""
+    from dsh_core.coderuntime import host
+
+    section = _section("isolation")
+    assert (host._TIMED_FRAME_BYTES, host._SAMPLED_READS) == (64 * 1024, 8)
+    assert ("each read bringing 64 KiB or more, and, once the smaller ones add up to 64 KiB, one smaller read "
+            "in eight, at random, charged eight times over" in section)
