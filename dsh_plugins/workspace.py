@@ -209,6 +209,12 @@ class Workspace:
             raise ToolError(f"{what} must not be empty")
         if "\0" in path:
             raise ToolError(f"{what} contains a NUL character")
+        try:
+            os.fsencode(path)  # surrogateescape: a name that is not UTF-8 (U+DC80..U+DCFF) is a file name
+        except UnicodeEncodeError as error:  # realpath and every open would raise it, a codec message
+            raise ToolError(f"{what} {path!r} cannot be a file name: it has a lone surrogate "
+                            f"(U+{ord(path[error.start]):04X} at character {error.start}), which no "
+                            "encoding of a name holds") from None
         lexical = _lexical(path if os.path.isabs(path) else os.path.join(self.root, path))
         if self.alias is not None and not self._inside(lexical) and _under(lexical, self.alias):
             lexical = self.root + lexical[len(self.alias):]  # the configured spelling of the root

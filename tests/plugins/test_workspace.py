@@ -913,6 +913,21 @@ async def test_write_and_edit_refuse_text_that_utf8_cannot_hold(boot: Any, tmp_p
     assert (tmp_path / "f.txt").read_text() == "alpha\n"
 
 
+async def test_a_path_with_a_lone_surrogate_is_refused_by_name(boot: Any, tmp_path: Path) -> None:
+    """No file has such a name: every tool says so, not a codec error about the absolute path."""
+    (tmp_path / os.fsdecode(b"caf\xff.txt")).write_text("latin-1 name\n")  # a name that is not UTF-8
+    async with boot(ws(tmp_path)) as h:
+        for name, args in [("read", {}), ("write", {"content": "x"}), ("list", {}), ("search", {"pattern": "x"}),
+                           ("edit", {"old_string": "a", "new_string": "b"})]:
+            result = await h.call(name, {"path": "a\ud83db", **args})
+            assert result.code == "TOOL_FAILED", name
+            assert "path 'a\\ud83db' cannot be a file name: it has a lone surrogate (U+D83D at character 1)" \
+                in result.text, (name, result.text)
+        escaped = await h.call("read", {"path": "caf\udcff.txt"})  # surrogateescape: the byte 0xff
+        assert escaped.error is None and escaped.value["content"] == "     1\tlatin-1 name"
+    assert sorted(os.listdir(tmp_path)) == ["caf\udcff.txt"]
+
+
 async def test_write_refuses_a_path_that_names_a_directory(boot: Any, tmp_path: Path) -> None:
     """'notes/' asks for a directory: write must not create a file called 'notes'."""
     async with boot(ws(tmp_path)) as h:
