@@ -65,7 +65,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "protected_dirs": {"type": "array", "items": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
                            "default": DEFAULT_PROTECTED,
                            "description": "names of directories (and files) write and edit never change, "
-                                          "at any depth, compared ignoring case"},
+                                          "at any depth, compared ignoring case (with .git, also any directory "
+                                          "git takes for a repository: HEAD with objects/ and refs/)"},
     },
 }
 
@@ -168,6 +169,15 @@ def _loops(fd: int, name: str) -> bool:
     except OSError as error:
         return error.errno == errno.ELOOP
     return False
+
+
+def _holds(directory: str, below: list[str], name: str, as_directory: bool) -> bool:
+    """True if ``directory`` holds ``name`` (a directory, or any entry) once a write adds ``below`` to it
+    (the casefolded components of the written path under ``directory``)."""
+    if below[0] == name.casefold() and as_directory == (len(below) > 1):
+        return True  # the file written, or a directory made on its way
+    path = os.path.join(directory, name)
+    return os.path.isdir(path) if as_directory else os.path.lexists(path)
 
 
 def _lexical(path: str) -> str:
@@ -594,6 +604,34 @@ class WorkspaceTools:
                 raise ToolError(f"{verb} refused: {given!r}{where} is in {name!r}, which the workspace protects: "
                                 "git runs what it holds (hooks, config); change git state with git itself, or "
                                 f"remove {name!r} from protected_dirs in the workspace config")
+        if ".git" in self.protected_dirs:
+            repository = self._repository_around(real)
+            if repository is not None:
+                raise ToolError(f"{verb} refused: {given!r} is in {repository!r}, which git takes for a repository "
+                                "(it holds HEAD, and objects/ and refs/ or commondir, or would with this file): "
+                                "git runs what a repository holds (hooks, config) when used in that directory; "
+                                "change git state with git itself, or remove '.git' from protected_dirs in the "
+                                "workspace config")
+
+    def _repository_around(self, real: str) -> str | None:
+        """The directory holding ``real`` (or one above it, up to the root) that git would take for a git
+        directory once ``real`` is written (shown relative to the root), or ``None``.
+
+        A repository need not be called ``.git``: git run in (or under) a directory holding ``HEAD`` and
+        ``objects/`` and ``refs/`` (or a ``commondir`` file naming where they are) uses it as a bare one, and
+        runs its config's ``core.pager``, ``core.fsmonitor`` and hooks. Written one file at a time, such a
+        directory is refused when the write would complete it (whatever ``HEAD`` holds), and every file in
+        one is refused as in ``.git``.
+        """
+        relative = self.workspace.relative(real).split("/")
+        for depth in range(len(relative) - 1, -1, -1):
+            directory = os.path.join(self.workspace.root, *relative[:depth])
+            below = [part.casefold() for part in relative[depth:]]  # what the write adds, from this directory
+            if _holds(directory, below, "HEAD", False) and (
+                    _holds(directory, below, "commondir", False)
+                    or (_holds(directory, below, "objects", True) and _holds(directory, below, "refs", True))):
+                return self.workspace.relative(directory)
+        return None
 
     async def write(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``write``: create or replace one text file inside the workspace."""
