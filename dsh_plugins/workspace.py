@@ -811,11 +811,16 @@ class WorkspaceTools:
         self._refuse_protected(real, given, "edit")
         info, text = self._read_text(real, given)
         count = text.count(old)
-        if count == 0 and "\n" in old and "\r\n" in text:
-            # read shows lines without the CR of a CRLF file: lines copied from it end in LF alone.
+        if "\r\n" in text and ("\n" in old or "\n" in new):
+            # read shows lines without the CR of a CRLF file: lines copied from it end in LF alone. In a
+            # file of CRLF lines only, the new lines get CRLF however old_string matched (a one-line
+            # old_string whose new_string adds lines too); in a mixed one, only when old_string matches
+            # with CRLF alone.
             crlf = _LONE_LF.sub("\r\n", old)
-            if crlf != old and (count := text.count(crlf)):
-                old, new = crlf, _LONE_LF.sub("\r\n", new)  # the new lines end as the file's do
+            if _LONE_LF.search(text) is None or count == 0:
+                crlf_count = text.count(crlf) if crlf != old else count
+                if crlf_count:
+                    old, new, count = crlf, _LONE_LF.sub("\r\n", new), crlf_count  # new lines end as the file's
         if count == 0:
             raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
                             "including whitespace and indentation")

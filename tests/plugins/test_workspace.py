@@ -899,6 +899,23 @@ async def test_an_edit_matches_lines_of_a_crlf_file(boot: Any, tmp_path: Path) -
         assert (tmp_path / "mixed.txt").read_bytes() == b"1\n2\r\n"
 
 
+async def test_lines_an_edit_adds_to_a_crlf_file_end_in_crlf_however_old_string_matched(
+        boot: Any, tmp_path: Path) -> None:
+    """A one-line old_string (or one starting at a line's end) matches without any CR to translate: the
+    lines its new_string adds end as the file's do, not in LF alone beside CRLF ones."""
+    async with boot(ws(tmp_path)) as h:
+        for old, new, replace_all, expected in [
+                ("pass", "pass\n    return 1", False, b"def f():\r\n    pass\r\n    return 1\r\n"),
+                ("\n    pass", "\n    x = 1\n    pass", False, b"def f():\r\n    x = 1\r\n    pass\r\n"),
+                ("\n", "\n\n", True, b"def f():\r\n\r\n    pass\r\n\r\n")]:
+            (tmp_path / "w.py").write_bytes(b"def f():\r\n    pass\r\n")
+            edited = await h.call("edit", {"path": "w.py", "old_string": old, "new_string": new,
+                                           "replace_all": replace_all})
+            assert edited.error is None, edited.text
+            assert (tmp_path / "w.py").read_bytes() == expected, old
+        assert edited.value["replacements"] == 2
+
+
 async def test_write_and_edit_refuse_text_that_utf8_cannot_hold(boot: Any, tmp_path: Path) -> None:
     """A lone surrogate (a model's broken emoji) is named, not written as invalid UTF-8 or crashed on."""
     (tmp_path / "f.txt").write_text("alpha\n")
