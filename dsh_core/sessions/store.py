@@ -107,11 +107,15 @@ class SessionStore(Protocol):
         ...
 
     async def get(self, session_id: str) -> SessionInfo:
-        """The summary of one session; :class:`SessionNotFoundError` if it does not exist."""
+        """The summary of one session; :class:`SessionNotFoundError` if it does not exist.
+
+        Its ``holder`` is the lease held on it, if any (``None`` for one the store cannot read):
+        ``dsh sessions list`` and ``show`` name the run using a session from it.
+        """
         ...
 
     async def list(self, *, limit: int | None = None) -> list[SessionInfo]:
-        """Sessions, most recently updated first."""
+        """Sessions, most recently updated first, each with its ``holder`` as :meth:`get` gives it."""
         ...
 
     async def close(self) -> None:
