@@ -3,7 +3,7 @@
 A run goes: validate bindings (misuse raises) -> compile on the host (a
 syntax error is an ``exception`` result, no worker) -> ask the zygote to
 fork a worker -> the worker locks down and reports ``ready`` -> the host
-verifies ``/proc``, joins the cgroup (L3) and only then sends the program ->
+verifies ``/proc``, joins the cgroup (L1 and up, where the host can make one) and only then sends the program ->
 binding calls are bridged -> the first terminal outcome wins -> kill the
 worker (the zygote kills its process group when it reaps it), wait until it
 is reaped, sweep the cgroup, drain its channel and output pipe -> resolve.
@@ -87,6 +87,7 @@ _MAX_IN_FLIGHT = 10_000
 # Reads of frames adding up to this size have the host's time reading them charged to the run's
 # CPU budget, and so does every read once a run's smaller ones add up to it.
 _TIMED_FRAME_BYTES = 1 << 16
+_CGROUP_POOLS = itertools.count(1)  # names each runtime's cgroup pool, once per process
 _SAMPLED_READS = 8  # past a run's first 64 KiB of small reads, one in this many is timed (at random)
 _sample = random.Random().random  # seeded from the OS: the worker cannot predict it
 _SHIP_CODE_MAX = 64 * 1024  # characters of source up to which the host's code object is shipped
@@ -151,7 +152,7 @@ class ZygoteError(Exception):
 
 
 class _Abandoned:
-    """What a runtime dropped without ``aclose`` must still end: its zygotes and run directories.
+    """What a runtime dropped without ``aclose`` must still end: its zygotes, run directories and cgroups.
 
     Ended by a finalizer when the runtime is collected, or at interpreter exit.
     Holds no reference to the runtime (only sockets, processes, the loops
@@ -162,9 +163,11 @@ class _Abandoned:
         # By pid, until reaped: its control socket, its process, the loop watching that socket.
         self.zygotes: dict[int, tuple[socket.socket, subprocess.Popen[bytes], asyncio.AbstractEventLoop]] = {}
         self.dirs: set[str] = set()  # per-run directories (L0-L2) not yet removed
+        self.cgroups: list[iso.CgroupPool] = []  # the runtime's per-run cgroups, until aclose removes them
 
     def end(self) -> None:
-        """Close every zygote's control socket (it then kills and reaps its workers), reap it, remove the dirs."""
+        """Close every zygote's control socket (it then kills and reaps its workers), reap it, remove the
+        dirs and the cgroups."""
         zygotes = list(self.zygotes.values())
         self.zygotes.clear()
         for ctrl, _, loop in zygotes:
@@ -187,6 +190,9 @@ class _Abandoned:
                 os.rmdir(path)
             except OSError:
                 shutil.rmtree(path, ignore_errors=True)
+        pools, self.cgroups = self.cgroups, []
+        for pool in pools:
+            pool.close()  # the workers are reaped: the groups are empty (or emptied, what is left killed)
 
 
 class _Zygote:
@@ -946,7 +952,9 @@ class _Run:
             return
         level = self.owner._level
         problem = iso.check_level(level, facts)
-        if problem is None and level >= 3 and self.owner._cgroups is not None:
+        # Where cgroups can be made (a root host), every level from L1 up joins one: below L3 too,
+        # since the kernel holds a root worker to no process count (RLIMIT_NPROC exempts root).
+        if problem is None and level >= 1 and self.owner._cgroups is not None:
             try:
                 self.cgroup = self.owner._cgroups.acquire()
                 self.cgroup.join(self.pid)
@@ -1605,9 +1613,12 @@ class PythonCodeRuntime:
         try:
             await zygote.start(self.config, self._let_kernel_reap)
             self._level = level
-            if level >= 3 and self._cgroups is None and iso.CgroupPool.available():
+            if level >= 1 and self._cgroups is None and iso.CgroupPool.available():
                 _sweep_stale_cgroups_once()
-                self._cgroups = iso.CgroupPool(f"dsh-{os.getpid()}-{id(self):x}", self.config.memory_mb)
+                # A serial, not id(self): a collected runtime's id is soon another's, and its
+                # finalizer, running late, would remove (and empty) the newer one's groups.
+                self._cgroups = iso.CgroupPool(f"dsh-{os.getpid()}-{next(_CGROUP_POOLS):x}", self.config.memory_mb)
+                self._abandoned.cgroups.append(self._cgroups)
             # Probe: one worker that locks down, reports ready and is verified. It has
             # no program, so no wall clock: it gets the start-up bound instead.
             probe = self._probing = _Run(self)
@@ -1721,7 +1732,7 @@ class PythonCodeRuntime:
 
     def _refill(self, zygote: _Zygote) -> None:
         # Keep _WARM_WORKERS pre-spawned workers: spawned, locked down, verified
-        # and (at L3) in their cgroup, waiting for a program. Each serves one run
+        # and (from L1, where cgroups can be made) in their cgroup, waiting for a program. Each serves one run
         # only; two let back-to-back runs find one ready while the next prepares.
         if self._disposed or self._probe_only:
             return
@@ -1776,6 +1787,8 @@ class PythonCodeRuntime:
             self._zygote = None
         if self._cgroups is not None:
             self._cgroups.close()
+            with contextlib.suppress(ValueError):
+                self._abandoned.cgroups.remove(self._cgroups)
             self._cgroups = None
         for path in list(self._run_dirs):
             self._remove_run_dir(path)

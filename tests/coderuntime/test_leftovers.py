@@ -22,6 +22,7 @@ import pytest
 
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import host as host_module
+from dsh_core.coderuntime.isolation import CgroupPool
 
 from .conftest import arun, children_of, run_dirs, tools, zygote_processes
 
@@ -61,6 +62,9 @@ def _stop_unclosed(runtime: PythonCodeRuntime) -> None:
         zygote.proc.wait()
     if zygote is not None and zygote.ctrl is not None:
         zygote.ctrl.close()
+    # Now, not when the runtime is collected in some later test: what it still holds (its cgroups'
+    # descriptors) would otherwise vanish in the middle of that test's accounting.
+    runtime._abandoned.end()
 
 
 def _assert_an_unclosed_runtime_left_nothing(runtime: PythonCodeRuntime, dirs: set[str]) -> None:
@@ -457,3 +461,23 @@ def test_a_runtime_collected_while_its_loop_runs_on_leaves_that_loop_working() -
 
     assert arun(go()) == (False, True, 1)
     assert zygote_processes() == set()
+
+
+@pytest.mark.skipif(not CgroupPool.available(), reason="writable v1 memory and pids cgroups are needed")
+def test_a_runtime_never_closed_removes_its_cgroups_when_it_is_collected() -> None:
+    seen: dict[str, Any] = {}
+
+    async def go() -> None:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        assert (await runtime.run("return 1", [])).value == 1
+        assert runtime._cgroups is not None and runtime._cgroups.all
+        seen["prefix"] = runtime._cgroups.prefix
+        seen["ref"] = weakref.ref(runtime)
+        # No aclose: the runtime is dropped with its pool of cgroups.
+
+    arun(go())
+    gc.collect()
+    assert seen["ref"]() is None
+    left = [name for hierarchy in ("memory", "pids") for name in os.listdir(f"/sys/fs/cgroup/{hierarchy}")
+            if name.startswith(seen["prefix"] + "-")]
+    assert left == []
