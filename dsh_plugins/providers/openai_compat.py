@@ -211,6 +211,11 @@ def _request_body(body: dict[str, Any]) -> bytes:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
 
+def _header_safe(key: str) -> bool:
+    """Whether ``key`` can go in an HTTP header as is: printable ASCII, no surrounding whitespace."""
+    return key == key.strip() and all(" " <= char <= "~" for char in key)
+
+
 class OpenAICompatProvider:
     """A :class:`~dsh_core.agent.provider.Provider` for OpenAI-compatible chat completions."""
 
@@ -276,6 +281,12 @@ class OpenAICompatProvider:
         headers = {"Content-Type": "application/json"}
         key = self._key()
         if key:
+            if not _header_safe(key):
+                # httpx would fail quoting the header (the key with it, escaped past redaction) or on
+                # the encoding: say which variable is wrong, never what it holds, and do not retry.
+                raise ProviderError("auth", f"{self.name}: ${self.api_key_env} cannot be sent as an API key: it "
+                                            "holds a line break, a control or non-ASCII character, or leading or "
+                                            "trailing whitespace (the value is not shown)")
             headers["Authorization"] = f"Bearer {key}"
         if self.stream:
             headers["Accept"] = "text/event-stream"

@@ -351,6 +351,25 @@ async def test_the_api_key_never_appears_in_an_error_not_even_in_part(server: Fa
     assert SECRET[2:8] not in message, message  # nor the key still JSON-escaped (\u0073k-test-...)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("key", [SECRET + "\r", SECRET + "\n", "sk-test\n-0123456789", SECRET + "\x00", SECRET + " ",
+                                 "sk-tést-0123456789"])
+async def test_an_api_key_no_header_can_carry_fails_without_quoting_it(server: FakeServer, stream: bool,
+                                                                       key: str) -> None:
+    # A key read from a CRLF .env file ends in "\r": httpx refused the header quoting the key with its
+    # escapes (which redaction did not match), and retried that as a connection failure.
+    client = OpenAICompatProvider(base_url=server.url, model="m", api_key_env="TEST_KEY", env={"TEST_KEY": key},
+                                  stream=stream, max_retries=2, backoff_base_s=0.0)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == "auth" and "$TEST_KEY" in caught.value.message
+    assert "sk-t" not in caught.value.message and "0123" not in caught.value.message
+    assert client.last_attempts == 1 and server.requests == []
+
+
 async def test_a_truncated_plain_body_is_quoted_without_the_api_key(server: FakeServer,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from dsh_plugins.providers import openai_compat
