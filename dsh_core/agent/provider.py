@@ -79,8 +79,17 @@ def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
 
 def wire_message(message: Mapping[str, Any]) -> Message:
-    """A history message as sent to a server: private keys (``_meta``) dropped."""
-    return {k: v for k, v in message.items() if not k.startswith("_")}
+    """A history message as sent to a server: private keys (``_meta``) dropped.
+
+    An assistant message with neither content nor tool calls (a model that said
+    nothing: a ``length`` or ``content_filter`` finish) is sent with empty text:
+    servers refuse a null ``content`` without ``tool_calls`` (Ollama, llama.cpp,
+    Azure), which made every later request of a resumed session fail.
+    """
+    wired = {k: v for k, v in message.items() if not k.startswith("_")}
+    if wired.get("role") == "assistant" and wired.get("content") is None and not wired.get("tool_calls"):
+        wired["content"] = ""
+    return wired
 
 
 def _fail(who: str, text: str) -> ProviderError:

@@ -563,6 +563,30 @@ async def test_a_run_with_odd_numbers_in_usage_and_arguments_is_recorded_and_ans
     assert "NaN" in tool_reply["content"]
 
 
+async def test_a_resumed_session_sends_a_silent_answer_as_empty_text(server: FakeServer, tmp_path: Path) -> None:
+    # A model that said nothing (finish_reason "length") ends the run with content null and no tool calls.
+    # Ollama, llama.cpp and Azure refuse such an assistant message, so resuming the session always failed.
+    server.reply(body=completion(None, finish="length"))
+    server.reply(body=completion("ok"))
+    deployment = compose([("test", {
+        "sessions": {"home": str(tmp_path / "home")},
+        "agents": [{"id": "main", "provider": "openai"}],
+        "plugins": [{"id": "sessions", "use": "sqlite-sessions"},
+                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m"}}],
+    })], env={})
+    harness = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
+    try:
+        first = await run_agent(harness, "hi")
+        assert first.ok and first.answer == ""
+        second = await run_agent(harness, "again", session_id=first.session_id)
+        assert second.ok and second.answer == "ok", second.error
+    finally:
+        await harness.aclose()
+    sent = server.requests[1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[2] == {"role": "assistant", "content": ""}
+
+
 async def test_a_streaming_request_asks_for_usage_and_the_run_records_it(server: FakeServer, tmp_path: Path) -> None:
     # OpenAI and vLLM send usage in a stream only with stream_options.include_usage, as a last chunk
     # with no choices (every other chunk has "usage": null, as vLLM sends it).
