@@ -607,8 +607,11 @@ class _StreamAssembler:
         function = delta.get("function") or {}
         if not isinstance(function, Mapping):
             raise ProviderError("malformed-tool-call", f"{self.who}: tool call {index}: 'function' is not an object")
-        if isinstance(function.get("name"), str):
-            entry["function"]["name"] += function["name"]
+        name = function.get("name")
+        # Some servers (MiniMax on NVIDIA NIM, Fireworks, Kimi) resend the whole name in every delta:
+        # appending that turned "read" into "readread". Others send it in fragments, which still add up.
+        if isinstance(name, str) and name != entry["function"]["name"]:
+            entry["function"]["name"] += name
         arguments = function.get("arguments")
         if isinstance(arguments, str):
             entry["function"]["arguments"] += arguments

@@ -140,6 +140,27 @@ async def test_streaming_tells_apart_calls_that_reuse_index_zero(server: FakeSer
         ("a", '{"path": "x"}'), ("b", '{"path": "y"}')]
 
 
+async def test_streaming_takes_a_name_resent_in_every_delta_once(server: FakeServer) -> None:
+    # MiniMax on NVIDIA NIM, Fireworks and Kimi repeat the whole name in each delta of a call; a name
+    # sent in fragments still adds up.
+    def delta(call: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+
+    server.stream([
+        delta({"index": 0, "id": "a", "type": "function", "function": {"name": "read", "arguments": "{\"pa"}}),
+        delta({"index": 0, "id": "a", "type": "function", "function": {"name": "read", "arguments": "th\": 1}"}}),
+        delta({"index": 1, "id": "b", "type": "function", "function": {"name": "ad", "arguments": ""}}),
+        delta({"index": 1, "function": {"name": "d", "arguments": "{}"}}, "tool_calls"),
+    ])
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], TOOLS)
+    finally:
+        await client.aclose()
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("read", '{"path": 1}'), ("add", "{}")]
+
+
 async def test_429_and_5xx_are_retried_honouring_retry_after(server: FakeServer) -> None:
     server.reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "2"})
     server.reply(503, "upstream overloaded")
