@@ -29,6 +29,7 @@ environment at each request and never appears in a message, a repr or a log.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import math
 import os
@@ -120,9 +121,14 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     except ValueError:
         pass
     try:
-        return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+        when = parsedate_to_datetime(raw)
     except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:
+        # An HTTP-date is GMT; the asctime form (and "-0000") parses without a zone, which
+        # timestamp() would read as local time, hours off wherever that is not UTC.
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _detail(text: str, redact: Callable[[str], str] = lambda text: text) -> str:

@@ -186,6 +186,31 @@ async def test_retry_after_ms_and_streams_are_retried_before_they_start(server: 
     assert message["content"] == "ok" and slept == [0.25]
 
 
+@pytest.mark.parametrize("form", ["%a %b %d %H:%M:%S %Y", "%a, %d %b %Y %H:%M:%S -0000"])
+async def test_a_retry_after_date_without_a_zone_is_gmt(server: FakeServer, monkeypatch: pytest.MonkeyPatch,
+                                                        form: str) -> None:
+    # HTTP-dates are GMT; the asctime form carries no zone and was read as local time: five hours
+    # west of UTC, a 30 s wait became 18,030 s, beyond max_retry_after_s, and the request failed.
+    import time
+
+    monkeypatch.setenv("TZ", "XXX+05")
+    time.tzset()
+    try:
+        when = time.strftime(form, time.gmtime(time.time() + 30))
+        server.reply(429, "busy", {"Retry-After": when})
+        server.reply(body=completion("ok"))
+        client, slept = provider(server)
+        try:
+            message = await client.complete([{"role": "user", "content": "x"}], [])
+        finally:
+            await client.aclose()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert message["content"] == "ok"
+    assert len(slept) == 1 and 25 <= slept[0] <= 31
+
+
 async def test_retries_run_out_with_a_clear_error(server: FakeServer) -> None:
     for _ in range(3):
         server.reply(429, {"error": {"message": "quota", "code": "rate_limit_exceeded"}})
