@@ -454,6 +454,9 @@ class OpenAICompatProvider:
                     if fragment and on_text is not None:
                         await on_text(fragment)
         except httpx.TransportError as error:
+            if assembler.finish_reason is not None:
+                # The answer was complete; only its usage and [DONE] were lost (as on a clean close).
+                return assembler.message()
             if started:
                 # Part of the answer was already shown (on_text): replaying it would duplicate it.
                 raise ProviderError("connection", f"{who}: the stream broke after it started "

@@ -317,6 +317,36 @@ async def test_a_stream_that_ends_before_it_finished_is_not_an_answer(server: Fa
     assert slept == [] and len(server.requests) == 1  # part of it was shown already: not replayed
 
 
+@pytest.mark.parametrize("finished", [True, False])
+async def test_a_stream_that_breaks_after_its_finish_reason_is_an_answer(finished: bool) -> None:
+    # The finish_reason ends the answer; only the usage chunk and [DONE] were still to come. A reset
+    # there lost a complete answer, while a clean close at the same point was accepted.
+    import httpx
+
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "4"}}]},
+              {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop" if finished else None}]}]
+
+    async def body() -> Any:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        raise httpx.ReadError("connection reset by peer")
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(
+        200, headers={"Content-Type": "text/event-stream"}, content=body()))
+    client = OpenAICompatProvider(base_url="http://model.invalid/v1", model="m", stream=True, transport=transport)
+    try:
+        if finished:
+            message = await client.complete([{"role": "user", "content": "x"}], [])
+            assert message["content"] == "42" and message["_meta"] == {"finish_reason": "stop"}
+        else:
+            with pytest.raises(ProviderError, match="broke after it started") as caught:
+                await client.complete([{"role": "user", "content": "x"}], [])
+            assert caught.value.kind == "connection"
+    finally:
+        await client.aclose()
+    assert client.last_attempts == 1
+
+
 async def test_a_finish_reason_without_done_completes_a_stream(server: FakeServer) -> None:
     server.stream([delta_chunk({"content": "all"}), delta_chunk({}, "stop")], done=False)
     client, _ = provider(server, stream=True)
