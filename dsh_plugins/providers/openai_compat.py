@@ -605,15 +605,18 @@ class _StreamAssembler:
             raise ProviderError("malformed-tool-call", f"{self.who}: a tool-call delta has index {index!r}")
         call_id = delta.get("id")
         slot = self.slot_of_index.get(index)
-        # Some servers (Ollama) reuse index 0 for parallel calls and tell them apart only by a new id.
-        if slot is None or (call_id and self.calls[slot]["id"] and self.calls[slot]["id"] != call_id):
+        function = delta.get("function") or {}
+        # Some servers (Ollama) reuse index 0 for parallel calls and tell them apart only by a new id; the
+        # first delta of such a call names its tool. Others (Poolside) change the id after the first delta
+        # of one call: a new id without a name continues the call.
+        named = isinstance(function, Mapping) and bool(function.get("name"))
+        if slot is None or (call_id and named and self.calls[slot]["id"] and self.calls[slot]["id"] != call_id):
             self.calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
             slot = len(self.calls) - 1
             self.slot_of_index[index] = slot
         entry = self.calls[slot]
         if call_id:
             entry["id"] = call_id
-        function = delta.get("function") or {}
         if not isinstance(function, Mapping):
             raise ProviderError("malformed-tool-call", f"{self.who}: tool call {index}: 'function' is not an object")
         name = function.get("name")

@@ -140,6 +140,29 @@ async def test_streaming_tells_apart_calls_that_reuse_index_zero(server: FakeSer
         ("a", '{"path": "x"}'), ("b", '{"path": "y"}')]
 
 
+async def test_streaming_continues_a_call_whose_id_changes_after_its_first_delta(server: FakeServer) -> None:
+    # Poolside sends one id with the name and another with every later delta of the same call; a new
+    # id without a name is no new call (Ollama's parallel calls on index 0 each come with their name).
+    def delta(call: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+
+    server.stream([
+        delta({"index": 0, "id": "first", "type": "function", "function": {"name": "add", "arguments": "{\"a\""}}),
+        delta({"index": 0, "id": "later", "function": {"arguments": ": 2, "}}),
+        delta({"index": 0, "id": "later", "function": {"arguments": "\"b\": 40}"}}),
+        delta({"index": 0, "id": "next", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+              "tool_calls"),
+    ])
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], TOOLS)
+    finally:
+        await client.aclose()
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("add", {"a": 2, "b": 40}), ("add", {})]
+    assert len({c["id"] for c in message["tool_calls"]}) == 2
+
+
 async def test_streaming_takes_a_name_resent_in_every_delta_once(server: FakeServer) -> None:
     # MiniMax on NVIDIA NIM, Fireworks and Kimi repeat the whole name in each delta of a call; a name
     # sent in fragments still adds up.
