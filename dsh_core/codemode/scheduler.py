@@ -19,7 +19,10 @@ one of the scheduler's tasks holds at a time. The holder repeats:
    barrier and either it is parallel and fewer than the cap are in flight, or
    it is exclusive and nothing is in flight. Starting logs the start event and
    runs ``prepare`` (pre-execute, approval, guards) on the lane; only a
-   ``dispatch`` result runs the body. An exclusive body runs on the lane
+   ``dispatch`` result runs the body, unless the run is over by then (a call
+   whose policy answered while the code runtime tore its run down commits as
+   aborted before dispatch: no body starts for a program that is gone). An
+   exclusive body runs on the lane
    (nothing may overlap it anyway). A parallel one gets a task of its own if
    the lane has more to do now; otherwise the holder lets go of the lane and
    runs the body itself. A task whose body ended takes the lane if nobody
@@ -76,9 +79,10 @@ from typing import Any, Final
 
 from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.codemode.history import DispatchHistory
+from dsh_core.errors import ErrorCode
 from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
-from dsh_core.runtime import Staged, ToolRuntime, aborted_result, error_result
+from dsh_core.runtime import ABORTED_BEFORE_DISPATCH_MESSAGE, Staged, ToolRuntime, aborted_result, error_result
 
 __all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "ProgramScheduler", "SubCall", "check_max_parallel",
            "SubCallError"]
@@ -434,6 +438,14 @@ class ProgramScheduler:
     async def _dispatch(self, call: SubCall) -> None:
         staged = call.staged
         assert staged is not None
+        if self._run_over():
+            # The program is gone (the code runtime settled its run, and is tearing it down
+            # before run_code's own abort comes): a call that was still in policy then must
+            # not start its body now, for nobody. Settled as a call aborted before dispatch.
+            staged.settle("final-result", ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH,
+                                                             ABORTED_BEFORE_DISPATCH_MESSAGE))
+            call.settled = True
+            return
         task = asyncio.current_task()
         if task is not None:
             self._dispatching[call] = task

@@ -286,6 +286,50 @@ def _settles(env: Env) -> list[tuple[str, str, bool, str | None]]:
             for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]
 
 
+async def test_a_call_still_in_policy_when_the_program_settles_never_runs_its_body(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its policy answers while the host tears the run down, before run_code's own abort: the
+    # program is gone, so its body must not start (it ran, unaborted, and committed as a success).
+    from dsh_core.coderuntime import host
+
+    tearing = asyncio.Event()
+    original = host._Run._teardown
+
+    async def teardown(self: Any, zygote: Any) -> None:
+        if self.tasks:  # the program's run, not a pre-spawned worker
+            tearing.set()
+        await original(self, zygote)
+
+    monkeypatch.setattr(host._Run, "_teardown", teardown)
+    ran: list[Any] = []
+
+    class Policy:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            async def allow_once_tearing() -> None:
+                await tearing.wait()
+
+            return allow_once_tearing() if execution.nested else None
+
+    async def write(args: Any, ctx: Any) -> Any:
+        ran.append(ctx.signal.aborted)
+        return "wrote"
+
+    runtime = PythonCodeRuntime()
+    try:
+        env = Env(code_runtime=runtime)
+        env.plug(Policy())
+        env.add(tool("write", write))
+        result = await env.run("import asyncio\nasyncio.ensure_future(tools.write({}))\nawait asyncio.sleep(0.05)\n"
+                               "return 'done'")
+    finally:
+        await runtime.aclose()
+    assert result.value == {"logs": [], "result": "done"}, result.text
+    assert ran == []
+    assert _settles(env) == [("call-1:code:1", "write", True, "ABORTED_BEFORE_DISPATCH")]
+
+
+
 async def test_a_retry_loop_after_timeouts_runs_one_body_at_a_time_on_the_worker() -> None:
     # asyncio.wait_for gives up on an exclusive call whose body ignores its signal: the worker
     # tells the host, which aborts and cuts it (ABORTED). The next attempt starts only then, and
