@@ -1,9 +1,12 @@
 """What each nested body may rely on from the scheduler, whichever way it starts bodies.
 
 ``asyncio.current_task()`` and ``asyncio.timeout`` target the task that runs the
-body to its end, context variables do not leak between bodies or into the
-ordered lane, and a failing or cancelled body is contained with its start and
-settle events still paired.
+body to its end, context variables a body sets do not reach the calls a program
+makes after it, and a failing or cancelled body is contained with its start and
+settle events still paired. (Not promised: bodies the ordered lane runs back to
+back in one task, as it does for a gather of exclusive calls, or of safe ones past
+``max_parallel_sub_calls``, may see what an earlier one set; so do model-direct
+exclusive calls, which the agent loop runs inline.)
 """
 
 from __future__ import annotations
