@@ -115,11 +115,33 @@ class _Output:
             self.dropped += excess
 
     def text(self) -> str:
-        head = self.head.decode("utf-8", errors="replace")
-        tail = self.tail.decode("utf-8", errors="replace")
-        if self.dropped:
-            return f"{head}\n[... {self.dropped} bytes of output omitted ...]\n{tail}"
-        return head + tail
+        if not self.dropped:  # one stream: a character across the head/tail boundary is whole
+            return (self.head + self.tail).decode("utf-8", errors="replace")
+        # The cuts fall on byte counts: a UTF-8 character split by one is left out (and counted)
+        # rather than shown as U+FFFD, which the command never wrote.
+        head, tail = self.head[:_whole_prefix(self.head)], self.tail[_first_start(self.tail):]
+        omitted = self.dropped + len(self.head) - len(head) + len(self.tail) - len(tail)
+        return (f"{head.decode('utf-8', errors='replace')}\n[... {omitted} bytes of output omitted ...]\n"
+                f"{tail.decode('utf-8', errors='replace')}")
+
+
+def _whole_prefix(data: bytes | bytearray) -> int:
+    """The length of ``data`` without a UTF-8 character its end cuts short."""
+    for back in range(1, min(3, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: its lead is further back
+            continue
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return len(data) - back if need > back else len(data)
+    return len(data)
+
+
+def _first_start(data: bytes | bytearray) -> int:
+    """The offset of the first byte of ``data`` that is not the rest of a character cut before it."""
+    for index in range(min(3, len(data))):
+        if data[index] & 0xC0 != 0x80:
+            return index
+    return min(3, len(data))
 
 
 class BashTool:

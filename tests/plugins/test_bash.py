@@ -124,6 +124,25 @@ async def test_flooding_output_is_capped_head_and_tail(boot: Any, tmp_path: Path
     assert "bytes of output omitted" in value["output"] and len(value["output"]) < 1200
 
 
+async def test_the_output_cap_never_splits_a_utf8_character(boot: Any, tmp_path: Path) -> None:
+    """Head and tail are cut by bytes; a character across a cut is counted, never shown as U+FFFD.
+
+    Uncut output (a character across the head/tail boundary) comes back exactly as written.
+    """
+    odd = "x" + "\u00e9" * 400 + "y"  # every 2-byte character off the even cut points
+    commands = {"whole": "printf 'a%.0s' $(seq 127); printf '\\303\\251'; printf 'b%.0s' $(seq 71)",
+                "cut": f"printf '%s' '{odd}'"}
+    async with boot(bash(tmp_path, max_output_bytes=256)) as h:
+        results = {key: (await h.call("bash", {"command": command})).value for key, command in commands.items()}
+    assert results["whole"] == {"exit_code": 0, "output": "a" * 127 + "\u00e9" + "b" * 71, "truncated": False}
+    cut = results["cut"]["output"]
+    head, _, tail = cut.partition("\n[... ")
+    omitted = int(tail.split(" bytes", 1)[0])
+    tail = tail.split("omitted ...]\n", 1)[1]
+    assert "\ufffd" not in cut and head and tail and odd.startswith(head) and odd.endswith(tail)
+    assert omitted == len(odd.encode()) - len(head.encode()) - len(tail.encode())
+
+
 async def test_abort_kills_the_process_group_promptly(boot: Any, tmp_path: Path) -> None:
     """Aborting the call's signal ends it as ABORTED and kills what the command started."""
     async with boot(bash(tmp_path)) as h:
