@@ -295,9 +295,12 @@ async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell) -> 
     The shell leads its session, so it never leaves the group: the group's SIGKILL ends it.
     """
     _signal_group(transport, signal.SIGTERM)
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(shell.exited.wait(), KILL_GRACE_S)
-    _signal_group(transport, signal.SIGKILL)
+    try:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(shell.exited.wait(), KILL_GRACE_S)
+    finally:
+        # However the grace period ends (a second cancellation, too): what ignores SIGTERM is killed.
+        _signal_group(transport, signal.SIGKILL)
     await shell.exited.wait()
 
 

@@ -159,6 +159,27 @@ async def test_abort_kills_the_process_group_promptly(boot: Any, tmp_path: Path)
     assert not alive(int((tmp_path / "bg.pid").read_text()))
 
 
+async def test_a_call_cancelled_again_during_the_kill_grace_still_kills_its_group(boot: Any, tmp_path: Path) -> None:
+    """A second cancellation (a cut nested call whose run is then cancelled) lands in the SIGTERM grace
+    period: what ignores SIGTERM still gets the group's SIGKILL."""
+    pid_file = tmp_path / "bg.pid"
+    async with boot(bash(tmp_path)) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": "trap '' TERM; sleep 60 & echo $! > bg.pid; wait"}))
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            await asyncio.sleep(0.02)
+        call.cancel()
+        await asyncio.sleep(0.1)  # inside the grace period: the shell ignores SIGTERM
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    pid = int(pid_file.read_text())
+    try:
+        assert not alive(pid, settle_s=1.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 async def test_bad_input_is_refused_clearly(boot: Any, tmp_path: Path) -> None:
     """A timeout above the maximum and a NUL byte are refused before anything runs."""
     async with boot(bash(tmp_path, max_timeout_s=10)) as h:
