@@ -282,16 +282,18 @@ class ApprovalPolicy:
         execution = request.execution
         lines, complete = describe_arguments(execution.arguments, self._declared_order(execution), full=full)
         where = f" in {self.root}" if self.root else ""
+        # The name is the model's too: any plugin may ask about a call to a tool that does not exist.
+        name = _escape(execution.name)
         if full:
-            head = f"\ndsh: every argument of tool \"{execution.name}\", in full:"
+            head = f"\ndsh: every argument of tool \"{name}\", in full:"
         else:
-            head = f"\ndsh: the agent wants to run tool \"{execution.name}\"{where} with arguments:"
+            head = f"\ndsh: the agent wants to run tool \"{name}\"{where} with arguments:"
         lines.insert(0, head)
         if execution.nested:
             lines.append("  (called from inside a run_code program)")
         if not complete:
             lines.append("  Not everything is shown: answer s to see every argument in full.")
-        lines.append(f'Allow "{execution.name}"? [y/N] ')
+        lines.append(f'Allow "{name}"? [y/N] ')
         return "\n".join(lines).encode("ascii", errors="replace")
 
     def _declared_order(self, execution: ToolExecution) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dsh_core import AbortController, Scope, define_tool, hookimpl
+from dsh_core import AbortController, PreDecision, Scope, define_tool, hookimpl
 from dsh_core.boot import start_harness
 from dsh_core.config import compose
 from dsh_core.harness import Harness
@@ -147,6 +147,33 @@ async def test_arguments_cannot_drive_the_terminal(boot: Any, tmp_path: Path, te
         os.write(master, b"n\n")
         await asyncio.wait_for(call, 5)
     assert b"\x1b" not in prompt and b"\\u001b[2J\\u0007" in prompt
+
+
+class _AskAll:
+    """A third-party policy that asks about every call, a call to a tool that does not exist too."""
+
+    @hookimpl
+    def dsh_pre_execute(self, execution: Any) -> PreDecision:
+        return PreDecision.ask("asked about everything")
+
+
+async def test_a_tool_name_cannot_drive_the_terminal(terminal: tuple[int, str]) -> None:
+    """The name is the model's: escape sequences and bidi overrides in it are escaped like arguments."""
+    master, path = terminal
+    deployment = compose([("test", {"tools": {"mode": "native"}, "plugins": [
+        {"id": "ask", "use": "ask-all"}, {"id": "policy", "use": "approval", "config": {"terminal": path}}]})],
+        env={})
+    catalog = PluginCatalog(strict=True, extra={"ask-all": lambda scope, config: _AskAll()})
+    running = await Harness.start(deployment, catalog=catalog)
+    try:
+        call = asyncio.ensure_future(running.call("\x1b[2J\u202eevil", {}))
+        prompt = await _read_until(master, b"[y/N] ")
+        os.write(master, b"n\n")
+        await asyncio.wait_for(call, 5)
+    finally:
+        await running.aclose()
+    assert b"\x1b" not in prompt and b"?" not in prompt.replace(b"? [y/N]", b"")
+    assert b'tool "\\u001b[2J\\u202eevil"' in prompt and b'Allow "\\u001b[2J\\u202eevil"? [y/N] ' in prompt
 
 
 async def test_padding_cannot_hide_the_end_of_an_argument(boot: Any, tmp_path: Path,
