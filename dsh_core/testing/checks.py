@@ -463,6 +463,7 @@ def check_abort(target: Target) -> list[str]:
                 continue
             spy = loaded.spies[definition.name]
             controller = AbortController()
+            entered_at: list[float] = []
             aborted_at: list[float] = []
 
             def abort(controller: AbortController = controller, stamps: list[float] = aborted_at) -> None:
@@ -470,7 +471,9 @@ def check_abort(target: Target) -> list[str]:
                 controller.abort("conformance: aborted mid-call")
 
             # Abort at the body's first suspension point: it is running, and must notice.
-            def on_enter(_context: ToolContext, abort: Callable[[], None] = abort) -> None:
+            def on_enter(_context: ToolContext, abort: Callable[[], None] = abort,
+                         stamps: list[float] = entered_at) -> None:
+                stamps.append(time.monotonic())
                 loop.call_soon(abort)
 
             spy.on_enter = on_enter
@@ -493,7 +496,18 @@ def check_abort(target: Target) -> list[str]:
                                      f"{result.error.message if result.error else ''})",
                                      "make the first example callable", definition.name))
                 continue
-            if aborted_at:
+            # The abort is requested when the body is entered, and delivered at its first await: a
+            # body that blocks the event loop (time.sleep, subprocess.run in async def) delays the
+            # delivery itself, possibly past its own return, so the delay is a failure of its own.
+            blocked = aborted_at[0] - entered_at[0] if aborted_at and entered_at else 0.0
+            if blocked > bound:
+                found.append(failure(target, "abort", f"the body kept the event loop busy for {blocked:.2f} s "
+                                     "without awaiting, so the abort could not even be delivered "
+                                     f"(bound: {bound:g} s)",
+                                     "never block in an async body: run blocking work with await "
+                                     "asyncio.to_thread(...) (processes with asyncio.create_subprocess_exec) "
+                                     "and watch ctx.signal", definition.name))
+            elif aborted_at:
                 elapsed = time.monotonic() - aborted_at[0]
                 if elapsed > bound:
                     found.append(failure(target, "abort", f"the body returned {elapsed:.2f} s after the abort "

@@ -347,3 +347,20 @@ def test_the_dispose_check_reports_every_kind_of_registry_state_left_behind(
         f'[dsh:dispose] plugin "leaky-registry": after dispose, {what} is still registered\n'
         "    fix: register through the plugin's scope (the register callables, scope=scope for registry guards, "
         "restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can undo it" for what in left)
+
+
+def test_a_body_that_blocks_the_event_loop_fails_the_abort_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body doing blocking work without awaiting (time.sleep, subprocess.run in ``async def``) returns before
+    the abort can even be delivered: the kit must time it from the abort's request, not its delivery."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("blocking", "tests.fixtures.conformance.broken_plugins:blocking",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    (found,) = checks.check_abort(Target("blocking", abort_bound_s=0.1))
+    assert found.startswith('[dsh:abort] plugin "blocking", tool "block": the body kept the event loop busy for '), \
+        found
+    assert "asyncio.to_thread" in found
