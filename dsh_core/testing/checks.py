@@ -552,14 +552,23 @@ def _typed(error: BaseException) -> bool:
 
 @_guarded
 def check_typed_errors(target: Target) -> list[str]:
-    """Bodies fail only with typed errors (``ToolError``/``DshError``), for the examples and edge variants."""
+    """Bodies fail only with typed errors (``ToolError``/``DshError``) and return only output the runtime accepts,
+    for the examples and edge variants."""
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in loaded.definitions:
             spy = loaded.spies[definition.name]
             for arguments in _perturbations(definition):
                 before = len(spy.errors)
-                await _call(loaded, definition.name, arguments, call_id="typed-errors")
+                result = await _call(loaded, definition.name, arguments, call_id="typed-errors")
+                if result.code == ErrorCode.INVALID_TOOL_OUTPUT and len(spy.errors) == before and spy.calls:
+                    # The body returned normally, but what it returned is refused (the example-calls
+                    # check sees only the examples: an output_schema broken on other inputs shows here).
+                    found.append(failure(
+                        target, "typed-errors", f"called with {_brief(arguments)}, the tool returned output the "
+                        f"runtime refused (INVALID_TOOL_OUTPUT): {result.error.message if result.error else ''}",
+                        "return values matching output_schema for every argument object the parameters accept, "
+                        'or raise dsh_core.ToolError("...") for arguments the tool cannot serve', definition.name))
                 for error in spy.errors[before:]:
                     if not _typed(error):
                         found.append(failure(

@@ -152,7 +152,7 @@ class ToolPluginConformance:
         _verify(checks.check_concurrency_safe, dsh_target)
 
     def test_errors_are_typed(self, dsh_target: Target) -> None:
-        """Bodies raise only typed errors, for examples and edge variants."""
+        """Bodies raise only typed errors and return valid output, for examples and edge variants."""
         _verify(checks.check_typed_errors, dsh_target)
 
     def test_dispose_unregisters_everything_and_quiesces(self, dsh_target: Target) -> None:

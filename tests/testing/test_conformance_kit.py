@@ -364,3 +364,21 @@ def test_a_body_that_blocks_the_event_loop_fails_the_abort_check(monkeypatch: py
     assert found.startswith('[dsh:abort] plugin "blocking", tool "block": the body kept the event loop busy for '), \
         found
     assert "asyncio.to_thread" in found
+
+
+def test_output_that_breaks_the_output_schema_only_on_an_edge_variant_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's output matches; the variant with the string emptied returns what the runtime refuses."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("variant-output", "tests.fixtures.conformance.broken_plugins:variant_output",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    target = Target("variant-output")
+    assert checks.check_example_calls(target) == []
+    (found,) = checks.check_typed_errors(target)
+    assert found.startswith('[dsh:typed-errors] plugin "variant-output", tool "length": called with {"s": ""}, '
+                            "the tool returned output the runtime refused (INVALID_TOOL_OUTPUT): "), found
+    assert "0 is less than the minimum of 1" in found and "output_schema" in found
