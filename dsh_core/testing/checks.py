@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -94,8 +95,47 @@ async def _load(target: Target, check: str, *, record_only: bool = False) -> Loa
                                "make the plugin load and start alone (see the entry-point check)")]) from None
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _dsh_warnings() -> Iterator[list[logging.LogRecord]]:
+    """What the ``dsh`` logger warns about meanwhile: with one plugin loaded, failures dsh isolated from it."""
+    handler = _Records()
+    logger = logging.getLogger("dsh")
+    logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+
+
+def _logged(target: Target, check: str, records: list[logging.LogRecord]) -> list[str]:
+    """One failure per distinct failure dsh logged (an observer that raises on every call is named once)."""
+    texts: dict[str, None] = {}
+    for record in records:
+        text = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            text += f" ({type(error).__name__}: {error})"
+        texts[text] = None
+    return [failure(target, check, f"dsh logged a failure of the plugin: {text}",
+                    "hooks, disposers and spawned tasks must not raise: dsh catches the exception, logs it and "
+                    "goes on as if the hook had not run (a raising guard denies the call); handle errors inside "
+                    "them") for text in texts]
+
+
 def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]]) -> list[str]:
-    """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures."""
+    """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures.
+
+    Failures dsh isolated and only logged (a raising observer hook or disposer) are failures too.
+    """
 
     async def scenario() -> list[str]:
         loaded = await _load(target, check)
@@ -106,8 +146,9 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
             await loaded.dispose()
         return found
 
-    result: list[str] = _run(scenario)
-    return result
+    with _dsh_warnings() as records:
+        result: list[str] = _run(scenario)
+    return result + _logged(target, check, records)
 
 
 def _guarded(check: Callable[[Target], list[str]]) -> Callable[[Target], list[str]]:
@@ -643,7 +684,9 @@ def check_dispose(target: Target) -> list[str]:
                                  "dispose cancels and awaits it"))
         return found
 
-    found: list[str] = _run(scenario)
+    with _dsh_warnings() as records:
+        found: list[str] = _run(scenario)
+    found.extend(_logged(target, "dispose", records))
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     threads: set[threading.Thread] = set()
     children: set[int] = set()

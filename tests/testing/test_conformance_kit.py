@@ -382,3 +382,25 @@ def test_output_that_breaks_the_output_schema_only_on_an_edge_variant_fails(monk
     assert found.startswith('[dsh:typed-errors] plugin "variant-output", tool "length": called with {"s": ""}, '
                             "the tool returned output the runtime refused (INVALID_TOOL_OUTPUT): "), found
     assert "0 is less than the minimum of 1" in found and "output_schema" in found
+
+
+def test_a_hook_or_disposer_whose_exception_dsh_only_logs_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An observer hook that raises on every call and a disposer that raises: dsh logs and goes on, so the
+    results look fine; the kit must read what dsh logged while the plugin ran."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("raising-hooks", "tests.fixtures.conformance.broken_plugins:raising_hooks",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    target = Target("raising-hooks")
+    found = checks.check_example_calls(target)
+    assert any(f.startswith('[dsh:example-calls] plugin "raising-hooks": dsh logged a failure of the plugin: '
+                            "tool result observer of plugin 'raising-hooks' failed (RuntimeError: observer is "
+                            "broken)") for f in found), found
+    assert any("disposer is broken" in f for f in found), found
+    assert all("fix: " in f for f in found)
+    assert any("tool result observer" in f for f in checks.check_typed_errors(target))
+    assert any("disposer is broken" in f for f in checks.check_dispose(target))
