@@ -494,7 +494,7 @@ def check_pre_abort(target: Target) -> list[str]:
 
 @_guarded
 def check_abort(target: Target) -> list[str]:
-    """Aborting a running call makes the body return within ``abort_bound_s``."""
+    """Aborting a running call makes the body return within ``abort_bound_s``, leaving nothing running."""
     bound = target.abort_bound_s
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
@@ -557,7 +557,12 @@ def check_abort(target: Target) -> list[str]:
                                          "ctx.signal.wait()), stop the work (kill processes, cancel "
                                          "requests) and return or raise promptly", definition.name))
 
-    return _with_plugin(target, "abort", probe)
+    # A body that returns promptly on abort but leaves its work running (a process it never kills)
+    # is caught here: the dispose check only makes calls that run to completion.
+    threads_before = set(threading.enumerate())
+    children_before = _child_pids()
+    found = _with_plugin(target, "abort", probe)
+    return found + _strays(target, "abort", "after the aborted call and dispose", threads_before, children_before)
 
 
 def _perturbations(definition: ToolDefinition) -> Iterator[JSON]:
@@ -687,6 +692,12 @@ def check_dispose(target: Target) -> list[str]:
     with _dsh_warnings() as records:
         found: list[str] = _run(scenario)
     found.extend(_logged(target, "dispose", records))
+    return found + _strays(target, "dispose", "after dispose", threads_before, children_before)
+
+
+def _strays(target: Target, check: str, when: str, threads_before: set[threading.Thread],
+            children_before: set[int]) -> list[str]:
+    """Threads and child processes started since ``*_before`` and still running ``QUIESCENCE_GRACE_S`` on."""
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     threads: set[threading.Thread] = set()
     children: set[int] = set()
@@ -696,12 +707,13 @@ def check_dispose(target: Target) -> list[str]:
         if not threads and not children:
             break
         time.sleep(0.02)
+    found = []
     for thread in sorted(threads, key=lambda t: t.name):
-        found.append(failure(target, "dispose", f"thread {thread.name!r} is still running after dispose",
+        found.append(failure(target, check, f"thread {thread.name!r} is still running {when}",
                              "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread"))
     for pid in sorted(children):
-        found.append(failure(target, "dispose", f"child process {_describe_pid(pid)} is still running after "
-                             "dispose", "kill and reap every process the plugin starts, on completion, on "
+        found.append(failure(target, check, f"child process {_describe_pid(pid)} is still running {when}",
+                             "kill and reap every process the plugin starts, on completion, on "
                              "abort and in a disposer"))
     return found
 

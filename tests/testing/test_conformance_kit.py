@@ -404,3 +404,21 @@ def test_a_hook_or_disposer_whose_exception_dsh_only_logs_fails(monkeypatch: pyt
     assert all("fix: " in f for f in found)
     assert any("tool result observer" in f for f in checks.check_typed_errors(target))
     assert any("disposer is broken" in f for f in checks.check_dispose(target))
+
+
+def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_abort_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispose check's calls run to completion: only the abort check sees work an abort leaves behind."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("abort-leak", "tests.fixtures.conformance.broken_plugins:abort_leak",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    (found,) = checks.check_abort(Target("abort-leak"))
+    assert found.startswith('[dsh:abort] plugin "abort-leak": child process pid ')
+    assert "(sleep 3) is still running after the aborted call and dispose" in found
+    assert "fix: kill and reap every process the plugin starts" in found
