@@ -212,12 +212,22 @@ def _schemas_valid(definition: ToolDefinition) -> bool:
 @_guarded
 def check_entry_point(target: Target) -> list[str]:
     """The entry point exists, loads strictly, and the plugin starts and stops alone."""
+    from dsh_core.testing.loader import find_entry_point
+
     try:
-        load_factory(target.name)
+        find_entry_point(target.name)
     except DshError as error:
         return [failure(target, "entry-point", error.message,
                         'declare [project.entry-points."dsh.plugins"] NAME = "module:factory" and install the '
-                        "distribution; the module must import without errors")]
+                        "distribution")]
+    try:
+        load_factory(target.name)
+    except DshError as error:
+        # The entry point is declared: what failed is its module, its object or its config schema.
+        return [failure(target, "entry-point", error.message,
+                        "fix what the message names: the module must import without errors (and never call "
+                        "sys.exit), the entry point must name the factory function (decorated with "
+                        "@plugin(...)), and its config_schema must be a valid Draft 2020-12 schema")]
 
     async def scenario() -> list[str]:
         try:

@@ -422,3 +422,22 @@ def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_a
     assert found.startswith('[dsh:abort] plugin "abort-leak": child process pid ')
     assert "(sleep 3) is still running after the aborted call and dispose" in found
     assert "fix: kill and reap every process the plugin starts" in found
+
+
+def test_an_entry_point_that_is_declared_but_fails_to_load_is_not_told_to_declare_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry point exists and its config schema is invalid: the fix names the schema, not the declaration."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("bad-config", "tests.fixtures.conformance.broken_plugins:bad_config",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    (found,) = checks.check_entry_point(Target("bad-config"))
+    assert "invalid JSON Schema" in found and "config_schema must be a valid" in found, found
+    assert "declare [project.entry-points" not in found
+    monkeypatch.undo()
+    (missing,) = checks.check_entry_point(Target("no-such-plugin"))
+    assert "fix: declare [project.entry-points" in missing
