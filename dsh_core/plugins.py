@@ -258,6 +258,7 @@ async def start_plugin(
     registrars: Registrars,
     source: PluginSource | None = None,
     services: Mapping[str, object] | None = None,
+    origin: str | None = None,
 ) -> Scope:
     """Create the plugin's scope, build its instance, register its hooks and call its registration hooks.
 
@@ -265,12 +266,14 @@ async def start_plugin(
     returning that hook's ``register`` callable. ``services`` are provided in
     the plugin's scope before its factory runs (e.g. :data:`CONFIG_DIR_SERVICE`).
     On any failure the scope is disposed (nothing stays registered) and
-    :class:`PluginLoadError` names the row and the plugin.
+    :class:`PluginLoadError` names the row, the config file that set it
+    (``origin``, if given) and the plugin.
     """
     scope = parent.child(f"plugin:{plugin_id}")
     for key, service in (services or {}).items():
         scope.provide(key, service)
-    what = f"plugin row {plugin_id!r}" + (f" (use {source.describe()})" if source else "")
+    what = (f"plugin row {plugin_id!r}" + (f" of {origin}" if origin else "")
+            + (f" (use {source.describe()})" if source else ""))
     try:
         instance = factory(scope, config)
         if inspect.isawaitable(instance):

@@ -346,3 +346,11 @@ def test_the_kits_config_check_reports_a_schema_that_recurses_forever_as_a_confi
     with pytest.raises(ConfigError, match=r"config for plugin 'lim' cannot be checked against its config schema: "
                                           r"validation recursed too deeply"):
         check_config("lim", make, {"limits": {"rps": 5}})
+
+
+async def test_a_row_that_fails_to_start_names_the_file_that_set_it() -> None:
+    """The row id and the plugin were named, but not which of several config files held the row."""
+    dep = deployment({"plugins": [{"id": "ok", "use": "echo", "config": {"tool": "alpha"}}]},
+                     {"plugins": [{"id": "broken", "use": "echo", "config": {"tool": "alpha"}}]})
+    with pytest.raises(PluginLoadError, match=r"^plugin row 'broken' of file2.toml \(use 'echo' .*\) failed to start"):
+        await Harness.start(dep, catalog=catalog())
