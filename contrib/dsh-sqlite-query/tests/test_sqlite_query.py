@@ -519,3 +519,31 @@ def test_workers_are_killed_without_process_kill_which_could_reap_them_first(tmp
     result = query(make_db(tmp_path / "app.db"), "SELECT 1", timeout_s=0.2)
     assert "the query ran longer than 0.2 s and was interrupted" in result.text
     assert workers[0].returncode == -9
+
+
+def _open_temp_files() -> list[str]:
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [name for name in names if "etilqs_" in name]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc")
+def test_a_large_sort_spills_to_memory_under_the_cap_not_to_temp_files(tmp_path: Path) -> None:
+    # A sort larger than the page cache used to spill to (unlinked) temporary files: disk the
+    # memory cap does not bound, filled for as long as timeout_s allows.
+    from dsh_sqlite_query import _worker
+
+    connection = _worker.connect(str(make_db(tmp_path / "app.db")), time.monotonic() + 30)
+    try:
+        cursor = connection.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 10000) "
+                                    "SELECT i FROM n ORDER BY randomblob(1000) || i")
+        assert cursor.fetchone() is not None
+        assert _open_temp_files() == []
+    finally:
+        connection.close()
+    result = query(tmp_path / "app.db", "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                   "LIMIT 100000) SELECT i FROM n ORDER BY randomblob(1000) || i", memory_mb=16)
+    assert result.code == "TOOL_FAILED"
+    assert "the query needed more than the 16 MiB of memory it may use" in result.text

@@ -154,6 +154,10 @@ def connect(database: str, deadline: float) -> sqlite3.Connection:
                                  timeout=max(0.0, deadline - time.monotonic()))
     connection.text_factory = lambda data: data.decode("utf-8", errors="replace")
     connection.execute("PRAGMA query_only = ON")
+    # Sorts, DISTINCT, GROUP BY and materialized subqueries that outgrow the page cache spill to
+    # temporary files, which the memory cap does not bound: a sort could fill the disk until
+    # timeout_s. In memory they count against memory_mb like everything else.
+    connection.execute("PRAGMA temp_store = MEMORY")
     connection.set_authorizer(_authorizer())
     connection.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
     return connection
