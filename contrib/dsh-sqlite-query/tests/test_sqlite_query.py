@@ -208,6 +208,10 @@ def test_fts3_tokenizer_cannot_read_or_install_native_pointers(tmp_path: Path, s
     ("SELECT nope FROM users", "SQL error: no such column: nope"),
     ("SELECT 1; SELECT 2", "SQL error: You can only execute one statement at a time."),
     ("SELECT '\0'", "SQL error: the query contains a null character"),
+    # SQLite's message quotes the query: the error is told by its code, not by words in it.
+    ('SELECT * FROM "database is locked"', "SQL error: no such table: database is locked"),
+    ('SELECT * FROM "string or blob too big"', "SQL error: no such table: string or blob too big"),
+    ('SELECT users."not authorized" FROM users', "SQL error: no such column: users.not authorized"),
 ])
 def test_malformed_sql_gets_a_clear_error(tmp_path: Path, sql: str, message: str) -> None:
     result = query(make_db(tmp_path / "app.db"), sql)

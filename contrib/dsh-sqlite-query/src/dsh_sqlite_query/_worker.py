@@ -212,20 +212,25 @@ def describe(error: BaseException, request: dict[str, Any], deadline: float) -> 
     if isinstance(error, MemoryError):
         return (f"the query needed more than the {request['memory_mb']} MiB of memory it may use; select "
                 "fewer or smaller values, or aggregate in SQL")
-    if "database is locked" in text:  # the busy timeout (timeout_s) ran out
+    # Told by SQLite's result code, not by words in the message: messages quote the query
+    # ('no such table: database is locked'). Extended codes keep the primary one in the low byte.
+    code = getattr(error, "sqlite_errorcode", None)
+    code = code & 0xFF if isinstance(code, int) else None
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):  # the busy timeout (timeout_s) ran out
         return (f"the database is locked by another writer; it stayed locked for {request['timeout_s']:g} s, "
                 "try again later")
-    if "interrupted" in text and time.monotonic() >= deadline:
+    if code == sqlite3.SQLITE_INTERRUPT and time.monotonic() >= deadline:
         return (f"the query ran longer than {request['timeout_s']:g} s and was interrupted; "
                 "add a LIMIT or a narrower WHERE")
-    if "string or blob too big" in text:
+    if code == sqlite3.SQLITE_TOOBIG:
         cap = value_cap(request["max_bytes"], request["memory_mb"])
         return (f"a value the query reads or builds is larger than {cap} bytes, the most one value may take "
                 "(memory_mb / 8, or max_bytes if larger); a stored value that large cannot be read here, not "
                 "even in part, and a built one must be made smaller")
-    # "authorization denied": statements SQLite authorizes as a whole (VACUUM INTO a new file).
-    if "not authorized" in text or "authorization denied" in text or "readonly" in text \
-            or "query_only" in text:
+    # SQLITE_AUTH: the authorizer said no ("authorization denied" for statements SQLite authorizes
+    # as a whole, VACUUM INTO a new file); a denied function is a plain SQLITE_ERROR whose message
+    # starts "not authorized to use function".
+    if code in (sqlite3.SQLITE_AUTH, sqlite3.SQLITE_READONLY) or text.startswith("not authorized"):
         return f"only read-only queries are allowed (SELECT or WITH ... SELECT): {text}"
     return f"SQL error: {text}"
 
