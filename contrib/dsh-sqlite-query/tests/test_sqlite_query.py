@@ -551,3 +551,14 @@ def test_a_large_sort_spills_to_memory_under_the_cap_not_to_temp_files(tmp_path:
                    "LIMIT 100000) SELECT i FROM n ORDER BY randomblob(1000) || i", memory_mb=16)
     assert result.code == "TOOL_FAILED"
     assert "the query needed more than the 16 MiB of memory it may use" in result.text
+
+
+def test_a_refusal_naming_a_long_column_stays_within_the_message_limit(tmp_path: Path) -> None:
+    from dsh_sqlite_query import _worker
+
+    name = "x" * 3000
+    result = query(make_db(tmp_path / "app.db"), f'SELECT zeroblob(5000) AS "{name}", 1 AS b', max_bytes=4096)
+    assert result.code == "TOOL_FAILED" and result.error is not None
+    assert len(result.error.message) <= _worker.MAX_MESSAGE_CHARS
+    assert f'column "{"x" * 80}..." about' in result.error.message
+    assert "select fewer or shorter columns" in result.error.message

@@ -196,7 +196,9 @@ def run(connection: sqlite3.Connection, request: dict[str, Any]) -> str:
             truncated = True
         elif size > max_bytes:
             widest = max(range(len(floors)), key=floors.__getitem__)
-            detail = f" (column {_dumps(names[widest])} about {floors[widest]})" if len(floors) > 1 else ""
+            # The name shortened: it may be up to max_bytes long, and a message is MAX_MESSAGE_CHARS at most.
+            name = names[widest] if len(names[widest]) <= 80 else names[widest][:80] + "..."
+            detail = f" (column {_dumps(name)} about {floors[widest]})" if len(floors) > 1 else ""
             raise Refused(f"the first row alone is about {size} bytes{detail}, more than the {max_bytes}-byte "
                           "limit; select fewer or shorter columns (substr(), length())")
         else:
