@@ -562,3 +562,28 @@ def test_a_refusal_naming_a_long_column_stays_within_the_message_limit(tmp_path:
     assert len(result.error.message) <= _worker.MAX_MESSAGE_CHARS
     assert f'column "{"x" * 80}..." about' in result.error.message
     assert "select fewer or shorter columns" in result.error.message
+
+
+_CRASHING_WRITER = """
+import os, signal, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA cache_size = 1")  # spill: the rollback journal and the file both get written
+db.execute("BEGIN")
+db.execute("UPDATE users SET name = name || randomblob(500)")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_hot_journal_is_not_blamed_on_the_query(tmp_path: Path) -> None:
+    # A writer killed mid-transaction leaves a hot journal that only a read-write connection
+    # may roll back: a plain SELECT was told "only read-only queries are allowed".
+    db = make_db(tmp_path / "app.db")
+    with sqlite3.connect(db) as filler:
+        filler.executemany("INSERT INTO users (name) VALUES (?)", [("x" * 500,)] * 2000)
+    filler.close()
+    subprocess.run([sys.executable, "-c", _CRASHING_WRITER, str(db)], check=False)
+    assert (tmp_path / "app.db-journal").exists()
+    result = query(db, "SELECT count(*) FROM users")
+    assert result.code == "TOOL_FAILED" and result.error is not None
+    assert "only read-only queries" not in result.error.message
+    assert "SQLITE_READONLY_ROLLBACK" in result.error.message and "the query is not at fault" in result.error.message

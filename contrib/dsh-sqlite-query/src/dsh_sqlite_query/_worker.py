@@ -229,6 +229,14 @@ def describe(error: BaseException, request: dict[str, Any], deadline: float) -> 
         return (f"a value the query reads or builds is larger than {cap} bytes, the most one value may take "
                 "(memory_mb / 8, or max_bytes if larger); a stored value that large cannot be read here, not "
                 "even in part, and a built one must be made smaller")
+    # An extended READONLY code is the database's state, not the query: a hot journal left by a writer
+    # that died mid-transaction (ROLLBACK), a WAL to recover (RECOVERY, CANTINIT), which a read-only
+    # connection may not do.
+    if code == sqlite3.SQLITE_READONLY and getattr(error, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
+        return (f"the database cannot be read now ({getattr(error, 'sqlite_errorname', 'SQLITE_READONLY')}: "
+                f"{text}): it needs a recovery, such as rolling back what a writer that stopped mid-transaction "
+                "left, which this read-only connection may not do; the query is not at fault, retry once a "
+                "writer has opened the database")
     # SQLITE_AUTH: the authorizer said no ("authorization denied" for statements SQLite authorizes
     # as a whole, VACUUM INTO a new file); a denied function is a plain SQLITE_ERROR whose message
     # starts "not authorized to use function".
