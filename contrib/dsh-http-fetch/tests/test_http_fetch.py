@@ -433,6 +433,12 @@ def test_helpers() -> None:
     assert html_to_text("<p>a&amp;b</p><br>c") == (None, "a&b\nc")
 
 
+def test_a_head_left_open_does_not_hide_the_body() -> None:
+    # </head> (like </p> and </li>) may be left out: the body starts the page's text all the same.
+    page = "<html><head><meta charset=utf-8><title>T</title><body><p>Hello world</p><p>Second"
+    assert html_to_text(page) == ("T", "Hello world\nSecond")
+
+
 class TestHttpFetchConformance(ToolPluginConformance):
     """The dsh conformance kit; the example fetches from the local server."""
 

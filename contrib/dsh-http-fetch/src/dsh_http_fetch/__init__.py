@@ -63,7 +63,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
 
 _BLOCKS = {"p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
            "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "hr", "title", "nav", "main", "dd", "dt"}
-_SKIPPED = {"script", "style", "noscript", "template", "svg", "head"}
+# Not "head": its end tag may be left out (``<head><title>T</title><body>...``), and skipping until a
+# </head> that never comes would drop the whole page. What else a head holds is skipped or has no text.
+_SKIPPED = {"script", "style", "noscript", "template", "svg"}
 
 
 class _TextExtractor(HTMLParser):
