@@ -439,6 +439,23 @@ def test_a_head_left_open_does_not_hide_the_body() -> None:
     assert html_to_text(page) == ("T", "Hello world\nSecond")
 
 
+@pytest.mark.parametrize("tail", ["<a" * 100_000, "</" * 100_000, "<?" * 100_000, "<!" * 100_000,
+                                  "<![CDATA[" * 20_000])
+def test_markup_left_open_at_the_end_is_converted_in_linear_time(tail: str) -> None:
+    # html.parser before Python 3.13.4 (CVE-2025-6069) rescans the rest of the document for every "<" of an
+    # unfinished construct at its end: 200 KB of "<a" took minutes, on the event loop, where no timeout reaches.
+    started = time.monotonic()
+    title, text = html_to_text("<title>T</title><p>kept</p>" + tail)
+    assert time.monotonic() - started < 2
+    assert (title, text) == ("T", "kept")  # as in a browser: a tag, comment, ... cut by the end of file is dropped
+
+
+def test_a_lone_lt_at_the_end_is_text() -> None:
+    assert html_to_text("<p>a <")[1] == "a <"
+    assert html_to_text("<p>a </")[1] == "a </"
+    assert html_to_text("<p>a</p><script>x<a<a")[1] == "a"
+
+
 class TestHttpFetchConformance(ToolPluginConformance):
     """The dsh conformance kit; the example fetches from the local server."""
 

@@ -104,6 +104,14 @@ def html_to_text(html: str) -> tuple[str | None, str]:
     """``(title, text)`` of an HTML document: scripts/styles dropped, whitespace collapsed per line."""
     parser = _TextExtractor()
     parser.feed(html)
+    # What feed() leaves is one construct that the end of the document cut (a tag, comment, <!...>, <?...>),
+    # or an unclosed script/style. close() in html.parser before Python 3.13.4 (CVE-2025-6069) turns such a
+    # construct into text one "<" at a time, rescanning the rest for each: quadratic, on the event loop.
+    # A browser drops it (end of file in a tag or comment), as newer html.parser does; so it is dropped here.
+    # A lone "<" or "</" at the very end is text, in both.
+    rest = parser.rawdata
+    if rest.startswith("<") and rest not in ("<", "</") and not getattr(parser, "cdata_elem", None):
+        parser.rawdata = ""
     parser.close()
     lines = (re.sub(r"\s+", " ", line).strip() for line in "".join(parser.parts).split("\n"))
     text = "\n".join(line for line in lines if line)
