@@ -145,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
                     time.sleep(0.2)
             except OSError:
                 pass  # the client gave up
+        elif self.path.startswith("/charset/"):  # /charset/<name>: "Grüße" in UTF-8, declared as <name>
+            self.send(200, "Grüße".encode(), f"text/plain; charset={self.path.removeprefix('/charset/')}")
         elif self.path == "/slow":
             time.sleep(2)
             self.send(200, b"late", "text/plain")
@@ -454,6 +456,15 @@ def test_a_lone_lt_at_the_end_is_text() -> None:
     assert html_to_text("<p>a <")[1] == "a <"
     assert html_to_text("<p>a </")[1] == "a </"
     assert html_to_text("<p>a</p><script>x<a<a")[1] == "a"
+
+
+@pytest.mark.parametrize("charset", ["base64", "hex", "rot13", "zlib", "idna", "punycode", "undefined",
+                                     "x-no-such-charset"])
+def test_a_declared_charset_python_cannot_decode_text_with_falls_back_to_utf8(server: str, charset: str) -> None:
+    # Python's codec registry also holds bytes-to-bytes codecs, which bytes.decode refuses (LookupError), and
+    # text codecs that fail on any input or with errors="replace" (UnicodeError).
+    result = fetch(server, f"http://{server}/charset/{charset}")
+    assert result.code is None and result.value["text"] == "Grüße"
 
 
 class TestHttpFetchConformance(ToolPluginConformance):

@@ -488,7 +488,7 @@ class HttpFetch:
         body = await self._body(url, response)
         truncated = len(body) > self.max_bytes
         del body[self.max_bytes:]
-        text = body.decode(response.encoding or "utf-8", errors="replace")
+        text = _decode(body, response.encoding)
         title = None
         if content_type in ("text/html", "application/xhtml+xml") and not raw:
             title, text = html_to_text(text)
@@ -662,6 +662,19 @@ class _Decoding:
     def finish(self) -> None:
         for stage in self._stages:
             stage.finish()
+
+
+def _decode(body: bytearray, charset: str | None) -> str:
+    """``body`` as text in its declared ``charset``, or UTF-8 if Python cannot decode text with that codec.
+
+    httpx passes on any name Python's codec registry knows, and the registry also holds codecs that
+    ``bytes.decode`` refuses (``base64``, ``zlib``: LookupError) or that fail with ``errors="replace"``
+    (``idna``, ``punycode``, ``undefined``: UnicodeError); a page declaring one is still shown.
+    """
+    try:
+        return body.decode(charset or "utf-8", errors="replace")
+    except (LookupError, UnicodeError):
+        return body.decode("utf-8", errors="replace")
 
 
 def _content_codings(header: str) -> list[str]:
