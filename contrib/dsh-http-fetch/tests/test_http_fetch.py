@@ -147,6 +147,9 @@ class Handler(BaseHTTPRequestHandler):
                 pass  # the client gave up
         elif self.path.startswith("/charset/"):  # /charset/<name>: "Grüße" in UTF-8, declared as <name>
             self.send(200, "Grüße".encode(), f"text/plain; charset={self.path.removeprefix('/charset/')}")
+        elif self.path.startswith("/bom/"):  # /bom/<codec>: "Grüße" with a byte order mark, declared as Latin-1
+            codec = self.path.removeprefix("/bom/")
+            self.send(200, "\ufeffGrüße".encode(codec), "text/html; charset=iso-8859-1")
         elif self.path == "/slow":
             time.sleep(2)
             self.send(200, b"late", "text/plain")
@@ -465,6 +468,13 @@ def test_a_declared_charset_python_cannot_decode_text_with_falls_back_to_utf8(se
     # text codecs that fail on any input or with errors="replace" (UnicodeError).
     result = fetch(server, f"http://{server}/charset/{charset}")
     assert result.code is None and result.value["text"] == "Grüße"
+
+
+@pytest.mark.parametrize("codec", ["utf-8", "utf-16-le", "utf-16-be"])
+def test_a_byte_order_mark_decides_the_encoding(server: str, codec: str) -> None:
+    # As in browsers (WHATWG encoding sniffing): a BOM wins over the declared charset, and is not text.
+    result = fetch(server, f"http://{server}/bom/{codec}")
+    assert result.value["text"] == "Grüße"
 
 
 class TestHttpFetchConformance(ToolPluginConformance):

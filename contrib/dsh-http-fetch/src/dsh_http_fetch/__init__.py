@@ -17,6 +17,7 @@ settings from the environment are ignored.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import fnmatch
 import ipaddress
@@ -664,13 +665,21 @@ class _Decoding:
             stage.finish()
 
 
+_BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
 def _decode(body: bytearray, charset: str | None) -> str:
     """``body`` as text in its declared ``charset``, or UTF-8 if Python cannot decode text with that codec.
 
-    httpx passes on any name Python's codec registry knows, and the registry also holds codecs that
-    ``bytes.decode`` refuses (``base64``, ``zlib``: LookupError) or that fail with ``errors="replace"``
-    (``idna``, ``punycode``, ``undefined``: UnicodeError); a page declaring one is still shown.
+    A byte order mark comes first, as in browsers (WHATWG "BOM sniff"): it names the encoding whatever
+    the header says, and is not part of the text. httpx passes on any name Python's codec registry
+    knows, and the registry also holds codecs that ``bytes.decode`` refuses (``base64``, ``zlib``:
+    LookupError) or that fail with ``errors="replace"`` (``idna``, ``punycode``, ``undefined``:
+    UnicodeError); a page declaring one is still shown.
     """
+    for bom, codec in _BOMS:
+        if body.startswith(bom):
+            return body[len(bom):].decode(codec, errors="replace")
     try:
         return body.decode(charset or "utf-8", errors="replace")
     except (LookupError, UnicodeError):
