@@ -279,6 +279,16 @@ def test_urls_outside_the_allow_list_are_refused(server: str, url: str, message:
     assert Handler.hits == []
 
 
+def test_a_host_that_is_not_valid_idna_is_an_invalid_url(server: str) -> None:
+    # httpx parses an "xn--" label lazily: URL.host raises IDNAError, which escaped the URL check unexplained.
+    bad = "http://xn--zz.example.com/"
+    result = fetch(server, bad, allowed_hosts=[server, "*.example.com"])
+    assert result.code == "TOOL_FAILED" and f"invalid URL {bad!r}" in result.text
+    redirect = fetch(server, f"http://{server}/to?url={quote(bad)}", allowed_hosts=[server, "*.example.com"])
+    assert redirect.code == "TOOL_FAILED"
+    assert f"redirect from http://{server}/to?url=" in redirect.text and "invalid URL" in redirect.text
+
+
 def test_size_cap_redirect_loop_binary_and_errors(server: str) -> None:
     big = fetch(server, f"http://{server}/big", max_bytes=2048)
     assert big.value["truncated"] is True and len(big.value["text"]) == 2048

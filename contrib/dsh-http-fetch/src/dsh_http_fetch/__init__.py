@@ -411,11 +411,12 @@ class HttpFetch:
         ))
 
     def _check(self, raw: str, *, via: str | None = None) -> httpx.URL:
+        prefix = f"redirect from {via} to {raw} refused: " if via else ""
         try:
             url = httpx.URL(raw)
+            url.host  # noqa: B018 -- an "xn--" host is IDNA-decoded only here, and may raise (IDNAError)
         except Exception as error:
-            raise ToolError(f"invalid URL {raw!r}: {error}") from None
-        prefix = f"redirect from {via} to {raw} refused: " if via else ""
+            raise ToolError(f"{prefix}invalid URL {raw!r}: {error}") from None
         if url.scheme not in ("http", "https"):
             raise ToolError(f"{prefix}only http and https URLs can be fetched, not {url.scheme or 'a relative URL'!r}")
         if not url.host:
@@ -472,6 +473,11 @@ class HttpFetch:
             what = f"redirect from {via} to {url}" if via is not None else f"fetching {url}"
             raise ToolError(f"{what} refused: {refused}; only public addresses are connected to, unless the "
                             "address or its network is in allowed_addresses in the http-fetch config") from None
+        except UnicodeError as error:
+            # httpx prepares a redirect's next request itself, even when not following it, and an "xn--" host
+            # in the Location that is not valid IDNA raises IDNAError there, which is no httpx.HTTPError.
+            raise ToolError(f"redirect from {url} refused: its Location header is an invalid URL "
+                            f"({type(error).__name__}: {error})") from None
         except httpx.TimeoutException:
             raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s") from None
         except httpx.HTTPError as error:
