@@ -150,6 +150,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path.startswith("/bom/"):  # /bom/<codec>: "Grüße" with a byte order mark, declared as Latin-1
             codec = self.path.removeprefix("/bom/")
             self.send(200, "\ufeffGrüße".encode(codec), "text/html; charset=iso-8859-1")
+        elif self.path == "/lt-flood":  # hostile HTML: every "<" is a separate step of html.parser
+            self.send(200, b"< " * 200_000)
         elif self.path == "/slow":
             time.sleep(2)
             self.send(200, b"late", "text/plain")
@@ -405,6 +407,32 @@ def test_the_timeout_bounds_the_whole_request_not_each_read(server: str) -> None
     elapsed = time.monotonic() - started
     assert result.code == "TOOL_FAILED" and elapsed < 3
     assert f"fetching http://{server}/drip timed out after 1 s (timeout_s bounds the whole request" in result.text
+
+
+def test_converting_a_hostile_page_does_not_stall_the_event_loop(server: str) -> None:
+    # html.parser takes seconds for a megabyte of stray "<" (linear, but a few microseconds each); run on the
+    # event loop, that stalled every other call and stream of the process, and no timeout could interrupt it.
+    async def scenario(harness: Harness) -> tuple[ToolResult, float]:
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.ensure_future(tick())
+        try:
+            result = await harness.call("fetch", {"url": f"http://{server}/lt-flood"})
+        finally:
+            ticker.cancel()
+        return result, max(gaps)
+
+    result, longest_gap = run(server, scenario)
+    assert result.value["text"].startswith("< < <")
+    assert longest_gap < 0.3
 
 
 def test_ipv6_allow_list_entries_are_parsed_with_brackets() -> None:

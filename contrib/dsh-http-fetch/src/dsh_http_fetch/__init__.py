@@ -498,7 +498,9 @@ class HttpFetch:
         text = _decode(body, response.encoding)
         title = None
         if content_type in ("text/html", "application/xhtml+xml") and not raw:
-            title, text = html_to_text(text)
+            # On a worker thread: html.parser takes a few microseconds per "<", seconds for a hostile megabyte,
+            # and on the event loop that would stall every other call and stream of the process.
+            title, text = await asyncio.to_thread(html_to_text, text)
         if response.status_code >= 400:
             snippet = text[:500] + ("..." if len(text) > 500 else "")
             raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url}: {snippet}")
