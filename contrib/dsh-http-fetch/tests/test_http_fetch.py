@@ -482,6 +482,14 @@ def test_a_head_left_open_does_not_hide_the_body() -> None:
     assert html_to_text(page) == ("T", "Hello world\nSecond")
 
 
+def test_the_title_is_the_pages_not_its_icons() -> None:
+    # Inline SVG icons carry <title> elements of their own (their tooltip); the page's title is the first one.
+    page = ("<html><head><title>Page</title></head><body><p>Text <svg><title>Search icon</title><path/></svg>"
+            "more</p><title>stray</title><p>end</p>")
+    assert html_to_text(page) == ("Page", "Text\nmore\nend")
+    assert html_to_text("<svg><title>Logo</title></svg><p>x") == (None, "x")
+
+
 @pytest.mark.parametrize("tail", ["<a" * 100_000, "</" * 100_000, "<?" * 100_000, "<!" * 100_000,
                                   "<![CDATA[" * 20_000])
 def test_markup_left_open_at_the_end_is_converted_in_linear_time(tail: str) -> None:

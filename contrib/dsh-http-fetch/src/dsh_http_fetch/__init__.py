@@ -78,17 +78,18 @@ class _TextExtractor(HTMLParser):
         self._in_title = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "title":
+        if tag == "title" and not self._skip and self.title is None and not self._in_title:
             self._in_title = True
-        elif tag in _SKIPPED:
+        elif tag in _SKIPPED or tag == "title":
+            # Any other <title> (an inline SVG icon's, a stray second one) is not the page's, nor shown.
             self._skip += 1
         if tag in _BLOCKS:
             self.parts.append("\n")
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "title":
+        if tag == "title" and self._in_title:
             self._in_title = False
-        elif tag in _SKIPPED and self._skip:
+        elif (tag in _SKIPPED or tag == "title") and self._skip:
             self._skip -= 1
         if tag in _BLOCKS:
             self.parts.append("\n")
