@@ -152,6 +152,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, "\ufeffGrüße".encode(codec), "text/html; charset=iso-8859-1")
         elif self.path == "/lt-flood":  # hostile HTML: every "<" is a separate step of html.parser
             self.send(200, b"< " * 200_000)
+        elif self.path.startswith("/meta-charset/"):  # charset only in the page; /meta-charset/<header charset>
+            header = self.path.removeprefix("/meta-charset/")
+            body = '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252">' \
+                   "<title>Grüße</title></head><p>Grüße</p>"
+            self.send(200, body.encode("cp1252"), f"text/html; charset={header}" if header else "text/html")
         elif self.path == "/slow":
             time.sleep(2)
             self.send(200, b"late", "text/plain")
@@ -514,6 +519,14 @@ def test_a_declared_charset_python_cannot_decode_text_with_falls_back_to_utf8(se
     # text codecs that fail on any input or with errors="replace" (UnicodeError).
     result = fetch(server, f"http://{server}/charset/{charset}")
     assert result.code is None and result.value["text"] == "Grüße"
+
+
+def test_an_html_page_without_a_charset_header_is_decoded_as_its_meta_tag_says(server: str) -> None:
+    result = fetch(server, f"http://{server}/meta-charset/")
+    assert (result.value["title"], result.value["text"]) == ("Grüße", "Grüße")
+    # The header, when there is one, wins (WHATWG: BOM, then Content-Type, then the <meta> prescan).
+    result = fetch(server, f"http://{server}/meta-charset/utf-8")
+    assert result.value["text"] == "Gr\ufffd\ufffde"
 
 
 @pytest.mark.parametrize("codec", ["utf-8", "utf-16-le", "utf-16-be"])

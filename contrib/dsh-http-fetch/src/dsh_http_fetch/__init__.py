@@ -496,7 +496,10 @@ class HttpFetch:
         body = await self._body(url, response)
         truncated = len(body) > self.max_bytes
         del body[self.max_bytes:]
-        text = _decode(body, response.encoding)
+        charset = response.charset_encoding
+        if charset is None and content_type in ("text/html", "application/xhtml+xml"):
+            charset = _meta_charset(body)
+        text = _decode(body, charset)
         title = None
         if content_type in ("text/html", "application/xhtml+xml") and not raw:
             # On a worker thread: html.parser takes a few microseconds per "<", seconds for a hostile megabyte,
@@ -672,6 +675,21 @@ class _Decoding:
     def finish(self) -> None:
         for stage in self._stages:
             stage.finish()
+
+
+# <meta charset="x"> and <meta http-equiv="Content-Type" content="text/html; charset=x">, in the first 1024 bytes
+# (where WHATWG's prescan looks, and where a page must declare it).
+_META_CHARSET = re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([a-z0-9_.:-]+)", re.IGNORECASE)
+
+
+def _meta_charset(body: bytearray) -> str | None:
+    """The charset an HTML page declares in a ``<meta>`` tag, for a response whose header declares none."""
+    match = _META_CHARSET.search(body, 0, 1024)
+    if match is None:
+        return None
+    charset = match.group(1).decode("ascii").lower()
+    # WHATWG: a UTF-16 <meta> is read as UTF-8 (a page the tag could be read from in ASCII is not UTF-16).
+    return "utf-8" if charset.startswith("utf-16") else charset
 
 
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
