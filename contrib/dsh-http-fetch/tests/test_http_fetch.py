@@ -481,6 +481,20 @@ def test_helpers() -> None:
     assert html_to_text("<p>a&amp;b</p><br>c") == (None, "a&b\nc")
 
 
+@pytest.mark.parametrize(("url", "entry"), [
+    ("http://www.bücher.de/", "*.bücher.de"),  # httpx shows a host as Unicode only when its first label is xn--
+    ("http://www.xn--bcher-kva.de/", "*.bücher.de"),
+    ("http://bücher.de/", "xn--bcher-kva.de"),  # an entry in its ASCII form
+    ("http://xn--bcher-kva.de/", "xn--bcher-kva.de"),
+    ("http://BÜCHER.de./", "Bücher.de"),
+])
+def test_an_internationalized_name_matches_in_either_spelling(url: str, entry: str) -> None:
+    import httpx
+
+    assert host_allowed(httpx.URL(url), [entry])
+    assert not host_allowed(httpx.URL(url.replace("de/", "com/").replace("de./", "com./")), [entry])
+
+
 def test_a_head_left_open_does_not_hide_the_body() -> None:
     # </head> (like </p> and </li>) may be left out: the body starts the page's text all the same.
     page = "<html><head><meta charset=utf-8><title>T</title><body><p>Hello world</p><p>Second"

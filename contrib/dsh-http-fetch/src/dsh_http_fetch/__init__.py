@@ -32,6 +32,7 @@ from typing import Any
 
 import httpcore
 import httpx
+import idna
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 
@@ -344,15 +345,30 @@ class _CheckedTransport(httpx.AsyncHTTPTransport):
 
 def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
     """True if the URL's host (and port, when an entry names one) matches an allowed entry."""
-    host = (url.host or "").lower().rstrip(".")
+    # Compared in ASCII (IDNA) form, the name that is looked up: httpx's url.host is Unicode only when the
+    # first label is xn-- (www.xn--bcher-kva.de stays ASCII), so "*.bücher.de" or "xn--bcher-kva.de" missed.
+    host = url.raw_host.decode("ascii", errors="replace").lower().rstrip(".")
     port = url.port or (443 if url.scheme == "https" else 80)
     for entry in allowed:
         pattern, want_port = parse_host_entry(entry)
         if want_port and want_port != str(port):
             continue
-        if fnmatch.fnmatchcase(host, pattern):
+        if fnmatch.fnmatchcase(host, _ascii_pattern(pattern)):
             return True
     return False
+
+
+def _ascii_pattern(pattern: str) -> str:
+    """An ``allowed_hosts`` host pattern with its Unicode labels in IDNA form, as httpx encodes a URL's host."""
+    if pattern.isascii():
+        return pattern
+    labels = pattern.rstrip(".").split(".")
+    for index, label in enumerate(labels):
+        if not label.isascii() and not any(c in label for c in "*?["):
+            # A label IDNA refuses stays Unicode: no URL's host has it, so the pattern matches nothing.
+            with contextlib.suppress(idna.IDNAError):
+                labels[index] = idna.alabel(label).decode("ascii")
+    return ".".join(labels)
 
 
 class HttpFetch:
