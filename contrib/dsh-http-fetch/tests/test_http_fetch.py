@@ -495,6 +495,12 @@ def test_an_internationalized_name_matches_in_either_spelling(url: str, entry: s
     assert not host_allowed(httpx.URL(url.replace("de/", "com/").replace("de./", "com./")), [entry])
 
 
+def test_preformatted_text_keeps_its_lines_and_indentation() -> None:
+    # Code examples on documentation pages are <pre> blocks: flattened to one line, Python lost its meaning.
+    page = "<p>Example:</p><pre>def f(x):\n    if x:\n\treturn <b>1</b>\n</pre><p>after   it</p>"
+    assert html_to_text(page) == (None, "Example:\ndef f(x):\n    if x:\n\treturn 1\nafter it")
+
+
 def test_a_head_left_open_does_not_hide_the_body() -> None:
     # </head> (like </p> and </li>) may be left out: the body starts the page's text all the same.
     page = "<html><head><meta charset=utf-8><title>T</title><body><p>Hello world</p><p>Second"

@@ -70,12 +70,18 @@ _BLOCKS = {"p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "articl
 _SKIPPED = {"script", "style", "noscript", "template", "svg"}
 
 
+# Private-use stand-ins for the spaces and tabs of <pre> text while lines are collapsed.
+_PRE_PROTECT = str.maketrans({" ": "\ue000", "\t": "\ue001", "\r": "\n"})
+_PRE_RESTORE = str.maketrans({"\ue000": " ", "\ue001": "\t"})
+
+
 class _TextExtractor(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.title: str | None = None
         self._skip = 0
+        self._pre = 0  # inside <pre>: line breaks and indentation are the text's
         self._in_title = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -84,6 +90,8 @@ class _TextExtractor(HTMLParser):
         elif tag in _SKIPPED or tag == "title":
             # Any other <title> (an inline SVG icon's, a stray second one) is not the page's, nor shown.
             self._skip += 1
+        elif tag == "pre":
+            self._pre += 1
         if tag in _BLOCKS:
             self.parts.append("\n")
 
@@ -92,13 +100,20 @@ class _TextExtractor(HTMLParser):
             self._in_title = False
         elif (tag in _SKIPPED or tag == "title") and self._skip:
             self._skip -= 1
+        elif tag == "pre" and self._pre:
+            self._pre -= 1
         if tag in _BLOCKS:
             self.parts.append("\n")
 
     def handle_data(self, data: str) -> None:
         if self._in_title:
             self.title = (self.title or "") + data
-        elif not self._skip:
+        elif self._skip:
+            pass
+        elif self._pre:
+            # Kept as written: spaces and tabs in a form the whitespace collapsing leaves alone.
+            self.parts.append(data.replace("\r\n", "\n").translate(_PRE_PROTECT))
+        else:
             # Source line breaks are just whitespace in HTML; lines come from block elements.
             self.parts.append(re.sub(r"\s+", " ", data))
 
@@ -116,7 +131,8 @@ def html_to_text(html: str) -> tuple[str | None, str]:
     if rest.startswith("<") and rest not in ("<", "</") and not getattr(parser, "cdata_elem", None):
         parser.rawdata = ""
     parser.close()
-    lines = (re.sub(r"\s+", " ", line).strip() for line in "".join(parser.parts).split("\n"))
+    lines = (re.sub(r"\s+", " ", line).strip().translate(_PRE_RESTORE).rstrip()
+             for line in "".join(parser.parts).split("\n"))
     text = "\n".join(line for line in lines if line)
     title = re.sub(r"\s+", " ", parser.title).strip() if parser.title else None
     return title, text
