@@ -255,9 +255,8 @@ async def test_calls_still_queued_when_the_program_settles_never_start_nor_raise
     assert errors == []
 
 
-async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A body that ends between the host's cancellation and run_code's own abort must not
-    # let the next queued call start for a program that is gone.
+def _signal_teardown(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """An event set when the host starts tearing down a program's run (not a pre-spawned worker)."""
     from dsh_core.coderuntime import host
 
     tearing = asyncio.Event()
@@ -269,6 +268,13 @@ async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypat
         await original(self, zygote)
 
     monkeypatch.setattr(host._Run, "_teardown", teardown)
+    return tearing
+
+
+async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A body that ends between the host's cancellation and run_code's own abort must not
+    # let the next queued call start for a program that is gone.
+    tearing = _signal_teardown(monkeypatch)
     asyncio.get_running_loop().set_exception_handler(lambda _l, _c: None)
 
     async def first_waits_for_teardown(args: Any) -> None:
@@ -290,17 +296,7 @@ async def test_a_call_still_in_policy_when_the_program_settles_never_runs_its_bo
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Its policy answers while the host tears the run down, before run_code's own abort: the
     # program is gone, so its body must not start (it ran, unaborted, and committed as a success).
-    from dsh_core.coderuntime import host
-
-    tearing = asyncio.Event()
-    original = host._Run._teardown
-
-    async def teardown(self: Any, zygote: Any) -> None:
-        if self.tasks:  # the program's run, not a pre-spawned worker
-            tearing.set()
-        await original(self, zygote)
-
-    monkeypatch.setattr(host._Run, "_teardown", teardown)
+    tearing = _signal_teardown(monkeypatch)
     ran: list[Any] = []
 
     class Policy:

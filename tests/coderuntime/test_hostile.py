@@ -8,6 +8,7 @@ import re
 import tracemalloc
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -727,57 +728,38 @@ def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> N
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=1.0))
 
 
-def test_the_hosts_time_reading_a_flood_of_frames_under_64_kib_is_charged_to_the_cpu_budget() -> None:
-    # Only frames of 64 KiB or more had the host's reading time charged: a program writing
-    # frames just under that size, one after another, held the host's loop for about 50
-    # times the CPU it spent itself (measured: 2.4 s against 0.05 s), until the wall clock.
+@pytest.mark.parametrize(("elements", "frame_under", "seconds", "pause", "bound_s"), [
+    # Frames just under 64 KiB, read about 64 KiB at a time: only frames of 64 KiB or more had the
+    # host's reading time charged, and such a flood held the host's loop for about 50 times the
+    # CPU the program spent itself (measured: 2.4 s against 0.05 s), until the wall clock.
+    pytest.param(30000, 1 << 16, 5, False, 4, id="frames-under-64-kib"),
+    # Small reads: past a run's first 64 KiB of them, one read in eight (at random) is timed and
+    # charged eight times over, since reading the thread's clock on each costs more than the read.
+    pytest.param(1500, 4096, 8, True, 7, id="small-reads-sampled"),
+])
+def test_the_hosts_time_reading_a_flood_of_junk_frames_is_charged_to_the_cpu_budget(
+        elements: int, frame_under: int, seconds: int, pause: bool, bound_s: float) -> None:
     import time
 
     async def go(rt: PythonCodeRuntime) -> None:
         assert (await rt.run("return 1", [])).value == 1
         program = (
             "import os, struct, time\n"
-            "body = b'{\"t\":\"x\",\"a\":[' + b','.join([b'0'] * 30000) + b']}'\n"
+            f"body = b'{{\"t\":\"x\",\"a\":[' + b','.join([b'0'] * {elements}) + b']}}'\n"
             "frame = struct.pack('>I', len(body)) + body\n"
-            "assert len(frame) < 1 << 16\n"
-            "end = time.monotonic() + 5\n"
+            f"assert len(frame) < {frame_under}\n"
+            f"end = time.monotonic() + {seconds}\n"
             "while time.monotonic() < end:\n"
             "    os.write(3, frame)\n"
-            "return 'not charged'"
+            + ("    time.sleep(0)\n" if pause else "")
+            + "return 'not charged'"
         )
         started = time.monotonic()
         r = await rt.run(program, [])
         elapsed = time.monotonic() - started
         assert r.error is not None and r.error.kind == "timeout", r
         assert "s of it the host reading the program's frames)" in r.error.message, r.error.message
-        assert elapsed < 4, elapsed
-
-    arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=0.5))
-
-
-def test_the_hosts_time_reading_a_flood_of_small_reads_is_charged_though_only_some_are_timed() -> None:
-    # Past a run's first 64 KiB of small reads, one read in eight (at random) is timed and charged
-    # eight times over: reading the thread's clock on each would cost more than a small read does.
-    import time
-
-    async def go(rt: PythonCodeRuntime) -> None:
-        program = (
-            "import os, struct, time\n"
-            "body = b'{\"t\":\"x\",\"a\":[' + b','.join([b'0'] * 1500) + b']}'\n"
-            "frame = struct.pack('>I', len(body)) + body\n"
-            "assert len(frame) < 4096\n"
-            "end = time.monotonic() + 8\n"
-            "while time.monotonic() < end:\n"
-            "    os.write(3, frame)\n"
-            "    time.sleep(0)\n"
-            "return 'not charged'"
-        )
-        started = time.monotonic()
-        r = await rt.run(program, [])
-        elapsed = time.monotonic() - started
-        assert r.error is not None and r.error.kind == "timeout", r
-        assert "s of it the host reading the program's frames)" in r.error.message, r.error.message
-        assert elapsed < 7, elapsed
+        assert elapsed < bound_s, elapsed
 
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=0.5))
 
