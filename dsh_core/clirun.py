@@ -17,7 +17,9 @@ from typing import NoReturn, TypeVar
 
 import click
 
-__all__ = ["DRAIN_SECONDS", "echo_json", "fail", "run_async", "visible"]
+from dsh_core.terminal import visible
+
+__all__ = ["DRAIN_SECONDS", "echo_json", "fail", "run_async"]
 
 T = TypeVar("T")
 
@@ -49,26 +51,6 @@ def _json_char(char: str, encoding: str) -> str:
     except (UnicodeEncodeError, LookupError):
         return json.dumps(char)[1:-1]
     return char
-
-
-#: Characters that would act on a terminal or reorder the line rather than show: C0 and C1
-#: controls (escape sequences start with them), line and paragraph separators, bidi overrides.
-_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-#: The same but for newline and tab, which multi-line text keeps.
-_INVISIBLE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def visible(text: str, *, lines: bool = False) -> str:
-    """``text`` with every character that would drive a terminal written as its escape.
-
-    For what dsh shows a person of what models and tools wrote (a task, an answer, a
-    tool name or its arguments, an error that quotes them): such text may carry escape
-    sequences that clear the screen, rewrite the clipboard or hide what follows. With
-    ``lines``, newlines and tabs are kept (for multi-line text); a carriage return is
-    still escaped, as it could overwrite what a line showed.
-    """
-    pattern = _INVISIBLE_IN_LINES if lines else _INVISIBLE
-    return pattern.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def echo_outside_text(text: str, *, err: bool = False) -> None:

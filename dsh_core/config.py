@@ -42,6 +42,7 @@ from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped
 from dsh_core.errors import ConfigError
 from dsh_core.lossless import JSON, find_loss, freeze
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
+from dsh_core.terminal import TERMINAL_CONTROL
 
 __all__ = [
     "MODES",
@@ -789,14 +790,9 @@ def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
     ]
 
 
-#: What would drive a terminal or break a line of the dump: controls (json escapes C0 in a literal, not
-#: C1: ``\x9b`` is a CSI), line and paragraph separators, bidi overrides and isolates.
-_UNSHOWABLE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def _escaped(text: str) -> str:
-    """``text`` with each unshowable character as its ``\\uXXXX`` escape (in a JSON literal: the same value)."""
-    return _UNSHOWABLE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+    """``text`` with what would drive a terminal as its ``\\uXXXX`` escape (in a JSON literal: the same value)."""
+    return TERMINAL_CONTROL.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 def _literal(value: Any) -> str:

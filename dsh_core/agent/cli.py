@@ -23,9 +23,10 @@ from rich.markup import escape as escape_markup
 from dsh_core.abort import AbortController
 from dsh_core.agent.loop import LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
 from dsh_core.agent.provider import Message
-from dsh_core.clirun import echo_outside_text, fail, run_async, visible
+from dsh_core.clirun import echo_outside_text, fail, run_async
 from dsh_core.config import Deployment
 from dsh_core.errors import DshError
+from dsh_core.terminal import visible
 
 __all__ = ["run_prompt", "ConsoleObserver", "exit_code", "stderr_console"]
 

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dsh_core.clirun import echo_json, fail, visible
+from dsh_core.clirun import echo_json, fail
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
+from dsh_core.terminal import visible
 
 # `dsh --help` imports this module: what the commands and renderers use is imported where used.
 if TYPE_CHECKING:
