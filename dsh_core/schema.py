@@ -17,7 +17,7 @@ from referencing import Registry
 from referencing.exceptions import PointerToNowhere, Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from dsh_core.errors import SchemaDefinitionError, Violation
+from dsh_core.errors import SchemaDefinitionError, Violation, describe_exception
 from dsh_core.lossless import find_loss, pointer
 
 __all__ = ["SchemaEvaluationError", "check_schema", "compile_validator", "validation_errors", "violations",
@@ -145,6 +145,11 @@ def validation_errors(validator: Validator, instance: object) -> list[Validation
         raise SchemaEvaluationError(f"validation recursed too deeply (a value nested too deeply for a recursive "
                                     f"schema, or a $ref cycle; the value nests {_depth(instance)} levels of "
                                     f"objects and arrays)") from None
+    except ArithmeticError as error:
+        # multipleOf divides: a huge int against a float divisor (or a float against a huge int
+        # divisor) overflows float conversion. Lossless JSON allows such ints, so this is a value
+        # the schema cannot judge: refuse it (fail closed) rather than raise out of the call.
+        raise SchemaEvaluationError(f"arithmetic failed ({describe_exception(error)})") from None
 
 
 def violations(validator: Validator, instance: object) -> list[Violation]:

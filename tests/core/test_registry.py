@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from dsh_core.errors import RegistrationError, SchemaDefinitionError
+from dsh_core import hookimpl
+from dsh_core.errors import ErrorCode, RegistrationError, SchemaDefinitionError
 from dsh_core.registry import ToolRegistry
 
-from .helpers import Stack, tool
+from .helpers import Stack, register, tool
 
 pytestmark = pytest.mark.anyio
 
@@ -323,3 +324,23 @@ def test_validation_that_recurses_without_end_gives_a_violation_not_an_exception
         found = violations(compile_validator(schema), instance)
         assert len(found) == 1 and found[0].path == "/" and "cannot be evaluated" in found[0].message
     assert violations(compile_validator(tree), {"c": {"c": {}}}) == []
+
+
+async def test_a_validator_that_cannot_compute_gives_an_error_result_not_an_exception() -> None:
+    """jsonschema's multipleOf divides: a huge int against a float divisor raised a raw OverflowError out of execute."""
+    from dsh_core.model import PostDecision
+
+    class Replace:
+        @hookimpl
+        def dsh_post_execute(self) -> PostDecision:
+            return PostDecision.replace_value(10**400)
+
+    stack = Stack()
+    stack.registry.register(tool("step", parameters={"type": "object", "properties": {"n": {"multipleOf": 0.5}}},
+                                 output_schema={"multipleOf": 0.5}, body=lambda args, ctx: args.get("v", 1)))
+    refused = await stack.call("step", {"n": 10**400})
+    assert refused.code == ErrorCode.INVALID_ARGS and "cannot be evaluated" in refused.text
+    assert "OverflowError" in refused.text
+    assert (await stack.call("step", {"v": 10**400})).code == ErrorCode.INVALID_TOOL_OUTPUT
+    register(stack.hooks, Replace())
+    assert (await stack.call("step", {})).code == ErrorCode.INVALID_TOOL_OUTPUT
