@@ -178,6 +178,14 @@ class ToolResult:
     additional_contexts: tuple[ContextMessage, ...] = field(default=(), converter=_contexts)
     concludes_turn: bool = False
 
+    def __attrs_post_init__(self) -> None:
+        # Checked here, not by whoever reads it: the agent loop ends a turn on ``concludes_turn``
+        # and the CLI prints ``value`` without asking which kind of result it holds, so a failure
+        # a middleware authored with either would otherwise pass as (part of) a success.
+        if self.error is not None and (self.concludes_turn or self.value is not None):
+            extra = "concludes_turn" if self.concludes_turn else "a value"
+            raise ValueError(f"a failed ToolResult ({self.error.code}) cannot carry {extra}")
+
     @property
     def is_error(self) -> bool:
         """True for a failed result."""

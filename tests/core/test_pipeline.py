@@ -974,3 +974,23 @@ async def test_post_execute_still_sees_dispatched_failures() -> None:
     assert (await stack.call("boom")).code == "TOOL_FAILED"
     assert (await stack.call("missing")).code == "UNKNOWN_TOOL"  # unknown names fail at dispatch
     assert recorder.stages() == ["pre", "guard", "post", "result"] * 2
+
+
+async def test_a_middleware_cannot_hand_back_a_failure_that_concludes_the_turn_or_carries_a_value() -> None:
+    """A failure never has a value or concludes_turn: the agent loop ended its turn on an authored one."""
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    authored: list[dict[str, Any]] = [{"concludes_turn": True}, {"value": {"echo": "x"}}]
+
+    class Authoring:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                return attrs.evolve(ToolResult.failure("NOPE", "refused"), **authored.pop(0))
+            return middleware
+
+    register(stack.hooks, Authoring(), name="authoring")
+    for _ in range(2):
+        result = await stack.call("echo", {"text": "x"})
+        assert result.is_error and not result.concludes_turn and result.value is None
+        assert result.code == "TOOL_FAILED" and "'authoring'" in result.text
