@@ -146,6 +146,9 @@ class ToolRegistry:
             return self._global
         layer = self._layers.get(owner)
         if layer is None and create:
+            # The owner may be disposing while the registering scope (a child not unwound yet) is still
+            # active: a layer made now would fail on owner.on_dispose() after being stored, and stay.
+            _ensure_active(owner, "add to its tool layer")
             layer = _Layer(owner)
             self._layers[owner] = layer
             self._chains.clear()

@@ -344,3 +344,29 @@ async def test_a_validator_that_cannot_compute_gives_an_error_result_not_an_exce
     assert (await stack.call("step", {"v": 10**400})).code == ErrorCode.INVALID_TOOL_OUTPUT
     register(stack.hooks, Replace())
     assert (await stack.call("step", {})).code == ErrorCode.INVALID_TOOL_OUTPUT
+
+
+@pytest.mark.parametrize("action", ["register", "guard"])
+async def test_nothing_registered_during_an_agents_disposal_leaves_its_layer_behind(action: str) -> None:
+    """A still-active child of a disposing agent created the agent's layer, then failed on the agent's
+    on_dispose: the layer stayed in the registry forever, and the error was not a RegistrationError."""
+    stack = Stack()
+    agent = stack.agent("a")
+    older = agent.child("plugin:older")
+    newer = agent.child("plugin:newer")  # unwound first: its disposer runs while `older` is still active
+    errors: list[BaseException] = []
+
+    def late() -> None:
+        try:
+            if action == "register":
+                stack.registry.register(tool("late"), scope=older)
+            else:
+                stack.registry.guard(lambda execution: None, scope=older)
+        except Exception as error:
+            errors.append(error)
+
+    newer.on_dispose(late)
+    await agent.dispose()
+    assert stack.registry.inventory() == []
+    assert len(errors) == 1 and isinstance(errors[0], RegistrationError)
+    assert "'root/agent:a' is being disposed" in str(errors[0])
