@@ -376,42 +376,62 @@ class ToolRuntime:
         except HookFailure as failure:
             return staged.settle("final-result", _hook_failed(failure, execution))
         body_results: list[ToolResult] = []
+        # Whether the body runs now, and what a dispatch that settled meanwhile waits on: a
+        # middleware may run ``proceed`` in a task of its own and answer before the body ends.
+        body_running = False
+        body_ended: asyncio.Future[None] | None = None
 
         async def body(call: ToolExecution) -> ToolResult:
+            nonlocal body_running
             # One body per policy decision: a middleware that proceeds twice, or keeps ``proceed``
             # and calls it once the call has settled, must not run the tool again or after its result.
             if staged._proceeded or staged.kind != "dispatch":
                 raise RuntimeError(f"call {execution.call_id!r}: proceed() may be called once, while the call "
                                    "is being dispatched")
             staged._proceeded = True
-            signal = call.signal
-            if signal is caller:
-                result = await self._body(staged, caller)
-            else:
-                # A middleware's tighter signal is fused with the caller's for this body only:
-                # the fused signal's listeners leave the caller's (a whole run's) signal after it.
-                fused, release = AbortSignal.fuse((caller, signal))
-                try:
-                    result = await self._body(staged, fused)
-                finally:
-                    release()
+            body_running = True
+            try:
+                signal = call.signal
+                if signal is caller:
+                    result = await self._body(staged, caller)
+                else:
+                    # A middleware's tighter signal is fused with the caller's for this body only:
+                    # the fused signal's listeners leave the caller's (a whole run's) signal after it.
+                    fused, release = AbortSignal.fuse((caller, signal))
+                    try:
+                        result = await self._body(staged, fused)
+                    finally:
+                        release()
+            finally:
+                body_running = False
+                if body_ended is not None and not body_ended.done():
+                    body_ended.set_result(None)
             body_results.append(result)
             return result
 
         proceed: Proceed = body
         for plugin, middleware in reversed(chain):
             proceed = _link(plugin, middleware, proceed)
+        failed: ToolResult | None = None
         try:
             result = await proceed(execution)
         except HookFailure as failure:
-            return staged.settle("final-result", _hook_failed(failure, execution))
+            failed = _hook_failed(failure, execution)
         except Exception as error:
-            return staged.settle("final-result", error_result(error))
+            failed = error_result(error)
         finally:
             # ``proceed`` closes with the dispatch, however it ends: cancelled mid-middleware, the
             # call is settled by its caller without a kind change, and a kept ``proceed`` must not
             # run the body after that result.
             staged._proceeded = True
+        if body_running:
+            # A middleware detached the body and settled first: the body is never abandoned. The
+            # call's one result waits until it ends (its transport nesting closed), as a body must
+            # be quiescent before its call is.
+            body_ended = asyncio.get_running_loop().create_future()
+            await body_ended
+        if failed is not None:
+            return staged.settle("final-result", failed)
         if not isinstance(result, ToolResult):
             return staged.settle("final-result", ToolResult.failure(
                 ErrorCode.TOOL_FAILED, f"around-dispatch middleware returned {type(result).__name__}, "

@@ -994,3 +994,45 @@ async def test_a_middleware_cannot_hand_back_a_failure_that_concludes_the_turn_o
         result = await stack.call("echo", {"text": "x"})
         assert result.is_error and not result.concludes_turn and result.value is None
         assert result.code == "TOOL_FAILED" and "'authoring'" in result.text
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+async def test_a_body_a_middleware_detached_is_awaited_before_the_call_settles(ending: str) -> None:
+    """A middleware that ran proceed in a task of its own and answered early: the body kept running
+    after the call's one result was emitted (and, for the transport, kept accepting nested calls)."""
+    stack = Stack()
+    events: list[str] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def body(args: Any, ctx: Any) -> Any:
+        started.set()
+        await release.wait()
+        events.append("body ended")
+        return {"echo": "late"}
+
+    stack.registry.register(tool("slow", body=body))
+    detached: list[asyncio.Future[Any]] = []
+
+    class Detaching:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                detached.append(asyncio.ensure_future(proceed(call)))
+                await started.wait()
+                asyncio.get_running_loop().call_later(0.01, release.set)
+                if ending == "raises":
+                    raise ToolError("gave up")
+                return ToolResult(content="early", value={"echo": "early"})
+            return middleware
+
+    class Observer:
+        @hookimpl
+        def dsh_tool_result(self, result: ToolResult) -> None:
+            events.append(f"result {result.code or result.value}")
+
+    register(stack.hooks, Detaching())
+    register(stack.hooks, Observer())
+    result = await stack.call("slow", {})
+    assert events == ["body ended", f"result {result.code or result.value}"]
+    assert result.value == {"echo": "early"} if ending == "returns" else result.text == "Error: gave up"
+    assert (await detached[0]).value == {"echo": "late"}
