@@ -87,6 +87,17 @@ def define_tool(
         raise SchemaDefinitionError(f"{owner}: description must be a non-empty string")
     if not callable(execute):
         raise SchemaDefinitionError(f"{owner}: execute must be an async function")
+    # Checked here, naming the tool: accepted, each would fail every later call of the tool instead.
+    for option, value in (("render", render), ("finalize_content", finalize_content)):
+        if value is not None and not callable(value):
+            raise SchemaDefinitionError(f"{owner}: {option} must be a function, got {type(value).__name__}")
+    if not (is_concurrency_safe is None or isinstance(is_concurrency_safe, bool) or callable(is_concurrency_safe)):
+        raise SchemaDefinitionError(f"{owner}: is_concurrency_safe must be True, False or a function, "
+                                    f"got {type(is_concurrency_safe).__name__}")
+    try:
+        frozen_annotations = freeze(dict(annotations or {}))
+    except NotLosslessError as error:
+        raise SchemaDefinitionError(f"{owner} annotations: {error}") from None
     check_schema(parameters, owner=f"{owner} parameters")
     if parameters.get("type") != "object":
         raise SchemaDefinitionError(f'{owner} parameters: the root schema must have "type": "object"')
@@ -122,7 +133,7 @@ def define_tool(
         is_concurrency_safe=safe,
         finalize_content=finalize_content,
         examples=tuple(frozen_examples),
-        annotations=dict(annotations or {}),
+        annotations=frozen_annotations,
         parameters_validator=parameters_validator,
         output_validator=compile_validator(output),
         parameters_check=fast_check(parameters),

@@ -370,3 +370,22 @@ async def test_nothing_registered_during_an_agents_disposal_leaves_its_layer_beh
     assert stack.registry.inventory() == []
     assert len(errors) == 1 and isinstance(errors[0], RegistrationError)
     assert "'root/agent:a' is being disposed" in str(errors[0])
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("render", "json", r'tool "t": render must be a function, got str'),
+    ("finalize_content", [], r'tool "t": finalize_content must be a function, got list'),
+    ("is_concurrency_safe", "yes", r'tool "t": is_concurrency_safe must be True, False or a function, got str'),
+    ("annotations", {"cost": float("nan")}, r'tool "t" annotations: not lossless JSON at /cost'),
+])
+def test_define_tool_refuses_a_malformed_option_naming_the_tool(option: str, value: object, message: str) -> None:
+    """A non-callable render or finalizer was accepted and failed every later call; lossy annotations
+    raised a bare NotLosslessError that named no tool."""
+    from dsh_core import define_tool
+
+    async def execute(args: Any, ctx: Any) -> Any:
+        return None
+
+    with pytest.raises(SchemaDefinitionError, match=message):
+        define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
+                    **{option: value})  # type: ignore[arg-type]
