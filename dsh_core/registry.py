@@ -242,6 +242,10 @@ class ToolRegistry:
         owner = scope.layer_owner
         if owner is None:
             raise RegistrationError("restrict() requires a scoped context (an agent or preset scope)")
+        for option, names in (("allow", allow), ("deny", deny)):
+            if isinstance(names, str):  # frozenset("ab") is {"a", "b"}: it would filter other tools
+                raise RegistrationError(f"restrict() {option} must be a collection of tool names, not a str "
+                                        f"(write {option}=[{names!r}])")
         allow_set = frozenset(allow) if allow is not None else None
         deny_set = frozenset(deny or ())
         if allow_set is None and not deny_set:

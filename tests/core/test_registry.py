@@ -389,3 +389,17 @@ def test_define_tool_refuses_a_malformed_option_naming_the_tool(option: str, val
     with pytest.raises(SchemaDefinitionError, match=message):
         define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
                     **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("option", ["allow", "deny"])
+def test_restrict_refuses_a_bare_tool_name_string(option: str) -> None:
+    """restrict(deny="ab") read the string as the set of its characters: it denied tools "a" and "b",
+    not "ab" (or failed naming single letters the caller never wrote)."""
+    stack = Stack()
+    for name in ("a", "b", "ab"):
+        stack.registry.register(tool(name))
+    agent = stack.agent()
+    with pytest.raises(RegistrationError, match=rf"restrict\(\) {option} must be a collection of tool names, "
+                                                rf"not a str \(write {option}=\['ab'\]\)"):
+        stack.registry.restrict(agent, **{option: "ab"})
+    assert stack.registry.names(agent) == ["a", "ab", "b"]
