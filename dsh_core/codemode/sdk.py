@@ -912,8 +912,9 @@ class _PythonTypes(_Types):
     def __init__(self, methods: Iterable[str] = ()) -> None:
         #: The ``Tools`` methods: inside that class body such a name is the method, not the type.
         self._methods = frozenset(methods)
+        # ``None``, ``True`` and ``False`` too: a definition ``none`` camel-cases to a keyword.
         super().__init__({"ToolCallError", "Tools", "Any", "Literal", "NotRequired", "Protocol", "TypeAlias",
-                          "TypedDict", *self._methods})
+                          "TypedDict", "None", "True", "False", *self._methods})
         #: The classes (and type aliases) by name, in the order they are defined (each after those it uses).
         self.classes: dict[str, str] = {}
         #: What each class declares: two classes that declare the same are the same type.

@@ -643,6 +643,17 @@ def test_definition_names_are_escaped_and_unique() -> None:
     assert "\ntype Any = number;\n" in render_typescript_sdk(tools)
 
 
+
+@pytest.mark.parametrize("key", ["none", "true", "False"])
+def test_definitions_named_like_python_constants_get_another_name(key: str) -> None:
+    """``none`` camel-cases to ``None``: ``class None(TypedDict)`` is a syntax error and ``p: None``
+    would read as the null type."""
+    schema = {"$defs": {key: {"type": "object", "properties": {"a": {"type": "string"}}}},
+              "type": "object", "properties": {"p": {"$ref": f"#/$defs/{key}"}}, "required": ["p"]}
+    namespace = run_stub(python_block(render_python_sdk([SdkTool("t", "T.", schema, {})])))
+    point = typing.get_type_hints(namespace["TArgs"])["p"]
+    assert typing.get_type_hints(point, include_extras=True)["a"] == typing.NotRequired[str]
+
 def test_the_rules_say_what_the_worker_refuses_or_does_that_a_script_writer_would_not_expect() -> None:
     """Each sentence answers an error the worker gives (or a behaviour it has) for ordinary script habits."""
     from dsh_core.codemode.sdk import PYTHON_RULES
