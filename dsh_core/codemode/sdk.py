@@ -350,9 +350,9 @@ def _conjoin(own: dict[str, Any], part: Mapping[str, Any], conflict: Callable[[l
             own.setdefault(key, value)  # annotations, and constraints no stub shows
     properties = part.get("properties")
     properties = properties if isinstance(properties, dict) else {}
-    extra = part.get("additionalProperties", True)
+    extra = _extra(part)
     if properties or not _says_nothing(extra):
-        mine, mine_extra = own.get("properties", {}), own.get("additionalProperties", True)
+        mine, mine_extra = own.get("properties", {}), _extra(own)
         merged: dict[str, Any] = {}
         for name in [*mine, *(name for name in properties if name not in mine)]:
             schema = _conjunction(mine.get(name, mine_extra), properties.get(name, extra))
@@ -410,6 +410,15 @@ def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(properties, dict):
         return None
     return {key: value for key, value in properties.items() if value is not False}
+
+
+def _extra(schema: Mapping[str, Any]) -> Any:
+    """What ``schema`` allows of a key its ``properties`` do not list: its ``additionalProperties``,
+    or anything (``True``) when it has ``patternProperties``. A key a pattern matches takes that
+    pattern's schema, not ``additionalProperties`` (``false`` does not forbid it), and no stub spells
+    the patterns out: it must not show such keys as forbidden, nor typed as the other keys are."""
+    patterns = schema.get("patternProperties")
+    return True if isinstance(patterns, dict) and patterns else schema.get("additionalProperties", True)
 
 
 def _has_combinators(schema: Mapping[str, Any]) -> bool:
@@ -827,7 +836,7 @@ class _Types:
                 stack.extend(reversed(members))
             if not _conjoin(own, part, conflict):
                 return None
-        properties, extra = own.get("properties", {}), own.get("additionalProperties", True)
+        properties, extra = own.get("properties", {}), _extra(own)
         if any(properties.get(name, extra) is False for name in own.get("required", ())):
             return None  # a required key is forbidden
         if "enum" in own and "type" in own:
@@ -1071,7 +1080,7 @@ class _PythonTypes(_Types):
 
     def _object(self, schema: Mapping[str, Any], hint: str) -> str | _Node:
         properties = _allowed_properties(schema)
-        extra = schema.get("additionalProperties", True)
+        extra = _extra(schema)
         if not isinstance(properties, dict) or not properties:
             mapping = f"{self.builtin('dict')}[{self.builtin('str')}, "
             if isinstance(extra, dict):
@@ -1311,7 +1320,7 @@ class _TypeScriptTypes(_Types):
         if kind != "object":
             return "unknown"
         properties = _allowed_properties(schema)
-        extra = schema.get("additionalProperties", True)
+        extra = _extra(schema)
         if not isinstance(properties, dict) or not properties:
             return "Record<string, never>" if extra is False else "Record<string, JsonValue>"
         keys = list(properties)

@@ -97,6 +97,33 @@ def test_open_objects_say_so() -> None:
     assert "Additional keys" not in render_python_sdk([closed])
 
 
+
+def test_keys_that_pattern_properties_allow_are_not_shown_as_forbidden() -> None:
+    """``patternProperties`` admits keys ``additionalProperties: false`` does not; no stub spells the
+    patterns out, so the object shows as open (its other keys of any type), never as closed."""
+    listed = {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"^x-": {}},
+              "additionalProperties": False}
+    only = {"type": "object", "patternProperties": {"^n_": {"type": "integer"}}, "additionalProperties": False}
+    typed = {"type": "object", "patternProperties": {"^n_": {"type": "integer"}},
+             "additionalProperties": {"type": "string"}}
+    needed = {"type": "object", "required": ["x-id"], "patternProperties": {"^x-": {"type": "string"}},
+              "additionalProperties": False, "oneOf": [{"properties": {"x-id": {"const": "a"}}},
+                                                       {"properties": {"x-id": {"const": "b"}}}]}
+    for schema, instance in ((listed, {"a": "", "x-b": 1}), (only, {"n_a": 1}), (typed, {"n_a": 1}),
+                             (needed, {"x-id": "a"})):
+        jsonschema.validate(instance, schema)  # the tool accepts it
+    tools = [SdkTool(name, "T.", schema, {})
+             for name, schema in (("listed", listed), ("only", only), ("typed", typed), ("needed", needed))]
+    code = python_block(render_python_sdk(tools))
+    assert "class ListedArgs(TypedDict):\n    # Additional keys beyond those declared are allowed.\n" in code
+    assert "async def only(self, args: dict[str, Any])" in code
+    assert "async def typed(self, args: dict[str, Any])" in code
+    assert "not spelled out" not in code  # x-id is allowed: the oneOf variants hold
+    assert 'NeededArgs1 = TypedDict("NeededArgs1", {\n    "x-id": Literal["a"],\n' in code
+    text = render_typescript_sdk(tools)
+    assert "listed: { a?: string } & Record<string, JsonValue>;" in text
+    assert "only: Record<string, JsonValue>;" in text
+
 def test_exotic_names_are_listed_for_subscript_access() -> None:
     code = python_block(render_python_sdk(EXOTIC))
     ast.parse(code)
