@@ -421,6 +421,15 @@ def _extra(schema: Mapping[str, Any]) -> Any:
     return True if isinstance(patterns, dict) and patterns else schema.get("additionalProperties", True)
 
 
+def _items(schema: Mapping[str, Any]) -> Any:
+    """The schema every element of the array ``schema`` holds in: its ``items``, unless it has
+    ``prefixItems`` (Draft 2020-12), whose members the first elements take instead of ``items``
+    and which no stub spells out; ``None`` when the elements are not typed alike."""
+    prefix = schema.get("prefixItems")
+    items = schema.get("items")
+    return items if isinstance(items, dict) and not (isinstance(prefix, list) and prefix) else None
+
+
 def _has_combinators(schema: Mapping[str, Any]) -> bool:
     return any(isinstance(value := schema.get(key), list) and value for key in _COMBINATORS)
 
@@ -1063,9 +1072,9 @@ class _PythonTypes(_Types):
         if kind in _PY_SCALARS:
             return _PY_SCALARS[kind] if kind == "null" else self.builtin(_PY_SCALARS[kind])
         if kind == "array":
-            items = schema.get("items")
+            items = _items(schema)
             array = self.builtin("list")
-            if isinstance(items, dict):
+            if items is not None:
                 return _Node([(items, hint + "Item")], lambda parts: f"{array}[{parts[0]}]")
             return f"{array}[{self._any()}]"
         if kind == "object":
@@ -1313,8 +1322,8 @@ class _TypeScriptTypes(_Types):
         if kind in _TS_SCALARS:
             return _TS_SCALARS[kind]
         if kind == "array":
-            items = schema.get("items")
-            if isinstance(items, dict):
+            items = _items(schema)
+            if items is not None:
                 return _Node([(items, hint)], lambda parts: _ts_array(parts[0]))
             return "JsonValue[]"
         if kind != "object":

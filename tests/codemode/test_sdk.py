@@ -124,6 +124,16 @@ def test_keys_that_pattern_properties_allow_are_not_shown_as_forbidden() -> None
     assert "listed: { a?: string } & Record<string, JsonValue>;" in text
     assert "only: Record<string, JsonValue>;" in text
 
+
+def test_an_array_with_prefix_items_does_not_type_every_element_as_its_items() -> None:
+    """Draft 2020-12 ``items`` holds only past ``prefixItems``: ``["a", 1, True]`` is a valid ``pair``."""
+    pair = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": {"type": "boolean"}}
+    schema = {"type": "object", "properties": {"pair": pair}, "required": ["pair"], "additionalProperties": False}
+    jsonschema.Draft202012Validator(schema).validate({"pair": ["a", 1, True]})
+    tool = SdkTool("t", "T.", schema, {})
+    assert "    pair: list[Any]\n" in python_block(render_python_sdk([tool]))
+    assert "t: { pair: JsonValue[] };" in render_typescript_sdk([tool])
+
 def test_exotic_names_are_listed_for_subscript_access() -> None:
     code = python_block(render_python_sdk(EXOTIC))
     ast.parse(code)
