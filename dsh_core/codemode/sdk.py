@@ -430,6 +430,18 @@ def _items(schema: Mapping[str, Any]) -> Any:
     return items if isinstance(items, dict) and not (isinstance(prefix, list) and prefix) else None
 
 
+def _values(schema: Mapping[str, Any]) -> list[Any] | None:
+    """The values ``schema``'s ``const``/``enum`` lists, less those its ``type`` refuses (``null`` in
+    ``{"type": "string", "enum": ["a", null]}``); ``None`` when it lists none. When its ``type``
+    refuses them all, nothing holds and they are shown as written."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list) or not values:
+        return None
+    types = _type_list(schema.get("type"))
+    allowed = values if types is None else [value for value in values if _allows(types, _json_type(value))]
+    return allowed or values
+
+
 def _has_combinators(schema: Mapping[str, Any]) -> bool:
     return any(isinstance(value := schema.get(key), list) and value for key in _COMBINATORS)
 
@@ -1052,11 +1064,9 @@ class _PythonTypes(_Types):
     def _visit_schema(self, schema: Any, hint: str, depth: int) -> str | _Node:
         if not isinstance(schema, dict) or depth > MAX_TYPE_DEPTH:
             return self._any()
-        if "const" in schema:
-            return self._literals([schema["const"]])
-        enum = schema.get("enum")
-        if isinstance(enum, list) and enum:
-            return self._literals(enum)
+        values = _values(schema)
+        if values is not None:
+            return self._literals(values)
         reference = self.reference(schema)
         if reference is not None:
             return reference
@@ -1304,8 +1314,8 @@ class _TypeScriptTypes(_Types):
             return "JsonValue" if schema is True else "unknown"
         if depth > MAX_TYPE_DEPTH:
             return "JsonValue"
-        values = [schema["const"]] if "const" in schema else schema.get("enum")
-        if isinstance(values, list) and values:
+        values = _values(schema)
+        if values is not None:
             return _union([_ts_literal(v) for v in values])
         reference = self.reference(schema)
         if reference is not None:

@@ -134,6 +134,21 @@ def test_an_array_with_prefix_items_does_not_type_every_element_as_its_items() -
     assert "    pair: list[Any]\n" in python_block(render_python_sdk([tool]))
     assert "t: { pair: JsonValue[] };" in render_typescript_sdk([tool])
 
+
+def test_enum_values_the_type_refuses_are_not_offered() -> None:
+    """``{"type": "string", "enum": ["a", null]}`` refuses ``null`` (a common slip for a nullable enum)."""
+    mode = {"type": "string", "enum": ["a", None]}
+    nullable = {"type": ["string", "null"], "enum": ["a", None]}
+    schema = {"type": "object", "properties": {"mode": mode, "nullable": nullable, "fixed": {"type": "integer",
+                                                                                          "const": "x"}},
+              "required": ["mode", "nullable"], "additionalProperties": False}
+    assert not jsonschema.Draft202012Validator(mode).is_valid(None)
+    tool = SdkTool("t", "T.", schema, {})
+    code = python_block(render_python_sdk([tool]))
+    assert '    mode: Literal["a"]\n    nullable: Literal["a", None]\n' in code
+    assert '    fixed: NotRequired[Literal["x"]]\n' in code  # nothing holds: shown as written
+    assert 't: { mode: "a"; nullable: "a" | null; fixed?: "x" };' in render_typescript_sdk([tool])
+
 def test_exotic_names_are_listed_for_subscript_access() -> None:
     code = python_block(render_python_sdk(EXOTIC))
     ast.parse(code)
