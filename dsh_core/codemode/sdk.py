@@ -404,12 +404,19 @@ def _opaque(ref: str) -> _Noted:
                   "A type here must also match keywords of its schema that are not spelled out.")
 
 
-def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``schema``'s properties but those it forbids (``false``: no stub lists them)."""
+def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys an object stub lists, with their schemas: ``schema``'s properties but those it
+    forbids (``false``), then each key it requires that they do not list, of the schema its other
+    keys take. A call without such a key is refused, so the stub must show it (a key the schema
+    also forbids makes it one nothing meets: it is not listed)."""
     properties = schema.get("properties")
-    if not isinstance(properties, dict):
-        return None
-    return {key: value for key, value in properties.items() if value is not False}
+    properties = properties if isinstance(properties, dict) else {}
+    allowed = {key: value for key, value in properties.items() if value is not False}
+    required = schema.get("required")
+    extra = _extra(schema)
+    if isinstance(required, list) and extra is not False:
+        allowed.update((key, extra) for key in required if isinstance(key, str) and key not in properties)
+    return allowed
 
 
 def _extra(schema: Mapping[str, Any]) -> Any:
@@ -1100,7 +1107,7 @@ class _PythonTypes(_Types):
     def _object(self, schema: Mapping[str, Any], hint: str) -> str | _Node:
         properties = _allowed_properties(schema)
         extra = _extra(schema)
-        if not isinstance(properties, dict) or not properties:
+        if not properties:
             mapping = f"{self.builtin('dict')}[{self.builtin('str')}, "
             if isinstance(extra, dict):
                 return _Node([(extra, hint + "Value")], lambda parts: f"{mapping}{parts[0]}]")
@@ -1340,7 +1347,7 @@ class _TypeScriptTypes(_Types):
             return "unknown"
         properties = _allowed_properties(schema)
         extra = _extra(schema)
-        if not isinstance(properties, dict) or not properties:
+        if not properties:
             return "Record<string, never>" if extra is False else "Record<string, JsonValue>"
         keys = list(properties)
         required = schema.get("required")

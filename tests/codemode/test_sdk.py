@@ -149,6 +149,23 @@ def test_enum_values_the_type_refuses_are_not_offered() -> None:
     assert '    fixed: NotRequired[Literal["x"]]\n' in code  # nothing holds: shown as written
     assert 't: { mode: "a"; nullable: "a" | null; fixed?: "x" };' in render_typescript_sdk([tool])
 
+
+def test_required_keys_that_properties_do_not_list_are_shown_required() -> None:
+    """``required`` may name a key ``properties`` does not list: a call without it is refused, so the
+    stub lists it as required, of the type the schema gives its other keys."""
+    bare = {"type": "object", "required": ["path"]}
+    typed = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "n"],
+             "additionalProperties": {"type": "integer"}}
+    assert not jsonschema.Draft202012Validator(bare).is_valid({})
+    tools = [SdkTool("bare", "B.", bare, {}), SdkTool("typed", "T.", typed, {})]
+    namespace = run_stub(python_block(render_python_sdk(tools)))
+    assert namespace["BareArgs"].__required_keys__ == {"path"}
+    assert typing.get_type_hints(namespace["TypedArgs"]) == {"a": str, "n": int}
+    assert namespace["TypedArgs"].__required_keys__ == {"a", "n"}
+    text = render_typescript_sdk(tools)
+    assert "bare: { path: JsonValue } & Record<string, JsonValue>;" in text
+    assert "typed: { a: string; n: number } & Record<string, JsonValue>;" in text
+
 def test_exotic_names_are_listed_for_subscript_access() -> None:
     code = python_block(render_python_sdk(EXOTIC))
     ast.parse(code)
