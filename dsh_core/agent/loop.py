@@ -661,7 +661,8 @@ async def run_agent(
             else:
                 info = await store.create(meta={"agent": resolved_id, "task": task}, lease=lease)
                 session_id = info.id
-            recorder = SessionRecorder(store, session_id)
+            # Checked against the lease: once another run has taken the session over, this one stops.
+            recorder = SessionRecorder(store, session_id, lease=lease)
             run_scope.provide(SESSION_SERVICE, recorder)
         if recorder is not None:
             harness.hooks.register(_ApprovalRecorder(run_scope, recorder),

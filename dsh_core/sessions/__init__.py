@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
     from dsh_core.sessions.store import (
         SessionBusyError,
+        SessionLeaseLostError,
         SessionNotFoundError,
         SessionStore,
         SessionStoreError,
@@ -27,6 +28,7 @@ __all__ = [
     "SESSION_SERVICE",
     "SessionRecorder",
     "SessionBusyError",
+    "SessionLeaseLostError",
     "SessionNotFoundError",
     "SessionStore",
     "SessionStoreError",
@@ -41,6 +43,6 @@ if not TYPE_CHECKING:
         "dsh_core.sessions.events": ["EventKind", "NewEvent", "SessionEvent", "SessionInfo"],
         "dsh_core.sessions.lease": ["SessionLease", "holder_alive"],
         "dsh_core.sessions.recorder": ["SESSION_SERVICE", "SessionRecorder"],
-        "dsh_core.sessions.store": ["SessionBusyError", "SessionNotFoundError", "SessionStore", "SessionStoreError",
-                                    "SessionStoreFactory", "dsh_home"],
+        "dsh_core.sessions.store": ["SessionBusyError", "SessionLeaseLostError", "SessionNotFoundError", "SessionStore",
+                                    "SessionStoreError", "SessionStoreFactory", "dsh_home"],
     })

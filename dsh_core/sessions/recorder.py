@@ -22,6 +22,7 @@ from typing import Final
 
 from dsh_core.lossless import JSON
 from dsh_core.sessions.events import NewEvent, SessionEvent
+from dsh_core.sessions.lease import SessionLease
 from dsh_core.sessions.store import SessionStore
 
 __all__ = ["SessionRecorder", "SESSION_SERVICE"]
@@ -31,11 +32,17 @@ SESSION_SERVICE: Final = "session"
 
 
 class SessionRecorder:
-    """Appends events to one session of one store, in call order."""
+    """Appends events to one session of one store, in call order.
 
-    def __init__(self, store: SessionStore, session_id: str) -> None:
+    With ``lease`` (the run's), every append is checked against it: once the run has lost the
+    session (released, or taken over by another run), appends fail with
+    :class:`~dsh_core.sessions.store.SessionLeaseLostError` and write nothing.
+    """
+
+    def __init__(self, store: SessionStore, session_id: str, *, lease: SessionLease | None = None) -> None:
         self.store = store
         self.session_id = session_id
+        self.lease = lease
         # One lock per session: concurrent appenders (the loop, nested Code Mode dispatch) commit in the
         # order they called, and a batch is never interleaved with another writer's events.
         self._lock = asyncio.Lock()
@@ -60,7 +67,7 @@ class SessionRecorder:
     async def append_many(self, events: Sequence[NewEvent]) -> list[SessionEvent]:
         """Commit a batch in one transaction (all or nothing), in order."""
         async with self._lock:
-            return await self.store.append(self.session_id, events)
+            return await self.store.append(self.session_id, events, lease=self.lease)
 
     async def load(self) -> list[SessionEvent]:
         """Every committed event of this session."""

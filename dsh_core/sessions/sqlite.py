@@ -30,7 +30,7 @@ from typing import Any, Final, TypeVar
 
 from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo, decode_payload, encode_payload
 from dsh_core.sessions.lease import SessionLease, holder_alive
-from dsh_core.sessions.store import SessionBusyError, SessionNotFoundError, SessionStoreError
+from dsh_core.sessions.store import SessionBusyError, SessionLeaseLostError, SessionNotFoundError, SessionStoreError
 
 __all__ = ["SqliteSessionStore", "DB_FILENAME", "new_session_id"]
 
@@ -195,8 +195,13 @@ class SqliteSessionStore:
         await self._run(lambda: self._transaction(work, session_id=chosen, doing="create"))
         return SessionInfo(chosen, now, now, 0, json.loads(meta_text), lease)
 
-    async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:
-        """Commit ``events`` in one transaction; ``seq`` continues the session's order."""
+    async def append(self, session_id: str, events: Sequence[NewEvent], *,
+                     lease: SessionLease | None = None) -> list[SessionEvent]:
+        """Commit ``events`` in one transaction; ``seq`` continues the session's order.
+
+        With ``lease``: :class:`SessionLeaseLostError` unless it holds the session (read in the
+        same ``BEGIN IMMEDIATE`` transaction, so no takeover can slip between check and write).
+        """
         if not events:
             return []
         # Encoded here, on the caller's side, so a bad payload fails before anything is written.
@@ -206,6 +211,8 @@ class SqliteSessionStore:
             found = conn.execute("SELECT event_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if found is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            if lease is not None:
+                self._check_held(conn, session_id, lease)
             (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?",
                                    (session_id,)).fetchone()
             now = time.time()
@@ -225,6 +232,20 @@ class SqliteSessionStore:
             return stored
 
         return await self._run(lambda: self._transaction(work, session_id=session_id, doing="append to"))
+
+    @staticmethod
+    def _check_held(conn: sqlite3.Connection, session_id: str, lease: SessionLease) -> None:
+        """:class:`SessionLeaseLostError` unless ``lease`` holds the session."""
+        row = conn.execute("SELECT token, holder FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+        if row is not None and row[0] == lease.token:
+            return
+        holder = None
+        if row is not None:
+            try:
+                holder = SessionLease.from_json(json.loads(row[1]))
+            except ValueError:
+                holder = SessionLease("", 0, "unknown")  # unreadable, yet not this run's
+        raise SessionLeaseLostError(session_id, holder)
 
     @staticmethod
     def _claim(conn: sqlite3.Connection, session_id: str, lease: SessionLease) -> None:

@@ -23,7 +23,7 @@ from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo
 from dsh_core.sessions.lease import SessionLease
 
 __all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "SessionBusyError",
-           "dsh_home"]
+           "SessionLeaseLostError", "dsh_home"]
 
 
 class SessionStoreError(DshError):
@@ -52,6 +52,20 @@ class SessionBusyError(SessionStoreError):
         self.holder = holder
 
 
+class SessionLeaseLostError(SessionStoreError):
+    """A run appended under a lease that no longer holds its session (``holder`` is the one that does, if any)."""
+
+    code = "SESSION_LEASE_LOST"
+
+    def __init__(self, session_id: str, holder: SessionLease | None) -> None:
+        how = ("its lease was released (dsh sessions release)" if holder is None
+               else f"another run took it over ({holder.describe()})")
+        super().__init__(f"session {session_id!r} is no longer held by this run: {how}; nothing more of this "
+                         "run is recorded in it, so that the two runs' events do not interleave")
+        self.session_id = session_id
+        self.holder = holder
+
+
 @runtime_checkable
 class SessionStore(Protocol):
     """An append-only event log per session.
@@ -64,8 +78,9 @@ class SessionStore(Protocol):
     Leases: at most one lease holds a session. :meth:`acquire` claims it
     atomically (two processes racing for it cannot both win) and takes over a
     lease whose holder is gone (:func:`~dsh_core.sessions.lease.holder_alive`
-    says so); :meth:`release` drops it. Leases do not restrict :meth:`append`
-    or the reads.
+    says so); :meth:`release` drops it. An :meth:`append` made with a lease
+    commits only while that lease holds the session (checked in the same
+    transaction); one made without a lease, and the reads, are not restricted.
     """
 
     async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
@@ -98,8 +113,13 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def append(self, session_id: str, events: Sequence[NewEvent]) -> list[SessionEvent]:
-        """Commit ``events`` in one transaction and return them as stored."""
+    async def append(self, session_id: str, events: Sequence[NewEvent], *,
+                     lease: SessionLease | None = None) -> list[SessionEvent]:
+        """Commit ``events`` in one transaction and return them as stored.
+
+        With ``lease``, :class:`SessionLeaseLostError` (and nothing written) unless that lease
+        holds the session: a run that lost it (released, or taken over) must not write on.
+        """
         ...
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:

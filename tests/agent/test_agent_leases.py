@@ -12,7 +12,7 @@ from agent_kit import call, calls, final, scripted, start, tool
 
 from dsh_core.agent.loop import StopReason, history_from_events, open_session_store, run_agent
 from dsh_core.harness import Harness
-from dsh_core.sessions import SessionBusyError, SessionLease
+from dsh_core.sessions import SessionBusyError, SessionLease, SessionLeaseLostError
 
 pytestmark = pytest.mark.anyio
 
@@ -151,6 +151,34 @@ async def test_a_refused_run_does_not_release_the_holders_lease(tmp_path: Path) 
         assert not await lease_is_free(harness, info.id)
         await store.release(info.id, holder)
         assert (await run_agent(harness, "go", session_id=info.id)).ok
+    finally:
+        await store.close()
+        await harness.aclose()
+
+
+async def test_a_run_whose_lease_was_taken_over_stops_writing_the_session(tmp_path: Path) -> None:
+    thief = SessionLease.for_this_run()
+
+    async def steal(args: Any, ctx: Any) -> Any:
+        # `dsh sessions release` then a second run resuming the session, while this run goes on.
+        store = open_session_store(harness)
+        try:
+            (info,) = await store.list()
+            await store.break_lease(info.id)
+            await store.acquire(info.id, thief)
+        finally:
+            await store.close()
+        return "stolen"
+
+    harness = await start(tmp_path, tools=[tool("steal", steal)], turns=[calls(call("steal", {})), final("done")])
+    store = open_session_store(harness)
+    try:
+        with pytest.raises(SessionLeaseLostError, match="is no longer held by this run"):
+            await run_agent(harness, "go")
+        (info,) = await store.list()
+        events = await store.load(info.id)
+        assert [e.kind for e in events] == ["run/start", "message/user", "message/assistant", "tool/call"]
+        assert (await store.get(info.id)).holder == thief  # the losing run's end did not free it
     finally:
         await store.close()
         await harness.aclose()

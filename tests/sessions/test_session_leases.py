@@ -17,7 +17,16 @@ from pathlib import Path
 import attrs
 import pytest
 
-from dsh_core.sessions import SessionBusyError, SessionLease, SessionNotFoundError, SessionStore, holder_alive
+from dsh_core.sessions import (
+    NewEvent,
+    SessionBusyError,
+    SessionLease,
+    SessionLeaseLostError,
+    SessionNotFoundError,
+    SessionRecorder,
+    SessionStore,
+    holder_alive,
+)
 from dsh_core.sessions.lease import boot_id, machine_id, process_start
 from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
 
@@ -261,5 +270,30 @@ async def test_a_sessions_summary_names_the_lease_holding_it(tmp_path: Path, fac
         assert {info.id: info.holder for info in await store.list()} == {created.id: holder, free.id: None}
         await store.release(created.id, holder)
         assert (await store.get(created.id)).holder is None
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("factory", STORES)
+async def test_a_run_that_lost_its_lease_appends_nothing(tmp_path: Path, factory: StoreFactory) -> None:
+    """Released (`dsh sessions release`) or taken over, a lease no longer lets its run write the session."""
+    store = factory(tmp_path)
+    first, second = SessionLease.for_this_run(), SessionLease.for_this_run()
+    try:
+        info = await store.create(lease=first)
+        recorder = SessionRecorder(store, info.id, lease=first)
+        await recorder.append("mine")
+        await store.break_lease(info.id)
+        with pytest.raises(SessionLeaseLostError, match=f"session {info.id!r} is no longer held by this run") as lost:
+            await recorder.append("after release")
+        assert lost.value.code == "SESSION_LEASE_LOST" and lost.value.holder is None
+        await store.acquire(info.id, second)
+        with pytest.raises(SessionLeaseLostError, match=f"pid {os.getpid()} on host") as lost:
+            await recorder.append_many([NewEvent("after takeover"), NewEvent("batch")])
+        assert lost.value.holder == second
+        await store.append(info.id, [NewEvent("theirs")], lease=second)
+        assert [e.kind for e in await store.load(info.id)] == ["mine", "theirs"]
+        with pytest.raises(SessionNotFoundError):
+            await store.append("nope", [NewEvent("x")], lease=first)
     finally:
         await store.close()
