@@ -13,6 +13,13 @@ wins and the other sees its lease.
 All database work runs on one dedicated thread: the event loop never blocks
 on disk, the connection is only ever used by the thread that opened it, and
 writers are serialized without a lock (the thread takes jobs in order).
+
+A cancelled write commits nothing: the cancellation and the database thread's
+``COMMIT`` race for one decision (:class:`_Fate`). If the cancellation wins,
+the job is dropped or rolls back and the caller gets ``CancelledError``; if
+the ``COMMIT`` was already under way, the write completes and returns (the
+caller is told it happened) and the cancellation takes effect at the
+caller's next ``await``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import contextlib
 import json
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +95,34 @@ def _info(row: tuple[Any, ...]) -> SessionInfo:
     return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), holder)
 
 
+class _Abandoned(Exception):
+    """A write whose caller was cancelled before it committed: rolled back, and nobody waits for it."""
+
+
+class _Fate:
+    """Whether one write commits: decided once, by its ``COMMIT`` or by its caller's cancellation, whichever first."""
+
+    __slots__ = ("_lock", "_decided")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the database thread and the event loop decide
+        self._decided: str | None = None
+
+    def _decide(self, outcome: str) -> bool:
+        with self._lock:
+            if self._decided is None:
+                self._decided = outcome
+            return self._decided == outcome
+
+    def commit(self) -> bool:
+        """Claim the write for ``COMMIT`` (database thread); ``False`` if its caller has given it up."""
+        return self._decide("commit")
+
+    def abandon(self) -> bool:
+        """Give the write up (cancelled caller); ``False`` if its ``COMMIT`` is already under way."""
+        return self._decide("abandon")
+
+
 class SqliteSessionStore:
     """:class:`~dsh_core.sessions.store.SessionStore` on SQLite (stdlib ``sqlite3``)."""
 
@@ -143,18 +179,58 @@ class SqliteSessionStore:
             raise SessionStoreError(f"session store {str(self.path)!r} is closed")
         return await asyncio.get_running_loop().run_in_executor(executor, job)
 
-    def _transaction(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str) -> T:
+    async def _write(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str) -> T:
+        """Run ``work`` as one transaction on the database thread; a cancelled call commits nothing.
+
+        Unless the ``COMMIT`` had begun when the cancellation came: then the write is done, so it is
+        returned, and the cancellation is raised again at the caller's next ``await`` (never lost).
+        """
+        executor = self._executor
+        if executor is None:
+            raise SessionStoreError(f"session store {str(self.path)!r} is closed")
+        fate = _Fate()
+        future = asyncio.get_running_loop().run_in_executor(
+            executor, lambda: self._transaction(work, session_id=session_id, doing=doing, fate=fate))
+        try:
+            # Shielded: a cancellation must not detach the job before it is known whether it commits.
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if fate.abandon():
+                future.cancel()  # not started: it never runs; started: it rolls back at its COMMIT
+                raise
+        while True:
+            try:
+                result = await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                continue  # a second cancellation changes nothing: the COMMIT is under way
+            except Exception:
+                raise asyncio.CancelledError from None  # the COMMIT failed: nothing written, the cancellation stands
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Re-deliver the cancellation caught above without counting it twice.
+            task.uncancel()
+            task.cancel()
+        return result
+
+    def _transaction(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str,
+                     fate: _Fate | None = None) -> T:
         """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; an SQLite failure is a :class:`SessionStoreError`.
 
         A failed statement or ``COMMIT`` rolls back (only if a transaction is still open: SQLite ends one
         itself on a full disk, and a blind ``ROLLBACK`` would then replace the real error with "no
         transaction is active"), so the connection is never left inside a transaction.
+
+        With ``fate``, the transaction commits only if :meth:`_Fate.commit` says so, and otherwise
+        raises :class:`_Abandoned` after rolling back.
         """
         conn = self._db()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = work(conn)
+                if fate is not None and not fate.commit():
+                    raise _Abandoned
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -192,7 +268,7 @@ class SqliteSessionStore:
             if lease is not None:
                 self._claim(conn, chosen, lease)
 
-        await self._run(lambda: self._transaction(work, session_id=chosen, doing="create"))
+        await self._write(work, session_id=chosen, doing="create")
         return SessionInfo(chosen, now, now, 0, json.loads(meta_text), lease)
 
     async def append(self, session_id: str, events: Sequence[NewEvent], *,
@@ -231,7 +307,7 @@ class SqliteSessionStore:
                          (now, len(params), session_id))
             return stored
 
-        return await self._run(lambda: self._transaction(work, session_id=session_id, doing="append to"))
+        return await self._write(work, session_id=session_id, doing="append to")
 
     @staticmethod
     def _check_held(conn: sqlite3.Connection, session_id: str, lease: SessionLease) -> None:
@@ -268,7 +344,7 @@ class SqliteSessionStore:
                     raise SessionBusyError(session_id, holder)
             self._claim(conn, session_id, lease)
 
-        await self._run(lambda: self._transaction(work, session_id=session_id, doing="lease"))
+        await self._write(work, session_id=session_id, doing="lease")
 
     async def release(self, session_id: str, lease: SessionLease) -> None:
         """Drop ``lease``'s claim on the session (if it still holds it)."""
@@ -276,7 +352,7 @@ class SqliteSessionStore:
         def work(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM leases WHERE session_id = ? AND token = ?", (session_id, lease.token))
 
-        await self._run(lambda: self._transaction(work, session_id=session_id, doing="release the lease of"))
+        await self._write(work, session_id=session_id, doing="release the lease of")
 
     async def break_lease(self, session_id: str) -> SessionLease | None:
         """Drop whatever lease holds the session and return it (``None`` if none did)."""
@@ -293,7 +369,7 @@ class SqliteSessionStore:
             except ValueError:
                 return SessionLease("", 0, "unknown")  # an unreadable holder: broken all the same
 
-        return await self._run(lambda: self._transaction(work, session_id=session_id, doing="break the lease of"))
+        return await self._write(work, session_id=session_id, doing="break the lease of")
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""

@@ -119,6 +119,10 @@ class SessionStore(Protocol):
 
         With ``lease``, :class:`SessionLeaseLostError` (and nothing written) unless that lease
         holds the session: a run that lost it (released, or taken over) must not write on.
+
+        Cancelled, it commits nothing and raises ``CancelledError``; only if the commit was
+        already under way does it return the events (they are stored) and leave the
+        cancellation to the caller's next ``await``. Returning means committed, raising means not.
         """
         ...
 

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,65 @@ def test_a_child_killed_mid_write_loses_no_committed_event(tmp_path: Path) -> No
             await store.close()
 
     assert asyncio.run(reopen()) == len(seqs) + 1
+
+
+async def _cancel_once_waiting(task: asyncio.Task[object]) -> None:
+    await asyncio.sleep(0.1)  # the write is on the database thread, waiting for the lock
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_cancelled_append_commits_nothing(tmp_path: Path) -> None:
+    """CancelledError out of append means the batch is not in the log, whenever the cancellation came."""
+    store = SqliteSessionStore(tmp_path / DB_FILENAME)
+    other = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        info = await store.create()
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock for a while
+        writing = asyncio.ensure_future(store.append(info.id, [NewEvent("running")]))
+        await _cancel_once_waiting(writing)
+        queued = asyncio.ensure_future(store.append(info.id, [NewEvent("queued")]))  # behind a cancelled one
+        await _cancel_once_waiting(queued)
+        created = asyncio.ensure_future(store.create(session_id="cancelled"))
+        await _cancel_once_waiting(created)
+        other.execute("ROLLBACK")
+        (kept,) = await store.append(info.id, [NewEvent("kept")])
+        assert kept.seq == 1 and [e.kind for e in await store.load(info.id)] == ["kept"]
+        assert [s.id for s in await store.list()] == [info.id]
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_an_append_cancelled_while_it_commits_returns_and_then_is_cancelled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancellation that comes too late to stop the COMMIT: append says it happened, the task still ends."""
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        committed = store._transaction
+
+        def slow_to_return(*args: object, **kwargs: object) -> object:
+            result = committed(*args, **kwargs)  # type: ignore[arg-type]
+            time.sleep(0.2)  # committed, not yet handed back: the cancellation lands here
+            return result
+
+        monkeypatch.setattr(store, "_transaction", slow_to_return)
+        seen: list[object] = []
+
+        async def appender() -> None:
+            seen.extend(await store.append(info.id, [NewEvent("committed")]))
+            await asyncio.sleep(0)
+            seen.append("not cancelled")
+
+        task = asyncio.ensure_future(appender())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        monkeypatch.undo()
+        assert [getattr(e, "kind", e) for e in seen] == ["committed"]
+        assert [e.kind for e in await store.load(info.id)] == ["committed"]
+    finally:
+        await store.close()
