@@ -348,8 +348,8 @@ def sessions_release(ctx: click.Context, session_id: str, configs: tuple[str, ..
     """Free a session whose run is gone where dsh cannot check (another host or container).
 
     A run holds its session while it runs, so that no second run continues it at once; a
-    run killed on this host frees it by itself. Releasing a session a live run still holds
-    lets a second run interleave with it.
+    run killed on this host frees it by itself. A live run whose session is released
+    stops at its next write (its work since then is not recorded).
     """
 
     async def work(store: SessionStore) -> SessionLease | None:
