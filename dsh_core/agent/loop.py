@@ -411,11 +411,9 @@ class AgentLoop:
                 contexts: list[NewEvent] = []
                 results: list[NewEvent] = []
                 for record in records:
-                    assert record.result is not None
-                    message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": record.result.text}
+                    message, event = _tool_result(record)
                     messages.append(message)
-                    results.append(NewEvent(EventKind.TOOL_RESULT, _result_payload(record, message),
-                                            root_call_id=record.call_id))
+                    results.append(event)
                 for record in records:
                     assert record.result is not None
                     for context in record.result.additional_contexts:
@@ -516,16 +514,25 @@ class AgentLoop:
             "name": r.name, "tool_call_id": r.tool_call_id, "arguments": r.raw_arguments,
             "execution_mode": r.mode}, root_call_id=r.call_id) for r in records])
         index = 0
-        while index < len(records):
-            if records[index].mode == "parallel":
-                end = index
-                while end < len(records) and records[end].mode == "parallel":
-                    end += 1
-                await _all_or_none([self._run_one(r, signal) for r in records[index:end]])
-                index = end
-            else:
-                await self._run_one(records[index], signal)
-                index += 1
+        try:
+            while index < len(records):
+                if records[index].mode == "parallel":
+                    end = index
+                    while end < len(records) and records[end].mode == "parallel":
+                        end += 1
+                    await _all_or_none([self._run_one(r, signal) for r in records[index:end]])
+                    index = end
+                else:
+                    await self._run_one(records[index], signal)
+                    index += 1
+        except BaseException:
+            # Cancelled or failed mid-step: the calls that did finish (a file written, a command run)
+            # keep their results, in call order. Dropped, a resumed run told the model they had been
+            # interrupted, and it ran them again; the unfinished ones are repaired as interrupted.
+            settled = [_tool_result(r)[1] for r in records if r.result is not None]
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._record(settled))
+            raise
         return records
 
     async def _run_one(self, record: ToolCallRecord, signal: AbortSignal) -> None:
@@ -561,6 +568,13 @@ async def _all_or_none(work: list[Coroutine[Any, Any, None]]) -> None:
             raise error
     if any(task.cancelled() for task in tasks):
         raise asyncio.CancelledError  # as gather would: a call cancelled from within cancels the batch
+
+
+def _tool_result(record: ToolCallRecord) -> tuple[Message, NewEvent]:
+    """The ``tool`` message of a settled call and its ``tool/result`` event."""
+    assert record.result is not None
+    message: Message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": record.result.text}
+    return message, NewEvent(EventKind.TOOL_RESULT, _result_payload(record, message), root_call_id=record.call_id)
 
 
 def _result_payload(record: ToolCallRecord, message: Message) -> dict[str, Any]:

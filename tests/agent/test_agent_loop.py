@@ -299,6 +299,53 @@ async def test_a_cancelled_run_records_its_end_and_propagates_the_cancellation(t
         await harness.aclose()
 
 
+async def test_a_cancelled_step_keeps_the_results_of_the_calls_that_finished(tmp_path: Path) -> None:
+    """A cancel mid-step dropped every result: on resume the model was told finished calls were interrupted."""
+    started = asyncio.Event()
+
+    async def done(args: Any, ctx: Any) -> Any:
+        return f"{args['n']} done"
+
+    async def stubborn(args: Any, ctx: Any) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    # One exclusive call, then a parallel batch of which one call finishes and one never does.
+    turns = [calls(call("write_once", {"n": 1}, "w"), call("fast", {"n": 2}, "f"), call("stubborn", {}, "s")),
+             final("never")]
+    from dsh_core.agent.loop import LoopObserver
+
+    fast_settled = asyncio.Event()
+
+    class Watch(LoopObserver):
+        def on_tool_end(self, record: Any) -> None:
+            if record.name == "fast":
+                fast_settled.set()
+
+    harness = await start(tmp_path, tools=[tool("write_once", done), tool("fast", done, safe=True),
+                                           tool("stubborn", stubborn, safe=True)], turns=turns)
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "go", observer=Watch()))
+        await asyncio.wait_for(asyncio.gather(started.wait(), fast_settled.wait()), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        store = open_session_store(harness)
+        try:
+            (info,) = await store.list()
+            events = await store.load(info.id)
+        finally:
+            await store.close()
+        assert [e.kind for e in events][-3:] == ["tool/result", "tool/result", "run/end"]
+        assert [e.root_call_id for e in events if e.kind == "tool/result"] == ["1.1", "1.2"]
+        tool_messages = [m for m in history_from_events(events) if m["role"] == "tool"]
+        assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [
+            ("w", "1 done"), ("f", "2 done"),
+            ("s", "Error: the tool call was interrupted (the run ended before it returned a result)")]
+    finally:
+        await harness.aclose()
+
+
 async def test_a_run_under_wait_for_times_out_with_timeout_error(tmp_path: Path) -> None:
     async def stubborn(args: Any, ctx: Any) -> Any:
         await asyncio.sleep(30)
