@@ -101,9 +101,10 @@ def normalize_assistant(raw: object, *, who: str, fallback_ids: Callable[[int], 
 
     Accepts what OpenAI-compatible servers actually send: ``arguments`` as an
     object (some servers) is re-encoded as JSON text, a missing call id is
-    filled from ``fallback_ids(index)``, ``content`` as a list of text parts
-    is joined. Anything else malformed is an error (a ``malformed-tool-call``
-    when a tool call is the culprit).
+    filled from ``fallback_ids(index)``, and so is an id an earlier call of
+    the message already has (each result must answer exactly one call),
+    ``content`` as a list of text parts is joined. Anything else malformed is
+    an error (a ``malformed-tool-call`` when a tool call is the culprit).
     """
     if not isinstance(raw, Mapping):
         raise ProviderError("malformed-response", f"{who}: the assistant message is {type(raw).__name__}, "
@@ -123,6 +124,7 @@ def normalize_assistant(raw: object, *, who: str, fallback_ids: Callable[[int], 
     if not isinstance(calls, list):
         raise _fail(who, f"tool_calls is {type(calls).__name__}, expected a list")
     normalized: list[dict[str, Any]] = []
+    taken: set[str] = set()
     for index, call in enumerate(calls):
         where = f"tool_calls[{index}]"
         if not isinstance(call, Mapping):
@@ -142,10 +144,16 @@ def normalize_assistant(raw: object, *, who: str, fallback_ids: Callable[[int], 
             raise _fail(who, f"{where}.function.arguments of tool {name!r} is {type(arguments).__name__}, "
                              "expected JSON text")
         call_id = call.get("id")
-        if not isinstance(call_id, str) or not call_id:
+        if not isinstance(call_id, str) or not call_id or call_id in taken:
             if fallback_ids is None:
-                raise _fail(who, f"{where} (tool {name!r}) has no id")
+                problem = "has no id" if not isinstance(call_id, str) or not call_id else f"repeats id {call_id!r}"
+                raise _fail(who, f"{where} (tool {name!r}) {problem}")
+            # Results are matched to calls by id: two calls under one id left the model unable to tell
+            # their results apart, and a resumed history kept only the first.
             call_id = fallback_ids(index)
+            while call_id in taken:
+                call_id += "_"
+        taken.add(call_id)
         normalized.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
     if normalized:
         message["tool_calls"] = normalized

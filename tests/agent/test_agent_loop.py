@@ -430,6 +430,33 @@ async def test_invalid_json_arguments_become_an_invalid_args_message(tmp_path: P
         await harness.aclose()
 
 
+async def test_calls_that_share_an_id_get_distinct_ids_so_each_result_answers_one(tmp_path: Path) -> None:
+    """Two calls with one id got two results under that id: ambiguous to the model, and a resume dropped one."""
+
+    async def echo(args: Any, ctx: Any) -> Any:
+        return f"n={args['n']}"
+
+    harness = await start(tmp_path, tools=[tool("echo", echo)])
+    replies = iter([calls(call("echo", {"n": 1}, "same"), call("echo", {"n": 2}, "same")), final("ok")])
+
+    async def server(*args: Any, **kwargs: Any) -> Any:
+        return next(replies)
+
+    scripted(harness).complete = server
+    try:
+        result = await run_agent(harness, "go")
+        assert result.ok
+        ids = [c["id"] for c in result.messages[1]["tool_calls"]]
+        assert ids[0] == "same" and len(set(ids)) == 2
+        live = [(m["tool_call_id"], m["content"]) for m in result.messages if m["role"] == "tool"]
+        assert live == [(ids[0], "n=1"), (ids[1], "n=2")]
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        assert [(m["tool_call_id"], m["content"]) for m in history_from_events(events) if m["role"] == "tool"] == live
+    finally:
+        await harness.aclose()
+
+
 async def test_concludes_turn_stops_and_contexts_become_user_messages(tmp_path: Path) -> None:
     async def note(args: Any, ctx: Any) -> Any:
         ctx.defer_context("remember: the build is green")
