@@ -190,6 +190,14 @@ async def run_demo_once(base: Path, *, mode: str, observer: LoopObserver | None 
         await harness.aclose()
     if not result.ok:
         raise DshError(f"the demo run ({mode} mode) stopped: {result.reason}: {result.error}")
+    # The scripted model answers as if every call worked: a failed one (Code Mode unable to run here,
+    # say) must fail the demo, not be reported under a canned success and exit 0.
+    for event in events:
+        if event.kind == EventKind.TOOL_RESULT and not event.payload.get("ok"):
+            error = event.payload.get("error") or {}
+            raise DshError(f"the demo run ({mode} mode): tool call {event.payload.get('name')} "
+                           f"[{event.root_call_id}] failed (run with --keep to inspect its session): "
+                           f"{error.get('code')}: {error.get('message')}")
     return DemoRun(result, info, tuple(events), size, workspace)
 
 

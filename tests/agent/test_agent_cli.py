@@ -321,6 +321,20 @@ def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
     assert "Code Mode sent" in out and "native " in out
 
 
+@pytest.mark.anyio
+async def test_a_demo_whose_tool_call_fails_is_an_error_not_the_scripted_success(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted model answers "wrote the report" whatever happened: a failed program still exited 0."""
+    from dsh_core.agent import demo
+    from dsh_core.errors import DshError
+
+    files = {name: text for name, text in demo.DEMO_FILES.items() if name != "notes/plan.md"}
+    monkeypatch.setattr(demo, "DEMO_FILES", files)
+    with pytest.raises(DshError, match=r"(?s)the demo run \(code mode\): tool call run_code \[1\.1\] failed .*: "
+                                       r"CODE_RUN_FAILED: .*file not found: 'notes/plan\.md'"):
+        await demo.run_demo(tmp_path)
+
+
 def test_the_kept_demo_says_how_to_open_its_sessions_and_that_works(tmp_path: Path) -> None:
     done = dsh("demo", "--keep", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
