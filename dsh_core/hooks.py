@@ -38,7 +38,7 @@ from dsh_core.model import (
     ToolResult,
     content_problem,
 )
-from dsh_core.scope import Scope
+from dsh_core.scope import Scope, one_shot
 
 __all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "failure_message", "guard_verdict_error"]
 
@@ -215,6 +215,7 @@ class Hooks:
         self._layers[name] = scope.layer_owner if scope is not None else None
         self._cache.clear()
 
+        @one_shot
         def unregister() -> None:
             if self._pm.get_plugin(name) is plugin:  # never a later plugin that took the name
                 self.unregister(name)

@@ -25,7 +25,7 @@ from typing import Final, Literal, TypeAlias
 from dsh_core.errors import RegistrationError
 from dsh_core.lossless import JSON
 from dsh_core.model import ExecutionMode, ToolDefinition, ToolExecution, ToolSchema
-from dsh_core.scope import Scope
+from dsh_core.scope import Scope, one_shot
 
 __all__ = ["ToolRegistry", "Mode", "MODES", "TRANSPORT_NAME", "TOOL_NAME_PATTERN", "Guard"]
 
@@ -220,6 +220,7 @@ class ToolRegistry:
         layer.tools[name] = definition
         self._changed()
 
+        @one_shot
         def unregister() -> None:
             if layer.tools.get(name) is definition:
                 del layer.tools[name]
@@ -266,6 +267,7 @@ class ToolRegistry:
         layer.restrictions.append(restriction)
         self._changed()
 
+        @one_shot
         def lift() -> None:
             if restriction in layer.restrictions:
                 layer.restrictions.remove(restriction)
@@ -296,6 +298,7 @@ class ToolRegistry:
         assert layer is not None
         layer.guards.append(guard)
 
+        @one_shot
         def remove() -> None:
             if guard in layer.guards:
                 layer.guards.remove(guard)
@@ -332,6 +335,7 @@ class ToolRegistry:
         layer.mode = mode
         self._changed()
 
+        @one_shot
         def restore() -> None:
             if layer.mode == mode:
                 layer.mode = None

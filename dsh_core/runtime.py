@@ -66,7 +66,7 @@ from dsh_core.model import (
 )
 from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 from dsh_core.schema import format_violations, violations
-from dsh_core.scope import Scope
+from dsh_core.scope import Scope, one_shot
 
 __all__ = [
     "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
@@ -161,6 +161,7 @@ class ToolRuntime:
         """
         self._live_parents[token] = self._live_parents.get(token, 0) + 1
 
+        @one_shot
         def close() -> None:
             count = self._live_parents.get(token, 0) - 1
             if count > 0:

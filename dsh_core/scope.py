@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
-__all__ = ["Scope", "ScopeDisposedError"]
+__all__ = ["Scope", "ScopeDisposedError", "one_shot"]
 
 log = logging.getLogger("dsh")
 
@@ -32,6 +32,27 @@ _ids = itertools.count(1)
 #: The scopes the current context is unwinding (set in unwinding tasks, inherited by what they start).
 _unwinding: contextvars.ContextVar[frozenset[Scope]] = contextvars.ContextVar("dsh_scope_unwinding",
                                                                               default=frozenset())
+
+
+
+def one_shot(undo: Callable[[], None]) -> Callable[[], None]:
+    """``undo`` made safe to call more than once: it does its work the first time only.
+
+    What a ``register``-style call returns (and hands to its scope's disposal) undoes
+    that one registration. Called again after the same object was registered anew, a
+    plain undo would find a registration that looks like its own and remove it: a
+    guard, a restriction or a mode declared later would silently be gone.
+    """
+    done = False
+
+    @functools.wraps(undo)
+    def undo_once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            undo()
+
+    return undo_once
 
 
 class ScopeDisposedError(RuntimeError):
@@ -123,6 +144,7 @@ class Scope:
         self._ensure_active("register a disposer")
         self._disposers.append(disposer)
 
+        @one_shot
         def forget() -> None:
             if disposer in self._disposers:
                 self._disposers.remove(disposer)
@@ -151,6 +173,7 @@ class Scope:
             raise ValueError(f"service {key!r} is already provided in scope {self.path!r}")
         self._services[key] = service
 
+        @one_shot
         def withdraw() -> None:
             if self._services.get(key) is service:
                 del self._services[key]
