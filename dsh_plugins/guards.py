@@ -6,8 +6,9 @@ and can only deny: they are the last, monotonic line of the policy.
 * Tools: ``deny_tools`` denies matching names; a non-empty ``allow_tools``
   denies every name it does not match (``fnmatch`` globs). In Code Mode, list
   ``run_code`` in ``allow_tools`` too.
-* Paths: every string argument named in ``path_arguments`` (``path`` and
-  friends by default; lists of strings too) is resolved against ``root``
+* Paths: every argument named in ``path_arguments`` (``path`` and friends by
+  default), at any depth (a ``path`` key in an object inside another argument
+  too), holding a string or a list of strings, is resolved against ``root``
   (symlinks followed, a ``..`` after one both as the system and as the
   workspace reads it), which must be the root the tools resolve against (the
   workspace root) and is required once ``deny_paths`` or ``allowed_roots`` is
@@ -16,7 +17,9 @@ and can only deny: they are the last, monotonic line of the policy.
   Fail closed: when relative ``deny_paths`` exist, a path that resolves
   outside ``root`` (an absolute path, ``..``, a symlink) is denied, since
   relative globs cannot judge it. A leading ``~`` is checked both expanded and
-  literally (tools differ in whether they expand it).
+  literally (tools differ in whether they expand it). An empty string is the
+  root. While there are path rules, a path argument holding anything else
+  (null, a number, an object, a nested list) is denied: it cannot be judged.
 * What a path guard does not see: it judges the paths a call names, not what a
   tool reaches from them. A directory-wide tool called on a parent directory
   (``search`` or ``list`` on ``.``) still reads or lists what lies under a
@@ -49,6 +52,7 @@ Config::
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import itertools
 import os
@@ -163,18 +167,39 @@ class Guards:
         if self.allow_tools and not any(fnmatch.fnmatchcase(name, p) for p in self.allow_tools):
             return (f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
                     f"(allowed: {', '.join(self.allow_tools)})")
-        arguments = execution.arguments
-        if not isinstance(arguments, dict):
-            return None
-        for key, value in arguments.items():
-            if key not in self.path_arguments:
-                continue
-            values = value if isinstance(value, list) else [value]
-            for item in values:
-                if isinstance(item, str) and item:
-                    reason = self._check_path(key, item)
-                    if reason is not None:
-                        return reason
+        # Every object in the arguments, nested ones too (in document order, without recursion: the
+        # arguments may be arbitrarily deep): a path key inside another argument ({"files": [{"path":
+        # ".env"}]}) names a file all the same.
+        pending: collections.deque[object] = collections.deque([execution.arguments])
+        while pending:
+            node = pending.popleft()
+            if isinstance(node, list):
+                pending.extend(node)
+            elif isinstance(node, dict):
+                for key, value in node.items():
+                    if key in self.path_arguments:
+                        reason = self._check_value(key, value)
+                        if reason is not None:
+                            return reason
+                    if isinstance(value, (dict, list)):
+                        pending.append(value)
+        return None
+
+    def _check_value(self, key: str, value: object) -> str | None:
+        """Judge the value of a path argument: a string or a list of strings. Anything else (null, a number,
+        which ``open()`` takes for a descriptor, an object, a nested list) cannot be judged, so it is denied
+        while there are path rules; an empty string is the root, as ``os.path.join`` reads it."""
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                reason = self._check_path(key, item)
+            elif self.deny_paths or self.allowed_roots:
+                reason = (f'guards: argument "{key}" {"holds" if isinstance(value, list) else "is"} '
+                          f"{_json_kind(item)}, not a path (a string or a list of strings), so deny_paths and "
+                          f'allowed_roots of plugin row "{self.row}" cannot judge it; denied')
+            else:
+                reason = None
+            if reason is not None:
+                return reason
         return None
 
     def _check_path(self, key: str, given: str) -> str | None:
@@ -267,6 +292,17 @@ def _case_insensitive(directory: str) -> bool:
         return os.path.samestat(os.lstat(probe), os.lstat(os.path.join(parent, swapped(name))))
     except OSError:
         return False
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value that is not a string is, for a denial reason."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else "a value"
 
 
 def _lexical(path: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dsh_core import ToolExecution
+from dsh_core import ToolExecution, define_tool
 from dsh_core.abort import AbortSignal
 from dsh_core.model import ExecutionToken
 from dsh_core.testing.loader import load_plugin
@@ -260,3 +260,36 @@ async def test_a_path_no_file_can_have_is_denied_with_a_reason_not_a_traceback(
             "(\\ud800) that has no encoding")
         assert "Traceback" not in caplog.text and "UnicodeEncodeError" not in caplog.text
         assert (await h.call("read", {"path": "caf\udce9.txt"})).error is None
+
+
+async def test_path_arguments_the_guard_cannot_read_are_denied_not_passed(boot: Any, tmp_path: Path) -> None:
+    """A loosely typed tool may take a path as "", a number (a descriptor to open()), an object, a nested list,
+    or under a path key inside another argument: with path rules set, each is judged or denied, never passed."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x\n")
+    ran: list[object] = []
+
+    async def run(args: Any, ctx: Any) -> Any:
+        ran.append(args)
+        return "ran"
+
+    loose = define_tool(name="loose", description="takes anything", execute=run, parameters={"type": "object"})
+    async with boot(*rows(tmp_path, allowed_roots=["src"])) as h:
+        h.registry.register(loose)
+        for arguments in ({"path": ""}, {"path": 3}, {"path": None}, {"path": True}, {"path": {"p": "src"}},
+                          {"path": [["docs.txt"]]}, {"paths": ["src/a.py", 0]}, {"files": [{"path": "docs.txt"}]},
+                          {"options": {"nested": {"dir": ".."}}}):
+            result = await h.call("loose", arguments)
+            assert result.code == "DENIED", arguments
+            assert 'plugin row "guards"' in result.text, arguments
+        assert ran == []
+        denied = await h.call("loose", {"path": 3})
+        assert denied.error is not None and denied.error.message == (
+            'guards: argument "path" is a number, not a path (a string or a list of strings), so '
+            'deny_paths and allowed_roots of plugin row "guards" cannot judge it; denied')
+        for arguments in ({"path": "src/a.py"}, {"files": [{"path": "src/a.py"}], "count": 3},
+                          {"paths": ["src", "src/a.py"]}):
+            assert (await h.call("loose", arguments)).error is None, arguments
+    async with boot(*rows(tmp_path)) as h:  # no path rules: the guard judges nothing
+        h.registry.register(loose)
+        assert (await h.call("loose", {"path": 3, "files": [{"path": None}]})).error is None
