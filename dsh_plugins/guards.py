@@ -19,7 +19,10 @@ and can only deny: they are the last, monotonic line of the policy.
   relative globs cannot judge it. A leading ``~`` is checked both expanded and
   literally (tools differ in whether they expand it). An empty string is the
   root. While there are path rules, a path argument holding anything else
-  (null, a number, an object, a nested list) is denied: it cannot be judged.
+  (null, a number, an object, a nested list) is denied: it cannot be judged;
+  and one the tool's schema declares but the call leaves out is judged as its
+  schema ``default``, else as the root (``list`` and ``search`` without a
+  path work on the whole root).
 * What a path guard does not see: it judges the paths a call names, not what a
   tool reaches from them. A directory-wide tool called on a parent directory
   (``search`` or ``list`` on ``.``) still reads or lists what lies under a
@@ -57,6 +60,7 @@ import fnmatch
 import itertools
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from dsh_core import Scope, ToolError, ToolExecution, hookimpl, plugin
@@ -122,6 +126,7 @@ class Guards:
     """The plugin instance: compiled tool lists and path rules."""
 
     def __init__(self, scope: Scope, config: dict[str, Any]) -> None:
+        self.scope = scope
         # The scope of a plugin row is named "plugin:<row id>"; denials name the row to edit.
         self.row = scope.name.partition(":")[2] or "guards"
         self.allow_tools: list[str] = list(config.get("allow_tools", []))
@@ -167,6 +172,10 @@ class Guards:
         if self.allow_tools and not any(fnmatch.fnmatchcase(name, p) for p in self.allow_tools):
             return (f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
                     f"(allowed: {', '.join(self.allow_tools)})")
+        if self.deny_paths or self.allowed_roots:
+            reason = self._check_omitted(execution)
+            if reason is not None:
+                return reason
         # Every object in the arguments, nested ones too (in document order, without recursion: the
         # arguments may be arbitrarily deep): a path key inside another argument ({"files": [{"path":
         # ".env"}]}) names a file all the same.
@@ -185,31 +194,52 @@ class Guards:
                         pending.append(value)
         return None
 
-    def _check_value(self, key: str, value: object) -> str | None:
+    def _check_omitted(self, execution: ToolExecution) -> str | None:
+        """Judge the path arguments the tool declares but the call leaves out, as the tool's schema default
+        or else the root: ``list`` and ``search`` without a path work on the whole root, which an
+        ``allowed_roots`` below it must deny as it denies an explicit ``"."``."""
+        registry = self.scope.lookup("tools")
+        definition = None if registry is None else registry.get(execution.name, execution.agent)
+        properties = None if definition is None else definition.parameters.get("properties")
+        if not isinstance(properties, Mapping):
+            return None
+        given = execution.arguments if isinstance(execution.arguments, dict) else {}
+        for key, schema in properties.items():
+            if key in self.path_arguments and key not in given:
+                default = schema.get("default", ".") if isinstance(schema, Mapping) else "."
+                reason = self._check_value(key, default, omitted=True)
+                if reason is not None:
+                    return reason
+        return None
+
+    def _check_value(self, key: str, value: object, *, omitted: bool = False) -> str | None:
         """Judge the value of a path argument: a string or a list of strings. Anything else (null, a number,
         which ``open()`` takes for a descriptor, an object, a nested list) cannot be judged, so it is denied
         while there are path rules; an empty string is the root, as ``os.path.join`` reads it."""
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str):
-                reason = self._check_path(key, item)
+                reason = self._check_path(key, item, omitted=omitted)
             elif self.deny_paths or self.allowed_roots:
-                reason = (f'guards: argument "{key}" {"holds" if isinstance(value, list) else "is"} '
-                          f"{_json_kind(item)}, not a path (a string or a list of strings), so deny_paths and "
-                          f'allowed_roots of plugin row "{self.row}" cannot judge it; denied')
+                verb = "holds" if isinstance(value, list) else "is"
+                note = " (omitted: its default)" if omitted else ""
+                reason = (f'guards: argument "{key}"{note} {verb} {_json_kind(item)}, not a path (a string or '
+                          f'a list of strings), so deny_paths and allowed_roots of plugin row "{self.row}" '
+                          "cannot judge it; denied")
             else:
                 reason = None
             if reason is not None:
                 return reason
         return None
 
-    def _check_path(self, key: str, given: str) -> str | None:
+    def _check_path(self, key: str, given: str, *, omitted: bool = False) -> str | None:
+        where = f'argument "{key}"' + (", omitted: judged as the tool's default" if omitted else "")
         if "\0" in given:
             return f'guards: argument "{key}" contains a NUL character'
         try:
             os.fsencode(given)
         except UnicodeEncodeError as error:  # no file has this name, and realpath would raise on it
             shown = given.encode("utf-8", "backslashreplace").decode("utf-8")
-            return (f'guards: path "{shown}" (argument "{key}") cannot be a file name: it holds a lone surrogate '
+            return (f'guards: path "{shown}" ({where}) cannot be a file name: it holds a lone surrogate '
                     f"(\\u{ord(given[error.start]):04x}) that has no encoding")
         # Every spelling a tool may open: "~" literal and expanded, each as given (under the real root and
         # under the root as configured) and where its symlinks lead: as the system resolves it (a symlink
@@ -223,18 +253,18 @@ class Guards:
             for pattern, regex, absolute in self.deny_paths:
                 subject = candidate if absolute else relative
                 if subject is not None and regex.match(subject):
-                    return (f'guards: path "{given}" (argument "{key}") matches the denied pattern '
+                    return (f'guards: path "{given}" ({where}) matches the denied pattern '
                             f'"{pattern}" (deny_paths of plugin row "{self.row}")')
         for candidate, relative in judged:
             if relative is None and self.relative_deny:
-                return (f'guards: path "{given}" (argument "{key}") resolves to {candidate}, outside the guard '
+                return (f'guards: path "{given}" ({where}) resolves to {candidate}, outside the guard '
                         f"root {self.root}, where the relative deny_paths patterns "
                         f"({', '.join(self.relative_deny)}) of plugin row \"{self.row}\" cannot be checked; "
                         "denied (use a path inside the root)")
         for real in dict.fromkeys(reals):
             if self.allowed_roots and not any(real == root or real.startswith(root.rstrip("/") + "/")
                                               for root in self.allowed_roots):
-                return (f'guards: path "{given}" (argument "{key}") resolves to {real}, outside the allowed '
+                return (f'guards: path "{given}" ({where}) resolves to {real}, outside the allowed '
                         f"roots ({', '.join(self.allowed_roots)}) of plugin row \"{self.row}\"")
         return None
 

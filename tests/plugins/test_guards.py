@@ -293,3 +293,32 @@ async def test_path_arguments_the_guard_cannot_read_are_denied_not_passed(boot: 
     async with boot(*rows(tmp_path)) as h:  # no path rules: the guard judges nothing
         h.registry.register(loose)
         assert (await h.call("loose", {"path": 3, "files": [{"path": None}]})).error is None
+
+
+async def test_an_omitted_path_argument_is_judged_as_the_tools_default(boot: Any, tmp_path: Path) -> None:
+    """list and search without a path work on the root: allowed_roots must judge that, not let it through."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x\n")
+    (tmp_path / "docs.txt").write_text("SECRET=1\n")
+    ran: list[object] = []
+
+    async def run(args: Any, ctx: Any) -> Any:
+        ran.append(args)
+        return "ran"
+
+    async with boot(*rows(tmp_path, allowed_roots=["src"])) as h:
+        for name, arguments in (("list", {}), ("search", {"pattern": "SECRET"})):
+            result = await h.call(name, arguments)
+            assert result.code == "DENIED", name
+            assert result.error is not None and result.error.message.startswith(
+                'guards: path "." (argument "path", omitted: judged as the tool\'s default) resolves to '
+                f"{tmp_path.resolve()}, outside the allowed roots"), result.error.message
+        assert (await h.call("search", {"pattern": "x", "path": "src"})).error is None
+        # A default the tool's schema declares is the one judged.
+        h.registry.register(define_tool(name="lint", description="d", execute=run, parameters={
+            "type": "object", "properties": {"dir": {"type": "string", "default": "src"}, "file": {"type": "string"}}}))
+        assert (await h.call("lint", {"file": "src/a.py"})).error is None
+        assert (await h.call("lint", {"dir": "src"})).code == "DENIED"  # "file" omitted: the root
+        assert ran == [{"file": "src/a.py"}]
+    async with boot(*rows(tmp_path, deny_paths=["**/.env"])) as h:  # the root itself is not denied here
+        assert (await h.call("list", {})).error is None
