@@ -34,7 +34,10 @@ of segments. A glob starting with ``/`` (or ``~``) matches the absolute path,
 as written and with the symlinks of its glob-free leading directories resolved
 (so ``/tmp/ws/secrets/**`` holds when ``/tmp`` is a symlink, or ``root`` is
 spelled through one); any other glob matches the path relative to ``root`` (so
-``**/.env`` denies every ``.env`` inside the workspace). Globs are normalised
+``**/.env`` denies every ``.env`` inside the workspace), and where its glob-free
+leading directories are a symlink, also the files it leads to (``alias/**``
+with ``alias -> secrets`` denies ``secrets/key``). Symlinks in globs are
+resolved at load. Globs are normalised
 like the paths they judge (``./x`` is ``x``, ``x//y`` and ``x/./y`` are
 ``x/y``); a glob ending in ``/`` denies the directory and everything under it
 (``secrets/`` is ``secrets`` and ``secrets/**``), while ``secrets/**`` leaves
@@ -158,6 +161,14 @@ class Guards:
                 globs += [_resolve_prefix(glob) for glob in globs]
             for glob in dict.fromkeys(globs):
                 self.deny_paths.append((pattern, re.compile(glob_to_regex(glob).pattern, flags), absolute))
+            if not absolute:
+                # Likewise a relative glob through a symlink in the root ("alias/**", alias -> secrets):
+                # secrets/key is the file alias/key opens. Its resolved form is matched as an absolute glob,
+                # since the symlink may lead anywhere.
+                for glob in dict.fromkeys(globs):
+                    resolved = _resolve_relative_prefix(glob, self.root)
+                    if resolved is not None:
+                        self.deny_paths.append((pattern, re.compile(glob_to_regex(resolved).pattern, flags), True))
         self.relative_deny = list(dict.fromkeys(pattern for pattern, _regex, absolute in self.deny_paths
                                                 if not absolute))
 
@@ -353,6 +364,18 @@ def _resolve_prefix(glob: str) -> str:
     literal = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
     prefix, tail = "/".join(parts[:literal]) or "/", parts[literal:]
     return "/".join([_glob_escape(os.path.realpath(prefix)).rstrip("/"), *tail]) or "/"
+
+
+def _resolve_relative_prefix(glob: str, root: str) -> str | None:
+    """The absolute glob a ``glob`` relative to ``root`` stands for through the symlinks of its glob-free
+    leading components, or None when there are none (the relative glob says it all)."""
+    parts = glob.split("/")
+    literal = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+    prefix = os.path.join(root, *parts[:literal])
+    real = os.path.realpath(prefix)
+    if real == _lexical(prefix):
+        return None
+    return "/".join([_glob_escape(real).rstrip("/"), *parts[literal:]]) or "/"
 
 
 @plugin(config_schema=CONFIG_SCHEMA)

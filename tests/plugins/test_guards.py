@@ -322,3 +322,20 @@ async def test_an_omitted_path_argument_is_judged_as_the_tools_default(boot: Any
         assert ran == [{"file": "src/a.py"}]
     async with boot(*rows(tmp_path, deny_paths=["**/.env"])) as h:  # the root itself is not denied here
         assert (await h.call("list", {})).error is None
+
+
+async def test_a_relative_glob_through_a_symlink_denies_the_files_it_leads_to(boot: Any, tmp_path: Path) -> None:
+    """"alias/**" with alias -> secrets denied alias/key but not secrets/key, the same file, though the absolute
+    spelling of the same glob denied both: relative globs resolve their leading symlinks too."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text("k\n")
+    (tmp_path / "notes.txt").write_text("ok\n")
+    (tmp_path / "alias").symlink_to("secrets")
+    async with boot(*rows(tmp_path, deny_paths=["alias/"])) as h:
+        for path in ("secrets/key", "alias/key", "secrets", str(tmp_path / "secrets/key")):
+            result = await h.call("read", {"path": path})
+            assert result.code == "DENIED" and 'matches the denied pattern "alias/"' in result.text, path
+        assert (await h.call("read", {"path": "notes.txt"})).error is None
+    for deny in ("alias/**", "./alias/[k]ey"):
+        verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": [deny]}, "secrets/key", "notes.txt")
+        assert f'matches the denied pattern "{deny}"' in str(verdicts[0]) and verdicts[1] is None, deny
