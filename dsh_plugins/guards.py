@@ -110,14 +110,19 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
             out.append("[^/]")
             i += 1
         elif char == "[":
-            end = pattern.find("]", i + 1)
+            # As fnmatch reads a class: a "]" right after "[" or "[!" is a member, not the end.
+            start = i + 2 if pattern.startswith("[!", i) else i + 1
+            end = pattern.find("]", start + 1 if pattern.startswith("]", start) else start)
             if end == -1:
                 out.append(re.escape(char))
                 i += 1
             else:
                 body = pattern[i + 1:end]
-                body = "^" + body[1:] if body.startswith("!") else body.replace("\\", "\\\\")
-                out.append(f"[{body}]")
+                negated = body.startswith("!")
+                # Members are literal for the regex too (a backslash, "[" and "]"; "&", "~", "|" would warn
+                # as future set operations); only "-" ranges and a leading "^" (negation, as in bash) stay.
+                body = re.sub(r"([\\\[\]&~|])", r"\\\1", body[1:] if negated else body)
+                out.append(f"[{'^' if negated else ''}{body}]")
                 i = end + 1
         else:
             out.append(re.escape(char))
@@ -159,8 +164,12 @@ class Guards:
                 # directories resolved, since candidates are real paths too: "/tmp/link/secrets/**" still
                 # denies what the tools open as /tmp/real/secrets/key.
                 globs += [_resolve_prefix(glob) for glob in globs]
-            for glob in dict.fromkeys(globs):
-                self.deny_paths.append((pattern, re.compile(glob_to_regex(glob).pattern, flags), absolute))
+            try:
+                compiled = [(glob, re.compile(glob_to_regex(glob).pattern, flags)) for glob in dict.fromkeys(globs)]
+            except re.error as error:  # a class no regex holds: "[z-a]"
+                raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{self.row}" is not a '
+                                f"valid glob: {error.msg}") from None
+            self.deny_paths.extend((pattern, regex, absolute) for _glob, regex in compiled)
             if not absolute:
                 # Likewise a relative glob through a symlink in the root ("alias/**", alias -> secrets):
                 # secrets/key is the file alias/key opens. Its resolved form is matched as an absolute glob,

@@ -339,3 +339,15 @@ async def test_a_relative_glob_through_a_symlink_denies_the_files_it_leads_to(bo
     for deny in ("alias/**", "./alias/[k]ey"):
         verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": [deny]}, "secrets/key", "notes.txt")
         assert f'matches the denied pattern "{deny}"' in str(verdicts[0]) and verdicts[1] is None, deny
+
+
+async def test_bracket_classes_mean_what_fnmatch_means_and_bad_ones_are_named(boot: Any, tmp_path: Path) -> None:
+    """A "]" first in a class is a member, a backslash is a member in "[!...]" too, "a[]b" is literal: such
+    globs crashed the load ("bad escape \\Z") or meant a regex class; one no regex holds names its pattern."""
+    verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": ["a[]b", "x[]]", "y[!\\w]", "k[!]]"]},
+                                    "a[]b", "x]", "yx", "kx", "y\\", "yw", "k]", "ab")
+    assert [verdict is not None for verdict in verdicts] == [True, True, True, True, False, False, False, False]
+    with pytest.raises(Exception, match=re.escape('deny_paths pattern "file[z-a]" of plugin row "guards" is not a '
+                                                  "valid glob: bad character range z-a")):
+        async with boot(*rows(tmp_path, deny_paths=["file[z-a]"])):
+            pass  # pragma: no cover
