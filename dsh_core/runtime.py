@@ -481,6 +481,16 @@ class ToolRuntime:
             value = await definition.execute(execution.arguments, context)
         except Exception as error:
             result = error_result(error)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this call is being cancelled: its caller settles it
+            # Nobody cancelled this call: the body let out the cancellation of something it awaited
+            # (a task or future another owner cancelled, or its own subtask on abort). Propagated, it
+            # would read as the whole run being interrupted; it is this call's failure (or abort).
+            result = aborted_result() if fused.aborted else ToolResult.failure(
+                ErrorCode.TOOL_FAILED, f'tool "{execution.name}" raised CancelledError, but its call was not '
+                                       "cancelled (something it awaited was cancelled elsewhere)")
         else:
             result = self._success(definition, execution.arguments, value)
             if context.concludes_turn and not result.is_error:

@@ -10,6 +10,7 @@ import pytest
 
 from dsh_core import ToolError, hookimpl
 from dsh_core.abort import AbortController, AbortSignal
+from dsh_core.errors import ErrorCode
 from dsh_core.model import (
     ApprovalOutcome,
     ContextMessage,
@@ -1036,3 +1037,50 @@ async def test_a_body_a_middleware_detached_is_awaited_before_the_call_settles(e
     assert events == ["body ended", f"result {result.code or result.value}"]
     assert result.value == {"echo": "early"} if ending == "returns" else result.text == "Error: gave up"
     assert (await detached[0]).value == {"echo": "late"}
+
+
+async def test_a_body_that_lets_out_a_cancellation_nobody_asked_for_fails_only_its_call() -> None:
+    """A body awaiting a future someone else cancelled raises CancelledError: that is the tool's
+    failure, not the cancellation of the caller (an agent run would end as interrupted)."""
+
+    async def awaits_a_cancelled_future(args: Any, ctx: Any) -> Any:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+
+    stack = Stack()
+    stack.registry.register(tool("flaky", body=awaits_a_cancelled_future))
+    result = await stack.call("flaky")
+    assert result.error is not None and result.error.code == ErrorCode.TOOL_FAILED, result
+    assert "CancelledError" in result.error.message and '"flaky"' in result.error.message
+
+
+async def test_a_body_cancelling_its_own_work_on_abort_is_aborted_not_failed() -> None:
+    controller = AbortController()
+
+    async def cancels_its_subtask_on_abort(args: Any, ctx: Any) -> Any:
+        work = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+        ctx.signal.add_listener(lambda reason: work.cancel())
+        controller.abort("user")
+        await work
+
+    stack = Stack()
+    stack.registry.register(tool("slow", body=cancels_its_subtask_on_abort))
+    result = await stack.call("slow", signal=controller.signal)
+    assert result.error is not None and result.error.code == ErrorCode.ABORTED, result
+
+
+async def test_a_call_that_is_cancelled_still_raises_cancelled_error() -> None:
+    started = asyncio.Event()
+
+    async def waits(args: Any, ctx: Any) -> Any:
+        started.set()
+        await asyncio.sleep(10)
+
+    stack = Stack()
+    stack.registry.register(tool("waits", body=waits))
+    task = asyncio.get_running_loop().create_task(stack.call("waits"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
