@@ -70,7 +70,7 @@ class ConsoleObserver(LoopObserver):
         """Show a starting call with its arguments."""
         arguments = _short(call.raw_arguments, 80)
         lane = " [dim](parallel)[/]" if call.mode == "parallel" else ""
-        self.console.print(f"  [cyan]→ {escape(call.name)}[/] {escape(arguments)}{lane}")
+        self.console.print(f"  [cyan]→ {escape(_short(call.name, 80))}[/] {escape(arguments)}{lane}")
 
     def on_tool_end(self, call: ToolCallRecord) -> None:
         """Show a settled call: outcome and duration."""
@@ -78,10 +78,12 @@ class ConsoleObserver(LoopObserver):
         assert result is not None
         took = f"{call.duration_ms:.0f} ms"
         if result.error is None:
-            self.console.print(f"  [green]✓ {escape(call.name)}[/] [dim]{took}[/]")
+            self.console.print(f"  [green]✓ {escape(_short(call.name, 80))}[/] [dim]{took}[/]")
         else:
+            # The code is a plugin's (any string), the name the model's (any length): both are escaped and cut.
             message = escape(_short(result.error.message, 120))
-            self.console.print(f"  [red]✗ {escape(call.name)} {result.error.code}[/] [dim]{took}[/] {message}")
+            label = escape(f"{_short(call.name, 80)} {_short(result.error.code, 40)}")
+            self.console.print(f"  [red]✗ {label}[/] [dim]{took}[/] {message}")
 
     def on_end(self, result: RunResult) -> None:
         """Say why the run stopped and how to continue it."""

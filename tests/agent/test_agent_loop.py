@@ -729,3 +729,25 @@ async def test_a_parallel_batch_that_fails_leaves_nothing_running() -> None:
         await batch
     assert sorted(events) == ["c cancelled", "d cancelled"]
     assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
+
+
+def test_the_console_observer_shows_a_plugins_odd_error_code_and_a_huge_name_cut() -> None:
+    """An error code with rich markup in it lost the whole line; a 20,000-character tool name was printed whole."""
+    import io
+
+    from rich.console import Console
+
+    from dsh_core.agent.cli import ConsoleObserver
+    from dsh_core.agent.loop import ToolCallRecord
+    from dsh_core.model import ToolResult
+
+    out = io.StringIO()
+    observer = ConsoleObserver(Console(file=out, width=400, color_system=None))
+    record = ToolCallRecord(index=0, call_id="1.1", tool_call_id="c", name="n" * 20_000, raw_arguments="{}",
+                            mode="serial", duration_ms=1.0)
+    observer.on_tool_start(record)
+    record.result = ToolResult.failure("QUOTA[/]", "over")
+    observer.on_tool_end(record)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and all(len(line) < 200 for line in lines), [line[:100] for line in lines]
+    assert lines[1].endswith("QUOTA[/] 1 ms over"), lines[1][-60:]
