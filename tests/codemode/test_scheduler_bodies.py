@@ -76,7 +76,10 @@ async def test_a_body_raising_cancelled_error_is_contained(env: Env) -> None:
                "out.append(await tools.echo({'i': 1}))\nreturn out")
     result = await env.run(program)
     assert not result.is_error, result.content
-    assert result.value["result"] == ["tool call aborted", "tool call aborted", {"i": 1}]
+    # Nobody cancelled these calls: each is the tool's failure (the runtime says so), and the program goes on.
+    failed = 'tool "cancels" raised CancelledError, but its call was not cancelled'
+    first, second, echoed = result.value["result"]
+    assert first.startswith(failed) and second.startswith(failed) and echoed == {"i": 1}, result.value
     assert env.sink is not None and isinstance(env.sink, MemorySink)
     kinds = [kind for kind, _ in env.sink.kinds()]
     assert kinds.count("tool/code-dispatch-start") == kinds.count("tool/code-dispatch") == 3
