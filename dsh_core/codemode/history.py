@@ -67,7 +67,12 @@ class DispatchLog(Protocol):
         parent_call_id: str | None = None,
         sub_call_id: str | None = None,
     ) -> object:
-        """Append one event; may raise (the transport contains and logs the failure)."""
+        """Append one event; may raise (the transport contains and logs the failure).
+
+        Raising ``CancelledError`` must mean nothing was appended (as a cancelled
+        :meth:`~dsh_core.sessions.store.SessionStore.append` commits nothing): a settle event
+        whose append a cancellation interrupted is appended again.
+        """
         ...
 
 

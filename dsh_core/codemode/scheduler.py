@@ -65,7 +65,9 @@ task's done-callback repairs what a cancelled one left: its body counts as
 ended (the call commits as aborted), the lane it held is let go and handed on
 if there is work, and an exclusive barrier is cleared by its commit's
 ``finally``. A call cancelled mid-commit still answers the program and logs
-its settle event (unless the settle write itself was the one interrupted).
+its settle event: a settle write the cancellation interrupted wrote nothing
+(a session sink's contract), so it is written again, through further
+cancellations, for at most :data:`SETTLE_AFTER_CANCEL_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
 from dsh_core.runtime import ABORTED_BEFORE_DISPATCH_MESSAGE, Staged, ToolRuntime, aborted_result, error_result
 
-__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "ProgramScheduler", "SubCall", "check_max_parallel",
-           "SubCallError"]
+__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "SETTLE_AFTER_CANCEL_TIMEOUT_S", "ProgramScheduler",
+           "SubCall", "check_max_parallel", "SubCallError"]
 
 log = logging.getLogger("dsh")
 
@@ -94,6 +96,10 @@ DEFAULT_MAX_PARALLEL_SUB_CALLS: Final = 10
 
 #: The abort reason of a nested call whose program cancelled it.
 PROGRAM_CANCELLED: Final = "cancelled by the program"
+
+#: How long a scheduler task cancelled from outside mid-commit still tries to append the call's
+#: settle event (the SQLite store's default busy timeout: a write waiting out another writer).
+SETTLE_AFTER_CANCEL_TIMEOUT_S: Final = 5.0
 
 
 def check_max_parallel(value: object) -> int:
@@ -476,22 +482,52 @@ class ProgramScheduler:
 
     async def _commit_steps(self, call: SubCall) -> None:
         result: ToolResult | None = None
-        logging_settle = False
         try:
             result = await self._final_result(call)
             self._deliver(call, result)
             if self._history.enabled:
-                logging_settle = True
                 await self._history.settled(call.sub_call_id, call.name, call.logged, result)
         except asyncio.CancelledError:
             # The lane's task was cancelled from outside mid-commit: the program still gets an
-            # answer, the watchers their record and the log its one settle event.
+            # answer, the watchers their record and the log its one settle event. A settle write
+            # the cancellation interrupted wrote nothing (a sink's cancelled append commits
+            # nothing), so writing it here never doubles it.
             if result is None:
                 result = aborted_result()
                 self._deliver(call, result)
-            if self._history.enabled and not logging_settle:
-                await self._history.settled(call.sub_call_id, call.name, call.logged, result)
+            if self._history.enabled:
+                await self._settle_after_cancel(call, result)
             raise
+
+    async def _settle_after_cancel(self, call: SubCall, result: ToolResult) -> None:
+        """Append ``call``'s settle event from a task cancelled mid-commit: shielded, and bounded.
+
+        Each cancellation of a write means it wrote nothing, so a further cancellation of this
+        task restarts it rather than losing the event; a sink still not done after
+        :data:`SETTLE_AFTER_CANCEL_TIMEOUT_S` is given up on (cancelled, so it writes nothing),
+        and the loss is logged: a cancelled run must end even on a stuck store.
+        """
+        loop = self._loop
+        task = asyncio.current_task()
+        assert task is not None
+        deadline = loop.time() + SETTLE_AFTER_CANCEL_TIMEOUT_S
+        while True:
+            requested = task.cancelling()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._history.settled(call.sub_call_id, call.name, call.logged, result)
+                return
+            except (asyncio.CancelledError, TimeoutError):
+                # Only a new cancellation of this task is retried: a sink raising CancelledError
+                # of its own accord would do it again at once, and the loop would spin.
+                timed_out = loop.time() >= deadline
+                if timed_out or task.cancelling() == requested:
+                    why = (f"the session sink took over {SETTLE_AFTER_CANCEL_TIMEOUT_S:g} s" if timed_out
+                           else "the session sink cancelled it")
+                    log.warning("the settle event of nested call %s was not written after its task was "
+                                "cancelled (%s): the session shows the call started, never settled",
+                                call.sub_call_id, why)
+                    return
 
     def _deliver(self, call: SubCall, result: ToolResult) -> None:
         """Defer contexts, settle the program's call and tell the watcher (no awaits: one step)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,10 +12,13 @@ from codemode_kit import Env, tool
 
 from dsh_core import ContextMessage, PostDecision, hookimpl
 from dsh_core.abort import AbortSignal
+from dsh_core.codemode import scheduler as scheduler_module
 from dsh_core.codemode.history import DispatchHistory
 from dsh_core.codemode.scheduler import ProgramScheduler, check_max_parallel
 from dsh_core.codemode.transport import RunCodeTransport
 from dsh_core.hooks import Hooks
+from dsh_core.sessions.recorder import SessionRecorder
+from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
 
 
 class Probe:
@@ -179,8 +184,9 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     append = sink.append
 
     async def slow_first_settle(kind: str, payload: Any, **ids: Any) -> None:
-        if stage == "settle-log" and kind == "tool/code-dispatch" and ids["sub_call_id"] == "call-1:code:1":
-            await block()
+        if (stage == "settle-log" and kind == "tool/code-dispatch" and ids["sub_call_id"] == "call-1:code:1"
+                and not blocked):
+            await block()  # the first attempt only: cancelled, it wrote nothing
         await append(kind, payload, **ids)
 
     sink.append = slow_first_settle  # type: ignore[method-assign]
@@ -199,10 +205,96 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     kinds = sink.kinds()
     start, settle = "tool/code-dispatch-start", "tool/code-dispatch"
     first_call, second_call = "call-1:code:1", "call-1:code:2"
-    expected = [(start, first_call), (settle, first_call), (start, second_call), (settle, second_call)]
-    if stage == "settle-log":
-        expected.remove((settle, first_call))  # the interrupted write is the sink's to finish or lose
-    assert sorted(kinds) == sorted(expected)
+    # A cancelled append wrote nothing (the sink's contract), so an interrupted settle write is redone.
+    assert sorted(kinds) == sorted([(start, first_call), (settle, first_call), (start, second_call),
+                                    (settle, second_call)])
+
+
+async def test_a_settle_write_cancelled_behind_a_busy_store_is_written_once(tmp_path: Path) -> None:
+    # The real store: the settle append waits out another process's write lock when the lane's
+    # task is cancelled, twice. Each cancelled append committed nothing, so the write is redone
+    # until it lands: the session shows the call settled, once.
+    store = SqliteSessionStore.open(tmp_path)
+    other = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        info = await store.create()
+        recorder = SessionRecorder(store, info.id)
+        env = Env(sink=recorder)  # type: ignore[arg-type]
+        lane: list[asyncio.Task[Any]] = []
+        settling: list[asyncio.Event] = []
+        append = recorder.append
+
+        async def watched(kind: str, payload: Any = None, **ids: Any) -> Any:
+            if kind == "tool/code-dispatch":
+                settling.append(asyncio.Event())
+                settling[-1].set()
+            return await append(kind, payload, **ids)
+
+        async def body(args: Any, ctx: Any) -> Any:
+            task = asyncio.current_task()
+            assert task is not None
+            lane.append(task)  # the task that commits the call next
+            other.execute("BEGIN IMMEDIATE")  # another process takes the write lock
+            return args
+
+        recorder.append = watched  # type: ignore[method-assign]
+        env.add(tool("t", body, safe=True))
+        run = asyncio.ensure_future(env.run("return await tools.t({'i': 0})"))
+
+        async def attempts(n: int) -> None:
+            while len(settling) < n:
+                await asyncio.sleep(0.005)
+
+        for attempt in (1, 2):
+            await asyncio.wait_for(attempts(attempt), 2)
+            await asyncio.sleep(0.02)  # the append is waiting on the lock
+            lane[0].cancel()
+        await asyncio.wait_for(attempts(3), 2)
+        other.execute("ROLLBACK")
+        result = await asyncio.wait_for(run, 3)
+        assert result.value["result"] == {"i": 0}
+        kinds = [(e.kind, e.sub_call_id) for e in await store.load(info.id)]
+        assert kinds == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
+        env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    # Redoing the write must not hold a cancelled run on a store that never answers.
+    monkeypatch.setattr(scheduler_module, "SETTLE_AFTER_CANCEL_TIMEOUT_S", 0.05)
+    lane: list[asyncio.Task[Any]] = []
+    attempts: list[str] = []
+    sink = env.sink
+    assert sink is not None
+    append = sink.append
+
+    async def stuck_settle(kind: str, payload: Any, **ids: Any) -> None:
+        if kind == "tool/code-dispatch":
+            attempts.append(ids["sub_call_id"])
+            await asyncio.sleep(30)
+        await append(kind, payload, **ids)
+
+    async def body(args: Any, ctx: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        lane.append(task)
+        return args
+
+    sink.append = stuck_settle  # type: ignore[method-assign]
+    env.add(tool("t", body, safe=True))
+    run = asyncio.ensure_future(env.run("return await tools.t({'i': 0})"))
+    while not attempts:
+        await asyncio.sleep(0.005)
+    with caplog.at_level("WARNING", logger="dsh"):
+        lane[0].cancel()
+        result = await asyncio.wait_for(run, 1)
+    assert result.value["result"] == {"i": 0}
+    assert attempts == ["call-1:code:1", "call-1:code:1"]  # redone once, then given up on
+    assert sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1")]
+    assert "settle event of nested call call-1:code:1 was not written" in caplog.text
+    assert "took over 0.05 s" in caplog.text
 
 
 @pytest.mark.parametrize("target", ["ProgramScheduler._hold_lane", "ProgramScheduler._body"])
