@@ -20,6 +20,7 @@ and answers that it may be.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import socket
@@ -111,23 +112,52 @@ class SessionLease:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionLease:
-        """The lease of :meth:`to_json`'s object; :class:`ValueError` if it is not one."""
+        """The lease of :meth:`to_json`'s object; :class:`ValueError` if it is not one.
+
+        A pid no process can have or a ``since`` that is no time is not one either: a corrupt
+        (or tampered) record then reads as unreadable, as the store treats one, instead of
+        failing later in :meth:`describe` or :func:`holder_alive` with an ``OverflowError``.
+        """
         try:
             pid = data["pid"]
             if not isinstance(pid, int) or isinstance(pid, bool):
                 raise ValueError(f"pid {pid!r} is not an integer")
+            if not 0 < pid <= _PID_MAX:
+                raise ValueError(f"not a session lease: pid {pid} is no process id")
+            since = float(data.get("since") or 0.0)
+            if not _is_time(since):
+                raise ValueError(f"not a session lease: since {since!r} is not a time")
             started = data.get("started")
             return cls(str(data["token"]), pid, str(data["host"]),
                        _optional_str(data.get("boot_id")), _optional_str(data.get("pid_ns")),
                        started if isinstance(started, int) and not isinstance(started, bool) else None,
-                       float(data.get("since") or 0.0), _optional_str(data.get("machine")))
-        except (KeyError, TypeError) as error:
+                       since, _optional_str(data.get("machine")))
+        except (KeyError, TypeError, OverflowError) as error:  # OverflowError: an integer too large for a float
             raise ValueError(f"not a session lease: {error}") from None
 
     def describe(self) -> str:
         """``pid 1234 on host 'box' since 2025-01-01 12:00:00``."""
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "an unknown time"
+        since = _format_time(self.since) if self.since else "an unknown time"
         return f"pid {self.pid} on host {self.host!r} since {since}"
+
+
+#: The largest pid of any platform (``pid_t`` is a C ``int``): ``os.kill`` overflows past it.
+_PID_MAX = 2**31 - 1
+
+
+def _format_time(since: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+
+
+def _is_time(since: float) -> bool:
+    """Whether ``since`` is seconds since the epoch (or 0, unknown) that :meth:`SessionLease.describe` can show."""
+    if not math.isfinite(since) or since < 0:
+        return False
+    try:
+        _format_time(since)
+    except (OverflowError, OSError, ValueError):  # past what the platform's time_t (or strftime) holds
+        return False
+    return True
 
 
 def _optional_str(value: object) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -215,6 +216,42 @@ async def test_an_unreadable_sqlite_lease_is_taken_over(tmp_path: Path) -> None:
         assert (await store.get(info.id)).holder is None
         assert [summary.holder for summary in await store.list()] == [None]
         await store.acquire(info.id, SessionLease.for_this_run())
+    finally:
+        await store.close()
+
+
+#: Lease records no run writes (tampered, or corrupt), that from_json used to take for leases.
+CORRUPT_HOLDERS = [
+    pytest.param({"pid": 2**40, "host": socket.gethostname()}, id="pid-past-pid_t"),  # os.kill overflowed
+    pytest.param({"pid": -5}, id="negative-pid"),
+    pytest.param({"since": 1e300}, id="since-past-time_t"),  # describe() overflowed
+    pytest.param({"since": -1e300}, id="since-before-time_t"),
+    pytest.param({"since": float("nan")}, id="since-nan"),
+    pytest.param({"since": 10**400}, id="since-past-a-float"),
+]
+
+
+@pytest.mark.parametrize("corrupt", CORRUPT_HOLDERS)
+async def test_a_corrupt_sqlite_lease_reads_as_an_unreadable_one(tmp_path: Path, corrupt: dict[str, object]) -> None:
+    # Not an OverflowError out of get/list (sessions list/show) or acquire (a resumed run): such a
+    # lease is unreadable, and is treated as one (nobody holds the session; acquire takes it over).
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        holder = {"token": "x", "pid": 1234, "host": "elsewhere", "since": 1.0, **corrupt}
+        conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+        try:
+            conn.execute("INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', ?, 0)",
+                         (info.id, json.dumps(holder)))
+        finally:
+            conn.close()
+        with pytest.raises(ValueError, match="not a session lease"):
+            SessionLease.from_json(json.loads(json.dumps(holder)))
+        assert (await store.get(info.id)).holder is None
+        assert [summary.holder for summary in await store.list()] == [None]
+        lease = SessionLease.for_this_run()
+        await store.acquire(info.id, lease)
+        await store.append(info.id, [NewEvent("resumed")], lease=lease)
     finally:
         await store.close()
 

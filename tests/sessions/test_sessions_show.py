@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 import attrs
+from click.testing import CliRunner
 
+from dsh_core.cli import main
 from dsh_core.sessions.cli import render_list, render_session
 from dsh_core.sessions.events import SessionEvent, SessionInfo
+from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
 
 
 def ev(seq: int, kind: str, payload: dict[str, Any], at: float, root: str | None = None,
@@ -199,3 +205,34 @@ def test_show_renders_arguments_nested_deeper_than_json_recurses() -> None:
     ]
     lines = render_session(SessionInfo("s", 0.0, 0.0, 3, {}), events).splitlines()
     assert lines[2].startswith("   ├─ read [1.1] " + "[" * 20)
+
+
+def test_sessions_list_show_and_release_take_a_corrupt_lease_for_an_unreadable_one(tmp_path: Path) -> None:
+    # A tampered lease record (since 1e300) made `sessions show` and `release` fail with an
+    # OverflowError traceback and `list --json` print it as in use since 1e+300.
+    home = Path(os.environ["DSH_HOME"])
+
+    async def create() -> str:
+        store = SqliteSessionStore.open(home)
+        try:
+            return (await store.create()).id
+        finally:
+            await store.close()
+
+    session_id = asyncio.run(create())
+    conn = sqlite3.connect(home / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', ?, 0)",
+                     (session_id, json.dumps({"token": "x", "pid": 1234, "host": "elsewhere", "since": 1e300})))
+    finally:
+        conn.close()
+
+    def dsh(*args: str) -> str:
+        result = CliRunner().invoke(main, list(args))
+        assert result.exit_code == 0 and result.exception is None, (args, result.output, result.exception)
+        return result.output
+
+    assert "IN USE BY" not in dsh("sessions", "list")
+    assert [s["in_use_by"] for s in json.loads(dsh("sessions", "list", "--json"))] == [None]
+    assert "in use by" not in dsh("sessions", "show", session_id)
+    assert dsh("sessions", "release", session_id).startswith(f"released session {session_id} (held by ")
