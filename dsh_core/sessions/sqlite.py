@@ -158,13 +158,19 @@ class SqliteSessionStore:
     def _connect(self) -> None:
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
-            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.executescript(_SCHEMA)
+            try:
+                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+                conn.executescript(_SCHEMA)
+            except BaseException:
+                # Never handed to the store, so close() cannot close it; the error's traceback
+                # would otherwise keep the file open for as long as anyone holds the error.
+                conn.close()
+                raise
         except sqlite3.Error as error:
             raise SessionStoreError(f"cannot open session database {str(self.path)!r}: {error}") from None
         self._conn = conn

@@ -179,6 +179,22 @@ def test_an_unusable_home_fails_naming_the_path(tmp_path: Path) -> None:
         SqliteSessionStore.open(blocker / "home")
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_a_database_that_fails_to_open_is_not_left_open(tmp_path: Path) -> None:
+    path = tmp_path / DB_FILENAME
+    path.write_bytes(b"this is no SQLite database, and it is longer than a header would be" * 20)
+
+    def open_here() -> list[Path]:
+        return [fd for fd in Path("/proc/self/fd").iterdir() if fd.resolve() == path]
+
+    failing = f"cannot open session database .*{DB_FILENAME}.*not a database"
+    with pytest.raises(SessionStoreError, match=failing) as failed:
+        SqliteSessionStore(path)
+    # While the error lives (a caller keeps it, or its traceback's cycle awaits the collector), the
+    # connection it failed in must not: it was opened, and nobody else could close it.
+    assert open_here() == [], failed.value
+
+
 CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
