@@ -243,7 +243,7 @@ def render_list(sessions: Sequence[SessionInfo]) -> str:
     holders = [_running_holder(s) for s in sessions]
     using = any(holder is not None for holder in holders)
     rows = [("ID", "UPDATED", "EVENTS", "AGENT", *(("IN USE BY",) if using else ()), "TASK")]
-    rows += [(s.id, _when(s.updated_at), str(s.event_count), visible(str(s.meta.get("agent", ""))),
+    rows += [(visible(s.id), _when(s.updated_at), str(s.event_count), visible(str(s.meta.get("agent", ""))),
               *((visible(f"pid {h.pid} on {h.host}") if h is not None else "",) if using else ()),
               visible(_short(str(s.meta.get("task", "")), 50))) for s, h in zip(sessions, holders, strict=True)]
     last = len(rows[0]) - 1  # the task: not padded

@@ -131,6 +131,11 @@ def test_nothing_a_model_or_tool_wrote_can_drive_the_terminal() -> None:
     assert "fix \\x1b[2J" in text and "bad\\x1b[2J [1.1]" in text and "\\u202eexe.txt" in text
     table = render_list([SessionInfo("a-1", 0.0, 0.0, 1, {"agent": "m\x1b[31m", "task": clipboard})])
     assert "\x1b" not in table and "m\\x1b[31m" in table
+    # An API caller names its session: the id is shown, not obeyed, by show and by list.
+    named = SessionInfo(f"s{clear}{rtl}", 0.0, 0.0, 5, {})
+    for shown in (render_session(named, events), render_list([named])):
+        assert not any(ch in shown for ch in "\x1b\x07\u202e\u2028")
+        assert "s\\x1b[2J\\u202eexe.txt" in shown
 
 
 def _two_runs_the_second_unfinished(second: float = 1.0) -> list[SessionEvent]:
