@@ -357,6 +357,6 @@ def sessions_release(ctx: click.Context, session_id: str, configs: tuple[str, ..
 
     holder = _with_store(_deployment(ctx, configs), work)
     if holder is None:
-        click.echo(f"session {session_id} was not held by any run")
+        click.echo(f"session {visible(session_id)} was not held by any run")
     else:
-        click.echo(f"released session {session_id} (held by {visible(holder.describe())})")
+        click.echo(f"released session {visible(session_id)} (held by {visible(holder.describe())})")

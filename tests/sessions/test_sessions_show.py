@@ -241,3 +241,20 @@ def test_sessions_list_show_and_release_take_a_corrupt_lease_for_an_unreadable_o
     assert [s["in_use_by"] for s in json.loads(dsh("sessions", "list", "--json"))] == [None]
     assert "in use by" not in dsh("sessions", "show", session_id)
     assert dsh("sessions", "release", session_id).startswith(f"released session {session_id} (held by ")
+
+
+def test_sessions_release_shows_an_odd_session_id_escaped() -> None:
+    # An API caller names its session; release echoes the id back, shown, not obeyed.
+    odd = "s\x1b[2J\u202e"
+
+    async def create() -> None:
+        store = SqliteSessionStore.open(Path(os.environ["DSH_HOME"]))
+        try:
+            await store.create(session_id=odd)
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+    result = CliRunner().invoke(main, ["sessions", "release", odd])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert result.output == "session s\\x1b[2J\\u202e was not held by any run\n"
