@@ -2,7 +2,7 @@
 
 Run the shipped suite on an installed plugin::
 
-    pytest --dsh-conformance=my-plugin [--dsh-conformance-config '{"root": "{tmp}"}']
+    pytest --dsh-conformance=my-plugin [--dsh-conformance-config 'my-plugin={"root": "{tmp}"}']
 
 or subclass :class:`ToolPluginConformance` in your tests. Names are imported
 lazily: pytest imports this package in every run where dsh is installed.

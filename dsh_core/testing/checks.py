@@ -309,7 +309,7 @@ def check_config_schema(target: Target) -> list[str]:
     except DshError as error:
         return [failure(target, "config-schema", error.message,
                         "pass a matching config (subclass: override the plugin_config fixture; command line: "
-                        "--dsh-conformance-config JSON)")]
+                        f"--dsh-conformance-config '{target.name}=JSON')")]
     return []
 
 
@@ -752,7 +752,8 @@ def check_hookimpls(target: Target) -> list[str]:
         check_config(target.name, factory, target.config)
     except DshError as error:
         return [failure(target, "hookimpls", error.message,
-                        "pass a valid config: --dsh-conformance-config JSON, or plugin_config in your subclass")]
+                        f"pass a valid config: --dsh-conformance-config '{target.name}=JSON', or plugin_config "
+                        "in your subclass")]
     specs = _hook_specs()
 
     async def make() -> object:

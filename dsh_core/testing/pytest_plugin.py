@@ -2,7 +2,8 @@
 
 ``pytest --dsh-conformance=NAME`` (repeatable) runs the shipped suite on the
 installed plugin entry point ``NAME``; with no test paths on the command line
-only the suite runs. Authors may instead subclass
+only the suite runs. ``--dsh-conformance-config NAME=JSON`` (repeatable) gives
+``NAME`` its config; a bare JSON object is the config of every name without one. Authors may instead subclass
 :class:`dsh_core.testing.ToolPluginConformance` in their own tests.
 
 This module is imported by every pytest run in an environment where dsh is
@@ -12,7 +13,7 @@ options are given, and imports dsh lazily. Opt out with ``-p no:dsh``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pytest
@@ -27,11 +28,61 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--dsh-conformance", action="append", default=[], metavar="NAME",
                     dest="dsh_conformance",
                     help="run the dsh conformance suite on the installed plugin entry point NAME (repeatable)")
-    group.addoption("--dsh-conformance-config", default=None, metavar="JSON", dest="dsh_conformance_config",
-                    help="the plugin config as a JSON object; '{tmp}' in strings becomes a temporary directory")
+    group.addoption("--dsh-conformance-config", action="append", default=[], metavar="[NAME=]JSON",
+                    dest="dsh_conformance_config",
+                    help="the config of plugin NAME as a JSON object (repeatable, one per name); without NAME= "
+                         "the config of every name not given its own; '{tmp}' in strings becomes a temporary "
+                         "directory")
     group.addoption("--dsh-conformance-abort-bound", default=2.0, type=float, metavar="SECONDS",
                     dest="dsh_conformance_abort_bound",
                     help="seconds a tool body may take to return after an abort (default 2)")
+
+
+def parse_configs(values: list[str], names: list[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The ``--dsh-conformance-config`` values: the shared config and the config of each name given its own.
+
+    A value is ``NAME=JSON`` (the config of ``NAME`` only) or a bare JSON object
+    (of every name without its own; entry-point names never hold ``=`` and never
+    start with ``{``, so the two cannot be confused). Raise :class:`ValueError`
+    naming the value at fault: not a JSON object, given twice, or for a name
+    ``names`` (the ``--dsh-conformance`` names) does not check, which would be
+    silently ignored.
+    """
+    import json
+
+    shared: dict[str, Any] | None = None
+    own: dict[str, dict[str, Any]] = {}
+    for value in values:
+        name, separator, raw = value.partition("=")
+        if not separator or value.lstrip().startswith("{"):
+            name, raw = "", value
+        name = name.strip()
+        where = f"--dsh-conformance-config {value!r}"
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error}); give a JSON object, or NAME=JSON object") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{where}: the config must be a JSON object, got {type(parsed).__name__}")
+        if not name:
+            if shared is not None:
+                raise ValueError(f"{where}: a config without NAME= is given twice; give each plugin its own "
+                                 "with NAME=JSON")
+            shared = parsed
+        elif name in own:
+            raise ValueError(f"{where}: plugin {name!r} is given a config twice")
+        elif name not in names:
+            raise ValueError(f"{where}: {name!r} is not checked; add --dsh-conformance={name} or fix the name "
+                             f"(checked: {', '.join(names) or 'none'})")
+        else:
+            own[name] = parsed
+    return shared or {}, own
+
+
+def config_for(config: pytest.Config, name: str) -> dict[str, Any]:
+    """The config ``--dsh-conformance-config`` gives plugin ``name`` (``{}`` when none applies)."""
+    shared, own = parse_configs(config.getoption("dsh_conformance_config"), config.getoption("dsh_conformance"))
+    return own.get(name, shared)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,6 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     import pytest
 
+    try:
+        # Refused here, before any test runs, rather than as an error in every test of the suite.
+        parse_configs(config.getoption("dsh_conformance_config"), config.getoption("dsh_conformance"))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
     spec = importlib.util.find_spec(SUITE_MODULE)
     if spec is None or spec.origin is None:
         raise pytest.UsageError(f"--dsh-conformance: cannot find {SUITE_MODULE}")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from dsh_core.testing.conformance import ToolPluginConformance
+from dsh_core.testing.pytest_plugin import config_for
 
 __all__ = ["TestDshConformance"]
 
@@ -16,16 +16,10 @@ class TestDshConformance(ToolPluginConformance):
     """Runs every check on each ``--dsh-conformance`` name (parametrized by the pytest plugin)."""
 
     @pytest.fixture
-    def plugin_config(self, request: pytest.FixtureRequest) -> dict[str, Any]:
-        """``--dsh-conformance-config`` (a JSON object), default ``{}``."""
-        raw = request.config.getoption("dsh_conformance_config") or "{}"
-        try:
-            config = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise pytest.UsageError(f"--dsh-conformance-config is not valid JSON: {error}") from None
-        if not isinstance(config, dict):
-            raise pytest.UsageError("--dsh-conformance-config must be a JSON object")
-        return config
+    def plugin_config(self, request: pytest.FixtureRequest, dsh_plugin_name: str) -> dict[str, Any]:
+        """``--dsh-conformance-config NAME=JSON`` for this name, else a bare ``--dsh-conformance-config JSON``,
+        else ``{}`` (the values were vetted when pytest started)."""
+        return config_for(request.config, dsh_plugin_name)
 
     @pytest.fixture
     def dsh_abort_bound_s(self, request: pytest.FixtureRequest) -> float:

@@ -324,6 +324,52 @@ def test_a_name_given_twice_is_checked_once(kit: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*test_hookimpls_are_well_formed[[]good[]] PASSED*"])
 
 
+NEEDY_PLUGIN = """
+from dsh_core import plugin
+
+
+@plugin(config_schema={"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"],
+                       "additionalProperties": False})
+def needy(scope, config):
+    return None
+"""
+
+
+def test_each_checked_plugin_gets_its_own_config_from_the_command_line(kit: pytest.Pytester) -> None:
+    """``good`` refuses the key ``needy`` requires: one config for both names cannot pass, NAME=JSON can.
+
+    A bare JSON object is the config of the names without their own; a NAME= for a name not checked
+    (a typo would be silently ignored) is refused before any test runs.
+    """
+    kit.makepyfile(needy_plugin=NEEDY_PLUGIN)
+    (kit.path / "dsh_conformance_fixtures-1.0.dist-info" / "entry_points.txt").write_text(
+        ENTRY_POINTS + "needy = needy_plugin:needy\n")
+    result = kit.runpytest_subprocess("--dsh-conformance=good", "--dsh-conformance=needy", *QUIET,
+                                      "--dsh-conformance-config", 'needy={"token": "{tmp}"}',
+                                      "--dsh-conformance-config", '{"greeting": "hi"}')
+    result.assert_outcomes(passed=26)
+    result = kit.runpytest_subprocess("--dsh-conformance=good", *QUIET,
+                                      "--dsh-conformance-config", 'neddy={"token": "t"}')
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dsh-conformance-config 'neddy={\"token\": \"t\"}': 'neddy' is not checked; "
+                                 "add --dsh-conformance=neddy or fix the name (checked: good)*"])
+
+
+def test_config_values_that_cannot_be_used_are_named() -> None:
+    from dsh_core.testing.pytest_plugin import parse_configs
+
+    assert parse_configs([], ["a"]) == ({}, {})
+    assert parse_configs(['{"k": "x=y"}', 'a={"k": 1}'], ["a", "b"]) == ({"k": "x=y"}, {"a": {"k": 1}})
+    for values, message in [(["a=[1]"], "--dsh-conformance-config 'a=[1]': the config must be a JSON object, "
+                                        "got list"),
+                            (["a={"], "--dsh-conformance-config 'a={': not valid JSON"),
+                            (["{}", "{}"], "--dsh-conformance-config '{}': a config without NAME= is given twice"),
+                            (["a={}", "a={}"], "--dsh-conformance-config 'a={}': plugin 'a' is given a config twice")]:
+        with pytest.raises(ValueError) as raised:
+            parse_configs(values, ["a"])
+        assert str(raised.value).startswith(message), raised.value
+
+
 def test_the_dispose_check_reports_every_kind_of_registry_state_left_behind(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Not only tools: a guard, a change listener, and a layer with its mode, restriction and tool."""
