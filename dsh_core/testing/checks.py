@@ -131,19 +131,25 @@ def _logged(target: Target, check: str, records: list[logging.LogRecord]) -> lis
                     "them") for text in texts]
 
 
-def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]]) -> list[str]:
+def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]],
+                 *, tasks_when: str | None = None) -> list[str]:
     """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures.
 
     Failures dsh isolated and only logged (a raising observer hook or disposer) are failures too.
+    With ``tasks_when``, so are asyncio tasks started since the load and still running after dispose
+    (the event loop closing would otherwise cancel them unseen).
     """
 
     async def scenario() -> list[str]:
+        tasks_before = asyncio.all_tasks()
         loaded = await _load(target, check)
         found: list[str] = []
         try:
             await probe(loaded, found)
         finally:
             await loaded.dispose()
+        if tasks_when is not None:
+            found.extend(await _stray_tasks(target, check, tasks_when, tasks_before))
         return found
 
     with _dsh_warnings() as records:
@@ -567,11 +573,11 @@ def check_abort(target: Target) -> list[str]:
                                          "ctx.signal.wait()), stop the work (kill processes, cancel "
                                          "requests) and return or raise promptly", definition.name))
 
-    # A body that returns promptly on abort but leaves its work running (a process it never kills)
-    # is caught here: the dispose check only makes calls that run to completion.
+    # A body that returns promptly on abort but leaves its work running (a process it never kills,
+    # a task it never cancels) is caught here: the dispose check only makes calls that run to completion.
     threads_before = set(threading.enumerate())
     children_before = _child_pids()
-    found = _with_plugin(target, "abort", probe)
+    found = _with_plugin(target, "abort", probe, tasks_when="after the aborted call and dispose")
     return found + _strays(target, "abort", "after the aborted call and dispose", threads_before, children_before)
 
 
@@ -683,26 +689,30 @@ def check_dispose(target: Target) -> list[str]:
                          "register through the plugin's scope (the register callables, scope=scope for registry "
                          "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
                          "undo it") for what in loaded.leftovers()]
-        deadline = time.monotonic() + QUIESCENCE_GRACE_S
-        pending: set[asyncio.Task[Any]] = set()
-        while time.monotonic() < deadline:
-            pending = {t for t in asyncio.all_tasks() - tasks_before if not t.done()}
-            current = asyncio.current_task()
-            if current is not None:
-                pending.discard(current)
-            if not pending:
-                break
-            await asyncio.sleep(0.02)
-        for task in pending:
-            found.append(failure(target, "dispose", f"task {task.get_name()} ({task.get_coro()!r}) is still "
-                                 "running after dispose", "start background work with scope.spawn(...) so "
-                                 "dispose cancels and awaits it"))
+        found.extend(await _stray_tasks(target, "dispose", "after dispose", tasks_before))
         return found
 
     with _dsh_warnings() as records:
         found: list[str] = _run(scenario)
     found.extend(_logged(target, "dispose", records))
     return found + _strays(target, "dispose", "after dispose", threads_before, children_before)
+
+
+async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]]) -> list[str]:
+    """Tasks started since ``tasks_before`` and still running ``QUIESCENCE_GRACE_S`` on."""
+    deadline = time.monotonic() + QUIESCENCE_GRACE_S
+    pending: set[asyncio.Task[Any]] = set()
+    while time.monotonic() < deadline:
+        pending = {t for t in asyncio.all_tasks() - tasks_before if not t.done()}
+        current = asyncio.current_task()
+        if current is not None:
+            pending.discard(current)
+        if not pending:
+            break
+        await asyncio.sleep(0.02)
+    return [failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) is still running {when}",
+                    "start background work with scope.spawn(...) so dispose cancels and awaits it")
+            for task in pending]
 
 
 def _strays(target: Target, check: str, when: str, threads_before: set[threading.Thread],

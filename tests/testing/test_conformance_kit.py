@@ -470,6 +470,26 @@ def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_a
     assert "fix: kill and reap every process the plugin starts" in found
 
 
+def test_a_body_that_returns_on_abort_but_leaves_its_task_running_fails_the_abort_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like a process, an asyncio task the aborted body abandons must be reported, not cancelled silently when
+    the check's event loop closes."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("abort-task-leak", "tests.fixtures.conformance.broken_plugins:abort_task_leak",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    (found,) = checks.check_abort(Target("abort-task-leak"))
+    assert found.startswith('[dsh:abort] plugin "abort-task-leak": task abandoned-work (<coroutine object sleep '), \
+        found
+    assert "is still running after the aborted call and dispose" in found
+    assert "fix: start background work with scope.spawn(...)" in found
+
+
 def test_an_entry_point_that_is_declared_but_fails_to_load_is_not_told_to_declare_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The entry point exists and its config schema is invalid: the fix names the schema, not the declaration."""
