@@ -30,7 +30,8 @@ tool's root schema, as pydantic's ``model_json_schema()`` emits them) names one 
 definition: a ``TypedDict`` class or ``TypeAlias`` (Python), a ``type`` (TypeScript), named
 after the definition and shared by tools that define it alike. A definition that refers to
 itself names itself (in Python as a string, the class not being defined yet). A ``$ref`` this
-SDK cannot resolve (remote, an anchor, a missing pointer) renders as ``Any``/``JsonValue``
+SDK cannot resolve (remote, an anchor, a missing pointer, or under a subschema's own ``$id``,
+which it is relative to) renders as ``Any``/``JsonValue``
 with a comment saying so.
 
 Output is deterministic: tools are sorted by name, properties keep their
@@ -60,6 +61,7 @@ from typing import Any, Final
 
 from attrs import frozen
 
+from dsh_core.lossless import thaw
 from dsh_core.model import ToolDefinition
 
 __all__ = [
@@ -487,6 +489,46 @@ def _follow(root: Any, ref: str) -> Any:
     return target
 
 
+class _Foreign(str):
+    """A ``$ref`` at or under a subschema (not the root) that declares ``$id``: it resolves against
+    that ``$id`` (Draft 2020-12), not the tool's root, which is all :func:`_follow` knows, so
+    :meth:`_Types.resolve` leaves it unresolved (``Any``, with a note) rather than show the type of
+    whatever the root holds under the same pointer."""
+
+    __slots__ = ()
+
+
+def _foreign_refs_marked(root: Any) -> Any:
+    """``root``, or a plain copy of it whose ``$ref``\\ s under a subschema's own ``$id`` are :class:`_Foreign`.
+
+    Every dict and list is walked, not only schema keywords: a ``$id`` found in a value (a ``const``,
+    a ``default``) only makes more references ``Any``, which the runtime still validates exactly.
+    """
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    found = False
+    while stack and not found:
+        node, nested = stack.pop()
+        if isinstance(node, dict):
+            found = nested and isinstance(node.get("$id"), str)
+            stack.extend((value, True) for value in node.values())
+        elif isinstance(node, list):
+            stack.extend((value, True) for value in node)
+    if not found:
+        return root
+    copy = thaw(root)
+    marking: list[tuple[Any, bool, bool]] = [(copy, False, False)]
+    while marking:
+        node, nested, foreign = marking.pop()
+        if isinstance(node, dict):
+            foreign = foreign or (nested and isinstance(node.get("$id"), str))
+            if foreign and isinstance(ref := node.get("$ref"), str):
+                node["$ref"] = _Foreign(ref)
+            marking.extend((value, True, foreign) for value in node.values())
+        elif isinstance(node, list):
+            marking.extend((value, True, foreign) for value in node)
+    return copy
+
+
 class _Raw:
     """Text :func:`_canonical` writes as is."""
 
@@ -581,6 +623,8 @@ class _Types:
         self._roots = 0
         self._root: Any = None
         self._root_key: Hashable = None
+        #: Copies made by :func:`_foreign_refs_marked`, kept alive: memos are keyed by ``id(root)``.
+        self._copies: list[Any] = []
 
     # -- what a language renders
 
@@ -617,6 +661,10 @@ class _Types:
     def expression(self, schema: Any, hint: str) -> str:
         """The type of a tool's ``schema`` (the root its local ``$ref``\\ s resolve against)."""
         self._roots += 1
+        marked = _foreign_refs_marked(schema)
+        if marked is not schema:
+            self._copies.append(marked)
+            schema = marked
         self._root, self._root_key = schema, ("#", self._roots)
         definition = self._defs[self._root_key] = _Def(hint, named=False)
         return self._finish(definition, _expand(_Owned(self._root_key, schema), hint, self.visit))
@@ -645,7 +693,7 @@ class _Types:
 
     def resolve(self, ref: Any) -> _Resolved | None:
         """The definition a local ``$ref`` names in the current root, or ``None``."""
-        if not isinstance(ref, str):
+        if not isinstance(ref, str) or isinstance(ref, _Foreign):
             return None
         if ref == "#":
             return _Resolved(self._root_key, self._root, self._defs[self._root_key].hint)
@@ -671,7 +719,9 @@ class _Types:
             if memo not in self._canonicals:
                 self._canonicals[memo] = _canonical(target if pointer == ref else _follow(self._root, pointer))
             canonical = self._canonicals[memo]
-            if canonical is None or pointer == "#" or len(closure) >= _MAX_CLOSURE:
+            # A _Foreign $ref reads like a local one but stays unresolved here only.
+            if canonical is None or pointer == "#" or len(closure) >= _MAX_CLOSURE \
+                    or any(isinstance(inner, _Foreign) for inner in canonical[1]):
                 return "in", id(self._root), ref  # this root's only
             closure[pointer], refs = canonical
             pending.extend(inner for inner in refs if inner.startswith("#"))

@@ -666,6 +666,34 @@ def test_refs_that_cannot_be_resolved_stay_any_with_a_comment() -> None:
     assert "remote?: JsonValue;" in text
 
 
+def test_refs_inside_a_subschema_with_its_own_id_are_not_resolved_against_the_root() -> None:
+    """Under ``$id`` a ``$ref`` resolves against that subschema (Draft 2020-12): ``p`` holds integers, which
+    check_schema accepts and validation enforces; the stub showed the root's ``T`` (``str``) instead."""
+    schema = {"type": "object", "$defs": {"T": {"type": "string"}}, "properties": {
+        "p": {"$id": "https://example.com/p", "$defs": {"T": {"type": "integer"}, "U": {"$ref": "#/$defs/T"}},
+              "$ref": "#/$defs/T"},
+        "q": {"$ref": "#/properties/p/$defs/U"},  # the root's pointer into p: U's own $ref is still p's
+        "r": {"$ref": "#/$defs/T"}}, "required": ["p", "q", "r"]}
+    async def body(args: Any, ctx: Any) -> Any:
+        return None
+
+    definition = define_tool(name="t", description="T.", parameters=schema, execute=body)  # accepted
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"p": 1, "q": 1, "r": "s"}) and not validator.is_valid({"p": "s", "q": 1, "r": "s"})
+    code = python_block(render_python_sdk(sdk_tools([definition])))
+    assert "    p: Any\n    q: U\n    r: T\n" in code, code
+    assert "\nU: TypeAlias = Any\n" in code and "\nT: TypeAlias = str\n" in code
+    assert '# Any here stands for a $ref this SDK does not resolve: "#/$defs/T".' in code
+    run_stub(code)
+    text = render_typescript_sdk(sdk_tools([definition]))
+    assert "{ p: JsonValue; q: U; r: T }" in text, text
+    # Nor is such a definition shared with a tool whose schema reads alike but has no $id (there U is T).
+    plain = {**schema, "properties": {**schema["properties"], "p": {"$defs": schema["properties"]["p"]["$defs"]}}}
+    code = python_block(render_python_sdk([SdkTool("a", "A.", plain, {}), *sdk_tools([definition])]))
+    assert "\nU: TypeAlias = T\n" in code and "\nU2: TypeAlias = Any\n" in code, code
+    assert "    q: U\n" in code and "    q: U2\n" in code
+
+
 def test_refs_merge_with_what_narrows_them() -> None:
     """A ``$ref`` alone (or beside annotations, or in a one-member ``allOf``) is its definition's
     name; with keywords of its own, or under a parent with properties, it merges."""
