@@ -608,9 +608,6 @@ def _perturbations(definition: ToolDefinition) -> Iterator[JSON]:
             yield candidate
 
 
-def _typed(error: BaseException) -> bool:
-    return isinstance(error, DshError | AbortedError | asyncio.CancelledError)
-
 
 @_guarded
 def check_typed_errors(target: Target) -> list[str]:
@@ -632,7 +629,17 @@ def check_typed_errors(target: Target) -> list[str]:
                         "return values matching output_schema for every argument object the parameters accept, "
                         'or raise dsh_core.ToolError("...") for arguments the tool cannot serve', definition.name))
                 for error in spy.errors[before:]:
-                    if not _typed(error):
+                    if isinstance(error, AbortedError | asyncio.CancelledError):
+                        # These calls are never cancelled nor aborted: the body let out what something it
+                        # awaited raised, and the call fails as TOOL_FAILED or ABORTED, not with its message.
+                        found.append(failure(
+                            target, "typed-errors", f"called with {_brief(arguments)}, the body let out "
+                            f"{type(error).__name__} although its call was neither cancelled nor aborted (something "
+                            "it awaited was cancelled or aborted elsewhere)",
+                            "catch it where you await that work and raise dsh_core.ToolError(\"what went wrong\"); "
+                            "let it out only when ctx.signal is aborted or your own task is being cancelled",
+                            definition.name))
+                    elif not isinstance(error, DshError):
                         found.append(failure(
                             target, "typed-errors", f"called with {_brief(arguments)}, the body raised the "
                             f"untyped {type(error).__name__}: {error}",

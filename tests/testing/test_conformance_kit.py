@@ -430,6 +430,24 @@ def test_output_that_breaks_the_output_schema_only_on_an_edge_variant_fails(monk
     assert "0 is less than the minimum of 1" in found and "output_schema" in found
 
 
+def test_a_body_that_lets_out_a_cancellation_nobody_asked_for_fails_the_typed_errors_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit never cancels nor aborts these calls: a CancelledError from the body fails the call as TOOL_FAILED
+    with no message of the tool's, which is what the check is for."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("stray-cancel", "tests.fixtures.conformance.broken_plugins:stray_cancel",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    (found,) = checks.check_typed_errors(Target("stray-cancel"))
+    assert found.startswith('[dsh:typed-errors] plugin "stray-cancel", tool "count": called with {"s": ""}, the '
+                            "body let out CancelledError although its call was neither cancelled nor aborted"), found
+    assert "ToolError" in found
+
+
 def test_a_hook_or_disposer_whose_exception_dsh_only_logs_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """An observer hook that raises on every call and a disposer that raises: dsh logs and goes on, so the
     results look fine; the kit must read what dsh logged while the plugin ran."""
