@@ -300,22 +300,24 @@ def check_config_schema(target: Target) -> list[str]:
         return [failure(target, "config-schema", f"the entry point did not load: {message}",
                         "fix the entry point first")]
     schema = getattr(factory, "config_schema", None)
-    if schema is None:
-        return []
-    try:
-        check_schema(schema, owner="config schema")
-    except DshError as error:
-        return [failure(target, "config-schema", error.message,
-                        "declare a valid Draft 2020-12 schema with @plugin(config_schema={...})")]
-    if schema.get("type") != "object":
-        return [failure(target, "config-schema", 'the config schema\'s root must have "type": "object"',
-                        "a plugin's config is a TOML table: describe it as an object schema")]
+    # Without a declared schema there is nothing to vet, but the config still must be {} (as dsh checks it).
+    if schema is not None:
+        try:
+            check_schema(schema, owner="config schema")
+        except DshError as error:
+            return [failure(target, "config-schema", error.message,
+                            "declare a valid Draft 2020-12 schema with @plugin(config_schema={...})")]
+        if schema.get("type") != "object":
+            return [failure(target, "config-schema", 'the config schema\'s root must have "type": "object"',
+                            "a plugin's config is a TOML table: describe it as an object schema")]
     try:
         check_config(target.name, factory, target.config)
     except DshError as error:
+        undeclared = "" if schema is not None else ("the plugin declares no config schema, so it takes only {} "
+                                                    "(or declare one with @plugin(config_schema={...})); ")
         return [failure(target, "config-schema", error.message,
-                        "pass a matching config (subclass: override the plugin_config fixture; command line: "
-                        f"--dsh-conformance-config '{target.name}=JSON')")]
+                        f"{undeclared}pass a matching config (subclass: override the plugin_config fixture; command "
+                        f"line: --dsh-conformance-config '{target.name}=JSON')")]
     return []
 
 

@@ -508,6 +508,25 @@ def test_a_body_that_returns_on_abort_but_leaves_its_task_running_fails_the_abor
     assert "fix: start background work with scope.spawn(...)" in found
 
 
+def test_a_config_given_to_a_plugin_that_declares_no_config_schema_fails_the_config_schema_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a declared schema a plugin accepts only ``{}`` (as dsh starts it); the check that names the config
+    as the culprit must not pass while every other check fails with "did not start"."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("no-schema", "tests.fixtures.conformance.broken_plugins:blocking",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    assert checks.check_config_schema(Target("no-schema")) == []
+    (found,) = checks.check_config_schema(Target("no-schema", {"greeting": "hi"}))
+    assert found.startswith("[dsh:config-schema] plugin \"no-schema\": config for plugin 'no-schema' does not match "
+                            "its config schema: (top level): Additional properties are not allowed"), found
+    assert "fix: the plugin declares no config schema, so it takes only {}" in found
+
+
 def test_an_entry_point_that_is_declared_but_fails_to_load_is_not_told_to_declare_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The entry point exists and its config schema is invalid: the fix names the schema, not the declaration."""
