@@ -255,6 +255,11 @@ def check_entry_point(target: Target) -> list[str]:
 @_guarded
 def check_stdout(target: Target) -> list[str]:
     """Importing, starting and disposing the plugin in a fresh interpreter writes nothing to stdout."""
+    loss = find_loss(target.config)
+    if loss is not None:
+        # The probe gets the config as a JSON argument: json.dumps would raise out of the check.
+        return [failure(target, "stdout", f"the config cannot be passed to a fresh interpreter: {loss}",
+                        "give the config as JSON values only (str(path) for a path, lists for tuples)")]
     env = dict(os.environ)
     # The child must see exactly the distributions this process sees (pytester directories included).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))

@@ -318,6 +318,15 @@ def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message
                                   "fresh interpreter took more than 0.5 s")
 
 
+def test_a_config_that_is_not_json_fails_the_stdout_check_with_a_message() -> None:
+    """``{"root": tmp_path}`` (a Path) is an easy slip in plugin_config: the probe's JSON argument cannot hold it,
+    which raised a raw TypeError out of the check instead of naming the value."""
+    (found,) = checks.check_stdout(Target("any", {"root": Path("/tmp")}))
+    assert found.startswith('[dsh:stdout] plugin "any": the config cannot be passed to a fresh interpreter: not '
+                            "lossless JSON at /root: "), found
+    assert "str(path)" in found
+
+
 def test_a_name_given_twice_is_checked_once(kit: pytest.Pytester) -> None:
     result = kit.runpytest_subprocess("--dsh-conformance=good", "--dsh-conformance=good", *QUIET, "-v")
     result.assert_outcomes(passed=13)
