@@ -89,6 +89,14 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the marker and, with ``--dsh-conformance``, add the shipped suite to the collection."""
     config.addinivalue_line("markers", "dsh_conformance: a dsh plugin conformance check (dsh_core.testing)")
     if not config.getoption("dsh_conformance"):
+        if config.getoption("dsh_conformance_config"):
+            import pytest
+
+            # Subclass suites take their config from the plugin_config fixture; silently
+            # checking with {} instead of what was given would pass or fail the wrong thing.
+            raise pytest.UsageError("--dsh-conformance-config applies only to plugins named with "
+                                    "--dsh-conformance; a ConformanceTests subclass takes its config from "
+                                    "its plugin_config fixture")
         return
     import importlib.util
 

@@ -364,6 +364,13 @@ def test_each_checked_plugin_gets_its_own_config_from_the_command_line(kit: pyte
                                  "add --dsh-conformance=neddy or fix the name (checked: good)*"])
 
 
+def test_a_config_without_a_plugin_to_check_is_refused_not_ignored(kit: pytest.Pytester) -> None:
+    """Without --dsh-conformance the config fed nothing: a subclass suite ran with its own config, silently."""
+    result = kit.runpytest_subprocess(*QUIET, "--dsh-conformance-config", '{"greeting": "hi"}')
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dsh-conformance-config applies only to plugins named with --dsh-conformance*"])
+
+
 def test_config_values_that_cannot_be_used_are_named() -> None:
     from dsh_core.testing.pytest_plugin import parse_configs
 
