@@ -60,7 +60,7 @@ from dsh_core.scope import Scope
 from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent
 from dsh_core.sessions.lease import SessionLease
 from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
-from dsh_core.sessions.store import SessionStore, dsh_home
+from dsh_core.sessions.store import SessionStore, check_lease_aware, dsh_home
 
 if TYPE_CHECKING:
     from dsh_core.harness import Harness
@@ -665,6 +665,7 @@ async def run_agent(
         history: list[Message] = []
         if record:
             assert store is not None
+            check_lease_aware(store)  # before the session is created or claimed, naming the store
             # Made before the claim, so the finally releases it even if the claim fails or is cut short
             # (releasing a lease that does not hold the session does nothing).
             lease = SessionLease.for_this_run()

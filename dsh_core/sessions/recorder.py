@@ -67,6 +67,8 @@ class SessionRecorder:
     async def append_many(self, events: Sequence[NewEvent]) -> list[SessionEvent]:
         """Commit a batch in one transaction (all or nothing), in order."""
         async with self._lock:
+            if self.lease is None:  # a store written before append took a lease still records
+                return await self.store.append(self.session_id, events)
             return await self.store.append(self.session_id, events, lease=self.lease)
 
     async def load(self) -> list[SessionEvent]:

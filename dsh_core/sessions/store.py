@@ -13,6 +13,7 @@ so that runs of several processes sharing one home see each other's.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo
 from dsh_core.sessions.lease import SessionLease
 
 __all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "SessionBusyError",
-           "SessionLeaseLostError", "dsh_home"]
+           "SessionLeaseLostError", "check_lease_aware", "dsh_home"]
 
 
 class SessionStoreError(DshError):
@@ -64,6 +65,31 @@ class SessionLeaseLostError(SessionStoreError):
                          "run is recorded in it, so that the two runs' events do not interleave")
         self.session_id = session_id
         self.holder = holder
+
+
+def check_lease_aware(store: object) -> None:
+    """Raise :class:`SessionStoreError` naming ``store`` if its ``append`` takes no ``lease`` keyword.
+
+    An agent run checks every write against its lease; a store written before ``append`` took
+    one would otherwise fail the run's first write with a bare ``TypeError`` naming nobody, after
+    the session was created or claimed. A signature that cannot be read is let through.
+    """
+    append = getattr(store, "append", None)
+    try:
+        parameters = inspect.signature(append).parameters if append is not None else {}
+    except (TypeError, ValueError):
+        return
+    lease = parameters.get("lease")
+    if lease is not None and lease.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return
+    kind = type(store)
+    raise SessionStoreError(
+        f"session store {kind.__module__}.{kind.__qualname__}: append() takes no lease= keyword; an agent run "
+        "passes its lease so that a run that lost its session writes nothing (add the keyword-only parameter "
+        "'lease: SessionLease | None = None' and check it in the write's transaction; see "
+        "dsh_core.sessions.store.SessionStore.append)")
 
 
 @runtime_checkable

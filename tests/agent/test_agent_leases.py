@@ -182,3 +182,42 @@ async def test_a_run_whose_lease_was_taken_over_stops_writing_the_session(tmp_pa
     finally:
         await store.close()
         await harness.aclose()
+
+
+async def test_a_store_whose_append_takes_no_lease_is_named_before_the_run_writes(tmp_path: Path) -> None:
+    """A store written before append took lease= failed the run's first write with a bare TypeError."""
+    from dsh_core.sessions import SessionStoreError
+
+    harness = await start(tmp_path, tools=[], turns=[final("done")])
+    try:
+        real = open_session_store(harness)
+
+        class OldStore:
+            """Every method but append forwarded to a real store; append has the old signature."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            async def append(self, session_id: str, events: Any) -> Any:
+                return await real.append(session_id, events)
+
+        old = OldStore()
+        try:
+            with pytest.raises(SessionStoreError, match=r"OldStore: append\(\) takes no lease= keyword"):
+                await run_agent(harness, "go", store=old)  # type: ignore[arg-type]
+            assert await real.list() == []  # refused before a session was created
+        finally:
+            await real.close()
+        # Without a lease (a tool's own recorder, a test), such a store still records.
+        from dsh_core.sessions.recorder import SessionRecorder
+
+        store = open_session_store(harness)
+        try:
+            session = await store.create()
+            real = store
+            stored = await SessionRecorder(OldStore(), session.id).append("note", {"k": 1})  # type: ignore[arg-type]
+            assert stored.kind == "note"
+        finally:
+            await store.close()
+    finally:
+        await harness.aclose()
