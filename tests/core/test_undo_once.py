@@ -35,18 +35,6 @@ async def test_a_guard_added_again_survives_the_first_guards_second_removal() ->
     assert result.error is not None and result.error.code == ErrorCode.DENIED, result
 
 
-async def test_a_restriction_made_again_survives_the_first_ones_second_lift() -> None:
-    stack = Stack()
-    stack.registry.register(tool("echo"))
-    agent = stack.agent()
-    lift = stack.registry.restrict(agent, deny=["echo"])
-    lift()
-    stack.registry.restrict(agent, deny=["echo"])
-    lift()
-    result = await stack.call("echo", agent=agent)
-    assert result.error is not None and result.error.code == ErrorCode.UNKNOWN_TOOL, result
-
-
 async def test_a_mode_declared_again_survives_the_first_declarations_second_restore() -> None:
     stack = Stack()
     stack.registry.register(tool("echo"))

@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -287,9 +287,12 @@ async def test_an_append_cancelled_while_it_commits_returns_and_then_is_cancelle
         info = await store.create()
         committed = store._transaction
 
+        in_commit, cancel_sent = threading.Event(), threading.Event()
+
         def slow_to_return(*args: object, **kwargs: object) -> object:
             result = committed(*args, **kwargs)  # type: ignore[arg-type]
-            time.sleep(0.2)  # committed, not yet handed back: the cancellation lands here
+            in_commit.set()
+            cancel_sent.wait(5)  # committed, not yet handed back: the cancellation lands here
             return result
 
         monkeypatch.setattr(store, "_transaction", slow_to_return)
@@ -301,8 +304,10 @@ async def test_an_append_cancelled_while_it_commits_returns_and_then_is_cancelle
             seen.append("not cancelled")
 
         task = asyncio.ensure_future(appender())
-        await asyncio.sleep(0.1)
+        while not in_commit.is_set():
+            await asyncio.sleep(0.005)
         task.cancel()
+        cancel_sent.set()
         with pytest.raises(asyncio.CancelledError):
             await task
         monkeypatch.undo()
