@@ -65,6 +65,10 @@ __all__ = ["PythonCodeRuntime", "RuntimeDisposedError", "STDLIB_PRELOAD"]
 _ZYGOTE_SCRIPT = os.path.join(iso.WORKER_DIR, "zygote.py")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _NCPU = os.cpu_count() or 1
+#: The CPUs this process may run on. A worker waiting for a binding's reply polls for it
+#: (worker/runner.py, ``_POLL_S``) only while there are fewer live runs than these: each
+#: polling worker keeps a CPU busy, and the host's loop needs one to answer.
+_USABLE_CPUS = len(os.sched_getaffinity(0))
 _WORKER_KINDS = frozenset({"exception", "invalid-output", "output-limit", "memory-limit"})
 _READY_MAX = 4096
 _DRAIN_GRACE_S = 2.0
@@ -638,6 +642,8 @@ class _Run:
                 [name, sorted(functions), spec.name if spec else None, spec.member if spec else None]
                 for name, functions, spec in namespaces
             ],
+            # This run is not live yet: with it, the live runs must stay below the usable CPUs.
+            "poll": len(self.owner._live) + 1 < _USABLE_CPUS,
         }
         if compiled is not None and len(source) <= _SHIP_CODE_MAX:
             # The same interpreter binary runs the worker, so the host's code
@@ -1108,7 +1114,8 @@ class _Run:
             return  # the program cancelled it: nobody waits for this reply
         try:
             tokens = wire.encode(result)
-            frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens})
+            frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens,
+                               "poll": len(self.owner._live) < _USABLE_CPUS})
         except wire.WireError as error:
             self._reply(call_id, False, f"binding resolution must be lossless JSON: {error.describe('result')}")
             return
@@ -1117,7 +1124,8 @@ class _Run:
 
     def _reply(self, call_id: int, ok: bool, message: str) -> None:
         if self.outcome is None:  # late resolutions are dropped
-            self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message}))
+            self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message,
+                                   "poll": len(self.owner._live) < _USABLE_CPUS}))
 
     def _on_done(self, message: dict[str, Any]) -> None:
         if "e" in message:

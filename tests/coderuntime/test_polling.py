@@ -1,0 +1,133 @@
+"""A worker waiting for a binding's reply polls for it only while the host has a CPU to spare.
+
+Polling keeps the worker's CPU from going idle, so the host's reply needs no cross-CPU
+wake-up (the dearest part of a round trip on a virtual machine; see ``_POLL_S``). It is
+the program's own CPU time, so it is bounded: the host says in the start frame and in
+every reply whether a CPU is spare (fewer live runs than usable CPUs), and a worker whose
+replies come later than the poll stops polling for a growing number of calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from dsh_core.coderuntime import host
+from dsh_core.coderuntime.worker import runner, wire
+
+from .conftest import arun, echo, tools, with_runtime
+
+#: The program reads its bridge's hint (through a binding's closure) before and after a call.
+READ_HINT = """
+f = tools.echo
+bridge = next(c.cell_contents for c in f.__closure__ if type(c.cell_contents).__name__ == "_Bridge")
+before = bridge.poll
+await f({})
+return [before, bridge.poll]
+"""
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(2, [True, True]), (1, [False, False])])
+def test_a_lone_run_polls_only_where_the_host_has_another_cpu(
+        monkeypatch: pytest.MonkeyPatch, cpus: int, expected: list[bool]) -> None:
+    monkeypatch.setattr(host, "_USABLE_CPUS", cpus)
+
+    async def go(rt: Any) -> Any:
+        return await rt.run(READ_HINT, tools(echo=echo))
+
+    result = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
+    assert result.error is None and result.value == expected, result
+
+
+def test_runs_live_beside_as_many_as_the_cpus_do_not_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host, "_USABLE_CPUS", 2)
+
+    async def go(rt: Any) -> Any:
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(args: Any) -> Any:
+            holding.set()
+            await release.wait()
+            return 1
+
+        first = asyncio.ensure_future(rt.run("return await tools.hold({})", tools(hold=hold)))
+        await holding.wait()
+        second = await rt.run(READ_HINT, tools(echo=echo))
+        release.set()
+        return second, await first
+
+    second, first = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
+    assert first.value == 1, first
+    assert second.error is None and second.value == [False, False], second
+
+
+class _Host:
+    """The host's end of a bridge's channel, answering call ids with replies."""
+
+    def __init__(self) -> None:
+        self.worker_end, self.host_end = socket.socketpair()
+        self.loop = asyncio.new_event_loop()
+        self.bridge = runner._Bridge(runner._Channel(self.worker_end.fileno(), 1 << 20), self.loop)
+
+    def close(self) -> None:
+        self.loop.close()
+        self.worker_end.close()
+        self.host_end.close()
+
+    def reply(self, call_id: int, *, poll: bool = True, after_s: float = 0.0) -> None:
+        frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": wire.encode(call_id), "poll": poll})
+        if after_s:
+            threading.Timer(after_s, self.host_end.sendall, (frame,)).start()
+        else:
+            self.host_end.sendall(frame)
+
+    def wait(self, call_id: int, **reply: Any) -> None:
+        future = self.loop.create_future()
+        self.bridge.pending[call_id] = (future, "f", None)
+        self.reply(call_id, **reply)
+        assert self.bridge.wait_in_place(future) and future.result() == call_id
+
+
+def test_a_worker_whose_replies_come_after_the_poll_stops_polling_for_longer_each_time() -> None:
+    late = 0.005  # far beyond the poll (60 us): a binding that does real work
+    channel = _Host()
+    bridge = channel.bridge
+    try:
+        bridge.poll = True
+        channel.wait(1)  # the reply is there before the wait: a hit
+        assert (bridge.poll_misses, bridge.polls_to_skip) == (0, 0)
+        call_id = 1
+        skipped = []
+        for misses in (1, 2, 4, 8, 16, 32, 64, 64):
+            call_id += 1
+            channel.wait(call_id, after_s=late)  # polled in vain, then slept
+            assert (bridge.poll_misses, bridge.polls_to_skip) == (misses, misses)
+            for _ in range(misses):  # these sleep at once, polling nothing
+                call_id += 1
+                channel.wait(call_id, after_s=late)
+            skipped.append(bridge.polls_to_skip)
+        assert skipped == [0] * 8 and bridge.poll_misses == 64
+        call_id += 1
+        channel.wait(call_id)  # a reply within the poll again: polling resumes at once
+        assert (bridge.poll_misses, bridge.polls_to_skip) == (0, 0)
+    finally:
+        channel.close()
+
+
+def test_a_worker_told_the_host_has_no_cpu_to_spare_does_not_poll() -> None:
+    channel = _Host()
+    bridge = channel.bridge
+    try:
+        bridge.poll = True
+        channel.wait(1, poll=False)  # this reply says: no CPU to spare from now on
+        assert bridge.poll is False
+        channel.wait(2, after_s=0.005)  # slept at once: no poll, so no miss either
+        assert (bridge.poll_misses, bridge.polls_to_skip) == (0, 0)
+        channel.wait(3, poll=True)
+        assert bridge.poll is True
+    finally:
+        channel.close()
