@@ -93,7 +93,7 @@ class _Host:
 
 
 def test_a_worker_whose_replies_come_after_the_poll_stops_polling_for_longer_each_time() -> None:
-    late = 0.005  # far beyond the poll (60 us): a binding that does real work
+    late = 0.005  # far beyond the poll (200 us): a binding that does real work
     channel = _Host()
     bridge = channel.bridge
     try:

@@ -31,13 +31,13 @@ __all__ = ["run_to_completion", "serve"]
 T = TypeVar("T")
 
 #: How long a wait in place polls for its reply before it sleeps. The host answers a trivial
-#: call in tens of microseconds; a worker asleep in select is then woken on an idle CPU, and
-#: on a virtual machine that wake-up (an inter-processor interrupt, the CPU's exit from idle)
-#: can cost more than the host's whole answer: a bare socket ping-pong between two processes
-#: took 67 us sleeping on both sides and 19 us with one side polling. The polling is the
-#: program's own CPU time (counted by its cpu_s budget), spent only while it has nothing else
-#: to do.
-_POLL_S = 60e-6
+#: call in tens of microseconds and a Code Mode tool call, through the whole pipeline, in about
+#: 100-150; a worker asleep in select is then woken on an idle CPU, and on a virtual machine
+#: that wake-up (an inter-processor interrupt, the CPU's exit from idle) can cost more than the
+#: host's whole answer: a bare socket ping-pong between two processes took 67 us sleeping on
+#: both sides and 19 us with one side polling. The polling is the program's own CPU time
+#: (counted by its cpu_s budget), spent only while it has nothing else to do.
+_POLL_S = 200e-6
 #: After a reply that took longer than the poll, the next waits sleep at once: 1 after the
 #: first such miss, doubling with each further one up to this many, so that a program calling
 #: slow bindings polls in vain at most once in this many calls.
