@@ -131,3 +131,35 @@ def test_a_worker_told_the_host_has_no_cpu_to_spare_does_not_poll() -> None:
         assert bridge.poll is True
     finally:
         channel.close()
+
+
+def _tree(root: Any, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+@pytest.mark.parametrize(("cgroup", "files", "expected"), [
+    # cgroup v2: the tightest cpu.max on the way up (here the parent's 1.5 CPUs) counts, rounded down.
+    ("0::/a/b\n", {"a/b/cpu.max": "max 100000\n", "a/cpu.max": "150000 100000\n"}, 1),
+    ("0::/a/b\n", {"a/b/cpu.max": "300000 100000\n"}, 3),
+    # cgroup v1: the cpu controller's CFS quota and period (-1: no quota).
+    ("4:cpu,cpuacct:/x\n", {"cpu,cpuacct/x/cpu.cfs_quota_us": "200000\n",
+                            "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"}, 2),
+    ("4:cpu,cpuacct:/x\n", {"cpu,cpuacct/x/cpu.cfs_quota_us": "-1\n",
+                            "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"}, 8),
+    # No quota anywhere, or no cgroup file system: the affinity mask alone.
+    ("0::/a\n", {"a/cpu.max": "max 100000\n"}, 8),
+    ("0::/a\n", {}, 8),
+    # A quota below one CPU still leaves one.
+    ("0::/\n", {"cpu.max": "50000 100000\n"}, 1),
+])
+def test_the_usable_cpus_are_bounded_by_a_cgroup_cpu_quota(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cgroup: str, files: dict[str, str], expected: int) -> None:
+    # A container limited to a CPU quota (docker run --cpus) still sees every CPU in its
+    # affinity mask: polling there, beside the host, would spend the quota the host needs.
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: set(range(8)))
+    (tmp_path / "cgroup").write_text(cgroup)
+    _tree(tmp_path / "fs", files)
+    assert host._usable_cpus(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
