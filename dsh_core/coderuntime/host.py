@@ -106,7 +106,10 @@ def _cgroup_cpu_limit(proc_cgroup: str, root: str) -> int | None:
 
 def _usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int:
     """The CPUs this process may keep busy at once: its affinity mask, bounded by a CPU quota."""
-    cpus = len(os.sched_getaffinity(0))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # refused by a sandbox, or not Linux: importing must not fail
+        cpus = os.cpu_count() or 1
     limit = _cgroup_cpu_limit(proc_cgroup, root)
     return cpus if limit is None else min(cpus, limit)
 

@@ -163,3 +163,19 @@ def test_the_usable_cpus_are_bounded_by_a_cgroup_cpu_quota(
     (tmp_path / "cgroup").write_text(cgroup)
     _tree(tmp_path / "fs", files)
     assert host._usable_cpus(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
+
+
+@pytest.mark.parametrize("missing", ["refused", "absent"])
+def test_the_usable_cpus_are_known_without_an_affinity_mask(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, missing: str) -> None:
+    # Computed when the module is imported: a sandbox refusing sched_getaffinity (EPERM from
+    # a seccomp profile), or a platform without it, must not make importing the runtime fail.
+    def refused(pid: int) -> set[int]:
+        raise PermissionError(1, "Operation not permitted")
+
+    if missing == "refused":
+        monkeypatch.setattr(host.os, "sched_getaffinity", refused)
+    else:
+        monkeypatch.delattr(host.os, "sched_getaffinity")
+    monkeypatch.setattr(host.os, "cpu_count", lambda: 6)
+    assert host._usable_cpus(str(tmp_path / "none"), str(tmp_path)) == 6
