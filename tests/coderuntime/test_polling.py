@@ -179,3 +179,24 @@ def test_the_usable_cpus_are_known_without_an_affinity_mask(
         monkeypatch.delattr(host.os, "sched_getaffinity")
     monkeypatch.setattr(host.os, "cpu_count", lambda: 6)
     assert host._usable_cpus(str(tmp_path / "none"), str(tmp_path)) == 6
+
+
+def test_a_program_freezing_the_clock_does_not_make_its_waits_poll_to_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A program may fake time.perf_counter (to test timing code, say): the
+    # poll's deadline must not depend on it, or the worker would poll through the whole of a
+    # slow binding call (its CPU budget spent on nothing) instead of sleeping.
+    monkeypatch.setattr(host, "_USABLE_CPUS", 2)
+    program = READ_HINT.replace("before = bridge.poll\nawait f({})\nreturn [before, bridge.poll]\n", (
+        "import time\nreal, time.perf_counter = time.perf_counter, lambda: 0.0\n"
+        "try:\n    value = await tools.slow({})\nfinally:\n    time.perf_counter = real\n"
+        "return [value, bridge.poll_misses]\n"))
+
+    async def slow(args: Any) -> Any:
+        await asyncio.sleep(0.05)  # far beyond the poll
+        return "slow"
+
+    async def go(rt: Any) -> Any:
+        return await rt.run(program, tools(echo=echo, slow=slow))
+
+    result = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
+    assert result.error is None and result.value == ["slow", 1], result

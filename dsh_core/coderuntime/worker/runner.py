@@ -42,6 +42,9 @@ _POLL_S = 200e-6
 #: first such miss, doubling with each further one up to this many, so that a program calling
 #: slow bindings polls in vain at most once in this many calls.
 _MAX_POLL_SKIP = 64
+#: The poll's clock, taken before the program runs: a program that replaces time.perf_counter
+#: (a frozen clock, to test timing code) would otherwise make every wait poll to its end.
+_clock = time.perf_counter
 
 
 class _Channel:
@@ -416,14 +419,14 @@ class _Bridge:
         watched = [fd, wakeup]
         polling = self.poll and not self.polls_to_skip
         if polling:
-            deadline = time.perf_counter() + _POLL_S
+            deadline = _clock() + _POLL_S
         elif self.polls_to_skip:
             self.polls_to_skip -= 1
         while not future.done():
             if polling:
                 ready, _, _ = select.select(watched, [], [], 0.0)
                 if not ready:
-                    if time.perf_counter() < deadline:
+                    if _clock() < deadline:
                         continue
                     polling = False
                     self.poll_misses = min(2 * self.poll_misses or 1, _MAX_POLL_SKIP)
