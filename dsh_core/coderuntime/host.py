@@ -118,6 +118,9 @@ def _usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
 #: for it (worker/runner.py, ``_POLL_S``) only while there are fewer live runs than these:
 #: each polling worker keeps a CPU busy, and the host's loop needs one to answer.
 _USABLE_CPUS = _usable_cpus()
+#: The share of a run's cpu_s its worker may spend polling for replies, in all: a program
+#: making binding calls for longer spends the rest of its budget as it did without polling.
+_POLL_SHARE = 0.1
 _WORKER_KINDS = frozenset({"exception", "invalid-output", "output-limit", "memory-limit"})
 _READY_MAX = 4096
 _DRAIN_GRACE_S = 2.0
@@ -693,6 +696,7 @@ class _Run:
             ],
             # This run is not live yet: with it, the live runs must stay below the usable CPUs.
             "poll": len(self.owner._live) + 1 < _USABLE_CPUS,
+            "poll_s": self.config.cpu_s * _POLL_SHARE,
         }
         if compiled is not None and len(source) <= _SHIP_CODE_MAX:
             # The same interpreter binary runs the worker, so the host's code

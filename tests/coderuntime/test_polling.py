@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from typing import Any
 
 import pytest
@@ -65,52 +64,80 @@ def test_runs_live_beside_as_many_as_the_cpus_do_not_poll(monkeypatch: pytest.Mo
     assert second.error is None and second.value == [False, False], second
 
 
+class _Clock:
+    """A poll clock that advances 1 ms per reading and can send a late reply on the wait's second one.
+
+    The second reading is the one after a poll found nothing: the deadline (200 us) has passed,
+    so the wait is a miss whatever the machine's speed, and the reply is there when it sleeps.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0
+        self.late: Any = None
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        self.reads += 1
+        if self.late is not None and self.reads == 2:
+            send, self.late = self.late, None
+            send()
+        return self.now
+
+
 class _Host:
     """The host's end of a bridge's channel, answering call ids with replies."""
 
-    def __init__(self) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.worker_end, self.host_end = socket.socketpair()
         self.loop = asyncio.new_event_loop()
         self.bridge = runner._Bridge(runner._Channel(self.worker_end.fileno(), 1 << 20), self.loop)
+        self.bridge.poll, self.bridge.poll_left = True, 60.0
+        self.clock = _Clock()
+        monkeypatch.setattr(runner, "_clock", self.clock)
 
     def close(self) -> None:
         self.loop.close()
         self.worker_end.close()
         self.host_end.close()
 
-    def reply(self, call_id: int, *, poll: bool = True, after_s: float = 0.0) -> None:
-        frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": wire.encode(call_id), "poll": poll})
-        if after_s:
-            threading.Timer(after_s, self.host_end.sendall, (frame,)).start()
-        else:
-            self.host_end.sendall(frame)
+    def wait(self, call_id: int, *, late: bool = False, poll: bool = True, split: bool = False) -> None:
+        """Wait for ``call_id``'s reply: there before the wait, or ``late`` (after a poll found nothing).
 
-    def wait(self, call_id: int, **reply: Any) -> None:
+        With ``split``, half the reply is there before the wait and the rest comes late.
+        """
+        frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": wire.encode(call_id), "poll": poll})
         future = self.loop.create_future()
         self.bridge.pending[call_id] = (future, "f", None)
-        self.reply(call_id, **reply)
+        self.clock.reads = 0
+        if split:
+            self.host_end.sendall(frame[:5])
+            frame = frame[5:]
+        if late or split:
+            self.clock.late = lambda: self.host_end.sendall(frame)
+        else:
+            self.host_end.sendall(frame)
         assert self.bridge.wait_in_place(future) and future.result() == call_id
+        assert self.clock.late is None  # a late reply was sent: the wait did poll
 
 
-def test_a_worker_whose_replies_come_after_the_poll_stops_polling_for_longer_each_time() -> None:
-    late = 0.005  # far beyond the poll (200 us): a binding that does real work
-    channel = _Host()
+def test_a_worker_whose_replies_come_after_the_poll_stops_polling_for_longer_each_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    channel = _Host(monkeypatch)
     bridge = channel.bridge
     try:
-        bridge.poll = True
         channel.wait(1)  # the reply is there before the wait: a hit
         assert (bridge.poll_misses, bridge.polls_to_skip) == (0, 0)
         call_id = 1
-        skipped = []
         for misses in (1, 2, 4, 8, 16, 32, 64, 64):
             call_id += 1
-            channel.wait(call_id, after_s=late)  # polled in vain, then slept
+            channel.wait(call_id, late=True)  # polled in vain, then slept
             assert (bridge.poll_misses, bridge.polls_to_skip) == (misses, misses)
-            for _ in range(misses):  # these sleep at once, polling nothing
+            for _ in range(misses):  # these sleep at once: a reply there before them is no hit
                 call_id += 1
-                channel.wait(call_id, after_s=late)
-            skipped.append(bridge.polls_to_skip)
-        assert skipped == [0] * 8 and bridge.poll_misses == 64
+                channel.wait(call_id)
+                assert bridge.poll_misses == misses
+            assert bridge.polls_to_skip == 0
         call_id += 1
         channel.wait(call_id)  # a reply within the poll again: polling resumes at once
         assert (bridge.poll_misses, bridge.polls_to_skip) == (0, 0)
@@ -118,17 +145,44 @@ def test_a_worker_whose_replies_come_after_the_poll_stops_polling_for_longer_eac
         channel.close()
 
 
-def test_a_worker_told_the_host_has_no_cpu_to_spare_does_not_poll() -> None:
-    channel = _Host()
+def test_half_a_reply_within_the_poll_is_not_a_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    channel = _Host(monkeypatch)
+    try:
+        channel.wait(1, late=True)
+        channel.wait(2)  # skipped
+        channel.wait(3, split=True)  # a second miss: it was reading a partial frame, not the reply
+        assert (channel.bridge.poll_misses, channel.bridge.polls_to_skip) == (2, 2)
+    finally:
+        channel.close()
+
+
+def test_polling_stops_for_the_run_once_its_share_of_the_cpu_budget_is_spent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    channel = _Host(monkeypatch)
     bridge = channel.bridge
     try:
-        bridge.poll = True
+        bridge.poll_left = 0.0015  # the fake clock charges each miss 1 ms
+        channel.wait(1, late=True)
+        assert bridge.poll_left == pytest.approx(0.0005)
+        channel.wait(2)  # skipped after the miss
+        channel.wait(3, late=True)  # polls once more, and spends the rest
+        assert bridge.poll_left < 0 and bridge.poll_misses == 2
+        for call_id in range(4, 100):  # past every skip: none polls again (a poll would make these hits)
+            channel.wait(call_id)
+        assert bridge.poll_misses == 2 and channel.clock.now == pytest.approx(0.004)
+    finally:
+        channel.close()
+
+
+def test_a_worker_told_the_host_has_no_cpu_to_spare_does_not_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    channel = _Host(monkeypatch)
+    bridge = channel.bridge
+    try:
         channel.wait(1, poll=False)  # this reply says: no CPU to spare from now on
         assert bridge.poll is False
-        channel.wait(2, after_s=0.005)  # slept at once: no poll, so no miss either
+        channel.wait(2, poll=True)  # slept at once (no clock read: no poll), and may poll again
+        assert bridge.poll is True and channel.clock.now == pytest.approx(0.002)
         assert (bridge.poll_misses, bridge.polls_to_skip) == (0, 0)
-        channel.wait(3, poll=True)
-        assert bridge.poll is True
     finally:
         channel.close()
 
@@ -200,3 +254,15 @@ def test_a_program_freezing_the_clock_does_not_make_its_waits_poll_to_the_end(mo
 
     result = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
     assert result.error is None and result.value == ["slow", 1], result
+
+
+def test_a_run_may_poll_for_a_tenth_of_its_cpu_budget() -> None:
+    program = ("f = tools.echo\n"
+               "bridge = next(c.cell_contents for c in f.__closure__ if type(c.cell_contents).__name__ == '_Bridge')\n"
+               "return bridge.poll_left")
+
+    async def go(rt: Any) -> Any:
+        return await rt.run(program, tools(echo=echo))
+
+    result = arun(with_runtime(go, isolation="L0", timeout_s=20.0, cpu_s=5.0))
+    assert result.error is None and result.value == 0.5, result

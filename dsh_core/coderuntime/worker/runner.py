@@ -285,6 +285,9 @@ class _Bridge:
         # Whether the host has a CPU to spare for a polling wait (it says so in the start frame
         # and in every reply: not while as many runs are live as there are CPUs).
         self.poll = False
+        # Seconds this run may still spend polling (a share of its cpu_s, from the start frame):
+        # polling is CPU time the program's budget pays for, so it may not take much of it.
+        self.poll_left = 0.0
         self.poll_misses = 0  # consecutive waits whose reply came after the poll
         self.polls_to_skip = 0
 
@@ -417,28 +420,35 @@ class _Bridge:
         """
         fd, wakeup = self.channel.fd, self.wakeup
         watched = [fd, wakeup]
-        polling = self.poll and not self.polls_to_skip
+        polling = self.poll and self.poll_left > 0.0 and not self.polls_to_skip
         if polling:
-            deadline = _clock() + _POLL_S
+            started = _clock()
+            deadline = started + _POLL_S
         elif self.polls_to_skip:
             self.polls_to_skip -= 1
         while not future.done():
             if polling:
                 ready, _, _ = select.select(watched, [], [], 0.0)
                 if not ready:
-                    if _clock() < deadline:
+                    now = _clock()
+                    if now < deadline:
                         continue
+                    # The reply is late (a binding doing real work): sleep, and poll less from now on.
                     polling = False
+                    self.poll_left -= now - started
                     self.poll_misses = min(2 * self.poll_misses or 1, _MAX_POLL_SKIP)
                     self.polls_to_skip = self.poll_misses
                     continue
-                self.poll_misses = 0
             else:
                 ready, _, _ = select.select(watched, [], [])
             if fd in ready:
                 self.on_readable()  # readable: does not block
             if wakeup in ready:
                 break
+        if polling:  # the wait ended while polling
+            self.poll_left -= _clock() - started
+            if future.done():  # its reply came within the poll: not a partial frame, nor a wake-up
+                self.poll_misses = 0
         return future.done()
 
     def on_readable(self) -> None:
@@ -680,6 +690,8 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
         return 2
     source = start["p"]
     bridge.poll = start.get("poll") is True
+    poll_s = start.get("poll_s")
+    bridge.poll_left = float(poll_s) if isinstance(poll_s, (int, float)) else 0.0
     linecache.cache[program.FILENAME] = (len(source), None, source.splitlines(True), program.FILENAME)
     classes: dict[str, type[Exception]] = {}
     for global_name, names, class_name, member in start["ns"]:
