@@ -118,6 +118,8 @@ def _usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
 #: for it (worker/runner.py, ``_POLL_S``) only while there are fewer live runs than these:
 #: each polling worker keeps a CPU busy, and the host's loop needs one to answer.
 _USABLE_CPUS = _usable_cpus()
+#: Every runtime's live runs in this process (what decides polling is the CPUs all of them share).
+_LIVE_RUNS: set[_Run] = set()
 #: The share of a run's cpu_s its worker may spend polling for replies, in all: a program
 #: making binding calls for longer spends the rest of its budget as it did without polling.
 _POLL_SHARE = 0.1
@@ -695,7 +697,7 @@ class _Run:
                 for name, functions, spec in namespaces
             ],
             # This run is not live yet: with it, the live runs must stay below the usable CPUs.
-            "poll": len(self.owner._live) + 1 < _USABLE_CPUS,
+            "poll": len(_LIVE_RUNS) + 1 < _USABLE_CPUS,
             "poll_s": self.config.cpu_s * _POLL_SHARE,
         }
         if compiled is not None and len(source) <= _SHIP_CODE_MAX:
@@ -1168,7 +1170,7 @@ class _Run:
         try:
             tokens = wire.encode(result)
             frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens,
-                               "poll": len(self.owner._live) < _USABLE_CPUS})
+                               "poll": len(_LIVE_RUNS) < _USABLE_CPUS})
         except wire.WireError as error:
             self._reply(call_id, False, f"binding resolution must be lossless JSON: {error.describe('result')}")
             return
@@ -1178,7 +1180,7 @@ class _Run:
     def _reply(self, call_id: int, ok: bool, message: str) -> None:
         if self.outcome is None:  # late resolutions are dropped
             self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message,
-                                   "poll": len(self.owner._live) < _USABLE_CPUS}))
+                                   "poll": len(_LIVE_RUNS) < _USABLE_CPUS}))
 
     def _on_done(self, message: dict[str, Any]) -> None:
         if "e" in message:
@@ -1751,10 +1753,12 @@ class PythonCodeRuntime:
                 return _assemble(ledger, ("error", ("worker-exit", f"could not start a worker: {error}")))
         run.assign(program, namespaces, signal, (code, warned))
         self._live.add(run)
+        _LIVE_RUNS.add(run)
         try:
             return await run.finish_run(zygote)
         finally:
             self._live.discard(run)
+            _LIVE_RUNS.discard(run)
             # The next worker is prepared after this result is delivered, not before;
             # not after a run cancelled meanwhile: the loop may be shutting down (asyncio.run
             # cancels every task), and a worker spawned then would be nobody's to end. (A

@@ -64,6 +64,33 @@ def test_runs_live_beside_as_many_as_the_cpus_do_not_poll(monkeypatch: pytest.Mo
     assert second.error is None and second.value == [False, False], second
 
 
+def test_runs_of_another_runtime_in_the_process_count_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runtimes in one process share its CPUs: one's live run stops the other's from polling."""
+    monkeypatch.setattr(host, "_USABLE_CPUS", 2)
+
+    async def go(other: Any) -> Any:
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(args: Any) -> Any:
+            holding.set()
+            await release.wait()
+            return 1
+
+        first = asyncio.ensure_future(other.run("return await tools.hold({})", tools(hold=hold)))
+        await holding.wait()
+
+        async def read(rt: Any) -> Any:
+            return await rt.run(READ_HINT, tools(echo=echo))
+
+        second = await with_runtime(read, isolation="L0", timeout_s=20.0)
+        release.set()
+        return second, await first
+
+    second, first = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
+    assert first.value == 1, first
+    assert second.error is None and second.value == [False, False], second
+
+
 class _Clock:
     """A poll clock that advances 1 ms per reading and can send a late reply on the wait's second one.
 
