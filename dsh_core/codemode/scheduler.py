@@ -67,7 +67,10 @@ if there is work, and an exclusive barrier is cleared by its commit's
 ``finally``. A call cancelled mid-commit still answers the program and logs
 its settle event: a settle write the cancellation interrupted wrote nothing
 (a session sink's contract), so it is written again, through further
-cancellations, for at most :data:`SETTLE_AFTER_CANCEL_TIMEOUT_S`.
+cancellations, for at most :data:`SETTLE_AFTER_CANCEL_TIMEOUT_S`. A start
+write the cancellation interrupted is written again the same way (the call
+then commits as aborted), so the session never shows a settle without its
+start; a start given up on drops the call's settle event too.
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ DEFAULT_MAX_PARALLEL_SUB_CALLS: Final = 10
 #: The abort reason of a nested call whose program cancelled it.
 PROGRAM_CANCELLED: Final = "cancelled by the program"
 
-#: How long a scheduler task cancelled from outside mid-commit still tries to append the call's
-#: settle event (the SQLite store's default busy timeout: a write waiting out another writer).
+#: How long a scheduler task cancelled from outside mid-write still tries to append the call's
+#: start or settle event (the SQLite store's default busy timeout: a write waiting out another writer).
 SETTLE_AFTER_CANCEL_TIMEOUT_S: Final = 5.0
 
 
@@ -121,7 +124,7 @@ class SubCall:
     """One nested call between submission and commit."""
 
     __slots__ = ("abort", "counted", "cut", "exclusive", "failure", "future", "logged", "name", "request",
-                 "settled", "staged", "sub_call_id", "watch")
+                 "settled", "staged", "start_lost", "sub_call_id", "watch")
 
     def __init__(self, request: ToolExecutionInput, logged: JSON, future: asyncio.Future[JSON]) -> None:
         self.request = request
@@ -145,6 +148,8 @@ class SubCall:
         self.cut = False
         #: The done-callback on ``future`` that stops the call if the code runtime cancels it.
         self.watch: Callable[[asyncio.Future[JSON]], None] | None = None
+        #: True if its start event was cancelled and given up on: its settle event is not written either.
+        self.start_lost = False
 
 
 def _mark_retrieved(future: asyncio.Future[JSON]) -> None:
@@ -415,9 +420,21 @@ class ProgramScheduler:
             f"run_code run is over ({self._signal.reason}); {call.name} tool call abandoned"))
 
     async def _start(self, call: SubCall) -> None:
+        history = self._history
+        if history.enabled:
+            try:
+                await history.started(call.sub_call_id, call.name, call.logged)
+            except asyncio.CancelledError:
+                # The lane's task was cancelled from outside mid-write: the write wrote nothing (a
+                # sink's contract). The call commits as aborted, and its settle event needs its start.
+                if not await self._write_after_cancel(
+                        call, "start", functools.partial(history.started, call.sub_call_id, call.name, call.logged),
+                        "the session shows nothing of the call"):
+                    call.start_lost = True
+                call.failure = aborted_result()
+                call.settled = True
+                raise
         try:
-            if self._history.enabled:
-                await self._history.started(call.sub_call_id, call.name, call.logged)
             control = self.run_control
             pause = getattr(control, "pause_wall_clock", None)
             if pause is not None:
@@ -485,7 +502,7 @@ class ProgramScheduler:
         try:
             result = await self._final_result(call)
             self._deliver(call, result)
-            if self._history.enabled:
+            if self._history.enabled and not call.start_lost:
                 await self._history.settled(call.sub_call_id, call.name, call.logged, result)
         except asyncio.CancelledError:
             # The lane's task was cancelled from outside mid-commit: the program still gets an
@@ -495,12 +512,19 @@ class ProgramScheduler:
             if result is None:
                 result = aborted_result()
                 self._deliver(call, result)
-            if self._history.enabled:
-                await self._settle_after_cancel(call, result)
+            if self._history.enabled and not call.start_lost:
+                await self._write_after_cancel(
+                    call, "settle",
+                    functools.partial(self._history.settled, call.sub_call_id, call.name, call.logged, result),
+                    "the session shows the call started, never settled")
             raise
 
-    async def _settle_after_cancel(self, call: SubCall, result: ToolResult) -> None:
-        """Append ``call``'s settle event from a task cancelled mid-commit: shielded, and bounded.
+    async def _write_after_cancel(self, call: SubCall, event: str, write: Callable[[], Coroutine[Any, Any, None]],
+                                  lost: str) -> bool:
+        """Append ``call``'s ``event`` from a task cancelled mid-write: shielded, and bounded.
+
+        True once written; False (``lost`` says what the session shows then, in the warning)
+        if given up on.
 
         Each cancellation of a write means it wrote nothing, so a further cancellation of this
         task restarts it rather than losing the event; a sink still not done after
@@ -515,8 +539,8 @@ class ProgramScheduler:
             requested = task.cancelling()
             try:
                 async with asyncio.timeout_at(deadline):
-                    await self._history.settled(call.sub_call_id, call.name, call.logged, result)
-                return
+                    await write()
+                return True
             except (asyncio.CancelledError, TimeoutError):
                 # Only a new cancellation of this task is retried: a sink raising CancelledError
                 # of its own accord would do it again at once, and the loop would spin.
@@ -524,10 +548,9 @@ class ProgramScheduler:
                 if timed_out or task.cancelling() == requested:
                     why = (f"the session sink took over {SETTLE_AFTER_CANCEL_TIMEOUT_S:g} s" if timed_out
                            else "the session sink cancelled it")
-                    log.warning("the settle event of nested call %s was not written after its task was "
-                                "cancelled (%s): the session shows the call started, never settled",
-                                call.sub_call_id, why)
-                    return
+                    log.warning("the %s event of nested call %s was not written after its task was "
+                                "cancelled (%s): %s", event, call.sub_call_id, why, lost)
+                    return False
 
     def _deliver(self, call: SubCall, result: ToolResult) -> None:
         """Defer contexts, settle the program's call and tell the watcher (no awaits: one step)."""

@@ -146,7 +146,7 @@ async def test_ordered_pre_execute_never_overlaps_and_a_slow_policy_delays_the_n
 
 
 @pytest.mark.parametrize("safe", [True, None], ids=["parallel", "exclusive"])
-@pytest.mark.parametrize("stage", ["pre-execute", "body", "post-execute", "settle-log"])
+@pytest.mark.parametrize("stage", ["start-log", "pre-execute", "body", "post-execute", "settle-log"])
 async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env: Env, stage: str,
                                                                             safe: bool | None) -> None:
     # Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
@@ -183,13 +183,14 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     assert sink is not None
     append = sink.append
 
-    async def slow_first_settle(kind: str, payload: Any, **ids: Any) -> None:
-        if (stage == "settle-log" and kind == "tool/code-dispatch" and ids["sub_call_id"] == "call-1:code:1"
-                and not blocked):
+    slowed = {"start-log": "tool/code-dispatch-start", "settle-log": "tool/code-dispatch"}.get(stage)
+
+    async def slow_first_write(kind: str, payload: Any, **ids: Any) -> None:
+        if kind == slowed and ids["sub_call_id"] == "call-1:code:1" and not blocked:
             await block()  # the first attempt only: cancelled, it wrote nothing
         await append(kind, payload, **ids)
 
-    sink.append = slow_first_settle  # type: ignore[method-assign]
+    sink.append = slow_first_write  # type: ignore[method-assign]
     env.add(tool("t", body, safe=safe))
     env.plug(Blocking())
     program = ("import asyncio\nasync def one(i):\n    try:\n        return await tools.t({'i': i})\n"
@@ -205,9 +206,11 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     kinds = sink.kinds()
     start, settle = "tool/code-dispatch-start", "tool/code-dispatch"
     first_call, second_call = "call-1:code:1", "call-1:code:2"
-    # A cancelled append wrote nothing (the sink's contract), so an interrupted settle write is redone.
+    # A cancelled append wrote nothing (the sink's contract), so an interrupted start or settle write
+    # is redone: each call's pair, its start first.
     assert sorted(kinds) == sorted([(start, first_call), (settle, first_call), (start, second_call),
                                     (settle, second_call)])
+    assert kinds.index((start, first_call)) < kinds.index((settle, first_call))
 
 
 async def test_a_settle_write_cancelled_behind_a_busy_store_is_written_once(tmp_path: Path) -> None:
@@ -295,6 +298,42 @@ async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
     assert sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1")]
     assert "settle event of nested call call-1:code:1 was not written" in caplog.text
     assert "took over 0.05 s" in caplog.text
+
+
+async def test_a_start_write_given_up_on_after_a_cancellation_logs_no_settle_either(
+        env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    # A start event that could not be written after all leaves the call out of the session: a
+    # settle event without its start would break the pair (and render with no arguments).
+    monkeypatch.setattr(scheduler_module, "SETTLE_AFTER_CANCEL_TIMEOUT_S", 0.05)
+    lane: list[asyncio.Task[Any]] = []
+    sink = env.sink
+    assert sink is not None
+    append = sink.append
+
+    async def stuck_start(kind: str, payload: Any, **ids: Any) -> None:
+        if kind == "tool/code-dispatch-start" and ids["sub_call_id"] == "call-1:code:1":
+            task = asyncio.current_task()
+            assert task is not None
+            lane.append(task)
+            await asyncio.sleep(30)
+        await append(kind, payload, **ids)
+
+    async def body(args: Any, ctx: Any) -> Any:
+        return args
+
+    sink.append = stuck_start  # type: ignore[method-assign]
+    env.add(tool("t", body, safe=True))
+    program = ("try:\n    await tools.t({'i': 0})\nexcept ToolCallError as error:\n    first = str(error)\n"
+               "return [first, await tools.t({'i': 1})]")
+    run = asyncio.ensure_future(env.run(program))
+    while not lane:
+        await asyncio.sleep(0.005)
+    with caplog.at_level("WARNING", logger="dsh"):
+        lane[0].cancel()
+        result = await asyncio.wait_for(run, 1)
+    assert result.value["result"] == ["tool call aborted", {"i": 1}]
+    assert sink.kinds() == [("tool/code-dispatch-start", "call-1:code:2"), ("tool/code-dispatch", "call-1:code:2")]
+    assert "start event of nested call call-1:code:1 was not written" in caplog.text
 
 
 @pytest.mark.parametrize("target", ["ProgramScheduler._hold_lane", "ProgramScheduler._body"])
