@@ -140,10 +140,17 @@ class DispatchHistory:
         except Exception:
             log.warning("appending %s for %s failed", CODE_DISPATCH_START, sub_call_id, exc_info=True)
 
-    async def settled(self, sub_call_id: str, name: str, arguments: JSON, result: ToolResult) -> None:
-        """Run the durable-copy hook, then append ``tool/code-dispatch``."""
-        if self._sink is None:
-            return
+    async def append_settle(self, sub_call_id: str, payload: Mapping[str, Any]) -> None:
+        """Append ``tool/code-dispatch`` with ``payload`` from :meth:`settle_payload`.
+
+        Separate so that a write redone after a cancellation appends the same record
+        without running the hook again.
+        """
+        await self._append(CODE_DISPATCH, payload, sub_call_id)
+
+    async def settle_payload(self, sub_call_id: str, name: str, arguments: JSON,
+                             result: ToolResult) -> dict[str, Any]:
+        """The payload of the call's ``tool/code-dispatch`` event, its content shaped by the durable-copy hook."""
         content: Sequence[ContentBlock] = result.content
         # The read-only record is built only when some implementation will see it.
         if self._hooks.sees_any("dsh_code_dispatch_log", self._agent):
@@ -167,14 +174,13 @@ class DispatchHistory:
                 log.warning("dsh_code_dispatch_log returned unusable content for %s", sub_call_id, exc_info=True)
                 content = result.content
         error = result.error
-        payload = {
+        return {
             "name": name,
             "arguments": arguments,
             "is_error": error is not None,
             "error_code": None if error is None else error.code,
             "content": unstructure_blocks(content),
         }
-        await self._append(CODE_DISPATCH, payload, sub_call_id)
 
 
 def unstructure_blocks(blocks: Sequence[ContentBlock]) -> list[dict[str, Any]]:

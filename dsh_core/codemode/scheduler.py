@@ -79,7 +79,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from dsh_core.abort import AbortController, AbortSignal
@@ -499,11 +499,14 @@ class ProgramScheduler:
 
     async def _commit_steps(self, call: SubCall) -> None:
         result: ToolResult | None = None
+        history = self._history
+        payload: Mapping[str, Any] | None = None
         try:
             result = await self._final_result(call)
             self._deliver(call, result)
-            if self._history.enabled and not call.start_lost:
-                await self._history.settled(call.sub_call_id, call.name, call.logged, result)
+            if history.enabled and not call.start_lost:
+                payload = await history.settle_payload(call.sub_call_id, call.name, call.logged, result)
+                await history.append_settle(call.sub_call_id, payload)
         except asyncio.CancelledError:
             # The lane's task was cancelled from outside mid-commit: the program still gets an
             # answer, the watchers their record and the log its one settle event. A settle write
@@ -512,11 +515,19 @@ class ProgramScheduler:
             if result is None:
                 result = aborted_result()
                 self._deliver(call, result)
-            if self._history.enabled and not call.start_lost:
-                await self._write_after_cancel(
-                    call, "settle",
-                    functools.partial(self._history.settled, call.sub_call_id, call.name, call.logged, result),
-                    "the session shows the call started, never settled")
+            if history.enabled and not call.start_lost:
+                settled = result
+
+                async def write() -> None:
+                    # The durable record is computed once (the hook runs once per call): a redone
+                    # write appends the same one. Only a hook run the cancellation cut is run again.
+                    nonlocal payload
+                    if payload is None:
+                        payload = await history.settle_payload(call.sub_call_id, call.name, call.logged, settled)
+                    await history.append_settle(call.sub_call_id, payload)
+
+                await self._write_after_cancel(call, "settle", write,
+                                               "the session shows the call started, never settled")
             raise
 
     async def _write_after_cancel(self, call: SubCall, event: str, write: Callable[[], Coroutine[Any, Any, None]],

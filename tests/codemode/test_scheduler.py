@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from codemode_kit import Env, tool
 
-from dsh_core import ContextMessage, PostDecision, hookimpl
+from dsh_core import ContextMessage, PostDecision, TextBlock, hookimpl
 from dsh_core.abort import AbortSignal
 from dsh_core.codemode import scheduler as scheduler_module
 from dsh_core.codemode.history import DispatchHistory
@@ -261,6 +261,48 @@ async def test_a_settle_write_cancelled_behind_a_busy_store_is_written_once(tmp_
     finally:
         other.close()
         await store.close()
+
+
+async def test_a_redone_settle_write_runs_the_log_hook_once(env: Env) -> None:
+    # The durable record is computed once per call: redoing an interrupted settle write only
+    # appends it again (a hook that spills the content elsewhere must not spill it twice).
+    seen: list[str] = []
+    lane: list[asyncio.Task[Any]] = []
+    entered = asyncio.Event()
+
+    class Spill:
+        @hookimpl
+        def dsh_code_dispatch_log(self, dispatch: Any) -> Any:
+            seen.append(dispatch.sub_call_id)
+            return [TextBlock(f"[spilled {len(seen)}]")]
+
+    sink = env.sink
+    assert sink is not None
+    append = sink.append
+
+    async def slow_first_settle(kind: str, payload: Any, **ids: Any) -> None:
+        if kind == "tool/code-dispatch" and not lane:
+            task = asyncio.current_task()
+            assert task is not None
+            lane.append(task)
+            entered.set()
+            await asyncio.sleep(30)  # the first attempt only: cancelled, it wrote nothing
+        await append(kind, payload, **ids)
+
+    async def body(args: Any, ctx: Any) -> Any:
+        return args
+
+    sink.append = slow_first_settle  # type: ignore[method-assign]
+    env.add(tool("t", body, safe=True))
+    env.plug(Spill())
+    run = asyncio.ensure_future(env.run("return await tools.t({'i': 0})"))
+    await asyncio.wait_for(entered.wait(), 5)
+    lane[0].cancel()
+    result = await asyncio.wait_for(run, 5)
+    assert result.value["result"] == {"i": 0}
+    assert seen == ["call-1:code:1"]
+    assert [e["payload"]["content"] for e in sink.events if e["kind"] == "tool/code-dispatch"] == [
+        [{"type": "text", "text": "[spilled 1]"}]]
 
 
 async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
