@@ -87,6 +87,24 @@ def failure_message(hook: str, plugin: str, error: BaseException) -> str:
     return f"{hook} of plugin {plugin!r} failed: {describe_exception(error)}"
 
 
+def _section_problem(section: object) -> str | None:
+    """Why ``section`` cannot be assembled, or ``None``.
+
+    :class:`PromptSection` does not check its fields, and the assembly merges by name, sorts by
+    ``(order, name)`` and strips the text: a wrong type would fail it later, naming no plugin.
+    """
+    if not isinstance(section, PromptSection):
+        return f"returned {type(section).__name__}, expected PromptSection"
+    name, text, order = section.name, section.text, section.order
+    if not isinstance(name, str):
+        return f"returned section {name!r} whose name is {type(name).__name__}, expected str"
+    if not isinstance(text, str):
+        return f"returned section {name!r} whose text is {type(text).__name__}, expected str"
+    if not isinstance(order, int | float):  # a float sorts among ints as well
+        return f"returned section {name!r} whose order is {type(order).__name__}, expected int"
+    return None
+
+
 class HookFailure(DshError):
     """A hook implementation raised; names the plugin and keeps a typed code.
 
@@ -511,9 +529,9 @@ class Hooks:
                 raise HookFailure("dsh_prompt_sections", info.plugin, error) from error
             depth = 0 if info.layer is None else info.layer.depth
             for section in items:
-                if not isinstance(section, PromptSection):
-                    raise HookFailure("dsh_prompt_sections", info.plugin, TypeError(
-                        f"returned {type(section).__name__}, expected PromptSection"))
+                problem = _section_problem(section)
+                if problem is not None:
+                    raise HookFailure("dsh_prompt_sections", info.plugin, TypeError(problem))
                 found.append((section, depth, info.plugin))
         return found
 
@@ -532,8 +550,8 @@ class Hooks:
             except Exception as error:
                 raise HookFailure("dsh_prompt_filter", info.plugin, error) from error
             for section in filtered:
-                if not isinstance(section, PromptSection):
-                    raise HookFailure("dsh_prompt_filter", info.plugin, TypeError(
-                        f"returned {type(section).__name__}, expected PromptSection"))
+                problem = _section_problem(section)
+                if problem is not None:
+                    raise HookFailure("dsh_prompt_filter", info.plugin, TypeError(problem))
             sections = filtered
         return sections

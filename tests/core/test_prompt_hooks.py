@@ -44,6 +44,15 @@ def _config_lookup() -> Any:
     (_Filter(lambda sections: _config_lookup()), "dsh_prompt_filter of plugin 'notes' failed: KeyError: 'section'"),
     (_Filter(lambda sections: [s.text for s in sections]),
      "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned str, expected PromptSection"),
+    # A section that is one in type only would fail the assembly later, naming nobody.
+    (_Sections(lambda: [PromptSection("notes", None)]),  # type: ignore[arg-type]
+     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose text is "
+     "NoneType, expected str"),
+    (_Sections(lambda: [PromptSection("notes", "Be brief.", "10")]),  # type: ignore[arg-type]
+     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
+     "str, expected int"),
+    (_Filter(lambda sections: [PromptSection(1, "Be brief.")]),  # type: ignore[arg-type]
+     "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned section 1 whose name is int, expected str"),
 ])
 def test_a_failing_prompt_hook_names_its_hook_and_plugin(plugin: object, message: str) -> None:
     hooks = Hooks()
