@@ -362,6 +362,37 @@ def test_preload_failure_names_the_module_and_the_key() -> None:
     assert "definitely_not_installed_mod" in result.error.message and "code_runtime.preload" in result.error.message
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        'open("/etc/passwd").read()',
+        "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)",
+        'try:\n    open("/etc/passwd")\nexcept OSError as e:\n    raise ValueError("wrapped") from e',
+    ],
+)
+def test_a_call_the_sandbox_refuses_is_named_as_the_sandboxs(source: str) -> None:
+    # "[Errno 38] Function not implemented" alone names neither dsh nor the fix.
+    result = run_one(source, [], isolation="L2")
+    assert result.error is not None and result.error.kind == "exception", result
+    assert "Errno 38" in result.error.message
+    assert "Code Mode sandbox, isolation L2, refuses this system call" in result.error.message
+    assert "await tools.NAME(...)" in result.error.message
+
+
+@pytest.mark.parametrize(
+    ("source", "level"),
+    [
+        ('raise OSError(38, "made up by the program")', "L0"),  # no filter below L2
+        ('raise OSError(5, "some other failure")', "L2"),
+        ('raise ValueError("plain")', "L2"),
+    ],
+)
+def test_other_failures_get_no_sandbox_note(source: str, level: str) -> None:
+    result = run_one(source, [], isolation=level)
+    assert result.error is not None and result.error.kind == "exception", result
+    assert "Code Mode sandbox" not in result.error.message
+
+
 AT_FORK_THREAD = """
 import os, threading, queue
 

@@ -735,7 +735,7 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
                 outcome = {"t": "done"}  # sys.exit() or sys.exit(0): the program ended, as a script does
             else:
                 kind = "memory-limit" if isinstance(error, MemoryError) else "exception"
-                message = _format(error)
+                message = _format(error) + _sandbox_note(error, level)
                 if not logs.ledger.fits(wire.json_str_size(message)):
                     outcome = {"t": "output-limit"}
                 else:
@@ -772,6 +772,32 @@ def _run_refused_inside_the_program(main: Any, *, debug: bool | None = None) -> 
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+#: errno ENOSYS: the seccomp allowlist's answer to every system call it does not allow.
+_ENOSYS = 38
+
+
+def _sandbox_note(error: BaseException, level: int) -> str:
+    """A line naming the sandbox when ``error`` (or one it was raised from) is the filter's ENOSYS.
+
+    Python reports a refused ``open`` or ``socket`` as ``[Errno 38] Function not implemented``,
+    which names neither dsh nor the fix. Empty below L2 (no filter) and for any other error.
+    """
+    if level < 2:
+        return ""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen and len(seen) < 100:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == _ENOSYS:
+            return (
+                f"\n(dsh: the Code Mode sandbox, isolation L{level}, refuses this system call with ENOSYS: "
+                "a program cannot open files, sockets or processes itself; it reaches them only "
+                "through its tools, as await tools.NAME(...))"
+            )
+        current = current.__cause__ or current.__context__
+    return ""
 
 
 def _format(error: BaseException) -> str:
