@@ -119,8 +119,9 @@ class LazyGroup(click.Group):
              lazy_commands={"run-code": "dsh_core.codemode.cli:run_code_command",
                             "sdk": "dsh_core.codemode.cli:sdk_command",
                             "sessions": "dsh_core.sessions.cli:sessions_group"})
-@click.option("-p", "--prompt", "task", help="Run one headless agent turn on TASK and print the answer.")
-@click.option("--session", "session_id", help="With -p: continue this session.")
+@click.option("-p", "--prompt", "task", metavar="TASK",
+              help="Run one headless agent turn on TASK and print the answer.")
+@click.option("--session", "session_id", metavar="ID", help="With -p: continue this session.")
 @click.option("--agent", "agent_id", help="With -p: the agent to run (default: the first one).")
 @config_option
 @click.pass_context

@@ -481,3 +481,10 @@ def test_run_code_on_a_terminal_shows_the_programs_escape_sequences_not_obeys_th
     assert code == 0 and shown.endswith(b"\r\na\\x1b]0;TITLE\\x07b\\rX\r\n1\r\n") and b"\x1b" not in shown
     code, out, _ = _dsh_piped("run-code", "prog.py", cwd=tmp_path)
     assert (code, out) == (0, b"a\x1b]0;TITLE\x07b\rX\n1\n")
+
+
+def test_main_help_names_the_prompt_and_session_arguments_as_it_describes_them() -> None:
+    # The help read "-p, --prompt TEXT  Run one headless agent turn on TASK": TASK was never named.
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "-p, --prompt TASK" in result.output and "--session ID" in result.output
