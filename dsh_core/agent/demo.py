@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -262,7 +263,10 @@ def demo_main(*, keep: bool) -> None:
             shutil.rmtree(base, ignore_errors=True)
     click.echo(report)
     if keep:
+        # DSH_HOME overrides the kept config's [sessions] home: where it is set, the command
+        # must set it too, or it would list the sessions of the user's own home instead.
+        home = f"DSH_HOME={shlex.quote(str(base / 'code' / 'dsh-home'))} " if "DSH_HOME" in os.environ else ""
         click.echo(f"\nKept {base} (code/ and native/: workspace, script, config, dsh-home/sessions.db).\n"
-                   f"Its sessions: dsh sessions list --config {shlex.quote(str(base / 'code' / 'demo.toml'))} "
+                   f"Its sessions: {home}dsh sessions list --config {shlex.quote(str(base / 'code' / 'demo.toml'))} "
                    "(then sessions show ID"
-                   " with the same --config).")
+                   f" with the same {'DSH_HOME and ' if home else ''}--config).")

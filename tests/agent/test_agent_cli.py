@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -345,6 +346,23 @@ def test_the_kept_demo_says_how_to_open_its_sessions_and_that_works(tmp_path: Pa
         (session,) = json.loads(listed.stdout)
         shown = dsh("sessions", "show", session["id"], "--config", config_path, cwd=tmp_path)
         assert shown.returncode == 0 and "run_code [1.1]" in shown.stdout, shown.stderr
+    finally:
+        shutil.rmtree(Path(config_path).parent.parent, ignore_errors=True)
+
+
+def test_the_kept_demos_hint_works_where_dsh_home_is_set(tmp_path: Path) -> None:
+    # DSH_HOME overrides [sessions] home: the printed command listed the user's own sessions.
+    own_home = {"DSH_HOME": str(tmp_path / "own-home")}
+    done = dsh("demo", "--keep", cwd=tmp_path, env=own_home)
+    assert done.returncode == 0, done.stderr
+    command = shlex.split(done.stdout.split("Its sessions: ", 1)[1].split(" (then", 1)[0])
+    assignments = dict(word.split("=", 1) for word in command[:command.index("dsh")])
+    config_path = command[command.index("--config") + 1]
+    try:
+        listed = dsh(*command[command.index("dsh") + 1:], "--json", cwd=tmp_path, env={**own_home, **assignments})
+        assert listed.returncode == 0, listed.stderr
+        assert [session["meta"]["agent"] for session in json.loads(listed.stdout)] == ["demo"]
+        assert "with the same DSH_HOME and --config" in done.stdout
     finally:
         shutil.rmtree(Path(config_path).parent.parent, ignore_errors=True)
 
