@@ -216,13 +216,28 @@ def test_an_unknown_binding_raises_the_declared_error_class_and_still_acts_as_mi
         "try:\n    tools.nosuch\nexcept ToolCallError as err:\n    err.tool_name\n    raise\n"
     )
     r = run_one(program + "return 1", ns)
-    assert r.error is not None and r.error.message.endswith("ToolCallError: tools has no binding 'nosuch'"), r
+    assert r.error is not None, r
+    assert r.error.message.endswith("ToolCallError: tools has no binding 'nosuch' (it has: read)"), r
     r = run_one(program.rsplit("try:", 1)[0] + "return [a, b, c, d]", ns)
     assert r.error is None, r.error
-    assert r.value == [["nosuch", "tools has no binding 'nosuch'", True, "ToolCallError"],
-                       ["no-such", "tools has no binding 'no-such'", True],
+    assert r.value == [["nosuch", "tools has no binding 'nosuch' (it has: read)", True, "ToolCallError"],
+                       ["no-such", "tools has no binding 'no-such' (it has: read)", True],
                        [False, "default", True],
-                       ["AttributeError", "bare has no binding 'nosuch'"]]
+                       ["AttributeError", "bare has no binding 'nosuch' (it has: ping)"]]
+
+
+def test_an_unknown_binding_names_what_the_namespace_has() -> None:
+    # "tools has no binding 'write'" alone left a program (and the model writing it) guessing.
+    many = [BindingNamespace("tools", {f"t{i:02}": echo for i in range(45)}), BindingNamespace("none", {})]
+    program = (
+        "out = []\nfor ns in (tools, none):\n    try:\n        ns.wrte\n"
+        "    except (ToolCallError, AttributeError) as err:\n        out.append(str(err))\nreturn out"
+    )
+    r = run_one(program, many)
+    assert r.error is None, r.error
+    listed = ", ".join(f"t{i:02}" for i in range(40))
+    assert r.value == [f"tools has no binding 'wrte' (it has: {listed}, and 5 more)",
+                       "none has no binding 'wrte' (it has: none)"]
 
 
 def test_gather_and_deep_values_cross_both_ways() -> None:

@@ -260,8 +260,18 @@ def _missing(error: tuple[type[Exception], str] | None, lookup: type[LookupError
     return both
 
 
-def _unknown(cls: type[Exception], error: tuple[type[Exception], str] | None, global_name: str, name: str) -> Exception:
-    instance = cls(f"{global_name} has no binding {name!r}")
+#: At most this many of a namespace's names are listed when a program asks for one it lacks.
+_KNOWN_SHOWN = 40
+
+
+def _unknown(cls: type[Exception], error: tuple[type[Exception], str] | None, global_name: str, name: str,
+             known: list[str]) -> Exception:
+    # The names it has: a program (or the model writing it) that guessed a name, or asked for a
+    # tool its agent does not see, learns what it may call instead.
+    shown = ", ".join(known[:_KNOWN_SHOWN]) or "none"
+    if len(known) > _KNOWN_SHOWN:
+        shown += f", and {len(known) - _KNOWN_SHOWN} more"
+    instance = cls(f"{global_name} has no binding {name!r} (it has: {shown})")
     if error is not None:
         setattr(instance, error[1], name)
     return instance
@@ -293,6 +303,7 @@ class _Bridge:
 
     def make_namespace(self, global_name: str, names: list[str], error: tuple[type[Exception], str] | None) -> object:
         table = {name: self._make_function(global_name, name, error) for name in names}
+        known = sorted(table)
         # An unknown name raises the declared error class (as the SDK promises for an unknown
         # call), as an AttributeError or KeyError too, so hasattr() and getattr() defaults work.
         missing_attribute = _missing(error, AttributeError)
@@ -302,7 +313,7 @@ class _Bridge:
             try:
                 return table[attr]
             except KeyError:
-                raise _unknown(missing_attribute, error, global_name, attr) from None
+                raise _unknown(missing_attribute, error, global_name, attr, known) from None
 
         def __getitem__(self: object, key: str) -> object:
             try:
@@ -310,7 +321,7 @@ class _Bridge:
             except (KeyError, TypeError):
                 if error is None or type(key) is not str:
                     raise KeyError(key) from None
-                raise _unknown(missing_key, error, global_name, key) from None
+                raise _unknown(missing_key, error, global_name, key, known) from None
 
         def __dir__(self: object) -> list[str]:
             return sorted(table)
