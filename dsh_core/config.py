@@ -614,7 +614,12 @@ def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
     source = os.fspath(path)
     try:
         with open(source, "rb") as handle:
-            return source, tomllib.load(handle)
+            data = handle.read()
+        if data.startswith(b"\xef\xbb\xbf"):
+            # tomllib would say only "Invalid statement (at line 1, column 1)", at an invisible character.
+            raise ConfigError(f"{source}: invalid TOML: the file starts with a UTF-8 byte order mark (BOM), "
+                              "which TOML does not allow; save it as UTF-8 without a BOM")
+        return source, tomllib.loads(data.decode())
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found") from None
     except tomllib.TOMLDecodeError as error:

@@ -508,6 +508,14 @@ def test_a_directory_or_non_utf8_file_is_a_config_error(files: Any, tmp_path: Pa
     assert config_error("latin1.toml").startswith("latin1.toml: invalid TOML: not UTF-8 text")
 
 
+def test_a_file_starting_with_a_byte_order_mark_is_named_as_such(files: Any, tmp_path: Path) -> None:
+    # tomllib said only "Invalid statement (at line 1, column 1)", at a character no editor shows.
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf[tools]\nmode = 'code'\n")
+    assert config_error("bom.toml") == (
+        "bom.toml: invalid TOML: the file starts with a UTF-8 byte order mark (BOM), which TOML does not "
+        "allow; save it as UTF-8 without a BOM")
+
+
 def test_provenance_names_the_path_as_given(files: Any, tmp_path: Path) -> None:
     files("base.toml", BASE)
     d = load_deployment([tmp_path / "base.toml"], env=NO_ENV)
