@@ -12,6 +12,7 @@ import binascii
 import builtins
 import collections
 import contextlib
+import errno
 import linecache
 import marshal
 import os
@@ -785,8 +786,8 @@ def _run_refused_inside_the_program(main: Any, *, debug: bool | None = None) -> 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-#: errno ENOSYS: the seccomp allowlist's answer to every system call it does not allow.
-_ENOSYS = 38
+#: The seccomp allowlist's answer to every system call it does not allow.
+_ENOSYS = errno.ENOSYS
 
 
 def _sandbox_note(error: BaseException, level: int) -> str:
