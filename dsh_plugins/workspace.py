@@ -698,7 +698,10 @@ class WorkspaceTools:
             with os.fdopen(fd, "wb") as handle:
                 if info is not None:
                     # Owner first: a chown clears S_ISUID and S_ISGID, which the fchmod then restores.
-                    if (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
+                    # Compared with the new file's, not dsh's ids: in a setgid directory it took the
+                    # directory's group, which could give a 0640 file's content to that group.
+                    created = os.fstat(fd)
+                    if (info.st_uid, info.st_gid) != (created.st_uid, created.st_gid):
                         try:
                             os.fchown(fd, info.st_uid, info.st_gid)
                         except OSError:  # not ours to give away: keep at least the group (if we are in it)

@@ -587,6 +587,31 @@ async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
     assert stat.S_IMODE(info.st_mode) == 0o666
 
 
+async def test_a_replacement_in_a_setgid_directory_keeps_the_group_of_the_file_it_replaces(
+        boot: Any, tmp_path: Path) -> None:
+    """A new file in a setgid directory takes the directory's group, not dsh's: compared with dsh's ids,
+    a file of dsh's own user and group was taken to need no chown, and its replacement went to the
+    directory's group (a 0640 file became readable by that group's members)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    try:
+        os.chown(shared, -1, 4322)
+    except PermissionError:
+        pytest.skip("needs a directory of a group dsh's user may give away")
+    os.chmod(shared, 0o2775)
+    for name in ["a.txt", "b.txt"]:
+        (shared / name).write_text("alpha\n")
+        os.chown(shared / name, os.getuid(), os.getgid())  # the setgid directory gave it group 4322
+        os.chmod(shared / name, 0o640)
+    async with boot(ws(tmp_path)) as h:
+        assert (await h.call("write", {"path": "shared/a.txt", "content": "beta\n"})).error is None
+        assert (await h.call("edit", {"path": "shared/b.txt", "old_string": "alpha", "new_string": "beta"})
+                ).error is None
+    for name in ["a.txt", "b.txt"]:
+        info = os.stat(shared / name)
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (os.getuid(), os.getgid(), 0o640), name
+
+
 def test_an_edit_whose_write_fails_leaves_the_file_intact(tmp_path: Path) -> None:
     """A write that fails half-way (here: RLIMIT_FSIZE, as a full disk would) loses no data."""
     import json
