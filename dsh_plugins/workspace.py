@@ -707,7 +707,14 @@ class WorkspaceTools:
                         except OSError:  # not ours to give away: keep at least the group (if we are in it)
                             with contextlib.suppress(OSError):
                                 os.fchown(fd, -1, info.st_gid)
-                    os.fchmod(fd, stat.S_IMODE(info.st_mode))
+                    mode, now = stat.S_IMODE(info.st_mode), os.fstat(fd)
+                    # A set-ID bit names the owner (group) it runs as: where that could not be kept, the
+                    # bit would make the model's program run as dsh's user (group) for whoever starts it.
+                    if now.st_uid != info.st_uid:
+                        mode &= ~stat.S_ISUID
+                    if now.st_gid != info.st_gid:
+                        mode &= ~stat.S_ISGID
+                    os.fchmod(fd, mode)
                     self._copy_xattrs(parent, name, fd, given)
                 # No fsync: the body runs on the event loop, where a sync of each write would
                 # stall every other call; the rename already gives readers all or nothing.

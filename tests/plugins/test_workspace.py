@@ -587,6 +587,37 @@ async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
     assert stat.S_IMODE(info.st_mode) == 0o666
 
 
+@pytest.mark.parametrize("group_kept", [True, False])
+async def test_a_replacement_that_cannot_keep_the_owner_drops_the_setuid_bit_it_gave(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_kept: bool) -> None:
+    """A set-user-ID (set-group-ID) program of another owner (group) rewritten without the privilege
+    to keep it is dsh's: with the bit restored it ran the model's content as dsh's user (group) for
+    whoever started it. A write in place drops the bit too."""
+    target = tmp_path / "tool"
+    target.write_text("#!/bin/sh\n")
+    try:
+        os.chown(target, 4321, 4322)
+    except PermissionError:
+        pytest.skip("needs to create a file owned by another user")
+    os.chmod(target, 0o6777)
+    real_fchown = os.fchown
+
+    def unprivileged(fd: int, uid: int, gid: int) -> None:
+        if (uid != -1 and uid != os.getuid()) or (not group_kept and gid != -1 and gid != os.getgid()):
+            raise PermissionError(1, "Operation not permitted")
+        real_fchown(fd, uid, gid)
+
+    monkeypatch.setattr(os, "fchown", unprivileged)
+    async with boot(ws(tmp_path)) as h:
+        written = await h.call("write", {"path": "tool", "content": "#!/bin/sh\nid\n"})
+        assert written.error is None, written.text
+    info = os.stat(target)
+    if group_kept:
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (os.getuid(), 4322, 0o2777)
+    else:
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (os.getuid(), os.getgid(), 0o777)
+
+
 async def test_a_replacement_in_a_setgid_directory_keeps_the_group_of_the_file_it_replaces(
         boot: Any, tmp_path: Path) -> None:
     """A new file in a setgid directory takes the directory's group, not dsh's: compared with dsh's ids,
