@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import heapq
 import json
 import os
 import re
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
@@ -891,14 +892,23 @@ class WorkspaceTools:
 
     def _list_entries(self, fd: int, stop: threading.Event) -> tuple[_Entries, bool]:
         entries: list[dict[str, Any]] = []
-        truncated = False
-        with os.scandir(fd) as scan:
-            items = []
+        scanned = 0
+
+        def until_stopped(scan: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+            nonlocal scanned
             for item in scan:
                 if stop.is_set():
-                    return entries, True
-                items.append(item)
-        items.sort(key=lambda e: e.name)
+                    return
+                scanned += 1
+                yield item
+
+        with os.scandir(fd) as scan:
+            # Only the entries shown (and one more) are held, not the whole directory: one of millions
+            # of files (a cache) would take gigabytes to be sorted for its first max_list_entries.
+            items = heapq.nsmallest(self.max_list_entries + 1, until_stopped(scan), key=lambda e: e.name)
+        if stop.is_set():
+            return entries, True
+        truncated = scanned > len(items)  # entries beyond those held exist, whatever the loop below skips
         for item in items:
             if len(entries) >= self.max_list_entries or stop.is_set():
                 truncated = True

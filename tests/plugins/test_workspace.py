@@ -1071,6 +1071,27 @@ async def test_list_skips_an_entry_removed_while_it_was_listed(
     assert listing.value["entries"] == [{"name": "keep.txt", "type": "file", "size": 1}]
 
 
+async def test_list_holds_only_the_entries_it_shows_of_a_huge_directory(boot: Any, tmp_path: Path) -> None:
+    """Every entry was held (and sorted) to show the first max_list_entries: ~180 bytes each, gigabytes
+    for a cache directory of millions of files. The first ones by name need only as many held."""
+    import tracemalloc
+
+    big = tmp_path / "big"
+    big.mkdir()
+    for index in range(20000):
+        os.symlink("x", big / f"entry-{index:05d}-with-a-name-of-some-length")
+    async with boot(ws(tmp_path, max_list_entries=3)) as h:
+        tracemalloc.start()
+        try:
+            listing = await h.call("list", {"path": "big"})
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert listing.text == ("entry-00000-with-a-name-of-some-length@\nentry-00001-with-a-name-of-some-length@\n"
+                            "entry-00002-with-a-name-of-some-length@\n[listing truncated]")
+    assert peak < 1_000_000, peak  # held whole: ~3.5 MB
+
+
 async def test_the_configured_spelling_of_the_root_is_inside_it(boot: Any, tmp_path: Path) -> None:
     """A root configured through a symlink (/home -> /data/home): absolute paths written the way the
     user wrote the root are inside the workspace, not refused as outside it."""
