@@ -266,6 +266,8 @@ class _Zygote:
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[str, asyncio.Future[int | None]] = {}
         self.spawned: dict[str, Callable[[int], None]] = {}
+        #: Why the zygote could not give a run its worker (a fork refused, say), by run id.
+        self.failures: dict[str, str] = {}
         self.kernel_reaps = False  # set from the zygote's hello
         self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.alive = False
@@ -374,6 +376,9 @@ class _Zygote:
             elif kind == "exit":
                 future = self.exits.get(message.get("r"))
                 if future is not None and not future.done():
+                    reason = message.get("m")
+                    if isinstance(reason, str) and reason:
+                        self.failures[str(message.get("r"))] = reason[:_READY_MAX]
                     future.set_result(int(message.get("status", 0)))
             elif kind == "spawned":
                 self._on_spawned_message(message.get("r"), fds)
@@ -480,6 +485,7 @@ class _Zygote:
     def forget(self, run_id: str) -> None:
         self.exits.pop(run_id, None)
         self.spawned.pop(run_id, None)
+        self.failures.pop(run_id, None)
 
     async def close(self) -> None:
         """Close the control socket (the zygote kills and reaps its children) and reap it."""
@@ -1354,7 +1360,10 @@ class _Run:
         if self.outcome is not None:
             return
         status = self.exit_status
-        if status is None and self.kernel_reaps and self.pidfd >= 0:
+        failure = self.zygote.failures.pop(self.run_id, None) if self.zygote is not None else None
+        if failure is not None:  # the zygote had no worker to give this run
+            self.settle("error", ("worker-exit", failure))
+        elif status is None and self.kernel_reaps and self.pidfd >= 0:
             self.settle("error", ("worker-exit", "the worker exited before completing (its status is unreadable)"))
         elif status is None:
             self.settle("error", ("worker-exit", "the zygote exited before the worker completed"))

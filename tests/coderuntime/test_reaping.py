@@ -446,3 +446,55 @@ def test_a_worker_gone_right_after_joining_its_cgroup_is_moved_out_and_refused(
 
     assert arun(go()) == ("error", ("worker-exit", "isolation check failed: the worker exited before it was verified"))
     assert moves == [("join", 4242), ("leave", 4242)]
+
+
+@pytest.mark.skipif(not iso.CgroupPool.available(), reason="needs a writable v1 pids hierarchy")
+def test_a_zygote_that_cannot_fork_keeps_its_live_runs_and_fails_only_the_new_one(tmp_path: Any) -> None:
+    # A fork refused for a moment (the host's process limit, say) is one spawn that fails: the
+    # zygote must not exit on it, taking every live run's worker with it (PDEATHSIG).
+    group = f"/sys/fs/cgroup/pids/dsh-test-nofork-{os.getpid()}"
+    os.mkdir(group)
+
+    async def go() -> None:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L1", timeout_s=20.0))
+        try:
+            await runtime.start()
+            zygote = runtime._zygote
+            assert zygote is not None and zygote.proc is not None
+            for _ in range(2000):  # both pre-spawned workers forked and ready: the zygote holds a spare
+                if len(runtime._warm) == 2 and all(run.ready for run in runtime._warm):
+                    break
+                await asyncio.sleep(0.005)
+            with open(os.path.join(group, "pids.max"), "w") as handle:
+                handle.write("1")  # the zygote alone: its next fork fails with EAGAIN
+            with open(os.path.join(group, "cgroup.procs"), "w") as handle:
+                handle.write(str(zygote.proc.pid))
+            held, release = asyncio.Queue[int](), asyncio.Event()
+
+            async def hold(args: Any) -> Any:
+                held.put_nowait(args)
+                await release.wait()
+                return args
+
+            # Both pre-spawned workers taken by live runs; the spare serves the next one, whose
+            # spawn is followed by a fork that fails.
+            live = asyncio.ensure_future(runtime.run("return await tools.hold(1)", tools(hold=hold)))
+            other = asyncio.ensure_future(runtime.run("return await tools.hold(2)", tools(hold=hold)))
+            assert {await held.get(), await held.get()} == {1, 2}
+            spawned = await runtime.run("return 3", [])
+            assert spawned.value == 3, spawned
+            assert zygote.alive and runtime._zygote is zygote
+            refused = await asyncio.wait_for(runtime.run("return 4", []), 10)
+            assert refused.error is not None and refused.error.kind == "worker-exit", refused
+            assert "fork" in refused.error.message, refused.error.message
+            assert zygote.alive
+            release.set()
+            assert (await live).value == 1
+            assert (await other).value == 2
+        finally:
+            await runtime.aclose()
+
+    try:
+        arun(go())
+    finally:
+        os.rmdir(group)

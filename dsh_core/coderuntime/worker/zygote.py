@@ -266,7 +266,7 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN if kernel_reaps else lambda *_: None)
     _send(ctrl, {"t": "hello", "pid": os.getpid(), "kernel_reaps": kernel_reaps})
     children: dict[int, str] = {}  # pid -> run id, for the runs this zygote reaps
-    spare: tuple[int, socket.socket, int] | None = _make_spare(ctrl, config)
+    spare, _ = _try_make_spare(ctrl, config, "")
     while True:
         try:
             ready, _, _ = select.select([ctrl.fileno(), sigr], [], [])
@@ -308,9 +308,12 @@ def main() -> None:
                 return
             request = json.loads(data)
             if request.get("t") == "spawn" and len(fds) == 2:
+                failure, given = "the worker died before it was given its run", False
                 for _attempt in range(2):
                     if spare is None:
-                        spare = _make_spare(ctrl, config)
+                        spare, failure = _try_make_spare(ctrl, config, failure)
+                        if spare is None:
+                            break
                     pid, channel, handle = spare
                     spare = None
                     try:
@@ -324,12 +327,14 @@ def main() -> None:
                         children[pid] = request["r"]
                     _send(ctrl, {"t": "spawned", "r": request["r"], "pid": pid}, [handle])
                     os.close(handle)
+                    given = True
                     break
-                else:
-                    _send(ctrl, {"t": "exit", "r": request["r"], "status": 70 << 8})
+                if not given:
+                    _send(ctrl, {"t": "exit", "r": request["r"], "status": 70 << 8, "m": failure})
                 for fd in fds:
                     os.close(fd)
-                spare = _make_spare(ctrl, config)
+                if spare is None:
+                    spare, _ = _try_make_spare(ctrl, config, "")
             else:
                 for fd in fds:
                     os.close(fd)
@@ -346,7 +351,12 @@ def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, so
     the child may go on (so before it can exit and, reaped by the kernel, free its pid).
     """
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        parent.close()
+        child.close()
+        raise
     if pid == 0:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -355,10 +365,27 @@ def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, so
     child.close()
     try:
         handle = os.pidfd_open(pid)
-    finally:
-        with contextlib.suppress(OSError):
-            parent.send(b"g")
+    except OSError:
+        parent.close()  # the child's recv sees no "g": it exits at once, and is reaped as any other
+        raise
+    with contextlib.suppress(OSError):
+        parent.send(b"g")
     return pid, parent, handle
+
+
+def _try_make_spare(
+    ctrl: socket.socket, config: dict[str, object], failure: str
+) -> tuple[tuple[int, socket.socket, int] | None, str]:
+    """:func:`_make_spare`, or None and why not.
+
+    A fork or a descriptor refused (the host's process or file limit, for a moment) fails
+    the one spawn that needed it: an exception here would end the zygote, and with it
+    (PDEATHSIG) every live run's worker.
+    """
+    try:
+        return _make_spare(ctrl, config), failure
+    except OSError as error:
+        return None, f"the zygote could not fork a worker: {error}"
 
 
 def _kill_group(pid: int) -> None:
