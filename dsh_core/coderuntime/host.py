@@ -119,7 +119,9 @@ def _usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
 #: each polling worker keeps a CPU busy, and the host's loop needs one to answer.
 _USABLE_CPUS = _usable_cpus()
 #: Every runtime's live runs in this process (what decides polling is the CPUs all of them share).
-_LIVE_RUNS: set[_Run] = set()
+#: Weak: a run left pending on a loop closed under it is only ended (its ``finally``, which
+#: leaves this set) when it is collected, and a strong global reference would prevent that.
+_LIVE_RUNS: weakref.WeakSet[_Run] = weakref.WeakSet()
 #: The share of a run's cpu_s its worker may spend polling for replies, in all: a program
 #: making binding calls for longer spends the rest of its budget as it did without polling.
 _POLL_SHARE = 0.1
@@ -1772,8 +1774,10 @@ class PythonCodeRuntime:
             # not after a run cancelled meanwhile: the loop may be shutting down (asyncio.run
             # cancels every task), and a worker spawned then would be nobody's to end. (A
             # timeout cancels too: the next run that ends normally refills the pool.)
-            if task is None or task.cancelling() <= cancellations:
-                asyncio.get_running_loop().call_soon(self._refill, zygote)
+            # (Nor when the coroutine is closed with its loop gone: the run's loop, not
+            # whichever loop runs the collector then.)
+            if (task is None or task.cancelling() <= cancellations) and not run.loop.is_closed():
+                run.loop.call_soon(self._refill, zygote)
 
     def _remove_run_dir_soon(self, path: str) -> None:
         self._run_dirs.add(path)

@@ -18,7 +18,7 @@ import pytest
 from dsh_core.coderuntime import host
 from dsh_core.coderuntime.worker import runner, wire
 
-from .conftest import arun, echo, tools, with_runtime
+from .conftest import arun, echo, tools, with_runtime, zygote_processes
 
 #: The program reads its bridge's hint (through a binding's closure) before and after a call.
 READ_HINT = """
@@ -293,3 +293,33 @@ def test_a_run_may_poll_for_a_tenth_of_its_cpu_budget() -> None:
 
     result = arun(with_runtime(go, isolation="L0", timeout_s=20.0, cpu_s=5.0))
     assert result.error is None and result.value == 0.5, result
+
+
+def test_a_run_whose_loop_was_dropped_mid_run_does_not_stay_live_forever() -> None:
+    """A run left pending on a loop closed under it is not counted as live once it is collected.
+
+    Otherwise the process-wide count of live runs would keep it for good, and every later
+    run in the process would be told not to poll.
+    """
+    import gc
+    import warnings
+
+    loop = asyncio.new_event_loop()
+    held = asyncio.Event()
+
+    async def hold(args: Any) -> Any:
+        held.set()
+        await asyncio.Event().wait()
+
+    runtime = host.PythonCodeRuntime(host.CodeRuntimeConfig(isolation="L0", timeout_s=20.0))
+    before, zygotes = len(host._LIVE_RUNS), zygote_processes()
+    task = loop.create_task(runtime.run("return await tools.hold({})", tools(hold=hold)))
+    loop.run_until_complete(held.wait())
+    assert len(host._LIVE_RUNS) == before + 1
+    loop.close()  # without finishing the run (or disposing the runtime): both are dropped
+    del task, runtime, loop
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # the dropped run's sockets, closed as collected
+        gc.collect()
+    assert len(host._LIVE_RUNS) == before
+    assert zygote_processes() <= zygotes  # the runtime was collected: its finalizer ended its zygote
