@@ -268,8 +268,9 @@ class _Zygote:
         self.proc: subprocess.Popen[bytes] | None = None
         self.exits: dict[str, asyncio.Future[int | None]] = {}
         self.spawned: dict[str, Callable[[int], None]] = {}
-        #: Why the zygote could not give a run its worker (a fork refused, say), by run id.
-        self.failures: dict[str, str] = {}
+        #: Why the zygote could not give a run its worker (a fork refused, say), and the errno
+        #: if any, by run id.
+        self.failures: dict[str, tuple[str, int | None]] = {}
         self.kernel_reaps = False  # set from the zygote's hello
         self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.alive = False
@@ -378,9 +379,10 @@ class _Zygote:
             elif kind == "exit":
                 future = self.exits.get(message.get("r"))
                 if future is not None and not future.done():
-                    reason = message.get("m")
+                    reason, number = message.get("m"), message.get("errno")
                     if isinstance(reason, str) and reason:
-                        self.failures[str(message.get("r"))] = reason[:_READY_MAX]
+                        number = number if type(number) is int else None
+                        self.failures[str(message.get("r"))] = (reason[:_READY_MAX], number)
                     future.set_result(int(message.get("status", 0)))
             elif kind == "spawned":
                 self._on_spawned_message(message.get("r"), fds)
@@ -638,6 +640,7 @@ class _Run:
         self.exit_future: asyncio.Future[int | None] | None = None
         self.kernel_reaps = False  # the kernel reaps this worker; its pidfd resolves exit_future
         self.exit_status: int | None = None
+        self.spawn_errno: int | None = None  # why the zygote could not fork this worker, if it could not
         # Each call id is answered at most once, in bounded memory: the worker
         # numbers its calls 1, 2, 3, ..., so ids 1..id_floor are all seen and only
         # ids outside that run (forged ones) are kept, at most _MAX_STRAY_IDS.
@@ -1364,7 +1367,8 @@ class _Run:
         status = self.exit_status
         failure = self.zygote.failures.pop(self.run_id, None) if self.zygote is not None else None
         if failure is not None:  # the zygote had no worker to give this run
-            self.settle("error", ("worker-exit", failure))
+            self.spawn_errno = failure[1]
+            self.settle("error", ("worker-exit", failure[0]))
         elif status is None and self.kernel_reaps and self.pidfd >= 0:
             self.settle("error", ("worker-exit", "the worker exited before completing (its status is unreadable)"))
         elif status is None:
@@ -1711,7 +1715,8 @@ class PythonCodeRuntime:
                 self._probing = None
             if result.error is not None or not probe.descriptor:
                 message = result.error.message if result.error else "no descriptor"
-                raise ZygoteError(f"probe worker failed: {message}")
+                # A fork refused for want of processes or descriptors is this moment, not the level.
+                raise ZygoteError(f"probe worker failed: {message}", fatal=probe.spawn_errno in _RESOURCE_ERRNOS)
         except BaseException:
             # Failed, cancelled or disposed mid-start: nothing started here outlives it.
             if self._descriptor is None:

@@ -481,3 +481,52 @@ def test_a_runtime_never_closed_removes_its_cgroups_when_it_is_collected() -> No
     left = [name for hierarchy in ("memory", "pids") for name in os.listdir(f"/sys/fs/cgroup/{hierarchy}")
             if name.startswith(seen["prefix"] + "-")]
     assert left == []
+
+
+@pytest.mark.skipif(not CgroupPool.available(), reason="needs a writable v1 pids hierarchy")
+def test_a_zygote_that_cannot_fork_its_probe_worker_for_want_of_processes_does_not_lower_the_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This process in a pids group with room for one more task: the zygote starts, its forks fail
+    # (EAGAIN), until the first level's start has failed. The next level would then work: a
+    # moment's process limit must not settle the level for the whole process.
+    group = f"/sys/fs/cgroup/pids/dsh-test-probe-nofork-{os.getpid()}"
+    os.mkdir(group)
+    start_level = PythonCodeRuntime._start_level
+
+    def write(name: str, text: str) -> None:
+        with open(os.path.join(group if name != "root" else "/sys/fs/cgroup/pids", "cgroup.procs"
+                               if name in ("procs", "root") else name), "w") as handle:
+            handle.write(text)
+
+    async def start_level_then_lift(self: PythonCodeRuntime, level: int) -> Any:
+        try:
+            return await start_level(self, level)
+        finally:
+            write("pids.max", "max")
+
+    monkeypatch.setattr(PythonCodeRuntime, "_start_level", start_level_then_lift)
+    monkeypatch.setattr(host_module, "_DETECTED", {})
+
+    async def go() -> tuple[str, bool, object, str]:
+        runtime = PythonCodeRuntime(CodeRuntimeConfig(isolation="L2"))
+        try:
+            write("procs", str(os.getpid()))
+            with open(os.path.join(group, "pids.current")) as handle:
+                write("pids.max", str(int(handle.read()) + 1))
+            first = await runtime.start()
+            cached = bool(host_module._DETECTED)
+            result = await runtime.run("return 1", [])
+            return first, cached, result.value, runtime.isolation
+        finally:
+            write("root", str(os.getpid()))
+            await runtime.aclose()
+
+    try:
+        first, cached, value, isolation = arun(go())
+    finally:
+        os.rmdir(group)
+    assert first.startswith("unavailable (probe worker failed: the zygote could not fork a worker: [Errno 11]"), first
+    assert not cached
+    assert value == 1 and isolation.startswith("L2 ")
+    assert zygote_processes() == set()

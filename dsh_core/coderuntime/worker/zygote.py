@@ -266,7 +266,7 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN if kernel_reaps else lambda *_: None)
     _send(ctrl, {"t": "hello", "pid": os.getpid(), "kernel_reaps": kernel_reaps})
     children: dict[int, str] = {}  # pid -> run id, for the runs this zygote reaps
-    spare, _ = _try_make_spare(ctrl, config, "")
+    spare, _ = _try_make_spare(ctrl, config)
     while True:
         try:
             ready, _, _ = select.select([ctrl.fileno(), sigr], [], [])
@@ -308,11 +308,16 @@ def main() -> None:
                 return
             request = json.loads(data)
             if request.get("t") == "spawn" and len(fds) == 2:
-                failure, given = "the worker died before it was given its run", False
+                refusal: dict[str, object] = {"m": "the worker died before it was given its run"}
+                given = False
                 for _attempt in range(2):
                     if spare is None:
-                        spare, failure = _try_make_spare(ctrl, config, failure)
+                        spare, refused = _try_make_spare(ctrl, config)
                         if spare is None:
+                            # The errno tells the host whether this is the moment (no process or
+                            # descriptor left) or the level.
+                            refusal = {"m": f"the zygote could not fork a worker: {refused}",
+                                       "errno": refused.errno if refused is not None else None}
                             break
                     pid, channel, handle = spare
                     spare = None
@@ -330,11 +335,11 @@ def main() -> None:
                     given = True
                     break
                 if not given:
-                    _send(ctrl, {"t": "exit", "r": request["r"], "status": 70 << 8, "m": failure})
+                    _send(ctrl, {"t": "exit", "r": request["r"], "status": 70 << 8, **refusal})
                 for fd in fds:
                     os.close(fd)
                 if spare is None:
-                    spare, _ = _try_make_spare(ctrl, config, "")
+                    spare, _ = _try_make_spare(ctrl, config)
             else:
                 for fd in fds:
                     os.close(fd)
@@ -374,18 +379,18 @@ def _make_spare(ctrl: socket.socket, config: dict[str, object]) -> tuple[int, so
 
 
 def _try_make_spare(
-    ctrl: socket.socket, config: dict[str, object], failure: str
-) -> tuple[tuple[int, socket.socket, int] | None, str]:
-    """:func:`_make_spare`, or None and why not.
+    ctrl: socket.socket, config: dict[str, object]
+) -> tuple[tuple[int, socket.socket, int] | None, OSError | None]:
+    """:func:`_make_spare` and None, or None and the OSError that refused it.
 
     A fork or a descriptor refused (the host's process or file limit, for a moment) fails
     the one spawn that needed it: an exception here would end the zygote, and with it
     (PDEATHSIG) every live run's worker.
     """
     try:
-        return _make_spare(ctrl, config), failure
+        return _make_spare(ctrl, config), None
     except OSError as error:
-        return None, f"the zygote could not fork a worker: {error}"
+        return None, error
 
 
 def _kill_group(pid: int) -> None:
