@@ -1329,19 +1329,20 @@ class _Run:
         if self.outcome is not None:
             return
         used = self._read_cpu()
-        if used is None:
-            return
         try:
             signals.pidfd_send_signal(self.pidfd, 0)  # read from the worker, not from a reused pid
         except ProcessLookupError:
             return  # it has exited: its end is being reported
         except OSError:
             pass  # not allowed to ask (not a sign of exit): keep the reading
-        self.cpu_used = used
-        if used + self.host_cpu >= self.config.cpu_s:
-            self._cpu_exhausted()
-            return
-        self._schedule_cpu(min((self.config.cpu_s - used - self.host_cpu) / _NCPU, 0.25))
+        if used is not None:
+            self.cpu_used = used
+            if used + self.host_cpu >= self.config.cpu_s:
+                self._cpu_exhausted()
+                return
+        # A reading refused while the worker lives (the host out of descriptors for a moment)
+        # is tried again: giving up would leave the CPU budget unenforced for the rest of the run.
+        self._schedule_cpu(min((self.config.cpu_s - self.cpu_used - self.host_cpu) / _NCPU, 0.25))
 
     def _on_exit(self, future: asyncio.Future[int | None]) -> None:
         self.exit_status = future.result()

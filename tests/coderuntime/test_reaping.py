@@ -375,6 +375,25 @@ def test_cpu_polling_still_enforces_the_budget_when_the_liveness_probe_is_not_al
     assert outcome == ("error", ("timeout", "CPU budget exhausted (1 s of CPU time)"))
 
 
+def test_cpu_polling_goes_on_after_a_reading_that_failed_while_the_worker_lives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # /proc refused for a moment (the host out of descriptors, say): the budget is still enforced.
+    async def go() -> Any:
+        run = _Run(PythonCodeRuntime(CodeRuntimeConfig(isolation="L0", cpu_s=1.0)))
+        run.pidfd = 1234
+        readings = iter([None, 5.0])
+        monkeypatch.setattr(run, "_read_cpu", lambda: next(readings))
+        monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, sig: None)  # still alive
+        run._poll_cpu()
+        assert run.outcome is None and run.cpu_handle is not None, "no further reading was scheduled"
+        run.cpu_handle.cancel()
+        run._poll_cpu()  # the next reading, as the timer would run it
+        return run.outcome
+
+    assert arun(go()) == ("error", ("timeout", "CPU budget exhausted (1 s of CPU time)"))
+
+
 def test_a_run_without_its_pidfd_shuts_its_worker_channel() -> None:
     import socket
 
