@@ -11,6 +11,7 @@ Built-in plugins are found through the same group as third-party ones.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -275,34 +276,39 @@ async def start_plugin(
     what = (f"plugin row {plugin_id!r}" + (f" of {origin}" if origin else "")
             + (f" (use {source.describe()})" if source else ""))
     try:
-        instance = factory(scope, config)
-        if inspect.isawaitable(instance):
-            # Registering the coroutine would register no hook at all: the plugin's tools and
-            # guards would silently not exist. Refuse it, and close it so it never warns later.
-            returned = "a coroutine" if inspect.iscoroutine(instance) else f"an awaitable ({type(instance).__name__})"
-            if inspect.iscoroutine(instance):
-                instance.close()
-            raise PluginLoadError(
-                f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
-                "factory must be a plain function returning the plugin object or None (start async work "
-                "with scope.spawn(...))")
-        if instance is not None:
-            try:
-                hooks.register(instance, name=plugin_id, scope=scope)
-            except PluginObjectInUse as error:
-                # Rows register under their ids, so the other name is the row that has this object.
-                if error.equal:
-                    raise PluginLoadError(
-                        f"its factory returned an object equal to the one plugin row {error.other!r} uses; "
-                        "pluggy compares plugin objects with ==, so give the plugin class identity "
-                        "equality (attrs or dataclass eq=False)") from None
+        # What a factory or a registration hook prints goes to stderr, as what its module prints on
+        # import does (load_plugins): stdout is the command's output (`dsh tools list --json`).
+        # Nothing here awaits, so no other task writes to stdout meanwhile.
+        with contextlib.redirect_stdout(sys.stderr):
+            instance = factory(scope, config)
+            if inspect.isawaitable(instance):
+                # Registering the coroutine would register no hook at all: the plugin's tools and
+                # guards would silently not exist. Refuse it, and close it so it never warns later.
+                returned = ("a coroutine" if inspect.iscoroutine(instance)
+                            else f"an awaitable ({type(instance).__name__})")
+                if inspect.iscoroutine(instance):
+                    instance.close()
                 raise PluginLoadError(
-                    f"its factory returned the object plugin row {error.other!r} already uses; a factory must "
-                    "build a new instance for each row (every row has its own scope and config)") from None
-            for hook in REGISTRATION_HOOKS:
-                make = registrars.get(hook)
-                if make is not None:
-                    hooks.call_registration(plugin_id, hook, make(scope, plugin_id))
+                    f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
+                    "factory must be a plain function returning the plugin object or None (start async work "
+                    "with scope.spawn(...))")
+            if instance is not None:
+                try:
+                    hooks.register(instance, name=plugin_id, scope=scope)
+                except PluginObjectInUse as error:
+                    # Rows register under their ids, so the other name is the row that has this object.
+                    if error.equal:
+                        raise PluginLoadError(
+                            f"its factory returned an object equal to the one plugin row {error.other!r} uses; "
+                            "pluggy compares plugin objects with ==, so give the plugin class identity "
+                            "equality (attrs or dataclass eq=False)") from None
+                    raise PluginLoadError(
+                        f"its factory returned the object plugin row {error.other!r} already uses; a factory must "
+                        "build a new instance for each row (every row has its own scope and config)") from None
+                for hook in REGISTRATION_HOOKS:
+                    make = registrars.get(hook)
+                    if make is not None:
+                        hooks.call_registration(plugin_id, hook, make(scope, plugin_id))
     except BaseException as error:
         await scope.dispose()
         if isinstance(error, DshError):

@@ -146,3 +146,18 @@ class ExitingPlugin:
 def exiting(scope: Scope, config: Any) -> ExitingPlugin:
     scope.on_dispose(lambda: DISPOSED.append("exiting"))
     return ExitingPlugin()
+
+
+class ChattyPlugin:
+    """Prints to stdout from its registration hook, as a plugin with debugging left in might."""
+
+    @hookimpl
+    def dsh_register_tools(self, register: Any) -> None:
+        print("chatty registers its tool")
+        register(_echo("chatty"))
+
+
+@plugin()
+def chatty(scope: Scope, config: Any) -> ChattyPlugin:
+    print("chatty factory runs")
+    return ChattyPlugin()

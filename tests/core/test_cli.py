@@ -121,6 +121,18 @@ def test_what_a_plugin_prints_on_import_never_reaches_stdout(  # type: ignore[no
             result.stdout)
 
 
+def test_what_a_plugin_prints_while_it_starts_never_reaches_stdout(  # type: ignore[no-untyped-def]
+        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Import-time prints were sent to stderr, but a factory's or a registration hook's print()
+    # went to stdout, ahead of the JSON the command printed there.
+    monkeypatch.setenv("DSH_PLUGINS", "chatty=tests.core.sample_plugins:chatty")
+    (tmp_path / "chatty.toml").write_text('[[plugins]]\nid = "chatty"\nuse = "chatty"\n')
+    result = run("tools", "list", "--json", "--config", "chatty.toml")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["visible"] == ["chatty"]
+    assert "chatty factory runs\nchatty registers its tool\n" in result.stderr
+
+
 def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
     listing = json.loads(run("tools", "list", "--json", "--config", "base.toml").stdout)
     assert listing == {"mode": "native", "visible": ["alpha"], "wire": [
