@@ -113,6 +113,14 @@ class LazyGroup(click.Group):
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # Ctrl-C where no event loop handles it (a slow plugin import in `config dump`, a sync
+            # command): click would print "Aborted!" and exit 1, a failed operation's status.
+            fail("interrupted", 130)
+
 
 # `sessions`, `run-code` and `sdk` are defined with the subsystem they drive; `config`, `tools` and `demo` below.
 @click.group(cls=LazyGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},

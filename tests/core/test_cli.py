@@ -133,6 +133,18 @@ def test_what_a_plugin_prints_while_it_starts_never_reaches_stdout(  # type: ign
     assert "chatty factory runs\nchatty registers its tool\n" in result.stderr
 
 
+def test_an_interrupt_outside_the_event_loop_exits_130(  # type: ignore[no-untyped-def]
+        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C while `config dump` imports a slow plugin (no event loop runs there) reached click,
+    # which printed "Aborted!" and exited 1, the status of a failed operation.
+    (tmp_path / "interrupted_plugin.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DSH_PLUGINS", "interrupted=interrupted_plugin:plugin")
+    (tmp_path / "interrupted.toml").write_text('[[plugins]]\nid = "slow"\nuse = "interrupted"\n')
+    result = run("config", "dump", "--config", "interrupted.toml")
+    assert (result.exit_code, result.stdout, result.stderr) == (130, "", "dsh: error: interrupted\n")
+
+
 def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
     listing = json.loads(run("tools", "list", "--json", "--config", "base.toml").stdout)
     assert listing == {"mode": "native", "visible": ["alpha"], "wire": [
