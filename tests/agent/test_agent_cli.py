@@ -72,6 +72,41 @@ use = "sqlite-sessions"
     return path
 
 
+CHATTY_PLUGIN = """
+from dsh_core import define_tool, hookimpl, plugin
+
+class Chatty:
+    @hookimpl
+    def dsh_register_tools(self, register):
+        async def body(args, ctx):
+            print("chatty tool runs")
+            return "said hi"
+
+        register(define_tool(name="chatty", description="Print, then answer.", parameters={"type": "object"},
+                             execute=body))
+
+@plugin()
+def make(scope, config):
+    print("chatty factory runs")
+    scope.on_dispose(lambda: print("chatty disposed"))
+    return Chatty()
+"""
+
+
+def test_what_a_plugin_prints_during_a_run_goes_to_stderr_not_before_the_answer(tmp_path: Path) -> None:
+    # stdout is the answer alone; a plugin's print() (factory, tool body, disposer) used to land there.
+    cfg = config(tmp_path, [calls(call("chatty", {})), final("The answer.", {"last_role": "tool"})])
+    (tmp_path / "chatty_plugin.py").write_text(CHATTY_PLUGIN)
+    with cfg.open("a") as out:
+        out.write('\n[[plugins]]\nid = "chatty"\nuse = "chatty"\n')
+    env = {"DSH_PLUGINS": "chatty=chatty_plugin:make",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The answer.\n"
+    assert done.stderr == "chatty factory runs\nchatty tool runs\nchatty disposed\n"
+
+
 def test_a_run_is_recorded_listed_shown_and_resumed(tmp_path: Path) -> None:
     turns = [calls(call("read", {"path": "a.txt"}, "r")), final("It says alpha.", {"last_role": "tool"}),
              final("Still alpha.", {"last_content_contains": "again"})]

@@ -149,15 +149,22 @@ def exiting(scope: Scope, config: Any) -> ExitingPlugin:
 
 
 class ChattyPlugin:
-    """Prints to stdout from its registration hook, as a plugin with debugging left in might."""
+    """Prints to stdout from every hook it has, as a plugin with debugging left in might."""
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
         print("chatty registers its tool")
-        register(_echo("chatty"))
+
+        async def execute(args: Any, ctx: Any) -> Any:
+            print("chatty tool runs")
+            return {"said": "hi"}
+
+        register(define_tool(name="chatty", description="Print, then answer.", execute=execute,
+                             parameters={"type": "object"}, output_schema={"type": "object"}))
 
 
 @plugin()
 def chatty(scope: Scope, config: Any) -> ChattyPlugin:
     print("chatty factory runs")
+    scope.on_dispose(lambda: print("chatty disposed"))
     return ChattyPlugin()

@@ -121,7 +121,7 @@ def test_what_a_plugin_prints_on_import_never_reaches_stdout(  # type: ignore[no
             result.stdout)
 
 
-def test_what_a_plugin_prints_while_it_starts_never_reaches_stdout(  # type: ignore[no-untyped-def]
+def test_what_a_plugin_prints_while_a_command_runs_never_reaches_stdout(  # type: ignore[no-untyped-def]
         run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Import-time prints were sent to stderr, but a factory's or a registration hook's print()
     # went to stdout, ahead of the JSON the command printed there.
@@ -131,6 +131,11 @@ def test_what_a_plugin_prints_while_it_starts_never_reaches_stdout(  # type: ign
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["visible"] == ["chatty"]
     assert "chatty factory runs\nchatty registers its tool\n" in result.stderr
+    # Nor while a tool runs or the harness closes: the output is printed after both.
+    called = run("tools", "call", "chatty", "--json", "--config", "chatty.toml")
+    assert called.exit_code == 0, called.stderr
+    assert json.loads(called.stdout)["value"] == {"said": "hi"}
+    assert "chatty tool runs\nchatty disposed\n" in called.stderr
 
 
 def test_an_interrupt_outside_the_event_loop_exits_130(  # type: ignore[no-untyped-def]
