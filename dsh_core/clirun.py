@@ -13,18 +13,22 @@ import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, TypeVar
+from typing import Final, NoReturn, TypeVar
 
 import click
 
 from dsh_core.terminal import visible
 
-__all__ = ["DRAIN_SECONDS", "echo_json", "fail", "run_async"]
+__all__ = ["DRAIN_SECONDS", "USAGE_ERROR_CODES", "echo_json", "fail", "run_async"]
 
 T = TypeVar("T")
 
 #: Seconds the root scope gets to drain after SIGINT/SIGTERM before a forced exit.
 DRAIN_SECONDS = 5.0
+
+#: Error codes that mean "fix your command or config" (exit 2) rather than "the run failed" (exit 1),
+#: the same for every command that boots a deployment.
+USAGE_ERROR_CODES: Final = frozenset({"INVALID_CONFIG", "PLUGIN_LOAD_FAILED", "SESSION_NOT_FOUND"})
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Final, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -24,7 +24,7 @@ from rich.markup import escape as escape_markup
 from dsh_core.abort import AbortController
 from dsh_core.agent.loop import LoopObserver, RunResult, StopReason, ToolCallRecord, run_agent
 from dsh_core.agent.provider import Message
-from dsh_core.clirun import echo_outside_text, fail, run_async
+from dsh_core.clirun import USAGE_ERROR_CODES, echo_outside_text, fail, run_async
 from dsh_core.config import Deployment
 from dsh_core.errors import DshError
 from dsh_core.terminal import visible
@@ -32,10 +32,6 @@ from dsh_core.terminal import visible
 __all__ = ["run_prompt", "ConsoleObserver", "exit_code", "stderr_console"]
 
 T = TypeVar("T")
-
-#: Error codes that mean "fix your command or config" (exit 2) rather than "the run failed" (exit 1).
-USAGE_ERROR_CODES: Final = frozenset({"INVALID_CONFIG", "PLUGIN_LOAD_FAILED", "SESSION_NOT_FOUND"})
-
 
 def stderr_console() -> Console:
     """The console for progress: stderr, highlighting off (values are shown as given)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dsh_core.clirun import echo_json, fail
+from dsh_core.clirun import USAGE_ERROR_CODES, echo_json, fail
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
 from dsh_core.terminal import visible
@@ -282,7 +282,7 @@ def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable
     try:
         return asyncio.run(main())
     except DshError as error:
-        fail(error.message, 2 if error.code in ("INVALID_CONFIG", "SESSION_NOT_FOUND") else 1)
+        fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
 
 
 _config_option = click.option(

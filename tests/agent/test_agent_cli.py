@@ -446,6 +446,20 @@ def test_on_a_terminal_the_answers_escape_sequences_are_shown_not_obeyed(
     assert piped.returncode == 0 and piped.stdout == (HOSTILE_ANSWER + "\n").encode()
 
 
+def test_a_plugin_that_cannot_be_imported_exits_2_from_every_command_that_boots(tmp_path: Path) -> None:
+    # README: such a row "fails the boot (exit 2, ...)"; `dsh sessions` mapped the same error to 1.
+    cfg = config(tmp_path, [final("never")])
+    (tmp_path / "broken_import.py").write_text('raise ImportError("missing dependency")\n')
+    with cfg.open("a") as out:
+        out.write('\n[[plugins]]\nid = "guard"\nuse = "broken"\n')
+    env = {"DSH_PLUGINS": "broken=broken_import:plugin",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    for args in (["-p", "go"], ["tools", "list"], ["sessions", "list"], ["sessions", "show", "some-id"]):
+        done = dsh("--config", str(cfg), *args, cwd=tmp_path, env=env)
+        assert (done.returncode, done.stdout) == (2, ""), (args, done.stderr)
+        assert "plugins[guard].use: plugin 'broken'" in done.stderr and "missing dependency" in done.stderr
+
+
 RAISING_PLUGIN = """
 from dsh_core import hookimpl, plugin as declare
 
