@@ -11,7 +11,9 @@ lease; ``list`` and ``show`` name that run.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -280,7 +282,9 @@ def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable
             await harness.aclose()
 
     try:
-        return asyncio.run(main())
+        # The command prints once the harness is closed; what plugins print meanwhile goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            return asyncio.run(main())
     except DshError as error:
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
 

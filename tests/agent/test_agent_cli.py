@@ -105,6 +105,11 @@ def test_what_a_plugin_prints_during_a_run_goes_to_stderr_not_before_the_answer(
     assert done.returncode == 0, done.stderr
     assert done.stdout == "The answer.\n"
     assert done.stderr == "chatty factory runs\nchatty tool runs\nchatty disposed\n"
+    # `dsh sessions` boots the same deployment to reach its store.
+    listed = dsh("sessions", "list", "--json", "--config", str(cfg), cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 1
+    assert listed.stderr == "chatty factory runs\nchatty disposed\n"
 
 
 def test_a_run_is_recorded_listed_shown_and_resumed(tmp_path: Path) -> None:
