@@ -120,6 +120,10 @@ def _distribution_of(entry_point: metadata.EntryPoint) -> str | None:
 PLUGINS_ENV: Final = "DSH_PLUGINS"
 
 
+def _dotted_name(text: str) -> bool:
+    return all(part.isidentifier() for part in text.split("."))
+
+
 def _env_entry_points(environ: Mapping[str, str]) -> list[metadata.EntryPoint]:
     spec = environ.get(PLUGINS_ENV, "").strip()
     if not spec:
@@ -129,7 +133,11 @@ def _env_entry_points(environ: Mapping[str, str]) -> list[metadata.EntryPoint]:
         if not item.strip():
             continue  # "a=m:f," or ",a=m:f", as ``DSH_PLUGINS="$DSH_PLUGINS,a=m:f"`` builds it
         name, sep, value = item.strip().partition("=")
-        if not sep or not name or ":" not in value:
+        module, colon, attribute = value.strip().partition(":")
+        # Each side a dotted name: anything else (a path, a space-separated list) would fail only
+        # when loaded, as an AttributeError from inside importlib that names neither mistake.
+        if (not sep or not name.strip() or not colon or not _dotted_name(module.strip())
+                or not _dotted_name(attribute.strip())):
             raise PluginLoadError(f"{PLUGINS_ENV}: {item.strip()!r} is not of the form name=module:attribute")
         found.append(metadata.EntryPoint(name.strip(), value.strip(), ENTRY_POINT_GROUP))
     return found

@@ -250,6 +250,21 @@ def test_the_env_variable_adds_uninstalled_plugins(monkeypatch: pytest.MonkeyPat
         PluginCatalog()
 
 
+@pytest.mark.parametrize("spec", [
+    "a=tests.core.sample_plugins:echo b=tests.core.sample_plugins:deny",  # separated by a space
+    "a=tests/core/sample_plugins.py:echo", "a=:echo", "a=tests.core.sample_plugins:", "a=m:f:g"])
+def test_an_env_entry_that_is_no_module_and_attribute_is_refused_by_name(
+        monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    # These passed the check (a ':' somewhere) and failed only when loaded, as
+    # "AttributeError: 'NoneType' object has no attribute 'group'", advising to fix the installation.
+    monkeypatch.setenv("DSH_PLUGINS", spec)
+    with pytest.raises(PluginLoadError) as caught:
+        PluginCatalog()
+    assert caught.value.message == f"DSH_PLUGINS: {spec!r} is not of the form name=module:attribute"
+    monkeypatch.setenv("DSH_PLUGINS", " a = tests.core.sample_plugins : echo ")  # spaces around the parts do
+    assert PluginCatalog().load("a") is sample_plugins.echo
+
+
 def test_a_name_the_env_variable_reuses_is_blamed_on_the_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The error named no DSH_PLUGINS and told the user to rename entry points after their distribution."""
     monkeypatch.setenv("DSH_PLUGINS", "mine=tests.core.sample_plugins:echo,mine=tests.core.sample_plugins:deny")
