@@ -41,6 +41,7 @@ from attrs import define, frozen
 import dsh_core
 from dsh_core.abort import AbortSignal
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, normalize_assistant
+from dsh_core.config import DEFAULT_SOURCE
 from dsh_core.errors import ConfigError, DshError, ErrorCode
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, NotLosslessError, freeze
@@ -595,13 +596,23 @@ def _result_payload(record: ToolCallRecord, message: Message) -> dict[str, Any]:
 # -- running an agent of a harness ---------------------------------------------------------------------------
 
 
+def _blamed(harness: Harness, path: str) -> str:
+    """``"FILE: "`` naming the file (or ``env:NAME``) that set ``path``, as every config error starts.
+
+    Empty for a built-in default: there is no file to name.
+    """
+    source = harness.deployment.source_of(path)
+    return "" if source in (None, DEFAULT_SOURCE) else f"{source}: "
+
+
 def open_session_store(harness: Harness) -> SessionStore:
     """Open the deployment's session store (``[sessions] store`` under ``[sessions] home``/``DSH_HOME``)."""
     name = harness.deployment.sessions.store
     factory = harness.session_stores.get(name)
     if factory is None:
         known = ", ".join(harness.session_stores.names()) or "none"
-        raise ConfigError(f"sessions.store: no session store named {name!r} is registered (known: {known}); "
+        raise ConfigError(f"{_blamed(harness, 'sessions.store')}sessions.store: no session store named {name!r} "
+                          f"is registered (known: {known}); "
                           "add a plugin row that provides it, e.g. use = \"sqlite-sessions\"")
     store: SessionStore = factory(dsh_home(harness.deployment.sessions.home))
     return store
@@ -615,12 +626,15 @@ def core_sections_of(harness: Harness) -> list[CoreSection]:
 
 def _provider_for(harness: Harness, agent_id: str, name: str | None) -> Provider:
     if name is None:
-        raise ConfigError(f"agents[{agent_id}].provider is not set: name a registered provider "
+        # Not set: blame the file that declared the agent.
+        raise ConfigError(f"{_blamed(harness, f'agents[{agent_id}].id')}agents[{agent_id}].provider is not set: "
+                          "name a registered provider "
                           f"(known: {', '.join(harness.providers.names()) or 'none'})")
     provider = harness.providers.get(name)
     if provider is None:
         known = ", ".join(harness.providers.names()) or "none"
-        raise ConfigError(f"agents[{agent_id}].provider: no provider named {name!r} is registered "
+        raise ConfigError(f"{_blamed(harness, f'agents[{agent_id}].provider')}agents[{agent_id}].provider: "
+                          f"no provider named {name!r} is registered "
                           f"(known: {known}); add a plugin row that provides it (use = \"scripted\" or \"openai\")")
     return provider  # type: ignore[no-any-return]
 

@@ -465,6 +465,20 @@ def test_a_plugin_that_cannot_be_imported_exits_2_from_every_command_that_boots(
         assert "plugins[guard].use: plugin 'broken'" in done.stderr and "missing dependency" in done.stderr
 
 
+def test_a_provider_or_store_no_plugin_registers_is_blamed_on_the_file_that_names_it(tmp_path: Path) -> None:
+    # Every other config error names its file; these two named only the key.
+    cfg = config(tmp_path, [final("never")])
+    text = cfg.read_text()
+    (tmp_path / "provider.toml").write_text('[[agents]]\nid = "main"\nprovider = "ghost"\n')
+    (tmp_path / "store.toml").write_text('[sessions]\nstore = "nope"\n')
+    assert 'provider = "scripted"' in text and "[sessions]" in text
+    for overlay, expected in (("provider.toml", "agents[main].provider: no provider named 'ghost'"),
+                              ("store.toml", "sessions.store: no session store named 'nope'")):
+        done = dsh("--config", str(cfg), "--config", overlay, "-p", "go", cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.startswith(f"dsh: error: {overlay}: {expected}"), done.stderr
+
+
 RAISING_PLUGIN = """
 from dsh_core import hookimpl, plugin as declare
 
