@@ -40,7 +40,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unus
 from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped, unused-ignore]
 
 from dsh_core.errors import ConfigError
-from dsh_core.lossless import JSON, find_loss, freeze
+from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 from dsh_core.terminal import TERMINAL_CONTROL
 
@@ -760,8 +760,26 @@ def validate_plugin_configs(
 # --------------------------------------------------------------------------- dump
 
 
+#: The user name and password of a URL (``https://user:secret@host``), which a dump must not show.
+_URL_CREDENTIALS: Final = re.compile(r'(?<=://)[^/@\s"]+@')
+
+
 def _plain(value: Any) -> JSON:
-    return list(value) if isinstance(value, tuple) else value
+    """A dump leaf as plain JSON, with every URL's credentials written as ``***``."""
+    if isinstance(value, str):
+        return _URL_CREDENTIALS.sub("***@", value)
+    if not isinstance(value, (list, tuple, Mapping)):
+        return value
+    plain: Any = thaw(list(value) if isinstance(value, tuple) else value)  # a fresh mutable copy
+    pending = [plain]  # iterative: config values are arbitrary JSON, of any depth
+    while pending:
+        node = pending.pop()
+        for key, child in list(node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(child, str):
+                node[key] = _URL_CREDENTIALS.sub("***@", child)
+            elif isinstance(child, (list, dict)):
+                pending.append(child)
+    return plain
 
 
 def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
@@ -769,7 +787,8 @@ def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
 
     Order is stable: tools, code_runtime, sessions, then agents and plugins
     in row order. Unset optional values (``None``) are left out; a plugin's
-    empty config appears as one ``{}`` leaf.
+    empty config appears as one ``{}`` leaf. The user and password of a URL
+    (``https://user:secret@host``, say a provider's base URL) are shown as ``***``.
     """
     leaves: list[tuple[str, Any]] = []
     for name, section in (

@@ -1016,3 +1016,13 @@ def test_budgets_the_worker_cannot_be_given_are_refused_by_the_config(files: Any
     schema = DEPLOYMENT_SCHEMA["properties"]["code_runtime"]["properties"]
     assert (schema["memory_mb"]["maximum"], schema["cpu_s"]["maximum"]) == (MAX_MEMORY_MB, MAX_CPU_S)
     assert CodeRuntimeConfig(memory_mb=MAX_MEMORY_MB, cpu_s=MAX_CPU_S).memory_mb == MAX_MEMORY_MB
+
+
+def test_dump_never_shows_the_credentials_of_a_url(files: Any) -> None:
+    toml = ('[[plugins]]\nid = "llm"\nuse = "openai"\n[plugins.config]\nbase_url = "https://me:hunter2@llm.example/v1"\n'
+            'mirrors = ["http://a:b@x.example/", "http://plain.example/"]\n')
+    rows = dump(load(files("base.toml", toml)))
+    shown = {path: value for path, value, _ in rows}
+    assert shown["plugins[llm].config.base_url"] == "https://***@llm.example/v1"
+    assert shown["plugins[llm].config.mirrors"] == ["http://***@x.example/", "http://plain.example/"]
+    assert "hunter2" not in dump_text(load(files("base.toml", toml)))

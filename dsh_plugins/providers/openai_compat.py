@@ -36,6 +36,7 @@ import os
 import random
 import secrets
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, Final
@@ -95,6 +96,15 @@ _CONTEXT_MARKERS: Final = (
     "too many tokens", "prompt is too long", "exceeds the available context", "n_ctx", "input is too long",
 )
 
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` with any user name and password written as ``***`` (for messages, never requests)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 class _Retry(Exception):
     """An attempt failed in a way worth retrying; ``error`` is what to raise when retries run out."""
@@ -250,6 +260,9 @@ class OpenAICompatProvider:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
+        # What messages show: a base_url may carry credentials (https://user:secret@host), and
+        # errors reach stderr, logs and the session; requests still use the URL as given.
+        self.shown_url = _without_credentials(self.url)
         self.model = model
         self.api_key_env = api_key_env
         self.max_retries = max_retries
@@ -270,7 +283,7 @@ class OpenAICompatProvider:
 
     def __repr__(self) -> str:
         key = f" key from ${self.api_key_env}" if self.api_key_env else ""
-        return f"<OpenAICompatProvider {self.name!r} {self.url} model={self.model!r}{key}>"
+        return f"<OpenAICompatProvider {self.name!r} {self.shown_url} model={self.model!r}{key}>"
 
     async def aclose(self) -> None:
         """Close the HTTP client (the plugin's scope does this on dispose)."""
@@ -371,7 +384,7 @@ class OpenAICompatProvider:
     def _failure(self, status: int, text: str, headers: httpx.Headers, model: str) -> Exception:
         """The error for an HTTP error status: a :class:`_Retry` or a final :class:`ProviderError`."""
         detail = self._quote(text)
-        where = f"{self.name}: {self.url}"
+        where = f"{self.name}: {self.shown_url}"
         if status in (401, 403):
             hint = (f"check the API key in ${self.api_key_env}" if self._key() else
                     f"${self.api_key_env} is not set" if self.api_key_env else
@@ -394,15 +407,16 @@ class OpenAICompatProvider:
 
     def _connection(self, error: httpx.HTTPError) -> _Retry:
         what = "timed out" if isinstance(error, httpx.TimeoutException) else "failed"
-        return _Retry(ProviderError("connection", f"{self.name}: {self.url}: request {what}: "
+        return _Retry(ProviderError("connection", f"{self.name}: {self.shown_url}: request {what}: "
                                                   f"{type(error).__name__}: {error}"))
 
     def _http_failure(self, error: Exception) -> ProviderError:
         """Any other ``httpx`` failure (an undecodable body, too many redirects, a bad URL), not retried."""
         if isinstance(error, httpx.DecodingError):
-            return ProviderError("malformed-response", f"{self.name}: {self.url}: the response body could not be "
+            return ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response body could not be "
                                                        f"decoded: {type(error).__name__}: {error}")
-        return ProviderError("http", f"{self.name}: {self.url}: request failed: {type(error).__name__}: {error}")
+        return ProviderError("http", f"{self.name}: {self.shown_url}: request failed: {type(error).__name__}: "
+                                     f"{str(error).replace(self.url, self.shown_url)}")
 
     def _completion(self, text: str) -> Message:
         """A plain (non-streamed) chat completion body as an assistant message with its ``_meta``."""
@@ -412,12 +426,12 @@ class OpenAICompatProvider:
             raw = choice["message"]
             finish, usage = choice.get("finish_reason"), data.get("usage")
         except RecursionError:
-            raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is JSON nested too "
+            raise ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response is JSON nested too "
                                                       f"deeply to parse: {self._quote(text)}") from None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise ProviderError("malformed-response", f"{self.name}: {self.url}: the response is not a chat "
+            raise ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response is not a chat "
                                                       f"completion: {self._quote(text)}") from None
-        message = normalize_assistant(raw, who=f"{self.name}: {self.url}", fallback_ids=_fallback_ids())
+        message = normalize_assistant(raw, who=f"{self.name}: {self.shown_url}", fallback_ids=_fallback_ids())
         message["_meta"] = _meta(finish, usage)
         return message
 
@@ -435,7 +449,7 @@ class OpenAICompatProvider:
     # -- streaming ------------------------------------------------------------------------------------------
 
     async def _stream_once(self, body: dict[str, Any], model: str, on_text: OnText | None) -> Message:
-        who = f"{self.name}: {self.url}"
+        who = f"{self.name}: {self.shown_url}"
         assembler = _StreamAssembler(who, self._redact)
         started = done = False
         plain = _PlainBody()
@@ -475,7 +489,7 @@ class OpenAICompatProvider:
 
     async def _plain_answer(self, plain: _PlainBody, on_text: OnText | None) -> Message:
         """The answer of a streaming request that got no event stream (see :meth:`_stream_once`)."""
-        who = f"{self.name}: {self.url}"
+        who = f"{self.name}: {self.shown_url}"
         text = plain.text()
         if plain.truncated:
             raise ProviderError("malformed-response", f"{who}: the response is not an event stream: "

@@ -752,3 +752,27 @@ async def test_stream_usage_is_a_config_option() -> None:
         assert plugin(scope, {"base_url": "http://x/v1", "stream_usage": False}).provider.stream_usage is False
     finally:
         await scope.dispose()
+
+
+async def test_credentials_in_the_base_url_never_reach_a_message(server: FakeServer) -> None:
+    """A base_url may carry a user and password; errors reach stderr, logs and the session."""
+    server.reply(401, "no")
+    host = server.url.removeprefix("http://")
+    client = OpenAICompatProvider(base_url=f"http://user:hunter2@{host}/", model="m1", api_key_env="TEST_KEY",
+                                  env={"TEST_KEY": SECRET}, backoff_base_s=0.01)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+        assert "hunter2" not in caught.value.message and "user:" not in caught.value.message
+        assert f"http://***@{host}/chat/completions" in caught.value.message
+        assert "hunter2" not in repr(client)
+    finally:
+        await client.aclose()
+    unreachable = OpenAICompatProvider(base_url="http://user:hunter2@127.0.0.1:9/", model="m1", max_retries=0,
+                                       env={}, backoff_base_s=0.01)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await unreachable.complete([{"role": "user", "content": "x"}], [])
+        assert "hunter2" not in caught.value.message, caught.value.message
+    finally:
+        await unreachable.aclose()
