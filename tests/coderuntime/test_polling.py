@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -42,25 +43,31 @@ def test_a_lone_run_polls_only_where_the_host_has_another_cpu(
     assert result.error is None and result.value == expected, result
 
 
+async def _read_hint_beside_a_live_run(holder: Any, reader: Callable[[], Awaitable[Any]]) -> Any:
+    """What ``reader`` returns while a run of ``holder`` is live (waiting in a binding call)."""
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(args: Any) -> Any:
+        holding.set()
+        await release.wait()
+        return 1
+
+    first = asyncio.ensure_future(holder.run("return await tools.hold({})", tools(hold=hold)))
+    await holding.wait()
+    try:
+        return await reader()
+    finally:
+        release.set()
+        assert (await first).value == 1
+
+
 def test_runs_live_beside_as_many_as_the_cpus_do_not_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host, "_USABLE_CPUS", 2)
 
     async def go(rt: Any) -> Any:
-        holding, release = asyncio.Event(), asyncio.Event()
+        return await _read_hint_beside_a_live_run(rt, lambda: rt.run(READ_HINT, tools(echo=echo)))
 
-        async def hold(args: Any) -> Any:
-            holding.set()
-            await release.wait()
-            return 1
-
-        first = asyncio.ensure_future(rt.run("return await tools.hold({})", tools(hold=hold)))
-        await holding.wait()
-        second = await rt.run(READ_HINT, tools(echo=echo))
-        release.set()
-        return second, await first
-
-    second, first = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
-    assert first.value == 1, first
+    second = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
     assert second.error is None and second.value == [False, False], second
 
 
@@ -68,26 +75,13 @@ def test_runs_of_another_runtime_in_the_process_count_too(monkeypatch: pytest.Mo
     """Two runtimes in one process share its CPUs: one's live run stops the other's from polling."""
     monkeypatch.setattr(host, "_USABLE_CPUS", 2)
 
+    async def read(rt: Any) -> Any:
+        return await rt.run(READ_HINT, tools(echo=echo))
+
     async def go(other: Any) -> Any:
-        holding, release = asyncio.Event(), asyncio.Event()
+        return await _read_hint_beside_a_live_run(other, lambda: with_runtime(read, isolation="L0", timeout_s=20.0))
 
-        async def hold(args: Any) -> Any:
-            holding.set()
-            await release.wait()
-            return 1
-
-        first = asyncio.ensure_future(other.run("return await tools.hold({})", tools(hold=hold)))
-        await holding.wait()
-
-        async def read(rt: Any) -> Any:
-            return await rt.run(READ_HINT, tools(echo=echo))
-
-        second = await with_runtime(read, isolation="L0", timeout_s=20.0)
-        release.set()
-        return second, await first
-
-    second, first = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
-    assert first.value == 1, first
+    second = arun(with_runtime(go, isolation="L0", timeout_s=20.0))
     assert second.error is None and second.value == [False, False], second
 
 
