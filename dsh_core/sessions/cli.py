@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dsh_core.clirun import USAGE_ERROR_CODES, echo_json, fail
+from dsh_core.clirun import USAGE_ERROR_CODES, echo_json, fail, run_async
 from dsh_core.errors import DshError
 from dsh_core.lossless import dumps
 from dsh_core.terminal import visible
@@ -265,8 +265,6 @@ def _deployment(ctx: click.Context, local: Sequence[str]) -> Deployment:
 
 
 def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable[T]]) -> T:
-    import asyncio
-
     from dsh_core.agent.loop import open_session_store
     from dsh_core.boot import start_harness
 
@@ -283,8 +281,9 @@ def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable
 
     try:
         # The command prints once the harness is closed; what plugins print meanwhile goes to stderr.
+        # run_async: SIGINT/SIGTERM cancel main, so the store and the harness still close.
         with contextlib.redirect_stdout(sys.stderr):
-            return asyncio.run(main())
+            return run_async(main)
     except DshError as error:
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
 

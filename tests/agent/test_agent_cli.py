@@ -513,3 +513,59 @@ def test_an_error_message_is_shown_with_its_escape_sequences_escaped(capsys: pyt
         fail("quoted \x1b[2Jtext\x9b\nsecond line\tkept", 2)
     assert exited.value.code == 2
     assert capsys.readouterr().err == "dsh: error: quoted \\x1b[2Jtext\\x9b\nsecond line\tkept\n"
+
+
+STUCK_STORE_PLUGIN = """
+import asyncio, pathlib
+from dsh_core import hookimpl, plugin as declare
+
+class Stuck:
+    def __init__(self, marks):
+        self.marks = marks
+
+    async def list(self, *, limit=None):
+        (self.marks / "listing").touch()
+        await asyncio.Event().wait()  # a store waiting on a lock, a network disk...
+
+    async def close(self):
+        (self.marks / "closed").touch()
+
+class Plugin:
+    def __init__(self, marks):
+        self.marks = marks
+
+    @hookimpl
+    def dsh_register_session_stores(self, register):
+        register("stuck", lambda home: Stuck(self.marks))
+
+@declare(config_schema={"type": "object"})
+def plugin(scope, config):
+    return Plugin(pathlib.Path(config["marks"]))
+"""
+
+
+def test_sigterm_ends_a_sessions_command_through_the_harness_shutdown(tmp_path: Path) -> None:
+    """'dsh sessions' ran under a bare asyncio.run: SIGTERM killed it with its store and harness open."""
+    (tmp_path / "stuck_plugin.py").write_text(STUCK_STORE_PLUGIN)
+    cfg = tmp_path / "dsh.toml"
+    cfg.write_text(f'[sessions]\nstore = "stuck"\n[[plugins]]\nid = "stuck"\nuse = "stuck"\n'
+                   f'config = {{ marks = "{tmp_path}" }}\n')
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    environ.update({"DSH_PLUGINS": "stuck=stuck_plugin:plugin", "DSH_HOME": str(tmp_path / "home"),
+                    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    child = subprocess.Popen([sys.executable, "-m", "dsh_core", "sessions", "list", "--config", str(cfg)],
+                             cwd=tmp_path, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "listing").exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()[1]
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, err
+    assert out == "" and err.splitlines()[-1] == "dsh: error: interrupted", err
+    assert (tmp_path / "closed").exists()  # the store was closed on the way out
