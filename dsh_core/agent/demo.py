@@ -14,7 +14,6 @@ the model are compared, measured, not estimated.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shlex
@@ -38,6 +37,7 @@ from dsh_core.agent.loop import (
     run_agent,
 )
 from dsh_core.boot import start_harness
+from dsh_core.clirun import fail, run_async
 from dsh_core.config import Deployment, load_deployment
 from dsh_core.errors import DshError
 from dsh_core.harness import Harness
@@ -254,10 +254,10 @@ def demo_main(*, keep: bool) -> None:
     base = Path(tempfile.mkdtemp(prefix="dsh-demo-"))
     observer = ConsoleObserver(stderr_console()) if sys.stderr.isatty() else None
     try:
-        report = asyncio.run(run_demo(base, observer=observer))
+        # run_async: SIGINT/SIGTERM cancel the demo (exit 130), and the directory is still removed.
+        report = run_async(lambda: run_demo(base, observer=observer))
     except DshError as error:
-        click.echo(f"dsh: error: {error.message}", err=True)
-        sys.exit(1)
+        fail(error.message, 1)  # escaped: it may quote what a tool or the model wrote
     finally:
         if not keep:
             shutil.rmtree(base, ignore_errors=True)

@@ -569,3 +569,32 @@ def test_sigterm_ends_a_sessions_command_through_the_harness_shutdown(tmp_path: 
     assert child.returncode == 130, err
     assert out == "" and err.splitlines()[-1] == "dsh: error: interrupted", err
     assert (tmp_path / "closed").exists()  # the store was closed on the way out
+
+
+def test_sigterm_during_the_demo_exits_130_and_removes_its_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo ran under a bare asyncio.run: SIGTERM killed it and left its temporary directory."""
+    from dsh_core.agent import demo
+
+    made: list[Path] = []
+
+    async def terminated(base: Path, **_: Any) -> str:
+        made.append(base)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.Event().wait()
+        return "never"
+
+    class Terminated(Exception):
+        pass
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Terminated  # without run_async's handler, instead of ending the test process
+
+    monkeypatch.setattr(demo, "run_demo", terminated)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            demo.demo_main(keep=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert exited.value.code == 130
+    assert made and not made[0].exists()
