@@ -65,63 +65,21 @@ __all__ = ["PythonCodeRuntime", "RuntimeDisposedError", "STDLIB_PRELOAD"]
 _ZYGOTE_SCRIPT = os.path.join(iso.WORKER_DIR, "zygote.py")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _NCPU = os.cpu_count() or 1
-
-
-def _cgroup_cpu_limit(proc_cgroup: str, root: str) -> int | None:
-    """Whole CPUs allowed by the tightest CPU quota on this process's cgroup and its ancestors.
-
-    None without a quota (or without a readable cgroup file system). A container limited with
-    ``docker run --cpus`` keeps every CPU in its affinity mask: only the quota says how much
-    CPU time it may take at once.
-    """
-    try:
-        with open(proc_cgroup) as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    limit: float | None = None
-    for line in lines:
-        hierarchy, _, path = line.partition(":")[2].partition(":")
-        if hierarchy == "":  # v2: "0::/path", cpu.max holds "quota period" or "max period"
-            base, names = root, ["cpu.max"]
-        elif "cpu" in hierarchy.split(","):  # v1: the cpu controller's CFS quota (-1: none)
-            base, names = os.path.join(root, hierarchy), ["cpu.cfs_quota_us", "cpu.cfs_period_us"]
-        else:
-            continue
-        parts = [part for part in path.split("/") if part]
-        for depth in range(len(parts), -1, -1):  # the quota of any ancestor binds too
-            directory = os.path.join(base, *parts[:depth])
-            try:
-                fields: list[str] = []
-                for name in names:
-                    with open(os.path.join(directory, name)) as handle:
-                        fields += handle.read().split()
-                quota, period = float(fields[0]), float(fields[1])
-            except (OSError, IndexError, ValueError):  # absent, or "max": no quota here
-                continue
-            if quota > 0 and period > 0:
-                limit = quota / period if limit is None else min(limit, quota / period)
-    return None if limit is None else max(1, int(limit))
-
-
-def _usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int:
-    """The CPUs this process may keep busy at once: its affinity mask, bounded by a CPU quota."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # refused by a sandbox, or not Linux: importing must not fail
-        cpus = os.cpu_count() or 1
-    limit = _cgroup_cpu_limit(proc_cgroup, root)
-    return cpus if limit is None else min(cpus, limit)
-
-
 #: The CPUs this process may keep busy at once. A worker waiting for a binding's reply polls
 #: for it (worker/runner.py, ``_POLL_S``) only while there are fewer live runs than these:
 #: each polling worker keeps a CPU busy, and the host's loop needs one to answer.
-_USABLE_CPUS = _usable_cpus()
+_USABLE_CPUS = iso.usable_cpus()
 #: Every runtime's live runs in this process (what decides polling is the CPUs all of them share).
 #: Weak: a run left pending on a loop closed under it is only ended (its ``finally``, which
 #: leaves this set) when it is collected, and a strong global reference would prevent that.
 _LIVE_RUNS: weakref.WeakSet[_Run] = weakref.WeakSet()
+
+
+def _cpu_to_spare(starting: int = 0) -> bool:
+    """The polling hint: whether the live runs (plus ``starting`` about to be) leave a CPU to spare."""
+    return len(_LIVE_RUNS) + starting < _USABLE_CPUS
+
+
 #: The share of a run's cpu_s its worker may spend polling for replies, in all: a program
 #: making binding calls for longer spends the rest of its budget as it did without polling.
 _POLL_SHARE = 0.1
@@ -708,7 +666,7 @@ class _Run:
                 for name, functions, spec in namespaces
             ],
             # This run is not live yet: with it, the live runs must stay below the usable CPUs.
-            "poll": len(_LIVE_RUNS) + 1 < _USABLE_CPUS,
+            "poll": _cpu_to_spare(starting=1),
             "poll_s": self.config.cpu_s * _POLL_SHARE,
         }
         if compiled is not None and len(source) <= _SHIP_CODE_MAX:
@@ -1181,7 +1139,7 @@ class _Run:
         try:
             tokens = wire.encode(result)
             frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens,
-                               "poll": len(_LIVE_RUNS) < _USABLE_CPUS})
+                               "poll": _cpu_to_spare()})
         except wire.WireError as error:
             self._reply(call_id, False, f"binding resolution must be lossless JSON: {error.describe('result')}")
             return
@@ -1191,7 +1149,7 @@ class _Run:
     def _reply(self, call_id: int, ok: bool, message: str) -> None:
         if self.outcome is None:  # late resolutions are dropped
             self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message,
-                                   "poll": len(_LIVE_RUNS) < _USABLE_CPUS}))
+                                   "poll": _cpu_to_spare()}))
 
     def _on_done(self, message: dict[str, Any]) -> None:
         if "e" in message:

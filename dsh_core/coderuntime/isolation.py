@@ -36,6 +36,7 @@ __all__ = [
     "CgroupPool",
     "Cgroup",
     "WORKER_DIR",
+    "usable_cpus",
 ]
 
 LEVELS = (0, 1, 2, 3)
@@ -180,6 +181,53 @@ def check_level(level: int, facts: dict[str, str]) -> str | None:
         if missing:
             return f"namespaces not unshared: {','.join(sorted(missing))}"
     return None
+
+
+def _cgroup_cpu_limit(proc_cgroup: str, root: str) -> int | None:
+    """Whole CPUs allowed by the tightest CPU quota on this process's cgroup and its ancestors.
+
+    None without a quota (or without a readable cgroup file system). A container limited with
+    ``docker run --cpus`` keeps every CPU in its affinity mask: only the quota says how much
+    CPU time it may take at once.
+    """
+    try:
+        with open(proc_cgroup) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    limit: float | None = None
+    for line in lines:
+        hierarchy, _, path = line.partition(":")[2].partition(":")
+        if hierarchy == "":  # v2: "0::/path", cpu.max holds "quota period" or "max period"
+            base, names = root, ["cpu.max"]
+        elif "cpu" in hierarchy.split(","):  # v1: the cpu controller's CFS quota (-1: none)
+            base, names = os.path.join(root, hierarchy), ["cpu.cfs_quota_us", "cpu.cfs_period_us"]
+        else:
+            continue
+        parts = [part for part in path.split("/") if part]
+        for depth in range(len(parts), -1, -1):  # the quota of any ancestor binds too
+            directory = os.path.join(base, *parts[:depth])
+            try:
+                fields: list[str] = []
+                for name in names:
+                    with open(os.path.join(directory, name)) as handle:
+                        fields += handle.read().split()
+                quota, period = float(fields[0]), float(fields[1])
+            except (OSError, IndexError, ValueError):  # absent, or "max": no quota here
+                continue
+            if quota > 0 and period > 0:
+                limit = quota / period if limit is None else min(limit, quota / period)
+    return None if limit is None else max(1, int(limit))
+
+
+def usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = _CGROUP_ROOT) -> int:
+    """The CPUs this process may keep busy at once: its affinity mask, bounded by a CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # refused by a sandbox, or not Linux: importing must not fail
+        cpus = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit(proc_cgroup, root)
+    return cpus if limit is None else min(cpus, limit)
 
 
 # --------------------------------------------------------------------------- cgroups (v1)

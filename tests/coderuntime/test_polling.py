@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dsh_core.coderuntime import host
+from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.worker import runner, wire
 
 from .conftest import arun, echo, tools, with_runtime, zygote_processes
@@ -234,10 +235,10 @@ def test_the_usable_cpus_are_bounded_by_a_cgroup_cpu_quota(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cgroup: str, files: dict[str, str], expected: int) -> None:
     # A container limited to a CPU quota (docker run --cpus) still sees every CPU in its
     # affinity mask: polling there, beside the host, would spend the quota the host needs.
-    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(iso.os, "sched_getaffinity", lambda pid: set(range(8)))
     (tmp_path / "cgroup").write_text(cgroup)
     _tree(tmp_path / "fs", files)
-    assert host._usable_cpus(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
+    assert iso.usable_cpus(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
 
 
 @pytest.mark.parametrize("missing", ["refused", "absent"])
@@ -249,11 +250,11 @@ def test_the_usable_cpus_are_known_without_an_affinity_mask(
         raise PermissionError(1, "Operation not permitted")
 
     if missing == "refused":
-        monkeypatch.setattr(host.os, "sched_getaffinity", refused)
+        monkeypatch.setattr(iso.os, "sched_getaffinity", refused)
     else:
-        monkeypatch.delattr(host.os, "sched_getaffinity")
-    monkeypatch.setattr(host.os, "cpu_count", lambda: 6)
-    assert host._usable_cpus(str(tmp_path / "none"), str(tmp_path)) == 6
+        monkeypatch.delattr(iso.os, "sched_getaffinity")
+    monkeypatch.setattr(iso.os, "cpu_count", lambda: 6)
+    assert iso.usable_cpus(str(tmp_path / "none"), str(tmp_path)) == 6
 
 
 def test_a_program_freezing_the_clock_does_not_make_its_waits_poll_to_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
