@@ -86,12 +86,21 @@ _SELECT_INFO: Final = ("SELECT id, created_at, updated_at, event_count, meta, le
                        "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id")
 
 
+#: How an unreadable stored lease is named where one must be: it is not this run's, and holds nothing.
+_UNREADABLE_LEASE: Final = SessionLease("", 0, "unknown")
+
+
+def _stored_lease(text: str) -> SessionLease | None:
+    """The lease a ``leases.holder`` column holds; ``None`` if it cannot be read (acquire takes such a lease over)."""
+    try:
+        return SessionLease.from_json(json.loads(text))
+    except ValueError:
+        return None
+
+
 def _info(row: tuple[Any, ...]) -> SessionInfo:
     """The :class:`SessionInfo` of a row of ``_SELECT_INFO``."""
-    holder = None
-    if row[5] is not None:
-        with contextlib.suppress(ValueError):  # unreadable: acquire takes such a lease over, so it holds nothing
-            holder = SessionLease.from_json(json.loads(row[5]))
+    holder = None if row[5] is None else _stored_lease(row[5])
     return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), holder)
 
 
@@ -321,12 +330,7 @@ class SqliteSessionStore:
         row = conn.execute("SELECT token, holder FROM leases WHERE session_id = ?", (session_id,)).fetchone()
         if row is not None and row[0] == lease.token:
             return
-        holder = None
-        if row is not None:
-            try:
-                holder = SessionLease.from_json(json.loads(row[1]))
-            except ValueError:
-                holder = SessionLease("", 0, "unknown")  # unreadable, yet not this run's
+        holder = None if row is None else _stored_lease(row[1]) or _UNREADABLE_LEASE
         raise SessionLeaseLostError(session_id, holder)
 
     @staticmethod
@@ -342,10 +346,7 @@ class SqliteSessionStore:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
             row = conn.execute("SELECT token, holder FROM leases WHERE session_id = ?", (session_id,)).fetchone()
             if row is not None and row[0] != lease.token:
-                try:
-                    holder = SessionLease.from_json(json.loads(row[1]))
-                except ValueError:
-                    holder = None  # unreadable: nobody can be told to wait for it, so it is taken over
+                holder = _stored_lease(row[1])  # unreadable: nobody can be told to wait for it, so it is taken over
                 if holder is not None and holder_alive(holder):
                     raise SessionBusyError(session_id, holder)
             self._claim(conn, session_id, lease)
@@ -370,10 +371,7 @@ class SqliteSessionStore:
             if row is None:
                 return None
             conn.execute("DELETE FROM leases WHERE session_id = ?", (session_id,))
-            try:
-                return SessionLease.from_json(json.loads(row[0]))
-            except ValueError:
-                return SessionLease("", 0, "unknown")  # an unreadable holder: broken all the same
+            return _stored_lease(row[0]) or _UNREADABLE_LEASE  # an unreadable holder: broken all the same
 
         return await self._write(work, session_id=session_id, doing="break the lease of")
 
