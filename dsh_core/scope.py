@@ -34,7 +34,6 @@ _unwinding: contextvars.ContextVar[frozenset[Scope]] = contextvars.ContextVar("d
                                                                               default=frozenset())
 
 
-
 def one_shot(undo: Callable[[], None]) -> Callable[[], None]:
     """``undo`` made safe to call more than once: it does its work the first time only.
 

@@ -786,10 +786,6 @@ def _run_refused_inside_the_program(main: Any, *, debug: bool | None = None) -> 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-#: The seccomp allowlist's answer to every system call it does not allow.
-_ENOSYS = errno.ENOSYS
-
-
 def _sandbox_note(error: BaseException, level: int) -> str:
     """A line naming the sandbox when ``error`` (or one it was raised from) is the filter's ENOSYS.
 
@@ -802,7 +798,7 @@ def _sandbox_note(error: BaseException, level: int) -> str:
     current: BaseException | None = error
     while current is not None and id(current) not in seen and len(seen) < 100:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno == _ENOSYS:
+        if isinstance(current, OSError) and current.errno == errno.ENOSYS:  # the seccomp filter's refusal
             return (
                 f"\n(dsh: the Code Mode sandbox, isolation L{level}, refuses this system call with ENOSYS: "
                 "a program cannot open files, sockets or processes itself; it reaches them only "
