@@ -67,7 +67,7 @@ if there is work, and an exclusive barrier is cleared by its commit's
 ``finally``. A call cancelled mid-commit still answers the program and logs
 its settle event: a settle write the cancellation interrupted wrote nothing
 (a session sink's contract), so it is written again, through further
-cancellations, for at most :data:`SETTLE_AFTER_CANCEL_TIMEOUT_S`. A start
+cancellations, for at most :data:`WRITE_AFTER_CANCEL_TIMEOUT_S`. A start
 write the cancellation interrupted is written again the same way (the call
 then commits as aborted), so the session never shows a settle without its
 start; a start given up on drops the call's settle event too.
@@ -89,7 +89,7 @@ from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
 from dsh_core.runtime import ABORTED_BEFORE_DISPATCH_MESSAGE, Staged, ToolRuntime, aborted_result, error_result
 
-__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "SETTLE_AFTER_CANCEL_TIMEOUT_S", "ProgramScheduler",
+__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "WRITE_AFTER_CANCEL_TIMEOUT_S", "ProgramScheduler",
            "SubCall", "check_max_parallel", "SubCallError"]
 
 log = logging.getLogger("dsh")
@@ -102,7 +102,7 @@ PROGRAM_CANCELLED: Final = "cancelled by the program"
 
 #: How long a scheduler task cancelled from outside mid-write still tries to append the call's
 #: start or settle event (the SQLite store's default busy timeout: a write waiting out another writer).
-SETTLE_AFTER_CANCEL_TIMEOUT_S: Final = 5.0
+WRITE_AFTER_CANCEL_TIMEOUT_S: Final = 5.0
 
 
 def check_max_parallel(value: object) -> int:
@@ -539,13 +539,13 @@ class ProgramScheduler:
 
         Each cancellation of a write means it wrote nothing, so a further cancellation of this
         task restarts it rather than losing the event; a sink still not done after
-        :data:`SETTLE_AFTER_CANCEL_TIMEOUT_S` is given up on (cancelled, so it writes nothing),
+        :data:`WRITE_AFTER_CANCEL_TIMEOUT_S` is given up on (cancelled, so it writes nothing),
         and the loss is logged: a cancelled run must end even on a stuck store.
         """
         loop = self._loop
         task = asyncio.current_task()
         assert task is not None
-        deadline = loop.time() + SETTLE_AFTER_CANCEL_TIMEOUT_S
+        deadline = loop.time() + WRITE_AFTER_CANCEL_TIMEOUT_S
         while True:
             requested = task.cancelling()
             try:
@@ -557,7 +557,7 @@ class ProgramScheduler:
                 # of its own accord would do it again at once, and the loop would spin.
                 timed_out = loop.time() >= deadline
                 if timed_out or task.cancelling() == requested:
-                    why = (f"the session sink took over {SETTLE_AFTER_CANCEL_TIMEOUT_S:g} s" if timed_out
+                    why = (f"the session sink took over {WRITE_AFTER_CANCEL_TIMEOUT_S:g} s" if timed_out
                            else "the session sink cancelled it")
                     log.warning("the %s event of nested call %s was not written after its task was "
                                 "cancelled (%s): %s", event, call.sub_call_id, why, lost)

@@ -308,7 +308,7 @@ async def test_a_redone_settle_write_runs_the_log_hook_once(env: Env) -> None:
 async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
         env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
     # Redoing the write must not hold a cancelled run on a store that never answers.
-    monkeypatch.setattr(scheduler_module, "SETTLE_AFTER_CANCEL_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(scheduler_module, "WRITE_AFTER_CANCEL_TIMEOUT_S", 0.05)
     lane: list[asyncio.Task[Any]] = []
     attempts: list[str] = []
     sink = env.sink
@@ -346,7 +346,7 @@ async def test_a_start_write_given_up_on_after_a_cancellation_logs_no_settle_eit
         env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
     # A start event that could not be written after all leaves the call out of the session: a
     # settle event without its start would break the pair (and render with no arguments).
-    monkeypatch.setattr(scheduler_module, "SETTLE_AFTER_CANCEL_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(scheduler_module, "WRITE_AFTER_CANCEL_TIMEOUT_S", 0.05)
     lane: list[asyncio.Task[Any]] = []
     sink = env.sink
     assert sink is not None
