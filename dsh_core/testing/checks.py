@@ -132,12 +132,14 @@ def _logged(target: Target, check: str, records: list[logging.LogRecord]) -> lis
 
 
 def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]],
-                 *, tasks_when: str | None = None) -> list[str]:
+                 *, disposed: Callable[[LoadedPlugin], list[str]] | None = None,
+                 quiesce_when: str | None = None) -> list[str]:
     """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures.
 
-    Failures dsh isolated and only logged (a raising observer hook or disposer) are failures too.
-    With ``tasks_when``, so are asyncio tasks started since the load and still running after dispose
-    (the event loop closing would otherwise cancel them unseen).
+    ``disposed`` adds the failures it finds once the plugin is disposed. Failures dsh isolated and
+    only logged (a raising observer hook or disposer) are failures too. With ``quiesce_when``, so are
+    asyncio tasks started since the load and still running after dispose (the event loop closing
+    would otherwise cancel them unseen), then threads and child processes still running after it.
     """
 
     async def scenario() -> list[str]:
@@ -148,13 +150,20 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
             await probe(loaded, found)
         finally:
             await loaded.dispose()
-        if tasks_when is not None:
-            found.extend(await _stray_tasks(target, check, tasks_when, tasks_before))
+        if disposed is not None:
+            found.extend(disposed(loaded))
+        if quiesce_when is not None:
+            found.extend(await _stray_tasks(target, check, quiesce_when, tasks_before))
         return found
 
+    threads_before = set(threading.enumerate())
+    children_before = _child_pids()
     with _dsh_warnings() as records:
         result: list[str] = _run(scenario)
-    return result + _logged(target, check, records)
+    result += _logged(target, check, records)
+    if quiesce_when is not None:
+        result += _strays(target, check, quiesce_when, threads_before, children_before)
+    return result
 
 
 def _guarded(check: Callable[[Target], list[str]]) -> Callable[[Target], list[str]]:
@@ -582,10 +591,7 @@ def check_abort(target: Target) -> list[str]:
 
     # A body that returns promptly on abort but leaves its work running (a process it never kills,
     # a task it never cancels) is caught here: the dispose check only makes calls that run to completion.
-    threads_before = set(threading.enumerate())
-    children_before = _child_pids()
-    found = _with_plugin(target, "abort", probe, tasks_when="after the aborted call and dispose")
-    return found + _strays(target, "abort", "after the aborted call and dispose", threads_before, children_before)
+    return _with_plugin(target, "abort", probe, quiesce_when="after the aborted call and dispose")
 
 
 def _perturbations(definition: ToolDefinition) -> Iterator[JSON]:
@@ -687,29 +693,19 @@ def _describe_pid(pid: int) -> str:
 @_guarded
 def check_dispose(target: Target) -> list[str]:
     """Disposing the plugin unregisters every tool and hook and leaves no task, thread or process running."""
-    threads_before = set(threading.enumerate())
-    children_before = _child_pids()
 
-    async def scenario() -> list[str]:
-        tasks_before = asyncio.all_tasks()
-        loaded = await _load(target, "dispose")
-        try:
-            for definition in loaded.definitions:
-                for example in definition.examples[:1]:
-                    await _call(loaded, definition.name, example, call_id="dispose")
-        finally:
-            await loaded.dispose()
-        found = [failure(target, "dispose", f"after dispose, {what} is still registered",
-                         "register through the plugin's scope (the register callables, scope=scope for registry "
-                         "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
-                         "undo it") for what in loaded.leftovers()]
-        found.extend(await _stray_tasks(target, "dispose", "after dispose", tasks_before))
-        return found
+    async def probe(loaded: LoadedPlugin, _found: list[str]) -> None:
+        for definition in loaded.definitions:
+            for example in definition.examples[:1]:
+                await _call(loaded, definition.name, example, call_id="dispose")
 
-    with _dsh_warnings() as records:
-        found: list[str] = _run(scenario)
-    found.extend(_logged(target, "dispose", records))
-    return found + _strays(target, "dispose", "after dispose", threads_before, children_before)
+    def leftovers(loaded: LoadedPlugin) -> list[str]:
+        return [failure(target, "dispose", f"after dispose, {what} is still registered",
+                        "register through the plugin's scope (the register callables, scope=scope for registry "
+                        "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
+                        "undo it") for what in loaded.leftovers()]
+
+    return _with_plugin(target, "dispose", probe, disposed=leftovers, quiesce_when="after dispose")
 
 
 async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]]) -> list[str]:
