@@ -274,6 +274,11 @@ class Deployment:
         """The source of the leaf at ``path`` (e.g. ``"tools.mode"``), or ``None``."""
         return self.provenance.get(path)
 
+    def origin_of(self, path: str) -> str | None:
+        """The file (or ``env:NAME``) that set ``path``, for an error to name: ``None`` for the built-in default too."""
+        source = self.source_of(path)
+        return None if source == DEFAULT_SOURCE else source
+
     def config_dir(self, plugin_id: str) -> Path | None:
         """The directory of the file whose ``config`` table plugin row ``plugin_id`` got, if a file set it.
 

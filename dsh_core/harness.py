@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from dsh_core.abort import AbortController, AbortSignal
-from dsh_core.config import DEFAULT_SOURCE, Deployment, validate_plugin_configs
+from dsh_core.config import Deployment, validate_plugin_configs
 from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON
@@ -175,11 +175,6 @@ class Harness:
             raise
         return harness
 
-    def _row_origin(self, plugin_id: str) -> str | None:
-        """The config file (or ``env:NAME``) that set plugin row ``plugin_id``; ``None`` for the built-in default."""
-        origin = self.deployment.source_of(f"plugins[{plugin_id}].use")
-        return None if origin in (None, DEFAULT_SOURCE) else origin
-
     async def _start_plugins(self) -> None:
         factories = load_plugins(self.deployment, self.catalog)
         registrars: dict[str, Callable[[Scope, str], Callable[..., None]]] = {
@@ -192,7 +187,8 @@ class Harness:
             config_dir = self.deployment.config_dir(row.id)
             self.plugins[row.id] = await start_plugin(
                 plugin_id=row.id, factory=factories[row.id], config=row.config, parent=self.root, hooks=self.hooks,
-                registrars=registrars, source=self.catalog.source(row.use), origin=self._row_origin(row.id),
+                registrars=registrars, source=self.catalog.source(row.use),
+                origin=self.deployment.origin_of(f"plugins[{row.id}].use"),
                 services=None if config_dir is None else {CONFIG_DIR_SERVICE: config_dir})
 
     def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:

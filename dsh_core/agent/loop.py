@@ -41,7 +41,6 @@ from attrs import define, frozen
 import dsh_core
 from dsh_core.abort import AbortSignal
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, normalize_assistant
-from dsh_core.config import DEFAULT_SOURCE
 from dsh_core.errors import ConfigError, DshError, ErrorCode
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, NotLosslessError, freeze
@@ -601,8 +600,8 @@ def _blamed(harness: Harness, path: str) -> str:
 
     Empty for a built-in default: there is no file to name.
     """
-    source = harness.deployment.source_of(path)
-    return "" if source in (None, DEFAULT_SOURCE) else f"{source}: "
+    source = harness.deployment.origin_of(path)
+    return "" if source is None else f"{source}: "
 
 
 def open_session_store(harness: Harness) -> SessionStore:
