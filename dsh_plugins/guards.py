@@ -367,24 +367,28 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
-def _resolve_prefix(glob: str) -> str:
-    """An absolute ``glob`` with the symlinks of its glob-free leading components resolved (the tail kept)."""
+def _split_glob(glob: str) -> tuple[list[str], list[str]]:
+    """The components of ``glob`` before its first one holding a glob character, and the rest."""
     parts = glob.split("/")
     literal = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
-    prefix, tail = "/".join(parts[:literal]) or "/", parts[literal:]
-    return "/".join([_glob_escape(os.path.realpath(prefix)).rstrip("/"), *tail]) or "/"
+    return parts[:literal], parts[literal:]
+
+
+def _resolve_prefix(glob: str) -> str:
+    """An absolute ``glob`` with the symlinks of its glob-free leading components resolved (the tail kept)."""
+    head, tail = _split_glob(glob)
+    return "/".join([_glob_escape(os.path.realpath("/".join(head) or "/")).rstrip("/"), *tail]) or "/"
 
 
 def _resolve_relative_prefix(glob: str, root: str) -> str | None:
     """The absolute glob a ``glob`` relative to ``root`` stands for through the symlinks of its glob-free
     leading components, or None when there are none (the relative glob says it all)."""
-    parts = glob.split("/")
-    literal = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
-    prefix = os.path.join(root, *parts[:literal])
+    head, tail = _split_glob(glob)
+    prefix = os.path.join(root, *head)
     real = os.path.realpath(prefix)
     if real == _lexical(prefix):
         return None
-    return "/".join([_glob_escape(real).rstrip("/"), *parts[literal:]]) or "/"
+    return "/".join([_glob_escape(real).rstrip("/"), *tail]) or "/"
 
 
 @plugin(config_schema=CONFIG_SCHEMA)
