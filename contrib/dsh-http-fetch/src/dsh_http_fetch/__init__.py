@@ -528,12 +528,13 @@ class HttpFetch:
         body = await self._body(url, response)
         truncated = len(body) > self.max_bytes
         del body[self.max_bytes:]
+        html = content_type in ("text/html", "application/xhtml+xml")
         charset = response.charset_encoding
-        if charset is None and content_type in ("text/html", "application/xhtml+xml"):
+        if charset is None and html:
             charset = _meta_charset(body)
         text = _decode(body, charset)
         title = None
-        if content_type in ("text/html", "application/xhtml+xml") and not raw:
+        if html and not raw:
             # On a worker thread: html.parser takes a few microseconds per "<", seconds for a hostile megabyte,
             # and on the event loop that would stall every other call and stream of the process.
             title, text = await asyncio.to_thread(html_to_text, text)
