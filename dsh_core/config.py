@@ -61,6 +61,7 @@ __all__ = [
     "validate_plugin_configs",
     "dump",
     "dump_text",
+    "without_url_credentials",
 ]
 
 #: The presentation modes a deployment or an agent may declare.
@@ -765,14 +766,24 @@ def validate_plugin_configs(
 # --------------------------------------------------------------------------- dump
 
 
-#: The user name and password of a URL (``https://user:secret@host``), which a dump must not show.
-_URL_CREDENTIALS: Final = re.compile(r'(?<=://)[^/@\s"]+@')
+#: The user name and password of a URL (``https://user:secret@host``): everything of its authority
+#: up to the last ``@`` (greedy, so ``https://a@b@host`` hides ``a@b`` too, as a URL parser reads it).
+_URL_CREDENTIALS: Final = re.compile(r'(?<=://)[^/\s"]*@')
+
+
+def without_url_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it written as ``***``.
+
+    For what is shown to a person or a log (a config dump, a provider's error): a base URL may
+    carry credentials, which must reach only the request itself.
+    """
+    return _URL_CREDENTIALS.sub("***@", text)
 
 
 def _plain(value: Any) -> JSON:
     """A dump leaf as plain JSON, with every URL's credentials written as ``***``."""
     if isinstance(value, str):
-        return _URL_CREDENTIALS.sub("***@", value)
+        return without_url_credentials(value)
     if not isinstance(value, (list, tuple, Mapping)):
         return value
     plain: Any = thaw(list(value) if isinstance(value, tuple) else value)  # a fresh mutable copy
@@ -781,7 +792,7 @@ def _plain(value: Any) -> JSON:
         node = pending.pop()
         for key, child in list(node.items() if isinstance(node, dict) else enumerate(node)):
             if isinstance(child, str):
-                node[key] = _URL_CREDENTIALS.sub("***@", child)
+                node[key] = without_url_credentials(child)
             elif isinstance(child, (list, dict)):
                 pending.append(child)
     return plain

@@ -1026,3 +1026,10 @@ def test_dump_never_shows_the_credentials_of_a_url(files: Any) -> None:
     assert shown["plugins[llm].config.base_url"] == "https://***@llm.example/v1"
     assert shown["plugins[llm].config.mirrors"] == ["http://***@x.example/", "http://plain.example/"]
     assert "hunter2" not in dump_text(load(files("base.toml", toml)))
+
+
+def test_url_credentials_are_hidden_up_to_the_authoritys_last_at_as_a_url_parser_reads_them() -> None:
+    from dsh_core.config import without_url_credentials
+
+    assert without_url_credentials("https://a@b@host/x") == "https://***@host/x"
+    assert without_url_credentials("see https://u:p@h/v1 or http://host/p@x") == "see https://***@h/v1 or http://host/p@x"

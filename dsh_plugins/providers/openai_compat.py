@@ -36,7 +36,6 @@ import os
 import random
 import secrets
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, Final
@@ -54,6 +53,7 @@ from dsh_core.agent.provider import (
     openai_tools,
     wire_message,
 )
+from dsh_core.config import without_url_credentials
 from dsh_core.plugins import plugin as declare_plugin
 
 __all__ = ["plugin", "OpenAICompatProvider", "CONFIG_SCHEMA"]
@@ -96,15 +96,6 @@ _CONTEXT_MARKERS: Final = (
     "too many tokens", "prompt is too long", "exceeds the available context", "n_ctx", "input is too long",
 )
 
-
-
-def _without_credentials(url: str) -> str:
-    """``url`` with any user name and password written as ``***`` (for messages, never requests)."""
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 class _Retry(Exception):
     """An attempt failed in a way worth retrying; ``error`` is what to raise when retries run out."""
@@ -262,7 +253,7 @@ class OpenAICompatProvider:
         self.url = f"{self.base_url}/chat/completions"
         # What messages show: a base_url may carry credentials (https://user:secret@host), and
         # errors reach stderr, logs and the session; requests still use the URL as given.
-        self.shown_url = _without_credentials(self.url)
+        self.shown_url = without_url_credentials(self.url)
         self.model = model
         self.api_key_env = api_key_env
         self.max_retries = max_retries
@@ -416,7 +407,7 @@ class OpenAICompatProvider:
             return ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response body could not be "
                                                        f"decoded: {type(error).__name__}: {error}")
         return ProviderError("http", f"{self.name}: {self.shown_url}: request failed: {type(error).__name__}: "
-                                     f"{str(error).replace(self.url, self.shown_url)}")
+                                     f"{without_url_credentials(str(error))}")
 
     def _completion(self, text: str) -> Message:
         """A plain (non-streamed) chat completion body as an assistant message with its ``_meta``."""
