@@ -8,7 +8,6 @@ earlier ones); without it the built-in default deployment is used.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import io
 import json
@@ -212,10 +211,8 @@ async def _with_harness(deployment: Deployment, work: Callable[[Any], Awaitable[
 
 def _boot_and_run(deployment: Deployment, work: Callable[[Any], Awaitable[T]]) -> T:
     try:
-        # The command prints its output once the harness is closed; what plugins print meanwhile
-        # (a tool body, a disposer, a task they spawned) goes to stderr, or `--json` is no JSON.
-        with contextlib.redirect_stdout(sys.stderr):
-            return run_async(lambda: _with_harness(deployment, work))
+        # The command prints its output once the harness is closed, or `--json` is no JSON.
+        return run_async(lambda: _with_harness(deployment, work), stdout_to_stderr=True)
     except DshError as error:
         fail(error.message, 2)
 

@@ -81,7 +81,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def run_async(main: Callable[[], Awaitable[T]], *,
-              on_signal: Callable[[], Awaitable[None] | None] | None = None) -> T:
+              on_signal: Callable[[], Awaitable[None] | None] | None = None,
+              stdout_to_stderr: bool = False) -> T:
     """Run ``main`` with SIGINT/SIGTERM wired to a bounded, graceful shutdown.
 
     The first signal calls ``on_signal`` (abort the run, dispose the root
@@ -93,6 +94,11 @@ def run_async(main: Callable[[], Awaitable[T]], *,
     exits with status 130, as does a SIGINT that comes while the process
     waits for worker threads after ``main`` ended (at once, without them; a
     SIGTERM then ends it by its default action).
+
+    With ``stdout_to_stderr``, what anything prints to stdout while ``main``
+    runs (a plugin's factory, a tool body, a disposer, a task it spawned) goes
+    to stderr: for commands whose stdout is their own output alone, printed
+    after ``main`` returns (``--json``, a piped answer).
     """
     import asyncio  # here, not at the top: `dsh --help` imports this module
 
@@ -155,7 +161,8 @@ def run_async(main: Callable[[], Awaitable[T]], *,
                 loop.remove_signal_handler(signum)
 
     try:
-        return asyncio.run(runner())
+        with contextlib.redirect_stdout(sys.stderr) if stdout_to_stderr else contextlib.nullcontext():
+            return asyncio.run(runner())
     except asyncio.CancelledError:
         fail("interrupted", 130)
     except KeyboardInterrupt:

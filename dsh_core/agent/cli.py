@@ -13,7 +13,6 @@ bad usage or config, 130 for an interrupted run.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import NoReturn, TypeVar
 
@@ -120,10 +119,8 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
 
     try:
         # The first signal aborts the run: the loop stops at its next safe point and records why.
-        # stdout is the answer alone, printed after the run: what plugins print meanwhile (a tool
-        # body, a disposer, a task they spawned) goes to stderr.
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run_async(main, on_signal=lambda: controller.abort("interrupted"))
+        # stdout is the answer alone, printed after the run.
+        result = run_async(main, on_signal=lambda: controller.abort("interrupted"), stdout_to_stderr=True)
     except DshError as error:
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
     if result.answer is not None:

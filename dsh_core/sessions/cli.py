@@ -11,9 +11,7 @@ lease; ``list`` and ``show`` name that run.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -280,10 +278,9 @@ def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable
             await harness.aclose()
 
     try:
-        # The command prints once the harness is closed; what plugins print meanwhile goes to stderr.
-        # run_async: SIGINT/SIGTERM cancel main, so the store and the harness still close.
-        with contextlib.redirect_stdout(sys.stderr):
-            return run_async(main)
+        # The command prints once the harness is closed. run_async: SIGINT/SIGTERM cancel main,
+        # so the store and the harness still close.
+        return run_async(main, stdout_to_stderr=True)
     except DshError as error:
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
 

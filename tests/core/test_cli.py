@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -517,3 +518,21 @@ def test_main_help_names_the_prompt_and_session_arguments_as_it_describes_them()
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
     assert "-p, --prompt TASK" in result.output and "--session ID" in result.output
+
+
+@pytest.mark.parametrize("redirect", [True, False])
+def test_run_async_sends_what_main_prints_to_stderr_only_when_asked(
+    redirect: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dsh_core.clirun import run_async
+
+    async def main() -> int:
+        print("printed by a plugin")
+        await asyncio.sleep(0)
+        return 7
+
+    assert run_async(main, stdout_to_stderr=redirect) == 7
+    out, err = capsys.readouterr()
+    assert (out, err) == (("", "printed by a plugin\n") if redirect else ("printed by a plugin\n", ""))
+    print("after")  # stdout is the command's own again once main returned
+    assert capsys.readouterr().out == "after\n"
