@@ -67,6 +67,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsh_core import Scope, ToolError, ToolExecution, hookimpl, plugin
+from dsh_plugins._path_rules import SERVICE, DenyRule, PathRules, PublishedRules, lexical
 
 __all__ = ["plugin", "Guards", "glob_to_regex"]
 
@@ -147,15 +148,10 @@ class Guards:
         root = os.path.expanduser(config.get("root") or os.getcwd())
         if not os.path.isabs(root):
             raise ToolError(f'guards: root of plugin row "{self.row}" must be an absolute path, got {root!r}')
-        self.root = os.path.realpath(root)
-        # Relative paths resolve against the real root, but a path may also be spelled through the root
-        # as configured (a symlink, like /tmp on macOS): both spellings are the inside of the root.
-        self.roots = list(dict.fromkeys((self.root, _lexical(root))))
-        self.allowed_roots = [os.path.realpath(os.path.join(self.root, os.path.expanduser(r)))
-                              for r in config.get("allowed_roots", [])]
+        real_root = os.path.realpath(root)
         # Where the root looks names up ignoring case, ".ENV" opens .env: the globs fold case there too.
-        flags = re.DOTALL | re.IGNORECASE if _case_insensitive(self.root) else re.DOTALL
-        self.deny_paths: list[tuple[str, re.Pattern[str], bool]] = []
+        flags = re.DOTALL | re.IGNORECASE if _case_insensitive(real_root) else re.DOTALL
+        deny: list[DenyRule] = []
         for pattern in config.get("deny_paths", []):
             globs = _normalised_globs(pattern, self.row)
             absolute = globs[0].startswith("/")
@@ -165,21 +161,30 @@ class Guards:
                 # denies what the tools open as /tmp/real/secrets/key.
                 globs += [_resolve_prefix(glob) for glob in globs]
             try:
-                compiled = [(glob, re.compile(glob_to_regex(glob).pattern, flags)) for glob in dict.fromkeys(globs)]
+                deny.extend(_rule(pattern, glob, flags, absolute) for glob in dict.fromkeys(globs))
+                if not absolute:
+                    # Likewise a relative glob through a symlink in the root ("alias/**", alias -> secrets):
+                    # secrets/key is the file alias/key opens. Its resolved form is matched as an absolute
+                    # glob, since the symlink may lead anywhere.
+                    for glob in dict.fromkeys(globs):
+                        resolved = _resolve_relative_prefix(glob, real_root)
+                        if resolved is not None:
+                            deny.append(_rule(pattern, resolved, flags, True))
             except re.error as error:  # a class no regex holds: "[z-a]"
                 raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{self.row}" is not a '
                                 f"valid glob: {error.msg}") from None
-            self.deny_paths.extend((pattern, regex, absolute) for _glob, regex in compiled)
-            if not absolute:
-                # Likewise a relative glob through a symlink in the root ("alias/**", alias -> secrets):
-                # secrets/key is the file alias/key opens. Its resolved form is matched as an absolute glob,
-                # since the symlink may lead anywhere.
-                for glob in dict.fromkeys(globs):
-                    resolved = _resolve_relative_prefix(glob, self.root)
-                    if resolved is not None:
-                        self.deny_paths.append((pattern, re.compile(glob_to_regex(resolved).pattern, flags), True))
-        self.relative_deny = list(dict.fromkeys(pattern for pattern, _regex, absolute in self.deny_paths
-                                                if not absolute))
+        #: The path rules, judged by :class:`~dsh_plugins._path_rules.PathRules` alone (for the calls this
+        #: guard sees and, published, for what ``list`` and ``search`` reach).
+        self.rules = PathRules(
+            row=self.row, root=real_root,
+            # Relative paths resolve against the real root, but a path may also be spelled through the root
+            # as configured (a symlink, like /tmp on macOS): both spellings are the inside of the root.
+            roots=tuple(dict.fromkeys((real_root, lexical(root)))),
+            deny=tuple(deny),
+            allowed_roots=tuple(os.path.realpath(os.path.join(real_root, os.path.expanduser(r)))
+                                for r in config.get("allowed_roots", [])))
+        if self.rules.active:
+            _publish(scope, self.rules)
 
     @hookimpl
     def dsh_guard(self, execution: ToolExecution) -> str | None:
@@ -192,7 +197,7 @@ class Guards:
         if self.allow_tools and not any(fnmatch.fnmatchcase(name, p) for p in self.allow_tools):
             return (f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
                     f"(allowed: {', '.join(self.allow_tools)})")
-        if self.deny_paths or self.allowed_roots:
+        if self.rules.active:
             reason = self._check_omitted(execution)
             if reason is not None:
                 return reason
@@ -239,7 +244,7 @@ class Guards:
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str):
                 reason = self._check_path(key, item, omitted=omitted)
-            elif self.deny_paths or self.allowed_roots:
+            elif self.rules.active:
                 verb = "holds" if isinstance(value, list) else "is"
                 note = " (omitted: its default)" if omitted else ""
                 reason = (f'guards: argument "{key}"{note} {verb} {_json_kind(item)}, not a path (a string or '
@@ -261,40 +266,40 @@ class Guards:
             shown = given.encode("utf-8", "backslashreplace").decode("utf-8")
             return (f'guards: path "{shown}" ({where}) cannot be a file name: it holds a lone surrogate '
                     f"(\\u{ord(given[error.start]):04x}) that has no encoding")
-        # Every spelling a tool may open: "~" literal and expanded, each as given (under the real root and
-        # under the root as configured) and where its symlinks lead: as the system resolves it (a symlink
-        # before a "..": "link/../x" is x beside the link's target) and as the workspace does (".." first).
-        joined = [os.path.join(root, spelling)
-                  for spelling in dict.fromkeys((given, os.path.expanduser(given))) for root in self.roots]
-        lexicals = [_lexical(path) for path in joined]
-        reals = [os.path.realpath(path) for path in dict.fromkeys(lexicals + joined)]
-        judged = [(candidate, self._relative(candidate)) for candidate in dict.fromkeys(lexicals + reals)]
-        for candidate, relative in judged:
-            for pattern, regex, absolute in self.deny_paths:
-                subject = candidate if absolute else relative
-                if subject is not None and regex.match(subject):
-                    return (f'guards: path "{given}" ({where}) matches the denied pattern '
-                            f'"{pattern}" (deny_paths of plugin row "{self.row}")')
-        for candidate, relative in judged:
-            if relative is None and self.relative_deny:
-                return (f'guards: path "{given}" ({where}) resolves to {candidate}, outside the guard '
-                        f"root {self.root}, where the relative deny_paths patterns "
-                        f"({', '.join(self.relative_deny)}) of plugin row \"{self.row}\" cannot be checked; "
-                        "denied (use a path inside the root)")
-        for real in dict.fromkeys(reals):
-            if self.allowed_roots and not any(real == root or real.startswith(root.rstrip("/") + "/")
-                                              for root in self.allowed_roots):
-                return (f'guards: path "{given}" ({where}) resolves to {real}, outside the allowed '
-                        f"roots ({', '.join(self.allowed_roots)}) of plugin row \"{self.row}\"")
-        return None
+        denial = self.rules.judge(given)
+        if denial is None:
+            return None
+        if denial.kind == "pattern":
+            return (f'guards: path "{given}" ({where}) matches the denied pattern '
+                    f'"{denial.pattern}" (deny_paths of plugin row "{self.row}")')
+        if denial.kind == "outside_root":
+            return (f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the guard '
+                    f"root {self.rules.root}, where the relative deny_paths patterns "
+                    f"({', '.join(self.rules.relative_deny)}) of plugin row \"{self.row}\" cannot be checked; "
+                    "denied (use a path inside the root)")
+        return (f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the allowed '
+                f"roots ({', '.join(self.rules.allowed_roots)}) of plugin row \"{self.row}\"")
 
-    def _relative(self, candidate: str) -> str | None:
-        """``candidate`` relative to the root (either spelling of it, ``/`` separated), None if outside."""
-        for root in self.roots:
-            relative = os.path.relpath(candidate, root).replace(os.sep, "/")
-            if not (relative == ".." or relative.startswith("../")):
-                return relative
-        return None
+
+def _publish(scope: Scope, rules: PathRules) -> None:
+    """Publish ``rules`` for the tools that reach paths no call names (``list``, ``search``): in the
+    :class:`~dsh_plugins._path_rules.PublishedRules` of the scope this row's scope was started under (made
+    and provided there by the first row that publishes), withdrawn when this row's scope is disposed."""
+    board = scope.lookup(SERVICE)
+    if not isinstance(board, PublishedRules):
+        board = PublishedRules()
+        (scope.parent or scope).provide(SERVICE, board)
+    scope.on_dispose(board.publish(rules))
+
+
+def _rule(pattern: str, glob: str, flags: int, absolute: bool) -> DenyRule:
+    """The compiled ``glob`` of the ``deny_paths`` entry ``pattern``; a glob ending in ``/**`` (or ``**``
+    alone) also gets the regex of the directories it denies everything under (the glob without ``/**``):
+    ``glob_to_regex`` reads a glob left to right, so a directory that matches it has every path below it
+    match the whole glob."""
+    head = glob[:-3] if glob.endswith("/**") else glob if glob == "**" else None
+    subtree = None if head is None else re.compile(glob_to_regex(head or "/**").pattern, flags)
+    return DenyRule(pattern, re.compile(glob_to_regex(glob).pattern, flags), absolute, subtree)
 
 
 def _normalised_globs(pattern: str, row: str) -> list[str]:
@@ -355,13 +360,6 @@ def _json_kind(value: object) -> str:
     return "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else "a value"
 
 
-def _lexical(path: str) -> str:
-    """``path`` normalised without touching the disk; a leading ``//`` is ``/`` (as on Linux, and as the
-    workspace reads it)."""
-    normal = os.path.normpath(path)
-    return "/" + normal.lstrip("/") if normal.startswith("//") else normal
-
-
 def _glob_escape(text: str) -> str:
     """``text`` as a glob matching itself only (``*``, ``?`` and ``[`` in brackets)."""
     return re.sub(r"([*?\[])", r"[\1]", text)
@@ -386,7 +384,7 @@ def _resolve_relative_prefix(glob: str, root: str) -> str | None:
     head, tail = _split_glob(glob)
     prefix = os.path.join(root, *head)
     real = os.path.realpath(prefix)
-    if real == _lexical(prefix):
+    if real == lexical(prefix):
         return None
     return "/".join([_glob_escape(real).rstrip("/"), *tail]) or "/"
 
