@@ -7,9 +7,19 @@ search in this script (``python -I -S <this file>``, standard library only)
 and kills it on abort, cancellation or timeout.
 
 Protocol: one JSON request on stdin (``pattern``, ``fd``, ``kind``, ``prefix``,
-``timeout_s``, ``max_results``, ``max_file_bytes``, ``exclude``); JSON lines on
-stdout, flushed as they are found: ``{"match": {...}}``, ``{"file":
-"searched"|"skipped"}``, and last ``{"done": true, "note": ..., "truncated": ...}``.
+``timeout_s``, ``max_results``, ``max_file_bytes``, ``exclude``, and optionally
+``base`` and ``rules``); JSON lines on stdout, flushed as they are found:
+``{"match": {...}}``, ``{"file": "searched"|"skipped"|"withheld"}``, and last
+``{"done": true, "note": ..., "truncated": ...}``.
+
+``rules`` are the path rules of the guards rows (:mod:`dsh_plugins._path_rules`,
+as :meth:`~dsh_plugins._path_rules.PathRules.to_wire` writes them) and ``base``
+the real workspace root ``prefix`` is relative to. Each file is judged before it
+is opened, by the guard's own code (:meth:`PathRules.judge_found`: the walk
+follows no symlink, so a path it reaches is real), and a denied one is reported
+as ``withheld``, never read; a directory all under which a rule denies
+(:meth:`PathRules.closes`, a ``secrets/`` or ``**/.git/**`` glob) is not entered,
+and counts as one ``withheld``.
 
 The worker is handed the place to search already open: ``fd`` (inherited) is the
 start directory (``kind`` ``"dir"``) or file (``"file"``), which the parent
@@ -28,14 +38,34 @@ the ``read`` tool counts them, so a reported line number is the one read shows.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsh_plugins._path_rules import PathRules
+
+
+def _load_path_rules() -> ModuleType:
+    """:mod:`dsh_plugins._path_rules`: imported as such when this module is (by the workspace plugin), and
+    loaded from the file beside this one when it runs as a script (``-I -S``: nothing is on ``sys.path``)."""
+    if __package__:
+        from dsh_plugins import _path_rules
+        return _path_rules
+    spec = importlib.util.spec_from_file_location("_dsh_path_rules",
+                                                  os.path.join(os.path.dirname(__file__), "_path_rules.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while they build the classes
+    spec.loader.exec_module(module)
+    return module
 
 SNIFF_BYTES = 8192
 LINE_SEARCH_CHARS = 4096
@@ -53,15 +83,24 @@ def looks_binary(chunk: bytes) -> bool:
     return False
 
 
-def _files(fd: int, exclude: frozenset[str]) -> Iterator[tuple[str, int, str]]:
+def _files(fd: int, exclude: frozenset[str],
+           closed: Callable[[str], bool] = lambda _path: False) -> Iterator[tuple[str, int, str | None]]:
     """``(directory, directory_fd, name)`` of every non-directory under the directory ``fd``, sorted.
 
     ``directory`` is relative to ``fd`` (``"."`` for it). :func:`os.fwalk` opens each subdirectory
     relative to its parent and checks it is the one listed (a symlink to a directory is not walked).
+    A subdirectory whose path (relative to ``fd``) is ``closed`` is not entered: it is yielded once,
+    as ``(its path, directory_fd, None)``.
     """
     walk = os.fwalk(os.curdir, dir_fd=fd, follow_symlinks=False)
     for directory, dirs, files, directory_fd in walk:
-        dirs[:] = sorted(d for d in dirs if d not in exclude)
+        kept = []
+        for name in sorted(d for d in dirs if d not in exclude):
+            if closed(os.path.join(directory, name)):
+                yield os.path.join(directory, name), directory_fd, None
+            else:
+                kept.append(name)
+        dirs[:] = kept
         for name in sorted(files):
             yield directory, directory_fd, name
 
@@ -121,16 +160,41 @@ def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> N
     found = 0
     timed_out = {"done": True, "truncated": True,
                  "note": f"search stopped after {timeout_s:g} s; narrow it with path or simplify the pattern"}
-    if request["kind"] == "file":
+    rules: Sequence[PathRules] = ()
+    if request.get("rules"):
+        path_rules = _load_path_rules()
+        rules = [path_rules.PathRules.from_wire(wire) for wire in request["rules"]]
+    base: str = request.get("base", "")
+
+    def located(path: str) -> str:
+        """The absolute path of ``path`` (relative to the start directory, the place the rules judge)."""
+        return os.path.normpath(os.path.join(base, prefix, path))
+
+    def closed(path: str) -> bool:
+        return any(r.closes(located(path)) for r in rules)
+
+    def withheld(path: str) -> bool:
+        return any(r.judge_found(located(path)) is not None for r in rules)
+
+    if request["kind"] == "file":  # the path the call named, which the guard judged
         try:
             data = _read_open(os.dup(request["fd"]), max_file_bytes)
         except OSError:
             data = None
         files: Iterator[tuple[str, bytes | None]] = iter([(prefix, data)])
+    elif closed(os.curdir):  # "secrets" named (allowed), all under it denied ("secrets/**")
+        emit({"file": "withheld"})
+        files = iter([])
     else:
-        files = ((os.path.normpath(os.path.join(prefix, directory, name)),
-                  _read_regular(name, directory_fd, max_file_bytes))
-                 for directory, directory_fd, name in _files(request["fd"], frozenset(request["exclude"])))
+        def walked() -> Iterator[tuple[str, bytes | None]]:
+            for directory, directory_fd, name in _files(request["fd"], frozenset(request["exclude"]), closed):
+                path = directory if name is None else os.path.join(directory, name)
+                if name is None or withheld(path):  # judged before it is opened: never read
+                    emit({"file": "withheld"})
+                    continue
+                yield os.path.normpath(os.path.join(prefix, path)), _read_regular(name, directory_fd, max_file_bytes)
+
+        files = walked()
     for path, data in files:
         if time.monotonic() > deadline:
             emit(timed_out)

@@ -29,12 +29,14 @@ import re
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
 from dsh_core.processes import kill_child
 from dsh_plugins import _search_worker
+from dsh_plugins._path_rules import SERVICE as PATH_RULES_SERVICE
+from dsh_plugins._path_rules import PathRules
 from dsh_plugins._search_worker import LINE_SEARCH_CHARS
 from dsh_plugins._search_worker import looks_binary as _looks_binary
 
@@ -283,9 +285,14 @@ class Workspace:
 
 
 class WorkspaceTools:
-    """The plugin instance: holds the config and registers the five tools."""
+    """The plugin instance: holds the config and registers the five tools.
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    ``scope`` (the plugin row's) is where the path rules of the guards rows are looked up, at each
+    ``list`` and ``search`` call: see :meth:`path_rules`.
+    """
+
+    def __init__(self, config: dict[str, Any], scope: Scope | None = None) -> None:
+        self.scope = scope
         self.workspace = Workspace(config["root"])
         self.max_read_bytes: int = config.get("max_read_bytes", 262144)
         self.max_file_bytes: int = config.get("max_file_bytes", 10485760)
@@ -413,8 +420,9 @@ class WorkspaceTools:
                                            "size": {"type": ["integer", "null"]}},
                             "required": ["name", "type", "size"]}},
                         "truncated": {"type": "boolean"},
+                        "withheld": {"type": "integer", "description": "entries the path guard withheld"},
                     },
-                    "required": ["path", "entries", "truncated"],
+                    "required": ["path", "entries", "truncated", "withheld"],
                 },
                 execute=self.list,
                 render=_render_list,
@@ -448,10 +456,12 @@ class WorkspaceTools:
                             "required": ["path", "line", "text"]}},
                         "files_searched": {"type": "integer"},
                         "files_skipped": {"type": "integer"},
+                        "withheld": {"type": "integer",
+                                     "description": "files and directories the path guard withheld (not searched)"},
                         "truncated": {"type": "boolean"},
                         "note": {"type": ["string", "null"]},
                     },
-                    "required": ["matches", "files_searched", "files_skipped", "truncated", "note"],
+                    "required": ["matches", "files_searched", "files_skipped", "withheld", "truncated", "note"],
                 },
                 execute=self.search,
                 render=_render_search,
@@ -883,22 +893,46 @@ class WorkspaceTools:
             raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)") from None
         except OSError as error:
             raise ToolError(f"cannot list {given!r}: {error.strerror}") from None
+        rules = self.path_rules()
         try:
-            entries, truncated = await _in_thread(ctx, lambda stop: self._list_entries(fd, stop))
+            entries, truncated, withheld = await _in_thread(ctx, lambda stop: self._list_entries(fd, stop, real, rules))
         finally:
             os.close(fd)
         ctx.signal.raise_if_aborted()
-        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated}
+        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated,
+                "withheld": withheld}
 
-    def _list_entries(self, fd: int, stop: threading.Event) -> tuple[_Entries, bool]:
+    def path_rules(self) -> tuple[PathRules, ...]:
+        """The path rules the guards rows publish now (none without a guards row with path rules).
+
+        ``list`` and ``search`` reach paths no call names, which the path guard therefore never judged:
+        they withhold every entry one of these rules denies, judged by the guard's own code
+        (:class:`~dsh_plugins._path_rules.PathRules`), so what the guard would deny if a call named it is
+        neither shown nor read.
+        """
+        published = None if self.scope is None else self.scope.lookup(PATH_RULES_SERVICE)
+        return () if published is None else tuple(rules for rules in published.snapshot() if rules.active)
+
+    def _list_entries(self, fd: int, stop: threading.Event, real: str,
+                      rules: Sequence[PathRules] = ()) -> tuple[_Entries, bool, int]:
+        """The entries of the directory ``fd`` (the real directory ``real``), sorted and at most
+        ``max_list_entries``; whether there were more; how many ``rules`` withheld. A symlink is judged as
+        a call naming it would be (where it leads too), any other entry by its own path (which is real)."""
         entries: list[dict[str, Any]] = []
-        scanned = 0
+        scanned = withheld = 0
+
+        def denied(item: os.DirEntry[str]) -> bool:
+            path = os.path.join(real, item.name)
+            return any((r.judge(path) if item.is_symlink() else r.judge_found(path)) is not None for r in rules)
 
         def until_stopped(scan: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
-            nonlocal scanned
+            nonlocal scanned, withheld
             for item in scan:
                 if stop.is_set():
                     return
+                if rules and denied(item):
+                    withheld += 1
+                    continue
                 scanned += 1
                 yield item
 
@@ -907,7 +941,7 @@ class WorkspaceTools:
             # of files (a cache) would take gigabytes to be sorted for its first max_list_entries.
             items = heapq.nsmallest(self.max_list_entries + 1, until_stopped(scan), key=lambda e: e.name)
         if stop.is_set():
-            return entries, True
+            return entries, True, withheld
         truncated = scanned > len(items)  # entries beyond those held exist, whatever the loop below skips
         for item in items:
             if len(entries) >= self.max_list_entries or stop.is_set():
@@ -925,12 +959,13 @@ class WorkspaceTools:
                 except FileNotFoundError:
                     continue  # removed since the directory was read (a build's temporary file)
             entries.append({"name": item.name, "type": kind, "size": size})
-        return entries, truncated
+        return entries, truncated, withheld
 
-    def _search_request(self, pattern: str, given: str) -> dict[str, Any]:
+    def _search_request(self, pattern: str, given: str, rules: Sequence[PathRules] = ()) -> dict[str, Any]:
         """The worker's request for searching ``given``, with ``fd``: the start directory or file, opened
         here (the caller closes it) from the root without following symlinks, so a directory swapped
-        for a symlink after :meth:`Workspace.resolve` is refused rather than searched."""
+        for a symlink after :meth:`Workspace.resolve` is refused rather than searched. ``rules`` (the
+        guards' :meth:`path_rules`) go with it: the worker judges each file before it opens it."""
         real = self.workspace.resolve(given)
         try:
             fd = self.workspace.open_dir(real, given, readable=True)
@@ -946,7 +981,8 @@ class WorkspaceTools:
             raise ToolError(f"cannot search {given!r}: {error.strerror}") from None
         return {"pattern": pattern, "fd": fd, "kind": kind, "prefix": self.workspace.relative(real),
                 "timeout_s": self.search_timeout_s, "max_results": self.max_search_results,
-                "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude)}
+                "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude),
+                "base": self.workspace.root, "rules": [rules.to_wire() for rules in rules]}
 
     async def search(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``search``: a regex over text files, in a child process killed on abort, timeout or cancel.
@@ -958,7 +994,7 @@ class WorkspaceTools:
             re.compile(args["pattern"])
         except re.error as error:
             raise ToolError(f"invalid regular expression {args['pattern']!r}: {error}") from None
-        request = self._search_request(args["pattern"], args.get("path", "."))
+        request = self._search_request(args["pattern"], args.get("path", "."), self.path_rules())
         try:
             ctx.signal.raise_if_aborted()
             try:
@@ -970,7 +1006,7 @@ class WorkspaceTools:
                 raise ToolError(f"cannot start the search worker: {error.strerror or error}") from None
         finally:
             os.close(request["fd"])  # the worker has its own copy
-        result: dict[str, Any] = {"matches": [], "files_searched": 0, "files_skipped": 0,
+        result: dict[str, Any] = {"matches": [], "files_searched": 0, "files_skipped": 0, "withheld": 0,
                                   "truncated": True, "note": None}
         aborted = asyncio.ensure_future(ctx.signal.wait())
         collect = asyncio.ensure_future(self._collect(process, request, result))
@@ -1009,10 +1045,14 @@ class WorkspaceTools:
             if "match" in event:
                 result["matches"].append(event["match"])
             elif "file" in event:
-                result["files_searched" if event["file"] == "searched" else "files_skipped"] += 1
+                result[_FILE_EVENTS[event["file"]]] += 1
             elif event.get("done"):
                 result["truncated"], result["note"] = event["truncated"], event["note"]
                 return
+
+
+#: The worker's ``{"file": ...}`` events, and the count of the result each adds to.
+_FILE_EVENTS = {"searched": "files_searched", "skipped": "files_skipped", "withheld": "withheld"}
 
 
 async def _tail(stream: asyncio.StreamReader | None, keep: int = 4096) -> str:
@@ -1062,11 +1102,21 @@ def _render_read(_args: Any, value: Any) -> str:
     return text
 
 
+def _withheld_note(count: int, what: str = "") -> str | None:
+    """The line telling the model that the path guard withheld ``count`` entries (never which), or None."""
+    if not count:
+        return None
+    return f"[{count} {'entry' if count == 1 else 'entries'} withheld by the path guard{what}]"
+
+
 def _render_list(_args: Any, value: Any) -> str:
     lines = [e["name"] + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else "")
              for e in value["entries"]]
     if value["truncated"]:
         lines.append("[listing truncated]")
+    note = _withheld_note(value.get("withheld", 0))
+    if note is not None:
+        lines.append(note)
     return "\n".join(lines) if lines else f"(directory {value['path']} is empty)"
 
 
@@ -1074,6 +1124,9 @@ def _render_search(_args: Any, value: Any) -> str:
     lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in value["matches"]]
     if not lines:
         lines.append(f"no matches ({value['files_searched']} files searched)")
+    note = _withheld_note(value.get("withheld", 0), ": not searched")
+    if note is not None:
+        lines.append(note)
     if value["note"]:
         lines.append(f"[{value['note']}]")
     return "\n".join(lines)
@@ -1082,7 +1135,7 @@ def _render_search(_args: Any, value: Any) -> str:
 @plugin(config_schema=CONFIG_SCHEMA)
 def workspace_plugin(scope: Scope, config: Any) -> WorkspaceTools:
     """Entry point ``workspace``: file tools confined to ``config["root"]``."""
-    return WorkspaceTools(dict(config))
+    return WorkspaceTools(dict(config), scope)
 
 
 plugin = workspace_plugin  # the entry point names ``dsh_plugins.workspace:plugin``

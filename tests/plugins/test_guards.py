@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,115 @@ async def test_bracket_classes_mean_what_fnmatch_means_and_bad_ones_are_named(bo
                                                   "valid glob: bad character range z-a")):
         async with boot(*rows(tmp_path, deny_paths=["file[z-a]"])):
             pass  # pragma: no cover
+
+
+def tree_with_secrets(root: Path) -> None:
+    """A workspace holding secrets a search of the root would reach, beside files it may show."""
+    (root / ".env").write_text("SECRET=top\n")
+    (root / "sub" / "deep").mkdir(parents=True)
+    (root / "sub" / "deep" / ".env").write_text("SECRET=deep\n")
+    (root / "sub" / "SECRET.md").write_text("no secret here\n")
+    (root / "secrets").mkdir()
+    (root / "secrets" / "key").write_text("SECRET=key\n")
+    (root / "secrets" / "more").write_text("SECRET=more\n")
+    (root / "build").mkdir()  # "build" alone is denied as itself, not what lies under it
+    (root / "build" / "out.txt").write_text("SECRET mentioned in a log\n")
+    (root / "notes.txt").write_text("the SECRET is elsewhere\n")
+    (root / "alias").symlink_to(".env")  # named, "alias" is denied: it opens .env
+
+
+SECRET_RULES = ["**/.env", "secrets/", "build"]
+
+
+@pytest.mark.parametrize("guards_first", [False, True])
+async def test_search_and_list_withhold_what_the_path_guard_denies(
+        boot: Any, tmp_path: Path, guards_first: bool) -> None:
+    """search and list on a parent directory reach no file the guard would deny if a call named it, and say
+    how many entries they withheld (without naming them); the rows may load in either order."""
+    tree_with_secrets(tmp_path)
+    workspace, bash, guards = rows(tmp_path, deny_paths=SECRET_RULES)
+    async with boot(*([guards, workspace, bash] if guards_first else [workspace, bash, guards])) as h:
+        for path in (".env", "sub/deep/.env", "secrets/key", "alias", "build"):  # what the guard denies by name
+            assert (await h.call("read" if path != "build" else "list", {"path": path})).code == "DENIED", path
+        found = await h.call("search", {"pattern": "SECRET"})
+        assert found.error is None
+        assert sorted((m["path"], m["text"]) for m in found.value["matches"]) == [
+            ("build/out.txt", "SECRET mentioned in a log"), ("notes.txt", "the SECRET is elsewhere")]
+        # .env, sub/deep/.env and the directory secrets (not walked: all under it is denied).
+        assert found.value["withheld"] == 3
+        assert "[3 entries withheld by the path guard: not searched]" in found.text
+        assert ".env" not in found.text and "secrets" not in found.text
+        sub = await h.call("search", {"pattern": "SECRET", "path": "sub"})
+        assert [m["path"] for m in sub.value["matches"]] == [] and sub.value["withheld"] == 1
+        inside = await h.call("search", {"pattern": "SECRET", "path": "secrets"})  # "secrets" names the directory
+        assert inside.code == "DENIED"
+        listed = await h.call("list", {})
+        assert [e["name"] for e in listed.value["entries"]] == ["notes.txt", "sub"]
+        assert listed.value["withheld"] == 4  # .env, alias (it leads to .env), build, secrets
+        assert listed.text == "notes.txt\nsub/\n[4 entries withheld by the path guard]"
+        deep = await h.call("list", {"path": "sub/deep"})
+        assert deep.value["entries"] == [] and deep.value["withheld"] == 1
+        assert deep.text == "[1 entry withheld by the path guard]"
+    async with boot(*rows(tmp_path)) as h:  # no path rules: search and list see everything, as before
+        found = await h.call("search", {"pattern": "SECRET"})
+        assert len(found.value["matches"]) == 6 and found.value["withheld"] == 0
+        listed = await h.call("list", {})
+        assert [e["name"] for e in listed.value["entries"]] == [".env", "alias", "build", "notes.txt", "secrets",
+                                                               "sub"]
+        assert listed.value["withheld"] == 0 and "withheld" not in listed.text
+
+
+async def test_list_and_search_withhold_what_lies_outside_the_allowed_roots(boot: Any, tmp_path: Path) -> None:
+    """A symlink listed in an allowed directory that leads out of every allowed root is withheld, as naming it
+    would be denied; search never follows it."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("TOKEN = 1\n")
+    (tmp_path / "docs.txt").write_text("TOKEN = 2\n")
+    (tmp_path / "src" / "docs").symlink_to(tmp_path / "docs.txt")
+    async with boot(*rows(tmp_path, allowed_roots=["src"])) as h:
+        listed = await h.call("list", {"path": "src"})
+        assert [e["name"] for e in listed.value["entries"]] == ["a.py"] and listed.value["withheld"] == 1
+        found = await h.call("search", {"pattern": "TOKEN", "path": "src"})
+        assert [m["path"] for m in found.value["matches"]] == ["src/a.py"]
+
+
+async def test_the_search_worker_never_opens_a_withheld_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Denied files are judged before they are read, and a directory all of whose contents are denied is not
+    walked: the worker is handed the guard's rules, not asked to filter what it already read."""
+    from dsh_plugins import _search_worker
+    from dsh_plugins._path_rules import SERVICE
+    from dsh_plugins.workspace import WorkspaceTools
+
+    tree_with_secrets(tmp_path)
+    loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": SECRET_RULES})
+    try:
+        rules = loaded.root.lookup(SERVICE)
+        assert rules is not None
+        request = WorkspaceTools({"root": str(tmp_path)})._search_request("SECRET", ".", tuple(rules))
+    finally:
+        await loaded.dispose()
+    opened: list[str] = []
+    walked: list[str] = []
+    read_regular, fwalk = _search_worker._read_regular, _search_worker.os.fwalk
+
+    def recording_read(name: str, dir_fd: int, max_bytes: int) -> bytes | None:
+        opened.append(name)
+        return read_regular(name, dir_fd, max_bytes)
+
+    def recording_walk(*args: Any, **kwargs: Any) -> Any:
+        for step in fwalk(*args, **kwargs):
+            walked.append(step[0])
+            yield step
+
+    monkeypatch.setattr(_search_worker, "_read_regular", recording_read)
+    monkeypatch.setattr(_search_worker.os, "fwalk", recording_walk)
+    events: list[dict[str, Any]] = []
+    try:
+        _search_worker.search(request, events.append)
+    finally:
+        monkeypatch.undo()
+        os.close(request["fd"])
+    assert sorted(opened) == ["SECRET.md", "alias", "notes.txt", "out.txt"]  # alias: a symlink, skipped unread
+    assert sorted(walked) == [".", "./build", "./sub", "./sub/deep"]
+    assert sorted(e["match"]["path"] for e in events if "match" in e) == ["build/out.txt", "notes.txt"]
+    assert events.count({"file": "withheld"}) == 3
