@@ -23,11 +23,23 @@ and can only deny: they are the last, monotonic line of the policy.
   and one the tool's schema declares but the call leaves out is judged as its
   schema ``default``, else as the root (``list`` and ``search`` without a
   path work on the whole root).
-* What a path guard does not see: it judges the paths a call names, not what a
-  tool reaches from them. A directory-wide tool called on a parent directory
-  (``search`` or ``list`` on ``.``) still reads or lists what lies under a
-  denied glob. Deny such tools too where that matters, or keep whole
-  directories out of search with the workspace plugin's ``search_exclude``.
+* What tools reach from a named path: the guard judges the paths a call
+  names, and publishes its rules (a read-only
+  :class:`~dsh_plugins._path_rules.PathRules`, in the
+  :class:`~dsh_plugins._path_rules.PublishedRules` service ``"path_rules"`` of
+  the scope the row was started under: the harness root for ``[[plugins]]``
+  rows) to the tools that reach paths no call names. The workspace plugin's
+  ``list`` and ``search`` look them up at each call (so the rows may load in
+  any order) and withhold every entry these rules deny, judged by the same
+  code that judges a named path: ``list`` judges a symlink where it leads, as
+  naming it would; ``search`` (in its worker process, which gets the rules in
+  its request) judges each file before it opens it, and does not enter a
+  directory everything under which a ``.../**`` glob denies (``secrets/``,
+  ``**/.git/**``). Both count what they withheld (``withheld``; the text says
+  ``[N entries withheld by the path guard]``) without naming it. A tool that
+  reaches paths no argument names and does not consult the published rules
+  (``bash``, a third-party tool) is judged by its arguments only: deny such
+  tools too where that matters.
 
 Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
 of segments. A glob starting with ``/`` (or ``~``) matches the absolute path,

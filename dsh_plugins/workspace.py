@@ -6,6 +6,13 @@ bounded). Every path argument is resolved against the configured ``root``;
 an absolute path outside it, a ``..`` that climbs out of it, or a symlink
 that leads out of it is refused before anything is read or written.
 
+With a ``guards`` row that has path rules (``deny_paths``, ``allowed_roots``),
+``list`` and ``search`` also withhold what they reach that the path guard would
+deny if a call named it: they look the rules the guards rows publish up at each
+call (:meth:`WorkspaceTools.path_rules`), judge entries with the guard's own
+code (:mod:`dsh_plugins._path_rules`), never open a denied file, and report how
+many entries they withheld (``withheld``), never which.
+
 Config::
 
     [[plugins]]
