@@ -464,3 +464,25 @@ async def test_the_search_worker_never_opens_a_withheld_file(tmp_path: Path, mon
     assert sorted(walked) == [".", "./build", "./sub", "./sub/deep"]
     assert sorted(e["match"]["path"] for e in events if "match" in e) == ["build/out.txt", "notes.txt"]
     assert events.count({"file": "withheld"}) == 3
+
+
+async def test_published_rules_close_only_directories_all_under_which_is_denied(tmp_path: Path) -> None:
+    """A walk may skip a directory only when every path under it is denied ("x/", "x/**", "**/.git/**", an
+    absolute "/.../x/"); "x" alone or "x/*" leave something under x allowed, so it is walked and judged by file.
+    The rules are withdrawn with the row."""
+    from dsh_plugins._path_rules import SERVICE
+
+    (tmp_path / "link").symlink_to(tmp_path / "vault")
+    deny = ["secrets/", "cache/**", "**/.git/**", f"{tmp_path}/link/", "build", "logs/*"]
+    loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": deny})
+    published = loaded.root.lookup(SERVICE)
+    (rules,) = published.snapshot()
+    closed = {name: rules.closes(str(tmp_path / name))
+              for name in ("secrets", "cache", "a/b/.git", "vault", "link", "build", "logs", "src", "secretsx")}
+    assert closed == {"secrets": True, "cache": True, "a/b/.git": True, "vault": True, "link": True,
+                      "build": False, "logs": False, "src": False, "secretsx": False}
+    assert rules.closes(str(tmp_path.parent))  # outside the root, relative globs cannot judge: fail closed
+    assert rules.judge_found(str(tmp_path / "logs" / "a")) is not None
+    assert rules.judge_found(str(tmp_path / "logs" / "a" / "b")) is None
+    await loaded.dispose()
+    assert published.snapshot() == ()
