@@ -631,9 +631,12 @@ def check_typed_errors(target: Target) -> list[str]:
         for definition in loaded.definitions:
             spy = loaded.spies[definition.name]
             for arguments in _perturbations(definition):
-                before = len(spy.errors)
+                before, calls_before = len(spy.errors), spy.calls
                 result = await _call(loaded, definition.name, arguments, call_id="typed-errors")
-                if result.code == ErrorCode.INVALID_TOOL_OUTPUT and len(spy.errors) == before and spy.calls:
+                # Judged on this call alone: the spy's counts run across calls, so "the body ran" is
+                # that the count grew now (a middleware may answer a call without running the body).
+                ran = spy.calls > calls_before
+                if result.code == ErrorCode.INVALID_TOOL_OUTPUT and ran and len(spy.errors) == before:
                     # The body returned normally, but what it returned is refused (the example-calls
                     # check sees only the examples: an output_schema broken on other inputs shows here).
                     found.append(failure(

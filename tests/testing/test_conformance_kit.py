@@ -446,6 +446,22 @@ def test_output_that_breaks_the_output_schema_only_on_an_edge_variant_fails(monk
     assert "0 is less than the minimum of 1" in found and "output_schema" in found
 
 
+def test_invalid_output_is_blamed_on_the_body_only_when_the_body_ran_in_that_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body runs (validly) on the example; a middleware then answers the edge variant itself with output the
+    runtime refuses. Whether the body ran is a fact of each call: a running count of calls made the earlier
+    call's entry into the body stand for this one, so the body was blamed for output it never returned."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("short-circuit", "tests.fixtures.conformance.broken_plugins:short_circuit",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    assert checks.check_typed_errors(Target("short-circuit")) == []
+
+
 def test_a_body_that_lets_out_a_cancellation_nobody_asked_for_fails_the_typed_errors_check(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The kit never cancels nor aborts these calls: a CancelledError from the body fails the call as TOOL_FAILED
