@@ -261,9 +261,88 @@ def check_entry_point(target: Target) -> list[str]:
     return result
 
 
+@frozen
+class _Phase:
+    """One phase of the stdout probe: what it does, and the fix for output, a failure or a hang in it."""
+
+    doing: str
+    output_fix: str
+    failure_fix: str
+    hang_fix: str
+
+
+_LOG_INSTEAD = "stdout may be a protocol channel: log to stderr (logging) instead"
+
+#: The probe's phases (see :mod:`dsh_core.testing.probe`), plus "startup": before its first mark.
+_PHASES: Final[dict[str, _Phase]] = {
+    "startup": _Phase(
+        "starting the fresh interpreter, before the plugin was imported",
+        "this output is not the plugin's: look for sitecustomize or usercustomize modules or .pth files that "
+        "print in the environment the tests run in",
+        "run the tests with an interpreter that can import dsh_core and the plugin's distribution",
+        "look for sitecustomize or usercustomize modules or .pth files that block in that environment"),
+    "import": _Phase(
+        "importing the plugin's module",
+        f"remove print() and other writes to stdout at module level (the plugin's modules and what they import "
+        f"as they load); {_LOG_INSTEAD}",
+        "make the entry point importable on its own (no reliance on modules the tests imported, such as "
+        "conftest.py) and never call sys.exit at import",
+        "do no blocking work at import (connect, download or start processes when the plugin starts, and "
+        "without blocking: scope.spawn)"),
+    "start": _Phase(
+        "starting the plugin (its factory and the hooks dsh calls as it starts, such as dsh_register_tools)",
+        "do not print() in the factory or in hooks: dsh sends what print() writes there to stderr, so this "
+        "reached file descriptor 1 directly: a child process that inherits stdout (pass stdout=subprocess.DEVNULL "
+        f"or PIPE), os.write(1, ...) or sys.__stdout__; {_LOG_INSTEAD}",
+        "make the factory start the plugin from its scope and config alone in a fresh process (no reliance on "
+        "state the tests set up); the entry-point check names what failed",
+        "do no blocking work in the factory or in hooks: start it with scope.spawn(...)"),
+    "dispose": _Phase(
+        "disposing the plugin (its disposers and the tasks dispose cancels)",
+        f"do not print() in disposers or background tasks, nor let a child process inherit stdout; {_LOG_INSTEAD}",
+        "disposers must neither raise SystemExit (sys.exit) nor end the process (os._exit): clean up and return",
+        "make dispose return promptly: cancel and await what the plugin started, kill its processes"),
+    "exit": _Phase(
+        "exiting the interpreter after the plugin was disposed (an atexit handler, or a thread or child process "
+        "still running)",
+        "stop threads and child processes in a disposer (scope.on_dispose) and print nothing in atexit handlers; "
+        + _LOG_INSTEAD,
+        "do not end the process from a thread or an atexit handler (sys.exit, os._exit)",
+        "stop threads and child processes in a disposer (scope.on_dispose): the interpreter waits for them"),
+}
+
+
+def _read_marks(text: str) -> list[tuple[str, int | None]]:
+    """The probe's marks, in order: each phase begun, with the stdout offset it began at."""
+    marks: list[tuple[str, int | None]] = []
+    for line in text.splitlines():
+        phase, _, offset = line.partition(" ")
+        if phase in _PHASES:
+            marks.append((phase, int(offset) if offset.isdigit() else None))
+    return marks
+
+
+def _stdout_by_phase(stdout: bytes, marks: list[tuple[str, int | None]]) -> list[tuple[str | None, bytes]]:
+    """``stdout`` cut at the marks into (phase, bytes) pieces that are not empty; one ``None`` piece without marks."""
+    offsets = [offset for _, offset in marks]
+    if not marks or None in offsets:
+        return [(None, stdout)] if stdout else []
+    bounds = [("startup", 0)] + [(phase, offset or 0) for phase, offset in marks]
+    pieces: list[tuple[str | None, bytes]] = []
+    for index, (phase, begin) in enumerate(bounds):
+        end = bounds[index + 1][1] if index + 1 < len(bounds) else len(stdout)
+        if stdout[begin:end]:
+            pieces.append((phase, stdout[begin:end]))
+    return pieces
+
+
 @_guarded
 def check_stdout(target: Target) -> list[str]:
-    """Importing, starting and disposing the plugin in a fresh interpreter writes nothing to stdout."""
+    """Importing, starting and disposing the plugin in a fresh interpreter writes nothing to stdout.
+
+    The probe marks where each phase begins, so a failure says which phase wrote, failed or hung
+    (import, start, dispose) and gives the fix for that phase.
+    """
     loss = find_loss(target.config)
     if loss is not None:
         # The probe gets the config as a JSON argument: json.dumps would raise out of the check.
@@ -273,33 +352,65 @@ def check_stdout(target: Target) -> list[str]:
     # The child must see exactly the distributions this process sees (pytester directories included).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     # Files, not pipes: a process the plugin leaked would hold a pipe open and stall the read
-    # (the dispose check reports such leaks; this one only cares about stdout).
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    # (the dispose check reports such leaks; this one only cares about stdout). A file also has
+    # offsets, which the probe's marks need.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.TemporaryDirectory() as scratch:
+        marks_path = os.path.join(scratch, "marks")
         try:
             completed = subprocess.run(
-                [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config)],
-                stdout=out, stderr=err, env=env, timeout=PROBE_TIMEOUT_S, check=False)
+                [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config),
+                 marks_path], stdout=out, stderr=err, env=env, timeout=PROBE_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
-            return [failure(target, "stdout", f"loading, starting and disposing the plugin in a fresh interpreter "
-                            f"took more than {PROBE_TIMEOUT_S:g} s",
-                            "do no blocking work at import or in the factory (start it with scope.spawn) and make "
-                            "dispose return promptly")]
+            hung = _last_phase(marks_path)
+            if hung is None:
+                return [failure(target, "stdout", "loading, starting and disposing the plugin in a fresh "
+                                f"interpreter took more than {PROBE_TIMEOUT_S:g} s",
+                                "do no blocking work at import or in the factory (start it with scope.spawn) "
+                                "and make dispose return promptly")]
+            phase = _PHASES[hung]
+            return [failure(target, "stdout", f"{phase.doing} in a fresh interpreter took more than "
+                            f"{PROBE_TIMEOUT_S:g} s", phase.hang_fix)]
         out.seek(0)
         err.seek(0)
         stdout, stderr_bytes = out.read(), err.read()
+        marks = _read_marks(_read_text(marks_path))
     failures = []
-    if stdout:
-        failures.append(failure(
-            target, "stdout", f"loading the plugin wrote to stdout: {stdout[:300]!r}",
-            "never print() at import or start-up; stdout may be a protocol channel — log to stderr "
-            "(logging) instead"))
+    for phase_name, written in _stdout_by_phase(stdout, marks):
+        if phase_name is None:
+            failures.append(failure(
+                target, "stdout", f"loading, starting or disposing the plugin wrote to stdout: {written[:300]!r}",
+                f"never print() at import, start-up or dispose; {_LOG_INSTEAD}"))
+        else:
+            phase = _PHASES[phase_name]
+            failures.append(failure(target, "stdout", f"{phase.doing} wrote to stdout: {written[:300]!r}",
+                                    phase.output_fix))
     if completed.returncode != 0:
         stderr = stderr_bytes.decode("utf-8", errors="replace").strip().splitlines()
-        failures.append(failure(
-            target, "stdout", "the plugin did not load and start in a fresh interpreter: "
-            + (stderr[-1] if stderr else f"exit status {completed.returncode}"),
-            "make the entry point importable on its own (no reliance on modules imported by the tests)"))
+        detail = stderr[-1] if stderr else f"exit status {completed.returncode}"
+        if not marks:
+            failures.append(failure(
+                target, "stdout", f"the plugin did not load and start in a fresh interpreter: {detail}",
+                f"run the probe to see where it fails: python -m dsh_core.testing.probe {target.name} "
+                f"'{json.dumps(target.config)}'"))
+        else:
+            phase = _PHASES[marks[-1][0]]
+            failures.append(failure(target, "stdout", f"{phase.doing} in a fresh interpreter failed: {detail}",
+                                    phase.failure_fix))
     return failures
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""  # the probe never began (or is not the kit's): no marks
+
+
+def _last_phase(marks_path: str) -> str | None:
+    marks = _read_marks(_read_text(marks_path))
+    return marks[-1][0] if marks else None
 
 
 @_guarded

@@ -91,8 +91,8 @@ def test_broken_plugins_fail_each_check_with_its_message(kit: pytest.Pytester) -
     result = kit.runpytest_subprocess(*[f"--dsh-conformance={n}" for n in names],
                                       "--dsh-conformance-abort-bound=0.1", *QUIET, "-rf")
     out = result.stdout
-    out.fnmatch_lines(["*[[]dsh:stdout[]] plugin \"noisy\": loading the plugin wrote to stdout: "
-                       "b'noisy plugin loaded!*", "*fix: never print() at import*"])
+    out.fnmatch_lines(["*[[]dsh:stdout[]] plugin \"noisy\": importing the plugin's module wrote to stdout: "
+                       "b'noisy plugin loaded!*", "*fix: remove print() and other writes to stdout at module level*"])
     out.fnmatch_lines(["*[[]dsh:config-schema[]] plugin \"bad-config\": *invalid JSON Schema*"])
     out.fnmatch_lines(["*[[]dsh:entry-point[]] plugin \"bad-config\": *config schema*"])
     out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "run_code": "run_code" is reserved*'])
@@ -316,6 +316,99 @@ def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message
     assert len(failures) == 1
     assert failures[0].startswith('[dsh:stdout] plugin "hangs": loading, starting and disposing the plugin in a '
                                   "fresh interpreter took more than 0.5 s")
+
+
+CHATTY_PLUGINS = """
+import subprocess
+
+from dsh_core import hookimpl, plugin
+
+
+class Prints:
+    @hookimpl
+    def dsh_register_tools(self, register):
+        print("registering")
+
+
+class Echoes:
+    @hookimpl
+    def dsh_register_tools(self, register):
+        subprocess.run(["echo", "registering"], check=True)
+
+
+@plugin()
+def in_hook(scope, config):
+    return Prints()
+
+
+@plugin()
+def child_in_hook(scope, config):
+    return Echoes()
+
+
+@plugin()
+def in_dispose(scope, config):
+    scope.on_dispose(lambda: print("bye"))
+    return None
+
+
+@plugin()
+def fails_to_start(scope, config):
+    raise RuntimeError("no database")
+
+
+@plugin()
+def exits_in_dispose(scope, config):
+    def undo():
+        raise SystemExit(3)
+
+    scope.on_dispose(undo)
+    return None
+"""
+
+
+def test_the_stdout_check_says_where_the_output_or_the_failure_came_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Import, start (factory and hooks) and dispose each get their own message and fix; "make the entry point
+    importable" is the fix only for a module that does not import.
+
+    print() in a hook is no failure: dsh sends it to stderr while a plugin starts; a child process writes to the
+    file descriptor itself, so the fix names that."""
+    (tmp_path / "chatty_plugins.py").write_text(CHATTY_PLUGINS)
+    (tmp_path / "unimportable_plugin.py").write_text("raise ImportError('needs what conftest.py imported')\n")
+    dist = tmp_path / "chatty-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: chatty\nVersion: 1.0\n")
+    names = ["in-hook", "child-in-hook", "in-dispose", "fails-to-start", "exits-in-dispose"]
+    (dist / "entry_points.txt").write_text(
+        "[dsh.plugins]\n" + "".join(f"{n} = chatty_plugins:{n.replace('-', '_')}\n" for n in names)
+        + "unimportable = unimportable_plugin:plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    assert checks.check_stdout(Target("in-hook")) == []
+    (found,) = checks.check_stdout(Target("child-in-hook"))
+    assert found.startswith('[dsh:stdout] plugin "child-in-hook": starting the plugin (its factory and the hooks '
+                            "dsh calls as it starts, such as dsh_register_tools) wrote to stdout: "
+                            "b'registering\\n'"), found
+    assert "a child process that inherits stdout" in found and "importable" not in found
+    (found,) = checks.check_stdout(Target("in-dispose"))
+    assert found.startswith('[dsh:stdout] plugin "in-dispose": disposing the plugin (its disposers and the tasks '
+                            "dispose cancels) wrote to stdout: b'bye\\n'"), found
+    assert "fix: do not print() in disposers" in found
+
+    (found,) = checks.check_stdout(Target("fails-to-start"))
+    assert found.startswith('[dsh:stdout] plugin "fails-to-start": starting the plugin (its factory and the '
+                            "hooks dsh calls as it starts, such as dsh_register_tools) in a fresh interpreter "
+                            "failed: "), found
+    assert "no database" in found and "importable" not in found and "fix: make the factory start" in found
+    (found,) = checks.check_stdout(Target("exits-in-dispose"))
+    assert found.startswith('[dsh:stdout] plugin "exits-in-dispose": disposing the plugin (its disposers and the '
+                            "tasks dispose cancels) in a fresh interpreter failed: SystemExit: 3"), found
+    assert "importable" not in found and "fix: disposers must neither raise SystemExit" in found
+    (found,) = checks.check_stdout(Target("unimportable"))
+    assert found.startswith('[dsh:stdout] plugin "unimportable": importing the plugin\'s module in a fresh '
+                            "interpreter failed: "), found
+    assert "needs what conftest.py imported" in found and "fix: make the entry point importable on its own" in found
 
 
 def test_a_config_that_is_not_json_fails_the_stdout_check_with_a_message() -> None:
