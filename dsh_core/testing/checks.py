@@ -106,7 +106,7 @@ class _Records(logging.Handler):
 
 @contextlib.contextmanager
 def _dsh_warnings() -> Iterator[list[logging.LogRecord]]:
-    """What the ``dsh`` logger warns about meanwhile: with one plugin loaded, failures dsh isolated from it."""
+    """What the ``dsh`` logger warns about meanwhile (:class:`_Culprit` keeps the plugin's)."""
     handler = _Records()
     logger = logging.getLogger("dsh")
     logger.addHandler(handler)
@@ -116,10 +116,88 @@ def _dsh_warnings() -> Iterator[list[logging.LogRecord]]:
         logger.removeHandler(handler)
 
 
-def _logged(target: Target, check: str, records: list[logging.LogRecord]) -> list[str]:
-    """One failure per distinct failure dsh logged (an observer that raises on every call is named once)."""
+def _in_package(module: object, package: str) -> bool:
+    return isinstance(module, str) and (module == package or module.startswith(package + "."))
+
+
+def _exception_modules(error: BaseException) -> Iterator[object]:
+    """The modules of every frame the exception (and its causes and contexts) passed through."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            yield tb.tb_frame.f_globals.get("__name__")
+            tb = tb.tb_next
+        pending += [current.__cause__, current.__context__]
+
+
+@frozen
+class _Culprit:
+    """What marks a warning dsh logged as the plugin's: its id, its scope, its package.
+
+    dsh logs a plugin's failure naming the plugin id (hooks), the scope whose disposer or task
+    failed, or the guard's qualified name, and with the exception; a plugin may also warn itself
+    on a ``dsh`` logger. A warning with none of these (the kit's own root scope, dsh itself) is
+    not the plugin's, and is left to the log (pytest shows it) rather than failing the plugin.
+    """
+
+    name: str
+    scope_path: str | None
+    package: str | None
+
+    def caused(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` names the plugin, its scope or its code, or was issued from its code."""
+        args = record.args.values() if isinstance(record.args, dict) else (record.args or ())
+        for arg in args:
+            if not isinstance(arg, str):
+                continue
+            if arg == self.name:
+                return True
+            if self.scope_path is not None and (arg == self.scope_path or arg.startswith(self.scope_path + "/")):
+                return True
+            if self.package is not None and _in_package(arg, self.package):
+                return True  # a callable of the plugin's, by qualified name (a registry guard)
+        if self.package is None:
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and any(_in_package(m, self.package) for m in _exception_modules(error)):
+            return True
+        return self._issued_from_package(record.pathname)
+
+    def _issued_from_package(self, pathname: str) -> bool:
+        module = sys.modules.get(self.package or "")
+        if module is None or not pathname:
+            return False
+        where = os.path.realpath(pathname)
+        roots = list(getattr(module, "__path__", None) or ())
+        if roots:
+            return any(where.startswith(os.path.realpath(root) + os.sep) for root in roots)
+        file = getattr(module, "__file__", None)
+        return isinstance(file, str) and where == os.path.realpath(file)
+
+
+def _culprit(target: Target, scope_path: str | None) -> _Culprit:
+    from dsh_core.testing import loader
+
+    try:
+        package: str | None = loader.find_entry_point(target.name).module.split(".")[0]
+    except Exception:
+        package = None  # the entry-point check reports it; the id and the scope still attribute
+    return _Culprit(target.name, scope_path, package)
+
+
+def _logged(target: Target, check: str, records: list[logging.LogRecord], culprit: _Culprit) -> list[str]:
+    """One failure per distinct failure of the plugin dsh logged (an observer that raises on every call is
+    named once); what dsh warned about that the plugin did not cause is not its failure."""
     texts: dict[str, None] = {}
     for record in records:
+        if not culprit.caused(record):
+            continue
         text = record.getMessage()
         error = record.exc_info[1] if record.exc_info else None
         if error is not None:
@@ -136,15 +214,19 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
                  quiesce_when: str | None = None) -> list[str]:
     """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures.
 
-    ``disposed`` adds the failures it finds once the plugin is disposed. Failures dsh isolated and
-    only logged (a raising observer hook or disposer) are failures too. With ``quiesce_when``, so are
+    ``disposed`` adds the failures it finds once the plugin is disposed. Failures of the plugin dsh
+    isolated and only logged (a raising observer hook or disposer) are failures too. With ``quiesce_when``, so are
     asyncio tasks started since the load and still running after dispose (the event loop closing
     would otherwise cancel them unseen), then threads and child processes still running after it.
     """
 
+    scope_paths: list[str] = []
+
     async def scenario() -> list[str]:
         tasks_before = asyncio.all_tasks()
         loaded = await _load(target, check)
+        if loaded.scope is not None:
+            scope_paths.append(loaded.scope.path)
         found: list[str] = []
         try:
             await probe(loaded, found)
@@ -160,7 +242,7 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
     children_before = _child_pids()
     with _dsh_warnings() as records:
         result: list[str] = _run(scenario)
-    result += _logged(target, check, records)
+    result += _logged(target, check, records, _culprit(target, scope_paths[0] if scope_paths else None))
     if quiesce_when is not None:
         result += _strays(target, check, quiesce_when, threads_before, children_before)
     return result

@@ -595,6 +595,45 @@ def test_a_hook_or_disposer_whose_exception_dsh_only_logs_fails(monkeypatch: pyt
     assert any("disposer is broken" in f for f in checks.check_dispose(target))
 
 
+def _kit_disposer_fails() -> None:
+    raise RuntimeError("this disposer is not the plugin's")
+
+
+def test_only_warnings_the_plugin_caused_fail_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dsh warns that a disposer of the kit's own root scope failed, with a traceback through code that is not
+    the plugin's: that is no failure of the plugin (every dsh warning was). The same disposer in the plugin's
+    scope is the plugin's; so are a guard of the plugin's that dsh names, and the plugin's own warning on a
+    dsh logger (neither names the plugin nor carries an exception)."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    real_load = checks.load_plugin
+    owner = "root"
+
+    async def load(*args: Any, **kwargs: Any) -> Any:
+        loaded = await real_load(*args, **kwargs)
+        (loaded.root if owner == "root" else loaded.scope).on_dispose(_kit_disposer_fails)
+        return loaded
+
+    monkeypatch.setattr(checks, "load_plugin", load)
+    assert checks.check_dispose(Target("guards")) == []
+    owner = "plugin"
+    (found,) = checks.check_dispose(Target("guards"))
+    assert found.startswith('[dsh:dispose] plugin "guards": dsh logged a failure of the plugin: a disposer of scope '
+                            "'conformance/plugin:guards' failed (RuntimeError: this disposer is not the plugin's)"), \
+        found
+    monkeypatch.undo()
+
+    entry_point = metadata.EntryPoint("bad-verdict", "tests.fixtures.conformance.broken_plugins:bad_verdict",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    found = checks.check_typed_errors(Target("bad-verdict"))
+    assert any("guard tests.fixtures.conformance.broken_plugins._bad_verdict returned int" in f for f in found), found
+    assert any("the plugin's own warning, on a dsh logger" in f for f in found), found
+
+
 def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_abort_check(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The dispose check's calls run to completion: only the abort check sees work an abort leaves behind."""
