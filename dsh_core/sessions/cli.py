@@ -358,5 +358,8 @@ def sessions_release(ctx: click.Context, session_id: str, configs: tuple[str, ..
     holder = _with_store(_deployment(ctx, configs), work)
     if holder is None:
         click.echo(f"session {visible(session_id)} was not held by any run")
+    elif not holder.readable:
+        click.echo(f"released session {visible(session_id)} (held by a lease whose record is unreadable, so which "
+                   "run it was is unknown)")
     else:
         click.echo(f"released session {visible(session_id)} (held by {visible(holder.describe())})")

@@ -105,6 +105,20 @@ class SessionLease:
         return cls(secrets.token_hex(16), pid, socket.gethostname(), boot_id(), pid_namespace(),
                    process_start(pid), time.time(), machine_id())
 
+    @classmethod
+    def unreadable(cls) -> SessionLease:
+        """The stand-in for a stored lease record that cannot be read (corrupt or tampered).
+
+        It names no run: no token, no process, no host. :attr:`readable` is ``False`` and
+        :meth:`describe` says the record is unreadable rather than showing a pid and host.
+        """
+        return cls("", 0, "")
+
+    @property
+    def readable(self) -> bool:
+        """``False`` only for :meth:`unreadable`'s stand-in: a lease made or read always has a pid above 0."""
+        return self.pid > 0
+
     def to_json(self) -> dict[str, Any]:
         """The lease as a JSON object (what a store keeps)."""
         return {"token": self.token, "pid": self.pid, "host": self.host, "boot_id": self.boot_id,
@@ -136,7 +150,9 @@ class SessionLease:
             raise ValueError(f"not a session lease: {error}") from None
 
     def describe(self) -> str:
-        """``pid 1234 on host 'box' since 2025-01-01 12:00:00``."""
+        """``pid 1234 on host 'box' since 2025-01-01 12:00:00`` (for :meth:`unreadable`, that it is unreadable)."""
+        if not self.readable:
+            return "an unreadable lease record (which run it was is unknown)"
         since = _format_time(self.since) if self.since else "an unknown time"
         return f"pid {self.pid} on host {self.host!r} since {since}"
 

@@ -87,7 +87,7 @@ _SELECT_INFO: Final = ("SELECT id, created_at, updated_at, event_count, meta, le
 
 
 #: How an unreadable stored lease is named where one must be: it is not this run's, and holds nothing.
-_UNREADABLE_LEASE: Final = SessionLease("", 0, "unknown")
+_UNREADABLE_LEASE: Final = SessionLease.unreadable()
 
 
 def _stored_lease(text: str) -> SessionLease | None:

@@ -59,8 +59,12 @@ class SessionLeaseLostError(SessionStoreError):
     code = "SESSION_LEASE_LOST"
 
     def __init__(self, session_id: str, holder: SessionLease | None) -> None:
-        how = ("its lease was released (dsh sessions release)" if holder is None
-               else f"another run took it over ({holder.describe()})")
+        if holder is None:
+            how = "its lease was released (dsh sessions release)"
+        elif not holder.readable:
+            how = "another run holds it, whose lease record is unreadable (which run cannot be told)"
+        else:
+            how = f"another run took it over ({holder.describe()})"
         super().__init__(f"session {session_id!r} is no longer held by this run: {how}; nothing more of this "
                          "run is recorded in it, so that the two runs' events do not interleave")
         self.session_id = session_id

@@ -220,6 +220,32 @@ async def test_an_unreadable_sqlite_lease_is_taken_over(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_an_unreadable_sqlite_lease_is_named_unreadable_not_given_a_pid_and_host(tmp_path: Path) -> None:
+    """Breaking (dsh sessions release) or losing to a lease whose record cannot be read named it "pid 0 on host
+    'unknown'": a process and a host nobody has. Its messages say the record is unreadable instead."""
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        mine = SessionLease.for_this_run()
+        await store.acquire(info.id, mine)
+        conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+        try:
+            conn.execute("UPDATE leases SET token = 'x', holder = '[1]' WHERE session_id = ?", (info.id,))
+        finally:
+            conn.close()
+        with pytest.raises(SessionLeaseLostError) as lost:
+            await store.append(info.id, [NewEvent("late")], lease=mine)
+        assert lost.value.holder is not None and not lost.value.holder.readable
+        assert "pid 0" not in lost.value.message and "'unknown'" not in lost.value.message, lost.value.message
+        assert "another run holds it, whose lease record is unreadable" in lost.value.message
+        broken = await store.break_lease(info.id)
+        assert broken is not None and not broken.readable
+        assert broken.describe() == "an unreadable lease record (which run it was is unknown)"
+        assert mine.readable and mine.describe().startswith(f"pid {os.getpid()} on host ")
+    finally:
+        await store.close()
+
+
 #: Lease records no run writes (tampered, or corrupt), that from_json used to take for leases.
 CORRUPT_HOLDERS = [
     pytest.param({"pid": 2**40, "host": socket.gethostname()}, id="pid-past-pid_t"),  # os.kill overflowed
