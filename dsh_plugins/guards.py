@@ -7,7 +7,7 @@ and can only deny: they are the last, monotonic line of the policy.
   denies every name it does not match (``fnmatch`` globs). In Code Mode, list
   ``run_code`` in ``allow_tools`` too.
 * Paths: every argument named in ``path_arguments`` (``path`` and friends by
-  default), at any depth (a ``path`` key in an object inside another argument
+  default) or ``extend_path_arguments``, at any depth (a ``path`` key in an object inside another argument
   too), holding a string or a list of strings, is resolved against ``root``
   (symlinks followed, a ``..`` after one both as the system and as the
   workspace reads it), which must be the root the tools resolve against (the
@@ -66,6 +66,14 @@ Config::
     id = "guards"
     use = "guards"
     config = { deny_tools = ["bash"], deny_paths = ["**/.env", "**/.git/**"], allowed_roots = ["."] }
+
+Path argument names: ``path_arguments`` replaces the default names (``path``,
+``paths``, ``file``, ``file_path``, ``filename``, ``directory``, ``dir``,
+``cwd``): ``path_arguments = ["target"]`` judges ``target`` only, and no
+longer ``path``. To judge more names, keep the defaults and list the new ones
+in ``extend_path_arguments`` (empty by default; as ruff's ``select`` and
+``extend-select``). Both take non-empty names only: anything else is a
+config error naming the key.
 """
 
 from __future__ import annotations
@@ -96,7 +104,10 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "deny_paths": {**_NAMES, "description": "path globs no call may touch"},
         "allowed_roots": {**_NAMES, "description": "directories every path argument must lie in"},
         "path_arguments": {**_NAMES, "default": DEFAULT_PATH_ARGUMENTS,
-                           "description": "argument names holding paths"},
+                           "description": ("argument names holding paths; replaces the defaults (to add names, "
+                                           "use extend_path_arguments)")},
+        "extend_path_arguments": {**_NAMES, "default": [],
+                                  "description": "argument names holding paths, judged in addition to path_arguments"},
         "root": {"type": "string", "minLength": 1,
                  "description": ("base of relative paths and globs: the workspace root the tools resolve "
                                  "against (required with deny_paths or allowed_roots)")},
@@ -152,7 +163,10 @@ class Guards:
         self.row = scope.name.partition(":")[2] or "guards"
         self.allow_tools: list[str] = list(config.get("allow_tools", []))
         self.deny_tools: list[str] = list(config.get("deny_tools", []))
-        self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS))
+        # As ruff's select and extend-select: path_arguments replaces the defaults, extend_path_arguments
+        # adds to them, so naming one extra argument cannot silently stop `path` and `file` being judged.
+        self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS)) | frozenset(
+            config.get("extend_path_arguments", []))
         if config.get("root") is None and (config.get("deny_paths") or config.get("allowed_roots")):
             # Resolving against the current directory would check another file than the tool opens.
             raise ToolError(f'guards: plugin row "{self.row}" sets deny_paths or allowed_roots but no root; '

@@ -95,6 +95,38 @@ async def test_custom_path_arguments_and_lists(tmp_path: Path) -> None:
         await loaded.dispose()
 
 
+async def test_extend_path_arguments_adds_names_and_path_arguments_replaces_the_defaults(tmp_path: Path) -> None:
+    """As ruff's select/extend-select: path_arguments = ["target"] alone stops judging path, file and the other
+    defaults (a footgun for a deny list); extend_path_arguments judges its names in addition to them."""
+    rules = {"root": str(tmp_path), "deny_paths": ["*.key"]}
+    loaded = await load_plugin("guards", {**rules, "extend_path_arguments": ["target"]})
+    try:
+        assert await loaded.hooks.guard(execution({"target": "b.key"})) is not None
+        assert await loaded.hooks.guard(execution({"path": "b.key"})) is not None  # the defaults still hold
+        assert await loaded.hooks.guard(execution({"file": "b.key"})) is not None
+        assert await loaded.hooks.guard(execution({"target": "a.txt"})) is None
+    finally:
+        await loaded.dispose()
+    loaded = await load_plugin("guards", {**rules, "path_arguments": ["files"], "extend_path_arguments": ["target"]})
+    try:
+        assert await loaded.hooks.guard(execution({"target": "b.key"})) is not None
+        assert await loaded.hooks.guard(execution({"files": ["b.key"]})) is not None
+        assert await loaded.hooks.guard(execution({"path": "b.key"})) is None  # replaced: not judged
+    finally:
+        await loaded.dispose()
+
+
+@pytest.mark.parametrize("key", ["path_arguments", "extend_path_arguments"])
+@pytest.mark.parametrize("value", ["target", [""], [1]])
+async def test_path_argument_lists_are_validated_alike(tmp_path: Path, key: str, value: object) -> None:
+    """Both lists take non-empty names only, and the config error names the key."""
+    from dsh_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"config for plugin 'guards' does not match its config schema: "
+                                          rf"{key}(/0)?: "):
+        await load_plugin("guards", {"root": str(tmp_path), key: value})
+
+
 def test_glob_translation() -> None:
     """* and ? stay in a segment, ** spans segments, classes work."""
     assert glob_to_regex("**/.env").match(".env")
