@@ -36,6 +36,7 @@ import re
 import stat
 import sys
 import threading
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -75,8 +76,10 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "protected_dirs": {"type": "array", "items": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
                            "default": DEFAULT_PROTECTED,
                            "description": "names of directories (and files) write and edit never change, "
-                                          "at any depth, compared ignoring case (with .git, also any directory "
-                                          "git takes for a repository: HEAD with objects/ and refs/)"},
+                                          "at any depth, compared as git compares .git under core.protectHFS "
+                                          "and core.protectNTFS (case, NFC/NFD, ignorable code points, trailing "
+                                          "dots and spaces, :streams, short names); with .git, also any directory "
+                                          "git takes for a repository (HEAD with objects/ and refs/)"},
     },
 }
 
@@ -106,6 +109,26 @@ _ACL_XATTRS = frozenset({"system.posix_acl_access", "system.posix_acl_default"})
 #: (which the kernel itself removes on any write; copied, a program the model wrote would run with
 #: the privileges of the one it replaced) and IMA/EVM measurements of the old content.
 _CONTENT_XATTRS = frozenset({"security.capability", "security.ima", "security.evm"})
+
+
+#: Code points HFS+ ignores in a name (git's utf8.c, next_hfs_char): there ".git\u200c" is ".git".
+_HFS_IGNORED = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")
+
+
+def _protected_key(name: str) -> str:
+    """``name`` as a file system that git guards against may read it, to compare with a protected name.
+
+    git refuses to check out a path component such a file system would take for ``.git``
+    (``core.protectHFS`` and ``core.protectNTFS``: ``is_hfs_dotgit`` in utf8.c, ``is_ntfs_dotgit`` in
+    path.c), since writing through it writes the repository: HFS+ ignores the code points of
+    :data:`_HFS_IGNORED`, and NTFS drops trailing dots and spaces and reads ``name:stream``
+    (``.git::$INDEX_ALLOCATION``) as ``name``. Case is folded, and NFC and NFD spellings made one
+    (macOS file systems do not tell them apart): Unicode's canonical caseless match, NFD(casefold(NFD)).
+    Applied to the configured names and to the path's alike; NTFS short names (``GIT~1``) are added
+    by :class:`WorkspaceTools`, as they follow from the name rather than spell it.
+    """
+    name = _HFS_IGNORED.sub("", name).split(":", 1)[0].rstrip(". ")
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
 
 
 #: A line feed that no carriage return precedes.
@@ -183,8 +206,8 @@ def _loops(fd: int, name: str) -> bool:
 
 def _holds(directory: str, below: list[str], name: str, as_directory: bool) -> bool:
     """True if ``directory`` holds ``name`` (a directory, or any entry) once a write adds ``below`` to it
-    (the casefolded components of the written path under ``directory``)."""
-    if below[0] == name.casefold() and as_directory == (len(below) > 1):
+    (the components of the written path under ``directory``, as :func:`_protected_key` gives them)."""
+    if below[0] == _protected_key(name) and as_directory == (len(below) > 1):
         return True  # the file written, or a directory made on its way
     path = os.path.join(directory, name)
     return os.path.isdir(path) if as_directory else os.path.lexists(path)
@@ -309,7 +332,15 @@ class WorkspaceTools:
         self.max_search_file_bytes: int = config.get("max_search_file_bytes", 2097152)
         self.search_timeout_s: float = config.get("search_timeout_s", 20)
         self.search_exclude = frozenset(config.get("search_exclude", DEFAULT_EXCLUDES))
-        self.protected_dirs = {name.casefold(): name for name in config.get("protected_dirs", DEFAULT_PROTECTED)}
+        #: The protected names by :func:`_protected_key`, each to the name as configured.
+        self.protected_dirs: dict[str, str] = {}
+        for name in config.get("protected_dirs", DEFAULT_PROTECTED):
+            key = _protected_key(name)
+            self.protected_dirs[key] = name
+            stem = key.lstrip(".")
+            if "." not in stem:  # NTFS's short name of it: its first six characters and ~N (git~1 is .git)
+                for number in "1234":
+                    self.protected_dirs.setdefault(f"{stem[:6]}~{number}", name)
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
@@ -614,8 +645,9 @@ class WorkspaceTools:
 
     def _refuse_protected(self, real: str, given: str, verb: str) -> None:
         """Refuse to change a file in a protected directory (``.git``), wherever ``given``'s links lead."""
-        for part in self.workspace.relative(real).split("/"):
-            name = self.protected_dirs.get(part.casefold())
+        # A backslash separates names on NTFS (git's is_ntfs_dotgit ends a name there too).
+        for part in re.split(r"[/\\]", self.workspace.relative(real)):
+            name = self.protected_dirs.get(_protected_key(part))
             if name is not None:
                 where = "" if self.workspace.relative(real) == given.strip("/") else (
                     f" (it resolves to {self.workspace.relative(real)!r})")
@@ -644,7 +676,7 @@ class WorkspaceTools:
         relative = self.workspace.relative(real).split("/")
         for depth in range(len(relative) - 1, -1, -1):
             directory = os.path.join(self.workspace.root, *relative[:depth])
-            below = [part.casefold() for part in relative[depth:]]  # what the write adds, from this directory
+            below = [_protected_key(part) for part in relative[depth:]]  # what the write adds, from this directory
             if _holds(directory, below, "HEAD", False) and (
                     _holds(directory, below, "commondir", False)
                     or (_holds(directory, below, "objects", True) and _holds(directory, below, "refs", True))):

