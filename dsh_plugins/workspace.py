@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
 from dsh_core.processes import kill_child
-from dsh_plugins import _search_worker
+from dsh_plugins import _git_config, _search_worker
 from dsh_plugins._path_rules import SERVICE as PATH_RULES_SERVICE
 from dsh_plugins._path_rules import PathRules
 from dsh_plugins._search_worker import LINE_SEARCH_CHARS
@@ -109,6 +109,77 @@ _ACL_XATTRS = frozenset({"system.posix_acl_access", "system.posix_acl_default"})
 #: (which the kernel itself removes on any write; copied, a program the model wrote would run with
 #: the privileges of the one it replaced) and IMA/EVM measurements of the old content.
 _CONTENT_XATTRS = frozenset({"security.capability", "security.ima", "security.evm"})
+
+
+#: The most of a git config file (or a .git file) read to find where git looks for hooks.
+MAX_GIT_CONFIG_BYTES = 1 << 20
+#: How deep git follows include.path (its MAX_INCLUDE_DEPTH).
+MAX_GIT_INCLUDE_DEPTH = 10
+
+
+def _read_small(path: str) -> bytes | None:
+    """The bytes of the regular file ``path`` (at most :data:`MAX_GIT_CONFIG_BYTES`), ``None`` if there is
+    none; :class:`OSError` if it cannot be read. Opened without blocking: a FIFO there cannot hang the call."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        data = handle.read(MAX_GIT_CONFIG_BYTES + 1)
+    if len(data) > MAX_GIT_CONFIG_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {_format_size(MAX_GIT_CONFIG_BYTES)}", path)
+    return data
+
+
+def _git_directory(worktree: str) -> str | None:
+    """The git directory of the repository whose working tree is ``worktree``, or ``None``: its ``.git``
+    directory, or the one its ``.git`` file names (``gitdir: ...``, as a submodule or a worktree has)."""
+    dotgit = os.path.join(worktree, ".git")
+    if os.path.isdir(dotgit):
+        return dotgit
+    try:
+        data = _read_small(dotgit)
+    except OSError:
+        return None  # git cannot read it either: no repository, no hooks
+    if data is None or not data.startswith(b"gitdir:"):
+        return None
+    return os.path.join(worktree, os.fsdecode(data[len(b"gitdir:"):].strip()))
+
+
+def _global_git_configs() -> list[str]:
+    """The system's and the user's git config files, whose core.hooksPath applies to every repository."""
+    home = os.path.expanduser("~")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return ["/etc/gitconfig", os.path.join(xdg, "git", "config"), os.path.join(home, ".gitconfig")]
+
+
+def _hooks_paths(config: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+    """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
+    includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
+    missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``)."""
+    data = _read_small(config)
+    if data is None:
+        return
+    try:
+        settings = _git_config.parse(data)
+    except _git_config.ConfigError as error:
+        error.filename = config
+        raise
+    for name, value in settings:
+        if not value:
+            continue
+        text = os.path.expanduser(os.fsdecode(value))  # git expands ~/ and ~user/ in paths
+        if name == "core.hookspath":
+            yield text, config
+        elif _is_include(name) and depth < MAX_GIT_INCLUDE_DEPTH:  # deeper, git refuses the whole config
+            yield from _hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1)
+
+
+def _is_include(name: str) -> bool:
+    """True if the git config setting ``name`` names a file to read as config too."""
+    return name == "include.path" or (name.startswith("includeif.") and name.endswith(".path"))
 
 
 #: Code points HFS+ ignores in a name (git's utf8.c, next_hfs_char): there ".git\u200c" is ".git".
@@ -662,6 +733,79 @@ class WorkspaceTools:
                                 "git runs what a repository holds (hooks, config) when used in that directory; "
                                 "change git state with git itself, or remove '.git' from protected_dirs in the "
                                 "workspace config")
+            hooks = self._hooks_directory_around(real, verb)
+            if hooks is not None:
+                directory, config = hooks
+                raise ToolError(f"{verb} refused: {given!r} is in {directory!r}, the hooks directory that "
+                                f"core.hooksPath names in {self._shown(config)}: git runs the hooks there (at the "
+                                "next commit, merge, checkout or push); change them outside dsh, or remove '.git' "
+                                "from protected_dirs in the workspace config")
+
+    def _shown(self, path: str) -> str:
+        """``path`` as a message shows it: from the root if it lies inside, else absolute."""
+        real = os.path.realpath(path)
+        return self.workspace.relative(real) if _under(real, self.workspace.root) else path
+
+    def _repositories_around(self, real: str) -> list[tuple[str, str]]:
+        """(working tree, git directory) of each repository git may run hooks of for ``real``: the one
+        holding the root (found upwards, as git finds it) and each one nested on the way down to ``real``."""
+        found: list[tuple[str, str]] = []
+        directory = self.workspace.root
+        while (gitdir := _git_directory(directory)) is None and os.path.dirname(directory) != directory:
+            directory = os.path.dirname(directory)
+        if gitdir is not None:
+            found.append((directory, gitdir))
+        parts = self.workspace.relative(real).split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            directory = os.path.join(self.workspace.root, *parts[:depth])
+            if (gitdir := _git_directory(directory)) is not None:
+                found.append((directory, gitdir))
+        return found
+
+    def _hooks_directory_around(self, real: str, verb: str) -> tuple[str, str] | None:
+        """The hooks directory holding ``real`` that ``core.hooksPath`` names (shown from the root), and
+        the config file naming it; ``None`` if there is none.
+
+        git runs its hooks from ``core.hooksPath`` when set (husky, pre-commit and team conventions
+        set ``.husky/_`` or ``githooks``), so a file written there is a command run at the next commit,
+        as one in ``.git/hooks``. Read from each repository's config files (``config``, the common
+        directory's, ``config.worktree``, what they include) and the user's and system's: every value
+        counts, not the last only. A relative one is taken from the working tree, and from the git
+        directory too (a bare repository's base), both refused. A config file that cannot be read or
+        parsed (git refuses those too) refuses the write: it may name one, and guessing could miss it.
+        """
+        target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
+        for worktree, gitdir in self._repositories_around(real):
+            configs = [*_global_git_configs(), os.path.join(gitdir, "config"),
+                       os.path.join(gitdir, "config.worktree")]
+            try:
+                common = _read_small(os.path.join(gitdir, "commondir"))
+                if common is not None:  # a worktree's git directory: the repository's config is there
+                    configs.append(os.path.join(gitdir, os.fsdecode(common.strip()), "config"))
+                for config in configs:
+                    for value, source in _hooks_paths(config):
+                        if value.startswith("%(prefix)/"):
+                            continue  # under git's installation directory, not the workspace
+                        for base in (worktree, gitdir):
+                            hooks = os.path.realpath(os.path.join(base, value))
+                            if not _under(hooks, self.workspace.root):
+                                continue
+                            inside = [] if hooks == self.workspace.root else (
+                                self.workspace.relative(hooks).split("/"))
+                            if len(target) > len(inside) and target[:len(inside)] == [
+                                    _protected_key(part) for part in inside]:
+                                return self.workspace.relative(hooks), source
+            except _git_config.ConfigError as error:
+                raise ToolError(f"{verb} refused: cannot tell where git looks for hooks: "
+                                f"{self._shown(error.filename or gitdir)} line {error.line} is not git config syntax "
+                                "(git refuses the file too) and might set core.hooksPath; fix it, or remove "
+                                "'.git' from protected_dirs in the workspace config") from None
+            except OSError as error:
+                raise ToolError(f"{verb} refused: cannot tell where git looks for hooks: "
+                                f"{self._shown(error.filename or gitdir)} cannot be read "
+                                f"({error.strerror or error}) and might set core.hooksPath; fix it, or remove "
+                                "'.git' from protected_dirs in the workspace config") from None
+        return None
 
     def _repository_around(self, real: str) -> str | None:
         """The directory holding ``real`` (or one above it, up to the root) that git would take for a git
