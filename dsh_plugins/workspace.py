@@ -202,8 +202,46 @@ def _protected_key(name: str) -> str:
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
 
 
-#: A line feed that no carriage return precedes.
-_LONE_LF = re.compile(r"(?<!\r)\n")
+#: A line break as read hides it: a line feed and the carriage returns before it.
+_LINE_BREAK = re.compile(r"\r*\n")
+
+
+def _as_lines(old: str) -> re.Pattern[str]:
+    """``old`` (an edit's old_string) as a pattern matching it whatever ending each of its lines has.
+
+    read shows a line without the CRs before its LF, so text copied from it has LF alone where the
+    file may have CRLF, line by line in a file mixing both: each LF of ``old`` matches an LF with any
+    CRs before it (at least the ones ``old`` itself gives). A match never starts inside a line's
+    ending (from its LF, the CR before it left out), which would count one occurrence twice.
+    """
+    parts = ["(?<!\\r)" if old.lstrip("\r").startswith("\n") else ""]
+    for line in old.split("\n")[:-1]:
+        content = line.rstrip("\r")
+        parts.append(f"{re.escape(content)}\\r{{{len(line) - len(content)},}}\\n")
+    parts.append(re.escape(old.rpartition("\n")[2]))
+    return re.compile("".join(parts))
+
+
+def _ended_as_matched(new: str, match: re.Match[str]) -> str:
+    """``new`` (an edit's new_string) with each of its line breaks ending as the one in its place in the
+    text ``match`` found, so an edit keeps the file's line endings, LF or CRLF, line by line.
+
+    Breaks past the matched ones end as the last of those; with none matched, as the line the match
+    ends in (on a last line without a break, as the one before it; in a file of one line, LF). A CR
+    that ``new`` itself gives before an LF is kept as given.
+    """
+    text = match.string
+    breaks = _LINE_BREAK.findall(match.group())
+    if not breaks:
+        after = text.find("\n", match.end())
+        at = after if after != -1 else text.rfind("\n", 0, match.start())
+        breaks = ["\r\n" if at > 0 and text[at - 1] == "\r" else "\n"]
+    lines = new.split("\n")
+    ended = [lines[0]]
+    for index, line in enumerate(lines[1:]):
+        ended.append("\n" if lines[index].endswith("\r") else breaks[min(index, len(breaks) - 1)])
+        ended.append(line)
+    return "".join(ended)
 
 
 def _utf8(text: str, what: str) -> bytes:
@@ -1014,25 +1052,26 @@ class WorkspaceTools:
         real = self.workspace.resolve(given)
         self._refuse_protected(real, given, "edit")
         info, text = self._read_text(real, given)
-        count = text.count(old)
-        if "\r\n" in text and ("\n" in old or "\n" in new):
-            # read shows lines without the CR of a CRLF file: lines copied from it end in LF alone. In a
-            # file of CRLF lines only, the new lines get CRLF however old_string matched (a one-line
-            # old_string whose new_string adds lines too); in a mixed one, only when old_string matches
-            # with CRLF alone.
-            crlf = _LONE_LF.sub("\r\n", old)
-            if _LONE_LF.search(text) is None or count == 0:
-                crlf_count = text.count(crlf) if crlf != old else count
-                if crlf_count:
-                    old, new, count = crlf, _LONE_LF.sub("\r\n", new), crlf_count  # new lines end as the file's
+        # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file.
+        pattern = _as_lines(old) if "\r" in text else None
+        if pattern is not None:
+            matches = [match.start() for match in pattern.finditer(text)]
+            count = len(matches)
+            overlapping = count == 1 and pattern.search(text, matches[0] + 1) is not None
+        else:  # no CR: every line ends in LF alone, and the text is found as given
+            count = text.count(old)
+            overlapping = count == 1 and text.find(old, text.find(old) + 1) != -1
         if count == 0:
             raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
                             "including whitespace and indentation")
-        if not replace_all and (count > 1 or text.find(old, text.find(old) + 1) != -1):
+        if not replace_all and (count > 1 or overlapping):
             where = f"{count} times in {given!r}" if count > 1 else f"more than once in {given!r} (overlapping)"
             raise ToolError(f"old_string occurs {where}; include more surrounding text to "
                             "make it unique, or pass replace_all=true to replace every occurrence")
-        updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+        if pattern is not None:
+            updated = pattern.sub(lambda match: _ended_as_matched(new, match), text, count=0 if replace_all else 1)
+        else:
+            updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         data = updated.encode("utf-8")
         if len(data) > self.max_file_bytes:
             raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "

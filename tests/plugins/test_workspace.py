@@ -1383,3 +1383,49 @@ async def test_a_git_config_that_cannot_be_read_refuses_writes(
         assert (await h.call("read", {"path": "a.txt"})).error is None
     async with boot(ws(tmp_path, protected_dirs=[])) as h:
         assert (await h.call("write", {"path": "githooks/pre-commit", "content": "x"})).error is None
+
+
+async def test_an_edit_matches_lines_copied_from_read_in_a_file_of_mixed_line_endings(
+        boot: Any, tmp_path: Path) -> None:
+    """read shows a CRLF line and an LF one alike: an old_string copied across both matches them, each
+    line break of new_string ends as the matched one in its place did (one past them as the last), and
+    the lines around keep their own endings."""
+    async with boot(ws(tmp_path)) as h:
+        for old, new, expected in [
+                ("one\ntwo\nthree", "1\n2\n3", b"1\r\n2\n3\r\nfour\n"),
+                ("two\nthree", "two\n2.5\nthree", b"one\r\ntwo\n2.5\nthree\r\nfour\n"),
+                ("one\ntwo", "1\n1.5\n2", b"1\r\n1.5\r\n2\nthree\r\nfour\n"),
+                ("three", "three\n3.5", b"one\r\ntwo\nthree\r\n3.5\r\nfour\n"),  # the line it is in: CRLF
+                ("four", "four\n4.5", b"one\r\ntwo\nthree\r\nfour\n4.5\n"),
+                ("three\nfour\n", "3\n", b"one\r\ntwo\n3\r\n"),
+                ("two\nthree", "2\r\n3", b"one\r\n2\r\n3\r\nfour\n")]:  # a CR new_string gives is kept
+            (tmp_path / "m.txt").write_bytes(b"one\r\ntwo\nthree\r\nfour\n")
+            edited = await h.call("edit", {"path": "m.txt", "old_string": old, "new_string": new})
+            assert edited.error is None, (old, edited.text)
+            assert (tmp_path / "m.txt").read_bytes() == expected, old
+        (tmp_path / "last.txt").write_bytes(b"a\nb\r\nc")  # a last line without a break: as the one before
+        assert (await h.call("edit", {"path": "last.txt", "old_string": "c", "new_string": "c\nd"})).error is None
+        assert (tmp_path / "last.txt").read_bytes() == b"a\nb\r\nc\r\nd"
+
+
+async def test_occurrences_in_a_file_of_mixed_line_endings_count_whatever_their_endings(
+        boot: Any, tmp_path: Path) -> None:
+    """Two regions read shows alike are two occurrences, though their endings differ: the edit is refused
+    (not applied to the one matching byte for byte), replace_all replaces both, each keeping its endings;
+    overlapping ones count too, and one line break is never matched twice (from its CR and its LF)."""
+    (tmp_path / "two.txt").write_bytes(b"x\ny\r\nx\r\ny\n")
+    (tmp_path / "overlap.txt").write_bytes(b"a\r\na\na\r\n")
+    (tmp_path / "one.txt").write_bytes(b"k\r\nv\r\nk\nw\n")
+    async with boot(ws(tmp_path)) as h:
+        twice = await h.call("edit", {"path": "two.txt", "old_string": "x\ny", "new_string": "X\nY"})
+        assert twice.code == "TOOL_FAILED" and "old_string occurs 2 times in 'two.txt'" in twice.text, twice.text
+        both = await h.call("edit", {"path": "two.txt", "old_string": "x\ny", "new_string": "X\nY",
+                                     "replace_all": True})
+        assert both.value == {"path": "two.txt", "replacements": 2}, both.text
+        assert (tmp_path / "two.txt").read_bytes() == b"X\nY\r\nX\r\nY\n"
+        overlapping = await h.call("edit", {"path": "overlap.txt", "old_string": "a\na", "new_string": "b"})
+        assert overlapping.code == "TOOL_FAILED" and "more than once in 'overlap.txt' (overlapping)" in overlapping.text
+        once = await h.call("edit", {"path": "one.txt", "old_string": "\nv", "new_string": "\nV"})
+        assert once.error is None, once.text
+        assert (tmp_path / "one.txt").read_bytes() == b"k\r\nV\r\nk\nw\n"
+    assert (tmp_path / "overlap.txt").read_bytes() == b"a\r\na\na\r\n"
