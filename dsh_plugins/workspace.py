@@ -27,6 +27,7 @@ example of a tool plugin.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import errno
 import heapq
@@ -206,35 +207,54 @@ def _protected_key(name: str) -> str:
 _LINE_BREAK = re.compile(r"\r*\n")
 
 
-def _as_lines(old: str) -> re.Pattern[str]:
-    """``old`` (an edit's old_string) as a pattern matching it whatever ending each of its lines has.
+class _LineView:
+    """A text as read shows it (the CRs before each LF left out), and the way back to the text's offsets.
 
-    read shows a line without the CRs before its LF, so text copied from it has LF alone where the
-    file may have CRLF, line by line in a file mixing both: each LF of ``old`` matches an LF with any
-    CRs before it (at least the ones ``old`` itself gives). A match never starts inside a line's
-    ending (from its LF, the CR before it left out), which would count one occurrence twice.
+    ``edit`` finds ``old_string`` in :attr:`view` with plain string search (linear, as in a file without
+    CR), so text copied from read matches whatever ending, LF or CRLF, each of its lines has in the file.
     """
-    parts = ["(?<!\\r)" if old.lstrip("\r").startswith("\n") else ""]
-    for line in old.split("\n")[:-1]:
-        content = line.rstrip("\r")
-        parts.append(f"{re.escape(content)}\\r{{{len(line) - len(content)},}}\\n")
-    parts.append(re.escape(old.rpartition("\n")[2]))
-    return re.compile("".join(parts))
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        #: For each line break that had CRs: its LF's offset in the view, and the CRs left out up to it.
+        self.breaks: list[int] = []
+        self.removed: list[int] = []
+        parts: list[str] = []
+        last = removed = 0
+        for match in _LINE_BREAK.finditer(text):
+            crs = match.end() - match.start() - 1
+            if crs:
+                parts.append(text[last:match.start()])
+                removed += crs
+                self.breaks.append(match.end() - 1 - removed)
+                self.removed.append(removed)
+                last = match.end() - 1
+        parts.append(text[last:])
+        self.view = "".join(parts)
+
+    def _left_out_before(self, index: int, *, including: bool) -> int:
+        at = (bisect.bisect_right if including else bisect.bisect_left)(self.breaks, index)
+        return self.removed[at - 1] if at else 0
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """The text's offsets of the view's ``start:end`` (not empty): a break it starts or ends with
+        comes whole, its CRs with its LF."""
+        return (start + self._left_out_before(start, including=False),
+                end + self._left_out_before(end - 1, including=True))
 
 
-def _ended_as_matched(new: str, match: re.Match[str]) -> str:
-    """``new`` (an edit's new_string) with each of its line breaks ending as the one in its place in the
-    text ``match`` found, so an edit keeps the file's line endings, LF or CRLF, line by line.
+def _ended_as_matched(new: str, text: str, start: int, end: int) -> str:
+    """``new`` (an edit's new_string) with each of its line breaks ending as the one in its place in
+    ``text[start:end]`` (the matched region), so an edit keeps the file's line endings, LF or CRLF, line by line.
 
     Breaks past the matched ones end as the last of those; with none matched, as the line the match
     ends in (on a last line without a break, as the one before it; in a file of one line, LF). A CR
     that ``new`` itself gives before an LF is kept as given.
     """
-    text = match.string
-    breaks = _LINE_BREAK.findall(match.group())
+    breaks = _LINE_BREAK.findall(text, start, end)
     if not breaks:
-        after = text.find("\n", match.end())
-        at = after if after != -1 else text.rfind("\n", 0, match.start())
+        after = text.find("\n", end)
+        at = after if after != -1 else text.rfind("\n", 0, start)
         breaks = ["\r\n" if at > 0 and text[at - 1] == "\r" else "\n"]
     lines = new.split("\n")
     ended = [lines[0]]
@@ -1053,23 +1073,27 @@ class WorkspaceTools:
         self._refuse_protected(real, given, "edit")
         info, text = self._read_text(real, given)
         # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file.
-        pattern = _as_lines(old) if "\r" in text else None
-        if pattern is not None:
-            matches = [match.start() for match in pattern.finditer(text)]
-            count = len(matches)
-            overlapping = count == 1 and pattern.search(text, matches[0] + 1) is not None
-        else:  # no CR: every line ends in LF alone, and the text is found as given
-            count = text.count(old)
-            overlapping = count == 1 and text.find(old, text.find(old) + 1) != -1
+        # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file: in a file
+        # holding a CR, old_string is found in the text as read shows it, its own CRs before an LF left out too.
+        lines = _LineView(text) if "\r" in text else None
+        haystack, needle = (lines.view, _LINE_BREAK.sub("\n", old)) if lines is not None else (text, old)
+        count = haystack.count(needle)
         if count == 0:
             raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
                             "including whitespace and indentation")
-        if not replace_all and (count > 1 or overlapping):
+        if not replace_all and (count > 1 or haystack.find(needle, haystack.find(needle) + 1) != -1):
             where = f"{count} times in {given!r}" if count > 1 else f"more than once in {given!r} (overlapping)"
             raise ToolError(f"old_string occurs {where}; include more surrounding text to "
                             "make it unique, or pass replace_all=true to replace every occurrence")
-        if pattern is not None:
-            updated = pattern.sub(lambda match: _ended_as_matched(new, match), text, count=0 if replace_all else 1)
+        if lines is not None:
+            pieces: list[str] = []
+            last = found = 0
+            for _ in range(count if replace_all else 1):
+                found = haystack.find(needle, found)
+                start, end = lines.span(found, found + len(needle))
+                pieces += [text[last:start], _ended_as_matched(new, text, start, end)]
+                last, found = end, found + len(needle)
+            updated = "".join([*pieces, text[last:]])
         else:
             updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         data = updated.encode("utf-8")
