@@ -101,20 +101,41 @@ class PathRules:
 
     def judge_found(self, path: str) -> Denial | None:
         """:meth:`judge` of an absolute, normalised ``path`` reached without following a symlink: an entry of
-        a real directory that is not itself a symlink (what a walk finds), whose own spelling is its real path
-        (so :meth:`judge` would judge that spelling alone). No system call."""
-        return self._judge([path], [path])
+        a real directory that is not itself a symlink (what a walk finds), whose real path is its own
+        spelling. A call naming it is judged under every spelling of the root (:meth:`spellings`), so it is
+        here too: ``/tmp/l*nk/.env`` denies ``.env`` of a root configured as the symlink ``/tmp/link``. No
+        system call."""
+        return self._judge(self.spellings(path), [path])
+
+    def judge_link(self, path: str) -> Denial | None:
+        """:meth:`judge` of the symlink at the absolute, normalised ``path`` in a real directory (what a
+        listing finds): under every spelling of the root, and where it leads."""
+        real = os.path.realpath(path)
+        return self._judge(list(dict.fromkeys([*self.spellings(path), real])), [real])
+
+    def spellings(self, path: str) -> list[str]:
+        """The absolute, normalised ``path`` and, when it lies under the real root, its spellings under the
+        root as configured (the other :attr:`roots`): what :meth:`judge` judges of a call naming it."""
+        spelled = [path]
+        relative = os.path.relpath(path, self.root)
+        if not (relative == ".." or relative.startswith("../")):
+            spelled += [lexical(os.path.join(root, relative)) for root in self.roots if root != self.root]
+        return list(dict.fromkeys(spelled))
 
     def closes(self, directory: str) -> bool:
         """True if every path under the real ``directory`` (absolute, normalised) is denied, so a walk need not
         enter it: a ``deny_paths`` glob ending in ``/**`` (``secrets/`` stands for ``secrets/**`` too) holds
-        it. Fail closed like :meth:`judge`: outside the root, relative globs deny all when there are any."""
+        it, under any spelling of the root (:meth:`spellings`). Fail closed like :meth:`judge`: outside the
+        root, relative globs deny all when there are any."""
         relative = self.relative(directory)
         if relative is None and self.relative_deny:
             return True
+        spelled = self.spellings(directory)
         for rule in self.deny:
-            subject = directory if rule.absolute else relative
-            if rule.subtree is not None and subject is not None and rule.subtree.match(subject):
+            if rule.subtree is None:
+                continue
+            subjects = spelled if rule.absolute else [relative] if relative is not None else []
+            if any(rule.subtree.match(subject) for subject in subjects):
                 return True
         return False
 

@@ -1169,7 +1169,7 @@ class WorkspaceTools:
 
         def denied(item: os.DirEntry[str]) -> bool:
             path = os.path.join(real, item.name)
-            return any((r.judge(path) if item.is_symlink() else r.judge_found(path)) is not None for r in rules)
+            return any((r.judge_link(path) if item.is_symlink() else r.judge_found(path)) is not None for r in rules)
 
         def until_stopped(scan: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
             nonlocal scanned, withheld

@@ -518,3 +518,26 @@ async def test_published_rules_close_only_directories_all_under_which_is_denied(
     assert rules.judge_found(str(tmp_path / "logs" / "a" / "b")) is None
     await loaded.dispose()
     assert published.snapshot() == ()
+
+
+async def test_list_and_search_judge_entries_as_the_root_as_configured_spells_them(boot: Any, tmp_path: Path) -> None:
+    """With the root configured through a symlink (/tmp on macOS), a call naming ".env" is judged under that
+    spelling too, so an absolute glob whose globbed part spells the symlink denies it: list and search, which
+    walk the real directory, must judge what they find under that spelling as well (files, directories closed
+    by a "/**" glob, and symlinks)."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    (real / "vault").mkdir(parents=True)
+    (real / ".env").write_text("SECRET=1\n")
+    (real / "vault" / "key").write_text("SECRET=2\n")
+    (real / "ok.txt").write_text("SECRET=none\n")
+    (real / "alias").symlink_to("ok.txt")  # judged where it stands too, not only where it leads
+    link.symlink_to(real)
+    deny = [f"{tmp_path}/l*nk/.env", f"{tmp_path}/l*nk/vault/", f"{tmp_path}/l*nk/alias"]
+    async with boot(*rows(link, deny_paths=deny)) as h:
+        for path in (".env", "vault/key", "alias"):
+            assert (await h.call("read", {"path": path})).code == "DENIED", path
+        found = await h.call("search", {"pattern": "SECRET"})
+        assert [m["path"] for m in found.value["matches"]] == ["ok.txt"]
+        assert found.value["withheld"] == 3  # .env, vault (closed), alias
+        listed = await h.call("list", {})
+        assert [e["name"] for e in listed.value["entries"]] == ["ok.txt"] and listed.value["withheld"] == 3
