@@ -40,6 +40,14 @@ and can only deny: they are the last, monotonic line of the policy.
   reaches paths no argument names and does not consult the published rules
   (``bash``, a third-party tool) is judged by its arguments only: deny such
   tools too where that matters.
+* Limits: paths are judged by name, never by the file a name leads to past
+  its symlinks. A hard link to a denied file under an allowed name
+  (``notes.txt`` sharing ``.env``'s inode) is read under that name, by
+  ``read`` as by ``search``; a directory another program renames while a
+  search walks it is judged by the name it had when the walk reached it; and
+  Unicode normalisation is not folded (on macOS, where ``é`` decomposed on
+  disk opens as ``é`` composed, a glob matches only the spelling it is
+  written in).
 
 Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
 of segments. A glob starting with ``/`` (or ``~``) matches the absolute path,
