@@ -1228,7 +1228,7 @@ class WorkspaceTools:
         return {"pattern": pattern, "fd": fd, "kind": kind, "prefix": self.workspace.relative(real),
                 "timeout_s": self.search_timeout_s, "max_results": self.max_search_results,
                 "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude),
-                "base": self.workspace.root, "rules": [rules.to_wire() for rules in rules]}
+                "base": self.workspace.root, "rules": [row.to_wire() for row in rules]}
 
     async def search(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``search``: a regex over text files, in a child process killed on abort, timeout or cancel.
