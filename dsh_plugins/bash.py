@@ -6,13 +6,16 @@ that look like credentials are never passed through, even if allowlisted).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
 kept and the middle is dropped. The exit code is the shell's, reported as a
 shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
-of the command kills the whole process group, so nothing it started in the
-background in that group outlives the call (where dsh is PID 1 or a subreaper,
-the killed processes became dsh's children, and it reaps them).
+of the command kills the whole process group and, on Linux (found through
+``/proc``), every other process of the command's session: a job that moved to a
+group of its own (``timeout``, a job under ``set -m``) is killed too. So nothing
+the command started in the background outlives the call unless it started a
+session of its own (where dsh is PID 1 or a subreaper, the killed processes
+became dsh's children, and it reaps them).
 
 This is not a sandbox: the command runs as dsh's own user, with its files
-and its processes. A process that leaves the group on purpose (``setsid``,
-a daemon) is not reached by the kill, and the allowlist keeps credentials
+and its processes. There is no cgroup: a process that leaves the session on
+purpose (``setsid``, a daemon) is not reached by the kill, and the allowlist keeps credentials
 out of the command's environment, not out of its reach: it can still read
 what the user can, dsh's own ``/proc/<pid>/environ`` included. Approval
 (the ``workspace-write`` preset asks before every command) is the control;
@@ -284,9 +287,70 @@ class _Shell(asyncio.SubprocessProtocol):
 
 
 def _signal_group(transport: asyncio.SubprocessTransport, signum: int) -> None:
-    # start_new_session=True made the shell a group leader: its pid is the group id.
+    """Send ``signum`` to the command's process group and to every other process of its session.
+
+    start_new_session=True made the shell a session and group leader: its pid is both ids. A job
+    can move to a group of its own without leaving the session (``timeout`` does, and so does
+    every job under ``set -m``), so the group alone is not enough; the session's other members are
+    found through ``/proc`` (Linux; elsewhere only the group is signalled). Only ``setsid`` leaves
+    the session, and nothing but a cgroup (which dsh does not use) would follow it.
+    """
+    leader = transport.get_pid()
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(transport.get_pid(), signum)
+        os.killpg(leader, signum)
+    for pid, _parent in _session_members(leader):
+        _signal_member(pid, leader, signum)
+
+
+def _session_members(session: int) -> list[tuple[int, int]]:
+    """``(pid, parent pid)`` of the processes in ``session`` (empty without ``/proc``).
+
+    The number stays the session's while any member lives (Linux reuses no pid that is still a
+    session or group id), so every process found was started by the command.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    members = []
+    for entry in entries:
+        if entry.isdigit():
+            ids = _stat_ids(entry)
+            if ids is not None and ids[1] == session:
+                members.append((int(entry), ids[0]))
+    return members
+
+
+def _stat_ids(pid: str) -> tuple[int, int] | None:
+    """The parent pid and session id of ``pid`` from ``/proc/<pid>/stat`` (``None``: gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[-1].split()  # the name in parentheses may hold anything
+        return int(fields[1]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _signal_member(pid: int, session: int, signum: int) -> None:
+    """Signal ``pid`` if it is (still) in ``session``: through a pidfd, checked after it is opened,
+    so a pid that ended and was reused in between is never signalled."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    if pidfd_open is None or send is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+        return
+    try:
+        fd = pidfd_open(pid)
+    except OSError:  # gone already (or a kernel without pidfds: the group kill is what remains)
+        return
+    try:
+        ids = _stat_ids(str(pid))
+        if ids is not None and ids[1] == session:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                send(fd, signum)
+    finally:
+        os.close(fd)
 
 
 async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell) -> None:
@@ -305,24 +369,36 @@ async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell) -> 
 
 
 async def _reap_group(transport: asyncio.SubprocessTransport) -> None:
-    """Reap the killed members of the shell's group that became dsh's children.
+    """Reap the killed members of the shell's session that became dsh's children.
 
     When dsh is PID 1 (of a container) or a child subreaper, what the shell leaves behind is
     reparented to dsh, and asyncio waits for the shell's pid only: without this, every killed
     background process would stay a zombie. Called once the shell is reaped (its returncode is
     known), so ``waitpid(-pgid)`` cannot take the shell's status from asyncio's child watcher;
     the group id stays the shell's pid while members live, so no other process is waited for.
-    Elsewhere no member is dsh's child and the first call says so (``ChildProcessError``).
+    Members in other groups of the session are waited for by pid, found as the session's members
+    whose parent is dsh (none of them is a process asyncio started: those lead sessions of their own).
+    Elsewhere no member is dsh's child and the first look says so.
     """
     assert transport.get_returncode() is not None
+    leader = transport.get_pid()
+    me = os.getpid()
     deadline = asyncio.get_running_loop().time() + REAP_S
     while True:
         try:
-            pid, _status = os.waitpid(-transport.get_pid(), os.WNOHANG)
+            pid, _status = os.waitpid(-leader, os.WNOHANG)
         except ChildProcessError:  # no child of dsh left in the group
-            return
-        if pid:
+            pid = -1
+        if pid > 0:
             continue
+        left = pid == 0
+        for member, parent in _session_members(leader):
+            if parent == me:
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(member, os.WNOHANG)[0] == 0:
+                        left = True
+        if not left:
+            return
         if asyncio.get_running_loop().time() > deadline:  # one that even SIGKILL does not end at once
             return
         await asyncio.sleep(0.01)

@@ -114,6 +114,29 @@ async def test_background_processes_do_not_outlive_the_command(boot: Any, tmp_pa
     assert not alive(int((tmp_path / "bg.pid").read_text()))
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the session is found through /proc")
+@pytest.mark.parametrize("how", ["exit", "timeout"])
+async def test_jobs_in_a_process_group_of_their_own_do_not_outlive_the_command(boot: Any, tmp_path: Path,
+                                                                               how: str) -> None:
+    """``timeout`` and a job under ``set -m`` move to a new process group (not a new session): the
+    command's end, or its timeout, kills them too."""
+    command = ("timeout 100 sleep 100 & echo $! > timeout.pid; set -m; sleep 100 & echo $! > job.pid; "
+               "sh -c 'sleep 100 & echo $! > grandchild.pid; wait' & until [ -s grandchild.pid ]; do sleep 0.01; done")
+    pid_files = [tmp_path / name for name in ("timeout.pid", "job.pid", "grandchild.pid")]
+    try:
+        async with boot(bash(tmp_path)) as h:
+            result = await h.call("bash", {"command": command + ("; sleep 60" if how == "timeout" else ""),
+                                           "timeout": 2 if how == "timeout" else 30})
+        assert result.code == ("TOOL_FAILED" if how == "timeout" else None), result.text
+        pids = [int(path.read_text()) for path in pid_files]
+        assert pids[1] != 0 and os.getpgid(os.getpid()) not in pids
+        assert [pid for pid in pids if alive(pid)] == []
+    finally:
+        for path in pid_files:
+            with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+                os.kill(int(path.read_text()), signal.SIGKILL)
+
+
 async def test_flooding_output_is_capped_head_and_tail(boot: Any, tmp_path: Path) -> None:
     """A flood keeps the first and last bytes and says how much was dropped."""
     async with boot(bash(tmp_path, max_output_bytes=1000)) as h:
@@ -236,6 +259,9 @@ def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> 
                                                       "sh -c 'sleep 100 & sleep 100' & echo started"})
             codes.append(result.value["exit_code"])
         codes.append((await h.call("bash", {"command": "sleep 100 & exit 7"})).value["exit_code"])
+        # Jobs in process groups of their own, in the shell's session.
+        codes.append((await h.call("bash", {"command": "timeout 100 sleep 100 & set -m; sleep 100 & "
+                                                       "sh -c 'sleep 100 & wait' & sleep 0.2"})).value["exit_code"])
         await asyncio.sleep(0.5)
         zombies = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -249,7 +275,7 @@ def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> 
         print(json.dumps({"codes": codes, "children": zombies}))
         """)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, 0, 0, 7], "children": []}
+    assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, 0, 0, 7, 0], "children": []}
 
 
 def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_path: Path) -> None:
