@@ -2,7 +2,8 @@
 
 Each call starts ``bash -c COMMAND`` in the workspace root, in a new process
 group, with stdin closed and an environment built from an allowlist (names
-that look like credentials are never passed through, even if allowlisted).
+that look like credentials, see ``CREDENTIAL_PATTERNS``, are refused in it, and a
+value that is a URL with a password in it is never passed through).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
 kept and the middle is dropped. The exit code is the shell's, reported as a
 shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
@@ -35,6 +36,7 @@ import asyncio
 import contextlib
 import fnmatch
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,9 +50,13 @@ DEFAULT_ENV_ALLOWLIST = ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LA
                          "LC_CTYPE", "TERM", "TZ", "TMPDIR"]
 
 #: Variable names never passed to a command, even when allowlisted (matched case-insensitively).
-CREDENTIAL_PATTERNS = ["*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*API_KEY*", "*APIKEY*",
-                       "*PRIVATE_KEY*", "*ACCESS_KEY*", "*CREDENTIAL*", "*_AUTH", "*AUTH_TOKEN*", "AWS_*",
-                       "*SESSION_KEY*", "*COOKIE*"]
+CREDENTIAL_PATTERNS = ["*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*_PASS", "*_PWD",
+                       "*API_KEY*", "*APIKEY*", "*PRIVATE_KEY*", "*ACCESS_KEY*", "*SESSION_KEY*", "*_KEY",
+                       "*CREDENTIAL*", "*_AUTH", "*_AUTH_*", "*AUTHORIZATION*", "AWS_*", "*COOKIE*",
+                       "*_DSN", "*DATABASE_URL*"]
+
+#: A value that is a URL with a password in it (``scheme://user:password@host``): never passed through.
+_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]*@")
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -89,8 +95,13 @@ def looks_like_credential(name: str) -> bool:
 
 
 def build_environment(source: dict[str, str], allowlist: list[str], fixed: dict[str, str]) -> dict[str, str]:
-    """The environment of a command: allowlisted, non-credential variables of ``source``, then ``fixed``."""
-    env = {name: source[name] for name in allowlist if name in source and not looks_like_credential(name)}
+    """The environment of a command: allowlisted, non-credential variables of ``source``, then ``fixed``.
+
+    An allowlisted variable whose value is a URL carrying a password (``HTTP_PROXY``,
+    ``REDIS_URL``...) is left out too; ``fixed`` (the config's own ``env``) is passed as written.
+    """
+    env = {name: source[name] for name in allowlist
+           if name in source and not looks_like_credential(name) and not _URL_WITH_PASSWORD.search(source[name])}
     env.update(fixed)
     return env
 

@@ -86,10 +86,28 @@ def test_credential_names_and_environment_building() -> None:
     """The credential patterns and the allowlist filter, without a process."""
     for name in ("GITHUB_TOKEN", "OPENAI_API_KEY", "aws_access_key_id", "DB_PASSWORD", "MY_SECRET"):
         assert looks_like_credential(name), name
-    for name in ("PATH", "HOME", "LANG", "TERM"):
+    for name in ("PATH", "HOME", "LANG", "TERM", "PWD", "OLDPWD", "GIT_AUTHOR_NAME", "KEYMAP", "PASSENGER_ENV"):
         assert not looks_like_credential(name), name
     env = build_environment({"PATH": "/bin", "API_KEY": "k", "X": "1"}, ["PATH", "API_KEY"], {"Y": "2"})
     assert env == {"PATH": "/bin", "Y": "2"}
+
+
+async def test_keys_agent_sockets_and_urls_with_passwords_are_credentials_too(boot: Any, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names ending in KEY, PASS or PWD, passphrases, DSNs and the ssh agent's socket are refused in the
+    allowlist; an allowlisted variable whose value is a URL carrying a password never reaches the command."""
+    for name in ("STRIPE_KEY", "SIGNING_KEY", "MYSQL_PWD", "SMTP_PASS", "GPG_PASSPHRASE", "SSH_AUTH_SOCK",
+                 "DOCKER_AUTH_CONFIG", "HTTP_AUTHORIZATION", "SENTRY_DSN", "DATABASE_URL"):
+        with pytest.raises(PluginLoadError, match=f"env_allowlist names credential-like variables.*{name}"):
+            async with boot(bash(tmp_path, env_allowlist=["PATH", name])):
+                pass
+    monkeypatch.setenv("HTTP_PROXY", "http://alice:s3cr3t@proxy.example:3128")
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2@cache.example/0")
+    monkeypatch.setenv("PLAIN_URL", "https://user@example.com/path?q=a:b@c")
+    async with boot(bash(tmp_path, env_allowlist=["PATH", "HTTP_PROXY", "REDIS_URL", "PLAIN_URL"])) as h:
+        output = (await h.call("bash", {"command": "env"})).value["output"]
+    assert "s3cr3t" not in output and "hunter2" not in output
+    assert "PLAIN_URL=https://user@example.com/path?q=a:b@c" in output
 
 
 async def test_a_command_that_never_ends_times_out_and_its_group_is_killed(boot: Any, tmp_path: Path) -> None:
