@@ -58,6 +58,9 @@ CREDENTIAL_PATTERNS = ["*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPH
 #: A value that is a URL with a password in it (``scheme://user:password@host``): never passed through.
 _URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]*@")
 
+#: The largest timeout a config may set, in seconds (a year).
+MAX_TIMEOUT_S = 365 * 24 * 3600
+
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -66,9 +69,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "root": {"type": "string", "minLength": 1, "description": "working directory of every command"},
         "shell": {"type": "string", "minLength": 1, "default": "bash",
                   "description": "the shell run as SHELL -c COMMAND"},
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 120,
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S, "default": 120,
                       "description": "default timeout of a command"},
-        "max_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 600,
+        "max_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S, "default": 600,
                           "description": "largest timeout a call may ask for"},
         "max_output_bytes": {"type": "integer", "minimum": 256, "default": 65536,
                              "description": "output kept per call (head and tail)"},
@@ -219,9 +222,11 @@ class BashTool:
 
     async def run(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``bash``: run, capture, and kill the process group on timeout, abort or exit."""
-        timeout = float(args.get("timeout", min(self.timeout_s, self.max_timeout_s)))
-        if timeout > self.max_timeout_s:
-            raise ToolError(f"timeout {timeout:g} s exceeds the maximum of {self.max_timeout_s:g} s")
+        asked = args.get("timeout", min(self.timeout_s, self.max_timeout_s))
+        if asked > self.max_timeout_s:  # compared before float(): JSON integers have no bound
+            shown = f"{asked:g}" if isinstance(asked, float) or asked < 10**20 else "of more than 10^20"
+            raise ToolError(f"timeout {shown} s exceeds the maximum of {self.max_timeout_s:g} s")
+        timeout = float(asked)
         if "\0" in args["command"]:
             raise ToolError("the command contains a NUL character, which no shell command can carry")
         ctx.signal.raise_if_aborted()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dsh_core import AbortController
-from dsh_core.errors import PluginLoadError
+from dsh_core.errors import ConfigError, PluginLoadError
 from dsh_plugins.bash import build_environment, looks_like_credential
 
 pytestmark = pytest.mark.anyio
@@ -226,11 +226,17 @@ async def test_bad_input_is_refused_clearly(boot: Any, tmp_path: Path) -> None:
     async with boot(bash(tmp_path, max_timeout_s=10)) as h:
         too_long = await h.call("bash", {"command": "touch never", "timeout": 11})
         assert "timeout 11 s exceeds the maximum of 10 s" in too_long.text
+        huge = await h.call("bash", {"command": "touch never", "timeout": 10**400})  # no float holds it
+        assert huge.code == "TOOL_FAILED" and "exceeds the maximum of 10 s" in huge.text, huge.text
         nul = await h.call("bash", {"command": "touch never\0x"})
         assert "NUL character" in nul.text
         empty = await h.call("bash", {"command": ""})
         assert empty.code == "INVALID_ARGS"
     assert not (tmp_path / "never").exists()
+    for key in ("timeout_s", "max_timeout_s"):
+        with pytest.raises(ConfigError, match=f"config.{key}: .* is greater than the maximum of 31536000"):
+            async with boot(bash(tmp_path, **{key: 10**400})):
+                pass
 
 
 def in_a_process(root: Path, body: str, prelude: str = "",
