@@ -7,6 +7,12 @@ Presets decide, from each tool's ``annotations``:
   run; every other tool (``bash``, a network tool...) asks a person.
 * ``full``: everything runs.
 
+Annotations are the tool author's word, and the presets take it: nothing checks
+that a tool annotated ``read_only`` changes nothing, or that a ``workspace_confined``
+one stays in its root. A plugin runs inside dsh with its user's rights, so
+installing one is already the decision to trust it; ``deny`` a tool whose
+annotations you doubt (a glob over its name, whatever it claims).
+
 ``allow`` and ``deny`` list tool names (``fnmatch`` globs) that are always
 allowed or always denied, whatever the preset; they apply to ``run_code`` too.
 Where the code runtime's isolation in force is L2 or above, the presets do not
