@@ -1,7 +1,7 @@
 """The ``bash`` plugin: run a shell command in the workspace.
 
-Each call starts ``bash -c COMMAND`` in the workspace root, in a new process
-group, with stdin closed and an environment built from an allowlist (names
+Each call starts ``bash -c COMMAND`` in the workspace root, in a new session
+(its own process group), with stdin closed and an environment built from an allowlist (names
 that look like credentials, see ``CREDENTIAL_PATTERNS``, are refused in it, and a
 value that is a URL with a password in it is never passed through).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
