@@ -87,6 +87,7 @@ class Handler(BaseHTTPRequestHandler):
     hits: ClassVar[list[str]] = []
     host_headers: ClassVar[list[str]] = []
     accept_encodings: ClassVar[list[str | None]] = []
+    accepts: ClassVar[list[str | None]] = []
 
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
@@ -105,6 +106,7 @@ class Handler(BaseHTTPRequestHandler):
         Handler.hits.append(self.path)
         Handler.host_headers.append(self.headers.get("Host", ""))
         Handler.accept_encodings.append(self.headers.get("Accept-Encoding"))
+        Handler.accepts.append(self.headers.get("Accept"))
         port = self.server.server_address[1]
         target = parse_qs(urlsplit(self.path).query).get("url", [""])[0]
         if self.path == "/page":
@@ -174,6 +176,7 @@ def server() -> Iterator[str]:
     Handler.hits.clear()
     Handler.host_headers.clear()
     Handler.accept_encodings.clear()
+    Handler.accepts.clear()
     try:
         yield f"127.0.0.1:{httpd.server_address[1]}"
     finally:
@@ -316,6 +319,19 @@ def test_size_cap_redirect_loop_binary_and_errors(server: str) -> None:
 def test_the_request_offers_only_the_encodings_the_plugin_decodes_itself(server: str) -> None:
     fetch(server, f"http://{server}/plain")
     assert Handler.accept_encodings == ["gzip, deflate, identity"]
+
+
+def test_the_accept_header_is_a_valid_list_of_media_ranges(server: str) -> None:
+    # "*/json" is no media range (RFC 9110, section 12.5.1: "*/*", "type/*" or "type/subtype"), and servers that
+    # parse Accept strictly (Spring, for one) answer 406 Not Acceptable to it, whatever the page is.
+    fetch(server, f"http://{server}/plain")
+    (accept,) = Handler.accepts
+    assert accept is not None
+    ranges = [part.split(";")[0].strip() for part in accept.split(",")]
+    for media in ranges:
+        kind, slash, subtype = media.partition("/")
+        assert kind and slash and subtype and (kind != "*" or subtype == "*"), f"{media!r} in Accept: {accept}"
+    assert {"text/html", "application/json"} <= set(ranges)
 
 
 @pytest.mark.parametrize("name", ["gzip", "x-gzip", "gzip-members", "gzip-trailing", "deflate-zlib", "deflate-raw",

@@ -494,7 +494,7 @@ class HttpFetch:
             async with httpx.AsyncClient(transport=transport, follow_redirects=False, timeout=timeout,
                                          trust_env=False) as client:
                 for _ in range(self.max_redirects + 1):
-                    headers = {"Accept": "text/html, text/*, */json", "Accept-Encoding": _ACCEPT_ENCODING}
+                    headers = {"Accept": _ACCEPT, "Accept-Encoding": _ACCEPT_ENCODING}
                     async with client.stream("GET", url, headers=headers) as response:
                         if response.is_redirect:
                             location = response.headers.get("location", "")
@@ -579,6 +579,13 @@ class HttpFetch:
             raise _body_error(url, response, str(error)) from None
         return body
 
+
+# The media types the request prefers: text, HTML and JSON first. Every range is "type/subtype", "type/*" or
+# "*/*" (RFC 9110, section 12.5.1): servers that parse Accept strictly answer 406 to a malformed one such as
+# "*/json". "*/*" comes last, as browsers send it, so a server that negotiates strictly answers with what it has
+# rather than 406; a type that is not text is then refused by its Content-Type, before its body is read.
+_ACCEPT = ("text/html, application/xhtml+xml, application/json, text/*;q=0.9, application/xml;q=0.9, "
+           "*/*;q=0.1")
 
 # The content codings the request offers. The plugin decodes them itself, from the raw bytes, because httpx's
 # decoders have no limit on their output: each raw chunk becomes one decoded chunk, so a 64 KiB read of a gzip
