@@ -130,6 +130,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(410, b"\x8b\x02\x80gone\x03", headers={"Content-Encoding": "br"})
         elif self.path == "/bomb":
             self.send(200, gzip_bomb(), "text/plain", headers={"Content-Encoding": "gzip"})
+        elif self.path.startswith("/typed/"):  # /typed/application/yaml: a short text document of that type
+            self.send(200, "openapi: 3.1.0 # ü".encode(), self.path.removeprefix("/typed/"))
         elif self.path == "/image":
             self.send(200, b"\x89PNG", "image/png")
         elif self.path == "/gone-image":
@@ -297,6 +299,16 @@ def test_a_host_that_is_not_valid_idna_is_an_invalid_url(server: str) -> None:
     redirect = fetch(server, f"http://{server}/to?url={quote(bad)}", allowed_hosts=[server, "*.example.com"])
     assert redirect.code == "TOOL_FAILED"
     assert f"redirect from http://{server}/to?url=" in redirect.text and "invalid URL" in redirect.text
+
+
+@pytest.mark.parametrize("content_type", ["application/yaml", "application/x-yaml", "application/openapi+yaml",
+                                          "application/toml", "application/ecmascript", "application/sql",
+                                          "application/ld+json", "image/svg+xml", "text/markdown"])
+def test_text_formats_with_an_application_type_are_text(server: str, content_type: str) -> None:
+    # YAML (RFC 9512: application/yaml and the +yaml suffix), TOML, SQL, ECMAScript: text, served as application/*.
+    result = fetch(server, f"http://{server}/typed/{content_type}")
+    assert result.code is None, result.text
+    assert result.value["text"] == "openapi: 3.1.0 # ü" and result.value["content_type"] == content_type
 
 
 def test_size_cap_redirect_loop_binary_and_errors(server: str) -> None:

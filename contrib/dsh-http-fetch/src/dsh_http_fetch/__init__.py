@@ -518,8 +518,7 @@ class HttpFetch:
 
     async def _read(self, url: httpx.URL, response: httpx.Response, raw: bool) -> dict[str, Any]:
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
-        textual = (content_type.startswith("text/") or content_type.endswith(("json", "xml", "javascript"))
-                   or not content_type)
+        textual = content_type.startswith("text/") or content_type.endswith(_TEXT_SUFFIXES) or not content_type
         if not textual:
             if response.status_code >= 400:  # the status says more than the type of its error page
                 raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is "
@@ -579,6 +578,11 @@ class HttpFetch:
             raise _body_error(url, response, str(error)) from None
         return body
 
+
+# Media types outside text/* that are text: JSON, XML and YAML with their "+json", "+xml", "+yaml" suffixes
+# (application/ld+json, image/svg+xml, application/openapi+yaml), and scripts, TOML and SQL (application/yaml,
+# application/x-yaml, application/toml, application/sql, application/ecmascript).
+_TEXT_SUFFIXES = ("json", "xml", "yaml", "javascript", "ecmascript", "toml", "sql")
 
 # The media types the request prefers: text, HTML and JSON first. Every range is "type/subtype", "type/*" or
 # "*/*" (RFC 9110, section 12.5.1): servers that parse Accept strictly answer 406 to a malformed one such as
