@@ -156,6 +156,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, "\ufeffGrüße".encode(codec), "text/html; charset=iso-8859-1")
         elif self.path == "/lt-flood":  # hostile HTML: every "<" is a separate step of html.parser
             self.send(200, b"< " * 200_000)
+        elif self.path.startswith("/xml-encoding/"):  # encoding only in the XML declaration; /xml-encoding/<type>
+            body = '<?xml version="1.0" encoding="ISO-8859-1"?>\n<rss><title>Grüße</title></rss>'.encode("latin-1")
+            self.send(200, body, self.path.removeprefix("/xml-encoding/"))
         elif self.path.startswith("/meta-charset/"):  # charset only in the page; /meta-charset/<header charset>
             header = self.path.removeprefix("/meta-charset/")
             body = '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252">' \
@@ -575,6 +578,16 @@ def test_an_html_page_without_a_charset_header_is_decoded_as_its_meta_tag_says(s
     # The header, when there is one, wins (WHATWG: BOM, then Content-Type, then the <meta> prescan).
     result = fetch(server, f"http://{server}/meta-charset/utf-8")
     assert result.value["text"] == "Gr\ufffd\ufffde"
+
+
+@pytest.mark.parametrize("content_type", ["application/rss+xml", "text/xml", "application/xml"])
+def test_an_xml_document_without_a_charset_header_is_decoded_as_its_declaration_says(
+        server: str, content_type: str) -> None:
+    # RFC 7303, section 4.3: without a charset parameter (or a BOM), the XML declaration names the encoding.
+    result = fetch(server, f"http://{server}/xml-encoding/{content_type}")
+    assert result.code is None and "<title>Grüße</title>" in result.value["text"], result.text
+    result = fetch(server, f"http://{server}/xml-encoding/{content_type};charset=utf-8")  # the header wins
+    assert "<title>Gr\ufffd\ufffde</title>" in result.value["text"]
 
 
 @pytest.mark.parametrize("codec", ["utf-8", "utf-16-le", "utf-16-be"])

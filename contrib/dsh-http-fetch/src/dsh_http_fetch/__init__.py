@@ -529,6 +529,8 @@ class HttpFetch:
         del body[self.max_bytes:]
         html = content_type in ("text/html", "application/xhtml+xml")
         charset = response.charset_encoding
+        if charset is None and content_type.endswith("xml"):
+            charset = _xml_encoding(body)
         if charset is None and html:
             charset = _meta_charset(body)
         text = _decode(body, charset)
@@ -734,6 +736,21 @@ def _meta_charset(body: bytearray) -> str | None:
     charset = match.group(1).decode("ascii").lower()
     # WHATWG: a UTF-16 <meta> is read as UTF-8 (a page the tag could be read from in ASCII is not UTF-16).
     return "utf-8" if charset.startswith("utf-16") else charset
+
+
+# <?xml version="1.0" encoding="x"?> at the start of a document (RFC 7303, section 4.3: what names the encoding
+# of an XML document whose Content-Type has no charset parameter and that has no BOM).
+_XML_ENCODING = re.compile(rb"""\s*<\?xml\s[^>]*?encoding\s*=\s*["']([A-Za-z][A-Za-z0-9._-]*)["']""")
+
+
+def _xml_encoding(body: bytearray) -> str | None:
+    """The encoding an XML document's declaration names, for a response whose header declares none."""
+    match = _XML_ENCODING.match(body[:1024])
+    if match is None:
+        return None
+    encoding = match.group(1).decode("ascii").lower()
+    # As with <meta>: a declaration that could be read in ASCII is not in UTF-16.
+    return "utf-8" if encoding.startswith("utf-16") else encoding
 
 
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
