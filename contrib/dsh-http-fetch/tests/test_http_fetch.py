@@ -513,6 +513,22 @@ def test_helpers() -> None:
 
 
 @pytest.mark.parametrize(("url", "entry"), [
+    ("http://docs.python.org/", "docs.python.org."),  # an entry written as a fully qualified name
+    ("http://docs.python.org./", "docs.python.org."),
+    ("http://x.python.org/", "*.python.org."),
+    ("http://[::1]/", "0:0::1"),  # one IPv6 address, spelled two ways
+    ("http://[0:0::1]:8080/", "[::1]:8080"),
+    ("http://[::FFFF:1.2.3.4]/", "::ffff:102:304"),
+])
+def test_an_entry_matches_its_host_however_either_is_spelled(url: str, entry: str) -> None:
+    # Each was an entry that matched no URL at all: the trailing dot was dropped from the URL's host only,
+    # and IPv6 addresses were compared as written.
+    import httpx
+
+    assert host_allowed(httpx.URL(url), [entry])
+
+
+@pytest.mark.parametrize(("url", "entry"), [
     ("http://www.bücher.de/", "*.bücher.de"),  # httpx shows a host as Unicode only when its first label is xn--
     ("http://www.xn--bcher-kva.de/", "*.bücher.de"),
     ("http://bücher.de/", "xn--bcher-kva.de"),  # an entry in its ASCII form

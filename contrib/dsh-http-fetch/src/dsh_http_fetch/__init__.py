@@ -363,15 +363,27 @@ def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
     """True if the URL's host (and port, when an entry names one) matches an allowed entry."""
     # Compared in ASCII (IDNA) form, the name that is looked up: httpx's url.host is Unicode only when the
     # first label is xn-- (www.xn--bcher-kva.de stays ASCII), so "*.bücher.de" or "xn--bcher-kva.de" missed.
-    host = url.raw_host.decode("ascii", errors="replace").lower().rstrip(".")
+    host = _normal_host(url.raw_host.decode("ascii", errors="replace"))
     port = url.port or (443 if url.scheme == "https" else 80)
     for entry in allowed:
         pattern, want_port = parse_host_entry(entry)
         if want_port and want_port != str(port):
             continue
-        if fnmatch.fnmatchcase(host, _ascii_pattern(pattern)):
+        if fnmatch.fnmatchcase(host, _normal_host(_ascii_pattern(pattern))):
             return True
     return False
+
+
+def _normal_host(host: str) -> str:
+    """``host`` (a URL's, or an entry's pattern) as compared: lower case, no trailing dot, an IP address compressed.
+
+    ``docs.python.org.`` is ``docs.python.org``, and ``0:0::1`` and ``::FFFF:1.2.3.4`` are ``::1`` and
+    ``::ffff:102:304``, in a URL and in an entry alike.
+    """
+    host = host.lower().rstrip(".")
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(host))
+    return host
 
 
 def _ascii_pattern(pattern: str) -> str:
