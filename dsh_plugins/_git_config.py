@@ -13,7 +13,7 @@ from __future__ import annotations
 __all__ = ["ConfigError", "parse"]
 
 _BOM = b"\xef\xbb\xbf"
-_SPACE = frozenset(b" \t\n\v\f\r")  # C's isspace, which git uses
+_SPACE = frozenset(b" \t\n\r")  # git's isspace (sane_ctype in ctype.c): not C's, no \v or \f
 _KEY = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _ALPHA = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _ESCAPES = {ord("t"): ord("\t"), ord("b"): ord("\b"), ord("n"): ord("\n"), ord("\\"): ord("\\"), ord('"'): ord('"')}

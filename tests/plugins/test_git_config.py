@@ -18,9 +18,12 @@ CASES = [
     (b"; only\n# comments\n\n", []),
     (b"[include]\n\tpath = ~/x.cfg\n[includeIf \"gitdir:~/w/\"]\n\tpath = y\n",
      [("include.path", b"~/x.cfg"), ('includeif.gitdir:~/w/.path', b"y")]),
+    # git's isspace (sane_ctype) is space, tab, CR and LF: a form feed or vertical tab is part of the value
+    (b"[core]\n\thooksPath = \x0cgh\x0b\n", [("core.hookspath", b"\x0cgh\x0b")]),
 ]
 BAD = [(b'[core]\n\thooksPath = "open\n', 2), (b"[core\n", 1), (b"[core]\n\tx = a\\q\n", 2), (b"=x\n", 1),
-       (b"[core]\n\tx y = 1\n", 2), (b"\xef\xbbx", 1)]
+       (b"[core]\n\tx y = 1\n", 2), (b"\xef\xbbx", 1), (b"\x0c[core]\n", 1),
+       (b"[core]\n\x0bx = 1\n", 2)]
 
 
 @pytest.mark.parametrize(("data", "settings"), CASES)
