@@ -63,7 +63,8 @@ def parse(data: bytes) -> list[tuple[str, bytes | None]]:
 
     ``name`` is ``section.key`` or ``section.subsection.key``: section and key lower-cased (git
     compares them ignoring case), a quoted subsection as written. ``value`` is ``None`` for a key
-    without ``=`` (git reads it as true). Raises :class:`ConfigError` where git would.
+    without ``=`` (git reads it as true). Both end at a NUL, as git's C strings do. Raises
+    :class:`ConfigError` where git would.
     """
     if data.startswith(_BOM):
         data = data[len(_BOM):]  # as git, which skips one (Notepad writes it) but refuses part of one
@@ -87,7 +88,9 @@ def parse(data: bytes) -> list[tuple[str, bytes | None]]:
             section = _section(source)  # a key may follow on the same line: "[core] bare = false"
         elif c in _ALPHA:
             key, value = _variable(source, c)
-            settings.append((f"{section}.{key}" if section else key, value))
+            # git hands names and values on as C strings: what follows a NUL is not part of them.
+            name = (f"{section}.{key}" if section else key).partition("\0")[0]
+            settings.append((name, None if value is None else value.partition(b"\0")[0]))
         else:
             raise source.error()
 

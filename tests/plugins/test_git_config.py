@@ -20,6 +20,8 @@ CASES = [
      [("include.path", b"~/x.cfg"), ('includeif.gitdir:~/w/.path', b"y")]),
     # git's isspace (sane_ctype) is space, tab, CR and LF: a form feed or vertical tab is part of the value
     (b"[core]\n\thooksPath = \x0cgh\x0b\n", [("core.hookspath", b"\x0cgh\x0b")]),
+    # git's strings end at a NUL: the value git uses is what comes before it
+    (b"[core]\n\thooksPath = gh\0junk\n[core \"a\0b\"]\n\tx = 1\n", [("core.hookspath", b"gh"), ("core.a", b"1")]),
 ]
 BAD = [(b'[core]\n\thooksPath = "open\n', 2), (b"[core\n", 1), (b"[core]\n\tx = a\\q\n", 2), (b"=x\n", 1),
        (b"[core]\n\tx y = 1\n", 2), (b"\xef\xbbx", 1), (b"\x0c[core]\n", 1),

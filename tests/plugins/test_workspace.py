@@ -1368,6 +1368,19 @@ async def test_core_hookspath_of_every_repository_on_the_way_counts(
             assert (await h.call("write", {"path": path, "content": "x\n"})).error is None, path
 
 
+async def test_a_nul_in_a_git_config_value_ends_it_as_in_git(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git reads a value as a C string, up to a NUL: "githooks\\0junk" names githooks, which is refused;
+    the NUL crashes no write (a path with a NUL cannot even be opened)."""
+    _no_global_git_config(monkeypatch, tmp_path / "home")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_bytes(b"[core]\n\thooksPath = githooks\0junk\n[include]\n\tpath = x\0y\n")
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("write", {"path": "githooks/pre-commit", "content": "x"})
+        assert result.code == "TOOL_FAILED" and "is in 'githooks', the hooks directory" in result.text, result.text
+        assert (await h.call("write", {"path": "a.txt", "content": "x"})).error is None
+
+
 async def test_a_git_config_that_cannot_be_read_refuses_writes(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config line this reader (or git) cannot parse might hide a core.hooksPath: write and edit are
