@@ -156,26 +156,46 @@ def _global_git_configs() -> list[str]:
     return ["/etc/gitconfig", os.path.join(xdg, "git", "config"), os.path.join(home, ".gitconfig")]
 
 
-def _hooks_paths(config: str, depth: int = 0) -> Iterator[tuple[str, str]]:
-    """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
-    includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
-    missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``)."""
-    data = _read_small(config)
-    if data is None:
-        return
-    try:
-        settings = _git_config.parse(data)
-    except _git_config.ConfigError as error:
-        error.filename = config
-        raise
-    for name, value in settings:
-        if not value:
-            continue
-        text = os.path.expanduser(os.fsdecode(value))  # git expands ~/ and ~user/ in paths
-        if name == "core.hookspath":
-            yield text, config
-        elif _is_include(name) and depth < MAX_GIT_INCLUDE_DEPTH:  # deeper, git refuses the whole config
-            yield from _hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1)
+class _GitConfigs:
+    """The git config files one check reads: each read and parsed once, however often it is named."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, list[tuple[str, bytes | None]]] = {}
+
+    def _settings(self, config: str) -> list[tuple[str, bytes | None]]:
+        key = os.path.realpath(config)
+        if key not in self._parsed:
+            data = _read_small(config)
+            try:
+                self._parsed[key] = [] if data is None else _git_config.parse(data)
+            except _git_config.ConfigError as error:
+                error.filename = config
+                raise
+        return self._parsed[key]
+
+    def hooks_paths(self, config: str, depth: int = 0,
+                    seen: dict[tuple[str, str], int] | None = None) -> Iterator[tuple[str, str]]:
+        """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
+        includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
+        missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``).
+
+        A file is followed again only from less deep than before (``seen``): a file naming itself, or one
+        file many times, or through symlinks to its directory, is not read once per path through the
+        includes (exponential in the depth)."""
+        seen = {} if seen is None else seen
+        # Relative includes are taken from the directory as named: it is part of the key.
+        key = (os.path.realpath(os.path.dirname(config)), os.path.realpath(config))
+        if seen.get(key, MAX_GIT_INCLUDE_DEPTH + 1) <= depth:
+            return
+        seen[key] = depth
+        for name, value in self._settings(config):
+            if not value:
+                continue
+            text = os.path.expanduser(os.fsdecode(value))  # git expands ~/ and ~user/ in paths
+            if name == "core.hookspath":
+                yield text, config
+            elif _is_include(name) and depth < MAX_GIT_INCLUDE_DEPTH:  # deeper, git refuses the whole config
+                yield from self.hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1, seen)
 
 
 def _is_include(name: str) -> bool:
@@ -833,6 +853,7 @@ class WorkspaceTools:
         parsed (git refuses those too) refuses the write: it may name one, and guessing could miss it.
         """
         target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
+        configs_read = _GitConfigs()
         for worktree, gitdir in self._repositories_around(real):
             configs = [*_global_git_configs(), os.path.join(gitdir, "config"),
                        os.path.join(gitdir, "config.worktree")]
@@ -841,7 +862,7 @@ class WorkspaceTools:
                 if common is not None:  # a worktree's git directory: the repository's config is there
                     configs.append(os.path.join(gitdir, os.fsdecode(common.strip()), "config"))
                 for config in configs:
-                    for value, source in _hooks_paths(config):
+                    for value, source in configs_read.hooks_paths(config):
                         if value.startswith("%(prefix)/"):
                             continue  # under git's installation directory, not the workspace
                         for base in (worktree, gitdir):

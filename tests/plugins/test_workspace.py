@@ -1381,6 +1381,32 @@ async def test_a_nul_in_a_git_config_value_ends_it_as_in_git(
         assert (await h.call("write", {"path": "a.txt", "content": "x"})).error is None
 
 
+async def test_git_config_includes_are_read_once_however_often_they_are_named(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config including itself (or one file) many times, or through symlinks to its directory, is read
+    once per depth at most, not once per path through the includes: 8 includes 10 deep were 8**10 reads
+    on the event loop. git's include depth (10) still bounds how deep they are followed."""
+    from dsh_plugins import workspace
+    _no_global_git_config(monkeypatch, tmp_path / "home")
+    (tmp_path / ".git").mkdir()
+    for index in range(4):
+        (tmp_path / ".git" / f"d{index}").symlink_to(".")
+    (tmp_path / ".git" / "config").write_text(
+        "[include]\n" + "".join(f"\tpath = config\n\tpath = d{index}/config\n" for index in range(4)))
+    reads: list[str] = []
+    read_small = workspace._read_small
+
+    def counted(path: str) -> bytes | None:
+        reads.append(path)
+        assert len(reads) < 1000, "the includes are read again and again"
+        return read_small(path)
+
+    monkeypatch.setattr(workspace, "_read_small", counted)
+    async with boot(ws(tmp_path)) as h:
+        assert (await h.call("write", {"path": "a.txt", "content": "x"})).error is None
+    assert len(reads) <= 50, len(reads)
+
+
 async def test_a_git_config_that_cannot_be_read_refuses_writes(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config line this reader (or git) cannot parse might hide a core.hooksPath: write and edit are
