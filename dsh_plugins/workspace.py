@@ -162,10 +162,15 @@ class _GitConfigs:
     def __init__(self) -> None:
         self._parsed: dict[str, list[tuple[str, bytes | None]]] = {}
 
-    def _settings(self, config: str) -> list[tuple[str, bytes | None]]:
+    def _settings(self, config: str, skip_denied: bool) -> list[tuple[str, bytes | None]]:
         key = os.path.realpath(config)
         if key not in self._parsed:
-            data = _read_small(config)
+            try:
+                data = _read_small(config)
+            except PermissionError:
+                if not skip_denied:
+                    raise
+                data = None
             try:
                 self._parsed[key] = [] if data is None else _git_config.parse(data)
             except _git_config.ConfigError as error:
@@ -173,22 +178,23 @@ class _GitConfigs:
                 raise
         return self._parsed[key]
 
-    def hooks_paths(self, config: str, depth: int = 0,
-                    seen: dict[tuple[str, str], int] | None = None) -> Iterator[tuple[str, str]]:
+    def hooks_paths(self, config: str, depth: int = 0, seen: dict[tuple[str, str], int] | None = None, *,
+                    skip_denied: bool = False) -> Iterator[tuple[str, str]]:
         """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
         includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
         missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``).
 
         A file is followed again only from less deep than before (``seen``): a file naming itself, or one
         file many times, or through symlinks to its directory, is not read once per path through the
-        includes (exponential in the depth)."""
+        includes (exponential in the depth). With ``skip_denied`` (the user's and system's configs), a file
+        that may not be read is skipped, as git skips those (``ACCESS_EACCES_OK``); it dies on others."""
         seen = {} if seen is None else seen
         # Relative includes are taken from the directory as named: it is part of the key.
         key = (os.path.realpath(os.path.dirname(config)), os.path.realpath(config))
         if seen.get(key, MAX_GIT_INCLUDE_DEPTH + 1) <= depth:
             return
         seen[key] = depth
-        for name, value in self._settings(config):
+        for name, value in self._settings(config, skip_denied and depth == 0):
             if not value:
                 continue
             text = os.path.expanduser(os.fsdecode(value))  # git expands ~/ and ~user/ in paths
@@ -854,15 +860,16 @@ class WorkspaceTools:
         """
         target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
         configs_read = _GitConfigs()
+        global_configs = _global_git_configs()
         for worktree, gitdir in self._repositories_around(real):
-            configs = [*_global_git_configs(), os.path.join(gitdir, "config"),
+            configs = [*global_configs, os.path.join(gitdir, "config"),
                        os.path.join(gitdir, "config.worktree")]
             try:
                 common = _read_small(os.path.join(gitdir, "commondir"))
                 if common is not None:  # a worktree's git directory: the repository's config is there
                     configs.append(os.path.join(gitdir, os.fsdecode(common.strip()), "config"))
                 for config in configs:
-                    for value, source in configs_read.hooks_paths(config):
+                    for value, source in configs_read.hooks_paths(config, skip_denied=config in global_configs):
                         if value.startswith("%(prefix)/"):
                             continue  # under git's installation directory, not the workspace
                         for base in (worktree, gitdir):

@@ -1407,6 +1407,33 @@ async def test_git_config_includes_are_read_once_however_often_they_are_named(
     assert len(reads) <= 50, len(reads)
 
 
+async def test_a_users_git_config_git_may_not_read_is_skipped_as_git_skips_it(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git skips the user's and system's configs it has no permission to read (access_or_die with
+    ACCESS_EACCES_OK: dsh run as another user whose HOME is closed to it), so they set no hooks directory
+    and refuse no write; a repository's own config it may not read still refuses, as git dies on it."""
+    from dsh_plugins import workspace
+    home = tmp_path / "home"
+    _no_global_git_config(monkeypatch, home)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    read_small = workspace._read_small
+    denied = {str(home / ".gitconfig"), str(home / ".config" / "git" / "config")}
+
+    def closed(path: str) -> bytes | None:
+        if path in denied:
+            raise PermissionError(13, "Permission denied", path)
+        return read_small(path)
+
+    monkeypatch.setattr(workspace, "_read_small", closed)
+    async with boot(ws(tmp_path)) as h:
+        written = await h.call("write", {"path": "a.txt", "content": "x"})
+        assert written.error is None, written.text
+        denied.add(str(tmp_path / ".git" / "config"))
+        refused = await h.call("write", {"path": "a.txt", "content": "y"})
+        assert refused.code == "TOOL_FAILED" and ".git/config cannot be read (Permission denied)" in refused.text
+
+
 async def test_a_git_config_that_cannot_be_read_refuses_writes(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config line this reader (or git) cannot parse might hide a core.hooksPath: write and edit are
