@@ -861,18 +861,24 @@ class WorkspaceTools:
         target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
         configs_read = _GitConfigs()
         global_configs = _global_git_configs()
-        for worktree, gitdir in self._repositories_around(real):
-            configs = [*global_configs, os.path.join(gitdir, "config"),
-                       os.path.join(gitdir, "config.worktree")]
+        # The user's and system's configs apply in every repository, in the workspace or not, so an absolute
+        # hooks directory they name counts also where the workspace is in none (None: no repository).
+        repositories: list[tuple[str, str] | None] = [None, *self._repositories_around(real)]
+        for repository in repositories:
             try:
-                common = _read_small(os.path.join(gitdir, "commondir"))
-                if common is not None:  # a worktree's git directory: the repository's config is there
-                    configs.append(os.path.join(gitdir, os.fsdecode(common.strip()), "config"))
+                configs = list(global_configs)
+                if repository is not None:
+                    gitdir = repository[1]
+                    configs += [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+                    common = _read_small(os.path.join(gitdir, "commondir"))
+                    if common is not None:  # a worktree's git directory: the repository's config is there
+                        configs.append(os.path.join(gitdir, os.fsdecode(common.strip()), "config"))
                 for config in configs:
                     for value, source in configs_read.hooks_paths(config, skip_denied=config in global_configs):
                         if value.startswith("%(prefix)/"):
                             continue  # under git's installation directory, not the workspace
-                        for base in (worktree, gitdir):
+                        # A relative one is taken from a repository's working tree or git directory.
+                        for base in ("",) if os.path.isabs(value) else (repository or ()):
                             hooks = os.path.realpath(os.path.join(base, value))
                             if not _under(hooks, self.workspace.root):
                                 continue
@@ -883,12 +889,13 @@ class WorkspaceTools:
                                 return self.workspace.relative(hooks), source
             except _git_config.ConfigError as error:
                 raise ToolError(f"{verb} refused: cannot tell where git looks for hooks: "
-                                f"{self._shown(error.filename or gitdir)} line {error.line} is not git config syntax "
+                                f"{self._shown(error.filename or 'a git config')} line {error.line} is not git config "
+                                "syntax "
                                 "(git refuses the file too) and might set core.hooksPath; fix it, or remove "
                                 "'.git' from protected_dirs in the workspace config") from None
             except OSError as error:
                 raise ToolError(f"{verb} refused: cannot tell where git looks for hooks: "
-                                f"{self._shown(error.filename or gitdir)} cannot be read "
+                                f"{self._shown(error.filename or 'a git config')} cannot be read "
                                 f"({error.strerror or error}) and might set core.hooksPath; fix it, or remove "
                                 "'.git' from protected_dirs in the workspace config") from None
         return None
