@@ -161,6 +161,9 @@ class _GitConfigs:
 
     def __init__(self) -> None:
         self._parsed: dict[str, list[tuple[str, bytes | None]]] = {}
+        #: Every config file git reads (or would, once it is there), by its real path, to the file including
+        #: it (``None`` for a config git reads of its own accord).
+        self.named: dict[str, str | None] = {}
 
     def _settings(self, config: str, skip_denied: bool) -> list[tuple[str, bytes | None]]:
         key = os.path.realpath(config)
@@ -179,7 +182,7 @@ class _GitConfigs:
         return self._parsed[key]
 
     def hooks_paths(self, config: str, depth: int = 0, seen: dict[tuple[str, str], int] | None = None, *,
-                    skip_denied: bool = False) -> Iterator[tuple[str, str]]:
+                    skip_denied: bool = False, includer: str | None = None) -> Iterator[tuple[str, str]]:
         """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
         includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
         missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``).
@@ -194,6 +197,7 @@ class _GitConfigs:
         if seen.get(key, MAX_GIT_INCLUDE_DEPTH + 1) <= depth:
             return
         seen[key] = depth
+        self.named.setdefault(key[1], includer)
         for name, value in self._settings(config, skip_denied and depth == 0):
             if not value:
                 continue
@@ -201,7 +205,8 @@ class _GitConfigs:
             if name == "core.hookspath":
                 yield text, config
             elif _is_include(name) and depth < MAX_GIT_INCLUDE_DEPTH:  # deeper, git refuses the whole config
-                yield from self.hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1, seen)
+                yield from self.hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1, seen,
+                                            includer=config)
 
 
 def _is_include(name: str) -> bool:
@@ -817,13 +822,24 @@ class WorkspaceTools:
                                 "git runs what a repository holds (hooks, config) when used in that directory; "
                                 "change git state with git itself, or remove '.git' from protected_dirs in the "
                                 "workspace config")
-            hooks = self._hooks_directory_around(real, verb)
+            configs_read = _GitConfigs()
+            hooks = self._hooks_directory_around(real, verb, configs_read)
             if hooks is not None:
                 directory, config = hooks
                 raise ToolError(f"{verb} refused: {given!r} is in {directory!r}, the hooks directory that "
                                 f"core.hooksPath names in {self._shown(config)}: git runs the hooks there (at the "
                                 "next commit, merge, checkout or push); change them outside dsh, or remove '.git' "
                                 "from protected_dirs in the workspace config")
+            target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
+            for named, includer in configs_read.named.items():
+                if _under(named, self.workspace.root) and named != self.workspace.root and target == [
+                        _protected_key(part) for part in self.workspace.relative(named).split("/")]:
+                    how = "git reads it in every repository" if includer is None else (
+                        f"included by {self._shown(includer)}")
+                    raise ToolError(f"{verb} refused: {given!r} is a git config file ({how}): git runs the "
+                                    "commands a config names (core.fsmonitor, core.hooksPath, core.sshCommand, "
+                                    "aliases) as it runs hooks; change it outside dsh, or remove '.git' from "
+                                    "protected_dirs in the workspace config")
 
     def _shown(self, path: str) -> str:
         """``path`` as a message shows it: from the root if it lies inside, else absolute."""
@@ -846,7 +862,7 @@ class WorkspaceTools:
                 found.append((directory, gitdir))
         return found
 
-    def _hooks_directory_around(self, real: str, verb: str) -> tuple[str, str] | None:
+    def _hooks_directory_around(self, real: str, verb: str, configs_read: _GitConfigs) -> tuple[str, str] | None:
         """The hooks directory holding ``real`` that ``core.hooksPath`` names (shown from the root), and
         the config file naming it; ``None`` if there is none.
 
@@ -857,9 +873,9 @@ class WorkspaceTools:
         counts, not the last only. A relative one is taken from the working tree, and from the git
         directory too (a bare repository's base), both refused. A config file that cannot be read or
         parsed (git refuses those too) refuses the write: it may name one, and guessing could miss it.
+        ``configs_read`` collects the config files read (:attr:`_GitConfigs.named`).
         """
         target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
-        configs_read = _GitConfigs()
         global_configs = _global_git_configs()
         # The user's and system's configs apply in every repository, in the workspace or not, so an absolute
         # hooks directory they name counts also where the workspace is in none (None: no repository).

@@ -1452,6 +1452,37 @@ async def test_an_absolute_core_hookspath_of_the_users_config_counts_outside_any
     assert not (home / ".githooks").exists()
 
 
+async def test_write_and_edit_leave_the_git_config_files_git_reads_alone(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config file that .git/config includes (a team's checked-in .gitconfig), one it includes in turn, one
+    named but not there yet, and the user's own config (the workspace being the home directory) are read
+    by git as .git/config is: a core.fsmonitor or core.hooksPath written there is a command git runs."""
+    home = tmp_path / "home"
+    _no_global_git_config(monkeypatch, home)
+    root = home / "ws"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "config").write_text(
+        '[include]\n\tpath = ../.gitconfig\n[includeIf "onbranch:main"]\n\tpath = ../cfg/local.cfg\n')
+    (root / ".gitconfig").write_text("[include]\n\tpath = team/more.cfg\n[user]\n\tname = x\n")
+    (home / ".gitconfig").write_text("[user]\n\tname = me\n")
+    async with boot(ws(root)) as h:
+        for path, included in [(".gitconfig", ".git/config"), ("cfg/local.cfg", ".git/config"),
+                               ("team/more.cfg", ".gitconfig"), ("./cfg/../.GitConfig", ".git/config")]:
+            result = await h.call("write", {"path": path, "content": "[core]\n\tfsmonitor = touch pwned\n"})
+            assert result.code == "TOOL_FAILED", (path, result.text)
+            assert f"write refused: {path!r} is a git config file (included by {included})" in result.text, result.text
+        edited = await h.call("edit", {"path": ".gitconfig", "old_string": "name = x", "new_string": "name = y"})
+        assert edited.code == "TOOL_FAILED" and "is a git config file" in edited.text, edited.text
+        assert (await h.call("write", {"path": "cfg/other.cfg", "content": "x"})).error is None
+    assert (root / ".gitconfig").read_text().endswith("name = x\n") and not (root / "team").exists()
+    async with boot(ws(home)) as h:  # the user's own config, read in every repository
+        for path in (".gitconfig", ".config/git/config"):
+            result = await h.call("write", {"path": path, "content": "[core]\n\tfsmonitor = touch pwned\n"})
+            assert result.code == "TOOL_FAILED" and "is a git config file (git reads it" in result.text, result.text
+    async with boot(ws(root, protected_dirs=[])) as h:  # lifted with the .git protection
+        assert (await h.call("write", {"path": ".gitconfig", "content": "[user]\n"})).error is None
+
+
 async def test_a_git_config_that_cannot_be_read_refuses_writes(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config line this reader (or git) cannot parse might hide a core.hooksPath: write and edit are
