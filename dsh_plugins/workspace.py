@@ -1147,6 +1147,10 @@ class WorkspaceTools:
             updated = "".join([*pieces, text[last:]])
         else:
             updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+        if updated == text:  # new_string differs from old_string in the CRs before its LFs alone
+            raise ToolError(f"this edit would not change {given!r}: edit keeps each line's ending (LF or CRLF) as "
+                            "the file has it, so old_string and new_string differing in line endings only change "
+                            "nothing; to change line endings, write the whole file")
         data = updated.encode("utf-8")
         if len(data) > self.max_file_bytes:
             raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "

@@ -1523,6 +1523,22 @@ async def test_an_edit_matches_lines_copied_from_read_in_a_file_of_mixed_line_en
         assert (tmp_path / "last.txt").read_bytes() == b"a\nb\r\nc\r\nd"
 
 
+async def test_an_edit_that_would_only_change_line_endings_is_refused_not_reported_done(
+        boot: Any, tmp_path: Path) -> None:
+    """An edit keeps each line's ending as the file has it, so one asked to turn CRLF into LF (old_string
+    "\\r\\n", new_string "\\n") changes nothing: it is refused, saying so and how to do it, rather than
+    reported as N replacements made."""
+    (tmp_path / "dos.txt").write_bytes(b"a\r\nb\r\nc\n")
+    async with boot(ws(tmp_path)) as h:
+        for old, new, replace_all in [("\r\n", "\n", True), ("a\r\nb", "a\nb", False)]:
+            result = await h.call("edit", {"path": "dos.txt", "old_string": old, "new_string": new,
+                                           "replace_all": replace_all})
+            assert result.code == "TOOL_FAILED", (old, result.text)
+            assert "would not change 'dos.txt'" in result.text and "line endings" in result.text, result.text
+        assert (await h.call("edit", {"path": "dos.txt", "old_string": "b", "new_string": "B"})).error is None
+    assert (tmp_path / "dos.txt").read_bytes() == b"a\r\nB\r\nc\n"
+
+
 async def test_occurrences_in_a_file_of_mixed_line_endings_count_whatever_their_endings(
         boot: Any, tmp_path: Path) -> None:
     """Two regions read shows alike are two occurrences, though their endings differ: the edit is refused
