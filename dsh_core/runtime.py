@@ -31,6 +31,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import attrs
@@ -261,25 +262,33 @@ class ToolRuntime:
 
     # -- prepare: pre-execute, approval, guards ---------------------------------------------------------
 
-    async def prepare(self, request: ToolExecutionInput) -> Staged:
-        """Create the execution and run the policy stages; the result says what comes next."""
+    async def prepare(self, request: ToolExecutionInput, *,
+                      approval_wait: Callable[[], AbstractContextManager[None]] | None = None) -> Staged:
+        """Create the execution and run the policy stages; the result says what comes next.
+
+        ``approval_wait()``, if given, is held while the call waits for the answer to an
+        approval ask, and only then (the Code Mode scheduler stops its run's wall clock
+        with it: a person deciding is not the program's time, a slow policy hook is).
+        """
         staged = self._create(request)
         if staged.kind == "dispatch":
-            await self._policy(staged)
+            await self._policy(staged, approval_wait)
         return staged
 
-    async def _policy(self, staged: Staged) -> Staged:
+    async def _policy(self, staged: Staged,
+                      approval_wait: Callable[[], AbstractContextManager[None]] | None = None) -> Staged:
         """Pre-execute, approval, guards: settle ``staged`` if the call may not be dispatched.
 
         Never raises (but for cancellation): an unexpected error settles the call as a
         final result, so its caller can always finish it and emit its one result event.
         """
         try:
-            return await self._policy_stages(staged)
+            return await self._policy_stages(staged, approval_wait)
         except Exception as error:
             return staged.settle("final-result", error_result(error))
 
-    async def _policy_stages(self, staged: Staged) -> Staged:
+    async def _policy_stages(self, staged: Staged,
+                             approval_wait: Callable[[], AbstractContextManager[None]] | None) -> Staged:
         execution = staged.execution
         signal = execution.signal
         if signal.aborted:
@@ -292,7 +301,7 @@ class ToolRuntime:
         if kind == "deny":
             return staged.settle("final-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
         if kind == "ask":
-            outcome = await self._ask(execution, decision.reason)
+            outcome = await self._ask(execution, decision.reason, approval_wait)
             if outcome is not ApprovalOutcome.ALLOWED:
                 if outcome is ApprovalOutcome.CANCELLED and signal.aborted:
                     return staged.settle("final-result", _aborted_before_dispatch())
@@ -312,12 +321,17 @@ class ToolRuntime:
     def _denied(reason: str) -> ToolResult:
         return ToolResult.failure(ErrorCode.DENIED, reason)
 
-    async def _ask(self, execution: ToolExecution, reason: str | None) -> ApprovalOutcome:
+    async def _ask(self, execution: ToolExecution, reason: str | None,
+                   approval_wait: Callable[[], AbstractContextManager[None]] | None) -> ApprovalOutcome:
         signal = execution.signal
         request = ApprovalRequest(execution, reason, signal)
         approval = asyncio.ensure_future(self.hooks.approve(request))
         try:
-            await signal.until(approval)
+            if approval_wait is None:
+                await signal.until(approval)
+            else:
+                with approval_wait():
+                    await signal.until(approval)
         finally:
             if not approval.done():
                 # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.

@@ -435,15 +435,10 @@ class ProgramScheduler:
                 call.settled = True
                 raise
         try:
-            control = self.run_control
-            pause = getattr(control, "pause_wall_clock", None)
-            if pause is not None:
-                # The program is blocked on host policy (mostly a person answering an approval):
-                # that wait is not the program's doing, so it does not use up its wall clock.
-                with pause():
-                    staged = await self._runtime.prepare(call.request)
-            else:
-                staged = await self._runtime.prepare(call.request)
+            # A person answering an approval ask is not the program's doing: that wait (and only
+            # it, not a slow pre-execute hook or guard) does not use up the run's wall clock.
+            staged = await self._runtime.prepare(call.request,
+                                                 approval_wait=getattr(self.run_control, "pause_wall_clock", None))
         except Exception as error:
             log.warning("prepare of nested call %s failed", call.sub_call_id, exc_info=True)
             call.failure = error_result(error)

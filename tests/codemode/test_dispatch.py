@@ -393,6 +393,66 @@ print(await tools.echo({"after": results[0]}))
         assert lines[3:] == ['denied: danger the user rejected tool "danger"', "{'after': 'skipped'}"]
 
 
+@pytest.mark.parametrize("stage", ["pre-execute", "guard"])
+async def test_a_slow_policy_without_an_ask_does_not_pause_the_wall_clock(stage: str) -> None:
+    """Only a person's approval wait is off the clock: a slow pre-execute hook or guard (a remote
+    policy service, a classifier) is host work the run waits for, and a program calling in a loop
+    would otherwise keep its wall clock stopped almost all the time."""
+    env = Env()
+    env.add(tool("echo"))
+    seen: list[int] = []
+    assert env.fake is not None
+    fake = env.fake
+
+    async def slow() -> None:
+        await asyncio.sleep(0.01)
+        seen.append(fake.paused)
+
+    class SlowPolicy:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            return slow() if execution.nested and stage == "pre-execute" else None
+
+        @hookimpl
+        def dsh_guard(self, execution: Any) -> Any:
+            return slow() if execution.nested and stage == "guard" else None
+
+    env.plug(SlowPolicy())
+    result = await env.run("await tools.echo({})\nawait tools.echo({})")
+    assert not result.is_error, result.text
+    assert seen == [0, 0] and fake.max_paused == 0
+
+
+async def test_the_wall_clock_is_paused_for_the_approval_wait_only() -> None:
+    env = Env()
+    env.add(tool("danger", lambda a, c: _value("done")))
+    ask = AskFor("danger")
+    env.plug(ask)
+    seen: list[tuple[str, int]] = []
+    assert env.fake is not None
+    fake = env.fake
+
+    class After:
+        @hookimpl
+        def dsh_approval_resolved(self, request: Any, outcome: Any) -> None:
+            seen.append(("resolved", fake.paused))
+
+        @hookimpl
+        def dsh_guard(self, execution: Any) -> None:
+            if execution.nested:
+                seen.append(("guard", fake.paused))
+
+    env.plug(After())
+    run = asyncio.ensure_future(env.run("return await tools.danger({})"))
+    await asyncio.wait_for(ask.asked.wait(), 5)
+    assert fake.paused == 1
+    assert ask.answer is not None
+    ask.answer.set_result(ApprovalOutcome.ALLOWED)
+    result = await run
+    assert result.value == {"logs": [], "result": "done"}
+    assert seen == [("resolved", 0), ("guard", 0)] and fake.paused == 0
+
+
 async def test_ask_without_an_approval_channel_is_a_denial_for_the_program(env: Env) -> None:
     class Ask:
         @hookimpl
