@@ -657,3 +657,31 @@ async def test_a_denied_nested_call_reaches_the_program_unrewritten_by_post_exec
     settled = [e for e in env.sink.events if e["kind"] == "tool/code-dispatch"]
     assert [e["payload"]["error_code"] for e in settled] == ["DENIED"]
     assert [e["payload"]["content"] for e in settled] == [[{"text": "Error: writes are off today", "type": "text"}]]
+
+
+async def test_a_program_reads_the_value_so_only_replace_value_or_block_hides_data_from_it(env: Env) -> None:
+    """By design: a nested call answers the program with the result's value (or its error text);
+    content is what observers and the session log keep. A post-execute hook that must keep data
+    from the model under Code Mode replaces the value or blocks; replacing content is not enough."""
+
+    class Redact:
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: Any) -> Any:
+            if not execution.nested:
+                return None
+            kind = execution.arguments["how"]
+            if kind == "content":
+                return PostDecision.replace_content("[redacted]")
+            if kind == "value":
+                return PostDecision.replace_value({"secret": "[redacted]"})
+            return PostDecision.block("[redacted]")
+
+    env.add(tool("peek", lambda a, c: _value({"secret": "hunter2"})))
+    env.plug(Redact())
+    program = ("out = []\nfor how in ['content', 'value', 'block']:\n    try:\n"
+               "        out.append((await tools.peek(how=how))['secret'])\n"
+               "    except ToolCallError as error:\n        out.append(str(error))\nreturn out")
+    result = await env.run(program)
+    assert result.value["result"] == ["hunter2", "[redacted]", "[redacted]"]
+    settled = [e["payload"]["content"] for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]
+    assert settled[0] == [{"text": "[redacted]", "type": "text"}]
