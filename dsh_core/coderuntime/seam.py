@@ -235,7 +235,7 @@ class RunControl:
 
 
 class _WallClockPause:
-    """``RunControl.pause_wall_clock()``: a plain class, not a generator (it wraps every nested call)."""
+    """``RunControl.pause_wall_clock()``: a plain class, not a generator (it wraps each approval wait)."""
 
     __slots__ = ("_pause", "_resume")
 
