@@ -29,11 +29,13 @@ environment at each request and never appears in a message, a repr or a log.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import datetime
 import json
 import math
 import os
 import random
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -524,13 +526,46 @@ class _PlainBody:
 _SSE_FIELDS: Final = frozenset({"data", "event", "id", "retry"})
 
 
+#: Where a line of an event stream ends: CRLF, LF or CR, and nowhere else.
+_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
+
+
+async def _lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of a response body as UTF-8, split where server-sent events split them (CRLF, LF, CR).
+
+    Not ``aiter_lines``: it splits as ``str.splitlines`` does, at U+2028, U+0085, form feeds and more,
+    which JSON strings may hold unescaped, so a chunk carrying one was cut in two and failed as not JSON.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    line: list[str] = []  # pieces of the line not yet ended
+    held_cr = False  # a CR ending one piece of text may be the first half of a CRLF
+    async for raw in response.aiter_bytes():
+        text = decoder.decode(raw)
+        if held_cr:
+            text, held_cr = "\r" + text, False
+        if text.endswith("\r"):
+            text, held_cr = text[:-1], True
+        parts = _LINE_BREAK.split(text)
+        line.append(parts[0])
+        if len(parts) == 1:
+            continue
+        yield "".join(line)
+        for part in parts[1:-1]:
+            yield part
+        line = [parts[-1]]
+    line.append(decoder.decode(b"", final=True))
+    rest = "".join(line)
+    if rest or held_cr:
+        yield rest
+
+
 async def _sse_data(response: httpx.Response, plain: _PlainBody) -> AsyncIterator[str]:
     """The ``data`` payloads of a server-sent-event stream (multi-line data joined by newlines).
 
     Lines that are no SSE field go to ``plain``: if no event came, they are the body to report.
     """
     lines: list[str] = []
-    async for line in response.aiter_lines():
+    async for line in _lines(response):
         if line == "":
             if lines:
                 yield "\n".join(lines)

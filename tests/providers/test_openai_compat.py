@@ -776,3 +776,32 @@ async def test_credentials_in_the_base_url_never_reach_a_message(server: FakeSer
         assert "hunter2" not in caught.value.message, caught.value.message
     finally:
         await unreachable.aclose()
+
+
+@pytest.mark.parametrize("separator", ["\n", "\r\n", "\r"])
+async def test_a_stream_splits_lines_only_where_server_sent_events_do(server: FakeServer, separator: str) -> None:
+    # JSON text may hold U+2028, U+2029, U+0085, form feeds and the like unescaped (servers that write
+    # UTF-8 do), and SSE ends a line only at CR, LF or CRLF: splitting as str.splitlines does cut such a
+    # chunk in two, and the run failed with "a stream chunk is not JSON".
+    text = "a\u2028b\u2029c\x85d\x0ce\x1cf\x1dg\x1eh\x0bi"
+    events = ["data: " + json.dumps(delta_chunk({"content": text}), ensure_ascii=False),
+              "data: " + json.dumps(delta_chunk({}, "stop"))]
+    server.responses.append((200, {"Content-Type": "text/event-stream"},
+                             ("sse", [event.replace("\n", separator) for event in events])))
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == text and message["_meta"] == {"finish_reason": "stop"}
+
+
+async def test_a_plain_completion_keeps_line_separators_in_its_strings(server: FakeServer) -> None:
+    # The same for a plain completion answering a streaming request: it is read line by line too.
+    server.reply(body=json.dumps(completion("one\u2028two\x85three"), ensure_ascii=False))
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "one\u2028two\x85three"
