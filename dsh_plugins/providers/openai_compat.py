@@ -19,7 +19,8 @@ says the prompt is too long), ``malformed-response`` / ``malformed-tool-call``,
 that ends before its ``finish_reason`` or ``[DONE]`` is a ``connection``
 failure too), ``http`` (any other status or HTTP failure) and ``no-model``.
 A streaming request answered with a plain JSON completion is accepted as
-one. Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, ``-0.0``)
+one. A body is read up to 4 MiB (an event stream: 64 MiB); a larger one is
+a ``malformed-response``, not read further. Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, ``-0.0``)
 in the usage the server reports become null (``-0.0``: 0), never a failed
 run; in tool-call arguments they reach the loop as written, which tells the
 model its arguments are not valid JSON. The key is read from the
@@ -86,8 +87,12 @@ CONFIG_SCHEMA: Final = {
     },
 }
 
-#: At most this much of a response that is not an event stream is kept (to parse it, or to quote it).
+#: At most this much of a response that is not an event stream is read (to parse it, or to quote it):
+#: a chat completion is far smaller; a server sending more is not waited for, nor held in memory.
 _MAX_PLAIN_BODY: Final = 4 * 1024 * 1024
+#: At most this much of an event stream is read: its chunks repeat their envelope for every few
+#: characters of the answer, and a long answer streamed takes some tens of MiB.
+_MAX_STREAM_BYTES: Final = 64 * 1024 * 1024
 
 #: Statuses worth retrying (the OpenAI SDK's set): timeout, conflict, rate limit, server errors.
 RETRY_STATUSES: Final = frozenset({408, 409, 429})
@@ -430,14 +435,22 @@ class OpenAICompatProvider:
 
     async def _once(self, body: dict[str, Any], model: str) -> Message:
         try:
-            response = await self._client.post(self.url, content=_request_body(body), headers=self._headers())
+            async with self._client.stream("POST", self.url, content=_request_body(body),
+                                           headers=self._headers()) as response:
+                text, whole = await _read_capped(response)
         except httpx.TransportError as error:
             raise self._connection(error) from None
         except (httpx.HTTPError, httpx.InvalidURL) as error:
             raise self._http_failure(error) from None
         if response.status_code >= 400:
-            raise self._failure(response.status_code, response.text, response.headers, model)
-        return self._completion(response.text)
+            raise self._failure(response.status_code, text, response.headers, model)
+        if not whole:
+            raise self._too_large(text)
+        return self._completion(text)
+
+    def _too_large(self, text: str, what: str = "the response is") -> ProviderError:
+        return ProviderError("malformed-response", f"{self.name}: {self.shown_url}: {what} larger than "
+                                                   f"{_size(_MAX_PLAIN_BODY)} (not read further): {self._quote(text)}")
 
     # -- streaming ------------------------------------------------------------------------------------------
 
@@ -450,9 +463,9 @@ class OpenAICompatProvider:
             async with self._client.stream("POST", self.url, content=_request_body(body),
                                            headers=self._headers()) as response:
                 if response.status_code >= 400:
-                    text = (await response.aread()).decode("utf-8", "replace")
+                    text, _ = await _read_capped(response)
                     raise self._failure(response.status_code, text, response.headers, model)
-                async for data in _sse_data(response, plain):
+                async for data in _sse_data(response, plain, who):
                     started = True
                     if data == "[DONE]":
                         done = True
@@ -485,8 +498,7 @@ class OpenAICompatProvider:
         who = f"{self.name}: {self.shown_url}"
         text = plain.text()
         if plain.truncated:
-            raise ProviderError("malformed-response", f"{who}: the response is not an event stream: "
-                                                      f"{self._quote(text)}")
+            raise self._too_large(text, "the response is not an event stream and is")
         try:
             data = json.loads(text)
         except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
@@ -530,8 +542,29 @@ _SSE_FIELDS: Final = frozenset({"data", "event", "id", "retry"})
 _LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
 
 
-async def _lines(response: httpx.Response) -> AsyncIterator[str]:
+def _size(limit: int) -> str:
+    return f"{limit // 2**20} MiB" if limit >= 2**20 else f"{limit} bytes"
+
+
+async def _read_capped(response: httpx.Response) -> tuple[str, bool]:
+    """The body of a response that is no event stream, as UTF-8 text, and whether it was read whole.
+
+    Reading stops after :data:`_MAX_PLAIN_BODY` bytes: the connection is dropped, not drained.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_PLAIN_BODY:
+            return b"".join(chunks)[:_MAX_PLAIN_BODY].decode("utf-8", "replace"), False
+    return b"".join(chunks).decode("utf-8", "replace"), True
+
+
+async def _lines(response: httpx.Response, who: str) -> AsyncIterator[str]:
     """The lines of a response body as UTF-8, split where server-sent events split them (CRLF, LF, CR).
+
+    A body larger than :data:`_MAX_STREAM_BYTES` fails (comments and keep-alives count too).
 
     Not ``aiter_lines``: it splits as ``str.splitlines`` does, at U+2028, U+0085, form feeds and more,
     which JSON strings may hold unescaped, so a chunk carrying one was cut in two and failed as not JSON.
@@ -539,7 +572,12 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     line: list[str] = []  # pieces of the line not yet ended
     held_cr = False  # a CR ending one piece of text may be the first half of a CRLF
+    size = 0
     async for raw in response.aiter_bytes():
+        size += len(raw)
+        if size > _MAX_STREAM_BYTES:
+            raise ProviderError("malformed-response", f"{who}: the response is larger than "
+                                                      f"{_size(_MAX_STREAM_BYTES)} (not read further)")
         text = decoder.decode(raw)
         if held_cr:
             text, held_cr = "\r" + text, False
@@ -559,15 +597,17 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
         yield rest
 
 
-async def _sse_data(response: httpx.Response, plain: _PlainBody) -> AsyncIterator[str]:
+async def _sse_data(response: httpx.Response, plain: _PlainBody, who: str) -> AsyncIterator[str]:
     """The ``data`` payloads of a server-sent-event stream (multi-line data joined by newlines).
 
     Lines that are no SSE field go to ``plain``: if no event came, they are the body to report.
     """
     lines: list[str] = []
-    async for line in _lines(response):
+    started = False
+    async for line in _lines(response, who):
         if line == "":
             if lines:
+                started = True
                 yield "\n".join(lines)
                 lines = []
             continue
@@ -578,6 +618,8 @@ async def _sse_data(response: httpx.Response, plain: _PlainBody) -> AsyncIterato
             lines.append(value[1:] if value.startswith(" ") else value)
         elif field not in _SSE_FIELDS:
             plain.add(line)
+            if plain.truncated and not started:
+                return  # no event stream, and more than a plain answer can be: read no further
     if lines:
         yield "\n".join(lines)
 

@@ -476,7 +476,8 @@ async def test_a_truncated_plain_body_is_quoted_without_the_api_key(server: Fake
     monkeypatch.setattr(openai_compat, "_MAX_PLAIN_BODY", 1000)
     server.reply(200, f"<html> bad key {SECRET}\n" + "y" * 2000)
     error, _ = await failure(server, stream=True)
-    assert "the response is not an event stream: <html> bad key ***" in error.message
+    assert ("the response is not an event stream and is larger than 1000 bytes (not read further): <html> bad key ***"
+            in error.message)
     assert SECRET[:6] not in error.message
 
 
@@ -805,3 +806,56 @@ async def test_a_plain_completion_keeps_line_separators_in_its_strings(server: F
     finally:
         await client.aclose()
     assert message["content"] == "one\u2028two\x85three"
+
+
+class _Endless:
+    """A response body that never ends (``head``, then ``x`` forever, in lines if ``head`` ends one).
+
+    ``sent`` counts the bytes given out.
+    """
+
+    def __init__(self, head: bytes) -> None:
+        self.head = head
+        self.sent = 0
+
+    async def __aiter__(self) -> Any:
+        yield self.head
+        unit = b"x" * 65535 + (b"\n" if self.head.endswith(b"\n") else b"x")
+        while True:
+            self.sent += len(unit)
+            yield unit
+
+
+@pytest.mark.parametrize(("stream", "status", "head", "kind", "text"), [
+    (False, 200, b'{"choices": "', "malformed-response", "the response is larger than 1 MiB"),
+    (False, 500, b'{"error": "', "server", "HTTP 500"),
+    (True, 500, b'{"error": "', "server", "HTTP 500"),
+    # A line with no end is held until the limit on streams; lines of a plain body, to the limit on those.
+    (True, 200, b'{"choices": "', "malformed-response", "the response is larger than 2 MiB"),
+    (True, 200, b'{"choices": "\n', "malformed-response", "not an event stream and is larger than 1 MiB"),
+    (True, 200, b'data: {"choices": "', "malformed-response", "the response is larger than 2 MiB"),
+    (True, 200, b": keep-alive\n" * 100_000, "malformed-response", "the response is larger than 2 MiB"),
+])
+async def test_an_endless_body_is_read_only_up_to_a_limit(monkeypatch: pytest.MonkeyPatch, stream: bool,
+                                                          status: int, head: bytes, kind: str, text: str) -> None:
+    # A hostile or broken server could send gigabytes: every byte was read (or held) before anything failed.
+    import httpx
+
+    from dsh_plugins.providers import openai_compat
+
+    monkeypatch.setattr(openai_compat, "_MAX_PLAIN_BODY", 2**20)
+    monkeypatch.setattr(openai_compat, "_MAX_STREAM_BYTES", 2 * 2**20)
+    body = _Endless(head)
+    content_type = "text/event-stream" if head.startswith((b"data", b":")) else "application/json"
+    transport = httpx.MockTransport(lambda request: httpx.Response(
+        status, headers={"Content-Type": content_type}, content=body))
+    client = OpenAICompatProvider(base_url="http://model.invalid/v1", model="m", stream=stream, transport=transport,
+                                  max_retries=0)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind and text in caught.value.message
+    assert len(caught.value.message) < 600
+    assert body.sent <= 3 * 2**20
