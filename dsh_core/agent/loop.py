@@ -422,7 +422,9 @@ class AgentLoop:
                         contexts.append(NewEvent(EventKind.USER_MESSAGE,
                                                  {"message": note, "context_source": context.source},
                                                  root_call_id=record.call_id))
-                await self._record(results + contexts)
+                # Shielded: the calls have run. A cancellation cutting this write lost their results, and a
+                # resumed run told the model they had been interrupted, so it ran them again.
+                await asyncio.shield(self._record(results + contexts))
                 concluding = [r for r in records if r.result is not None and r.result.concludes_turn]
                 if concluding:
                     reason = StopReason.CONCLUDES_TURN

@@ -751,3 +751,45 @@ def test_the_console_observer_shows_a_plugins_odd_error_code_and_a_huge_name_cut
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and all(len(line) < 200 for line in lines), [line[:100] for line in lines]
     assert lines[1].endswith("QUOTA[/] 1 ms over"), lines[1][-60:]
+
+
+async def test_a_cancellation_while_a_step_s_results_are_written_keeps_them(tmp_path: Path) -> None:
+    """The calls had all run (a file written, say): a cancel cutting their results' write lost every one,
+    and a resumed run told the model they had been interrupted, so it ran them again."""
+    writing = asyncio.Event()
+
+    async def done(args: Any, ctx: Any) -> Any:
+        return f"{args['n']} done"
+
+    class SlowResults:
+        """The deployment's store, with a write of tool results that takes a while (a slow disk)."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def append(self, session_id: str, events: Any, *, lease: Any = None) -> Any:
+            if any(event.kind == "tool/result" for event in events):
+                writing.set()
+                await asyncio.sleep(0.2)
+            return await self.inner.append(session_id, events, lease=lease)
+
+    harness = await start(tmp_path, tools=[tool("once", done)],
+                          turns=[calls(call("once", {"n": 1}, "o1"), call("once", {"n": 2}, "o2")), final("never")])
+    store = open_session_store(harness)
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "go", store=SlowResults(store)))
+        await asyncio.wait_for(writing.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        (info,) = await store.list()
+        events = await store.load(info.id)
+    finally:
+        await store.close()
+        await harness.aclose()
+    assert [e.kind for e in events][-3:] == ["tool/result", "tool/result", "run/end"]
+    tool_messages = [m for m in history_from_events(events) if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [("o1", "1 done"), ("o2", "2 done")]
