@@ -137,6 +137,8 @@ class ToolCallRecord:
     raw_arguments: str
     arguments: JSON = None
     parse_error: str | None = None
+    #: The reply carrying the call stopped at the model's output limit (``finish_reason`` ``length``).
+    cut_off: bool = False
     mode: ExecutionMode = "exclusive"
     result: ToolResult | None = None
     duration_ms: float = 0.0
@@ -407,7 +409,8 @@ class AgentLoop:
                 if not calls:
                     reason, answer = StopReason.FINAL_ANSWER, assistant.get("content") or ""
                     break
-                records = await self._run_calls(calls, step, signal)
+                cut_off = isinstance(meta, Mapping) and meta.get("finish_reason") == "length"
+                records = await self._run_calls(calls, step, signal, cut_off=cut_off)
                 contexts: list[NewEvent] = []
                 results: list[NewEvent] = []
                 for record in records:
@@ -491,12 +494,13 @@ class AgentLoop:
 
     # -- tool calls ------------------------------------------------------------------------------------------
 
-    def _records(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal) -> list[ToolCallRecord]:
+    def _records(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal,
+                 cut_off: bool) -> list[ToolCallRecord]:
         records: list[ToolCallRecord] = []
         for index, call in enumerate(calls):
             function = call["function"]
             record = ToolCallRecord(index=index, call_id=f"{step}.{index + 1}", tool_call_id=call["id"],
-                                    name=function["name"], raw_arguments=function["arguments"])
+                                    name=function["name"], raw_arguments=function["arguments"], cut_off=cut_off)
             record.arguments, record.parse_error = _parse_arguments(record.raw_arguments)
             if record.parse_error is None:
                 record.mode = self.runtime.execution_mode(self._request(record, signal))
@@ -508,9 +512,9 @@ class AgentLoop:
         return ToolExecutionInput(call_id=record.call_id, name=record.name, arguments=record.arguments,
                                   signal=signal, agent=self.scope)
 
-    async def _run_calls(self, calls: Sequence[Mapping[str, Any]], step: int,
-                         signal: AbortSignal) -> list[ToolCallRecord]:
-        records = self._records(calls, step, signal)
+    async def _run_calls(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal, *,
+                         cut_off: bool = False) -> list[ToolCallRecord]:
+        records = self._records(calls, step, signal, cut_off)
         # Written before anything runs: a crash mid-tool still shows what was being called.
         await self._record([NewEvent(EventKind.TOOL_CALL, {
             "name": r.name, "tool_call_id": r.tool_call_id, "arguments": r.raw_arguments,
@@ -541,10 +545,13 @@ class AgentLoop:
         self.observer.on_tool_start(record)
         started = time.perf_counter()
         if record.parse_error is not None:
+            # Told only "not valid JSON", a model whose reply hit its output limit sent the same call again.
+            remedy = ("your reply was cut off at the model's output limit (finish_reason 'length') before they "
+                      "were complete; send a shorter call, e.g. split a large content into several calls"
+                      if record.cut_off else "send one JSON object")
             record.result = ToolResult.failure(
                 ErrorCode.INVALID_ARGS,
-                f'the arguments of tool call "{record.name}" are not valid JSON ({record.parse_error}); '
-                "send one JSON object")
+                f'the arguments of tool call "{record.name}" are not valid JSON ({record.parse_error}); {remedy}')
         else:
             record.result = await self.runtime.execute(self._request(record, signal))
         record.duration_ms = (time.perf_counter() - started) * 1000

@@ -793,3 +793,23 @@ async def test_a_cancellation_while_a_step_s_results_are_written_keeps_them(tmp_
     assert [e.kind for e in events][-3:] == ["tool/result", "tool/result", "run/end"]
     tool_messages = [m for m in history_from_events(events) if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [("o1", "1 done"), ("o2", "2 done")]
+
+
+async def test_arguments_cut_off_at_the_output_limit_are_called_cut_off(tmp_path: Path) -> None:
+    """A reply that hit max_tokens ends mid-arguments: told only "not valid JSON", the model sent the same
+    too-long call again, and again, until the turn limit."""
+    async def body(args: Any, ctx: Any) -> Any:
+        return "ran"
+
+    cut = calls(call("write", '{"path": "big.txt", "content": "aaaa', "w1"))
+    cut["_meta"] = {"finish_reason": "length"}
+    harness = await start(tmp_path, tools=[tool("write", body)],
+                          turns=[cut, calls(call("write", '{"a": 1,', "w2")), final("ok")])
+    try:
+        result = await run_agent(harness, "go")
+        first, second = [m["content"] for m in result.messages if m["role"] == "tool"]
+        assert first.startswith('Error: the arguments of tool call "write" are not valid JSON')
+        assert "cut off at the model's output limit" in first and "finish_reason 'length'" in first
+        assert "cut off" not in second  # a reply that finished is not said to be cut off
+    finally:
+        await harness.aclose()
