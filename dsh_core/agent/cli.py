@@ -8,13 +8,15 @@ cancels it, a third exits at once.
 
 Exit codes: 0 for an answer (final message or a concluding tool), 1 for a
 run that stopped without one (turn limit, provider or other error), 2 for
-bad usage or config, 130 for an interrupted run.
+bad usage or config, 130 for an interrupted run. An answer whose reply the
+model did not finish (``finish_reason`` ``length`` or ``content_filter``)
+still exits 0, with a warning on stderr.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import NoReturn, TypeVar
+from typing import Final, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -87,6 +89,13 @@ class ConsoleObserver(LoopObserver):
         self.console.print(f"[dim]· {result.reason} after {result.turns} turn(s){where}[/]")
 
 
+#: What a last reply's ``finish_reason`` says about an answer the model did not finish (warned about on stderr).
+_UNFINISHED: Final = {
+    "length": "the model stopped at its output limit",
+    "content_filter": "the provider's content filter stopped the model",
+}
+
+
 def exit_code(result: RunResult) -> int:
     """The process exit code of a run (see the module docstring)."""
     if result.ok:
@@ -125,6 +134,10 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
         fail(error.message, 2 if error.code in USAGE_ERROR_CODES else 1)
     if result.answer is not None:
         echo_outside_text(result.answer)
+    unfinished = _UNFINISHED.get(result.finish_reason or "")
+    if result.ok and unfinished is not None:
+        click.echo(f"dsh: warning: the answer may be incomplete: {unfinished} "
+                   f"(finish_reason {result.finish_reason!r})", err=True)
     if not result.ok:
         detail = result.error or str(result.reason)
         resume = f" (session {result.session_id})" if result.session_id else ""

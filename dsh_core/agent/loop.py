@@ -119,6 +119,9 @@ class RunResult:
     error: str | None = None
     #: Characters of each model request (system prompt, history and tool schemas as JSON), in order.
     request_chars: tuple[int, ...] = ()
+    #: The ``finish_reason`` of the last reply, as the provider reported it (``length``: cut off at the
+    #: output limit, ``content_filter``: stopped by a filter); ``None`` if it reported none.
+    finish_reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -380,6 +383,7 @@ class AgentLoop:
         await self._record([NewEvent(EventKind.USER_MESSAGE, {"message": user})])
         turns = 0
         answer: str | None = None
+        finish_reason: str | None = None
         reason: StopReason
         error: str | None = None
         failure: Exception | None = None
@@ -399,6 +403,8 @@ class AgentLoop:
                     reason = StopReason.ABORTED
                     break
                 meta = assistant.pop("_meta", None)
+                finish = meta.get("finish_reason") if isinstance(meta, Mapping) else None
+                finish_reason = finish if isinstance(finish, str) else None
                 messages.append(assistant)
                 payload: dict[str, Any] = {"message": assistant, "step": step}
                 if meta is not None:
@@ -409,8 +415,7 @@ class AgentLoop:
                 if not calls:
                     reason, answer = StopReason.FINAL_ANSWER, assistant.get("content") or ""
                     break
-                cut_off = isinstance(meta, Mapping) and meta.get("finish_reason") == "length"
-                records = await self._run_calls(calls, step, signal, cut_off=cut_off)
+                records = await self._run_calls(calls, step, signal, cut_off=finish_reason == "length")
                 contexts: list[NewEvent] = []
                 results: list[NewEvent] = []
                 for record in records:
@@ -465,7 +470,8 @@ class AgentLoop:
             # The store that could not record the run/end most likely caused the failure: report that.
             raise failure from None
         result = RunResult(reason, answer, turns, tuple(messages),
-                           self.recorder.session_id if self.recorder else None, error, tuple(self._request_chars))
+                           self.recorder.session_id if self.recorder else None, error, tuple(self._request_chars),
+                           finish_reason)
         self.observer.on_end(result)
         return result
 

@@ -598,3 +598,20 @@ def test_sigterm_during_the_demo_exits_130_and_removes_its_directory(monkeypatch
         signal.signal(signal.SIGTERM, previous)
     assert exited.value.code == 130
     assert made and not made[0].exists()
+
+
+@pytest.mark.parametrize(("reason", "text", "warning"), [
+    ("length", "The three files are: a.txt, b", "the model stopped at its output limit (finish_reason 'length')"),
+    ("content_filter", None, "the provider's content filter stopped the model (finish_reason 'content_filter')"),
+    ("stop", "All done.", None),
+])
+def test_an_answer_the_model_did_not_finish_is_printed_with_a_warning(tmp_path: Path, reason: str, text: str | None,
+                                                                      warning: str | None) -> None:
+    # A reply cut off at max_tokens, or emptied by a content filter, passed for a whole answer without a word.
+    answer: dict[str, Any] = {"role": "assistant", "content": text, "_meta": {"finish_reason": reason}}
+    done = dsh("--config", str(config(tmp_path, [answer])), "-p", "go", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == (text or "") + "\n"
+    if warning is None:
+        assert done.stderr == ""
+    else:
+        assert done.stderr == f"dsh: warning: the answer may be incomplete: {warning}\n"
