@@ -40,7 +40,8 @@ from dsh_core.model import (
 )
 from dsh_core.scope import Scope, one_shot
 
-__all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "failure_message", "guard_verdict_error"]
+__all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "cancellation_requested", "failure_message",
+           "guard_verdict_error"]
 
 log = logging.getLogger("dsh")
 
@@ -162,14 +163,24 @@ _COROUTINE = type(_probe)
 _probe.close()
 
 
+def cancellation_requested() -> bool:
+    """True when a ``CancelledError`` caught now is the current task's own: the task is being cancelled.
+
+    Otherwise the code it awaited let out the cancellation of something cancelled elsewhere (a
+    future or task another owner cancelled): a failure of that code, not the caller's cancellation,
+    which propagated would end a whole agent run as interrupted.
+    """
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 def _cancelled_observer(error: asyncio.CancelledError, what: str, plugin: str) -> asyncio.CancelledError | None:
     """``error`` if the calling task is being cancelled (to raise once every observer heard), else ``None``.
 
     A ``CancelledError`` while the task is not being cancelled is the observer's own (it awaited
     something cancelled elsewhere): a failure of that observer, logged and contained like any other.
     """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    if cancellation_requested():
         return error
     log.warning("%s of plugin %r failed", what, plugin, exc_info=error)
     return None
@@ -351,7 +362,9 @@ class Hooks:
                 decision = info.invoke(execution)
                 if decision is not None and _is_awaitable(decision):
                     decision = await decision
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise
                 raise HookFailure("dsh_pre_execute", info.plugin, error) from error
             if decision is None:
                 continue
@@ -420,7 +433,9 @@ class Hooks:
                 reason = info.invoke(execution)
                 if reason is not None and _is_awaitable(reason):
                     reason = await reason
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise
                 # Fail closed, and say whose guard it was: the model reads the reason, the log the trace.
                 log.warning("dsh_guard of plugin %r failed on call %r; the call is denied",
                             info.plugin, execution.call_id, exc_info=True)
@@ -442,7 +457,9 @@ class Hooks:
         for info in self._visible("dsh_around_dispatch", execution.agent):
             try:
                 middleware = info.invoke(execution)
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise
                 raise HookFailure("dsh_around_dispatch", info.plugin, error) from error
             if middleware is not None:
                 chain.append((info.plugin, middleware))
@@ -456,7 +473,9 @@ class Hooks:
                 decision = info.invoke(execution, result)
                 if decision is not None and _is_awaitable(decision):
                     decision = await decision
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise
                 raise HookFailure("dsh_post_execute", info.plugin, error) from error
             if decision is None:
                 continue

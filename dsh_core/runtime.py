@@ -45,7 +45,7 @@ from dsh_core.errors import (
     describe_callable,
     describe_exception,
 )
-from dsh_core.hooks import HookFailure, Hooks, guard_verdict_error
+from dsh_core.hooks import HookFailure, Hooks, cancellation_requested, guard_verdict_error
 from dsh_core.lossless import JSON, NotLosslessError, freeze
 from dsh_core.model import (
     ApprovalOutcome,
@@ -347,7 +347,9 @@ class ToolRuntime:
                 verdict = guard(execution)
                 if inspect.isawaitable(verdict):
                     verdict = await verdict
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise
                 # Fail closed, naming the guard: registry guards carry no plugin name, their function does.
                 name = describe_callable(guard)
                 log.warning("guard %s failed on call %r; the call is denied", name, execution.call_id,
@@ -496,8 +498,7 @@ class ToolRuntime:
         except Exception as error:
             result = error_result(error)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
+            if cancellation_requested():
                 raise  # this call is being cancelled: its caller settles it
             # Nobody cancelled this call: the body let out the cancellation of something it awaited
             # (a task or future another owner cancelled, or its own subtask on abort). Propagated, it
@@ -669,7 +670,10 @@ def _link(plugin: str, middleware: Middleware, proceed: Proceed) -> Proceed:
             return await middleware(call, proceed)
         except (HookFailure, AbortedError):
             raise  # an inner middleware's failure, already named; an abort keeps its meaning
-        except Exception as error:
+        except (Exception, asyncio.CancelledError) as error:
+            if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                raise  # this call is being cancelled: its caller settles it
+            # Otherwise the middleware let out the cancellation of something it awaited: its failure.
             raise HookFailure("dsh_around_dispatch", plugin, error) from error
 
     return step

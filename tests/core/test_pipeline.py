@@ -1084,3 +1084,94 @@ async def test_a_call_that_is_cancelled_still_raises_cancelled_error() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _lets_out_a_stray_cancellation() -> None:
+    """Await a future something else cancelled: a CancelledError although nobody cancelled the caller."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.cancel()
+    await future
+
+
+class _StrayPre:
+    @hookimpl
+    def dsh_pre_execute(self, execution: ToolExecution) -> Any:
+        return _lets_out_a_stray_cancellation()
+
+
+class _StrayGuard:
+    @hookimpl
+    def dsh_guard(self, execution: ToolExecution) -> Any:
+        return _lets_out_a_stray_cancellation()
+
+
+class _StrayApproval:
+    @hookimpl
+    def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision:
+        return PreDecision.ask("check")
+
+    @hookimpl
+    def dsh_approve(self, request: Any) -> Any:
+        return _lets_out_a_stray_cancellation()
+
+
+class _StrayMiddleware:
+    @hookimpl
+    def dsh_around_dispatch(self, execution: ToolExecution) -> Any:
+        async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+            await _lets_out_a_stray_cancellation()
+            return await proceed(call)  # pragma: no cover - never reached
+
+        return middleware
+
+
+class _StrayPost:
+    @hookimpl
+    def dsh_post_execute(self, execution: ToolExecution, result: ToolResult) -> Any:
+        return _lets_out_a_stray_cancellation()
+
+
+@pytest.mark.parametrize(("plugin", "code", "body_runs"), [
+    (_StrayPre, ErrorCode.TOOL_FAILED, False),
+    (_StrayGuard, ErrorCode.DENIED, False),
+    (_StrayApproval, ErrorCode.DENIED, False),
+    (_StrayMiddleware, ErrorCode.TOOL_FAILED, False),
+    (_StrayPost, ErrorCode.TOOL_FAILED, True),
+])
+async def test_a_hook_that_lets_out_a_cancellation_nobody_asked_for_fails_only_its_call(
+        plugin: type, code: str, body_runs: bool) -> None:
+    """As for a body: a hook's stray CancelledError is that plugin's failure (a denial, fail closed, for a
+    security stage), never the cancellation of the caller, which would end a whole agent run as interrupted."""
+    stack = Stack()
+    echo = tool()
+    stack.registry.register(echo)
+    seen: list[ToolResult] = []
+
+    class Observer:
+        @hookimpl
+        def dsh_tool_result(self, result: ToolResult) -> None:
+            seen.append(result)
+
+    register(stack.hooks, Observer())
+    stack.hooks.register(plugin(), name="stray")
+    result = await stack.call("echo", {"text": "x"})
+    assert result.error is not None and result.error.code == code, result
+    assert seen == [result]
+    assert len(body_calls(echo)) == (1 if body_runs else 0)
+    if plugin is not _StrayApproval:  # the approval channel's failure reads "no approval channel is available"
+        assert "'stray'" in result.error.message and "CancelledError" in result.error.message, result
+
+
+async def test_a_registry_guard_that_lets_out_a_cancellation_nobody_asked_for_denies_the_call() -> None:
+    stack = Stack()
+    echo = tool()
+    stack.registry.register(echo)
+
+    async def stray_guard(execution: ToolExecution) -> None:
+        await _lets_out_a_stray_cancellation()
+
+    stack.registry.guard(stray_guard)
+    result = await stack.call("echo", {"text": "x"})
+    assert result.error is not None and result.error.code == ErrorCode.DENIED, result
+    assert "stray_guard" in result.error.message and "CancelledError" in result.error.message
+    assert body_calls(echo) == []
