@@ -93,8 +93,8 @@ def collapsed_message(name: str) -> str:
 class Staged:
     """One execution between stages: its kind says which stage comes next."""
 
-    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finished", "_proceeded", "_validated", "execution",
-                 "kind", "result")
+    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finalizing", "_finished", "_proceeded", "_validated",
+                 "execution", "kind", "result")
 
     def __init__(self, execution: ToolExecution, finalizer: Finalizer | None,
                  validated: ToolDefinition | None) -> None:
@@ -106,6 +106,7 @@ class Staged:
         self._body_invoked = False
         self._dispatching = False
         self._proceeded = False
+        self._finalizing = False
         self._finished = False
 
     def settle(self, kind: StageKind, result: ToolResult) -> Staged:
@@ -548,10 +549,17 @@ class ToolRuntime:
         Only a ``post-result`` is post-executed: handed anything else (a denial,
         an abort before dispatch), this is :meth:`finish`, so no caller of the
         staged interface can let a plugin rewrite a result the core settled.
+        A second finalize (while the first runs, or once the call is finished) raises
+        :class:`RuntimeError` before post-execute: no result is post-executed twice,
+        and none is changed after it was emitted.
         """
         assert staged.result is not None
+        if staged._finalizing or staged._finished:
+            state = "finished" if staged._finished else "being finalized"
+            raise RuntimeError(f"execution {staged.execution.call_id!r} was already {state}")
         if staged.kind != "post-result":
             return await self.finish(staged)
+        staged._finalizing = True
         execution = staged.execution
         result = staged.result
         try:

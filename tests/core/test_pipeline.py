@@ -200,6 +200,39 @@ async def test_finalize_never_post_executes_a_result_the_core_settled() -> None:
     assert body_calls(echo) == []
 
 
+async def test_a_second_finalize_runs_no_post_execute_and_leaves_the_emitted_result() -> None:
+    # A custom scheduler that finalizes twice (or while the first is awaiting post-execute) must not
+    # run post-execute again on a call whose one result was emitted, nor rewrite the result it holds.
+    stack = Stack()
+    stack.registry.register(tool("echo"))
+    gate = asyncio.Event()
+    posts: list[str] = []
+
+    class Post:
+        @hookimpl
+        async def dsh_post_execute(self, execution: ToolExecution, result: ToolResult) -> PostDecision:
+            posts.append(execution.call_id)
+            await gate.wait()
+            return PostDecision.replace_content(f"post #{len(posts)}")
+
+    recorder = register(stack.hooks, Recorder())
+    register(stack.hooks, Post())
+    staged = await stack.runtime.dispatch(await stack.runtime.prepare(
+        ToolExecutionInput(call_id="c1", name="echo", arguments={})))
+    assert staged.kind == "post-result"
+    first = asyncio.get_running_loop().create_task(stack.runtime.finalize(staged))
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="finaliz"):
+        await stack.runtime.finalize(staged)  # while the first is in post-execute
+    gate.set()
+    result = await first
+    assert result.text == "post #1" and staged.result is result
+    with pytest.raises(RuntimeError, match="already finished"):
+        await stack.runtime.finalize(staged)  # once it is finished
+    assert posts == ["c1"] and staged.result is result
+    assert recorder.stages().count("result") == 1  # type: ignore[attr-defined]
+
+
 async def test_a_disposed_agent_leaves_no_call_to_run_without_its_policy() -> None:
     # Disposing an agent drops its layer (restrictions, guards, mode) and its scoped hooks: a call
     # still naming it must be refused, not run under the deployment's defaults.
