@@ -328,16 +328,24 @@ class ToolRuntime:
         request = ApprovalRequest(execution, reason, signal)
         approval = asyncio.ensure_future(self.hooks.approve(request))
         try:
-            if approval_wait is None:
-                await signal.until(approval)
-            else:
-                with approval_wait():
+            try:
+                if approval_wait is None:
                     await signal.until(approval)
-        finally:
-            if not approval.done():
-                # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
-                approval.cancel()
-                await asyncio.gather(approval, return_exceptions=True)
+                else:
+                    with approval_wait():
+                        await signal.until(approval)
+            finally:
+                if not approval.done():
+                    # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
+                    approval.cancel()
+                    await asyncio.gather(approval, return_exceptions=True)
+        except asyncio.CancelledError:
+            # The caller gave up on the call: the observers still hear how the ask ended (once per
+            # ask: the session would otherwise hold an ask never resolved), then the cancellation goes on.
+            answered = approval.done() and not approval.cancelled() and approval.exception() is None
+            outcome = approval.result() if answered else ApprovalOutcome.CANCELLED
+            await asyncio.shield(self.hooks.approval_resolved(request, outcome))
+            raise
         outcome = ApprovalOutcome.CANCELLED if approval.cancelled() else approval.result()
         await self.hooks.approval_resolved(request, outcome)
         return outcome

@@ -10,7 +10,7 @@ import pytest
 from dsh_core import hookimpl
 from dsh_core.model import ApprovalOutcome, ApprovalRequest, PreDecision, ToolExecution, ToolResult
 
-from .helpers import Recorder, Stack, register, tool
+from .helpers import Recorder, Stack, body_calls, register, tool
 
 pytestmark = pytest.mark.anyio
 
@@ -100,3 +100,43 @@ async def test_cancelled_during_an_async_approval_observer_the_later_ones_still_
         await task
     assert heard == [("journal", ApprovalOutcome.ALLOWED)]
     assert recorder.results[-1][1].code == "ABORTED_BEFORE_DISPATCH"  # type: ignore[attr-defined]
+
+
+async def test_cancelled_while_a_person_is_asked_the_approval_observers_still_hear_it_was_cancelled() -> None:
+    # One dsh_approval_resolved per ask: a run cancelled at the approval prompt (Ctrl-C) must still
+    # record how the ask ended, or the session holds an ask that was never resolved.
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    heard: list[ApprovalOutcome] = []
+    asking = asyncio.Event()
+
+    class Journal:
+        @hookimpl
+        def dsh_approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
+            heard.append(outcome)
+
+    class Person:
+        @hookimpl
+        def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision:
+            return PreDecision.ask("why")
+
+        @hookimpl
+        def dsh_approve(self, request: ApprovalRequest) -> Any:
+            async def prompt() -> ApprovalOutcome:
+                asking.set()
+                await asyncio.sleep(10)
+                return ApprovalOutcome.ALLOWED  # pragma: no cover - never answered
+            return prompt()
+
+    register(stack.hooks, Journal())
+    register(stack.hooks, Person())
+    recorder = register(stack.hooks, Recorder())
+    task = asyncio.ensure_future(stack.call("echo"))
+    await asking.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert heard == [ApprovalOutcome.CANCELLED]
+    assert [r.code for _, r in recorder.results] == ["ABORTED_BEFORE_DISPATCH"]  # type: ignore[attr-defined]
+    assert body_calls(echo) == []
