@@ -21,7 +21,7 @@ from dsh_core.errors import SchemaDefinitionError, Violation, describe_exception
 from dsh_core.lossless import find_loss, pointer
 
 __all__ = ["SchemaEvaluationError", "check_schema", "compile_validator", "validation_errors", "violations",
-           "format_violations", "fast_check"]
+           "format_violations", "fast_check", "MAX_SHOWN_VIOLATIONS", "MAX_VIOLATION_CHARS"]
 
 
 def check_schema(schema: object, *, owner: str) -> None:
@@ -172,9 +172,29 @@ def _brief(error: Unresolvable) -> str:
     return f"{type(error).__name__}: {getattr(error, 'ref', error)}"
 
 
+#: What :func:`format_violations` shows at most: jsonschema quotes the offending value in its message
+#: and reports every offending item, so a huge argument would otherwise come back whole in its error.
+MAX_SHOWN_VIOLATIONS: Final = 10
+MAX_VIOLATION_CHARS: Final = 300
+
+
+def _shortened(text: str) -> str:
+    if len(text) <= MAX_VIOLATION_CHARS:
+        return text
+    half = MAX_VIOLATION_CHARS // 2
+    # Both ends: the start names the value, the end says what is wrong with it.
+    return f"{text[:half]} [... {len(text) - 2 * half} characters ...] {text[-half:]}"
+
+
 def format_violations(found: list[Violation]) -> str:
-    """``/a: message; /b: message`` for an error message."""
-    return "; ".join(str(v) for v in found)
+    """``/a: message; /b: message`` for an error message, kept short.
+
+    At most :data:`MAX_SHOWN_VIOLATIONS` violations are listed (then ``and N more``),
+    each cut in its middle to about :data:`MAX_VIOLATION_CHARS` characters.
+    """
+    shown = "; ".join(_shortened(str(v)) for v in found[:MAX_SHOWN_VIOLATIONS])
+    hidden = len(found) - MAX_SHOWN_VIOLATIONS
+    return f"{shown}; and {hidden} more" if hidden > 0 else shown
 
 
 # -- a fast validity check for the schemas tools actually use ------------------------------------------

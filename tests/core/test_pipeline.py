@@ -1208,3 +1208,22 @@ async def test_a_registry_guard_that_lets_out_a_cancellation_nobody_asked_for_de
     assert result.error is not None and result.error.code == ErrorCode.DENIED, result
     assert "stray_guard" in result.error.message and "CancelledError" in result.error.message
     assert body_calls(echo) == []
+
+
+async def test_an_invalid_argument_error_stays_short_however_large_the_arguments() -> None:
+    # jsonschema's messages quote the offending value, and there is one per offending item: a model
+    # sending a huge value (or many bad items) must not get all of it back in its error message.
+    stack = Stack()
+    stack.registry.register(tool("sum", parameters={
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "numbers": {"type": "array", "items": {"type": "integer"}}},
+    }))
+    result = await stack.call("sum", {"label": list(range(100_000))})
+    assert result.error is not None and result.error.code == ErrorCode.INVALID_ARGS
+    assert len(result.error.message) < 2_000, len(result.error.message)
+    assert "/label: [0, 1, 2" in result.error.message and "is not of type 'string'" in result.error.message
+    result = await stack.call("sum", {"numbers": ["x"] * 10_000})
+    assert result.error is not None and result.error.code == ErrorCode.INVALID_ARGS
+    assert len(result.error.message) < 2_000, len(result.error.message)
+    assert "/numbers/0: 'x' is not of type 'integer'" in result.error.message
+    assert "9990 more" in result.error.message
