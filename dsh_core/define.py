@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, overload
 
@@ -65,7 +66,9 @@ def define_tool(
     of the arguments; only an exact ``True`` lets calls overlap. ``examples``
     are argument objects, checked against ``parameters`` now and used by the
     conformance kit. ``annotations`` are hints for policies (``read_only``,
-    ``workspace_confined``), never shown to the model.
+    ``workspace_confined``), never shown to the model. ``render``,
+    ``finalize_content`` and ``is_concurrency_safe`` are called, never
+    awaited: ``async def`` ones are refused.
 
     >>> @define_tool(name="echo", description="Echo text.",
     ...              parameters={"type": "object", "properties": {"text": {"type": "string"}}})
@@ -94,6 +97,13 @@ def define_tool(
     if not (is_concurrency_safe is None or isinstance(is_concurrency_safe, bool) or callable(is_concurrency_safe)):
         raise SchemaDefinitionError(f"{owner}: is_concurrency_safe must be True, False or a function, "
                                     f"got {type(is_concurrency_safe).__name__}")
+    # Called, never awaited: an async one would hand dsh a coroutine where it expects content or a verdict.
+    synchronous: tuple[tuple[str, object], ...] = (("render", render), ("finalize_content", finalize_content),
+                                                   ("is_concurrency_safe", is_concurrency_safe))
+    for option, hook in synchronous:
+        if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
+            raise SchemaDefinitionError(f"{owner}: {option} is async def, but dsh calls it synchronously and "
+                                        "never awaits what it returns: make it a plain def")
     try:
         frozen_annotations = freeze(dict(annotations or {}))
     except NotLosslessError as error:

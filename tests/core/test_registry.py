@@ -391,6 +391,25 @@ def test_define_tool_refuses_a_malformed_option_naming_the_tool(option: str, val
                     **{option: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("option", ["render", "finalize_content", "is_concurrency_safe"])
+async def test_define_tool_refuses_an_async_hook_that_dsh_calls_synchronously(option: str) -> None:
+    """render, finalize_content and is_concurrency_safe are called, never awaited: an ``async def`` one
+    was accepted, and then every call failed (INVALID_TOOL_OUTPUT), or ran exclusive, with a
+    'coroutine was never awaited' warning."""
+    from dsh_core import define_tool
+
+    async def execute(args: Any, ctx: Any) -> Any:
+        return "ok"
+
+    async def asynchronous(*args: Any) -> Any:
+        return "content"
+
+    with pytest.raises(SchemaDefinitionError, match=rf'tool "t": {option} is async def, but dsh calls it '
+                                                    r"synchronously"):
+        define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
+                    **{option: asynchronous})  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("option", ["allow", "deny"])
 def test_restrict_refuses_a_bare_tool_name_string(option: str) -> None:
     """restrict(deny="ab") read the string as the set of its characters: it denied tools "a" and "b",
