@@ -522,7 +522,9 @@ class Hooks:
                 blocks = info.invoke(dispatch)
                 if blocks is not None and _is_awaitable(blocks):
                     blocks = await blocks
-            except Exception:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise
                 log.warning("code dispatch log hook of plugin %r failed", info.plugin, exc_info=True)
                 return None
             if blocks is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from codemode_kit import Env, MemorySink, tool
@@ -145,3 +146,22 @@ def test_ints_render_as_the_json_encoder_renders_them() -> None:
     for value in (0, 1, -1, 2**63, -(2**100), 10**50):
         assert rendered(value) == json.dumps(value)
     assert rendered(True) == "true" and rendered(None) == "null" and rendered(1.5) == "1.5"
+
+
+async def test_a_log_hook_letting_out_a_stray_cancellation_is_contained(env: Env) -> None:
+    # It awaited something cancelled elsewhere; nobody cancelled the run: the original content is logged.
+    class Stray:
+        @hookimpl
+        def dsh_code_dispatch_log(self, dispatch: Any) -> Any:
+            async def reshape() -> Any:
+                future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                future.cancel()
+                await future
+            return reshape()
+
+    env.add(tool("echo"))
+    env.plug(Stray())
+    result = await env.run("return await tools.echo({'k': 1})")
+    assert not result.is_error, result
+    assert env.sink is not None
+    assert env.sink.events[1]["payload"]["content"] == [{"type": "text", "text": rendered({"k": 1})}]
