@@ -58,6 +58,13 @@ def dsh_pre_execute(execution: ToolExecution) -> PreDecision | Awaitable[PreDeci
     not recognise (not a ``PreDecision``, or one whose kind is not exactly
     ``allow``, ``deny`` or ``ask``, or whose reason is not a ``str``): the
     call fails closed, naming the plugin, and is never allowed.
+
+    An awaitable vote is awaited to its end, not raced against the call's
+    abort signal (as approval is): a hook that waits on anything slow (a
+    remote policy service) should honour ``execution.signal`` itself, or an
+    aborted call waits for it. A call aborted meanwhile is never dispatched:
+    it settles after the policy stages, as ``ABORTED_BEFORE_DISPATCH`` unless
+    one of them denied it first.
     """
 
 
@@ -110,6 +117,10 @@ def dsh_guard(execution: ToolExecution) -> str | Awaitable[str | None] | None:
     anything else that is not ``None`` (``False``, a dict) denies too, with a
     reason naming the plugin and what it returned; a blank reason (``""``)
     denies, and the reason given names the plugin.
+
+    As with ``dsh_pre_execute``, an awaitable verdict is awaited to its end,
+    not raced against the call's abort signal: honour ``execution.signal``
+    in a guard that may wait.
     """
 
 

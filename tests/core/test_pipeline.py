@@ -153,6 +153,36 @@ async def test_abort_during_approval_is_aborted_before_dispatch() -> None:
     assert result.code == "ABORTED_BEFORE_DISPATCH" and body_calls(echo) == []
 
 
+@pytest.mark.parametrize("stage", ["pre", "guard"])
+async def test_a_policy_hook_is_awaited_to_its_end_then_the_aborted_call_is_never_dispatched(stage: str) -> None:
+    """Pre-execute votes and guards are not raced against the abort signal (the hookspecs say
+    so): the hook finishes, and the call aborted meanwhile settles without its body."""
+    stack = Stack()
+    controller = AbortController()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    finished: list[str] = []
+
+    async def slow() -> None:
+        controller.abort("user")
+        await asyncio.sleep(0.05)
+        finished.append(stage)
+
+    class Slow:
+        @hookimpl
+        def dsh_pre_execute(self) -> Any:
+            return slow() if stage == "pre" else None
+
+        @hookimpl
+        def dsh_guard(self) -> Any:
+            return slow() if stage == "guard" else None
+
+    register(stack.hooks, Slow())
+    result = await stack.call("echo", signal=controller.signal)
+    assert finished == [stage]
+    assert result.code == "ABORTED_BEFORE_DISPATCH" and body_calls(echo) == []
+
+
 async def test_a_call_aborted_between_prepare_and_dispatch_is_final_without_middleware_or_post() -> None:
     # A scheduler prepares a call and dispatches it later (a body task, a slot freeing up):
     # an abort in between is still "aborted before dispatch", which post-execute never sees.
