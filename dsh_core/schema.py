@@ -127,6 +127,11 @@ class SchemaEvaluationError(Exception):
     """
 
 
+#: A value at most this deep cannot exhaust the recursion limit by itself: a validation that does
+#: is a ``$ref`` cycle in the schema.
+_SHALLOW: Final = 50
+
+
 def validation_errors(validator: Validator, instance: object) -> list[ValidationError]:
     """Every jsonschema error of ``instance``; raise :class:`SchemaEvaluationError` if validation cannot finish.
 
@@ -141,10 +146,12 @@ def validation_errors(validator: Validator, instance: object) -> list[Validation
         # check_schema refuses such schemas; a validator compiled without it must still fail cleanly.
         raise SchemaEvaluationError(f"unresolvable reference ({_brief(error)})") from None
     except RecursionError:
-        # The value's depth tells the two causes apart: deep means the value, shallow the schema.
-        raise SchemaEvaluationError(f"validation recursed too deeply (a value nested too deeply for a recursive "
-                                    f"schema, or a $ref cycle; the value nests {_depth(instance)} levels of "
-                                    f"objects and arrays)") from None
+        # The value's depth tells the causes apart: deep means the value (a recursive schema
+        # following it down, or jsonschema quoting it in an error message), shallow the schema.
+        depth = _depth(instance)
+        cause = ("the value is too deep to check" if depth > _SHALLOW else "a $ref cycle in the schema")
+        raise SchemaEvaluationError(f"validation recursed too deeply ({cause}: the value nests {depth} levels "
+                                    f"of objects and arrays)") from None
     except ArithmeticError as error:
         # multipleOf divides: a huge int against a float divisor (or a float against a huge int
         # divisor) overflows float conversion. Lossless JSON allows such ints, so this is a value

@@ -1257,3 +1257,19 @@ async def test_an_invalid_argument_error_stays_short_however_large_the_arguments
     assert len(result.error.message) < 2_000, len(result.error.message)
     assert "/numbers/0: 'x' is not of type 'integer'" in result.error.message
     assert "9990 more" in result.error.message
+
+
+async def test_a_value_too_deep_to_check_is_blamed_on_its_depth_not_on_the_schema() -> None:
+    """A plain schema meeting a very deep value fails validation (jsonschema recurses to quote
+    the value): the message says the value is too deep, not that the schema has a $ref cycle."""
+    stack = Stack()
+    echo = tool("echo", parameters={"type": "object", "properties": {"text": {"type": "string"}}})
+    stack.registry.register(echo)
+    deep: list[Any] = []
+    inner = deep
+    for _ in range(3000):
+        inner.append([])
+        inner = inner[0]
+    result = await stack.call("echo", {"text": deep})
+    assert result.code == "INVALID_ARGS" and body_calls(echo) == []
+    assert "the value is too deep to check" in result.text and "$ref cycle" not in result.text, result.text
