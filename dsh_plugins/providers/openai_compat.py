@@ -569,7 +569,9 @@ async def _lines(response: httpx.Response, who: str) -> AsyncIterator[str]:
     Not ``aiter_lines``: it splits as ``str.splitlines`` does, at U+2028, U+0085, form feeds and more,
     which JSON strings may hold unescaped, so a chunk carrying one was cut in two and failed as not JSON.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    # utf-8-sig: one byte order mark opening the body is dropped, as the SSE spec says (kept, it
+    # would be read into the first line's field name and lose the first event).
+    decoder = codecs.getincrementaldecoder("utf-8-sig")("replace")
     line: list[str] = []  # pieces of the line not yet ended
     held_cr = False  # a CR ending one piece of text may be the first half of a CRLF
     size = 0

@@ -797,6 +797,20 @@ async def test_a_stream_splits_lines_only_where_server_sent_events_do(server: Fa
     assert message["content"] == text and message["_meta"] == {"finish_reason": "stop"}
 
 
+async def test_a_byte_order_mark_opening_a_stream_is_ignored(server: FakeServer) -> None:
+    # The SSE spec: one leading U+FEFF is ignored. Read as part of the first line, it made that
+    # line's field "\ufeffdata", no SSE field, and the first chunk (here all the text) was lost.
+    events = ["\ufeffdata: " + json.dumps(delta_chunk({"content": "hello"})),
+              "data: " + json.dumps(delta_chunk({}, "stop"))]
+    server.responses.append((200, {"Content-Type": "text/event-stream"}, ("sse", events)))
+    client, _ = provider(server, stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "hello"
+
+
 async def test_a_plain_completion_keeps_line_separators_in_its_strings(server: FakeServer) -> None:
     # The same for a plain completion answering a streaming request: it is read line by line too.
     server.reply(body=json.dumps(completion("one\u2028two\x85three"), ensure_ascii=False))
