@@ -78,3 +78,50 @@ def test_the_cpu_budget_sentence_says_how_the_hosts_reading_is_charged() -> None
     assert (host._TIMED_FRAME_BYTES, host._SAMPLED_READS) == (64 * 1024, 8)
     assert ("each read bringing 64 KiB or more, and, once the smaller ones add up to 64 KiB, one smaller read "
             "in eight, at random, charged eight times over" in section)
+
+
+def _config_block() -> str:
+    blocks = _code_blocks(_section("config"), "toml")
+    assert blocks, "README.md's config section has no toml example"
+    return blocks[0]
+
+
+def test_the_config_example_shows_the_code_defaults_and_limits() -> None:
+    """The example deployment's [tools] and [code_runtime] values are the defaults a missing key gets."""
+    import tomllib
+
+    import attrs
+
+    from dsh_core.coderuntime.seam import MAX_CPU_S, MAX_MEMORY_MB, CodeRuntimeConfig
+    from dsh_core.config import DEPLOYMENT_SCHEMA, CodeRuntimeSection, ToolsSection, compose
+
+    example = tomllib.loads(_config_block())
+    composed = compose([("empty.toml", {})], env={})  # what a file that sets none of the keys gets
+    assert (composed.tools, composed.code_runtime) == (ToolsSection(), CodeRuntimeSection())
+    for name, section in (("tools", ToolsSection()), ("code_runtime", CodeRuntimeSection())):
+        defaults = attrs.asdict(section)
+        for key, value in example[name].items():
+            assert value == defaults[key], f"README shows [{name}] {key} = {value!r}; the default is {defaults[key]!r}"
+    runtime = CodeRuntimeConfig()
+    for key, value in example["code_runtime"].items():
+        assert getattr(runtime, key) == value, f"CodeRuntimeConfig.{key} default differs from [code_runtime]'s"
+    limits = DEPLOYMENT_SCHEMA["properties"]["code_runtime"]["properties"]
+    assert (limits["cpu_s"]["maximum"], limits["memory_mb"]["maximum"]) == (MAX_CPU_S, MAX_MEMORY_MB)
+    assert "cpu_s = 60                      # at most 1e9" in _config_block() and MAX_CPU_S == 1e9
+    assert "# at most 2**30 (1 PiB)" in _config_block() and MAX_MEMORY_MB == 2**30
+
+
+def test_every_deployment_config_key_is_documented() -> None:
+    """Each key a deployment file may set (every section, agent row and plugin row key) is named in README.md."""
+    from dsh_core.config import DEPLOYMENT_SCHEMA
+
+    text = README.read_text(encoding="utf-8")
+    missing = []
+    for section, schema in DEPLOYMENT_SCHEMA["properties"].items():
+        keys = schema["items"]["properties"] if schema["type"] == "array" else schema["properties"]
+        heading = f"[[{section}]]" if schema["type"] == "array" else f"[{section}]"
+        if heading not in text:
+            missing.append(heading)
+        missing += [f"{heading} {key}" for key in keys
+                    if not re.search(rf"`[^`\n]*\b{key}\b[^`\n]*`|^{key} = ", text, re.M)]
+    assert not missing, f"config keys README.md never names: {missing}"
