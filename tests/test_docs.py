@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import re
 import subprocess
@@ -125,3 +126,33 @@ def test_every_deployment_config_key_is_documented() -> None:
         missing += [f"{heading} {key}" for key in keys
                     if not re.search(rf"`[^`\n]*\b{key}\b[^`\n]*`|^{key} = ", text, re.M)]
     assert not missing, f"config keys README.md never names: {missing}"
+
+
+def _plugin_keys(name: str) -> set[str]:
+    from dsh_core.plugins import config_schema_of
+
+    factory = importlib.metadata.entry_points(group="dsh.plugins", name=name)[name].load()
+    return set((config_schema_of(factory) or {}).get("properties", {}))
+
+
+@pytest.mark.parametrize("name", ["workspace", "bash", "approval", "guards"])
+def test_the_plugin_table_lists_exactly_each_builtin_plugins_config_keys(name: str) -> None:
+    """The config column of the Using plugins table names every key of the plugin's schema, and no other."""
+    rows = [line for line in _section("plugins").splitlines() if line.startswith(f"| `{name}` |")]
+    assert len(rows) == 1, f"no single row for {name} in the plugin table"
+    cell = rows[0].rstrip(" |").rsplit(" | ", 1)[1]
+    while re.search(r"\([^()]*\)", cell):  # asides name other things (default values, examples)
+        cell = re.sub(r"\([^()]*\)", "", cell)
+    documented = set(re.findall(r"`(\w+)`", cell))
+    assert documented == _plugin_keys(name), f"{name}: README {sorted(documented)}, schema {sorted(_plugin_keys(name))}"
+
+
+@pytest.mark.parametrize(("name", "where"), [("scripted", "- `scripted`"), ("openai", "- `openai`"),
+                                             ("sqlite-sessions", "The default store")])
+def test_every_builtin_provider_and_store_config_key_is_documented(name: str, where: str) -> None:
+    """Each key of the provider's (store's) config schema is named in its paragraph of the agents section."""
+    section = _section("agents")
+    start = section.index(where)
+    paragraph = re.split(r"\n\n|\n- ", section[start:])[0]
+    missing = sorted(key for key in _plugin_keys(name) if f"`{key}`" not in paragraph and f"{key} = " not in paragraph)
+    assert not missing, f"config keys of plugin {name!r} its README paragraph never names: {missing}"
