@@ -156,3 +156,26 @@ def test_every_builtin_provider_and_store_config_key_is_documented(name: str, wh
     paragraph = re.split(r"\n\n|\n- ", section[start:])[0]
     missing = sorted(key for key in _plugin_keys(name) if f"`{key}`" not in paragraph and f"{key} = " not in paragraph)
     assert not missing, f"config keys of plugin {name!r} its README paragraph never names: {missing}"
+
+
+def test_every_conformance_kit_option_is_documented() -> None:
+    """Each ``--dsh-conformance*`` pytest option the kit registers is named in the plugins section."""
+    from dsh_core.testing import pytest_plugin
+
+    class Group:
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def addoption(self, *names: str, **_: object) -> None:
+            self.names.extend(names)
+
+    group = Group()
+
+    class Parser:
+        def getgroup(self, *_: object) -> Group:
+            return group
+
+    pytest_plugin.pytest_addoption(Parser())  # type: ignore[arg-type]
+    assert group.names
+    missing = [name for name in group.names if f"`{name}" not in _section("plugins")]
+    assert not missing, f"conformance kit options README.md never names: {missing}"
