@@ -179,3 +179,28 @@ def test_every_conformance_kit_option_is_documented() -> None:
     assert group.names
     missing = [name for name in group.names if f"`{name}" not in _section("plugins")]
     assert not missing, f"conformance kit options README.md never names: {missing}"
+
+
+def test_where_things_live_names_files_and_functions_that_exist() -> None:
+    """Every path in the "Where things live" table exists, and every ``Class.member`` it names is in that row's
+    first file (files move; the table is the map readers use to find the code)."""
+    root = README.parent
+    problems = []
+    for row in _section("architecture").splitlines()[4:]:
+        tokens = re.findall(r"`([^`]+)`", row)
+        paths = [t for t in tokens if re.fullmatch(r"[\w./]+(\.py|/)", t)]
+        folders = [root, root / "dsh_core"]
+        for path in paths:  # a bare file name is in a folder the row named before it
+            found = next((folder / path for folder in folders if (folder / path).exists()), None)
+            if found is None:
+                problems.append(f"no such file: {path}")
+            elif found.is_dir():
+                folders.append(found)
+        module_path = next((p for p in paths if p.endswith(".py")), None)
+        for name in (t for t in tokens if re.fullmatch(r"[A-Z]\w*\.\w+", t)):
+            assert module_path, row
+            module = importlib.import_module(module_path.removesuffix(".py").replace("/", "."))
+            owner, member = name.split(".")
+            if not hasattr(getattr(module, owner, None), member):
+                problems.append(f"{module_path} has no {name}")
+    assert not problems, problems
