@@ -204,3 +204,26 @@ def test_where_things_live_names_files_and_functions_that_exist() -> None:
             if not hasattr(getattr(module, owner, None), member):
                 problems.append(f"{module_path} has no {name}")
     assert not problems, problems
+
+
+def test_every_dsh_command_line_in_the_readme_parses() -> None:
+    """Each ``dsh ...`` the README shows (console examples and inline code) names commands and options that exist:
+    with ``--help`` appended, click parses it all and prints help instead of a usage error."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from dsh_core.cli import main
+
+    text = README.read_text(encoding="utf-8")
+    lines = {line[2:].split("  #")[0].strip() for block in _code_blocks(text, "console")
+             for line in block.splitlines() if line.startswith("$ dsh ")}
+    lines |= set(re.findall(r"`(dsh [^`]*)`", text))
+    assert len(lines) >= 10
+    runner = CliRunner()
+    failing = {}
+    for line in sorted(lines):
+        result = runner.invoke(main, [*shlex.split(line)[1:], "--help"])
+        if result.exit_code != 0:
+            failing[line] = result.output.strip().splitlines()[-1:]
+    assert not failing, failing
