@@ -1,0 +1,124 @@
+"""How much of one tool result the model sees (an agent's ``max_tool_result_chars``).
+
+Built-in tools cap their own output, but nothing stops a third-party tool from
+returning megabytes; sent whole, the next model request fails as
+``context-length`` and the run dies of one plugin's verbosity. The agent loop
+therefore sends a result longer than the cap as its head and its tail around a
+marker saying how many characters were left out and how to get less.
+
+The cut keeps the text valid: it never separates a surrogate pair, and it
+does not start or end a kept part inside a grapheme (a combining mark, a
+zero-width-joiner sequence, an emoji modifier, a variation selector, a flag's
+two regional indicators, ``\\r\\n``), moving into the left-out part instead, so
+the result is never longer than the cap.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Final
+
+from attrs import frozen
+
+__all__ = ["DEFAULT_MAX_TOOL_RESULT_CHARS", "CappedText", "cap_tool_text", "cut_marker"]
+
+#: The cap of an agent whose row sets no ``max_tool_result_chars``: about 25,000 tokens (4 characters a
+#: token), a fraction of the context of every current model (the smallest in common use hold 128k tokens),
+#: leaving room for the system prompt, the tool schemas and several such results in one conversation.
+DEFAULT_MAX_TOOL_RESULT_CHARS: Final = 100_000
+
+_ZWJ: Final = "\u200d"
+_MARKS: Final = frozenset(("Mn", "Me", "Mc"))
+#: How far a cut moves to keep a grapheme whole (past this, e.g. in "Zalgo" text, it cuts between marks:
+#: still valid text). A surrogate pair is never split, whatever the distance.
+_MAX_SHIFT: Final = 64
+
+
+@frozen
+class CappedText:
+    """What the model sees of a result: ``text``, and how many characters of the original it lacks."""
+
+    text: str
+    #: 0 when the result was sent whole.
+    left_out: int = 0
+
+    @property
+    def cut(self) -> bool:
+        """True when part of the result was left out."""
+        return self.left_out > 0
+
+
+def cut_marker(left_out: int, limit: int) -> str:
+    """The line that replaces the middle of a result longer than ``limit`` (blank lines around it)."""
+    return (f"\n\n[... {left_out:,} characters of this tool result left out (max_tool_result_chars = {limit}); "
+            "ask for less, e.g. a narrower query, a range or a limit ...]\n\n")
+
+
+def _short_marker(left_out: int, limit: int) -> str:
+    # For a cap too small for the full wording.
+    return f"\n[... {left_out:,} characters left out ...]\n"
+
+
+def _is_ri(char: str) -> bool:
+    return "\U0001f1e6" <= char <= "\U0001f1ff"
+
+
+def _pair_split(text: str, index: int) -> bool:
+    """True when ``index`` falls between a high and a low surrogate."""
+    return 0 < index < len(text) and "\ud800" <= text[index - 1] <= "\udbff" and "\udc00" <= text[index] <= "\udfff"
+
+
+def _joined(text: str, index: int) -> bool:
+    """True when a cut at ``index`` (between ``text[index - 1]`` and ``text[index]``) splits a grapheme."""
+    before, char = text[index - 1], text[index]
+    if _pair_split(text, index) or (before == "\r" and char == "\n") or _ZWJ in (before, char):
+        return True
+    if "\U0001f3fb" <= char <= "\U0001f3ff":  # an emoji modifier (skin tone)
+        return True
+    if _is_ri(char) and _is_ri(before):
+        # Regional indicators pair up from the start of their run: split only inside a pair.
+        run = 0
+        while index - run - 1 >= 0 and _is_ri(text[index - run - 1]):
+            run += 1
+        return run % 2 == 1
+    return unicodedata.category(char) in _MARKS
+
+
+def _head_end(text: str, index: int) -> int:
+    """``index`` moved back until ``text[:index]`` ends on a grapheme boundary."""
+    for _ in range(_MAX_SHIFT):
+        if index <= 0 or not _joined(text, index):
+            break
+        index -= 1
+    return index - 1 if _pair_split(text, index) else index
+
+
+def _tail_start(text: str, index: int) -> int:
+    """``index`` moved forward until ``text[index:]`` starts on a grapheme boundary."""
+    for _ in range(_MAX_SHIFT):
+        if index >= len(text) or not _joined(text, index):
+            break
+        index += 1
+    return index + 1 if _pair_split(text, index) else index
+
+
+def cap_tool_text(text: str, limit: int) -> CappedText:
+    """``text`` itself when it has at most ``limit`` characters; else its head and tail around a marker.
+
+    The result never has more than ``limit`` characters. Below the room a marker
+    needs (a cap of a few dozen characters) only the head is kept.
+    """
+    if limit < 1:
+        raise ValueError(f"max_tool_result_chars must be at least 1, got {limit}")
+    if len(text) <= limit:
+        return CappedText(text)
+    for marker in (cut_marker, _short_marker):
+        # The marker for the most that could be left out is the longest it can be: what remains is safe.
+        keep = limit - len(marker(len(text), limit))
+        if keep >= 0:
+            head = _head_end(text, (keep + 1) // 2)
+            tail = _tail_start(text, len(text) - keep // 2)
+            left_out = tail - head
+            return CappedText(text[:head] + marker(left_out, limit) + text[tail:], left_out)
+    head = _head_end(text, limit)
+    return CappedText(text[:head], len(text) - head)
