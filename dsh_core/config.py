@@ -148,6 +148,7 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
                     "provider": {"type": "string", "minLength": 1},
                     "model": {"type": "string", "minLength": 1},
                     "max_turns": {"type": "integer", "minimum": 1},
+                    "max_tool_result_chars": {"type": "integer", "minimum": 1},
                     "allow": _NAMES_SCHEMA,
                     "deny": _NAMES_SCHEMA,
                     "system_prompt": {"type": "string"},
@@ -177,7 +178,8 @@ _FILE_VALIDATOR: Final = Draft202012Validator(DEPLOYMENT_SCHEMA)
 
 _ROW_KINDS: Final = ("agents", "plugins")
 _SECTIONS: Final = ("tools", "code_runtime", "sessions")
-_AGENT_FIELDS: Final = ("mode", "provider", "model", "max_turns", "allow", "deny", "system_prompt")
+_AGENT_FIELDS: Final = ("mode", "provider", "model", "max_turns", "max_tool_result_chars", "allow", "deny",
+                        "system_prompt")
 
 
 # --------------------------------------------------------------------------- values
@@ -233,6 +235,8 @@ class AgentRow:
     provider: str | None = None
     model: str | None = None
     max_turns: int | None = None
+    #: Characters of one tool result the model sees (the agent loop's default when ``None``).
+    max_tool_result_chars: int | None = None
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] | None = None
     system_prompt: str | None = None
@@ -569,6 +573,8 @@ def compose(
                 provider=values.get("provider"),
                 model=values.get("model"),
                 max_turns=None if "max_turns" not in values else int(values["max_turns"]),
+                max_tool_result_chars=(None if "max_tool_result_chars" not in values
+                                       else int(values["max_tool_result_chars"])),
                 allow=None if "allow" not in values else tuple(values["allow"]),
                 deny=None if "deny" not in values else tuple(values["deny"]),
                 system_prompt=values.get("system_prompt"),

@@ -126,6 +126,7 @@ def test_every_documented_key_is_read_with_its_type(files: Any) -> None:
             provider = "scripted"
             model = "deepseek-chat"
             max_turns = 20
+            max_tool_result_chars = 5000
             allow = ["read"]
             deny = ["bash"]
             system_prompt = "be brief"
@@ -155,6 +156,7 @@ def test_every_documented_key_is_read_with_its_type(files: Any) -> None:
             provider="scripted",
             model="deepseek-chat",
             max_turns=20,
+            max_tool_result_chars=5000,
             allow=("read",),
             deny=("bash",),
             system_prompt="be brief",
@@ -165,11 +167,13 @@ def test_every_documented_key_is_read_with_its_type(files: Any) -> None:
 
 def test_integral_floats_for_integer_keys_become_ints(files: Any) -> None:
     d = load(
-        files("f.toml", "[tools]\nmax_parallel_sub_calls = 10.0\n[[agents]]\nid = 'a'\nmax_turns = 2.0\n")
+        files("f.toml", "[tools]\nmax_parallel_sub_calls = 10.0\n[[agents]]\nid = 'a'\nmax_turns = 2.0\n"
+                        "max_tool_result_chars = 1000.0\n")
     )
     assert type(d.tools.max_parallel_sub_calls) is int and d.tools.max_parallel_sub_calls == 10
     agent = d.agent("a")
     assert agent is not None and type(agent.max_turns) is int
+    assert type(agent.max_tool_result_chars) is int and agent.max_tool_result_chars == 1000
 
 
 # --------------------------------------------------------------------------- merging
@@ -378,8 +382,8 @@ def test_compose_does_not_alias_the_caller_documents() -> None:
         ),
         (
             '[[agents]]\nid = "main"\ntemperature = 0.2\n',
-            "f.toml: agents[main].temperature: unknown key (allowed: allow, deny, enabled, id, max_turns, "
-            "mode, model, provider, system_prompt)",
+            "f.toml: agents[main].temperature: unknown key (allowed: allow, deny, enabled, id, "
+            "max_tool_result_chars, max_turns, mode, model, provider, system_prompt)",
         ),
     ],
 )
@@ -438,6 +442,18 @@ def test_a_bad_agent_mode_names_the_row(files: Any) -> None:
         ),
         ("[sessions]\nstore = ''\n", "sessions.store: '' should be non-empty"),
         ("[[agents]]\nid = 'a'\nmax_turns = 0\n", "agents[a].max_turns: 0 is less than the minimum of 1"),
+        (
+            "[[agents]]\nid = 'a'\nmax_tool_result_chars = 0\n",
+            "agents[a].max_tool_result_chars: 0 is less than the minimum of 1",
+        ),
+        (
+            "[[agents]]\nid = 'a'\nmax_tool_result_chars = '100k'\n",
+            "agents[a].max_tool_result_chars: '100k' is not of type 'integer'",
+        ),
+        (
+            "[[agents]]\nid = 'a'\nmax_tool_result_chars = 1.5\n",
+            "agents[a].max_tool_result_chars: 1.5 is not of type 'integer'",
+        ),
         ("[[agents]]\nid = 'a'\nallow = 'read'\n", "agents[a].allow: 'read' is not of type 'array'"),
         ("[[plugins]]\nid = 'fs'\nuse = 'w'\nconfig = 5\n", "plugins[fs].config: 5 is not of type 'object'"),
         (
