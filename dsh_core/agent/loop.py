@@ -7,7 +7,11 @@ model-direct (no parent token) through :class:`~dsh_core.runtime.ToolRuntime`.
 Calls the runtime classifies ``parallel`` overlap with their parallel
 neighbours; an ``exclusive`` call waits for the running ones and runs alone;
 results go back to the model in call order as ``tool`` messages, followed by
-the results' additional contexts as user messages.
+the results' additional contexts as user messages. A result's text longer than
+the agent's ``max_tool_result_chars`` reaches the model as its head and tail
+around a marker (:func:`~dsh_core.agent.resultcap.cap_tool_text`); the
+``tool/result`` event keeps the whole text as ``content`` and what the model saw
+as ``message``, which is what a resumed run replays.
 
 The loop stops on a final answer (no tool calls), a result that
 ``concludes_turn``, the turn limit, an abort, a provider error or any other
@@ -41,6 +45,7 @@ from attrs import define, frozen
 import dsh_core
 from dsh_core.abort import AbortSignal
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, normalize_assistant
+from dsh_core.agent.resultcap import DEFAULT_MAX_TOOL_RESULT_CHARS, cap_tool_text
 from dsh_core.errors import ConfigError, DshError, ErrorCode
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, NotLosslessError, freeze
@@ -75,6 +80,7 @@ __all__ = [
     "run_agent",
     "history_from_events",
     "DEFAULT_MAX_TURNS",
+    "DEFAULT_MAX_TOOL_RESULT_CHARS",
     "PROMPT_SERVICE",
     "open_session_store",
     "core_sections_of",
@@ -333,6 +339,7 @@ class AgentLoop:
         provider_name: str = "provider",
         model: str | None = None,
         max_turns: int = DEFAULT_MAX_TURNS,
+        max_tool_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS,
         system_prompt: str | None = None,
         core_sections: Sequence[CoreSection] = (),
         recorder: SessionRecorder | None = None,
@@ -340,6 +347,9 @@ class AgentLoop:
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"agent {agent_id!r}: max_turns must be at least 1, got {max_turns}")
+        if max_tool_result_chars < 1:
+            raise ValueError(f"agent {agent_id!r}: max_tool_result_chars must be at least 1, "
+                             f"got {max_tool_result_chars}")
         self.agent_id = agent_id
         self.scope = scope
         self.registry = registry
@@ -348,6 +358,7 @@ class AgentLoop:
         self.provider_name = provider_name
         self.model = model
         self.max_turns = max_turns
+        self.max_tool_result_chars = max_tool_result_chars
         self.recorder = recorder
         self.observer: LoopObserver = _GuardedObserver(observer) if observer is not None else LoopObserver()
         self._request_chars: list[int] = []
@@ -419,7 +430,7 @@ class AgentLoop:
                 contexts: list[NewEvent] = []
                 results: list[NewEvent] = []
                 for record in records:
-                    message, event = _tool_result(record)
+                    message, event = _tool_result(record, self.max_tool_result_chars)
                     messages.append(message)
                     results.append(event)
                 for record in records:
@@ -541,7 +552,7 @@ class AgentLoop:
             # Cancelled or failed mid-step: the calls that did finish (a file written, a command run)
             # keep their results, in call order. Dropped, a resumed run told the model they had been
             # interrupted, and it ran them again; the unfinished ones are repaired as interrupted.
-            settled = [_tool_result(r)[1] for r in records if r.result is not None]
+            settled = [_tool_result(r, self.max_tool_result_chars)[1] for r in records if r.result is not None]
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._record(settled))
             raise
@@ -585,14 +596,20 @@ async def _all_or_none(work: list[Coroutine[Any, Any, None]]) -> None:
         raise asyncio.CancelledError  # as gather would: a call cancelled from within cancels the batch
 
 
-def _tool_result(record: ToolCallRecord) -> tuple[Message, NewEvent]:
-    """The ``tool`` message of a settled call and its ``tool/result`` event."""
+def _tool_result(record: ToolCallRecord, max_chars: int) -> tuple[Message, NewEvent]:
+    """The ``tool`` message of a settled call (its text cut to ``max_chars``) and its ``tool/result`` event."""
     assert record.result is not None
-    message: Message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": record.result.text}
-    return message, NewEvent(EventKind.TOOL_RESULT, _result_payload(record, message), root_call_id=record.call_id)
+    text = record.result.text
+    shown = cap_tool_text(text, max_chars)
+    message: Message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": shown.text}
+    payload = _result_payload(record, text, message)
+    if shown.cut:
+        payload["cut"] = {"chars": len(text), "left_out": shown.left_out, "max_tool_result_chars": max_chars}
+    return message, NewEvent(EventKind.TOOL_RESULT, payload, root_call_id=record.call_id)
 
 
-def _result_payload(record: ToolCallRecord, message: Message) -> dict[str, Any]:
+def _result_payload(record: ToolCallRecord, text: str, message: Message) -> dict[str, Any]:
+    """``content`` is the whole result; ``message`` what the model saw (resuming replays it as it was)."""
     result = record.result
     assert result is not None
     return {
@@ -600,7 +617,7 @@ def _result_payload(record: ToolCallRecord, message: Message) -> dict[str, Any]:
         "tool_call_id": record.tool_call_id,
         "ok": not result.is_error,
         "error": None if result.error is None else {"code": result.error.code, "message": result.error.message},
-        "content": result.text,
+        "content": text,
         "concludes_turn": result.concludes_turn,
         "duration_ms": round(record.duration_ms, 3),
         "message": message,
@@ -718,6 +735,8 @@ async def run_agent(
             hooks=harness.hooks, provider=provider, provider_name=str(provider_name),
             model=row.model if row is not None else None,
             max_turns=(row.max_turns if row is not None and row.max_turns else DEFAULT_MAX_TURNS),
+            max_tool_result_chars=(row.max_tool_result_chars if row is not None and row.max_tool_result_chars
+                                   else DEFAULT_MAX_TOOL_RESULT_CHARS),
             system_prompt=row.system_prompt if row is not None else None,
             core_sections=core_sections_of(harness), recorder=recorder, observer=observer)
         if recorder is not None:

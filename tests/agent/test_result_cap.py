@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
+from agent_kit import ToolsPlugin, call, calls, final, scripted, start, tool, write_script
 
+from dsh_core.agent.loop import run_agent
 from dsh_core.agent.resultcap import DEFAULT_MAX_TOOL_RESULT_CHARS, cap_tool_text
+from dsh_core.boot import start_harness
+from dsh_core.config import compose
+from dsh_core.plugins import PluginCatalog
+from dsh_core.sessions.sqlite import SqliteSessionStore
+
+pytestmark = pytest.mark.anyio
 
 MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters of this tool result left out \(max_tool_result_chars = (\d+)\); "
                     r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]")
@@ -99,3 +109,141 @@ def test_endless_marks_or_lone_surrogates_are_cut_a_bounded_distance_from_the_mi
 def test_the_default_is_about_25k_tokens() -> None:
     assert DEFAULT_MAX_TOOL_RESULT_CHARS == 100_000
 
+
+
+# -- the agent loop ------------------------------------------------------------------------------------------
+
+
+async def events_of(harness: Any, session_id: str) -> list[Any]:
+    store = SqliteSessionStore(Path(harness.deployment.sessions.home) / "sessions.db")
+    try:
+        return await store.load(session_id)
+    finally:
+        await store.close()
+
+
+def verbose(size: int) -> Any:
+    async def body(args: Any, ctx: Any) -> Any:
+        return "".join(f"{n:07d}\n" for n in range(size // 8)) + "z" * (size % 8)
+    return body
+
+
+async def test_a_huge_result_reaches_the_model_cut_and_the_session_keeps_it_whole(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")),
+             final("ok", expect={"last_role": "tool", "last_content_contains": "characters of this tool result"})]
+    harness = await start(tmp_path, tools=[tool("dump", verbose(2_000_000))], turns=turns,
+                          agent={"max_tool_result_chars": 5_000})
+    try:
+        result = await run_agent(harness, "dump it")
+        assert result.ok, result.error
+        sent = scripted(harness).requests[-1]["messages"][-1]
+        assert sent["role"] == "tool" and sent["tool_call_id"] == "c1"
+        assert len(sent["content"]) <= 5_000 and sent["content"].startswith("0000000\n0000001\n")
+        assert sent["content"].endswith("0249999\n")
+        assert left_out(sent["content"]) > 1_990_000
+        assert result.messages[2] == sent
+        assert result.session_id is not None
+        [event] = [e for e in await events_of(harness, result.session_id) if e.kind == "tool/result"]
+        assert len(event.payload["content"]) == 2_000_000  # the durable record keeps the whole result
+        assert event.payload["message"] == sent  # and what the model saw
+        assert event.payload["cut"] == {"chars": 2_000_000, "left_out": left_out(sent["content"]),
+                                        "max_tool_result_chars": 5_000}
+    finally:
+        await harness.aclose()
+
+
+async def test_a_result_exactly_at_the_cap_is_untouched_and_records_no_cut(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("dump", verbose(4_000))], turns=turns,
+                          agent={"max_tool_result_chars": 4_000})
+    try:
+        result = await run_agent(harness, "dump it")
+        sent = scripted(harness).requests[-1]["messages"][-1]["content"]
+        assert len(sent) == 4_000 and "[..." not in sent
+        assert result.session_id is not None
+        [event] = [e for e in await events_of(harness, result.session_id) if e.kind == "tool/result"]
+        assert "cut" not in event.payload and event.payload["content"] == sent
+    finally:
+        await harness.aclose()
+
+
+async def test_the_default_cap_applies_when_the_row_sets_none(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("dump", verbose(300_000))], turns=turns)
+    try:
+        await run_agent(harness, "dump it")
+        sent = scripted(harness).requests[-1]["messages"][-1]["content"]
+        assert len(sent) <= DEFAULT_MAX_TOOL_RESULT_CHARS and "max_tool_result_chars = 100000" in sent
+    finally:
+        await harness.aclose()
+
+
+async def test_a_failed_result_is_cut_too(tmp_path: Path) -> None:
+    async def failing(args: Any, ctx: Any) -> Any:
+        raise RuntimeError("boom " + "x" * 50_000)
+
+    harness = await start(tmp_path, tools=[tool("fail", failing)], turns=[calls(call("fail", {}, "c1")), final("ok")],
+                          agent={"max_tool_result_chars": 2_000})
+    try:
+        await run_agent(harness, "fail")
+        sent = scripted(harness).requests[-1]["messages"][-1]["content"]
+        assert len(sent) <= 2_000 and sent.startswith("Error: ") and left_out(sent) > 0
+    finally:
+        await harness.aclose()
+
+
+async def test_a_resumed_session_replays_exactly_the_cut_text(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("first"),
+             final("second", expect={"last_content_contains": "and now?"})]
+    harness = await start(tmp_path, tools=[tool("dump", verbose(1_000_000))], turns=turns,
+                          agent={"max_tool_result_chars": 3_000})
+    try:
+        first = await run_agent(harness, "dump it")
+        seen = scripted(harness).requests[-1]["messages"]
+        second = await run_agent(harness, "and now?", session_id=first.session_id)
+        assert second.ok, second.error
+        replayed = scripted(harness).requests[-1]["messages"]
+        # The resumed request starts with exactly the conversation the model saw before.
+        assert replayed[: len(seen) + 1] == [*seen, {"role": "assistant", "content": "first"}]
+        cut = replayed[3]["content"]
+        assert replayed[3]["role"] == "tool" and len(cut) <= 3_000 and left_out(cut) > 990_000
+    finally:
+        await harness.aclose()
+
+
+async def test_code_mode_caps_run_code_but_the_program_sees_full_values(tmp_path: Path) -> None:
+    """The real transport: a nested call's value is whole inside the program; run_code's result is cut."""
+    program = ('page = await tools.dump({})\n'
+               'print("chars", len(page))\n'
+               'return page\n')
+    script = write_script(tmp_path / "script.jsonl", [
+        calls(call("run_code", {"code": program, "description": "dump"}, "p1"), expect={"tools_include": ["run_code"]}),
+        final("ok", expect={"last_role": "tool"})])
+    deployment = compose([("test", {
+        "tools": {"mode": "code"},
+        "sessions": {"home": str(tmp_path / "home")},
+        "agents": [{"id": "main", "provider": "scripted", "max_tool_result_chars": 4_000}],
+        "plugins": [
+            {"id": "tools", "use": "test-tools"},
+            {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
+            {"id": "sessions", "use": "sqlite-sessions"},
+        ],
+    })], env={})
+    plugin = ToolsPlugin([tool("dump", verbose(400_000))])
+    catalog = PluginCatalog(extra={"test-tools": lambda scope, config: plugin}, strict=True)
+    harness = await start_harness(deployment, catalog=catalog)
+    try:
+        result = await run_agent(harness, "dump it")
+        assert result.ok, result.error
+        sent = scripted(harness).requests[-1]["messages"][-1]
+        assert sent["tool_call_id"] == "p1" and len(sent["content"]) <= 4_000
+        assert "chars 400000" in sent["content"]  # the program saw the whole value
+        assert left_out(sent["content"]) > 390_000
+        assert result.session_id is not None
+        events = await events_of(harness, result.session_id)
+        [nested] = [e for e in events if e.kind == "tool/code-dispatch"]
+        assert len(nested.payload["content"][0]["text"]) == 400_000  # the nested call's record is whole
+        [outer] = [e for e in events if e.kind == "tool/result"]
+        assert outer.payload["message"] == sent and outer.payload["cut"]["max_tool_result_chars"] == 4_000
+    finally:
+        await harness.aclose()
