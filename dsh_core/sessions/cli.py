@@ -80,6 +80,17 @@ def _ms(value: object) -> str:
     return f"{float(value):.1f} ms" if isinstance(value, int | float) else "? ms"
 
 
+def _cut_note(payload: Mapping[str, Any]) -> str:
+    """`` · the model saw it cut to …`` for a result cut to ``max_tool_result_chars``, else empty."""
+    cut = payload.get("cut")
+    if not isinstance(cut, Mapping):
+        return ""
+    cap, left_out = cut.get("max_tool_result_chars"), cut.get("left_out")
+    if type(cap) is not int or type(left_out) is not int:
+        return ""
+    return f" · the model saw it cut to fit {cap:,} characters ({left_out:,} left out)"
+
+
 def _outcome(payload: Mapping[str, Any]) -> str:
     """``ok`` or the error code (+ message) of a result payload, whatever its exact shape."""
     if payload.get("ok") is True or payload.get("is_error") is False:
@@ -193,7 +204,7 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
             call = calls.get(event.root_call_id)
             if call is None:
                 call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at, runs)
-            call.node.label += f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}"
+            call.node.label += f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}{_cut_note(payload)}"
         elif kind == EventKind.CODE_DISPATCH_START:
             parent = calls.get(event.root_call_id or "")
             holder = parent.node if parent is not None else current_run()

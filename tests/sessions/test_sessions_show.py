@@ -108,6 +108,22 @@ def test_show_marks_a_model_direct_call_without_result_in_each_run() -> None:
     ]
 
 
+def test_show_says_when_the_model_saw_a_result_cut_to_the_cap() -> None:
+    cut = {"chars": 2_000_000, "left_out": 1_995_100, "max_tool_result_chars": 5_000}
+    events = [
+        ev(1, "run/start", {"task": "t", "provider": "p", "mode": "native"}, 0.0),
+        ev(2, "tool/call", {"name": "dump", "arguments": "{}"}, 0.0, "1.1"),
+        ev(3, "tool/result", {"name": "dump", "ok": True, "duration_ms": 3.0, "cut": cut}, 0.0, "1.1"),
+        ev(4, "tool/call", {"name": "odd", "arguments": "{}"}, 0.0, "1.2"),
+        ev(5, "tool/result", {"name": "odd", "ok": True, "duration_ms": 1.0, "cut": "junk"}, 0.0, "1.2"),
+    ]
+    text = render_session(SessionInfo("s", 0.0, 0.0, 5, {}), events)
+    assert text.splitlines()[2:4] == [
+        "   ├─ dump [1.1] {} — ok · 3.0 ms · the model saw it cut to fit 5,000 characters (1,995,100 left out)",
+        "   ├─ odd [1.2] {} — ok · 1.0 ms",
+    ]
+
+
 def test_list_renders_a_table() -> None:
     assert render_list([]) == "no sessions"
     rows = render_list([SessionInfo("a-1", 0.0, 0.0, 7, {"agent": "main", "task": "do it"})]).splitlines()
