@@ -24,6 +24,7 @@ id and the key path.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -374,10 +375,16 @@ def _unknown_keys(error: ValidationError) -> list[tuple[list[str | int], str]]:
     known = sorted(_error_schema(error).get("properties", {}))
     hint = f"allowed: {', '.join(known)}" if known else "no keys are allowed here"
     parts: list[str | int] = list(error.absolute_path)
+
+    def message(key: str) -> str:
+        # A typo (max_turn, timeout) is the usual unknown key: name the key it most likely meant.
+        close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
+        return f"unknown key (did you mean {close[0]!r}? {hint})" if close else f"unknown key ({hint})"
+
     # The message quotes each extra key with repr(); matching that reuses
     # jsonschema's own decision instead of re-implementing properties,
     # patternProperties and evaluation rules.
-    return [([*parts, key], f"unknown key ({hint})") for key in instance if repr(key) in error.message]
+    return [([*parts, key], message(key)) for key in instance if repr(key) in error.message]
 
 
 def _error_messages(error: ValidationError) -> list[tuple[list[str | int], str]]:

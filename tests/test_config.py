@@ -372,13 +372,18 @@ def test_compose_does_not_alias_the_caller_documents() -> None:
         ),
         (
             "[code_runtime]\ntimeout = 3\n",
-            "f.toml: code_runtime.timeout: unknown key (allowed: cpu_s, isolation, max_output_bytes, "
-            "memory_mb, preload, timeout_s)",
+            "f.toml: code_runtime.timeout: unknown key (did you mean 'timeout_s'? allowed: cpu_s, isolation, "
+            "max_output_bytes, memory_mb, preload, timeout_s)",
+        ),
+        (
+            '[[agents]]\nid = "main"\nmax_turn = 3\n',
+            "f.toml: agents[main].max_turn: unknown key (did you mean 'max_turns'? allowed: allow, deny, enabled, "
+            "id, max_turns, mode, model, provider, system_prompt)",
         ),
         ("[sessions]\npath = 'x'\n", "f.toml: sessions.path: unknown key (allowed: home, store)"),
         (
             '[[plugins]]\nid = "fs"\nuse = "w"\nconfg = {}\n',
-            "f.toml: plugins[fs].confg: unknown key (allowed: config, enabled, id, use)",
+            "f.toml: plugins[fs].confg: unknown key (did you mean 'config'? allowed: config, enabled, id, use)",
         ),
         (
             '[[agents]]\nid = "main"\ntemperature = 0.2\n',
