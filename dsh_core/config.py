@@ -496,15 +496,22 @@ def _apply_row(rows: dict[str, _Row], kind: str, source: str, given: Mapping[str
 
 def _config_leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
     """Leaves of a config value in document order: scalars, lists and empty tables."""
+    for path, _, item in _keyed_config_leaves(prefix, value):
+        yield path, item
+
+
+def _keyed_config_leaves(prefix: str, value: Any) -> Iterator[tuple[str, bool, Any]]:
+    """:func:`_config_leaves` with, for each leaf, whether a key on its way names a secret (:func:`_secret_key`)."""
     # Iterative on purpose: config values are arbitrary JSON, so depth must
     # not be bounded by the interpreter's recursion limit.
-    stack: list[Iterator[tuple[str, Any]]] = [iter([(prefix, value)])]
+    stack: list[Iterator[tuple[str, bool, Any]]] = [iter([(prefix, False, value)])]
     while stack:
-        for path, item in stack[-1]:
+        for path, secret, item in stack[-1]:
             if isinstance(item, Mapping) and item:
-                stack.append(iter([(_join(path, key), child) for key, child in item.items()]))
+                stack.append(iter([(_join(path, key), secret or _secret_key(key), child)
+                                   for key, child in item.items()]))
                 break
-            yield path, item
+            yield path, secret, item
         else:
             stack.pop()
 
@@ -793,10 +800,38 @@ def without_url_credentials(text: str) -> str:
     return _URL_CREDENTIALS.sub("***@", text)
 
 
-def _plain(value: Any) -> JSON:
-    """A dump leaf as plain JSON, with every URL's credentials written as ``***``."""
+#: Words of a config key that say its value is a secret wherever they stand (``GITHUB_TOKEN``, ``Authorization``).
+_SECRET_WORDS: Final = frozenset({"token", "tokens", "pwd", "apikey", "authorization", "cookie"})
+#: Words that say so as a key's last word only (``api_key``, ``privateKey``; not ``api_key_env`` or ``auth_mode``).
+_SECRET_LAST_WORDS: Final = frozenset({"auth", "key", "keys"})
+#: Parts of a config key that say so wherever they stand in it (``PGPASSWORD``, ``client_secret``).
+_SECRET_PARTS: Final = ("password", "passwd", "passphrase", "secret", "credential")
+_KEY_WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+
+def _secret_key(key: str) -> bool:
+    """True for a config key whose value is a secret: a password, token, API key or credential.
+
+    ``max_tokens`` counts too, which costs nothing: only text is hidden, never a number.
+    """
+    lower = key.lower()
+    if any(part in lower for part in _SECRET_PARTS):
+        return True
+    words = [word.lower() for word in _KEY_WORDS.findall(key)]
+    return bool(words) and (words[-1] in _SECRET_LAST_WORDS or any(word in _SECRET_WORDS for word in words))
+
+
+def _plain(value: Any, *, secret: bool = False) -> JSON:
+    """A dump leaf as plain JSON, with every URL's credentials written as ``***``.
+
+    With ``secret`` (the leaf's key, or one above it, names a secret) every non-empty text in it is ``***``.
+    """
+
+    def shown(text: str) -> str:
+        return "***" if secret and text else without_url_credentials(text)
+
     if isinstance(value, str):
-        return without_url_credentials(value)
+        return shown(value)
     if not isinstance(value, (list, tuple, Mapping)):
         return value
     plain: Any = thaw(list(value) if isinstance(value, tuple) else value)  # a fresh mutable copy
@@ -805,7 +840,7 @@ def _plain(value: Any) -> JSON:
         node = pending.pop()
         for key, child in list(node.items() if isinstance(node, dict) else enumerate(node)):
             if isinstance(child, str):
-                node[key] = without_url_credentials(child)
+                node[key] = shown(child)
             elif isinstance(child, (list, dict)):
                 pending.append(child)
     return plain
@@ -817,28 +852,30 @@ def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
     Order is stable: tools, code_runtime, sessions, then agents and plugins
     in row order. Unset optional values (``None``) are left out; a plugin's
     empty config appears as one ``{}`` leaf. The user and password of a URL
-    (``https://user:secret@host``, say a provider's base URL) are shown as ``***``.
+    (``https://user:secret@host``, say a provider's base URL) are shown as ``***``,
+    and so is the text of a plugin config value whose key (or a key above it) names
+    a secret: a password, token, API key, credential or ``Authorization`` header
+    (``env.GITHUB_TOKEN``, ``api_key``; not ``api_key_env``, which names a variable).
     """
-    leaves: list[tuple[str, Any]] = []
+    leaves: list[tuple[str, bool, Any]] = []
     for name, section in (
         ("tools", deployment.tools),
         ("code_runtime", deployment.code_runtime),
         ("sessions", deployment.sessions),
     ):
-        leaves.extend((f"{name}.{key}", value) for key, value in asdict(section, recurse=False).items())
+        leaves.extend((f"{name}.{key}", False, value) for key, value in asdict(section, recurse=False).items())
     for agent in deployment.agents:
         prefix = f"agents[{agent.id}]"
-        leaves.extend([(f"{prefix}.id", agent.id), (f"{prefix}.enabled", True)])
-        leaves.extend((f"{prefix}.{key}", getattr(agent, key)) for key in _AGENT_FIELDS)
+        leaves.extend([(f"{prefix}.id", False, agent.id), (f"{prefix}.enabled", False, True)])
+        leaves.extend((f"{prefix}.{key}", False, getattr(agent, key)) for key in _AGENT_FIELDS)
     for plugin in deployment.plugins:
         prefix = f"plugins[{plugin.id}]"
-        leaves.extend(
-            [(f"{prefix}.id", plugin.id), (f"{prefix}.use", plugin.use), (f"{prefix}.enabled", True)]
-        )
-        leaves.extend(_config_leaves(f"{prefix}.config", plugin.config))
+        leaves.extend([(f"{prefix}.id", False, plugin.id), (f"{prefix}.use", False, plugin.use),
+                       (f"{prefix}.enabled", False, True)])
+        leaves.extend(_keyed_config_leaves(f"{prefix}.config", plugin.config))
     return [
-        (path, _plain(value), deployment.source_of(path) or "unknown")
-        for path, value in leaves
+        (path, _plain(value, secret=secret), deployment.source_of(path) or "unknown")
+        for path, secret, value in leaves
         if value is not None
     ]
 

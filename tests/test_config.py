@@ -1054,3 +1054,30 @@ def test_url_credentials_are_hidden_up_to_the_authoritys_last_at_as_a_url_parser
 
     assert without_url_credentials("https://a@b@host/x") == "https://***@host/x"
     assert without_url_credentials("see https://u:p@h/v1 or http://host/p@x") == "see https://***@h/v1 or http://host/p@x"
+
+
+def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
+    """A key, token or password written into a plugin's config (a bash env, a header) was dumped in clear."""
+    toml = ('[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\napi_key_env = "DSH_API_KEY"\n'
+            'max_tokens = 4096\napi_key = "sk-live-1"\nauth = "u:hunter3"\nprivateKey = "k"\n'
+            'tokens = ["t-1", "t-2"]\n'
+            '[plugins.config.env]\nGITHUB_TOKEN = "ghp_secret"\nPGPASSWORD = "pw"\nLANG = "C.UTF-8"\n'
+            '[plugins.config.headers]\nAuthorization = "Bearer abc"\nAccept = "text/html"\n'
+            '[plugins.config.credentials]\nuser = "me"\nport = 5432\n')
+    deployment = load(files("base.toml", toml))
+    shown = {path: value for path, value, _ in dump(deployment)}
+    cfg = "plugins[sh].config"
+    assert shown[f"{cfg}.root"] == "/srv"
+    assert shown[f"{cfg}.api_key_env"] == "DSH_API_KEY"  # the name of a variable, not its value
+    assert shown[f"{cfg}.max_tokens"] == 4096
+    assert shown[f"{cfg}.env.LANG"] == "C.UTF-8" and shown[f"{cfg}.headers.Accept"] == "text/html"
+    for key in ("api_key", "auth", "privateKey", "env.GITHUB_TOKEN", "env.PGPASSWORD", "headers.Authorization",
+                "credentials.user"):
+        assert shown[f"{cfg}.{key}"] == "***", key
+    assert shown[f"{cfg}.credentials.port"] == 5432  # a secret is text: numbers (max_tokens) stay readable
+    assert shown[f"{cfg}.tokens"] == ["***", "***"]
+    text = dump_text(deployment)
+    for secret in ("sk-live-1", "hunter3", "ghp_secret", "Bearer", "t-1"):
+        assert secret not in text
+    # The deployment itself keeps the values: only what is shown hides them.
+    assert deployment.plugins[0].config["env"]["GITHUB_TOKEN"] == "ghp_secret"
