@@ -254,8 +254,12 @@ def tools_list(ctx: click.Context, configs: tuple[str, ...], agent_id: str | Non
 def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | None, as_json: bool,
                configs: tuple[str, ...]) -> None:
     """One model-direct call of NAME through the whole pipeline."""
+    def refuse(constant: str) -> object:
+        # Python's json reads NaN and Infinity, which no JSON holds (the agent loop refuses them too).
+        raise ValueError(f"{constant} is not valid JSON")
+
     try:
-        arguments = json.loads(raw_args)
+        arguments = json.loads(raw_args, parse_constant=refuse)
     except (ValueError, RecursionError) as error:  # ValueError: also an integer past int's digit limit
         fail(f"--args is not valid JSON: {error}", 2)
 

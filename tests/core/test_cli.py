@@ -186,10 +186,13 @@ def test_errors_go_to_stderr_and_nothing_to_stdout(run, tmp_path: Path) -> None:
     assert unknown_use.exit_code == 2 and "plugins[x].use: unknown plugin 'ghost-plugin'" in unknown_use.stderr
 
 
-@pytest.mark.parametrize("raw", ["[" * 100_000 + "]" * 100_000, '{"n": ' + "9" * 5000 + "}"])
+@pytest.mark.parametrize("raw", ["[" * 100_000 + "]" * 100_000, '{"n": ' + "9" * 5000 + "}",
+                                 '{"text": NaN}', '{"n": Infinity}', '{"n": -Infinity}'])
 def test_args_that_json_cannot_read_are_a_usage_error_not_a_traceback(run, raw: str) -> None:  # type: ignore[no-untyped-def]
     # Nesting past the recursion limit and integers past the digit limit escaped as a raw RecursionError
     # or ValueError with a traceback and exit 1, not the "--args is not valid JSON" of any other bad text.
+    # NaN and Infinity (no JSON either; the agent loop refuses them in a model's call) reached the pipeline
+    # and failed as INVALID_ARGS with exit 1.
     result = CliRunner().invoke(main, ["tools", "call", "alpha", "--config", "base.toml", "--args", raw])
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("dsh: error: --args is not valid JSON: ") and "Traceback" not in result.stderr
