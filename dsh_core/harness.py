@@ -189,6 +189,7 @@ class Harness:
                 plugin_id=row.id, factory=factories[row.id], config=row.config, parent=self.root, hooks=self.hooks,
                 registrars=registrars, source=self.catalog.source(row.use),
                 origin=self.deployment.origin_of(f"plugins[{row.id}].use"),
+                config_origin=self.deployment.origin_of(f"plugins[{row.id}].config"),
                 services=None if config_dir is None else {CONFIG_DIR_SERVICE: config_dir})
 
     def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:

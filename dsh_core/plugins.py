@@ -268,6 +268,7 @@ async def start_plugin(
     source: PluginSource | None = None,
     services: Mapping[str, object] | None = None,
     origin: str | None = None,
+    config_origin: str | None = None,
 ) -> Scope:
     """Create the plugin's scope, build its instance, register its hooks and call its registration hooks.
 
@@ -276,13 +277,16 @@ async def start_plugin(
     the plugin's scope before its factory runs (e.g. :data:`CONFIG_DIR_SERVICE`).
     On any failure the scope is disposed (nothing stays registered) and
     :class:`PluginLoadError` names the row, the config file that set it
-    (``origin``, if given) and the plugin.
+    (``origin``, if given), the plugin, and the file that set its ``config``
+    (``config_origin``) where that is another one: an overlay's config is the
+    usual cause of a failed start, and the row's own file shows a different one.
     """
     scope = parent.child(f"plugin:{plugin_id}")
     for key, service in (services or {}).items():
         scope.provide(key, service)
     what = (f"plugin row {plugin_id!r}" + (f" of {origin}" if origin else "")
-            + (f" (use {source.describe()})" if source else ""))
+            + (f" (use {source.describe()})" if source else "")
+            + (f" with its config from {config_origin}" if config_origin and config_origin != origin else ""))
     try:
         # What a factory or a registration hook prints goes to stderr, as what its module prints on
         # import does (load_plugins): stdout is the command's output (`dsh tools list --json`).

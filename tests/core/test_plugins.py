@@ -369,3 +369,13 @@ async def test_a_row_that_fails_to_start_names_the_file_that_set_it() -> None:
                      {"plugins": [{"id": "broken", "use": "echo", "config": {"tool": "alpha"}}]})
     with pytest.raises(PluginLoadError, match=r"^plugin row 'broken' of file2.toml \(use 'echo' .*\) failed to start"):
         await Harness.start(dep, catalog=catalog())
+
+
+async def test_a_row_that_fails_to_start_names_the_file_its_config_came_from_too() -> None:
+    """Only the file that added the row was named, not the overlay whose config made it fail."""
+    dep = deployment({"plugins": [{"id": "ok", "use": "echo", "config": {"tool": "alpha"}},
+                                  {"id": "broken", "use": "echo", "config": {"tool": "beta"}}]},
+                     {"plugins": [{"id": "broken", "config": {"tool": "alpha"}}]})
+    with pytest.raises(PluginLoadError, match=r"^plugin row 'broken' of file1.toml \(use 'echo' .*\) with its config "
+                                              r"from file2.toml failed to start"):
+        await Harness.start(dep, catalog=catalog())
