@@ -16,6 +16,7 @@ import difflib
 import importlib
 import inspect
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
@@ -103,6 +104,9 @@ def _section_problem(section: object) -> str | None:
         return f"returned section {name!r} whose text is {type(text).__name__}, expected str"
     if not isinstance(order, int | float):  # a float sorts among ints as well
         return f"returned section {name!r} whose order is {type(order).__name__}, expected int"
+    if isinstance(order, float) and math.isnan(order):
+        # NaN compares false both ways: sorted() would leave it, and the sections around it, in plugin order.
+        return f"returned section {name!r} whose order is NaN, which sorts nowhere"
     return None
 
 

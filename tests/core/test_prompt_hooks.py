@@ -51,6 +51,10 @@ def _config_lookup() -> Any:
     (_Sections(lambda: [PromptSection("notes", "Be brief.", "10")]),  # type: ignore[arg-type]
      "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
      "str, expected int"),
+    # NaN sorts nowhere: the order of every section around it would follow the plugins' order.
+    (_Sections(lambda: [PromptSection("notes", "Be brief.", float("nan"))]),
+     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
+     "NaN, which sorts nowhere"),
     (_Filter(lambda sections: [PromptSection(1, "Be brief.")]),  # type: ignore[arg-type]
      "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned section 1 whose name is int, expected str"),
 ])
