@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dsh_core import hookimpl, plugin
 from dsh_core.config import compose
 from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.harness import Harness, NamedRegistry
@@ -379,3 +380,32 @@ async def test_a_row_that_fails_to_start_names_the_file_its_config_came_from_too
     with pytest.raises(PluginLoadError, match=r"^plugin row 'broken' of file1.toml \(use 'echo' .*\) with its config "
                                               r"from file2.toml failed to start"):
         await Harness.start(dep, catalog=catalog())
+
+
+async def test_hooks_run_in_the_documented_call_order_tryfirst_then_last_row_first_then_trylast() -> None:
+    """The README's "call order": tryfirst, then the newest row first, then trylast."""
+    order: list[str] = []
+
+    def voter(tag: str, **marks: bool) -> Any:
+        class Voter:
+            @hookimpl(**marks)
+            def dsh_pre_execute(self) -> None:
+                order.append(tag)
+
+        @plugin()
+        def make(scope: Scope, config: Any) -> Voter:
+            return Voter()
+
+        return make
+
+    plugins = PluginCatalog(entry_points=[], extra={
+        "echo": sample_plugins.echo, "a": voter("a"), "b": voter("b"), "c": voter("c"),
+        "first": voter("first", tryfirst=True), "last": voter("last", trylast=True)})
+    rows = [{"id": "e", "use": "echo"}, {"id": "first", "use": "first"}, {"id": "a", "use": "a"},
+            {"id": "last", "use": "last"}, {"id": "b", "use": "b"}, {"id": "c", "use": "c"}]
+    harness = await Harness.start(deployment({"plugins": rows}), catalog=plugins)
+    try:
+        assert (await harness.call("echo", {})).is_error is False
+    finally:
+        await harness.aclose()
+    assert order == ["first", "c", "b", "a", "last"]
