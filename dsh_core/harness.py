@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from dsh_core.abort import AbortController, AbortSignal
-from dsh_core.config import Deployment, validate_plugin_configs
+from dsh_core.config import DEFAULT_SOURCE, Deployment, validate_plugin_configs
 from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON
@@ -247,7 +247,13 @@ class Harness:
         """The scope of agent ``agent_id`` (the first agent by default)."""
         if agent_id is None:
             if not self.agents:
-                raise PluginLoadError("the deployment defines no agent")
+                # A composed deployment gets an implicit agent unless its files declare rows: then they
+                # disabled every one, and the message names them (a Deployment built in code has none).
+                files = [source for source in self.deployment.sources
+                         if source != DEFAULT_SOURCE and not source.startswith("env:")]
+                where = (f": the [[agents]] rows of its files ({', '.join(files)}) are all disabled (enable one with "
+                         "enabled = true, or drop the rows for the implicit agent 'main')") if files else ""
+                raise PluginLoadError(f"the deployment defines no agent{where}")
             return next(iter(self.agents.values()))
         scope = self.agents.get(agent_id)
         if scope is None:

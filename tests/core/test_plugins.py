@@ -409,3 +409,18 @@ async def test_hooks_run_in_the_documented_call_order_tryfirst_then_last_row_fir
     finally:
         await harness.aclose()
     assert order == ["first", "c", "b", "a", "last"]
+
+
+async def test_a_deployment_whose_files_disable_every_agent_says_so_naming_them() -> None:
+    """Every command failed with only 'the deployment defines no agent', though a file had disabled each."""
+    dep = deployment({"agents": [{"id": "main"}], "plugins": [{"id": "e", "use": "echo"}]},
+                     {"agents": [{"id": "main", "enabled": False}]})
+    harness = await Harness.start(dep, catalog=catalog())
+    try:
+        with pytest.raises(PluginLoadError) as caught:
+            await harness.call("echo", {})
+    finally:
+        await harness.aclose()
+    assert caught.value.message == (
+        "the deployment defines no agent: the [[agents]] rows of its files (file1.toml, file2.toml) are all "
+        "disabled (enable one with enabled = true, or drop the rows for the implicit agent 'main')")
