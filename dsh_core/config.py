@@ -410,6 +410,12 @@ def _check_document(source: str, document: object) -> list[str]:
     document = dict(document)
     found: list[tuple[list[str | int], str]] = []
     for error in _FILE_VALIDATOR.iter_errors(document):
+        kind = error.absolute_path[0] if len(error.absolute_path) == 1 else None
+        if error.validator == "type" and kind in _ROW_KINDS and isinstance(error.instance, Mapping):
+            # `[plugins]` for `[[plugins]]`: one bracket pair too few, the commonest TOML slip with rows.
+            found.append(([kind], f"is a table, not an array of tables: write each row as [[{kind}]] "
+                                  f"(double brackets), not [{kind}]"))
+            continue
         found.extend(_error_messages(error))
     found.sort(key=lambda item: (_sort_key(item[0]), item[1]))
     problems = [

@@ -1081,3 +1081,11 @@ def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
         assert secret not in text
     # The deployment itself keeps the values: only what is shown hides them.
     assert deployment.plugins[0].config["env"]["GITHUB_TOKEN"] == "ghp_secret"
+
+
+@pytest.mark.parametrize("kind", ["plugins", "agents"])
+def test_a_single_bracket_row_table_says_to_write_double_brackets(files: Any, kind: str) -> None:
+    """`[plugins]` for `[[plugins]]` was answered with a Python dict's repr 'is not of type array'."""
+    assert config_error(files("f.toml", f'[{kind}]\nid = "w"\nuse = "workspace"\n')) == (
+        f"f.toml: {kind}: is a table, not an array of tables: write each row as [[{kind}]] (double brackets), "
+        f"not [{kind}]")
