@@ -378,7 +378,7 @@ def test_compose_does_not_alias_the_caller_documents() -> None:
         (
             '[[agents]]\nid = "main"\nmax_turn = 3\n',
             "f.toml: agents[main].max_turn: unknown key (did you mean 'max_turns'? allowed: allow, deny, enabled, "
-            "id, max_turns, mode, model, provider, system_prompt)",
+            "id, max_tool_result_chars, max_turns, mode, model, provider, system_prompt)",
         ),
         ("[sessions]\npath = 'x'\n", "f.toml: sessions.path: unknown key (allowed: home, store)"),
         (
