@@ -1123,7 +1123,6 @@ class WorkspaceTools:
         real = self.workspace.resolve(given)
         self._refuse_protected(real, given, "edit")
         info, text = self._read_text(real, given)
-        # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file.
         # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file: in a file
         # holding a CR, old_string is found in the text as read shows it, its own CRs before an LF left out too.
         lines = _LineView(text) if "\r" in text else None
