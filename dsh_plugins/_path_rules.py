@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["SERVICE", "Denial", "DenyRule", "PathRules", "PublishedRules"]
+__all__ = ["SERVICE", "Denial", "DenyRule", "PathRules", "PublishedRules", "lexical", "under"]
 
 #: The scope service under which the guards rows publish their rules (a :class:`PublishedRules`), in the
 #: scope their own scopes were started under (the harness root for ``[[plugins]]`` rows), so every other
@@ -153,7 +153,7 @@ class PathRules:
                     return Denial("outside_root", candidate)
         if self.allowed_roots:
             for real in reals:
-                if not any(real == root or real.startswith(root.rstrip("/") + "/") for root in self.allowed_roots):
+                if not any(under(real, root) for root in self.allowed_roots):
                     return Denial("outside_allowed", real)
         return None
 
@@ -210,7 +210,17 @@ class PublishedRules:
 
 
 def lexical(path: str) -> str:
-    """``path`` normalised without touching the disk; a leading ``//`` is ``/`` (as on Linux, and as the
-    workspace reads it)."""
+    """``path`` normalised without touching the disk (``..`` removes the component before it).
+
+    The one reading of a path the guard and the workspace share: a path the guard judges is the path
+    the workspace opens only while both normalise it alike.
+    """
     normal = os.path.normpath(path)
+    # POSIX lets a system give a leading "//" its own meaning, so normpath keeps it; on Linux it is "/",
+    # and "//home/me/ws/a.txt" is a path inside the workspace.
     return "/" + normal.lstrip("/") if normal.startswith("//") else normal
+
+
+def under(path: str, base: str) -> bool:
+    """True if the normalised absolute ``path`` is ``base`` or lies under it (by its components)."""
+    return path == base or path.startswith(base.rstrip("/") + "/")

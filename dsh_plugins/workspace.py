@@ -46,6 +46,8 @@ from dsh_core.processes import kill_child
 from dsh_plugins import _git_config, _search_worker
 from dsh_plugins._path_rules import SERVICE as PATH_RULES_SERVICE
 from dsh_plugins._path_rules import PathRules
+from dsh_plugins._path_rules import lexical as _lexical
+from dsh_plugins._path_rules import under as _under
 from dsh_plugins._search_worker import LINE_SEARCH_CHARS
 from dsh_plugins._search_worker import looks_binary as _looks_binary
 
@@ -371,21 +373,6 @@ def _holds(directory: str, below: list[str], name: str, as_directory: bool) -> b
         return True  # the file written, or a directory made on its way
     path = os.path.join(directory, name)
     return os.path.isdir(path) if as_directory else os.path.lexists(path)
-
-
-def _lexical(path: str) -> str:
-    """``path`` normalised without looking at the file system (``..`` removes the component before it)."""
-    lexical = os.path.normpath(path)
-    if lexical.startswith("//"):
-        # POSIX lets a system give a leading "//" its own meaning, so normpath keeps it; on
-        # Linux it is "/", and "//home/me/ws/a.txt" is a path inside the workspace.
-        lexical = "/" + lexical.lstrip("/")
-    return lexical
-
-
-def _under(path: str, base: str) -> bool:
-    """True if the normalised absolute ``path`` is ``base`` or lies under it (by its components)."""
-    return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
 
 
 class Workspace:
