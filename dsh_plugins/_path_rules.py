@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -204,9 +204,6 @@ class PublishedRules:
     def snapshot(self) -> tuple[PathRules, ...]:
         """The rules published now."""
         return tuple(self._rules)
-
-    def __iter__(self) -> Iterator[PathRules]:
-        return iter(self.snapshot())
 
 
 def lexical(path: str) -> str:

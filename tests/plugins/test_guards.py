@@ -466,9 +466,9 @@ async def test_the_search_worker_never_opens_a_withheld_file(tmp_path: Path, mon
     tree_with_secrets(tmp_path)
     loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": SECRET_RULES})
     try:
-        rules = loaded.root.lookup(SERVICE)
-        assert rules is not None
-        request = WorkspaceTools({"root": str(tmp_path)})._search_request("SECRET", ".", tuple(rules))
+        published = loaded.root.lookup(SERVICE)
+        assert published is not None
+        request = WorkspaceTools({"root": str(tmp_path)})._search_request("SECRET", ".", published.snapshot())
     finally:
         await loaded.dispose()
     opened: list[str] = []
