@@ -891,17 +891,18 @@ class WorkspaceTools:
                                     _protected_key(part) for part in inside]:
                                 return self.workspace.relative(hooks), source
             except _git_config.ConfigError as error:
-                raise ToolError(f"{verb} refused: cannot tell where git looks for hooks: "
-                                f"{self._shown(error.filename or 'a git config')} line {error.line} is not git config "
-                                "syntax "
-                                "(git refuses the file too) and might set core.hooksPath; fix it, or remove "
-                                "'.git' from protected_dirs in the workspace config") from None
+                raise self._unknown_hooks(verb, error.filename, f"line {error.line} is not git config syntax "
+                                                                "(git refuses the file too)") from None
             except OSError as error:
-                raise ToolError(f"{verb} refused: cannot tell where git looks for hooks: "
-                                f"{self._shown(error.filename or 'a git config')} cannot be read "
-                                f"({error.strerror or error}) and might set core.hooksPath; fix it, or remove "
-                                "'.git' from protected_dirs in the workspace config") from None
+                raise self._unknown_hooks(verb, error.filename, f"cannot be read ({error.strerror or error})") from None
         return None
+
+    def _unknown_hooks(self, verb: str, config: str | None, problem: str) -> ToolError:
+        """The refusal of a write when the git config file ``config`` (``None``: unknown, as an ``EIO`` from
+        read leaves it) has ``problem``: it might set core.hooksPath, and guessing could miss it."""
+        shown = "a git config" if config is None else self._shown(config)
+        return ToolError(f"{verb} refused: cannot tell where git looks for hooks: {shown} {problem} and might set "
+                         "core.hooksPath; fix it, or remove '.git' from protected_dirs in the workspace config")
 
     def _repository_around(self, real: str) -> str | None:
         """The directory holding ``real`` (or one above it, up to the root) that git would take for a git

@@ -1500,6 +1500,30 @@ async def test_a_git_config_that_cannot_be_read_refuses_writes(
         assert (await h.call("write", {"path": "githooks/pre-commit", "content": "x"})).error is None
 
 
+async def test_a_read_error_without_a_file_name_is_not_shown_as_a_path_under_the_current_directory(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError that names no file (EIO from read) is told as 'a git config', not resolved against the
+    current directory into a workspace path that does not exist ('sub/a git config')."""
+    import errno
+
+    from dsh_plugins import workspace
+
+    _no_global_git_config(monkeypatch, tmp_path / "home")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+
+    def failing(path: str) -> bytes | None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(workspace, "_read_small", failing)
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("write", {"path": "a.txt", "content": "x"})
+    assert result.code == "TOOL_FAILED", result.text
+    assert "cannot tell where git looks for hooks: a git config cannot be read (Input/output error)" in result.text, (
+        result.text)
+
+
 async def test_an_edit_matches_lines_copied_from_read_in_a_file_of_mixed_line_endings(
         boot: Any, tmp_path: Path) -> None:
     """read shows a CRLF line and an LF one alike: an old_string copied across both matches them, each
