@@ -745,9 +745,7 @@ def _meta_charset(body: bytearray) -> str | None:
     match = _META_CHARSET.search(body, 0, 1024)
     if match is None:
         return None
-    charset = match.group(1).decode("ascii").lower()
-    # WHATWG: a UTF-16 <meta> is read as UTF-8 (a page the tag could be read from in ASCII is not UTF-16).
-    return "utf-8" if charset.startswith("utf-16") else charset
+    return _declared_in_ascii(match.group(1))
 
 
 # <?xml version="1.0" encoding="x"?> at the start of a document (RFC 7303, section 4.3: what names the encoding
@@ -760,8 +758,16 @@ def _xml_encoding(body: bytearray) -> str | None:
     match = _XML_ENCODING.match(body[:1024])
     if match is None:
         return None
-    encoding = match.group(1).decode("ascii").lower()
-    # As with <meta>: a declaration that could be read in ASCII is not in UTF-16.
+    return _declared_in_ascii(match.group(1))
+
+
+def _declared_in_ascii(name: bytes) -> str:
+    """The encoding a ``<meta>`` tag or an XML declaration names, as the body is decoded with.
+
+    A UTF-16 one is read as UTF-8 (WHATWG's rule for ``<meta>``, applied to XML alike): a document the
+    declaration could be read from in ASCII is not in UTF-16, which a byte order mark would have said.
+    """
+    encoding = name.decode("ascii").lower()
     return "utf-8" if encoding.startswith("utf-16") else encoding
 
 
