@@ -13,6 +13,7 @@ this file by its path.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -72,9 +73,10 @@ class PathRules:
         """True if there is anything to deny."""
         return bool(self.deny or self.allowed_roots)
 
-    @property
+    @functools.cached_property
     def relative_deny(self) -> tuple[str, ...]:
-        """The entries matched relative to the root (those that cannot judge a path outside it)."""
+        """The entries matched relative to the root (those that cannot judge a path outside it). Cached: a
+        search asks for it for every file and directory it walks."""
         return tuple(dict.fromkeys(rule.pattern for rule in self.deny if not rule.absolute))
 
     def relative(self, candidate: str) -> str | None:
