@@ -398,7 +398,10 @@ class Hooks:
                 outcome = info.invoke(request)
                 if outcome is not None and _is_awaitable(outcome):
                     outcome = await outcome
-            except Exception:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                    raise  # the ask was given up (an abort, the caller cancelled): the runtime reports it
+                # A stray cancellation too: the channel failed, the ask was not cancelled by anyone.
                 log.warning("approval channel of plugin %r failed", info.plugin, exc_info=True)
                 return ApprovalOutcome.UNAVAILABLE
             if outcome is None:

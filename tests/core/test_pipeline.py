@@ -1273,3 +1273,28 @@ async def test_a_value_too_deep_to_check_is_blamed_on_its_depth_not_on_the_schem
     result = await stack.call("echo", {"text": deep})
     assert result.code == "INVALID_ARGS" and body_calls(echo) == []
     assert "the value is too deep to check" in result.text and "$ref cycle" not in result.text, result.text
+
+
+async def test_an_approval_channel_that_lets_out_a_stray_cancellation_is_its_failure_not_a_cancelled_ask(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Like every other hook: the channel failed (logged, naming it; the ask is unavailable), and the
+    observers are not told the ask was cancelled, which nobody did."""
+    stack = Stack()
+    echo = tool()
+    stack.registry.register(echo)
+    heard: list[ApprovalOutcome] = []
+
+    class Journal:
+        @hookimpl
+        def dsh_approval_resolved(self, request: Any, outcome: ApprovalOutcome) -> None:
+            heard.append(outcome)
+
+    register(stack.hooks, Journal())
+    stack.hooks.register(_StrayApproval(), name="stray")
+    with caplog.at_level("WARNING", logger="dsh"):
+        result = await stack.call("echo", {"text": "x"})
+    assert result.error is not None and result.error.code == ErrorCode.DENIED, result
+    assert "no approval channel is available" in result.error.message, result
+    assert heard == [ApprovalOutcome.UNAVAILABLE]
+    assert "approval channel of plugin 'stray' failed" in caplog.text
+    assert body_calls(echo) == []
