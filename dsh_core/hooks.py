@@ -42,7 +42,7 @@ from dsh_core.model import (
 from dsh_core.scope import Scope, one_shot
 
 __all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "cancellation_requested", "failure_message",
-           "guard_verdict_error"]
+           "guard_verdict_error", "own_cancellation"]
 
 log = logging.getLogger("dsh")
 
@@ -176,6 +176,16 @@ def cancellation_requested() -> bool:
     """
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
+
+
+def own_cancellation(error: BaseException) -> bool:
+    """True when ``error`` is the current task's own cancellation, to propagate; else it is a failure.
+
+    For an ``except (Exception, asyncio.CancelledError)`` around plugin code: anything else it
+    catches, a ``CancelledError`` the code let out of something cancelled elsewhere included
+    (see :func:`cancellation_requested`), is that plugin's failure, contained like any other.
+    """
+    return isinstance(error, asyncio.CancelledError) and cancellation_requested()
 
 
 def _cancelled_observer(error: asyncio.CancelledError, what: str, plugin: str) -> asyncio.CancelledError | None:
@@ -367,7 +377,7 @@ class Hooks:
                 if decision is not None and _is_awaitable(decision):
                     decision = await decision
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise
                 raise HookFailure("dsh_pre_execute", info.plugin, error) from error
             if decision is None:
@@ -399,7 +409,7 @@ class Hooks:
                 if outcome is not None and _is_awaitable(outcome):
                     outcome = await outcome
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise  # the ask was given up (an abort, the caller cancelled): the runtime reports it
                 # A stray cancellation too: the channel failed, the ask was not cancelled by anyone.
                 log.warning("approval channel of plugin %r failed", info.plugin, exc_info=True)
@@ -441,7 +451,7 @@ class Hooks:
                 if reason is not None and _is_awaitable(reason):
                     reason = await reason
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise
                 # Fail closed, and say whose guard it was: the model reads the reason, the log the trace.
                 log.warning("dsh_guard of plugin %r failed on call %r; the call is denied",
@@ -465,7 +475,7 @@ class Hooks:
             try:
                 middleware = info.invoke(execution)
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise
                 raise HookFailure("dsh_around_dispatch", info.plugin, error) from error
             if middleware is not None:
@@ -481,7 +491,7 @@ class Hooks:
                 if decision is not None and _is_awaitable(decision):
                     decision = await decision
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise
                 raise HookFailure("dsh_post_execute", info.plugin, error) from error
             if decision is None:
@@ -530,7 +540,7 @@ class Hooks:
                 if blocks is not None and _is_awaitable(blocks):
                     blocks = await blocks
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise
                 log.warning("code dispatch log hook of plugin %r failed", info.plugin, exc_info=True)
                 return None

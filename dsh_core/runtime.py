@@ -45,7 +45,7 @@ from dsh_core.errors import (
     describe_callable,
     describe_exception,
 )
-from dsh_core.hooks import HookFailure, Hooks, cancellation_requested, guard_verdict_error
+from dsh_core.hooks import HookFailure, Hooks, cancellation_requested, guard_verdict_error, own_cancellation
 from dsh_core.lossless import JSON, NotLosslessError, freeze
 from dsh_core.model import (
     ApprovalOutcome,
@@ -357,7 +357,7 @@ class ToolRuntime:
                 if inspect.isawaitable(verdict):
                     verdict = await verdict
             except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+                if own_cancellation(error):
                     raise
                 # Fail closed, naming the guard: registry guards carry no plugin name, their function does.
                 name = describe_callable(guard)
@@ -687,7 +687,7 @@ def _link(plugin: str, middleware: Middleware, proceed: Proceed) -> Proceed:
         except (HookFailure, AbortedError):
             raise  # an inner middleware's failure, already named; an abort keeps its meaning
         except (Exception, asyncio.CancelledError) as error:
-            if isinstance(error, asyncio.CancelledError) and cancellation_requested():
+            if own_cancellation(error):
                 raise  # this call is being cancelled: its caller settles it
             # Otherwise the middleware let out the cancellation of something it awaited: its failure.
             raise HookFailure("dsh_around_dispatch", plugin, error) from error
