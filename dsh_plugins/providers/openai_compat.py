@@ -550,6 +550,8 @@ async def _read_capped(response: httpx.Response) -> tuple[str, bool]:
     """The body of a response that is no event stream, as UTF-8 text, and whether it was read whole.
 
     Reading stops after :data:`_MAX_PLAIN_BODY` bytes: the connection is dropped, not drained.
+    A byte order mark opening it is dropped, as :func:`_lines` drops it: the same completion
+    must read alike whether or not it answers a streaming request.
     """
     chunks: list[bytes] = []
     size = 0
@@ -557,8 +559,8 @@ async def _read_capped(response: httpx.Response) -> tuple[str, bool]:
         chunks.append(chunk)
         size += len(chunk)
         if size > _MAX_PLAIN_BODY:
-            return b"".join(chunks)[:_MAX_PLAIN_BODY].decode("utf-8", "replace"), False
-    return b"".join(chunks).decode("utf-8", "replace"), True
+            return b"".join(chunks)[:_MAX_PLAIN_BODY].decode("utf-8-sig", "replace"), False
+    return b"".join(chunks).decode("utf-8-sig", "replace"), True
 
 
 async def _lines(response: httpx.Response, who: str) -> AsyncIterator[str]:

@@ -811,6 +811,19 @@ async def test_a_byte_order_mark_opening_a_stream_is_ignored(server: FakeServer)
     assert message["content"] == "hello"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_byte_order_mark_opening_a_plain_completion_is_ignored(server: FakeServer, stream: bool) -> None:
+    # RFC 8259 lets a parser ignore it. A streaming request answered with a plain completion dropped
+    # it (read as an event stream), the same completion answering a plain request failed as not JSON.
+    server.reply(body="\ufeff" + json.dumps(completion("hello")), headers={"Content-Type": "application/json"})
+    client, _ = provider(server, stream=stream)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "hello"
+
+
 async def test_a_plain_completion_keeps_line_separators_in_its_strings(server: FakeServer) -> None:
     # The same for a plain completion answering a streaming request: it is read line by line too.
     server.reply(body=json.dumps(completion("one\u2028two\x85three"), ensure_ascii=False))
