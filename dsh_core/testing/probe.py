@@ -20,9 +20,6 @@ import os
 import sys
 from typing import IO
 
-#: The phases, in order, as the marks name them.
-PHASES = ("import", "start", "dispose", "exit")
-
 
 def _stdout_offset() -> int | None:
     """Bytes written to file descriptor 1 so far (print()'s buffer flushed first); ``None`` if not a file."""
