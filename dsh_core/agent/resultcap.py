@@ -6,11 +6,14 @@ returning megabytes; sent whole, the next model request fails as
 therefore sends a result longer than the cap as its head and its tail around a
 marker saying how many characters were left out and how to get less.
 
-The cut keeps the text valid: it never separates a surrogate pair, and it
-does not start or end a kept part inside a grapheme (a combining mark, a
-zero-width-joiner sequence, an emoji modifier, a variation selector, a flag's
-two regional indicators, ``\\r\\n``), moving into the left-out part instead, so
-the result is never longer than the cap.
+The cut never separates a surrogate pair, and it is moved into the left-out
+part (so the result is never longer than the cap) rather than start or end
+a kept part inside a grapheme of the common kinds: a character and its
+combining marks, a zero-width-joiner sequence, an emoji modifier, a
+variation selector, a flag's two regional indicators, ``\\r\\n``. This
+approximates UAX #29, it does not implement it: Hangul jamo, emoji tag
+sequences (a subdivision flag) and Indic conjuncts may still be cut, which
+leaves valid text all the same.
 """
 
 from __future__ import annotations
