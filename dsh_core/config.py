@@ -808,8 +808,9 @@ def without_url_credentials(text: str) -> str:
 
 #: Words of a config key that say its value is a secret wherever they stand (``GITHUB_TOKEN``, ``Authorization``).
 _SECRET_WORDS: Final = frozenset({"token", "tokens", "pwd", "apikey", "authorization", "cookie"})
-#: Words that say so as a key's last word only (``api_key``, ``privateKey``; not ``api_key_env`` or ``auth_mode``).
-_SECRET_LAST_WORDS: Final = frozenset({"auth", "key", "keys"})
+#: Words that say so as a key's last word only (``api_key``, ``privateKey``, ``DB_PASS``, ``PG_DSN``; not
+#: ``api_key_env`` or ``auth_mode``). ``pass`` and ``dsn`` as the bash plugin's ``*_PASS`` and ``*_DSN``.
+_SECRET_LAST_WORDS: Final = frozenset({"auth", "key", "keys", "pass", "dsn"})
 #: Parts of a config key that say so wherever they stand in it (``PGPASSWORD``, ``client_secret``).
 _SECRET_PARTS: Final = ("password", "passwd", "passphrase", "secret", "credential")
 _KEY_WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")

@@ -1083,6 +1083,18 @@ def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
     assert deployment.plugins[0].config["env"]["GITHUB_TOKEN"] == "ghp_secret"
 
 
+def test_dump_hides_the_bash_env_names_bash_itself_treats_as_credentials(files: Any) -> None:
+    """bash keeps *_PASS and *_DSN variables from its commands as credentials; dumping the same names
+    in a bash env printed them in clear (DB_PASS, a key=value DSN: no URL whose password is hidden)."""
+    toml = ('[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\n'
+            '[plugins.config.env]\nDB_PASS = "hunter2"\nPG_DSN = "host=db password=hunter3"\n'
+            'PASS_THROUGH = "yes"\n')
+    shown = {path: value for path, value, _ in dump(load(files("base.toml", toml)))}
+    cfg = "plugins[sh].config.env"
+    assert shown[f"{cfg}.DB_PASS"] == "***" and shown[f"{cfg}.PG_DSN"] == "***"
+    assert shown[f"{cfg}.PASS_THROUGH"] == "yes"  # a last word only, as for key
+
+
 @pytest.mark.parametrize("kind", ["plugins", "agents"])
 def test_a_single_bracket_row_table_says_to_write_double_brackets(files: Any, kind: str) -> None:
     """`[plugins]` for `[[plugins]]` was answered with a Python dict's repr 'is not of type array'."""
