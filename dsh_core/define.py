@@ -101,7 +101,10 @@ def define_tool(
     synchronous: tuple[tuple[str, object], ...] = (("render", render), ("finalize_content", finalize_content),
                                                    ("is_concurrency_safe", is_concurrency_safe))
     for option, hook in synchronous:
-        if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
+        # An object whose __call__ is async def is called the same way, and as unawaited.
+        call = (inspect.getattr_static(type(hook), "__call__", None)
+                if hook is not None and not inspect.isroutine(hook) else None)
+        if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (hook, call)):
             raise SchemaDefinitionError(f"{owner}: {option} is async def, but dsh calls it synchronously and "
                                         "never awaits what it returns: make it a plain def")
     try:

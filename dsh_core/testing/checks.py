@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -207,6 +208,12 @@ def _logged(target: Target, check: str, records: list[logging.LogRecord], culpri
                     "hooks, disposers and spawned tasks must not raise: dsh catches the exception, logs it and "
                     "goes on as if the hook had not run (a raising guard denies the call); handle errors inside "
                     "them") for text in texts]
+
+
+def probe_command(target: Target) -> str:
+    """The shell command that runs the stdout check's probe on ``target`` by hand (quoted for a POSIX shell)."""
+    return (f"python -m dsh_core.testing.probe {shlex.quote(target.name)} "
+            f"{shlex.quote(json.dumps(target.config))}")
 
 
 def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]],
@@ -473,8 +480,7 @@ def check_stdout(target: Target) -> list[str]:
         if not marks:
             failures.append(failure(
                 target, "stdout", f"the plugin did not load and start in a fresh interpreter: {detail}",
-                f"run the probe to see where it fails: python -m dsh_core.testing.probe {target.name} "
-                f"'{json.dumps(target.config)}'"))
+                f"run the probe to see where it fails: {probe_command(target)}"))
         else:
             phase = _PHASES[marks[-1][0]]
             failures.append(failure(target, "stdout", f"{phase.doing} in a fresh interpreter failed: {detail}",

@@ -404,10 +404,15 @@ async def test_define_tool_refuses_an_async_hook_that_dsh_calls_synchronously(op
     async def asynchronous(*args: Any) -> Any:
         return "content"
 
-    with pytest.raises(SchemaDefinitionError, match=rf'tool "t": {option} is async def, but dsh calls it '
-                                                    r"synchronously"):
-        define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
-                    **{option: asynchronous})  # type: ignore[arg-type]
+    class AsyncCallable:  # an object whose __call__ is async def is as asynchronous
+        async def __call__(self, *args: Any) -> Any:
+            return "content"
+
+    for hook in (asynchronous, AsyncCallable()):
+        with pytest.raises(SchemaDefinitionError, match=rf'tool "t": {option} is async def, but dsh calls it '
+                                                        r"synchronously"):
+            define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
+                        **{option: hook})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("option", ["allow", "deny"])

@@ -708,3 +708,13 @@ def test_an_entry_point_that_is_declared_but_fails_to_load_is_not_told_to_declar
     monkeypatch.undo()
     (missing,) = checks.check_entry_point(Target("no-such-plugin"))
     assert "fix: declare [project.entry-points" in missing
+
+
+def test_the_probe_command_a_failure_suggests_survives_a_shell_whatever_the_config_holds() -> None:
+    """The suggested command quoted the config in '...' as is: a config holding a quote broke it."""
+    import json
+    import shlex
+
+    config = {"root": "/tmp/it's here", "note": "a \"quoted\" $HOME `x`"}
+    command = checks.probe_command(checks.Target("my plugin", config))
+    assert shlex.split(command) == ["python", "-m", "dsh_core.testing.probe", "my plugin", json.dumps(config)]
