@@ -91,7 +91,9 @@ def _is_the_runs_own_failure(result: ToolResult, run: CodeRunResult) -> bool:
 
 
 @click.command("run-code")
-@click.argument("file", type=click.File("r", encoding="utf-8"))
+# utf-8-sig: a byte order mark (editors on Windows write one) is the encoding's, not the program's,
+# as `python FILE` takes it.
+@click.argument("file", type=click.File("r", encoding="utf-8-sig"))
 @click.option("--agent", "agent_id", help="The calling agent (default: the first one).")
 @click.option("--description", default=None, help="The run's title (default: derived from FILE).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"outcome", "logs", "result", "error", "calls"}.')

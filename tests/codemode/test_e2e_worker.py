@@ -186,6 +186,19 @@ def test_cli_run_code_json_lists_calls_and_exits_by_outcome(catalog: PluginCatal
     assert out.exit_code == 1 and "SyntaxError" in out.stderr
 
 
+def test_cli_run_code_reads_a_utf8_byte_order_mark_as_the_encoding_not_as_code(catalog: PluginCatalog, config: Path,
+                                                                                tmp_path: Path) -> None:
+    # Editors on Windows save UTF-8 with a BOM; `python prog.py` skips it, run-code passed U+FEFF on as the
+    # program's first character: "SyntaxError: invalid non-printable character U+FEFF", exit 1.
+    program = tmp_path / "bom.py"
+    program.write_bytes("\ufeffreturn await tools.add_one(x=1)\n".encode())
+    runner = CliRunner()
+    out = runner.invoke(main, ["run-code", str(program), "--config", str(config)])
+    assert (out.exit_code, out.stdout) == (0, "2\n"), out.output
+    out = runner.invoke(main, ["run-code", "-", "--config", str(config)], input=program.read_bytes())
+    assert (out.exit_code, out.stdout) == (0, "2\n"), out.output
+
+
 def test_cli_run_code_under_a_native_deployment_presents_both_for_the_call(catalog: PluginCatalog,
                                                                           tmp_path: Path) -> None:
     config = tmp_path / "native.toml"
