@@ -71,8 +71,9 @@ def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
                 "result": answered.get("result"), "error": None, "calls": calls}
     failed = run.error if run is not None else None
     if run is not None and failed is not None and _is_the_runs_own_failure(result, run):
-        return {"outcome": failed.kind, "logs": list(run.logs), "result": None, "calls": calls,
-                "error": {"code": result.error.code, "kind": failed.kind, "message": failed.message}}
+        return {"outcome": failed.kind, "logs": list(run.logs), "result": None,
+                "error": {"code": result.error.code, "kind": failed.kind, "message": failed.message},
+                "calls": calls}
     # The pipeline failed the call itself or rewrote the run's failure: what it says, not the raw run.
     error: dict[str, str | None] = {"code": result.error.code, "kind": failed.kind if failed is not None else None,
              "message": result.text.removeprefix("Error: ") or result.error.message}

@@ -289,3 +289,24 @@ async def test_run_code_json_of_a_failed_run_reported_unchanged_keeps_its_logs_a
     assert run_code_json(result, record) == {"outcome": "exception", "logs": ["before"], "result": None, "calls": [],
                                              "error": {"code": "CODE_RUN_FAILED", "kind": "exception",
                                                        "message": "ValueError: nope"}}
+
+
+async def test_run_code_json_has_the_same_key_order_for_every_outcome() -> None:
+    # A completed run printed "error" before "calls", a failed one "calls" before "error": `--json` output
+    # compared or diffed as text (a golden file, `jq -c` less) changed shape with the outcome.
+    class Block:
+        @hookimpl
+        def dsh_post_execute(self, execution: Any, result: ToolResult) -> PostDecision | None:
+            return PostDecision.block("no") if execution.name == "run_code" and "block" in result.text else None
+
+    env = Env()
+    env.plug(Block())
+    documented = ["outcome", "logs", "result", "error", "calls"]
+    for number, program in enumerate(["return 1", "raise ValueError('nope')", "return 'block'"], start=1):
+        call_id = f"call-{number}"
+        with env.transport.watch(call_id) as record:
+            result = await env.run(program, call_id=call_id)
+        document = run_code_json(result, record)
+        assert list(document) == documented, program
+        if document["error"] is not None:
+            assert list(document["error"]) == ["code", "kind", "message"]
