@@ -119,6 +119,26 @@ def _call_summary(arguments: object) -> str:
     return _short(arguments, 60)
 
 
+def _message(payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A message event's message; one that is not an object is taken for its content."""
+    message = payload.get("message")
+    if isinstance(message, Mapping):
+        return message
+    return {} if message is None else {"content": message}
+
+
+def _tool_call_names(tool_calls: object) -> list[str]:
+    """The function names of an assistant message's tool calls, ``?`` for a call of another shape."""
+    if not isinstance(tool_calls, list | tuple):
+        return []
+    names = []
+    for call in tool_calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        names.append("?" if name is None else str(name))
+    return names
+
+
 def _sub(sub_call_id: str | None) -> str:
     # Code Mode ids read "<run_code call id>:code:<n>"; under their run_code call, "#<n>" says it all.
     text = str(sub_call_id)
@@ -180,15 +200,15 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
             run = root.add(f"run {runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · provider "
                            f"{payload.get('provider')} · mode {payload.get('mode')}")
         elif kind == EventKind.USER_MESSAGE:
-            message = payload.get("message") or {}
+            message = _message(payload)
             if payload.get("context_source") is not None or event.root_call_id is not None:
                 source = payload.get("context_source") or event.root_call_id
                 current_run().add(f"context ({source}): {_short(message.get('content', ''))}")
             else:
                 current_run().add(f"user: {_short(message.get('content', ''))}")
         elif kind == EventKind.ASSISTANT_MESSAGE:
-            message = payload.get("message") or {}
-            names = [c.get("function", {}).get("name") for c in message.get("tool_calls") or ()]
+            message = _message(payload)
+            names = _tool_call_names(message.get("tool_calls"))
             content = message.get("content")
             if names:
                 said = f" ({_short(content, 60)})" if content else ""

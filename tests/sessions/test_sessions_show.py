@@ -228,6 +228,31 @@ def test_show_renders_arguments_nested_deeper_than_json_recurses() -> None:
     assert lines[2].startswith("   ├─ read [1.1] " + "[" * 20)
 
 
+def test_show_renders_messages_of_an_odd_shape_instead_of_failing() -> None:
+    # A store takes any payload, and show reads every other field defensively; a message that was not
+    # an object (or a tool call, or its function) failed the whole command with an AttributeError traceback.
+    events = [
+        ev(1, "run/start", {"task": "t", "provider": "p", "mode": "native"}, 0.0),
+        ev(2, "message/user", {"message": "plain text"}, 0.0),
+        ev(3, "message/assistant", {"message": "said"}, 0.0),
+        ev(4, "message/assistant", {"message": {"content": None, "tool_calls": ["x", {"function": "f"},
+                                                                                 {"function": {"name": "read"}}]}},
+           0.0),
+        ev(5, "message/assistant", {"message": {"content": "hm", "tool_calls": "not a list"}}, 0.0),
+        ev(6, "message/user", {"message": None}, 0.0),
+        ev(7, "run/end", {"reason": "final-answer", "turns": 1}, 0.0),
+    ]
+    lines = render_session(SessionInfo("s", 0.0, 0.0, 7, {}), events).splitlines()
+    assert lines[2:] == [
+        "   ├─ user: plain text",
+        "   ├─ assistant: said",
+        "   ├─ assistant → ?, ?, read",
+        "   ├─ assistant: hm",
+        "   ├─ user: ",
+        "   └─ end: final-answer after 1 turn(s)",
+    ]
+
+
 def test_sessions_list_show_and_release_take_a_corrupt_lease_for_an_unreadable_one(tmp_path: Path) -> None:
     # A tampered lease record (since 1e300) made `sessions show` and `release` fail with an
     # OverflowError traceback and `list --json` print it as in use since 1e+300.
