@@ -34,7 +34,7 @@ USAGE_ERROR_CODES: Final = frozenset({"INVALID_CONFIG", "PLUGIN_LOAD_FAILED", "S
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 
 
-def echo_json(text: str) -> None:
+def echo_json(text: str, *, nl: bool = True) -> None:
     """Write JSON text to stdout, still valid JSON whatever stdout's encoding.
 
     The CLI writes what stdout cannot encode as a backslash escape, but ``\\xe9`` and
@@ -46,7 +46,7 @@ def echo_json(text: str) -> None:
         text.encode(encoding)
     except (UnicodeEncodeError, LookupError):
         text = _NON_ASCII.sub(lambda match: _json_char(match.group(), encoding), text)
-    click.echo(text)
+    click.echo(text, nl=nl)
 
 
 def _json_char(char: str, encoding: str) -> str:

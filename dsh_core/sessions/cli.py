@@ -364,11 +364,34 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
 
     info, events = _with_store(_deployment(ctx, configs), work)
     if as_json:
-        echo_json(dumps([{"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
-                            "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
-                            "payload": e.payload} for e in events], indent=2))
+        _echo_events_json(events)
     else:
         click.echo(render_session(info, events))
+
+
+def _echo_events_json(events: Sequence[SessionEvent], *, chunk: int = 1 << 16) -> None:
+    """The events as one JSON list, ``json.dumps(..., indent=2)``'s text, written about ``chunk`` characters at a time.
+
+    The document of a long session is several times the size of its events in memory; built whole
+    (and its pieces before that), it took several times the memory the events did.
+    """
+    if not events:
+        echo_json("[]")
+        return
+    pieces: list[str] = []
+    size = 0
+    for index, e in enumerate(events):
+        item = dumps({"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
+                      "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
+                      "payload": e.payload}, indent=2)
+        # A JSON text breaks lines only between tokens: one level deeper is two more spaces after each break.
+        pieces.append(("[\n  " if index == 0 else ",\n  ") + item.replace("\n", "\n  "))
+        size += len(pieces[-1])
+        if size >= chunk:
+            echo_json("".join(pieces), nl=False)
+            pieces, size = [], 0
+    pieces.append("\n]")
+    echo_json("".join(pieces))
 
 
 @sessions_group.command("release")

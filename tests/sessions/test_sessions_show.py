@@ -300,3 +300,62 @@ def test_sessions_release_shows_an_odd_session_id_escaped() -> None:
     result = CliRunner().invoke(main, ["sessions", "release", odd])
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     assert result.output == "session s\\x1b[2J\\u202e was not held by any run\n"
+
+
+def _session_of(events: list[Any], session_id: str = "s") -> None:
+    from dsh_core.sessions.events import NewEvent
+
+    async def create() -> None:
+        store = SqliteSessionStore.open(Path(os.environ["DSH_HOME"]))
+        try:
+            await store.create(session_id=session_id)
+            if events:
+                await store.append(session_id, [NewEvent(kind, payload, root_call_id=root)
+                                                for kind, payload, root in events])
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+
+
+def test_show_json_is_json_dumps_text_of_the_events() -> None:
+    _session_of([("run/start", {"task": "café ✓", "n": [1, {"a": None}]}, None),
+                 ("tool/result", {"content": "line\nbreak \x1b[2J", "ok": True}, "1.1"),
+                 ("run/end", {"reason": "final-answer"}, None)])
+    _session_of([], "empty")
+    shown = {}
+    for session_id in ("s", "empty"):
+        result = CliRunner().invoke(main, ["sessions", "show", session_id, "--json"])
+        assert result.exit_code == 0, result.output
+        shown[session_id] = events = json.loads(result.stdout)
+        assert result.stdout == json.dumps(events, indent=2, ensure_ascii=False) + "\n"
+    assert [(e["seq"], e["kind"]) for e in shown["s"]] == [(1, "run/start"), (2, "tool/result"), (3, "run/end")]
+    assert shown["s"][1]["payload"]["content"] == "line\nbreak \x1b[2J" and shown["empty"] == []
+
+
+def test_show_json_of_a_long_session_does_not_build_the_whole_document(tmp_path: Path) -> None:
+    # The document was built whole, and its pieces before that: `show --json` of a session took
+    # several times its size in memory (1 GB for 130 MB of output), more than the tree view.
+    import sys
+    import tracemalloc
+
+    _session_of([("tool/result", {"content": "x" * 20_000, "n": n}, f"c{n}") for n in range(250)], "big")
+
+    def peak(*args: str) -> tuple[int, int]:
+        target = tmp_path / "out"
+        saved = sys.stdout
+        with target.open("w", encoding="utf-8") as out:
+            sys.stdout = out
+            tracemalloc.start()
+            try:
+                main(list(args), standalone_mode=False)
+            finally:
+                highest = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                sys.stdout = saved
+        return highest, target.stat().st_size
+
+    tree, _ = peak("sessions", "show", "big")  # loads the same events, and writes little
+    document, size = peak("sessions", "show", "big", "--json")
+    assert size > 5_000_000
+    assert document < tree + size // 2, (document, tree, size)
