@@ -253,7 +253,11 @@ def tools_list(ctx: click.Context, configs: tuple[str, ...], agent_id: str | Non
 @click.pass_context
 def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | None, as_json: bool,
                configs: tuple[str, ...]) -> None:
-    """One model-direct call of NAME through the whole pipeline."""
+    """One model-direct call of NAME through the whole pipeline.
+
+    The exit status is 1 if the call failed (denied, unknown tool, invalid arguments, the tool's
+    error), 2 for bad usage or config.
+    """
     def refuse(constant: str) -> object:
         # Python's json reads NaN and Infinity, which no JSON holds (the agent loop refuses them too).
         raise ValueError(f"{constant} is not valid JSON")

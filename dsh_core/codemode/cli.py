@@ -102,7 +102,12 @@ def _is_the_runs_own_failure(result: ToolResult, run: CodeRunResult) -> bool:
 @click.pass_context
 def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, description: str | None,
                      as_json: bool, configs: tuple[str, ...]) -> None:
-    """One model-direct run_code call with the program in FILE (- for stdin)."""
+    """One model-direct run_code call with the program in FILE (- for stdin).
+
+    The exit status is 0 only if the program completed; 1 if it failed (an exception, a timeout, a
+    denial: --json's outcome says which), 2 for bad usage or config. An agent in native mode runs
+    the program as if its mode were "both" (same tools, restrictions and hooks).
+    """
     from dsh_core.codemode.transport import RunCodeTransport
     from dsh_core.registry import TRANSPORT_NAME
 

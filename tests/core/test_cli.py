@@ -523,6 +523,19 @@ def test_main_help_names_the_prompt_and_session_arguments_as_it_describes_them()
     assert "-p, --prompt TASK" in result.output and "--session ID" in result.output
 
 
+@pytest.mark.parametrize(("command", "says"), [
+    (("run-code",), ["exit status is 0 only if the program completed", "native mode"]),
+    (("tools", "call"), ["exit status is 1 if the call failed"]),
+])
+def test_the_help_of_a_call_says_what_its_exit_status_means(command: tuple[str, ...], says: list[str]) -> None:
+    # Scripts branch on these: run-code exits 1 for a program that raised, tools call for a denied
+    # call, and only the README said so. run-code also lends a native agent "both", said only when run.
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert all(phrase in text for phrase in says), text
+
+
 @pytest.mark.parametrize("redirect", [True, False])
 def test_run_async_sends_what_main_prints_to_stderr_only_when_asked(
     redirect: bool, capsys: pytest.CaptureFixture[str]
