@@ -332,18 +332,28 @@ def sessions_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of sessions.")
 @click.pass_context
 def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_json: bool) -> None:
-    """Sessions, most recently updated first."""
+    """Sessions, most recently updated first.
+
+    When more exist than --limit lets through, a note on stderr says so (stdout, table or
+    JSON list, is the same either way).
+    """
 
     async def work(store: SessionStore) -> list[SessionInfo]:
-        return await store.list(limit=limit)
+        # One more than shown: whether more exist is known without counting them all.
+        return await store.list(limit=limit + 1)
 
     found = _with_store(_deployment(ctx, configs), work)
+    more = len(found) > limit
+    found = found[:limit]
     if as_json:
         click.echo(json.dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
                                 "event_count": s.event_count, "meta": dict(s.meta), "in_use_by": _holder_json(s)}
                                for s in found], indent=2))
     else:
         click.echo(render_list(found))
+    if more:
+        shown = "the most recently updated session" if limit == 1 else f"the {limit} most recently updated sessions"
+        click.echo(f"(showing {shown}; more exist: --limit N to see more)", err=True)
 
 
 def _holder_json(info: SessionInfo) -> dict[str, Any] | None:

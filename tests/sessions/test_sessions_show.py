@@ -359,3 +359,25 @@ def test_show_json_of_a_long_session_does_not_build_the_whole_document(tmp_path:
     document, size = peak("sessions", "show", "big", "--json")
     assert size > 5_000_000
     assert document < tree + size // 2, (document, tree, size)
+
+
+def test_list_says_on_stderr_when_more_sessions_exist_than_it_shows() -> None:
+    # `list` stopped at --limit (20 by default) and said nothing of the sessions it left out.
+    for n in range(3):
+        _session_of([], f"s{n}")
+
+    def listed(*args: str) -> tuple[str, str]:
+        result = CliRunner().invoke(main, ["sessions", "list", *args])
+        assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+        return result.stdout, result.stderr
+
+    note = "(showing the 2 most recently updated sessions; more exist: --limit N to see more)\n"
+    table, said = listed("--limit", "2")
+    assert len(table.splitlines()) == 3 and said == note  # the header and two rows: stdout as before
+    documents, said = listed("--limit", "2", "--json")
+    assert len(json.loads(documents)) == 2 and said == note  # stdout is still only the JSON list
+    for args in (("--limit", "3"), ("--limit", "4"), ()):
+        table, said = listed(*args)
+        assert len(table.splitlines()) == 4 and said == ""
+        documents, said = listed(*args, "--json")
+        assert len(json.loads(documents)) == 3 and said == ""
