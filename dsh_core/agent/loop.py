@@ -65,7 +65,7 @@ from dsh_core.scope import Scope
 from dsh_core.sessions.events import EventKind, NewEvent, SessionEvent
 from dsh_core.sessions.lease import SessionLease
 from dsh_core.sessions.recorder import SESSION_SERVICE, SessionRecorder
-from dsh_core.sessions.store import SessionStore, check_lease_aware, dsh_home
+from dsh_core.sessions.store import SessionStore, check_lease_aware, dsh_home, open_store
 
 if TYPE_CHECKING:
     from dsh_core.harness import Harness
@@ -636,8 +636,11 @@ def _blamed(harness: Harness, path: str) -> str:
     return "" if source is None else f"{source}: "
 
 
-def open_session_store(harness: Harness) -> SessionStore:
-    """Open the deployment's session store (``[sessions] store`` under ``[sessions] home``/``DSH_HOME``)."""
+def open_session_store(harness: Harness, *, create: bool = True) -> SessionStore:
+    """Open the deployment's session store (``[sessions] store`` under ``[sessions] home``/``DSH_HOME``).
+
+    ``create=False`` for a command that must create no state (:func:`~dsh_core.sessions.store.open_store`).
+    """
     name = harness.deployment.sessions.store
     factory = harness.session_stores.get(name)
     if factory is None:
@@ -645,8 +648,7 @@ def open_session_store(harness: Harness) -> SessionStore:
         raise ConfigError(f"{_blamed(harness, 'sessions.store')}sessions.store: no session store named {name!r} "
                           f"is registered (known: {known}); "
                           "add a plugin row that provides it, e.g. use = \"sqlite-sessions\"")
-    store: SessionStore = factory(dsh_home(harness.deployment.sessions.home))
-    return store
+    return open_store(factory, dsh_home(harness.deployment.sessions.home), create=create)
 
 
 def core_sections_of(harness: Harness) -> list[CoreSection]:

@@ -294,13 +294,15 @@ def _deployment(ctx: click.Context, local: Sequence[str]) -> Deployment:
 
 
 def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable[T]]) -> T:
+    """``work(store)`` on the deployment's store, opened creating nothing: these commands only read
+    sessions or change one that exists, so where there is no store yet they find no session."""
     from dsh_core.agent.loop import open_session_store
     from dsh_core.boot import start_harness
 
     async def main() -> T:
         harness = await start_harness(deployment)
         try:
-            store = open_session_store(harness)
+            store = open_session_store(harness, create=False)
             try:
                 return await work(store)
             finally:

@@ -20,6 +20,11 @@ the job is dropped or rolls back and the caller gets ``CancelledError``; if
 the ``COMMIT`` was already under way, the write completes and returns (the
 caller is told it happened) and the cancellation takes effect at the
 caller's next ``await``.
+
+Opened with ``create=False`` (``dsh sessions list``, ``show``, ``release``: commands
+that only read, or change an existing session), the store creates neither the home
+nor the database: where none exists yet, it reads as an empty one (an empty
+database in memory stands in for it) and :meth:`SqliteSessionStore.create` fails.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -135,9 +141,12 @@ class _Fate:
 class SqliteSessionStore:
     """:class:`~dsh_core.sessions.store.SessionStore` on SQLite (stdlib ``sqlite3``)."""
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int = 5000) -> None:
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 5000, create: bool = True) -> None:
         self.path = path
         self._busy_timeout_ms = busy_timeout_ms
+        self._create = create
+        #: Opened with ``create=False`` where there was no database: an empty one in memory stands in.
+        self.absent = False
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dsh-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -150,9 +159,15 @@ class SqliteSessionStore:
             raise
 
     @classmethod
-    def open(cls, home: Path) -> SqliteSessionStore:
-        """Open (creating if needed) ``<home>/sessions.db``; the factory registered as store ``sqlite``."""
+    def open(cls, home: Path, *, create: bool = True) -> SqliteSessionStore:
+        """Open (creating it and ``home`` if needed, unless ``create`` is false) ``<home>/sessions.db``.
+
+        The factory registered as store ``sqlite``. With ``create=False`` nothing is created:
+        a database that does not exist yet reads as an empty one.
+        """
         home = Path(home).expanduser()
+        if not create:
+            return cls(home / DB_FILENAME, create=False)
         try:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as error:
@@ -164,13 +179,29 @@ class SqliteSessionStore:
 
     # -- the database thread ---------------------------------------------------------------------------
 
+    def _open(self) -> sqlite3.Connection:
+        """The database's connection; without ``create``, never one that creates the file (``mode=rw``).
+
+        Where there is no database to open then, an empty one in memory (:attr:`absent`).
+        """
+        if self._create:
+            return sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+        uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=rw"
+        try:
+            return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=True)
+        except sqlite3.OperationalError:
+            if self.path.exists():
+                raise
+        self.absent = True
+        return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=True)
+
     def _connect(self) -> None:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+            conn = self._open()
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
+                if str(mode).lower() != "wal" and not self.absent:
                     raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
@@ -270,6 +301,9 @@ class SqliteSessionStore:
     async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
                      lease: SessionLease | None = None) -> SessionInfo:
         """Create a session (held by ``lease`` if given); an id that already exists is a :class:`SessionStoreError`."""
+        if self.absent:
+            raise SessionStoreError(f"cannot create a session: session store {str(self.path)!r} was opened "
+                                    "without creating it, and it does not exist")
         chosen = session_id or new_session_id()
         meta_text = encode_payload(dict(meta or {}))
         now = time.time()

@@ -4,6 +4,10 @@ A store is registered by a plugin through ``dsh_register_session_stores`` as
 a factory ``factory(home: pathlib.Path) -> SessionStore``; the deployment
 picks one by name (``[sessions] store``, default ``sqlite``) and dsh keeps its
 state under ``home`` (``[sessions] home``, ``DSH_HOME``, default ``~/.dsh``).
+A factory may also take a keyword ``create`` (:func:`open_store`):
+``factory(home, create=False)`` opens the store for ``dsh sessions list``,
+``show`` and ``release``, which must create no state where there is none yet:
+such a store creates nothing, and reads as empty where nothing exists.
 
 One run at a time continues a session: a run leases its session
 (:class:`~dsh_core.sessions.lease.SessionLease`) before it loads the history
@@ -24,7 +28,7 @@ from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo
 from dsh_core.sessions.lease import SessionLease
 
 __all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "SessionBusyError",
-           "SessionLeaseLostError", "check_lease_aware", "dsh_home"]
+           "SessionLeaseLostError", "check_lease_aware", "dsh_home", "open_store"]
 
 
 class SessionStoreError(DshError):
@@ -177,8 +181,28 @@ class SessionStore(Protocol):
         ...
 
 
-#: ``factory(home)`` opens a store keeping its files under ``home``.
+#: ``factory(home)`` opens a store keeping its files under ``home`` (see :func:`open_store` for ``create``).
 SessionStoreFactory: TypeAlias = Callable[[Path], SessionStore]
+
+
+def open_store(factory: SessionStoreFactory, home: Path, *, create: bool = True) -> SessionStore:
+    """``factory(home)``, or ``factory(home, create=False)`` when ``create`` is false and the factory takes it.
+
+    ``create=False`` asks the store to create no state (no directory, no database) where none
+    exists yet, and to read as empty then; a factory that takes no ``create`` keyword is called
+    as before (its store may create its state as it opens).
+    """
+    if create:
+        return factory(home)
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return factory(home)
+    keyword = parameters.get("create")
+    named = keyword is not None and keyword.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                     inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    takes = named or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return factory(home, create=False) if takes else factory(home)  # type: ignore[call-arg]
 
 
 def dsh_home(configured: str | None = None, *, env: Mapping[str, str] | None = None) -> Path:

@@ -31,10 +31,10 @@ class SqliteSessionsPlugin:
 
     @hookimpl
     def dsh_register_session_stores(self, register: Callable[[str, SessionStoreFactory], None]) -> None:
-        """Register ``factory(home) -> SqliteSessionStore``."""
+        """Register ``factory(home, *, create=True) -> SqliteSessionStore``."""
 
-        def factory(home: Path) -> SqliteSessionStore:
-            return SqliteSessionStore.open(home)
+        def factory(home: Path, *, create: bool = True) -> SqliteSessionStore:
+            return SqliteSessionStore.open(home, create=create)
 
         register(self.name, factory)
 

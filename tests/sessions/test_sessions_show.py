@@ -381,3 +381,24 @@ def test_list_says_on_stderr_when_more_sessions_exist_than_it_shows() -> None:
         assert len(table.splitlines()) == 4 and said == ""
         documents, said = listed(*args, "--json")
         assert len(json.loads(documents)) == 3 and said == ""
+
+
+def test_read_only_commands_create_no_database() -> None:
+    # `sessions list` and `show` created DSH_HOME and an empty sessions.db where none was.
+    home = Path(os.environ["DSH_HOME"])
+
+    def dsh(*args: str) -> tuple[int, str, str]:
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        return result.exit_code, result.stdout, result.stderr
+
+    assert dsh("list") == (0, "no sessions\n", "")
+    assert dsh("list", "--json") == (0, "[]\n", "")
+    unknown = (2, "", f"dsh: error: no session 'nope' in {home / DB_FILENAME}\n")
+    assert dsh("show", "nope") == unknown
+    assert dsh("show", "nope", "--json") == unknown
+    assert dsh("release", "nope") == unknown
+    assert not home.exists()
+    _session_of([], "s")  # as an agent run does, the store creates it
+    assert (home / DB_FILENAME).is_file()
+    assert dsh("show", "nope") == unknown  # the same answer as where there is none

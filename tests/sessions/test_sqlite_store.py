@@ -179,6 +179,63 @@ def test_an_unusable_home_fails_naming_the_path(tmp_path: Path) -> None:
         SqliteSessionStore.open(blocker / "home")
 
 
+async def test_opened_without_creating_a_missing_database_reads_as_empty_and_creates_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = SqliteSessionStore.open(home, create=False)
+    try:
+        assert await store.list() == []
+        for read in (store.get("nope"), store.load("nope"), store.break_lease("nope")):
+            with pytest.raises(SessionNotFoundError, match=f"no session 'nope' in .*{DB_FILENAME}"):
+                await read
+        with pytest.raises(SessionStoreError, match="opened without creating"):
+            await store.create(session_id="s")
+    finally:
+        await store.close()
+    assert not home.exists()
+    home.mkdir()
+    store = SqliteSessionStore.open(home, create=False)
+    await store.close()
+    assert list(home.iterdir()) == []
+    # One that exists is opened as usual: what it holds is read, and written.
+    store = SqliteSessionStore.open(home)
+    try:
+        await store.create(session_id="s")
+    finally:
+        await store.close()
+    store = SqliteSessionStore.open(home, create=False)
+    try:
+        assert [info.id for info in await store.list()] == ["s"]
+        await store.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})])
+        assert (await store.get("s")).event_count == 1
+    finally:
+        await store.close()
+
+
+async def test_open_store_asks_a_factory_that_can_not_to_create_and_calls_an_older_one_as_before(
+        tmp_path: Path) -> None:
+    from dsh_core.sessions.store import open_store
+    from dsh_plugins.stores.sqlite import SqliteSessionsPlugin
+
+    factories = []
+    SqliteSessionsPlugin("sqlite").dsh_register_session_stores(lambda name, factory: factories.append(factory))
+    (factory,) = factories
+    store = open_store(factory, tmp_path / "read", create=False)
+    await store.close()
+    assert not (tmp_path / "read").exists()
+    store = open_store(factory, tmp_path / "run")  # an agent run's: creates the home and the database
+    await store.close()
+    assert (tmp_path / "run" / DB_FILENAME).is_file()
+
+    called = []
+
+    def older(home: Path) -> SessionStore:  # written before create=
+        called.append(home)
+        return SqliteSessionStore.open(home)
+
+    await open_store(older, tmp_path / "older", create=False).close()
+    assert called == [tmp_path / "older"]
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_a_database_that_fails_to_open_is_not_left_open(tmp_path: Path) -> None:
     path = tmp_path / DB_FILENAME
