@@ -348,9 +348,10 @@ def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_j
     more = len(found) > limit
     found = found[:limit]
     if as_json:
-        click.echo(json.dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
-                                "event_count": s.event_count, "meta": dict(s.meta), "in_use_by": _holder_json(s)}
-                               for s in found], indent=2))
+        # UTF-8 as `show --json` writes it (echo_json escapes what stdout cannot encode, as JSON escapes).
+        echo_json(dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
+                          "event_count": s.event_count, "meta": dict(s.meta), "in_use_by": _holder_json(s)}
+                         for s in found], indent=2))
     else:
         click.echo(render_list(found))
     if more:

@@ -402,3 +402,37 @@ def test_read_only_commands_create_no_database() -> None:
     _session_of([], "s")  # as an agent run does, the store creates it
     assert (home / DB_FILENAME).is_file()
     assert dsh("show", "nope") == unknown  # the same answer as where there is none
+
+
+def test_list_json_writes_utf8_as_show_json_does_and_stays_json_on_a_narrower_stdout() -> None:
+    # `list --json` wrote `caf\u00e9` where `show --json` writes `café`.
+    import io
+    import sys
+
+    meta = {"agent": "main", "task": "café ✓ 😀", "odd": "caf\udce9"}  # a name that was not UTF-8, too
+
+    async def create() -> None:
+        store = SqliteSessionStore.open(Path(os.environ["DSH_HOME"]))
+        try:
+            await store.create(session_id="s", meta=meta)
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+    result = CliRunner().invoke(main, ["sessions", "list", "--json"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    (listed,) = json.loads(result.stdout)
+    assert listed["meta"] == meta
+    assert "café ✓ 😀" in result.stdout and "caf\\udce9" in result.stdout
+    for encoding in ("ascii", "latin-1"):
+        raw = io.BytesIO()
+        saved = sys.stdout
+        sys.stdout = out = io.TextIOWrapper(raw, encoding=encoding)
+        try:
+            main(["sessions", "list", "--json"], standalone_mode=False)
+            out.flush()
+        finally:
+            sys.stdout = saved
+        text = raw.getvalue().decode(encoding)
+        assert [s["meta"] for s in json.loads(text)] == [meta], text
+        assert ("café" in text) is (encoding == "latin-1") and "\\ud83d\\ude00" in text
