@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -87,6 +89,19 @@ LEVELS = ["L0", "L1", "L2"] + (["L3"] if HAS_BWRAP else [])
 def level(request: pytest.FixtureRequest) -> str:
     """Every isolation level that this host can run."""
     return str(request.param)
+
+
+def collect_leftovers() -> None:
+    """Collect now what earlier tests dropped, before a test takes a whole-process snapshot.
+
+    A dropped transport, socket or subprocess is finalized whenever the collector next runs: in
+    the middle of a test, that closes a descriptor or reaps a child the test counted as its own
+    "before", and a before/after comparison fails for what another test left. Collected here,
+    it is gone from the snapshot instead. (Not after the test: that would hide its own leaks.)
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 def children_of(pid: int) -> set[int]:

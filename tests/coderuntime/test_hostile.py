@@ -16,7 +16,7 @@ from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime.host import _Run
 from dsh_core.coderuntime.seam import validate_bindings
 
-from .conftest import FORGE, arun, echo, tools, with_runtime
+from .conftest import FORGE, arun, collect_leftovers, echo, tools, with_runtime
 
 #: Program prelude (after FORGE) that reads one host frame from descriptor 3 itself.
 RECV = (
@@ -545,6 +545,7 @@ def test_a_burst_of_spawns_waits_for_a_busy_zygote() -> None:
     burst = 1000  # about 280 fit in the socket here
 
     async def go() -> None:
+        collect_leftovers()  # the 1000 pipes below would set off a collection of an earlier test's descriptors
         fds_before = set(os.listdir("/proc/self/fd"))
         host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         host_end.setblocking(False)

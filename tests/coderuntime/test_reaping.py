@@ -22,7 +22,7 @@ from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.host import _Run, _Zygote
 from dsh_core.coderuntime.worker import descriptors
 
-from .conftest import arun, tools, zygote_processes
+from .conftest import arun, collect_leftovers, tools, zygote_processes
 
 
 def _kernel_reports_exit_status() -> bool:
@@ -62,6 +62,11 @@ def _descendants(root: int) -> dict[int, str]:
                     continue
                 pending.append(child)
     return found
+
+
+def _new_descendants(earlier: dict[int, str]) -> dict[int, str]:
+    """Descendants of this process that were not already there (``earlier``: another test's leftovers)."""
+    return {pid: state for pid, state in _descendants(os.getpid()).items() if pid not in earlier}
 
 
 def _runtime(level: str, kernel_reap: bool, **config: Any) -> PythonCodeRuntime:
@@ -111,8 +116,10 @@ def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
         ("while True: pass", ("timeout", "CPU budget exhausted")),
     ]
 
+    collect_leftovers()
     fds_before = set(os.listdir("/proc/self/fd"))
     zygotes_before = zygote_processes()
+    earlier = _descendants(os.getpid())  # what other tests left running (or unreaped) is not this test's
 
     async def go() -> None:
         runtime = _runtime(level, allow, cpu_s=0.5)
@@ -130,11 +137,11 @@ def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
                     assert result.error is not None, program
                     assert (result.error.kind, result.error.message[: len(expected[1])]) == expected, program
                 # Nothing under this process is a zombie either.
-                zombies = [pid for pid, state in _descendants(os.getpid()).items() if state == "Z"]
+                zombies = [pid for pid, state in _new_descendants(earlier).items() if state == "Z"]
                 assert zombies == [], program
         finally:
             await runtime.aclose()
-        assert _descendants(os.getpid()) == {}
+        assert _new_descendants(earlier) == {}
 
     arun(go())
     assert set(os.listdir("/proc/self/fd")) <= fds_before
@@ -145,8 +152,10 @@ def test_every_ending_is_reported_and_its_worker_is_gone_when_run_returns(
 def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_reaps: bool) -> None:
     # Its workers die with it (PDEATHSIG); each live run settles as worker-exit,
     # and the next run starts a new zygote.
+    collect_leftovers()
     fds_before = set(os.listdir("/proc/self/fd"))
     zygotes_before = zygote_processes()
+    earlier = _descendants(os.getpid())  # what other tests left running (or unreaped) is not this test's
 
     async def go() -> None:
         runtime = _runtime(level, allow)
@@ -157,7 +166,7 @@ def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_r
             live = asyncio.ensure_future(runtime.run("import time\ntime.sleep(30)", []))
             await asyncio.sleep(0.3)
             assert not live.done()
-            inner = [pid for pid in _descendants(os.getpid()) if _is_zygote(pid)]
+            inner = [pid for pid in _new_descendants(earlier) if _is_zygote(pid)]
             assert len(inner) == 1
             os.kill(inner[0], signal.SIGKILL)
             result = await asyncio.wait_for(live, 10)
@@ -165,7 +174,7 @@ def test_a_zygote_that_dies_ends_its_live_runs(level: str, allow: bool, kernel_r
             assert (await runtime.run("return 2", [])).value == 2
         finally:
             await runtime.aclose()
-        assert _descendants(os.getpid()) == {}
+        assert _new_descendants(earlier) == {}
 
     arun(go())
     assert set(os.listdir("/proc/self/fd")) <= fds_before

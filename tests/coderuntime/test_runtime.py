@@ -25,7 +25,18 @@ from dsh_core.coderuntime import (
     current_run,
 )
 
-from .conftest import LEVELS, arun, children_of, echo, run_dirs, run_one, tools, with_runtime, zygote_processes
+from .conftest import (
+    LEVELS,
+    arun,
+    children_of,
+    collect_leftovers,
+    echo,
+    run_dirs,
+    run_one,
+    tools,
+    with_runtime,
+    zygote_processes,
+)
 
 
 def _kind(result: CodeRunResult) -> str | None:
@@ -583,6 +594,7 @@ def test_cancelling_the_run_that_starts_the_zygote_leaves_no_process() -> None:
 def test_a_probe_worker_that_never_reports_ready_neither_hangs_runs_nor_aclose(monkeypatch: pytest.MonkeyPatch) -> None:
     from dsh_core.coderuntime import host
 
+    collect_leftovers()  # an earlier test's child, reaped mid-test, is not counted as ours
     children_before = _children()
     run_one("return 1")  # the level is detected (once per host) while workers still report ready
     monkeypatch.setattr(host._Run, "_on_ready", lambda self, text: None)  # from now on every worker stays silent
@@ -615,6 +627,7 @@ def _children() -> set[int]:
 
 
 def test_no_zombie_orphan_or_leaked_descriptor() -> None:
+    collect_leftovers()  # else the 20 runs below set off a collection that closes an earlier test's descriptors
     fds_before = set(os.listdir("/proc/self/fd"))
     children_before = _children()
 
