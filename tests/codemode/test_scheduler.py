@@ -334,7 +334,7 @@ async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
         await asyncio.sleep(0.005)
     with caplog.at_level("WARNING", logger="dsh"):
         lane[0].cancel()
-        result = await asyncio.wait_for(run, 1)
+        result = await asyncio.wait_for(run, 10)  # a hang guard: the stuck write sleeps 30 s
     assert result.value["result"] == {"i": 0}
     assert attempts == ["call-1:code:1", "call-1:code:1"]  # redone once, then given up on
     assert sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1")]
@@ -372,7 +372,7 @@ async def test_a_start_write_given_up_on_after_a_cancellation_logs_no_settle_eit
         await asyncio.sleep(0.005)
     with caplog.at_level("WARNING", logger="dsh"):
         lane[0].cancel()
-        result = await asyncio.wait_for(run, 1)
+        result = await asyncio.wait_for(run, 10)  # a hang guard: the stuck write sleeps 30 s
     assert result.value["result"] == ["tool call aborted", {"i": 1}]
     assert sink.kinds() == [("tool/code-dispatch-start", "call-1:code:2"), ("tool/code-dispatch", "call-1:code:2")]
     assert "start event of nested call call-1:code:1 was not written" in caplog.text

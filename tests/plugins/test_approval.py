@@ -404,7 +404,8 @@ async def test_the_isolation_is_read_off_the_loop_once_and_an_unknown_level_fail
         await asyncio.sleep(0.01)
         ticks += 1
     controller.abort("gave up")
-    assert await asyncio.wait_for(first, 1) is None  # the core settles an aborted call before dispatch
+    # The core settles an aborted call before dispatch (the gate is still shut: a hang guard, not a speed test).
+    assert await asyncio.wait_for(first, 10) is None
     assert ticks == 10 and not second.done()
     gate.set()
     assert await asyncio.wait_for(second, 5) is None
@@ -433,7 +434,7 @@ async def test_a_run_code_call_aborted_while_the_level_is_read_never_runs(tmp_pa
         await asyncio.sleep(0.1)
         assert not call.done()
         controller.abort("gave up")
-        result = await asyncio.wait_for(call, 1)
+        result = await asyncio.wait_for(call, 10)  # a hang guard: unaborted, it waits for ever
     finally:
         gate.set()
         await h.aclose()
@@ -522,7 +523,7 @@ async def test_the_question_counts_only_keys_typed_once_the_terminal_has_sent_it
             ticks += 1
         busy = time.process_time() - started
         controller.abort("gave up")
-        result = await asyncio.wait_for(call, 1)
+        result = await asyncio.wait_for(call, 10)  # a hang guard: unaborted, it waits for ever
     assert ticks == 20 and busy < 0.15
     assert result.code == "ABORTED_BEFORE_DISPATCH" and not (tmp_path / "made").exists()
 
