@@ -165,7 +165,7 @@ class Handler(BaseHTTPRequestHandler):
                    "<title>Grüße</title></head><p>Grüße</p>"
             self.send(200, body.encode("cp1252"), f"text/html; charset={header}" if header else "text/html")
         elif self.path == "/slow":
-            time.sleep(2)
+            time.sleep(10)  # far beyond what the tests allow a timed-out or aborted fetch (daemon threads)
             self.send(200, b"late", "text/plain")
         else:
             self.send(404, b"<p>no such page</p>")
@@ -424,7 +424,7 @@ def test_an_error_status_is_reported_before_an_encoding_that_cannot_be_decoded(s
 def test_timeouts_and_aborts_are_honoured(server: str) -> None:
     started = time.monotonic()
     slow = fetch(server, f"http://{server}/slow", timeout_s=0.3)
-    assert "timed out after 0.3 s" in slow.text and time.monotonic() - started < 2
+    assert "timed out after 0.3 s" in slow.text and time.monotonic() - started < 5
 
     async def scenario(harness: Harness) -> tuple[ToolResult, float]:
         controller = AbortController()
@@ -434,7 +434,7 @@ def test_timeouts_and_aborts_are_honoured(server: str) -> None:
         return result, time.monotonic() - begun
 
     result, elapsed = run(server, scenario)
-    assert result.code == "ABORTED" and elapsed < 1.5
+    assert result.code == "ABORTED" and elapsed < 5
 
 
 def test_the_timeout_bounds_the_whole_request_not_each_read(server: str) -> None:
@@ -807,20 +807,21 @@ def test_lookups_that_hang_do_not_take_the_event_loops_worker_threads(
 
     monkeypatch.setattr(socket, "getaddrinfo", hanging_getaddrinfo)
 
-    async def scenario(harness: Harness) -> tuple[list[ToolResult], float]:
+    async def scenario(harness: Harness) -> tuple[list[ToolResult], bool]:
         try:
             calls = [harness.call("fetch", {"url": f"http://h{i}.slow.test/"}) for i in range(12)]
             results = await asyncio.gather(*calls)
-            started = time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.to_thread(lambda: None), 2)
-            return results, time.monotonic() - started
+            try:  # a full executor runs this only once a lookup gives up: 10 s after it began
+                await asyncio.wait_for(asyncio.to_thread(lambda: None), 5)
+            except TimeoutError:
+                return results, False
+            return results, True
         finally:
             release.set()
 
-    results, elapsed = run(server, scenario, allowed_hosts=["*.slow.test"], timeout_s=0.3)
+    results, free = run(server, scenario, allowed_hosts=["*.slow.test"], timeout_s=0.3)
     assert all(r.code == "TOOL_FAILED" and "timed out" in r.text for r in results)
-    assert elapsed < 1, "the default executor was full of the fetches' DNS lookups"
+    assert free, "the default executor was full of the fetches' DNS lookups"
 
 
 @pytest.mark.parametrize(("address", "kind"), [
