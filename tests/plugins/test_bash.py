@@ -286,16 +286,20 @@ def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> 
         # Jobs in process groups of their own, in the shell's session.
         codes.append((await h.call("bash", {"command": "timeout 100 sleep 100 & set -m; sleep 100 & "
                                                        "sh -c 'sleep 100 & wait' & sleep 0.2"})).value["exit_code"])
-        await asyncio.sleep(0.5)
-        zombies = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid():
-                zombies.append((pid, fields[0]))
+        deadline = asyncio.get_running_loop().time() + 10  # reaping is asynchronous: polled, not slept for
+        while True:
+            zombies = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == os.getpid():
+                    zombies.append((pid, fields[0]))
+            if not zombies or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
         print(json.dumps({"codes": codes, "children": zombies}))
         """)
     assert done.returncode == 0, done.stderr
@@ -316,8 +320,11 @@ def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_
                 result = await h.call("bash", {"command": f"setsid sh -c 'echo $$ > straggler.{n}; exec sleep 60' & "
                                                           f"until [ -s straggler.{n} ]; do sleep 0.01; done; echo ok"})
                 outputs.append(result.value["output"])
-            await asyncio.sleep(0.2)
-            print(json.dumps({"outputs": outputs, "leaked": len(os.listdir("/proc/self/fd")) - before}))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10  # closing is asynchronous: polled, not slept for
+            while (leaked := len(os.listdir("/proc/self/fd")) - before) > 0 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            print(json.dumps({"outputs": outputs, "leaked": leaked}))
             """)
     finally:
         for straggler in tmp_path.glob("straggler.*"):
