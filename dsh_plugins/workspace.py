@@ -43,7 +43,8 @@ from typing import Any, TypeVar
 
 from dsh_core import Scope, ToolContext, ToolDefinition, ToolError, define_tool, hookimpl, plugin
 from dsh_core.processes import kill_child
-from dsh_plugins import _git_config, _search_worker
+from dsh_plugins import _search_worker
+from dsh_plugins._git_files import GitProtection, protected_git_paths
 from dsh_plugins._path_rules import SERVICE as PATH_RULES_SERVICE
 from dsh_plugins._path_rules import PathRules
 from dsh_plugins._path_rules import lexical as _lexical
@@ -112,108 +113,6 @@ _ACL_XATTRS = frozenset({"system.posix_acl_access", "system.posix_acl_default"})
 #: (which the kernel itself removes on any write; copied, a program the model wrote would run with
 #: the privileges of the one it replaced) and IMA/EVM measurements of the old content.
 _CONTENT_XATTRS = frozenset({"security.capability", "security.ima", "security.evm"})
-
-
-#: The most of a git config file (or a .git file) read to find where git looks for hooks.
-MAX_GIT_CONFIG_BYTES = 1 << 20
-#: How deep git follows include.path (its MAX_INCLUDE_DEPTH).
-MAX_GIT_INCLUDE_DEPTH = 10
-
-
-def _read_small(path: str) -> bytes | None:
-    """The bytes of the regular file ``path`` (at most :data:`MAX_GIT_CONFIG_BYTES`), ``None`` if there is
-    none; :class:`OSError` if it cannot be read. Opened without blocking: a FIFO there cannot hang the call."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-        data = handle.read(MAX_GIT_CONFIG_BYTES + 1)
-    if len(data) > MAX_GIT_CONFIG_BYTES:
-        raise OSError(errno.EFBIG, f"larger than {_format_size(MAX_GIT_CONFIG_BYTES)}", path)
-    return data
-
-
-def _git_directory(worktree: str) -> str | None:
-    """The git directory of the repository whose working tree is ``worktree``, or ``None``: its ``.git``
-    directory, or the one its ``.git`` file names (``gitdir: ...``, as a submodule or a worktree has)."""
-    dotgit = os.path.join(worktree, ".git")
-    if os.path.isdir(dotgit):
-        return dotgit
-    try:
-        data = _read_small(dotgit)
-    except OSError:
-        return None  # git cannot read it either: no repository, no hooks
-    if data is None or not data.startswith(b"gitdir:"):
-        return None
-    return os.path.join(worktree, os.fsdecode(data[len(b"gitdir:"):].strip()))
-
-
-def _global_git_configs() -> list[str]:
-    """The system's and the user's git config files, whose core.hooksPath applies to every repository."""
-    home = os.path.expanduser("~")
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    return ["/etc/gitconfig", os.path.join(xdg, "git", "config"), os.path.join(home, ".gitconfig")]
-
-
-class _GitConfigs:
-    """The git config files one check reads: each read and parsed once, however often it is named."""
-
-    def __init__(self) -> None:
-        self._parsed: dict[str, list[tuple[str, bytes | None]]] = {}
-        #: Every config file git reads (or would, once it is there), by its real path, to the file including
-        #: it (``None`` for a config git reads of its own accord).
-        self.named: dict[str, str | None] = {}
-
-    def _settings(self, config: str, skip_denied: bool) -> list[tuple[str, bytes | None]]:
-        key = os.path.realpath(config)
-        if key not in self._parsed:
-            try:
-                data = _read_small(config)
-            except PermissionError:
-                if not skip_denied:
-                    raise
-                data = None
-            try:
-                self._parsed[key] = [] if data is None else _git_config.parse(data)
-            except _git_config.ConfigError as error:
-                error.filename = config
-                raise
-        return self._parsed[key]
-
-    def hooks_paths(self, config: str, depth: int = 0, seen: dict[tuple[str, str], int] | None = None, *,
-                    skip_denied: bool = False, includer: str | None = None) -> Iterator[tuple[str, str]]:
-        """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
-        includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
-        missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``).
-
-        A file is followed again only from less deep than before (``seen``): a file naming itself, or one
-        file many times, or through symlinks to its directory, is not read once per path through the
-        includes (exponential in the depth). With ``skip_denied`` (the user's and system's configs), a file
-        that may not be read is skipped, as git skips those (``ACCESS_EACCES_OK``); it dies on others."""
-        seen = {} if seen is None else seen
-        # Relative includes are taken from the directory as named: it is part of the key.
-        key = (os.path.realpath(os.path.dirname(config)), os.path.realpath(config))
-        if seen.get(key, MAX_GIT_INCLUDE_DEPTH + 1) <= depth:
-            return
-        seen[key] = depth
-        self.named.setdefault(key[1], includer)
-        for name, value in self._settings(config, skip_denied and depth == 0):
-            if not value:
-                continue
-            text = os.path.expanduser(os.fsdecode(value))  # git expands ~/ and ~user/ in paths
-            if name == "core.hookspath":
-                yield text, config
-            elif _is_include(name) and depth < MAX_GIT_INCLUDE_DEPTH:  # deeper, git refuses the whole config
-                yield from self.hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1, seen,
-                                            includer=config)
-
-
-def _is_include(name: str) -> bool:
-    """True if the git config setting ``name`` names a file to read as config too."""
-    return name == "include.path" or (name.startswith("includeif.") and name.endswith(".path"))
 
 
 #: Code points HFS+ ignores in a name (git's utf8.c, next_hfs_char): there ".git\u200c" is ".git".
@@ -809,16 +708,18 @@ class WorkspaceTools:
                                 "git runs what a repository holds (hooks, config) when used in that directory; "
                                 "change git state with git itself, or remove '.git' from protected_dirs in the "
                                 "workspace config")
-            configs_read = _GitConfigs()
-            hooks = self._hooks_directory_around(real, verb, configs_read)
+            git = protected_git_paths(self.workspace.root, real)
+            target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
+            hooks = self._hooks_directory_holding(target, git)
             if hooks is not None:
                 directory, config = hooks
                 raise ToolError(f"{verb} refused: {given!r} is in {directory!r}, the hooks directory that "
                                 f"core.hooksPath names in {self._shown(config)}: git runs the hooks there (at the "
                                 "next commit, merge, checkout or push); change them outside dsh, or remove '.git' "
                                 "from protected_dirs in the workspace config")
-            target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
-            for named, includer in configs_read.named.items():
+            if git.unknown is not None:
+                raise self._unknown_hooks(verb, *git.unknown)
+            for named, includer in git.config_files:
                 if _under(named, self.workspace.root) and named != self.workspace.root and target == [
                         _protected_key(part) for part in self.workspace.relative(named).split("/")]:
                     how = "git reads it in every repository" if includer is None else (
@@ -833,68 +734,16 @@ class WorkspaceTools:
         real = os.path.realpath(path)
         return self.workspace.relative(real) if _under(real, self.workspace.root) else path
 
-    def _repositories_around(self, real: str) -> list[tuple[str, str]]:
-        """(working tree, git directory) of each repository git may run hooks of for ``real``: the one
-        holding the root (found upwards, as git finds it) and each one nested on the way down to ``real``."""
-        found: list[tuple[str, str]] = []
-        directory = self.workspace.root
-        while (gitdir := _git_directory(directory)) is None and os.path.dirname(directory) != directory:
-            directory = os.path.dirname(directory)
-        if gitdir is not None:
-            found.append((directory, gitdir))
-        parts = self.workspace.relative(real).split("/")[:-1]
-        for depth in range(1, len(parts) + 1):
-            directory = os.path.join(self.workspace.root, *parts[:depth])
-            if (gitdir := _git_directory(directory)) is not None:
-                found.append((directory, gitdir))
-        return found
-
-    def _hooks_directory_around(self, real: str, verb: str, configs_read: _GitConfigs) -> tuple[str, str] | None:
-        """The hooks directory holding ``real`` that ``core.hooksPath`` names (shown from the root), and
-        the config file naming it; ``None`` if there is none.
-
-        git runs its hooks from ``core.hooksPath`` when set (husky, pre-commit and team conventions
-        set ``.husky/_`` or ``githooks``), so a file written there is a command run at the next commit,
-        as one in ``.git/hooks``. Read from each repository's config files (``config``, the common
-        directory's, ``config.worktree``, what they include) and the user's and system's: every value
-        counts, not the last only. A relative one is taken from the working tree, and from the git
-        directory too (a bare repository's base), both refused. A config file that cannot be read or
-        parsed (git refuses those too) refuses the write: it may name one, and guessing could miss it.
-        ``configs_read`` collects the config files read (:attr:`_GitConfigs.named`).
-        """
-        target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
-        global_configs = _global_git_configs()
-        # The user's and system's configs apply in every repository, in the workspace or not, so an absolute
-        # hooks directory they name counts also where the workspace is in none (None: no repository).
-        repositories: list[tuple[str, str] | None] = [None, *self._repositories_around(real)]
-        for repository in repositories:
-            try:
-                configs = list(global_configs)
-                if repository is not None:
-                    gitdir = repository[1]
-                    configs += [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-                    common = _read_small(os.path.join(gitdir, "commondir"))
-                    if common is not None:  # a worktree's git directory: the repository's config is there
-                        configs.append(os.path.join(gitdir, os.fsdecode(common.strip()), "config"))
-                for config in configs:
-                    for value, source in configs_read.hooks_paths(config, skip_denied=config in global_configs):
-                        if value.startswith("%(prefix)/"):
-                            continue  # under git's installation directory, not the workspace
-                        # A relative one is taken from a repository's working tree or git directory.
-                        for base in ("",) if os.path.isabs(value) else (repository or ()):
-                            hooks = os.path.realpath(os.path.join(base, value))
-                            if not _under(hooks, self.workspace.root):
-                                continue
-                            inside = [] if hooks == self.workspace.root else (
-                                self.workspace.relative(hooks).split("/"))
-                            if len(target) > len(inside) and target[:len(inside)] == [
-                                    _protected_key(part) for part in inside]:
-                                return self.workspace.relative(hooks), source
-            except _git_config.ConfigError as error:
-                raise self._unknown_hooks(verb, error.filename, f"line {error.line} is not git config syntax "
-                                                                "(git refuses the file too)") from None
-            except OSError as error:
-                raise self._unknown_hooks(verb, error.filename, f"cannot be read ({error.strerror or error})") from None
+    def _hooks_directory_holding(self, target: list[str], git: GitProtection) -> tuple[str, str] | None:
+        """The first of ``git``'s hooks directories in the workspace that holds the path whose names (as
+        :func:`_protected_key` reads them) are ``target``, shown from the root, and the config file naming it;
+        ``None`` if there is none. A file written there is a command git runs at the next commit."""
+        for hooks, source in git.hooks_directories:
+            if not _under(hooks, self.workspace.root):
+                continue
+            inside = [] if hooks == self.workspace.root else self.workspace.relative(hooks).split("/")
+            if len(target) > len(inside) and target[:len(inside)] == [_protected_key(part) for part in inside]:
+                return self.workspace.relative(hooks), source
         return None
 
     def _unknown_hooks(self, verb: str, config: str | None, problem: str) -> ToolError:

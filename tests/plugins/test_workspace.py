@@ -1386,7 +1386,7 @@ async def test_git_config_includes_are_read_once_however_often_they_are_named(
     """A config including itself (or one file) many times, or through symlinks to its directory, is read
     once per depth at most, not once per path through the includes: 8 includes 10 deep were 8**10 reads
     on the event loop. git's include depth (10) still bounds how deep they are followed."""
-    from dsh_plugins import workspace
+    from dsh_plugins import _git_files
     _no_global_git_config(monkeypatch, tmp_path / "home")
     (tmp_path / ".git").mkdir()
     for index in range(4):
@@ -1394,14 +1394,14 @@ async def test_git_config_includes_are_read_once_however_often_they_are_named(
     (tmp_path / ".git" / "config").write_text(
         "[include]\n" + "".join(f"\tpath = config\n\tpath = d{index}/config\n" for index in range(4)))
     reads: list[str] = []
-    read_small = workspace._read_small
+    read_small = _git_files._read_small
 
     def counted(path: str) -> bytes | None:
         reads.append(path)
         assert len(reads) < 1000, "the includes are read again and again"
         return read_small(path)
 
-    monkeypatch.setattr(workspace, "_read_small", counted)
+    monkeypatch.setattr(_git_files, "_read_small", counted)
     async with boot(ws(tmp_path)) as h:
         assert (await h.call("write", {"path": "a.txt", "content": "x"})).error is None
     assert len(reads) <= 50, len(reads)
@@ -1412,12 +1412,12 @@ async def test_a_users_git_config_git_may_not_read_is_skipped_as_git_skips_it(
     """git skips the user's and system's configs it has no permission to read (access_or_die with
     ACCESS_EACCES_OK: dsh run as another user whose HOME is closed to it), so they set no hooks directory
     and refuse no write; a repository's own config it may not read still refuses, as git dies on it."""
-    from dsh_plugins import workspace
+    from dsh_plugins import _git_files
     home = tmp_path / "home"
     _no_global_git_config(monkeypatch, home)
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "config").write_text("[core]\n\tbare = false\n")
-    read_small = workspace._read_small
+    read_small = _git_files._read_small
     denied = {str(home / ".gitconfig"), str(home / ".config" / "git" / "config")}
 
     def closed(path: str) -> bytes | None:
@@ -1425,7 +1425,7 @@ async def test_a_users_git_config_git_may_not_read_is_skipped_as_git_skips_it(
             raise PermissionError(13, "Permission denied", path)
         return read_small(path)
 
-    monkeypatch.setattr(workspace, "_read_small", closed)
+    monkeypatch.setattr(_git_files, "_read_small", closed)
     async with boot(ws(tmp_path)) as h:
         written = await h.call("write", {"path": "a.txt", "content": "x"})
         assert written.error is None, written.text
@@ -1506,7 +1506,7 @@ async def test_a_read_error_without_a_file_name_is_not_shown_as_a_path_under_the
     current directory into a workspace path that does not exist ('sub/a git config')."""
     import errno
 
-    from dsh_plugins import workspace
+    from dsh_plugins import _git_files
 
     _no_global_git_config(monkeypatch, tmp_path / "home")
     (tmp_path / ".git").mkdir()
@@ -1516,7 +1516,7 @@ async def test_a_read_error_without_a_file_name_is_not_shown_as_a_path_under_the
     def failing(path: str) -> bytes | None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(workspace, "_read_small", failing)
+    monkeypatch.setattr(_git_files, "_read_small", failing)
     async with boot(ws(tmp_path)) as h:
         result = await h.call("write", {"path": "a.txt", "content": "x"})
     assert result.code == "TOOL_FAILED", result.text
