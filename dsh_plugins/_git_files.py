@@ -66,6 +66,12 @@ def protected_git_paths(root: str, target: str) -> GitProtection:
     as ``unknown``: it might name a hooks directory, and guessing could miss it. The hooks directories found
     before it are listed, so a caller refusing for one of those first, then for ``unknown``, refuses for the
     first reason met in the order above; ``config_files`` is complete only when ``unknown`` is ``None``.
+
+    Nothing is kept between calls: each reads every file again, so a config changed outside dsh counts at
+    the next write. That costs about 0.5 ms a call in a plain repository with small configs (2026-12-01,
+    on the 2-vCPU VM: 24 ``realpath`` calls, 9 of them distinct, about half of it; reading and parsing
+    the files about a quarter): most of a whole ``write`` call (0.9 ms; 0.26 ms without the ``.git``
+    protection).
     """
     configs_read = _GitConfigs()
     hooks_directories: list[tuple[str, str]] = []
