@@ -248,32 +248,38 @@ CATASTROPHIC = r"(a+)+$"  # exponential backtracking on a run of "a"s that ends 
 
 async def test_a_catastrophic_regex_is_stopped_at_the_timeout_without_stalling_the_loop(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The search runs out of process: the loop keeps ticking and the worker is killed at the timeout."""
+    """The search runs out of process: the loop keeps ticking and the worker is killed at the timeout.
+
+    One line of ``"a" * 29 + "b"`` keeps ``(a+)+$`` backtracking for tens of seconds (each "a" doubles
+    it): a search run on the loop, or on a thread (``re`` holds the GIL), would stall the loop for all
+    of it, far past the 2 s bound on a gap, which only a scheduling hiccup on a loaded machine nears.
+    """
     import asyncio
+    import itertools
     import time
 
-    (tmp_path / "evil.txt").write_text("a" * 64 + "b\n")
+    (tmp_path / "evil.txt").write_text("a" * 29 + "b\n")
     (tmp_path / "fine.txt").write_text("aaa\n")
     workers = _track_workers(monkeypatch)
-    gaps: list[float] = []
+    ticks: list[float] = []
 
     async def ticker() -> None:
-        last = time.monotonic()
         while True:
             await asyncio.sleep(0.02)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
+            ticks.append(time.monotonic())
 
-    async with boot(ws(tmp_path, search_timeout_s=0.5)) as h:
+    async with boot(ws(tmp_path, search_timeout_s=1)) as h:
+        started = time.monotonic()  # a stall before the ticker first runs, or after its last tick, counts too
         ticking = asyncio.ensure_future(ticker())
-        started = time.monotonic()
         found = await h.call("search", {"pattern": CATASTROPHIC})
-        elapsed = time.monotonic() - started
+        ended = time.monotonic()
         ticking.cancel()
+        times = [started, *ticks, ended]
+        longest = max(b - a for a, b in itertools.pairwise(times))
         assert found.error is None and found.value["truncated"] is True
-        assert found.value["note"] == "search stopped after 0.5 s; narrow it with path or simplify the pattern"
-        assert elapsed < 3 and max(gaps) < 0.5
+        assert found.value["note"] == "search stopped after 1 s; narrow it with path or simplify the pattern"
+        assert longest < 2, longest
+        assert ended - started < 10, ended - started  # killed at 1 s + SEARCH_KILL_GRACE_S, not left to finish
         assert workers and all(p.returncode is not None for p in workers)
         # The bounded per-line prefix: a match beyond LINE_SEARCH_CHARS characters is not looked for.
         (tmp_path / "long.txt").write_text("x" * 5000 + "needle\nneedle\n")
