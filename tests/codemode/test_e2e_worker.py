@@ -19,6 +19,7 @@ from dsh_core import PreDecision, ToolError, define_tool, hookimpl
 from dsh_core.boot import LazyCodeRuntime, start_harness
 from dsh_core.cli import main
 from dsh_core.codemode.prompt import SDK_SECTION
+from dsh_core.codemode.scheduler import ProgramScheduler
 from dsh_core.codemode.transport import RunCodeTransport
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.config import load_deployment
@@ -378,9 +379,22 @@ async def test_a_retry_loop_after_timeouts_runs_one_body_at_a_time_on_the_worker
                              ("call-1:code:4", "status", False, None)]
 
 
-async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_on_the_worker() -> None:
+async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_on_the_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The order is forced, not timed: the first (exclusive) call's body holds the barrier until the host
+    # has seen the program cancel the call queued behind it, so the queued call is still queued then.
     asked: list[str] = []
     ran: list[str] = []
+    queued_cancelled = asyncio.Event()
+    submit = ProgramScheduler.submit
+
+    def watched_submit(self: ProgramScheduler, request: Any, *args: Any) -> asyncio.Future[Any]:
+        future = submit(self, request, *args)
+        if request.call_id == "call-1:code:2":  # the queued call
+            future.add_done_callback(lambda done: queued_cancelled.set() if done.cancelled() else None)
+        return future
+
+    monkeypatch.setattr(ProgramScheduler, "submit", watched_submit)
 
     class Person:
         @hookimpl
@@ -402,14 +416,18 @@ async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_o
 
     async def body(args: Any, ctx: Any) -> Any:
         ran.append(args["n"])
-        await asyncio.sleep(args.get("s", 0))
+        if args["n"] == "first":  # a guard, not a pause: the cancel arrives within milliseconds
+            await asyncio.wait_for(queued_cancelled.wait(), 5)
         return args["n"]
 
+    # sleep(0) lets both calls' tasks take their first step, which sends each call's frame, in order;
+    # the cancel follows them on the same channel. The program gives up on the approval after 2 s: the
+    # host asks for it as soon as the call arrives (the program cannot see that it was asked).
     program = (
-        "import asyncio\nfirst = asyncio.ensure_future(tools.work({'n': 'first', 's': 0.3}))\n"
-        "await asyncio.sleep(0.05)\nqueued = asyncio.ensure_future(tools.work({'n': 'queued'}))\n"
-        "await asyncio.sleep(0.05)\nqueued.cancel()\nout = [await first]\n"
-        "try:\n    await asyncio.wait_for(tools.danger({'n': 'danger'}), 0.2)\nexcept TimeoutError:\n"
+        "import asyncio\nfirst = asyncio.ensure_future(tools.work({'n': 'first'}))\n"
+        "queued = asyncio.ensure_future(tools.work({'n': 'queued'}))\n"
+        "await asyncio.sleep(0)\nqueued.cancel()\nout = [await first]\n"
+        "try:\n    await asyncio.wait_for(tools.danger({'n': 'danger'}), 2)\nexcept TimeoutError:\n"
         "    out.append('gave up')\nreturn out"
     )
     runtime = PythonCodeRuntime(CodeRuntimeConfig(timeout_s=10.0))
@@ -421,6 +439,7 @@ async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_o
     finally:
         await runtime.aclose()
     assert result.value == {"logs": [], "result": ["first", "gave up"]}, result.text
+    assert queued_cancelled.is_set()  # it reached the host, queued, before the program cancelled it
     assert ran == ["first"] and asked == ["asked", "withdrawn"]
     assert [e["sub_call_id"] for e in env.sink.events if e["kind"] == "tool/code-dispatch-start"] == [
         "call-1:code:1", "call-1:code:3"]  # nothing of the queued call 2
