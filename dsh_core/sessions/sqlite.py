@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -186,7 +187,8 @@ class SqliteSessionStore:
         """
         if self._create:
             return sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
-        uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=rw"
+        # The file name's bytes, %-escaped: its str may hold surrogates (a name that is not UTF-8).
+        uri = f"file:{urllib.parse.quote(os.fsencode(self.path.absolute()))}?mode=rw"
         try:
             return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=True)
         except sqlite3.OperationalError:

@@ -236,6 +236,28 @@ async def test_open_store_asks_a_factory_that_can_not_to_create_and_calls_an_old
     assert called == [tmp_path / "older"]
 
 
+@pytest.mark.skipif(sys.platform == "win32" or sys.getfilesystemencoding() != "utf-8",
+                    reason="needs a POSIX file system with UTF-8 names")
+async def test_opened_without_creating_a_home_whose_name_is_not_utf8_reads_what_is_there(tmp_path: Path) -> None:
+    # The mode=rw URI quoted str(path): a name with a byte that is not UTF-8 (a surrogate in str)
+    # raised UnicodeEncodeError, where create=True opens the same database.
+    import os
+
+    for name in ("caf\udce9", "a?b#c%20d e%"):
+        home = Path(os.fsdecode(os.fsencode(tmp_path)) + "/" + name)
+        store = SqliteSessionStore.open(home)
+        try:
+            await store.create(session_id="s")
+        finally:
+            await store.close()
+        store = SqliteSessionStore.open(home, create=False)
+        try:
+            assert not store.absent and [info.id for info in await store.list()] == ["s"]
+        finally:
+            await store.close()
+        assert sorted(path.name for path in home.iterdir())[0] == DB_FILENAME
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_a_database_that_fails_to_open_is_not_left_open(tmp_path: Path) -> None:
     path = tmp_path / DB_FILENAME
