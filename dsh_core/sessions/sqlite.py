@@ -188,7 +188,8 @@ class SqliteSessionStore:
         if self._create:
             return sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
         # The file name's bytes, %-escaped: its str may hold surrogates (a name that is not UTF-8).
-        uri = f"file:{urllib.parse.quote(os.fsencode(self.path.absolute()))}?mode=rw"
+        # After an empty authority (file://), so that a path spelled //x/... is not read as host x.
+        uri = f"file://{urllib.parse.quote(os.fsencode(self.path.absolute()))}?mode=rw"
         try:
             return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=True)
         except sqlite3.OperationalError:

@@ -258,6 +258,24 @@ async def test_opened_without_creating_a_home_whose_name_is_not_utf8_reads_what_
         assert sorted(path.name for path in home.iterdir())[0] == DB_FILENAME
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX paths")
+async def test_opened_without_creating_a_home_spelled_with_a_leading_double_slash(tmp_path: Path) -> None:
+    # `file://tmp/...?mode=rw`: SQLite read the first component as the URI's authority and failed
+    # ("invalid uri authority"), where create=True opens //tmp/... (the same file as /tmp/...).
+    home = Path("/" + str(tmp_path.absolute()) + "/home")
+    assert str(home).startswith("//")
+    store = SqliteSessionStore.open(home)
+    try:
+        await store.create(session_id="s")
+    finally:
+        await store.close()
+    store = SqliteSessionStore.open(home, create=False)
+    try:
+        assert not store.absent and [info.id for info in await store.list()] == ["s"]
+    finally:
+        await store.close()
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_a_database_that_fails_to_open_is_not_left_open(tmp_path: Path) -> None:
     path = tmp_path / DB_FILENAME
