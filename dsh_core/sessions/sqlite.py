@@ -193,10 +193,21 @@ class SqliteSessionStore:
         try:
             return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=True)
         except sqlite3.OperationalError:
-            if self.path.exists():
+            # Only a database known to be missing reads as empty; one that could not be looked at
+            # (EACCES, which Path.exists() raises) or failed to open fails as such, naming the file.
+            if not self._missing():
                 raise
         self.absent = True
         return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=True)
+
+    def _missing(self) -> bool:
+        try:
+            os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False
+        return False
 
     def _connect(self) -> None:
         try:

@@ -276,6 +276,28 @@ async def test_opened_without_creating_a_home_spelled_with_a_leading_double_slas
         await store.close()
 
 
+async def test_opened_without_creating_a_database_that_cannot_be_looked_at_fails_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether the database was missing was asked of Path.exists(), which raises on EACCES (a home
+    # that is not searchable): a bare PermissionError, not the store's error naming the file. Only
+    # a database known to be missing reads as empty; anything else fails as opening it does.
+    import os
+
+    home = tmp_path / "home"
+    home.mkdir()
+    target = home / DB_FILENAME
+    real_stat = os.stat
+
+    def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if os.fspath(path) == os.fspath(target):  # type: ignore[arg-type]
+            raise PermissionError(13, "Permission denied", os.fspath(target))  # type: ignore[arg-type]
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(SessionStoreError, match=f"cannot open session database .*{DB_FILENAME}"):
+        SqliteSessionStore.open(home, create=False)
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_a_database_that_fails_to_open_is_not_left_open(tmp_path: Path) -> None:
     path = tmp_path / DB_FILENAME
