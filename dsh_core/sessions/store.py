@@ -186,7 +186,11 @@ SessionStoreFactory: TypeAlias = Callable[[Path], SessionStore]
 
 
 def open_store(factory: SessionStoreFactory, home: Path, *, create: bool = True) -> SessionStore:
-    """``factory(home)``, or ``factory(home, create=False)`` when ``create`` is false and the factory takes it.
+    """``factory(home)``, or ``factory(home, create=False)`` when ``create`` is false and the factory names it.
+
+    The factory names it: a parameter ``create`` that can be passed by keyword (``**options``
+    alone is not asked; a ``functools.partial``, a class, or an object's ``__call__`` is asked of
+    the signature it is called with).
 
     ``create=False`` asks the store to create no state (no directory, no database) where none
     exists yet, and to read as empty then; a factory that takes no ``create`` keyword is called
@@ -198,10 +202,10 @@ def open_store(factory: SessionStoreFactory, home: Path, *, create: bool = True)
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return factory(home)
+    # Only a parameter named create: a factory's **options may go to something that knows no create.
     keyword = parameters.get("create")
-    named = keyword is not None and keyword.kind in (inspect.Parameter.KEYWORD_ONLY,
+    takes = keyword is not None and keyword.kind in (inspect.Parameter.KEYWORD_ONLY,
                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    takes = named or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     return factory(home, create=False) if takes else factory(home)  # type: ignore[call-arg]
 
 

@@ -298,6 +298,45 @@ async def test_opened_without_creating_a_database_that_cannot_be_looked_at_fails
         SqliteSessionStore.open(home, create=False)
 
 
+async def test_open_store_passes_create_only_to_a_factory_that_names_it(tmp_path: Path) -> None:
+    # A factory taking **options was handed create=False too: one that forwards its options to a
+    # store of its own (which knows no create) failed `sessions list` with a TypeError, where it had
+    # worked before create= existed. Only a factory that names the keyword has said what it means.
+    import functools
+    from typing import Any
+
+    from dsh_core.sessions.store import open_store
+
+    def older_open(home: Path, *, busy_timeout_ms: int = 5000) -> SessionStore:
+        return SqliteSessionStore.open(home)
+
+    called: list[tuple[str, Any]] = []
+
+    def forwarding(home: Path, **options: Any) -> SessionStore:
+        called.append(("forwarding", options))
+        return older_open(home, **options)
+
+    def positional_only(home: Path, create: bool = True, /, **options: Any) -> SessionStore:
+        called.append(("positional_only", (create, options)))
+        return older_open(home, **options)
+
+    class Factory:
+        def __call__(self, home: Path, *, create: bool = True) -> SessionStore:
+            called.append(("callable", create))
+            return SqliteSessionStore.open(home, create=create)
+
+    for factory in (forwarding, positional_only):
+        await open_store(factory, tmp_path / "a", create=False).close()
+    assert called == [("forwarding", {}), ("positional_only", (True, {}))]
+    called.clear()
+    # What names it is asked: a callable object, a partial, a class, a bound method.
+    opened = [Factory(), functools.partial(SqliteSessionStore.open), SqliteSessionStore.open]
+    for n, factory in enumerate(opened):
+        await open_store(factory, tmp_path / f"r{n}", create=False).close()
+        assert not (tmp_path / f"r{n}").exists(), factory
+    assert called == [("callable", False)]
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_a_database_that_fails_to_open_is_not_left_open(tmp_path: Path) -> None:
     path = tmp_path / DB_FILENAME
