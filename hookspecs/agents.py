@@ -33,6 +33,15 @@ def dsh_register_session_stores(register: Callable[[str, SessionStoreFactory], N
     :class:`dsh_core.sessions.store.SessionStore`); the deployment picks one
     by name (``[sessions] store``). A name registered twice is an error
     naming both plugins.
+
+    A factory with a parameter named ``create`` (``def factory(home, *,
+    create=True)``) is called ``factory(home, create=False)`` by ``dsh
+    sessions list``, ``show`` and ``release``: its store then creates
+    nothing (no directory, no file) and, where nothing exists yet, reads as
+    an empty store (``list`` finds none; ``get``, ``load`` and
+    ``break_lease`` raise ``SessionNotFoundError``). A factory without one,
+    ``**options`` alone included, is called ``factory(home)`` by them as by
+    an agent run (see :func:`dsh_core.sessions.store.open_store`).
     """
 
 

@@ -227,3 +227,14 @@ def test_every_dsh_command_line_in_the_readme_parses() -> None:
         if result.exit_code != 0:
             failing[line] = result.output.strip().splitlines()[-1:]
     assert not failing, failing
+
+
+def test_the_session_store_hookspec_tells_store_authors_of_create() -> None:
+    """``open_store`` calls ``factory(home, create=False)`` for the read-only session commands; the
+    hookspec, what a store author reads, still said only ``factory(home)`` (the README said more)."""
+    from hookspecs import agents
+
+    for text in (inspect.getdoc(agents.dsh_register_session_stores) or "", _section("hooks")):
+        flat = " ".join(text.split())
+        assert "factory(home, create=False)" in flat.replace("``", "`").replace("`", ""), text
+        assert "**" in flat and "named" in flat, text  # **options alone is not asked
