@@ -328,6 +328,10 @@ def sessions_group() -> None:
     """List, inspect and release recorded agent sessions (under DSH_HOME, default ~/.dsh)."""
 
 
+#: The most sessions `list` asks a store for (SQLite's largest INTEGER).
+_LARGEST_LIMIT = 2**63 - 1
+
+
 @sessions_group.command("list")
 @_config_option
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="At most this many.")
@@ -341,8 +345,9 @@ def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_j
     """
 
     async def work(store: SessionStore) -> list[SessionInfo]:
-        # One more than shown: whether more exist is known without counting them all.
-        return await store.list(limit=limit + 1)
+        # One more than shown: whether more exist is known without counting them all. At most
+        # 2**63 - 1, SQLite's largest INTEGER (no store holds more sessions than that).
+        return await store.list(limit=min(limit, _LARGEST_LIMIT - 1) + 1)
 
     found = _with_store(_deployment(ctx, configs), work)
     more = len(found) > limit

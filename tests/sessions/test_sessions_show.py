@@ -383,6 +383,16 @@ def test_list_says_on_stderr_when_more_sessions_exist_than_it_shows() -> None:
         assert len(json.loads(documents)) == 3 and said == ""
 
 
+def test_list_at_the_largest_limit_sqlite_takes() -> None:
+    # Asking the store for limit + 1 overflowed SQLite's INTEGER at --limit 2**63 - 1 (OverflowError,
+    # a traceback), which listed every session before the note; and a larger --limit did so already.
+    for n in range(2):
+        _session_of([], f"s{n}")
+    for limit in (2**63 - 2, 2**63 - 1, 2**63, 10**30):
+        result = CliRunner().invoke(main, ["sessions", "list", "--limit", str(limit), "--json"])
+        assert result.exit_code == 0 and result.exception is None, (limit, result.output, result.exception)
+        assert len(json.loads(result.stdout)) == 2 and result.stderr == ""
+
 def test_read_only_commands_create_no_database() -> None:
     # `sessions list` and `show` created DSH_HOME and an empty sessions.db where none was.
     home = Path(os.environ["DSH_HOME"])
