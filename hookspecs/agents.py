@@ -41,7 +41,8 @@ def dsh_register_session_stores(register: Callable[[str, SessionStoreFactory], N
     an empty store (``list`` finds none; ``get``, ``load`` and
     ``break_lease`` raise ``SessionNotFoundError``). A factory without one,
     ``**options`` alone included, is called ``factory(home)`` by them as by
-    an agent run (see :func:`dsh_core.sessions.store.open_store`).
+    an agent run; one that names ``create`` gets ``create=True`` from an
+    agent run (see :func:`dsh_core.sessions.store.open_store`).
     """
 
 

@@ -186,18 +186,17 @@ SessionStoreFactory: TypeAlias = Callable[[Path], SessionStore]
 
 
 def open_store(factory: SessionStoreFactory, home: Path, *, create: bool = True) -> SessionStore:
-    """``factory(home)``, or ``factory(home, create=False)`` when ``create`` is false and the factory names it.
+    """``factory(home, create=create)`` when the factory names ``create``, else ``factory(home)``.
 
     The factory names it: a parameter ``create`` that can be passed by keyword (``**options``
     alone is not asked; a ``functools.partial``, a class, or an object's ``__call__`` is asked of
-    the signature it is called with).
+    the signature it is called with). It is passed whenever it is named, ``True`` too, so a
+    factory whose ``create`` has no default still opens for an agent run.
 
     ``create=False`` asks the store to create no state (no directory, no database) where none
     exists yet, and to read as empty then; a factory that takes no ``create`` keyword is called
     as before (its store may create its state as it opens).
     """
-    if create:
-        return factory(home)
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -206,7 +205,7 @@ def open_store(factory: SessionStoreFactory, home: Path, *, create: bool = True)
     keyword = parameters.get("create")
     takes = keyword is not None and keyword.kind in (inspect.Parameter.KEYWORD_ONLY,
                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return factory(home, create=False) if takes else factory(home)  # type: ignore[call-arg]
+    return factory(home, create=create) if takes else factory(home)  # type: ignore[call-arg]
 
 
 def dsh_home(configured: str | None = None, *, env: Mapping[str, str] | None = None) -> Path:

@@ -473,3 +473,19 @@ async def test_an_append_cancelled_while_it_commits_returns_and_then_is_cancelle
         assert [e.kind for e in await store.load(info.id)] == ["committed"]
     finally:
         await store.close()
+
+
+async def test_open_store_passes_create_true_to_a_factory_whose_create_has_no_default(tmp_path: Path) -> None:
+    """An agent run opened with factory(home) alone: a factory requiring create failed with a TypeError."""
+    from dsh_core.sessions.store import open_store
+
+    seen: list[bool] = []
+
+    def strict(home: Path, *, create: bool) -> SessionStore:
+        seen.append(create)
+        return SqliteSessionStore.open(home, create=create)
+
+    await open_store(strict, tmp_path / "run").close()
+    await open_store(strict, tmp_path / "read", create=False).close()
+    assert seen == [True, False]
+    assert (tmp_path / "run").is_dir() and not (tmp_path / "read").exists()
