@@ -1458,6 +1458,42 @@ async def test_an_absolute_core_hookspath_of_the_users_config_counts_outside_any
     assert not (home / ".githooks").exists()
 
 
+async def test_a_git_config_or_symlink_changed_between_two_writes_counts_at_the_second(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of one write's .git check is kept for the next (not a config's settings, not where a path
+    resolves to): a config file or a symlink changed outside dsh between two writes counts at the second."""
+    _no_global_git_config(monkeypatch, tmp_path / "home")
+    root = tmp_path / "ws"
+    (root / ".git").mkdir(parents=True)
+    config = root / ".git" / "config"
+    config.write_text("[user]\n\tname = x\n")
+    for directory in ("githooks", "a", "b", "cfg"):
+        (root / directory).mkdir()
+    (root / "hooks").symlink_to("a")
+    (root / "team.cfg").symlink_to("cfg/one.cfg")
+
+    def retarget(link: Path, target: str) -> None:
+        link.unlink()
+        link.symlink_to(target)
+
+    async with boot(ws(root)) as h:
+        async def write(path: str) -> str | None:
+            result = await h.call("write", {"path": path, "content": "x\n"})
+            return None if result.error is None else result.text
+
+        assert await write("githooks/pre-commit") is None
+        config.write_text("[core]\n\thooksPath = githooks\n")  # the settings of the same file
+        assert "is in 'githooks', the hooks directory" in (await write("githooks/pre-push") or "")
+        config.write_text("[core]\n\thooksPath = hooks\n")
+        assert await write("b/pre-commit") is None
+        retarget(root / "hooks", "b")  # where the same hooksPath resolves to
+        assert "is in 'b', the hooks directory" in (await write("b/pre-push") or "")
+        config.write_text("[include]\n\tpath = ../team.cfg\n")
+        assert await write("cfg/two.cfg") is None
+        retarget(root / "team.cfg", "cfg/two.cfg")  # which file the same include reads
+        assert "is a git config file (included by .git/config)" in (await write("cfg/two.cfg") or "")
+
+
 async def test_write_and_edit_leave_the_git_config_files_git_reads_alone(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config file that .git/config includes (a team's checked-in .gitconfig), one it includes in turn, one
