@@ -7,11 +7,12 @@ model-direct (no parent token) through :class:`~dsh_core.runtime.ToolRuntime`.
 Calls the runtime classifies ``parallel`` overlap with their parallel
 neighbours; an ``exclusive`` call waits for the running ones and runs alone;
 results go back to the model in call order as ``tool`` messages, followed by
-the results' additional contexts as user messages. A result's text longer than
-the agent's ``max_tool_result_chars`` reaches the model as its head and tail
-around a marker (:func:`~dsh_core.agent.resultcap.cap_tool_text`); the
-``tool/result`` event keeps the whole text as ``content`` and what the model saw
-as ``message``, which is what a resumed run replays.
+the results' additional contexts as user messages. A call's result text and
+its context messages share one budget, the agent's ``max_tool_result_chars``:
+what does not fit reaches the model as its head and tail around a marker
+(:func:`~dsh_core.agent.resultcap.cap_call_texts`); the ``tool/result`` and
+context ``message/user`` events keep the whole text as ``content`` and what the
+model saw as ``message``, which is what a resumed run replays.
 
 The loop stops on a final answer (no tool calls), a result that
 ``concludes_turn``, the turn limit, an abort, a provider error or any other
@@ -45,7 +46,7 @@ from attrs import define, frozen
 import dsh_core
 from dsh_core.abort import AbortSignal
 from dsh_core.agent.provider import Message, OnText, Provider, ProviderError, normalize_assistant
-from dsh_core.agent.resultcap import DEFAULT_MAX_TOOL_RESULT_CHARS, cap_tool_text
+from dsh_core.agent.resultcap import DEFAULT_MAX_TOOL_RESULT_CHARS, cap_call_texts
 from dsh_core.errors import ConfigError, DshError, ErrorCode
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, NotLosslessError, freeze
@@ -429,18 +430,14 @@ class AgentLoop:
                 records = await self._run_calls(calls, step, signal, cut_off=finish_reason == "length")
                 contexts: list[NewEvent] = []
                 results: list[NewEvent] = []
+                notes: list[Message] = []
                 for record in records:
-                    message, event = _tool_result(record, self.max_tool_result_chars)
-                    messages.append(message)
-                    results.append(event)
-                for record in records:
-                    assert record.result is not None
-                    for context in record.result.additional_contexts:
-                        note = {"role": "user", "content": context.text}
-                        messages.append(note)
-                        contexts.append(NewEvent(EventKind.USER_MESSAGE,
-                                                 {"message": note, "context_source": context.source},
-                                                 root_call_id=record.call_id))
+                    settled = _settled(record, self.max_tool_result_chars)
+                    messages.append(settled.message)
+                    results.append(settled.event)
+                    notes.extend(note for note, _ in settled.contexts)
+                    contexts.extend(event for _, event in settled.contexts)
+                messages.extend(notes)
                 # Shielded: the calls have run. A cancellation cutting this write lost their results, and a
                 # resumed run told the model they had been interrupted, so it ran them again.
                 await asyncio.shield(self._record(results + contexts))
@@ -552,7 +549,7 @@ class AgentLoop:
             # Cancelled or failed mid-step: the calls that did finish (a file written, a command run)
             # keep their results, in call order. Dropped, a resumed run told the model they had been
             # interrupted, and it ran them again; the unfinished ones are repaired as interrupted.
-            settled = [_tool_result(r, self.max_tool_result_chars)[1] for r in records if r.result is not None]
+            settled = [_settled(r, self.max_tool_result_chars).event for r in records if r.result is not None]
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._record(settled))
             raise
@@ -596,16 +593,44 @@ async def _all_or_none(work: list[Coroutine[Any, Any, None]]) -> None:
         raise asyncio.CancelledError  # as gather would: a call cancelled from within cancels the batch
 
 
-def _tool_result(record: ToolCallRecord, max_chars: int) -> tuple[Message, NewEvent]:
-    """The ``tool`` message of a settled call (its text cut to ``max_chars``) and its ``tool/result`` event."""
+@frozen
+class _Settled:
+    """What a settled call adds to the conversation: its ``tool`` message and ``tool/result`` event, and
+    each of its context messages (a ``user`` message) with its ``message/user`` event."""
+
+    message: Message
+    event: NewEvent
+    contexts: list[tuple[Message, NewEvent]]
+
+
+def _cut_record(text: str, left_out: int, max_chars: int) -> dict[str, Any]:
+    return {"chars": len(text), "left_out": left_out, "max_tool_result_chars": max_chars}
+
+
+def _settled(record: ToolCallRecord, max_chars: int) -> _Settled:
+    """The messages of a settled call, its text and its context messages cut to ``max_chars`` together.
+
+    One budget for the call, not one per message (:func:`~dsh_core.agent.resultcap.cap_call_texts`): a
+    result deferring many contexts still adds at most ``max_chars`` characters to the conversation. Each
+    event keeps the whole text as ``content`` and what the model saw as ``message`` (replayed on resume),
+    and a ``cut`` record when it was cut.
+    """
     assert record.result is not None
     text = record.result.text
-    shown = cap_tool_text(text, max_chars)
+    additional = record.result.additional_contexts
+    shown, shown_contexts = cap_call_texts(text, [c.text for c in additional], max_chars)
     message: Message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": shown.text}
     payload = _result_payload(record, text, message)
     if shown.cut:
-        payload["cut"] = {"chars": len(text), "left_out": shown.left_out, "max_tool_result_chars": max_chars}
-    return message, NewEvent(EventKind.TOOL_RESULT, payload, root_call_id=record.call_id)
+        payload["cut"] = _cut_record(text, shown.left_out, max_chars)
+    contexts: list[tuple[Message, NewEvent]] = []
+    for context, seen in zip(additional, shown_contexts, strict=True):
+        note: Message = {"role": "user", "content": seen.text}
+        noted: dict[str, Any] = {"message": note, "context_source": context.source, "content": context.text}
+        if seen.cut:
+            noted["cut"] = _cut_record(context.text, seen.left_out, max_chars)
+        contexts.append((note, NewEvent(EventKind.USER_MESSAGE, noted, root_call_id=record.call_id)))
+    return _Settled(message, NewEvent(EventKind.TOOL_RESULT, payload, root_call_id=record.call_id), contexts)
 
 
 def _result_payload(record: ToolCallRecord, text: str, message: Message) -> dict[str, Any]:

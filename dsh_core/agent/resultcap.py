@@ -6,6 +6,16 @@ returning megabytes; sent whole, the next model request fails as
 therefore sends a result longer than the cap as its head and its tail around a
 marker saying how many characters were left out and how to get less.
 
+A result's context messages (``ContextMessage``, sent as user messages after
+the results) are a second way to flood the conversation, so they are capped
+too, and by the same budget: the cap bounds what one tool call adds to the
+conversation, the result's text and all its context messages together
+(:func:`cap_call_texts`). A cap per message would not: a plugin deferring a
+thousand contexts would still add a thousand caps. The budget is split
+max-min fairly (water-filling): a text within its fair share is sent whole
+and the longer ones split what it leaves equally, so a small context next to
+a huge result is untouched and a flood of contexts cannot starve the result.
+
 The cut never separates a surrogate pair, and it is moved into the left-out
 part (so the result is never longer than the cap) rather than start or end
 a kept part inside a grapheme of the common kinds: a character and its
@@ -19,11 +29,12 @@ leaves valid text all the same.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from attrs import frozen
 
-__all__ = ["DEFAULT_MAX_TOOL_RESULT_CHARS", "CappedText", "cap_tool_text", "cut_marker"]
+__all__ = ["DEFAULT_MAX_TOOL_RESULT_CHARS", "CappedText", "cap_call_texts", "cap_tool_text", "cut_marker", "shares"]
 
 #: The cap of an agent whose row sets no ``max_tool_result_chars``: about 25,000 tokens (4 characters a
 #: token), a fraction of the context of every current model (the smallest in common use hold 128k tokens),
@@ -51,9 +62,15 @@ class CappedText:
         return self.left_out > 0
 
 
-def cut_marker(left_out: int, limit: int) -> str:
-    """The line that replaces the middle of a result longer than ``limit`` (blank lines around it)."""
-    return (f"\n\n[... {left_out:,} characters of this tool result left out (max_tool_result_chars = {limit}); "
+def cut_marker(left_out: int, limit: int, *, context: bool = False, shared: bool = False) -> str:
+    """The line that replaces the middle of a result longer than ``limit`` (blank lines around it).
+
+    ``context`` names a context message of the result instead of the result; ``shared`` says that
+    ``limit`` is one budget for the result and its context messages.
+    """
+    what = "this context message of a tool result" if context else "this tool result"
+    budget = f"max_tool_result_chars = {limit}" + (", shared by the result and its context messages" if shared else "")
+    return (f"\n\n[... {left_out:,} characters of {what} left out ({budget}); "
             "ask for less, e.g. a narrower query, a range or a limit ...]\n\n")
 
 
@@ -113,15 +130,64 @@ def cap_tool_text(text: str, limit: int) -> CappedText:
     """
     if limit < 1:
         raise ValueError(f"max_tool_result_chars must be at least 1, got {limit}")
+    return _cap(text, limit, lambda left_out: cut_marker(left_out, limit))
+
+
+def shares(lengths: Sequence[int], limit: int) -> list[int]:
+    """How many characters each of texts of ``lengths`` may keep of one budget of ``limit``, max-min fairly.
+
+    All of them when they fit. Otherwise, shortest first, a text within an equal share of what is left
+    keeps its length; the rest split what remains equally (the first ones one character more), so the
+    shares add up to ``limit`` exactly. A share is 0 only when there are more texts than characters.
+    """
+    if sum(lengths) <= limit:
+        return list(lengths)
+    budgets = list(lengths)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    remaining = limit
+    for rank, index in enumerate(order):
+        count = len(order) - rank
+        share = remaining // count
+        if lengths[index] > share:
+            for position, rest in enumerate(order[rank:]):
+                budgets[rest] = share + (1 if position < remaining % count else 0)
+            break
+        remaining -= lengths[index]
+    return budgets
+
+
+def cap_call_texts(text: str, contexts: Sequence[str], limit: int) -> tuple[CappedText, list[CappedText]]:
+    """What the model sees of one call: its result's ``text`` and its ``contexts``, within ``limit`` together.
+
+    Each text longer than its share (:func:`shares`) is cut as :func:`cap_tool_text` cuts, around a marker
+    naming what it cut (the result or a context message of it) and, when there are contexts, that the cap
+    is shared. A text whose share is 0 is sent empty.
+    """
+    if limit < 1:
+        raise ValueError(f"max_tool_result_chars must be at least 1, got {limit}")
+    shared = bool(contexts)
+    budgets = shares([len(text), *map(len, contexts)], limit)
+
+    def cap(piece: str, budget: int, context: bool) -> CappedText:
+        if budget < 1:
+            return CappedText("", len(piece))
+        return _cap(piece, budget, lambda left_out: cut_marker(left_out, limit, context=context, shared=shared))
+
+    return (cap(text, budgets[0], False),
+            [cap(piece, budget, True) for piece, budget in zip(contexts, budgets[1:], strict=True)])
+
+
+def _cap(text: str, limit: int, marker_of: Callable[[int], str]) -> CappedText:
+    """``text`` within ``limit`` (at least 1), its middle replaced by ``marker_of(left_out)`` when cut."""
     if len(text) <= limit:
         return CappedText(text)
-    for marker in (cut_marker, _short_marker):
+    for marker in (marker_of, lambda left_out: _short_marker(left_out, limit)):
         # The marker for the most that could be left out is the longest it can be: what remains is safe.
-        keep = limit - len(marker(len(text), limit))
+        keep = limit - len(marker(len(text)))
         if keep >= 0:
             head = _head_end(text, (keep + 1) // 2)
             tail = _tail_start(text, len(text) - keep // 2)
             left_out = tail - head
-            return CappedText(text[:head] + marker(left_out, limit) + text[tail:], left_out)
+            return CappedText(text[:head] + marker(left_out) + text[tail:], left_out)
     head = _head_end(text, limit)
     return CappedText(text[:head], len(text) - head)

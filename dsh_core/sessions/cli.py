@@ -81,7 +81,7 @@ def _ms(value: object) -> str:
 
 
 def _cut_note(payload: Mapping[str, Any]) -> str:
-    """`` · the model saw it cut to …`` for a result cut to ``max_tool_result_chars``, else empty."""
+    """`` · the model saw it cut to …`` for a result (or context message) cut to ``max_tool_result_chars``."""
     cut = payload.get("cut")
     if not isinstance(cut, Mapping):
         return ""
@@ -203,7 +203,7 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
             message = _message(payload)
             if payload.get("context_source") is not None or event.root_call_id is not None:
                 source = payload.get("context_source") or event.root_call_id
-                current_run().add(f"context ({source}): {_short(message.get('content', ''))}")
+                current_run().add(f"context ({source}): {_short(message.get('content', ''))}{_cut_note(payload)}")
             else:
                 current_run().add(f"user: {_short(message.get('content', ''))}")
         elif kind == EventKind.ASSISTANT_MESSAGE:

@@ -33,7 +33,9 @@ class EventKind(StrEnum):
 
     #: A run started: ``{"task", "agent", "provider", "model", "mode", "resumed"}``.
     RUN_START = "run/start"
-    #: A user message: ``{"message": {"role": "user", "content"}, "context_source"?}``.
+    #: A user message: ``{"message": {"role": "user", "content"}}``; a tool result's context message
+    #: (``root_call_id`` its call) adds ``"context_source"``, the whole text as ``"content"`` (``message`` is
+    #: what the model saw) and, when it was cut to ``max_tool_result_chars``, ``"cut"``.
     USER_MESSAGE = "message/user"
     #: An assistant message: ``{"message": {...OpenAI shape...}, "step", "meta"?}``.
     ASSISTANT_MESSAGE = "message/assistant"

@@ -10,9 +10,10 @@ import pytest
 from agent_kit import ToolsPlugin, call, calls, final, scripted, start, tool, write_script
 
 from dsh_core.agent.loop import run_agent
-from dsh_core.agent.resultcap import DEFAULT_MAX_TOOL_RESULT_CHARS, cap_tool_text
+from dsh_core.agent.resultcap import DEFAULT_MAX_TOOL_RESULT_CHARS, cap_call_texts, cap_tool_text, shares
 from dsh_core.boot import start_harness
 from dsh_core.config import compose
+from dsh_core.model import ContextMessage
 from dsh_core.plugins import PluginCatalog
 from dsh_core.sessions.sqlite import SqliteSessionStore
 
@@ -245,5 +246,141 @@ async def test_code_mode_caps_run_code_but_the_program_sees_full_values(tmp_path
         assert len(nested.payload["content"][0]["text"]) == 400_000  # the nested call's record is whole
         [outer] = [e for e in events if e.kind == "tool/result"]
         assert outer.payload["message"] == sent and outer.payload["cut"]["max_tool_result_chars"] == 4_000
+    finally:
+        await harness.aclose()
+
+
+# -- a result's context messages share its cap ---------------------------------------------------------------
+
+CONTEXT_MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters of this context message of a tool result left out "
+                            r"\(max_tool_result_chars = (\d+), shared by the result and its context messages\); "
+                            r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]")
+
+
+def context_left_out(text: str) -> int:
+    found = CONTEXT_MARKER.search(text)
+    assert found is not None, text[-300:]
+    return int(found.group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize(("lengths", "limit", "expected"), [
+    ([10, 20, 30], 100, [10, 20, 30]),            # all fit: all whole
+    ([10, 1_000, 1_000], 100, [10, 45, 45]),      # a short one keeps its length, the long ones split the rest
+    ([1_000, 10, 1_000, 3], 101, [44, 10, 44, 3]),
+    ([50, 50, 50], 100, [34, 33, 33]),            # the shares add up to the budget exactly
+    ([5, 5, 5], 2, [1, 1, 0]),                    # more texts than characters
+])
+def test_one_budget_is_shared_max_min_fairly(lengths: list[int], limit: int, expected: list[int]) -> None:
+    assert shares(lengths, limit) == expected
+
+
+def test_a_call_and_its_contexts_stay_within_the_cap_together() -> None:
+    result, contexts = cap_call_texts("r" * 50_000, ["c" * 50_000, "small", "d" * 30_000], 10_000)
+    assert len(result.text) + sum(len(c.text) for c in contexts) <= 10_000
+    assert contexts[1].text == "small" and not contexts[1].cut
+    assert result.cut and "characters of this tool result left out" in result.text
+    assert all(c.cut and context_left_out(c.text) == c.left_out for c in (contexts[0], contexts[2]))
+
+
+def with_contexts(result: str, *contexts: str) -> Any:
+    async def body(args: Any, ctx: Any) -> Any:
+        for n, text in enumerate(contexts):
+            ctx.defer_context(ContextMessage(text, source=f"plugin{n}"))
+        return result
+    return body
+
+
+def lines(size: int) -> str:
+    return "".join(f"{n:07d}\n" for n in range(size // 8))
+
+
+async def test_a_huge_context_message_is_cut_within_the_cap_and_recorded_whole(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("ok", expect={"last_role": "user"})]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts("small result", lines(1_000_000)))],
+                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    try:
+        result = await run_agent(harness, "dump it")
+        assert result.ok, result.error
+        *_, answer, note = scripted(harness).requests[-1]["messages"]
+        assert answer == {"role": "tool", "tool_call_id": "c1", "content": "small result"}
+        assert note["role"] == "user" and note["content"].startswith("0000000\n")
+        assert note["content"].endswith("0124999\n")
+        # One budget for the call: the result and its context message together stay within the cap.
+        assert len(answer["content"]) + len(note["content"]) <= 5_000
+        assert context_left_out(note["content"]) > 990_000
+        assert result.session_id is not None
+        [event] = [e for e in await events_of(harness, result.session_id)
+                   if e.kind == "message/user" and e.root_call_id is not None]
+        assert event.payload["message"] == note and event.payload["context_source"] == "plugin0"
+        assert len(event.payload["content"]) == 1_000_000  # the whole context message, as for a result
+        assert event.payload["cut"] == {"chars": 1_000_000, "left_out": context_left_out(note["content"]),
+                                        "max_tool_result_chars": 5_000}
+    finally:
+        await harness.aclose()
+
+
+async def test_many_context_messages_cannot_flood_the_conversation(tmp_path: Path) -> None:
+    big = lines(200_000)
+    turns = [calls(call("dump", {}, "c1")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts(big, *[big] * 20, "tiny"))],
+                          turns=turns, agent={"max_tool_result_chars": 20_000})
+    try:
+        result = await run_agent(harness, "dump it")
+        assert result.ok, result.error
+        sent = scripted(harness).requests[-1]["messages"][3:]
+        assert [m["role"] for m in sent] == ["tool"] + ["user"] * 21
+        assert sum(len(m["content"]) for m in sent) <= 20_000
+        assert sent[-1]["content"] == "tiny"  # a small one is untouched
+        assert all(len(m["content"]) > 500 for m in sent[:-1])  # the budget is shared fairly, none is starved
+        assert "shared by the result and its context messages" in sent[0]["content"] and left_out(
+            sent[0]["content"].replace(", shared by the result and its context messages", "")) > 0
+    finally:
+        await harness.aclose()
+
+
+async def test_small_context_messages_and_result_are_untouched(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts("r" * 2_000, "a" * 1_500, "b" * 1_500))],
+                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    try:
+        result = await run_agent(harness, "dump it")
+        sent = scripted(harness).requests[-1]["messages"][3:]
+        assert [m["content"] for m in sent] == ["r" * 2_000, "a" * 1_500, "b" * 1_500]
+        assert result.session_id is not None
+        events = [e for e in await events_of(harness, result.session_id) if e.root_call_id is not None
+                  and e.kind in ("message/user", "tool/result")]
+        assert all("cut" not in e.payload for e in events)
+    finally:
+        await harness.aclose()
+
+
+async def test_a_small_context_message_beside_a_huge_result_is_untouched(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts(lines(1_000_000), "remember this"))],
+                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    try:
+        await run_agent(harness, "dump it")
+        *_, answer, note = scripted(harness).requests[-1]["messages"]
+        assert note == {"role": "user", "content": "remember this"}
+        assert len(answer["content"]) + len(note["content"]) <= 5_000 and len(answer["content"]) > 4_900
+    finally:
+        await harness.aclose()
+
+
+async def test_a_resumed_session_replays_exactly_the_cut_context_message(tmp_path: Path) -> None:
+    turns = [calls(call("dump", {}, "c1")), final("first"),
+             final("second", expect={"last_content_contains": "and now?"})]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts("done", lines(1_000_000), "tiny"))],
+                          turns=turns, agent={"max_tool_result_chars": 3_000})
+    try:
+        first = await run_agent(harness, "dump it")
+        seen = scripted(harness).requests[-1]["messages"]
+        second = await run_agent(harness, "and now?", session_id=first.session_id)
+        assert second.ok, second.error
+        replayed = scripted(harness).requests[-1]["messages"]
+        assert replayed[: len(seen) + 1] == [*seen, {"role": "assistant", "content": "first"}]
+        note = replayed[4]
+        assert note["role"] == "user" and len(note["content"]) <= 3_000 and context_left_out(note["content"]) > 990_000
+        assert replayed[5] == {"role": "user", "content": "tiny"}
     finally:
         await harness.aclose()

@@ -116,11 +116,15 @@ def test_show_says_when_the_model_saw_a_result_cut_to_the_cap() -> None:
         ev(3, "tool/result", {"name": "dump", "ok": True, "duration_ms": 3.0, "cut": cut}, 0.0, "1.1"),
         ev(4, "tool/call", {"name": "odd", "arguments": "{}"}, 0.0, "1.2"),
         ev(5, "tool/result", {"name": "odd", "ok": True, "duration_ms": 1.0, "cut": "junk"}, 0.0, "1.2"),
+        ev(6, "message/user", {"message": {"role": "user", "content": "head"}, "context_source": "guard",
+                               "content": "x" * 90_000, "cut": {**cut, "chars": 90_000, "left_out": 85_100}},
+           0.0, "1.2"),
     ]
-    text = render_session(SessionInfo("s", 0.0, 0.0, 5, {}), events)
-    assert text.splitlines()[2:4] == [
+    text = render_session(SessionInfo("s", 0.0, 0.0, 6, {}), events)
+    assert text.splitlines()[2:5] == [
         "   ├─ dump [1.1] {} — ok · 3.0 ms · the model saw it cut to fit 5,000 characters (1,995,100 left out)",
         "   ├─ odd [1.2] {} — ok · 1.0 ms",
+        "   ├─ context (guard): head · the model saw it cut to fit 5,000 characters (85,100 left out)",
     ]
 
 
