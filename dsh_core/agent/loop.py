@@ -549,7 +549,9 @@ class AgentLoop:
             # Cancelled or failed mid-step: the calls that did finish (a file written, a command run)
             # keep their results, in call order. Dropped, a resumed run told the model they had been
             # interrupted, and it ran them again; the unfinished ones are repaired as interrupted.
-            settled = [_settled(r, self.max_tool_result_chars).event for r in records if r.result is not None]
+            # Their context messages are not kept, so each result has the whole budget to itself.
+            settled = [_settled(r, self.max_tool_result_chars, with_contexts=False).event
+                       for r in records if r.result is not None]
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._record(settled))
             raise
@@ -607,17 +609,18 @@ def _cut_record(text: str, left_out: int, max_chars: int) -> dict[str, Any]:
     return {"chars": len(text), "left_out": left_out, "max_tool_result_chars": max_chars}
 
 
-def _settled(record: ToolCallRecord, max_chars: int) -> _Settled:
+def _settled(record: ToolCallRecord, max_chars: int, *, with_contexts: bool = True) -> _Settled:
     """The messages of a settled call, its text and its context messages cut to ``max_chars`` together.
 
     One budget for the call, not one per message (:func:`~dsh_core.agent.resultcap.cap_call_texts`): a
     result deferring many contexts still adds at most ``max_chars`` characters to the conversation. Each
     event keeps the whole text as ``content`` and what the model saw as ``message`` (replayed on resume),
-    and a ``cut`` record when it was cut.
+    and a ``cut`` record when it was cut. Without ``with_contexts`` (an interrupted step, which keeps no
+    context messages) the text has the budget to itself and no context messages are returned.
     """
     assert record.result is not None
     text = record.result.text
-    additional = record.result.additional_contexts
+    additional = record.result.additional_contexts if with_contexts else ()
     shown, shown_contexts = cap_call_texts(text, [c.text for c in additional], max_chars)
     message: Message = {"role": "tool", "tool_call_id": record.tool_call_id, "content": shown.text}
     payload = _result_payload(record, text, message)

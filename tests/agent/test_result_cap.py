@@ -384,3 +384,39 @@ async def test_a_resumed_session_replays_exactly_the_cut_context_message(tmp_pat
         assert replayed[5] == {"role": "user", "content": "tiny"}
     finally:
         await harness.aclose()
+
+
+async def test_an_interrupted_step_cuts_a_result_alone_as_its_context_messages_are_not_kept(tmp_path: Path) -> None:
+    """A step cut off mid-way keeps the finished results but not their context messages: such a result
+    was still cut to a share of the budget, left to contexts the resumed model never sees."""
+    import asyncio
+
+    from dsh_core.agent.loop import history_from_events
+
+    started = asyncio.Event()
+
+    async def stubborn(args: Any, ctx: Any) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    turns = [calls(call("dump", {}, "c1"), call("stubborn", {}, "s")), final("never")]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts(lines(1_000_000), lines(1_000_000))),
+                                           tool("stubborn", stubborn, safe=True)],
+                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    try:
+        task = asyncio.ensure_future(run_agent(harness, "dump it"))
+        await asyncio.wait_for(started.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        store = SqliteSessionStore(Path(harness.deployment.sessions.home) / "sessions.db")
+        try:
+            (info,) = await store.list()
+            events = await store.load(info.id)
+        finally:
+            await store.close()
+        assert not [e for e in events if e.kind == "message/user" and e.root_call_id is not None]
+        answer = next(m for m in history_from_events(events) if m.get("tool_call_id") == "c1")
+        assert len(answer["content"]) > 4_900 and left_out(answer["content"]) > 990_000
+    finally:
+        await harness.aclose()
