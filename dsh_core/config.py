@@ -63,6 +63,7 @@ __all__ = [
     "dump",
     "dump_text",
     "without_url_credentials",
+    "has_url_credentials",
 ]
 
 #: The presentation modes a deployment or an agent may declare.
@@ -804,6 +805,15 @@ def without_url_credentials(text: str) -> str:
     carry credentials, which must reach only the request itself.
     """
     return _URL_CREDENTIALS.sub("***@", text)
+
+
+def has_url_credentials(text: str) -> bool:
+    """True when ``text`` holds a URL with user information: what :func:`without_url_credentials` hides.
+
+    Any user information counts, a user name alone too: a token is often written where the user name
+    goes (``https://ghp_...@github.com``), and no rule can tell the two apart.
+    """
+    return _URL_CREDENTIALS.search(text) is not None
 
 
 #: Words of a config key that say its value is a secret wherever they stand (``GITHUB_TOKEN``, ``Authorization``).

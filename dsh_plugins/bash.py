@@ -3,7 +3,7 @@
 Each call starts ``bash -c COMMAND`` in the workspace root, in a new session
 (its own process group), with stdin closed and an environment built from an allowlist (names
 that look like credentials, see ``CREDENTIAL_PATTERNS``, are refused in it, and a
-value that is a URL with a password in it is never passed through).
+value holding a URL with user information in it, a password or a token, is never passed through).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
 kept and the middle is dropped. The exit code is the shell's, reported as a
 shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
@@ -36,13 +36,13 @@ import asyncio
 import contextlib
 import fnmatch
 import os
-import re
 import shutil
 import signal
 import subprocess
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+from dsh_core.config import has_url_credentials
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
 
@@ -54,9 +54,6 @@ CREDENTIAL_PATTERNS = ["*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPH
                        "*API_KEY*", "*APIKEY*", "*PRIVATE_KEY*", "*ACCESS_KEY*", "*SESSION_KEY*", "*_KEY",
                        "*CREDENTIAL*", "*_AUTH", "*_AUTH_*", "*AUTHORIZATION*", "AWS_*", "*COOKIE*",
                        "*_DSN", "*DATABASE_URL*"]
-
-#: A value that is a URL with a password in it (``scheme://user:password@host``): never passed through.
-_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]*@")
 
 #: The largest timeout a config may set, in seconds (a year).
 MAX_TIMEOUT_S = 365 * 24 * 3600
@@ -100,11 +97,12 @@ def looks_like_credential(name: str) -> bool:
 def build_environment(source: dict[str, str], allowlist: list[str], fixed: dict[str, str]) -> dict[str, str]:
     """The environment of a command: allowlisted, non-credential variables of ``source``, then ``fixed``.
 
-    An allowlisted variable whose value is a URL carrying a password (``HTTP_PROXY``,
-    ``REDIS_URL``...) is left out too; ``fixed`` (the config's own ``env``) is passed as written.
+    An allowlisted variable whose value holds a URL with user information (``HTTP_PROXY`` with a
+    password, a remote with a token as its user name) is left out too, as ``config dump`` hides it;
+    ``fixed`` (the config's own ``env``) is passed as written.
     """
     env = {name: source[name] for name in allowlist
-           if name in source and not looks_like_credential(name) and not _URL_WITH_PASSWORD.search(source[name])}
+           if name in source and not looks_like_credential(name) and not has_url_credentials(source[name])}
     env.update(fixed)
     return env
 

@@ -1056,6 +1056,15 @@ def test_url_credentials_are_hidden_up_to_the_authoritys_last_at_as_a_url_parser
     assert without_url_credentials("see https://u:p@h/v1 or http://host/p@x") == "see https://***@h/v1 or http://host/p@x"
 
 
+def test_has_url_credentials_agrees_with_what_without_url_credentials_hides() -> None:
+    from dsh_core.config import has_url_credentials, without_url_credentials
+
+    for text in ("https://ghp_abc@github.com", "redis://:pw@h/0", "x https://u:p@h y", "https://a@b@host/x"):
+        assert has_url_credentials(text) and without_url_credentials(text) != text, text
+    for text in ("https://host/p@x", "git@github.com:o/r.git", "user@example.com", "https://h?q=a"):
+        assert not has_url_credentials(text) and without_url_credentials(text) == text, text
+
+
 def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
     """A key, token or password written into a plugin's config (a bash env, a header) was dumped in clear."""
     toml = ('[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\napi_key_env = "DSH_API_KEY"\n'

@@ -103,11 +103,28 @@ async def test_keys_agent_sockets_and_urls_with_passwords_are_credentials_too(bo
                 pass
     monkeypatch.setenv("HTTP_PROXY", "http://alice:s3cr3t@proxy.example:3128")
     monkeypatch.setenv("REDIS_URL", "redis://:hunter2@cache.example/0")
-    monkeypatch.setenv("PLAIN_URL", "https://user@example.com/path?q=a:b@c")
+    monkeypatch.setenv("PLAIN_URL", "https://example.com/path?q=a:b@c")
     async with boot(bash(tmp_path, env_allowlist=["PATH", "HTTP_PROXY", "REDIS_URL", "PLAIN_URL"])) as h:
         output = (await h.call("bash", {"command": "env"})).value["output"]
     assert "s3cr3t" not in output and "hunter2" not in output
-    assert "PLAIN_URL=https://user@example.com/path?q=a:b@c" in output
+    assert "PLAIN_URL=https://example.com/path?q=a:b@c" in output
+
+
+async def test_a_url_with_a_token_as_its_user_name_never_reaches_the_command(boot: Any, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``https://ghp_abc@github.com`` carries a token with no password part: it passed the password check.
+
+    Any user information in a URL is left out, as ``config dump`` hides it: dsh cannot tell a user name
+    from a token written where the user name goes.
+    """
+    monkeypatch.setenv("GIT_REMOTE", "https://ghp_s3cr3tT0ken@github.com/org/repo.git")
+    monkeypatch.setenv("MIRROR", "see HTTPS://a@b@host/x")
+    monkeypatch.setenv("SCP_REMOTE", "git@github.com:org/repo.git")
+    async with boot(bash(tmp_path, env_allowlist=["PATH", "GIT_REMOTE", "MIRROR", "SCP_REMOTE"])) as h:
+        output = (await h.call("bash", {"command": "env"})).value["output"]
+    assert "ghp_s3cr3tT0ken" not in output and "GIT_REMOTE" not in output
+    assert "MIRROR" not in output
+    assert "SCP_REMOTE=git@github.com:org/repo.git" in output
 
 
 async def test_a_command_that_never_ends_times_out_and_its_group_is_killed(boot: Any, tmp_path: Path) -> None:
