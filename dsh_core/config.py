@@ -64,6 +64,7 @@ __all__ = [
     "dump_text",
     "without_url_credentials",
     "has_url_credentials",
+    "looks_like_secret_name",
 ]
 
 #: The presentation modes a deployment or an agent may declare.
@@ -508,14 +509,15 @@ def _config_leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _keyed_config_leaves(prefix: str, value: Any) -> Iterator[tuple[str, bool, Any]]:
-    """:func:`_config_leaves` with, for each leaf, whether a key on its way names a secret (:func:`_secret_key`)."""
+    """:func:`_config_leaves` with, for each leaf, whether a key on its way names a secret
+    (:func:`looks_like_secret_name`)."""
     # Iterative on purpose: config values are arbitrary JSON, so depth must
     # not be bounded by the interpreter's recursion limit.
     stack: list[Iterator[tuple[str, bool, Any]]] = [iter([(prefix, False, value)])]
     while stack:
         for path, secret, item in stack[-1]:
             if isinstance(item, Mapping) and item:
-                stack.append(iter([(_join(path, key), secret or _secret_key(key), child)
+                stack.append(iter([(_join(path, key), secret or looks_like_secret_name(key), child)
                                    for key, child in item.items()]))
                 break
             yield path, secret, item
@@ -816,26 +818,59 @@ def has_url_credentials(text: str) -> bool:
     return _URL_CREDENTIALS.search(text) is not None
 
 
-#: Words of a config key that say its value is a secret wherever they stand (``GITHUB_TOKEN``, ``Authorization``).
-_SECRET_WORDS: Final = frozenset({"token", "tokens", "pwd", "apikey", "authorization", "cookie"})
-#: Words that say so as a key's last word only (``api_key``, ``privateKey``, ``DB_PASS``, ``PG_DSN``; not
-#: ``api_key_env`` or ``auth_mode``). ``pass`` and ``dsn`` as the bash plugin's ``*_PASS`` and ``*_DSN``.
-_SECRET_LAST_WORDS: Final = frozenset({"auth", "key", "keys", "pass", "dsn"})
-#: Parts of a config key that say so wherever they stand in it (``PGPASSWORD``, ``client_secret``).
-_SECRET_PARTS: Final = ("password", "passwd", "passphrase", "secret", "credential")
-_KEY_WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+#: Parts that make a name a secret's wherever they stand, inside a word too (``PGPASSWORD``, ``GITHUBTOKEN``,
+#: ``max_tokens``, ``TOKENIZER_PATH``, ``x-apikey``).
+_SECRET_PARTS: Final = ("password", "passwd", "passphrase", "secret", "credential", "token", "apikey",
+                        "authorization", "cookie")
+#: Pairs of words that do so wherever they stand (``AWS_ACCESS_KEY_ID``, ``privateKeyPath``, ``DATABASE_URL``),
+#: found in the name's words joined by ``_``: ``API_KEY``, ``apiKey`` and ``api-key`` alike.
+_SECRET_PHRASES: Final = ("api_key", "private_key", "access_key", "session_key", "database_url")
+#: Words that do so as a name's last word only (``SIGNING_KEY``, ``privateKey``, ``SSH_KEYS``, ``DB_PASS``,
+#: ``PG_DSN``); not ``KEY_ID``, ``PASS_THROUGH``.
+_SECRET_LAST_WORDS: Final = frozenset({"key", "keys", "pass", "dsn"})
+_NAME_WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
 
-def _secret_key(key: str) -> bool:
-    """True for a config key whose value is a secret: a password, token, API key or credential.
+def looks_like_secret_name(name: str) -> bool:
+    """True for a name (an environment variable's, a config key) whose value is a secret.
 
-    ``max_tokens`` counts too, which costs nothing: only text is hidden, never a number.
+    The one rule for what the bash plugin keeps out of a command's environment and what
+    ``config dump`` hides. A name is split into words at separators and case changes
+    (``privateKey`` is *private key*, ``SSH_AUTH_SOCK`` is *ssh auth sock*), and case is ignored.
+    A name is a secret's when:
+
+    - it holds ``password``, ``passwd``, ``passphrase``, ``secret``, ``credential``, ``token``,
+      ``apikey``, ``authorization`` or ``cookie`` anywhere, inside a word too (``PGPASSWORD``,
+      ``TOKENIZER_PATH``; ``max_tokens`` costs nothing: a number is never hidden);
+    - two of its words say *api key*, *private key*, *access key*, *session key* or *database url*
+      (``AWS_ACCESS_KEY_ID``, ``OPENAI_API_KEY_FILE``, ``DATABASE_URL``), unless its last word is ``env``;
+    - its last word is ``key``, ``keys``, ``pass`` or ``dsn`` (``STRIPE_KEY``, ``SSH_KEYS``, ``SMTP_PASS``);
+    - a word is ``pwd`` (``MYSQL_PWD``, ``PWD_FILE``), unless the name is ``PWD``;
+    - a word is ``auth``, unless it is the first of several (``SSH_AUTH_SOCK``, ``basicAuth``,
+      ``auth``; not ``auth_mode``);
+    - its first word is ``aws`` and more follow (every ``AWS_*`` variable: the CLI's settings sit
+      beside its keys).
+
+    This names a secret wherever the bash plugin's patterns or the dump's words used to, judged as
+    words (a ``_`` at a name's edge no longer counts: ``_AUTH_MODE`` is *auth mode*), save two
+    deliberate exceptions. ``PWD`` (so written: the shell's variable) is the working directory,
+    not a password, though the dump hid it as a ``pwd`` word. And a name ending in ``env``, such
+    as a provider's ``api_key_env``, names the variable that holds a key, not the key, though bash
+    refused ``*API_KEY*`` wherever it stood; only the word pairs give way there, so
+    ``GITHUB_TOKEN_ENV``, which both hid, still names a secret.
     """
-    lower = key.lower()
+    lower = name.lower()
     if any(part in lower for part in _SECRET_PARTS):
         return True
-    words = [word.lower() for word in _KEY_WORDS.findall(key)]
-    return bool(words) and (words[-1] in _SECRET_LAST_WORDS or any(word in _SECRET_WORDS for word in words))
+    words = [word.lower() for word in _NAME_WORDS.findall(name)]
+    if not words:
+        return False
+    joined = "_".join(words)
+    return ((words[-1] != "env" and any(phrase in joined for phrase in _SECRET_PHRASES))
+            or words[-1] in _SECRET_LAST_WORDS
+            or ("pwd" in words and name != "PWD")
+            or "auth" in words[1:] or words == ["auth"]
+            or (words[0] == "aws" and len(words) > 1))
 
 
 def _plain(value: Any, *, secret: bool = False) -> JSON:

@@ -2,7 +2,7 @@
 
 Each call starts ``bash -c COMMAND`` in the workspace root, in a new session
 (its own process group), with stdin closed and an environment built from an allowlist (names
-that look like credentials, see ``CREDENTIAL_PATTERNS``, are refused in it, and a
+that look like credentials, see :func:`dsh_core.config.looks_like_secret_name`, are refused in it, and a
 value holding a URL with user information in it, a password or a token, is never passed through).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
 kept and the middle is dropped. The exit code is the shell's, reported as a
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import os
 import shutil
 import signal
@@ -42,18 +41,12 @@ import subprocess
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
-from dsh_core.config import has_url_credentials
+from dsh_core.config import has_url_credentials, looks_like_secret_name
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
 
 DEFAULT_ENV_ALLOWLIST = ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL",
                          "LC_CTYPE", "TERM", "TZ", "TMPDIR"]
-
-#: Variable names never passed to a command, even when allowlisted (matched case-insensitively).
-CREDENTIAL_PATTERNS = ["*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*_PASS", "*_PWD",
-                       "*API_KEY*", "*APIKEY*", "*PRIVATE_KEY*", "*ACCESS_KEY*", "*SESSION_KEY*", "*_KEY",
-                       "*CREDENTIAL*", "*_AUTH", "*_AUTH_*", "*AUTHORIZATION*", "AWS_*", "*COOKIE*",
-                       "*_DSN", "*DATABASE_URL*"]
 
 #: The largest timeout a config may set, in seconds (a year).
 MAX_TIMEOUT_S = 365 * 24 * 3600
@@ -89,9 +82,11 @@ REAP_S = 1.0
 
 
 def looks_like_credential(name: str) -> bool:
-    """True for variable names that typically hold secrets (``GITHUB_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...)."""
-    upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in CREDENTIAL_PATTERNS)
+    """True for variable names that typically hold secrets (``GITHUB_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...).
+
+    The rule ``config dump`` hides values by too: :func:`dsh_core.config.looks_like_secret_name`.
+    """
+    return looks_like_secret_name(name)
 
 
 def build_environment(source: dict[str, str], allowlist: list[str], fixed: dict[str, str]) -> dict[str, str]:

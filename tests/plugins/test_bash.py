@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from dsh_core import AbortController
-from dsh_core.errors import ConfigError, PluginLoadError
-from dsh_plugins.bash import build_environment, looks_like_credential
+from dsh_core.config import compose, dump, looks_like_secret_name
+from dsh_core.errors import ConfigError, PluginLoadError, ToolError
+from dsh_plugins.bash import BashTool, build_environment, looks_like_credential
 
 pytestmark = pytest.mark.anyio
 
@@ -90,6 +91,52 @@ def test_credential_names_and_environment_building() -> None:
         assert not looks_like_credential(name), name
     env = build_environment({"PATH": "/bin", "API_KEY": "k", "X": "1"}, ["PATH", "API_KEY"], {"Y": "2"})
     assert env == {"PATH": "/bin", "Y": "2"}
+
+
+#: Whether a name names a secret, for the allowlist and for ``config dump`` alike. The bash plugin's
+#: patterns and the dump's words used to disagree; the comments say which of them missed a name.
+SECRET_NAMES = [
+    # Both said so.
+    ("GITHUB_TOKEN", True), ("PGPASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True), ("api_key", True),
+    ("STRIPE_KEY", True), ("SMTP_PASS", True), ("MYSQL_PWD", True), ("SENTRY_DSN", True), ("Authorization", True),
+    ("max_tokens", True), ("GITHUB_TOKEN_ENV", True),
+    # The dump missed them (bash's *TOKEN*, AWS_*, *ACCESS_KEY*, *DATABASE_URL*, *_AUTH_*, *API_KEY*...).
+    ("TOKENIZER_PATH", True), ("GITHUBTOKEN", True), ("AWS_REGION", True), ("aws_access_key_id", True),
+    ("DATABASE_URL", True), ("SSH_AUTH_SOCK", True), ("DOCKER_AUTH_CONFIG", True), ("OPENAI_API_KEY_FILE", True),
+    ("PRIVATE_KEY_PATH", True),
+    # bash missed them (the dump's words: *_KEY did not match _KEYS, camelCase, pwd as a first word...).
+    ("SSH_KEYS", True), ("privateKey", True), ("PWD_FILE", True), ("basicAuth", True), ("dbPass", True),
+    ("pgDsn", True), ("X-Api-Key", True), ("auth", True), ("key", True),
+    # Neither said so.
+    ("PATH", False), ("LANG", False), ("OLDPWD", False), ("KEYMAP", False), ("KEY_ID", False),
+    ("PASSENGER_ENV", False), ("PASS_THROUGH", False), ("GIT_AUTHOR_NAME", False), ("auth_mode", False),
+    ("root", False),
+    # One said so, and a deliberate exception says not: the shell's working directory (the dump's pwd word),
+    # and the name of the variable holding a key (bash's *API_KEY*).
+    ("PWD", False), ("api_key_env", False), ("OPENAI_API_KEY_ENV", False),
+]
+
+
+def test_the_allowlist_and_config_dump_judge_secret_names_by_one_rule(tmp_path: Path) -> None:
+    """bash refused SSH_KEYS-like names by patterns the dump did not share, and the dump printed AWS_REGION-like
+    ones in clear; both now ask dsh_core.config.looks_like_secret_name."""
+    env = {name: f"value of {name}" for name, _ in SECRET_NAMES}
+    row = {"id": "sh", "use": "bash", "config": {"root": str(tmp_path), "env": env}}
+    shown = [value for _, value, _ in dump(compose([("base.toml", {"plugins": [row]})], env={}))]
+    wrong = []
+    for name, secret in SECRET_NAMES:
+        try:
+            BashTool({"root": str(tmp_path), "env_allowlist": [name]})
+            refused = False
+        except ToolError:
+            refused = True
+        verdicts = {"looks_like_secret_name": looks_like_secret_name(name),
+                    "looks_like_credential": looks_like_credential(name),
+                    "refused in env_allowlist": refused,
+                    "left out of the environment": name not in build_environment({name: "v"}, [name], {}),
+                    "hidden by config dump": env[name] not in shown}
+        wrong.extend(f"{name}: {what} is {verdict}" for what, verdict in verdicts.items() if verdict != secret)
+    assert wrong == [], "\n".join(wrong)
 
 
 async def test_keys_agent_sockets_and_urls_with_passwords_are_credentials_too(boot: Any, tmp_path: Path,
