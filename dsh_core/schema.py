@@ -19,6 +19,7 @@ from referencing.jsonschema import DRAFT202012
 
 from dsh_core.errors import SchemaDefinitionError, Violation, describe_exception
 from dsh_core.lossless import find_loss, pointer
+from dsh_core.textcut import left_out_marker
 
 __all__ = ["SchemaEvaluationError", "check_schema", "compile_validator", "validation_errors", "violations",
            "format_violations", "fast_check", "MAX_SHOWN_VIOLATIONS", "MAX_VIOLATION_CHARS"]
@@ -190,7 +191,7 @@ def _shortened(text: str) -> str:
         return text
     half = MAX_VIOLATION_CHARS // 2
     # Both ends: the start names the value, the end says what is wrong with it.
-    return f"{text[:half]} [... {len(text) - 2 * half} characters ...] {text[-half:]}"
+    return f"{text[:half]} {left_out_marker(len(text) - 2 * half, 'character')} {text[-half:]}"
 
 
 def format_violations(found: list[Violation]) -> str:

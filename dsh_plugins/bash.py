@@ -5,7 +5,7 @@ Each call starts ``bash -c COMMAND`` in the workspace root, in a new session
 that look like credentials, see :func:`dsh_core.config.looks_like_secret_name`, are refused in it, and a
 value holding a URL with user information in it, a password or a token, is never passed through).
 Output (stdout and stderr, interleaved) is capped: the head and the tail are
-kept and the middle is dropped. The exit code is the shell's, reported as a
+kept and the middle is left out, marked ``[... N bytes left out ...]``. The exit code is the shell's, reported as a
 shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
 of the command kills the whole process group and, on Linux (found through
 ``/proc``), every other process of the command's session: a job that moved to a
@@ -42,6 +42,7 @@ from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 from dsh_core.config import has_url_credentials, looks_like_secret_name
+from dsh_core.textcut import left_out_marker
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
 
@@ -131,7 +132,7 @@ class _Output:
         # rather than shown as U+FFFD, which the command never wrote.
         head, tail = self.head[:_whole_prefix(self.head)], self.tail[_first_start(self.tail):]
         omitted = self.dropped + len(self.head) - len(head) + len(self.tail) - len(tail)
-        return (f"{head.decode('utf-8', errors='replace')}\n[... {omitted} bytes of output omitted ...]\n"
+        return (f"{head.decode('utf-8', errors='replace')}\n{left_out_marker(omitted, 'byte')}\n"
                 f"{tail.decode('utf-8', errors='replace')}")
 
 

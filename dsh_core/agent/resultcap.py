@@ -4,7 +4,8 @@ Built-in tools cap their own output, but nothing stops a third-party tool from
 returning megabytes; sent whole, the next model request fails as
 ``context-length`` and the run dies of one plugin's verbosity. The agent loop
 therefore sends a result longer than the cap as its head and its tail around a
-marker saying how many characters were left out and how to get less.
+marker saying how many characters were left out and how to get less (the
+shape every cut of a text the model reads shows, :mod:`dsh_core.textcut`).
 
 A result's context messages (``ContextMessage``, sent as user messages after
 the results) are a second way to flood the conversation, so they are capped
@@ -33,6 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from attrs import frozen
+
+from dsh_core.textcut import left_out_marker
 
 __all__ = ["DEFAULT_MAX_TOOL_RESULT_CHARS", "CappedText", "cap_call_texts", "cap_tool_text", "cut_marker", "shares"]
 
@@ -70,13 +73,13 @@ def cut_marker(left_out: int, limit: int, *, context: bool = False, shared: bool
     """
     what = "this context message of a tool result" if context else "this tool result"
     budget = f"max_tool_result_chars = {limit}" + (", shared by the result and its context messages" if shared else "")
-    return (f"\n\n[... {left_out:,} characters of {what} left out ({budget}); "
-            "ask for less, e.g. a narrower query, a range or a limit ...]\n\n")
+    note = f"of {what} ({budget}); ask for less, e.g. a narrower query, a range or a limit"
+    return f"\n\n{left_out_marker(left_out, 'character', note)}\n\n"
 
 
 def _short_marker(left_out: int, limit: int) -> str:
     # For a cap too small for the full wording.
-    return f"\n[... {left_out:,} characters left out ...]\n"
+    return f"\n{left_out_marker(left_out, 'character')}\n"
 
 
 def _is_ri(char: str) -> bool:

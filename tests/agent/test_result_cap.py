@@ -19,7 +19,7 @@ from dsh_core.sessions.sqlite import SqliteSessionStore
 
 pytestmark = pytest.mark.anyio
 
-MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters of this tool result left out \(max_tool_result_chars = (\d+)\); "
+MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters left out of this tool result \(max_tool_result_chars = (\d+)\); "
                     r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]")
 
 
@@ -131,7 +131,7 @@ def verbose(size: int) -> Any:
 
 async def test_a_huge_result_reaches_the_model_cut_and_the_session_keeps_it_whole(tmp_path: Path) -> None:
     turns = [calls(call("dump", {}, "c1")),
-             final("ok", expect={"last_role": "tool", "last_content_contains": "characters of this tool result"})]
+             final("ok", expect={"last_role": "tool", "last_content_contains": "left out of this tool result"})]
     harness = await start(tmp_path, tools=[tool("dump", verbose(2_000_000))], turns=turns,
                           agent={"max_tool_result_chars": 5_000})
     try:
@@ -252,7 +252,7 @@ async def test_code_mode_caps_run_code_but_the_program_sees_full_values(tmp_path
 
 # -- a result's context messages share its cap ---------------------------------------------------------------
 
-CONTEXT_MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters of this context message of a tool result left out "
+CONTEXT_MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters left out of this context message of a tool result "
                             r"\(max_tool_result_chars = (\d+), shared by the result and its context messages\); "
                             r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]")
 
@@ -278,7 +278,7 @@ def test_a_call_and_its_contexts_stay_within_the_cap_together() -> None:
     result, contexts = cap_call_texts("r" * 50_000, ["c" * 50_000, "small", "d" * 30_000], 10_000)
     assert len(result.text) + sum(len(c.text) for c in contexts) <= 10_000
     assert contexts[1].text == "small" and not contexts[1].cut
-    assert result.cut and "characters of this tool result left out" in result.text
+    assert result.cut and "characters left out of this tool result" in result.text
     assert all(c.cut and context_left_out(c.text) == c.left_out for c in (contexts[0], contexts[2]))
 
 
