@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Final, NoReturn, TypeVar
+from typing import IO, Final, NoReturn, TypeVar
 
 import click
 
@@ -34,19 +34,19 @@ USAGE_ERROR_CODES: Final = frozenset({"INVALID_CONFIG", "PLUGIN_LOAD_FAILED", "S
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 
 
-def echo_json(text: str, *, nl: bool = True) -> None:
-    """Write JSON text to stdout, still valid JSON whatever stdout's encoding.
+def echo_json(text: str, *, nl: bool = True, file: IO[str] | None = None) -> None:
+    """Write JSON text to stdout (or ``file``), still valid JSON whatever its encoding.
 
     The CLI writes what stdout cannot encode as a backslash escape, but ``\\xe9`` and
     ``\\U0001f600`` are not JSON: such characters (they only occur inside strings) are
     written as their JSON ``\\uXXXX`` escapes instead, which read back as the same string.
     """
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    encoding = getattr(sys.stdout if file is None else file, "encoding", None) or "utf-8"
     try:
         text.encode(encoding)
     except (UnicodeEncodeError, LookupError):
         text = _NON_ASCII.sub(lambda match: _json_char(match.group(), encoding), text)
-    click.echo(text, nl=nl)
+    click.echo(text, nl=nl, file=file)
 
 
 def _json_char(char: str, encoding: str) -> str:

@@ -43,6 +43,11 @@ def dsh_register_session_stores(register: Callable[[str, SessionStoreFactory], N
     ``**options`` alone included, is called ``factory(home)`` by them as by
     an agent run; one that names ``create`` gets ``create=True`` from an
     agent run (see :func:`dsh_core.sessions.store.open_store`).
+
+    ``dsh sessions show`` reads a session a page at a time with the store's
+    ``load_page(session_id, after=seq, limit=n)`` (the events after ``seq``;
+    an empty page ends it), so that it holds one page however long the
+    session; a store without ``load_page`` is read whole with ``load``.
     """
 
 

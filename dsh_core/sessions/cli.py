@@ -12,9 +12,10 @@ lease; ``list`` and ``show`` name that run.
 from __future__ import annotations
 
 import json
+import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from dsh_core.sessions.lease import SessionLease
     from dsh_core.sessions.store import SessionStore
 
-__all__ = ["sessions_group", "render_session", "render_list", "Node"]
+__all__ = ["sessions_group", "render_session", "render_list", "Node", "SessionRenderer"]
 
 T = TypeVar("T")
 
@@ -162,43 +163,62 @@ def _running_holder(info: SessionInfo) -> SessionLease | None:
     return info.holder if info.holder is not None and holder_alive(info.holder) else None
 
 
-def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
-    """The trajectory of a session as a text tree (see the module docstring)."""
-    from dsh_core.sessions.events import EventKind
+def render_session(info: SessionInfo, events: Iterable[SessionEvent]) -> str:
+    """The trajectory of a session as a text tree (see the module docstring).
 
-    agent = info.meta.get("agent", "?")
-    user = _running_holder(info)
-    in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
-    root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created "
-                f"{_when(info.created_at)}{in_use}")
-    run: Node | None = None
-    runs = 0
-    started_at: float | None = None  # when the last run started (its run/start), if it said
-    calls: dict[str, _Call] = {}
-    unsettled: dict[str, _Call] = {}
-    nested: dict[tuple[str | None, str], _Call] = {}
+    ``events`` is iterated once, and no event is kept once it has been drawn: only the tree's lines are.
+    """
+    renderer = SessionRenderer(info)
+    for event in events:
+        renderer.add(event)
+    return renderer.text()
 
-    def unended(node: Node) -> None:
+
+class SessionRenderer:
+    """:func:`render_session` one event at a time: :meth:`add` each in ``seq`` order, then :meth:`text`.
+
+    For events read a page at a time (:func:`~dsh_core.sessions.store.iter_events`): the renderer
+    keeps the tree's lines, never the events.
+    """
+
+    def __init__(self, info: SessionInfo) -> None:
+        agent = info.meta.get("agent", "?")
+        self._user = user = _running_holder(info)
+        in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
+        self._root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created "
+                          f"{_when(info.created_at)}{in_use}")
+        self._run: Node | None = None
+        self._runs = 0
+        self._started_at: float | None = None  # when the last run started (its run/start), if it said
+        self._calls: dict[str, _Call] = {}
+        self._unsettled: dict[str, _Call] = {}
+        self._nested: dict[tuple[str | None, str], _Call] = {}
+
+    @staticmethod
+    def _unended(node: Node) -> None:
         node.add("end: none recorded (interrupted)")
 
-    def current_run() -> Node:
-        nonlocal run, runs
-        if run is None:
-            runs += 1
-            run = root.add(f"run {runs}")
-        return run
+    def _current_run(self) -> Node:
+        if self._run is None:
+            self._runs += 1
+            self._run = self._root.add(f"run {self._runs}")
+        return self._run
 
-    for event in events:
+    def add(self, event: SessionEvent) -> None:
+        """Draw the next event."""
+        from dsh_core.sessions.events import EventKind
+
         payload: Mapping[str, Any] = event.payload if isinstance(event.payload, Mapping) else {}
         kind = event.kind
+        calls, current_run = self._calls, self._current_run
         if kind == EventKind.RUN_START:
-            if run is not None:
-                unended(run)
-            runs += 1
-            started_at = event.at
+            if self._run is not None:
+                self._unended(self._run)
+            self._runs += 1
+            self._started_at = event.at
             resumed = " (resumed)" if payload.get("resumed") else ""
-            run = root.add(f"run {runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · provider "
-                           f"{payload.get('provider')} · mode {payload.get('mode')}")
+            self._run = self._root.add(f"run {self._runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · "
+                                       f"provider {payload.get('provider')} · mode {payload.get('mode')}")
         elif kind == EventKind.USER_MESSAGE:
             message = _message(payload)
             if payload.get("context_source") is not None or event.root_call_id is not None:
@@ -218,26 +238,28 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
         elif kind == EventKind.TOOL_CALL and event.root_call_id is not None:
             node = current_run().add(f"{payload.get('name')} [{event.root_call_id}] "
                                      f"{_call_summary(payload.get('arguments', ''))}")
-            calls[event.root_call_id] = unsettled[event.root_call_id] = _Call(node, event.at, runs)
+            calls[event.root_call_id] = self._unsettled[event.root_call_id] = _Call(node, event.at, self._runs)
         elif kind == EventKind.TOOL_RESULT and event.root_call_id is not None:
-            unsettled.pop(event.root_call_id, None)
+            self._unsettled.pop(event.root_call_id, None)
             call = calls.get(event.root_call_id)
             if call is None:
-                call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at, runs)
+                call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at,
+                             self._runs)
             call.node.label += f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}{_cut_note(payload)}"
         elif kind == EventKind.CODE_DISPATCH_START:
             parent = calls.get(event.root_call_id or "")
             holder = parent.node if parent is not None else current_run()
             args = payload.get("args", payload.get("arguments", ""))
             node = holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}] {_short(args, 60)}")
-            nested[(event.root_call_id, str(event.sub_call_id))] = _Call(node, event.at, runs)
+            self._nested[(event.root_call_id, str(event.sub_call_id))] = _Call(node, event.at, self._runs)
         elif kind == EventKind.CODE_DISPATCH:
             key = (event.root_call_id, str(event.sub_call_id))
-            settled = nested.pop(key, None)
+            settled = self._nested.pop(key, None)
             if settled is None:
                 parent = calls.get(event.root_call_id or "")
                 holder = parent.node if parent is not None else current_run()
-                settled = _Call(holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}]"), event.at, runs)
+                settled = _Call(holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}]"), event.at,
+                                self._runs)
             duration = payload.get("duration_ms")
             if not isinstance(duration, int | float):
                 duration = (event.at - settled.start) * 1000
@@ -250,21 +272,25 @@ def render_session(info: SessionInfo, events: Sequence[SessionEvent]) -> str:
         elif kind == EventKind.RUN_END:
             error = f": {_short(payload.get('error'), 100)}" if payload.get("error") else ""
             current_run().add(f"end: {payload.get('reason')} after {payload.get('turns')} turn(s){error}")
-            run = None
+            self._run = None
         else:
             current_run().add(f"{kind}: {_short(payload, 80)}")
-    # The holder's run is the last one only if that started under its lease: a run that has just
-    # taken the lease over is loading the history, and the unfinished run before it was killed.
-    holders_run = user is not None and (started_at is None or started_at >= user.since)
-    if run is not None:
-        if holders_run:
-            run.add("end: none yet (running)")
-        else:
-            unended(run)
-    for call in [*unsettled.values(), *nested.values()]:
-        running = holders_run and call.run == runs
-        call.node.label += " — running" if running else " — no result (interrupted)"
-    return "\n".join(root.lines())
+
+    def text(self) -> str:
+        """The tree of the events added so far, the unfinished run and calls marked (call once, at the end)."""
+        user = self._user
+        # The holder's run is the last one only if that started under its lease: a run that has just
+        # taken the lease over is loading the history, and the unfinished run before it was killed.
+        holders_run = user is not None and (self._started_at is None or self._started_at >= user.since)
+        if self._run is not None:
+            if holders_run:
+                self._run.add("end: none yet (running)")
+            else:
+                self._unended(self._run)
+        for call in [*self._unsettled.values(), *self._nested.values()]:
+            running = holders_run and call.run == self._runs
+            call.node.label += " — running" if running else " — no result (interrupted)"
+        return "\n".join(self._root.lines())
 
 
 def render_list(sessions: Sequence[SessionInfo]) -> str:
@@ -376,40 +402,64 @@ def _holder_json(info: SessionInfo) -> dict[str, Any] | None:
 @click.pass_context
 def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...], as_json: bool) -> None:
     """A session's trajectory: runs, messages, calls with their nested calls, outcomes, durations."""
+    from dsh_core.sessions.store import iter_events
 
-    async def work(store: SessionStore) -> tuple[SessionInfo, list[SessionEvent]]:
-        return await store.get(session_id), await store.load(session_id)
+    # The events are read a page at a time and drawn (or written) as they come: a session of
+    # millions of events is shown holding one page of them. The JSON is written while the store
+    # is open, to the stdout of the command (what runs meanwhile prints to stderr: run_async).
+    out = sys.stdout
 
-    info, events = _with_store(_deployment(ctx, configs), work)
+    async def tree(store: SessionStore) -> str:
+        renderer = SessionRenderer(await store.get(session_id))
+        async for event in iter_events(store, session_id):
+            renderer.add(event)
+        return renderer.text()
+
+    async def document(store: SessionStore) -> None:
+        await store.get(session_id)  # an unknown session fails before anything is written
+        writer = _JsonEvents(out)
+        async for event in iter_events(store, session_id):
+            writer.add(event)
+        writer.end()
+
     if as_json:
-        _echo_events_json(events)
+        _with_store(_deployment(ctx, configs), document)
     else:
-        click.echo(render_session(info, events))
+        click.echo(_with_store(_deployment(ctx, configs), tree))
 
 
-def _echo_events_json(events: Sequence[SessionEvent], *, chunk: int = 1 << 16) -> None:
+class _JsonEvents:
     """The events as one JSON list, ``json.dumps(..., indent=2)``'s text, written about ``chunk`` characters at a time.
 
     The document of a long session is several times the size of its events in memory; built whole
     (and its pieces before that), it took several times the memory the events did.
     """
-    if not events:
-        echo_json("[]")
-        return
-    pieces: list[str] = []
-    size = 0
-    for index, e in enumerate(events):
+
+    def __init__(self, out: IO[str], *, chunk: int = 1 << 16) -> None:
+        self._out = out
+        self._chunk = chunk
+        self._pieces: list[str] = []
+        self._size = 0
+        self._count = 0
+
+    def add(self, e: SessionEvent) -> None:
+        """Write (or buffer, up to ``chunk``) the next event."""
         item = dumps({"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
                       "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
                       "payload": e.payload}, indent=2)
         # A JSON text breaks lines only between tokens: one level deeper is two more spaces after each break.
-        pieces.append(("[\n  " if index == 0 else ",\n  ") + item.replace("\n", "\n  "))
-        size += len(pieces[-1])
-        if size >= chunk:
-            echo_json("".join(pieces), nl=False)
-            pieces, size = [], 0
-    pieces.append("\n]")
-    echo_json("".join(pieces))
+        self._pieces.append(("[\n  " if self._count == 0 else ",\n  ") + item.replace("\n", "\n  "))
+        self._count += 1
+        self._size += len(self._pieces[-1])
+        if self._size >= self._chunk:
+            echo_json("".join(self._pieces), nl=False, file=self._out)
+            self._pieces, self._size = [], 0
+
+    def end(self) -> None:
+        """Close the list (``[]`` if no event was added)."""
+        self._pieces.append("\n]" if self._count else "[]")
+        echo_json("".join(self._pieces), file=self._out)
+        self._pieces, self._size = [], 0
 
 
 @sessions_group.command("release")

@@ -45,14 +45,27 @@ from typing import Any, Final, TypeVar
 
 from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo, decode_payload, encode_payload
 from dsh_core.sessions.lease import SessionLease, holder_alive
-from dsh_core.sessions.store import SessionBusyError, SessionLeaseLostError, SessionNotFoundError, SessionStoreError
+from dsh_core.sessions.store import (
+    PAGE_EVENTS,
+    SessionBusyError,
+    SessionLeaseLostError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
 
-__all__ = ["SqliteSessionStore", "DB_FILENAME", "new_session_id"]
+__all__ = ["SqliteSessionStore", "DB_FILENAME", "PAGE_CHARS", "new_session_id"]
 
 T = TypeVar("T")
 
 #: The database file name inside dsh's home.
 DB_FILENAME: Final = "sessions.db"
+
+#: About how many characters of payload text a page of :meth:`SqliteSessionStore.load_page` holds at most
+#: (it ends after the event that reaches it): a thousand events of a megabyte each are not one page.
+PAGE_CHARS: Final = 1 << 20
+
+#: SQLite's largest INTEGER: no seq is larger.
+_LARGEST_SEQ: Final = 2**63 - 1
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -438,6 +451,40 @@ class SqliteSessionStore:
             rows = conn.execute(query + " ORDER BY seq", args).fetchall()
             return [SessionEvent(session_id, seq, kind, decode_payload(payload), at, root, parent, sub)
                     for seq, kind, at, payload, root, parent, sub in rows]
+
+        return await self._run(lambda: self._read(work, doing=f"load session {session_id!r}"))
+
+    async def load_page(self, session_id: str, *, after: int = 0, limit: int = PAGE_EVENTS,
+                        root_call_id: str | None = None) -> list[SessionEvent]:
+        """The events after ``seq`` ``after``: at most ``limit``, and no more than about :data:`PAGE_CHARS`
+        characters of payload (at least one event while any is left)."""
+        if limit < 1:
+            raise ValueError(f"load_page: limit must be at least 1, got {limit}")
+        # Seqs run from 1 to SQLite's largest INTEGER; beyond either end an int is no SQLite INTEGER.
+        after = max(0, min(_LARGEST_SEQ, after))
+
+        def work(conn: sqlite3.Connection) -> list[SessionEvent]:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            query = ("SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
+                     "WHERE session_id = ? AND seq > ?")
+            args: tuple[object, ...] = (session_id, after)
+            if root_call_id is not None:
+                query += " AND root_call_id = ?"
+                args = (*args, root_call_id)
+            page: list[SessionEvent] = []
+            size = 0
+            # Rows are stepped one at a time: a page of large events stops at its size, not its count.
+            cursor = conn.execute(query + " ORDER BY seq LIMIT ?", (*args, min(limit, _LARGEST_SEQ)))
+            try:
+                for seq, kind, at, payload, root, parent, sub in cursor:
+                    page.append(SessionEvent(session_id, seq, kind, decode_payload(payload), at, root, parent, sub))
+                    size += len(payload)
+                    if size >= PAGE_CHARS:
+                        break
+            finally:
+                cursor.close()
+            return page
 
         return await self._run(lambda: self._read(work, doing=f"load session {session_id!r}"))
 

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
 from dsh_core.errors import DshError
 from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo
 from dsh_core.sessions.lease import SessionLease
 
 __all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "SessionBusyError",
-           "SessionLeaseLostError", "check_lease_aware", "dsh_home", "open_store"]
+           "SessionLeaseLostError", "check_lease_aware", "dsh_home", "iter_events", "open_store", "PAGE_EVENTS"]
+
+#: How many events :func:`iter_events` asks a store's :meth:`SessionStore.load_page` for at a time.
+PAGE_EVENTS: Final = 1000
 
 
 class SessionStoreError(DshError):
@@ -164,6 +167,20 @@ class SessionStore(Protocol):
         """Every event of a session in ``seq`` order (only one call tree's with ``root_call_id``)."""
         ...
 
+    async def load_page(self, session_id: str, *, after: int = 0, limit: int = PAGE_EVENTS,
+                        root_call_id: str | None = None) -> list[SessionEvent]:
+        """The session's events with ``seq`` above ``after`` in ``seq`` order (only ``root_call_id``'s with it).
+
+        At most ``limit`` of them (``limit`` is at least 1), and at least one while any is left: a store
+        may return fewer than ``limit`` to keep a page of large events small, so only an empty page
+        says there are no more. :class:`SessionNotFoundError` if there is no such session.
+
+        How ``dsh sessions show`` reads a session (:func:`iter_events`), one page in memory at a time,
+        however long the session; ``after`` the last ``seq`` of the page before asks for the next. A
+        store without it is read whole with :meth:`load`.
+        """
+        ...
+
     async def get(self, session_id: str) -> SessionInfo:
         """The summary of one session; :class:`SessionNotFoundError` if it does not exist.
 
@@ -179,6 +196,39 @@ class SessionStore(Protocol):
     async def close(self) -> None:
         """Release the store (idempotent)."""
         ...
+
+
+async def iter_events(store: SessionStore, session_id: str, *, root_call_id: str | None = None,
+                      page: int = PAGE_EVENTS) -> AsyncIterator[SessionEvent]:
+    """The session's events in ``seq`` order, read a page of at most ``page`` events at a time.
+
+    Each page is asked for once the one before has been consumed, so a session of any length is
+    read holding one page of it. A store without :meth:`SessionStore.load_page` (written before
+    it) is read whole with :meth:`SessionStore.load`. A store whose page does not go past ``after``
+    is a :class:`SessionStoreError` naming it, rather than a loop reading one page for ever.
+    """
+    load_page = getattr(store, "load_page", None)
+    if load_page is None:
+        for event in await store.load(session_id, root_call_id=root_call_id):
+            yield event
+        return
+    after = 0
+    while True:
+        events: list[SessionEvent] = await load_page(session_id, after=after, limit=page,
+                                                     root_call_id=root_call_id)
+        if not events:
+            return
+        last = events[-1].seq
+        if len(events) > page or events[0].seq <= after or last < events[0].seq:
+            kind = type(store)
+            raise SessionStoreError(
+                f"session store {kind.__module__}.{kind.__qualname__}: load_page({session_id!r}, after={after}, "
+                f"limit={page}) returned {len(events)} events, seq {events[0].seq} to {last}: not a page of at "
+                "most limit events after 'after'")
+        for event in events:
+            yield event
+        events.clear()  # before the next page is read: one page in memory, not two
+        after = last
 
 
 #: ``factory(home)`` opens a store keeping its files under ``home`` (see :func:`open_store` for ``create``).

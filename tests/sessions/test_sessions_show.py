@@ -450,3 +450,49 @@ def test_list_json_writes_utf8_as_show_json_does_and_stays_json_on_a_narrower_st
         text = raw.getvalue().decode(encoding)
         assert [s["meta"] for s in json.loads(text)] == [meta], text
         assert ("café" in text) is (encoding == "latin-1") and "\\ud83d\\ude00" in text
+
+
+def test_show_of_a_session_longer_than_a_page_shows_every_event_in_order() -> None:
+    from dsh_core.sessions.store import PAGE_EVENTS
+
+    count = 2 * PAGE_EVENTS + 7  # three pages, the last one short
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(count - 1)]], "long")
+    result = CliRunner().invoke(main, ["sessions", "show", "long", "--json"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    events = json.loads(result.stdout)
+    assert result.stdout == json.dumps(events, indent=2, ensure_ascii=False) + "\n"
+    assert [e["seq"] for e in events] == list(range(1, count + 1))
+    assert [e["payload"].get("arguments") for e in events[1:]] == [str(n) for n in range(count - 1)]
+    result = CliRunner().invoke(main, ["sessions", "show", "long"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    lines = result.stdout.splitlines()
+    assert f" · {count} events · " in lines[0] and len(lines) == 1 + 1 + (count - 1) + 1
+    assert [line.split(" [")[1].split("]")[0] for line in lines[2:-1]] == [f"c{n}" for n in range(count - 1)]
+
+
+def test_show_holds_a_page_of_a_long_session_not_all_of_it(tmp_path: Path) -> None:
+    # `show` (the tree and --json alike) loaded every event of the session before it drew the
+    # first: a session of millions of events took all of them in memory at once.
+    import sys
+    import tracemalloc
+
+    _session_of([("tool/result", {"content": "x" * 20_000, "n": n}, f"c{n}") for n in range(600)], "big")
+    stored = 600 * 20_000
+
+    def peak(*args: str) -> int:
+        saved = sys.stdout
+        with (tmp_path / "out").open("w", encoding="utf-8") as out:
+            sys.stdout = out
+            tracemalloc.start()
+            try:
+                main(list(args), standalone_mode=False)
+            finally:
+                highest = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                sys.stdout = saved
+        return highest
+
+    for args in (("sessions", "show", "big"), ("sessions", "show", "big", "--json")):
+        used = peak(*args)
+        assert used < stored // 3, (args, used, stored)
