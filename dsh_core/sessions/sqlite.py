@@ -118,10 +118,29 @@ def _stored_lease(text: str) -> SessionLease | None:
         return None
 
 
-def _info(row: tuple[Any, ...]) -> SessionInfo:
-    """The :class:`SessionInfo` of a row of ``_SELECT_INFO``."""
+def _info(path: Path, row: tuple[Any, ...]) -> SessionInfo:
+    """The :class:`SessionInfo` of a row of ``_SELECT_INFO`` (of the database at ``path``)."""
     holder = None if row[5] is None else _stored_lease(row[5])
-    return SessionInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), holder)
+    try:
+        meta = json.loads(row[4])
+    except (ValueError, RecursionError):
+        meta = None
+    if not isinstance(meta, dict):
+        # A row edited by hand, or damaged: named, rather than failing later with an AttributeError.
+        raise SessionStoreError(f"session store {str(path)!r}: session {row[0]!r}: meta is not a JSON object: "
+                                f"{str(row[4])[:80]!r}")
+    return SessionInfo(row[0], row[1], row[2], row[3], meta, holder)
+
+
+def _event(path: Path, session_id: str, row: tuple[Any, ...]) -> SessionEvent:
+    """The :class:`SessionEvent` of a row ``(seq, kind, at, payload, root, parent, sub)`` of session ``session_id``."""
+    seq, kind, at, payload, root, parent, sub = row
+    try:
+        value = decode_payload(payload)
+    except (ValueError, TypeError, RecursionError) as error:
+        raise SessionStoreError(f"session store {str(path)!r}: session {session_id!r} event {seq}: payload is not "
+                                f"JSON: {error}") from None
+    return SessionEvent(session_id, seq, kind, value, at, root, parent, sub)
 
 
 class _Abandoned(Exception):
@@ -449,8 +468,7 @@ class SqliteSessionStore:
                 query += " AND root_call_id = ?"
                 args = (session_id, root_call_id)
             rows = conn.execute(query + " ORDER BY seq", args).fetchall()
-            return [SessionEvent(session_id, seq, kind, decode_payload(payload), at, root, parent, sub)
-                    for seq, kind, at, payload, root, parent, sub in rows]
+            return [_event(self.path, session_id, row) for row in rows]
 
         return await self._run(lambda: self._read(work, doing=f"load session {session_id!r}"))
 
@@ -477,9 +495,9 @@ class SqliteSessionStore:
             # Rows are stepped one at a time: a page of large events stops at its size, not its count.
             cursor = conn.execute(query + " ORDER BY seq LIMIT ?", (*args, min(limit, _LARGEST_SEQ)))
             try:
-                for seq, kind, at, payload, root, parent, sub in cursor:
-                    page.append(SessionEvent(session_id, seq, kind, decode_payload(payload), at, root, parent, sub))
-                    size += len(payload)
+                for row in cursor:
+                    page.append(_event(self.path, session_id, row))
+                    size += len(row[3])
                     if size >= PAGE_CHARS:
                         break
             finally:
@@ -495,7 +513,7 @@ class SqliteSessionStore:
             row = conn.execute(_SELECT_INFO + " WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-            return _info(row)
+            return _info(self.path, row)
 
         return await self._run(lambda: self._read(work, doing=f"read session {session_id!r}"))
 
@@ -505,7 +523,7 @@ class SqliteSessionStore:
         def work(conn: sqlite3.Connection) -> list[SessionInfo]:
             rows = conn.execute(_SELECT_INFO + " ORDER BY updated_at DESC, id DESC LIMIT ?",
                                 (-1 if limit is None else int(limit),)).fetchall()
-            return [_info(row) for row in rows]
+            return [_info(self.path, row) for row in rows]
 
         return await self._run(lambda: self._read(work, doing="list sessions"))
 

@@ -496,3 +496,18 @@ def test_show_holds_a_page_of_a_long_session_not_all_of_it(tmp_path: Path) -> No
     for args in (("sessions", "show", "big"), ("sessions", "show", "big", "--json")):
         used = peak(*args)
         assert used < stored // 3, (args, used, stored)
+
+
+def test_show_and_list_of_a_corrupt_row_fail_naming_it_not_with_a_traceback() -> None:
+    _session_of([("run/start", {"task": "t"}, None), ("tool/call", {"name": "n"}, "1")], "a")
+    conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 2")
+    finally:
+        conn.close()
+    for args in (["show", "a"], ["show", "a", "--json"]):
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+        assert result.stdout == ""
+        assert result.stderr.startswith("dsh: error: session store ") and "session 'a' event 2: payload is not JSON" \
+            in result.stderr, result.stderr

@@ -489,3 +489,37 @@ async def test_open_store_passes_create_true_to_a_factory_whose_create_has_no_de
     await open_store(strict, tmp_path / "read", create=False).close()
     assert seen == [True, False]
     assert (tmp_path / "run").is_dir() and not (tmp_path / "read").exists()
+
+
+async def test_a_corrupt_payload_or_meta_is_a_store_error_naming_the_session_and_event(tmp_path: Path) -> None:
+    # A row edited by hand or damaged on disk failed `sessions show`, `list` and a resume with a bare
+    # JSONDecodeError (or an AttributeError for a meta that is no object) naming no session, no event.
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        await store.create(session_id="a", meta={"agent": "x"})
+        await store.append("a", [NewEvent("run/start", {"task": "t"}), NewEvent("tool/call", {"name": "n"})])
+        await store.create(session_id="b", meta={"agent": "x"})
+    finally:
+        await store.close()
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 2")
+        conn.execute("UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        event = rf"session store '{tmp_path / DB_FILENAME}': session 'a' event 2: payload is not JSON: Expecting"
+        with pytest.raises(SessionStoreError, match=event):
+            await store.load("a")
+        with pytest.raises(SessionStoreError, match=event):
+            await store.load_page("a", after=1)
+        assert [e.seq for e in await store.load_page("a", limit=1)] == [1]
+        meta = rf"session store '{tmp_path / DB_FILENAME}': session 'b': meta is not a JSON object: '\[1\]'"
+        with pytest.raises(SessionStoreError, match=meta):
+            await store.get("b")
+        with pytest.raises(SessionStoreError, match=meta):
+            await store.list()
+        assert (await store.get("a")).meta == {"agent": "x"}
+    finally:
+        await store.close()
