@@ -97,6 +97,18 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
+#: The columns dsh reads of each table of :data:`_SCHEMA`.
+_COLUMNS: Final = {
+    "sessions": ("id", "created_at", "updated_at", "event_count", "meta"),
+    "events": ("session_id", "seq", "kind", "root_call_id", "parent_call_id", "sub_call_id", "at", "payload"),
+    "leases": ("session_id", "token", "holder", "acquired_at"),
+}
+
+
+#: The tables and indexes :data:`_SCHEMA` creates.
+_SCHEMA_NAMES: Final = frozenset({"sessions", "events", "events_root", "sessions_updated", "leases"})
+
+
 def new_session_id() -> str:
     """A fresh, time-sortable session id: ``20250101-120000-a1b2c3``."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
@@ -246,12 +258,18 @@ class SqliteSessionStore:
             conn = self._open()
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+                # Before anything is changed: another program's database is left as it is.
+                self._check_tables(conn)
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if str(mode).lower() != "wal" and not self.absent:
                     raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
-                conn.executescript(_SCHEMA)
+                have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+                if not _SCHEMA_NAMES.issubset(have):  # a database that has it all is not written to (nor locked)
+                    # One transaction: a statement that fails leaves no part of the schema behind
+                    # (closing the connection below rolls it back).
+                    conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")
             except BaseException:
                 # Never handed to the store, so close() cannot close it; the error's traceback
                 # would otherwise keep the file open for as long as anyone holds the error.
@@ -260,6 +278,17 @@ class SqliteSessionStore:
         except sqlite3.Error as error:
             raise SessionStoreError(f"cannot open session database {str(self.path)!r}: {error}") from None
         self._conn = conn
+
+    def _check_tables(self, conn: sqlite3.Connection) -> None:
+        """:class:`SessionStoreError` if a table of dsh's schema that the database has lacks dsh's columns."""
+        for table, columns in _COLUMNS.items():
+            found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            lacking = [column for column in columns if column not in found]
+            if found and lacking:
+                raise SessionStoreError(f"cannot open session database {str(self.path)!r}: it is not a dsh session "
+                                        f"database: its table {table!r} has no column(s) {', '.join(lacking)} "
+                                        "(another program's database? [sessions] home, or DSH_HOME, names "
+                                        "where dsh keeps its own)")
 
     def _db(self) -> sqlite3.Connection:
         assert self._conn is not None

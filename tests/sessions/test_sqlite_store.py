@@ -523,3 +523,39 @@ async def test_a_corrupt_payload_or_meta_is_a_store_error_naming_the_session_and
         assert (await store.get("a")).meta == {"agent": "x"}
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("create", [True, False])
+def test_a_foreign_database_is_named_and_left_as_it_was(tmp_path: Path, create: bool) -> None:
+    # Another program's database at sessions.db (its own `sessions` table): even `dsh sessions list`
+    # switched it to WAL and added dsh's `events` table and index before failing on "no such column".
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)")
+    finally:
+        conn.close()
+    with pytest.raises(SessionStoreError, match=rf"'{tmp_path / DB_FILENAME}'.*is not a dsh session database: "
+                                                r"its table 'sessions' has no column\(s\) created_at, "):
+        SqliteSessionStore.open(tmp_path, create=create)
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("sessions",)]
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    finally:
+        conn.close()
+
+
+def test_a_schema_that_cannot_be_completed_is_not_left_half_made(tmp_path: Path) -> None:
+    # The schema was created statement by statement: one that failed left the ones before it behind.
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE sessions_updated (x)")  # the name of one of dsh's indexes
+    finally:
+        conn.close()
+    with pytest.raises(SessionStoreError, match=rf"cannot open session database '{tmp_path / DB_FILENAME}': "):
+        SqliteSessionStore.open(tmp_path)
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("sessions_updated",)]
+    finally:
+        conn.close()
