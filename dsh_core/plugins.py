@@ -11,6 +11,7 @@ Built-in plugins are found through the same group as third-party ones.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import os
@@ -22,7 +23,7 @@ from typing import Any, Final, Protocol
 from attrs import frozen
 
 from dsh_core.errors import DshError, PluginLoadError, describe_callable
-from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse
+from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse, own_cancellation
 from dsh_core.lossless import JSON, freeze
 from dsh_core.schema import check_schema
 from dsh_core.scope import Scope
@@ -325,7 +326,10 @@ async def start_plugin(
         await scope.dispose()
         if isinstance(error, DshError):
             raise PluginLoadError(f"{what} failed to start: {error.message}") from error
-        if isinstance(error, Exception | SystemExit):
+        # A CancelledError is the boot's own cancellation only when this task is being cancelled; any
+        # other one came out of the plugin's code (a cancelled future's result()): its failure, to name.
+        if isinstance(error, Exception | SystemExit) or (isinstance(error, asyncio.CancelledError)
+                                                           and not own_cancellation(error)):
             raise PluginLoadError(f"{what} failed to start: {_describe_failure(error)}") from error
         raise
     return scope

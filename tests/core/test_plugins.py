@@ -424,3 +424,41 @@ async def test_a_deployment_whose_files_disable_every_agent_says_so_naming_them(
     assert caught.value.message == (
         "the deployment defines no agent: the [[agents]] rows of its files (file1.toml, file2.toml) are all "
         "disabled (enable one with enabled = true, or drop the rows for the implicit agent 'main')")
+
+
+async def test_a_start_that_lets_out_a_stray_cancellation_fails_naming_the_row_not_as_an_interrupt() -> None:
+    """A factory or registration hook that read a cancelled future's result let a CancelledError out of the
+    boot: `dsh` said "interrupted" (exit 130) and named no plugin, though nobody had cancelled anything."""
+    import asyncio
+
+    disposed: list[str] = []
+
+    class Registers:
+        @hookimpl
+        def dsh_register_tools(self, register: Any) -> None:
+            register(sample_plugins._echo("stray"))
+            cancelled = asyncio.get_running_loop().create_future()
+            cancelled.cancel()
+            cancelled.result()
+
+    @plugin()
+    def in_factory(scope: Scope, config: Any) -> None:
+        scope.on_dispose(lambda: disposed.append("in-factory"))
+        cancelled = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        cancelled.result()
+
+    @plugin()
+    def in_hook(scope: Scope, config: Any) -> Registers:
+        scope.on_dispose(lambda: disposed.append("in-hook"))
+        return Registers()
+
+    plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "in-factory": in_factory,
+                                                    "in-hook": in_hook})
+    for use in ("in-factory", "in-hook"):
+        dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "p", "use": use}]})
+        with pytest.raises(PluginLoadError, match=rf"^plugin row 'p' of file1.toml \(use '{use}' .*\) failed to "
+                                                  r"start: CancelledError"):
+            await Harness.start(dep, catalog=plugins)
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert disposed == ["in-factory", "in-hook"]
