@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol
 
 from attrs import frozen
 
-from dsh_core.errors import DshError, PluginLoadError, describe_callable
+from dsh_core.errors import DshError, PluginLoadError, describe_callable, describe_exception
 from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse, own_cancellation
 from dsh_core.lossless import JSON, freeze
 from dsh_core.schema import check_schema
@@ -252,7 +252,9 @@ class PluginCatalog:
 def _describe_failure(error: BaseException) -> str:
     if isinstance(error, SystemExit):
         return f"SystemExit: sys.exit({error.code!r}) was called"
-    return f"{type(error).__name__}: {error}"
+    # Never str(error) directly: an exception whose __str__ raises would replace the plugin's failure
+    # with a traceback of its own, naming no plugin.
+    return describe_exception(error)
 
 
 Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]

@@ -462,3 +462,30 @@ async def test_a_start_that_lets_out_a_stray_cancellation_fails_naming_the_row_n
             await Harness.start(dep, catalog=plugins)
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
     assert disposed == ["in-factory", "in-hook"]
+
+
+async def test_a_plugin_failing_with_an_unprintable_exception_is_still_named() -> None:
+    """An exception whose str() raises escaped the loader as that second exception's raw traceback, naming
+    no plugin, both from a module's import and from a factory."""
+    from tests.core.sample_plugins import DISPOSED
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise AttributeError("'Unprintable' object has no attribute 'field'")
+
+    @plugin()
+    def raising(scope: Scope, config: Any) -> None:
+        scope.on_dispose(lambda: DISPOSED.append("unprintable"))
+        raise Unprintable()
+
+    DISPOSED.clear()
+    plugins = PluginCatalog(entry_points=[ep("on-import", "tests.core.unprintable_plugin:plugin")],
+                            extra={"on-start": raising})
+    with pytest.raises(PluginLoadError, match=r"^file1.toml: plugins\[i\].use: plugin 'on-import' "
+                                              r"\(tests.core.unprintable_plugin:plugin\) failed to load: "
+                                              r"Unprintable: <unprintable exception>"):
+        await Harness.start(deployment({"plugins": [{"id": "i", "use": "on-import"}]}), catalog=plugins)
+    with pytest.raises(PluginLoadError, match=r"^plugin row 's' of file1.toml \(use 'on-start' .*\) failed to start: "
+                                              r"Unprintable: <unprintable exception>$"):
+        await Harness.start(deployment({"plugins": [{"id": "s", "use": "on-start"}]}), catalog=plugins)
+    assert DISPOSED == ["unprintable"]
