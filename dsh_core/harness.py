@@ -51,6 +51,12 @@ class NamedRegistry(Generic[T]):
             if not scope.active:
                 state = "disposed" if scope.disposed else "being disposed"
                 raise RegistrationError(f"cannot register {self.kind} {name!r}: scope {scope.path!r} is {state}")
+            if not isinstance(name, str) or not name:
+                # Config selects these by a non-empty string ([[agents]] provider, [sessions] store): any
+                # other name could never be picked, and would break every "known: ..." list built from names().
+                got = "an empty string" if isinstance(name, str) else type(name).__name__
+                raise RegistrationError(f"cannot register {self.kind} {name!r}: a {self.kind} name must be a "
+                                        f"non-empty string, got {got}")
             if name in self._items:
                 owner = self._items[name][1]
                 raise RegistrationError(f"{self.kind} {name!r} is registered by both plugin {owner!r} "

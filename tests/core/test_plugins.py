@@ -489,3 +489,36 @@ async def test_a_plugin_failing_with_an_unprintable_exception_is_still_named() -
                                               r"Unprintable: <unprintable exception>$"):
         await Harness.start(deployment({"plugins": [{"id": "s", "use": "on-start"}]}), catalog=plugins)
     assert DISPOSED == ["unprintable"]
+
+
+async def test_a_provider_or_store_name_that_is_no_string_fails_the_start_naming_the_row() -> None:
+    """``register(config.get("name"), provider)`` without a name registered it under None: no agent could ever
+    pick it, and the first "no provider named ..." message crashed joining the known names (a raw TypeError)."""
+
+    class Registers:
+        def __init__(self, hook: str, name: object) -> None:
+            self.hook, self.name = hook, name
+
+        @hookimpl
+        def dsh_register_providers(self, register: Any) -> None:
+            if self.hook == "providers":
+                register(self.name, object())
+
+        @hookimpl
+        def dsh_register_session_stores(self, register: Any) -> None:
+            if self.hook == "stores":
+                register(self.name, object())
+
+    @plugin(config_schema={"type": "object"})
+    def registers(scope: Scope, config: Any) -> Registers:
+        return Registers(config["hook"], config.get("name"))
+
+    plugins = PluginCatalog(entry_points=[], extra={"registers": registers})
+    for hook, kind in (("providers", "provider"), ("stores", "session store")):
+        for name in (None, "", 7):
+            config: dict[str, Any] = {"hook": hook} if name is None else {"hook": hook, "name": name}
+            dep = deployment({"plugins": [{"id": "ok", "use": "registers", "config": {"hook": hook, "name": "a"}},
+                                          {"id": "p", "use": "registers", "config": config}]})
+            with pytest.raises(PluginLoadError, match=rf"^plugin row 'p' .*failed to start: cannot register {kind} "
+                                                      rf"{name!r}: a {kind} name must be a non-empty string"):
+                await Harness.start(dep, catalog=plugins)
