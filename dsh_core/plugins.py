@@ -259,6 +259,9 @@ def _describe_failure(error: BaseException) -> str:
 
 Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
 
+#: What a factory may return by mistake (its config, a flag, a name) and no plugin object ever is.
+_DATA_VALUES: Final = (str, bytes, bytearray, bool, int, float, complex, Mapping, list, tuple, set, frozenset)
+
 
 async def start_plugin(
     *,
@@ -307,6 +310,13 @@ async def start_plugin(
                     f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
                     "factory must be a plain function returning the plugin object or None (start async work "
                     "with scope.spawn(...))")
+            if isinstance(instance, _DATA_VALUES):
+                # pluggy finds no hook in a value, so registering it would drop the plugin as silently as
+                # a coroutine. The value is not shown: a factory that returned its config would print it.
+                raise PluginLoadError(
+                    f"its factory {describe_callable(factory)} returned a {type(instance).__name__} (a data value), "
+                    "not a plugin object: a plugin factory returns the object whose @hookimpl methods make up "
+                    "the plugin, or None")
             if instance is not None:
                 try:
                     hooks.register(instance, name=plugin_id, scope=scope)

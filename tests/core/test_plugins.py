@@ -522,3 +522,26 @@ async def test_a_provider_or_store_name_that_is_no_string_fails_the_start_naming
             with pytest.raises(PluginLoadError, match=rf"^plugin row 'p' .*failed to start: cannot register {kind} "
                                                       rf"{name!r}: a {kind} name must be a non-empty string"):
                 await Harness.start(dep, catalog=plugins)
+
+
+@pytest.mark.parametrize("returned", [{"tools": []}, "echo", True, 1, ["a"], ("a",), b"x"],
+                         ids=lambda value: type(value).__name__)
+async def test_a_factory_returning_a_data_value_fails_the_start_instead_of_registering_nothing(returned: Any) -> None:
+    """A factory that returned its config (or a flag, a name) booted fine: pluggy found no hook in the value,
+    so the plugin's tools and guards silently did not exist."""
+    from tests.core.sample_plugins import DISPOSED
+
+    @plugin(config_schema={"type": "object"})
+    def make(scope: Scope, config: Any) -> Any:
+        scope.on_dispose(lambda: DISPOSED.append("data"))
+        return returned
+
+    DISPOSED.clear()
+    plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "data": make})
+    dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "d", "use": "data"}]})
+    with pytest.raises(PluginLoadError, match=rf"^plugin row 'd' of file1.toml \(use 'data' .*\) failed to start: its "
+                                              rf"factory .*make returned a {type(returned).__name__} \(a data value\), "
+                                              r"not a plugin object: a plugin factory returns the object whose "
+                                              r"@hookimpl methods"):
+        await Harness.start(dep, catalog=plugins)
+    assert DISPOSED == ["data"]
