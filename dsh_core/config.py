@@ -746,9 +746,15 @@ def _blame(deployment: Deployment, row: PluginRow, path: str) -> str:
     # for leaves, and the fallback covers inner paths (a missing required key,
     # an item inside a list leaf).
     source = deployment.source_of(path) or deployment.source_of(f"plugins[{row.id}].config")
+    use_source = deployment.source_of(f"plugins[{row.id}].use")
     if source is None or source == DEFAULT_SOURCE:
         # A row that never got a config of its own is blamed on the file that added it.
-        return deployment.source_of(f"plugins[{row.id}].use") or source or DEFAULT_SOURCE
+        return use_source or source or DEFAULT_SOURCE
+    order = deployment.sources
+    if use_source in order and source in order and order.index(use_source) > order.index(source):
+        # A later file set the row's plugin and kept this config, maybe written for another one: naming
+        # only the config's file would blame a file that may be right for the plugin it chose.
+        return f"{source}; the row's use = {row.use!r} is from {use_source}, a later file"
     return source
 
 
@@ -760,7 +766,8 @@ def validate_plugin_configs(
     ``schema_for(row)`` returns the plugin's config schema, or ``None`` when
     the plugin takes no config (then only an empty config is accepted). All
     violations of all rows are collected into one :class:`ConfigError`, one per
-    line: ``plugins[<id>].config.<path>: <message> (from <file>)``. An invalid
+    line: ``plugins[<id>].config.<path>: <message> (from <file>)``; when a later
+    file set the row's ``use`` and kept that config, it is named too. An invalid
     plugin schema raises :class:`~dsh_core.errors.SchemaDefinitionError`.
     """
     problems: list[str] = []

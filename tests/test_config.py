@@ -882,6 +882,25 @@ def test_a_required_key_lost_by_a_whole_config_replacement_blames_the_overlay(fi
     ]
 
 
+def test_a_config_checked_against_a_plugin_a_later_file_chose_names_that_file_too(files: Any) -> None:
+    """Only base.toml was blamed, though its config was right for its plugin: overlay.toml had switched the
+    row to another plugin and kept the config, and no message named it."""
+    overlay = files("overlay.toml", '[[plugins]]\nid = "fs"\nuse = "bash"\n')
+    assert plugin_error(load(files("base.toml", BASE), overlay)) == [
+        "plugins[fs].config.allow_write: unknown key (allowed: args, env, timeout_s) (from base.toml; the row's "
+        "use = 'bash' is from overlay.toml, a later file)",
+        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from base.toml; the row's "
+        "use = 'bash' is from overlay.toml, a later file)",
+    ]
+    # A config given with (or after) the use is that file's alone.
+    both = files("both.toml", '[[plugins]]\nid = "fs"\nuse = "bash"\nconfig = { root = "." }\n')
+    assert plugin_error(load(files("base.toml", BASE), both)) == [
+        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from both.toml)"]
+    later = files("later.toml", '[[plugins]]\nid = "fs"\nconfig = { root = "." }\n')
+    assert plugin_error(load(files("base.toml", BASE), overlay, later)) == [
+        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from later.toml)"]
+
+
 def test_a_row_that_never_got_a_config_is_blamed_on_the_file_that_added_it(files: Any) -> None:
     overlay = files("overlay.toml", '[[plugins]]\nid = "fs2"\nuse = "workspace"\n')
     assert plugin_error(load(files("base.toml", BASE), overlay)) == [
