@@ -18,13 +18,14 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
+from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from attrs import frozen
 
 from dsh_core.errors import DshError, PluginLoadError, describe_callable, describe_exception
 from dsh_core.hooks import REGISTRATION_HOOKS, Hooks, PluginObjectInUse, own_cancellation
-from dsh_core.lossless import JSON, freeze
+from dsh_core.lossless import JSON, FrozenDict, FrozenList, freeze
 from dsh_core.schema import check_schema
 from dsh_core.scope import Scope
 
@@ -259,8 +260,10 @@ def _describe_failure(error: BaseException) -> str:
 
 Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
 
-#: What a factory may return by mistake (its config, a flag, a name) and no plugin object ever is.
-_DATA_VALUES: Final = (str, bytes, bytearray, bool, int, float, complex, Mapping, list, tuple, set, frozenset)
+#: What a factory may return by mistake (its config, a flag, a name) and no plugin object ever is. Exact
+#: types, matched by ``type(...) in``: a plugin class may subclass ``dict`` and carry hook implementations.
+_DATA_VALUES: Final = frozenset({str, bytes, bytearray, bool, int, float, complex, dict, MappingProxyType, list,
+                                 tuple, set, frozenset, FrozenDict, FrozenList})
 
 
 async def start_plugin(
@@ -310,7 +313,7 @@ async def start_plugin(
                     f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
                     "factory must be a plain function returning the plugin object or None (start async work "
                     "with scope.spawn(...))")
-            if isinstance(instance, _DATA_VALUES):
+            if type(instance) in _DATA_VALUES:
                 # pluggy finds no hook in a value, so registering it would drop the plugin as silently as
                 # a coroutine. The value is not shown: a factory that returned its config would print it.
                 raise PluginLoadError(

@@ -524,8 +524,8 @@ async def test_a_provider_or_store_name_that_is_no_string_fails_the_start_naming
                 await Harness.start(dep, catalog=plugins)
 
 
-@pytest.mark.parametrize("returned", [{"tools": []}, "echo", True, 1, ["a"], ("a",), b"x"],
-                         ids=lambda value: type(value).__name__)
+@pytest.mark.parametrize("returned", [{"tools": []}, "echo", True, 1, ["a"], ("a",), b"x", "its config"],
+                         ids=lambda value: type(value).__name__ if value != "its config" else "config")
 async def test_a_factory_returning_a_data_value_fails_the_start_instead_of_registering_nothing(returned: Any) -> None:
     """A factory that returned its config (or a flag, a name) booted fine: pluggy found no hook in the value,
     so the plugin's tools and guards silently did not exist."""
@@ -534,14 +534,40 @@ async def test_a_factory_returning_a_data_value_fails_the_start_instead_of_regis
     @plugin(config_schema={"type": "object"})
     def make(scope: Scope, config: Any) -> Any:
         scope.on_dispose(lambda: DISPOSED.append("data"))
-        return returned
+        return config if returned == "its config" else returned
 
     DISPOSED.clear()
+    kind = "FrozenDict" if returned == "its config" else type(returned).__name__
     plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "data": make})
     dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "d", "use": "data"}]})
     with pytest.raises(PluginLoadError, match=rf"^plugin row 'd' of file1.toml \(use 'data' .*\) failed to start: its "
-                                              rf"factory .*make returned a {type(returned).__name__} \(a data value\), "
+                                              rf"factory .*make returned a {kind} "
+                                              r"\(a data value\), "
                                               r"not a plugin object: a plugin factory returns the object whose "
                                               r"@hookimpl methods"):
         await Harness.start(dep, catalog=plugins)
     assert DISPOSED == ["data"]
+
+
+async def test_a_plugin_object_that_subclasses_a_builtin_collection_still_loads() -> None:
+    """Only the builtin data types themselves are refused: a plugin class built on ``dict`` (a config-backed
+    object, say) with hook implementations is a plugin object like any other."""
+    from dsh_core import PreDecision, hookimpl
+
+    class Settings(dict[str, Any]):
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> PreDecision | None:
+            return PreDecision.deny("denied by the dict-based plugin") if execution.name == "echo" else None
+
+    @plugin(config_schema={"type": "object"})
+    def make(scope: Scope, config: Any) -> Any:
+        return Settings(config)
+
+    plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "settings": make})
+    dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "s", "use": "settings"}]})
+    harness = await Harness.start(dep, catalog=plugins)
+    try:
+        denied = await harness.call("echo", {})
+        assert denied.code == "DENIED" and "denied by the dict-based plugin" in denied.text
+    finally:
+        await harness.aclose()
