@@ -249,6 +249,9 @@ class Hooks:
         try:
             self._pm.register(plugin, name=name)
         except pluggy.PluginValidationError as error:
+            if self._pm.get_plugin(name) is plugin:
+                # pluggy before 1.7 registered the earlier hookimpls, and the name, before it refused.
+                self._pm.unregister(name=name)
             raise PluginLoadError(f"plugin {name!r}: {error}") from None
         try:
             self._validate(plugin, name)

@@ -46,6 +46,34 @@ def test_wrappers_and_unknown_hooks_are_refused_and_nothing_stays_registered() -
     assert hooks.impls("dsh_pre_execute") == ()
 
 
+def test_a_pluggy_that_validates_after_registering_leaves_nothing_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pluggy before 1.7 (``pluggy>=1.5`` is allowed) registered a plugin's earlier hook implementations,
+    and took its name, before it raised ``PluginValidationError`` for a later one."""
+    import pluggy
+
+    hooks = Hooks()
+    manager = hooks.plugin_manager
+    register_whole = manager.register
+
+    def register_then_fail(plugin: object, name: str | None = None) -> str | None:
+        register_whole(plugin, name=name)  # as pluggy 1.5 did: registered first ...
+        raise pluggy.PluginValidationError(plugin, "a later hookimpl is invalid")  # ... then refused
+
+    monkeypatch.setattr(manager, "register", register_then_fail)
+
+    class Half:
+        @hookimpl
+        def dsh_pre_execute(self, execution: ToolExecution) -> None:
+            return None
+
+    with pytest.raises(PluginLoadError, match="a later hookimpl is invalid"):
+        hooks.register(Half(), name="half")
+    assert not hooks.has_plugin("half") and hooks.impls("dsh_pre_execute") == ()
+    monkeypatch.undo()
+    hooks.register(Half(), name="half")  # the name is free again
+    assert len(hooks.impls("dsh_pre_execute")) == 1
+
+
 def test_a_rejected_misspelling_is_never_listed_as_a_known_hook() -> None:
     hooks = Hooks()
     specs = hooks.hook_names()
