@@ -304,11 +304,14 @@ async def start_plugin(
             instance = factory(scope, config)
             if inspect.isawaitable(instance):
                 # Registering the coroutine would register no hook at all: the plugin's tools and
-                # guards would silently not exist. Refuse it, and close it so it never warns later.
+                # guards would silently not exist. Refuse it, and close (or cancel) it so it
+                # neither warns nor runs on later.
                 returned = ("a coroutine" if inspect.iscoroutine(instance)
                             else f"an awaitable ({type(instance).__name__})")
                 if inspect.iscoroutine(instance):
                     instance.close()
+                elif isinstance(instance, asyncio.Future):  # a task it started: nothing else would stop it
+                    instance.cancel()
                 raise PluginLoadError(
                     f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
                     "factory must be a plain function returning the plugin object or None (start async work "

@@ -571,3 +571,25 @@ async def test_a_plugin_object_that_subclasses_a_builtin_collection_still_loads(
         assert denied.code == "DENIED" and "denied by the dict-based plugin" in denied.text
     finally:
         await harness.aclose()
+
+
+async def test_a_task_a_factory_returns_is_cancelled_with_the_refused_start() -> None:
+    """A factory returning a task it started (``asyncio.ensure_future(setup())``) was refused, but the task
+    kept running after the failed start, with nothing left to await or cancel it."""
+    import asyncio
+
+    started: list[asyncio.Task[None]] = []
+
+    async def setup() -> None:
+        await asyncio.sleep(3600)
+
+    @plugin(config_schema={"type": "object"})
+    def make(scope: Scope, config: Any) -> Any:
+        started.append(asyncio.ensure_future(setup()))
+        return started[-1]
+
+    plugins = PluginCatalog(entry_points=[], extra={"tasker": make})
+    with pytest.raises(PluginLoadError, match=r"returned an awaitable \(Task\)"):
+        await Harness.start(deployment({"plugins": [{"id": "t", "use": "tasker"}]}), catalog=plugins)
+    await asyncio.sleep(0)
+    assert started[0].cancelled()
