@@ -1398,7 +1398,11 @@ class _TypeScriptTypes(_Types):
         properties = _allowed_properties(schema)
         extra = _extra(schema)
         if not properties:
-            return "Record<string, never>" if extra is False else "Record<string, JsonValue>"
+            if extra is False:
+                return "Record<string, never>"
+            if isinstance(extra, dict):  # a map: its values are typed, as in the Python stub
+                return _Node([(extra, hint)], lambda parts: f"Record<string, {parts[0]}>")
+            return "Record<string, JsonValue>"
         keys = list(properties)
         required = schema.get("required")
         required_set = set(required) if isinstance(required, list) else set()

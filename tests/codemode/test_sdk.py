@@ -245,7 +245,7 @@ def test_typescript_sdk() -> None:
     assert "tags?: string[]; anything?: JsonValue; raw?: JsonValue[] };" in text
     assert '  "my-tool": { "a-b": string; class?: number } & Record<string, JsonValue>;' in text
     assert "/** Hyphenated. Has *\\/ and" in text
-    assert "  read: { text: string; lines?: { n: number }[]; meta?: Record<string, JsonValue> };" in text
+    assert "  read: { text: string; lines?: { n: number }[]; meta?: Record<string, number> };" in text
     assert "type ToolName = keyof ToolOutputMap;" in text
     assert 'readonly name: "ToolCallError";' in text and "readonly toolName: ToolName;" in text
     assert "declare const tools: { [K in ToolName]: (args: ToolArgsMap[K]) => Promise<ToolOutputMap[K]> };" in text
@@ -257,6 +257,21 @@ def test_a_property_name_with_a_trailing_newline_is_quoted_in_typescript() -> No
         "path\n": {"type": "string"}, "ok": {"type": "string"}, "$x_1": {"type": "string"}}}, None)
     text = render_typescript_sdk([tool])
     assert 'write: { "path\\n"?: string; ok?: string; $x_1?: string } & Record<string, JsonValue>;' in text
+
+
+def test_a_map_keeps_the_type_of_its_values_in_typescript_as_in_python() -> None:
+    """An object of ``additionalProperties`` only is a map: both stubs type its values (parity)."""
+    output = {"type": "object", "properties": {
+        "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "groups": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+        "closed": {"type": "object", "additionalProperties": False},
+        "open": {"type": "object", "additionalProperties": True},
+    }, "required": ["counts", "groups", "closed", "open"], "additionalProperties": False}
+    tool = SdkTool("stats", "Stats.", {"type": "object"}, output)
+    assert ("    counts: dict[str, int]\n    groups: dict[str, list[str]]\n    closed: dict[str, Any]\n"
+            "    open: dict[str, Any]") in render_python_sdk([tool])
+    assert ("stats: { counts: Record<string, number>; groups: Record<string, string[]>; "
+            "closed: Record<string, never>; open: Record<string, JsonValue> };") in render_typescript_sdk([tool])
 
 
 def test_render_sdk_selects_by_language() -> None:
