@@ -191,6 +191,7 @@ def test_bindings_both_ways_and_error_class() -> None:
             "try:\n    await tools.lossy({})\nexcept ToolCallError as err:\n    g = str(err)\n"
             "try:\n    await tools.read({'x': {1, 2}})\nexcept ToolCallError as err:\n    h = str(err)\n"
             "try:\n    await tools.read({'a': 1}, b=2)\nexcept TypeError:\n    i = 'typeerror'\n"
+            "try:\n    await tools['my-tool']({}, {})\nexcept TypeError as err:\n    i += ':' + str(err)\n"
             "try:\n    tools.nope\nexcept AttributeError:\n    j = 'noattr'\n"
             "try:\n    await other.ping(None)\n    k = 'ok'\nexcept OtherError:\n    k = 'bad'\n"
             "try:\n    await bare.fail({})\nexcept ToolCallError:\n    m = 'wrong'\n"
@@ -206,7 +207,8 @@ def test_bindings_both_ways_and_error_class() -> None:
         assert g == ("binding resolution must be lossless JSON: float inf is not lossless JSON "
                      "(JSON has no NaN or infinity) at result[\"x\"]")
         assert h.startswith("binding arguments must be lossless JSON")
-        assert (i, j, k, m) == ("typeerror", "noattr", "ok", "Exception:disk on fire")
+        assert (i, j, k, m) == ("typeerror:tools['my-tool']() takes one dict of arguments or keywords", "noattr",
+                                "ok", "Exception:disk on fire")
         assert plain and names == sorted(["read", "my-tool", "__class__", "mro", "fail", "lossy"])
         # The lossy argument never reached the host.
         assert {"x": {1, 2}} not in seen and len(seen) == 5

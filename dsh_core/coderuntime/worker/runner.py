@@ -357,7 +357,9 @@ class _Bridge:
 
         async def binding(*args: object, **kwargs: object) -> object:
             if len(args) > 1 or (args and kwargs):
-                raise TypeError(f"{global_name}.{name}() takes one dict of arguments or keywords")
+                # Named as the program must write it: a name like "my-tool" only by subscript.
+                spelled = f".{name}" if name.isidentifier() else f"[{name!r}]"
+                raise TypeError(f"{global_name}{spelled}() takes one dict of arguments or keywords")
             argument = args[0] if args else dict(kwargs)
             try:
                 tokens = wire.encode(argument)
