@@ -21,8 +21,12 @@ one of the scheduler's tasks holds at a time. The holder repeats:
    runs ``prepare`` (pre-execute, approval, guards) on the lane; only a
    ``dispatch`` result runs the body, unless the run is over by then (a call
    whose policy answered while the code runtime tore its run down commits as
-   aborted before dispatch: no body starts for a program that is gone). An
-   exclusive body runs on the lane
+   aborted before dispatch: no body starts for a program that is gone). The
+   call is classified again once its policy has answered (the tool may have
+   been replaced while a person decided; its body runs the definition resolved
+   then): one that started parallel and is now exclusive raises the barrier and
+   is *parked* until the bodies in flight end (or it is aborted), then runs like
+   any exclusive body. An exclusive body runs on the lane
    (nothing may overlap it anyway). A parallel one gets a task of its own if
    the lane has more to do now; otherwise the holder lets go of the lane and
    runs the body itself. A task whose body ended takes the lane if nobody
@@ -189,6 +193,8 @@ class ProgramScheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         #: The task running each call's around-dispatch and body, while it runs them.
         self._dispatching: dict[SubCall, asyncio.Task[Any]] = {}
+        #: A started call reclassified exclusive after its policy, waiting for the bodies in flight.
+        self._parked: SubCall | None = None
         #: The call being committed (popped from ``_commits``; the run's abort still reaches it).
         self._committing: SubCall | None = None
         #: The code runtime's run control (set by the transport from the first binding call).
@@ -238,8 +244,8 @@ class ProgramScheduler:
                     abort.abort(reason)
                 except Exception as error:
                     errors.append(error)
-        # Queued calls are abandoned at once, not when some body happens to end.
-        if self._pending and not self._lane_held:
+        # Queued calls are abandoned at once, not when some body happens to end (nor does a parked one wait).
+        if (self._pending or self._parked is not None) and not self._lane_held:
             self._hand_lane()
         if len(errors) == 1:
             raise errors[0]
@@ -327,6 +333,9 @@ class ProgramScheduler:
         """True if the lane holder could do something now (its own tests, in its order)."""
         if self._commits and self._commits[0].settled:
             return True
+        parked = self._parked
+        if parked is not None and self._may_dispatch_parked(parked):
+            return True
         if not self._pending:
             return False
         head = self._pending[0]
@@ -342,6 +351,11 @@ class ProgramScheduler:
     def _is_exclusive(self, call: SubCall) -> bool:
         """Classify ``call`` now: anything but an exact ``parallel`` runs alone."""
         return self._runtime.execution_mode(call.request) != "parallel"
+
+    def _may_dispatch_parked(self, call: SubCall) -> bool:
+        """The call reclassified exclusive after its start may run once nothing is in flight;
+        one that is over (aborted, the run gone) settles at once, with no body."""
+        return self._in_flight == 0 or call.request.signal.aborted or self._run_over()
 
     def _may_start(self, exclusive: bool) -> bool:
         """A parallel call starts below the cap, an exclusive one when nothing is in flight,
@@ -370,6 +384,11 @@ class ProgramScheduler:
                     if call.exclusive:
                         self._exclusive = False
                 continue
+            parked = self._parked
+            if parked is not None and self._may_dispatch_parked(parked):
+                self._parked = None
+                await self._dispatch(parked)
+                continue
             pending = self._pending
             if pending:
                 head = pending[0]
@@ -387,7 +406,16 @@ class ProgramScheduler:
                     await self._start(head)
                     if head.settled:
                         continue
+                    if not exclusive and self._is_exclusive(head):
+                        # Its tool changed while its policy ran (an approval may wait on a person for
+                        # long): the body that runs is the one resolved now, so it runs alone.
+                        head.exclusive = exclusive = True
+                        self._exclusive = True
                     if exclusive:
+                        if self._in_flight:
+                            # Reclassified with bodies in flight: it waits for them, its barrier up.
+                            self._parked = head
+                            continue
                         await self._dispatch(head)
                         continue
                     head.counted = True

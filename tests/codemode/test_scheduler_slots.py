@@ -1,0 +1,122 @@
+"""What a call's concurrency slot covers: the classification its body runs under, and its body's whole life.
+
+Driven on the scheduler directly (native mode, so the requests are not collapsed), with
+explicit synchronisation only: each test controls when bodies, approvals and cancels happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from codemode_kit import Env, tool
+
+from dsh_core import PreDecision, hookimpl
+from dsh_core.abort import AbortController, AbortSignal
+from dsh_core.codemode.history import DispatchHistory
+from dsh_core.codemode.scheduler import ProgramScheduler
+from dsh_core.hooks import Hooks
+from dsh_core.model import ApprovalOutcome, ToolExecutionInput
+
+
+def scheduler_of(env: Env, signal: AbortSignal | None = None) -> ProgramScheduler:
+    return ProgramScheduler(env.runtime, signal=signal or AbortSignal.never(), context=None,
+                            history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
+
+
+def submit(scheduler: ProgramScheduler, n: int, name: str, arguments: Any = None) -> tuple[asyncio.Future[Any],
+                                                                                           AbortController]:
+    controller = AbortController()
+    request = ToolExecutionInput(call_id=f"r:code:{n}", name=name, arguments=arguments or {},
+                                 signal=controller.signal)
+    return scheduler.submit(request, {}, controller), controller
+
+
+class Flip:
+    """``hold`` (parallel) runs while ``flip`` (parallel when it starts) waits on a person's answer."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.log: list[str] = []
+        self.hold_started, self.hold_release = asyncio.Event(), asyncio.Event()
+        self.asked, self.guarded = asyncio.Event(), asyncio.Event()
+        self.answer: asyncio.Future[ApprovalOutcome] = asyncio.get_running_loop().create_future()
+        self.results: dict[str, Any] = {}
+        log = self.log
+        flip_runs = self
+
+        async def hold(args: Any, ctx: Any) -> Any:
+            log.append("start hold")
+            flip_runs.hold_started.set()
+            await flip_runs.hold_release.wait()
+            log.append("end hold")
+            return "held"
+
+        async def flip(args: Any, ctx: Any) -> Any:
+            log.append("start flip")
+            return "flipped"
+
+        self.flip = flip
+
+        class Policy:
+            @hookimpl
+            def dsh_pre_execute(self, execution: Any) -> Any:
+                return PreDecision.ask("flip asks") if execution.name == "flip" else None
+
+            @hookimpl
+            def dsh_approve(self, request: Any) -> Any:
+                flip_runs.asked.set()
+                return flip_runs.answer
+
+            @hookimpl
+            def dsh_guard(self, execution: Any) -> None:
+                if execution.name == "flip":
+                    flip_runs.guarded.set()
+
+            @hookimpl
+            def dsh_tool_result(self, execution: Any, result: Any) -> None:
+                flip_runs.results[execution.name] = result.code or result.value
+
+        env.add(tool("hold", hold, safe=True))
+        self.unregister = env.registry.register(tool("flip", flip, safe=True))
+        env.plug(Policy())
+
+    async def approve_after_the_tool_turned_exclusive(self) -> None:
+        await self.asked.wait()
+        # While the person decides, the tool is replaced by one that is not concurrency-safe.
+        self.unregister()
+        self.env.add(tool("flip", self.flip))
+        self.answer.set_result(ApprovalOutcome.ALLOWED)
+        await self.guarded.wait()  # its policy is over: a stale parallel slot dispatches it in this same step
+
+
+async def test_a_call_whose_tool_turned_exclusive_during_its_approval_waits_for_the_bodies_in_flight() -> None:
+    """Classified parallel when it started, its tool was replaced by an exclusive one while a person
+    decided: the body that runs is the exclusive one, so it must not overlap the bodies in flight."""
+    env = Env(mode="native")
+    flip = Flip(env)
+    scheduler = scheduler_of(env)
+    held, _ = submit(scheduler, 1, "hold")
+    await flip.hold_started.wait()
+    flipped, _ = submit(scheduler, 2, "flip")
+    await flip.approve_after_the_tool_turned_exclusive()
+    flip.hold_release.set()
+    assert await asyncio.gather(held, flipped) == ["held", "flipped"]
+    await scheduler.drain()
+    assert flip.log == ["start hold", "end hold", "start flip"]
+
+
+async def test_a_reclassified_call_the_program_cancels_while_it_waits_never_runs() -> None:
+    env = Env(mode="native")
+    flip = Flip(env)
+    scheduler = scheduler_of(env)
+    held, _ = submit(scheduler, 1, "hold")
+    await flip.hold_started.wait()
+    flipped, _ = submit(scheduler, 2, "flip")
+    await flip.approve_after_the_tool_turned_exclusive()
+    flipped.cancel()  # as the code runtime does when the program gives up on the call
+    flip.hold_release.set()
+    assert await held == "held"
+    await scheduler.drain()
+    assert flip.log == ["start hold", "end hold"]
+    assert flip.results == {"hold": "held", "flip": "ABORTED_BEFORE_DISPATCH"}
