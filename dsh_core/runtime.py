@@ -386,7 +386,9 @@ class ToolRuntime:
         that is not waiting for dispatch (settled by policy, or dispatched already) is
         returned as it is: no caller of the staged interface can run a denied body.
         A second dispatch while the first is still running raises :class:`RuntimeError`
-        (a body must never run twice).
+        (a body must never run twice). However it ends (cancelled included), dispatch
+        returns only once the body ended, even one a middleware runs in a task of its
+        own: a cancellation of the dispatch is passed on to that task, then waited out.
         """
         if staged.kind != "dispatch":
             return staged
@@ -406,9 +408,10 @@ class ToolRuntime:
         # middleware may run ``proceed`` in a task of its own and answer before the body ends.
         body_running = False
         body_ended: asyncio.Future[None] | None = None
+        body_task: asyncio.Task[object] | None = None
 
         async def body(call: ToolExecution) -> ToolResult:
-            nonlocal body_running
+            nonlocal body_running, body_task
             # One body per policy decision: a middleware that proceeds twice, or keeps ``proceed``
             # and calls it once the call has settled, must not run the tool again or after its result.
             if staged._proceeded or staged.kind != "dispatch":
@@ -416,6 +419,7 @@ class ToolRuntime:
                                    "is being dispatched")
             staged._proceeded = True
             body_running = True
+            body_task = asyncio.current_task()
             try:
                 signal = call.signal
                 if signal is caller:
@@ -439,23 +443,40 @@ class ToolRuntime:
         for plugin, middleware in reversed(chain):
             proceed = _link(plugin, middleware, proceed)
         failed: ToolResult | None = None
+        cancelled: asyncio.CancelledError | None = None
         try:
             result = await proceed(execution)
         except HookFailure as failure:
             failed = _hook_failed(failure, execution)
         except Exception as error:
             failed = error_result(error)
+        except asyncio.CancelledError as error:
+            cancelled = error  # raised once a body a middleware detached has ended (below)
         finally:
             # ``proceed`` closes with the dispatch, however it ends: cancelled mid-middleware, the
             # call is settled by its caller without a kind change, and a kept ``proceed`` must not
             # run the body after that result.
             staged._proceeded = True
         if body_running:
-            # A middleware detached the body and settled first: the body is never abandoned. The
-            # call's one result waits until it ends (its transport nesting closed), as a body must
-            # be quiescent before its call is.
+            # A middleware detached the body (ran ``proceed`` in a task of its own) and settled, or
+            # was cut, first: the body is never abandoned. The dispatch ends when the body does
+            # (its transport nesting closed), as a body must be quiescent before its call is, and
+            # a scheduler frees the call's slot or barrier only then. This call cancelled, the
+            # cancellation reaches the body as it would in the dispatch's own task; a second one
+            # while waiting is raised after the body ended too.
             body_ended = asyncio.get_running_loop().create_future()
-            await body_ended
+            cut = False
+            while not body_ended.done():
+                if cancelled is not None and not cut:
+                    cut = True
+                    if body_task is not None and body_task is not asyncio.current_task():
+                        body_task.cancel()
+                try:
+                    await asyncio.shield(body_ended)
+                except asyncio.CancelledError as error:
+                    cancelled = cancelled or error
+        if cancelled is not None:
+            raise cancelled
         if failed is not None:
             return staged.settle("final-result", failed)
         if not isinstance(result, ToolResult):

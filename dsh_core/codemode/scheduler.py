@@ -57,11 +57,12 @@ the run's abort reaches until the call commits (through the scheduler's one list
 run's signal, not one per call). A done-callback on the future aborts it with
 :data:`PROGRAM_CANCELLED`, so policy waiting for it (an approval prompt) and its body stop,
 and cuts the task running its around-dispatch and body, so a body that ignores its signal
-stops too and an exclusive call frees the barrier. The call commits as aborted (a queued
-one is abandoned: it never starts and logs nothing); a call whose body had already ended
-commits as it ended. A future cancelled because the run settled (the run's control signal
-is aborted first) is left to the run's own abort, which reaches every call not yet
-committed.
+stops too and an exclusive call frees the barrier (only once its body really ended: a body
+that a middleware runs in a task of its own is cut through the dispatch, and waited for).
+The call commits as aborted (a queued one is abandoned: it never starts and logs nothing);
+a call whose body had already ended commits as it ended. A future cancelled because the
+run settled (the run's control signal is aborted first) is left to the run's own abort,
+which reaches every call not yet committed.
 
 Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
 task-killer may, at any point (before a task's first step included). Each

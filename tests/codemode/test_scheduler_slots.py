@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from codemode_kit import Env, tool
 
 from dsh_core import PreDecision, hookimpl
@@ -16,7 +17,7 @@ from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.codemode.history import DispatchHistory
 from dsh_core.codemode.scheduler import ProgramScheduler
 from dsh_core.hooks import Hooks
-from dsh_core.model import ApprovalOutcome, ToolExecutionInput
+from dsh_core.model import ApprovalOutcome, ToolExecutionInput, ToolResult
 
 
 def scheduler_of(env: Env, signal: AbortSignal | None = None) -> ProgramScheduler:
@@ -120,3 +121,62 @@ async def test_a_reclassified_call_the_program_cancels_while_it_waits_never_runs
     await scheduler.drain()
     assert flip.log == ["start hold", "end hold"]
     assert flip.results == {"hold": "held", "flip": "ABORTED_BEFORE_DISPATCH"}
+
+
+@pytest.mark.parametrize("middleware", ["awaits-shielded", "answers-early"])
+async def test_an_exclusive_call_a_middleware_detached_holds_its_barrier_until_its_body_ends(middleware: str) -> None:
+    """A middleware runs ``proceed`` in a task of its own; the program then cancels the call. The cut
+    reaches that body (as it reaches one run in the dispatch's own task), and the next exclusive
+    call starts only once it really ended, not when the dispatch was cut."""
+    env = Env(mode="native")
+    log: list[str] = []
+    started, cut, cleaned_up, next_started = (asyncio.Event() for _ in range(4))
+
+    async def excl(args: Any, ctx: Any) -> Any:
+        i = args["i"]
+        log.append(f"start {i}")
+        if i == 1:
+            next_started.set()
+            return i
+        started.set()
+        try:
+            await asyncio.Event().wait()  # ignores its signal: only a cut stops it
+        except asyncio.CancelledError:
+            log.append(f"cut {i}")
+            cut.set()
+            await cleaned_up.wait()  # its cleanup takes a while
+            log.append(f"end {i}")
+            raise
+        return i
+
+    class Detaching:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def detach(call: Any, proceed: Any) -> Any:
+                if call.arguments["i"] != 0:
+                    return await proceed(call)
+                body = asyncio.ensure_future(proceed(call))
+                if middleware == "awaits-shielded":
+                    return await asyncio.shield(body)
+                await started.wait()
+                return ToolResult(content="answered early", value=0)
+            return detach
+
+    env.add(tool("excl", excl))
+    env.plug(Detaching())
+    scheduler = scheduler_of(env)
+    first, _ = submit(scheduler, 1, "excl", {"i": 0})
+    await started.wait()
+    second, _ = submit(scheduler, 2, "excl", {"i": 1})
+    first.cancel()  # as the code runtime does when the program gives up on the call
+    try:
+        # Either the cut reached the body, or (the barrier freed early) the next body ran beside it.
+        waits = [asyncio.ensure_future(event.wait()) for event in (cut, next_started)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+    finally:
+        cleaned_up.set()
+    assert await second == 1
+    await scheduler.drain()
+    assert log == ["start 0", "cut 0", "end 0", "start 1"]

@@ -1102,6 +1102,57 @@ async def test_a_body_a_middleware_detached_is_awaited_before_the_call_settles(e
     assert (await detached[0]).value == {"echo": "late"}
 
 
+async def test_a_cancelled_call_cuts_a_body_a_middleware_detached_and_ends_after_it() -> None:
+    """Cancelled while a middleware awaits (shielded) the body it runs in a task of its own: the
+    cancellation reaches that body as it would one run in the call's own task, and the call's
+    result is emitted once the body has ended, not while it still runs."""
+    stack = Stack()
+    events: list[str] = []
+    started, cut, cleaned_up = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def body(args: Any, ctx: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # ignores its signal: only a cut stops it
+        except asyncio.CancelledError:
+            events.append("body cut")
+            cut.set()
+            await cleaned_up.wait()
+            events.append("body ended")
+            raise
+        return {"echo": "never"}
+
+    stack.registry.register(tool("slow", body=body))
+
+    class Detaching:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
+                return await asyncio.shield(asyncio.ensure_future(proceed(call)))  # type: ignore[no-any-return]
+            return middleware
+
+    class Observer:
+        @hookimpl
+        def dsh_tool_result(self, result: ToolResult) -> None:
+            events.append(f"result {result.code}")
+
+    register(stack.hooks, Detaching())
+    register(stack.hooks, Observer())
+    call = asyncio.ensure_future(stack.call("slow", {}))
+    await started.wait()
+    call.cancel()
+    try:
+        # Cut, the body cleans up while the call waits; left running, the call ends at once.
+        cut_seen = asyncio.ensure_future(cut.wait())
+        await asyncio.wait({call, cut_seen}, return_when=asyncio.FIRST_COMPLETED)
+        cut_seen.cancel()
+    finally:
+        cleaned_up.set()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert events == ["body cut", "body ended", "result ABORTED"]
+
+
 async def test_a_body_that_lets_out_a_cancellation_nobody_asked_for_fails_only_its_call() -> None:
     """A body awaiting a future someone else cancelled raises CancelledError: that is the tool's
     failure, not the cancellation of the caller (an agent run would end as interrupted)."""
