@@ -191,9 +191,7 @@ class ToolRuntime:
                 return await self.finalize(staged)
             return await self.finish(staged)
         except asyncio.CancelledError:
-            if not staged._finished:
-                staged.result = aborted_result() if staged._body_invoked else _aborted_before_dispatch()
-                await asyncio.shield(self.finish(staged))
+            await asyncio.shield(self.finish_cancelled(staged))
             raise
 
     def execution_mode(self, request: ToolExecutionInput) -> ExecutionMode:
@@ -273,7 +271,13 @@ class ToolRuntime:
         """
         staged = self._create(request)
         if staged.kind == "dispatch":
-            await self._policy(staged, approval_wait)
+            try:
+                await self._policy(staged, approval_wait)
+            except asyncio.CancelledError:
+                # The caller never gets this execution to finish, but its pre-execute hooks saw it:
+                # its one result event is emitted here (aborted before dispatch), then the cancellation goes on.
+                await asyncio.shield(self.finish_cancelled(staged))
+                raise
         return staged
 
     async def _policy(self, staged: Staged,
@@ -641,6 +645,22 @@ class ToolRuntime:
         if contexts:
             result = attrs.evolve(result, additional_contexts=result.additional_contexts + contexts)
         return result
+
+    def finish_cancelled(self, staged: Staged) -> asyncio.Future[ToolResult]:
+        """Finish a call whose caller was cancelled before it finished it; the future of its result.
+
+        Its result becomes ``ABORTED`` if its body was invoked, else ``ABORTED_BEFORE_DISPATCH``,
+        and :meth:`finish` emits it in a task of its own, which a further cancellation of the
+        caller cannot cut: the call still has its one result event. A call already finished
+        (or being finished) keeps its result, and the future is done already.
+        """
+        if staged._finished:
+            assert staged.result is not None
+            done: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+            done.set_result(staged.result)
+            return done
+        staged.result = aborted_result() if staged._body_invoked else _aborted_before_dispatch()
+        return asyncio.ensure_future(self.finish(staged))
 
     async def finish(self, staged: Staged) -> ToolResult:
         """Apply the captured finalizer, materialize, and emit the one result event."""

@@ -69,7 +69,8 @@ task-killer may, at any point (before a task's first step included). Each
 task's done-callback repairs what a cancelled one left: its body counts as
 ended (the call commits as aborted), the lane it held is let go and handed on
 if there is work, and an exclusive barrier is cleared by its commit's
-``finally``. A call cancelled mid-commit still answers the program and logs
+``finally``. A call cancelled mid-commit (or mid-policy) still emits its one
+result event (finished as aborted, even cut in post-execute), answers the program and logs
 its settle event: a settle write the cancellation interrupted wrote nothing
 (a session sink's contract), so it is written again, through further
 cancellations, for at most :data:`WRITE_AFTER_CANCEL_TIMEOUT_S`. A start
@@ -474,8 +475,9 @@ class ProgramScheduler:
             call.settled = True
             return
         except asyncio.CancelledError:
-            # The lane's task was cancelled from outside: the call is over, and committed as aborted.
-            call.failure = aborted_result()
+            # The lane's task was cancelled from outside: the call is over, and committed as aborted
+            # before dispatch (as prepare emitted its result event).
+            call.failure = ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH, ABORTED_BEFORE_DISPATCH_MESSAGE)
             call.settled = True
             raise
         call.staged = staged
@@ -537,7 +539,7 @@ class ProgramScheduler:
             # the cancellation interrupted wrote nothing (a sink's cancelled append commits
             # nothing), so writing it here never doubles it.
             if result is None:
-                result = aborted_result()
+                result = await self._finish_after_cancel(call)
                 self._deliver(call, result)
             if history.enabled and not call.start_lost:
                 settled = result
@@ -553,6 +555,28 @@ class ProgramScheduler:
                 await self._write_after_cancel(call, "settle", write,
                                                "the session shows the call started, never settled")
             raise
+
+    async def _finish_after_cancel(self, call: SubCall) -> ToolResult:
+        """The result of a call whose commit was cut before it finished (mid post-execute, say).
+
+        It is still finished as aborted, so its one result event is emitted; waited for through
+        further cancellations, for at most :data:`WRITE_AFTER_CANCEL_TIMEOUT_S` (then it goes on
+        in its own task, and the program is answered with the aborted result meanwhile).
+        """
+        staged = call.staged
+        if staged is None:
+            return call.failure or aborted_result()
+        finishing = self._runtime.finish_cancelled(staged)
+
+        async def wait() -> None:
+            await asyncio.shield(finishing)
+
+        if not finishing.done():
+            await self._write_after_cancel(call, "result", wait, "its result observers may hear of it late")
+        if finishing.done() and not finishing.cancelled() and finishing.exception() is None:
+            return finishing.result()
+        assert staged.result is not None
+        return staged.result
 
     async def _write_after_cancel(self, call: SubCall, event: str, write: Callable[[], Coroutine[Any, Any, None]],
                                   lost: str) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from codemode_kit import Env, tool
+from codemode_kit import Env, Recorder, tool
 
 from dsh_core import ContextMessage, PostDecision, TextBlock, hookimpl
 from dsh_core.abort import AbortSignal
@@ -193,6 +193,8 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     sink.append = slow_first_write  # type: ignore[method-assign]
     env.add(tool("t", body, safe=safe))
     env.plug(Blocking())
+    recorder = Recorder()
+    env.plug(recorder)
     program = ("import asyncio\nasync def one(i):\n    try:\n        return await tools.t({'i': i})\n"
                "    except ToolCallError as error:\n        return str(error)\n"
                "return await asyncio.gather(one(0), one(1))")
@@ -201,7 +203,9 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     blocked[0].cancel()
     result = await asyncio.wait_for(run, 5)
     # Cancelled while logging, the call had already been answered.
-    first_answer = {"i": 0} if stage == "settle-log" else "tool call aborted"
+    # Cut in its policy, it never dispatched: aborted before dispatch, as its result event says.
+    first_answer = {"i": 0} if stage == "settle-log" else (
+        "tool call aborted before dispatch" if stage == "pre-execute" else "tool call aborted")
     assert result.value["result"] == [first_answer, {"i": 1}]
     kinds = sink.kinds()
     start, settle = "tool/code-dispatch-start", "tool/code-dispatch"
@@ -211,6 +215,12 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     assert sorted(kinds) == sorted([(start, first_call), (settle, first_call), (start, second_call),
                                     (settle, second_call)])
     assert kinds.index((start, first_call)) < kinds.index((settle, first_call))
+    # Each call the pipeline saw (its pre-execute ran) emits its one result event, cancelled or not.
+    results = [(execution.call_id, result.code) for execution, result in recorder.results if execution.nested]
+    cut = {"pre-execute": "ABORTED_BEFORE_DISPATCH", "body": "ABORTED", "post-execute": "ABORTED"}
+    expected = [(second_call, None)] + ([(first_call, cut[stage])] if stage in cut else [(first_call, None)]
+                                       if stage == "settle-log" else [])
+    assert sorted(results, key=str) == sorted(expected, key=str)
 
 
 async def test_a_settle_write_cancelled_behind_a_busy_store_is_written_once(tmp_path: Path) -> None:
