@@ -180,3 +180,39 @@ async def test_an_exclusive_call_a_middleware_detached_holds_its_barrier_until_i
     assert await second == 1
     await scheduler.drain()
     assert log == ["start 0", "cut 0", "end 0", "start 1"]
+
+
+async def test_a_call_cut_in_its_middleware_before_the_body_is_aborted_before_dispatch() -> None:
+    """The program gives up on a call whose middleware is still waiting (a rate limiter, say): the
+    body never ran, so the call was aborted before dispatch, as a native call cancelled there is."""
+    env = Env(mode="native")
+    waiting = asyncio.Event()
+    ran: list[str] = []
+    results: list[Any] = []
+
+    async def body(args: Any, ctx: Any) -> Any:
+        ran.append("body")
+        return "ran"
+
+    class Limiter:
+        @hookimpl
+        def dsh_around_dispatch(self) -> Any:
+            async def limit(call: Any, proceed: Any) -> Any:
+                waiting.set()
+                await asyncio.Event().wait()  # no slot ever frees up
+                return await proceed(call)
+            return limit
+
+        @hookimpl
+        def dsh_tool_result(self, execution: Any, result: Any) -> None:
+            results.append(result.code)
+
+    env.add(tool("limited", body))
+    env.plug(Limiter())
+    scheduler = scheduler_of(env)
+    limited, _ = submit(scheduler, 1, "limited")
+    await waiting.wait()
+    limited.cancel()  # as the code runtime does when the program gives up on the call
+    await scheduler.drain()
+    assert ran == []
+    assert results == ["ABORTED_BEFORE_DISPATCH"]
