@@ -5,7 +5,8 @@ send the agent's wire schemas (:meth:`~dsh_core.registry.ToolRegistry.wire_schem
 with the history to the provider, and run the assistant's tool calls
 model-direct (no parent token) through :class:`~dsh_core.runtime.ToolRuntime`.
 Calls the runtime classifies ``parallel`` overlap with their parallel
-neighbours; an ``exclusive`` call waits for the running ones and runs alone;
+neighbours; an ``exclusive`` call waits for the running ones and runs alone
+(each call is classified when its turn comes, after the calls before it ended);
 results go back to the model in call order as ``tool`` messages, followed by
 the results' additional contexts as user messages. A call's result text and
 its context messages share one budget, the agent's ``max_tool_result_chars``:
@@ -516,10 +517,15 @@ class AgentLoop:
             record = ToolCallRecord(index=index, call_id=f"{step}.{index + 1}", tool_call_id=call["id"],
                                     name=function["name"], raw_arguments=function["arguments"], cut_off=cut_off)
             record.arguments, record.parse_error = _parse_arguments(record.raw_arguments)
-            if record.parse_error is None:
-                record.mode = self.runtime.execution_mode(self._request(record, signal))
+            self._classify(record, signal)
             records.append(record)
         return records
+
+    def _classify(self, record: ToolCallRecord, signal: AbortSignal) -> ExecutionMode:
+        """Set and return ``record.mode`` as the registry answers now (unparsed arguments: exclusive)."""
+        if record.parse_error is None:
+            record.mode = self.runtime.execution_mode(self._request(record, signal))
+        return record.mode
 
     def _request(self, record: ToolCallRecord, signal: AbortSignal) -> ToolExecutionInput:
         # Model-direct: no parent token, so the registry's Code Mode collapse applies.
@@ -536,9 +542,12 @@ class AgentLoop:
         index = 0
         try:
             while index < len(records):
-                if records[index].mode == "parallel":
-                    end = index
-                    while end < len(records) and records[end].mode == "parallel":
+                # Classified again when its turn comes (the event above keeps the mode planned at the
+                # step's start): a call earlier in the step may have replaced the tool by one that is
+                # not concurrency-safe, and it must not run in a batch then.
+                if self._classify(records[index], signal) == "parallel":
+                    end = index + 1
+                    while end < len(records) and self._classify(records[end], signal) == "parallel":
                         end += 1
                     await _all_or_none([self._run_one(r, signal) for r in records[index:end]])
                     index = end

@@ -813,3 +813,36 @@ async def test_arguments_cut_off_at_the_output_limit_are_called_cut_off(tmp_path
         assert "cut off" not in second  # a reply that finished is not said to be cut off
     finally:
         await harness.aclose()
+
+
+async def test_a_call_is_classified_when_its_turn_comes_not_when_its_step_began(tmp_path: Path) -> None:
+    """An earlier call of the step replaces a tool by one that is not concurrency-safe: the later
+    calls of that tool run one at a time, not as the parallel batch the step began with."""
+    overlaps: list[bool] = []
+    active = {"n": 0}
+
+    async def careful(args: Any, ctx: Any) -> Any:
+        active["n"] += 1
+        overlaps.append(active["n"] > 1)
+        await asyncio.sleep(0)  # the other call of the batch, if any, starts here
+        active["n"] -= 1
+        return "careful"
+
+    async def swap(args: Any, ctx: Any) -> Any:
+        # A tool that (re)defines tools, as a dynamic package would: "x" is no longer safe.
+        registry = harness.registry
+        registry.register(tool("x", careful), scope=ctx.execution.agent)
+        return "swapped"
+
+    async def sloppy(args: Any, ctx: Any) -> Any:
+        return "sloppy"
+
+    turns = [calls(call("swap", {}, "s"), call("x", {"i": 1}, "x1"), call("x", {"i": 2}, "x2")), final("done")]
+    harness = await start(tmp_path, tools=[tool("swap", swap), tool("x", sloppy, safe=True)], turns=turns)
+    try:
+        result = await run_agent(harness, "go")
+        assert result.ok
+        assert [m["content"] for m in result.messages if m["role"] == "tool"] == ["swapped", "careful", "careful"]
+        assert overlaps == [False, False]
+    finally:
+        await harness.aclose()
