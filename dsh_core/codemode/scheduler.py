@@ -651,7 +651,7 @@ class ProgramScheduler:
             if staged.kind == "dispatch":
                 # The body task ended without settling (cut, or cancelled from outside): aborted, and
                 # before dispatch if its body was never invoked (cut in a middleware), as in execute().
-                return await self._runtime.finish_cancelled(staged)
+                return await asyncio.shield(self._runtime.finish_cancelled(staged))
             if staged.kind == "post-result":
                 return await self._runtime.finalize(staged)
             return await self._runtime.finish(staged)

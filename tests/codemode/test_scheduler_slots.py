@@ -216,3 +216,43 @@ async def test_a_call_cut_in_its_middleware_before_the_body_is_aborted_before_di
     await scheduler.drain()
     assert ran == []
     assert results == ["ABORTED_BEFORE_DISPATCH"]
+
+
+async def test_the_result_observers_of_a_cut_call_are_not_interrupted_by_a_cancelled_lane() -> None:
+    """A cut call is finished on the lane; a foreign task-killer cancelling the lane meanwhile must
+    not interrupt the observer hearing its one result (the session recorder among them)."""
+    env = Env(mode="native")
+    waiting, hearing, heard = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    log: list[str] = []
+
+    async def body(args: Any, ctx: Any) -> Any:
+        waiting.set()
+        await asyncio.Event().wait()
+
+    class Observer:
+        @hookimpl
+        def dsh_tool_result(self, execution: Any, result: Any) -> Any:
+            async def hear() -> None:
+                hearing.set()
+                try:
+                    await heard.wait()
+                except asyncio.CancelledError:
+                    log.append("interrupted")
+                    raise
+                log.append(f"heard {result.code}")
+            return hear()
+
+    env.add(tool("t", body))
+    env.plug(Observer())
+    scheduler = scheduler_of(env)
+    cut, _ = submit(scheduler, 1, "t")
+    await waiting.wait()
+    cut.cancel()  # the program gives up: the call is cut, then finished on the lane
+    await hearing.wait()
+    lane = scheduler._holder
+    assert lane is not None
+    lane.cancel()  # a foreign task-killer (or loop teardown)
+    await asyncio.sleep(0)
+    heard.set()
+    await scheduler.drain()
+    assert log == ["heard ABORTED"]
