@@ -23,8 +23,8 @@ from typing import Any, Literal
 __all__ = ["SERVICE", "Denial", "DenyRule", "PathRules", "PublishedRules", "lexical", "under"]
 
 #: The scope service under which the guards rows publish their rules (a :class:`PublishedRules`), in the
-#: scope their own scopes were started under (the harness root for ``[[plugins]]`` rows), so every other
-#: plugin row finds it with ``scope.lookup(SERVICE)``, whichever loaded first.
+#: root of their scope tree (the harness root), so every other plugin row finds it with
+#: ``scope.lookup(SERVICE)``, whichever loaded first and wherever in the tree either was started.
 SERVICE = "path_rules"
 
 
@@ -187,25 +187,30 @@ class PublishedRules:
     """The path rules every guards row with path rules publishes (the service :data:`SERVICE`).
 
     A row adds its rules when it starts and removes them when its scope is disposed; readers take
-    :meth:`snapshot` at call time, so the order in which plugin rows load does not matter.
+    :meth:`snapshot` at call time, so the order in which plugin rows load does not matter. A row started in
+    an agent's scope judges that agent's calls only (as its guard hook sees them), so its rules are
+    published with that agent's layer and a snapshot for a call holds only the rules whose guard judges it.
     """
 
     def __init__(self) -> None:
-        self._rules: list[PathRules] = []
+        self._rules: list[tuple[PathRules, Any]] = []
 
-    def publish(self, rules: PathRules) -> Callable[[], None]:
-        """Add ``rules``; the returned function removes them again (once)."""
-        self._rules.append(rules)
+    def publish(self, rules: PathRules, layer: Any = None) -> Callable[[], None]:
+        """Add ``rules`` of a guard that judges the calls of agents within the scope ``layer`` (``None``: every
+        call); the returned function removes them again (once)."""
+        entry = (rules, layer)
+        self._rules.append(entry)
 
         def withdraw() -> None:
-            if any(entry is rules for entry in self._rules):
-                self._rules = [entry for entry in self._rules if entry is not rules]
+            if any(published is entry for published in self._rules):
+                self._rules = [published for published in self._rules if published is not entry]
 
         return withdraw
 
-    def snapshot(self) -> tuple[PathRules, ...]:
-        """The rules published now."""
-        return tuple(self._rules)
+    def snapshot(self, agent: Any = None) -> tuple[PathRules, ...]:
+        """The rules published now that judge a call of ``agent`` (a scope; ``None``: a call of no agent)."""
+        return tuple(rules for rules, layer in self._rules
+                     if layer is None or (agent is not None and agent.is_within(layer)))
 
 
 def lexical(path: str) -> str:

@@ -27,8 +27,9 @@ and can only deny: they are the last, monotonic line of the policy.
   names, and publishes its rules (a read-only
   :class:`~dsh_plugins._path_rules.PathRules`, in the
   :class:`~dsh_plugins._path_rules.PublishedRules` service ``"path_rules"`` of
-  the scope the row was started under: the harness root for ``[[plugins]]``
-  rows) to the tools that reach paths no call names. The workspace plugin's
+  the harness root; a row started in an agent's scope publishes them for that
+  agent's calls only, as its guard judges only those) to the tools that reach
+  paths no call names. The workspace plugin's
   ``list`` and ``search`` look them up at each call (so the rows may load in
   any order) and withhold every entry these rules deny, judged by the same
   code that judges a named path: ``list`` judges a symlink where it leads, as
@@ -317,13 +318,18 @@ class Guards:
 
 def _publish(scope: Scope, rules: PathRules) -> None:
     """Publish ``rules`` for the tools that reach paths no call names (``list``, ``search``): in the
-    :class:`~dsh_plugins._path_rules.PublishedRules` of the scope this row's scope was started under (made
-    and provided there by the first row that publishes), withdrawn when this row's scope is disposed."""
-    board = scope.lookup(SERVICE)
+    :class:`~dsh_plugins._path_rules.PublishedRules` of the root of this row's scope tree (made and provided
+    there by the first row that publishes), for the calls this row's guard judges (those of the agent whose
+    scope it was started in, else every call), withdrawn when this row's scope is disposed."""
+    # The root, not the nearest scope: a row started in an agent's scope would otherwise provide the board
+    # where a deployment-level workspace row never looks, and that agent's search would read what its own
+    # guard denies; the layer keeps its rules from withholding anything from other agents.
+    root = next(node for node in scope.chain() if node.parent is None)
+    board = root.lookup(SERVICE)
     if not isinstance(board, PublishedRules):
         board = PublishedRules()
-        (scope.parent or scope).provide(SERVICE, board)
-    scope.on_dispose(board.publish(rules))
+        root.provide(SERVICE, board)
+    scope.on_dispose(board.publish(rules, scope.layer_owner))
 
 
 def _rule(pattern: str, glob: str, flags: int, absolute: bool) -> DenyRule:

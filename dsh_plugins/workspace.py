@@ -1030,7 +1030,7 @@ class WorkspaceTools:
             raise ToolError(f"{given!r} is a file, not a directory (use read to see its content)") from None
         except OSError as error:
             raise ToolError(f"cannot list {given!r}: {error.strerror}") from None
-        rules = self.path_rules()
+        rules = self.path_rules(ctx.execution.agent)
         try:
             entries, truncated, withheld = await _in_thread(ctx, lambda stop: self._list_entries(fd, stop, real, rules))
         finally:
@@ -1039,8 +1039,9 @@ class WorkspaceTools:
         return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated,
                 "withheld": withheld}
 
-    def path_rules(self) -> tuple[PathRules, ...]:
-        """The path rules the guards rows publish now (none without a guards row with path rules).
+    def path_rules(self, agent: Scope | None = None) -> tuple[PathRules, ...]:
+        """The path rules the guards rows publish now for a call of ``agent`` (none without a guards row with
+        path rules that judges its calls).
 
         ``list`` and ``search`` reach paths no call names, which the path guard therefore never judged:
         they withhold every entry one of these rules denies, judged by the guard's own code
@@ -1048,7 +1049,7 @@ class WorkspaceTools:
         neither shown nor read.
         """
         published = None if self.scope is None else self.scope.lookup(PATH_RULES_SERVICE)
-        return () if published is None else tuple(rules for rules in published.snapshot() if rules.active)
+        return () if published is None else tuple(rules for rules in published.snapshot(agent) if rules.active)
 
     def _list_entries(self, fd: int, stop: threading.Event, real: str,
                       rules: Sequence[PathRules] = ()) -> tuple[_Entries, bool, int]:
@@ -1131,7 +1132,8 @@ class WorkspaceTools:
             re.compile(args["pattern"])
         except re.error as error:
             raise ToolError(f"invalid regular expression {args['pattern']!r}: {error}") from None
-        request = self._search_request(args["pattern"], args.get("path", "."), self.path_rules())
+        request = self._search_request(args["pattern"], args.get("path", "."),
+                                            self.path_rules(ctx.execution.agent))
         try:
             ctx.signal.raise_if_aborted()
             try:

@@ -541,3 +541,37 @@ async def test_list_and_search_judge_entries_as_the_root_as_configured_spells_th
         assert found.value["withheld"] == 3  # .env, vault (closed), alias
         listed = await h.call("list", {})
         assert [e["name"] for e in listed.value["entries"]] == ["ok.txt"] and listed.value["withheld"] == 3
+
+
+async def test_an_agent_scoped_guard_withholds_for_its_agent_only(tmp_path: Path) -> None:
+    """A guards row started in one agent's scope judges that agent's calls only, so the rules it publishes
+    must hold for what that agent's ``list`` and ``search`` reach (a deployment-level workspace row, which
+    looks the rules up from its own scope, must still find them), and must not withhold anything from
+    another agent, whose calls that guard never judges."""
+    from dsh_core.config import compose
+    from dsh_core.harness import Harness
+    from dsh_core.plugins import PluginCatalog, start_plugin
+    from dsh_plugins.guards import plugin as guards_factory
+
+    (tmp_path / ".env").write_text("SECRET=1\n")
+    (tmp_path / "notes.txt").write_text("SECRET=none\n")
+    workspace = {"id": "workspace", "use": "workspace", "config": {"root": str(tmp_path)}}
+    deployment_guard = {"id": "guards", "use": "guards", "config": {"root": str(tmp_path), "deny_paths": ["*.key"]}}
+    for plugin_rows in ([workspace], [workspace, deployment_guard]):
+        deployment = compose([("test", {"plugins": plugin_rows, "agents": [{"id": "a"}, {"id": "b"}]})], env={})
+        h = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
+        try:
+            await start_plugin(plugin_id="guards-a", factory=guards_factory, parent=h.agent("a"), hooks=h.hooks,
+                               config={"root": str(tmp_path), "deny_paths": ["**/.env"]}, registrars={})
+            assert (await h.call("read", {"path": ".env"}, agent="a")).code == "DENIED"
+            found = await h.call("search", {"pattern": "SECRET"}, agent="a")
+            assert [m["path"] for m in found.value["matches"]] == ["notes.txt"], plugin_rows
+            listed = await h.call("list", {}, agent="a")
+            assert [e["name"] for e in listed.value["entries"]] == ["notes.txt"], plugin_rows
+            assert (await h.call("read", {"path": ".env"}, agent="b")).error is None
+            found = await h.call("search", {"pattern": "SECRET"}, agent="b")
+            assert [m["path"] for m in found.value["matches"]] == [".env", "notes.txt"], plugin_rows
+            listed = await h.call("list", {}, agent="b")
+            assert [e["name"] for e in listed.value["entries"]] == [".env", "notes.txt"], plugin_rows
+        finally:
+            await h.aclose()
