@@ -39,8 +39,9 @@ and can only deny: they are the last, monotonic line of the policy.
   ``**/.git/**``). Both count what they withheld (``withheld``; the text says
   ``[N entries withheld by the path guard]``) without naming it. A tool that
   reaches paths no argument names and does not consult the published rules
-  (``bash``, a third-party tool) is judged by its arguments only: deny such
-  tools too where that matters.
+  (``bash``, a third-party tool, and ``run_code`` below isolation L2, where
+  no Landlock rule keeps its program from opening files) is judged by its
+  arguments only: deny such tools too where that matters.
 * Limits: paths are judged by name, never by the file a name leads to past
   its symlinks. A hard link to a denied file under an allowed name
   (``notes.txt`` sharing ``.env``'s inode) is read under that name, by
@@ -51,7 +52,10 @@ and can only deny: they are the last, monotonic line of the policy.
   written in).
 
 Globs: ``*`` and ``?`` stay within one path segment, ``**`` spans any number
-of segments. A glob starting with ``/`` (or ``~``) matches the absolute path,
+of segments; brace groups expand as bash expands them (``**/*.{pem,key}`` is
+``**/*.pem`` and ``**/*.key``; ``{x}`` and ``[{]`` are literal), and unbalanced
+braces are a config error rather than a glob that silently matches nothing.
+A glob starting with ``/`` (or ``~``) matches the absolute path,
 as written and with the symlinks of its glob-free leading directories resolved
 (so ``/tmp/ws/secrets/**`` holds when ``/tmp`` is a symlink, or ``root`` is
 spelled through one); any other glob matches the path relative to ``root`` (so
@@ -92,8 +96,8 @@ import fnmatch
 import itertools
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from dsh_core import Scope, ToolError, ToolExecution, hookimpl, plugin
 from dsh_plugins._path_rules import SERVICE, DenyRule, PathRules, PublishedRules, lexical
@@ -172,6 +176,9 @@ class Guards:
         self.row = scope.name.partition(":")[2] or "guards"
         self.allow_tools: list[str] = list(config.get("allow_tools", []))
         self.deny_tools: list[str] = list(config.get("deny_tools", []))
+        #: Each tool glob as written, with the globs its brace groups stand for.
+        self._allow_globs = _tool_globs(self.allow_tools, "allow_tools", self.row)
+        self._deny_globs = _tool_globs(self.deny_tools, "deny_tools", self.row)
         # As ruff's select and extend-select: path_arguments replaces the defaults, extend_path_arguments
         # adds to them, so naming one extra argument cannot silently stop `path` and `file` being judged.
         self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS)) | frozenset(
@@ -187,8 +194,10 @@ class Guards:
         # Where the root looks names up ignoring case, ".ENV" opens .env: the globs fold case there too.
         flags = re.DOTALL | re.IGNORECASE if _case_insensitive(real_root) else re.DOTALL
         deny: list[DenyRule] = []
-        for pattern in config.get("deny_paths", []):
-            globs = _normalised_globs(pattern, self.row)
+        entries = [(entry, alternative) for entry in config.get("deny_paths", [])
+                   for alternative in _brace_alternatives(entry, self.row)]
+        for pattern, alternative in entries:
+            globs = _normalised_globs(alternative, self.row, pattern)
             absolute = globs[0].startswith("/")
             if absolute:
                 # An absolute glob is matched as written and with the symlinks of its glob-free leading
@@ -225,11 +234,13 @@ class Guards:
     def dsh_guard(self, execution: ToolExecution) -> str | None:
         """Deny by tool name first, then by each path-like argument."""
         name = execution.name
-        denied = next((p for p in self.deny_tools if fnmatch.fnmatchcase(name, p)), None)
+        denied = next((written for written, globs in self._deny_globs
+                       if any(fnmatch.fnmatchcase(name, glob) for glob in globs)), None)
         if denied is not None:
             return (f'guards: tool "{name}" is denied (deny_tools pattern "{denied}" '
                     f'in the config of plugin row "{self.row}")')
-        if self.allow_tools and not any(fnmatch.fnmatchcase(name, p) for p in self.allow_tools):
+        if self.allow_tools and not any(fnmatch.fnmatchcase(name, glob) for _, globs in self._allow_globs
+                                        for glob in globs):
             return (f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
                     f"(allowed: {', '.join(self.allow_tools)})")
         if self.rules.active:
@@ -342,11 +353,122 @@ def _rule(pattern: str, glob: str, flags: int, absolute: bool) -> DenyRule:
     return DenyRule(pattern, re.compile(glob_to_regex(glob).pattern, flags), absolute, subtree)
 
 
-def _normalised_globs(pattern: str, row: str) -> list[str]:
-    """The globs a ``deny_paths`` entry stands for, spelled as the judged paths are: ``~`` expanded, no
-    empty or ``.`` segments (``./x``, ``x//y``, ``x/./y``); a trailing ``/`` is the directory and everything
-    under it. A ``..`` segment is refused: it would never match a normalised path."""
-    expanded = os.path.expanduser(pattern)
+#: Most globs one ``deny_paths`` entry may expand to (``{a,b}{c,d}`` is 4), and deepest brace nesting.
+MAX_BRACE_ALTERNATIVES = 1024
+MAX_BRACE_DEPTH = 16
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Index of the ``]`` closing the class opened at ``pattern[start]``, as :func:`glob_to_regex` reads
+    it, or -1 when it is not closed (then the ``[`` is literal)."""
+    first = start + 2 if pattern.startswith("[!", start) else start + 1
+    return pattern.find("]", first + 1 if pattern.startswith("]", first) else first)
+
+
+def _brace_group(pattern: str, start: int) -> tuple[int, list[int]]:
+    """The index of the ``}`` closing the ``{`` at ``start`` and the group's own commas (not nested ones')."""
+    depth, commas, index = 0, [], start
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "[" and (end := _class_end(pattern, index)) != -1:
+            index = end + 1
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return index, commas
+        elif char == "," and depth == 1:
+            commas.append(index)
+        index += 1
+    raise AssertionError("unbalanced braces are refused before groups are read")  # pragma: no cover
+
+
+#: What is left of a tool glob without its wildcards and classes must be spelled as tool names are.
+_TOOL_NAME_CHARS: Final = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def _tool_globs(patterns: list[str], key: str, row: str) -> list[tuple[str, list[str]]]:
+    """Each of ``key``'s tool globs as written, with the globs its brace groups stand for. A glob no tool
+    name can match (a ``.``, a space, a ``/`` outside a class: names use ``[A-Za-z0-9_-]`` only) is
+    refused: in ``deny_tools`` it would silently deny nothing."""
+    globs = []
+    for pattern in patterns:
+        alternatives = _brace_alternatives(pattern, row, key)
+        for alternative in alternatives:
+            literal, index = [], 0
+            while index < len(alternative):
+                if alternative[index] == "[" and (end := _class_end(alternative, index)) != -1:
+                    index = end + 1
+                    continue
+                if alternative[index] not in "*?":
+                    literal.append(alternative[index])
+                index += 1
+            if not _TOOL_NAME_CHARS.fullmatch("".join(literal)):
+                raise ToolError(f'guards: {key} pattern "{pattern}" of plugin row "{row}" can never match a tool '
+                                'name (names use only A-Z, a-z, 0-9, "_" and "-"; globs add "*", "?", "[...]" '
+                                'and "{a,b}")')
+        globs.append((pattern, alternatives))
+    return globs
+
+
+def _brace_alternatives(pattern: str, row: str, key: str = "deny_paths") -> list[str]:
+    """The globs ``pattern`` stands for with its brace groups expanded as bash expands them:
+    ``*.{pem,key}`` is ``*.pem`` and ``*.key`` (nested and several groups too); a group with no comma
+    (``{x}``) and a brace in a class (``[{]``) are literal. Unbalanced braces are refused (no path would
+    match what was meant), as is an entry expanding past :data:`MAX_BRACE_ALTERNATIVES` globs."""
+    def refuse(why: str) -> ToolError:
+        return ToolError(f'guards: {key} pattern "{pattern}" of plugin row "{row}" {why}')
+
+    depth, index = 0, 0
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "[" and (end := _class_end(pattern, index)) != -1:
+            index = end + 1
+            continue
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth < 0 or depth > MAX_BRACE_DEPTH:
+            break
+        index += 1
+    if depth != 0:
+        why = (f"nests braces deeper than {MAX_BRACE_DEPTH}" if depth > MAX_BRACE_DEPTH
+               else "has unbalanced braces")
+        raise refuse(f'{why}; "{{a,b}}" stands for "a" and "b", and "[{{]" / "[}}]" match a brace itself')
+    return _expand(pattern, refuse)
+
+
+def _expand(text: str, refuse: Callable[[str], ToolError]) -> list[str]:
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char == "[" and (end := _class_end(text, index)) != -1:
+            index = end + 1
+            continue
+        if char == "{":
+            close, commas = _brace_group(text, index)
+            if commas:
+                head, tail = text[:index], text[close + 1:]
+                bounds = [index, *commas, close]
+                expanded: list[str] = []
+                for left, right in itertools.pairwise(bounds):
+                    expanded.extend(head + rest for rest in _expand(text[left + 1:right] + tail, refuse))
+                    if len(expanded) > MAX_BRACE_ALTERNATIVES:
+                        raise refuse(f"expands to more than {MAX_BRACE_ALTERNATIVES} globs; write fewer "
+                                     "alternatives, or several entries")
+                return list(dict.fromkeys(expanded))
+        index += 1
+    return [text]
+
+
+def _normalised_globs(pattern: str, row: str, shown: str | None = None) -> list[str]:
+    """The globs a ``deny_paths`` entry (or one of its brace alternatives, the entry being ``shown``)
+    stands for, spelled as the judged paths are: ``~`` expanded, no empty or ``.`` segments (``./x``,
+    ``x//y``, ``x/./y``); a trailing ``/`` is the directory and everything under it. A ``..`` segment is
+    refused: it would never match a normalised path."""
+    entry = pattern
+    pattern = shown if shown is not None else pattern  # the entry as written, in messages
+    expanded = os.path.expanduser(entry)
     if expanded.startswith("~"):
         # Left as is it would be a relative glob under root, never matching the home directory it names.
         raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" starts with "~" but '

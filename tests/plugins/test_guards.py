@@ -575,3 +575,42 @@ async def test_an_agent_scoped_guard_withholds_for_its_agent_only(tmp_path: Path
             assert [e["name"] for e in listed.value["entries"]] == [".env", "notes.txt"], plugin_rows
         finally:
             await h.aclose()
+
+
+async def test_brace_alternatives_deny_each_alternative_as_bash_expands_them(boot: Any, tmp_path: Path) -> None:
+    """"**/*.{pem,key}" matched only a file literally named "x.{pem,key}": a deny rule that silently denied
+    nothing. Braces expand as bash expands them; a group without a comma, or inside a class, is literal."""
+    verdicts = await guard_verdicts(
+        {"root": str(tmp_path), "deny_paths": ["**/*.{pem,key}", "{build,dist/out}/", "a{b}", "c[{]d", "{x,y{1,2}}z"]},
+        "certs/site.pem", "site.key", "notes.txt", "build/log", "dist/out/x", "dist/in/x",
+        "a{b}", "ab", "c{d", "xz", "y1z", "y2z", "yz", "x.{pem,key}")
+    assert [verdict is not None for verdict in verdicts] == [
+        True, True, False, True, True, False, True, False, True, True, True, True, False, False]
+    assert verdicts[0] is not None and 'the denied pattern "**/*.{pem,key}"' in verdicts[0]
+
+
+@pytest.mark.parametrize("pattern", ["**/*.{pem,key", "x}{a,b", "{" * 12 + "a,b" + "}" * 12 + "{c,d}" * 11])
+async def test_unbalanced_or_exploding_braces_are_refused_naming_the_pattern(
+        boot: Any, tmp_path: Path, pattern: str) -> None:
+    with pytest.raises(Exception, match=re.escape(f'deny_paths pattern "{pattern}" of plugin row "guards"')):
+        async with boot(*rows(tmp_path, deny_paths=[pattern])):
+            pass  # pragma: no cover
+
+
+async def test_tool_globs_expand_braces_and_one_no_tool_name_can_match_is_refused(boot: Any, tmp_path: Path) -> None:
+    """deny_tools = ["{bash,write}"] denied nothing (fnmatch has no braces, and no tool name holds one), and
+    neither did "mcp.exec" or "bash " (a tool name uses only A-Z, a-z, 0-9, "_" and "-"): silent no-ops."""
+    async with boot(*rows(tmp_path, deny_tools=["{bash,wr[i]te}"])) as h:
+        denied = await h.call("bash", {"command": "touch x"})
+        assert denied.code == "DENIED" and 'deny_tools pattern "{bash,wr[i]te}"' in denied.text
+        assert (await h.call("write", {"path": "y", "content": ""})).code == "DENIED"
+        assert (await h.call("list", {})).error is None
+    async with boot(*rows(tmp_path, allow_tools=["{read,list}"])) as h:
+        assert (await h.call("list", {})).error is None
+        assert (await h.call("bash", {"command": "touch x"})).code == "DENIED"
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    for key, pattern in (("deny_tools", "mcp.exec"), ("deny_tools", "bash "), ("allow_tools", "read/*"),
+                         ("deny_tools", "{bash,exec")):
+        with pytest.raises(Exception, match=re.escape(f'{key} pattern "{pattern}" of plugin row "guards"')):
+            async with boot(*rows(tmp_path, **{key: [pattern]})):
+                pass  # pragma: no cover
