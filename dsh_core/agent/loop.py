@@ -6,9 +6,14 @@ with the history to the provider, and run the assistant's tool calls
 model-direct (no parent token) through :class:`~dsh_core.runtime.ToolRuntime`.
 Calls the runtime classifies ``parallel`` overlap with their parallel
 neighbours; an ``exclusive`` call waits for the running ones and runs alone
-(each call is classified when its turn comes, after the calls before it ended);
-results go back to the model in call order as ``tool`` messages, followed by
-the results' additional contexts as user messages. A call's result text and
+(each call is classified when its turn comes, after the calls before it ended).
+The calls of a parallel batch run their policy (pre-execute, approval, guards)
+side by side, and each is classified again once its policy answered, as the
+Code Mode scheduler does: its tool may have been replaced meanwhile (an
+approval may wait on a person), and one that is exclusive now waits for the
+bodies in flight and runs its body and post-execute alone. Results go back to
+the model in call order as ``tool`` messages, followed by the results'
+additional contexts as user messages. A call's result text and
 its context messages share one budget, the agent's ``max_tool_result_chars``:
 what does not fit reaches the model as its head and tail around a marker
 (:func:`~dsh_core.agent.resultcap.cap_call_texts`); the ``tool/result`` and
@@ -38,7 +43,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -150,6 +155,8 @@ class ToolCallRecord:
     parse_error: str | None = None
     #: The reply carrying the call stopped at the model's output limit (``finish_reason`` ``length``).
     cut_off: bool = False
+    #: How the call runs: planned at the step's start, then the mode it ran under (``exclusive`` if it ran
+    #: alone, or if its body did: its tool was replaced by one that is not concurrency-safe during its policy).
     mode: ExecutionMode = "exclusive"
     result: ToolResult | None = None
     duration_ms: float = 0.0
@@ -535,10 +542,12 @@ class AgentLoop:
     async def _run_calls(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal, *,
                          cut_off: bool = False) -> list[ToolCallRecord]:
         records = self._records(calls, step, signal, cut_off)
-        # Written before anything runs: a crash mid-tool still shows what was being called.
+        # Written before anything runs: a crash mid-tool still shows what was being called. So the mode is
+        # the one planned now; the tool/result event records the one the call ran under.
         await self._record([NewEvent(EventKind.TOOL_CALL, {
             "name": r.name, "tool_call_id": r.tool_call_id, "arguments": r.raw_arguments,
             "execution_mode": r.mode}, root_call_id=r.call_id) for r in records])
+        bodies = _Bodies()
         index = 0
         try:
             while index < len(records):
@@ -549,10 +558,10 @@ class AgentLoop:
                     end = index + 1
                     while end < len(records) and self._classify(records[end], signal) == "parallel":
                         end += 1
-                    await _all_or_none([self._run_one(r, signal) for r in records[index:end]])
+                    await _all_or_none([self._run_one(r, signal, bodies) for r in records[index:end]])
                     index = end
                 else:
-                    await self._run_one(records[index], signal)
+                    await self._run_one(records[index], signal, bodies, alone=True)
                     index += 1
         except BaseException:
             # Cancelled or failed mid-step: the calls that did finish (a file written, a command run)
@@ -566,7 +575,8 @@ class AgentLoop:
             raise
         return records
 
-    async def _run_one(self, record: ToolCallRecord, signal: AbortSignal) -> None:
+    async def _run_one(self, record: ToolCallRecord, signal: AbortSignal, bodies: _Bodies, *,
+                       alone: bool = False) -> None:
         self.observer.on_tool_start(record)
         started = time.perf_counter()
         if record.parse_error is not None:
@@ -578,9 +588,92 @@ class AgentLoop:
                 ErrorCode.INVALID_ARGS,
                 f'the arguments of tool call "{record.name}" are not valid JSON ({record.parse_error}); {remedy}')
         else:
-            record.result = await self.runtime.execute(self._request(record, signal))
+            record.result = await self._execute(record, signal, bodies, alone)
         record.duration_ms = (time.perf_counter() - started) * 1000
         self.observer.on_tool_end(record)
+
+    async def _execute(self, record: ToolCallRecord, signal: AbortSignal, bodies: _Bodies, alone: bool) -> ToolResult:
+        """:meth:`ToolRuntime.execute`, but the body runs under the classification made once policy answered.
+
+        A call of a batch is classified again when its policy has answered, in the same step as it
+        takes its place among the bodies (``bodies``): its tool may have been replaced by one that is
+        not concurrency-safe while a person decided, and the body that runs is the one resolved now.
+        A call ``alone`` (exclusive when its turn came) runs by itself, its policy included.
+        """
+        runtime = self.runtime
+        staged = await runtime.prepare(self._request(record, signal))  # cancelled, it emits its own result
+        try:
+            if staged.kind == "dispatch":
+                def mode() -> ExecutionMode:
+                    return "exclusive" if alone else self._classify(record, signal)
+
+                async with bodies.slot(mode) as ran_under:
+                    record.mode = ran_under
+                    staged = await runtime.dispatch(staged)
+                    if ran_under != "parallel":
+                        # Alone through its post-execute too (as a call exclusive from its turn is, and
+                        # as the scheduler's barrier is): post-execute may read what the body changed.
+                        return await runtime.finalize(staged)
+            return await runtime.finalize(staged)  # a result settled before dispatch is only finished
+        except asyncio.CancelledError:
+            # As in execute(): the call still emits its one result (aborted), then the cancellation goes on.
+            await asyncio.shield(runtime.finish_cancelled(staged))
+            raise
+
+
+class _Bodies:
+    """The bodies of one step's calls that run now: parallel ones together, an exclusive one alone.
+
+    An exclusive call waiting for the bodies in flight holds back bodies that would start after it:
+    otherwise a stream of parallel bodies could keep it waiting for ever.
+    """
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._alone = False
+        self._waiting = 0  # exclusive calls waiting for the bodies in flight
+        self._changed = asyncio.Event()
+
+    def _change(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, classify: Callable[[], ExecutionMode]) -> AsyncIterator[ExecutionMode]:
+        """Hold a body's place while it runs; the mode it runs under, as ``classify`` answers on entry.
+
+        ``classify`` is asked again after every wait, and the place is taken in the same step as its
+        last answer: no other body can start between the classification and the entry.
+        """
+        waiting = False
+        try:
+            while True:
+                if waiting:
+                    self._waiting -= 1
+                    waiting = False
+                mode = classify()
+                if mode == "parallel":
+                    if not self._alone and not self._waiting:
+                        break
+                elif not self._running:
+                    self._alone = True
+                    break
+                else:
+                    self._waiting += 1
+                    waiting = True
+                await self._changed.wait()
+        finally:
+            if waiting:  # cancelled while waiting: a parallel body it held back may start now
+                self._waiting -= 1
+                self._change()
+        self._running += 1
+        try:
+            yield mode
+        finally:
+            self._running -= 1
+            if mode != "parallel":
+                self._alone = False
+            self._change()
 
 
 async def _all_or_none(work: list[Coroutine[Any, Any, None]]) -> None:
@@ -656,6 +749,7 @@ def _result_payload(record: ToolCallRecord, text: str, message: Message) -> dict
         "error": None if result.error is None else {"code": result.error.code, "message": result.error.message},
         "content": text,
         "concludes_turn": result.concludes_turn,
+        "execution_mode": record.mode,
         "duration_ms": round(record.duration_ms, 3),
         "message": message,
     }

@@ -39,9 +39,12 @@ class EventKind(StrEnum):
     USER_MESSAGE = "message/user"
     #: An assistant message: ``{"message": {...OpenAI shape...}, "step", "meta"?}``.
     ASSISTANT_MESSAGE = "message/assistant"
-    #: A model-direct tool call before it runs: ``{"name", "tool_call_id", "arguments", "execution_mode"}``.
+    #: A model-direct tool call before it runs: ``{"name", "tool_call_id", "arguments", "execution_mode"}``
+    #: (the mode planned when its step began: written before anything runs, it cannot know the one it runs under).
     TOOL_CALL = "tool/call"
-    #: Its result: ``{"name", "tool_call_id", "ok", "error", "content", "concludes_turn", "duration_ms", "message"}``.
+    #: Its result: ``{"name", "tool_call_id", "ok", "error", "content", "concludes_turn", "execution_mode",
+    #: "duration_ms", "message"}``; ``execution_mode`` is the mode the call ran under (``exclusive`` if it ran
+    #: alone, or its body did because its tool was replaced by one that is not concurrency-safe during its policy).
     TOOL_RESULT = "tool/result"
     #: A nested call inside a ``run_code`` program started (written by the Code Mode transport).
     CODE_DISPATCH_START = "tool/code-dispatch-start"

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from agent_kit import ToolsPlugin, call, calls, final, program, scripted, start, tool
 
@@ -846,3 +847,132 @@ async def test_a_call_is_classified_when_its_turn_comes_not_when_its_step_began(
         assert overlaps == [False, False]
     finally:
         await harness.aclose()
+
+
+
+
+@attrs.define
+class _Swap:
+    """One parallel batch of two calls, ``a`` and ``b``: while a person decides on ``a``, ``b``'s body runs
+    and a dynamic package redefines ``a`` as not concurrency-safe. ``b``'s body goes on only once ``a`` has
+    passed its guards (the last stage before its body, in its own task), then runs ``b_after``: a body of
+    ``a`` that ran straight on would find ``b``'s still running."""
+
+    harness: Any
+    approver: Any
+    #: For each run of ``a``'s new body: whether ``b``'s body was running then.
+    overlaps: list[bool]
+    #: Each call's one result event, as the runtime emitted it: ``(name, error code or None)``.
+    emitted: list[tuple[str, str | None]]
+
+
+async def _swap_while_approval_waits(tmp_path: Path, b_after: Any = None) -> _Swap:
+    b_running = {"now": False}
+    b_started = asyncio.Event()
+    release_b = asyncio.Event()
+    overlaps: list[bool] = []
+    emitted: list[tuple[str, str | None]] = []
+
+    async def careful(args: Any, ctx: Any) -> Any:
+        overlaps.append(b_running["now"])
+        return "careful"
+
+    async def sloppy(args: Any, ctx: Any) -> Any:
+        return "sloppy"
+
+    async def b_body(args: Any, ctx: Any) -> Any:
+        b_running["now"] = True
+        b_started.set()
+        try:
+            await release_b.wait()
+            if b_after is not None:
+                await b_after()
+        finally:
+            b_running["now"] = False
+        return "b"
+
+    class AskForA(ToolsPlugin):
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> PreDecision:
+            return PreDecision.ask("replaces a") if execution.name == "a" else PreDecision.allow()
+
+        @hookimpl
+        def dsh_guard(self, execution: Any) -> None:
+            if execution.name == "a":
+                release_b.set()
+
+        @hookimpl
+        def dsh_tool_result(self, execution: Any, result: Any) -> None:
+            emitted.append((execution.name, result.code))
+
+    async def approver(request: Any) -> ApprovalOutcome:
+        await b_started.wait()  # the person decides while b's body runs ...
+        # ... and meanwhile a dynamic package redefines "a" as not concurrency-safe.
+        harness.registry.register(tool("a", careful), scope=request.execution.agent)
+        return ApprovalOutcome.ALLOWED
+
+    turns = [calls(call("a", {}, "a"), call("b", {}, "b")), final("done")]
+    harness = await start(tmp_path, tools=[tool("a", sloppy, safe=True), tool("b", b_body, safe=True)], turns=turns,
+                          plugin=AskForA([]))
+    return _Swap(harness, approver, overlaps, emitted)
+
+
+async def test_a_call_replaced_by_an_exclusive_tool_while_approval_waits_runs_its_body_alone(tmp_path: Path) -> None:
+    """The first call's tool becomes exclusive while its approval waits: classified again once its approval
+    answered, its body waits for the second's to end. An exclusive body never runs beside another body."""
+    swap = await _swap_while_approval_waits(tmp_path)
+    try:
+        result = await asyncio.wait_for(run_agent(swap.harness, "go", approver=swap.approver), 5)
+        assert result.ok
+        assert [m["content"] for m in result.messages if m["role"] == "tool"] == ["careful", "b"]
+        assert swap.overlaps == [False]
+        assert result.session_id is not None
+        events = await events_of(swap.harness, result.session_id)
+        # tool/call is written before anything runs, with the mode planned then; tool/result records the
+        # mode each call ran under.
+        assert [e.payload["execution_mode"] for e in events if e.kind == "tool/call"] == ["parallel", "parallel"]
+        assert [e.payload["execution_mode"] for e in events if e.kind == "tool/result"] == ["exclusive", "parallel"]
+    finally:
+        await swap.harness.aclose()
+
+
+async def test_a_call_waiting_for_the_bodies_in_flight_is_aborted_before_dispatch(tmp_path: Path) -> None:
+    """The run aborts while the reclassified call waits for the other body: that one ends aborted, and
+    the waiting one never runs its body (aborted before dispatch); results stay in call order."""
+    controller = AbortController()
+
+    async def abort() -> None:
+        controller.abort("test")
+
+    swap = await _swap_while_approval_waits(tmp_path, abort)
+    try:
+        result = await asyncio.wait_for(run_agent(swap.harness, "go", approver=swap.approver,
+                                                  signal=controller.signal), 5)
+        assert result.reason is StopReason.ABORTED
+        assert swap.overlaps == []
+        contents = [m["content"] for m in result.messages if m["role"] == "tool"]
+        assert contents == ["Error: tool call aborted before dispatch", "Error: tool call aborted"]
+    finally:
+        await swap.harness.aclose()
+
+
+async def test_a_call_waiting_for_the_bodies_in_flight_still_emits_its_result_when_cancelled(tmp_path: Path) -> None:
+    """The run is cancelled while the reclassified call waits for the other body: neither body outlives the
+    run, the waiting one never starts, and each call still emits its one result."""
+    waited = asyncio.Event()
+
+    async def forever() -> None:
+        waited.set()  # the reclassified call is waiting by now: it stopped at its place before b went on
+        await asyncio.Event().wait()
+
+    swap = await _swap_while_approval_waits(tmp_path, forever)
+    try:
+        task = asyncio.ensure_future(run_agent(swap.harness, "go", approver=swap.approver))
+        await asyncio.wait_for(waited.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+        assert swap.overlaps == []
+        assert sorted(swap.emitted) == [("a", "ABORTED_BEFORE_DISPATCH"), ("b", "ABORTED")]
+    finally:
+        await swap.harness.aclose()
