@@ -25,6 +25,18 @@ Opened with ``create=False`` (``dsh sessions list``, ``show``, ``release``: comm
 that only read, or change an existing session), the store creates neither the home
 nor the database: where none exists yet, it reads as an empty one (an empty
 database in memory stands in for it) and :meth:`SqliteSessionStore.create` fails.
+
+The schema's version is the database's ``PRAGMA user_version``, :data:`SCHEMA_VERSION`. A change
+that a dsh of the version before would misread or fail on bumps it (a table, column or index
+removed, renamed or given another meaning; a column added that such a dsh's writes would not fill,
+as a ``NOT NULL`` one without a default), together with a migration from each older version; a
+table or index only added, which an older dsh neither reads nor needs, does not. A new database
+gets the version in the transaction that creates its schema. A database written before there was a
+version (``user_version`` 0, with dsh's tables) is read as it is, and stamped when it is opened to
+write (``create=True``, an agent run; or when its schema lacks a table, which that transaction adds);
+opened with ``create=False``, a complete one is not written to. A database of a newer version is
+refused, opened to read or to write, before anything else of it is read or anything written,
+naming the file, its version and this dsh's: its schema may be anything.
 """
 
 from __future__ import annotations
@@ -53,7 +65,7 @@ from dsh_core.sessions.store import (
     SessionStoreError,
 )
 
-__all__ = ["SqliteSessionStore", "DB_FILENAME", "PAGE_CHARS", "new_session_id"]
+__all__ = ["SqliteSessionStore", "DB_FILENAME", "PAGE_CHARS", "SCHEMA_VERSION", "new_session_id"]
 
 T = TypeVar("T")
 
@@ -66,6 +78,9 @@ PAGE_CHARS: Final = 1 << 20
 
 #: SQLite's largest INTEGER: no seq is larger.
 _LARGEST_SEQ: Final = 2**63 - 1
+
+#: The version of :data:`_SCHEMA`, kept as the database's ``PRAGMA user_version`` (see the module docstring).
+SCHEMA_VERSION: Final = 1
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -107,6 +122,10 @@ _COLUMNS: Final = {
 
 #: The tables and indexes :data:`_SCHEMA` creates.
 _SCHEMA_NAMES: Final = frozenset({"sessions", "events", "events_root", "sessions_updated", "leases"})
+
+#: :data:`_SCHEMA` a statement at a time (no statement of it holds a ``;``), to run in a transaction
+#: of the store's own: ``executescript`` would first commit any transaction open.
+_SCHEMA_STATEMENTS: Final = tuple(statement.strip() for statement in _SCHEMA.split(";") if statement.strip())
 
 
 def new_session_id() -> str:
@@ -258,6 +277,8 @@ class SqliteSessionStore:
             conn = self._open()
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+                # First of all: a newer dsh's schema may be anything, so nothing else is read or changed.
+                version = self._check_version(conn)
                 # Before anything is changed: another program's database is left as it is.
                 self._check_tables(conn)
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -266,10 +287,9 @@ class SqliteSessionStore:
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
                 have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-                if not _SCHEMA_NAMES.issubset(have):  # a database that has it all is not written to (nor locked)
-                    # One transaction: a statement that fails leaves no part of the schema behind
-                    # (closing the connection below rolls it back).
-                    conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")
+                # A complete database, with its version or (create=False) none yet, is not written to (nor locked).
+                if not _SCHEMA_NAMES.issubset(have) or (self._create and version < SCHEMA_VERSION):
+                    self._complete_schema(conn)
             except BaseException:
                 # Never handed to the store, so close() cannot close it; the error's traceback
                 # would otherwise keep the file open for as long as anyone holds the error.
@@ -278,6 +298,32 @@ class SqliteSessionStore:
         except sqlite3.Error as error:
             raise SessionStoreError(f"cannot open session database {str(self.path)!r}: {error}") from None
         self._conn = conn
+
+    def _check_version(self, conn: sqlite3.Connection) -> int:
+        """The database's schema version; :class:`SessionStoreError` naming the file for one this dsh does not know."""
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise SessionStoreError(f"cannot open session database {str(self.path)!r}: it was written by a newer dsh "
+                                    f"(schema version {version}; this dsh supports version {SCHEMA_VERSION}); "
+                                    "upgrade dsh")
+        if version < 0:  # no dsh ever wrote one
+            raise SessionStoreError(f"cannot open session database {str(self.path)!r}: it is not a dsh session "
+                                    f"database: its schema version is {version} (dsh's are 0 to {SCHEMA_VERSION})")
+        return version
+
+    def _complete_schema(self, conn: sqlite3.Connection) -> None:
+        """Create what the database lacks of :data:`_SCHEMA` and stamp :data:`SCHEMA_VERSION`, in one transaction.
+
+        A statement that fails leaves no part of the schema behind, and no version (the caller closes
+        the connection, which rolls the transaction back).
+        """
+        conn.execute("BEGIN IMMEDIATE")
+        # Again, under the write lock: a newer dsh may have taken the database over since it was read.
+        self._check_version(conn)
+        for statement in _SCHEMA_STATEMENTS:  # IF NOT EXISTS: what the database has is left as it is
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
 
     def _check_tables(self, conn: sqlite3.Connection) -> None:
         """:class:`SessionStoreError` if a table of dsh's schema that the database has lacks dsh's columns."""

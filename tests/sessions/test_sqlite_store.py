@@ -557,5 +557,129 @@ def test_a_schema_that_cannot_be_completed_is_not_left_half_made(tmp_path: Path)
     conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
     try:
         assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("sessions_updated",)]
+        assert conn.execute("PRAGMA user_version").fetchone() == (0,)  # nor its version
     finally:
         conn.close()
+
+
+def _user_version(path: Path) -> int:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _set_user_version(path: Path, version: int) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA user_version={version}")
+    finally:
+        conn.close()
+
+
+async def test_a_new_database_is_stamped_with_the_schema_version(tmp_path: Path) -> None:
+    # The schema had no version: a database written by a later dsh, with another schema, could not be
+    # told from one of this dsh's, and failed with raw SQLite messages (or at the first write).
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    store = SqliteSessionStore.open(tmp_path)
+    await store.close()
+    assert SCHEMA_VERSION == 1 and _user_version(tmp_path / DB_FILENAME) == SCHEMA_VERSION
+
+
+async def test_an_unversioned_dsh_database_is_read_as_it_is_and_stamped_only_when_opened_to_write(
+        tmp_path: Path) -> None:
+    # What dsh wrote before the schema had a version: user_version 0, with dsh's tables.
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    path = tmp_path / DB_FILENAME
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        await store.create(session_id="s", meta={"agent": "a"})
+        await store.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})])
+    finally:
+        await store.close()
+    _set_user_version(path, 0)
+    before, stat = path.read_bytes(), path.stat()
+    store = SqliteSessionStore.open(tmp_path, create=False)  # `dsh sessions list` and `show`
+    try:
+        assert [info.id for info in await store.list()] == ["s"]
+        assert [event.seq for event in await store.load("s")] == [1]
+    finally:
+        await store.close()
+    # Read, not written: not a byte, and no WAL left to be checkpointed into it later.
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
+    store = SqliteSessionStore.open(tmp_path)  # an agent run's
+    try:
+        assert (await store.get("s")).event_count == 1
+    finally:
+        await store.close()
+    assert _user_version(path) == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("create", [True, False])
+def test_a_database_of_a_newer_schema_is_refused_before_anything_is_read_or_written(
+        tmp_path: Path, create: bool) -> None:
+    # A later dsh's database, whose schema this dsh does not know: here it lacks a column this dsh
+    # reads and has no leases table, which this dsh failed on as another program's database, or
+    # (opened to write) went on to add its own tables to.
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    path = tmp_path / DB_FILENAME
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at REAL NOT NULL, "
+                     "updated_at REAL NOT NULL, event_count INTEGER NOT NULL DEFAULT 0, "
+                     "metadata TEXT NOT NULL)")
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    finally:
+        conn.close()
+    before = path.read_bytes()
+    newer = (rf"cannot open session database '{path}': it was written by a newer dsh \(schema version "
+             rf"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}\); upgrade dsh")
+    with pytest.raises(SessionStoreError, match=newer):
+        SqliteSessionStore.open(tmp_path, create=create)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
+    assert _user_version(path) == SCHEMA_VERSION + 1
+
+
+def test_sessions_list_and_show_name_a_database_of_a_newer_schema(tmp_path: Path) -> None:
+    import os
+
+    from click.testing import CliRunner
+
+    from dsh_core.cli import main
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    home = Path(os.environ["DSH_HOME"])
+
+    async def create() -> None:
+        store = SqliteSessionStore.open(home)
+        try:
+            await store.create(session_id="s")
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+    _set_user_version(home / DB_FILENAME, SCHEMA_VERSION + 1)
+    for args in (["list"], ["list", "--json"], ["show", "s"], ["show", "s", "--json"]):
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exit_code == 1 and result.stdout == "", (args, result.output, result.exception)
+        assert result.stderr == (f"dsh: error: cannot open session database {str(home / DB_FILENAME)!r}: it was "
+                                 f"written by a newer dsh (schema version {SCHEMA_VERSION + 1}; this dsh supports "
+                                 f"version {SCHEMA_VERSION}); upgrade dsh\n"), args
+
+
+@pytest.mark.parametrize("create", [True, False])
+def test_a_database_of_a_negative_schema_version_is_no_dsh_database(tmp_path: Path, create: bool) -> None:
+    # No dsh writes one; opened to write, it was taken for one from before the version and stamped.
+    path = tmp_path / DB_FILENAME
+    _set_user_version(path, -1)
+    with pytest.raises(SessionStoreError, match=rf"'{path}': it is not a dsh session database: its schema "
+                                                r"version is -1 \(dsh's are 0 to 1\)"):
+        SqliteSessionStore.open(tmp_path, create=create)
+    assert _user_version(path) == -1
