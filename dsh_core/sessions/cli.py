@@ -293,16 +293,30 @@ class SessionRenderer:
         return "\n".join(self._root.lines())
 
 
+def _agent_cell(info: SessionInfo) -> str:
+    return "?" if info.unreadable is not None else visible(str(info.meta.get("agent", "")))
+
+
+def _task_cell(info: SessionInfo) -> str:
+    # An unreadable session says why where its task would be: its meta, which holds the task, is what failed.
+    if info.unreadable is not None:
+        return visible(f"(unreadable: {info.unreadable})")
+    return visible(_short(str(info.meta.get("task", "")), 50))
+
+
 def render_list(sessions: Sequence[SessionInfo]) -> str:
-    """A table of sessions: id, last update, event count, agent, the run using it (if any does) and first task."""
+    """A table of sessions: id, last update, event count, agent, the run using it (if any does) and first task.
+
+    A session the store could not read (:attr:`SessionInfo.unreadable`) has agent ``?`` and says why as its task.
+    """
     if not sessions:
         return "no sessions"
     holders = [_running_holder(s) for s in sessions]
     using = any(holder is not None for holder in holders)
     rows = [("ID", "UPDATED", "EVENTS", "AGENT", *(("IN USE BY",) if using else ()), "TASK")]
-    rows += [(visible(s.id), _when(s.updated_at), str(s.event_count), visible(str(s.meta.get("agent", ""))),
+    rows += [(visible(s.id), _when(s.updated_at), str(s.event_count), _agent_cell(s),
               *((visible(f"pid {h.pid} on {h.host}") if h is not None else "",) if using else ()),
-              visible(_short(str(s.meta.get("task", "")), 50))) for s, h in zip(sessions, holders, strict=True)]
+              _task_cell(s)) for s, h in zip(sessions, holders, strict=True)]
     last = len(rows[0]) - 1  # the task: not padded
     widths = [max(len(row[i]) for row in rows) for i in range(last)]
     return "\n".join("  ".join(cell.ljust(widths[i]) if i < last else cell for i, cell in enumerate(row)).rstrip()
@@ -380,8 +394,10 @@ def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_j
     found = found[:limit]
     if as_json:
         # UTF-8 as `show --json` writes it (echo_json escapes what stdout cannot encode, as JSON escapes).
+        # A session the store could not read: meta null (not {}, which would say it has none) and why.
         echo_json(dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
-                          "event_count": s.event_count, "meta": dict(s.meta), "in_use_by": _holder_json(s)}
+                          "event_count": s.event_count, "meta": None if s.unreadable is not None else dict(s.meta),
+                          "in_use_by": _holder_json(s), "unreadable": s.unreadable}
                          for s in found], indent=2))
     else:
         click.echo(render_list(found))

@@ -121,6 +121,11 @@ class SessionInfo:
     one that is gone without releasing it (:func:`~dsh_core.sessions.lease.holder_alive` tells).
     A lease the store cannot read is ``None``: :meth:`~dsh_core.sessions.store.SessionStore.acquire`
     takes it over.
+
+    ``unreadable`` says why the store could not read the session's own record (its ``meta`` is then
+    empty), for a session :meth:`~dsh_core.sessions.store.SessionStore.list` lists all the same;
+    ``None`` for one it could read (always, for one :meth:`~dsh_core.sessions.store.SessionStore.get`
+    returns: that fails instead).
     """
 
     id: str
@@ -129,3 +134,4 @@ class SessionInfo:
     event_count: int
     meta: Mapping[str, Any] = field(factory=dict)
     holder: SessionLease | None = None
+    unreadable: str | None = None

@@ -149,8 +149,12 @@ def _stored_lease(text: str) -> SessionLease | None:
         return None
 
 
-def _info(path: Path, row: tuple[Any, ...]) -> SessionInfo:
-    """The :class:`SessionInfo` of a row of ``_SELECT_INFO`` (of the database at ``path``)."""
+def _info(path: Path, row: tuple[Any, ...], *, listed: bool = False) -> SessionInfo:
+    """The :class:`SessionInfo` of a row of ``_SELECT_INFO`` (of the database at ``path``).
+
+    A row that cannot be read is a :class:`SessionStoreError` naming it; ``listed``, it is a
+    :class:`SessionInfo` saying why it is ``unreadable``.
+    """
     holder = None if row[5] is None else _stored_lease(row[5])
     try:
         meta = json.loads(row[4])
@@ -158,8 +162,10 @@ def _info(path: Path, row: tuple[Any, ...]) -> SessionInfo:
         meta = None
     if not isinstance(meta, dict):
         # A row edited by hand, or damaged: named, rather than failing later with an AttributeError.
-        raise SessionStoreError(f"session store {str(path)!r}: session {row[0]!r}: meta is not a JSON object: "
-                                f"{str(row[4])[:80]!r}")
+        reason = f"meta is not a JSON object: {str(row[4])[:80]!r}"
+        if listed:  # one damaged session does not keep the others from being listed
+            return SessionInfo(row[0], row[1], row[2], row[3], {}, holder, unreadable=reason)
+        raise SessionStoreError(f"session store {str(path)!r}: session {row[0]!r}: {reason}")
     return SessionInfo(row[0], row[1], row[2], row[3], meta, holder)
 
 
@@ -593,12 +599,12 @@ class SqliteSessionStore:
         return await self._run(lambda: self._read(work, doing=f"read session {session_id!r}"))
 
     async def list(self, *, limit: int | None = None) -> list[SessionInfo]:
-        """Sessions, most recently updated first (at most ``limit``)."""
+        """Sessions, most recently updated first (at most ``limit``); one that cannot be read as ``unreadable``."""
 
         def work(conn: sqlite3.Connection) -> list[SessionInfo]:
             rows = conn.execute(_SELECT_INFO + " ORDER BY updated_at DESC, id DESC LIMIT ?",
                                 (-1 if limit is None else int(limit),)).fetchall()
-            return [_info(self.path, row) for row in rows]
+            return [_info(self.path, row, listed=True) for row in rows]
 
         return await self._run(lambda: self._read(work, doing="list sessions"))
 

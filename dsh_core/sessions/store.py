@@ -190,7 +190,12 @@ class SessionStore(Protocol):
         ...
 
     async def list(self, *, limit: int | None = None) -> list[SessionInfo]:
-        """Sessions, most recently updated first, each with its ``holder`` as :meth:`get` gives it."""
+        """Sessions, most recently updated first, each with its ``holder`` as :meth:`get` gives it.
+
+        A session whose record the store cannot read (damaged, or edited by hand) should not keep the
+        others from being listed: a store may list it with
+        :attr:`~dsh_core.sessions.events.SessionInfo.unreadable` saying why, where :meth:`get` fails.
+        """
         ...
 
     async def close(self) -> None:

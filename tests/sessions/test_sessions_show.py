@@ -511,3 +511,44 @@ def test_show_and_list_of_a_corrupt_row_fail_naming_it_not_with_a_traceback() ->
         assert result.stdout == ""
         assert result.stderr.startswith("dsh: error: session store ") and "session 'a' event 2: payload is not JSON" \
             in result.stderr, result.stderr
+
+
+def test_list_shows_a_session_it_cannot_read_as_unreadable_and_lists_the_rest() -> None:
+    # A session whose meta is no JSON object stopped `dsh sessions list` (and --json) for every session.
+    home = Path(os.environ["DSH_HOME"])
+
+    async def create() -> None:
+        store = SqliteSessionStore.open(home)
+        try:
+            for session_id in ("a", "b", "c"):
+                await store.create(session_id=session_id, meta={"agent": "main", "task": f"task {session_id}"})
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+    conn = sqlite3.connect(home / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
+        conn.execute("UPDATE sessions SET updated_at = CASE id WHEN 'a' THEN 3 WHEN 'b' THEN 2 ELSE 1 END")
+    finally:
+        conn.close()
+
+    def dsh(*args: str) -> str:
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exit_code == 0 and result.exception is None, (args, result.output, result.exception)
+        assert result.stderr == "", result.stderr
+        return result.stdout
+
+    rows = dsh("list").splitlines()
+    assert [row.split()[0] for row in rows] == ["ID", "a", "b", "c"]
+    assert rows[1].endswith("main   task a") and rows[3].endswith("main   task c")
+    assert rows[2].endswith("?      (unreadable: meta is not a JSON object: '[1]')"), rows[2]
+    listed = json.loads(dsh("list", "--json"))
+    keys = ["id", "created_at", "updated_at", "event_count", "meta", "in_use_by", "unreadable"]
+    assert [list(s) for s in listed] == [keys] * 3
+    assert [(s["id"], s["meta"], s["unreadable"]) for s in listed] == [
+        ("a", {"agent": "main", "task": "task a"}, None),
+        ("b", None, "meta is not a JSON object: '[1]'"),
+        ("c", {"agent": "main", "task": "task c"}, None)]
+    result = CliRunner().invoke(main, ["sessions", "show", "b"])  # what cannot be read is not shown
+    assert result.exit_code == 1 and "session 'b': meta is not a JSON object: '[1]'" in result.stderr

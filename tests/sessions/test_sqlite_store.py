@@ -518,8 +518,6 @@ async def test_a_corrupt_payload_or_meta_is_a_store_error_naming_the_session_and
         meta = rf"session store '{tmp_path / DB_FILENAME}': session 'b': meta is not a JSON object: '\[1\]'"
         with pytest.raises(SessionStoreError, match=meta):
             await store.get("b")
-        with pytest.raises(SessionStoreError, match=meta):
-            await store.list()
         assert (await store.get("a")).meta == {"agent": "x"}
     finally:
         await store.close()
@@ -683,3 +681,27 @@ def test_a_database_of_a_negative_schema_version_is_no_dsh_database(tmp_path: Pa
                                                 r"version is -1 \(dsh's are 0 to 1\)"):
         SqliteSessionStore.open(tmp_path, create=create)
     assert _user_version(path) == -1
+
+
+async def test_a_session_whose_meta_cannot_be_read_is_listed_as_unreadable_among_the_rest(tmp_path: Path) -> None:
+    # One damaged row made list() fail for every session: `dsh sessions list` showed none of them.
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        for session_id in ("a", "b", "c"):
+            await store.create(session_id=session_id, meta={"agent": session_id})
+    finally:
+        await store.close()
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        listed = {info.id: info for info in await store.list()}
+        assert sorted(listed) == ["a", "b", "c"]
+        assert listed["b"].unreadable == "meta is not a JSON object: '[1]'" and listed["b"].meta == {}
+        assert [(listed[i].unreadable, listed[i].meta) for i in "ac"] == [(None, {"agent": "a"}),
+                                                                          (None, {"agent": "c"})]
+    finally:
+        await store.close()
