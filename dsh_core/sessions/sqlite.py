@@ -427,11 +427,17 @@ class SqliteSessionStore:
 
     async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
                      lease: SessionLease | None = None) -> SessionInfo:
-        """Create a session (held by ``lease`` if given); an id that already exists is a :class:`SessionStoreError`."""
+        """Create a session (held by ``lease`` if given); an id that already exists is a :class:`SessionStoreError`.
+
+        An empty ``session_id`` is a ``ValueError``: only ``None`` asks for a fresh id.
+        """
+        if session_id is not None and not session_id:
+            # Taken for "no id" before: the caller got a session under another id than the one it named.
+            raise ValueError(f"create: session_id must not be empty, got {session_id!r}; pass None for a fresh id")
         if self.absent:
             raise SessionStoreError(f"cannot create a session: session store {str(self.path)!r} was opened "
                                     "without creating it, and it does not exist")
-        chosen = session_id or new_session_id()
+        chosen = new_session_id() if session_id is None else session_id
         meta_text = encode_payload(dict(meta or {}))
         now = time.time()
 

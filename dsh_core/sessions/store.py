@@ -124,7 +124,9 @@ class SessionStore(Protocol):
                      lease: SessionLease | None = None) -> SessionInfo:
         """Create a session (a fresh id unless given) and return its summary; an existing id is an error.
 
-        With ``lease``, the session is created held by it (in the same transaction).
+        ``session_id=None`` asks for a fresh id; an empty one is no id to give a session, and is a
+        ``ValueError`` naming it (nothing is created). With ``lease``, the session is created held
+        by it (in the same transaction).
         """
         ...
 

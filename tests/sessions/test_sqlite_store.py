@@ -705,3 +705,14 @@ async def test_a_session_whose_meta_cannot_be_read_is_listed_as_unreadable_among
                                                                           (None, {"agent": "c"})]
     finally:
         await store.close()
+
+
+async def test_create_refuses_an_empty_session_id_instead_of_choosing_one(tmp_path: Path) -> None:
+    # session_id="" was taken for no id: a caller that named its session "" got another id, silently.
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        with pytest.raises(ValueError, match=r"^create: session_id must not be empty, got ''; pass None for a fresh"):
+            await store.create(session_id="")
+        assert await store.list() == []
+    finally:
+        await store.close()
