@@ -76,6 +76,10 @@ ENCODED: dict[str, tuple[str, bytes]] = {
     # Raw bytes that decode to (almost) nothing: would be read until the timeout, however long the body.
     "empty-members": ("gzip", gzip.compress(b"") * 200_000),
     "endless-trailer": ("deflate", zlib.compress(b"short") + b"\0" * 4_000_000),
+    # The same inside an outer coding, which compresses them a thousandfold: a few KiB of raw bytes, so the
+    # raw count alone let the inner coding churn through megabytes (gigabytes, three codings deep) in one go.
+    "stacked-empty-members": ("gzip, gzip", gzip.compress(gzip.compress(b"", mtime=0) * 400_000)),
+    "stacked-endless-trailer": ("deflate, gzip", gzip.compress(zlib.compress(b"short") + b"\0" * 4_000_000)),
 }
 
 
@@ -416,7 +420,9 @@ def test_a_body_that_cannot_be_decoded_is_a_clear_error(server: str, name: str, 
 
 
 @pytest.mark.parametrize(("name", "coding", "decoded"), [("empty-members", "gzip", 0),
-                                                        ("endless-trailer", "deflate", 5)])
+                                                        ("endless-trailer", "deflate", 5),
+                                                        ("stacked-empty-members", "gzip, gzip", 0),
+                                                        ("stacked-endless-trailer", "deflate, gzip", 5)])
 def test_a_body_that_decodes_to_next_to_nothing_is_not_read_to_its_end(
         server: str, name: str, coding: str, decoded: int) -> None:
     result = fetch(server, f"http://{server}/encoded/{name}", max_bytes=1024)

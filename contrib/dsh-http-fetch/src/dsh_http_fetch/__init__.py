@@ -568,9 +568,9 @@ class HttpFetch:
         if len(codings) > _MAX_CODINGS:
             raise _body_error(url, response, f"the body has {len(codings)} stacked content encodings ({header}); "
                                              f"at most {_MAX_CODINGS} are decoded")
-        decoding = _Decoding(codings)
         limit = self.max_bytes + 1
         raw_limit = 2 * limit + _DECODED_CHUNK
+        decoding = _Decoding(codings, raw_limit)
         raw = 0
         body = bytearray()
         try:
@@ -584,10 +584,13 @@ class HttpFetch:
                 if raw > raw_limit:
                     # Compressed data is never much larger than what it holds, so such a body is a stream of
                     # empty blocks or members, or endless bytes after its end: it would be read (and
-                    # inflated) until the timeout for nothing.
-                    raise _Undecodable(f"the body's {header} data took more than {raw_limit} bytes to decode to "
-                                       f"{len(body)}; compressed data is never that much larger than what it holds")
+                    # inflated) until the timeout for nothing. (_Decoding holds inner codings to the same.)
+                    raise _Overlong
             decoding.finish()
+        except _Overlong:
+            raise _body_error(url, response, f"the body's {header} data took more than {raw_limit} bytes to decode "
+                                             f"to {len(body)}; compressed data is never that much larger than what "
+                                             "it holds") from None
         except _Undecodable as error:
             raise _body_error(url, response, str(error)) from None
         return body
@@ -616,6 +619,10 @@ _DECODED_CHUNK = 64 * 1024  # the most a coding decodes at a time into the next 
 
 class _Undecodable(Exception):
     """The body is not what its Content-Encoding says (corrupt, or cut before its compressed stream ends)."""
+
+
+class _Overlong(Exception):
+    """A coding took more input than any honest body needs to reach the size cap (see :class:`_Decoding`)."""
 
 
 class _Identity:
@@ -709,10 +716,17 @@ class _Decoding:
 
     ``Content-Encoding: deflate, gzip`` was deflated, then gzipped: the last coding is undone first.
     Every stage is bounded, so what is in memory at once is a few chunks, whatever the body expands to.
+
+    An inner coding may be fed at most ``most_input`` bytes (:class:`_Overlong` past that), as the
+    caller holds the raw bytes to: an outer coding expands a thousandfold, so a few KiB of raw body
+    could otherwise feed an inner one gigabytes of empty members or of bytes after its end, all
+    decoded in one :meth:`read` on the event loop, where neither the timeout nor an abort can stop it.
     """
 
-    def __init__(self, codings: Sequence[str]) -> None:
+    def __init__(self, codings: Sequence[str], most_input: int) -> None:
         self._stages: list[_Identity | _Inflater] = [_Inflater(c) for c in reversed(codings)] or [_Identity()]
+        self._most_input = most_input
+        self._fed = [0] * len(self._stages)  # what each stage has been fed (stage 0: counted by the caller)
 
     def feed(self, data: bytes) -> None:
         self._stages[0].feed(data)
@@ -727,6 +741,9 @@ class _Decoding:
             more = self._pull(index - 1, _DECODED_CHUNK)
             if not more:
                 break
+            self._fed[index] += len(more)
+            if self._fed[index] > self._most_input:
+                raise _Overlong
             stage.feed(more)
         return out
 
