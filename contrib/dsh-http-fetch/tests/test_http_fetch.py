@@ -159,6 +159,8 @@ class Handler(BaseHTTPRequestHandler):
                 pass  # the client gave up
         elif self.path.startswith("/charset/"):  # /charset/<name>: "Grüße" in UTF-8, declared as <name>
             self.send(200, "Grüße".encode(), f"text/plain; charset={self.path.removeprefix('/charset/')}")
+        elif self.path.startswith("/ascii/"):  # /ascii/<name>: ASCII text, declared as <name>
+            self.send(200, b"The page-text", f"text/plain; charset={self.path.removeprefix('/ascii/')}")
         elif self.path.startswith("/bom/"):  # /bom/<codec>: "Grüße" with a byte order mark, declared as Latin-1
             codec = self.path.removeprefix("/bom/")
             self.send(200, "\ufeffGrüße".encode(codec), "text/html; charset=iso-8859-1")
@@ -605,6 +607,16 @@ def test_a_declared_charset_python_cannot_decode_text_with_falls_back_to_utf8(se
     # text codecs that fail on any input or with errors="replace" (UnicodeError).
     result = fetch(server, f"http://{server}/charset/{charset}")
     assert result.code is None and result.value["text"] == "Grüße"
+
+
+@pytest.mark.parametrize("charset", ["punycode", "PUNYCODE"])
+def test_a_page_is_never_decoded_as_punycode(server: str, charset: str) -> None:
+    # Punycode encodes host-name labels, not documents (no browser knows it as a charset), and Python's decoder
+    # is quadratic: a 1 MiB text/plain page declaring it took minutes to decode, on the event loop, with the
+    # whole process stalled and neither the timeout nor an abort able to end it. ASCII text is valid punycode
+    # ("The page-text" decodes to "Th\u0cc6e page"), so declaring it garbled any page; it is read as UTF-8.
+    result = fetch(server, f"http://{server}/ascii/{charset}")
+    assert result.code is None and result.value["text"] == "The page-text", result.text
 
 
 def test_an_html_page_without_a_charset_header_is_decoded_as_its_meta_tag_says(server: str) -> None:

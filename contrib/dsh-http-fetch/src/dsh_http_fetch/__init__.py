@@ -791,19 +791,27 @@ def _declared_in_ascii(name: bytes) -> str:
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
 
 
+# Codecs of host-name labels, not of documents: no browser decodes a page with them. Python's punycode decoder
+# takes time quadratic in the text (a 1 MiB page: minutes, on the event loop, where neither the timeout nor an
+# abort can stop it), and decodes any ASCII text, garbled; a page declaring one is read as UTF-8.
+_HOST_NAME_CODECS = frozenset({"punycode", "idna"})
+
+
 def _decode(body: bytearray, charset: str | None) -> str:
     """``body`` as text in its declared ``charset``, or UTF-8 if Python cannot decode text with that codec.
 
     A byte order mark comes first, as in browsers (WHATWG "BOM sniff"): it names the encoding whatever
     the header says, and is not part of the text. httpx passes on any name Python's codec registry
     knows, and the registry also holds codecs that ``bytes.decode`` refuses (``base64``, ``zlib``:
-    LookupError) or that fail with ``errors="replace"`` (``idna``, ``punycode``, ``undefined``:
-    UnicodeError); a page declaring one is still shown.
+    LookupError), that fail with ``errors="replace"`` (``idna``, ``undefined``: UnicodeError), and
+    ``punycode``, which is never used (:data:`_HOST_NAME_CODECS`); a page declaring one is still shown.
     """
     for bom, codec in _BOMS:
         if body.startswith(bom):
             return body[len(bom):].decode(codec, errors="replace")
     try:
+        if charset is not None and codecs.lookup(charset).name in _HOST_NAME_CODECS:
+            charset = None
         return body.decode(charset or "utf-8", errors="replace")
     except (LookupError, UnicodeError):
         return body.decode("utf-8", errors="replace")
