@@ -312,6 +312,19 @@ def test_urls_outside_the_allow_list_are_refused(server: str, url: str, message:
     assert Handler.hits == []
 
 
+@pytest.mark.parametrize("port", ["65536", "99999999999", "-1"])
+def test_a_port_outside_the_tcp_range_is_an_invalid_url(server: str, port: str) -> None:
+    # httpx parses any integer as a port, and an entry without a port allows every port of its host: the
+    # socket layer then raised OverflowError inside anyio's task group, reported as "ExceptionGroup: unhandled
+    # errors in a TaskGroup (1 sub-exception)" and nothing else.
+    url = f"http://127.0.0.1:{port}/"
+    result = fetch(server, url, allowed_hosts=["127.0.0.1"])
+    assert result.code == "TOOL_FAILED"
+    assert f"invalid URL {url!r}: port {port} is not a TCP port (0 to 65535)" in result.text
+    redirect = fetch(server, f"http://{server}/to?url={quote(url)}", allowed_hosts=[server, "127.0.0.1"])
+    assert f"redirect from http://{server}/to?url=" in redirect.text and "is not a TCP port" in redirect.text
+
+
 def test_a_host_that_is_not_valid_idna_is_an_invalid_url(server: str) -> None:
     # httpx parses an "xn--" label lazily: URL.host raises IDNAError, which escaped the URL check unexplained.
     bad = "http://xn--zz.example.com/"

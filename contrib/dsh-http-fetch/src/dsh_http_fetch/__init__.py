@@ -462,6 +462,9 @@ class HttpFetch:
             url.host  # noqa: B018 -- an "xn--" host is IDNA-decoded only here, and may raise (IDNAError)
         except Exception as error:
             raise ToolError(f"{prefix}invalid URL {raw!r}: {error}") from None
+        # httpx takes any integer as a port; the socket layer would raise OverflowError, in anyio's task group.
+        if url.port is not None and not 0 <= url.port <= 65535:
+            raise ToolError(f"{prefix}invalid URL {raw!r}: port {url.port} is not a TCP port (0 to 65535)")
         if url.scheme not in ("http", "https"):
             raise ToolError(f"{prefix}only http and https URLs can be fetched, not {url.scheme or 'a relative URL'!r}")
         if not url.host:
