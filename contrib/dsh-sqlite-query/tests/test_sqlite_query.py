@@ -225,6 +225,15 @@ def test_a_missing_database_file_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "missing.db").exists()  # mode=ro never creates it
 
 
+def test_a_path_starting_with_two_slashes_is_opened(tmp_path: Path) -> None:
+    # POSIX keeps a leading "//" (abspath too), and "file:" + "//tmp/app.db" is a URI whose authority is "tmp":
+    # SQLite refused it ("invalid uri authority: tmp") although the file exists and is found.
+    db = make_db(tmp_path / "app.db")
+    result = query(Path("/" + str(db)), "SELECT count(*) AS n FROM users")
+    assert result.code is None, result.text
+    assert result.value["rows"] == [[50]]
+
+
 ENDLESS = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
 
 

@@ -146,7 +146,9 @@ def _percent(char: str) -> str:
 
 
 def connect(database: str, deadline: float) -> sqlite3.Connection:
-    uri = "file:" + "".join(c if c.isascii() and (c.isalnum() or c in "/-._~") else _percent(c) for c in database)
+    # "file://" and an empty authority: after a bare "file:", a path starting "//" (which POSIX keeps) would
+    # begin an authority instead.
+    uri = "file://" + "".join(c if c.isascii() and (c.isalnum() or c in "/-._~") else _percent(c) for c in database)
     uri += "?mode=ro"
     # timeout: how long to wait for a writer's lock; the progress handler does not run in that
     # wait, so sqlite3's default of 5 s would outlast a shorter timeout_s.
