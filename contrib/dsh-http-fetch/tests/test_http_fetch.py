@@ -159,6 +159,9 @@ class Handler(BaseHTTPRequestHandler):
                 pass  # the client gave up
         elif self.path.startswith("/charset/"):  # /charset/<name>: "Grüße" in UTF-8, declared as <name>
             self.send(200, "Grüße".encode(), f"text/plain; charset={self.path.removeprefix('/charset/')}")
+        elif self.path.startswith("/bytes/"):  # /bytes/<name>/<hex>: those bytes, declared as <name>
+            name, _, data = self.path.removeprefix("/bytes/").partition("/")
+            self.send(200, bytes.fromhex(data), f"text/plain; charset={name}")
         elif self.path.startswith("/ascii/"):  # /ascii/<name>: ASCII text, declared as <name>
             self.send(200, b"The page-text", f"text/plain; charset={self.path.removeprefix('/ascii/')}")
         elif self.path.startswith("/bom/"):  # /bom/<codec>: "Grüße" with a byte order mark, declared as Latin-1
@@ -630,6 +633,24 @@ def test_a_page_is_never_decoded_as_punycode(server: str, charset: str) -> None:
     # ("The page-text" decodes to "Th\u0cc6e page"), so declaring it garbled any page; it is read as UTF-8.
     result = fetch(server, f"http://{server}/ascii/{charset}")
     assert result.code is None and result.value["text"] == "The page-text", result.text
+
+
+@pytest.mark.parametrize(("charset", "body"), [("utf-7", b"a+2AA-b"), ("UTF-7", b"+2D3cAA-"),
+                                              ("unicode_escape", b"a\\ud800b"), ("raw_unicode_escape", b"a\\ud800b"),
+                                              ("utf_32", b"ab")])
+def test_a_page_is_decoded_only_with_an_encoding_browsers_know(server: str, charset: str, body: bytes) -> None:
+    # Python's registry holds text codecs no web page is written in: utf-7 and the escape codecs turned ASCII
+    # bytes into lone surrogates ("a+2AA-b" into "a\ud800b") that reached the model. Such a page is read as UTF-8.
+    result = fetch(server, f"http://{server}/bytes/{charset}/{body.hex()}")
+    assert result.code is None and result.value["text"] == body.decode("utf-8"), result.text
+
+
+@pytest.mark.parametrize(("charset", "text"), [("windows-1251", "Привет"), ("koi8-r", "Привет"),
+                                              ("shift_jis", "こんにちは"), ("gb18030", "你好"), ("iso-8859-15", "€uro"),
+                                              ("euc-kr", "안녕")])
+def test_the_encodings_browsers_know_are_still_decoded(server: str, charset: str, text: str) -> None:
+    result = fetch(server, f"http://{server}/bytes/{charset}/{text.encode(charset).hex()}")
+    assert result.code is None and result.value["text"] == text, result.text
 
 
 def test_an_html_page_without_a_charset_header_is_decoded_as_its_meta_tag_says(server: str) -> None:

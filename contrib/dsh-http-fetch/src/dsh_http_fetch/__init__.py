@@ -794,10 +794,18 @@ def _declared_in_ascii(name: bytes) -> str:
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
 
 
-# Codecs of host-name labels, not of documents: no browser decodes a page with them. Python's punycode decoder
-# takes time quadratic in the text (a 1 MiB page: minutes, on the event loop, where neither the timeout nor an
-# abort can stop it), and decodes any ASCII text, garbled; a page declaring one is read as UTF-8.
-_HOST_NAME_CODECS = frozenset({"punycode", "idna"})
+# The Python codecs (by their canonical names) of the encodings of the WHATWG Encoding Standard, the ones a
+# browser decodes a page with. A page declaring any other codec of Python's registry is read as UTF-8: the
+# registry also holds codecs no page is written in, and some are hazards. utf-7 and the escape codecs turn
+# ASCII bytes into lone surrogates ("a+2AA-b" is "a\ud800b"); punycode, a codec of host-name labels, decodes
+# in time quadratic in the text (a 1 MiB page: minutes, on the event loop, where neither the timeout nor an
+# abort can stop it) and garbles any ASCII page; bytes-to-bytes codecs (base64, zlib) are no text encoding.
+_DOCUMENT_CODECS = frozenset({
+    "utf-8", "utf-16", "utf-16-le", "utf-16-be", "ascii", "cp866", "koi8-r", "koi8-u", "mac-roman", "mac-cyrillic",
+    "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257", "cp1258",
+    *(f"iso8859-{part}" for part in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16)),
+    "gbk", "gb2312", "gb18030", "big5", "big5hkscs", "euc_jp", "iso2022_jp", "shift_jis", "cp932", "euc_kr", "cp949",
+})
 
 
 def _decode(body: bytearray, charset: str | None) -> str:
@@ -805,19 +813,17 @@ def _decode(body: bytearray, charset: str | None) -> str:
 
     A byte order mark comes first, as in browsers (WHATWG "BOM sniff"): it names the encoding whatever
     the header says, and is not part of the text. httpx passes on any name Python's codec registry
-    knows, and the registry also holds codecs that ``bytes.decode`` refuses (``base64``, ``zlib``:
-    LookupError), that fail with ``errors="replace"`` (``idna``, ``undefined``: UnicodeError), and
-    ``punycode``, which is never used (:data:`_HOST_NAME_CODECS`); a page declaring one is still shown.
+    knows; only the encodings browsers know (:data:`_DOCUMENT_CODECS`) are used, and a page declaring
+    any other (``utf-7``, ``punycode``, ``base64``, an unknown name) is read as UTF-8.
     """
     for bom, codec in _BOMS:
         if body.startswith(bom):
             return body[len(bom):].decode(codec, errors="replace")
     try:
-        if charset is not None and codecs.lookup(charset).name in _HOST_NAME_CODECS:
-            charset = None
-        return body.decode(charset or "utf-8", errors="replace")
-    except (LookupError, UnicodeError):
-        return body.decode("utf-8", errors="replace")
+        codec = "utf-8" if charset is None else codecs.lookup(charset).name
+    except LookupError:
+        codec = "utf-8"
+    return body.decode(codec if codec in _DOCUMENT_CODECS else "utf-8", errors="replace")
 
 
 def _content_codings(header: str) -> list[str]:
