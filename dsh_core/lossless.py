@@ -6,7 +6,11 @@ exactly and type for type: ``None``, ``bool``, ``int``, finite ``float`` (not
 cycles. Tuples, sets, bytes, NaN/Infinity, non-string keys and subclasses of
 the JSON types (``IntEnum``, ``OrderedDict``, a ``str`` subclass, ...) are
 refused: they would come back as something else, so dsh fails closed instead
-of converting "best effort".
+of converting "best effort". So is a ``str`` (value or key) holding a high
+surrogate right before a low one, two code points that JSON text writes as
+``"\\ud83d\\ude00"`` and every parser reads back as one character; lone
+surrogates (a file name that is not UTF-8), and a low one before a high one,
+come back as they were and are kept.
 
 Every walk here is iterative: depth is bounded by memory, never by the
 interpreter's recursion limit.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn, TypeAlias
@@ -105,6 +110,44 @@ _DICTS = (dict, FrozenDict)
 _LISTS = (list, FrozenList)
 
 
+#: A high surrogate then a low one: two code points of a ``str`` that JSON text makes one character.
+_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]").search
+
+
+def _split_pair(text: str) -> bool:
+    """Whether a non-ASCII ``text`` holds a high surrogate immediately followed by a low one.
+
+    Callers ask only for a non-ASCII ``str`` (``isascii`` is O(1)): an ASCII one holds no surrogate.
+    A ``str`` that UTF-8 can hold has none either, and encoding is a C loop twice as fast as the
+    search; only one that cannot (rare: a name that was not UTF-8, through ``surrogateescape``) is
+    searched.
+    """
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SPLIT_PAIR(text) is not None
+    return False
+
+
+def _pair_loss(text: str) -> str | None:
+    """Why a non-ASCII ``text`` does not survive JSON, or ``None``."""
+    if not _split_pair(text):
+        return None
+    return f"{_pair_at(text)} does not survive JSON (a parser reads one character)"
+
+
+def _key_loss(key: str) -> str:
+    shown = repr(key) if len(key) <= 40 else repr(key[:40]) + "..."  # repr escapes every surrogate
+    return f"object key {shown} holds {_pair_at(key)}, which does not survive JSON (a parser reads one character)"
+
+
+def _pair_at(text: str) -> str:
+    found = _SPLIT_PAIR(text)
+    assert found is not None
+    high, low = map(ord, found.group())
+    return f"a surrogate pair written as two code points (U+{high:04X} U+{low:04X} at character {found.start()})"
+
+
 def pointer(parts: Iterator[str | int] | list[str | int] | tuple[str | int, ...]) -> str:
     """Render path parts as a JSON pointer (RFC 6901): ``["a", 0]`` -> ``/a/0``."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
@@ -113,8 +156,11 @@ def pointer(parts: Iterator[str | int] | list[str | int] | tuple[str | int, ...]
 def _scalar_loss(value: object) -> str | None:
     kind = type(value)
     if kind in _SCALARS:
-        if kind is int and not _SAFE_INT_FLOOR < value < _SAFE_INT:  # type: ignore[operator]
-            return _int_loss(value)  # type: ignore[arg-type]
+        if kind is int:
+            if not _SAFE_INT_FLOOR < value < _SAFE_INT:  # type: ignore[operator]
+                return _int_loss(value)  # type: ignore[arg-type]
+        elif kind is str and not value.isascii():  # type: ignore[attr-defined]
+            return _pair_loss(value)  # type: ignore[arg-type]
         return None
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
@@ -180,9 +226,12 @@ def _walk(value: object, build: int) -> Any:
         source, items, _, out = stack[-1]
         advanced = False
         for key, child in items:
-            if type(key) is not str and isinstance(source, dict):
-                path = pointer(_path(stack))
-                raise NotLosslessError(path, f"object key {key!r} ({type(key).__name__}) is not a string")
+            if type(key) is not str:
+                if isinstance(source, dict):
+                    path = pointer(_path(stack))
+                    raise NotLosslessError(path, f"object key {key!r} ({type(key).__name__}) is not a string")
+            elif not key.isascii() and _split_pair(key):
+                raise NotLosslessError(pointer(_path(stack)), _key_loss(key))
             reason = _scalar_loss(child)
             if reason is not None:
                 raise NotLosslessError(pointer([*_path(stack), key]), reason)
@@ -207,13 +256,18 @@ def _walk(value: object, build: int) -> Any:
 
 def _flat_scalars(value: dict[Any, Any]) -> bool:
     # A plain loop: all() over a generator costs a frame per item on this hot path.
+    # Every str pays one O(1) isascii(); only a non-ASCII one is searched for a surrogate pair.
     scalars = _IMMUTABLE_SCALARS
+    split_pair = _split_pair
     for key, child in value.items():
         kind = type(child)
-        if type(key) is not str or kind not in scalars:
+        if type(key) is not str or kind not in scalars or (not key.isascii() and split_pair(key)):
+            return False  # the walk says why
+        if kind is int:
+            if not _SAFE_INT_FLOOR < child < _SAFE_INT:
+                return False
+        elif kind is str and not child.isascii() and split_pair(child):
             return False
-        if kind is int and not _SAFE_INT_FLOOR < child < _SAFE_INT:
-            return False  # the walk checks it
     return True
 
 
@@ -276,7 +330,10 @@ def is_lossless(value: object) -> bool:
 def snapshot(value: object) -> JSON:
     """Return a detached, plain (mutable) deep copy; raise :class:`NotLosslessError`."""
     kind = type(value)
-    if kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT):  # type: ignore[operator]
+    if kind is str:
+        if value.isascii() or not _split_pair(value):  # type: ignore[attr-defined,arg-type]
+            return value
+    elif kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT):  # type: ignore[operator]
         return value  # what _walk returns for them, minus its checks (tool values are often scalars)
     return _walk(value, 1)
 
@@ -289,7 +346,10 @@ def freeze(value: object) -> JSON:
     Freezing a value that :func:`freeze` produced returns it unchanged.
     """
     kind = type(value)
-    if ((kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT))  # type: ignore[operator]
+    if kind is str:
+        if value.isascii() or not _split_pair(value):  # type: ignore[attr-defined,arg-type]
+            return value
+    elif ((kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT))  # type: ignore[operator]
             or kind is FrozenDict or kind is FrozenList):
         # What _walk returns for these, without its checks: a nested call freezes the same
         # already-frozen arguments and result several times on its way through the pipeline.
@@ -300,7 +360,10 @@ def freeze(value: object) -> JSON:
 def thaw(value: object) -> JSON:
     """Return a plain mutable deep copy of a (frozen or plain) lossless value."""
     kind = type(value)
-    if kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT):  # type: ignore[operator]
+    if kind is str:
+        if value.isascii() or not _split_pair(value):  # type: ignore[attr-defined,arg-type]
+            return value
+    elif kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT):  # type: ignore[operator]
         return value
     return _walk(value, 1)
 

@@ -73,7 +73,9 @@ def encode_payload(payload: JSON) -> str:
             text.encode("utf-8")
         except UnicodeEncodeError:
             # Lone surrogates (a file name that is not UTF-8, through os.listdir): SQLite text must
-            # be UTF-8, and as \\uXXXX escapes they load back exactly the same.
+            # be UTF-8, and as \\uXXXX escapes they load back exactly the same. Only a high one right
+            # before a low one would not (a parser reads the two escapes as one character): snapshot()
+            # above refused those.
             text = json.dumps(plain, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     return text
 

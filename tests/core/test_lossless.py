@@ -55,6 +55,12 @@ class Text(str):
     ({"s": Text("x")}, "/s", "subclass of str"),
     (OrderedDict(a=1), "", "subclass of dict"),
     ({"a/b": {"c~d": object()}}, "/a~1b/c~0d", "not a JSON type"),
+    # A high surrogate then a low one: JSON text writes them as "\\ud83d\\ude00", read back as one character.
+    ("\ud83d\ude00", "", "surrogate pair written as two code points"),
+    ({"s": "smile \ud83d\ude00"}, "/s", "U+D83D U+DE00 at character 6"),
+    ({"a": [1, {"b": ["x", "\udbff\udfff"]}]}, "/a/1/b/1", "a parser reads one character"),
+    ({"k\ud800\udc00": 1}, "", "object key 'k\\ud800\\udc00' holds a surrogate pair"),
+    ({"a": [{"ok": 1, "\ud83d\ude00": [1.5]}]}, "/a/0", "object key '\\ud83d\\ude00'"),
 ])
 def test_non_lossless_values_are_located(value: Any, path: str, reason: str) -> None:
     loss = find_loss(value)
@@ -136,6 +142,7 @@ class _Str(str):
 
 _FAST_PATH_EDGES: list[Any] = [
     None, True, False, 0, -7, 2**80, "", "text", 1.5, 0.0, -0.0, float("nan"), float("inf"),
+    "\udc80", "\ud83d\ude00", "caf\u00e9 \U0001f600", {"a": "\ud83d\ude00"}, {"\ud83d\ude00": 1}, {"a\udc80": "\udc80"},
     {}, [], {"a": 1, "b": "x", "c": None, "d": True}, {"a": 1.5}, {"a": [1]}, [1, "x"], {1: "int key"},
     _Str("sub"), enum.IntEnum("E", "A").A, OrderedDict(a=1), (1, 2), b"bytes", {"a": _Str("x")},
 ]
@@ -188,3 +195,38 @@ def test_ints_python_cannot_write_as_json_text_are_refused() -> None:
                 function(value)
     big = 10 ** (sys.get_int_max_str_digits() - 10)  # still writable: accepted
     assert freeze({"a": big}) == {"a": big} and json.loads(json.dumps(big)) == big
+
+
+# -- surrogates: a str may hold them as code points; JSON text keeps each apart unless a high one precedes a low one --
+
+_SPLIT_PAIRS = ["\ud83d\ude00", "a\ud800\udc00b", "\udbff\udfff", "x" * 100 + "\u00e9\ud83d\ude00"]
+_LONE_SURROGATES = ["\udc80", "caf\udce9.txt", "\ud83d", "\ude00", "\ude00\ud83d", "\ud83d \ude00", "\ud83d\ud83d",
+                    "\ude00\ude00", "\U0001f600", "\ud83d\U0001f600\ude00"]
+
+
+@pytest.mark.parametrize("text", _SPLIT_PAIRS)
+def test_a_surrogate_pair_written_as_two_code_points_is_refused_as_value_and_as_key(text: str) -> None:
+    assert json.loads(json.dumps(text)) != text  # the reason: a parser reads one character
+    for value, path in ((text, ""), ({"a": text}, "/a"), ([1, text], "/1"), ({"a": [{"b": text}]}, "/a/0/b"),
+                        ({text: 1}, ""), ({"a": [{text: None, "b": 1.5}]}, "/a/0")):
+        loss = find_loss(value)
+        assert loss is not None and loss.path == path and "does not survive JSON" in loss.reason, value
+        for function in (freeze, snapshot, thaw):
+            with pytest.raises(NotLosslessError, match="surrogate pair written as two code points"):
+                function(value)
+
+
+@pytest.mark.parametrize("text", _LONE_SURROGATES)
+def test_surrogates_that_are_not_a_high_then_a_low_one_are_kept(text: str) -> None:
+    for value in (text, {"a": text}, [text], {text: text}, {"a": [{text: [text, 1.5]}]}):
+        assert json.loads(json.dumps(value)) == value
+        assert is_lossless(value) and freeze(value) == value and snapshot(value) == value and thaw(value) == value
+
+
+_SURROGATE_HEAVY = st.text(st.sampled_from(["a", "\u00e9", "\U0001f600", "\ud800", "\udbff", "\udc00", "\udfff"]))
+
+
+@given(_SURROGATE_HEAVY, _SURROGATE_HEAVY)
+def test_lossless_strings_and_keys_are_exactly_those_json_text_gives_back(text: str, key: str) -> None:
+    for value in (text, {key: 1}, {"k": [text]}):
+        assert is_lossless(value) == (json.loads(json.dumps(value)) == value), value

@@ -84,6 +84,23 @@ async def test_a_bad_payload_writes_nothing_of_its_batch(tmp_path: Path) -> None
         await store.close()
 
 
+async def test_lone_surrogates_load_back_as_they_were_and_a_pair_written_as_two_is_refused(tmp_path: Path) -> None:
+    # Stored as \\uXXXX escapes, lone surrogates (in any order) load back the same; a high one right
+    # before a low one would load back as one character, U+1F600, so the payload is refused instead.
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        info = await store.create()
+        lone = {"caf\udce9.txt": ["\ud83d", "\ude00", "\ude00\ud83d", "\ud83d-\ude00", "\U0001f600 \udc80"]}
+        await store.append(info.id, [NewEvent("ok", lone)])
+        with pytest.raises(TypeError, match=r"session event payload: not lossless JSON at /name: a surrogate pair"):
+            await store.append(info.id, [NewEvent("pair", {"name": "smile \ud83d\ude00"})])
+        with pytest.raises(TypeError, match=r"not lossless JSON at the root: object key 'x\\udbff\\udfff' holds"):
+            await store.append(info.id, [NewEvent("pair", {"x\udbff\udfff": 1})])
+        assert [(event.kind, event.payload) for event in await store.load(info.id)] == [("ok", lone)]
+    finally:
+        await store.close()
+
+
 async def test_concurrent_recorder_appends_keep_call_order_and_whole_batches(tmp_path: Path) -> None:
     store = SqliteSessionStore.open(tmp_path)
     try:
