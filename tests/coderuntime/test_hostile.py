@@ -131,6 +131,37 @@ def test_forged_completions_are_revalidated() -> None:
     arun(with_runtime(go, isolation="auto", max_output_bytes=300, timeout_s=3.0, max_frame_bytes=4096))
 
 
+def test_forged_surrogate_pairs_written_as_two_code_points_are_refused() -> None:
+    # Written raw (surrogatepass) next to an escape, a high and a low surrogate parse as two code
+    # points: a str JSON text cannot carry. The host's decoding refuses it in arguments and results.
+    calls: list[Any] = []
+
+    async def record(args: Any) -> Any:
+        calls.append(args)
+        return "ok"
+
+    raw = ("def raw(text):\n    b = text.encode('utf-8', 'surrogatepass')\n"
+           "    os.write(3, struct.pack('>I', len(b)) + b)\n")
+
+    high, low = "\ud83d", "\\ude00"  # a raw high surrogate; a low one as its JSON escape
+    call = '{"t":"call","id":9001,"g":"tools","n":"record","a":[{"o":["k"]},"' + high + low + '"]}'
+    completions = ('{"t":"done","v":["' + high + low + '"]}',
+                   '{"t":"done","v":[{"o":["\\ud83d' + "\ude00" + '"]},1]}')  # an escaped high one, a raw low one
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run(FORGE + raw + f"raw({call!r})\nimport asyncio\nawait asyncio.sleep(0.3)\n"
+                         "return await tools.record({'real': '\\udc80'})", tools(record=record))
+        assert r.error is None and r.value == "ok" and calls == [{"real": "\udc80"}], (r, calls)
+        for done in completions:
+            r = await rt.run(FORGE + raw + f"raw({done!r})\nimport time\ntime.sleep(5)", [])
+            assert r.error is not None and r.error.kind == "invalid-output", (done, r)
+        lone = '{"t":"done","v":["' + "\ude00" + '\\ud83d"]}'  # a low one then a high one: kept
+        r = await rt.run(FORGE + raw + f"raw({lone!r})\nimport time\ntime.sleep(5)", [])
+        assert r.error is None and r.value == "\ude00\ud83d", r
+
+    arun(with_runtime(go, isolation="auto"))
+
+
 def _fake_run(**functions: Any) -> tuple[_Run, list[bytes], list[Any]]:
     """A run with no worker behind it: bindings ``f`` and ``__class__`` (echoes), or ``functions``."""
     called: list[Any] = []

@@ -120,6 +120,49 @@ def test_an_int_too_long_for_json_text_is_refused_both_ways_even_with_the_limit_
     arun(with_runtime(go, isolation="auto"))
 
 
+def test_a_surrogate_pair_written_as_two_code_points_is_refused_both_ways_and_lone_surrogates_cross() -> None:
+    # '\ud83d\ude00' (two code points) has no JSON text of its own: written as two escapes, it is
+    # read back as one character, U+1F600. Such a completion is invalid-output and such an argument
+    # or result is refused like any lossy value; lone surrogates (a file name that is not UTF-8),
+    # and a low one before a high one, cross as they are.
+    calls: list[Any] = []
+
+    async def record(args: Any) -> Any:
+        calls.append(args)
+        return args
+
+    async def pair(args: Any) -> Any:
+        return {"name": "x\ud83d\ude00"}
+
+    bindings = [BindingNamespace("tools", {"record": record, "pair": pair})]
+    catch = "try:\n    return await tools.{}\nexcept ToolCallError as error:\n    return str(error)"
+    why = ("a surrogate pair written as two code points ({} at character {}) does not survive JSON "
+           "(a parser reads one character)")
+
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run("return {'name': 'smile \\ud83d\\ude00'}", bindings)
+        assert _kind(r) == "invalid-output" and r.error is not None, r
+        assert r.error.message == ("program completion must be lossless JSON: " + why.format("U+D83D U+DE00", 6)
+                                   + ' at result["name"]')
+        r = await rt.run("return [1, {'k\\udbff\\udfff': 1}]", bindings)
+        assert r.error is not None and r.error.message == (
+            "program completion must be lossless JSON: object key 'k\\udbff\\udfff' holds a surrogate pair written "
+            "as two code points (U+DBFF U+DFFF at character 1), which does not survive JSON (a parser reads one "
+            "character) at result[1]"), r
+        r = await rt.run(catch.format("record({'a': ['ok', '\\ud800\\udc00']})"), bindings)
+        assert r.value == ("binding arguments must be lossless JSON: " + why.format("U+D800 U+DC00", 0)
+                           + ' at value["a"][1]'), r
+        r = await rt.run(catch.format("pair({})"), bindings)
+        assert r.value == ("binding resolution must be lossless JSON: " + why.format("U+D83D U+DE00", 1)
+                           + ' at result["name"]'), r
+        assert calls == []
+        lone = {"caf\udce9.txt": ["\ud83d", "\ude00\ud83d", "\ud83d \ude00", "\U0001f600"]}
+        r = await rt.run(f"return [await tools.record({lone!r}), {lone!r}]", bindings)
+        assert r.error is None and r.value == [lone, lone] and calls == [lone], r
+
+    arun(with_runtime(go, isolation="auto"))
+
+
 def test_a_host_with_the_int_limit_lifted_still_refuses_a_result_the_worker_cannot_read() -> None:
     # PYTHONINTMAXSTRDIGITS=0 reaches the host only: the worker (-I, empty environment) keeps
     # Python's default limit, so a 5000-digit binding result is refused, not written in a reply

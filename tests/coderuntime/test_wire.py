@@ -246,14 +246,18 @@ def _same(left: tuple[str, object], right: tuple[str, object]) -> None:
         assert repr(left[1]) == repr(right[1])  # no 1 == True == 1.0 conflation
 
 
+#: Text made mostly of surrogates: lone ones (kept) and, by chance, a high one right before a low one (refused).
+_surrogate_text = st.text(
+    st.sampled_from(["a", "\u00e9", "\U0001f600", "\ud800", "\udbff", "\udc00", "\udfff"]), max_size=6)
+
 _odd_scalars = st.sampled_from(
     [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, (1,), b"x", _Str("s"), 1 + 2j, object()]
 )
 _maybe_lossy = st.recursive(
-    json_values | _odd_scalars,
+    json_values | _odd_scalars | _surrogate_text,
     lambda children: (
         st.lists(children, max_size=40)
-        | st.dictionaries(st.text(max_size=3) | st.integers(0, 3), children, max_size=40)
+        | st.dictionaries(st.text(max_size=3) | st.integers(0, 3) | _surrogate_text, children, max_size=40)
     ),
     max_leaves=60,
 )
@@ -276,7 +280,9 @@ def test_fuzz_a_refusal_names_the_path_to_its_culprit(value: object) -> None:
         for key in error.path:
             node = node[key]  # type: ignore[index]
         if error.reason.startswith("object key"):
-            assert type(node) is dict and any(type(key) is not str for key in node)
+            assert type(node) is dict and any(type(key) is not str or _split(key) for key in node)
+        elif type(node) is str:
+            assert _split(node) and "surrogate pair written as two code points" in error.reason
         else:
             assert error.reason == wire._scalar_error(node)
         assert str(error) == error.describe("value")
@@ -316,13 +322,15 @@ def test_the_path_of_a_deep_culprit_is_shortened() -> None:
 _token = st.one_of(
     json_values.filter(lambda v: not isinstance(v, (list, dict))),
     _odd_scalars,
+    _surrogate_text,
+    st.builds(lambda keys: {"o": keys}, st.lists(_surrogate_text, max_size=3)),
     st.builds(lambda n: {"a": n}, st.integers(-2, 40) | st.sampled_from([True, 1.0, "1"])),
     st.builds(lambda keys: {"o": keys}, st.lists(st.sampled_from(["a", "b", "c", "d", 1]), max_size=40)),
     st.sampled_from([{}, {"a": 1, "o": []}, {"x": 1}, {"o": "ab"}, [1]]),
 )
 
 
-@given(st.lists(_token, max_size=42) | json_values.map(wire.encode) | json_values)
+@given(st.lists(_token, max_size=42) | json_values.map(wire.encode) | json_values | st.lists(_token, min_size=34))
 @settings(max_examples=600, deadline=None)
 def test_fuzz_decode_fast_path_matches_the_walk(tokens: object) -> None:
     _same(_outcome(wire.decode, tokens), _outcome(wire._decode_walk, tokens))
@@ -428,3 +436,92 @@ def test_an_int_is_written_under_the_workers_limit_not_the_hosts() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
                           check=False)
     assert "int of more than 4300 digits" in done.stdout, (done.stdout, done.stderr)
+
+
+# --------------------------------------------------------------------------- surrogates
+# A str may hold surrogates as code points. Lone ones (a file name that is not UTF-8) cross as
+# they are; a high one right before a low one does not survive JSON text (written as two
+# escapes, it is read back as one character), so neither side lets it through.
+
+
+def _split(text: str) -> bool:
+    return json.loads(json.dumps(text)) != text
+
+
+_PAIR = "\ud83d\ude00"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (_PAIR, "a surrogate pair written as two code points (U+D83D U+DE00 at character 0) does not survive JSON "
+                "(a parser reads one character)"),
+        ({"name": "smile " + _PAIR, "n": 1},
+         'a surrogate pair written as two code points (U+D83D U+DE00 at character 6) does not survive JSON '
+         '(a parser reads one character) at result["name"]'),
+        (["a", "\udbff\udfff"], "(U+DBFF U+DFFF at character 0) does not survive JSON (a parser reads one character) "
+                                "at result[1]"),
+        ([*range(40), "\u00e9" + _PAIR], "at character 1) does not survive JSON (a parser reads one character) "
+                                         "at result[40]"),
+        ({"rows": [{"ok": "\udc80"}, {"x": [1, 2, 3, 4, 5, 6, 7, 8, 9, _PAIR]}]}, 'at result["rows"][1]["x"][9]'),
+        ({"k" + _PAIR: 1}, "object key 'k\\ud83d\\ude00' holds a surrogate pair written as two code points "
+                           "(U+D83D U+DE00 at character 1), which does not survive JSON (a parser reads one "
+                           "character)"),
+        ({"a": [{"b": 1, _PAIR * 30: 2}]}, "object key '" + "\\ud83d\\ude00" * 20 + "'... holds "),
+        ({"a": {str(i): i for i in range(40)} | {_PAIR: None}}, '(a parser reads one character) at result["a"]'),
+    ],
+)
+def test_a_surrogate_pair_written_as_two_code_points_is_refused_where_it_is(value: object, message: str) -> None:
+    with pytest.raises(wire.WireError) as caught:
+        wire.encode(value)
+    assert message in caught.value.describe("result")
+    assert _outcome(wire.encode, value) == _outcome(wire._encode_walk, value)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [_PAIR],
+        ["x\ud800\udc00y"],
+        [{"a": 2}, "ok", _PAIR],
+        [{"o": ["a", _PAIR]}, 1, 2],
+        [{"o": [_PAIR]}, {"a": 0}],
+        [{"a": 40}, *["\udc80"] * 39, "\udbff\udfff"],
+        [{"a": 1}, {"o": ["k"]}, {"a": 2}, 1, "\u00e9" + _PAIR],
+    ],
+)
+def test_a_surrogate_pair_written_as_two_code_points_fails_decoding_closed(tokens: list[object]) -> None:
+    # The host decodes what a hostile worker sends: such a str never reaches a binding or a result.
+    with pytest.raises(wire.WireError, match="surrogate pair written as two code points"):
+        wire.decode(tokens)
+    assert _outcome(wire.decode, tokens) == _outcome(wire._decode_walk, tokens)
+
+
+@pytest.mark.parametrize(
+    "text", ["\udc80", "caf\udce9.txt", "\ud83d", "\ude00", "\ude00\ud83d", "\ud83d \ude00", "\ud83d\ud83d",
+             "\ude00\ude00", "\U0001f600", "\ud83d\U0001f600\ude00"],
+)
+def test_lone_surrogates_cross_as_they_are(text: str) -> None:
+    for value in (text, [text], {text: text}, {"a": [text] * 40, text: {str(i): text for i in range(40)}}):
+        tokens = wire.encode(value)
+        assert wire.decode(tokens) == value
+        assert wire.decode(wire.unpack_payload(wire.pack({"v": tokens})[4:])["v"]) == value  # type: ignore[index]
+        assert json.loads(json.dumps(value)) == value  # they survive JSON text too
+
+
+@given(_surrogate_text, _surrogate_text)
+@settings(max_examples=300, deadline=None)
+def test_fuzz_the_wire_keeps_exactly_the_strings_json_text_gives_back(text: str, key: str) -> None:
+    for value in (text, {key: 1}, {"k": [text, 1]}, [text] * 10):
+        kept = json.loads(json.dumps(value)) == value
+        assert (_outcome(wire.encode, value)[0] == "ok") == kept, value
+        assert (_outcome(wire.decode, wire._encode_walk(value) if kept else _tokens(value))[0] == "ok") == kept
+
+
+def _tokens(value: object) -> list[object]:
+    """Tokens of ``value`` written by hand, as a hostile worker would (``encode`` refuses it)."""
+    if type(value) is str:
+        return [value]
+    if type(value) is dict:
+        return [{"o": list(value)}, *value.values()]
+    return [{"a": len(value)}, *value]  # type: ignore[arg-type]

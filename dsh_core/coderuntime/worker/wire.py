@@ -12,7 +12,10 @@ Values
     for an object whose (unique, string) keys are listed in order. Encoding and
     decoding walk explicit stacks, so depth is bounded by memory only and the
     recursion limit is never touched. Decoding fails closed (:class:`WireError`)
-    on anything malformed; nothing is ever converted "best effort". An int
+    on anything malformed; nothing is ever converted "best effort". A ``str``
+    (value or key) holding a high surrogate right before a low one is refused
+    both ways: JSON text writes the two as escapes that every parser reads back
+    as one character (lone surrogates cross as they are). An int
     longer than Python's int/str digit limit (4,300 by default) has no JSON
     text: writing it (:func:`pack`, :func:`tokens_json_size`) fails the same way.
 
@@ -141,12 +144,69 @@ def _scalar_error(value: object) -> str:
     return f"{kind.__qualname__} is not a JSON type"
 
 
+#: A high surrogate then a low one: two code points of a ``str`` that JSON text makes one character.
+_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]").search
+
+
+def _split_pair(text: str) -> bool:
+    """Whether a non-ASCII ``text`` holds a high surrogate immediately followed by a low one.
+
+    Callers ask only for a non-ASCII ``str`` (``isascii`` is O(1)): an ASCII one holds no surrogate.
+    A ``str`` that UTF-8 can hold has none either, and encoding is a C loop twice as fast as the
+    search; only one that cannot (rare: a name that was not UTF-8) is searched.
+    """
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SPLIT_PAIR(text) is not None
+    return False
+
+
+_isascii = str.isascii
+
+
+def _has_split_pair(items: list[object], only_str: bool) -> bool:
+    """Whether a ``str`` among ``items`` (all of them, with ``only_str``) holds a surrogate pair as two code points."""
+    if only_str and all(map(_isascii, items)):  # type: ignore[arg-type]
+        return False  # a C loop: a long array of strings pays no Python step per item
+    for item in items:  # noqa: SIM110 - any() over a generator costs a frame per item on this hot path
+        if type(item) is str and not item.isascii() and _split_pair(item):
+            return True
+    return False
+
+
+def _pair_at(text: str) -> str:
+    found = _SPLIT_PAIR(text)
+    assert found is not None
+    high, low = map(ord, found.group())
+    return f"a surrogate pair written as two code points (U+{high:04X} U+{low:04X} at character {found.start()})"
+
+
+def _pair_error(text: str) -> str:
+    return f"{_pair_at(text)} does not survive JSON (a parser reads one character)"
+
+
+def _key_pair_error(key: str) -> str:
+    shown = repr(key) if len(key) <= 40 else repr(key[:40]) + "..."  # repr escapes every surrogate
+    return f"object key {shown} holds {_pair_at(key)}, which does not survive JSON (a parser reads one character)"
+
+
+def _plain_keys(keys: list[object]) -> bool:
+    """Whether every key is a ``str`` that survives JSON text."""
+    for key in keys:  # noqa: SIM110 - all() over a generator costs a frame per item on this hot path
+        if type(key) is not str or (not key.isascii() and _split_pair(key)):
+            return False
+    return True
+
+
 def _all_plain_scalars(children: list[object]) -> bool:
     types = set(map(type, children))
     if types <= _SCALAR:
-        return True
+        return str not in types or not _has_split_pair(children, len(types) == 1)
     if float in types and types <= _SCALAR_OR_FLOAT:
-        return not any(map(_bad_float, [c for c in children if type(c) is float]))
+        if any(map(_bad_float, [c for c in children if type(c) is float])):
+            return False
+        return str not in types or not _has_split_pair(children, False)
     return False
 
 
@@ -179,14 +239,17 @@ def encode(value: object) -> list[object]:
     shared by every token list (changing one would change them all).
     """
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str:
+        if value.isascii() or not _split_pair(value):  # type: ignore[attr-defined,arg-type]
+            return [value]
+    elif kind is int or kind is bool or value is None:
         return [value]
-    if kind is dict:
+    elif kind is dict:
         if len(value) <= _FLAT_MAX:  # type: ignore[arg-type]
             pairs: list[tuple[object, object]] = list(dict.items(value))  # type: ignore[arg-type]  # one snapshot
             keys = [pair[0] for pair in pairs]
             children = [pair[1] for pair in pairs]
-            if all(type(key) is str for key in keys) and _all_plain_scalars(children):
+            if _plain_keys(keys) and _all_plain_scalars(children):
                 return [{"o": keys}, *children]
     elif kind is list:
         if len(value) <= _FLAT_MAX:  # type: ignore[arg-type]
@@ -216,10 +279,13 @@ def _located(value: object, error: WireError) -> WireError:
     while True:
         for key, child in iterator:
             kind = type(child)
-            if kind is str or kind is int or kind is bool or child is None:
+            if kind is int or kind is bool or child is None:
                 continue
             path = (*keys, key) if stack else ()
-            if kind is float:
+            if kind is str:
+                if not child.isascii() and _split_pair(child):
+                    return WireError(_pair_error(child), path)
+            elif kind is float:
                 if _bad_float(child):
                     return WireError(_scalar_error(child), path)
             elif kind is list or kind is dict:
@@ -233,6 +299,8 @@ def _located(value: object, error: WireError) -> WireError:
                     for name, _ in items:
                         if type(name) is not str:
                             return WireError(f"object key {name!r} ({type(name).__name__}) is not a str", path)
+                        if not name.isascii() and _split_pair(name):
+                            return WireError(_key_pair_error(name), path)
                 if stack:
                     keys.append(key)
                 stack.append(iterator)
@@ -266,7 +334,11 @@ def _encode_walk(value: object) -> list[object]:
     while True:
         for child in iterator:  # type: ignore[attr-defined]
             kind = type(child)
-            if kind is str or kind is int or kind is bool or child is None:
+            if kind is str:
+                if not child.isascii() and _split_pair(child):
+                    raise WireError(_pair_error(child))
+                append(child)
+            elif kind is int or kind is bool or child is None:
                 append(child)
             elif kind is float:
                 if _bad_float(child):
@@ -286,6 +358,8 @@ def _encode_walk(value: object) -> list[object]:
                     for key in keys:
                         if type(key) is not str:
                             raise WireError(f"object key {key!r} ({type(key).__name__}) is not a str")
+                        if not key.isascii() and _split_pair(key):
+                            raise WireError(_key_pair_error(key))
                     append({"o": keys})
                     children = [pair[1] for pair in pairs]
                 if not children:
@@ -312,7 +386,8 @@ def decode(tokens: object) -> object:
 
     Fails closed on: a non-list or empty input, a marker with wrong/extra
     fields, a bad length, non-string or duplicate keys, a claim of more
-    children than tokens remain, non-finite numbers or ``-0.0``, nested lists
+    children than tokens remain, non-finite numbers or ``-0.0``, a ``str`` or
+    key holding a surrogate pair written as two code points, nested lists
     used as tokens, trailing tokens, and frames left open.
 
     A lone scalar, or one marker followed by exactly its plain scalar
@@ -325,7 +400,10 @@ def decode(tokens: object) -> object:
         if count == 1:
             token = tokens[0]
             kind = type(token)
-            if kind is str or kind is int or kind is bool or token is None:
+            if kind is str:
+                if token.isascii() or not _split_pair(token):
+                    return token
+            elif kind is int or kind is bool or token is None:
                 return token
             if kind is float and not _bad_float(token):
                 return token
@@ -342,7 +420,7 @@ def decode(tokens: object) -> object:
                     if (
                         type(keys) is list
                         and len(keys) == count - 1
-                        and all(type(key) is str for key in keys)
+                        and _plain_keys(keys)
                         and len(set(keys)) == len(keys)
                         and _all_plain_scalars(children)
                     ):
@@ -366,6 +444,8 @@ def _decode_walk(tokens: object) -> object:
             pending -= 1  # this token fills one claimed slot
         kind = type(token)
         if kind in _SCALAR:
+            if kind is str and not token.isascii() and _split_pair(token):
+                raise WireError("a str token holds " + _pair_error(token)[2:])
             value: object = token
             frame_for_value = None
         elif kind is float:
@@ -390,6 +470,8 @@ def _decode_walk(tokens: object) -> object:
                 for key in keys:
                     if type(key) is not str:
                         raise WireError("object keys must be strings")
+                    if not key.isascii() and _split_pair(key):
+                        raise WireError("an object key holds " + _pair_error(key)[2:])
                 pending += len(keys)
                 if pending > total - index:  # before the set: only keys whose values follow are hashed
                     raise WireError("a marker claims more children than tokens remain")
