@@ -948,7 +948,10 @@ class _Run:
             return
         if kind == "log":
             text = message.get("s")
-            if type(text) is str and not self.ledger.add(text):
+            # Text, not a value: a surrogate pair written as two code points (print('\ud83d\ude00'))
+            # becomes the character it spells, as the worker's ledger counted it, so the logs stay
+            # lossless JSON (a result, a session event) instead of making the run's result unrecordable.
+            if type(text) is str and not self.ledger.add(wire.join_pairs(text)):
                 self.settle("limit", None)
         elif kind == "call":
             self._on_call(message.get("id"), message.get("g"), message.get("n"), message.get("a"), cost)
@@ -1162,7 +1165,7 @@ class _Run:
             if kind == "output-limit":
                 self.settle("limit", None)
             else:
-                self.settle("error", (kind, text))
+                self.settle("error", (kind, wire.join_pairs(text)))  # text, as a log is
             return
         if "v" not in message:
             self.settle("novalue", None)

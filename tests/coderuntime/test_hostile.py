@@ -131,7 +131,7 @@ def test_forged_completions_are_revalidated() -> None:
     arun(with_runtime(go, isolation="auto", max_output_bytes=300, timeout_s=3.0, max_frame_bytes=4096))
 
 
-def test_forged_surrogate_pairs_written_as_two_code_points_are_refused() -> None:
+def test_forged_surrogate_pairs_written_as_two_code_points_are_refused_as_values_joined_in_text() -> None:
     # Written raw (surrogatepass) next to an escape, a high and a low surrogate parse as two code
     # points: a str JSON text cannot carry. The host's decoding refuses it in arguments and results.
     calls: list[Any] = []
@@ -155,6 +155,12 @@ def test_forged_surrogate_pairs_written_as_two_code_points_are_refused() -> None
         for done in completions:
             r = await rt.run(FORGE + raw + f"raw({done!r})\nimport time\ntime.sleep(5)", [])
             assert r.error is not None and r.error.kind == "invalid-output", (done, r)
+        log = '{"t":"log","s":"' + high + low + '"}'  # text, not a value: the pair becomes its character
+        r = await rt.run(FORGE + raw + f"raw({log!r})\nreturn 1", [])
+        assert r.error is None and r.logs == ("\U0001f600",), r
+        error = '{"t":"done","e":{"k":"exception","m":"' + high + low + '"}}'
+        r = await rt.run(FORGE + raw + f"raw({error!r})\nimport time\ntime.sleep(5)", [])
+        assert r.error is not None and r.error.message == "\U0001f600", r
         lone = '{"t":"done","v":["' + "\ude00" + '\\ud83d"]}'  # a low one then a high one: kept
         r = await rt.run(FORGE + raw + f"raw({lone!r})\nimport time\ntime.sleep(5)", [])
         assert r.error is None and r.value == "\ude00\ud83d", r

@@ -24,6 +24,7 @@ from dsh_core.coderuntime import (
     RuntimeDisposedError,
     current_run,
 )
+from dsh_core.lossless import is_lossless
 
 from .conftest import (
     LEVELS,
@@ -159,6 +160,23 @@ def test_a_surrogate_pair_written_as_two_code_points_is_refused_both_ways_and_lo
         lone = {"caf\udce9.txt": ["\ud83d", "\ude00\ud83d", "\ud83d \ude00", "\U0001f600"]}
         r = await rt.run(f"return [await tools.record({lone!r}), {lone!r}]", bindings)
         assert r.error is None and r.value == [lone, lone] and calls == [lone], r
+
+    arun(with_runtime(go, isolation="auto"))
+
+
+def test_printed_text_and_error_messages_join_a_surrogate_pair_into_its_character() -> None:
+    # Logs and error messages are text, not values: print('\ud83d\ude00') (two code points, as a
+    # model writing JSON-style escapes in Python spells an emoji) shows the character it spells,
+    # as any JSON hop would, instead of making the run's result or its session event unrecordable.
+    # Lone surrogates, and a low one before a high one, are kept as they are.
+    async def go(rt: PythonCodeRuntime) -> None:
+        r = await rt.run("print('smile \\ud83d\\ude00', '\\udc80 \\ude00\\ud83d')\n"
+                         "console.error('e \\udbff\\udfff')\nreturn 1", [])
+        assert r.error is None and r.logs == ("smile \U0001f600 \udc80 \ude00\ud83d", "e \U0010ffff"), r
+        r = await rt.run("raise ValueError('x \\ud83d\\ude00')", [])
+        assert _kind(r) == "exception" and r.error is not None, r
+        assert r.error.message.endswith("ValueError: x \U0001f600"), r
+        assert is_lossless([*r.logs, r.error.message])
 
     arun(with_runtime(go, isolation="auto"))
 

@@ -525,3 +525,13 @@ def _tokens(value: object) -> list[object]:
     if type(value) is dict:
         return [{"o": list(value)}, *value.values()]
     return [{"a": len(value)}, *value]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "joined"),
+    [("plain", "plain"), ("caf\u00e9", "caf\u00e9"), (_PAIR, "\U0001f600"), ("a\ud800\udc00b", "a\U00010000b"),
+     ("\udc80", "\udc80"), ("\ude00\ud83d", "\ude00\ud83d"), ("\ud83d\ud83d\ude00\ude00", "\ud83d\U0001f600\ude00")],
+)
+def test_join_pairs_gives_the_text_a_json_hop_gives_back(text: str, joined: str) -> None:
+    assert wire.join_pairs(text) == joined == json.loads(json.dumps(text))
+    assert wire.join_pairs(joined) == joined

@@ -98,6 +98,7 @@ class _Logs:
         self.lock = threading.RLock()
 
     def emit(self, text: str) -> None:
+        text = wire.join_pairs(text)  # as the host records it, so both ledgers count the same bytes
         with self.lock:
             if self.ledger.add(text):
                 self.channel.send({"t": "log", "s": text})
@@ -749,7 +750,7 @@ def serve(fd: int, request: dict[str, object], prepared: Prepared) -> int:
                 outcome = {"t": "done"}  # sys.exit() or sys.exit(0): the program ended, as a script does
             else:
                 kind = "memory-limit" if isinstance(error, MemoryError) else "exception"
-                message = _format(error) + _sandbox_note(error, level)
+                message = wire.join_pairs(_format(error) + _sandbox_note(error, level))
                 if not logs.ledger.fits(wire.json_str_size(message)):
                     outcome = {"t": "output-limit"}
                 else:

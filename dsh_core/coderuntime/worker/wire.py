@@ -48,6 +48,7 @@ __all__ = [
     "decode",
     "tokens_json_size",
     "json_str_size",
+    "join_pairs",
     "truncate_json_str",
     "pack",
     "unpack_payload",
@@ -173,6 +174,17 @@ def _has_split_pair(items: list[object], only_str: bool) -> bool:
         if type(item) is str and not item.isascii() and _split_pair(item):
             return True
     return False
+
+
+def join_pairs(text: str) -> str:
+    """``text`` with each high surrogate right before a low one joined into the character they spell.
+
+    For text that is shown, not a value (logs, error messages): what any JSON hop would give
+    back, so it can be recorded. Lone surrogates, and a low one before a high one, are kept.
+    """
+    if text.isascii() or not _split_pair(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
 def _pair_at(text: str) -> str:
