@@ -37,6 +37,7 @@ __all__ = [
     "thaw",
     "pointer",
     "dumps",
+    "join_surrogate_pairs",
 ]
 
 #: A lossless JSON value (kept as ``Any`` so it composes with typed callers).
@@ -127,6 +128,17 @@ def _split_pair(text: str) -> bool:
     except UnicodeEncodeError:
         return _SPLIT_PAIR(text) is not None
     return False
+
+
+def join_surrogate_pairs(text: str) -> str:
+    """``text`` with each high surrogate right before a low one joined into the character they spell.
+
+    For text that is shown, not a value (a result's content, an error message): what every JSON
+    hop gives back, so it can be recorded. Lone surrogates, and a low one before a high one, are kept.
+    """
+    if text.isascii() or not _split_pair(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
 def _pair_loss(text: str) -> str | None:

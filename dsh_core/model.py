@@ -18,7 +18,7 @@ from attrs import field, frozen
 from jsonschema.protocols import Validator
 
 from dsh_core.abort import AbortSignal
-from dsh_core.lossless import JSON, dumps, freeze
+from dsh_core.lossless import JSON, dumps, freeze, join_surrogate_pairs
 
 if TYPE_CHECKING:
     from dsh_core.scope import Scope
@@ -59,11 +59,19 @@ def _str_field(instance: object, attribute: attrs.Attribute[str], value: str) ->
         raise TypeError(f"{type(instance).__name__}.{attribute.name} must be str, got {type(value).__name__}")
 
 
+def _shown(value: Any) -> Any:
+    # Text that is shown, not a value: a surrogate pair held as two code points (text a plugin decoded
+    # with surrogatepass) becomes its character, as every JSON hop made it, so the session event that
+    # records it stays lossless JSON. What is not a str (None included) is left as it is for the
+    # field's check.
+    return join_surrogate_pairs(value) if type(value) is str else value
+
+
 @frozen
 class TextBlock:
     """A text content block, shown to the model. ``text`` must be a ``str`` (checked when built)."""
 
-    text: str = field(validator=_str_field)
+    text: str = field(converter=_shown, validator=_str_field)
     type: Literal["text"] = "text"
 
 
@@ -144,16 +152,16 @@ class ContextMessage:
     ``text`` must be a ``str`` and ``source`` a ``str`` or ``None`` (checked when built).
     """
 
-    text: str = field(validator=_str_field)
-    source: str | None = field(default=None, validator=attrs.validators.optional(_str_field))
+    text: str = field(converter=_shown, validator=_str_field)
+    source: str | None = field(default=None, converter=_shown, validator=attrs.validators.optional(_str_field))
 
 
 @frozen
 class ToolErrorInfo:
     """The error of a failed result: a stable ``code`` and a model-readable ``message``."""
 
-    code: str = field(validator=_str_field)
-    message: str = field(validator=_str_field)
+    code: str = field(converter=_shown, validator=_str_field)
+    message: str = field(converter=_shown, validator=_str_field)
 
 
 def _error_field(instance: object, attribute: attrs.Attribute[ToolErrorInfo | None], value: object) -> None:

@@ -184,3 +184,22 @@ async def test_a_middleware_result_with_an_error_that_is_not_error_info_fails_th
     assert result.error.message.startswith("dsh_around_dispatch of plugin 'shortcut' failed: "
                                            "TypeError: ToolResult.error must be ToolErrorInfo or None, got str")
     _readable(result)
+
+
+def test_shown_text_joins_a_surrogate_pair_written_as_two_code_points_into_its_character() -> None:
+    """Text is shown, not a value: a pair held as two code points (text a plugin decoded with
+    ``surrogatepass``, say) becomes the character it spells, as every JSON hop made it, so the session
+    event recording the result stays lossless JSON. Lone surrogates, and a low one first, are kept."""
+    import json
+
+    from dsh_core.model import ContextMessage
+    from dsh_core.sessions.events import encode_payload
+
+    result = ToolResult(content="smile \ud83d\ude00 \udc80 \ude00\ud83d",
+                        additional_contexts=[ContextMessage("note \ud800\udc00", "p\ud83d\ude00")])
+    assert result.text == "smile \U0001f600 \udc80 \ude00\ud83d"
+    assert result.additional_contexts[0] == ContextMessage("note \U00010000", "p\U0001f600")
+    failed = ToolResult.failure("TOOL_FAILED", "boom \udbff\udfff")
+    assert failed.error is not None and failed.error.message == "boom \U0010ffff" == failed.text[len("Error: "):]
+    payload = {"content": result.text, "context": result.additional_contexts[0].text, "error": failed.error.message}
+    assert json.loads(encode_payload(payload)) == payload
