@@ -1007,14 +1007,17 @@ class WorkspaceTools:
         The edit's new content is the old content it read plus the replacement: written over a
         newer version (an editor's save, a concurrent shell command), it would silently undo
         that change. Compared by content, not by timestamps, whose granularity can hide two
-        writes in one tick; what is left is the moment between this read and the rename.
+        writes in one tick; what is left is the moment between this read and the rename. The mode
+        and owner too: the replacement is given those the edit read, so a ``chmod +x`` (or a
+        ``chown``) made meanwhile, the content left alone, would be undone as silently.
         """
         fd, now = self._open_regular(real, given)
         with open(fd, "rb") as handle:
             current = handle.read(len(original) + 1)
-        if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino) or current != original:
-            raise ToolError(f"{given!r} changed while it was being edited (another program wrote it); "
-                            "nothing was replaced: read it again and redo the edit")
+        if ((now.st_dev, now.st_ino, now.st_mode, now.st_uid, now.st_gid)
+                != (info.st_dev, info.st_ino, info.st_mode, info.st_uid, info.st_gid) or current != original):
+            raise ToolError(f"{given!r} changed while it was being edited (another program wrote it, or changed "
+                            "its mode or owner); nothing was replaced: read it again and redo the edit")
 
     async def list(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``list``: one directory's entries, sorted, symlinks shown but not followed."""

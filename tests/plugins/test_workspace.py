@@ -402,6 +402,46 @@ async def test_an_edit_does_not_undo_a_change_made_while_it_ran(
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("change", ["mode", "owner"])
+async def test_an_edit_does_not_undo_a_mode_or_owner_change_made_while_it_ran(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """Another program makes a script executable (or gives it away) between the edit's read and its
+    replace: the replacement, given the mode and owner the edit read, would silently undo that."""
+    from dsh_plugins.workspace import WorkspaceTools
+
+    target = tmp_path / "run.sh"
+    target.write_text("echo hi\n")
+    os.chmod(target, 0o644)
+    read_text = WorkspaceTools._read_text
+
+    def read_then_someone_changes_it(self: Any, real: str, given: str) -> Any:
+        read = read_text(self, real, given)
+        if change == "mode":
+            os.chmod(target, 0o755)  # chmod +x: the content stays as it was read
+        else:
+            os.chown(target, 4321, 4322)
+        return read
+
+    if change == "owner":
+        try:
+            os.chown(target, 4321, 4322)
+        except PermissionError:
+            pytest.skip("needs to give a file to another user")
+        os.chown(target, os.getuid(), os.getgid())
+    monkeypatch.setattr(WorkspaceTools, "_read_text", read_then_someone_changes_it)
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("edit", {"path": "run.sh", "old_string": "hi", "new_string": "bye"})
+        assert result.code == "TOOL_FAILED", result
+        assert "changed while it was being edited" in result.text
+    info = os.stat(target)
+    assert target.read_text() == "echo hi\n"
+    if change == "mode":
+        assert stat.S_IMODE(info.st_mode) == 0o755
+    else:
+        assert (info.st_uid, info.st_gid) == (4321, 4322)
+    assert sorted(os.listdir(tmp_path)) == ["run.sh"]
+
+
 async def test_an_edit_checks_for_a_change_at_the_last_moment_before_the_rename(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A change made while the replacement is being written is caught too, not only one before it."""
