@@ -475,8 +475,12 @@ class WorkspaceTools:
                         "end_line": {"type": "integer"},
                         "next_offset": {"type": ["integer", "null"]},
                         "truncated": {"type": "boolean"},
+                        "not_utf8_lines": {"type": "array", "items": {"type": "integer"},
+                                           "description": "shown lines holding bytes that are not UTF-8 "
+                                                          "(shown as U+FFFD; edit refuses such a file)"},
                     },
-                    "required": ["path", "content", "start_line", "end_line", "next_offset", "truncated"],
+                    "required": ["path", "content", "start_line", "end_line", "next_offset", "truncated",
+                                 "not_utf8_lines"],
                 },
                 execute=self.read,
                 render=_render_read,
@@ -640,6 +644,7 @@ class WorkspaceTools:
         truncated = False
         next_offset: int | None = None
         number = 0
+        not_utf8: list[int] = []
         with open(fd, "rb") as handle:
             if _looks_binary(handle.read(SNIFF_BYTES)):
                 raise ToolError(f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows "
@@ -661,7 +666,14 @@ class WorkspaceTools:
                 if number >= offset + limit:
                     next_offset = number
                     break
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    # A character cut by MAX_LINE_BYTES is not the file's fault; any other bad byte is.
+                    if not cut or error.start < len(raw) - 3:
+                        not_utf8.append(number)
+                    text = raw.decode("utf-8", errors="replace")
+                text = text.rstrip("\r\n")
                 if cut or len(text) > MAX_LINE_CHARS:
                     text = text[:MAX_LINE_CHARS] + f" [... line cut at {MAX_LINE_CHARS} characters]"
                 entry = f"{number:>6}\t{text}"
@@ -687,6 +699,8 @@ class WorkspaceTools:
             "end_line": start + len(lines) - 1 if lines else 0,
             "next_offset": next_offset,
             "truncated": truncated,
+            # Only lines shown: one cut off by the read limit is not.
+            "not_utf8_lines": [line for line in not_utf8 if line < start + len(lines)],
         }
 
     def _refuse_protected(self, real: str, given: str, verb: str) -> None:
@@ -1235,12 +1249,23 @@ async def _reap(process: asyncio.subprocess.Process, collect: asyncio.Future[Non
         raise asyncio.CancelledError
 
 
+#: How many line numbers the note on bytes that are not UTF-8 names before it says "and N more".
+NOT_UTF8_NAMED = 10
+
+
 def _render_read(_args: Any, value: Any) -> str:
     text = value["content"] or "(no lines in this range)"
     if value["truncated"]:
         text += (f"\n[output truncated to fit the read limit; continue with offset={value['next_offset']}]")
     elif value["next_offset"] is not None:
         text += f"\n[more lines follow; continue with offset={value['next_offset']}]"
+    bad = value.get("not_utf8_lines") or []
+    if bad:
+        named = ", ".join(map(str, bad[:NOT_UTF8_NAMED])) + (
+            f" and {len(bad) - NOT_UTF8_NAMED} more" if len(bad) > NOT_UTF8_NAMED else "")
+        text += (f"\n[{'line' if len(bad) == 1 else 'lines'} {named} {'holds' if len(bad) == 1 else 'hold'} bytes "
+                 "that are not UTF-8, shown as U+FFFD: edit refuses this file, and writing the text back would "
+                 "replace those bytes]")
     return text
 
 

@@ -1666,3 +1666,17 @@ async def test_occurrences_in_a_file_of_mixed_line_endings_count_whatever_their_
         assert once.error is None, once.text
         assert (tmp_path / "one.txt").read_bytes() == b"k\r\nV\r\nk\nw\n"
     assert (tmp_path / "overlap.txt").read_bytes() == b"a\r\na\na\r\n"
+
+
+async def test_read_says_which_lines_hold_bytes_that_are_not_utf8(boot: Any, tmp_path: Path) -> None:
+    """Past the first 8 KiB (which decide text or binary) a byte that is not UTF-8 was shown as U+FFFD with no
+    word of it: a model writing the text back replaced the file's bytes, and edit refused with no warning."""
+    (tmp_path / "mixed.txt").write_bytes(b"ascii line\n" * 900 + b"caf\xe9 latin-1\nfine\n\xff\xfe\n")
+    async with boot(ws(tmp_path)) as h:
+        whole = await h.call("read", {"path": "mixed.txt"})
+        part = await h.call("read", {"path": "mixed.txt", "offset": 1, "limit": 10})
+    assert whole.value["not_utf8_lines"] == [901, 903]
+    assert "caf\ufffd latin-1" in whole.value["content"]
+    assert whole.text.endswith("[lines 901, 903 hold bytes that are not UTF-8, shown as U+FFFD: edit refuses "
+                               "this file, and writing the text back would replace those bytes]")
+    assert part.value["not_utf8_lines"] == [] and "not UTF-8" not in part.text
