@@ -854,6 +854,13 @@ def check_typed_errors(target: Target) -> list[str]:
                             "catch it where you await that work and raise dsh_core.ToolError(\"what went wrong\"); "
                             "let it out only when ctx.signal is aborted or your own task is being cancelled",
                             definition.name))
+                    elif not isinstance(error, Exception):
+                        found.append(failure(
+                            target, "typed-errors", f"called with {_brief(arguments)}, the body raised "
+                            f"{type(error).__name__}" + (f" ({error})" if str(error) else "") + ", which ends "
+                            "the process dsh runs in (the agent, a Code Mode run, every other tool's call)",
+                            "never call sys.exit() nor raise KeyboardInterrupt in a tool body: raise "
+                            'dsh_core.ToolError("what went wrong") so only this call fails', definition.name))
                     elif not isinstance(error, DshError):
                         found.append(failure(
                             target, "typed-errors", f"called with {_brief(arguments)}, the body raised the "

@@ -10,6 +10,7 @@ which counts invocations and records what the body raised.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
@@ -28,7 +29,12 @@ from dsh_core.runtime import ToolRuntime
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 from dsh_core.scope import Scope
 
-__all__ = ["ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin", "make_root"]
+__all__ = ["BodyExited", "ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin", "make_root"]
+
+
+class BodyExited(Exception):
+    """What the spy raises in place of a body's ``SystemExit``, ``KeyboardInterrupt`` or other
+    ``BaseException`` that is not a cancellation (the original is in :attr:`ToolSpy.errors`)."""
 
 
 class ToolSpy:
@@ -49,7 +55,12 @@ class ToolSpy:
             return await self.definition.execute(arguments, context)
         except BaseException as error:
             self.errors.append(error)
-            raise
+            if isinstance(error, Exception | asyncio.CancelledError):
+                raise
+            # SystemExit or KeyboardInterrupt: the runtime lets it out and asyncio re-raises it out of
+            # the event loop, so it would leave the check as a bare traceback (KeyboardInterrupt ends the
+            # whole test run). As an ordinary error the call fails and the checks name the tool.
+            raise BodyExited(f"the body raised {type(error).__name__}") from error
 
 
 def find_entry_point(name: str) -> metadata.EntryPoint:

@@ -718,3 +718,39 @@ def test_the_probe_command_a_failure_suggests_survives_a_shell_whatever_the_conf
     config = {"root": "/tmp/it's here", "note": "a \"quoted\" $HOME `x`"}
     command = checks.probe_command(checks.Target("my plugin", config))
     assert shlex.split(command) == ["python", "-m", "dsh_core.testing.probe", "my plugin", json.dumps(config)]
+
+
+def test_a_body_that_exits_or_interrupts_fails_the_checks_instead_of_ending_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """sys.exit() or KeyboardInterrupt in a body is no Exception: the runtime lets it out, asyncio re-raises it
+    out of the event loop, and it left the check as a bare traceback (KeyboardInterrupt ended the whole pytest
+    run) with no word of the plugin or the tool. Each check that calls the tool must name it instead."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("exits", "tests.fixtures.conformance.broken_plugins:exits", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    target = Target("exits")
+
+    def run(check: Any) -> list[str]:
+        try:
+            found: list[str] = check(target)
+        except BaseException as error:  # what this test is about: nothing of the plugin's may escape the kit
+            pytest.fail(f"{check.__name__} let out {type(error).__name__}: {error}")
+        return found
+
+    found = run(checks.check_typed_errors)
+    assert len(found) == 2, found
+    assert found[0].startswith('[dsh:typed-errors] plugin "exits", tool "quit": called with {}, the body raised '
+                               "SystemExit (3), which ends the process dsh runs in"), found[0]
+    assert found[1].startswith('[dsh:typed-errors] plugin "exits", tool "interrupt": called with {}, the body '
+                               "raised KeyboardInterrupt"), found[1]
+    assert all("fix: never call sys.exit() nor raise KeyboardInterrupt in a tool body" in f for f in found)
+    found = run(checks.check_example_calls)
+    assert [f.split(":", 1)[0] for f in found] == ['[dsh', '[dsh'], found
+    assert 'tool "quit": examples[0] {}: it returned error TOOL_FAILED' in found[0], found[0]
+    assert 'tool "interrupt": examples[0] {}: it returned error TOOL_FAILED' in found[1], found[1]
+    assert run(checks.check_dispose) == []  # its calls fail like any other; nothing is left behind
+    assert run(checks.check_abort) == []  # the bodies return at once
