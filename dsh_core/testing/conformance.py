@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -29,7 +29,7 @@ from dsh_core.testing import checks
 from dsh_core.testing.checks import Target
 from dsh_core.testing.loader import load_factory
 
-__all__ = ["ToolPluginConformance", "make_target"]
+__all__ = ["CHECK_ATTRIBUTE", "ToolPluginConformance", "make_target"]
 
 
 def _substitute(value: Any, tmp: str) -> Any:
@@ -59,6 +59,20 @@ def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_boun
         if isinstance(properties, dict) and "root" in properties:
             prepared["root"] = os.fspath(tmp)
     return Target(name=name, config=prepared, abort_bound_s=abort_bound_s, require_examples=require_examples)
+
+
+#: The attribute of each test method that names its check (a ``dsh:ID`` keyword: ``-k dsh:ID`` selects it).
+CHECK_ATTRIBUTE = "dsh_check"
+
+_Test = TypeVar("_Test", bound=Callable[..., None])
+
+
+def _check(check_id: str) -> Callable[[_Test], _Test]:
+    def mark(test: _Test) -> _Test:
+        setattr(test, CHECK_ATTRIBUTE, check_id)
+        return test
+
+    return mark
 
 
 def _verify(check: Callable[[Target], list[str]], target: Target) -> None:
@@ -111,54 +125,67 @@ class ToolPluginConformance:
         return make_target(dsh_plugin_name, plugin_config, tmp_path, abort_bound_s=dsh_abort_bound_s,
                            require_examples=self.require_examples)
 
+    @_check("entry-point")
     def test_entry_point_loads_strictly_and_alone(self, dsh_target: Target) -> None:
         """The entry point loads in strict mode and the plugin starts and stops in a fresh pipeline."""
         _verify(checks.check_entry_point, dsh_target)
 
+    @_check("stdout")
     def test_load_writes_nothing_to_stdout(self, dsh_target: Target) -> None:
         """Import, start and dispose in a fresh interpreter print nothing on stdout."""
         _verify(checks.check_stdout, dsh_target)
 
+    @_check("config-schema")
     def test_config_schema_is_valid(self, dsh_target: Target) -> None:
         """The config schema is valid Draft 2020-12 and the config matches it."""
         _verify(checks.check_config_schema, dsh_target)
 
+    @_check("tool-schemas")
     def test_tool_schemas_are_valid(self, dsh_target: Target) -> None:
         """Parameter and output schemas are valid Draft 2020-12."""
         _verify(checks.check_tool_schemas, dsh_target)
 
+    @_check("tool-names")
     def test_tool_names_are_unique_valid_and_not_reserved(self, dsh_target: Target) -> None:
         """Names are unique, match [A-Za-z0-9_-]{1,64} and are not run_code."""
         _verify(checks.check_tool_names, dsh_target)
 
+    @_check("examples")
     def test_examples_validate_and_round_trip(self, dsh_target: Target) -> None:
         """Examples exist, validate and round-trip through freeze and the cattrs converter."""
         _verify(checks.check_examples, dsh_target)
 
+    @_check("example-calls")
     def test_example_calls_return_lossless_json_matching_output_schema(self, dsh_target: Target) -> None:
         """Calling each tool with its examples succeeds with lossless JSON matching its output schema."""
         _verify(checks.check_example_calls, dsh_target)
 
+    @_check("pre-abort")
     def test_pre_aborted_call_never_runs_the_body(self, dsh_target: Target) -> None:
         """A pre-aborted call gives ABORTED_BEFORE_DISPATCH without running the body."""
         _verify(checks.check_pre_abort, dsh_target)
 
+    @_check("abort")
     def test_abort_mid_call_is_honoured(self, dsh_target: Target) -> None:
         """A body returns within the bound after its call is aborted."""
         _verify(checks.check_abort, dsh_target)
 
+    @_check("concurrency-safe")
     def test_is_concurrency_safe_is_pure_and_boolean(self, dsh_target: Target) -> None:
         """is_concurrency_safe is declared, returns a bool, and is stable."""
         _verify(checks.check_concurrency_safe, dsh_target)
 
+    @_check("typed-errors")
     def test_errors_are_typed(self, dsh_target: Target) -> None:
         """Bodies raise only typed errors and return valid output, for examples and edge variants."""
         _verify(checks.check_typed_errors, dsh_target)
 
+    @_check("dispose")
     def test_dispose_unregisters_everything_and_quiesces(self, dsh_target: Target) -> None:
         """After dispose nothing stays registered and no task, thread or process runs."""
         _verify(checks.check_dispose, dsh_target)
 
+    @_check("hookimpls")
     def test_hookimpls_are_well_formed(self, dsh_target: Target) -> None:
         """Hook implementations: known hooks, no defaults, no wrappers, no async on first-result hooks."""
         _verify(checks.check_hookimpls, dsh_target)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 SUITE_MODULE = "dsh_core.testing.suite"
 BASE_CLASS = ("dsh_core.testing.conformance", "ToolPluginConformance")
+#: Mirrors :data:`dsh_core.testing.conformance.CHECK_ATTRIBUTE` (not imported: this module imports dsh lazily).
+CHECK_ATTRIBUTE = "dsh_check"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -128,7 +130,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every conformance test (shipped suite or subclass) with ``dsh_conformance``."""
+    """Mark every conformance test (shipped suite or subclass) with ``dsh_conformance``, and give it the
+    keyword ``dsh:ID`` of its check, so ``-k dsh:typed-errors`` runs the check a failure names."""
     marker = None
     for item in items:
         cls = getattr(item, "cls", None)
@@ -139,3 +142,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
             marker = pytest.mark.dsh_conformance
         item.add_marker(marker)
+        # Test names are sentences ("test_errors_are_typed"); the id is what every failure message shows.
+        # Looked up along the MRO: a subclass that overrides a check's test (to skip it) keeps its keyword.
+        name = getattr(item, "originalname", item.name)
+        for owner in cls.__mro__:
+            check = getattr(owner.__dict__.get(name), CHECK_ATTRIBUTE, None)
+            if isinstance(check, str):
+                item.extra_keyword_matches.add(f"dsh:{check}")
+                break

@@ -754,3 +754,34 @@ def test_a_body_that_exits_or_interrupts_fails_the_checks_instead_of_ending_the_
     assert 'tool "interrupt": examples[0] {}: it returned error TOOL_FAILED' in found[1], found[1]
     assert run(checks.check_dispose) == []  # its calls fail like any other; nothing is left behind
     assert run(checks.check_abort) == []  # the bodies return at once
+
+
+def test_a_check_is_selected_with_k_by_the_id_its_failures_name(kit: pytest.Pytester) -> None:
+    """A failure reads ``[dsh:typed-errors]``, but the test is named test_errors_are_typed: ``-k typed-errors``
+    selected nothing (and ``-k example-calls``, ``-k pre-abort``... neither), so an author could not rerun the
+    one check that failed, by its own name. ``dsh:ID`` is a keyword of each check's test, in the shipped suite
+    and in a subclass; ``-k dsh:abort`` is the abort check alone (not pre-abort)."""
+    kit.makepyfile(test_mine="""
+        import pytest
+        from dsh_core.testing import ToolPluginConformance
+
+        class TestGood(ToolPluginConformance):
+            plugin_name = "good"
+
+            @pytest.fixture
+            def plugin_config(self):
+                return {"greeting": "hi"}
+    """)
+    for selection, tests in [("typed-errors", ["test_errors_are_typed"]),
+                             ("dsh:example-calls", ["test_example_calls_return_lossless_json_matching_output_schema"]),
+                             ("dsh:abort", ["test_abort_mid_call_is_honoured"]),
+                             ("dsh:pre-abort or dsh:tool-names",
+                              ["test_pre_aborted_call_never_runs_the_body",
+                               "test_tool_names_are_unique_valid_and_not_reserved"])]:
+        result = kit.runpytest_subprocess(".", "--dsh-conformance=good", *QUIET, "-v", "-k", selection)
+        result.assert_outcomes(passed=2 * len(tests))
+        for test in tests:
+            result.stdout.fnmatch_lines([f"*TestDshConformance::{test}[[]good[]] PASSED*"])
+            result.stdout.fnmatch_lines([f"*test_mine.py::TestGood::{test} PASSED*"])
+    result = kit.runpytest_subprocess(".", *QUIET, "-k", "not dsh:stdout and not dsh:abort and not dsh:dispose")
+    result.assert_outcomes(passed=10)
