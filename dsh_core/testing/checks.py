@@ -681,14 +681,45 @@ def _result_problem(definition: ToolDefinition, result: ToolResult) -> str | Non
     return None
 
 
+async def _call_watching_stdout(loaded: LoadedPlugin, name: str, arguments: JSON, call_id: str) -> tuple[Any, bytes]:
+    """One call as :func:`_call`, and what reached file descriptor 1 meanwhile.
+
+    sys.stdout goes to stderr meanwhile, as dsh sends it while it runs tools (so print() is no failure);
+    what still reaches the descriptor (a child process that inherits it, os.write(1, ...)) would land in
+    what dsh prints there, such as the JSON of ``dsh tools call --json``.
+    """
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                result = await _call(loaded, name, arguments, call_id=call_id)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        sink.seek(0)
+        return result, sink.read()
+
+
 @_guarded
 def check_example_calls(target: Target) -> list[str]:
-    """Each tool, called with each example (registration order), succeeds with lossless JSON matching its schema."""
+    """Each tool, called with each example (registration order), succeeds with lossless JSON matching its schema
+    and writes nothing to stdout (file descriptor 1)."""
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in filter(_schemas_valid, loaded.definitions):
             for index, example in enumerate(definition.examples):
-                result = await _call(loaded, definition.name, example, call_id=f"example-{index}")
+                result, written = await _call_watching_stdout(loaded, definition.name, example,
+                                                              call_id=f"example-{index}")
+                if written:
+                    found.append(failure(
+                        target, "example-calls", f"examples[{index}] {_brief(example)}: the call wrote to stdout "
+                        f"(file descriptor 1): {written[:300]!r}",
+                        "stdout is what dsh prints its results on: run child processes with "
+                        "stdout=subprocess.PIPE (or DEVNULL) and never os.write(1, ...); log to stderr",
+                        definition.name))
                 problem = _result_problem(definition, result)
                 if problem is not None:
                     found.append(failure(

@@ -785,3 +785,21 @@ def test_a_check_is_selected_with_k_by_the_id_its_failures_name(kit: pytest.Pyte
             result.stdout.fnmatch_lines([f"*test_mine.py::TestGood::{test} PASSED*"])
     result = kit.runpytest_subprocess(".", *QUIET, "-k", "not dsh:stdout and not dsh:abort and not dsh:dispose")
     result.assert_outcomes(passed=10)
+
+
+def test_a_body_whose_child_process_writes_to_stdout_fails_the_example_calls_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stdout check runs import, start and dispose only; a body's child process that inherits file
+    descriptor 1 writes into what dsh prints there (the JSON of ``dsh tools call --json``), and passed every
+    check. print() in a body is no failure: dsh sends sys.stdout to stderr while it runs tools."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("echoes", "tests.fixtures.conformance.broken_plugins:echoes", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    (found,) = checks.check_example_calls(Target("echoes"))
+    assert found.startswith('[dsh:example-calls] plugin "echoes", tool "shout": examples[0] {}: the call wrote to '
+                            "stdout (file descriptor 1): b'from the body\\n'"), found
+    assert "stdout=subprocess.PIPE" in found
