@@ -549,7 +549,8 @@ def _recorded(target: Target, check: str) -> list[ToolDefinition]:
 
 @_guarded
 def check_tool_schemas(target: Target) -> list[str]:
-    """Every tool's parameter and output schema is valid Draft 2020-12; parameters are an object schema."""
+    """Every tool's parameter and output schema is valid Draft 2020-12; parameters are an object schema; the
+    description is not blank."""
     failures = []
     for definition in _recorded(target, "tool-schemas"):
         for label, schema in (("parameters", definition.parameters), ("output schema", definition.output.schema)):
@@ -562,6 +563,11 @@ def check_tool_schemas(target: Target) -> list[str]:
         if isinstance(definition.parameters, dict) and definition.parameters.get("type") != "object":
             failures.append(failure(target, "tool-schemas", 'parameters must have "type": "object" at the root',
                                     "describe the arguments as one JSON object", definition.name))
+        # define_tool refuses it, but a definition built otherwise (attrs.evolve) reaches the registry.
+        if not isinstance(definition.description, str) or not definition.description.strip():
+            failures.append(failure(target, "tool-schemas", "the description is blank, so the model is told "
+                                    "nothing of what the tool does", "describe what the tool does and when to use "
+                                    "it (define_tool(description=...))", definition.name))
     return failures
 
 

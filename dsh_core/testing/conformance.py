@@ -142,7 +142,7 @@ class ToolPluginConformance:
 
     @_check("tool-schemas")
     def test_tool_schemas_are_valid(self, dsh_target: Target) -> None:
-        """Parameter and output schemas are valid Draft 2020-12."""
+        """Parameter and output schemas are valid Draft 2020-12; descriptions are not blank."""
         _verify(checks.check_tool_schemas, dsh_target)
 
     @_check("tool-names")

@@ -803,3 +803,21 @@ def test_a_body_whose_child_process_writes_to_stdout_fails_the_example_calls_che
     assert found.startswith('[dsh:example-calls] plugin "echoes", tool "shout": examples[0] {}: the call wrote to '
                             "stdout (file descriptor 1): b'from the body\\n'"), found
     assert "stdout=subprocess.PIPE" in found
+
+
+def test_a_blank_description_fails_the_tool_schemas_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """define_tool refuses a blank description, but a definition built otherwise (attrs.evolve, as a plugin may
+    rename or re-describe a tool) reaches the registry, which takes it: the model was shown a tool with no
+    description, and every check passed."""
+    import attrs
+
+    from tests.core.helpers import tool
+
+    described = tool("fine")
+    monkeypatch.setattr(checks, "_recorded", lambda target, check: [
+        described, attrs.evolve(described, name="empty", description=""),
+        attrs.evolve(described, name="blank", description=" \n")])
+    found = checks.check_tool_schemas(Target("blank"))
+    assert found == [f'[dsh:tool-schemas] plugin "blank", tool "{name}": the description is blank, so the model '
+                     "is told nothing of what the tool does\n    fix: describe what the tool does and when to use it "
+                     "(define_tool(description=...))" for name in ("empty", "blank")], found
