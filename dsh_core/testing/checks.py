@@ -648,7 +648,7 @@ def check_concurrency_safe(target: Target) -> list[str]:
             try:
                 for copy in (example, example, freeze(thaw(example))):
                     answers.append(classify(copy))
-            except Exception as error:
+            except (Exception, SystemExit) as error:  # sys.exit() too: a plugin's bug, reported as one
                 failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe raised on "
                                         f"examples[{index}]: {type(error).__name__}: {error}",
                                         "make it a pure function of the arguments that never raises", name))
@@ -1032,7 +1032,7 @@ def check_hookimpls(target: Target) -> list[str]:
 
     try:
         instance = _run(make)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() too: a plugin's bug, reported as one
         return [failure(target, "hookimpls", f"the factory raised {type(error).__name__}: {error}",
                         "make the factory succeed with the given config")]
     if instance is None:

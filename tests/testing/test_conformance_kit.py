@@ -821,3 +821,28 @@ def test_a_blank_description_fails_the_tool_schemas_check(monkeypatch: pytest.Mo
     assert found == [f'[dsh:tool-schemas] plugin "blank", tool "{name}": the description is blank, so the model '
                      "is told nothing of what the tool does\n    fix: describe what the tool does and when to use it "
                      "(define_tool(description=...))" for name in ("empty", "blank")], found
+
+
+@pytest.mark.parametrize(("name", "check", "expected"), [
+    ("exiting_classifier", "check_concurrency_safe",
+     '[dsh:concurrency-safe] plugin "exiting_classifier", tool "quit": is_concurrency_safe raised on examples[0]: '
+     "SystemExit: 5"),
+    ("exiting_factory", "check_hookimpls",
+     '[dsh:hookimpls] plugin "exiting_factory": the factory raised SystemExit: 4'),
+])
+def test_sys_exit_in_a_classifier_or_a_factory_is_a_failure_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, name: str, check: str, expected: str) -> None:
+    """is_concurrency_safe and the hookimpls check's factory call caught Exception only: a sys.exit() there
+    left the kit as a bare SystemExit, naming neither plugin nor tool."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint(name, f"tests.fixtures.conformance.broken_plugins:{name}", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda _name: entry_point)
+    try:
+        found = getattr(checks, check)(Target(name))
+    except BaseException as error:
+        pytest.fail(f"{check} let out {type(error).__name__}: {error}")
+    assert any(line.startswith(expected) for line in found), found
