@@ -67,6 +67,19 @@ def test_rows_come_back_as_json_with_columns(tmp_path: Path) -> None:
     assert result.text.splitlines()[0] == "id\tname\tavatar\tscore"
 
 
+def test_an_infinite_real_is_tagged_not_confused_with_text(tmp_path: Path) -> None:
+    # +-inf came back as the strings "Infinity"/"-Infinity", the same as TEXT holding those words.
+    db = make_db(tmp_path / "app.db")
+    with sqlite3.connect(db) as setup:
+        setup.execute("INSERT INTO users (name, score) VALUES ('Infinity', 9e999), ('-Infinity', -9e999)")
+    setup.close()
+    result = query(db, "SELECT name, score FROM users WHERE name LIKE '%Infinity' ORDER BY score")
+    assert result.code is None, result.text
+    assert result.value["rows"] == [["-Infinity", {"real": "-Infinity"}], ["Infinity", {"real": "Infinity"}]]
+    # What the model reads: the tag as JSON, apart from the text.
+    assert result.text.splitlines()[1:3] == ['-Infinity\t{"real": "-Infinity"}', 'Infinity\t{"real": "Infinity"}']
+
+
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
     assert result.value["row_count"] == 10 and result.value["truncated"] is True

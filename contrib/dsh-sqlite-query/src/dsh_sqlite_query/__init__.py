@@ -45,6 +45,19 @@ CONFIG_SCHEMA: dict[str, Any] = {
 
 _SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
 
+# One cell of a row. JSON has no BLOB nor infinity: such a value is an object whose one key names
+# its SQLite type, never a string, which would read as TEXT. Within the schema subset
+# dsh_core.schema.fast_check takes, so checking the rows stays a plain loop.
+_CELL = {
+    "type": ["string", "number", "null", "object"],
+    "description": "TEXT, INTEGER, REAL or NULL as JSON; a value JSON cannot hold as an object naming its type",
+    "properties": {
+        "blob_base64": {"type": "string", "description": "a BLOB: its bytes, base64"},
+        "real": {"type": "string", "description": "a REAL JSON cannot hold: Infinity or -Infinity"},
+    },
+    "additionalProperties": False,
+}
+
 # Past timeout_s, a worker that has not answered (stuck in one SQLite step, or slow to start) is killed.
 KILL_GRACE_S = 2.0
 
@@ -68,7 +81,9 @@ class SqliteQuery:
                          "and get rows as JSON. Pass values as params (a list for ?, an object for :name) — "
                          f"never inside the SQL text. At most {self.max_rows} rows (and about "
                          f"{self.max_bytes // 1024} KiB) are returned. List tables "
-                         "with: SELECT name, sql FROM sqlite_schema."),
+                         "with: SELECT name, sql FROM sqlite_schema. A value JSON cannot hold comes as an "
+                         'object naming its type: a BLOB as {"blob_base64": "..."}, an infinite REAL as '
+                         '{"real": "Infinity"} or {"real": "-Infinity"}.'),
             parameters={
                 "type": "object",
                 "properties": {
@@ -84,7 +99,7 @@ class SqliteQuery:
                 "type": "object",
                 "properties": {
                     "columns": {"type": "array", "items": {"type": "string"}},
-                    "rows": {"type": "array", "items": {"type": "array"}},
+                    "rows": {"type": "array", "items": {"type": "array", "items": _CELL}},
                     "row_count": {"type": "integer"},
                     "truncated": {"type": "boolean"},
                 },
@@ -186,10 +201,18 @@ def _render(_args: Any, value: Any) -> str:
     if not value["columns"]:
         return "(the statement returned no columns)"
     lines = ["\t".join(value["columns"])]
-    lines += ["\t".join("NULL" if v is None else str(v) for v in row) for row in value["rows"]]
+    lines += ["\t".join(_render_cell(v) for v in row) for row in value["rows"]]
     footer = f"({value['row_count']} row{'' if value['row_count'] == 1 else 's'}"
     footer += ", truncated: add a LIMIT or narrow the query)" if value["truncated"] else ")"
     return "\n".join([*lines, footer])
+
+
+def _render_cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, dict):  # a tagged value: shown as the JSON the description names
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 @plugin(config_schema=CONFIG_SCHEMA)

@@ -80,13 +80,16 @@ def _authorizer() -> Callable[..., int]:
 
 
 def _json_value(value: object) -> object:
+    """A cell as JSON: a value JSON cannot hold is an object whose one key names its SQLite type.
+
+    Never a string: that would read as TEXT (the string "Infinity" for +inf did).
+    """
     if isinstance(value, bytes):
         return {"blob_base64": binascii.b2a_base64(value, newline=False).decode("ascii")}
     if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
+        if not math.isfinite(value):
+            # NaN does not come out of SQLite (it reads one back as NULL), but stays explicit if it did.
+            return {"real": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
         return value + 0.0  # -0.0 becomes 0.0: JSON cannot tell them apart
     return value
 
