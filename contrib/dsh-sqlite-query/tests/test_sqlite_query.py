@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dsh_sqlite_query._worker import NotUtf8
 
 from dsh_core import AbortController
 from dsh_core.config import compose
@@ -78,6 +79,19 @@ def test_an_infinite_real_is_tagged_not_confused_with_text(tmp_path: Path) -> No
     assert result.value["rows"] == [["-Infinity", {"real": "-Infinity"}], ["Infinity", {"real": "Infinity"}]]
     # What the model reads: the tag as JSON, apart from the text.
     assert result.text.splitlines()[1:3] == ['-Infinity\t{"real": "-Infinity"}', 'Infinity\t{"real": "Infinity"}']
+
+
+def test_text_that_is_not_utf8_comes_back_as_its_bytes_tagged(tmp_path: Path) -> None:
+    # Invalid UTF-8 was decoded with errors="replace": x'ff41' came back as "\ufffdA", the same as
+    # TEXT really holding U+FFFD, and the bytes were lost.
+    db = make_db(tmp_path / "app.db")
+    with sqlite3.connect(db) as setup:  # a surrogate as UTF-8 (CESU-8), which UTF-8 forbids
+        setup.execute("INSERT INTO users (id, name) VALUES (100, CAST(x'eda080' AS TEXT))")
+    setup.close()
+    result = query(db, "SELECT CAST(x'ff41' AS TEXT) AS bad, 'ok \ufffd' AS good, name FROM users WHERE id = 100")
+    assert result.code is None, result.text
+    assert result.value["rows"] == [[{"text_base64": "/0E="}, "ok \ufffd", {"text_base64": "7aCA"}]]
+    assert result.text.splitlines()[1] == '{"text_base64": "/0E="}\tok \ufffd\t{"text_base64": "7aCA"}'
 
 
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
@@ -519,6 +533,7 @@ def test_a_value_larger_than_one_value_may_be_is_refused_as_such(tmp_path: Path)
 
 
 @pytest.mark.parametrize("value", ["plain", "", "naïve — ☃ 😀", 'quote " back \\ \x00 \x1f', b"", b"\x00\xff" * 7,
+                                   NotUtf8(b"\xff"), NotUtf8(b"A\xed\xa0\x80"),
                                    0, -7, 2**63 - 1, 0.1, -0.0, 1e300, float("nan"), float("-inf"), None])
 def test_the_cheap_size_of_a_value_is_never_more_than_its_json(value: object) -> None:
     # A row whose cheap size is past the budget is refused or truncated without being encoded.

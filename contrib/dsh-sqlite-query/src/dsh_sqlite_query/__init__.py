@@ -45,14 +45,15 @@ CONFIG_SCHEMA: dict[str, Any] = {
 
 _SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
 
-# One cell of a row. JSON has no BLOB nor infinity: such a value is an object whose one key names
-# its SQLite type, never a string, which would read as TEXT. Within the schema subset
-# dsh_core.schema.fast_check takes, so checking the rows stays a plain loop.
+# One cell of a row. JSON has no BLOB nor infinity, and its strings hold only Unicode: such a
+# value is an object whose one key names its SQLite type, never a string, which would read as
+# TEXT. Within the schema subset dsh_core.schema.fast_check takes, so checking rows stays a plain loop.
 _CELL = {
     "type": ["string", "number", "null", "object"],
     "description": "TEXT, INTEGER, REAL or NULL as JSON; a value JSON cannot hold as an object naming its type",
     "properties": {
         "blob_base64": {"type": "string", "description": "a BLOB: its bytes, base64"},
+        "text_base64": {"type": "string", "description": "TEXT that is not valid UTF-8: its bytes, base64"},
         "real": {"type": "string", "description": "a REAL JSON cannot hold: Infinity or -Infinity"},
     },
     "additionalProperties": False,
@@ -82,8 +83,9 @@ class SqliteQuery:
                          f"never inside the SQL text. At most {self.max_rows} rows (and about "
                          f"{self.max_bytes // 1024} KiB) are returned. List tables "
                          "with: SELECT name, sql FROM sqlite_schema. A value JSON cannot hold comes as an "
-                         'object naming its type: a BLOB as {"blob_base64": "..."}, an infinite REAL as '
-                         '{"real": "Infinity"} or {"real": "-Infinity"}.'),
+                         'object naming its type: a BLOB as {"blob_base64": "..."}, TEXT that is not valid UTF-8 '
+                         'as its bytes, {"text_base64": "..."}, an infinite REAL as {"real": "Infinity"} or '
+                         '{"real": "-Infinity"}.'),
             parameters={
                 "type": "object",
                 "properties": {

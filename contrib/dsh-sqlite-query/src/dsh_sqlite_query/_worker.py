@@ -79,13 +79,30 @@ def _authorizer() -> Callable[..., int]:
     return authorize
 
 
+class NotUtf8(bytes):
+    """The bytes of a TEXT value that is not valid UTF-8 (SQLite stores whatever it is given)."""
+
+
+def _text(data: bytes) -> object:
+    """A TEXT value: a ``str``, or its bytes as :class:`NotUtf8` when they are not UTF-8.
+
+    Never decoded with replacement characters: "\ufffd" would claim TEXT the database does not
+    hold, and the bytes would be lost.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return NotUtf8(data)
+
+
 def _json_value(value: object) -> object:
     """A cell as JSON: a value JSON cannot hold is an object whose one key names its SQLite type.
 
     Never a string: that would read as TEXT (the string "Infinity" for +inf did).
     """
     if isinstance(value, bytes):
-        return {"blob_base64": binascii.b2a_base64(value, newline=False).decode("ascii")}
+        key = "text_base64" if type(value) is NotUtf8 else "blob_base64"
+        return {key: binascii.b2a_base64(value, newline=False).decode("ascii")}
     if isinstance(value, float):
         if not math.isfinite(value):
             # NaN does not come out of SQLite (it reads one back as NULL), but stays explicit if it did.
@@ -109,7 +126,7 @@ def _floor_size(value: object) -> int:
     """
     if isinstance(value, str):
         return (len(value) if value.isascii() else _size(value)) + 2
-    if isinstance(value, bytes):
+    if isinstance(value, bytes):  # "text_base64" (NotUtf8) is as long as "blob_base64"
         return (len(value) + 2) // 3 * 4 + len('{"blob_base64":""}')
     if isinstance(value, float):
         return len(_dumps(_json_value(value)))
@@ -157,7 +174,7 @@ def connect(database: str, deadline: float) -> sqlite3.Connection:
     # wait, so sqlite3's default of 5 s would outlast a shorter timeout_s.
     connection = sqlite3.connect(uri, uri=True, isolation_level=None,
                                  timeout=max(0.0, deadline - time.monotonic()))
-    connection.text_factory = lambda data: data.decode("utf-8", errors="replace")
+    connection.text_factory = _text
     connection.execute("PRAGMA query_only = ON")
     # Sorts, DISTINCT, GROUP BY and materialized subqueries that outgrow the page cache spill to
     # temporary files, which the memory cap does not bound: a sort could fill the disk until
