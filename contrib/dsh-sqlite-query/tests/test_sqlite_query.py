@@ -94,6 +94,40 @@ def test_text_that_is_not_utf8_comes_back_as_its_bytes_tagged(tmp_path: Path) ->
     assert result.text.splitlines()[1] == '{"text_base64": "/0E="}\tok \ufffd\t{"text_base64": "7aCA"}'
 
 
+def test_a_negative_zero_real_is_tagged_not_made_zero(tmp_path: Path) -> None:
+    # -0.0 came back as 0.0, though a column without affinity stores it and SQLite tells them apart
+    # (atan2(0, -0.0) is pi). dsh's lossless JSON refuses -0.0: not every reader keeps its sign.
+    db = make_db(tmp_path / "app.db")
+    with sqlite3.connect(db) as setup:
+        setup.execute("CREATE TABLE t (x)")
+        setup.execute("INSERT INTO t VALUES (-0.0), (0.0)")
+    setup.close()
+    result = query(db, "SELECT x, atan2(0.0, x) > 0 AS negative FROM t ORDER BY rowid")
+    assert result.code is None, result.text
+    assert result.value["rows"] == [[{"real": "-0.0"}, 1], [0.0, 0]]
+    assert result.text.splitlines()[1] == '{"real": "-0.0"}\t1'
+
+
+def test_integers_and_reals_at_their_limits_come_back_exact(tmp_path: Path) -> None:
+    # SQLite's 64-bit integers are past JSON's safe 2**53, but dsh's lossless JSON keeps any int
+    # Python can write: they must come back as the same ints, not floats or strings.
+    db = make_db(tmp_path / "app.db")
+    result = query(db, "SELECT 9223372036854775807, -9223372036854775808, 9007199254740993, "
+                       "5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 0.1")
+    assert result.code is None, result.text
+    row = result.value["rows"][0]
+    assert row == [2**63 - 1, -2**63, 2**53 + 1, 5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 0.1]
+    assert [type(v) for v in row] == [int] * 3 + [float] * 4
+    assert result.text.splitlines()[1].split("\t")[:3] == ["9223372036854775807", "-9223372036854775808",
+                                                           "9007199254740993"]
+
+
+def test_text_with_nul_characters_comes_back_whole(tmp_path: Path) -> None:
+    result = query(make_db(tmp_path / "app.db"), "SELECT CAST(x'410042' AS TEXT) AS t")
+    assert result.code is None, result.text
+    assert result.value["rows"] == [["A\x00B"]]
+
+
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
     assert result.value["row_count"] == 10 and result.value["truncated"] is True

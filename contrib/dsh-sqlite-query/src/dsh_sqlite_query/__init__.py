@@ -45,7 +45,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
 
 _SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
 
-# One cell of a row. JSON has no BLOB nor infinity, and its strings hold only Unicode: such a
+# One cell of a row. JSON has no BLOB nor infinity, dsh's JSON no -0.0, its strings only Unicode: such a
 # value is an object whose one key names its SQLite type, never a string, which would read as
 # TEXT. Within the schema subset dsh_core.schema.fast_check takes, so checking rows stays a plain loop.
 _CELL = {
@@ -54,7 +54,7 @@ _CELL = {
     "properties": {
         "blob_base64": {"type": "string", "description": "a BLOB: its bytes, base64"},
         "text_base64": {"type": "string", "description": "TEXT that is not valid UTF-8: its bytes, base64"},
-        "real": {"type": "string", "description": "a REAL JSON cannot hold: Infinity or -Infinity"},
+        "real": {"type": "string", "description": "a REAL JSON cannot hold: Infinity, -Infinity or -0.0"},
     },
     "additionalProperties": False,
 }
@@ -84,8 +84,8 @@ class SqliteQuery:
                          f"{self.max_bytes // 1024} KiB) are returned. List tables "
                          "with: SELECT name, sql FROM sqlite_schema. A value JSON cannot hold comes as an "
                          'object naming its type: a BLOB as {"blob_base64": "..."}, TEXT that is not valid UTF-8 '
-                         'as its bytes, {"text_base64": "..."}, an infinite REAL as {"real": "Infinity"} or '
-                         '{"real": "-Infinity"}.'),
+                         'as its bytes, {"text_base64": "..."}, a REAL JSON cannot hold as {"real": "Infinity"}, '
+                         '{"real": "-Infinity"} or {"real": "-0.0"}.'),
             parameters={
                 "type": "object",
                 "properties": {

@@ -107,7 +107,10 @@ def _json_value(value: object) -> object:
         if not math.isfinite(value):
             # NaN does not come out of SQLite (it reads one back as NULL), but stays explicit if it did.
             return {"real": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
-        return value + 0.0  # -0.0 becomes 0.0: JSON cannot tell them apart
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            # A column without affinity keeps -0.0, and SQLite tells it from 0.0 (atan2); dsh's
+            # lossless JSON refuses it, as not every reader keeps the sign.
+            return {"real": "-0.0"}
     return value
 
 
