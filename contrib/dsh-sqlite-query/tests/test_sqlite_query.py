@@ -78,7 +78,7 @@ def test_an_infinite_real_is_tagged_not_confused_with_text(tmp_path: Path) -> No
     assert result.code is None, result.text
     assert result.value["rows"] == [["-Infinity", {"real": "-Infinity"}], ["Infinity", {"real": "Infinity"}]]
     # What the model reads: the tag as JSON, apart from the text.
-    assert result.text.splitlines()[1:3] == ['-Infinity\t{"real": "-Infinity"}', 'Infinity\t{"real": "Infinity"}']
+    assert result.text.splitlines()[1:3] == ['"-Infinity"\t{"real": "-Infinity"}', '"Infinity"\t{"real": "Infinity"}']
 
 
 def test_text_that_is_not_utf8_comes_back_as_its_bytes_tagged(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_text_that_is_not_utf8_comes_back_as_its_bytes_tagged(tmp_path: Path) ->
     result = query(db, "SELECT CAST(x'ff41' AS TEXT) AS bad, 'ok \ufffd' AS good, name FROM users WHERE id = 100")
     assert result.code is None, result.text
     assert result.value["rows"] == [[{"text_base64": "/0E="}, "ok \ufffd", {"text_base64": "7aCA"}]]
-    assert result.text.splitlines()[1] == '{"text_base64": "/0E="}\tok \ufffd\t{"text_base64": "7aCA"}'
+    assert result.text.splitlines()[1] == '{"text_base64": "/0E="}\t"ok \ufffd"\t{"text_base64": "7aCA"}'
 
 
 def test_a_negative_zero_real_is_tagged_not_made_zero(tmp_path: Path) -> None:
@@ -126,6 +126,22 @@ def test_text_with_nul_characters_comes_back_whole(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT CAST(x'410042' AS TEXT) AS t")
     assert result.code is None, result.text
     assert result.value["rows"] == [["A\x00B"]]
+
+
+def test_the_text_the_model_reads_tells_text_from_null_numbers_and_tags(tmp_path: Path) -> None:
+    # The model reads the rendered text, not the value: cells were str()-ed, so TEXT 'NULL' read as
+    # NULL, TEXT '1' as the INTEGER 1, TEXT that spells a tag as that tag, and a tab or a newline
+    # in TEXT split the cell or the row.
+    result = query(make_db(tmp_path / "app.db"),
+                   "SELECT 'NULL' AS a, NULL AS b, '1' AS c, 1 AS d, '{\"real\": \"Infinity\"}' AS e, 9e999 AS f, "
+                   "'a' || char(9) || 'b' || char(10) || 'c' AS g, 0.5 AS h")
+    assert result.code is None, result.text
+    assert result.value["rows"] == [["NULL", None, "1", 1, '{"real": "Infinity"}', {"real": "Infinity"}, "a\tb\nc",
+                                     0.5]]
+    lines = result.text.splitlines()
+    assert len(lines) == 3 and lines[0] == "a\tb\tc\td\te\tf\tg\th" and lines[2] == "(1 row)"
+    assert lines[1].split("\t") == ['"NULL"', "null", '"1"', "1", '"{\\"real\\": \\"Infinity\\"}"',
+                                    '{"real": "Infinity"}', '"a\\tb\\nc"', "0.5"]
 
 
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:

@@ -209,12 +209,10 @@ def _render(_args: Any, value: Any) -> str:
     return "\n".join([*lines, footer])
 
 
-def _render_cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, dict):  # a tagged value: shown as the JSON the description names
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
+# What the model reads is this text, not the value: each cell is its JSON, so TEXT is quoted (TEXT
+# 'NULL' is not NULL, '1' is not 1, nor does text spelling a tag read as one) and its tabs and
+# newlines are escaped, never splitting a cell or a row.
+_render_cell = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
 
 
 @plugin(config_schema=CONFIG_SCHEMA)
