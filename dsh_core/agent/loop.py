@@ -853,7 +853,7 @@ async def run_agent(
                 history = history_from_events(events)
             else:
                 info = await store.create(meta={"agent": resolved_id, "task": task}, lease=lease)
-                session_id = info.id
+                session_id = info.known_id
             # Checked against the lease: once another run has taken the session over, this one stops.
             recorder = SessionRecorder(store, session_id, lease=lease)
             run_scope.provide(SESSION_SERVICE, recorder)

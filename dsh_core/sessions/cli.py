@@ -73,8 +73,9 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _when(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+def _when(at: float | None) -> str:
+    # None: a time the store could not read (an unreadable session's).
+    return "?" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def _ms(value: object) -> str:
@@ -304,17 +305,22 @@ def _task_cell(info: SessionInfo) -> str:
     return visible(_short(str(info.meta.get("task", "")), 50))
 
 
+def _unknown_or(value: object) -> str:
+    return "?" if value is None else visible(str(value))
+
+
 def render_list(sessions: Sequence[SessionInfo]) -> str:
     """A table of sessions: id, last update, event count, agent, the run using it (if any does) and first task.
 
-    A session the store could not read (:attr:`SessionInfo.unreadable`) has agent ``?`` and says why as its task.
+    A session the store could not read (:attr:`SessionInfo.unreadable`) has agent ``?`` and says why as its task;
+    what of it could not be read (its id, last update or event count: ``None``) is ``?`` too.
     """
     if not sessions:
         return "no sessions"
     holders = [_running_holder(s) for s in sessions]
     using = any(holder is not None for holder in holders)
     rows = [("ID", "UPDATED", "EVENTS", "AGENT", *(("IN USE BY",) if using else ()), "TASK")]
-    rows += [(visible(s.id), _when(s.updated_at), str(s.event_count), _agent_cell(s),
+    rows += [(_unknown_or(s.id), _when(s.updated_at), _unknown_or(s.event_count), _agent_cell(s),
               *((visible(f"pid {h.pid} on {h.host}") if h is not None else "",) if using else ()),
               _task_cell(s)) for s, h in zip(sessions, holders, strict=True)]
     last = len(rows[0]) - 1  # the task: not padded

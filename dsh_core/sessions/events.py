@@ -125,15 +125,29 @@ class SessionInfo:
     takes it over.
 
     ``unreadable`` says why the store could not read the session's own record (its ``meta`` is then
-    empty), for a session :meth:`~dsh_core.sessions.store.SessionStore.list` lists all the same;
-    ``None`` for one it could read (always, for one :meth:`~dsh_core.sessions.store.SessionStore.get`
-    returns: that fails instead).
+    empty, and ``id``, ``created_at``, ``updated_at`` or ``event_count`` is ``None`` where that is
+    what could not be read), for a session :meth:`~dsh_core.sessions.store.SessionStore.list` lists
+    all the same; ``None`` for one it could read (always, for one
+    :meth:`~dsh_core.sessions.store.SessionStore.get` or ``create`` returns: they fail instead), whose
+    fields are never ``None``.
     """
 
-    id: str
-    created_at: float
-    updated_at: float
-    event_count: int
+    id: str | None
+    created_at: float | None
+    updated_at: float | None
+    event_count: int | None
     meta: Mapping[str, Any] = field(factory=dict)
     holder: SessionLease | None = None
     unreadable: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        # A field without its value is only ever one whose record says why; callers of get() rely on it.
+        if self.unreadable is None and None in (self.id, self.created_at, self.updated_at, self.event_count):
+            raise ValueError(f"SessionInfo: a readable session has every field, got {self!r}")
+
+    @property
+    def known_id(self) -> str:
+        """:attr:`id` of a session the store could read (``get``, ``create``); ``ValueError`` if it has none."""
+        if self.id is None:
+            raise ValueError(f"session has no readable id: {self.unreadable}")
+        return self.id

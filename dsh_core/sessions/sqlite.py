@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import secrets
 import sqlite3
@@ -149,24 +150,60 @@ def _stored_lease(text: str) -> SessionLease | None:
         return None
 
 
+def _shown(value: object) -> str:
+    """A stored value as a reason names it: its repr, cut to about 80 characters (a text's first 80)."""
+    if value is None:
+        return "NULL"
+    return repr(value[:80]) if isinstance(value, str) else repr(value)[:80]
+
+
+def _is_time(value: object) -> bool:
+    """Whether a stored ``created_at``/``updated_at`` is seconds since the epoch that can be shown as a date."""
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    try:
+        time.localtime(value)
+    except (OverflowError, OSError, ValueError):  # past what the platform's time_t holds
+        return False
+    return True
+
+
 def _info(path: Path, row: tuple[Any, ...], *, listed: bool = False) -> SessionInfo:
     """The :class:`SessionInfo` of a row of ``_SELECT_INFO`` (of the database at ``path``).
 
-    A row that cannot be read is a :class:`SessionStoreError` naming it; ``listed``, it is a
-    :class:`SessionInfo` saying why it is ``unreadable``.
+    A row that cannot be read is a :class:`SessionStoreError` naming it and each column that cannot
+    be; ``listed``, it is a :class:`SessionInfo` saying why it is ``unreadable``, those columns ``None``.
     """
+    session_id, created_at, updated_at, event_count = row[:4]
     holder = None if row[5] is None else _stored_lease(row[5])
+    # A row edited by hand, or damaged: each column of the wrong type named, rather than failing
+    # later (a TypeError drawing a date) or being shown as what it is not. SQLite's column types
+    # are affinities: a column holds whatever was written to it.
+    problems = []
+    if not isinstance(session_id, str):
+        problems.append(f"id is not text: {_shown(session_id)}")
+        session_id = None
+    if not _is_time(created_at):
+        problems.append(f"created_at is not a time: {_shown(created_at)}")
+        created_at = None
+    if not _is_time(updated_at):
+        problems.append(f"updated_at is not a time: {_shown(updated_at)}")
+        updated_at = None
+    if not isinstance(event_count, int):
+        problems.append(f"event_count is not an integer: {_shown(event_count)}")
+        event_count = None
     try:
         meta = json.loads(row[4])
-    except (ValueError, RecursionError):
+    except (ValueError, TypeError, RecursionError):  # TypeError: a NULL (a table without dsh's NOT NULL)
         meta = None
     if not isinstance(meta, dict):
-        # A row edited by hand, or damaged: named, rather than failing later with an AttributeError.
-        reason = f"meta is not a JSON object: {str(row[4])[:80]!r}"
+        problems.append(f"meta is not a JSON object: {_shown(row[4] if row[4] is None else str(row[4]))}")
+    if problems:
+        reason = "; ".join(problems)
         if listed:  # one damaged session does not keep the others from being listed
-            return SessionInfo(row[0], row[1], row[2], row[3], {}, holder, unreadable=reason)
+            return SessionInfo(session_id, created_at, updated_at, event_count, {}, holder, unreadable=reason)
         raise SessionStoreError(f"session store {str(path)!r}: session {row[0]!r}: {reason}")
-    return SessionInfo(row[0], row[1], row[2], row[3], meta, holder)
+    return SessionInfo(session_id, created_at, updated_at, event_count, meta, holder)
 
 
 def _event(path: Path, session_id: str, row: tuple[Any, ...]) -> SessionEvent:

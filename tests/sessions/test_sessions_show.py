@@ -552,3 +552,58 @@ def test_list_shows_a_session_it_cannot_read_as_unreadable_and_lists_the_rest() 
         ("c", {"agent": "main", "task": "task c"}, None)]
     result = CliRunner().invoke(main, ["sessions", "show", "b"])  # what cannot be read is not shown
     assert result.exit_code == 1 and "session 'b': meta is not a JSON object: '[1]'" in result.stderr
+
+
+def test_list_shows_a_session_whose_row_has_a_column_of_the_wrong_type_as_unreadable() -> None:
+    # An updated_at or event_count edited to text made `dsh sessions list` fail with a TypeError
+    # traceback (and --json print it as it was); a non-text id the same. `show` printed such a session.
+    home = Path(os.environ["DSH_HOME"])
+
+    async def create() -> None:
+        store = SqliteSessionStore.open(home)
+        try:
+            for session_id in ("a", "b", "c", "d"):
+                await store.create(session_id=session_id, meta={"agent": "main", "task": f"task {session_id}"})
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+    conn = sqlite3.connect(home / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE sessions SET updated_at = CASE id WHEN 'a' THEN 4 WHEN 'b' THEN 3 WHEN 'c' THEN 2 "
+                     "ELSE 1 END")
+        conn.execute("UPDATE sessions SET created_at = 'soon', event_count = 'many' WHERE id = 'b'")
+        conn.execute("UPDATE sessions SET id = x'64' WHERE id = 'd'")
+    finally:
+        conn.close()
+
+    def dsh(*args: str) -> str:
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exit_code == 0 and result.exception is None, (args, result.output, result.exception)
+        assert result.stderr == "", result.stderr
+        return result.stdout
+
+    rows = dsh("list").splitlines()
+    assert [row.split()[0] for row in rows] == ["ID", "a", "b", "c", "?"]
+    assert rows[1].endswith("main   task a") and rows[3].endswith("main   task c")
+    assert rows[2].split()[3:5] == ["?", "?"], rows[2]  # its event count and agent: unknown
+    assert rows[2].endswith("(unreadable: created_at is not a time: 'soon'; event_count is not an integer: "
+                            "'many')"), rows[2]
+    assert rows[4].endswith("0       ?      (unreadable: id is not text: b'd')"), rows[4]
+    listed = json.loads(dsh("list", "--json"))
+    keys = ["id", "created_at", "updated_at", "event_count", "meta", "in_use_by", "unreadable"]
+    assert [list(s) for s in listed] == [keys] * 4
+    assert [(s["id"], s["updated_at"], s["event_count"], s["meta"]) for s in listed] == [
+        ("a", 4, 0, {"agent": "main", "task": "task a"}), ("b", 3, None, None),
+        ("c", 2, 0, {"agent": "main", "task": "task c"}), (None, 1, 0, None)]
+    assert listed[1]["created_at"] is None and all(isinstance(listed[i]["created_at"], float) for i in (0, 2, 3))
+    assert [s["unreadable"] for s in listed] == [
+        None, "created_at is not a time: 'soon'; event_count is not an integer: 'many'", None,
+        "id is not text: b'd'"]
+    for args in (["show", "b"], ["show", "b", "--json"]):
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+        assert result.stdout == ""
+        assert result.stderr.startswith("dsh: error: session store ") and result.stderr.endswith(
+            ": session 'b': created_at is not a time: 'soon'; event_count is not an integer: 'many'\n"), \
+            result.stderr

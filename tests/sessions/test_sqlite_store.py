@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sqlite3
 import subprocess
@@ -720,6 +721,45 @@ async def test_a_session_whose_meta_cannot_be_read_is_listed_as_unreadable_among
         assert listed["b"].unreadable == "meta is not a JSON object: '[1]'" and listed["b"].meta == {}
         assert [(listed[i].unreadable, listed[i].meta) for i in "ac"] == [(None, {"agent": "a"}),
                                                                           (None, {"agent": "c"})]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(("column", "value", "reason"), [
+    ("updated_at", "'yesterday'", "updated_at is not a time: 'yesterday'"),
+    ("created_at", "x'00'", "created_at is not a time: b'\\x00'"),
+    ("created_at", "1e300", "created_at is not a time: 1e+300"),
+    ("event_count", "'many'", "event_count is not an integer: 'many'"),
+    ("event_count", "2.5", "event_count is not an integer: 2.5"),
+    ("id", "x'62'", "id is not text: b'b'"),
+])
+async def test_a_session_whose_columns_cannot_be_read_is_listed_as_unreadable_among_the_rest(
+        tmp_path: Path, column: str, value: str, reason: str) -> None:
+    # A column of the wrong type (edited by hand) came out of list() as it was: `dsh sessions list`
+    # then failed for every session with a TypeError, and `show` with one or showed a wrong value.
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        for session_id in ("a", "b", "c"):
+            await store.create(session_id=session_id, meta={"agent": session_id})
+    finally:
+        await store.close()
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute(f"UPDATE sessions SET {column} = {value} WHERE id = 'b'")
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        listed = await store.list()
+        assert len(listed) == 3
+        (bad,) = [info for info in listed if info.unreadable is not None]
+        assert bad.unreadable == reason and bad.meta == {}
+        assert getattr(bad, column) is None  # what could not be read is not given a value it does not have
+        readable = {info.id: info for info in listed if info.unreadable is None}
+        assert sorted(readable) == ["a", "c"] and readable["a"].meta == {"agent": "a"}
+        if column != "id":
+            with pytest.raises(SessionStoreError, match=rf"^session store .*: session 'b': {re.escape(reason)}$"):
+                await store.get("b")
     finally:
         await store.close()
 
