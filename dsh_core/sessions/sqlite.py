@@ -209,6 +209,23 @@ def _info(path: Path, row: tuple[Any, ...], *, listed: bool = False) -> SessionI
 def _event(path: Path, session_id: str, row: tuple[Any, ...]) -> SessionEvent:
     """The :class:`SessionEvent` of a row ``(seq, kind, at, payload, root, parent, sub)`` of session ``session_id``."""
     seq, kind, at, payload, root, parent, sub = row
+    # A row edited by hand, or damaged: a column of the wrong type named here, not written out as
+    # it is (a BLOB is no JSON: `show --json` failed with a TypeError) or failing further on.
+    problems = []
+    if not isinstance(seq, int):
+        problems.append(f"seq is not an integer: {_shown(seq)}")
+    if not isinstance(kind, str):
+        problems.append(f"kind is not text: {_shown(kind)}")
+    elif not kind:
+        problems.append("kind is empty")
+    if not _is_time(at):
+        problems.append(f"at is not a time: {_shown(at)}")
+    for name, value in (("root_call_id", root), ("parent_call_id", parent), ("sub_call_id", sub)):
+        if value is not None and not isinstance(value, str):
+            problems.append(f"{name} is not text: {_shown(value)}")
+    if problems:
+        raise SessionStoreError(f"session store {str(path)!r}: session {session_id!r} event {_shown(seq)}: "
+                                f"{'; '.join(problems)}")
     try:
         value = decode_payload(payload)
     except (ValueError, TypeError, RecursionError) as error:

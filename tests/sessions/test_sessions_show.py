@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 from click.testing import CliRunner
 
 from dsh_core.cli import main
@@ -607,3 +608,29 @@ def test_list_shows_a_session_whose_row_has_a_column_of_the_wrong_type_as_unread
         assert result.stderr.startswith("dsh: error: session store ") and result.stderr.endswith(
             ": session 'b': created_at is not a time: 'soon'; event_count is not an integer: 'many'\n"), \
             result.stderr
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ("kind = x'00'", "kind is not text: b'\\x00'"),
+    ("at = 'noon'", "at is not a time: 'noon'"),
+    ("sub_call_id = x'01'", "sub_call_id is not text: b'\\x01'"),
+    ("root_call_id = NULL, parent_call_id = 1.5e300", None),  # TEXT columns: SQLite stores the number as text
+])
+def test_show_of_an_event_whose_column_has_the_wrong_type_fails_naming_it(change: str, reason: str | None) -> None:
+    # A BLOB kind or call id made `show --json` fail with a TypeError traceback (bytes are no JSON),
+    # and an `at` of text was written out as a string, where every other event has a number.
+    _session_of([("run/start", {"task": "t"}, None), ("tool/call", {"name": "n"}, "1")], "a")
+    conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute(f"UPDATE events SET {change} WHERE session_id = 'a' AND seq = 2")
+    finally:
+        conn.close()
+    for args in (["show", "a"], ["show", "a", "--json"]):
+        result = CliRunner().invoke(main, ["sessions", *args])
+        if reason is None:
+            assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+            continue
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+        assert result.stdout == ""
+        assert result.stderr.startswith("dsh: error: session store ") and result.stderr.endswith(
+            f": session 'a' event 2: {reason}\n"), result.stderr
