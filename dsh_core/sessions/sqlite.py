@@ -234,6 +234,15 @@ def _event(path: Path, session_id: str, row: tuple[Any, ...]) -> SessionEvent:
     return SessionEvent(session_id, seq, kind, value, at, root, parent, sub)
 
 
+def _is_utf8(text: str) -> bool:
+    """Whether SQLite can hold ``text``: not if it has a lone surrogate (a command-line argument that was not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Abandoned(Exception):
     """A write whose caller was cancelled before it committed: rolled back, and nobody waits for it."""
 
@@ -400,6 +409,14 @@ class SqliteSessionStore:
         assert self._conn is not None
         return self._conn
 
+    def _check_findable(self, session_id: str) -> None:
+        """:class:`SessionNotFoundError` for an id no session can have, which sqlite3 would refuse to look up.
+
+        Every stored id is UTF-8 text; one with a lone surrogate failed with a ``UnicodeEncodeError``.
+        """
+        if not _is_utf8(session_id):
+            raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+
     async def _run(self, job: Callable[[], T]) -> T:
         executor = self._executor
         if executor is None:
@@ -488,6 +505,8 @@ class SqliteSessionStore:
         if session_id is not None and not session_id:
             # Taken for "no id" before: the caller got a session under another id than the one it named.
             raise ValueError(f"create: session_id must not be empty, got {session_id!r}; pass None for a fresh id")
+        if session_id is not None and not _is_utf8(session_id):
+            raise ValueError(f"create: session_id {session_id!r} is not UTF-8 text (it holds a lone surrogate)")
         if self.absent:
             raise SessionStoreError(f"cannot create a session: session store {str(self.path)!r} was opened "
                                     "without creating it, and it does not exist")
@@ -516,6 +535,7 @@ class SqliteSessionStore:
         """
         if not events:
             return []
+        self._check_findable(session_id)
         # Encoded here, on the caller's side, so a bad payload fails before anything is written.
         rows = [(event, encode_payload(event.payload)) for event in events]
 
@@ -561,6 +581,7 @@ class SqliteSessionStore:
 
     async def acquire(self, session_id: str, lease: SessionLease) -> None:
         """Claim the session for ``lease``: :class:`SessionBusyError` while another live run holds it."""
+        self._check_findable(session_id)
 
         def work(conn: sqlite3.Connection) -> None:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
@@ -576,6 +597,8 @@ class SqliteSessionStore:
 
     async def release(self, session_id: str, lease: SessionLease) -> None:
         """Drop ``lease``'s claim on the session (if it still holds it)."""
+        if not _is_utf8(session_id):
+            return  # no session has that id: no lease of it to drop
 
         def work(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM leases WHERE session_id = ? AND token = ?", (session_id, lease.token))
@@ -584,6 +607,7 @@ class SqliteSessionStore:
 
     async def break_lease(self, session_id: str) -> SessionLease | None:
         """Drop whatever lease holds the session and return it (``None`` if none did)."""
+        self._check_findable(session_id)
 
         def work(conn: sqlite3.Connection) -> SessionLease | None:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
@@ -598,6 +622,7 @@ class SqliteSessionStore:
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""
+        self._check_findable(session_id)
 
         def work(conn: sqlite3.Connection) -> list[SessionEvent]:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
@@ -617,6 +642,7 @@ class SqliteSessionStore:
                         root_call_id: str | None = None) -> list[SessionEvent]:
         """The events after ``seq`` ``after``: at most ``limit``, and no more than about :data:`PAGE_CHARS`
         characters of payload (at least one event while any is left)."""
+        self._check_findable(session_id)
         if limit < 1:
             raise ValueError(f"load_page: limit must be at least 1, got {limit}")
         # Seqs run from 1 to SQLite's largest INTEGER; beyond either end an int is no SQLite INTEGER.
@@ -649,6 +675,7 @@ class SqliteSessionStore:
 
     async def get(self, session_id: str) -> SessionInfo:
         """The summary of one session."""
+        self._check_findable(session_id)
 
         def work(conn: sqlite3.Connection) -> SessionInfo:
             row = conn.execute(_SELECT_INFO + " WHERE id = ?", (session_id,)).fetchone()

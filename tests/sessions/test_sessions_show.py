@@ -634,3 +634,14 @@ def test_show_of_an_event_whose_column_has_the_wrong_type_fails_naming_it(change
         assert result.stdout == ""
         assert result.stderr.startswith("dsh: error: session store ") and result.stderr.endswith(
             f": session 'a' event 2: {reason}\n"), result.stderr
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--json"], ["release"]])
+def test_a_session_id_that_is_not_utf8_is_an_unknown_session_not_a_traceback(command: list[str]) -> None:
+    # A command-line argument that is not UTF-8 reaches dsh as lone surrogates (surrogateescape),
+    # which SQLite cannot be asked for: `show` and `release` died with a UnicodeEncodeError traceback.
+    _session_of([("run/start", {"task": "t"}, None)], "a")
+    result = CliRunner().invoke(main, ["sessions", command[0], "a\udcff", *command[1:]])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert result.stdout == ""
+    assert result.stderr.startswith("dsh: error: no session 'a\\udcff' in "), result.stderr

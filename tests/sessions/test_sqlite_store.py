@@ -22,6 +22,7 @@ from dsh_core.sessions import (
     SessionStore,
     SessionStoreError,
 )
+from dsh_core.sessions.lease import SessionLease
 from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
 from dsh_core.sessions.store import dsh_home
 
@@ -760,6 +761,27 @@ async def test_a_session_whose_columns_cannot_be_read_is_listed_as_unreadable_am
         if column != "id":
             with pytest.raises(SessionStoreError, match=rf"^session store .*: session 'b': {re.escape(reason)}$"):
                 await store.get("b")
+    finally:
+        await store.close()
+
+
+async def test_a_session_id_sqlite_cannot_hold_is_no_session_and_cannot_be_created(tmp_path: Path) -> None:
+    # An id with a lone surrogate (a command-line argument that is not UTF-8) cannot be UTF-8 text:
+    # every method failed with a UnicodeEncodeError from sqlite3 instead of saying there is no such session.
+    lease = SessionLease.for_this_run()
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        await store.create(session_id="a")
+        for call in (lambda: store.get("a\udcff"), lambda: store.load("a\udcff"),
+                     lambda: store.load_page("a\udcff"), lambda: store.acquire("a\udcff", lease),
+                     lambda: store.break_lease("a\udcff"),
+                     lambda: store.append("a\udcff", [NewEvent(EventKind.RUN_START, {})])):
+            with pytest.raises(SessionNotFoundError, match=r"^no session 'a\\udcff' in "):
+                await call()
+        await store.release("a\udcff", lease)  # holds nothing: nothing to release
+        with pytest.raises(ValueError, match=r"^create: session_id 'a\\udcff' is not UTF-8 text"):
+            await store.create(session_id="a\udcff")
+        assert [info.id for info in await store.list()] == ["a"]
     finally:
         await store.close()
 
