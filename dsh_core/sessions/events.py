@@ -16,6 +16,7 @@ JSON ``payload`` and three correlation ids:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Final
@@ -80,9 +81,25 @@ def encode_payload(payload: JSON) -> str:
     return text
 
 
-def decode_payload(text: str) -> JSON:
-    """The payload value of stored JSON text."""
-    return json.loads(text)
+def decode_payload(text: str | bytes) -> JSON:
+    """The payload value of stored JSON text; ``ValueError`` if it is not JSON.
+
+    Python's json reads ``NaN``, ``Infinity`` and a number too large for a float (as ``inf``), which
+    no JSON holds: :func:`encode_payload` never writes them, and a payload edited to hold one would be
+    written out again as such (``dsh sessions show --json``: no JSON), so they are refused here.
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _refuse_constant(constant: str) -> object:
+    raise ValueError(f"{constant} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is too large for a float")
+    return value
 
 
 def _check_kind(_: object, attribute: object, value: str) -> None:

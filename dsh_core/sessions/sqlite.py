@@ -193,7 +193,7 @@ def _info(path: Path, row: tuple[Any, ...], *, listed: bool = False) -> SessionI
         problems.append(f"event_count is not an integer: {_shown(event_count)}")
         event_count = None
     try:
-        meta = json.loads(row[4])
+        meta = decode_payload(row[4])  # as strict as a payload: no NaN, which `list --json` would write out
     except (ValueError, TypeError, RecursionError):  # TypeError: a NULL (a table without dsh's NOT NULL)
         meta = None
     if not isinstance(meta, dict):

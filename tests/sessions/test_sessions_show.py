@@ -645,3 +645,33 @@ def test_a_session_id_that_is_not_utf8_is_an_unknown_session_not_a_traceback(com
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.output, result.exception)
     assert result.stdout == ""
     assert result.stderr.startswith("dsh: error: no session 'a\\udcff' in "), result.stderr
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_stored_number_json_has_not_is_named_not_written_out_as_invalid_json(number: str) -> None:
+    # Python's json reads NaN, Infinity and 1e400 (as inf), which no JSON holds; a meta or payload
+    # edited to hold one was written out by `list --json` and `show --json` as `NaN` or `Infinity`:
+    # output that a JSON parser refuses. dsh itself never stores them (encode_payload refuses them).
+    home = Path(os.environ["DSH_HOME"])
+    _session_of([("message/user", {"message": {"role": "user", "content": "x"}}, None)], "a")
+    _session_of([], "b")
+    conn = sqlite3.connect(home / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute(f"UPDATE sessions SET meta = '{{\"task\": {number}}}' WHERE id = 'b'")
+        conn.execute(f"UPDATE events SET payload = '{{\"content\": {number}}}' WHERE session_id = 'a'")
+    finally:
+        conn.close()
+
+    def refuse(constant: str) -> object:
+        raise AssertionError(f"{constant} is no JSON")
+
+    result = CliRunner().invoke(main, ["sessions", "list", "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    listed = {s["id"]: s for s in json.loads(result.stdout, parse_constant=refuse)}
+    assert listed["b"]["meta"] is None, listed["b"]
+    assert listed["b"]["unreadable"].startswith("meta is not a JSON object: "), listed["b"]
+    assert listed["a"]["unreadable"] is None
+    for args in (["show", "a"], ["show", "a", "--json"]):
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert result.exit_code == 1 and result.stdout == "", (result.output, result.exception)
+        assert "session 'a' event 1: payload is not JSON: " in result.stderr, result.stderr
