@@ -8,7 +8,10 @@ The pytest classes in :mod:`dsh_core.testing.conformance` only call these.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -20,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 from attrs import field, frozen
 
@@ -83,8 +86,92 @@ def failure(target: Target, check: str, problem: str, fix: str, tool: str | None
     return f"[dsh:{check}] {who}: {problem}\n    fix: {fix}"
 
 
-def _run(coroutine_function: Callable[[], Any]) -> Any:
-    return asyncio.run(coroutine_function())
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+#: The tool whose call the kit is making (the checks set it around each call): what its threads are blamed on.
+_TOOL: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsh_conformance_tool", default=None)
+
+
+@frozen
+class _Job:
+    """A function the check's default executor runs in a thread of its own, and the tool whose call submitted it."""
+
+    thread: threading.Thread
+    what: str
+    tool: str | None
+
+
+def _job_name(function: Callable[..., Any]) -> str:
+    """What a thread runs, by qualified name: ``asyncio.to_thread`` wraps it in ``partial(context.run, f, ...)``."""
+    while isinstance(function, functools.partial):
+        inner = function.func
+        if getattr(inner, "__name__", None) == "run" and isinstance(getattr(inner, "__self__", None),
+                                                                    contextvars.Context) and function.args:
+            function = function.args[0]
+        else:
+            function = inner
+    module = getattr(function, "__module__", None)
+    name = getattr(function, "__qualname__", None) or repr(function)
+    return f"{module}.{name}" if module and module not in ("builtins", "__main__") else name
+
+
+class _DetachedExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The default executor of the kit's event loops: each job in a daemon thread of its own, never waited for.
+
+    Closing an event loop waits for its default executor's threads with no bound (``asyncio.run``),
+    and the interpreter joins a ``ThreadPoolExecutor``'s at exit: a body's work stuck in
+    ``asyncio.to_thread`` (cancelling the await does not stop a thread) hung the check for as long as the
+    work ran, forever for work that never returns, and nothing reported it. Here shutdown returns at once
+    and the jobs still running are reported as leftovers of the call that submitted them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="dsh-conformance")
+        self.jobs: list[_Job] = []
+        self._closed = False
+        self._count = 0
+        self._jobs_lock = threading.Lock()
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> concurrent.futures.Future[_T]:
+        """Run ``fn(*args, **kwargs)`` in a new daemon thread; its future."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as error:  # as ThreadPoolExecutor: the awaiting coroutine gets it
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        with self._jobs_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._count += 1
+            thread = threading.Thread(target=work, name=f"dsh-conformance-executor-{self._count}", daemon=True)
+            self.jobs.append(_Job(thread, _job_name(fn), _TOOL.get()))
+        thread.start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Refuse new jobs; never wait for the running ones (see the class)."""
+        with self._jobs_lock:
+            self._closed = True
+
+    def running(self) -> list[_Job]:
+        """The jobs whose thread is still running."""
+        with self._jobs_lock:
+            return [job for job in self.jobs if job.thread.is_alive()]
+
+
+def _run(coroutine_function: Callable[[], Any], executor: _DetachedExecutor | None = None) -> Any:
+    """``asyncio.run``, but closing the loop never waits for a thread its default executor started."""
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_default_executor(executor or _DetachedExecutor())
+        return runner.run(coroutine_function())
 
 
 async def _load(target: Target, check: str, *, record_only: bool = False) -> LoadedPlugin:
@@ -247,11 +334,12 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
 
     threads_before = set(threading.enumerate())
     children_before = _child_pids()
+    executor = _DetachedExecutor()
     with _dsh_warnings() as records:
-        result: list[str] = _run(scenario)
+        result: list[str] = _run(scenario, executor)
     result += _logged(target, check, records, _culprit(target, scope_paths[0] if scope_paths else None))
     if quiesce_when is not None:
-        result += _strays(target, check, quiesce_when, threads_before, children_before)
+        result += _strays(target, check, quiesce_when, threads_before, children_before, executor)
     return result
 
 
@@ -293,11 +381,15 @@ def _brief(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortSignal | None = None,
-          call_id: str = "conformance") -> Any:
+async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortSignal | None = None,
+                call_id: str = "conformance") -> Any:
     request = ToolExecutionInput(call_id=call_id, name=name, arguments=arguments,
                                  signal=signal or AbortSignal.never())
-    return loaded.runtime.execute(request)
+    token = _TOOL.set(name)  # the tasks the call starts copy it: their threads are this tool's
+    try:
+        return await loaded.runtime.execute(request)
+    finally:
+        _TOOL.reset(token)
 
 
 def _schemas_valid(definition: ToolDefinition) -> bool:
@@ -972,18 +1064,29 @@ async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[
 
 
 def _strays(target: Target, check: str, when: str, threads_before: set[threading.Thread],
-            children_before: set[int]) -> list[str]:
-    """Threads and child processes started since ``*_before`` and still running ``QUIESCENCE_GRACE_S`` on."""
+            children_before: set[int], executor: _DetachedExecutor) -> list[str]:
+    """Threads (the executor's jobs apart) and child processes started since ``*_before``, and the executor's
+    jobs, still running ``QUIESCENCE_GRACE_S`` on."""
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     threads: set[threading.Thread] = set()
     children: set[int] = set()
+    jobs: list[_Job] = []
     while time.monotonic() < deadline:
-        threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()}
+        jobs = executor.running()
+        threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()} \
+            - {job.thread for job in executor.jobs}
         children = _child_pids() - children_before
-        if not threads and not children:
+        if not threads and not children and not jobs:
             break
         time.sleep(0.02)
     found = []
+    for job in jobs:
+        found.append(failure(target, check, f"thread {job.thread.name!r} running {job.what} (asyncio.to_thread or "
+                             f"loop.run_in_executor) is still running {when}",
+                             "a thread cannot be cancelled (cancelling the await leaves it running): make the "
+                             "blocking work end when ctx.signal aborts (a threading.Event set from "
+                             "ctx.signal.add_listener that it checks, a timeout, or closing what it waits on) "
+                             "and wait for it before returning", job.tool))
     for thread in sorted(threads, key=lambda t: t.name):
         found.append(failure(target, check, f"thread {thread.name!r} is still running {when}",
                              "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread"))

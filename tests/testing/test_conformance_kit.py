@@ -846,3 +846,38 @@ def test_sys_exit_in_a_classifier_or_a_factory_is_a_failure_not_a_traceback(
     except BaseException as error:
         pytest.fail(f"{check} let out {type(error).__name__}: {error}")
     assert any(line.startswith(expected) for line in found), found
+
+
+def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body awaits asyncio.to_thread(...) on work that ignores the abort. Cancelling the call does not stop
+    the thread, and closing the check's event loop waited for the default executor's threads with no bound: the
+    check took as long as the thread (forever, for one that never returns) and reported nothing of it."""
+    import threading
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+    from tests.fixtures.conformance import broken_plugins
+
+    entry_point = metadata.EntryPoint("stuck-in-thread", "tests.fixtures.conformance.broken_plugins:stuck_in_thread",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    broken_plugins.STUCK.clear()
+    outcome: list[list[str]] = []
+    runner = threading.Thread(target=lambda: outcome.append(checks.check_abort(Target("stuck-in-thread",
+                                                                                     abort_bound_s=0.1))))
+    runner.start()
+    runner.join(30)  # a hang guard: the thread waits until the event is set, which only happens below
+    returned = not runner.is_alive()
+    broken_plugins.STUCK.set()
+    runner.join(30)
+    assert returned, "the abort check waited for the thread the aborted body left running"
+    (stuck, leftover) = outcome[0]
+    assert stuck.startswith('[dsh:abort] plugin "stuck-in-thread", tool "wait": the call was still running '), stuck
+    assert leftover.startswith('[dsh:abort] plugin "stuck-in-thread", tool "wait": thread '), leftover
+    assert "running threading.Event.wait (asyncio.to_thread or loop.run_in_executor) is still running after the " \
+           "aborted call and dispose" in leftover, leftover
+    assert "fix: a thread cannot be cancelled" in leftover, leftover
