@@ -11,12 +11,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import ctypes
 import functools
 import inspect
 import json
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +93,9 @@ _T = TypeVar("_T")
 
 #: The tool whose call the kit is making (the checks set it around each call): what its threads are blamed on.
 _TOOL: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsh_conformance_tool", default=None)
+#: While a check watches for leftover processes: each descendant process seen as a call ended, and that call's tool.
+_OWNERS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("dsh_conformance_owners",
+                                                                              default=None)
 
 
 @frozen
@@ -311,12 +316,16 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
     ``disposed`` adds the failures it finds once the plugin is disposed. Failures of the plugin dsh
     isolated and only logged (a raising observer hook or disposer) are failures too. With ``quiesce_when``, so are
     asyncio tasks started since the load and still running after dispose (the event loop closing
-    would otherwise cancel them unseen), then threads and child processes still running after it.
+    would otherwise cancel them unseen), then threads and descendant processes still running after it
+    (orphans included: the kit is a child subreaper meanwhile), which are then killed and reaped.
     """
 
     scope_paths: list[str] = []
+    owners: dict[int, str] = {}
 
     async def scenario() -> list[str]:
+        if quiesce_when is not None:
+            _OWNERS.set(owners)  # this task's context, copied into the calls' tasks
         tasks_before = asyncio.all_tasks()
         loaded = await _load(target, check)
         if loaded.scope is not None:
@@ -332,14 +341,17 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
             found.extend(await _stray_tasks(target, check, quiesce_when, tasks_before))
         return found
 
-    threads_before = set(threading.enumerate())
-    children_before = _child_pids()
     executor = _DetachedExecutor()
-    with _dsh_warnings() as records:
-        result: list[str] = _run(scenario, executor)
-    result += _logged(target, check, records, _culprit(target, scope_paths[0] if scope_paths else None))
-    if quiesce_when is not None:
-        result += _strays(target, check, quiesce_when, threads_before, children_before, executor)
+    # Only where processes are watched: adopted orphans become this process's to reap (_strays does).
+    with _adopting() if quiesce_when is not None else contextlib.nullcontext():
+        threads_before = set(threading.enumerate())
+        children_before = set(_descendants())
+        owners.update(dict.fromkeys(children_before, ""))  # not the plugin's, nor is what they start
+        with _dsh_warnings() as records:
+            result: list[str] = _run(scenario, executor)
+        result += _logged(target, check, records, _culprit(target, scope_paths[0] if scope_paths else None))
+        if quiesce_when is not None:
+            result += _strays(target, check, quiesce_when, threads_before, children_before, executor, owners)
     return result
 
 
@@ -390,6 +402,9 @@ async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortS
         return await loaded.runtime.execute(request)
     finally:
         _TOOL.reset(token)
+        owners = _OWNERS.get()
+        if owners is not None:
+            _claim(owners, name)
 
 
 def _schemas_valid(definition: ToolDefinition) -> bool:
@@ -1003,19 +1018,140 @@ def check_typed_errors(target: Target) -> list[str]:
 # -- lifecycle --------------------------------------------------------------------------------------------------
 
 
-def _child_pids() -> set[int]:
-    children: set[int] = set()
+#: prctl options (linux/prctl.h): a child subreaper adopts its descendants' orphans instead of init.
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_GET_CHILD_SUBREAPER: Final = 37
+
+
+def _prctl(option: int, argument: int | ctypes.c_int) -> bool:
+    """``prctl(option, argument)`` (an int, or a ``c_int`` passed by reference); whether it succeeded."""
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return children  # not Linux: processes are not checked
-    for tid in tasks:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = ctypes.byref(argument) if isinstance(argument, ctypes.c_int) else ctypes.c_ulong(argument)
+        return bool(libc.prctl(option, value, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def _adopting() -> Iterator[None]:
+    """This process as a child subreaper meanwhile (Linux; elsewhere, and where refused, nothing changes).
+
+    A process whose parent ends (``sh -c "sleep 9 &"``, a double fork, a daemon that left the session)
+    is reparented to the nearest subreaper, else to init, where the kit no longer sees it as its
+    descendant. As a subreaper the kit adopts exactly its own descendants' orphans, no one else's, and
+    must reap them (:func:`_strays` does). A process that already was a subreaper is left as it was.
+    """
+    was = ctypes.c_int(0)
+    enabled = _prctl(_PR_GET_CHILD_SUBREAPER, was) and not was.value and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        yield
+    finally:
+        if enabled:
+            _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+
+
+def _claim(owners: dict[int, str], tool: str) -> None:
+    """Blame the descendants no call was blamed for yet on the nearest blamed ancestor's tool, else on ``tool``.
+
+    Called as each call ends: a process a shell of an earlier call started since is that call's, not this one's.
+    """
+    tree = _descendants()
+    for pid in sorted(tree.keys() - owners.keys()):
+        ancestor = tree.get(pid)
+        while ancestor is not None and ancestor not in owners:
+            ancestor = tree.get(ancestor)
+        owners[pid] = owners[ancestor] if ancestor is not None else tool
+
+
+def _descendants() -> dict[int, int]:
+    """Every process descended from this one, at any depth, and its parent, through ``/proc`` (Linux; empty
+    elsewhere)."""
+    found: dict[int, int] = {}
+    pending = [os.getpid()]
+    while pending:
+        pid = pending.pop()
         try:
-            with open(f"/proc/self/task/{tid}/children") as handle:
-                children.update(int(pid) for pid in handle.read().split())
+            tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
-            continue
-    return children
+            continue  # ended meanwhile, or not Linux: processes are not checked
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if child not in found:
+                    found[child] = pid
+                    pending.append(child)
+    return found
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """The state letter and the parent pid of ``pid`` (``None`` once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()  # the command, in parentheses, may hold anything
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` is gone or a zombie: it exited, and only its parent's wait is missing."""
+    stat = _stat(pid)
+    return stat is None or stat[0] in "ZX"
+
+
+def _end_processes(before: set[int]) -> None:
+    """Kill every descendant not in ``before``, and reap those that are (or, killed, become) this process's children.
+
+    Bounded by ``QUIESCENCE_GRACE_S``: SIGKILL ends a process at once unless it is stuck in the kernel.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + QUIESCENCE_GRACE_S
+    while True:
+        left = False
+        for pid in sorted(_descendants().keys() - before):
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            state, parent = stat
+            if state not in "ZX":
+                left = True
+                _kill(pid)
+            elif parent == me:
+                # Ours to reap: a child never waited for, or an orphan adopted as subreaper. A zombie
+                # keeps its pid, so this waits for that very process and no other.
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                left = left or _stat(pid) is not None
+            else:
+                left = True  # its parent (killed too) has not reaped it yet, or it is about to be adopted
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` if it is still this process's descendant (through a pidfd where there is one, so a pid
+    reused meanwhile by another process is never signalled)."""
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        if pid in _descendants():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        if pid in _descendants():  # the pidfd now names the process found, whatever happens to the pid
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+    finally:
+        os.close(handle)
 
 
 def _describe_pid(pid: int) -> str:
@@ -1024,8 +1160,7 @@ def _describe_pid(pid: int) -> str:
             command = handle.read().replace(b"\0", b" ").decode("utf-8", errors="replace").strip()
     except OSError:
         command = ""
-    # A zombie has no command line left: it exited but was never reaped (waited for).
-    return f"pid {pid} ({command or 'exited but never reaped'})"
+    return f"pid {pid} ({command or 'no command line'})"  # it may have ended just now
 
 
 @_guarded
@@ -1064,21 +1199,29 @@ async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[
 
 
 def _strays(target: Target, check: str, when: str, threads_before: set[threading.Thread],
-            children_before: set[int], executor: _DetachedExecutor) -> list[str]:
-    """Threads (the executor's jobs apart) and child processes started since ``*_before``, and the executor's
-    jobs, still running ``QUIESCENCE_GRACE_S`` on."""
+            children_before: set[int], executor: _DetachedExecutor, owners: dict[int, str]) -> list[str]:
+    """Threads (the executor's jobs apart) and descendant processes started since ``*_before``, and the executor's
+    jobs, still running ``QUIESCENCE_GRACE_S`` on; the processes are then killed and reaped.
+
+    A process that exited is no leftover, though it may wait out the grace for its parent to reap
+    it; one still a zombie then was left to the kit (an orphan it adopted), which reaps it.
+    """
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     threads: set[threading.Thread] = set()
-    children: set[int] = set()
+    processes: set[int] = set()
     jobs: list[_Job] = []
     while time.monotonic() < deadline:
         jobs = executor.running()
         threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()} \
             - {job.thread for job in executor.jobs}
-        children = _child_pids() - children_before
-        if not threads and not children and not jobs:
+        processes = _descendants().keys() - children_before
+        if not threads and not processes and not jobs:
             break
         time.sleep(0.02)
+    running = sorted(pid for pid in processes if not _ended(pid))
+    described = {pid: _describe_pid(pid) for pid in running}  # before the kill: a killed process has no command
+    if processes:
+        _end_processes(children_before)
     found = []
     for job in jobs:
         found.append(failure(target, check, f"thread {job.thread.name!r} running {job.what} (asyncio.to_thread or "
@@ -1090,10 +1233,10 @@ def _strays(target: Target, check: str, when: str, threads_before: set[threading
     for thread in sorted(threads, key=lambda t: t.name):
         found.append(failure(target, check, f"thread {thread.name!r} is still running {when}",
                              "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread"))
-    for pid in sorted(children):
-        found.append(failure(target, check, f"child process {_describe_pid(pid)} is still running {when}",
+    for pid in running:
+        found.append(failure(target, check, f"child process {described[pid]} is still running {when}",
                              "kill and reap every process the plugin starts, on completion, on "
-                             "abort and in a disposer"))
+                             "abort and in a disposer", owners.get(pid) or None))
     return found
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -647,7 +648,7 @@ def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_a
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     (found,) = checks.check_abort(Target("abort-leak"))
-    assert found.startswith('[dsh:abort] plugin "abort-leak": child process pid ')
+    assert found.startswith('[dsh:abort] plugin "abort-leak", tool "spawn": child process pid ')
     assert "(sleep 3) is still running after the aborted call and dispose" in found
     assert "fix: kill and reap every process the plugin starts" in found
 
@@ -881,3 +882,37 @@ def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(
     assert "running threading.Event.wait (asyncio.to_thread or loop.run_in_executor) is still running after the " \
            "aborted call and dispose" in leftover, leftover
     assert "fix: a thread cannot be cancelled" in leftover, leftover
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+@pytest.mark.parametrize("check", ["check_dispose", "check_abort"])
+def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
+        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    """The kit looked at its direct children only: a process behind a shell that is still running, one whose
+    shell already exited (reparented away from the kit), and one that also left the session all passed, and
+    ran on after the test run."""
+    import os
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("grandchildren", "tests.fixtures.conformance.broken_plugins:grandchildren",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    found = getattr(checks, check)(Target("grandchildren"))
+    when = "after dispose" if check == "check_dispose" else "after the aborted call and dispose"
+    name = check.removeprefix("check_")
+    pids = []
+    for tool, command in (("behind", "sh -c sleep 62 & wait"), ("behind", "sleep 62"), ("orphan", "sleep 60"),
+                          ("daemon", "sleep 61")):
+        prefix = f'[dsh:{name}] plugin "grandchildren", tool "{tool}": child process pid '
+        suffix = f" ({command}) is still running {when}"
+        lines = [f for f in found if f.startswith(prefix) and f.split("\n")[0].endswith(suffix)]
+        assert len(lines) == 1, (tool, command, found)
+        assert "fix: kill and reap every process the plugin starts" in lines[0], lines[0]
+        pids.append(int(lines[0].removeprefix(prefix).split(" ", 1)[0]))
+    assert len(found) == 4, found
+    # Killed and reaped: not one of them runs on (nor stays a zombie) once the check has returned.
+    assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
