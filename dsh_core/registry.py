@@ -27,7 +27,7 @@ from dsh_core.lossless import JSON
 from dsh_core.model import ExecutionMode, ToolDefinition, ToolExecution, ToolSchema
 from dsh_core.scope import Scope, one_shot
 
-__all__ = ["ToolRegistry", "Mode", "MODES", "TRANSPORT_NAME", "TOOL_NAME_PATTERN", "Guard"]
+__all__ = ["ToolRegistry", "definition_mode", "Mode", "MODES", "TRANSPORT_NAME", "TOOL_NAME_PATTERN", "Guard"]
 
 Mode: TypeAlias = Literal["native", "code", "both"]
 #: The three presentation modes.
@@ -65,6 +65,18 @@ def check_mode(mode: object, *, source: str = "mode") -> Mode:
     if mode not in MODES:
         raise ValueError(f"{source}={mode!r} must be one of native, code, both")
     return mode
+
+
+def definition_mode(definition: ToolDefinition | None, arguments: JSON) -> ExecutionMode:
+    """How a call of ``definition`` may run: ``parallel`` only for an exact ``True`` from its
+    ``is_concurrency_safe(arguments)``; no definition, no predicate or a raising one is ``exclusive``."""
+    if definition is None or definition.is_concurrency_safe is None:
+        return "exclusive"
+    try:
+        verdict = definition.is_concurrency_safe(arguments)
+    except Exception:
+        return "exclusive"
+    return "parallel" if verdict is True else "exclusive"
 
 
 class _Restriction:
@@ -447,14 +459,7 @@ class ToolRegistry:
 
     def execution_mode(self, name: str, arguments: JSON, scope: Scope | None, nested: bool) -> ExecutionMode:
         """``parallel`` only when the tool resolves and ``is_concurrency_safe(args)`` is exactly ``True``."""
-        definition = self.resolve_execution(name, scope, nested)
-        if definition is None or definition.is_concurrency_safe is None:
-            return "exclusive"
-        try:
-            verdict = definition.is_concurrency_safe(arguments)
-        except Exception:
-            return "exclusive"
-        return "parallel" if verdict is True else "exclusive"
+        return definition_mode(self.resolve_execution(name, scope, nested), arguments)
 
     # -- views -------------------------------------------------------------------------------------------
 

@@ -12,6 +12,13 @@
 A call aborted before its body is invoked (even after :meth:`ToolRuntime.prepare`,
 at dispatch) is a final result too: only a dispatched result reaches post-execute.
 
+The tool's definition is resolved once, at create (:attr:`Staged.definition`):
+policy judges the call with it, callers classify the prepared call by it
+(:meth:`ToolRuntime.staged_execution_mode`), and the body runs it or nothing. A
+definition replaced or removed under the name while the call waited fails the
+call at dispatch without any body: ``ABORTED_BEFORE_DISPATCH`` if replaced (a
+final result: call it again), ``UNKNOWN_TOOL`` if removed.
+
 Staged interface (used by the agent loop and the ``run_code`` scheduler, which
 must interleave stages of several calls): :meth:`ToolRuntime.prepare` →
 :meth:`ToolRuntime.dispatch` → :meth:`ToolRuntime.finalize` (post-execute then
@@ -65,7 +72,7 @@ from dsh_core.model import (
     content_problem,
     text_of,
 )
-from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
+from dsh_core.registry import TRANSPORT_NAME, ToolRegistry, definition_mode
 from dsh_core.schema import format_violations, violations
 from dsh_core.scope import Scope, one_shot
 
@@ -93,21 +100,30 @@ def collapsed_message(name: str) -> str:
 class Staged:
     """One execution between stages: its kind says which stage comes next."""
 
-    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finalizing", "_finished", "_proceeded", "_validated",
-                 "execution", "kind", "result")
+    __slots__ = ("_body_invoked", "_definition", "_dispatching", "_finalizer", "_finalizing", "_finished",
+                 "_proceeded", "execution", "kind", "result")
 
     def __init__(self, execution: ToolExecution, finalizer: Finalizer | None,
-                 validated: ToolDefinition | None) -> None:
+                 definition: ToolDefinition | None) -> None:
         self.kind: StageKind = "dispatch"
         self.execution = execution
         self.result: ToolResult | None = None
         self._finalizer = finalizer
-        self._validated = validated
+        self._definition = definition
         self._body_invoked = False
         self._dispatching = False
         self._proceeded = False
         self._finalizing = False
         self._finished = False
+
+    @property
+    def definition(self) -> ToolDefinition | None:
+        """The definition resolved when the call was created (``None``: no such tool then).
+
+        The only one the call's policy judges, its caller classifies and its body
+        runs: a body never runs a definition registered under the name meanwhile.
+        """
+        return self._definition
 
     def settle(self, kind: StageKind, result: ToolResult) -> Staged:
         self.kind = kind
@@ -195,13 +211,28 @@ class ToolRuntime:
             raise
 
     def execution_mode(self, request: ToolExecutionInput) -> ExecutionMode:
-        """How a scheduler may run the call: ``parallel`` only for an exact ``True`` from the tool."""
+        """How a scheduler may run the call: ``parallel`` only for an exact ``True`` from the tool.
+
+        The tool the registry holds now: a plan, made before the call is created. Once it
+        is (after :meth:`prepare`), classify it with :meth:`staged_execution_mode`.
+        """
         try:
             arguments = freeze(request.arguments)
         except NotLosslessError:
             return "exclusive"
         nested = self._parent_of(request) is not None
         return self.registry.execution_mode(request.name, arguments, request.agent, nested)
+
+    @staticmethod
+    def staged_execution_mode(staged: Staged) -> ExecutionMode:
+        """How a scheduler may run a prepared call's body: by the definition its policy judged.
+
+        That is the definition its body runs (:attr:`Staged.definition`), whatever the
+        registry holds under the name now, so the classification and the body never
+        disagree: a tool replaced meanwhile fails the call at dispatch instead.
+        """
+        arguments = staged.execution.arguments
+        return definition_mode(staged.definition, arguments) if arguments is not None else "exclusive"
 
     # -- create -----------------------------------------------------------------------------------------
 
@@ -212,7 +243,8 @@ class ToolRuntime:
         name = request.name
         visible = self.registry.get(name, agent)
         collapsed = visible is not None and self.registry.collapses(name, agent, nested)
-        # Captured before the arguments are materialized: the registry may change meanwhile.
+        # Captured before the arguments are materialized: the registry may change meanwhile. The definition
+        # is pinned here too (below), once its arguments are valid: policy, classification and body use it.
         finalizer = visible.finalize_content if visible is not None else None
         token = ExecutionToken()
         try:
@@ -245,7 +277,7 @@ class ToolRuntime:
             invalid = self._argument_violations(visible, arguments)
             if invalid is not None:
                 return staged.settle("final-result", invalid)
-            staged._validated = visible
+            staged._definition = visible
         return staged
 
     @staticmethod
@@ -488,7 +520,7 @@ class ToolRuntime:
                 ErrorCode.TOOL_FAILED, f"around-dispatch middleware returned {type(result).__name__}, "
                                        "expected ToolResult"))
         if not body_results or result is not body_results[-1]:
-            result = self._normalize_authored(execution, result)
+            result = self._normalize_authored(staged, result)
         if caller.aborted and not result.is_error:
             result = (aborted_result if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
         if not staged._body_invoked and result.code == ErrorCode.ABORTED_BEFORE_DISPATCH:
@@ -497,10 +529,12 @@ class ToolRuntime:
             return staged.settle("final-result", result)
         return staged.settle("post-result", result)
 
-    def _normalize_authored(self, execution: ToolExecution, result: ToolResult) -> ToolResult:
+    def _normalize_authored(self, staged: Staged, result: ToolResult) -> ToolResult:
         if result.is_error:
             return result
-        definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+        execution = staged.execution
+        # Checked against the definition the call was judged by, as a body's value would be.
+        definition = staged.definition
         if definition is None:
             return ToolResult.failure(ErrorCode.UNKNOWN_TOOL, f'unknown tool "{execution.name}"')
         rebuilt = self._success(definition, execution.arguments, result.value)
@@ -516,13 +550,14 @@ class ToolRuntime:
         agent = execution.agent
         if agent is not None and not agent.active:
             return _agent_gone(agent)
-        definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+        definition = staged.definition
+        current = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+        if current is not definition:
+            # Replaced or removed while the call waited (an approval, a pausing middleware): policy judged,
+            # and the caller classified, the definition pinned at creation; no other body may run for them.
+            return _changed_while_waiting(execution.name, definition, current)
         if definition is None:
             return error_result(UnknownToolError(f'unknown tool "{execution.name}"'))
-        if definition is not staged._validated:
-            invalid = self._argument_violations(definition, execution.arguments)
-            if invalid is not None:
-                return invalid
         context = ToolContext(execution if fused is caller else attrs.evolve(execution, signal=fused))
         staged._body_invoked = True
         # While the transport's body runs, calls naming this execution as parent are nested.
@@ -601,13 +636,13 @@ class ToolRuntime:
             staged.result = _hook_failed(failure, execution)
             return await self.finish(staged)
         if decisions:
-            result = self._apply_post(execution, result, decisions)
+            result = self._apply_post(staged, result, decisions)
         if execution.signal.aborted and not result.is_error:
             result = (aborted_result if staged._body_invoked else _aborted_before_dispatch)(result.additional_contexts)
         staged.result = result
         return await self.finish(staged)
 
-    def _apply_post(self, execution: ToolExecution, result: ToolResult,
+    def _apply_post(self, staged: Staged, result: ToolResult,
                     decisions: list[tuple[str, PostDecision]]) -> ToolResult:
         blocks = [d for _, d in decisions if d.kind == "block"]
         if blocks:
@@ -633,7 +668,9 @@ class ToolRuntime:
                 return ToolResult.failure(ErrorCode.TOOL_FAILED,
                                           "post-execute cannot replace the value of a failed result")
             else:
-                definition = self.registry.resolve_execution(execution.name, execution.agent, execution.nested)
+                # The definition whose body produced the result (a successful result had one).
+                execution = staged.execution
+                definition = staged.definition
                 if definition is None:
                     return ToolResult.failure(ErrorCode.UNKNOWN_TOOL, f'unknown tool "{execution.name}"')
                 rebuilt = self._success(definition, execution.arguments, replacement.value)
@@ -687,6 +724,21 @@ class ToolRuntime:
         staged.result = result
         await self.hooks.tool_result(staged.execution, result)
         return result
+
+
+def _changed_while_waiting(name: str, judged: ToolDefinition | None, current: ToolDefinition | None) -> ToolResult:
+    """The result of a call whose tool changed under its name after it was created: no body runs.
+
+    Removed (or hidden from the caller), it is ``UNKNOWN_TOOL``, as a call made now would be.
+    Replaced (or registered where there was none), the new definition was judged by no policy
+    and classified by no caller: ``ABORTED_BEFORE_DISPATCH``, as the call may simply be made again.
+    """
+    if current is None:
+        return error_result(UnknownToolError(f'unknown tool "{name}": it was removed while the call waited'))
+    change = "replaced" if judged is not None else "registered"
+    return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH,
+                              f'{ABORTED_BEFORE_DISPATCH_MESSAGE}: tool "{name}" was {change} while the call '
+                              "waited, and its new definition was not judged by this call's policy; call it again")
 
 
 def _invalid_content(message: str) -> ToolResult:

@@ -135,7 +135,12 @@ def dsh_around_dispatch(execution: ToolExecution) -> Middleware | None:
     is fused with the caller's, which can never be detached) but cannot change
     the tool, its arguments or identity: the body always runs the call that
     passed policy, at most once: ``proceed`` raises if called again or after
-    the call settled. A middleware may also return a result without proceeding.
+    the call settled. It runs the definition the call was created with, the
+    one policy judged (:attr:`dsh_core.runtime.Staged.definition`): a tool
+    replaced under its name since (while an approval or a middleware waited)
+    runs no body; ``proceed`` returns ``ABORTED_BEFORE_DISPATCH`` (the call
+    may be made again, and is not post-executed), or ``UNKNOWN_TOOL`` for a
+    tool removed. A middleware may also return a result without proceeding.
     A successful result it built itself (not the one ``proceed`` returned) is
     treated like a body's value: its ``value`` is checked against the tool's
     output schema (``INVALID_TOOL_OUTPUT`` if it fails) and its content is

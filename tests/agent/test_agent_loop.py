@@ -13,7 +13,7 @@ import attrs
 import pytest
 from agent_kit import ToolsPlugin, call, calls, final, program, scripted, start, tool
 
-from dsh_core import AbortController, ApprovalOutcome, PreDecision, hookimpl
+from dsh_core import AbortController, ApprovalOutcome, PreDecision, define_tool, hookimpl
 from dsh_core.agent.loop import StopReason, history_from_events, open_session_store, run_agent
 from dsh_core.clirun import run_async
 from dsh_core.sessions.events import SessionEvent
@@ -854,7 +854,8 @@ async def test_a_call_is_classified_when_its_turn_comes_not_when_its_step_began(
 @attrs.define
 class _Swap:
     """One parallel batch of two calls, ``a`` and ``b``: while a person decides on ``a``, ``b``'s body runs
-    and a dynamic package redefines ``a`` as not concurrency-safe. ``b``'s body goes on only once ``a`` has
+    and ``a`` turns not concurrency-safe: a dynamic package redefines it (``replace``), or its own
+    ``is_concurrency_safe`` answers differently now. ``b``'s body goes on only once ``a`` has
     passed its guards (the last stage before its body, in its own task), then runs ``b_after``: a body of
     ``a`` that ran straight on would find ``b``'s still running."""
 
@@ -864,20 +865,27 @@ class _Swap:
     overlaps: list[bool]
     #: Each call's one result event, as the runtime emitted it: ``(name, error code or None)``.
     emitted: list[tuple[str, str | None]]
+    #: The bodies of ``a`` (old or new definition) that ran.
+    ran: list[str]
 
 
-async def _swap_while_approval_waits(tmp_path: Path, b_after: Any = None) -> _Swap:
+async def _swap_while_approval_waits(tmp_path: Path, b_after: Any = None, *, replace: bool = False) -> _Swap:
     b_running = {"now": False}
+    turned = {"now": False}
+    ran: list[str] = []
     b_started = asyncio.Event()
     release_b = asyncio.Event()
     overlaps: list[bool] = []
     emitted: list[tuple[str, str | None]] = []
 
     async def careful(args: Any, ctx: Any) -> Any:
+        ran.append("careful")
         overlaps.append(b_running["now"])
         return "careful"
 
     async def sloppy(args: Any, ctx: Any) -> Any:
+        ran.append("sloppy")
+        overlaps.append(b_running["now"])
         return "sloppy"
 
     async def b_body(args: Any, ctx: Any) -> Any:
@@ -907,18 +915,37 @@ async def _swap_while_approval_waits(tmp_path: Path, b_after: Any = None) -> _Sw
 
     async def approver(request: Any) -> ApprovalOutcome:
         await b_started.wait()  # the person decides while b's body runs ...
-        # ... and meanwhile a dynamic package redefines "a" as not concurrency-safe.
-        harness.registry.register(tool("a", careful), scope=request.execution.agent)
+        if replace:  # ... and meanwhile a dynamic package redefines "a" as not concurrency-safe,
+            harness.registry.register(tool("a", careful), scope=request.execution.agent)
+        else:  # ... or "a" is no longer safe to run beside others with these arguments.
+            turned["now"] = True
         return ApprovalOutcome.ALLOWED
 
+    a = define_tool(name="a", description="The a test tool.", parameters={"type": "object"},
+                    execute=sloppy if replace else careful, is_concurrency_safe=lambda args: not turned["now"])
     turns = [calls(call("a", {}, "a"), call("b", {}, "b")), final("done")]
-    harness = await start(tmp_path, tools=[tool("a", sloppy, safe=True), tool("b", b_body, safe=True)], turns=turns,
-                          plugin=AskForA([]))
-    return _Swap(harness, approver, overlaps, emitted)
+    harness = await start(tmp_path, tools=[a, tool("b", b_body, safe=True)], turns=turns, plugin=AskForA([]))
+    return _Swap(harness, approver, overlaps, emitted, ran)
 
 
-async def test_a_call_replaced_by_an_exclusive_tool_while_approval_waits_runs_its_body_alone(tmp_path: Path) -> None:
-    """The first call's tool becomes exclusive while its approval waits: classified again once its approval
+async def test_a_call_replaced_by_an_exclusive_tool_while_approval_waits_runs_no_body(tmp_path: Path) -> None:
+    """The first call's tool is replaced while its approval waits: the person approved the old definition,
+    so neither body runs, and the call fails in a way that says it may be made again."""
+    swap = await _swap_while_approval_waits(tmp_path, replace=True)
+    try:
+        result = await asyncio.wait_for(run_agent(swap.harness, "go", approver=swap.approver), 5)
+        assert result.ok
+        contents = [m["content"] for m in result.messages if m["role"] == "tool"]
+        assert contents == ['Error: tool call aborted before dispatch: tool "a" was replaced while the call waited, '
+                            "and its new definition was not judged by this call's policy; call it again", "b"]
+        assert swap.ran == []
+        assert sorted(swap.emitted) == [("a", "ABORTED_BEFORE_DISPATCH"), ("b", None)]
+    finally:
+        await swap.harness.aclose()
+
+
+async def test_a_call_turned_exclusive_while_approval_waits_runs_its_body_alone(tmp_path: Path) -> None:
+    """The first call turns exclusive while its approval waits: classified again once its approval
     answered, its body waits for the second's to end. An exclusive body never runs beside another body."""
     swap = await _swap_while_approval_waits(tmp_path)
     try:

@@ -34,7 +34,10 @@ def submit(scheduler: ProgramScheduler, n: int, name: str, arguments: Any = None
 
 
 class Flip:
-    """``hold`` (parallel) runs while ``flip`` (parallel when it starts) waits on a person's answer."""
+    """``hold`` (parallel) runs while ``flip`` (parallel when it starts) waits on a person's answer.
+
+    Meanwhile ``flip`` turns not concurrency-safe: its own ``is_concurrency_safe`` answers otherwise
+    now, or (``replace``) a dynamic package redefines it as an exclusive tool."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -57,7 +60,13 @@ class Flip:
             log.append("start flip")
             return "flipped"
 
+        async def new_flip(args: Any, ctx: Any) -> Any:
+            log.append("start new flip")
+            return "new flip"
+
         self.flip = flip
+        self.new_flip = new_flip
+        self.turned = False
 
         class Policy:
             @hookimpl
@@ -78,15 +87,26 @@ class Flip:
             def dsh_tool_result(self, execution: Any, result: Any) -> None:
                 flip_runs.results[execution.name] = result.code or result.value
 
+            @hookimpl
+            def dsh_around_dispatch(self, execution: Any) -> Any:
+                async def note(call: Any, proceed: Any) -> Any:
+                    if call.name == "flip":
+                        log.append("dispatch flip")
+                    return await proceed(call)
+                return note
+
         env.add(tool("hold", hold, safe=True))
-        self.unregister = env.registry.register(tool("flip", flip, safe=True))
+        self.unregister = env.registry.register(tool("flip", flip, safe=lambda args: not flip_runs.turned))
         env.plug(Policy())
 
-    async def approve_after_the_tool_turned_exclusive(self) -> None:
+    async def approve_after_the_tool_turned_exclusive(self, *, replace: bool = False) -> None:
         await self.asked.wait()
-        # While the person decides, the tool is replaced by one that is not concurrency-safe.
-        self.unregister()
-        self.env.add(tool("flip", self.flip))
+        # While the person decides, the tool turns not concurrency-safe.
+        if replace:
+            self.unregister()
+            self.env.add(tool("flip", self.new_flip))
+        else:
+            self.turned = True
         self.answer.set_result(ApprovalOutcome.ALLOWED)
         await self.guarded.wait()  # its policy is over: a stale parallel slot dispatches it in this same step
 
@@ -104,7 +124,7 @@ async def test_a_call_whose_tool_turned_exclusive_during_its_approval_waits_for_
     flip.hold_release.set()
     assert await asyncio.gather(held, flipped) == ["held", "flipped"]
     await scheduler.drain()
-    assert flip.log == ["start hold", "end hold", "start flip"]
+    assert flip.log == ["start hold", "end hold", "dispatch flip", "start flip"]
 
 
 async def test_a_reclassified_call_the_program_cancels_while_it_waits_never_runs() -> None:
