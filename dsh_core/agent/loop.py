@@ -9,9 +9,10 @@ neighbours; an ``exclusive`` call waits for the running ones and runs alone
 (each call is classified when its turn comes, after the calls before it ended).
 The calls of a parallel batch run their policy (pre-execute, approval, guards)
 side by side, and each is classified again once its policy answered, as the
-Code Mode scheduler does: its tool may have been replaced meanwhile (an
-approval may wait on a person), and one that is exclusive now waits for the
-bodies in flight and runs its body and post-execute alone. Results go back to
+Code Mode scheduler does, by the definition its policy judged (the runtime pins
+it when the call is created; a tool replaced after that runs no body, see
+:attr:`~dsh_core.runtime.Staged.definition`): one that is exclusive now waits
+for the bodies in flight and runs its body and post-execute alone. Results go back to
 the model in call order as ``tool`` messages, followed by the results'
 additional contexts as user messages. A call's result text and
 its context messages share one budget, the agent's ``max_tool_result_chars``:
@@ -156,7 +157,7 @@ class ToolCallRecord:
     #: The reply carrying the call stopped at the model's output limit (``finish_reason`` ``length``).
     cut_off: bool = False
     #: How the call runs: planned at the step's start, then the mode it ran under (``exclusive`` if it ran
-    #: alone, or if its body did: its tool was replaced by one that is not concurrency-safe during its policy).
+    #: alone, or if its body did: the definition its policy judged was not concurrency-safe once that answered).
     mode: ExecutionMode = "exclusive"
     result: ToolResult | None = None
     duration_ms: float = 0.0
@@ -596,8 +597,10 @@ class AgentLoop:
         """:meth:`ToolRuntime.execute`, but the body runs under the classification made once policy answered.
 
         A call of a batch is classified again when its policy has answered, in the same step as it
-        takes its place among the bodies (``bodies``): its tool may have been replaced by one that is
-        not concurrency-safe while a person decided, and the body that runs is the one resolved now.
+        takes its place among the bodies (``bodies``), by the definition its policy judged (the one its
+        body runs, pinned when the call was created): that may not be the one its turn was planned
+        with, and ``is_concurrency_safe`` may answer differently now. A tool replaced after the call
+        was created runs no body at all (the runtime fails the call at dispatch).
         A call ``alone`` (exclusive when its turn came) runs by itself, its policy included.
         """
         runtime = self.runtime
@@ -605,7 +608,7 @@ class AgentLoop:
         try:
             if staged.kind == "dispatch":
                 def mode() -> ExecutionMode:
-                    return "exclusive" if alone else self._classify(record, signal)
+                    return "exclusive" if alone else runtime.staged_execution_mode(staged)
 
                 async with bodies.slot(mode) as ran_under:
                     record.mode = ran_under

@@ -22,11 +22,12 @@ one of the scheduler's tasks holds at a time. The holder repeats:
    ``dispatch`` result runs the body, unless the run is over by then (a call
    whose policy answered while the code runtime tore its run down commits as
    aborted before dispatch: no body starts for a program that is gone). The
-   call is classified again once its policy has answered (the tool may have
-   been replaced while a person decided; its body runs the definition resolved
-   then): one that started parallel and is now exclusive raises the barrier and
-   is *parked* until the bodies in flight end (or it is aborted), then runs like
-   any exclusive body. An exclusive body runs on the lane
+   call is classified again once its policy has answered, by the definition its
+   policy judged (pinned when ``prepare`` created it, and the only one its body
+   may run: a tool replaced since fails the call at dispatch, see
+   :attr:`~dsh_core.runtime.Staged.definition`): one that started parallel and
+   is now exclusive raises the barrier and is *parked* until the bodies in
+   flight end (or it is aborted), then runs like any exclusive body. An exclusive body runs on the lane
    (nothing may overlap it anyway). A parallel one gets a task of its own if
    the lane has more to do now; otherwise the holder lets go of the lane and
    runs the body itself. A task whose body ended takes the lane if nobody
@@ -354,6 +355,11 @@ class ProgramScheduler:
         """Classify ``call`` now: anything but an exact ``parallel`` runs alone."""
         return self._runtime.execution_mode(call.request) != "parallel"
 
+    def _is_exclusive_now(self, call: SubCall) -> bool:
+        """Classify a prepared ``call`` by the definition its policy judged (the one its body runs)."""
+        assert call.staged is not None
+        return self._runtime.staged_execution_mode(call.staged) != "parallel"
+
     def _may_dispatch_parked(self, call: SubCall) -> bool:
         """The call reclassified exclusive after its start may run once nothing is in flight;
         one that is over (aborted, the run gone) settles at once, with no body."""
@@ -408,9 +414,10 @@ class ProgramScheduler:
                     await self._start(head)
                     if head.settled:
                         continue
-                    if not exclusive and self._is_exclusive(head):
-                        # Its tool changed while its policy ran (an approval may wait on a person for
-                        # long): the body that runs is the one resolved now, so it runs alone.
+                    if not exclusive and self._is_exclusive_now(head):
+                        # Classified by the definition its policy judged, which its body runs: not the one
+                        # it was planned with if the tool changed before the call was created, and its
+                        # is_concurrency_safe may answer otherwise now (an approval may wait for long).
                         head.exclusive = exclusive = True
                         self._exclusive = True
                     if exclusive:

@@ -930,7 +930,8 @@ async def _swap_while_approval_waits(tmp_path: Path, b_after: Any = None, *, rep
 
 async def test_a_call_replaced_by_an_exclusive_tool_while_approval_waits_runs_no_body(tmp_path: Path) -> None:
     """The first call's tool is replaced while its approval waits: the person approved the old definition,
-    so neither body runs, and the call fails in a way that says it may be made again."""
+    so neither body runs; the call fails at once (it does not wait for the other body, as the new tool's
+    exclusivity is nothing to it) under the mode its judged definition has, and may be made again."""
     swap = await _swap_while_approval_waits(tmp_path, replace=True)
     try:
         result = await asyncio.wait_for(run_agent(swap.harness, "go", approver=swap.approver), 5)
@@ -940,6 +941,9 @@ async def test_a_call_replaced_by_an_exclusive_tool_while_approval_waits_runs_no
                             "and its new definition was not judged by this call's policy; call it again", "b"]
         assert swap.ran == []
         assert sorted(swap.emitted) == [("a", "ABORTED_BEFORE_DISPATCH"), ("b", None)]
+        assert result.session_id is not None
+        events = await events_of(swap.harness, result.session_id)
+        assert [e.payload["execution_mode"] for e in events if e.kind == "tool/result"] == ["parallel", "parallel"]
     finally:
         await swap.harness.aclose()
 

@@ -127,6 +127,26 @@ async def test_a_call_whose_tool_turned_exclusive_during_its_approval_waits_for_
     assert flip.log == ["start hold", "end hold", "dispatch flip", "start flip"]
 
 
+async def test_a_call_whose_tool_was_replaced_during_its_approval_runs_no_body_and_does_not_wait() -> None:
+    """Replaced by an exclusive tool while a person decided on the old one: neither body runs. The call is
+    classified by the definition its policy judged (parallel, like its body, which is none now), so it is
+    dispatched (and fails) beside the body in flight instead of holding a barrier for a body it never runs."""
+    env = Env(mode="native")
+    flip = Flip(env)
+    scheduler = scheduler_of(env)
+    held, _ = submit(scheduler, 1, "hold")
+    await flip.hold_started.wait()
+    flipped, _ = submit(scheduler, 2, "flip")
+    await flip.approve_after_the_tool_turned_exclusive(replace=True)
+    flip.hold_release.set()
+    assert await held == "held"
+    with pytest.raises(Exception, match='tool "flip" was replaced while the call waited'):
+        await flipped
+    await scheduler.drain()
+    assert flip.log == ["start hold", "dispatch flip", "end hold"]
+    assert flip.results == {"hold": "held", "flip": "ABORTED_BEFORE_DISPATCH"}
+
+
 async def test_a_reclassified_call_the_program_cancels_while_it_waits_never_runs() -> None:
     env = Env(mode="native")
     flip = Flip(env)
