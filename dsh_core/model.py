@@ -351,6 +351,10 @@ class ToolExecution:
     agent: Scope | None
     parent: ExecutionToken | None
     token: ExecutionToken
+    #: The tool definition the call was created against, the one its body runs (``None`` for a name no
+    #: tool had then). Policy hooks judge this one, never the registry's entry at their own stage: a
+    #: tool replaced meanwhile fails the call at dispatch, so what was judged is what runs.
+    definition: ToolDefinition | None = None
 
     @property
     def nested(self) -> bool:

@@ -261,6 +261,7 @@ class ToolRuntime:
             agent=agent,
             parent=parent,
             token=token,
+            definition=visible,
         )
         staged = Staged(execution, finalizer, None)
         if loss is not None:

@@ -62,7 +62,16 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
-from dsh_core import ApprovalOutcome, ApprovalRequest, PreDecision, Scope, ToolExecution, hookimpl, plugin
+from dsh_core import (
+    ApprovalOutcome,
+    ApprovalRequest,
+    PreDecision,
+    Scope,
+    ToolDefinition,
+    ToolExecution,
+    hookimpl,
+    plugin,
+)
 
 __all__ = ["plugin", "ApprovalPolicy", "PRESETS", "describe_arguments"]
 
@@ -138,10 +147,7 @@ class ApprovalPolicy:
         self._isolation: tuple[object, asyncio.Future[str]] | None = None
 
     def _annotations(self, execution: ToolExecution) -> dict[str, Any] | None:
-        registry = self.scope.lookup("tools")
-        if registry is None:
-            return None
-        definition = registry.get(execution.name, execution.agent)
+        definition = _definition(self.scope, execution)
         return None if definition is None else dict(definition.annotations)
 
     def _hint(self, name: str) -> str:
@@ -304,8 +310,7 @@ class ApprovalPolicy:
 
     def _declared_order(self, execution: ToolExecution) -> list[str]:
         """The tool's parameters in the order its schema declares them (empty when unknown)."""
-        registry = self.scope.lookup("tools")
-        definition = None if registry is None else registry.get(execution.name, execution.agent)
+        definition = _definition(self.scope, execution)
         parameters = None if definition is None else definition.parameters
         properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
         return [str(name) for name in properties] if isinstance(properties, Mapping) else []
@@ -613,3 +618,14 @@ def approval_plugin(scope: Scope, config: Any) -> ApprovalPolicy:
 
 
 plugin = approval_plugin  # the entry point names ``dsh_plugins.approval:plugin``
+
+
+def _definition(scope: Scope, execution: ToolExecution) -> ToolDefinition | None:
+    """The definition the call's body runs: the one it was created against, not the registry's entry now
+    (a shadow registered for the vote and gone by the body would otherwise be what was voted on). The
+    registry is asked only for an execution built by hand, with no definition."""
+    pinned = getattr(execution, "definition", None)  # None too for a stand-in that has no such field
+    if pinned is not None:
+        return cast(ToolDefinition, pinned)
+    registry = scope.lookup("tools")
+    return None if registry is None else registry.get(execution.name, execution.agent)

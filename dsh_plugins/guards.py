@@ -269,8 +269,11 @@ class Guards:
         """Judge the path arguments the tool declares but the call leaves out, as the tool's schema default
         or else the root: ``list`` and ``search`` without a path work on the whole root, which an
         ``allowed_roots`` below it must deny as it denies an explicit ``"."``."""
-        registry = self.scope.lookup("tools")
-        definition = None if registry is None else registry.get(execution.name, execution.agent)
+        # The definition the body runs (pinned at the call's creation), as the approval presets judge.
+        definition = getattr(execution, "definition", None)
+        if definition is None:  # an execution built by hand
+            registry = self.scope.lookup("tools")
+            definition = None if registry is None else registry.get(execution.name, execution.agent)
         properties = None if definition is None else definition.parameters.get("properties")
         if not isinstance(properties, Mapping):
             return None
