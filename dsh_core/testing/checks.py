@@ -62,6 +62,11 @@ QUIESCENCE_GRACE_S: Final = 1.0
 PROBE_TIMEOUT_S: Final = 120.0
 #: Seconds past the abort bound after which a call that has not returned is cancelled and reported.
 STUCK_GRACE_S: Final = 5.0
+#: Seconds the example-calls, typed-errors and dispose checks let a call run before they abort it and report it
+#: (``Target.call_timeout_s`` overrides it). Generous on purpose: a slow but correct call must not be cut, and the
+#: shipped plugins' own limits are well below it (bash's examples ask for at most 10 s, http-fetch's whole-call
+#: ``timeout_s`` is 15 s by default); it only bounds a body that never returns, so a check reports, not hangs.
+CALL_TIMEOUT_S: Final = 60.0
 
 
 @frozen
@@ -72,6 +77,8 @@ class Target:
     config: dict[str, Any] = field(factory=dict)
     abort_bound_s: float = 2.0
     require_examples: bool = True
+    #: Seconds a call may run in the checks that wait for calls to end; ``None``: :data:`CALL_TIMEOUT_S`.
+    call_timeout_s: float | None = None
 
 
 class _Failed(Exception):
@@ -405,6 +412,36 @@ async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortS
         owners = _OWNERS.get()
         if owners is not None:
             _claim(owners, name)
+
+
+async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: str, arguments: JSON,
+                        what: str, found: list[str], call_id: str) -> ToolResult | None:
+    """One call as :func:`_call`, given ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`) to return.
+
+    A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later,
+    cancelled; either way it is reported in ``found`` (``what`` names the arguments) and ``None`` returned.
+    Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
+    """
+    limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
+    controller = AbortController()
+    task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id))
+    with contextlib.suppress(TimeoutError):
+        result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
+        return result
+    controller.abort(f"conformance: the call did not return within {limit:g} s")
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
+    if task.done():
+        after = "it returned once its signal was aborted"
+    else:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        after = f"it was still running {STUCK_GRACE_S:g} s after its signal was aborted, and was cancelled"
+    found.append(failure(target, check, f"{what}: the call did not return within {limit:g} s ({after})",
+                         "return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
+                         "and stop waiting on what never ends; a call that is slow on purpose needs a larger limit "
+                         "(call_timeout_s in your subclass, --dsh-conformance-call-timeout)", name))
+    return None
 
 
 def _schemas_valid(definition: ToolDefinition) -> bool:
@@ -794,8 +831,8 @@ def _result_problem(definition: ToolDefinition, result: ToolResult) -> str | Non
     return None
 
 
-async def _call_watching_stdout(loaded: LoadedPlugin, name: str, arguments: JSON, call_id: str) -> tuple[Any, bytes]:
-    """One call as :func:`_call`, and what reached file descriptor 1 meanwhile.
+async def _watching_stdout(call: Awaitable[_T]) -> tuple[_T, bytes]:
+    """What ``call`` gives, and what reached file descriptor 1 while it ran.
 
     sys.stdout goes to stderr meanwhile, as dsh sends it while it runs tools (so print() is no failure);
     what still reaches the descriptor (a child process that inherits it, os.write(1, ...)) would land in
@@ -808,7 +845,7 @@ async def _call_watching_stdout(loaded: LoadedPlugin, name: str, arguments: JSON
         os.dup2(sink.fileno(), 1)
         try:
             with contextlib.redirect_stdout(sys.stderr):
-                result = await _call(loaded, name, arguments, call_id=call_id)
+                result = await call
         finally:
             os.dup2(saved, 1)
             os.close(saved)
@@ -824,8 +861,9 @@ def check_example_calls(target: Target) -> list[str]:
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in filter(_schemas_valid, loaded.definitions):
             for index, example in enumerate(definition.examples):
-                result, written = await _call_watching_stdout(loaded, definition.name, example,
-                                                              call_id=f"example-{index}")
+                result, written = await _watching_stdout(_bounded_call(
+                    target, "example-calls", loaded, definition.name, example, f"examples[{index}] {_brief(example)}",
+                    found, call_id=f"example-{index}"))
                 if written:
                     found.append(failure(
                         target, "example-calls", f"examples[{index}] {_brief(example)}: the call wrote to stdout "
@@ -833,7 +871,7 @@ def check_example_calls(target: Target) -> list[str]:
                         "stdout is what dsh prints its results on: run child processes with "
                         "stdout=subprocess.PIPE (or DEVNULL) and never os.write(1, ...); log to stderr",
                         definition.name))
-                problem = _result_problem(definition, result)
+                problem = None if result is None else _result_problem(definition, result)
                 if problem is not None:
                     found.append(failure(
                         target, "example-calls", f"examples[{index}] {_brief(example)}: {problem}",
@@ -975,7 +1013,10 @@ def check_typed_errors(target: Target) -> list[str]:
             spy = loaded.spies[definition.name]
             for arguments in _perturbations(definition):
                 before, calls_before = len(spy.errors), spy.calls
-                result = await _call(loaded, definition.name, arguments, call_id="typed-errors")
+                result = await _bounded_call(target, "typed-errors", loaded, definition.name, arguments,
+                                             f"called with {_brief(arguments)}", found, call_id="typed-errors")
+                if result is None:
+                    continue  # reported; what an aborted or cancelled body let out is no failure of its own
                 # Judged on this call alone: the spy's counts run across calls, so "the body ran" is
                 # that the count grew now (a middleware may answer a call without running the body).
                 ran = spy.calls > calls_before
@@ -1167,10 +1208,11 @@ def _describe_pid(pid: int) -> str:
 def check_dispose(target: Target) -> list[str]:
     """Disposing the plugin unregisters every tool and hook and leaves no task, thread or process running."""
 
-    async def probe(loaded: LoadedPlugin, _found: list[str]) -> None:
+    async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in loaded.definitions:
             for example in definition.examples[:1]:
-                await _call(loaded, definition.name, example, call_id="dispose")
+                await _bounded_call(target, "dispose", loaded, definition.name, example,
+                                    f"examples[0] {_brief(example)}", found, call_id="dispose")
 
     def leftovers(loaded: LoadedPlugin) -> list[str]:
         return [failure(target, "dispose", f"after dispose, {what} is still registered",

@@ -43,7 +43,7 @@ def _substitute(value: Any, tmp: str) -> Any:
 
 
 def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_bound_s: float = 2.0,
-                require_examples: bool = True) -> Target:
+                require_examples: bool = True, call_timeout_s: float | None = None) -> Target:
     """The :class:`Target` of one test: ``{tmp}`` in config strings becomes a fresh directory, and a
     plugin whose config schema has a ``root`` property gets that directory as ``root`` unless given one."""
     tmp = tmp_path / "dsh-conformance"
@@ -58,7 +58,8 @@ def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_boun
         properties = schema.get("properties") if isinstance(schema, dict) else None
         if isinstance(properties, dict) and "root" in properties:
             prepared["root"] = os.fspath(tmp)
-    return Target(name=name, config=prepared, abort_bound_s=abort_bound_s, require_examples=require_examples)
+    return Target(name=name, config=prepared, abort_bound_s=abort_bound_s, require_examples=require_examples,
+                  call_timeout_s=call_timeout_s)
 
 
 #: The attribute of each test method that names its check (a ``dsh:ID`` keyword: ``-k dsh:ID`` selects it).
@@ -85,8 +86,10 @@ class ToolPluginConformance:
     """Subclass with ``plugin_name = "<entry point>"`` to run every dsh conformance check on a plugin.
 
     Class attributes: ``abort_bound_s`` (seconds a body may take to return
-    after its call is aborted, default 2) and ``require_examples`` (every tool
-    must declare examples, default ``True``). Fixtures to override:
+    after its call is aborted, default 2), ``call_timeout_s`` (seconds a call
+    may run before the kit aborts it and fails the check, default ``None``:
+    :data:`dsh_core.testing.checks.CALL_TIMEOUT_S`) and ``require_examples``
+    (every tool must declare examples, default ``True``). Fixtures to override:
     ``plugin_config`` (the config, default ``{}``; ``{tmp}`` in strings is
     replaced by a temporary directory, and a ``root`` property of the config
     schema defaults to it) and ``dsh_plugin_name``.
@@ -98,6 +101,7 @@ class ToolPluginConformance:
 
     plugin_name: ClassVar[str | None] = None
     abort_bound_s: ClassVar[float] = 2.0
+    call_timeout_s: ClassVar[float | None] = None
     require_examples: ClassVar[bool] = True
 
     @pytest.fixture
@@ -119,11 +123,16 @@ class ToolPluginConformance:
         return self.abort_bound_s
 
     @pytest.fixture
+    def dsh_call_timeout_s(self) -> float | None:
+        """Seconds a call may run before the kit aborts it (``None``: the kit's default)."""
+        return self.call_timeout_s
+
+    @pytest.fixture
     def dsh_target(self, dsh_plugin_name: str, plugin_config: dict[str, Any], dsh_abort_bound_s: float,
-                   tmp_path: Path) -> Target:
+                   dsh_call_timeout_s: float | None, tmp_path: Path) -> Target:
         """What the checks run on."""
         return make_target(dsh_plugin_name, plugin_config, tmp_path, abort_bound_s=dsh_abort_bound_s,
-                           require_examples=self.require_examples)
+                           require_examples=self.require_examples, call_timeout_s=dsh_call_timeout_s)
 
     @_check("entry-point")
     def test_entry_point_loads_strictly_and_alone(self, dsh_target: Target) -> None:

@@ -38,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--dsh-conformance-abort-bound", default=2.0, type=float, metavar="SECONDS",
                     dest="dsh_conformance_abort_bound",
                     help="seconds a tool body may take to return after an abort (default 2)")
+    group.addoption("--dsh-conformance-call-timeout", default=None, type=float, metavar="SECONDS",
+                    dest="dsh_conformance_call_timeout",
+                    help="seconds a call may run before the kit aborts it and fails the check (default 60)")
 
 
 def parse_configs(values: list[str], names: list[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

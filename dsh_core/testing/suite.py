@@ -25,3 +25,9 @@ class TestDshConformance(ToolPluginConformance):
     def dsh_abort_bound_s(self, request: pytest.FixtureRequest) -> float:
         """``--dsh-conformance-abort-bound`` seconds (default 2)."""
         return float(request.config.getoption("dsh_conformance_abort_bound"))
+
+    @pytest.fixture
+    def dsh_call_timeout_s(self, request: pytest.FixtureRequest) -> float | None:
+        """``--dsh-conformance-call-timeout`` seconds (default: the kit's ``CALL_TIMEOUT_S``)."""
+        value = request.config.getoption("dsh_conformance_call_timeout")
+        return None if value is None else float(value)

@@ -916,3 +916,40 @@ def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
     assert len(found) == 4, found
     # Killed and reaped: not one of them runs on (nor stays a zombie) once the check has returned.
     assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
+
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit(
+        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    """These checks awaited each call with no bound: a body that never returns (it waits on nothing that ends,
+    and only returns once aborted or cancelled, if at all) hung the check forever, and nothing was reported."""
+    import threading
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("never-returns", "tests.fixtures.conformance.broken_plugins:never_returns",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    outcome: list[list[str]] = []
+    runner = threading.Thread(target=lambda: outcome.append(getattr(checks, check)(Target("never-returns"))),
+                              daemon=True)  # on the old code it never ends: it must not hold up the test run
+    runner.start()
+    runner.join(30)  # a hang guard: bounded, the check takes a few seconds at most
+    assert not runner.is_alive(), f"{check} still waits for a call that never returns"
+    name = check.removeprefix("check_").replace("_", "-")
+    what = {"example-calls": 'examples[0] {"q": "forever"}', "typed-errors": 'called with {"q": "forever"}',
+            "dispose": 'examples[0] {"q": "forever"}'}[name]
+    found = outcome[0]
+    for tool, after in (("hang", "it was still running 0.2 s after its signal was aborted, and was cancelled"),
+                        ("until_aborted", "it returned once its signal was aborted")):
+        line = f'[dsh:{name}] plugin "never-returns", tool "{tool}": {what}: the call did not return within 0.2 s ' \
+               f"({after})\n    fix: return promptly or honour ctx.signal"
+        assert [f for f in found if f.startswith(line)], (line, found)
+    # typed-errors also calls the edge variants ("" and "\0"), each reported alike; nothing else fails.
+    assert len(found) == (6 if name == "typed-errors" else 2), found
+    assert all("the call did not return within 0.2 s" in f for f in found), found
