@@ -444,7 +444,7 @@ class AgentLoop:
                     settled = _settled(record, self.max_tool_result_chars)
                     messages.append(settled.message)
                     results.append(settled.event)
-                    notes.extend(note for note, _ in settled.contexts)
+                    notes.extend(note for note, _ in settled.contexts if note is not None)
                     contexts.extend(event for _, event in settled.contexts)
                 messages.extend(notes)
                 # Shielded: the calls have run. A cancellation cutting this write lost their results, and a
@@ -703,11 +703,12 @@ async def _all_or_none(work: list[Coroutine[Any, Any, None]]) -> None:
 @frozen
 class _Settled:
     """What a settled call adds to the conversation: its ``tool`` message and ``tool/result`` event, and
-    each of its context messages (a ``user`` message) with its ``message/user`` event."""
+    each of its context messages (a ``user`` message, or ``None`` when the cap left nothing of it to send)
+    with its ``message/user`` event."""
 
     message: Message
     event: NewEvent
-    contexts: list[tuple[Message, NewEvent]]
+    contexts: list[tuple[Message | None, NewEvent]]
 
 
 def _cut_record(text: str, left_out: int, max_chars: int) -> dict[str, Any]:
@@ -731,9 +732,11 @@ def _settled(record: ToolCallRecord, max_chars: int, *, with_contexts: bool = Tr
     payload = _result_payload(record, text, message)
     if shown.cut:
         payload["cut"] = _cut_record(text, shown.left_out, max_chars)
-    contexts: list[tuple[Message, NewEvent]] = []
+    contexts: list[tuple[Message | None, NewEvent]] = []
     for context, seen in zip(additional, shown_contexts, strict=True):
-        note: Message = {"role": "user", "content": seen.text}
+        # Nothing left of it (a share of 0: more texts than the cap has characters), it is recorded but not
+        # sent: an empty user message is refused by some providers, and says nothing to the model anyway.
+        note: Message | None = {"role": "user", "content": seen.text} if seen.text else None
         noted: dict[str, Any] = {"message": note, "context_source": context.source, "content": context.text}
         if seen.cut:
             noted["cut"] = _cut_record(context.text, seen.left_out, max_chars)

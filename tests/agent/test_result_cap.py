@@ -420,3 +420,24 @@ async def test_an_interrupted_step_cuts_a_result_alone_as_its_context_messages_a
         assert len(answer["content"]) > 4_900 and left_out(answer["content"]) > 990_000
     finally:
         await harness.aclose()
+
+
+async def test_a_context_message_the_cap_leaves_nothing_of_is_not_sent_empty(tmp_path: Path) -> None:
+    """With more texts than characters in the cap, a context message's share is 0: it was sent as an empty
+    user message, which some providers refuse. It is recorded (whole, as ever) but not sent, and not replayed."""
+    turns = [calls(call("dump", {}, "c1")), final("ok")]
+    harness = await start(tmp_path, tools=[tool("dump", with_contexts("r", "abc", "def", "ghi"))],
+                          turns=turns, agent={"max_tool_result_chars": 3})
+    try:
+        result = await run_agent(harness, "dump it")
+        assert result.ok, result.error
+        sent = scripted(harness).requests[-1]["messages"][3:]
+        assert all(m["content"] for m in sent if m["role"] == "user"), sent
+        assert [m["role"] for m in sent] == ["tool", "user", "user"]
+        assert result.session_id is not None
+        noted = [e for e in await events_of(harness, result.session_id)
+                 if e.kind == "message/user" and e.root_call_id is not None]
+        assert [e.payload["content"] for e in noted] == ["abc", "def", "ghi"]  # every one recorded whole
+        assert [e.payload["message"] for e in noted].count(None) == 1
+    finally:
+        await harness.aclose()
