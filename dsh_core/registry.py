@@ -520,3 +520,16 @@ class ToolRegistry:
             mode = self.mode_for(scope)
             view.wire = (self._require_transport(mode).schema,) if mode == "code" else self.schemas(scope)
         return view.wire
+
+
+def judged_definition(execution: ToolExecution, registry: ToolRegistry | None) -> ToolDefinition | None:
+    """The definition a policy hook judges for ``execution``: the one its body runs.
+
+    That is ``execution.definition``, pinned when the call was created, never the registry's entry at
+    the hook's own stage (a shadow registered for the vote and gone by the body would otherwise be
+    what was judged). ``registry`` is asked only for an execution built by hand, with no definition.
+    """
+    pinned = getattr(execution, "definition", None)  # a stand-in without the field counts as built by hand
+    if pinned is not None:
+        return pinned  # type: ignore[no-any-return]
+    return None if registry is None else registry.get(execution.name, execution.agent)

@@ -67,11 +67,11 @@ from dsh_core import (
     ApprovalRequest,
     PreDecision,
     Scope,
-    ToolDefinition,
     ToolExecution,
     hookimpl,
     plugin,
 )
+from dsh_core.registry import judged_definition
 
 __all__ = ["plugin", "ApprovalPolicy", "PRESETS", "describe_arguments"]
 
@@ -147,7 +147,7 @@ class ApprovalPolicy:
         self._isolation: tuple[object, asyncio.Future[str]] | None = None
 
     def _annotations(self, execution: ToolExecution) -> dict[str, Any] | None:
-        definition = _definition(self.scope, execution)
+        definition = judged_definition(execution, self.scope.lookup("tools"))
         return None if definition is None else dict(definition.annotations)
 
     def _hint(self, name: str) -> str:
@@ -310,7 +310,7 @@ class ApprovalPolicy:
 
     def _declared_order(self, execution: ToolExecution) -> list[str]:
         """The tool's parameters in the order its schema declares them (empty when unknown)."""
-        definition = _definition(self.scope, execution)
+        definition = judged_definition(execution, self.scope.lookup("tools"))
         parameters = None if definition is None else definition.parameters
         properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
         return [str(name) for name in properties] if isinstance(properties, Mapping) else []
@@ -618,14 +618,3 @@ def approval_plugin(scope: Scope, config: Any) -> ApprovalPolicy:
 
 
 plugin = approval_plugin  # the entry point names ``dsh_plugins.approval:plugin``
-
-
-def _definition(scope: Scope, execution: ToolExecution) -> ToolDefinition | None:
-    """The definition the call's body runs: the one it was created against, not the registry's entry now
-    (a shadow registered for the vote and gone by the body would otherwise be what was voted on). The
-    registry is asked only for an execution built by hand, with no definition."""
-    pinned = getattr(execution, "definition", None)  # None too for a stand-in that has no such field
-    if pinned is not None:
-        return cast(ToolDefinition, pinned)
-    registry = scope.lookup("tools")
-    return None if registry is None else registry.get(execution.name, execution.agent)

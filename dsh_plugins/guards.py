@@ -100,6 +100,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from dsh_core import Scope, ToolError, ToolExecution, hookimpl, plugin
+from dsh_core.registry import judged_definition
 from dsh_plugins._path_rules import SERVICE, DenyRule, PathRules, PublishedRules, lexical
 
 __all__ = ["plugin", "Guards", "glob_to_regex"]
@@ -269,11 +270,7 @@ class Guards:
         """Judge the path arguments the tool declares but the call leaves out, as the tool's schema default
         or else the root: ``list`` and ``search`` without a path work on the whole root, which an
         ``allowed_roots`` below it must deny as it denies an explicit ``"."``."""
-        # The definition the body runs (pinned at the call's creation), as the approval presets judge.
-        definition = getattr(execution, "definition", None)
-        if definition is None:  # an execution built by hand
-            registry = self.scope.lookup("tools")
-            definition = None if registry is None else registry.get(execution.name, execution.agent)
+        definition = judged_definition(execution, self.scope.lookup("tools"))
         properties = None if definition is None else definition.parameters.get("properties")
         if not isinstance(properties, Mapping):
             return None
