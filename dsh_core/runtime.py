@@ -100,16 +100,14 @@ def collapsed_message(name: str) -> str:
 class Staged:
     """One execution between stages: its kind says which stage comes next."""
 
-    __slots__ = ("_body_invoked", "_definition", "_dispatching", "_finalizer", "_finalizing", "_finished",
-                 "_proceeded", "execution", "kind", "result")
+    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finalizing", "_finished", "_proceeded",
+                 "execution", "kind", "result")
 
-    def __init__(self, execution: ToolExecution, finalizer: Finalizer | None,
-                 definition: ToolDefinition | None) -> None:
+    def __init__(self, execution: ToolExecution, finalizer: Finalizer | None) -> None:
         self.kind: StageKind = "dispatch"
         self.execution = execution
         self.result: ToolResult | None = None
         self._finalizer = finalizer
-        self._definition = definition
         self._body_invoked = False
         self._dispatching = False
         self._proceeded = False
@@ -120,10 +118,11 @@ class Staged:
     def definition(self) -> ToolDefinition | None:
         """The definition resolved when the call was created (``None``: no such tool then).
 
-        The only one the call's policy judges, its caller classifies and its body
-        runs: a body never runs a definition registered under the name meanwhile.
+        The only one the call's policy judges (``execution.definition``), its caller
+        classifies and its body runs: a body never runs a definition registered under
+        the name meanwhile.
         """
-        return self._definition
+        return self.execution.definition
 
     def settle(self, kind: StageKind, result: ToolResult) -> Staged:
         self.kind = kind
@@ -244,7 +243,7 @@ class ToolRuntime:
         visible = self.registry.get(name, agent)
         collapsed = visible is not None and self.registry.collapses(name, agent, nested)
         # Captured before the arguments are materialized: the registry may change meanwhile. The definition
-        # is pinned here too (below), once its arguments are valid: policy, classification and body use it.
+        # is pinned here too (execution.definition, below): policy, classification and body use it.
         finalizer = visible.finalize_content if visible is not None else None
         token = ExecutionToken()
         try:
@@ -263,7 +262,7 @@ class ToolRuntime:
             token=token,
             definition=visible,
         )
-        staged = Staged(execution, finalizer, None)
+        staged = Staged(execution, finalizer)
         if loss is not None:
             return staged.settle("final-result", ToolResult.failure(
                 ErrorCode.INVALID_ARGS, f"tool execution arguments must be losslessly JSON-serializable: {loss}"))
@@ -278,7 +277,6 @@ class ToolRuntime:
             invalid = self._argument_violations(visible, arguments)
             if invalid is not None:
                 return staged.settle("final-result", invalid)
-            staged._definition = visible
         return staged
 
     @staticmethod
