@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -314,10 +315,19 @@ def test_a_run_whose_loop_was_dropped_mid_run_does_not_stay_live_forever() -> No
     task = loop.create_task(runtime.run("return await tools.hold({})", tools(hold=hold)))
     loop.run_until_complete(held.wait())
     assert len(host._LIVE_RUNS) == before + 1
+    assert runtime._zygote is not None and runtime._zygote.proc is not None
+    zygote = runtime._zygote.proc.pid
     loop.close()  # without finishing the run (or disposing the runtime): both are dropped
     del task, runtime, loop
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)  # the dropped run's sockets, closed as collected
         gc.collect()
     assert len(host._LIVE_RUNS) == before
-    assert zygote_processes() <= zygotes  # the runtime was collected: its finalizer ended its zygote
+    # The runtime was collected: its finalizer ended and reaped its zygote...
+    assert zygote not in zygote_processes()
+    # ...and the held run's worker dies with it (PDEATHSIG): signalled as the zygote exited,
+    # it may still be tearing down a moment later.
+    deadline = time.monotonic() + 10.0
+    while not zygote_processes() <= zygotes:
+        assert time.monotonic() < deadline, zygote_processes() - zygotes
+        time.sleep(0.01)
