@@ -230,7 +230,9 @@ class Hooks:
         With a ``scope``, the implementations are unregistered when the scope
         is disposed, and per-call hooks only show them the calls of agents
         inside the scope's layer (if it lives in an agent's subtree). Refuses,
-        registering nothing, an implementation of an unknown hook, a wrapper,
+        registering nothing, an implementation of an unknown hook (unless it
+        is marked ``optionalhook=True``: then, as in pluggy, it is accepted and
+        never called), a wrapper,
         a duplicate name, an object already registered under another name
         (:class:`PluginObjectInUse`), or a ``scope`` that is no longer active.
         Returns the unregister function: it removes this registration only, so
@@ -280,11 +282,16 @@ class Hooks:
                 if impl.plugin is not plugin:
                     continue
                 if caller.spec is None:
+                    if impl.optionalhook:
+                        # pluggy's contract: an optional implementation of a hook no spec defines (one of a
+                        # newer dsh, say) is accepted and never called, so nothing about it needs checking.
+                        continue
                     known = self.hook_names()
                     close = difflib.get_close_matches(caller.name, known, n=1)
                     hint = f"did you mean {close[0]!r}? " if close else ""
                     raise PluginLoadError(
-                        f"plugin {name!r} implements unknown hook {caller.name!r} ({hint}known: {', '.join(known)})"
+                        f"plugin {name!r} implements unknown hook {caller.name!r} ({hint}known: {', '.join(known)}; "
+                        "mark it @hookimpl(optionalhook=True) if it is meant for a hook this dsh may not define)"
                     )
                 if caller.name in SYNC_HOOKS and (inspect.iscoroutinefunction(impl.function)
                                                   or inspect.isasyncgenfunction(impl.function)):

@@ -1294,7 +1294,8 @@ def _hook_specs() -> dict[str, bool]:
 
 @_guarded
 def check_hookimpls(target: Target) -> list[str]:
-    """Hook implementations name known hooks, declare no defaults, and are neither wrappers nor async firstresult."""
+    """Hook implementations name known hooks (or are optionalhook), have no defaults, and are no wrappers or async
+    firstresult."""
     from dsh_hookspecs import PROJECT
 
     try:
@@ -1345,8 +1346,11 @@ def check_hookimpls(target: Target) -> list[str]:
         hook = options.get("specname") or attribute
         where = f"{attribute} (hook {hook})"
         if hook not in specs:
+            if options.get("optionalhook"):
+                continue  # as pluggy (and Hooks.register) accept it: never called, so nothing to check
             found.append(failure(target, "hookimpls", f"{where} implements no known hook",
-                                 f"use one of: {', '.join(sorted(specs))}"))
+                                 f"use one of: {', '.join(sorted(specs))} (or mark it "
+                                 "@hookimpl(optionalhook=True) if it is meant for a hook this dsh may not define)"))
             continue
         if options.get("wrapper") or options.get("hookwrapper"):
             found.append(failure(target, "hookimpls", f"{where} is a pluggy wrapper (wrapper=True/hookwrapper=True), "

@@ -593,3 +593,44 @@ async def test_a_task_a_factory_returns_is_cancelled_with_the_refused_start() ->
         await Harness.start(deployment({"plugins": [{"id": "t", "use": "tasker"}]}), catalog=plugins)
     await asyncio.sleep(0)
     assert started[0].cancelled()
+
+
+async def test_an_optionalhook_impl_of_a_hook_no_spec_defines_loads_and_a_plain_one_is_refused() -> None:
+    """pluggy lets ``@hookimpl(optionalhook=True)`` name a hook no spec defines (a hook of a newer dsh, say):
+    it is simply never called. dsh refused it as an unknown hook, so such a plugin could not load at all."""
+    from dsh_core import PreDecision, hookimpl
+
+    class Forward:
+        @hookimpl(optionalhook=True)
+        def dsh_from_a_newer_dsh(self, anything: Any) -> None:
+            raise AssertionError("a hook no spec defines is never called")
+
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> PreDecision | None:
+            return PreDecision.deny("denied by the forward-looking plugin") if execution.name == "echo" else None
+
+    class Typo:
+        @hookimpl
+        def dsh_from_a_newer_dsh(self, anything: Any) -> None:
+            return None
+
+    @plugin(config_schema={"type": "object"})
+    def forward(scope: Scope, config: Any) -> Any:
+        return Forward()
+
+    @plugin(config_schema={"type": "object"})
+    def typo(scope: Scope, config: Any) -> Any:
+        return Typo()
+
+    plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "forward": forward, "typo": typo})
+    harness = await Harness.start(deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "f", "use": "forward"}]}),
+                                  catalog=plugins)
+    try:
+        denied = await harness.call("echo", {})
+        assert denied.code == "DENIED" and "denied by the forward-looking plugin" in denied.text
+        assert "dsh_from_a_newer_dsh" not in harness.hooks.hook_names()
+    finally:
+        await harness.aclose()
+    with pytest.raises(PluginLoadError, match=r"plugin row 't'.*plugin 't' implements unknown hook "
+                                              r"'dsh_from_a_newer_dsh'.*optionalhook=True"):
+        await Harness.start(deployment({"plugins": [{"id": "t", "use": "typo"}]}), catalog=plugins)

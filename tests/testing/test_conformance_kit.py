@@ -300,6 +300,22 @@ def test_the_hookimpls_check_starts_the_factory_in_the_scope_load_plugin_gives(
     assert checks.check_hookimpls(target) == []
 
 
+def test_an_optionalhook_impl_of_a_hook_no_spec_defines_passes_the_entry_point_and_hookimpls_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """pluggy accepts ``@hookimpl(optionalhook=True)`` on a hook no spec defines; the kit failed it as unknown."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("forward-hooks", "tests.fixtures.conformance.broken_plugins:forward_hooks",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    target = Target("forward-hooks")
+    assert checks.check_entry_point(target) == []
+    assert checks.check_hookimpls(target) == []
+
+
 def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe interpreter is killed at PROBE_TIMEOUT_S and the failure names the plugin (no raw traceback)."""
