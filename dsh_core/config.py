@@ -261,7 +261,8 @@ class Deployment:
 
     ``provenance`` maps each dotted leaf path (``tools.mode``,
     ``agents[main].mode``, ``plugins[fs].config.root``) to its source: a file
-    name as given, ``default`` or ``env:NAME``. It also holds
+    name as given (one that would read as either of the others is written
+    ``./`` first), ``default`` or ``env:NAME``. It also holds
     ``plugins[<id>].config`` itself: the source whose ``config`` table won.
 
     ``config_dirs`` maps each source that is a file read by
@@ -645,8 +646,25 @@ def compose(
     )
 
 
-def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
+#: What a source label that names no file starts with: ``env:NAME``.
+_ENV_SOURCE_PREFIX: Final = "env:"
+
+
+def _file_label(path: str | Path) -> str:
+    """The provenance label of the config file at ``path``: the path as given, unless it reads as another label.
+
+    A file given as ``default`` (or ``env:X``) would carry the label of the built-in defaults (or of
+    that variable): its values would be dumped as built in and its errors would name no file. The
+    same file as ``./default`` reads as nothing else.
+    """
     source = os.fspath(path)
+    if source == DEFAULT_SOURCE or source.startswith(_ENV_SOURCE_PREFIX):
+        return os.path.join(os.curdir, source)
+    return source
+
+
+def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
+    source = _file_label(path)
     try:
         with open(source, "rb") as handle:
             data = handle.read()
@@ -673,14 +691,16 @@ def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
 def load_deployment(paths: Sequence[str | Path], *, env: Mapping[str, str] | None = None) -> Deployment:
     """Read the TOML files in ``paths`` (base first, then overlays) and :func:`compose` them.
 
-    Provenance names each file exactly as given in ``paths``; ``config_dirs``
+    Provenance names each file exactly as given in ``paths``, except that one
+    given as ``default`` or ``env:...`` is named ``./default`` (``./env:...``),
+    never to be taken for the built-in defaults or a variable; ``config_dirs``
     records each file's directory, made absolute now, so relative paths in a
     file keep meaning paths from that file whatever the working directory is later.
     A relative ``[sessions] home`` is joined to the directory of the file that
     set it here (``DSH_HOME`` stays as given: a path from the working directory).
     """
     deployment = compose([_read(path) for path in paths], env=env)
-    directories = {os.fspath(path): str(Path(path).absolute().parent) for path in paths}
+    directories = {_file_label(path): str(Path(path).absolute().parent) for path in paths}
     deployment = evolve(deployment, config_dirs=directories)
     home, source = deployment.sessions.home, deployment.source_of("sessions.home")
     if home is not None and source in directories and not Path(home).expanduser().is_absolute():

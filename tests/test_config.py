@@ -544,6 +544,34 @@ def test_provenance_names_the_path_as_given(files: Any, tmp_path: Path) -> None:
     assert d.source_of("tools.mode") == str(tmp_path / "base.toml")
 
 
+@pytest.mark.parametrize("name", ["default", "env:DSH_HOME"])
+def test_a_file_whose_name_reads_as_a_built_in_label_is_still_named_as_a_file(files: Any, tmp_path: Path,
+                                                                               name: str) -> None:
+    """A file given as ``default`` was labelled ``default``, as the built-in defaults are (and one given as
+    ``env:DSH_HOME`` as that variable): the dump showed its values as built in, and errors named no file."""
+    files(name, """
+        [tools]
+        mode = "code"
+
+        [[plugins]]
+        id = "p"
+        use = "u"
+        config = { k = 1 }
+    """)
+    d = load(name)
+    label = f"./{name}"
+    assert d.sources == (label,)
+    assert d.source_of("tools.mode") == d.origin_of("tools.mode") == label
+    assert d.source_of("tools.max_parallel_sub_calls") == "default"  # the built-in default keeps its own label
+    assert d.config_dir("p") == tmp_path
+    lines = dump_text(d).splitlines()
+    assert any(line.startswith('tools.mode = "code"') and line.endswith(f"# {label}") for line in lines), lines
+    assert any(line.startswith("plugins[p].use") and line.endswith(f"# {label}") for line in lines), lines
+    with pytest.raises(ConfigError) as caught:
+        validate_plugin_configs(d, lambda row: None)
+    assert caught.value.message == f"plugins[p].config.k: unknown key (plugin 'u' takes no config) (from {label})"
+
+
 def test_no_config_at_all_is_refused() -> None:
     with pytest.raises(ConfigError, match="no config given"):
         load_deployment([], env=NO_ENV)
