@@ -18,6 +18,7 @@ through :meth:`ToolRegistry.resolve_execution`, which applies it again.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, Literal, TypeAlias
@@ -42,6 +43,8 @@ TOOL_NAME_PATTERN: Final = re.compile(r"\A[A-Za-z0-9_-]{1,64}\Z")
 _CACHE_LIMIT: Final = 4096
 
 Guard: TypeAlias = Callable[[ToolExecution], "str | None | Awaitable[str | None]"]
+
+log = logging.getLogger("dsh")
 
 
 def _ensure_active(scope: Scope, action: str) -> None:
@@ -139,16 +142,36 @@ class ToolRegistry:
 
     # -- layers ----------------------------------------------------------------------------------------
 
-    def _changed(self) -> None:
+    def _invalidate(self) -> None:
         self._version += 1
         self._views.clear()
         self._chains.clear()
         self._resolved.clear()
+
+    def _notify(self, change: str) -> None:
+        """Call every listener once the change is complete (its undo handed to its scope too).
+
+        A listener's error is not the registering plugin's: raised here, it would make a change that was
+        made look failed (a caller given no undo for a tool left registered) and keep the later listeners
+        from hearing of it. It is logged, naming the listener and the change, and the rest are called.
+        """
         for listener in list(self._listeners):
-            listener()
+            try:
+                listener()
+            except Exception:
+                log.warning("tool registry change listener %s failed on %s; the change stands and the other "
+                            "listeners were notified", _describe(listener), change, exc_info=True)
+
+    def _changed(self, change: str) -> None:
+        self._invalidate()
+        self._notify(change)
 
     def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after every change of tools, restrictions or modes."""
+        """Call ``listener()`` after every change of tools, restrictions or modes.
+
+        A listener that raises is logged (naming it and the change) and the other listeners are still
+        called: the change stands, and the call that made it does not fail.
+        """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
@@ -170,7 +193,7 @@ class ToolRegistry:
 
     def _drop_layer(self, owner: Scope) -> None:
         if self._layers.pop(owner, None) is not None:
-            self._changed()
+            self._changed(f"drop the tool layer of scope {owner.path!r}")
 
     def _chain(self, scope: Scope | None) -> list[_Layer]:
         """Layers from nearest to farthest, ending with the global layer (cached until the next change)."""
@@ -230,16 +253,17 @@ class ToolRegistry:
                 )
             raise RegistrationError(f'tool "{name}" is already registered in this scope ({layer.owner!r})')
         layer.tools[name] = definition
-        self._changed()
+        self._invalidate()
 
         @one_shot
         def unregister() -> None:
             if layer.tools.get(name) is definition:
                 del layer.tools[name]
-                self._changed()
+                self._changed(f'unregister tool "{name}"')
 
         if scope is not None:
             scope.on_dispose(unregister)
+        self._notify(f'register tool "{name}"')
         return unregister
 
     def restrict(
@@ -277,15 +301,16 @@ class ToolRegistry:
         assert layer is not None
         restriction = _Restriction(allow_set, deny_set)
         layer.restrictions.append(restriction)
-        self._changed()
+        self._invalidate()
 
         @one_shot
         def lift() -> None:
             if restriction in layer.restrictions:
                 layer.restrictions.remove(restriction)
-                self._changed()
+                self._changed(f"lift a tool restriction of scope {owner.path!r}")
 
         scope.on_dispose(lift)
+        self._notify(f"restrict the tools of scope {owner.path!r}")
         return lift
 
     def inherited_names(self, scope: Scope) -> list[str]:
@@ -345,15 +370,16 @@ class ToolRegistry:
                 f"present_as({mode!r}) conflicts with mode {layer.mode!r} already declared for scope {owner.path!r}"
             )
         layer.mode = mode
-        self._changed()
+        self._invalidate()
 
         @one_shot
         def restore() -> None:
             if layer.mode == mode:
                 layer.mode = None
-                self._changed()
+                self._changed(f"restore the inherited mode of scope {owner.path!r}")
 
         scope.on_dispose(restore)
+        self._notify(f"present_as({mode!r}) for scope {owner.path!r}")
         return restore
 
     def mode_for(self, scope: Scope | None) -> Mode:

@@ -427,3 +427,54 @@ def test_restrict_refuses_a_bare_tool_name_string(option: str) -> None:
                                                 rf"not a str \(write {option}=\['ab'\]\)"):
         stack.registry.restrict(agent, **{option: "ab"})
     assert stack.registry.names(agent) == ["a", "ab", "b"]
+
+
+def _listener_that_raises() -> None:
+    raise ValueError("the listener's own bug")
+
+
+def _failures_named(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records
+            if f"{__name__}._listener_that_raises" in record.getMessage()]
+
+
+async def test_a_raising_change_listener_neither_aborts_nor_orphans_a_scoped_registration(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """register() stored the tool, then let the listener's error out before handing the undo to the scope:
+    the caller saw a failure, and the tool (a restriction, a mode too) outlived the scope that owned it."""
+    stack = Stack()
+    registry = stack.registry
+    registry.register(tool("shared"))
+    agent = stack.agent()
+    plugin_scope = agent.child("plugin:p")
+    heard: list[str] = []
+    registry.on_change(_listener_that_raises)
+    registry.on_change(lambda: heard.append("changed"))  # a later listener still hears of every change
+    registry.register(tool("own"), scope=plugin_scope)
+    registry.restrict(plugin_scope, deny=["shared"])
+    registry.present_as("code", plugin_scope)
+    assert registry.names(agent) == ["own", "run_code"]
+    assert heard == ["changed"] * 3
+    failures = _failures_named(caplog)
+    assert len(failures) == 3 and 'register tool "own"' in failures[0], failures
+    await plugin_scope.dispose()
+    assert registry.names(agent) == ["shared"]  # the tool, the restriction and the mode went with their scope
+    assert not any(entry.startswith(('tool "own"', "restriction", "presentation mode"))
+                   for entry in registry.inventory())
+    assert heard == ["changed"] * 6 and len(_failures_named(caplog)) == 6
+
+
+def test_a_raising_change_listener_does_not_abort_an_unregister(caplog: pytest.LogCaptureFixture) -> None:
+    """unregister() removed the tool, then raised the listener's error: the caller saw its undo fail, and the
+    listeners after the raising one never heard that the tool was gone."""
+    stack = Stack()
+    registry = stack.registry
+    unregister = registry.register(tool("gone"))
+    heard: list[str] = []
+    registry.on_change(_listener_that_raises)
+    registry.on_change(lambda: heard.append("changed"))
+    unregister()
+    assert registry.names() == [] and heard == ["changed"]
+    (failure,) = _failures_named(caplog)
+    assert 'unregister tool "gone"' in failure, failure
+    assert any(record.exc_info and isinstance(record.exc_info[1], ValueError) for record in caplog.records)
