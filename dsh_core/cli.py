@@ -2,6 +2,8 @@
 
 Only the requested output goes to stdout; errors go to stderr with a
 non-zero exit code (1 for a failed operation, 2 for bad usage or config).
+Output whose reader goes away (``dsh ... | head -1``) ends the command
+silently with 141, the status of a process SIGPIPE killed.
 Every command takes ``--config FILE`` (repeatable: later files overlay
 earlier ones); without it the built-in default deployment is used.
 """
@@ -11,10 +13,13 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
+import select
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -89,6 +94,31 @@ def _configs(ctx: click.Context, local: Sequence[str]) -> list[str]:
     return [*inherited, *local]
 
 
+def _readers_gone() -> list[int]:
+    """The standard output streams (fd 1, 2) whose reader is gone: pipes whose read end is closed."""
+    gone = []
+    for fd in (1, 2):
+        poller = select.poll()
+        try:
+            poller.register(fd, select.POLLOUT)
+            # The write end of a pipe whose read end is closed polls as POLLERR.
+            if any(events & select.POLLERR for _, events in poller.poll(0)):
+                gone.append(fd)
+        except (OSError, ValueError):
+            pass
+    return gone
+
+
+def _exit_as_sigpipe(streams: Sequence[int]) -> NoReturn:
+    """Exit silently with 141, as a process SIGPIPE killed: ``streams``' reader is gone (``dsh ... | head -1``)."""
+    # Python flushes the standard streams once more on exit: into /dev/null that cannot fail.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in streams:
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    sys.exit(128 + signal.SIGPIPE)
+
+
 class LazyGroup(click.Group):
     """A group some of whose commands live in other modules, imported when first looked up.
 
@@ -115,7 +145,19 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            finally:
+                # What is still buffered is written here, where a reader gone is handled below;
+                # at interpreter exit it would be an "Exception ignored" message and status 120.
+                sys.stdout.flush()
+        except BrokenPipeError:
+            # click would exit 1, a failed operation's status, for `dsh ... | head -1`. A broken
+            # pipe to anything but stdout or stderr is an error like any other.
+            gone = _readers_gone()
+            if not gone:
+                raise
+            _exit_as_sigpipe(gone)
         except KeyboardInterrupt:
             # Ctrl-C where no event loop handles it (a slow plugin import in `config dump`, a sync
             # command): click would print "Aborted!" and exit 1, a failed operation's status.

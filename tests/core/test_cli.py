@@ -552,3 +552,48 @@ def test_run_async_sends_what_main_prints_to_stderr_only_when_asked(
     assert (out, err) == (("", "printed by a plugin\n") if redirect else ("printed by a plugin\n", ""))
     print("after")  # stdout is the command's own again once main returned
     assert capsys.readouterr().out == "after\n"
+
+
+def _read_one_line_then_close(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
+    """``python -m dsh_core ARGS | head -1``: exit code, the line read, and stderr."""
+    child = subprocess.Popen([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        line = child.stdout.readline()
+        child.stdout.close()  # the reader goes away with most of the output unread
+        err = child.stderr.read()
+        return child.wait(timeout=60), line, err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_output_into_a_pipe_its_reader_closed_ends_as_sigpipe_would_with_nothing_on_stderr(tmp_path: Path) -> None:
+    """`dsh sessions show ID --json | head -1` exited 1, a failed operation's status (click's handling).
+
+    A process killed by SIGPIPE (cat, grep, git log) ends with 141 in the shell and says nothing:
+    `set -o pipefail` scripts already expect that of a producer whose reader stopped early.
+    """
+    from dsh_core.sessions.events import NewEvent
+    from dsh_core.sessions.sqlite import SqliteSessionStore
+
+    home = tmp_path / "home"
+
+    async def create() -> None:
+        # About 1.2 MB of JSON, written in pieces: far more than a pipe holds.
+        store = SqliteSessionStore.open(home)
+        try:
+            await store.create(session_id="long")
+            await store.append("long", [NewEvent("tool/result", {"content": "x" * 20_000, "n": n},
+                                                 root_call_id=f"c{n}") for n in range(60)])
+        finally:
+            await store.close()
+
+    asyncio.run(create())
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    code, line, err = _read_one_line_then_close("sessions", "show", "long", "--json", cwd=tmp_path,
+                                                env={**environ, "DSH_HOME": str(home)})
+    assert line == b"[\n"
+    assert (code, err) == (128 + signal.SIGPIPE, b"")
