@@ -255,7 +255,8 @@ def demo_main(*, keep: bool) -> None:
     observer = ConsoleObserver(stderr_console()) if sys.stderr.isatty() else None
     try:
         # run_async: SIGINT/SIGTERM cancel the demo (exit 130), and the directory is still removed.
-        report = run_async(lambda: run_demo(base, observer=observer))
+        # What a plugin or a tool body prints goes to stderr, as in every other command: stdout is the report.
+        report = run_async(lambda: run_demo(base, observer=observer), stdout_to_stderr=True)
     except DshError as error:
         fail(error.message, 1)  # escaped: it may quote what a tool or the model wrote
     finally:

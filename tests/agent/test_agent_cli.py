@@ -20,6 +20,7 @@ import attrs
 import pytest
 from agent_kit import call, calls, final, write_script
 
+from dsh_core.agent.demo import DEMO_TASK
 from dsh_core.agent.loop import StopReason
 from dsh_core.sessions import SessionLease
 from dsh_core.sessions.sqlite import SqliteSessionStore
@@ -360,6 +361,33 @@ def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
         assert nested in out
     assert "REPORT.md: written" in out
     assert "Code Mode sent" in out and "native " in out
+
+
+CHATTY_DEMO = """
+from dsh_core.cli import main
+from dsh_plugins import workspace
+
+read = workspace.WorkspaceTools.read
+
+async def chatty(self, args, ctx):
+    print("printed by a tool body")
+    return await read(self, args, ctx)
+
+workspace.WorkspaceTools.read = chatty
+main(["demo"])
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dsh_core.codemode.transport") is None,
+                    reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet")
+def test_what_a_tool_body_prints_during_the_demo_goes_to_stderr_not_into_its_report(tmp_path: Path) -> None:
+    """The demo ran without run_async's stdout_to_stderr: a plugin's print() came out ahead of the report."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    done = subprocess.run([sys.executable, "-c", CHATTY_DEMO], cwd=tmp_path, env=environ, text=True,
+                          capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Task: {DEMO_TASK}\n") and "printed by a tool body" not in done.stdout
+    assert "printed by a tool body\n" in done.stderr
 
 
 @pytest.mark.anyio
