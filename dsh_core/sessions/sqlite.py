@@ -33,10 +33,16 @@ as a ``NOT NULL`` one without a default), together with a migration from each ol
 table or index only added, which an older dsh neither reads nor needs, does not. A new database
 gets the version in the transaction that creates its schema. A database written before there was a
 version (``user_version`` 0, with dsh's tables) is read as it is, and stamped when it is opened to
-write (``create=True``, an agent run; or when its schema lacks a table, which that transaction adds);
-opened with ``create=False``, a complete one is not written to. A database of a newer version is
-refused, opened to read or to write, before anything else of it is read or anything written,
-naming the file, its version and this dsh's: its schema may be anything.
+write (``create=True``, an agent run), in the transaction that adds what its schema lacks. A database
+of a newer version is refused, opened to read or to write, before anything else of it is read or
+anything written, naming the file, its version and this dsh's: its schema may be anything.
+
+Opened with ``create=False``, an existing database is never written to by opening it: neither its
+schema, its version nor its journal mode is changed. A table of dsh's that it lacks (one an older dsh
+did not have yet) reads as empty: an empty temporary table of the connection, which is not in the
+file, stands in for it; a write to such a database is refused, naming it and the tables it lacks
+(:meth:`SqliteSessionStore.release` and the other writes would otherwise write to the stand-in, and
+be lost), until a dsh opens it to write and adds them.
 """
 
 from __future__ import annotations
@@ -280,6 +286,8 @@ class SqliteSessionStore:
         self._create = create
         #: Opened with ``create=False`` where there was no database: an empty one in memory stands in.
         self.absent = False
+        #: Opened with ``create=False``, the tables of dsh's the database lacks (empty temporary ones stand in).
+        self._lacking: tuple[str, ...] = ()
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dsh-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -350,15 +358,20 @@ class SqliteSessionStore:
                 version = self._check_version(conn)
                 # Before anything is changed: another program's database is left as it is.
                 self._check_tables(conn)
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal" and not self.absent:
-                    raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
+                if self._create or self.absent:
+                    # Switching the journal mode writes the file's header: not for a database only read.
+                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                    if str(mode).lower() != "wal" and not self.absent:
+                        raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
                 have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-                # A complete database, with its version or (create=False) none yet, is not written to (nor locked).
-                if not _SCHEMA_NAMES.issubset(have) or (self._create and version < SCHEMA_VERSION):
-                    self._complete_schema(conn)
+                if self._create or self.absent:
+                    # A complete database of this version is not written to (nor locked).
+                    if not _SCHEMA_NAMES.issubset(have) or version < SCHEMA_VERSION:
+                        self._complete_schema(conn)
+                else:
+                    self._stand_in(conn, [table for table in _COLUMNS if table not in have])
             except BaseException:
                 # Never handed to the store, so close() cannot close it; the error's traceback
                 # would otherwise keep the file open for as long as anyone holds the error.
@@ -393,6 +406,14 @@ class SqliteSessionStore:
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         conn.execute("COMMIT")
+
+    def _stand_in(self, conn: sqlite3.Connection, lacking: Sequence[str]) -> None:
+        """An empty temporary table for each of dsh's tables in ``lacking``: read, it is the empty table the
+        database would have; it lives in the connection, never in the file (see the module docstring)."""
+        for table in lacking:
+            (statement,) = [s for s in _SCHEMA_STATEMENTS if s.startswith(f"CREATE TABLE IF NOT EXISTS {table} ")]
+            conn.execute(statement.replace("CREATE TABLE IF NOT EXISTS ", "CREATE TEMP TABLE ", 1))
+        self._lacking = tuple(lacking)
 
     def _check_tables(self, conn: sqlite3.Connection) -> None:
         """:class:`SessionStoreError` if a table of dsh's schema that the database has lacks dsh's columns."""
@@ -466,8 +487,13 @@ class SqliteSessionStore:
         transaction is active"), so the connection is never left inside a transaction.
 
         With ``fate``, the transaction commits only if :meth:`_Fate.commit` says so, and otherwise
-        raises :class:`_Abandoned` after rolling back.
+        raises :class:`_Abandoned` after rolling back. A database opened to read that lacks a table of
+        dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it.
         """
+        if self._lacking:
+            raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: the "
+                                    f"database lacks dsh's table(s) {', '.join(self._lacking)} (an older dsh wrote "
+                                    "it), and was opened only to read; a dsh run that records a session adds them")
         conn = self._db()
         try:
             conn.execute("BEGIN IMMEDIATE")

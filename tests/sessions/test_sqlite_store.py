@@ -795,3 +795,58 @@ async def test_create_refuses_an_empty_session_id_instead_of_choosing_one(tmp_pa
         assert await store.list() == []
     finally:
         await store.close()
+
+
+def _older_database(path: Path, *, journal_mode: str) -> None:
+    """A database of a dsh from before the ``leases`` table: unversioned, with one session of one event."""
+    from dsh_core.sessions.sqlite import _SCHEMA_STATEMENTS
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA journal_mode={journal_mode}")
+        for statement in _SCHEMA_STATEMENTS:
+            if "leases" not in statement:
+                conn.execute(statement)
+        conn.execute("INSERT INTO sessions (id, created_at, updated_at, event_count, meta) "
+                     "VALUES ('s', 1.0, 2.0, 1, '{\"agent\": \"a\"}')")
+        conn.execute("INSERT INTO events (session_id, seq, kind, at, payload) VALUES ('s', 1, 'message/user', 2.0, "
+                     "'{\"n\": 1}')")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+async def test_opened_without_creating_an_older_database_lacking_a_table_reads_it_and_writes_nothing(
+        tmp_path: Path, journal_mode: str) -> None:
+    # `dsh sessions list` and `show` of a database from before the leases table added that table
+    # (and stamped the schema version, and switched a rollback-journal database to WAL): a read wrote.
+    path = tmp_path / DB_FILENAME
+    _older_database(path, journal_mode=journal_mode)
+    before, stat = path.read_bytes(), path.stat()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        (info,) = await store.list()
+        assert (info.id, info.event_count, info.meta, info.holder) == ("s", 1, {"agent": "a"}, None)
+        assert (await store.get("s")).holder is None
+        assert [event.payload for event in await store.load("s")] == [{"n": 1}]
+        assert [event.seq for event in await store.load_page("s")] == [1]
+        # A write would need what the database lacks: refused, naming the database and the table.
+        with pytest.raises(SessionStoreError, match=rf"^session store '{path}': cannot break the lease of session "
+                                                    r"'s': the database lacks dsh's table\(s\) leases "):
+            await store.break_lease("s")
+    finally:
+        await store.close()
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert "leases" not in {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        assert conn.execute("PRAGMA journal_mode").fetchone() == (journal_mode,)
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path)  # an agent run's completes it
+    try:
+        assert await store.break_lease("s") is None
+    finally:
+        await store.close()
+    assert _user_version(path) == 1
