@@ -386,6 +386,9 @@ _LARGEST_LIMIT = 2**63 - 1
 def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Sessions, most recently updated first.
 
+    A session whose record is damaged is listed as unreadable, saying why; if its last update
+    is what cannot be read, after all the others (newest id first among such).
+
     When more exist than --limit lets through, a note on stderr says so (stdout, table or
     JSON list, is the same either way).
     """

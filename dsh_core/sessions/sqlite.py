@@ -163,9 +163,19 @@ def _shown(value: object) -> str:
     return repr(value[:80]) if isinstance(value, str) else repr(value)[:80]
 
 
+#: The times a stored ``created_at``/``updated_at`` may be: seconds since the epoch of years 1 to 9999 (UTC).
+_EARLIEST: Final = -62_135_596_800
+_LATEST: Final = 253_402_300_799
+
+#: Whether a row's ``updated_at`` is a time, as :func:`_is_time` asks it (but for what the platform can
+#: show): ``list`` orders by it in SQL, so that ``LIMIT`` leaves out the right sessions.
+_UPDATED_IS_TIME: Final = (f"(typeof(updated_at) IN ('integer', 'real') "
+                           f"AND updated_at BETWEEN {_EARLIEST} AND {_LATEST})")
+
+
 def _is_time(value: object) -> bool:
     """Whether a stored ``created_at``/``updated_at`` is seconds since the epoch that can be shown as a date."""
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    if not isinstance(value, int | float) or not math.isfinite(value) or not _EARLIEST <= value <= _LATEST:
         return False
     try:
         time.localtime(value)
@@ -712,10 +722,18 @@ class SqliteSessionStore:
         return await self._run(lambda: self._read(work, doing=f"read session {session_id!r}"))
 
     async def list(self, *, limit: int | None = None) -> list[SessionInfo]:
-        """Sessions, most recently updated first (at most ``limit``); one that cannot be read as ``unreadable``."""
+        """Sessions, most recently updated first (at most ``limit``); one that cannot be read as ``unreadable``.
+
+        A session whose ``updated_at`` is no time (a damaged or hand-edited row) comes after every
+        session whose is, where nothing says it is recent; among such sessions the greatest id comes
+        first (dsh's ids begin with the time they were made). Otherwise an unreadable session is
+        ordered by its ``updated_at`` like any other.
+        """
 
         def work(conn: sqlite3.Connection) -> list[SessionInfo]:
-            rows = conn.execute(_SELECT_INFO + " ORDER BY updated_at DESC, id DESC LIMIT ?",
+            # SQLite orders text and BLOBs after every number: by updated_at alone, DESC put them first.
+            rows = conn.execute(_SELECT_INFO + f" ORDER BY {_UPDATED_IS_TIME} DESC, "
+                                f"CASE WHEN {_UPDATED_IS_TIME} THEN updated_at END DESC, id DESC LIMIT ?",
                                 (-1 if limit is None else int(limit),)).fetchall()
             return [_info(self.path, row, listed=True) for row in rows]
 

@@ -196,7 +196,9 @@ class SessionStore(Protocol):
 
         A session whose record the store cannot read (damaged, or edited by hand) should not keep the
         others from being listed: a store may list it with
-        :attr:`~dsh_core.sessions.events.SessionInfo.unreadable` saying why, where :meth:`get` fails.
+        :attr:`~dsh_core.sessions.events.SessionInfo.unreadable` saying why, where :meth:`get` fails. One
+        whose last update cannot be read is listed after every session whose can (nothing says it is
+        recent), so that ``limit`` leaves it out before those.
         """
         ...
 

@@ -850,3 +850,31 @@ async def test_opened_without_creating_an_older_database_lacking_a_table_reads_i
     finally:
         await store.close()
     assert _user_version(path) == 1
+
+
+@pytest.mark.parametrize("value", ["'yesterday'", "x'00'", "1e300", "-1e300"])
+async def test_a_session_whose_update_time_cannot_be_read_is_listed_after_the_rest(tmp_path: Path, value: str) -> None:
+    # ORDER BY updated_at DESC put a text, a BLOB or a far-future number before every time: a damaged
+    # session was listed as the most recently updated, and `list --limit N` showed it before recent ones.
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        for session_id in ("20250101-a", "20250102-b", "20250103-c", "20250104-d"):
+            await store.create(session_id=session_id)
+    finally:
+        await store.close()
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE sessions SET updated_at = CASE id WHEN '20250101-a' THEN 1.0 WHEN '20250103-c' "
+                     "THEN 3 ELSE 2.0 END")
+        # Of two whose times cannot be read, the newer id first: dsh's ids sort as the time they were made.
+        conn.execute(f"UPDATE sessions SET updated_at = {value} WHERE id IN ('20250102-b', '20250104-d')")
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        listed = await store.list()
+        assert [info.id for info in listed] == ["20250103-c", "20250101-a", "20250104-d", "20250102-b"]
+        assert [info.unreadable is None for info in listed] == [True, True, False, False]
+        assert [info.id for info in await store.list(limit=2)] == ["20250103-c", "20250101-a"]
+    finally:
+        await store.close()
