@@ -426,24 +426,32 @@ def _holder_json(info: SessionInfo) -> dict[str, Any] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the events as a JSON list.")
 @click.pass_context
 def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...], as_json: bool) -> None:
-    """A session's trajectory: runs, messages, calls with their nested calls, outcomes, durations."""
+    """A session's trajectory: runs, messages, calls with their nested calls, outcomes, durations.
+
+    As the session was when it was read: what a run still recording it appends meanwhile is left
+    for the next show.
+    """
     from dsh_core.sessions.store import iter_events
 
     # The events are read a page at a time and drawn (or written) as they come: a session of
     # millions of events is shown holding one page of them. The JSON is written while the store
     # is open, to the stdout of the command (what runs meanwhile prints to stderr: run_async).
+    # Only the events the session had when its record was read: the pages are read after it, in
+    # other statements, and a run still recording the session may append between them; the
+    # header's count and user would then not be those of the events shown.
     out = sys.stdout
 
     async def tree(store: SessionStore) -> str:
-        renderer = SessionRenderer(await store.get(session_id))
-        async for event in iter_events(store, session_id):
+        info = await store.get(session_id)
+        renderer = SessionRenderer(info)
+        async for event in iter_events(store, session_id, limit=info.event_count):
             renderer.add(event)
         return renderer.text()
 
     async def document(store: SessionStore) -> None:
-        await store.get(session_id)  # an unknown session fails before anything is written
+        info = await store.get(session_id)  # an unknown session fails before anything is written
         writer = _JsonEvents(out)
-        async for event in iter_events(store, session_id):
+        async for event in iter_events(store, session_id, limit=info.event_count):
             writer.add(event)
         writer.end()
 

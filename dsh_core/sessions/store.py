@@ -208,34 +208,47 @@ class SessionStore(Protocol):
 
 
 async def iter_events(store: SessionStore, session_id: str, *, root_call_id: str | None = None,
-                      page: int = PAGE_EVENTS) -> AsyncIterator[SessionEvent]:
+                      page: int = PAGE_EVENTS, limit: int | None = None) -> AsyncIterator[SessionEvent]:
     """The session's events in ``seq`` order, read a page of at most ``page`` events at a time.
 
     Each page is asked for once the one before has been consumed, so a session of any length is
     read holding one page of it. A store without :meth:`SessionStore.load_page` (written before
     it) is read whole with :meth:`SessionStore.load`. A store whose page does not go past ``after``
     is a :class:`SessionStoreError` naming it, rather than a loop reading one page for ever.
+
+    With ``limit``, only the first ``limit`` events, and no page asked for beyond them: a session is
+    only ever appended to, so the first :attr:`SessionInfo.event_count` events are the session as that
+    count was read, whatever runs append meanwhile.
     """
+    if limit is not None and limit <= 0:
+        return
     load_page = getattr(store, "load_page", None)
     if load_page is None:
-        for event in await store.load(session_id, root_call_id=root_call_id):
+        for given, event in enumerate(await store.load(session_id, root_call_id=root_call_id), start=1):
             yield event
+            if given == limit:
+                return
         return
     after = 0
     while True:
-        events: list[SessionEvent] = await load_page(session_id, after=after, limit=page,
+        asked = page if limit is None else min(page, limit)
+        events: list[SessionEvent] = await load_page(session_id, after=after, limit=asked,
                                                      root_call_id=root_call_id)
         if not events:
             return
         last = events[-1].seq
-        if len(events) > page or events[0].seq <= after or last < events[0].seq:
+        if len(events) > asked or events[0].seq <= after or last < events[0].seq:
             kind = type(store)
             raise SessionStoreError(
                 f"session store {kind.__module__}.{kind.__qualname__}: load_page({session_id!r}, after={after}, "
-                f"limit={page}) returned {len(events)} events, seq {events[0].seq} to {last}: not a page of at "
+                f"limit={asked}) returned {len(events)} events, seq {events[0].seq} to {last}: not a page of at "
                 "most limit events after 'after'")
         for event in events:
             yield event
+        if limit is not None:
+            limit -= len(events)
+            if limit <= 0:
+                return
         events.clear()  # before the next page is read: one page in memory, not two
         after = last
 

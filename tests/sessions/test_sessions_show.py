@@ -675,3 +675,39 @@ def test_a_stored_number_json_has_not_is_named_not_written_out_as_invalid_json(n
         result = CliRunner().invoke(main, ["sessions", *args])
         assert result.exit_code == 1 and result.stdout == "", (result.output, result.exception)
         assert "session 'a' event 1: payload is not JSON: " in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_show_shows_the_session_as_it_was_when_its_count_was_read(monkeypatch: pytest.MonkeyPatch,
+                                                                   as_json: bool) -> None:
+    # The header's count (read with the session's record) and the events (read a page at a time after
+    # it) came from separate statements: an append between them, by a run still recording the session,
+    # made the header say 2 events over a tree of 3.
+    from dsh_core.sessions.events import NewEvent
+
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+                 ("message/user", {"message": {"role": "user", "content": "early"}}, None)], "a")
+    read_page = SqliteSessionStore.load_page
+    appended = []
+
+    async def load_page(self: SqliteSessionStore, session_id: str, **options: Any) -> list[SessionEvent]:
+        if not appended:  # a writer's commit between the record's read and the first page's
+            appended.extend(await self.append(session_id, [NewEvent("message/user", {
+                "message": {"role": "user", "content": "late"}})]))
+        return await read_page(self, session_id, **options)
+
+    monkeypatch.setattr(SqliteSessionStore, "load_page", load_page)
+    args = ["sessions", "show", "a", *(["--json"] if as_json else [])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert [event.seq for event in appended] == [3]
+    if as_json:
+        assert [event["seq"] for event in json.loads(result.stdout)] == [1, 2]
+    else:
+        lines = result.stdout.splitlines()
+        assert " · 2 events · " in lines[0] and "late" not in result.stdout, result.stdout
+        assert lines[1:] == ["└─ run 1: t · provider p · mode native", "   ├─ user: early",
+                             "   └─ end: none recorded (interrupted)"]
+    monkeypatch.setattr(SqliteSessionStore, "load_page", read_page)
+    result = CliRunner().invoke(main, args)  # the next show has it
+    assert result.exit_code == 0 and "late" in result.stdout, (result.output, result.exception)

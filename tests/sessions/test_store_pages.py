@@ -123,3 +123,17 @@ async def test_a_store_whose_pages_do_not_move_on_is_named(page: Callable[[Seque
 
     with pytest.raises(SessionStoreError, match=r"test_store_pages\..*Stuck: load_page\('s', after="):
         _: list[Any] = [e async for e in iter_events(Stuck(9), "s", page=3)]  # type: ignore[arg-type]
+
+
+async def test_iter_events_with_a_limit_gives_the_first_events_and_asks_no_page_past_them() -> None:
+    # `show` reads the events a session had when its count was read: not one more, nor a page more.
+    store = _Counting(9)
+    assert [e.seq async for e in iter_events(store, "s", page=3, limit=5)] == [1, 2, 3, 4, 5]  # type: ignore[arg-type]
+    assert store.log == ["page after 0", "page after 3"]
+    assert [e.seq async for e in iter_events(store, "s", limit=0)] == []  # type: ignore[arg-type]
+    assert [e.seq async for e in iter_events(store, "s", page=4, limit=20)] == list(range(1, 10))  # type: ignore[arg-type]
+
+    class Older(_Counting):
+        load_page = None  # type: ignore[assignment]
+
+    assert [e.seq async for e in iter_events(Older(5), "s", limit=2)] == [1, 2]  # type: ignore[arg-type]
