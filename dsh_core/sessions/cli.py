@@ -12,7 +12,7 @@ lease; ``list`` and ``show`` name that run.
 from __future__ import annotations
 
 import json
-import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -429,18 +429,18 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
     """A session's trajectory: runs, messages, calls with their nested calls, outcomes, durations.
 
     As the session was when it was read: what a run still recording it appends meanwhile is left
-    for the next show.
+    for the next show. With --json, the list is written once it is whole (spooled meanwhile,
+    past a little memory in a temporary file): an error part-way writes none of it.
     """
     from dsh_core.sessions.store import iter_events
 
     # The events are read a page at a time and drawn (or written) as they come: a session of
-    # millions of events is shown holding one page of them. The JSON is written while the store
-    # is open, to the stdout of the command (what runs meanwhile prints to stderr: run_async).
+    # millions of events is shown holding one page of them. The JSON is written to a spool (on
+    # disk past _SPOOL_CHARS) while the store is open, and to stdout only once it is whole: an
+    # event that cannot be read part-way (or a signal) must not leave half a JSON list on stdout.
     # Only the events the session had when its record was read: the pages are read after it, in
     # other statements, and a run still recording the session may append between them; the
     # header's count and user would then not be those of the events shown.
-    out = sys.stdout
-
     async def tree(store: SessionStore) -> str:
         info = await store.get(session_id)
         renderer = SessionRenderer(info)
@@ -448,17 +448,33 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
             renderer.add(event)
         return renderer.text()
 
-    async def document(store: SessionStore) -> None:
-        info = await store.get(session_id)  # an unknown session fails before anything is written
-        writer = _JsonEvents(out)
-        async for event in iter_events(store, session_id, limit=info.event_count):
-            writer.add(event)
-        writer.end()
-
     if as_json:
-        _with_store(_deployment(ctx, configs), document)
+        # Lone surrogates (a name that was not UTF-8) pass through the spool as they are: echo_json
+        # writes them out as JSON escapes, as it does whatever stdout cannot encode.
+        with tempfile.SpooledTemporaryFile(_SPOOL_CHARS, mode="w+", encoding="utf-8",
+                                           errors="surrogatepass") as spool:
+
+            async def document(store: SessionStore) -> None:
+                info = await store.get(session_id)
+                writer = _JsonEvents(spool)
+                try:
+                    async for event in iter_events(store, session_id, limit=info.event_count):
+                        writer.add(event)
+                    writer.end()
+                except OSError as error:  # the spool's: the store's own are SessionStoreErrors
+                    raise DshError(f"cannot show session {session_id!r} as JSON: cannot spool it to a temporary "
+                                   f"file in {tempfile.gettempdir()!r} (TMPDIR): {error.strerror or error}") from None
+
+            _with_store(_deployment(ctx, configs), document)
+            spool.seek(0)
+            while chunk := spool.read(_SPOOL_CHARS):
+                echo_json(chunk, nl=False)
     else:
         click.echo(_with_store(_deployment(ctx, configs), tree))
+
+
+#: About how many characters of ``show --json``'s document are held in memory (the rest spooled on disk).
+_SPOOL_CHARS = 1 << 16
 
 
 class _JsonEvents:
@@ -485,13 +501,13 @@ class _JsonEvents:
         self._count += 1
         self._size += len(self._pieces[-1])
         if self._size >= self._chunk:
-            echo_json("".join(self._pieces), nl=False, file=self._out)
+            self._out.write("".join(self._pieces))
             self._pieces, self._size = [], 0
 
     def end(self) -> None:
         """Close the list (``[]`` if no event was added)."""
-        self._pieces.append("\n]" if self._count else "[]")
-        echo_json("".join(self._pieces), file=self._out)
+        self._pieces.append("\n]\n" if self._count else "[]\n")
+        self._out.write("".join(self._pieces))
         self._pieces, self._size = [], 0
 
 

@@ -711,3 +711,32 @@ def test_show_shows_the_session_as_it_was_when_its_count_was_read(monkeypatch: p
     monkeypatch.setattr(SqliteSessionStore, "load_page", read_page)
     result = CliRunner().invoke(main, args)  # the next show has it
     assert result.exit_code == 0 and "late" in result.stdout, (result.output, result.exception)
+
+
+def test_show_json_that_fails_part_way_writes_no_part_of_the_document() -> None:
+    # The document was written as it was read: an event that could not be read in a later page
+    # left the events before it on stdout, a JSON list cut off mid-way, under the error.
+    _session_of([("tool/result", {"content": "x" * 20_000, "n": n}, f"c{n}") for n in range(100)], "a")
+    conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 90")
+    finally:
+        conn.close()
+    result = CliRunner().invoke(main, ["sessions", "show", "a", "--json"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert result.stderr.startswith("dsh: error: session store ") and "session 'a' event 90: payload is not JSON" \
+        in result.stderr, result.stderr
+    assert result.stdout == "", result.stdout[:200]
+
+
+def test_show_json_that_cannot_spool_its_document_says_where_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    _session_of([("tool/result", {"content": "x" * 20_000, "n": n}, f"c{n}") for n in range(10)], "a")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    result = CliRunner().invoke(main, ["sessions", "show", "a", "--json"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert result.stdout == ""
+    assert result.stderr == (f"dsh: error: cannot show session 'a' as JSON: cannot spool it to a temporary file in "
+                             f"{str(tmp_path / 'gone')!r} (TMPDIR): No such file or directory\n"), result.stderr
