@@ -24,6 +24,25 @@ BASE_CLASS = ("dsh_core.testing.conformance", "ToolPluginConformance")
 CHECK_ATTRIBUTE = "dsh_check"
 
 
+def seconds(value: str) -> float:
+    """An option's value as a positive, finite number of seconds; else :class:`argparse.ArgumentTypeError`.
+
+    argparse prefixes the message with the option's name, and pytest reports it as a usage error
+    before any test runs: a bound of 0 or less would fail every call as if each plugin were at
+    fault, and NaN or infinity would bound nothing.
+    """
+    import argparse
+    import math
+
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive, finite number of seconds")
+    return number
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the ``--dsh-conformance*`` options."""
     group = parser.getgroup("dsh", "dsh plugin conformance kit")
@@ -35,10 +54,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the config of plugin NAME as a JSON object (repeatable, one per name); without NAME= "
                          "the config of every name not given its own; '{tmp}' in strings becomes a temporary "
                          "directory")
-    group.addoption("--dsh-conformance-abort-bound", default=2.0, type=float, metavar="SECONDS",
+    group.addoption("--dsh-conformance-abort-bound", default=2.0, type=seconds, metavar="SECONDS",
                     dest="dsh_conformance_abort_bound",
                     help="seconds a tool body may take to return after an abort (default 2)")
-    group.addoption("--dsh-conformance-call-timeout", default=None, type=float, metavar="SECONDS",
+    group.addoption("--dsh-conformance-call-timeout", default=None, type=seconds, metavar="SECONDS",
                     dest="dsh_conformance_call_timeout",
                     help="seconds a call may run before the kit aborts it and fails the check (default 60)")
 

@@ -481,6 +481,23 @@ def test_a_config_without_a_plugin_to_check_is_refused_not_ignored(kit: pytest.P
     result.stderr.fnmatch_lines(["*--dsh-conformance-config applies only to plugins named with --dsh-conformance*"])
 
 
+@pytest.mark.parametrize(("option", "value"), [("--dsh-conformance-call-timeout", "0"),
+                                             ("--dsh-conformance-call-timeout", "-1"),
+                                             ("--dsh-conformance-abort-bound", "0"),
+                                             ("--dsh-conformance-abort-bound", "-0.5"),
+                                             ("--dsh-conformance-call-timeout", "nan"),
+                                             ("--dsh-conformance-abort-bound", "inf")])
+def test_a_bound_that_is_not_a_positive_number_of_seconds_is_refused(
+        kit: pytest.Pytester, option: str, value: str) -> None:
+    """A timeout of 0 or less failed every call of the suite as "did not return within 0 s", and a bound of 0
+    failed every body, as if each plugin were at fault; NaN and infinity bound nothing. Refused at parsing,
+    naming the option and the value, before any test runs."""
+    result = kit.runpytest_subprocess("--dsh-conformance=good", *QUIET, f"{option}={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines
+    result.stderr.fnmatch_lines([f"*argument {option}: {value!r} is not a positive, finite number of seconds*"])
+    assert "passed" not in result.stdout.str()
+
+
 def test_config_values_that_cannot_be_used_are_named() -> None:
     from dsh_core.testing.pytest_plugin import parse_configs
 
