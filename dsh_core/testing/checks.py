@@ -879,7 +879,8 @@ def check_example_calls(target: Target) -> list[str]:
                         "kit gives workspace-like plugins an empty temporary root) and return values "
                         "matching output_schema", definition.name))
 
-    return _with_plugin(target, "example-calls", probe)
+    # Each example's call may leave work running that the dispose check, calling examples[0] only, never starts.
+    return _with_plugin(target, "example-calls", probe, quiesce_when="after the example calls and dispose")
 
 
 @_guarded
@@ -1053,7 +1054,8 @@ def check_typed_errors(target: Target) -> list[str]:
                             'catch it and raise dsh_core.ToolError("what went wrong and what to do") so the '
                             "model reads a clear message", definition.name))
 
-    return _with_plugin(target, "typed-errors", probe)
+    # An edge variant may fail half-way and leave what it started running (a process never killed on the error path).
+    return _with_plugin(target, "typed-errors", probe, quiesce_when="after the calls and dispose")
 
 
 # -- lifecycle --------------------------------------------------------------------------------------------------

@@ -917,8 +917,50 @@ def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(
     assert "fix: a thread cannot be cancelled" in leftover, leftover
 
 
+#: When each check that calls tools looks for what the calls left running, as its failures say.
+LEFTOVERS_WHEN = {"dispose": "after dispose", "abort": "after the aborted call and dispose",
+                  "example-calls": "after the example calls and dispose",
+                  "typed-errors": "after the calls and dispose"}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
-@pytest.mark.parametrize("check", ["check_dispose", "check_abort"])
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors"])
+def test_a_body_that_returns_but_leaves_work_running_fails_the_checks_that_call_it(
+        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    """Only the dispose and abort checks looked for leftovers, and dispose makes one call per tool: what a body
+    leaves running on another example, or on an edge variant, went unseen, and a process ran on after the run."""
+    import os
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+    from tests.fixtures.conformance import broken_plugins
+
+    entry_point = metadata.EntryPoint("call-leak", "tests.fixtures.conformance.broken_plugins:call_leak",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    broken_plugins.CALL_LEAK_DONE.clear()
+    try:
+        found = getattr(checks, check)(Target("call-leak"))
+    finally:
+        broken_plugins.CALL_LEAK_DONE.set()
+    name = check.removeprefix("check_").replace("_", "-")
+    when = LEFTOVERS_WHEN[name]
+    assert len(found) == 3, found
+    task, thread, process = sorted(found, key=lambda f: ("task" not in f, "thread" not in f))
+    assert task.startswith(f'[dsh:{name}] plugin "call-leak": task littered-task ('), task
+    assert f"is still running {when}" in task and "fix: start background work with scope.spawn" in task, task
+    assert thread.startswith(f"[dsh:{name}] plugin \"call-leak\": thread 'littered-thread' is still running "
+                             f"{when}"), thread
+    prefix = f'[dsh:{name}] plugin "call-leak", tool "litter": child process pid '
+    assert process.startswith(prefix) and f"(sleep 3) is still running {when}" in process, process
+    pid = int(process.removeprefix(prefix).split(" ", 1)[0])
+    assert not os.path.exists(f"/proc/{pid}"), "the leftover process was not killed and reaped"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+@pytest.mark.parametrize("check", ["check_dispose", "check_abort", "check_example_calls", "check_typed_errors"])
 def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
         monkeypatch: pytest.MonkeyPatch, check: str) -> None:
     """The kit looked at its direct children only: a process behind a shell that is still running, one whose
@@ -935,8 +977,8 @@ def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     found = getattr(checks, check)(Target("grandchildren"))
-    when = "after dispose" if check == "check_dispose" else "after the aborted call and dispose"
-    name = check.removeprefix("check_")
+    name = check.removeprefix("check_").replace("_", "-")
+    when = LEFTOVERS_WHEN[name]
     pids = []
     for tool, command in (("behind", "sh -c sleep 62 & wait"), ("behind", "sleep 62"), ("orphan", "sleep 60"),
                           ("daemon", "sleep 61")):
