@@ -24,7 +24,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Final, ParamSpec, TypeVar
 
 from attrs import field, frozen
@@ -179,11 +180,94 @@ class _DetachedExecutor(concurrent.futures.ThreadPoolExecutor):
             return [job for job in self.jobs if job.thread.is_alive()]
 
 
+#: Tasks the kit cancelled that did not end (their body swallowed the cancellation): reported once, by the check
+#: that cancelled them, and then left to die with their event loop (weak: a task is gone once its loop is).
+_IGNORED_CANCEL: Final[weakref.WeakSet[asyncio.Task[Any]]] = weakref.WeakSet()
+
+
+async def _cancel(task: asyncio.Task[Any]) -> bool:
+    """Cancel ``task`` and give it ``STUCK_GRACE_S`` to end; whether it did.
+
+    Awaiting a cancelled task with no bound hung the check forever when its body caught
+    ``CancelledError`` and went on; one still running is remembered in :data:`_IGNORED_CANCEL`.
+    """
+    task.cancel()
+    await asyncio.wait({task}, timeout=STUCK_GRACE_S)
+    if not task.done():
+        _IGNORED_CANCEL.add(task)
+        return False
+    if not task.cancelled():
+        task.exception()  # retrieved: what the body let out on the way is no "never retrieved" warning
+    return True
+
+
 def _run(coroutine_function: Callable[[], Any], executor: _DetachedExecutor | None = None) -> Any:
-    """``asyncio.run``, but closing the loop never waits for a thread its default executor started."""
-    with asyncio.Runner() as runner:
-        runner.get_loop().set_default_executor(executor or _DetachedExecutor())
-        return runner.run(coroutine_function())
+    """``asyncio.run``, but closing the loop never waits for a thread its default executor started, nor more than
+    ``STUCK_GRACE_S`` for the tasks it cancels.
+
+    ``asyncio.run`` cancels the tasks left when the coroutine returns and waits for them with no
+    bound: a tool body that swallows cancellation hung the check (and pytest) forever. A task still
+    running after the grace is left behind with the closed loop, never to run again.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # as asyncio.Runner does: code run on the loop may look it up
+    left: set[asyncio.Task[Any]] = set()
+    try:
+        loop.set_default_executor(executor or _DetachedExecutor())
+        return loop.run_until_complete(coroutine_function())
+    finally:
+        try:
+            # A task a check already cancelled and gave up on had its grace: it is not waited for twice.
+            left = set(_IGNORED_CANCEL) & asyncio.all_tasks(loop)
+            left |= _settle(loop, asyncio.all_tasks(loop) - left)
+            left |= _settle(loop, {loop.create_task(loop.shutdown_asyncgens())})
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # the default executor's shutdown never waits (_DetachedExecutor)
+            _abandon(left)
+
+
+def _settle(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
+    """Cancel ``tasks`` and run ``loop`` until they end, ``STUCK_GRACE_S`` at most; those still running.
+
+    What the ended ones raised on the way is reported as ``asyncio.run`` reports it.
+    """
+    if not tasks:
+        return set()
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.wait(tasks, timeout=STUCK_GRACE_S))
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler({"message": "unhandled exception during the conformance kit's loop shutdown",
+                                         "exception": task.exception(), "task": task})
+    return {task for task in tasks if not task.done()}
+
+
+#: Coroutines of abandoned tasks that would not close (they catch GeneratorExit too, and await again).
+_UNCLOSED: Final[list[Coroutine[Any, Any, Any]]] = []
+
+
+def _abandon(tasks: set[asyncio.Task[Any]]) -> None:
+    """Close the coroutines of ``tasks``, still pending on a closed loop, now rather than when collected.
+
+    Left to the garbage collector, each would be closed at some random later point of the test
+    run, running the body's ``finally`` blocks (and asyncio's "Task was destroyed but it is
+    pending!" report) in the middle of whatever runs then: once, inside the AST rewriting of a
+    module pytest imported, which then failed with a SystemError. The failure was reported by the
+    check that cancelled the task.
+    """
+    for task in tasks:
+        setattr(task, "_log_destroy_pending", False)  # noqa: B010  (asyncio's own switch; not in its stubs)
+        coroutine = task.get_coro()
+        if not inspect.iscoroutine(coroutine):
+            continue
+        try:
+            coroutine.close()
+        except RuntimeError:
+            _UNCLOSED.append(coroutine)  # kept, so that it is never closed (and runs again) when collected
+        except Exception:
+            pass  # what its finally blocks raised on the way out; nothing is left to report it to
 
 
 async def _load(target: Target, check: str, *, record_only: bool = False) -> LoadedPlugin:
@@ -404,11 +488,13 @@ async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortS
                 call_id: str = "conformance") -> Any:
     request = ToolExecutionInput(call_id=call_id, name=name, arguments=arguments,
                                  signal=signal or AbortSignal.never())
-    token = _TOOL.set(name)  # the tasks the call starts copy it: their threads are this tool's
+    previous = _TOOL.get()
+    _TOOL.set(name)  # the tasks the call starts copy it: their threads are this tool's
     try:
         return await loaded.runtime.execute(request)
     finally:
-        _TOOL.reset(token)
+        # Not a token's reset: an abandoned call is closed from outside its task's context (_abandon).
+        _TOOL.set(previous)
         owners = _OWNERS.get()
         if owners is not None:
             _claim(owners, name)
@@ -431,17 +517,25 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
+    fix = ("return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop "
+           "waiting on what never ends; a call that is slow on purpose needs a larger limit (call_timeout_s in your "
+           "subclass, --dsh-conformance-call-timeout)")
     if task.done():
         after = "it returned once its signal was aborted"
-    else:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    elif await _cancel(task):
         after = f"it was still running {STUCK_GRACE_S:g} s after its signal was aborted, and was cancelled"
-    found.append(failure(target, check, f"{what}: the call did not return within {limit:g} s ({after})",
-                         "return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
-                         "and stop waiting on what never ends; a call that is slow on purpose needs a larger limit "
-                         "(call_timeout_s in your subclass, --dsh-conformance-call-timeout)", name))
+    else:
+        after = _IGNORED_CANCEL_PROBLEM.format(grace=STUCK_GRACE_S)
+        fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
+    found.append(failure(target, check, f"{what}: the call did not return within {limit:g} s ({after})", fix, name))
     return None
+
+
+#: What a failure says of a call that ran on once cancelled (``grace``: how long the kit waited), and its fix.
+_IGNORED_CANCEL_PROBLEM: Final = ("it ignored cancellation: it was still running {grace:g} s after it was cancelled, "
+                                  "so the kit stopped waiting for it")
+_IGNORED_CANCEL_FIX: Final = ("never swallow asyncio.CancelledError: catch it only to clean up, then re-raise it "
+                              "(a body that goes on runs with no caller, and a loop that waits for it never closes)")
 
 
 def _schemas_valid(definition: ToolDefinition) -> bool:
@@ -938,12 +1032,12 @@ def check_abort(target: Target) -> list[str]:
                 await asyncio.wait_for(asyncio.shield(task), bound + STUCK_GRACE_S)
             spy.on_enter = None
             if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                found.append(failure(target, "abort", "the call was still running "
-                                     f"{bound + STUCK_GRACE_S:g} s after its signal was aborted",
-                                     "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
-                                     "and stop promptly", definition.name))
+                problem = f"the call was still running {bound + STUCK_GRACE_S:g} s after its signal was aborted"
+                fix = "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop promptly"
+                if not await _cancel(task):
+                    problem += f" ({_IGNORED_CANCEL_PROBLEM.format(grace=STUCK_GRACE_S)})"
+                    fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
+                found.append(failure(target, "abort", problem, fix, definition.name))
                 continue
             if not spy.calls:
                 result = task.result()
@@ -1230,7 +1324,8 @@ async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     pending: set[asyncio.Task[Any]] = set()
     while time.monotonic() < deadline:
-        pending = {t for t in asyncio.all_tasks() - tasks_before if not t.done()}
+        # A call that ignored its cancellation is already reported, as such, by the check that cancelled it.
+        pending = {t for t in asyncio.all_tasks() - tasks_before if not t.done() and t not in _IGNORED_CANCEL}
         current = asyncio.current_task()
         if current is not None:
             pending.discard(current)

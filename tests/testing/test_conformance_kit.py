@@ -34,6 +34,7 @@ bad-names = broken_plugins:bad_names
 bad-tools = broken_plugins:bad_tools
 bad-hooks = broken_plugins:bad_hooks
 leaky = broken_plugins:leaky
+swallows-cancel = broken_plugins:swallows_cancel
 """
 
 
@@ -1028,3 +1029,45 @@ def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit
     # typed-errors also calls the edge variants ("" and "\0"), each reported alike; nothing else fails.
     assert len(found) == (6 if name == "typed-errors" else 2), found
     assert all("the call did not return within 0.2 s" in f for f in found), found
+
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose", "check_abort"])
+def test_a_body_that_swallows_cancellation_fails_the_check_without_hanging_it(
+        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    """The body catches CancelledError and waits again. The kit awaited the call it had cancelled with no bound,
+    and closing the check's event loop (asyncio.run) cancels every task left and waits for it: either hung the
+    check forever, whatever the call limit."""
+    import threading
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    entry_point = metadata.EntryPoint("swallows-cancel", "tests.fixtures.conformance.broken_plugins:swallows_cancel",
+                                      ENTRY_POINT_GROUP)
+    monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    outcome: list[list[str]] = []
+    runner = threading.Thread(target=lambda: outcome.append(getattr(checks, check)(Target(
+        "swallows-cancel", call_timeout_s=0.2, abort_bound_s=0.1))), daemon=True)  # the old code never ends
+    runner.start()
+    runner.join(30)  # a hang guard: bounded, the check takes a second or two
+    assert not runner.is_alive(), f"{check} still waits for a body that swallows its cancellation"
+    name = check.removeprefix("check_").replace("_", "-")
+    (found,) = outcome[0]
+    prefix = f'[dsh:{name}] plugin "swallows-cancel", tool "stubborn": '
+    assert found.startswith(prefix), found
+    assert "it ignored cancellation: it was still running 0.2 s after it was cancelled, so the kit stopped " \
+           "waiting for it" in found, found
+    assert "fix: never swallow asyncio.CancelledError" in found, found
+
+
+def test_a_body_that_swallows_cancellation_does_not_hang_the_pytest_run(kit: pytest.Pytester) -> None:
+    """From the command line, with a short call limit: the check fails and pytest exits, though the body's task
+    never ends (the loop it ran on is closed without it)."""
+    result = kit.runpytest_subprocess("--dsh-conformance=swallows-cancel", "--dsh-conformance-call-timeout=0.2",
+                                      "-k", "dsh:example-calls", *QUIET, "-rf", timeout=60)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "swallows-cancel", tool "stubborn": examples[[]0[]] '
+                                 "{}: the call did not return within 0.2 s (it ignored cancellation*"])
