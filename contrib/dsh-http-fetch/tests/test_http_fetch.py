@@ -96,6 +96,10 @@ class Handler(BaseHTTPRequestHandler):
     host_headers: ClassVar[list[str]] = []
     accept_encodings: ClassVar[list[str | None]] = []
     accepts: ClassVar[list[str | None]] = []
+    # /hold: how many requests are in the handler at once, and the most there ever were.
+    holding: ClassVar[int] = 0
+    most_held: ClassVar[int] = 0
+    hold_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
@@ -177,6 +181,14 @@ class Handler(BaseHTTPRequestHandler):
             body = '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252">' \
                    "<title>Grüße</title></head><p>Grüße</p>"
             self.send(200, body.encode("cp1252"), f"text/html; charset={header}" if header else "text/html")
+        elif self.path.startswith("/hold"):  # /hold?n: held a moment, counting the requests held at once
+            with Handler.hold_lock:
+                Handler.holding += 1
+                Handler.most_held = max(Handler.most_held, Handler.holding)
+            time.sleep(0.3)
+            with Handler.hold_lock:
+                Handler.holding -= 1
+            self.send(200, self.path.encode(), "text/plain")
         elif self.path == "/slow":
             time.sleep(10)  # far beyond what the tests allow a timed-out or aborted fetch (daemon threads)
             self.send(200, b"late", "text/plain")
@@ -203,6 +215,7 @@ def server() -> Iterator[str]:
     Handler.host_headers.clear()
     Handler.accept_encodings.clear()
     Handler.accepts.clear()
+    Handler.holding = Handler.most_held = 0
     try:
         yield f"127.0.0.1:{httpd.server_address[1]}"
     finally:
@@ -479,6 +492,75 @@ def test_the_timeout_bounds_the_whole_request_not_each_read(server: str) -> None
     elapsed = time.monotonic() - started
     assert result.code == "TOOL_FAILED" and elapsed < 3
     assert f"fetching http://{server}/drip timed out after 1 s (timeout_s bounds the whole request" in result.text
+
+
+def test_max_concurrent_bounds_the_fetches_in_flight_and_the_rest_wait_their_turn(server: str) -> None:
+    # A Code Mode program can gather a thousand fetches: without a bound each opens its own connection at once.
+    async def scenario(harness: Harness) -> list[ToolResult]:
+        return list(await asyncio.gather(*(harness.call("fetch", {"url": f"http://{server}/hold?{i}"})
+                                           for i in range(6))))
+
+    results = run(server, scenario, max_concurrent=2)
+    assert [r.value["text"] for r in results] == [f"/hold?{i}" for i in range(6)]
+    assert Handler.most_held == 2
+
+
+def test_a_fetch_waiting_for_a_slot_times_out_within_its_own_timeout(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With one timeout_s for all, a slot is freed by its holder's deadline, before a waiter's; a waiter runs
+    # out of time while waiting when the holder takes long to let go (closing a connection, say). A holder
+    # that lets go a second after its timeout stands in for that.
+    real = dsh_http_fetch.HttpFetch._request
+
+    async def slow_to_let_go(self: dsh_http_fetch.HttpFetch, url: Any, raw: bool) -> dict[str, Any]:
+        if url.path != "/slow":
+            return await real(self, url, raw)
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.sleep(1)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(dsh_http_fetch.HttpFetch, "_request", slow_to_let_go)
+
+    async def scenario(harness: Harness) -> tuple[ToolResult, float]:
+        holder = asyncio.ensure_future(harness.call("fetch", {"url": f"http://{server}/slow"}))
+        await asyncio.sleep(0.1)
+        begun = time.monotonic()
+        waiting = await harness.call("fetch", {"url": f"http://{server}/plain"})
+        elapsed = time.monotonic() - begun
+        await holder
+        return waiting, elapsed
+
+    waiting, elapsed = run(server, scenario, max_concurrent=1, timeout_s=0.5)
+    assert waiting.code == "TOOL_FAILED" and elapsed < 0.9, elapsed
+    assert (f"fetching http://{server}/plain timed out after 0.5 s waiting for its turn: max_concurrent (1) "
+            "fetches were in flight") in waiting.text
+    assert "/plain" not in Handler.hits
+
+
+def test_a_fetch_waiting_for_a_slot_is_aborted_at_once(server: str) -> None:
+    async def scenario(harness: Harness) -> tuple[ToolResult, float]:
+        holder = asyncio.ensure_future(harness.call("fetch", {"url": f"http://{server}/slow"}))
+        await asyncio.sleep(0.2)
+        controller = AbortController()
+        asyncio.get_running_loop().call_later(0.2, controller.abort, "stop")
+        begun = time.monotonic()
+        result = await harness.call("fetch", {"url": f"http://{server}/plain"}, signal=controller.signal)
+        elapsed = time.monotonic() - begun
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        return result, elapsed
+
+    result, elapsed = run(server, scenario, max_concurrent=1)
+    assert result.code == "ABORTED" and elapsed < 2
+    assert "/plain" not in Handler.hits
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "8"])
+def test_max_concurrent_must_be_a_positive_integer(server: str, value: Any) -> None:
+    with pytest.raises(Exception, match=r"config\.max_concurrent: (?!unknown key)"):
+        fetch(server, f"http://{server}/plain", max_concurrent=value)
 
 
 def test_converting_a_hostile_page_does_not_stall_the_event_loop(server: str) -> None:

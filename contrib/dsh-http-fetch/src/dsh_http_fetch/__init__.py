@@ -54,6 +54,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "max_bytes": {"type": "integer", "minimum": 1024, "default": 1048576,
                       "description": "most bytes of a response body that are read"},
         "max_redirects": {"type": "integer", "minimum": 0, "default": 5},
+        "max_concurrent": {"type": "integer", "minimum": 1, "default": 8,
+                           "description": "most fetches in flight at once; more wait their turn, within their "
+                                          "timeout_s"},
         "allowed_addresses": {"type": "array", "default": [],
                               "items": {"type": "string", "minLength": 1}, "uniqueItems": True,
                               "description": "addresses and networks that are not public (loopback, private, "
@@ -411,6 +414,10 @@ class HttpFetch:
         self.timeout_s: float = config.get("timeout_s", 15)
         self.max_bytes: int = config.get("max_bytes", 1048576)
         self.max_redirects: int = config.get("max_redirects", 5)
+        self.max_concurrent: int = config.get("max_concurrent", 8)
+        # One per event loop: a semaphore is bound to the loop it first waits on.
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary())
         try:
             self.allowed_addresses: list[IPNetwork] = [parse_address_entry(entry)
                                                        for entry in config.get("allowed_addresses", [])]
@@ -490,11 +497,19 @@ class HttpFetch:
 
     async def _fetch(self, url: httpx.URL, raw: bool) -> dict[str, Any]:
         # httpx's timeout bounds each network operation; this one bounds the whole call (a server
-        # dripping a byte at a time, redirects, the body).
+        # dripping a byte at a time, redirects, the body), and the wait for a slot with it: a call
+        # queued behind max_concurrent others still ends within its own timeout_s.
+        slots = self._slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.max_concurrent))
+        waiting = True
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._request(url, raw)
+                async with slots:
+                    waiting = False
+                    return await self._request(url, raw)
         except TimeoutError:
+            if waiting:
+                raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s waiting for its turn: "
+                                f"max_concurrent ({self.max_concurrent}) fetches were in flight") from None
             raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s (timeout_s bounds the whole "
                             "request: connecting, redirects and reading the body)") from None
 
