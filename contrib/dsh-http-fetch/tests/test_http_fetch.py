@@ -590,6 +590,54 @@ def test_converting_a_hostile_page_does_not_stall_the_event_loop(server: str) ->
     assert longest_gap < 1, longest_gap
 
 
+def test_html_is_converted_on_the_plugins_own_threads_not_the_default_executor(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The loop's default executor runs the DNS lookups (loop.getaddrinfo) of this plugin and of everything
+    # else in the process: a burst of large conversions there would hold up every lookup.
+    threads: list[threading.Thread] = []
+    real = dsh_http_fetch.html_to_text
+
+    def recording(html: str) -> tuple[str | None, str]:
+        threads.append(threading.current_thread())
+        return real(html)
+
+    monkeypatch.setattr(dsh_http_fetch, "html_to_text", recording)
+    result = fetch(server, f"http://{server}/page")
+    assert result.value["title"] == "Hello page"
+    assert len(threads) == 1 and threads[0].name.startswith("dsh-http-fetch-html"), threads
+
+
+def test_disposing_the_plugin_waits_for_a_running_conversion_and_leaves_no_thread(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A conversion cannot be interrupted: the call ends at its timeout, and the conversion runs on. Disposing
+    # the plugin must not leave its thread behind (the conformance kit counts threads left after dispose).
+    threads: list[threading.Thread] = []
+    real = dsh_http_fetch.html_to_text
+
+    def slow(html: str) -> tuple[str | None, str]:
+        threads.append(threading.current_thread())
+        time.sleep(1)
+        return real(html)
+
+    monkeypatch.setattr(dsh_http_fetch, "html_to_text", slow)
+    row = {"id": "web", "use": "http-fetch",
+           "config": {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], "timeout_s": 0.3}}
+
+    async def main() -> tuple[ToolResult, list[threading.Thread]]:
+        harness = await Harness.start(compose([("test", {"plugins": [row]})], env={}),
+                                      catalog=PluginCatalog(strict=True))
+        try:
+            result = await harness.call("fetch", {"url": f"http://{server}/page"})
+        finally:
+            await harness.aclose()
+        # Checked before the loop closes: asyncio.run would join the default executor's threads itself.
+        return result, [t for t in threading.enumerate() if t in threads or t.name.startswith("dsh-http-fetch")]
+
+    result, left = asyncio.run(main())
+    assert result.code == "TOOL_FAILED" and "timed out after 0.3 s" in result.text
+    assert len(threads) == 1 and left == [], left
+
+
 def test_ipv6_allow_list_entries_are_parsed_with_brackets() -> None:
     import httpx
     from dsh_http_fetch import parse_host_entry

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import concurrent.futures
 import contextlib
 import fnmatch
 import ipaddress
 import re
 import socket
 import ssl
+import threading
 import weakref
 import zlib
 from collections.abc import Iterable, Sequence
@@ -286,6 +288,13 @@ async def resolve(host: str, port: int) -> list[str]:
     return addresses
 
 
+# HTML is converted on threads of the plugin's own, not on the loop's default executor, whose threads the
+# DNS lookups (above) and the rest of the process share: a burst of large pages (about 2 s per MiB at worst)
+# would hold up every lookup behind it. Two: conversions are CPU-bound and share the GIL anyway.
+_CONVERTER_THREADS = 2
+_CONVERTER_NAME = "dsh-http-fetch-html"
+
+
 def _is_ip_literal(host: str) -> bool:
     """True if ``host`` is an IP address in any spelling (``::ffff:127.0.0.1``): it is connected to, not looked up."""
     try:
@@ -424,6 +433,10 @@ class HttpFetch:
         except ValueError as error:
             raise ToolError(f"http-fetch: {error}") from None
         self._ssl_context: ssl.SSLContext | None = None
+        self._converter: concurrent.futures.ThreadPoolExecutor | None = None  # started by the first conversion
+        self._conversions: set[concurrent.futures.Future[tuple[str | None, str]]] = set()
+        self._conversions_lock = threading.Lock()  # the set loses its futures on the converter's threads
+        self._closed = False
         concrete = next((_netloc(h, p) for h, p in parsed if "*" not in h and "?" not in h and "[" not in h), None)
         example = config.get("example_url") or (f"https://{concrete}/" if concrete else None)
         self.examples = [{"url": example}] if example else []
@@ -568,12 +581,49 @@ class HttpFetch:
         if html and not raw:
             # On a worker thread: html.parser takes a few microseconds per "<", seconds for a hostile megabyte,
             # and on the event loop that would stall every other call and stream of the process.
-            title, text = await asyncio.to_thread(html_to_text, text)
+            title, text = await self._convert(text)
         if response.status_code >= 400:
             snippet = text[:500] + ("..." if len(text) > 500 else "")
             raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url}: {snippet}")
         return {"url": str(url), "status": response.status_code, "content_type": content_type or "unknown",
                 "title": title, "text": text, "truncated": truncated}
+
+    async def _convert(self, html: str) -> tuple[str | None, str]:
+        """:func:`html_to_text` of ``html`` on the plugin's converter threads (started on first use)."""
+        if self._closed:
+            raise ToolError("http-fetch was shut down while fetching (its plugin was disposed); the page was not "
+                            "converted")
+        if self._converter is None:
+            self._converter = concurrent.futures.ThreadPoolExecutor(_CONVERTER_THREADS,
+                                                                    thread_name_prefix=_CONVERTER_NAME)
+        future = self._converter.submit(html_to_text, html)
+        with self._conversions_lock:
+            self._conversions.add(future)
+        future.add_done_callback(self._forget_conversion)
+        # A call that ends (timeout, abort) while its page waits in the queue cancels the conversion; one that
+        # is already running cannot be stopped, and finishes in the background, its result dropped.
+        return await asyncio.wrap_future(future)
+
+    def _forget_conversion(self, future: concurrent.futures.Future[tuple[str | None, str]]) -> None:
+        with self._conversions_lock:
+            self._conversions.discard(future)
+
+    async def aclose(self) -> None:
+        """Stop the converter threads, once the conversions running on them end; later fetches of HTML fail.
+
+        Queued conversions are dropped. A running one cannot be interrupted, so it is waited for without
+        blocking the event loop, and no thread of the plugin outlives its disposal.
+        """
+        self._closed = True
+        converter, self._converter = self._converter, None
+        if converter is None:
+            return
+        converter.shutdown(wait=False, cancel_futures=True)
+        with self._conversions_lock:
+            running = [asyncio.wrap_future(future) for future in self._conversions]
+        if running:
+            await asyncio.wait(running)
+        converter.shutdown(wait=True)  # every thread is idle or gone by now: the join does not block the loop
 
     async def _body(self, url: httpx.URL, response: httpx.Response) -> bytearray:
         """The decoded body, read from the raw bytes up to ``max_bytes + 1`` (one more: whether it was cut)."""
@@ -871,7 +921,9 @@ def _render(_args: Any, value: Any) -> str:
 @plugin(config_schema=CONFIG_SCHEMA)
 def http_fetch_plugin(scope: Scope, config: Any) -> HttpFetch:
     """Entry point ``http-fetch``: the ``fetch`` tool limited to ``config["allowed_hosts"]``."""
-    return HttpFetch(dict(config))
+    instance = HttpFetch(dict(config))
+    scope.on_dispose(instance.aclose)
+    return instance
 
 
 plugin = http_fetch_plugin
