@@ -94,6 +94,35 @@ def test_text_that_is_not_utf8_comes_back_as_its_bytes_tagged(tmp_path: Path) ->
     assert result.text.splitlines()[1] == '{"text_base64": "/0E="}\t"ok \ufffd"\t{"text_base64": "7aCA"}'
 
 
+def _schema_with_names_that_are_not_utf8(path: Path) -> Path:
+    """A table whose column names hold bytes that are not UTF-8: SQLite keeps the schema's text as given."""
+    with sqlite3.connect(path) as setup:
+        setup.execute("CREATE TABLE t (ab INTEGER, cd TEXT)")
+        setup.execute("INSERT INTO t VALUES (1, 'x')")
+        setup.execute("PRAGMA writable_schema = ON")
+        setup.execute("UPDATE sqlite_schema SET sql = CAST(? AS TEXT) WHERE name = 't'",
+                      (b'CREATE TABLE t ("a\xffb" INTEGER, "c\xfed" TEXT)',))
+    setup.close()
+    return path
+
+
+def test_a_column_whose_name_is_not_utf8_is_refused_with_a_message_naming_it(tmp_path: Path) -> None:
+    # Python's sqlite3 cannot decode such a name for the authorizer, and so refuses the read (safely), and then
+    # cannot decode SQLite's message either: the error was a bare "SQL error: 'utf-8' codec can't decode byte
+    # 0xff in position 13", naming neither the column nor what to do. No result can be given: the rows are
+    # never read, and Python's sqlite3 would not give the result's column names either.
+    db = _schema_with_names_that_are_not_utf8(tmp_path / "app.db")
+    result = query(db, "SELECT * FROM t")
+    assert result.code == "TOOL_FAILED"
+    assert "SQL error: access to t.a\\xffb is prohibited (SQLite's message holds bytes that are not UTF-8" \
+        in result.text, result.text
+    assert "SELECT name FROM pragma_table_info('<table>')" in result.text
+    # What the message points to works: the names, as cells are given, and the other columns.
+    names = query(db, "SELECT name FROM pragma_table_info('t')")
+    assert names.value["rows"] == [[{"text_base64": "Yf9i"}], [{"text_base64": "Y/5k"}]]
+    assert query(db, "SELECT rowid FROM t").value["rows"] == [[1]]
+
+
 def test_a_negative_zero_real_is_tagged_not_made_zero(tmp_path: Path) -> None:
     # -0.0 came back as 0.0, though a column without affinity stores it and SQLite tells them apart
     # (atan2(0, -0.0) is pi). dsh's lossless JSON refuses -0.0: not every reader keeps its sign.

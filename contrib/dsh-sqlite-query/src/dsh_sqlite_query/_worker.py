@@ -236,6 +236,18 @@ def run(connection: sqlite3.Connection, request: dict[str, Any]) -> str:
 def describe(error: BaseException, request: dict[str, Any], deadline: float) -> str:
     """The message for a failed query: what went wrong and what to change."""
     text = str(error)
+    if isinstance(error, UnicodeDecodeError) and isinstance(error.object, bytes):
+        # Python's sqlite3 decodes SQLite's text strictly: the names it hands the authorizer (which it then
+        # refuses, never calling it), SQLite's message about that refusal, and the result's column names.
+        # All of them come from the schema, which SQLite keeps as written, UTF-8 or not. The rows are lost
+        # with the error, so the result cannot be given, tagged or replaced; the message can say why.
+        shown = error.object[:300].decode("utf-8", "backslashreplace")
+        return (f"SQL error: {shown} (SQLite's message holds bytes that are not UTF-8, shown as \\xNN: a name "
+                "from the database's schema, most likely a column's, is not valid UTF-8; Python's sqlite3 cannot "
+                "pass such a name to the plugin's read-only check, which therefore refuses to read that column, "
+                "nor name a result column with it. Select the other columns; SELECT name FROM "
+                "pragma_table_info('<table>') lists a table's column names, each that is not UTF-8 as "
+                '{"text_base64": ...})')
     if isinstance(error, MemoryError):
         return (f"the query needed more than the {request['memory_mb']} MiB of memory it may use; select "
                 "fewer or smaller values, or aggregate in SQL")
