@@ -173,6 +173,23 @@ def test_the_text_the_model_reads_tells_text_from_null_numbers_and_tags(tmp_path
                                     '{"real": "Infinity"}', '"a\\tb\\nc"', "0.5"]
 
 
+def test_column_names_in_the_text_the_model_reads_never_split_a_column_or_the_header(tmp_path: Path) -> None:
+    # Names were joined bare with tabs: a tab or newline in a name split the header, so the header and the
+    # rows no longer lined up. A name that would be ambiguous bare is its JSON, as cells are: one with a
+    # control character or a backslash, an empty one, one starting with '"' (else it would read as JSON) or
+    # '{' (a tag).
+    result = query(make_db(tmp_path / "app.db"),
+                   'SELECT 1 AS "a\tb", 2 AS "c\nd", 3 AS """q""", 4 AS "{x}", 5 AS "", 6 AS "b\\s", '
+                   '7 AS plain, 8 AS "two words"')
+    assert result.code is None, result.text
+    assert result.value["columns"] == ["a\tb", "c\nd", '"q"', "{x}", "", "b\\s", "plain", "two words"]
+    lines = result.text.splitlines()
+    assert len(lines) == 3 and lines[2] == "(1 row)"
+    assert lines[0].split("\t") == ['"a\\tb"', '"c\\nd"', '"\\"q\\""', '"{x}"', '""', '"b\\\\s"', "plain",
+                                    "two words"]
+    assert lines[1].split("\t") == ["1", "2", "3", "4", "5", "6", "7", "8"]
+
+
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
     assert result.value["row_count"] == 10 and result.value["truncated"] is True

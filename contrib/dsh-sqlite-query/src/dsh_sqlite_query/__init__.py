@@ -202,7 +202,7 @@ class SqliteQuery:
 def _render(_args: Any, value: Any) -> str:
     if not value["columns"]:
         return "(the statement returned no columns)"
-    lines = ["\t".join(value["columns"])]
+    lines = ["\t".join(_render_name(name) for name in value["columns"])]
     lines += ["\t".join(_render_cell(v) for v in row) for row in value["rows"]]
     footer = f"({value['row_count']} row{'' if value['row_count'] == 1 else 's'}"
     footer += ", truncated: add a LIMIT or narrow the query)" if value["truncated"] else ")"
@@ -213,6 +213,17 @@ def _render(_args: Any, value: Any) -> str:
 # 'NULL' is not NULL, '1' is not 1, nor does text spelling a tag read as one) and its tabs and
 # newlines are escaped, never splitting a cell or a row.
 _render_cell = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
+
+
+def _render_name(name: str) -> str:
+    """A column name in the header: bare where that is unambiguous, else its JSON, as a TEXT cell is shown.
+
+    Bare, a tab or newline in a name split the header from its columns. Its JSON is used for a name
+    JSON escapes anything in (a control character, a backslash, a quote), an empty one, and one
+    starting with ``{`` (which would read as a tag): so a header field starting with ``"`` is JSON.
+    """
+    quoted = _render_cell(name)
+    return name if name and quoted[1:-1] == name and not name.startswith("{") else quoted
 
 
 @plugin(config_schema=CONFIG_SCHEMA)
