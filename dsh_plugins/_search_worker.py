@@ -32,8 +32,9 @@ swapped for a symlink during the search is not crossed out of the workspace.
 The deadline is checked per file and per line; lines are searched in their first
 :data:`LINE_SEARCH_CHARS` characters only, so the work per line is bounded
 for every pattern that does not backtrack exponentially (the parent's kill
-covers the rest). Lines end at ``\n`` only (a ``\r`` before it is dropped), as
-the ``read`` tool counts them, so a reported line number is the one read shows.
+covers the rest). Lines end at ``\n`` only (a ``\r`` before it is dropped), or at
+``\r`` in a file without ``\n`` (:func:`ends_lines_with_cr`), as the ``read`` tool
+counts them, so a reported line number is the one read shows.
 """
 
 from __future__ import annotations
@@ -134,15 +135,27 @@ def _read_open(fd: int, max_bytes: int, expected: tuple[int, int] | None = None)
     return data if len(data) <= max_bytes else None
 
 
+def ends_lines_with_cr(data: bytes) -> bool:
+    """True if the lines of the file ``data`` (the whole of it) end at ``\r``: it holds one and no ``\n``.
+
+    A classic Mac OS file (and what some old tools still write). Judged on the whole file, never on a
+    line: in a file with ``\n`` a lone ``\r`` stays part of its line (a terminal log's progress bar), so
+    the numbers ``read``, ``search``, ``edit``, ``grep -n`` and ``sed -n`` give such a file stay one.
+    """
+    return b"\n" not in data and b"\r" in data
+
+
 def _lines(data: bytes) -> list[str]:
-    """The lines of ``data`` as ``read`` numbers them: ended by ``\n`` only, without it or a ``\r`` before it.
+    """The lines of ``data`` as ``read`` numbers them: ended by ``\n`` only, without it or a ``\r`` before it
+    (by ``\r`` in a file without ``\n``: :func:`ends_lines_with_cr`).
 
     Not :meth:`str.splitlines`, which also ends a line at a form feed, a lone ``\r``, U+2028 and
     others: the numbers it gives would not be the ones read shows.
     """
-    lines = data.decode("utf-8", errors="replace").split("\n")
+    end = "\r" if ends_lines_with_cr(data) else "\n"
+    lines = data.decode("utf-8", errors="replace").split(end)
     if lines[-1] == "":
-        lines.pop()  # the newline that ends the last line starts no line of its own
+        lines.pop()  # the break that ends the last line starts no line of its own
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 

@@ -31,6 +31,7 @@ import bisect
 import contextlib
 import errno
 import heapq
+import io
 import json
 import os
 import re
@@ -94,6 +95,7 @@ MAX_LINE_CHARS = 2000
 MAX_LINE_BYTES = MAX_LINE_CHARS * 4 + 2
 SKIP_CHUNK_BYTES = 1 << 16
 SNIFF_BYTES = 8192
+SCAN_CHUNK_BYTES = 1 << 16  # read looks for an LF in pieces this big (a file without one: all of it)
 READ_CUT_NOTE = " [... line cut to fit the read limit]"  # ASCII: its length is its size in bytes
 # One worker event (a line of JSON): a match's path is not bounded by PATH_MAX, since the walk opens
 # each directory relative to the one above it (escaped, a deep path of long names is a few MiB at most).
@@ -137,6 +139,40 @@ def _protected_key(name: str) -> str:
 
 #: A line break as read hides it: a line feed and the carriage returns before it.
 _LINE_BREAK = re.compile(r"\r*\n")
+#: A line break of old_string or new_string when edit changes a file whose lines end at CR: each is one.
+_ANY_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _ends_lines_with_cr(handle: io.BufferedReader, stop: threading.Event) -> bool:
+    """:func:`~dsh_plugins._search_worker.ends_lines_with_cr` of the file ``handle`` reads, from its start.
+
+    Read in chunks, to the first ``\n`` (in the first chunk, for most files) or the end.
+    """
+    handle.seek(0)
+    seen_cr = False
+    while not stop.is_set() and (chunk := handle.read(SCAN_CHUNK_BYTES)):
+        if b"\n" in chunk:
+            return False
+        seen_cr = seen_cr or b"\r" in chunk
+    return seen_cr
+
+
+def _read_line(handle: io.BufferedReader, limit: int, end: bytes) -> bytes:
+    """The next line of ``handle``, with the ``end`` (``\n`` or ``\r``) that ends it: at most ``limit`` bytes."""
+    if end == b"\n":
+        return handle.readline(limit)
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        ahead = handle.peek(1)[:limit - size]  # what the buffer holds already: no read of its own
+        if not ahead:
+            break
+        at = ahead.find(end)
+        parts.append(handle.read(at + 1 if at != -1 else len(ahead)))
+        size += len(parts[-1])
+        if at != -1:
+            break
+    return b"".join(parts)
 
 
 class _LineView:
@@ -649,18 +685,19 @@ class WorkspaceTools:
             if _looks_binary(handle.read(SNIFF_BYTES)):
                 raise ToolError(f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows "
                                 "text files")
+            end = b"\r" if _ends_lines_with_cr(handle, stop) else b"\n"
             handle.seek(0)
             while not stop.is_set():
                 # At most MAX_LINE_BYTES of a line are held; the rest of a longer line is skipped in chunks.
-                raw = handle.readline(MAX_LINE_BYTES)
+                raw = _read_line(handle, MAX_LINE_BYTES, end)
                 if not raw:
                     break
                 number += 1
-                cut = len(raw) == MAX_LINE_BYTES and not raw.endswith(b"\n")
+                cut = len(raw) == MAX_LINE_BYTES and not raw.endswith(end)
                 if cut:
                     rest = raw
-                    while rest and not rest.endswith(b"\n") and not stop.is_set():
-                        rest = handle.readline(SKIP_CHUNK_BYTES)
+                    while rest and not rest.endswith(end) and not stop.is_set():
+                        rest = _read_line(handle, SKIP_CHUNK_BYTES, end)
                 if number < offset:
                     continue
                 if number >= offset + limit:
@@ -976,8 +1013,14 @@ class WorkspaceTools:
         info, text = self._read_text(real, given)
         # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file: in a file
         # holding a CR, old_string is found in the text as read shows it, its own CRs before an LF left out too.
-        lines = _LineView(text) if "\r" in text else None
-        haystack, needle = (lines.view, _LINE_BREAK.sub("\n", old)) if lines is not None else (text, old)
+        cr_file = "\n" not in text and "\r" in text  # a classic Mac file, whose lines end at CR (as read counts)
+        lines = _LineView(text) if "\r" in text and not cr_file else None
+        if cr_file:
+            # Offset for offset the text with its CRs as LFs: old_string's breaks (LF, CRLF or CR) are found
+            # there, and the result's LFs, new_string's among them, become the file's CRs again.
+            haystack, needle = text.replace("\r", "\n"), _ANY_BREAK.sub("\n", old)
+        else:
+            haystack, needle = (lines.view, _LINE_BREAK.sub("\n", old)) if lines is not None else (text, old)
         count = haystack.count(needle)
         if count == 0:
             raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
@@ -995,10 +1038,14 @@ class WorkspaceTools:
                 pieces += [text[last:start], _ended_as_matched(new, text, start, end)]
                 last, found = end, found + len(needle)
             updated = "".join([*pieces, text[last:]])
+        elif cr_file:
+            replacement = _ANY_BREAK.sub("\n", new)
+            updated = (haystack.replace(needle, replacement) if replace_all
+                       else haystack.replace(needle, replacement, 1)).replace("\n", "\r")
         else:
             updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         if updated == text:  # new_string differs from old_string in the CRs before its LFs alone
-            raise ToolError(f"this edit would not change {given!r}: edit keeps each line's ending (LF or CRLF) as "
+            raise ToolError(f"this edit would not change {given!r}: edit keeps each line's ending (LF, CRLF or CR) as "
                             "the file has it, so old_string and new_string differing in line endings only change "
                             "nothing; to change line endings, write the whole file")
         data = updated.encode("utf-8")

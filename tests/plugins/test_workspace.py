@@ -1680,3 +1680,31 @@ async def test_read_says_which_lines_hold_bytes_that_are_not_utf8(boot: Any, tmp
     assert whole.text.endswith("[lines 901, 903 hold bytes that are not UTF-8, shown as U+FFFD: edit refuses "
                                "this file, and writing the text back would replace those bytes]")
     assert part.value["not_utf8_lines"] == [] and "not UTF-8" not in part.text
+
+
+async def test_a_file_whose_lines_end_in_cr_alone_is_read_searched_and_edited_line_by_line(
+        boot: Any, tmp_path: Path) -> None:
+    """A classic Mac file (CR line endings, no LF anywhere) was one line to read, search and edit: read cut
+    it at 2000 characters and showed nothing past, offset could not reach its second line, and an
+    old_string of several lines copied from read never matched. Its lines end at CR, as each tool counts
+    them, and an edit keeps them ending so; a lone CR inside a file that has LFs stays part of its line."""
+    (tmp_path / "mac.txt").write_bytes(b"one\rtwo\rthree\r")
+    (tmp_path / "long.txt").write_bytes(b"".join(b"line %d\r" % n for n in range(1, 3001)))
+    (tmp_path / "unix.txt").write_bytes(b"half\rline\nnext\n")
+    async with boot(ws(tmp_path)) as h:
+        whole = await h.call("read", {"path": "mac.txt"})
+        assert whole.value["content"] == "     1\tone\n     2\ttwo\n     3\tthree", whole.value
+        part = await h.call("read", {"path": "mac.txt", "offset": 2, "limit": 1})
+        assert (part.value["content"], part.value["next_offset"]) == ("     2\ttwo", 3), part.value
+        far = await h.call("read", {"path": "long.txt", "offset": 2999, "limit": 5})
+        assert far.value["content"] == "  2999\tline 2999\n  3000\tline 3000", far.value
+        assert far.value["next_offset"] is None and not far.value["truncated"]
+        found = await h.call("search", {"pattern": "^t", "path": "mac.txt"})
+        assert [(m["line"], m["text"]) for m in found.value["matches"]] == [(2, "two"), (3, "three")]
+        edited = await h.call("edit", {"path": "mac.txt", "old_string": "one\ntwo", "new_string": "1\n2\n2.5"})
+        assert edited.error is None, edited.text
+        assert (tmp_path / "mac.txt").read_bytes() == b"1\r2\r2.5\rthree\r"
+        unix = await h.call("read", {"path": "unix.txt"})
+        assert unix.value["content"] == "     1\thalf\rline\n     2\tnext"
+        none = await h.call("edit", {"path": "unix.txt", "old_string": "half\nline", "new_string": "x"})
+        assert none.code == "TOOL_FAILED" and "was not found" in none.text
