@@ -232,6 +232,24 @@ def _ended_as_matched(new: str, text: str, start: int, end: int) -> str:
     return "".join(ended)
 
 
+def _refuse_hard_link(info: os.stat_result, given: str) -> None:
+    """Refuse to replace ``given`` (whose stat is ``info``) if the file has other names (hard links).
+
+    Neither way of changing it is safe: replaced (a new file renamed over this name), its other names
+    keep the old content, silently; written in place, the change reaches every name, and one may lie
+    outside the workspace (a link into a package store, a backup, any file on the same file system),
+    where no other path of the workspace tools reaches. Where the other names are, nothing here can
+    tell, so which one the user meant cannot be judged.
+    """
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        others = info.st_nlink - 1
+        raise ToolError(f"cannot write {given!r}: it has {info.st_nlink} names (hard links), and write and edit "
+                        f"replace a file with a new one, which would leave the other {others} with the old content "
+                        "(writing through it instead would change a file that may lie outside the workspace); "
+                        "nothing was changed: to change every name, change it in place with bash; to give "
+                        f"{given!r} content of its own, remove it with bash first, then write it")
+
+
 def _utf8(text: str, what: str) -> bytes:
     """``text`` as UTF-8; a lone surrogate (half of a broken character, which UTF-8 cannot hold) is named."""
     try:
@@ -863,10 +881,13 @@ class WorkspaceTools:
         """Put ``data`` at ``real`` (``parent`` is its directory) atomically: a new file beside it, renamed
         over it (``info``: the stat of the file it replaces).
 
-        Never written in place: a failed write (disk full) leaves the old content whole, and a
-        hard link to a file outside the workspace is replaced, not written through.
+        Never written in place: a failed write (disk full) leaves the old content whole. A file with
+        several names (hard links) is refused, before anything is written and again just before the
+        rename (a link made meanwhile): see :func:`_refuse_hard_link`.
         """
         name = os.path.basename(real)
+        if info is not None:
+            _refuse_hard_link(info, given)
         if info is not None and not os.access(name, os.W_OK, dir_fd=parent):
             raise ToolError(f"cannot write {given!r}: Permission denied")
         temporary = f".dsh-{os.urandom(6).hex()}.tmp"
@@ -912,6 +933,8 @@ class WorkspaceTools:
                 handle.write(data)
             if before_rename is not None:
                 before_rename()  # the last moment to refuse: nothing has replaced the file yet
+            with contextlib.suppress(FileNotFoundError):
+                _refuse_hard_link(os.stat(name, dir_fd=parent, follow_symlinks=False), given)
             os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException as error:  # nothing replaced: the new file goes, whatever stopped it
             with contextlib.suppress(OSError):

@@ -341,30 +341,59 @@ async def test_write_refuses_a_fifo_instead_of_blocking_the_loop(boot: Any, tmp_
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-async def test_write_and_edit_replace_the_file_instead_of_writing_through_a_hard_link(
+async def test_write_and_edit_refuse_a_hard_link_rather_than_break_it_or_write_through_it(
         boot: Any, tmp_path: Path) -> None:
-    """A hard link inside the root to a file outside: the outside file must not change."""
+    """A file with several names (hard links): writing through would change a file that may lie outside
+    the workspace, and replacing it (as write and edit did, silently) left its other names with the old
+    content, a divergence nobody was told of. Both are refused, naming the path and why; a file with one
+    name is replaced as ever."""
     root, outside = tmp_path / "ws", tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
     victim = outside / "victim.txt"
     victim.write_text("original\n")
     os.link(victim, root / "linked.txt")
+    (root / "a.txt").write_text("shared\n")
+    os.link(root / "a.txt", root / "b.txt")
     (root / "script.sh").write_text("echo hi\n")
     os.chmod(root / "script.sh", 0o750)
     async with boot(ws(root)) as h:
-        written = await h.call("write", {"path": "linked.txt", "content": "pwned\n"})
-        assert written.error is None and written.value["created"] is False
-        assert victim.read_text() == "original\n" and (root / "linked.txt").read_text() == "pwned\n"
-        os.unlink(root / "linked.txt")
-        os.link(victim, root / "linked.txt")
-        edited = await h.call("edit", {"path": "linked.txt", "old_string": "original", "new_string": "pwned"})
-        assert edited.error is None
-        assert victim.read_text() == "original\n" and (root / "linked.txt").read_text() == "pwned\n"
+        for path, call in [("linked.txt", ("write", {"path": "linked.txt", "content": "pwned\n"})),
+                           ("linked.txt", ("edit", {"path": "linked.txt", "old_string": "original",
+                                                    "new_string": "pwned"})),
+                           ("a.txt", ("edit", {"path": "a.txt", "old_string": "shared", "new_string": "mine"}))]:
+            result = await h.call(*call)
+            assert result.code == "TOOL_FAILED", (call, result.text)
+            assert f"cannot write {path!r}: it has 2 names (hard links)" in result.text, result.text
+            assert "nothing was changed" in result.text
+        assert victim.read_text() == "original\n" and (root / "linked.txt").read_text() == "original\n"
+        assert (root / "a.txt").read_text() == (root / "b.txt").read_text() == "shared\n"
+        assert os.stat(root / "a.txt").st_ino == os.stat(root / "b.txt").st_ino
         # Replacing keeps the mode of the file it replaces, and leaves no temporary file behind.
         await h.call("edit", {"path": "script.sh", "old_string": "hi", "new_string": "bye"})
         assert stat.S_IMODE(os.stat(root / "script.sh").st_mode) == 0o750
-    assert sorted(os.listdir(root)) == ["linked.txt", "script.sh"]
+    assert sorted(os.listdir(root)) == ["a.txt", "b.txt", "linked.txt", "script.sh"]
+
+
+async def test_a_hard_link_made_while_an_edit_runs_is_not_broken(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second name given to the file after the edit read it: the replace would still break it."""
+    from dsh_plugins.workspace import WorkspaceTools
+
+    (tmp_path / "a.txt").write_text("shared\n")
+    read_text = WorkspaceTools._read_text
+
+    def read_then_someone_links(self: Any, real: str, given: str) -> Any:
+        read = read_text(self, real, given)
+        os.link(tmp_path / "a.txt", tmp_path / "b.txt")
+        return read
+
+    monkeypatch.setattr(WorkspaceTools, "_read_text", read_then_someone_links)
+    async with boot(ws(tmp_path)) as h:
+        result = await h.call("edit", {"path": "a.txt", "old_string": "shared", "new_string": "mine"})
+    assert result.code == "TOOL_FAILED" and "it has 2 names (hard links)" in result.text, result.text
+    assert (tmp_path / "b.txt").read_text() == "shared\n"
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.txt"]
 
 
 @pytest.mark.parametrize("change", ["in place, same size", "replaced by another file"])
