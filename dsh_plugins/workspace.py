@@ -935,7 +935,17 @@ class WorkspaceTools:
                 before_rename()  # the last moment to refuse: nothing has replaced the file yet
             with contextlib.suppress(FileNotFoundError):
                 _refuse_hard_link(os.stat(name, dir_fd=parent, follow_symlinks=False), given)
-            os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+            try:
+                os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except OSError as error:
+                if error.errno not in (errno.EBUSY, errno.EXDEV):
+                    raise
+                # Not written in place instead: that would give up all-or-nothing (a full disk leaves the
+                # file cut short) and write through to the mount's source, which may lie outside the workspace.
+                raise ToolError(f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is likely a "
+                                "mount point (a file bind-mounted into the workspace, as containers do with "
+                                "config files), and write and edit replace a file by renaming a new one over it; "
+                                "nothing was changed: change it in place with bash if that is meant") from None
         except BaseException as error:  # nothing replaced: the new file goes, whatever stopped it
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=parent)

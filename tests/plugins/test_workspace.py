@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -1737,3 +1738,32 @@ async def test_a_file_whose_lines_end_in_cr_alone_is_read_searched_and_edited_li
         assert unix.value["content"] == "     1\thalf\rline\n     2\tnext"
         none = await h.call("edit", {"path": "unix.txt", "old_string": "half\nline", "new_string": "x"})
         assert none.code == "TOOL_FAILED" and "was not found" in none.text
+
+
+@pytest.mark.parametrize("code", [errno.EBUSY, errno.EXDEV])
+async def test_a_file_that_cannot_be_renamed_over_is_refused_saying_why(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """A file bind-mounted into the workspace (a container's config file) cannot be replaced by a rename
+    (EBUSY; EXDEV where the mount is another file system's): the error said "Device or resource busy"
+    and nothing of why or what to do. It names the path, the likely mount point, that nothing changed,
+    and the way to change it in place; nothing is written through it and no temporary file is left."""
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        if dst == "mounted.txt":
+            raise OSError(code, os.strerror(code))
+        real_replace(src, dst, **kwargs)
+
+    (tmp_path / "mounted.txt").write_text("key = 1\n")
+    monkeypatch.setattr(os, "replace", replace)
+    async with boot(ws(tmp_path)) as h:
+        for call in [("write", {"path": "mounted.txt", "content": "key = 2\n"}),
+                     ("edit", {"path": "mounted.txt", "old_string": "1", "new_string": "2"})]:
+            result = await h.call(*call)
+            assert result.code == "TOOL_FAILED", result.text
+            assert (f"cannot write 'mounted.txt': it cannot be replaced ({os.strerror(code)}): it is likely a "
+                    "mount point") in result.text, result.text
+            assert "nothing was changed" in result.text and "in place with bash" in result.text
+        assert (await h.call("write", {"path": "other.txt", "content": "x"})).error is None
+    assert (tmp_path / "mounted.txt").read_text() == "key = 1\n"
+    assert sorted(os.listdir(tmp_path)) == ["mounted.txt", "other.txt"]
