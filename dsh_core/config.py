@@ -107,6 +107,7 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
             "properties": {
                 "mode": {"enum": list(MODES)},
                 "max_parallel_sub_calls": {"type": "integer", "minimum": 1},
+                "approval_timeout_s": {"type": "number", "exclusiveMinimum": 0},
             },
         },
         "code_runtime": {
@@ -199,10 +200,15 @@ def _empty_config() -> JSON:
 
 @frozen
 class ToolsSection:
-    """``[tools]``: the deployment-wide presentation mode and sub-call parallelism."""
+    """``[tools]``: the deployment-wide presentation mode, sub-call parallelism and approval timeout.
+
+    ``approval_timeout_s``: seconds an approval ask waits for its answer before it is
+    withdrawn and the call denied (``None``: no limit, the ask waits for the person).
+    """
 
     mode: str = "native"
     max_parallel_sub_calls: int = 10
+    approval_timeout_s: float | None = None
 
 
 @frozen
@@ -629,7 +635,9 @@ def compose(
 
     tools, runtime, sessions = sections["tools"], sections["code_runtime"], sections["sessions"]
     return Deployment(
-        tools=ToolsSection(mode=tools["mode"], max_parallel_sub_calls=int(tools["max_parallel_sub_calls"])),
+        tools=ToolsSection(mode=tools["mode"], max_parallel_sub_calls=int(tools["max_parallel_sub_calls"]),
+                           approval_timeout_s=(None if tools.get("approval_timeout_s") is None
+                                               else float(tools["approval_timeout_s"]))),
         code_runtime=CodeRuntimeSection(
             isolation=runtime["isolation"],
             timeout_s=float(runtime["timeout_s"]),

@@ -167,7 +167,7 @@ class Harness:
 
         registry = ToolRegistry(default_mode=deployment.tools.mode,  # type: ignore[arg-type]
                                 transport=transport_source if transport is not None else None)
-        runtime = ToolRuntime(registry, hooks)
+        runtime = ToolRuntime(registry, hooks, approval_timeout_s=deployment.tools.approval_timeout_s)
         harness = cls(deployment, catalog, root, hooks, registry, runtime)
         holder.append(harness)
         root.provide("tools", registry)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Literal
@@ -78,6 +79,7 @@ from dsh_core.scope import Scope, one_shot
 
 __all__ = [
     "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
+    "check_approval_timeout",
 ]
 
 log = logging.getLogger("dsh")
@@ -159,11 +161,18 @@ def error_result(error: BaseException) -> ToolResult:
 
 
 class ToolRuntime:
-    """Runs tool calls through the fixed pipeline against one registry and one hook facade."""
+    """Runs tool calls through the fixed pipeline against one registry and one hook facade.
 
-    def __init__(self, registry: ToolRegistry, hooks: Hooks) -> None:
+    ``approval_timeout_s`` bounds how long an approval ask waits for its answer
+    (``None``, the default: for as long as it takes). An ask unanswered by then is
+    withdrawn (its channel's task is cancelled, so a late answer reaches nobody) and
+    the call is denied, saying the request timed out: fail closed.
+    """
+
+    def __init__(self, registry: ToolRegistry, hooks: Hooks, *, approval_timeout_s: float | None = None) -> None:
         self.registry = registry
         self.hooks = hooks
+        self.approval_timeout_s = check_approval_timeout(approval_timeout_s)
         # Tokens of executions whose transport body is running now: the only valid parents.
         self._live_parents: dict[ExecutionToken, int] = {}
 
@@ -337,7 +346,11 @@ class ToolRuntime:
         if kind == "deny":
             return staged.settle("final-result", self._denied(decision.reason or f'tool "{execution.name}" denied'))
         if kind == "ask":
-            outcome = await self._ask(execution, decision.reason, approval_wait)
+            outcome, timed_out = await self._ask(execution, decision.reason, approval_wait)
+            if timed_out:
+                return staged.settle("final-result", self._denied(
+                    f'the approval request for tool "{execution.name}" timed out after '
+                    f"{self.approval_timeout_s:g} s; the call is denied"))
             if outcome is not ApprovalOutcome.ALLOWED:
                 if outcome is ApprovalOutcome.CANCELLED and signal.aborted:
                     return staged.settle("final-result", _aborted_before_dispatch())
@@ -358,10 +371,23 @@ class ToolRuntime:
         return ToolResult.failure(ErrorCode.DENIED, reason)
 
     async def _ask(self, execution: ToolExecution, reason: str | None,
-                   approval_wait: Callable[[], AbstractContextManager[None]] | None) -> ApprovalOutcome:
+                   approval_wait: Callable[[], AbstractContextManager[None]] | None) -> tuple[ApprovalOutcome, bool]:
+        """The ask's outcome, and whether it timed out (then the call is denied, whatever came of it)."""
         signal = execution.signal
         request = ApprovalRequest(execution, reason, signal)
         approval = asyncio.ensure_future(self.hooks.approve(request))
+        timed_out = False
+
+        def expire() -> None:
+            nonlocal timed_out
+            if not approval.done():
+                # Withdrawn, not just stopped waiting for: the person's prompt goes away, and an
+                # answer the channel still manages to give (it swallowed the cancellation) is ignored.
+                timed_out = True
+                approval.cancel()
+
+        timeout = self.approval_timeout_s
+        timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, expire)
         try:
             try:
                 if approval_wait is None:
@@ -370,6 +396,8 @@ class ToolRuntime:
                     with approval_wait():
                         await signal.until(approval)
             finally:
+                if timer is not None:
+                    timer.cancel()
                 if not approval.done():
                     # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
                     approval.cancel()
@@ -381,9 +409,9 @@ class ToolRuntime:
             outcome = approval.result() if answered else ApprovalOutcome.CANCELLED
             await asyncio.shield(self.hooks.approval_resolved(request, outcome))
             raise
-        outcome = ApprovalOutcome.CANCELLED if approval.cancelled() else approval.result()
+        outcome = ApprovalOutcome.CANCELLED if approval.cancelled() or timed_out else approval.result()
         await self.hooks.approval_resolved(request, outcome)
-        return outcome
+        return outcome, timed_out
 
     async def _guard(self, execution: ToolExecution) -> str | None:
         for guard in self.registry.guards_for(execution.agent):
@@ -761,6 +789,16 @@ def _blocks(value: object) -> tuple[ContentBlock, ...]:
     if isinstance(value, str):
         return (TextBlock(value),)
     return tuple(value)  # type: ignore[arg-type]
+
+
+def check_approval_timeout(value: object) -> float | None:
+    """``value`` as the approval timeout in seconds: ``None`` (no timeout) or a positive, finite number."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"approval_timeout_s must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
 
 
 def _approval_denial(name: str, outcome: ApprovalOutcome, reason: str | None) -> str:

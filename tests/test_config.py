@@ -368,7 +368,7 @@ def test_compose_does_not_alias_the_caller_documents() -> None:
         ),
         (
             "[tools]\nturbo = true\n",
-            "f.toml: tools.turbo: unknown key (allowed: max_parallel_sub_calls, mode)",
+            "f.toml: tools.turbo: unknown key (allowed: approval_timeout_s, max_parallel_sub_calls, mode)",
         ),
         (
             "[code_runtime]\ntimeout = 3\n",
@@ -489,7 +489,7 @@ def test_every_problem_of_every_file_is_reported_at_once(files: Any) -> None:
     a = files("a.toml", "[tools]\nmode = 'x'\nextra = 1\n")
     b = files("b.toml", "[code_runtime]\nmemory_mb = 0\n")
     assert config_error(a, b).splitlines() == [
-        "a.toml: tools.extra: unknown key (allowed: max_parallel_sub_calls, mode)",
+        "a.toml: tools.extra: unknown key (allowed: approval_timeout_s, max_parallel_sub_calls, mode)",
         "a.toml: tools.mode: 'x' is not one of ['native', 'code', 'both']",
         "b.toml: code_runtime.memory_mb: 0 is less than the minimum of 1",
     ]
@@ -1157,3 +1157,14 @@ def test_a_single_bracket_row_table_says_to_write_double_brackets(files: Any, ki
     assert config_error(files("f.toml", f'[{kind}]\nid = "w"\nuse = "workspace"\n')) == (
         f"f.toml: {kind}: is a table, not an array of tables: write each row as [[{kind}]] (double brackets), "
         f"not [{kind}]")
+
+
+def test_approval_timeout_is_unset_by_default_and_a_positive_finite_number_when_given(files: Any) -> None:
+    """[tools] approval_timeout_s: none by default (an ask waits for its person); else seconds > 0, finite."""
+    assert load(files("empty.toml", "")).tools.approval_timeout_s is None
+    d = load(files("t.toml", "[tools]\napproval_timeout_s = 30\n"))
+    assert d.tools.approval_timeout_s == 30.0 and type(d.tools.approval_timeout_s) is float
+    assert ("tools.approval_timeout_s", 30.0, "t.toml") in dump(d)
+    for bad in ("0", "-1", "nan", "inf", '"30"'):
+        problem = config_error(files("bad.toml", f"[tools]\napproval_timeout_s = {bad}\n"))
+        assert "tools.approval_timeout_s" in problem, (bad, problem)

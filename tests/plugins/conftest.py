@@ -14,9 +14,12 @@ from dsh_core.plugins import PluginCatalog
 
 
 @asynccontextmanager
-async def harness(*rows: dict[str, Any], mode: str = "native") -> AsyncIterator[Harness]:
-    """A harness of the installed plugins (strict catalog) with ``rows`` as its ``[[plugins]]``."""
-    deployment = compose([("test", {"tools": {"mode": mode}, "plugins": list(rows)})], env={})
+async def harness(*rows: dict[str, Any], mode: str = "native", **tools: Any) -> AsyncIterator[Harness]:
+    """A harness of the installed plugins (strict catalog) with ``rows`` as its ``[[plugins]]``.
+
+    ``tools`` are further ``[tools]`` settings (``approval_timeout_s=...``).
+    """
+    deployment = compose([("test", {"tools": {"mode": mode, **tools}, "plugins": list(rows)})], env={})
     running = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
     try:
         yield running

@@ -121,6 +121,27 @@ async def test_an_ask_is_answered_on_the_terminal(boot: Any, tmp_path: Path, ter
         assert not (tmp_path / "made").exists()
 
 
+async def test_an_unanswered_terminal_ask_times_out_denied_and_a_late_yes_does_nothing(
+        boot: Any, tmp_path: Path, terminal: tuple[int, str]) -> None:
+    """[tools] approval_timeout_s: nobody answers, the call is denied saying so; a "y" typed then is ignored."""
+    master, path = terminal
+    async with boot(*rows(tmp_path, terminal=path), approval_timeout_s=0.3) as h:
+        call = asyncio.ensure_future(h.call("bash", {"command": "touch made"}))
+        await _read_until(master, b"[y/N] ")
+        result = await asyncio.wait_for(call, 5)
+        assert result.code == "DENIED"
+        assert 'the approval request for tool "bash" timed out after 0.3 s; the call is denied' in result.text
+        os.write(master, b"y\n")
+        await asyncio.sleep(0.2)
+        assert not (tmp_path / "made").exists()
+        # The terminal is free for the next ask, which the stale "y" does not answer.
+        nxt = asyncio.ensure_future(h.call("bash", {"command": "touch other"}))
+        await _read_until(master, b"[y/N] ")
+        os.write(master, b"n\n")
+        assert (await asyncio.wait_for(nxt, 5)).code == "DENIED"
+    assert not (tmp_path / "made").exists() and not (tmp_path / "other").exists()
+
+
 async def test_an_ask_is_cancelled_when_the_call_aborts(boot: Any, tmp_path: Path,
                                                         terminal: tuple[int, str]) -> None:
     """Aborting while the prompt waits settles the call as ABORTED_BEFORE_DISPATCH; the loop never blocks."""
