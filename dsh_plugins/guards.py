@@ -69,8 +69,11 @@ like the paths they judge (``./x`` is ``x``, ``x//y`` and ``x/./y`` are
 the directory itself (its listing) allowed. A glob with a ``..`` segment, or
 starting with a ``~`` that names no known home directory, is a config error.
 Matching is case-sensitive, unless the root's file system looks names up
-ignoring case (macOS and Windows volumes usually do; probed once at load, from
-a name in the root): there ``**/.env`` denies ``.ENV`` too. A case-insensitive
+ignoring case (macOS and Windows volumes usually do; probed once at load, on
+the root's own file system: from a name in the root, else from the root's name
+in its parent when that is the same file system, else from a file made and
+removed in the root at once; when none can decide, globs fold case, the safe
+way for deny rules): there ``**/.env`` denies ``.ENV`` too. A case-insensitive
 mount below a case-sensitive root is not detected.
 
 Config::
@@ -92,10 +95,12 @@ config error naming the key.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fnmatch
 import itertools
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -486,10 +491,24 @@ def _normalised_globs(pattern: str, row: str, shown: str | None = None) -> list[
 
 
 def _case_insensitive(directory: str) -> bool:
-    """Whether ``directory`` looks names up ignoring case: a name in it (else the directory itself, in its
-    parent) found again with the case of its ASCII letters swapped. A few system calls."""
+    """Whether ``directory`` looks names up ignoring case, decided on its own file system.
+
+    A name found again with the case of its ASCII letters swapped says so: a name in
+    ``directory``; else (it is empty) the name of ``directory`` or an ancestor in its
+    parent, but only while that parent is on the same device (a mount point's parent is
+    another file system); else a file made, probed and removed in ``directory``. When
+    none of these can decide (an empty, unwritable mount point), ``True``: the answer
+    only ever makes deny globs fold case, and denying ``.ENV`` with ``.env`` is the safe error.
+    """
     def swapped(name: str) -> str:
         return "".join(char.swapcase() if char.isascii() else char for char in name)
+
+    def same_entry(probe: str) -> bool:
+        parent, name = os.path.split(probe)
+        try:
+            return os.path.samestat(os.lstat(probe), os.lstat(os.path.join(parent, swapped(name))))
+        except OSError:
+            return False
 
     probe = None
     try:
@@ -498,17 +517,34 @@ def _case_insensitive(directory: str) -> bool:
                           if swapped(entry.name) != entry.name), None)
     except OSError:
         pass
-    path = directory
-    while probe is None and os.path.dirname(path) != path:
-        probe = path if swapped(os.path.basename(path)) != os.path.basename(path) else None
-        path = os.path.dirname(path)
-    if probe is None:
-        return False
-    parent, name = os.path.split(probe)
+    if probe is not None:
+        return same_entry(probe)
     try:
-        return os.path.samestat(os.lstat(probe), os.lstat(os.path.join(parent, swapped(name))))
+        device = os.stat(directory).st_dev
     except OSError:
-        return False
+        return True  # not there to probe: nothing says how it will look names up
+    path = directory
+    while os.path.dirname(path) != path:
+        parent = os.path.dirname(path)
+        try:
+            if os.stat(parent).st_dev != device:
+                break  # the name is looked up by another file system than the directory's own
+        except OSError:
+            break
+        if swapped(os.path.basename(path)) != os.path.basename(path):
+            return same_entry(path)
+        path = parent
+    try:
+        # A name with letters; removed at once (a workspace watcher may glimpse it).
+        fd, made = tempfile.mkstemp(prefix=".dsh-case-probe-", dir=directory)
+    except OSError:
+        return True
+    try:
+        os.close(fd)
+        return same_entry(made)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(made)
 
 
 def _json_kind(value: object) -> str:

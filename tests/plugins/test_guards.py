@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,73 @@ async def test_deny_paths_fold_case_when_the_root_ignores_case(tmp_path: Path, m
     assert guards._case_insensitive(str(tmp_path)) is swapped
     assert guards._case_insensitive(str(tmp_path / "empty")) is swapped
     assert (await guard_verdicts(config, ".ENV") != [None]) is swapped
+
+
+def _mount(patch: pytest.MonkeyPatch, root: Path, *, root_folds: bool, parent_folds: bool) -> None:
+    """Make ``root`` look like the mount point of another file system (its own ``st_dev``), and let the
+    chosen side (the root's file system, or its parent's directory) look names up ignoring case."""
+    real_stat, real_lstat = os.stat, os.lstat
+    top = str(root)
+
+    def inside(path: str) -> bool:
+        return path == top or path.startswith(top + os.sep)
+
+    def folds(directory: str) -> bool:
+        return root_folds if inside(directory) else parent_folds and directory == str(root.parent)
+
+    def faked(real: Any) -> Any:
+        def look(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            path = os.fspath(path)
+            try:
+                found = real(path, *args, **kwargs)
+            except FileNotFoundError:
+                directory, name = os.path.split(path)
+                match = next((n for n in os.listdir(directory) if n.lower() == name.lower()),
+                             None) if folds(directory) else None
+                if match is None:
+                    raise
+                path = os.path.join(directory, match)  # the entry found, whichever spelling found it
+                found = real(path, *args, **kwargs)
+            if inside(path):
+                return os.stat_result((*found[:2], found.st_dev + 1, *found[3:10]))
+            return found
+        return look
+
+    patch.setattr(os, "stat", faked(real_stat))
+    patch.setattr(os, "lstat", faked(real_lstat))
+
+
+@pytest.mark.parametrize(("root_folds", "parent_folds"), [(True, False), (False, True)])
+def test_an_empty_root_on_its_own_file_system_is_probed_there_not_in_its_parent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_folds: bool, parent_folds: bool) -> None:
+    """An empty root has no name to probe, and its parent may be another file system (the root is
+    a mount point): the probe is a file made (and removed) in the root itself."""
+    from dsh_plugins import guards
+
+    root = tmp_path / "mnt"
+    root.mkdir()
+    with monkeypatch.context() as patch:
+        _mount(patch, root, root_folds=root_folds, parent_folds=parent_folds)
+        assert guards._case_insensitive(str(root)) is root_folds
+    assert list(root.iterdir()) == []  # the probe file is gone
+
+
+def test_an_undecidable_root_folds_case_the_safe_way_for_deny_rules(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty root on its own file system that cannot be written to: nothing can say how it looks
+    names up, so deny globs fold case (".ENV" is denied with .env whether or not it is the same file)."""
+    from dsh_plugins import guards
+
+    root = tmp_path / "mnt"
+    root.mkdir()
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(root))
+
+    with monkeypatch.context() as patch:
+        _mount(patch, root, root_folds=False, parent_folds=False)
+        patch.setattr(tempfile, "mkstemp", read_only)
+        assert guards._case_insensitive(str(root)) is True
 
 
 async def test_a_path_no_file_can_have_is_denied_with_a_reason_not_a_traceback(
