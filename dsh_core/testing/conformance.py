@@ -18,6 +18,7 @@ tool and the fix. See :mod:`dsh_core.testing.checks` for what is checked.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +29,9 @@ import pytest
 from dsh_core.testing import checks
 from dsh_core.testing.checks import Target
 from dsh_core.testing.loader import load_factory
+from dsh_core.testing.pytest_plugin import seconds
 
-__all__ = ["CHECK_ATTRIBUTE", "ToolPluginConformance", "make_target"]
+__all__ = ["CHECK_ATTRIBUTE", "ToolPluginConformance", "bound_problem", "make_target"]
 
 
 def _substitute(value: Any, tmp: str) -> Any:
@@ -42,10 +44,33 @@ def _substitute(value: Any, tmp: str) -> Any:
     return value
 
 
+def bound_problem(value: object) -> str | None:
+    """Why ``value`` is no positive, finite number of seconds (as the kit's ``SECONDS`` options take), or ``None``.
+
+    A bound of 0 or less would fail every call (or body) as if the plugin were at fault, and NaN or
+    infinity would bound nothing; a bool or a string is no number of seconds, whatever it spells.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a positive, finite number of seconds"
+    try:
+        seconds(str(value))  # the options' own rule, so a subclass and the command line agree
+    except argparse.ArgumentTypeError:
+        return f"{value!r} is not a positive, finite number of seconds"
+    return None
+
+
 def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_bound_s: float = 2.0,
                 require_examples: bool = True, call_timeout_s: float | None = None) -> Target:
     """The :class:`Target` of one test: ``{tmp}`` in config strings becomes a fresh directory, and a
-    plugin whose config schema has a ``root`` property gets that directory as ``root`` unless given one."""
+    plugin whose config schema has a ``root`` property gets that directory as ``root`` unless given one.
+
+    ``abort_bound_s`` and ``call_timeout_s`` (unless ``None``) must be positive, finite numbers of
+    seconds, else :class:`ValueError` names the parameter and the value.
+    """
+    for keyword, value in (("abort_bound_s", abort_bound_s), ("call_timeout_s", call_timeout_s)):
+        problem = None if value is None and keyword == "call_timeout_s" else bound_problem(value)
+        if problem is not None:
+            raise ValueError(f"make_target: {keyword} = {problem}")
     tmp = tmp_path / "dsh-conformance"
     tmp.mkdir(exist_ok=True)
     prepared: dict[str, Any] = _substitute(config, os.fspath(tmp))
@@ -88,8 +113,9 @@ class ToolPluginConformance:
     Class attributes: ``abort_bound_s`` (seconds a body may take to return
     after its call is aborted, default 2), ``call_timeout_s`` (seconds a call
     may run before the kit aborts it and fails the check, default ``None``:
-    :data:`dsh_core.testing.checks.CALL_TIMEOUT_S`) and ``require_examples``
-    (every tool must declare examples, default ``True``). Fixtures to override:
+    :data:`dsh_core.testing.checks.CALL_TIMEOUT_S`), both positive, finite
+    numbers (else every test of the class errors, naming the attribute), and
+    ``require_examples`` (every tool must declare examples, default ``True``). Fixtures to override:
     ``plugin_config`` (the config, default ``{}``; ``{tmp}`` in strings is
     replaced by a temporary directory, and a ``root`` property of the config
     schema defaults to it) and ``dsh_plugin_name``.
@@ -117,15 +143,23 @@ class ToolPluginConformance:
         """The config the plugin is started with (override in a subclass)."""
         return {}
 
+    def _seconds(self, attribute: str) -> Any:
+        """The class attribute ``attribute``, failing the test (naming the class) unless it is a bound."""
+        value = getattr(self, attribute)
+        problem = bound_problem(value)
+        if problem is not None:
+            pytest.fail(f"{type(self).__name__}.{attribute} = {problem}", pytrace=False)
+        return value
+
     @pytest.fixture
     def dsh_abort_bound_s(self) -> float:
-        """Seconds a tool body may take to return after an abort."""
-        return self.abort_bound_s
+        """Seconds a tool body may take to return after an abort (``abort_bound_s``, vetted)."""
+        return float(self._seconds("abort_bound_s"))
 
     @pytest.fixture
     def dsh_call_timeout_s(self) -> float | None:
-        """Seconds a call may run before the kit aborts it (``None``: the kit's default)."""
-        return self.call_timeout_s
+        """Seconds a call may run before the kit aborts it (``call_timeout_s``, vetted; ``None``: the kit's default)."""
+        return None if self.call_timeout_s is None else float(self._seconds("call_timeout_s"))
 
     @pytest.fixture
     def dsh_target(self, dsh_plugin_name: str, plugin_config: dict[str, Any], dsh_abort_bound_s: float,

@@ -8,6 +8,8 @@ the kit finds them through ``dsh.plugins`` exactly as it finds a real package.
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -1071,3 +1073,43 @@ def test_a_body_that_swallows_cancellation_does_not_hang_the_pytest_run(kit: pyt
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "swallows-cancel", tool "stubborn": examples[[]0[]] '
                                  "{}: the call did not return within 0.2 s (it ignored cancellation*"])
+
+
+def test_a_subclass_bound_that_is_not_a_positive_number_of_seconds_is_refused_naming_it(
+        kit: pytest.Pytester) -> None:
+    """``abort_bound_s`` and ``call_timeout_s`` of a subclass are vetted as the command-line options are:
+    0 or less would fail every call as the plugin's fault, NaN and infinity bound nothing. Each bad one
+    errors every test of its class, naming the class, the attribute and the value; good ones pass."""
+    bad = [("abort_bound_s", "0"), ("abort_bound_s", "-1.5"), ("abort_bound_s", "float('inf')"),
+           ("call_timeout_s", "0"), ("call_timeout_s", "float('nan')"), ("call_timeout_s", "True"),
+           ("call_timeout_s", "'30'")]
+    classes = "".join(f"""
+class TestBad{index}(ToolPluginConformance):
+    plugin_name = "good"
+    {attribute} = {value}
+""" for index, (attribute, value) in enumerate(bad))
+    kit.makepyfile(test_mine=f"""
+from dsh_core.testing import ToolPluginConformance
+
+class TestFine(ToolPluginConformance):
+    plugin_name = "good"
+    abort_bound_s = 1
+    call_timeout_s = 0.5e2
+{classes}""")
+    result = kit.runpytest_subprocess("test_mine.py", *QUIET, "-k", "entry_point")
+    result.assert_outcomes(passed=1, errors=len(bad))
+    for index, (attribute, value) in enumerate(bad):
+        shown = repr(eval(value))
+        result.stdout.fnmatch_lines([f"*TestBad{index}.{attribute} = {shown} is not a positive, finite number "
+                                     "of seconds*"])
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("abort_bound_s", 0.0), ("abort_bound_s", math.nan),
+                                                ("call_timeout_s", -1.0), ("call_timeout_s", math.inf)])
+def test_make_target_refuses_a_bound_that_is_not_a_positive_number_of_seconds(
+        tmp_path: Path, keyword: str, value: float) -> None:
+    from dsh_core.testing.conformance import make_target
+
+    with pytest.raises(ValueError, match=rf"make_target: {keyword} = {re.escape(repr(value))} is not a positive, "
+                                         "finite number of seconds"):
+        make_target("good", {}, tmp_path, **{keyword: value})
