@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Literal
@@ -45,6 +44,7 @@ from typing import Literal
 import attrs
 
 from dsh_core.abort import AbortedError, AbortSignal
+from dsh_core.bounds import is_positive_seconds
 from dsh_core.errors import (
     DshError,
     ErrorCode,
@@ -795,10 +795,9 @@ def check_approval_timeout(value: object) -> float | None:
     """``value`` as the approval timeout in seconds: ``None`` (no timeout) or a positive, finite number."""
     if value is None:
         return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value <= 0):
+    if not is_positive_seconds(value):
         raise ValueError(f"approval_timeout_s must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
+    return float(value)  # type: ignore[arg-type]  # a number: is_positive_seconds said so
 
 
 def _approval_denial(name: str, outcome: ApprovalOutcome, reason: str | None) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextvars
 import keyword
-import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -19,6 +18,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 import attrs
 
 from dsh_core.abort import AbortSignal
+from dsh_core.bounds import is_positive_seconds
 from dsh_core.lossless import JSON
 
 __all__ = [
@@ -83,7 +83,7 @@ BindingFunction = Callable[[JSON], Awaitable[JSON]]
 def _positive_finite(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    if not is_positive_seconds(value):
         raise ValueError(f"CodeRuntimeConfig.{attribute.name} must be positive and finite, got {value!r}")
 
 

@@ -18,7 +18,6 @@ tool and the fix. See :mod:`dsh_core.testing.checks` for what is checked.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,10 +25,10 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from dsh_core.bounds import is_positive_seconds
 from dsh_core.testing import checks
 from dsh_core.testing.checks import Target
 from dsh_core.testing.loader import load_factory
-from dsh_core.testing.pytest_plugin import seconds
 
 __all__ = ["CHECK_ATTRIBUTE", "ToolPluginConformance", "bound_problem", "make_target"]
 
@@ -50,13 +49,8 @@ def bound_problem(value: object) -> str | None:
     A bound of 0 or less would fail every call (or body) as if the plugin were at fault, and NaN or
     infinity would bound nothing; a bool or a string is no number of seconds, whatever it spells.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{value!r} is not a positive, finite number of seconds"
-    try:
-        seconds(str(value))  # the options' own rule, so a subclass and the command line agree
-    except argparse.ArgumentTypeError:
-        return f"{value!r} is not a positive, finite number of seconds"
-    return None
+    # The options' own rule (:func:`~dsh_core.testing.pytest_plugin.seconds`), so a subclass and the command line agree.
+    return None if is_positive_seconds(value) else f"{value!r} is not a positive, finite number of seconds"
 
 
 def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_bound_s: float = 2.0,

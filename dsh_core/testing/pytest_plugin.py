@@ -32,13 +32,14 @@ def seconds(value: str) -> float:
     fault, and NaN or infinity would bound nothing.
     """
     import argparse
-    import math
+
+    from dsh_core.bounds import is_positive_seconds
 
     try:
         number = float(value)
     except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number > 0):
+        number = float("nan")
+    if not is_positive_seconds(number):
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive, finite number of seconds")
     return number
 
