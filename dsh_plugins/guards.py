@@ -372,7 +372,8 @@ def _class_end(pattern: str, start: int) -> int:
 
 def _brace_group(pattern: str, start: int) -> tuple[int, list[int]]:
     """The index of the ``}`` closing the ``{`` at ``start`` and the group's own commas (not nested ones')."""
-    depth, commas, index = 0, [], start
+    commas: list[int] = []
+    depth, index = 0, start
     while index < len(pattern):
         char = pattern[index]
         if char == "[" and (end := _class_end(pattern, index)) != -1:

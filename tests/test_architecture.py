@@ -59,6 +59,6 @@ def test_ruff_is_clean() -> None:
 
 
 @pytest.mark.slow
-def test_mypy_strict_is_clean_on_dsh_core() -> None:
+def test_mypy_strict_is_clean_on_dsh_core_and_the_bundled_plugins() -> None:
     result = subprocess.run([sys.executable, "-m", "mypy"], check=False, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
