@@ -535,3 +535,21 @@ def _tokens(value: object) -> list[object]:
 def test_join_pairs_gives_the_text_a_json_hop_gives_back(text: str, joined: str) -> None:
     assert wire.join_pairs(text) == joined == json.loads(json.dumps(text))
     assert wire.join_pairs(joined) == joined
+
+
+#: Text dense in surrogates (lone, paired, reversed) next to ASCII and astral characters.
+_surrogate_heavy_text = st.text(st.sampled_from(["a", "\u00e9", "\U0001f600", "\ud83d", "\ude00", "\ud800", "\udfff"]))
+
+
+@settings(max_examples=300)
+@given(_surrogate_heavy_text)
+def test_the_worker_copy_of_the_surrogate_pair_rule_agrees_with_the_host_one(text: str) -> None:
+    # The rule is written twice on purpose (the worker's wire is loaded by path, stdlib only, and cannot
+    # import dsh_core): this pins the two copies to one behaviour.
+    from dsh_core import lossless
+
+    assert wire.join_pairs(text) == lossless.join_surrogate_pairs(text)
+    split = not text.isascii() and wire._split_pair(text)
+    assert split == (not text.isascii() and lossless._split_pair(text))
+    if split:
+        assert wire._pair_at(text) == lossless._pair_at(text)
