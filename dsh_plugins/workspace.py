@@ -6,6 +6,11 @@ bounded). Every path argument is resolved against the configured ``root``;
 an absolute path outside it, a ``..`` that climbs out of it, or a symlink
 that leads out of it is refused before anything is read or written.
 
+``write`` and ``edit`` replace a file through a new one beside it, ``.dsh-<12 hex>.tmp``, renamed over
+it once complete and locked (``flock``) by its writer until then. One a dead writer left (a crash, a
+SIGKILL) is removed: in the root at load, in any other directory at the first write there (a bounded
+look, :data:`SWEEP_ENTRIES` entries; a locked one, whose writer lives, is never touched).
+
 With a ``guards`` row that has path rules (``deny_paths``, ``allowed_roots``),
 ``list`` and ``search`` also withhold what they reach that the path guard would
 deny if a call named it: they look the rules the guards rows publish up at each
@@ -30,8 +35,10 @@ import asyncio
 import bisect
 import contextlib
 import errno
+import fcntl
 import heapq
 import io
+import itertools
 import json
 import os
 import re
@@ -104,6 +111,13 @@ SEARCH_KILL_GRACE_S = 0.5  # past search_timeout_s, a search stuck inside one re
 
 _T = TypeVar("_T")
 _Entries = list[dict[str, Any]]  # (named here: inside WorkspaceTools, "list" is the tool body)
+
+#: The name of a replacement while write or edit prepares it beside the file (:meth:`WorkspaceTools._replace`).
+_TEMPORARY = re.compile(r"\.dsh-[0-9a-f]{12}\.tmp")
+#: Most directory entries one sweep for the temporary files of dead writers looks at (:func:`_sweep`).
+SWEEP_ENTRIES = 10_000
+#: Temporary names a write tries when a sweep (another dsh's) takes the one it created before it locked it.
+_TEMPORARY_ATTEMPTS = 3
 
 READ_ONLY = {"read_only": True, "workspace_confined": True}
 MUTATING = {"workspace_confined": True}
@@ -257,6 +271,111 @@ def _utf8(text: str, what: str) -> bytes:
     except UnicodeEncodeError as error:
         raise ToolError(f"{what} has a lone surrogate (U+{ord(text[error.start]):04X} at character "
                         f"{error.start}), which UTF-8 text cannot hold; nothing was written") from None
+
+
+def _temporary_name() -> str:
+    """A fresh name that :data:`_TEMPORARY` matches: 48 random bits, so no two writers pick the same one."""
+    return f".dsh-{os.urandom(6).hex()}.tmp"
+
+
+def _sweep(directory: int) -> int:
+    """Remove the temporary files that dead writers left in ``directory`` (a descriptor); how many went.
+
+    A writer holds an exclusive ``flock`` on its temporary file from just after creating it until
+    it is renamed over the file or removed (:meth:`WorkspaceTools._replace`); the kernel drops the
+    lock when the writer dies, however it dies (a crash, SIGKILL, the OOM killer), which is when its
+    file would otherwise stay for good. So a file named exactly as :data:`_TEMPORARY` says, regular,
+    whose lock can be taken at once, has no writer and goes; a locked one is never touched. Symlinks
+    are never followed, nothing else is ever removed, and at most :data:`SWEEP_ENTRIES` entries are
+    looked at, so a huge directory costs a write no more than that. Failures are housekeeping's:
+    an entry that cannot be judged is left alone, a directory that cannot be listed skipped.
+    """
+    try:
+        # O_RDONLY, not the O_PATH ``directory`` may be: its entries are read.
+        listed = os.open(os.curdir, os.O_RDONLY | os.O_DIRECTORY, dir_fd=directory)
+    except OSError:
+        return 0  # a drop box (search permission, no read): nothing in it can be seen
+    removed = 0
+    try:
+        with os.scandir(listed) as scan:
+            for entry in itertools.islice(scan, SWEEP_ENTRIES):
+                if _TEMPORARY.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    removed += _remove_if_dead(listed, entry.name)
+    except OSError:
+        pass  # the directory went or broke while it was read: what was removed is removed
+    finally:
+        os.close(listed)
+    return removed
+
+
+def _remove_if_dead(directory: int, name: str) -> bool:
+    """Remove the temporary file ``name`` of ``directory`` if no writer holds its lock (see :func:`_sweep`)."""
+    try:
+        # O_NOFOLLOW: a symlink put in its place is not followed; O_NONBLOCK: nor does a FIFO block the open.
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+    except OSError:
+        return False
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # its writer lives (or this file system has no flock: then none is known dead)
+        # Held until the unlink: a writer that created the file just before cannot lock it meanwhile, and
+        # finds its name gone once it can (see _create_temporary). The name must still be this file.
+        named = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        if (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
+            return False
+        os.unlink(name, dir_fd=directory)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _create_temporary(parent: int) -> tuple[str, int]:
+    """A new temporary file in ``parent``, locked for as long as the descriptor returned is open, and its name.
+
+    Between the create and the lock, a sweep (of another dsh on the same directory) may take the file
+    for a dead writer's: then the lock is refused while the sweep holds it, or taken on a file whose name
+    is already gone; either way a new name is tried. Once locked with its name in place, no sweep
+    removes it. Raises the :class:`OSError` of the create, or ``EAGAIN`` if every name tried was swept.
+    """
+    for _ in range(_TEMPORARY_ATTEMPTS):
+        temporary = _temporary_name()
+        # 0o666 less the umask, as any program's new file (a replaced file's mode is copied by the caller).
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=parent)
+        try:
+            if _lock_created(parent, temporary, fd):
+                return temporary, fd
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=parent)
+            raise
+        os.close(fd)
+        with contextlib.suppress(OSError):  # most likely gone already, removed by the sweep
+            os.unlink(temporary, dir_fd=parent)
+    raise OSError(errno.EAGAIN, "its temporary file was removed as soon as it was made, each time tried")
+
+
+def _lock_created(parent: int, temporary: str, fd: int) -> bool:
+    """Lock the temporary file ``fd`` just created as ``temporary`` in ``parent``; False if a sweep took it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a sweep holds it, and removes it
+    except OSError:
+        pass  # no flock on this file system: no sweep can take a lock on it either, so none removes it
+    try:
+        named = os.stat(temporary, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return False  # a sweep removed it before the lock could be taken
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def _format_size(size: int) -> str:
@@ -441,6 +560,21 @@ class WorkspaceTools:
             if "." not in stem:  # NTFS's short name of it: its first six characters and ~N (git~1 is .git)
                 for number in "1234":
                     self.protected_dirs.setdefault(f"{stem[:6]}~{number}", name)
+        #: The directories (device, inode) swept for dead writers' temporary files, each once (see _sweep).
+        self._swept: set[tuple[int, int]] = set()
+        with contextlib.suppress(OSError):  # housekeeping: a root that cannot be swept still serves
+            root = os.open(self.workspace.root, _DIRECTORY)
+            try:
+                self._sweep_once(root)
+            finally:
+                os.close(root)
+
+    def _sweep_once(self, directory: int) -> None:
+        """:func:`_sweep` ``directory`` (a descriptor) unless this instance swept it before."""
+        info = os.fstat(directory)
+        if (info.st_dev, info.st_ino) not in self._swept:
+            self._swept.add((info.st_dev, info.st_ino))
+            _sweep(directory)
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
@@ -883,17 +1017,19 @@ class WorkspaceTools:
 
         Never written in place: a failed write (disk full) leaves the old content whole. A file with
         several names (hard links) is refused, before anything is written and again just before the
-        rename (a link made meanwhile): see :func:`_refuse_hard_link`.
+        rename (a link made meanwhile): see :func:`_refuse_hard_link`. The new file is locked until it
+        is renamed or removed, so a sweep never takes it for a dead writer's; the first write to a
+        directory sweeps it (:func:`_sweep`).
         """
         name = os.path.basename(real)
         if info is not None:
             _refuse_hard_link(info, given)
         if info is not None and not os.access(name, os.W_OK, dir_fd=parent):
             raise ToolError(f"cannot write {given!r}: Permission denied")
-        temporary = f".dsh-{os.urandom(6).hex()}.tmp"
+        with contextlib.suppress(OSError):  # housekeeping: never the reason a write fails
+            self._sweep_once(parent)
         try:
-            # 0o666 less the umask, as any program's new file (a replaced file's mode is copied below).
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=parent)
+            temporary, fd = _create_temporary(parent)
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 # The file itself may be writable: what is refused is a new file beside it.
@@ -907,6 +1043,7 @@ class WorkspaceTools:
                                 "it, so they need that directory writable") from None
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
         try:
+            # Open (and so locked) until the rename is done: closed before it, the file could be swept.
             with os.fdopen(fd, "wb") as handle:
                 if info is not None:
                     # Owner first: a chown clears S_ISUID and S_ISGID, which the fchmod then restores.
@@ -931,21 +1068,22 @@ class WorkspaceTools:
                 # No fsync: the body runs on the event loop, where a sync of each write would
                 # stall every other call; the rename already gives readers all or nothing.
                 handle.write(data)
-            if before_rename is not None:
-                before_rename()  # the last moment to refuse: nothing has replaced the file yet
-            with contextlib.suppress(FileNotFoundError):
-                _refuse_hard_link(os.stat(name, dir_fd=parent, follow_symlinks=False), given)
-            try:
-                os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
-            except OSError as error:
-                if error.errno not in (errno.EBUSY, errno.EXDEV):
-                    raise
-                # Not written in place instead: that would give up all-or-nothing (a full disk leaves the
-                # file cut short) and write through to the mount's source, which may lie outside the workspace.
-                raise ToolError(f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is likely a "
-                                "mount point (a file bind-mounted into the workspace, as containers do with "
-                                "config files), and write and edit replace a file by renaming a new one over it; "
-                                "nothing was changed: change it in place with bash if that is meant") from None
+                handle.flush()  # all of it in the file before its name is
+                if before_rename is not None:
+                    before_rename()  # the last moment to refuse: nothing has replaced the file yet
+                with contextlib.suppress(FileNotFoundError):
+                    _refuse_hard_link(os.stat(name, dir_fd=parent, follow_symlinks=False), given)
+                try:
+                    os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+                except OSError as error:
+                    if error.errno not in (errno.EBUSY, errno.EXDEV):
+                        raise
+                    # Not written in place instead: that would give up all-or-nothing (a full disk leaves the
+                    # file cut short) and write through to the mount's source, which may lie outside the workspace.
+                    raise ToolError(f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is likely a "
+                                    "mount point (a file bind-mounted into the workspace, as containers do with "
+                                    "config files), and write and edit replace a file by renaming a new one over it; "
+                                    "nothing was changed: change it in place with bash if that is meant") from None
         except BaseException as error:  # nothing replaced: the new file goes, whatever stopped it
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=parent)

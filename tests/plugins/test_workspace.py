@@ -1767,3 +1767,138 @@ async def test_a_file_that_cannot_be_renamed_over_is_refused_saying_why(
         assert (await h.call("write", {"path": "other.txt", "content": "x"})).error is None
     assert (tmp_path / "mounted.txt").read_text() == "key = 1\n"
     assert sorted(os.listdir(tmp_path)) == ["mounted.txt", "other.txt"]
+
+
+#: A child that creates (or opens) the file argv[1], holds an exclusive flock on it as a live writer
+#: holds one on its temporary file, says so, and keeps it until its stdin closes or it is killed.
+_LOCKER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def _hold_lock(path: Path) -> Any:
+    """The child process of :data:`_LOCKER` on ``path``, once it holds the lock."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _LOCKER, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "locked\n"
+    return child
+
+
+async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boot: Any, tmp_path: Path) -> None:
+    """A writer killed between creating its temporary file and renaming it (a crash, a SIGKILL, an OOM kill)
+    left ``.dsh-<12 hex>.tmp`` behind for good, shown by list and searched by search. The root is swept at
+    load: a temporary file nobody holds a lock on goes; one whose writer lives (holding its flock) stays,
+    and so does anything not named exactly so, not a regular file (a directory, a symlink: never followed)."""
+    import signal
+
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "target.tmp").write_text("not ours\n")
+    dead = root / ".dsh-0123456789ab.tmp"
+    dead.write_text("half a wri")  # what a killed writer leaves: no lock held on it any more
+    live = root / ".dsh-fedcba987654.tmp"
+    kept = [".dsh-0123456789AB.tmp", ".dsh-0123456789a.tmp", ".dsh-0123456789abc.tmp", ".dsh-0123456789ab.tmp~",
+            ".dsh-0123456789ab.tmpx", "x.dsh-0123456789ab.tmp", "dsh-0123456789ab.tmp", ".dsh-0123456789ab.TMP"]
+    for name in kept:
+        (root / name).write_text("mine\n")
+    (root / ".dsh-aaaaaaaaaaaa.tmp").symlink_to(outside / "target.tmp")
+    (root / ".dsh-bbbbbbbbbbbb.tmp").mkdir()
+    writer = _hold_lock(live)
+    try:
+        async with boot(ws(root)) as h:
+            listing = await h.call("list", {})
+            names = [entry["name"] for entry in listing.value["entries"]]
+            assert dead.name not in names and live.name in names, names
+            found = await h.call("search", {"pattern": "half"})
+            assert found.value["matches"] == []
+        assert sorted(os.listdir(root)) == sorted([*kept, live.name, ".dsh-aaaaaaaaaaaa.tmp", ".dsh-bbbbbbbbbbbb.tmp"])
+        assert (outside / "target.tmp").read_text() == "not ours\n"
+    finally:
+        writer.kill()  # SIGKILL: its lock goes with it, as a crashed writer's does
+        writer.wait()
+    assert writer.returncode == -signal.SIGKILL
+    async with boot(ws(root)):
+        pass
+    assert not live.exists()
+    assert sorted(os.listdir(root)) == sorted([*kept, ".dsh-aaaaaaaaaaaa.tmp", ".dsh-bbbbbbbbbbbb.tmp"])
+
+
+async def test_a_directory_is_swept_the_first_time_a_write_goes_there(boot: Any, tmp_path: Path) -> None:
+    """Below the root, a directory is swept when write or edit first puts a file in it, not at load."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("alpha\n")
+    dead = tmp_path / "sub" / ".dsh-00000000abcd.tmp"
+    dead.write_text("half")
+    live = tmp_path / "sub" / ".dsh-00000000dcba.tmp"
+    writer = _hold_lock(live)
+    try:
+        async with boot(ws(tmp_path)) as h:
+            before = await h.call("list", {"path": "sub"})
+            assert dead.name in [entry["name"] for entry in before.value["entries"]]
+            edited = await h.call("edit", {"path": "sub/a.txt", "old_string": "alpha", "new_string": "beta"})
+            assert edited.error is None, edited.text
+            after = await h.call("list", {"path": "sub"})
+            assert [entry["name"] for entry in after.value["entries"]] == [live.name, "a.txt"]
+    finally:
+        writer.kill()
+        writer.wait()
+    assert (tmp_path / "sub" / "a.txt").read_text() == "beta\n"
+
+
+async def test_a_sweep_looks_at_a_bounded_number_of_entries(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep stops after SWEEP_ENTRIES entries, so a directory of millions of files costs a write no more."""
+    from dsh_plugins import workspace
+
+    assert workspace.SWEEP_ENTRIES == 10_000
+    monkeypatch.setattr(workspace, "SWEEP_ENTRIES", 5)
+    for number in range(12):
+        (tmp_path / f".dsh-{number:012x}.tmp").write_text("dead")
+    async with boot(ws(tmp_path)):
+        pass
+    assert len(os.listdir(tmp_path)) == 7
+
+
+async def test_a_write_whose_temporary_file_is_swept_before_it_locks_it_tries_a_new_one(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another dsh's sweep can find a temporary file in the moment between its create and its lock, and
+    remove it as a dead writer's: the write then locks a file with no name, which its rename would fail
+    on. It sees the name gone once it holds the lock, and starts over with a new one."""
+    import fcntl
+    import types
+
+    from dsh_plugins import workspace
+
+    swept: list[int] = []
+    sweeping = False
+
+    def flock(fd: int, operation: int) -> None:
+        nonlocal sweeping
+        if not swept and not sweeping and fd_is_temporary(fd):
+            sweeping = True  # the sweep's own flock goes straight through
+            directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                swept.append(workspace._sweep(directory))  # another process's sweep, right after the create
+            finally:
+                os.close(directory)
+        fcntl.flock(fd, operation)
+
+    def fd_is_temporary(fd: int) -> bool:
+        return workspace._TEMPORARY.fullmatch(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))) is not None
+
+    async with boot(ws(tmp_path)) as h:
+        monkeypatch.setattr(workspace, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX,
+                                                                      LOCK_NB=fcntl.LOCK_NB))
+        result = await h.call("write", {"path": "a.txt", "content": "alpha\n"})
+    assert swept == [1]
+    assert result.error is None, result.text
+    assert (tmp_path / "a.txt").read_text() == "alpha\n"
+    assert os.listdir(tmp_path) == ["a.txt"]
