@@ -118,6 +118,8 @@ _TEMPORARY = re.compile(r"\.dsh-[0-9a-f]{12}\.tmp")
 SWEEP_ENTRIES = 10_000
 #: Temporary names a write tries when a sweep (another dsh's) takes the one it created before it locked it.
 _TEMPORARY_ATTEMPTS = 3
+#: What fsync gives on a file system that does not sync (this kind of file): nothing to wait for, no failure.
+_NO_SYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
 
 READ_ONLY = {"read_only": True, "workspace_confined": True}
 MUTATING = {"workspace_confined": True}
@@ -376,6 +378,30 @@ def _lock_created(parent: int, temporary: str, fd: int) -> bool:
         return False  # a sweep removed it before the lock could be taken
     opened = os.fstat(fd)
     return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _sync_directory(parent: int, given: str) -> None:
+    """Sync the directory ``parent`` to disk, after the rename in it that put ``given`` in place.
+
+    A rename is an entry of the directory: until the directory reaches the disk, a crash or power loss
+    may bring back the old file (or none), whatever the new file's own sync did. A file system that does
+    not sync directories (:data:`_NO_SYNC`) is skipped, as is a directory that cannot be opened to be
+    synced (search permission only, no read); another failure is reported as what it is: the file is
+    in place, but may not stay.
+    """
+    try:
+        directory = os.open(os.curdir, os.O_RDONLY | os.O_DIRECTORY, dir_fd=parent)
+    except OSError:
+        return
+    try:
+        os.fsync(directory)
+    except OSError as error:
+        if error.errno not in _NO_SYNC:
+            raise ToolError(f"{given!r} was written, but it may not be durable: syncing its directory to disk "
+                            f"failed ({error.strerror}); its new content is in place, but a crash or power loss "
+                            "could still lose it: check the disk") from None
+    finally:
+        os.close(directory)
 
 
 def _format_size(size: int) -> str:
@@ -1005,7 +1031,10 @@ class WorkspaceTools:
                 # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
                 raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
             ctx.signal.raise_if_aborted()
-            self._replace(parent, real, given, data, info)
+            # In a thread: its syncs wait on the disk, which may take seconds, and the event loop serves
+            # other calls meanwhile. Never stopped part-way (one bounded file): an abort waits for it, and
+            # the file is replaced or left as it was, never half.
+            await _in_thread(ctx, lambda _stop: self._replace(parent, real, given, data, info))
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
@@ -1015,7 +1044,10 @@ class WorkspaceTools:
         """Put ``data`` at ``real`` (``parent`` is its directory) atomically: a new file beside it, renamed
         over it (``info``: the stat of the file it replaces).
 
-        Never written in place: a failed write (disk full) leaves the old content whole. A file with
+        Never written in place: a failed write (disk full) leaves the old content whole. The new file is
+        synced to disk before the rename, and its directory after it, so a crash or power loss finds the
+        old content or the new, never an empty or partial file (:func:`_sync_directory`). Blocking on the
+        disk: run it in a thread (:func:`_in_thread`). A file with
         several names (hard links) is refused, before anything is written and again just before the
         rename (a link made meanwhile): see :func:`_refuse_hard_link`. The new file is locked until it
         is renamed or removed, so a sweep never takes it for a dead writer's; the first write to a
@@ -1065,10 +1097,15 @@ class WorkspaceTools:
                         mode &= ~stat.S_ISGID
                     os.fchmod(fd, mode)
                     self._copy_xattrs(parent, name, fd, given)
-                # No fsync: the body runs on the event loop, where a sync of each write would
-                # stall every other call; the rename already gives readers all or nothing.
                 handle.write(data)
                 handle.flush()  # all of it in the file before its name is
+                # On the disk before the rename: else the rename may reach it first, and a power loss
+                # leave an empty (or partial) file where the old one was.
+                try:
+                    os.fsync(fd)
+                except OSError as error:
+                    if error.errno not in _NO_SYNC:
+                        raise
                 if before_rename is not None:
                     before_rename()  # the last moment to refuse: nothing has replaced the file yet
                 with contextlib.suppress(FileNotFoundError):
@@ -1090,6 +1127,7 @@ class WorkspaceTools:
             if isinstance(error, OSError):
                 raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
             raise
+        _sync_directory(parent, given)
 
     @staticmethod
     def _copy_xattrs(parent: int, name: str, fd: int, given: str) -> None:
@@ -1227,8 +1265,9 @@ class WorkspaceTools:
         original = text.encode("utf-8")
         parent = self._open_parent(real, given)
         try:
-            self._replace(parent, real, given, data, info,
-                          before_rename=lambda: self._check_unchanged(real, given, info, original))
+            await _in_thread(ctx, lambda _stop: self._replace(  # in a thread, as write's (see there)
+                parent, real, given, data, info,
+                before_rename=lambda: self._check_unchanged(real, given, info, original)))
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}

@@ -1902,3 +1902,90 @@ async def test_a_write_whose_temporary_file_is_swept_before_it_locks_it_tries_a_
     assert result.error is None, result.text
     assert (tmp_path / "a.txt").read_text() == "alpha\n"
     assert os.listdir(tmp_path) == ["a.txt"]
+
+
+def _record_syncs(monkeypatch: pytest.MonkeyPatch, fail_directory: int | None = None,
+                  fail_file: int | None = None) -> list[tuple[str, bool]]:
+    """Record each fsync (of a file or a directory) and rename in order, with whether it ran on this
+    (the event loop's) thread; a directory's (a file's) fsync fails with ``fail_directory`` (``fail_file``)."""
+    import threading
+
+    loop_thread = threading.get_ident()
+    events: list[tuple[str, bool]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        kind = "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        events.append((f"fsync {kind}", threading.get_ident() == loop_thread))
+        failure = fail_directory if kind == "directory" else fail_file
+        if failure is not None:
+            raise OSError(failure, os.strerror(failure))
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        events.append(("replace", threading.get_ident() == loop_thread))
+        real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+async def test_write_and_edit_sync_the_file_before_the_rename_and_its_directory_after(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without fsync, a power loss soon after a write could leave the file empty or the old one: the
+    rename may reach the disk before the data, and the rename itself may not reach it at all. Both
+    syncs, and the rename, run off the event loop, so a slow disk stalls no other call."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("alpha\n")
+    async with boot(ws(tmp_path)) as h:
+        events = _record_syncs(monkeypatch)
+        written = await h.call("write", {"path": "sub/new.txt", "content": "new\n"})
+        assert written.error is None, written.text
+        assert events == [("fsync file", False), ("replace", False), ("fsync directory", False)]
+        events.clear()
+        edited = await h.call("edit", {"path": "sub/a.txt", "old_string": "alpha", "new_string": "beta"})
+        assert edited.error is None, edited.text
+        assert events == [("fsync file", False), ("replace", False), ("fsync directory", False)]
+    assert (tmp_path / "sub" / "new.txt").read_text() == "new\n"
+    assert (tmp_path / "sub" / "a.txt").read_text() == "beta\n"
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOTSUP], ids=["EINVAL", "ENOTSUP"])
+async def test_a_directory_that_cannot_be_synced_is_no_failure(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Some file systems do not sync a directory (EINVAL, ENOTSUP): the write is done as well as it can be."""
+    async with boot(ws(tmp_path)) as h:
+        events = _record_syncs(monkeypatch, fail_directory=code)
+        result = await h.call("write", {"path": "a.txt", "content": "alpha\n"})
+        assert result.error is None, result.text
+        assert [name for name, _ in events] == ["fsync file", "replace", "fsync directory"]
+    assert (tmp_path / "a.txt").read_text() == "alpha\n"
+
+
+async def test_a_directory_sync_that_fails_says_the_file_was_written_but_may_not_last(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EIO from the directory's sync, after the rename: the new content is in place (saying "cannot
+    write" would have the model write again what is there), but a crash may still lose it."""
+    (tmp_path / "a.txt").write_text("alpha\n")
+    async with boot(ws(tmp_path)) as h:
+        _record_syncs(monkeypatch, fail_directory=errno.EIO)
+        result = await h.call("edit", {"path": "a.txt", "old_string": "alpha", "new_string": "beta"})
+    assert result.code == "TOOL_FAILED"
+    assert result.text.startswith("Error: 'a.txt' was written, but it may not be durable: syncing its "
+                                  "directory to disk failed (Input/output error)"), result.text
+    assert (tmp_path / "a.txt").read_text() == "beta\n"
+    assert os.listdir(tmp_path) == ["a.txt"]
+
+
+async def test_a_file_sync_that_fails_replaces_nothing(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EIO from the new file's sync, before the rename: the old file stays, and so does nothing else."""
+    (tmp_path / "a.txt").write_text("alpha\n")
+    async with boot(ws(tmp_path)) as h:
+        events = _record_syncs(monkeypatch, fail_file=errno.EIO)
+        result = await h.call("write", {"path": "a.txt", "content": "beta\n"})
+    assert result.code == "TOOL_FAILED" and result.text == "Error: cannot write 'a.txt': Input/output error"
+    assert [name for name, _ in events] == ["fsync file"]
+    assert (tmp_path / "a.txt").read_text() == "alpha\n"
+    assert os.listdir(tmp_path) == ["a.txt"]
