@@ -135,13 +135,19 @@ def _read_open(fd: int, max_bytes: int, expected: tuple[int, int] | None = None)
     return data if len(data) <= max_bytes else None
 
 
-def ends_lines_with_cr(data: bytes) -> bool:
+def ends_lines_with_cr(data: str | bytes) -> bool:
     """True if the lines of the file ``data`` (the whole of it) end at ``\r``: it holds one and no ``\n``.
 
     A classic Mac OS file (and what some old tools still write). Judged on the whole file, never on a
     line: in a file with ``\n`` a lone ``\r`` stays part of its line (a terminal log's progress bar), so
     the numbers ``read``, ``search``, ``edit``, ``grep -n`` and ``sed -n`` give such a file stay one.
+
+    The one rule for all of them: ``data`` is the file's bytes (search) or its UTF-8 text (``edit``, which
+    holds it decoded), with one answer for both, since UTF-8 never uses the bytes of ``\r`` and ``\n``
+    inside another character. (``read`` streams a file too large to hold, and applies it chunk by chunk.)
     """
+    if isinstance(data, str):
+        return "\n" not in data and "\r" in data
     return b"\n" not in data and b"\r" in data
 
 

@@ -1222,7 +1222,9 @@ class WorkspaceTools:
         info, text = self._read_text(real, given)
         # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file: in a file
         # holding a CR, old_string is found in the text as read shows it, its own CRs before an LF left out too.
-        cr_file = "\n" not in text and "\r" in text  # a classic Mac file, whose lines end at CR (as read counts)
+        # A classic Mac file, whose lines end at CR: decided by the rule read and search follow, so all three
+        # count the same lines.
+        cr_file = _search_worker.ends_lines_with_cr(text)
         lines = _LineView(text) if "\r" in text and not cr_file else None
         if cr_file:
             # Offset for offset the text with its CRs as LFs: old_string's breaks (LF, CRLF or CR) are found

@@ -1989,3 +1989,60 @@ async def test_a_file_sync_that_fails_replaces_nothing(
     assert [name for name, _ in events] == ["fsync file"]
     assert (tmp_path / "a.txt").read_text() == "alpha\n"
     assert os.listdir(tmp_path) == ["a.txt"]
+
+
+#: Files on either side of the CR-only rule: CR alone, CRLF, LF, mixed, a CR at the end only or before
+#: an LF, no break at all, and non-ASCII text around them.
+_LINE_ENDING_SAMPLES = ["", "one", "one\rtwo\r", "one\rtwo", "one\r", "\r", "one\r\ntwo\r\n", "one\ntwo\n",
+                        "one\rtwo\nthree", "one\n\r", "\r\n", "caf\u00e9\rna\u00efve\r", "caf\u00e9\n\r\u00e9"]
+
+
+@pytest.mark.parametrize("text", _LINE_ENDING_SAMPLES)
+def test_the_cr_only_rule_gives_one_answer_for_a_files_bytes_and_its_text(text: str) -> None:
+    """edit holds a file's decoded text, read and search its bytes: the one rule takes either, alike."""
+    from dsh_plugins._search_worker import ends_lines_with_cr
+
+    assert ends_lines_with_cr(text) == ends_lines_with_cr(text.encode("utf-8"))
+    assert ends_lines_with_cr(text) == ("\r" in text and "\n" not in text)
+
+
+@pytest.mark.parametrize("text", _LINE_ENDING_SAMPLES)
+def test_reads_streaming_copy_of_the_cr_only_rule_agrees_with_the_shared_one(
+        text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # read decides from a file it streams in chunks (it may be far larger than edit's limit), so it keeps a
+    # chunked copy of the rule: pinned here to the shared one, with chunks small enough to cut the text.
+    import io
+    import threading
+
+    from dsh_plugins import _search_worker, workspace
+
+    data = text.encode("utf-8")
+    for size in (1, 2, 3, 1 << 16):
+        monkeypatch.setattr(workspace, "SCAN_CHUNK_BYTES", size)
+        handle = io.BufferedReader(io.BytesIO(data))  # type: ignore[arg-type]
+        assert workspace._ends_lines_with_cr(handle, threading.Event()) == _search_worker.ends_lines_with_cr(data)
+
+
+async def test_edit_decides_a_files_line_ending_by_the_rule_read_and_search_use(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """edit had its own copy of the CR-only rule (on its decoded text): it now asks the shared one, so edit,
+    read and search cannot disagree about where a file's lines end; each keeps a file's endings as they are."""
+    from dsh_plugins import _search_worker
+
+    asked: list[str | bytes] = []
+    rule = _search_worker.ends_lines_with_cr
+
+    def recorded(data: str | bytes) -> bool:
+        asked.append(data)
+        return rule(data)
+
+    (tmp_path / "mac.txt").write_bytes(b"one\rtwo\rthree\r")
+    (tmp_path / "dos.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    monkeypatch.setattr(_search_worker, "ends_lines_with_cr", recorded)
+    async with boot(ws(tmp_path)) as h:
+        for name in ("mac.txt", "dos.txt"):
+            edited = await h.call("edit", {"path": name, "old_string": "one\ntwo", "new_string": "1\n2\n2.5"})
+            assert edited.error is None, edited.text
+    assert asked == ["one\rtwo\rthree\r", "one\r\ntwo\r\nthree\r\n"]
+    assert (tmp_path / "mac.txt").read_bytes() == b"1\r2\r2.5\rthree\r"
+    assert (tmp_path / "dos.txt").read_bytes() == b"1\r\n2\r\n2.5\r\nthree\r\n"
