@@ -3,8 +3,10 @@
 A scope (the original's "fiber") owns registrations (tools, hook
 implementations, services), timers and background tasks. :meth:`Scope.dispose`
 unwinds children first (newest first), then the scope's own disposers in
-reverse order, then cancels and awaits its tasks: when it returns, nothing
-the scope started is still running.
+reverse order, then cancels its tasks and waits for them, for at most the
+scope's task grace: when it returns, nothing the scope started is still
+running but a task that ignored its cancellation for that long, which is
+named in a warning.
 
 Agents, presets and dynamic-package runs are *layered* scopes: the tool
 registry keeps one layer per layered scope (see :mod:`dsh_core.registry`).
@@ -21,7 +23,9 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
-__all__ = ["Scope", "ScopeDisposedError", "one_shot"]
+from dsh_core.bounds import is_positive_seconds
+
+__all__ = ["TASK_GRACE_S", "Scope", "ScopeDisposedError", "one_shot"]
 
 log = logging.getLogger("dsh")
 
@@ -29,9 +33,13 @@ Disposer = Callable[[], "None | Awaitable[None]"]
 
 _ids = itertools.count(1)
 
+#: Seconds :meth:`Scope.dispose` waits for the tasks it cancelled, unless the scope (or an ancestor) says otherwise.
+TASK_GRACE_S = 5.0
+
 #: The scopes the current context is unwinding (set in unwinding tasks, inherited by what they start).
-_unwinding: contextvars.ContextVar[frozenset[Scope]] = contextvars.ContextVar("dsh_scope_unwinding",
-                                                                              default=frozenset())
+_unwinding: contextvars.ContextVar[frozenset[Scope]] = contextvars.ContextVar(
+    "dsh_scope_unwinding", default=frozenset()
+)
 
 
 def one_shot(undo: Callable[[], None]) -> Callable[[], None]:
@@ -59,9 +67,30 @@ class ScopeDisposedError(RuntimeError):
 
 
 class Scope:
-    """A node of the lifecycle tree. Create children with :meth:`child`."""
+    """A node of the lifecycle tree. Create children with :meth:`child`.
 
-    def __init__(self, name: str = "root", parent: Scope | None = None, *, layered: bool = False) -> None:
+    ``task_grace_s`` bounds how long :meth:`dispose` waits for the scope's tasks once it
+    cancelled them (a positive, finite number of seconds); without one, a scope takes its
+    parent's, and a root scope :data:`TASK_GRACE_S`.
+    """
+
+    def __init__(
+        self,
+        name: str = "root",
+        parent: Scope | None = None,
+        *,
+        layered: bool = False,
+        task_grace_s: float | None = None,
+    ) -> None:
+        if task_grace_s is None:
+            grace = parent.task_grace_s if parent is not None else TASK_GRACE_S
+        elif is_positive_seconds(task_grace_s):
+            grace = float(task_grace_s)
+        else:
+            raise ValueError(
+                f"task_grace_s of scope {name!r} must be a positive, finite number of seconds, got {task_grace_s!r}"
+            )
+        self._task_grace_s = grace
         self.name = name
         self.parent = parent
         self.layered = layered
@@ -79,6 +108,11 @@ class Scope:
 
     def __repr__(self) -> str:
         return f"<Scope {self.path}{' layered' if self.layered else ''} {self._state}>"
+
+    @property
+    def task_grace_s(self) -> float:
+        """Seconds :meth:`dispose` waits for this scope's cancelled tasks before it leaves them running."""
+        return self._task_grace_s
 
     @property
     def path(self) -> str:
@@ -104,10 +138,13 @@ class Scope:
         if self._state != "active":
             raise ScopeDisposedError(f"cannot {what}: scope {self.path!r} is {self._state}")
 
-    def child(self, name: str, *, layered: bool = False) -> Scope:
-        """Create a child scope, disposed with (and before) this one."""
+    def child(self, name: str, *, layered: bool = False, task_grace_s: float | None = None) -> Scope:
+        """Create a child scope, disposed with (and before) this one.
+
+        Its task grace is ``task_grace_s``, or this scope's when that is ``None``.
+        """
         self._ensure_active(f"create child scope {name!r}")
-        scope = Scope(name, self, layered=layered)
+        scope = Scope(name, self, layered=layered, task_grace_s=task_grace_s)
         self._children.append(scope)
         return scope
 
@@ -151,7 +188,7 @@ class Scope:
         return forget
 
     def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str | None = None) -> asyncio.Task[Any]:
-        """Start a background task owned by this scope (cancelled and awaited on dispose)."""
+        """Start a background task owned by this scope (cancelled on dispose, and awaited for its task grace)."""
         if self._state != "active":
             coro.close()
             raise ScopeDisposedError(f"cannot start a task: scope {self.path!r} is {self._state}")
@@ -191,8 +228,11 @@ class Scope:
         """Unwind everything this scope owns and wait until it is quiescent.
 
         Children go first (newest first), then disposers in reverse order, then
-        owned tasks are cancelled and awaited; when this returns, nothing the
-        scope started is still running. The unwinding runs once, in a task of
+        owned tasks are cancelled and awaited for at most :attr:`task_grace_s`;
+        when this returns, nothing the scope started is still running, but for
+        a task that ignored its cancellation that long: it is left running and
+        named in a warning (a disposer, by contrast, is awaited for as long as
+        it takes). The unwinding runs once, in a task of
         its own: every call (concurrent ones included) waits for that one
         unwinding, and cancelling a caller does not stop it (the caller still
         gets its :class:`asyncio.CancelledError`). Disposing twice is harmless.
@@ -303,8 +343,26 @@ class Scope:
         tasks = [t for t in self._tasks if not t.done()]
         for task in tasks:
             task.cancel()
-        if tasks:
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                    log.warning("a task of scope %r failed: %r", self.path, result)
+        if not tasks:
+            return
+        # Bounded: a task that swallows its cancellation (or awaits again) would hang the whole unwinding,
+        # and with it every dispose() up to the harness's close. It is left running, and named.
+        grace = self._task_grace_s
+        _, running = await asyncio.wait(tasks, timeout=grace)
+        for task in tasks:
+            if task in running:
+                log.warning(
+                    "task %s of scope %r ignored its cancellation for %g s; dispose leaves it running",
+                    _describe_task(task),
+                    self.path,
+                    grace,
+                )
+            elif not task.cancelled() and (error := task.exception()) is not None:
+                log.warning("a task of scope %r failed: %r", self.path, error)
+
+
+def _describe_task(task: asyncio.Task[Any]) -> str:
+    """``'name' (qualified name of its coroutine)``: the name alone is often asyncio's ``Task-N``."""
+    coro = task.get_coro()
+    qualname = getattr(coro, "__qualname__", None) or type(coro).__name__
+    return f"{task.get_name()!r} ({qualname})"

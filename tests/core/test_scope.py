@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
-from dsh_core.scope import Scope, ScopeDisposedError
+from dsh_core.scope import TASK_GRACE_S, Scope, ScopeDisposedError
 
 pytestmark = pytest.mark.anyio
 
@@ -120,7 +121,8 @@ async def test_cancelling_the_caller_of_dispose_does_not_stop_the_unwinding() ->
 
 
 async def test_cancelling_the_unwinding_itself_abandons_one_step_and_runs_the_rest(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """What a loop shutdown does (it cancels every task): the disposer being awaited is given up, not the rest."""
     root = Scope()
     trail: list[str] = []
@@ -141,7 +143,8 @@ async def test_cancelling_the_unwinding_itself_abandons_one_step_and_runs_the_re
 
 
 async def test_a_disposer_raising_any_base_exception_does_not_stop_the_unwinding(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     class Odd(BaseException):
         pass
 
@@ -229,3 +232,96 @@ async def test_an_unwinding_cancelled_before_it_ran_is_started_again_for_its_cal
     unwinding.cancel()
     await asyncio.wait_for(caller, 5)
     assert unwinding.cancelled() and trail == ["ran"] and root.disposed
+
+
+class _Stubborn:
+    """A task body that swallows its cancellation and keeps waiting until the test releases it."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            await self.release.wait()  # ignores the cancellation: dispose must not wait for this
+
+
+def _grace_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "dsh" and "ignored its cancellation" in record.getMessage()
+    ]
+
+
+async def test_dispose_leaves_a_task_that_ignores_its_cancellation_after_the_grace_and_names_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root = Scope(task_grace_s=0.05)
+    plugin = root.child("plugin:p")
+    trail: list[str] = []
+    plugin.on_dispose(lambda: trail.append("disposer"))
+    stubborn = _Stubborn()
+    task = plugin.spawn(stubborn.run(), name="poller")
+    await asyncio.sleep(0)
+    try:
+        await asyncio.wait_for(root.dispose(), 5)
+        assert root.disposed and plugin.disposed and trail == ["disposer"]
+        assert stubborn.cancelled.is_set() and not task.done()
+        (warning,) = _grace_warnings(caplog)
+        assert "'poller'" in warning and "_Stubborn.run" in warning and "'root/plugin:p'" in warning
+        assert "0.05 s" in warning
+    finally:
+        stubborn.release.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_a_child_scope_inherits_the_task_grace_unless_given_its_own() -> None:
+    root = Scope(task_grace_s=0.25)
+    child = root.child("c")
+    assert child.task_grace_s == 0.25 and child.child("g").task_grace_s == 0.25
+    assert root.child("own", task_grace_s=1).task_grace_s == 1.0
+    assert Scope().task_grace_s == TASK_GRACE_S == 5.0
+
+
+async def test_a_child_left_with_the_inherited_grace_does_not_hang_its_parent(caplog: pytest.LogCaptureFixture) -> None:
+    root = Scope(task_grace_s=0.05)
+    grandchild = root.child("c").child("g")
+    stubborn = _Stubborn()
+    task = grandchild.spawn(stubborn.run())
+    await asyncio.sleep(0)
+    try:
+        await asyncio.wait_for(root.dispose(), 5)
+        (warning,) = _grace_warnings(caplog)
+        assert "'root/c/g'" in warning and "_Stubborn.run" in warning
+    finally:
+        stubborn.release.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_well_behaved_tasks_end_within_the_grace_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    root = Scope(task_grace_s=0.05)
+    ended = asyncio.Event()
+
+    async def tidy() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ended.set()
+
+    tasks = [root.spawn(tidy()), root.spawn(asyncio.sleep(3600))]
+    await asyncio.sleep(0)
+    await asyncio.wait_for(root.dispose(), 5)
+    assert all(t.cancelled() for t in tasks) and ended.is_set()
+    assert _grace_warnings(caplog) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, True, "5", pytest.param(10**400, id="huge-int")])
+def test_the_task_grace_must_be_a_positive_finite_number_of_seconds(value: object) -> None:
+    with pytest.raises(ValueError, match=r"task_grace_s of scope 'root' must be a positive, finite number of sec"):
+        Scope(task_grace_s=value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"task_grace_s of scope 'c' must be a positive, finite number of sec"):
+        Scope().child("c", task_grace_s=value)  # type: ignore[arg-type]
