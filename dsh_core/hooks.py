@@ -411,9 +411,19 @@ class Hooks:
                     f"returned a PreDecision of unknown kind {kind!r}, expected one of {', '.join(PRE_KINDS)}"))
         return ask if ask is not None else _ALLOW
 
-    async def approve(self, request: ApprovalRequest) -> ApprovalOutcome:
-        """The first channel's answer; ``unavailable`` when none answers or a channel raises."""
+    async def approve(self, request: ApprovalRequest, *,
+                      on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
+        """The first channel's answer; ``unavailable`` when none answers or a channel raises.
+
+        ``on_channel(plugin)`` is called as each channel is asked, so that the caller knows
+        which one holds the ask (and can name it if it ignores the ask's withdrawal). An ask
+        withdrawn while a channel holds it (the task running this is cancelled) ends
+        cancelled even if that channel swallows the cancellation: whatever it answers,
+        ``allowed`` included, is dropped, and no further channel is asked.
+        """
         for info in self._visible("dsh_approve", request.execution.agent):
+            if on_channel is not None:
+                on_channel(info.plugin)
             try:
                 outcome = info.invoke(request)
                 if outcome is not None and _is_awaitable(outcome):
@@ -424,6 +434,10 @@ class Hooks:
                 # A stray cancellation too: the channel failed, the ask was not cancelled by anyone.
                 log.warning("approval channel of plugin %r failed", info.plugin, exc_info=True)
                 return ApprovalOutcome.UNAVAILABLE
+            if cancellation_requested():
+                # The channel swallowed the ask's withdrawal: its answer reaches nobody, and no other
+                # channel may pick up an ask that no longer exists.
+                raise asyncio.CancelledError
             if outcome is None:
                 continue
             try:

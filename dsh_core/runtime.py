@@ -79,13 +79,15 @@ from dsh_core.scope import Scope, one_shot
 
 __all__ = [
     "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
-    "check_approval_timeout",
+    "check_approval_timeout", "APPROVAL_GRACE_S",
 ]
 
 log = logging.getLogger("dsh")
 
 ABORTED_BEFORE_DISPATCH_MESSAGE = "tool call aborted before dispatch"
 ABORTED_MESSAGE = "tool call aborted"
+#: Seconds a withdrawn approval ask waits for its channel to end before leaving it running (and naming it).
+APPROVAL_GRACE_S = 5.0
 
 StageKind = Literal["dispatch", "post-result", "final-result"]
 Finalizer = Callable[[ToolExecution, ToolResult], "Sequence[ContentBlock] | None"]
@@ -167,12 +169,21 @@ class ToolRuntime:
     (``None``, the default: for as long as it takes). An ask unanswered by then is
     withdrawn (its channel's task is cancelled, so a late answer reaches nobody) and
     the call is denied, saying the request timed out: fail closed.
+
+    ``approval_grace_s`` (default :data:`APPROVAL_GRACE_S`) bounds how long a withdrawn
+    ask (timed out, aborted, or its caller cancelled) waits for its channel to end: a
+    channel that ignores the withdrawal longer is left running and named in a warning,
+    and the call goes on without it.
     """
 
-    def __init__(self, registry: ToolRegistry, hooks: Hooks, *, approval_timeout_s: float | None = None) -> None:
+    def __init__(self, registry: ToolRegistry, hooks: Hooks, *, approval_timeout_s: float | None = None,
+                 approval_grace_s: float = APPROVAL_GRACE_S) -> None:
         self.registry = registry
         self.hooks = hooks
         self.approval_timeout_s = check_approval_timeout(approval_timeout_s)
+        if not is_positive_seconds(approval_grace_s):
+            raise ValueError(f"approval_grace_s must be a positive, finite number of seconds, got {approval_grace_s!r}")
+        self.approval_grace_s = float(approval_grace_s)
         # Tokens of executions whose transport body is running now: the only valid parents.
         self._live_parents: dict[ExecutionToken, int] = {}
 
@@ -372,46 +383,85 @@ class ToolRuntime:
 
     async def _ask(self, execution: ToolExecution, reason: str | None,
                    approval_wait: Callable[[], AbstractContextManager[None]] | None) -> tuple[ApprovalOutcome, bool]:
-        """The ask's outcome, and whether it timed out (then the call is denied, whatever came of it)."""
+        """The ask's outcome, and whether it timed out (then the call is denied, whatever came of it).
+
+        An ask withdrawn before it was answered (timed out, aborted, or the caller cancelled)
+        is ``cancelled``, whatever its channel answers afterwards: its channel's task is
+        cancelled and waited for at most :attr:`approval_grace_s`, then left running.
+        """
         signal = execution.signal
         request = ApprovalRequest(execution, reason, signal)
-        approval = asyncio.ensure_future(self.hooks.approve(request))
-        timed_out = False
+        channel: str | None = None
+
+        def answering(plugin: str) -> None:
+            nonlocal channel
+            channel = plugin
+
+        approval = asyncio.ensure_future(self.hooks.approve(request, on_channel=answering))
+        # Resolved by the answer or by the timeout: the wait must not depend on the channel
+        # obeying its cancellation.
+        settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(_: object = None) -> None:
+            if not settled.done():
+                settled.set_result(None)
+
+        approval.add_done_callback(settle)
+        timed_out = withdrawn = False
+
+        def withdraw() -> None:
+            nonlocal withdrawn
+            # Withdrawn, not just stopped waiting for: the person's prompt goes away, and an
+            # answer the channel still manages to give (it swallowed the cancellation) is ignored.
+            withdrawn = True
+            approval.cancel()
 
         def expire() -> None:
             nonlocal timed_out
             if not approval.done():
-                # Withdrawn, not just stopped waiting for: the person's prompt goes away, and an
-                # answer the channel still manages to give (it swallowed the cancellation) is ignored.
                 timed_out = True
-                approval.cancel()
+                withdraw()
+                settle()
 
         timeout = self.approval_timeout_s
         timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, expire)
         try:
             try:
                 if approval_wait is None:
-                    await signal.until(approval)
+                    await signal.until(settled)
                 else:
                     with approval_wait():
-                        await signal.until(approval)
+                        await signal.until(settled)
             finally:
                 if timer is not None:
                     timer.cancel()
+                approval.remove_done_callback(settle)
                 if not approval.done():
-                    # Aborted, or the caller was cancelled: the person's prompt must not outlive the call.
-                    approval.cancel()
-                    await asyncio.gather(approval, return_exceptions=True)
+                    if not withdrawn:  # aborted, or the caller was cancelled: the prompt must not outlive the call
+                        withdraw()
+                    await self._let_go(approval, channel, execution)
         except asyncio.CancelledError:
             # The caller gave up on the call: the observers still hear how the ask ended (once per
             # ask: the session would otherwise hold an ask never resolved), then the cancellation goes on.
-            answered = approval.done() and not approval.cancelled() and approval.exception() is None
+            answered = not withdrawn and approval.done() and not approval.cancelled() and approval.exception() is None
             outcome = approval.result() if answered else ApprovalOutcome.CANCELLED
             await asyncio.shield(self.hooks.approval_resolved(request, outcome))
             raise
-        outcome = ApprovalOutcome.CANCELLED if approval.cancelled() or timed_out else approval.result()
+        outcome = ApprovalOutcome.CANCELLED if withdrawn or approval.cancelled() else approval.result()
         await self.hooks.approval_resolved(request, outcome)
         return outcome, timed_out
+
+    async def _let_go(self, approval: asyncio.Future[ApprovalOutcome], channel: str | None,
+                      execution: ToolExecution) -> None:
+        """Wait at most the grace for a withdrawn ask's channel to end; leave it running, named, if it does not."""
+        grace = self.approval_grace_s
+        await asyncio.wait((approval,), timeout=grace)
+        if not approval.done():
+            # A channel that ignores its cancellation must not hold the call (or a run's scheduler lane)
+            # forever; whatever it answers later reaches nobody.
+            log.warning('approval channel of plugin %r ignored its withdrawal for %g s (tool "%s", call %r); '
+                        "it is left running and the call goes on without it", channel, grace,
+                        execution.name, execution.call_id)
 
     async def _guard(self, execution: ToolExecution) -> str | None:
         for guard in self.registry.guards_for(execution.agent):

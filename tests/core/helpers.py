@@ -63,12 +63,13 @@ class Stack:
     """A bare registry + hooks + runtime, with a root scope."""
 
     def __init__(self, mode: str = "native", transport: ToolDefinition | None = None, *,
-                 approval_timeout_s: float | None = None) -> None:
+                 approval_timeout_s: float | None = None, approval_grace_s: float | None = None) -> None:
         self.root = Scope("root")
         self.hooks = Hooks()
         self.transport = transport or tool("run_code_impl")
         self.registry = ToolRegistry(default_mode=mode, transport=_as_transport(self.transport))  # type: ignore[arg-type]
-        self.runtime = ToolRuntime(self.registry, self.hooks, approval_timeout_s=approval_timeout_s)
+        grace = {} if approval_grace_s is None else {"approval_grace_s": approval_grace_s}
+        self.runtime = ToolRuntime(self.registry, self.hooks, approval_timeout_s=approval_timeout_s, **grace)
 
     def agent(self, name: str = "agent", parent: Scope | None = None) -> Scope:
         return (parent or self.root).child(f"agent:{name}", layered=True)
