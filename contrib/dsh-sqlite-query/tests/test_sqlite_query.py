@@ -190,6 +190,23 @@ def test_column_names_in_the_text_the_model_reads_never_split_a_column_or_the_he
     assert lines[1].split("\t") == ["1", "2", "3", "4", "5", "6", "7", "8"]
 
 
+def test_unicode_line_breaks_in_cells_and_names_never_split_a_row_or_the_header(tmp_path: Path) -> None:
+    # JSON leaves U+0085, U+2028 and U+2029 unescaped, yet str.splitlines (and many renderers) break lines
+    # at them: a cell or a name holding one read as an extra row, or cut the header short.
+    breaks = ["\x85", "\u2028", "\u2029"]
+    names = [f"n{b}x" for b in breaks]
+    sql = "SELECT " + ", ".join(f"'c' || char({ord(b)}) || 'd' AS \"n{b}x\"" for b in breaks)
+    result = query(make_db(tmp_path / "app.db"), f"{sql} UNION ALL {sql}")
+    assert result.code is None, result.text
+    assert result.value["columns"] == names
+    assert result.value["rows"] == [[f"c{b}d" for b in breaks]] * 2
+    lines = result.text.splitlines()
+    assert len(lines) == 1 + 2 + 1 and lines[3] == "(2 rows)"  # header, two rows, footer
+    assert lines[0].split("\t") == ['"n\\u0085x"', '"n\\u2028x"', '"n\\u2029x"']
+    assert lines[1].split("\t") == lines[2].split("\t") == ['"c\\u0085d"', '"c\\u2028d"', '"c\\u2029d"']
+    assert [json.loads(cell) for cell in lines[1].split("\t")] == result.value["rows"][0]
+
+
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
     assert result.value["row_count"] == 10 and result.value["truncated"] is True

@@ -212,15 +212,26 @@ def _render(_args: Any, value: Any) -> str:
 # What the model reads is this text, not the value: each cell is its JSON, so TEXT is quoted (TEXT
 # 'NULL' is not NULL, '1' is not 1, nor does text spelling a tag read as one) and its tabs and
 # newlines are escaped, never splitting a cell or a row.
-_render_cell = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
+
+# Of the characters str.splitlines (and many renderers) break lines at, JSON escapes the control
+# characters but leaves NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR as they are. In JSON they can
+# stand only inside a string, where their \u escapes mean the same text.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _render_cell(value: Any) -> str:
+    """A cell as the model reads it: its JSON, with every character that breaks a line escaped."""
+    return _encode(value).translate(_LINE_BREAKS)
 
 
 def _render_name(name: str) -> str:
     """A column name in the header: bare where that is unambiguous, else its JSON, as a TEXT cell is shown.
 
     Bare, a tab or newline in a name split the header from its columns. Its JSON is used for a name
-    JSON escapes anything in (a control character, a backslash, a quote), an empty one, and one
-    starting with ``{`` (which would read as a tag): so a header field starting with ``"`` is JSON.
+    :func:`_render_cell` escapes anything in (a control character or another line break, a backslash,
+    a quote), an empty one, and one starting with ``{`` (which would read as a tag): so a header field
+    starting with ``"`` is JSON.
     """
     quoted = _render_cell(name)
     return name if name and quoted[1:-1] == name and not name.startswith("{") else quoted
