@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Final, ParamSpec, TypeVar
 
-from attrs import field, frozen
+from attrs import define, field, frozen
 
 from dsh_core.abort import AbortController, AbortedError, AbortSignal
 from dsh_core.errors import DshError, ErrorCode
@@ -401,7 +401,7 @@ def probe_command(target: Target) -> str:
 
 def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]],
                  *, disposed: Callable[[LoadedPlugin], list[str]] | None = None,
-                 quiesce_when: str | None = None) -> list[str]:
+                 quiesce_when: str | None = None, load_leftovers: bool = False) -> list[str]:
     """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures.
 
     ``disposed`` adds the failures it finds once the plugin is disposed. Failures of the plugin dsh
@@ -409,16 +409,23 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
     asyncio tasks started since the load and still running after dispose (the event loop closing
     would otherwise cancel them unseen), then threads and descendant processes still running after it
     (orphans included: the kit is a child subreaper meanwhile), which are then killed and reaped.
+
+    What was already running once the plugin had loaded (and the processes those start) is no call's:
+    it is reported, as left running at load, only with ``load_leftovers`` (the dispose check; every
+    check loads the plugin, so each would report it again), and is otherwise taken as running before.
     """
 
     scope_paths: list[str] = []
     owners: dict[int, str] = {}
+    at_load = _AtLoad()
 
     async def scenario() -> list[str]:
         if quiesce_when is not None:
             _OWNERS.set(owners)  # this task's context, copied into the calls' tasks
         tasks_before = asyncio.all_tasks()
         loaded = await _load(target, check)
+        if quiesce_when is not None:
+            at_load.take(tasks_before, threads_before, owners)
         if loaded.scope is not None:
             scope_paths.append(loaded.scope.path)
         found: list[str] = []
@@ -429,7 +436,7 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
         if disposed is not None:
             found.extend(disposed(loaded))
         if quiesce_when is not None:
-            found.extend(await _stray_tasks(target, check, quiesce_when, tasks_before))
+            found.extend(await _stray_tasks(target, check, quiesce_when, tasks_before, at_load, load_leftovers))
         return found
 
     executor = _DetachedExecutor()
@@ -442,8 +449,34 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
             result: list[str] = _run(scenario, executor)
         result += _logged(target, check, records, _culprit(target, scope_paths[0] if scope_paths else None))
         if quiesce_when is not None:
-            result += _strays(target, check, quiesce_when, threads_before, children_before, executor, owners)
+            result += _strays(target, check, quiesce_when, threads_before, children_before, executor, owners,
+                              at_load, load_leftovers)
     return result
+
+
+#: The owner of a process the plugin left running at load (and of what it starts) in ``_OWNERS``: never a tool
+#: name, which holds no ``<``.
+_LOAD_OWNER: Final = "<load>"
+
+#: What a failure says of a leftover that was already running once the plugin had loaded, before its ``when``.
+_AT_LOAD: Final = "was left running at load and "
+
+
+@define
+class _AtLoad:
+    """What was running once the plugin had loaded (its factory and the hooks dsh calls as it starts) that was not
+    before: no call of a check's left it."""
+
+    tasks: set[asyncio.Task[Any]] = field(factory=set)
+    threads: set[threading.Thread] = field(factory=set)
+
+    def take(self, tasks_before: set[asyncio.Task[Any]], threads_before: set[threading.Thread],
+             owners: dict[int, str]) -> None:
+        """Note what runs now (called in the check's task, right after the load), and claim the processes for it."""
+        self.tasks = asyncio.all_tasks() - tasks_before - {asyncio.current_task()}
+        # The executor's jobs are threads too: the load's jobs are those running now.
+        self.threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()}
+        _claim(owners, _LOAD_OWNER)  # else the first call to end took them, and they were blamed on its tool
 
 
 def _guarded(check: Callable[[Target], list[str]]) -> Callable[[Target], list[str]]:
@@ -1316,66 +1349,80 @@ def check_dispose(target: Target) -> list[str]:
                         "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
                         "undo it") for what in loaded.leftovers()]
 
-    return _with_plugin(target, "dispose", probe, disposed=leftovers, quiesce_when="after dispose")
+    # Every check loads the plugin: this one alone reports what it left running at load.
+    return _with_plugin(target, "dispose", probe, disposed=leftovers, quiesce_when="after dispose",
+                        load_leftovers=True)
 
 
-async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]]) -> list[str]:
-    """Tasks started since ``tasks_before`` and still running ``QUIESCENCE_GRACE_S`` on."""
+async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]],
+                       at_load: _AtLoad, load_leftovers: bool) -> list[str]:
+    """Tasks started since ``tasks_before`` and still running ``QUIESCENCE_GRACE_S`` on; those already running at
+    load only with ``load_leftovers`` (see :func:`_with_plugin`)."""
+    before = tasks_before if load_leftovers else tasks_before | at_load.tasks
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     pending: set[asyncio.Task[Any]] = set()
     while time.monotonic() < deadline:
         # A call that ignored its cancellation is already reported, as such, by the check that cancelled it.
-        pending = {t for t in asyncio.all_tasks() - tasks_before if not t.done() and t not in _IGNORED_CANCEL}
+        pending = {t for t in asyncio.all_tasks() - before if not t.done() and t not in _IGNORED_CANCEL}
         current = asyncio.current_task()
         if current is not None:
             pending.discard(current)
         if not pending:
             break
         await asyncio.sleep(0.02)
-    return [failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) is still running {when}",
+    return [failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) "
+                    f"{_AT_LOAD if task in at_load.tasks else ''}is still running {when}",
                     "start background work with scope.spawn(...) so dispose cancels and awaits it")
             for task in pending]
 
 
 def _strays(target: Target, check: str, when: str, threads_before: set[threading.Thread],
-            children_before: set[int], executor: _DetachedExecutor, owners: dict[int, str]) -> list[str]:
+            children_before: set[int], executor: _DetachedExecutor, owners: dict[int, str], at_load: _AtLoad,
+            load_leftovers: bool) -> list[str]:
     """Threads (the executor's jobs apart) and descendant processes started since ``*_before``, and the executor's
-    jobs, still running ``QUIESCENCE_GRACE_S`` on; the processes are then killed and reaped.
+    jobs, still running ``QUIESCENCE_GRACE_S`` on; the processes are then killed and reaped. Those already running
+    at load are reported only with ``load_leftovers`` (see :func:`_with_plugin`), and killed all the same.
 
     A process that exited is no leftover, though it may wait out the grace for its parent to reap
     it; one still a zombie then was left to the kit (an orphan it adopted), which reaps it.
     """
+    ignored = set() if load_leftovers else at_load.threads
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     threads: set[threading.Thread] = set()
     processes: set[int] = set()
     jobs: list[_Job] = []
     while time.monotonic() < deadline:
-        jobs = executor.running()
-        threads = {t for t in set(threading.enumerate()) - threads_before if t.is_alive()} \
+        jobs = [job for job in executor.running() if job.thread not in ignored]
+        threads = {t for t in set(threading.enumerate()) - threads_before - ignored if t.is_alive()} \
             - {job.thread for job in executor.jobs}
-        processes = _descendants().keys() - children_before
+        processes = {pid for pid in _descendants().keys() - children_before
+                     if load_leftovers or owners.get(pid) != _LOAD_OWNER}
         if not threads and not processes and not jobs:
             break
         time.sleep(0.02)
     running = sorted(pid for pid in processes if not _ended(pid))
     described = {pid: _describe_pid(pid) for pid in running}  # before the kill: a killed process has no command
-    if processes:
-        _end_processes(children_before)
+    _end_processes(children_before)  # the load's processes too: no check leaves one running
     found = []
     for job in jobs:
+        loaded = job.thread in at_load.threads
         found.append(failure(target, check, f"thread {job.thread.name!r} running {job.what} (asyncio.to_thread or "
-                             f"loop.run_in_executor) is still running {when}",
+                             f"loop.run_in_executor) {_AT_LOAD if loaded else ''}is still running {when}",
+                             "a thread cannot be cancelled (cancelling the await leaves it running): make the "
+                             "blocking work end in a disposer (scope.on_dispose) and wait for it there" if loaded else
                              "a thread cannot be cancelled (cancelling the await leaves it running): make the "
                              "blocking work end when ctx.signal aborts (a threading.Event set from "
                              "ctx.signal.add_listener that it checks, a timeout, or closing what it waits on) "
                              "and wait for it before returning", job.tool))
     for thread in sorted(threads, key=lambda t: t.name):
-        found.append(failure(target, check, f"thread {thread.name!r} is still running {when}",
+        found.append(failure(target, check, f"thread {thread.name!r} "
+                             f"{_AT_LOAD if thread in at_load.threads else ''}is still running {when}",
                              "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread"))
     for pid in running:
-        found.append(failure(target, check, f"child process {described[pid]} is still running {when}",
-                             "kill and reap every process the plugin starts, on completion, on "
-                             "abort and in a disposer", owners.get(pid) or None))
+        loaded = owners.get(pid) == _LOAD_OWNER
+        found.append(failure(target, check, f"child process {described[pid]} {_AT_LOAD if loaded else ''}is still "
+                             f"running {when}", "kill and reap every process the plugin starts, on completion, on "
+                             "abort and in a disposer", None if loaded else owners.get(pid) or None))
     return found
 
 

@@ -12,6 +12,7 @@ import math
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -127,9 +128,12 @@ def test_broken_plugins_fail_each_check_with_its_message(kit: pytest.Pytester) -
                        "pluggy wrapper*"])
     out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_no_such_hook (hook dsh_no_such_hook) '
                        "implements no known hook*"])
-    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": task leaked-task * is still running after dispose*'])
-    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": thread \'leaked-thread\' is still running*'])
-    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": child process pid * (sleep 10) is still running*'])
+    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": task leaked-task * was left running at load and is '
+                       "still running after dispose*"])
+    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": thread \'leaked-thread\' was left running at load and is '
+                       "still running*"])
+    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": child process pid * (sleep 10) was left running at load '
+                       "and is still running*"])
     out.fnmatch_lines(["*[[]dsh:entry-point[]] plugin \"nope\": no entry point named 'nope'*installed:*good*"])
     assert "test_not_collected" not in out.str()
     failed = {line.split("[", 1)[1].split("]", 1)[0] for line in result.outlines
@@ -960,6 +964,85 @@ def test_a_body_that_returns_but_leaves_work_running_fails_the_checks_that_call_
     assert process.startswith(prefix) and f"(sleep 3) is still running {when}" in process, process
     pid = int(process.removeprefix(prefix).split(" ", 1)[0])
     assert not os.path.exists(f"/proc/{pid}"), "the leftover process was not killed and reaped"
+
+
+@pytest.fixture
+def load_leak(monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
+    """The ``load-leak`` plugin (``load-leak-only``: its tool leaves nothing running) as the checks' target, with
+    short graces; what it leaves waiting is released after."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+    from tests.fixtures.conformance import broken_plugins
+
+    def find(name: str) -> metadata.EntryPoint:
+        factory = name.replace("-", "_")
+        return metadata.EntryPoint(name, f"tests.fixtures.conformance.broken_plugins:{factory}", ENTRY_POINT_GROUP)
+
+    monkeypatch.setattr(loader, "find_entry_point", find)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+    broken_plugins.LOAD_LEAK_DONE.clear()
+    broken_plugins.CALL_LEAK_DONE.clear()
+    try:
+        yield Target("load-leak")
+    finally:
+        broken_plugins.LOAD_LEAK_DONE.set()
+        broken_plugins.CALL_LEAK_DONE.set()
+
+
+#: How each leftover ``load-leak`` leaves as it loads shows in a failure.
+LOAD_LEFTOVERS = ("task load-task (", "thread 'load-thread'", "running threading.Event.wait", "(sleep 4)")
+#: What the dispose check says of a leftover that was left running at load.
+_AT_LOAD_DISPOSE = "was left running at load and is still running after dispose"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+def test_what_a_plugin_leaves_running_at_load_is_reported_once_by_the_dispose_check(load_leak: Target) -> None:
+    """Every check that looks for leftovers loads the plugin: each reported what the plugin left running as it
+    loaded, as if its own calls had, and blamed a process on the first tool it called."""
+    by_check = {name: check(load_leak) for name, check in checks.CHECKS.items()
+                if name != "stdout"}  # a fresh interpreter, which does not see this test's entry point
+    for leftover in LOAD_LEFTOVERS:
+        reports = [(name, f) for name, found in by_check.items() for f in found if leftover in f.split("\n")[0]]
+        assert len(reports) == 1, (leftover, reports)
+        name, report = reports[0]
+        assert name == "dispose" and report.startswith('[dsh:dispose] plugin "load-leak": '), report
+        assert _AT_LOAD_DISPOSE in report, report
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+@pytest.mark.parametrize("check", ["check_dispose", "check_abort", "check_example_calls", "check_typed_errors"])
+def test_a_check_reports_what_its_calls_leave_running_apart_from_what_was_left_at_load(
+        load_leak: Target, check: str) -> None:
+    """What was running once the plugin had loaded is no call's: a check reports only what its calls left, and
+    kills the processes left at load all the same."""
+    before = set(checks._descendants())
+    found = getattr(checks, check)(load_leak)
+    name = check.removeprefix("check_").replace("_", "-")
+    when = LEFTOVERS_WHEN[name]
+    calls = [f for f in found if not any(leftover in f.split("\n")[0] for leftover in LOAD_LEFTOVERS)]
+    assert len(calls) == 3, found
+    assert all(f"is still running {when}" in f and "at load" not in f for f in calls), calls
+    process = next(f for f in calls if "child process" in f)
+    prefix = f'[dsh:{name}] plugin "load-leak", tool "litter": child process pid '
+    assert process.startswith(prefix) and "(sleep 3)" in process, process
+    assert len(found) == (3 + len(LOAD_LEFTOVERS) if name == "dispose" else 3), found
+    running = [checks._describe_pid(pid) for pid in checks._descendants().keys() - before]
+    assert not any("(sleep 4)" in process for process in running), f"the process left at load runs on: {running}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors"])
+def test_a_check_whose_calls_leave_nothing_passes_though_the_plugin_left_work_running_at_load(
+        load_leak: Target, check: str) -> None:
+    """The dispose check reports what was left at load; the others pass, and kill the process left at load."""
+    before = set(checks._descendants())
+    assert getattr(checks, check)(Target("load-leak-only")) == []
+    running = [checks._describe_pid(pid) for pid in checks._descendants().keys() - before]
+    assert not any("(sleep 4)" in process for process in running), f"the process left at load runs on: {running}"
+    found = checks.check_dispose(Target("load-leak-only"))
+    assert len(found) == len(LOAD_LEFTOVERS) and all(_AT_LOAD_DISPOSE in f for f in found), found
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
