@@ -224,7 +224,7 @@ def _run(coroutine_function: Callable[[], Any], executor: _DetachedExecutor | No
         finally:
             asyncio.set_event_loop(None)
             loop.close()  # the default executor's shutdown never waits (_DetachedExecutor)
-            _abandon(left)
+            _abandon(loop, left)
 
 
 def _settle(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
@@ -248,17 +248,18 @@ def _settle(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> s
 _UNCLOSED: Final[list[Coroutine[Any, Any, Any]]] = []
 
 
-def _abandon(tasks: set[asyncio.Task[Any]]) -> None:
-    """Close the coroutines of ``tasks``, still pending on a closed loop, now rather than when collected.
+def _abandon(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> None:
+    """Close the coroutines of ``tasks``, still pending on the closed ``loop``, now rather than when collected.
 
     Left to the garbage collector, each would be closed at some random later point of the test
-    run, running the body's ``finally`` blocks (and asyncio's "Task was destroyed but it is
-    pending!" report) in the middle of whatever runs then: once, inside the AST rewriting of a
-    module pytest imported, which then failed with a SystemError. The failure was reported by the
-    check that cancelled the task.
+    run, running the body's ``finally`` blocks in the middle of whatever runs then: once, inside the
+    AST rewriting of a module pytest imported, which then failed with a SystemError. The failure was
+    reported by the check that cancelled the task, so asyncio's "Task was destroyed but it is
+    pending!" report of each, when it is collected, is dropped (:func:`_drop_destroyed_pending`).
     """
+    if tasks:
+        _drop_destroyed_pending(loop, {id(task) for task in tasks})
     for task in tasks:
-        setattr(task, "_log_destroy_pending", False)  # noqa: B010  (asyncio's own switch; not in its stubs)
         coroutine = task.get_coro()
         if not inspect.iscoroutine(coroutine):
             continue
@@ -268,6 +269,34 @@ def _abandon(tasks: set[asyncio.Task[Any]]) -> None:
             _UNCLOSED.append(coroutine)  # kept, so that it is never closed (and runs again) when collected
         except Exception:
             pass  # what its finally blocks raised on the way out; nothing is left to report it to
+
+
+#: How asyncio's report of a task collected while still pending begins (``Task.__del__``).
+_DESTROYED_PENDING: Final = "Task was destroyed but it is pending"
+
+
+def _drop_destroyed_pending(loop: asyncio.AbstractEventLoop, abandoned: set[int]) -> None:
+    """Make the closed ``loop`` drop asyncio's "Task was destroyed but it is pending!" report of each task whose id is
+    in ``abandoned``, once; every other report goes to the handler the loop had, else to the default one.
+
+    Through the loop's public exception handler, where the report goes, not asyncio's private switch on
+    the task. By id, not by weak reference: the garbage collector clears those before it finalizes a
+    task caught in a cycle. The task is alive while it reports, and its id is dropped then, so a later
+    object that reuses the id is never mistaken for it.
+    """
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        task = id(context.get("task"))
+        if task in abandoned and str(context.get("message", "")).startswith(_DESTROYED_PENDING):
+            abandoned.discard(task)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
 
 
 async def _load(target: Target, check: str, *, record_only: bool = False) -> LoadedPlugin:
