@@ -29,6 +29,8 @@ from dsh_core.lossless import dumps, thaw
 
 # What the commands drive is imported in their bodies: `dsh --help` must not load it (a test checks).
 if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
     from dsh_core.config import Deployment
     from dsh_core.model import ToolResult
 
@@ -48,6 +50,53 @@ def _escape_lone_surrogates() -> None:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
+
+
+class _WholeFileIO(io.FileIO):
+    """A raw file whose write takes everything it is given, as a buffered one does.
+
+    A raw write may take only part (a signal mid-write, a full non-blocking pipe, a terminal), and
+    the text layer above it ignores the count: the rest would be lost without a word.
+    """
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        with memoryview(data) as view, view.cast("B") as octets:
+            done = 0
+            while done < len(octets):
+                written = super().write(octets[done:])
+                if written is None:
+                    # Non-blocking and full: wait until the reader takes some (a closed read end
+                    # polls ready, and the next write raises BrokenPipeError).
+                    poller = select.poll()
+                    poller.register(self.fileno(), select.POLLOUT)
+                    poller.poll()
+                else:
+                    done += written
+            return done
+
+
+def _write_stdout_whole() -> None:
+    """Under ``python -u`` (or ``PYTHONUNBUFFERED``), print to stdout through a :class:`_WholeFileIO`.
+
+    There stdout's binary layer is the raw file, so a large result could reach its reader cut
+    short. The new text layer writes through at once like the one it replaces, which stays as
+    it is (``sys.__stdout__``, on the same file descriptor).
+    """
+    stream = sys.stdout
+    if not (isinstance(stream, io.TextIOWrapper) and type(stream.buffer) is io.FileIO):
+        return  # buffered (it writes whole already), or not the interpreter's (a test runner's capture)
+    stream.flush()
+    raw = _WholeFileIO(stream.fileno(), "w", closefd=False)
+    raw.name = stream.buffer.name  # "<stdout>", not the bare descriptor
+    # newline="\n": no translation, as the interpreter's own stdout on POSIX.
+    sys.stdout = io.TextIOWrapper(
+        raw,
+        encoding=stream.encoding,
+        errors=stream.errors,
+        newline="\n",
+        line_buffering=stream.line_buffering,
+        write_through=True,
+    )
 
 
 def load_config(paths: Sequence[str]) -> Deployment:
@@ -142,6 +191,10 @@ class LazyGroup(click.Group):
                 raise TypeError(f"{self.lazy_commands[cmd_name]} is not a click command")
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        _write_stdout_whole()
+        return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -480,6 +481,51 @@ def _dsh_piped(*args: str, cwd: Path) -> tuple[int, bytes, bytes]:
     done = subprocess.run([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ, capture_output=True,
                           timeout=60, check=False)
     return done.returncode, done.stdout, done.stderr
+
+
+def test_an_unbuffered_stdout_writes_whole_and_stays_unbuffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `python -u` (PYTHONUNBUFFERED) stdout's binary layer is the file itself, whose write may
+    take only part of what it is given (a full non-blocking pipe, a signal mid-write); the text layer
+    dropped the rest, so a large result reached the reader cut short, with status 0 and no word."""
+    (tmp_path / "big.py").write_text('return "x" * 2_000_000\n')
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # a pipe holds 64 KiB: a larger write into it takes only part
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-u", "-m", "dsh_core", "run-code", "big.py"],
+            cwd=tmp_path,
+            env=environ,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(write_end)
+    with open(read_end, "rb") as reader:
+        out = reader.read()
+    assert child.stderr is not None
+    err = child.stderr.read()
+    child.stderr.close()
+    assert child.wait(timeout=60) == 0, err
+    assert (len(out), out) == (2_000_001, b"x" * 2_000_000 + b"\n")
+
+    # Each write still reaches the file at once: here nothing flushes, and a read that finds nothing fails.
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    unbuffered = io.TextIOWrapper(io.FileIO(write_end, "w"), encoding="utf-8", newline="\n", write_through=True)
+    monkeypatch.setattr(sys, "stdout", unbuffered)
+    try:
+        assert main.main(["--help"], standalone_mode=False) == 0
+        assert "Usage:" in os.read(read_end, 1 << 16).decode()
+        print("first", end="")  # not a whole line: line buffering would keep it too
+        assert os.read(read_end, 1 << 16) == b"first"
+        assert unbuffered.buffer.fileno() == write_end  # the interpreter's own stream is left as it was
+    finally:
+        monkeypatch.undo()
+        unbuffered.close()
+        os.close(read_end)
 
 
 def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_them(
