@@ -10,6 +10,7 @@ earlier ones); without it the built-in default deployment is used.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -17,7 +18,7 @@ import os
 import select
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -168,6 +169,22 @@ def _exit_as_sigpipe(streams: Sequence[int]) -> NoReturn:
     sys.exit(128 + signal.SIGPIPE)
 
 
+@contextlib.contextmanager
+def _reader_gone_is_sigpipe() -> Iterator[None]:
+    """Exit as :func:`_exit_as_sigpipe` does when the block's output finds the reader of stdout or stderr gone.
+
+    click would exit 1, a failed operation's status, for ``dsh ... | head -1``. A broken pipe
+    to anything but stdout or stderr is an error like any other.
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        gone = _readers_gone()
+        if not gone:
+            raise
+        _exit_as_sigpipe(gone)
+
+
 class LazyGroup(click.Group):
     """A group some of whose commands live in other modules, imported when first looked up.
 
@@ -194,23 +211,28 @@ class LazyGroup(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         _write_stdout_whole()
-        return super().main(*args, **kwargs)
+        # A usage error (or a group's help, for `dsh tools`) is shown on stderr by click itself,
+        # once make_context or invoke has raised it.
+        with _reader_gone_is_sigpipe():
+            return super().main(*args, **kwargs)
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        # `dsh --help` prints here, while the arguments are parsed: click catches a broken pipe
+        # from this and from invoke itself, so only a handler inside both sees it.
+        with _reader_gone_is_sigpipe():
+            return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            try:
-                return super().invoke(ctx)
-            finally:
-                # What is still buffered is written here, where a reader gone is handled below;
-                # at interpreter exit it would be an "Exception ignored" message and status 120.
-                sys.stdout.flush()
-        except BrokenPipeError:
-            # click would exit 1, a failed operation's status, for `dsh ... | head -1`. A broken
-            # pipe to anything but stdout or stderr is an error like any other.
-            gone = _readers_gone()
-            if not gone:
-                raise
-            _exit_as_sigpipe(gone)
+            with _reader_gone_is_sigpipe():
+                try:
+                    return super().invoke(ctx)
+                finally:
+                    # What is still buffered is written here, where a reader gone is handled;
+                    # at interpreter exit it would be an "Exception ignored" message and status 120.
+                    sys.stdout.flush()
         except KeyboardInterrupt:
             # Ctrl-C where no event loop handles it (a slow plugin import in `config dump`, a sync
             # command): click would print "Aborted!" and exit 1, a failed operation's status.

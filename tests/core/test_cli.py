@@ -643,3 +643,44 @@ def test_output_into_a_pipe_its_reader_closed_ends_as_sigpipe_would_with_nothing
                                                 env={**environ, "DSH_HOME": str(home)})
     assert line == b"[\n"
     assert (code, err) == (128 + signal.SIGPIPE, b"")
+
+
+def _into_a_closed_pipe(*args: str, cwd: Path, unbuffered: bool, stderr_too: bool = False) -> tuple[int, bytes]:
+    """``python -m dsh_core ARGS | head -0`` (``2>&1`` too with ``stderr_too``): exit code and stderr."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_") and k != "PYTHONUNBUFFERED"}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before dsh writes a byte
+    try:
+        done = subprocess.run(
+            [sys.executable, *(["-u"] if unbuffered else []), "-m", "dsh_core", *args],
+            cwd=cwd,
+            env=environ,
+            stdout=write_end,
+            stderr=write_end if stderr_too else subprocess.PIPE,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    return done.returncode, done.stderr or b""
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+@pytest.mark.parametrize("args", [("--help",), ("-h",), ("tools", "call", "--help"), ("sessions", "--help")])
+def test_help_into_a_pipe_its_reader_closed_ends_as_sigpipe_would_with_nothing_on_stderr(
+    tmp_path: Path, args: tuple[str, ...], unbuffered: bool
+) -> None:
+    """`dsh --help | head -0` exited 1 (click's handling): the root's help is printed while click parses
+    the arguments, before the command runs, where a closed output pipe already ended dsh with 141."""
+    assert _into_a_closed_pipe(*args, cwd=tmp_path, unbuffered=unbuffered) == (128 + signal.SIGPIPE, b"")
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+@pytest.mark.parametrize("args", [("tools",), ("--no-such-option",)])
+def test_usage_into_a_pipe_its_reader_closed_ends_as_sigpipe_would(
+    tmp_path: Path, args: tuple[str, ...], unbuffered: bool
+) -> None:
+    # `dsh tools 2>&1 | head -0`: click shows a usage error (or a group's help) on stderr once it
+    # has left the command; a closed pipe there exited 120 (1 under -u), each a failed operation's status.
+    code, _ = _into_a_closed_pipe(*args, cwd=tmp_path, unbuffered=unbuffered, stderr_too=True)
+    assert code == 128 + signal.SIGPIPE
