@@ -186,7 +186,7 @@ class SessionRenderer:
         agent = info.meta.get("agent", "?")
         self._user = user = _running_holder(info)
         in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
-        self._root = Node(f"session {info.id} · agent {agent} · {info.event_count} events · created "
+        self._root = Node(f"session {info.id} · agent {agent} · {info.shown_events} events · created "
                           f"{_when(info.created_at)}{in_use}")
         self._run: Node | None = None
         self._runs = 0
@@ -440,13 +440,15 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
     # event that cannot be read part-way (or a signal) must not leave half a JSON list on stdout.
     # Only the events the session had when its record was read: the pages are read after it, in
     # other statements, and a run still recording the session may append between them; the
-    # header's count and user would then not be those of the events shown.
-    async def tree(store: SessionStore) -> str:
+    # header's count and user would then not be those of the events shown. As many as are stored
+    # (counted with the record), not as the record counts: one written apart from its events (a
+    # crash mid-write, a foreign writer) hid the events past its count; it is warned of on stderr.
+    async def tree(store: SessionStore) -> tuple[SessionInfo, str]:
         info = await store.get(session_id)
         renderer = SessionRenderer(info)
-        async for event in iter_events(store, session_id, limit=info.event_count):
+        async for event in iter_events(store, session_id, limit=info.shown_events):
             renderer.add(event)
-        return renderer.text()
+        return info, renderer.text()
 
     if as_json:
         # Lone surrogates (a name that was not UTF-8) pass through the spool as they are: echo_json
@@ -454,23 +456,34 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
         with tempfile.SpooledTemporaryFile(_SPOOL_CHARS, mode="w+", encoding="utf-8",
                                            errors="surrogatepass") as spool:
 
-            async def document(store: SessionStore) -> None:
+            async def document(store: SessionStore) -> SessionInfo:
                 info = await store.get(session_id)
                 writer = _JsonEvents(spool)
                 try:
-                    async for event in iter_events(store, session_id, limit=info.event_count):
+                    async for event in iter_events(store, session_id, limit=info.shown_events):
                         writer.add(event)
                     writer.end()
                 except OSError as error:  # the spool's: the store's own are SessionStoreErrors
                     raise DshError(f"cannot show session {session_id!r} as JSON: cannot spool it to a temporary "
                                    f"file in {tempfile.gettempdir()!r} (TMPDIR): {error.strerror or error}") from None
+                return info
 
-            _with_store(_deployment(ctx, configs), document)
+            info = _with_store(_deployment(ctx, configs), document)
+            _warn_if_miscounted(info)
             spool.seek(0)
             while chunk := spool.read(_SPOOL_CHARS):
                 echo_json(chunk, nl=False)
     else:
-        click.echo(_with_store(_deployment(ctx, configs), tree))
+        info, text = _with_store(_deployment(ctx, configs), tree)
+        _warn_if_miscounted(info)
+        click.echo(text)
+
+
+def _warn_if_miscounted(info: SessionInfo) -> None:
+    """On stderr (stdout is the tree, or a JSON document), that the record's event count is not what is stored."""
+    if info.stored_events is not None and info.stored_events != info.event_count:
+        click.echo(f"dsh: warning: session {visible(repr(info.id))}: its record counts {info.event_count} events, "
+                   f"but {info.stored_events} are stored; showing the {info.stored_events} stored", err=True)
 
 
 #: About how many characters of ``show --json``'s document are held in memory (the rest spooled on disk).

@@ -147,6 +147,12 @@ class SessionInfo:
     all the same; ``None`` for one it could read (always, for one
     :meth:`~dsh_core.sessions.store.SessionStore.get` or ``create`` returns: they fail instead), whose
     fields are never ``None``.
+
+    ``stored_events`` is how many events the store holds for the session, read with the record (in
+    the same transaction), where ``event_count`` is what the record says: the two differ only if
+    the record was written apart from the events (a crash mid-write by another program, a foreign
+    writer, a hand edit). ``None`` where the store did not count them (``list``, or a store that
+    does not): ``dsh sessions show`` then takes ``event_count`` for it.
     """
 
     id: str | None
@@ -156,11 +162,19 @@ class SessionInfo:
     meta: Mapping[str, Any] = field(factory=dict)
     holder: SessionLease | None = None
     unreadable: str | None = None
+    stored_events: int | None = None
 
     def __attrs_post_init__(self) -> None:
         # A field without its value is only ever one whose record says why; callers of get() rely on it.
         if self.unreadable is None and None in (self.id, self.created_at, self.updated_at, self.event_count):
             raise ValueError(f"SessionInfo: a readable session has every field, got {self!r}")
+        if self.stored_events is not None and (type(self.stored_events) is not int or self.stored_events < 0):
+            raise ValueError(f"SessionInfo: stored_events must be a count (an int of 0 or more), got {self!r}")
+
+    @property
+    def shown_events(self) -> int | None:
+        """How many events the session has to show: :attr:`stored_events` where counted, else :attr:`event_count`."""
+        return self.event_count if self.stored_events is None else self.stored_events
 
     @property
     def known_id(self) -> str:

@@ -143,6 +143,12 @@ def new_session_id() -> str:
 _SELECT_INFO: Final = ("SELECT id, created_at, updated_at, event_count, meta, leases.holder "
                        "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id")
 
+#: :data:`_SELECT_INFO` and how many events are stored (``get``): one statement reads one snapshot of
+#: the database, so the count is of the same state as the record, whatever a writer commits meanwhile.
+_SELECT_INFO_COUNTED: Final = ("SELECT id, created_at, updated_at, event_count, meta, leases.holder, "
+                               "(SELECT COUNT(*) FROM events WHERE events.session_id = sessions.id) "
+                               "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id")
+
 
 #: How an unreadable stored lease is named where one must be: it is not this run's, and holds nothing.
 _UNREADABLE_LEASE: Final = SessionLease.unreadable()
@@ -185,12 +191,13 @@ def _is_time(value: object) -> bool:
 
 
 def _info(path: Path, row: tuple[Any, ...], *, listed: bool = False) -> SessionInfo:
-    """The :class:`SessionInfo` of a row of ``_SELECT_INFO`` (of the database at ``path``).
+    """The :class:`SessionInfo` of a row of ``_SELECT_INFO`` or ``_SELECT_INFO_COUNTED`` (of the database at ``path``).
 
     A row that cannot be read is a :class:`SessionStoreError` naming it and each column that cannot
     be; ``listed``, it is a :class:`SessionInfo` saying why it is ``unreadable``, those columns ``None``.
     """
     session_id, created_at, updated_at, event_count = row[:4]
+    stored_events = row[6] if len(row) > 6 else None
     holder = None if row[5] is None else _stored_lease(row[5])
     # A row edited by hand, or damaged: each column of the wrong type named, rather than failing
     # later (a TypeError drawing a date) or being shown as what it is not. SQLite's column types
@@ -219,7 +226,7 @@ def _info(path: Path, row: tuple[Any, ...], *, listed: bool = False) -> SessionI
         if listed:  # one damaged session does not keep the others from being listed
             return SessionInfo(session_id, created_at, updated_at, event_count, {}, holder, unreadable=reason)
         raise SessionStoreError(f"session store {str(path)!r}: session {row[0]!r}: {reason}")
-    return SessionInfo(session_id, created_at, updated_at, event_count, meta, holder)
+    return SessionInfo(session_id, created_at, updated_at, event_count, meta, holder, stored_events=stored_events)
 
 
 def _event(path: Path, session_id: str, row: tuple[Any, ...]) -> SessionEvent:
@@ -560,7 +567,7 @@ class SqliteSessionStore:
                 self._claim(conn, chosen, lease)
 
         await self._write(work, session_id=chosen, doing="create")
-        return SessionInfo(chosen, now, now, 0, json.loads(meta_text), lease)
+        return SessionInfo(chosen, now, now, 0, json.loads(meta_text), lease, stored_events=0)
 
     async def append(self, session_id: str, events: Sequence[NewEvent], *,
                      lease: SessionLease | None = None) -> list[SessionEvent]:
@@ -714,7 +721,7 @@ class SqliteSessionStore:
         self._check_findable(session_id)
 
         def work(conn: sqlite3.Connection) -> SessionInfo:
-            row = conn.execute(_SELECT_INFO + " WHERE id = ?", (session_id,)).fetchone()
+            row = conn.execute(_SELECT_INFO_COUNTED + " WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
             return _info(self.path, row)

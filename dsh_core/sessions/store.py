@@ -187,7 +187,10 @@ class SessionStore(Protocol):
         """The summary of one session; :class:`SessionNotFoundError` if it does not exist.
 
         Its ``holder`` is the lease held on it, if any (``None`` for one the store cannot read):
-        ``dsh sessions list`` and ``show`` name the run using a session from it.
+        ``dsh sessions list`` and ``show`` name the run using a session from it. A store that can
+        should count the session's stored events as it reads the record (in the same transaction):
+        :attr:`~dsh_core.sessions.events.SessionInfo.stored_events`, what ``show`` shows and checks
+        the record's ``event_count`` against.
         """
         ...
 

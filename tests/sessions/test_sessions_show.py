@@ -740,3 +740,44 @@ def test_show_json_that_cannot_spool_its_document_says_where_and_writes_nothing(
     assert result.stdout == ""
     assert result.stderr == (f"dsh: error: cannot show session 'a' as JSON: cannot spool it to a temporary file in "
                              f"{str(tmp_path / 'gone')!r} (TMPDIR): No such file or directory\n"), result.stderr
+
+
+def _three_events_counted_as(count: int) -> None:
+    """Session ``a`` of three stored events whose record counts ``count`` (a crash mid-write, a foreign writer)."""
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+                 ("message/user", {"message": {"role": "user", "content": "early"}}, None),
+                 ("message/user", {"message": {"role": "user", "content": "late"}}, None)], "a")
+    conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute("UPDATE sessions SET event_count = ? WHERE id = 'a'", (count,))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("count", [1, 7])
+def test_show_shows_every_stored_event_and_warns_on_stderr_when_the_record_counts_otherwise(count: int) -> None:
+    # show read as many events as the session's record counted: a record counting fewer than are
+    # stored (a foreign writer, a crash mid-write) hid the rest, silently.
+    _three_events_counted_as(count)
+    warning = (f"dsh: warning: session 'a': its record counts {count} events, but 3 are stored; "
+               "showing the 3 stored\n")
+    result = CliRunner().invoke(main, ["sessions", "show", "a"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert result.stderr == warning
+    lines = result.stdout.splitlines()
+    assert " · 3 events · " in lines[0], lines[0]
+    assert lines[1:] == ["└─ run 1: t · provider p · mode native", "   ├─ user: early", "   ├─ user: late",
+                         "   └─ end: none recorded (interrupted)"]
+    result = CliRunner().invoke(main, ["sessions", "show", "a", "--json"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert result.stderr == warning
+    assert [event["seq"] for event in json.loads(result.stdout)] == [1, 2, 3]
+
+
+def test_show_of_a_session_whose_record_counts_its_events_right_warns_of_nothing() -> None:
+    _three_events_counted_as(3)
+    for args in (["sessions", "show", "a"], ["sessions", "show", "a", "--json"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+        assert result.stderr == "" and "early" in result.stdout and "late" in result.stdout
+

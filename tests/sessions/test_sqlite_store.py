@@ -878,3 +878,24 @@ async def test_a_session_whose_update_time_cannot_be_read_is_listed_after_the_re
         assert [info.id for info in await store.list(limit=2)] == ["20250103-c", "20250101-a"]
     finally:
         await store.close()
+
+
+async def test_get_reads_how_many_events_are_stored_with_the_record(tmp_path: Path) -> None:
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        created = await store.create(session_id="a")
+        assert created.stored_events == 0
+        await store.append("a", [NewEvent("one"), NewEvent("two")])
+        info = await store.get("a")
+        assert (info.event_count, info.stored_events) == (2, 2)
+        conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+        try:
+            conn.execute("UPDATE sessions SET event_count = 5 WHERE id = 'a'")
+        finally:
+            conn.close()
+        info = await store.get("a")
+        assert (info.event_count, info.stored_events) == (5, 2)
+        # list() reads no count of events (it would read every session's): it does not know them.
+        assert [listed.stored_events for listed in await store.list()] == [None]
+    finally:
+        await store.close()
