@@ -42,7 +42,8 @@ schema, its version nor its journal mode is changed. A table of dsh's that it la
 did not have yet) reads as empty: an empty temporary table of the connection, which is not in the
 file, stands in for it; a write to such a database is refused, naming it and the tables it lacks
 (:meth:`SqliteSessionStore.release` and the other writes would otherwise write to the stand-in, and
-be lost), until a dsh opens it to write and adds them.
+be lost), until a dsh opens it to write and adds them. Only breaking a lease where there is no
+``leases`` table is no write: no lease holds a session there, so there is none to break.
 """
 
 from __future__ import annotations
@@ -649,8 +650,20 @@ class SqliteSessionStore:
         await self._write(work, session_id=session_id, doing="release the lease of")
 
     async def break_lease(self, session_id: str) -> SessionLease | None:
-        """Drop whatever lease holds the session and return it (``None`` if none did)."""
+        """Drop whatever lease holds the session and return it (``None`` if none did).
+
+        A database without a ``leases`` table (opened to read: an older dsh's, or another's) holds no
+        lease: ``None``, the session looked up and nothing written (no table is added to break nothing).
+        """
         self._check_findable(session_id)
+        if "leases" in self._lacking:
+
+            def find(conn: sqlite3.Connection) -> None:
+                if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                    raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+
+            await self._run(lambda: self._read(find, doing=f"read session {session_id!r}"))
+            return None
 
         def work(conn: sqlite3.Connection) -> SessionLease | None:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:

@@ -830,10 +830,14 @@ async def test_opened_without_creating_an_older_database_lacking_a_table_reads_i
         assert (await store.get("s")).holder is None
         assert [event.payload for event in await store.load("s")] == [{"n": 1}]
         assert [event.seq for event in await store.load_page("s")] == [1]
-        # A write would need what the database lacks: refused, naming the database and the table.
-        with pytest.raises(SessionStoreError, match=rf"^session store '{path}': cannot break the lease of session "
+        # Without a leases table no lease holds a session: nothing to break, and nothing written.
+        assert await store.break_lease("s") is None
+        with pytest.raises(SessionNotFoundError, match=rf"^no session 'nope' in {re.escape(str(path))}$"):
+            await store.break_lease("nope")
+        # A write that would need what the database lacks is refused, naming the database and the table.
+        with pytest.raises(SessionStoreError, match=rf"^session store '{path}': cannot lease session "
                                                     r"'s': the database lacks dsh's table\(s\) leases "):
-            await store.break_lease("s")
+            await store.acquire("s", SessionLease.for_this_run())
     finally:
         await store.close()
     assert path.read_bytes() == before and path.stat().st_mtime_ns == stat.st_mtime_ns
@@ -850,6 +854,36 @@ async def test_opened_without_creating_an_older_database_lacking_a_table_reads_i
     finally:
         await store.close()
     assert _user_version(path) == 1
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_nothing(
+        journal_mode: str) -> None:
+    # An older or foreign store (or one no run has used since leases came) has no leases table:
+    # `dsh sessions release` failed saying the database lacks it, where no run can hold the session.
+    from click.testing import CliRunner
+
+    from dsh_core.cli import main
+
+    home = dsh_home()
+    home.mkdir()
+    path = home / DB_FILENAME
+    _older_database(path, journal_mode=journal_mode)
+    before, stat = path.read_bytes(), path.stat()
+    result = CliRunner().invoke(main, ["sessions", "release", "s"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert (result.stdout, result.stderr) == ("session s was not held by any run\n", "")
+    result = CliRunner().invoke(main, ["sessions", "release", "nope"])  # no such session: as anywhere
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"dsh: error: no session 'nope' in {path}\n"
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert sorted(p.name for p in home.iterdir()) == [DB_FILENAME]
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert "leases" not in {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        assert conn.execute("PRAGMA user_version").fetchone() == (0,)
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("value", ["'yesterday'", "x'00'", "1e300", "-1e300"])
