@@ -7,15 +7,21 @@ pairs by ``sub_call_id``), with approvals where they were asked. A call
 without its result and a run without its ``run/end`` are marked interrupted
 (the process was killed), or running while a live run holds the session's
 lease; ``list`` and ``show`` name that run.
+
+``show`` draws the tree from a private temporary SQLite database (:class:`SessionRenderer`): a
+session of any length is drawn holding a page of its events and a few rows of its tree, never
+all of either.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 import click
 
@@ -26,6 +32,8 @@ from dsh_core.terminal import visible
 
 # `dsh --help` imports this module: what the commands and renderers use is imported where used.
 if TYPE_CHECKING:
+    import sqlite3
+
     from dsh_core.config import Deployment
     from dsh_core.sessions.events import SessionEvent, SessionInfo
     from dsh_core.sessions.lease import SessionLease
@@ -148,15 +156,6 @@ def _sub(sub_call_id: str | None) -> str:
     return f"#{tail}" if sep and head else f"sub {text}"
 
 
-class _Call:
-    __slots__ = ("node", "start", "run")
-
-    def __init__(self, node: Node, start: float, run: int) -> None:
-        self.node = node
-        self.start = start
-        self.run = run  # the number of the run it was made in
-
-
 def _running_holder(info: SessionInfo) -> SessionLease | None:
     """The run holding ``info``'s session, unless it surely is gone (then the next run takes the lease over)."""
     from dsh_core.sessions.lease import holder_alive
@@ -167,131 +166,383 @@ def _running_holder(info: SessionInfo) -> SessionLease | None:
 def render_session(info: SessionInfo, events: Iterable[SessionEvent]) -> str:
     """The trajectory of a session as a text tree (see the module docstring).
 
-    ``events`` is iterated once, and no event is kept once it has been drawn: only the tree's lines are.
+    ``events`` is iterated once, and no event is kept once it has been drawn: only the tree's rows are
+    (in :class:`SessionRenderer`'s temporary database, removed before this returns).
     """
-    renderer = SessionRenderer(info)
-    for event in events:
-        renderer.add(event)
-    return renderer.text()
+    with SessionRenderer(info) as renderer:
+        for event in events:
+            renderer.add(event)
+        return renderer.text()
+
+
+def _stored(text: str) -> bytes:
+    # A label or an id may hold lone surrogates (a name that was not UTF-8): sqlite3 binds text as
+    # strict UTF-8, so they are kept as bytes that hold them (and read back the same by _label).
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _label(stored: bytes) -> str:
+    return stored.decode("utf-8", "surrogatepass")
+
+
+def _nested_key(key: tuple[str | None, str]) -> bytes:
+    """A nested call's key ``(root_call_id, str(sub_call_id))`` in the database: no root and an empty one differ."""
+    root, sub = key
+    stored = b"-" if root is None else b"%d:%b" % (len(_stored(root)), _stored(root))
+    return stored + b":" + _stored(sub)
+
+
+#: The id of the tree's first line (the session's); each run's line is a child of it.
+_ROOT: Final = 0
+
+#: The tree (``nodes``: a line each, under its ``parent``, in ``id`` order, ``parent_of`` saying whether any
+#: line is under it, so that the walk looks for none under the most), the model-direct calls by
+#: ``root_call_id`` (``unsettled`` until their result) and the nested calls not settled yet (past
+#: :data:`_BUFFERED` of them). ``start`` has no type: an event's time stays the int or float it was.
+_TREE_SCHEMA: Final = (
+    "CREATE TABLE nodes (id INTEGER PRIMARY KEY, parent INTEGER, label BLOB NOT NULL, parent_of INTEGER NOT NULL)",
+    "CREATE TABLE calls (key BLOB PRIMARY KEY, node INTEGER NOT NULL, start, run INTEGER NOT NULL, "
+    "unsettled INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE nested (key BLOB PRIMARY KEY, node INTEGER NOT NULL, start, run INTEGER NOT NULL) WITHOUT ROWID",
+)
+
+
+#: How many lines, and calls, :class:`SessionRenderer` holds before it writes them to its database in
+#: one statement (a statement each cost more than drawing the line), and how many nested calls not
+#: settled yet it holds before it writes those (Code Mode settles a program's nested calls soon).
+_BUFFERED: Final = 2048
 
 
 class SessionRenderer:
-    """:func:`render_session` one event at a time: :meth:`add` each in ``seq`` order, then :meth:`text`.
+    """:func:`render_session` one event at a time: :meth:`add` each in ``seq`` order, then :meth:`lines`.
 
-    For events read a page at a time (:func:`~dsh_core.sessions.store.iter_events`): the renderer
-    keeps the tree's lines, never the events.
+    For events read a page at a time (:func:`~dsh_core.sessions.store.iter_events`): the renderer keeps
+    neither the events nor the tree's lines in memory, but the tree as rows of a private temporary SQLite
+    database (in a directory of its own that only this user can enter), and :meth:`lines` walks it a line
+    at a time. :meth:`close` (or leaving the ``with`` block) removes it, whatever happened before.
+
+    A failure of that database (a full disk) is a :class:`~dsh_core.errors.DshError` naming it.
     """
 
     def __init__(self, info: SessionInfo) -> None:
-        agent = info.meta.get("agent", "?")
-        self._user = user = _running_holder(info)
-        in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
-        self._root = Node(f"session {info.id} · agent {agent} · {info.shown_events} events · created "
-                          f"{_when(info.created_at)}{in_use}")
-        self._run: Node | None = None
+        import sqlite3
+
+        self._session = info.id
+        self._conn: sqlite3.Connection | None = None
+        try:
+            # mode 0700: the tree is the session's text, no one else's to read
+            self._directory: str | None = tempfile.mkdtemp(prefix="dsh-show-")
+        except OSError as error:
+            raise DshError(f"cannot show session {self._session!r}: cannot draw its tree in a temporary directory in "
+                           f"{tempfile.gettempdir()!r} (TMPDIR): {error.strerror or error}") from None
+        self._path = os.path.join(self._directory, "tree.db")
+        self._run: int | None = None
         self._runs = 0
         self._started_at: float | None = None  # when the last run started (its run/start), if it said
-        self._calls: dict[str, _Call] = {}
-        self._unsettled: dict[str, _Call] = {}
-        self._nested: dict[tuple[str | None, str], _Call] = {}
+        self._finished = False
+        # What is not in the database yet (see _BUFFERED); a line's id is given here, in drawing order.
+        self._next_node = _ROOT + 1
+        self._nodes: dict[int, list[Any]] = {}  # id: [parent, label, parent_of]
+        self._calls: dict[str, list[Any]] = {}  # root_call_id: [node, start, run, unsettled]
+        self._nested: dict[tuple[str | None, str], tuple[int, Any, int]] = {}  # its key: (node, start, run)
+        self._nested_spilled = False  # whether the nested table holds any
+        self._parent_of = _ROOT  # the line written out last known to have a line under it
+        self._user = user = _running_holder(info)
+        try:
+            self._conn = conn = sqlite3.connect(self._path, isolation_level=None)
+            conn.text_factory = bytes  # a label appended to (label || ?) is text of the bytes _stored wrote
+            # Thrown away once drawn: nothing is worth a journal or a sync, and one transaction holds it all.
+            conn.execute("PRAGMA journal_mode=OFF")
+            conn.execute("PRAGMA synchronous=OFF")
+            for statement in _TREE_SCHEMA:
+                conn.execute(statement)
+            conn.execute("BEGIN")
+            agent = info.meta.get("agent", "?")
+            in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
+            conn.execute("INSERT INTO nodes (id, parent, label, parent_of) VALUES (?, NULL, ?, 1)",
+                         (_ROOT, _stored(f"session {info.id} · agent {agent} · {info.shown_events} events · "
+                                         f"created {_when(info.created_at)}{in_use}")))
+        except BaseException as error:
+            self.close()
+            if isinstance(error, sqlite3.Error):
+                raise self._failed(error) from None
+            raise
 
-    @staticmethod
-    def _unended(node: Node) -> None:
-        node.add("end: none recorded (interrupted)")
+    def __enter__(self) -> SessionRenderer:
+        return self
 
-    def _current_run(self) -> Node:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the temporary database and its directory (idempotent)."""
+        import shutil
+
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            # What cannot be removed (someone removed it already) must not fail a show that was drawn.
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _failed(self, error: Exception) -> DshError:
+        return DshError(f"cannot show session {self._session!r}: its tree's temporary database {self._path!r}: "
+                        f"{type(error).__name__}: {error}")
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise DshError(f"cannot show session {self._session!r}: its renderer was closed")
+        return self._conn
+
+    # -- the tree's rows ------------------------------------------------------------------------------------
+
+    def _add_node(self, parent: int, label: str) -> int:
+        """Add a line under ``parent`` (after its lines so far) and return its id."""
+        node = self._next_node
+        self._next_node += 1
+        self._nodes[node] = [parent, label, 0]
+        held = self._nodes.get(parent)
+        if held is not None:
+            held[2] = 1
+        elif parent != self._parent_of:  # the lines of a run come one after the other: marked once
+            self._db().execute("UPDATE nodes SET parent_of = 1 WHERE id = ?", (parent,))
+            self._parent_of = parent
+        if len(self._nodes) >= _BUFFERED:
+            self._flush()
+        return node
+
+    def _append(self, node: int, text: str) -> None:
+        """Add ``text`` at the end of a line."""
+        held = self._nodes.get(node)
+        if held is not None:
+            held[1] += text
+        else:
+            self._db().execute("UPDATE nodes SET label = label || ? WHERE id = ?", (_stored(text), node))
+
+    def _flush(self) -> None:
+        """Write the lines and calls held to the database (a call's row replaces one of the same id)."""
+        db = self._db()
+        db.executemany("INSERT INTO nodes (id, parent, label, parent_of) VALUES (?, ?, ?, ?)",
+                       [(node, parent, _stored(label), parent_of)
+                        for node, (parent, label, parent_of) in self._nodes.items()])
+        db.executemany("INSERT OR REPLACE INTO calls (key, node, start, run, unsettled) VALUES (?, ?, ?, ?, ?)",
+                       [(_stored(key), *call) for key, call in self._calls.items()])
+        self._nodes.clear()
+        self._calls.clear()
+
+    def _spill_nested(self) -> None:
+        self._db().executemany("INSERT OR REPLACE INTO nested (key, node, start, run) VALUES (?, ?, ?, ?)",
+                               [(_nested_key(key), *call) for key, call in self._nested.items()])
+        self._nested.clear()
+        self._nested_spilled = True
+
+    def _call(self, root_call_id: str) -> tuple[int, Any] | None:
+        """The line and start of the model-direct call ``root_call_id``, if it was drawn."""
+        held = self._calls.get(root_call_id)
+        if held is not None:
+            return held[0], held[1]
+        row = self._db().execute("SELECT node, start FROM calls WHERE key = ?", (_stored(root_call_id),)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def _settle_nested(self, key: tuple[str | None, str]) -> tuple[int, Any] | None:
+        """The line and start of the nested call ``key`` not settled yet, which it no longer is; else ``None``."""
+        held = self._nested.pop(key, None)
+        if held is not None:
+            return held[0], held[1]
+        if not self._nested_spilled:
+            return None
+        db, stored = self._db(), _nested_key(key)
+        row = db.execute("SELECT node, start FROM nested WHERE key = ?", (stored,)).fetchone()
+        if row is None:
+            return None
+        db.execute("DELETE FROM nested WHERE key = ?", (stored,))
+        return row[0], row[1]
+
+    def _holder(self, root_call_id: str | None) -> int:
+        """The line a nested call or approval of ``root_call_id`` goes under: its call's, else the run's."""
+        call = self._call(root_call_id or "")
+        return call[0] if call is not None else self._current_run()
+
+    def _unended(self, node: int) -> None:
+        self._add_node(node, "end: none recorded (interrupted)")
+
+    def _current_run(self) -> int:
         if self._run is None:
             self._runs += 1
-            self._run = self._root.add(f"run {self._runs}")
+            self._run = self._add_node(_ROOT, f"run {self._runs}")
         return self._run
 
     def add(self, event: SessionEvent) -> None:
         """Draw the next event."""
+        import sqlite3
+
+        try:
+            self._draw(event)
+        except sqlite3.Error as error:
+            raise self._failed(error) from None
+
+    def _draw(self, event: SessionEvent) -> None:
         from dsh_core.sessions.events import EventKind
 
         payload: Mapping[str, Any] = event.payload if isinstance(event.payload, Mapping) else {}
         kind = event.kind
-        calls, current_run = self._calls, self._current_run
+        add, current_run = self._add_node, self._current_run
         if kind == EventKind.RUN_START:
             if self._run is not None:
                 self._unended(self._run)
             self._runs += 1
             self._started_at = event.at
             resumed = " (resumed)" if payload.get("resumed") else ""
-            self._run = self._root.add(f"run {self._runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · "
-                                       f"provider {payload.get('provider')} · mode {payload.get('mode')}")
+            self._run = add(_ROOT, f"run {self._runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · "
+                                   f"provider {payload.get('provider')} · mode {payload.get('mode')}")
         elif kind == EventKind.USER_MESSAGE:
             message = _message(payload)
             if payload.get("context_source") is not None or event.root_call_id is not None:
                 source = payload.get("context_source") or event.root_call_id
-                current_run().add(f"context ({source}): {_short(message.get('content', ''))}{_cut_note(payload)}")
+                add(current_run(), f"context ({source}): {_short(message.get('content', ''))}{_cut_note(payload)}")
             else:
-                current_run().add(f"user: {_short(message.get('content', ''))}")
+                add(current_run(), f"user: {_short(message.get('content', ''))}")
         elif kind == EventKind.ASSISTANT_MESSAGE:
             message = _message(payload)
             names = _tool_call_names(message.get("tool_calls"))
             content = message.get("content")
             if names:
                 said = f" ({_short(content, 60)})" if content else ""
-                current_run().add(f"assistant → {', '.join(str(n) for n in names)}{said}")
+                add(current_run(), f"assistant → {', '.join(str(n) for n in names)}{said}")
             else:
-                current_run().add(f"assistant: {_short(content or '')}")
+                add(current_run(), f"assistant: {_short(content or '')}")
         elif kind == EventKind.TOOL_CALL and event.root_call_id is not None:
-            node = current_run().add(f"{payload.get('name')} [{event.root_call_id}] "
-                                     f"{_call_summary(payload.get('arguments', ''))}")
-            calls[event.root_call_id] = self._unsettled[event.root_call_id] = _Call(node, event.at, self._runs)
+            node = add(current_run(), f"{payload.get('name')} [{event.root_call_id}] "
+                                      f"{_call_summary(payload.get('arguments', ''))}")
+            # A second call of the same id takes the first's place: that one is no longer looked for.
+            self._calls[event.root_call_id] = [node, event.at, self._runs, 1]
+            if len(self._calls) >= _BUFFERED:
+                self._flush()
         elif kind == EventKind.TOOL_RESULT and event.root_call_id is not None:
-            self._unsettled.pop(event.root_call_id, None)
-            call = calls.get(event.root_call_id)
-            if call is None:
-                call = _Call(current_run().add(f"{payload.get('name')} [{event.root_call_id}]"), event.at,
-                             self._runs)
-            call.node.label += f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}{_cut_note(payload)}"
+            held = self._calls.get(event.root_call_id)
+            if held is not None:
+                held[3] = 0
+            else:
+                self._db().execute("UPDATE calls SET unsettled = 0 WHERE key = ?", (_stored(event.root_call_id),))
+            call = self._call(event.root_call_id)
+            node = call[0] if call is not None else add(current_run(), f"{payload.get('name')} [{event.root_call_id}]")
+            self._append(node, f" — {_outcome(payload)} · {_ms(payload.get('duration_ms'))}{_cut_note(payload)}")
         elif kind == EventKind.CODE_DISPATCH_START:
-            parent = calls.get(event.root_call_id or "")
-            holder = parent.node if parent is not None else current_run()
+            holder = self._holder(event.root_call_id)
             args = payload.get("args", payload.get("arguments", ""))
-            node = holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}] {_short(args, 60)}")
-            self._nested[(event.root_call_id, str(event.sub_call_id))] = _Call(node, event.at, self._runs)
-        elif kind == EventKind.CODE_DISPATCH:
+            node = add(holder, f"{payload.get('name')} [{_sub(event.sub_call_id)}] {_short(args, 60)}")
             key = (event.root_call_id, str(event.sub_call_id))
-            settled = self._nested.pop(key, None)
-            if settled is None:
-                parent = calls.get(event.root_call_id or "")
-                holder = parent.node if parent is not None else current_run()
-                settled = _Call(holder.add(f"{payload.get('name')} [{_sub(event.sub_call_id)}]"), event.at,
-                                self._runs)
+            if self._nested_spilled:  # one of the same id in the table is no longer looked for
+                self._db().execute("DELETE FROM nested WHERE key = ?", (_nested_key(key),))
+            self._nested[key] = (node, event.at, self._runs)
+            if len(self._nested) >= _BUFFERED:
+                self._spill_nested()
+        elif kind == EventKind.CODE_DISPATCH:
+            settled = self._settle_nested((event.root_call_id, str(event.sub_call_id)))
+            if settled is not None:
+                node, start = settled
+            else:
+                node = add(self._holder(event.root_call_id), f"{payload.get('name')} [{_sub(event.sub_call_id)}]")
+                start = event.at
             duration = payload.get("duration_ms")
             if not isinstance(duration, int | float):
-                duration = (event.at - settled.start) * 1000
-            settled.node.label += f" — {_outcome(payload)} · {_ms(duration)}"
+                duration = (event.at - start) * 1000
+            self._append(node, f" — {_outcome(payload)} · {_ms(duration)}")
         elif kind == EventKind.APPROVAL:
-            parent = calls.get(event.root_call_id or "")
-            holder = parent.node if parent is not None else current_run()
             reason = f" ({_short(payload.get('reason'), 60)})" if payload.get("reason") else ""
-            holder.add(f"approval for {payload.get('name')}: {payload.get('outcome')}{reason}")
+            add(self._holder(event.root_call_id),
+                f"approval for {payload.get('name')}: {payload.get('outcome')}{reason}")
         elif kind == EventKind.RUN_END:
             error = f": {_short(payload.get('error'), 100)}" if payload.get("error") else ""
-            current_run().add(f"end: {payload.get('reason')} after {payload.get('turns')} turn(s){error}")
+            add(current_run(), f"end: {payload.get('reason')} after {payload.get('turns')} turn(s){error}")
             self._run = None
         else:
-            current_run().add(f"{kind}: {_short(payload, 80)}")
+            add(current_run(), f"{kind}: {_short(payload, 80)}")
 
-    def text(self) -> str:
-        """The tree of the events added so far, the unfinished run and calls marked (call once, at the end)."""
+    def finish(self) -> None:
+        """Mark the unfinished run and calls, once every event is added (:meth:`lines` does, if not done yet)."""
+        import sqlite3
+
+        if self._finished:
+            return
+        try:
+            self._mark_unfinished()
+            self._flush()
+            db = self._db()
+            db.execute("COMMIT")
+            # Made once the rows are in, in one sort, rather than kept up as each was added.
+            db.execute("CREATE INDEX nodes_parent ON nodes (parent)")
+        except sqlite3.Error as error:
+            raise self._failed(error) from None
+        self._finished = True
+
+    def _mark_unfinished(self) -> None:
         user = self._user
         # The holder's run is the last one only if that started under its lease: a run that has just
         # taken the lease over is loading the history, and the unfinished run before it was killed.
         holders_run = user is not None and (self._started_at is None or self._started_at >= user.since)
         if self._run is not None:
             if holders_run:
-                self._run.add("end: none yet (running)")
+                self._add_node(self._run, "end: none yet (running)")
             else:
                 self._unended(self._run)
-        for call in [*self._unsettled.values(), *self._nested.values()]:
-            running = holders_run and call.run == self._runs
-            call.node.label += " — running" if running else " — no result (interrupted)"
-        return "\n".join(self._root.lines())
+        # Only the last run's calls may be running: those of the runs before it were cut off with them.
+        running_run = self._runs if holders_run else None
+        self._flush()
+        self._spill_nested()
+        unsettled = self._db().execute("SELECT node, run FROM calls WHERE unsettled "
+                                       "UNION ALL SELECT node, run FROM nested")
+        for node, run in unsettled:  # stepped a row at a time, however many were left unsettled
+            self._append(node, " — running" if run == running_run else " — no result (interrupted)")
+
+    def lines(self) -> Iterator[str]:
+        """The tree's lines, drawn with box characters, every label made :func:`visible`, one at a time.
+
+        Walked without recursion, holding one open query per level of the tree: a long session must
+        neither hit the recursion limit nor be held whole.
+        """
+        import sqlite3
+
+        self.finish()
+        try:
+            db = self._db()
+            (root,) = db.execute("SELECT label FROM nodes WHERE id = ?", (_ROOT,)).fetchone()
+            yield visible(_label(root))
+
+            def children(node: int) -> sqlite3.Cursor:
+                return db.execute("SELECT id, label, parent_of FROM nodes WHERE parent = ? ORDER BY id", (node,))
+
+            # A level each: the query of its lines, its next line, and the prefix its lines are drawn after.
+            levels: list[tuple[sqlite3.Cursor, tuple[int, bytes, int], str]] = []
+            below = children(_ROOT)
+            first = below.fetchone()
+            if first is not None:
+                levels.append((below, first, ""))
+            while levels:
+                cursor, (node, label, parent_of), prefix = levels.pop()
+                following = cursor.fetchone()
+                last = following is None
+                if last:
+                    cursor.close()
+                else:
+                    levels.append((cursor, following, prefix))
+                yield f"{prefix}{'└─ ' if last else '├─ '}{visible(_label(label))}"
+                if not parent_of:
+                    continue
+                below = children(node)
+                first = below.fetchone()
+                if first is None:
+                    below.close()
+                else:
+                    levels.append((below, first, prefix + ("   " if last else "│  ")))
+        except sqlite3.Error as error:
+            raise self._failed(error) from None
+
+    def text(self) -> str:
+        """The whole tree as one text (:meth:`lines` joined): for a tree that is known to be small."""
+        return "\n".join(self.lines())
 
 
 def _agent_cell(info: SessionInfo) -> str:
@@ -443,12 +694,20 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
     # header's count and user would then not be those of the events shown. As many as are stored
     # (counted with the record), not as the record counts: one written apart from its events (a
     # crash mid-write, a foreign writer) hid the events past its count; it is warned of on stderr.
-    async def tree(store: SessionStore) -> tuple[SessionInfo, str]:
+    # The tree is drawn into the renderer's temporary database while the store is open, and walked
+    # onto stdout once it is closed; the database is removed whatever happens (the renderer is
+    # closed here on an error or a signal, and by the caller once the tree is written).
+    async def tree(store: SessionStore) -> tuple[SessionInfo, SessionRenderer]:
         info = await store.get(session_id)
         renderer = SessionRenderer(info)
-        async for event in iter_events(store, session_id, limit=info.shown_events):
-            renderer.add(event)
-        return info, renderer.text()
+        try:
+            async for event in iter_events(store, session_id, limit=info.shown_events):
+                renderer.add(event)
+            renderer.finish()
+        except BaseException:
+            renderer.close()
+            raise
+        return info, renderer
 
     if as_json:
         # Lone surrogates (a name that was not UTF-8) pass through the spool as they are: echo_json
@@ -474,9 +733,27 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
             while chunk := spool.read(_SPOOL_CHARS):
                 echo_json(chunk, nl=False)
     else:
-        info, text = _with_store(_deployment(ctx, configs), tree)
-        _warn_if_miscounted(info)
-        click.echo(text)
+        info, renderer = _with_store(_deployment(ctx, configs), tree)
+        with renderer:
+            _warn_if_miscounted(info)
+            try:
+                _echo_lines(renderer.lines())
+            except DshError as error:
+                fail(error.message)
+
+
+def _echo_lines(lines: Iterable[str]) -> None:
+    """Write ``lines`` to stdout, each ended by a newline, about :data:`_SPOOL_CHARS` characters at a time."""
+    pieces: list[str] = []
+    size = 0
+    for line in lines:
+        pieces.append(line)
+        size += len(line) + 1
+        if size >= _SPOOL_CHARS:
+            click.echo("\n".join(pieces))
+            pieces, size = [], 0
+    if pieces:
+        click.echo("\n".join(pieces))
 
 
 def _warn_if_miscounted(info: SessionInfo) -> None:

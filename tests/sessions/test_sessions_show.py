@@ -781,3 +781,189 @@ def test_show_of_a_session_whose_record_counts_its_events_right_warns_of_nothing
         assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
         assert result.stderr == "" and "early" in result.stdout and "late" in result.stdout
 
+
+
+def _wide_and_deep_session(runs: int = 3, calls: int = 40) -> tuple[list[SessionEvent], list[str]]:
+    """Events filling every level of the tree (runs, calls, nested calls and approvals), and the tree's lines.
+
+    The lines are written out here as the tree is specified (the module docstring), not drawn by the renderer.
+    """
+    events: list[SessionEvent] = []
+
+    def add(kind: str, payload: dict[str, Any], root: str | None = None, sub: str | None = None) -> None:
+        events.append(ev(len(events) + 1, kind, payload, float(len(events)), root, root if sub else None, sub))
+
+    lines = [f"├─ run {run}: task {run} · provider p · mode code" for run in range(1, runs)]
+    lines.append(f"└─ run {runs}: task {runs} · provider p · mode code")
+    expected: list[str] = []
+    for run in range(1, runs + 1):
+        last_run = run == runs
+        outer = "   " if last_run else "│  "
+        expected.append(lines[run - 1])
+        add("run/start", {"task": f"task {run}", "provider": "p", "mode": "code"})
+        for call in range(calls):
+            root = f"{run}.{call}"
+            add("tool/call", {"name": "run_code", "arguments": "{}"}, root)
+            nested = []
+            for sub in range(call % 4):  # none, one, two or three nested calls
+                add("tool/code-dispatch-start", {"name": "read", "arguments": {"n": sub}}, root, f"{root}:code:{sub}")
+                if call % 5 == 0 and sub == 1:  # one never settles
+                    nested.append(f"read [#{sub}] {{\"n\": {sub}}} — no result (interrupted)")
+                    continue
+                add("tool/code-dispatch", {"name": "read", "is_error": sub == 2, "error_code": "DENIED",
+                                           "duration_ms": sub + 0.25}, root, f"{root}:code:{sub}")
+                outcome = "DENIED" if sub == 2 else "ok"
+                nested.append(f"read [#{sub}] {{\"n\": {sub}}} — {outcome} · {sub + 0.25:.1f} ms")
+            if call % 7 == 3:
+                add("approval", {"name": "write", "outcome": "approved"}, root)
+                nested.append("approval for write: approved")
+            if call == calls - 1 and last_run:  # the last call of the last run has no result
+                label = f"run_code [{root}] {{}} — no result (interrupted)"
+            else:
+                add("tool/result", {"name": "run_code", "ok": True, "duration_ms": call * 1.5}, root)
+                label = f"run_code [{root}] {{}} — ok · {call * 1.5:.1f} ms"
+            expected.append(f"{outer}├─ {label}")
+            for index, text in enumerate(nested):
+                expected.append(f"{outer}│  {'└─ ' if index == len(nested) - 1 else '├─ '}{text}")
+        if last_run:
+            expected.append(f"{outer}└─ end: none recorded (interrupted)")
+        else:
+            add("run/end", {"reason": "final-answer", "turns": call})
+            expected.append(f"{outer}└─ end: final-answer after {call} turn(s)")
+    return events, expected
+
+
+def test_show_draws_a_wide_tree_with_every_level_of_nesting_line_for_line() -> None:
+    events, expected = _wide_and_deep_session()
+    text = render_session(SessionInfo("s1", 0.0, 1.0, len(events), {"agent": "main"}), events)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"session s1 · agent main · {len(events)} events · created ")
+    assert lines[1:] == expected
+    # The command draws the same tree of the same events stored, line for line, and nothing more.
+    from dsh_core.sessions.events import NewEvent
+
+    async def store() -> None:
+        sessions = SqliteSessionStore.open(Path(os.environ["DSH_HOME"]))
+        try:
+            await sessions.create(session_id="s1", meta={"agent": "main"})
+            await sessions.append("s1", [NewEvent(e.kind, e.payload, e.root_call_id, e.parent_call_id,
+                                                  e.sub_call_id) for e in events])
+        finally:
+            await sessions.close()
+
+    asyncio.run(store())
+    result = CliRunner().invoke(main, ["sessions", "show", "s1"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert result.stdout.endswith("\n") and result.stdout.splitlines()[1:] == expected and result.stderr == ""
+
+
+def _recorded_temporary_directories(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    import tempfile
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args: Any, **options: Any) -> str:
+        made.append(real(*args, **options))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return made
+
+
+def test_show_draws_its_tree_in_a_private_temporary_database_and_removes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # show kept every line of the tree (a Python object each) in memory until it was drawn; the tree is
+    # now kept in a temporary database of its own, which is gone once show is done, or has failed.
+    made = _recorded_temporary_directories(monkeypatch)
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(50)]], "a")
+    result = CliRunner().invoke(main, ["sessions", "show", "a"])
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    assert len(result.stdout.splitlines()) == 53
+    assert len(made) == 1 and not Path(made[0]).exists(), made
+    conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
+    try:  # fails part-way, the tree drawn up to event 40 when event 41 cannot be read
+        conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 41")
+    finally:
+        conn.close()
+    result = CliRunner().invoke(main, ["sessions", "show", "a"])
+    assert result.exit_code == 1 and "session 'a' event 41: payload is not JSON" in result.stderr, result.stderr
+    assert result.stdout == ""
+    assert len(made) == 2 and not Path(made[1]).exists(), made
+
+
+def test_a_renderer_removes_its_temporary_database_when_it_is_left_part_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsh_core.sessions.cli import SessionRenderer
+
+    made = _recorded_temporary_directories(monkeypatch)
+    events, _ = _wide_and_deep_session(runs=1, calls=5)
+    with pytest.raises(RuntimeError, match=r"^stop$"), SessionRenderer(SessionInfo("s", 0.0, 0.0, 1, {})) as renderer:
+        for event in events:
+            renderer.add(event)
+        lines = renderer.lines()
+        assert next(lines).startswith("session s · ")
+        (directory,) = made
+        assert Path(directory).stat().st_mode & 0o777 == 0o700  # only this user's
+        assert [path.name for path in Path(directory).iterdir()] != []  # the database is in it
+        raise RuntimeError("stop")
+    assert not Path(directory).exists()
+
+
+def test_show_that_cannot_make_its_temporary_database_says_where_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None)], "a")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    result = CliRunner().invoke(main, ["sessions", "show", "a"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert result.stdout == ""
+    assert result.stderr == (f"dsh: error: cannot show session 'a': cannot draw its tree in a temporary directory "
+                             f"in {str(tmp_path / 'gone')!r} (TMPDIR): No such file or directory\n"), result.stderr
+
+
+@pytest.mark.parametrize("buffered", [1, 2, 3, None])
+def test_show_draws_the_same_tree_whatever_it_holds_in_memory_before_writing_it_out(
+        monkeypatch: pytest.MonkeyPatch, buffered: int | None) -> None:
+    # The renderer holds a few lines and calls before it writes them to its database: a call of an id
+    # drawn again, a result of a call written out already, a lone surrogate (a name that was not
+    # UTF-8) come out of the database as they went in.
+    import dsh_core.sessions.cli
+
+    if buffered is not None:
+        monkeypatch.setattr(dsh_core.sessions.cli, "_BUFFERED", buffered)
+    nested = ("1.1", "1.1", "1.1:code:1")
+    events = [
+        ev(1, "run/start", {"task": "t", "provider": "p", "mode": "code"}, 0.0),
+        ev(2, "tool/call", {"name": "a", "arguments": "{}"}, 0.0, "1.1"),
+        ev(3, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 0.0, *nested),
+        ev(4, "tool/call", {"name": "b", "arguments": "{}"}, 0.0, "1.1"),  # the same id again: it replaces a
+        ev(5, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 0.5, *nested),
+        ev(6, "tool/result", {"name": "b", "ok": True, "duration_ms": 1.0}, 1.0, "1.1"),
+        ev(7, "tool/code-dispatch", {"name": "read", "ok": True}, 2.5, *nested),
+        ev(8, "tool/code-dispatch-start", {"name": "write", "arguments": {}}, 3, None, None, "x"),
+        ev(9, "tool/code-dispatch-start", {"name": "write", "arguments": {}}, 3, "", None, "x"),
+        ev(10, "tool/code-dispatch", {"name": "write", "ok": True}, 4, "", None, "x"),
+        ev(11, "tool/result", {"name": "c", "ok": True}, 4, "9.9"),
+        ev(12, "tool/call", {"name": "n\udcff", "arguments": "{}"}, 5, "r\udcff"),
+        ev(13, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 5, "r\udcff", "r\udcff",
+           "r\udcff:code:1"),
+        ev(14, "tool/result", {"name": "n\udcff", "ok": True, "duration_ms": 3.0}, 6, "r\udcff"),
+        ev(15, "tool/call", {"name": "d", "arguments": "{}"}, 7, "1.2"),
+    ]
+    assert render_session(SessionInfo("s", 0.0, 0.0, len(events), {}), events).splitlines()[1:] == [
+        "└─ run 1: t · provider p · mode code",
+        "   ├─ a [1.1] {}",
+        "   │  └─ read [#1] {}",
+        "   ├─ b [1.1] {} — ok · 1.0 ms",
+        "   │  └─ read [#1] {} — ok · 2000.0 ms",
+        "   ├─ write [sub x] {} — no result (interrupted)",
+        "   ├─ write [sub x] {} — ok · 1000.0 ms",
+        "   ├─ c [9.9] — ok · ? ms",
+        "   ├─ n\udcff [r\udcff] {} — ok · 3.0 ms",
+        "   │  └─ read [#1] {} — no result (interrupted)",
+        "   ├─ d [1.2] {} — no result (interrupted)",
+        "   └─ end: none recorded (interrupted)",
+    ]
+    events, expected = _wide_and_deep_session(runs=2, calls=12)
+    assert render_session(SessionInfo("s", 0.0, 0.0, len(events), {}), events).splitlines()[1:] == expected
