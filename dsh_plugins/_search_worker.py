@@ -28,6 +28,7 @@ path relative to the root, for the paths it reports. Nothing is looked up by
 absolute path: the walk opens each directory relative to the one above it and
 each file relative to its directory, never following a symlink, so a directory
 swapped for a symlink during the search is not crossed out of the workspace.
+A walk leaves out the temporary files of the plugin's writers (:data:`TEMPORARY`).
 
 The deadline is checked per file and per line; lines are searched in their first
 :data:`LINE_SEARCH_CHARS` characters only, so the work per line is bounded
@@ -70,6 +71,12 @@ def _load_path_rules() -> ModuleType:
 
 SNIFF_BYTES = 8192
 LINE_SEARCH_CHARS = 4096
+#: The name of a replacement while write or edit prepares it beside the file (the workspace plugin's
+#: ``WorkspaceTools._replace``). A walk leaves such files out, dead writers' leftovers and live writers'
+#: half-written copies alike: neither is a file of the workspace, and each match in one would name a file
+#: that is about to go (or should have gone). Judged by name only: probing a lock here could make a
+#: writer that has just created its file take the probe for a sweep and start over.
+TEMPORARY = re.compile(r"\.dsh-[0-9a-f]{12}\.tmp")
 SHOWN_CHARS = 500
 
 
@@ -86,7 +93,8 @@ def looks_binary(chunk: bytes) -> bool:
 
 def _files(fd: int, exclude: frozenset[str],
            closed: Callable[[str], bool] = lambda _path: False) -> Iterator[tuple[str, int, str | None]]:
-    """``(directory, directory_fd, name)`` of every non-directory under the directory ``fd``, sorted.
+    """``(directory, directory_fd, name)`` of every non-directory under the directory ``fd``, sorted, but
+    for the temporary files of writers (:data:`TEMPORARY`).
 
     ``directory`` is relative to ``fd`` (``"."`` for it). :func:`os.fwalk` opens each subdirectory
     relative to its parent and checks it is the one listed (a symlink to a directory is not walked).
@@ -103,7 +111,8 @@ def _files(fd: int, exclude: frozenset[str],
                 kept.append(name)
         dirs[:] = kept
         for name in sorted(files):
-            yield directory, directory_fd, name
+            if not TEMPORARY.fullmatch(name):
+                yield directory, directory_fd, name
 
 
 def _read_regular(name: str, dir_fd: int, max_bytes: int) -> bytes | None:

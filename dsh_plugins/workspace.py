@@ -8,8 +8,10 @@ that leads out of it is refused before anything is read or written.
 
 ``write`` and ``edit`` replace a file through a new one beside it, ``.dsh-<12 hex>.tmp``, renamed over
 it once complete and locked (``flock``) by its writer until then. One a dead writer left (a crash, a
-SIGKILL) is removed: in the root at load, in any other directory at the first write there (a bounded
-look, :data:`SWEEP_ENTRIES` entries; a locked one, whose writer lives, is never touched).
+SIGKILL) is removed: in the root at load, in any other directory the first time ``write``, ``edit``,
+``list`` or ``read`` goes there (a bounded look, :data:`SWEEP_ENTRIES` entries, once per directory; a
+locked one, whose writer lives, is never touched). ``search``, which walks a whole tree, sweeps nothing:
+it leaves every file so named out (see :data:`~dsh_plugins._search_worker.TEMPORARY`).
 
 With a ``guards`` row that has path rules (``deny_paths``, ``allowed_roots``),
 ``list`` and ``search`` also withhold what they reach that the path guard would
@@ -58,6 +60,7 @@ from dsh_plugins._path_rules import PathRules
 from dsh_plugins._path_rules import lexical as _lexical
 from dsh_plugins._path_rules import under as _under
 from dsh_plugins._search_worker import LINE_SEARCH_CHARS
+from dsh_plugins._search_worker import TEMPORARY as _TEMPORARY
 from dsh_plugins._search_worker import looks_binary as _looks_binary
 
 __all__ = ["plugin", "Workspace", "WorkspaceTools"]
@@ -112,8 +115,6 @@ SEARCH_KILL_GRACE_S = 0.5  # past search_timeout_s, a search stuck inside one re
 _T = TypeVar("_T")
 _Entries = list[dict[str, Any]]  # (named here: inside WorkspaceTools, "list" is the tool body)
 
-#: The name of a replacement while write or edit prepares it beside the file (:meth:`WorkspaceTools._replace`).
-_TEMPORARY = re.compile(r"\.dsh-[0-9a-f]{12}\.tmp")
 #: Most directory entries one sweep for the temporary files of dead writers looks at (:func:`_sweep`).
 SWEEP_ENTRIES = 10_000
 #: Temporary names a write tries when a sweep (another dsh's) takes the one it created before it locked it.
@@ -596,7 +597,13 @@ class WorkspaceTools:
                 os.close(root)
 
     def _sweep_once(self, directory: int) -> None:
-        """:func:`_sweep` ``directory`` (a descriptor) unless this instance swept it before."""
+        """:func:`_sweep` ``directory`` (a descriptor) unless this instance swept it before.
+
+        Called at load (the root) and by write, edit, list and read (the directory each goes to), never by
+        search: once per directory, so a sweep costs each at most one look of :data:`SWEEP_ENTRIES` entries.
+        (Two calls in threads may both sweep a directory new to them: harmless, a sweep removes only what
+        no writer holds.)
+        """
         info = os.fstat(directory)
         if (info.st_dev, info.st_ino) not in self._swept:
             self._swept.add((info.st_dev, info.st_ino))
@@ -787,13 +794,21 @@ class WorkspaceTools:
         except OSError as error:
             raise ToolError(f"cannot access {given!r}: {error.strerror}") from None
 
-    def _open_regular(self, real: str, given: str) -> tuple[int, os.stat_result]:
-        """A read descriptor and the stat of the regular file ``real``, reached without following symlinks."""
+    def _open_regular(self, real: str, given: str, *, sweep: bool = False) -> tuple[int, os.stat_result]:
+        """A read descriptor and the stat of the regular file ``real``, reached without following symlinks.
+
+        With ``sweep``, the directory holding it is swept first if this instance never swept it
+        (:meth:`_sweep_once`): only off the event loop, since a first sweep reads up to
+        :data:`SWEEP_ENTRIES` entries.
+        """
         if real == self.workspace.root:
             raise ToolError(f"{given!r} is a directory, not a file (use list to see its entries)")
         parent = self._open_parent(real, given)
         name = os.path.basename(real)
         try:
+            if sweep:
+                with contextlib.suppress(OSError):  # housekeeping: never the reason a read fails
+                    self._sweep_once(parent)
             try:
                 info = os.stat(name, dir_fd=parent, follow_symlinks=False)
             except FileNotFoundError:
@@ -847,7 +862,7 @@ class WorkspaceTools:
         return result
 
     def _read_lines(self, real: str, given: str, offset: int, limit: int, stop: threading.Event) -> dict[str, Any]:
-        fd, info = self._open_regular(real, given)
+        fd, info = self._open_regular(real, given, sweep=True)  # in read's thread: the sweep may take a while
         if info.st_size > self.max_read_file_bytes:
             os.close(fd)
             raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
@@ -1331,7 +1346,10 @@ class WorkspaceTools:
                       rules: Sequence[PathRules] = ()) -> tuple[_Entries, bool, int]:
         """The entries of the directory ``fd`` (the real directory ``real``), sorted and at most
         ``max_list_entries``; whether there were more; how many ``rules`` withheld. A symlink is judged as
-        a call naming it would be (where it leads too), any other entry by its own path (which is real)."""
+        a call naming it would be (where it leads too), any other entry by its own path (which is real).
+        The directory is swept first, if this instance never swept it (:meth:`_sweep_once`)."""
+        with contextlib.suppress(OSError):  # housekeeping: a dead writer's leftover is not listed (see _sweep)
+            self._sweep_once(fd)
         entries: list[dict[str, Any]] = []
         scanned = withheld = 0
 

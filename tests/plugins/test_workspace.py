@@ -1841,16 +1841,107 @@ async def test_a_directory_is_swept_the_first_time_a_write_goes_there(boot: Any,
     writer = _hold_lock(live)
     try:
         async with boot(ws(tmp_path)) as h:
-            before = await h.call("list", {"path": "sub"})
-            assert dead.name in [entry["name"] for entry in before.value["entries"]]
+            assert dead.exists()  # not at load
             edited = await h.call("edit", {"path": "sub/a.txt", "old_string": "alpha", "new_string": "beta"})
             assert edited.error is None, edited.text
-            after = await h.call("list", {"path": "sub"})
-            assert [entry["name"] for entry in after.value["entries"]] == [live.name, "a.txt"]
+            assert sorted(os.listdir(tmp_path / "sub")) == [live.name, "a.txt"]
     finally:
         writer.kill()
         writer.wait()
     assert (tmp_path / "sub" / "a.txt").read_text() == "beta\n"
+
+
+def _leftovers(directory: Path) -> tuple[Path, Path, Any]:
+    """In ``directory``: a dead writer's temporary file, and a live writer's with the child holding its lock."""
+    dead = directory / ".dsh-00000000abcd.tmp"
+    dead.write_text("needle left by a dead writer\n")
+    live = directory / ".dsh-00000000dcba.tmp"
+    writer = _hold_lock(live)
+    live.write_text("needle of a live writer\n")  # what it has written so far (its lock stays: same file)
+    return dead, live, writer
+
+
+async def test_a_directory_only_listed_is_swept_the_first_time_it_is_listed(boot: Any, tmp_path: Path) -> None:
+    """A dead writer's temporary file in a directory nothing writes to is not shown by list: listing it sweeps
+    it first (once), and a live writer's file, whose lock is held, is left alone and shown as what it is."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("alpha\n")
+    dead, live, writer = _leftovers(tmp_path / "sub")
+    try:
+        async with boot(ws(tmp_path)) as h:
+            assert dead.exists()  # not at load: only the root is swept then
+            listing = await h.call("list", {"path": "sub"})
+            assert [entry["name"] for entry in listing.value["entries"]] == [live.name, "a.txt"]
+        assert not dead.exists()
+        assert live.read_text() == "needle of a live writer\n"
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+async def test_a_read_sweeps_the_directory_of_the_file_it_reads(boot: Any, tmp_path: Path) -> None:
+    """read sweeps the directory holding the file the first time it reads there, sparing a live writer's file."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("alpha\n")
+    dead, live, writer = _leftovers(tmp_path / "sub")
+    try:
+        async with boot(ws(tmp_path)) as h:
+            assert dead.exists()
+            read = await h.call("read", {"path": "sub/a.txt"})
+            assert read.value["content"] == "     1\talpha"
+        assert sorted(os.listdir(tmp_path / "sub")) == [live.name, "a.txt"]
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+async def test_search_never_shows_a_writers_temporary_file(boot: Any, tmp_path: Path) -> None:
+    """search walks a whole tree, so it sweeps nothing (a second scan of every directory it walks): it leaves
+    every file named as a writer's temporary file out instead, dead or alive, a leftover or a half-written
+    copy whose name is about to go. Nothing is removed, a live writer's file least of all."""
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "deep" / "er" / "a.txt").write_text("needle in a file\n")
+    dead, live, writer = _leftovers(tmp_path / "deep" / "er")
+    try:
+        async with boot(ws(tmp_path)) as h:
+            found = await h.call("search", {"pattern": "needle"})
+            assert found.value["matches"] == [{"path": "deep/er/a.txt", "line": 1, "text": "needle in a file"}]
+            assert (found.value["files_searched"], found.value["files_skipped"]) == (1, 0)
+            named = await h.call("search", {"pattern": "needle", "path": f"deep/er/{dead.name}"})
+            assert named.value["matches"] != []  # named by the call: searched as any file read could be
+        assert live.read_text() == "needle of a live writer\n"
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+async def test_each_directory_is_swept_once_whatever_visits_it(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory is swept by the first list, read or write there and never again by the same plugin instance,
+    so a sweep costs each directory one bounded look, however often it is visited."""
+    from dsh_plugins import workspace
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("alpha\n")
+    swept: list[tuple[int, int]] = []
+    real_sweep = workspace._sweep
+
+    def sweep(directory: int) -> int:
+        info = os.fstat(directory)
+        swept.append((info.st_dev, info.st_ino))
+        return real_sweep(directory)
+
+    monkeypatch.setattr(workspace, "_sweep", sweep)
+    sub, root = os.stat(tmp_path / "sub"), os.stat(tmp_path)
+    async with boot(ws(tmp_path)) as h:
+        for _ in range(2):
+            assert (await h.call("list", {"path": "sub"})).error is None
+            assert (await h.call("read", {"path": "sub/a.txt"})).error is None
+            assert (await h.call("list", {})).error is None
+        assert swept == [(root.st_dev, root.st_ino), (sub.st_dev, sub.st_ino)]
+        assert (await h.call("write", {"path": "sub/b.txt", "content": "b"})).error is None
+        assert (await h.call("search", {"pattern": "b"})).error is None
+    assert swept == [(root.st_dev, root.st_ino), (sub.st_dev, sub.st_ino)]
 
 
 async def test_a_sweep_looks_at_a_bounded_number_of_entries(
