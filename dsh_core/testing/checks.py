@@ -437,7 +437,9 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
     isolated and only logged (a raising observer hook or disposer) are failures too. With ``quiesce_when``, so are
     asyncio tasks started since the load and still running after dispose (the event loop closing
     would otherwise cancel them unseen), then threads and descendant processes still running after it
-    (orphans included: the kit is a child subreaper meanwhile), which are then killed and reaped.
+    (orphans included: the kit is a child subreaper meanwhile), which are then killed and reaped. Without it,
+    the descendant processes still running are killed and reaped all the same, unreported (see
+    :func:`_ending_processes`).
 
     What was already running once the plugin had loaded (and the processes those start) is no call's:
     it is reported, as left running at load, only with ``load_leftovers`` (the dispose check; every
@@ -469,10 +471,8 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
         return found
 
     executor = _DetachedExecutor()
-    # Only where processes are watched: adopted orphans become this process's to reap (_strays does).
-    with _adopting() if quiesce_when is not None else contextlib.nullcontext():
+    with _ending_processes() as children_before:
         threads_before = set(threading.enumerate())
-        children_before = set(_descendants())
         owners.update(dict.fromkeys(children_before, ""))  # not the plugin's, nor is what they start
         with _dsh_warnings() as records:
             result: list[str] = _run(scenario, executor)
@@ -481,6 +481,24 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
             result += _strays(target, check, quiesce_when, threads_before, children_before, executor, owners,
                               at_load, load_leftovers)
     return result
+
+
+@contextlib.contextmanager
+def _ending_processes() -> Iterator[set[int]]:
+    """The descendant processes running now; on the way out, every one started since is killed and reaped,
+    unreported, orphans included (this process is a child subreaper meanwhile: see :func:`_adopting`).
+
+    Every check that starts the plugin runs in it: what its factory or a hook dsh called as it started
+    leaves running (a server, a ``sleep``) would otherwise run on after the check, and after the kit, in
+    the checks that look for no leftovers. Reporting it is the dispose check's alone (:func:`_with_plugin`);
+    the others that look for leftovers report and kill theirs before (:func:`_strays`), leaving nothing here.
+    """
+    with _adopting():
+        before = set(_descendants())
+        try:
+            yield before
+        finally:
+            _end_processes(before)
 
 
 #: The owner of a process the plugin left running at load (and of what it starts) in ``_OWNERS``: never a tool
@@ -646,7 +664,8 @@ def check_entry_point(target: Target) -> list[str]:
         await loaded.dispose()
         return []
 
-    result: list[str] = _run(scenario)
+    with _ending_processes():
+        result: list[str] = _run(scenario)
     return result
 
 
@@ -843,7 +862,8 @@ def _recorded(target: Target, check: str) -> list[ToolDefinition]:
         await loaded.dispose()
         return loaded.definitions
 
-    result: list[ToolDefinition] = _run(scenario)
+    with _ending_processes():
+        result: list[ToolDefinition] = _run(scenario)
     return result
 
 
@@ -1241,7 +1261,7 @@ def _adopting() -> Iterator[None]:
     A process whose parent ends (``sh -c "sleep 9 &"``, a double fork, a daemon that left the session)
     is reparented to the nearest subreaper, else to init, where the kit no longer sees it as its
     descendant. As a subreaper the kit adopts exactly its own descendants' orphans, no one else's, and
-    must reap them (:func:`_strays` does). A process that already was a subreaper is left as it was.
+    must reap them (:func:`_end_processes` does). A process that already was a subreaper is left as it was.
     """
     was = ctypes.c_int(0)
     enabled = _prctl(_PR_GET_CHILD_SUBREAPER, was) and not was.value and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -1493,7 +1513,8 @@ def check_hookimpls(target: Target) -> list[str]:
             await root.dispose()
 
     try:
-        instance = _run(make)
+        with _ending_processes():  # what the factory started: the plugin is never disposed here
+            instance = _run(make)
     except (Exception, SystemExit) as error:  # sys.exit() too: a plugin's bug, reported as one
         return [failure(target, "hookimpls", f"the factory raised {type(error).__name__}: {error}",
                         "make the factory succeed with the given config")]

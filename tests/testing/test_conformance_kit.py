@@ -984,6 +984,7 @@ def load_leak(monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     broken_plugins.LOAD_LEAK_DONE.clear()
     broken_plugins.CALL_LEAK_DONE.clear()
+    broken_plugins.LOAD_LEAK_PIDS.clear()
     try:
         yield Target("load-leak")
     finally:
@@ -1043,6 +1044,25 @@ def test_a_check_whose_calls_leave_nothing_passes_though_the_plugin_left_work_ru
     assert not any("(sleep 4)" in process for process in running), f"the process left at load runs on: {running}"
     found = checks.check_dispose(Target("load-leak-only"))
     assert len(found) == len(LOAD_LEFTOVERS) and all(_AT_LOAD_DISPOSE in f for f in found), found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+@pytest.mark.parametrize(("check", "plugin"), [
+    ("check_entry_point", "load-leak"), ("check_pre_abort", "load-leak"), ("check_tool_schemas", "load-leak"),
+    ("check_tool_names", "load-leak"), ("check_examples", "load-leak"), ("check_concurrency_safe", "load-leak"),
+    ("check_hookimpls", "load-leak-in-factory")])
+def test_a_check_that_looks_for_no_leftovers_still_kills_the_processes_left_at_load(
+        load_leak: Target, check: str, plugin: str) -> None:
+    """The checks that load the plugin but report no leftovers (the dispose check reports them) left a process
+    the plugin started as it loaded running on after them, and after the kit: each kills and reaps it, silently."""
+    import os
+
+    from tests.fixtures.conformance import broken_plugins
+
+    assert getattr(checks, check)(Target(plugin)) == []
+    assert broken_plugins.LOAD_LEAK_PIDS, "the plugin was not loaded"
+    for pid in broken_plugins.LOAD_LEAK_PIDS:
+        assert not os.path.exists(f"/proc/{pid}"), f"the process left at load runs on: {checks._describe_pid(pid)}"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
