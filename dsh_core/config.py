@@ -40,6 +40,7 @@ from attrs import asdict, define, evolve, field, frozen
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
 from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped, unused-ignore]
 
+from dsh_core.bounds import is_positive_seconds
 from dsh_core.errors import ConfigError
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
@@ -53,6 +54,7 @@ __all__ = [
     "ToolsSection",
     "CodeRuntimeSection",
     "SessionsSection",
+    "LifecycleSection",
     "AgentRow",
     "PluginRow",
     "Deployment",
@@ -108,6 +110,7 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
                 "mode": {"enum": list(MODES)},
                 "max_parallel_sub_calls": {"type": "integer", "minimum": 1},
                 "approval_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+                "approval_grace_s": {"type": "number", "exclusiveMinimum": 0},
             },
         },
         "code_runtime": {
@@ -137,6 +140,13 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
             "properties": {
                 "store": {"type": "string", "minLength": 1},
                 "home": {"type": "string", "minLength": 1},
+            },
+        },
+        "lifecycle": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "task_grace_s": {"type": "number", "exclusiveMinimum": 0},
             },
         },
         "agents": {
@@ -181,7 +191,14 @@ DEPLOYMENT_SCHEMA: Final[dict[str, Any]] = {
 _FILE_VALIDATOR: Final = Draft202012Validator(DEPLOYMENT_SCHEMA)
 
 _ROW_KINDS: Final = ("agents", "plugins")
-_SECTIONS: Final = ("tools", "code_runtime", "sessions")
+_SECTIONS: Final = ("tools", "code_runtime", "sessions", "lifecycle")
+#: The keys that are seconds: a positive, finite number (:func:`~dsh_core.bounds.is_positive_seconds`).
+_SECONDS_KEYS: Final = (
+    ("tools", "approval_timeout_s"),
+    ("tools", "approval_grace_s"),
+    ("code_runtime", "timeout_s"),
+    ("lifecycle", "task_grace_s"),
+)
 _AGENT_FIELDS: Final = ("mode", "provider", "model", "max_turns", "max_tool_result_chars", "allow", "deny",
                         "system_prompt")
 
@@ -200,15 +217,19 @@ def _empty_config() -> JSON:
 
 @frozen
 class ToolsSection:
-    """``[tools]``: the deployment-wide presentation mode, sub-call parallelism and approval timeout.
+    """``[tools]``: the deployment-wide presentation mode, sub-call parallelism and approval bounds.
 
     ``approval_timeout_s``: seconds an approval ask waits for its answer before it is
     withdrawn and the call denied (``None``: no limit, the ask waits for the person).
+    ``approval_grace_s``: seconds a withdrawn ask waits for its channel to end before
+    leaving it running, named in a warning (the runtime's ``APPROVAL_GRACE_S`` by default).
     """
 
     mode: str = "native"
     max_parallel_sub_calls: int = 10
     approval_timeout_s: float | None = None
+    # The runtime's APPROVAL_GRACE_S (a test keeps them equal): loading a config imports no runtime.
+    approval_grace_s: float = 5.0
 
 
 @frozen
@@ -233,6 +254,19 @@ class SessionsSection:
 
     store: str = "sqlite"
     home: str | None = None
+
+
+@frozen
+class LifecycleSection:
+    """``[lifecycle]``: how the harness's scopes (plugins, agents, runs) are unwound.
+
+    ``task_grace_s``: seconds disposing a scope waits for the background tasks it cancelled
+    before leaving the ones still running, each named in a warning (the scopes' ``TASK_GRACE_S``
+    by default).
+    """
+
+    # dsh_core.scope's TASK_GRACE_S (a test keeps them equal), as for ToolsSection.approval_grace_s.
+    task_grace_s: float = 5.0
 
 
 @frozen
@@ -279,6 +313,7 @@ class Deployment:
     tools: ToolsSection = field(factory=ToolsSection)
     code_runtime: CodeRuntimeSection = field(factory=CodeRuntimeSection)
     sessions: SessionsSection = field(factory=SessionsSection)
+    lifecycle: LifecycleSection = field(factory=LifecycleSection)
     agents: tuple[AgentRow, ...] = ()
     plugins: tuple[PluginRow, ...] = ()
     sources: tuple[str, ...] = (DEFAULT_SOURCE,)
@@ -438,6 +473,13 @@ def _check_document(source: str, document: object) -> list[str]:
     if loss is not None:
         parts = _pointer_parts(document, loss.path)
         return [f"{source}: {_document_path(document, parts)}: {loss.reason}"]
+    for section, key in _SECONDS_KEYS:
+        # The schema said a number above 0 and find_loss that it is finite; what is left is an integer
+        # too large for a float (no TOML one is, a composed document's can be), which no timer can take.
+        value = document.get(section, {}).get(key)
+        if value is not None and not is_positive_seconds(value):
+            shown = f"an integer of {len(str(value))} digits" if isinstance(value, int) else repr(value)
+            problems.append(f"{source}: {section}.{key}: must be a positive, finite number of seconds, got {shown}")
     for kind in _ROW_KINDS:
         first_index: dict[str, int] = {}
         for index, row in enumerate(document.get(kind, ())):
@@ -548,7 +590,7 @@ def compose(
         raise ConfigError("\n".join(problems))
 
     sections: dict[str, dict[str, Any]] = {
-        "tools": {"mode": "native", "max_parallel_sub_calls": 10},
+        "tools": {"mode": "native", "max_parallel_sub_calls": 10, "approval_grace_s": ToolsSection().approval_grace_s},
         "code_runtime": {
             "isolation": "auto",
             "timeout_s": 600.0,
@@ -558,6 +600,7 @@ def compose(
             "preload": [],
         },
         "sessions": {"store": "sqlite"},
+        "lifecycle": {"task_grace_s": LifecycleSection().task_grace_s},
     }
     provenance: dict[str, str] = {
         f"{name}.{key}": DEFAULT_SOURCE for name, values in sections.items() for key in values
@@ -635,9 +678,14 @@ def compose(
 
     tools, runtime, sessions = sections["tools"], sections["code_runtime"], sections["sessions"]
     return Deployment(
-        tools=ToolsSection(mode=tools["mode"], max_parallel_sub_calls=int(tools["max_parallel_sub_calls"]),
-                           approval_timeout_s=(None if tools.get("approval_timeout_s") is None
-                                               else float(tools["approval_timeout_s"]))),
+        tools=ToolsSection(
+            mode=tools["mode"],
+            max_parallel_sub_calls=int(tools["max_parallel_sub_calls"]),
+            approval_timeout_s=(
+                None if tools.get("approval_timeout_s") is None else float(tools["approval_timeout_s"])
+            ),
+            approval_grace_s=float(tools["approval_grace_s"]),
+        ),
         code_runtime=CodeRuntimeSection(
             isolation=runtime["isolation"],
             timeout_s=float(runtime["timeout_s"]),
@@ -647,6 +695,7 @@ def compose(
             preload=tuple(runtime["preload"]),
         ),
         sessions=SessionsSection(store=sessions["store"], home=sessions.get("home")),
+        lifecycle=LifecycleSection(task_grace_s=float(sections["lifecycle"]["task_grace_s"])),
         agents=tuple(agents),
         plugins=tuple(plugins),
         sources=tuple(source for source, _ in documents),
@@ -936,7 +985,7 @@ def _plain(value: Any, *, secret: bool = False) -> JSON:
 def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
     """Every effective leaf as ``(dotted path, value, source)``.
 
-    Order is stable: tools, code_runtime, sessions, then agents and plugins
+    Order is stable: tools, code_runtime, sessions, lifecycle, then agents and plugins
     in row order. Unset optional values (``None``) are left out; a plugin's
     empty config appears as one ``{}`` leaf. The user and password of a URL
     (``https://user:secret@host``, say a provider's base URL) are shown as ``***``,
@@ -949,6 +998,7 @@ def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
         ("tools", deployment.tools),
         ("code_runtime", deployment.code_runtime),
         ("sessions", deployment.sessions),
+        ("lifecycle", deployment.lifecycle),
     ):
         leaves.extend((f"{name}.{key}", False, value) for key, value in asdict(section, recurse=False).items())
     for agent in deployment.agents:

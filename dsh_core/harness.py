@@ -156,7 +156,8 @@ class Harness:
         from the harness on first need).
         """
         catalog = catalog or PluginCatalog()
-        root = Scope("root")
+        # Every plugin's, agent's and run's scope is under this one, and takes its task grace.
+        root = Scope("root", task_grace_s=deployment.lifecycle.task_grace_s)
         hooks = Hooks()
         holder: list[Harness] = []
 
@@ -167,7 +168,12 @@ class Harness:
 
         registry = ToolRegistry(default_mode=deployment.tools.mode,  # type: ignore[arg-type]
                                 transport=transport_source if transport is not None else None)
-        runtime = ToolRuntime(registry, hooks, approval_timeout_s=deployment.tools.approval_timeout_s)
+        runtime = ToolRuntime(
+            registry,
+            hooks,
+            approval_timeout_s=deployment.tools.approval_timeout_s,
+            approval_grace_s=deployment.tools.approval_grace_s,
+        )
         harness = cls(deployment, catalog, root, hooks, registry, runtime)
         holder.append(harness)
         root.provide("tools", registry)

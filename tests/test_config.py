@@ -364,11 +364,12 @@ def test_compose_does_not_alias_the_caller_documents() -> None:
     [
         (
             "bogus = 1\n",
-            "f.toml: bogus: unknown key (allowed: agents, code_runtime, plugins, sessions, tools)",
+            "f.toml: bogus: unknown key (allowed: agents, code_runtime, lifecycle, plugins, sessions, tools)",
         ),
         (
             "[tools]\nturbo = true\n",
-            "f.toml: tools.turbo: unknown key (allowed: approval_timeout_s, max_parallel_sub_calls, mode)",
+            "f.toml: tools.turbo: unknown key "
+            "(allowed: approval_grace_s, approval_timeout_s, max_parallel_sub_calls, mode)",
         ),
         (
             "[code_runtime]\ntimeout = 3\n",
@@ -489,7 +490,8 @@ def test_every_problem_of_every_file_is_reported_at_once(files: Any) -> None:
     a = files("a.toml", "[tools]\nmode = 'x'\nextra = 1\n")
     b = files("b.toml", "[code_runtime]\nmemory_mb = 0\n")
     assert config_error(a, b).splitlines() == [
-        "a.toml: tools.extra: unknown key (allowed: approval_timeout_s, max_parallel_sub_calls, mode)",
+        "a.toml: tools.extra: unknown key (allowed: approval_grace_s, approval_timeout_s, max_parallel_sub_calls, "
+        "mode)",
         "a.toml: tools.mode: 'x' is not one of ['native', 'code', 'both']",
         "b.toml: code_runtime.memory_mb: 0 is less than the minimum of 1",
     ]
@@ -690,6 +692,7 @@ def test_dump_lists_every_leaf_in_a_stable_order(files: Any) -> None:
     assert rows == [
         ("tools.mode", "code", "overlay.toml"),
         ("tools.max_parallel_sub_calls", 4, "base.toml"),
+        ("tools.approval_grace_s", 5.0, "default"),
         ("code_runtime.isolation", "auto", "default"),
         ("code_runtime.timeout_s", 600.0, "default"),
         ("code_runtime.cpu_s", 60.0, "default"),
@@ -697,6 +700,7 @@ def test_dump_lists_every_leaf_in_a_stable_order(files: Any) -> None:
         ("code_runtime.max_output_bytes", 67108864, "default"),
         ("code_runtime.preload", ["numpy"], "base.toml"),
         ("sessions.store", "sqlite", "default"),
+        ("lifecycle.task_grace_s", 5.0, "default"),
         ("agents[main].id", "main", "base.toml"),
         ("agents[main].enabled", True, "default"),
         ("agents[main].provider", "scripted", "base.toml"),
@@ -726,6 +730,7 @@ def test_dump_text_shows_one_aligned_leaf_per_line_with_its_source(files: Any) -
         """\
         tools.mode = "code"                       # base.toml
         tools.max_parallel_sub_calls = 10         # default
+        tools.approval_grace_s = 5.0              # default
         code_runtime.isolation = "auto"           # default
         code_runtime.timeout_s = 600.0            # default
         code_runtime.cpu_s = 60.0                 # default
@@ -734,6 +739,7 @@ def test_dump_text_shows_one_aligned_leaf_per_line_with_its_source(files: Any) -
         code_runtime.preload = []                 # default
         sessions.store = "sqlite"                 # default
         sessions.home = "/h"                      # base.toml
+        lifecycle.task_grace_s = 5.0              # default
         agents[main].id = "main"                  # default
         agents[main].enabled = true               # default
         plugins[g].id = "g"                       # base.toml
@@ -1168,3 +1174,37 @@ def test_approval_timeout_is_unset_by_default_and_a_positive_finite_number_when_
     for bad in ("0", "-1", "nan", "inf", '"30"'):
         problem = config_error(files("bad.toml", f"[tools]\napproval_timeout_s = {bad}\n"))
         assert "tools.approval_timeout_s" in problem, (bad, problem)
+
+
+@pytest.mark.parametrize("key", ["tools.approval_grace_s", "lifecycle.task_grace_s"])
+def test_a_grace_is_five_seconds_by_default_and_a_positive_finite_number_when_given(files: Any, key: str) -> None:
+    """How long a withdrawn ask's channel, or a disposed scope's cancelled task, is waited for: set per deployment."""
+    section, name = key.split(".")
+    default = load(files("empty.toml", ""))
+    assert getattr(getattr(default, section), name) == 5.0 and (key, 5.0, "default") in dump(default)
+    d = load(files("t.toml", f"[{section}]\n{name} = 0.25\n"))
+    assert getattr(getattr(d, section), name) == 0.25 and (key, 0.25, "t.toml") in dump(d)
+    assert type(getattr(getattr(load(files("i.toml", f"[{section}]\n{name} = 2\n")), section), name)) is float
+    for bad in ("0", "-1", "nan", "inf", '"5"', "true"):
+        problem = config_error(files("bad.toml", f"[{section}]\n{name} = {bad}\n"))
+        assert problem.startswith(f"bad.toml: {key}: "), (bad, problem)
+
+
+def test_the_grace_defaults_are_the_runtimes_and_the_scopes() -> None:
+    """The config keeps its own copy of the defaults (loading a config imports no runtime): they must agree."""
+    from dsh_core.config import LifecycleSection
+    from dsh_core.runtime import APPROVAL_GRACE_S
+    from dsh_core.scope import TASK_GRACE_S
+
+    assert (ToolsSection().approval_grace_s, LifecycleSection().task_grace_s) == (APPROVAL_GRACE_S, TASK_GRACE_S)
+
+
+@pytest.mark.parametrize(
+    "key", ["tools.approval_timeout_s", "tools.approval_grace_s", "lifecycle.task_grace_s", "code_runtime.timeout_s"]
+)
+def test_seconds_too_large_for_a_float_are_a_config_error_naming_the_key_and_source(key: str) -> None:
+    """No TOML integer is that large, but a composed document can hold one: it raised OverflowError."""
+    section, name = key.split(".")
+    with pytest.raises(ConfigError) as caught:
+        compose([("big.json", {section: {name: 10**400}})], env=NO_ENV)
+    assert caught.value.message.startswith(f"big.json: {key}: must be a positive, finite number of seconds, got ")

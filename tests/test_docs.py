@@ -88,18 +88,19 @@ def _config_block() -> str:
 
 
 def test_the_config_example_shows_the_code_defaults_and_limits() -> None:
-    """The example deployment's [tools] and [code_runtime] values are the defaults a missing key gets."""
+    """The example deployment's [tools], [code_runtime] and [lifecycle] values are the defaults a missing key gets."""
     import tomllib
 
     import attrs
 
     from dsh_core.coderuntime.seam import MAX_CPU_S, MAX_MEMORY_MB, CodeRuntimeConfig
-    from dsh_core.config import DEPLOYMENT_SCHEMA, CodeRuntimeSection, ToolsSection, compose
+    from dsh_core.config import DEPLOYMENT_SCHEMA, CodeRuntimeSection, LifecycleSection, ToolsSection, compose
 
     example = tomllib.loads(_config_block())
     composed = compose([("empty.toml", {})], env={})  # what a file that sets none of the keys gets
-    assert (composed.tools, composed.code_runtime) == (ToolsSection(), CodeRuntimeSection())
-    for name, section in (("tools", ToolsSection()), ("code_runtime", CodeRuntimeSection())):
+    sections = {"tools": ToolsSection(), "code_runtime": CodeRuntimeSection(), "lifecycle": LifecycleSection()}
+    assert {name: getattr(composed, name) for name in sections} == sections
+    for name, section in sections.items():
         defaults = attrs.asdict(section)
         for key, value in example[name].items():
             assert value == defaults[key], f"README shows [{name}] {key} = {value!r}; the default is {defaults[key]!r}"
