@@ -173,7 +173,8 @@ class ToolRuntime:
     ``approval_grace_s`` (default :data:`APPROVAL_GRACE_S`) bounds how long a withdrawn
     ask (timed out, aborted, or its caller cancelled) waits for its channel to end: a
     channel that ignores the withdrawal longer is left running and named in a warning,
-    and the call goes on without it.
+    and the call goes on without it. A caller cancelled meanwhile (again, maybe) stops
+    that wait at once: the channel still running is named all the same.
     """
 
     def __init__(self, registry: ToolRegistry, hooks: Hooks, *, approval_timeout_s: float | None = None,
@@ -387,7 +388,8 @@ class ToolRuntime:
 
         An ask withdrawn before it was answered (timed out, aborted, or the caller cancelled)
         is ``cancelled``, whatever its channel answers afterwards: its channel's task is
-        cancelled and waited for at most :attr:`approval_grace_s`, then left running.
+        cancelled and waited for at most :attr:`approval_grace_s` (less if the caller is
+        cancelled meanwhile), then left running, named in a warning.
         """
         signal = execution.signal
         request = ApprovalRequest(execution, reason, signal)
@@ -453,9 +455,28 @@ class ToolRuntime:
 
     async def _let_go(self, approval: asyncio.Future[ApprovalOutcome], channel: str | None,
                       execution: ToolExecution) -> None:
-        """Wait at most the grace for a withdrawn ask's channel to end; leave it running, named, if it does not."""
+        """Wait at most the grace for a withdrawn ask's channel to end; leave it running, named, if it does not.
+
+        The caller cancelled (again) meanwhile stops the wait at once, and the cancellation goes on;
+        a channel still running then is named all the same: it is left running just as surely.
+        """
         grace = self.approval_grace_s
-        await asyncio.wait((approval,), timeout=grace)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await asyncio.wait((approval,), timeout=grace)
+        except asyncio.CancelledError:
+            # asyncio.wait never raises for the channel's own cancellation: this is the caller's.
+            if not approval.done():
+                log.warning(
+                    "approval channel of plugin %r ignored its withdrawal for %.3g s, until its call was "
+                    'cancelled again (tool "%s", call %r); it is left running',
+                    channel,
+                    loop.time() - started,
+                    execution.name,
+                    execution.call_id,
+                )
+            raise
         if not approval.done():
             # A channel that ignores its cancellation must not hold the call (or a run's scheduler lane)
             # forever; whatever it answers later reaches nobody.

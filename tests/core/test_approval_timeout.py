@@ -198,6 +198,34 @@ async def test_a_cancelled_caller_is_not_held_by_a_channel_that_ignores_the_with
         _settle(person)
 
 
+async def test_a_caller_cancelled_again_during_the_grace_leaves_at_once_and_still_names_the_channel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The second cancellation cut the wait for the channel short, and the warning naming it was never logged."""
+    stack = Stack(approval_grace_s=60)  # the wait_for below fails if the call waits out the grace
+    echo = tool("echo")
+    stack.registry.register(echo)
+    person = register(stack.hooks, AwayPerson(swallow_cancel=True), name="deaf-channel")
+    recorder = register(stack.hooks, Recorder())
+    call = asyncio.ensure_future(stack.call("echo"))
+    try:
+        while person.answer is None:  # type: ignore[attr-defined]
+            await asyncio.sleep(0)
+        call.cancel()
+        await asyncio.wait_for(person.withdrawn.wait(), 5)  # type: ignore[attr-defined]  # the grace has begun
+        call.cancel()
+        with caplog.at_level(logging.WARNING, logger="dsh"), pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(call, 5)
+        assert person.resolved == [ApprovalOutcome.CANCELLED]  # type: ignore[attr-defined]
+        (warning,) = _left_channels(caplog)
+        assert "'deaf-channel'" in warning and '"echo"' in warning
+        await asyncio.sleep(0)  # the result event is emitted in a task of its own
+        assert body_calls(echo) == []
+        assert [r.code for _, r in recorder.results] == ["ABORTED_BEFORE_DISPATCH"]  # type: ignore[attr-defined]
+    finally:
+        _settle(person)
+
+
 class Guarded:
     """A guard that records being consulted: a withdrawn ask must not reach the guards."""
 
