@@ -76,28 +76,34 @@ class _WholeFileIO(io.FileIO):
             return done
 
 
-def _write_stdout_whole() -> None:
-    """Under ``python -u`` (or ``PYTHONUNBUFFERED``), print to stdout through a :class:`_WholeFileIO`.
+def _write_output_whole() -> None:
+    """Under ``python -u`` (or ``PYTHONUNBUFFERED``), print to stdout and stderr through a :class:`_WholeFileIO`.
 
-    There stdout's binary layer is the raw file, so a large result could reach its reader cut
-    short. The new text layer writes through at once like the one it replaces, which stays as
-    it is (``sys.__stdout__``, on the same file descriptor).
+    There each stream's binary layer is the raw file, so a large result, or a large message on
+    stderr (what a plugin prints while a command runs goes there), could reach its reader cut
+    short. Each new text layer writes through at once like the one it replaces, with the same
+    encoding and error handler (lone surrogates stay escaped); the replaced ones stay as they
+    are (``sys.__stdout__``, ``sys.__stderr__``, on the same file descriptors).
     """
-    stream = sys.stdout
-    if not (isinstance(stream, io.TextIOWrapper) and type(stream.buffer) is io.FileIO):
-        return  # buffered (it writes whole already), or not the interpreter's (a test runner's capture)
-    stream.flush()
-    raw = _WholeFileIO(stream.fileno(), "w", closefd=False)
-    raw.name = stream.buffer.name  # "<stdout>", not the bare descriptor
-    # newline="\n": no translation, as the interpreter's own stdout on POSIX.
-    sys.stdout = io.TextIOWrapper(
-        raw,
-        encoding=stream.encoding,
-        errors=stream.errors,
-        newline="\n",
-        line_buffering=stream.line_buffering,
-        write_through=True,
-    )
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        # Buffered, it writes whole already. Not the interpreter's own (pytest's capture is a subclass
+        # over a raw file too), it is left alone: a test calling main would find its capture replaced.
+        if not (type(stream) is io.TextIOWrapper and type(stream.buffer) is io.FileIO):
+            continue
+        stream.flush()
+        raw = _WholeFileIO(stream.fileno(), "w", closefd=False)
+        raw.name = stream.buffer.name  # "<stdout>" or "<stderr>", not the bare descriptor
+        # newline="\n": no translation, as the interpreter's own streams on POSIX.
+        whole = io.TextIOWrapper(
+            raw,
+            encoding=stream.encoding,
+            errors=stream.errors,
+            newline="\n",
+            line_buffering=stream.line_buffering,
+            write_through=True,
+        )
+        setattr(sys, name, whole)
 
 
 def load_config(paths: Sequence[str]) -> Deployment:
@@ -210,7 +216,7 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
-        _write_stdout_whole()
+        _write_output_whole()
         # A usage error (or a group's help, for `dsh tools`) is shown on stderr by click itself,
         # once make_context or invoke has raised it.
         with _reader_gone_is_sigpipe():

@@ -516,11 +516,66 @@ def test_an_unbuffered_stdout_writes_whole_and_stays_unbuffered(
     os.set_blocking(read_end, False)
     unbuffered = io.TextIOWrapper(io.FileIO(write_end, "w"), encoding="utf-8", newline="\n", write_through=True)
     monkeypatch.setattr(sys, "stdout", unbuffered)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # restored after: dsh replaces an unbuffered one too
     try:
         assert main.main(["--help"], standalone_mode=False) == 0
         assert "Usage:" in os.read(read_end, 1 << 16).decode()
         print("first", end="")  # not a whole line: line buffering would keep it too
         assert os.read(read_end, 1 << 16) == b"first"
+        assert unbuffered.buffer.fileno() == write_end  # the interpreter's own stream is left as it was
+    finally:
+        monkeypatch.undo()
+        unbuffered.close()
+        os.close(read_end)
+
+
+def test_an_unbuffered_stderr_writes_whole_and_stays_unbuffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `python -u` stderr's binary layer is the file itself too: what a plugin printed while a
+    command ran (sent to stderr, as stdout is the command's own) reached a full pipe cut short."""
+    (tmp_path / "loud_plugin.py").write_text(
+        "from dsh_core import plugin\n\n"
+        "class Loud:\n    pass\n\n"
+        "@plugin()\ndef loud(scope, config):\n    print('x' * 2_000_000)\n    return Loud()\n"
+    )
+    (tmp_path / "loud.toml").write_text('[[plugins]]\nid = "loud"\nuse = "loud"\n')
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    environ["DSH_PLUGINS"] = "loud=loud_plugin:loud"  # found in the working directory (python -m)
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # a pipe holds 64 KiB: a larger write into it takes only part
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-u", "-m", "dsh_core", "tools", "list", "--json", "--config", "loud.toml"],
+            cwd=tmp_path,
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=write_end,
+        )
+    finally:
+        os.close(write_end)
+    with open(read_end, "rb") as reader:
+        err = reader.read()
+    assert child.stdout is not None
+    out = child.stdout.read()
+    child.stdout.close()
+    assert child.wait(timeout=60) == 0, err[-2000:]
+    assert json.loads(out)["visible"] == []
+    assert (len(err), err) == (2_000_001, b"x" * 2_000_000 + b"\n")
+
+    # Each write still reaches the file at once, with the stream's handler for what it cannot encode.
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    unbuffered = io.TextIOWrapper(
+        io.FileIO(write_end, "w"), encoding="utf-8", errors="backslashreplace", newline="\n", write_through=True
+    )
+    monkeypatch.setattr(sys, "stderr", unbuffered)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after: dsh replaces an unbuffered one too
+    try:
+        assert main.main(["--help"], standalone_mode=False) == 0
+        assert sys.stderr is not unbuffered
+        print("first \udcff", end="", file=sys.stderr)  # not a whole line: line buffering would keep it too
+        assert os.read(read_end, 1 << 16) == b"first \\udcff"
         assert unbuffered.buffer.fileno() == write_end  # the interpreter's own stream is left as it was
     finally:
         monkeypatch.undo()
