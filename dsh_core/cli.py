@@ -3,7 +3,8 @@
 Only the requested output goes to stdout; errors go to stderr with a
 non-zero exit code (1 for a failed operation, 2 for bad usage or config).
 Output whose reader goes away (``dsh ... | head -1``) ends the command
-silently with 141, the status of a process SIGPIPE killed.
+silently with 141, the status of a process SIGPIPE killed. Ctrl-C ends it
+with 130 and ``dsh: error: interrupted``.
 Every command takes ``--config FILE`` (repeatable: later files overlay
 earlier ones); without it the built-in default deployment is used.
 """
@@ -191,6 +192,18 @@ def _reader_gone_is_sigpipe() -> Iterator[None]:
         _exit_as_sigpipe(gone)
 
 
+@contextlib.contextmanager
+def _interrupt_exits_130() -> Iterator[None]:
+    """Exit with 130 and ``dsh: error: interrupted`` on a Ctrl-C in the block, as an interrupted run does.
+
+    click would print "Aborted!" and exit 1, a failed operation's status.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
 class LazyGroup(click.Group):
     """A group some of whose commands live in other modules, imported when first looked up.
 
@@ -225,24 +238,22 @@ class LazyGroup(click.Group):
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
     ) -> click.Context:
-        # `dsh --help` prints here, while the arguments are parsed: click catches a broken pipe
-        # from this and from invoke itself, so only a handler inside both sees it.
-        with _reader_gone_is_sigpipe():
+        # `dsh --help` prints here, while the arguments are parsed (importing every command's module
+        # for its short help, which Ctrl-C may interrupt): click catches a broken pipe and Ctrl-C
+        # from this and from invoke itself, so only handlers inside both see them. The interrupt's
+        # message goes to stderr, whose reader may be gone too: the pipe's handler is the outer one.
+        with _reader_gone_is_sigpipe(), _interrupt_exits_130():
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            with _reader_gone_is_sigpipe():
-                try:
-                    return super().invoke(ctx)
-                finally:
-                    # What is still buffered is written here, where a reader gone is handled;
-                    # at interpreter exit it would be an "Exception ignored" message and status 120.
-                    sys.stdout.flush()
-        except KeyboardInterrupt:
-            # Ctrl-C where no event loop handles it (a slow plugin import in `config dump`, a sync
-            # command): click would print "Aborted!" and exit 1, a failed operation's status.
-            fail("interrupted", 130)
+        # Ctrl-C where no event loop handles it: a slow plugin import in `config dump`, a sync command.
+        with _reader_gone_is_sigpipe(), _interrupt_exits_130():
+            try:
+                return super().invoke(ctx)
+            finally:
+                # What is still buffered is written here, where a reader gone is handled;
+                # at interpreter exit it would be an "Exception ignored" message and status 120.
+                sys.stdout.flush()
 
 
 # `sessions`, `run-code` and `sdk` are defined with the subsystem they drive; `config`, `tools` and `demo` below.

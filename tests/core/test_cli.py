@@ -13,11 +13,12 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from click.testing import CliRunner
 
-from dsh_core.cli import main
+from dsh_core.cli import LazyGroup, main
 from dsh_core.clirun import DRAIN_SECONDS
 
 BASE = """
@@ -150,6 +151,60 @@ def test_an_interrupt_outside_the_event_loop_exits_130(  # type: ignore[no-untyp
     (tmp_path / "interrupted.toml").write_text('[[plugins]]\nid = "slow"\nuse = "interrupted"\n')
     result = run("config", "dump", "--config", "interrupted.toml")
     assert (result.exit_code, result.stdout, result.stderr) == (130, "", "dsh: error: interrupted\n")
+
+
+def _interrupted(*args: object, **kwargs: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("where", "args"),
+    [("parse", ("tools", "list")), ("help", ("--help",)), ("help", ("-h",))],
+)
+def test_an_interrupt_while_the_root_parses_its_arguments_exits_130(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, args: tuple[str, ...]
+) -> None:
+    """Ctrl-C while click parsed the root's arguments, or printed its help (which imports the modules of
+    the commands it lists), ended with "Aborted!" and status 1, where one in a command ends with 130."""
+    if where == "parse":
+        monkeypatch.setattr(LazyGroup, "parse_args", _interrupted)
+    else:
+        (tmp_path / "interrupted_command.py").write_text("raise KeyboardInterrupt\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setitem(main.lazy_commands, "slow", "interrupted_command:command")
+    result = run(*args)
+    assert (result.exit_code, result.stdout, result.stderr) == (130, "", "dsh: error: interrupted\n")
+
+
+def test_sigint_while_the_help_imports_a_command_exits_130(tmp_path: Path) -> None:
+    """A real Ctrl-C where `dsh --help` imports a slow command module (here one that blocks on a read)."""
+    (tmp_path / "blocking_command.py").write_text(
+        'import os, sys\nprint("ready", flush=True)\nos.read(sys.stdin.fileno(), 1)\n'
+    )
+    script = textwrap.dedent("""
+        import signal
+        from dsh_core.cli import main
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as on a terminal: a background job ignores it
+        main.lazy_commands["slow"] = "blocking_command:command"
+        main(["--help"], prog_name="dsh")
+    """)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=20)
+    finally:
+        process.kill()  # left blocked on its read if the signal did not end it
+        process.wait()
+    assert (process.returncode, out, err) == (130, "", "dsh: error: interrupted\n")
 
 
 def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
