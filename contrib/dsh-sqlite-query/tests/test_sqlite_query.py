@@ -207,6 +207,28 @@ def test_unicode_line_breaks_in_cells_and_names_never_split_a_row_or_the_header(
     assert [json.loads(cell) for cell in lines[1].split("\t")] == result.value["rows"][0]
 
 
+def test_del_and_c1_controls_in_cells_and_names_are_escaped_and_printable_text_is_not(tmp_path: Path) -> None:
+    # JSON escapes C0 controls but leaves DEL (invisible) and the C1 controls as they are, and some
+    # terminals take U+009B (CSI) and friends as the start of an escape sequence: the reader never saw
+    # them. Each is escaped as JSON's \uXXXX, so the cell still parses back to its value; printable
+    # non-ASCII text is shown as it is.
+    controls = [chr(code) for code in range(0x7F, 0xA0)]
+    printable = ["\u00e9", "\u4e2d", "\U0001f600"]
+    names = [f"n{c}x" for c in controls + printable]
+    sql = "SELECT " + ", ".join(f"'c' || char({ord(c)}) || 'd' AS \"n{c}x\"" for c in controls + printable)
+    result = query(make_db(tmp_path / "app.db"), sql)
+    assert result.code is None, result.text
+    assert result.value["columns"] == names
+    assert result.value["rows"] == [[f"c{c}d" for c in controls + printable]]
+    lines = result.text.splitlines()
+    assert len(lines) == 3 and lines[2] == "(1 row)"
+    header, cells = lines[0].split("\t"), lines[1].split("\t")
+    assert header == [f'"n\\u{ord(c):04x}x"' for c in controls] + [f"n{c}x" for c in printable]
+    assert cells == [f'"c\\u{ord(c):04x}d"' for c in controls] + [f'"c{c}d"' for c in printable]
+    assert [json.loads(cell) for cell in cells] == result.value["rows"][0]
+    assert [json.loads(name) for name in header[: len(controls)]] == names[: len(controls)]
+
+
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
     assert result.value["row_count"] == 10 and result.value["truncated"] is True

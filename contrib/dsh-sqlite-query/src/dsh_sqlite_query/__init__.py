@@ -214,24 +214,26 @@ def _render(_args: Any, value: Any) -> str:
 # newlines are escaped, never splitting a cell or a row.
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
 
-# Of the characters str.splitlines (and many renderers) break lines at, JSON escapes the control
-# characters but leaves NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR as they are. In JSON they can
-# stand only inside a string, where their \u escapes mean the same text.
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+# JSON escapes the C0 controls but leaves DEL and the C1 controls (U+007F-U+009F) as they are, and
+# LINE SEPARATOR and PARAGRAPH SEPARATOR too. DEL is invisible; some terminals take a C1 control
+# (U+009B is CSI) as the start of an escape sequence; str.splitlines (and many renderers) break lines
+# at NEL (U+0085), U+2028 and U+2029. The reader must see each of them, so each is escaped. In JSON
+# they can stand only inside a string, where their \u escapes mean the same text.
+_UNSEEN = str.maketrans({c: f"\\u{ord(c):04x}" for c in [*map(chr, range(0x7F, 0xA0)), "\u2028", "\u2029"]})
 
 
 def _render_cell(value: Any) -> str:
-    """A cell as the model reads it: its JSON, with every character that breaks a line escaped."""
-    return _encode(value).translate(_LINE_BREAKS)
+    """A cell as the model reads it: its JSON, with every character that breaks a line or hides escaped."""
+    return _encode(value).translate(_UNSEEN)
 
 
 def _render_name(name: str) -> str:
     """A column name in the header: bare where that is unambiguous, else its JSON, as a TEXT cell is shown.
 
     Bare, a tab or newline in a name split the header from its columns. Its JSON is used for a name
-    :func:`_render_cell` escapes anything in (a control character or another line break, a backslash,
-    a quote), an empty one, and one starting with ``{`` (which would read as a tag): so a header field
-    starting with ``"`` is JSON.
+    :func:`_render_cell` escapes anything in (a C0, DEL or C1 control character or another line break,
+    a backslash, a quote), an empty one, and one starting with ``{`` (which would read as a tag): so a
+    header field starting with ``"`` is JSON.
     """
     quoted = _render_cell(name)
     return name if name and quoted[1:-1] == name and not name.startswith("{") else quoted
