@@ -15,8 +15,12 @@ import functools
 import gzip
 import ipaddress
 import itertools
+import logging
+import math
+import os
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +29,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -33,7 +38,7 @@ import httpcore
 import pytest
 from dsh_http_fetch import address_refusal, host_allowed, html_to_text, parse_address_entry
 
-from dsh_core import AbortController
+from dsh_core import AbortController, AbortSignal, ToolError
 from dsh_core.config import compose
 from dsh_core.harness import Harness
 from dsh_core.model import ToolResult
@@ -121,7 +126,7 @@ class Handler(BaseHTTPRequestHandler):
         Handler.accepts.append(self.headers.get("Accept"))
         port = self.server.server_address[1]
         target = parse_qs(urlsplit(self.path).query).get("url", [""])[0]
-        if self.path == "/page":
+        if self.path == "/page" or self.path.startswith("/page?"):  # /page?anything: the same page
             self.send(200, PAGE)
         elif self.path == "/plain":
             self.send(200, b"just text", "text/plain")
@@ -636,6 +641,107 @@ def test_disposing_the_plugin_waits_for_a_running_conversion_and_leaves_no_threa
     result, left = asyncio.run(main())
     assert result.code == "TOOL_FAILED" and "timed out after 0.3 s" in result.text
     assert len(threads) == 1 and left == [], left
+
+
+def test_disposing_the_plugin_gives_up_on_a_stuck_conversion_after_its_grace_and_drops_its_result(
+    server: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A conversion cannot be interrupted, and dispose waited for it with no bound: a pathological page held the
+    # disposal (and the process's exit: the interpreter joins a ThreadPoolExecutor's threads) for as long as it
+    # ran. Dispose now waits dispose_grace_s, warns naming the pages still converting and leaves their (daemon)
+    # threads; what they finish later goes nowhere, and a page that had not started converting is dropped.
+    started: list[threading.Thread] = []
+    release = threading.Event()
+    real = dsh_http_fetch.html_to_text
+
+    def stuck(html: str) -> tuple[str | None, str]:
+        started.append(threading.current_thread())
+        release.wait()
+        return real(html)
+
+    monkeypatch.setattr(dsh_http_fetch, "html_to_text", stuck)
+    thread_errors: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    config = {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], "dispose_grace_s": 0.05}
+    instance = dsh_http_fetch.HttpFetch(config)
+    urls = [f"http://{server}/page?{n}" for n in range(3)]  # two converter threads: one page waits its turn
+    ctx = SimpleNamespace(signal=AbortSignal.never())
+
+    async def main() -> list[Any]:
+        calls = [asyncio.ensure_future(instance.fetch({"url": url}, ctx)) for url in urls]
+        async with asyncio.timeout(30):  # a bound against a hang (dispose waited forever), not a timing
+            while len(started) < 2 or len(Handler.hits) < 3:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # the third page reaches the converter's queue
+            await instance.aclose()  # returns after the grace, the two conversions still running
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+    Handler.hits.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="dsh.http_fetch"):
+            outcomes = asyncio.run(main())
+        assert all(isinstance(outcome, ToolError) for outcome in outcomes), outcomes
+        messages = [str(outcome) for outcome in outcomes]
+        assert all(url in message for url, message in zip(urls, messages, strict=True)), messages
+        abandoned = [url for url, message in zip(urls, messages, strict=True) if "still converting" in message]
+        dropped = [url for url, message in zip(urls, messages, strict=True) if "before converting" in message]
+        assert len(abandoned) == 2 and len(dropped) == 1, messages
+        warnings = [record.getMessage() for record in caplog.records if record.name == "dsh.http_fetch"]
+        assert len(warnings) == 1 and "0.05 s" in warnings[0], warnings
+        assert all(url in warnings[0] for url in abandoned) and dropped[0] not in warnings[0], warnings
+        assert len(started) == 2 and all(thread.is_alive() and thread.daemon for thread in started), started
+    finally:
+        release.set()
+    for thread in started:
+        thread.join(30)  # a bound against a hang, not a timing: the conversion ends at once
+    assert not any(thread.is_alive() for thread in started)
+    # The finished conversions delivered nothing and raised nothing; the page that waited never started.
+    assert len(started) == 2 and thread_errors == []
+    assert [record for record in caplog.records if record.levelno >= logging.ERROR] == []
+
+
+_EXIT_SCRIPT = """
+import asyncio, threading, httpx, dsh_http_fetch
+started, never = threading.Event(), threading.Event()
+def stuck(html):
+    started.set()
+    never.wait()
+dsh_http_fetch.html_to_text = stuck
+instance = dsh_http_fetch.HttpFetch({"allowed_hosts": ["example.com"], "dispose_grace_s": 0.05})
+async def main():
+    call = asyncio.ensure_future(instance._convert(httpx.URL("https://example.com/stuck"), "<p>x"))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    await instance.aclose()
+    await asyncio.gather(call, return_exceptions=True)
+asyncio.run(main())
+print("disposed")
+"""
+
+
+def test_a_conversion_left_running_by_dispose_does_not_hold_up_the_interpreters_exit() -> None:
+    # The interpreter joins a ThreadPoolExecutor's threads at exit: a conversion dispose gave up on kept the
+    # process alive until it ended (here: never). The converter threads are daemon threads.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-c", _EXIT_SCRIPT]
+    # timeout: a bound against the hang, not a timing
+    completed = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=120)
+    assert completed.returncode == 0 and completed.stdout == "disposed\n", completed
+    assert "https://example.com/stuck" in completed.stderr, completed.stderr
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "5"])
+def test_dispose_grace_s_must_be_a_positive_number(server: str, value: Any) -> None:
+    with pytest.raises(Exception, match=r"config\.dispose_grace_s: (?!unknown key)"):
+        fetch(server, f"http://{server}/plain", dispose_grace_s=value)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.inf, math.nan, True, "5"])
+def test_a_plugin_built_without_the_schema_refuses_a_grace_that_is_not_positive_and_finite(
+    server: str, value: Any
+) -> None:
+    with pytest.raises(ToolError, match=r"http-fetch: dispose_grace_s must be a positive finite number"):
+        dsh_http_fetch.HttpFetch({"allowed_hosts": [server], "dispose_grace_s": value})
 
 
 def test_ipv6_allow_list_entries_are_parsed_with_brackets() -> None:

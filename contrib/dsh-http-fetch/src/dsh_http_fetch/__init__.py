@@ -22,13 +22,16 @@ import concurrent.futures
 import contextlib
 import fnmatch
 import ipaddress
+import logging
+import math
+import queue
 import re
 import socket
 import ssl
 import threading
 import weakref
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from html.parser import HTMLParser
 from typing import Any
 
@@ -39,7 +42,7 @@ import idna
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 
 __all__ = ["plugin", "HttpFetch", "AddressRefused", "address_refusal", "html_to_text", "host_allowed",
-           "parse_address_entry", "parse_host_entry", "resolve"]
+           "parse_address_entry", "parse_host_entry", "resolve", "DISPOSE_GRACE_S"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -65,6 +68,13 @@ CONFIG_SCHEMA: dict[str, Any] = {
                                              'link-local, ...) but may be connected to: "10.20.0.0/16", '
                                              '"127.0.0.1", "::1". By default only public addresses are.'},
         "example_url": {"type": "string", "description": "the URL of the tool's example (for the conformance kit)"},
+        "dispose_grace_s": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 5,
+            "description": "how long disposing the plugin waits for HTML conversions already running; then it "
+            "warns and leaves them to finish alone",
+        },
     },
 }
 
@@ -294,6 +304,94 @@ async def resolve(host: str, port: int) -> list[str]:
 _CONVERTER_THREADS = 2
 _CONVERTER_NAME = "dsh-http-fetch-html"
 
+# A conversion cannot be interrupted: html.parser holds its thread until the page is done (seconds per hostile
+# MiB, longer on a loaded machine). Disposing the plugin waits this long (config: dispose_grace_s) for the ones
+# running, then warns and leaves them, rather than hold the disposal (and whatever waits on it) for as long.
+DISPOSE_GRACE_S = 5.0
+
+log = logging.getLogger("dsh.http_fetch")
+
+_Conversion = concurrent.futures.Future[tuple[str | None, str]]
+
+
+class _Converter:
+    """The plugin's converter threads: :func:`html_to_text` of each submitted page, in submission order.
+
+    Not a ``ThreadPoolExecutor``: the interpreter joins its threads at exit, so a conversion that dispose
+    gave up on would still hold the exit of the process until it ended. These are daemon threads; nothing
+    is lost if one is cut off at exit, as the result of a conversion dispose gave up on goes nowhere.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[_Conversion, str] | None] = queue.SimpleQueue()
+        # Taken to start a conversion and to fail one from outside its thread, so neither happens inside the other.
+        self._lock = threading.Lock()
+        self._running: dict[threading.Thread, _Conversion] = {}  # what each thread converts now
+        self.threads = [
+            threading.Thread(target=self._work, name=f"{_CONVERTER_NAME}_{index}", daemon=True)
+            for index in range(threads)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, html: str) -> _Conversion:
+        """Queue a conversion of ``html``; its future (one cancelled or failed before it starts is skipped)."""
+        future: _Conversion = concurrent.futures.Future()
+        self._jobs.put((future, html))
+        return future
+
+    def fail(
+        self, conversions: dict[_Conversion, str], why: Callable[[str], str], *, running: bool
+    ) -> dict[_Conversion, str]:
+        """Fail those of ``conversions`` not done and started (``running``) or not, with ``ToolError(why(url))``.
+
+        A failed conversion that was queued is never started; one that was running delivers its result nowhere.
+        """
+        failed: dict[_Conversion, str] = {}
+        with self._lock:
+            for future, url in conversions.items():
+                if not future.done() and future.running() == running:
+                    future.set_exception(ToolError(why(url)))
+                    failed[future] = url
+        return failed
+
+    def stop(self) -> None:
+        """Let each thread end once it has run or skipped what is queued before now."""
+        for _ in self.threads:
+            self._jobs.put(None)
+
+    def busy_with(self, conversions: Iterable[_Conversion]) -> set[threading.Thread]:
+        """The threads running one of ``conversions``."""
+        wanted = set(conversions)
+        with self._lock:
+            return {thread for thread, future in self._running.items() if future in wanted}
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._run(*job)
+            del job  # an idle thread holds no page
+
+    def _run(self, future: _Conversion, html: str) -> None:
+        me = threading.current_thread()
+        with self._lock:
+            # A future failed by fail() is done: set_running_or_notify_cancel would raise on it.
+            if future.done() or not future.set_running_or_notify_cancel():
+                return
+            self._running[me] = future
+        outcome: tuple[str | None, str] | BaseException
+        try:
+            outcome = html_to_text(html)
+        except BaseException as error:  # as ThreadPoolExecutor: the awaiting call gets it
+            outcome = error
+        with self._lock:
+            del self._running[me]
+        # fail() may have given up on this conversion and finished its future: the result goes nowhere.
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
 
 def _is_ip_literal(host: str) -> bool:
     """True if ``host`` is an IP address in any spelling (``::ffff:127.0.0.1``): it is connected to, not looked up."""
@@ -433,9 +531,13 @@ class HttpFetch:
         except ValueError as error:
             raise ToolError(f"http-fetch: {error}") from None
         self._ssl_context: ssl.SSLContext | None = None
-        self._converter: concurrent.futures.ThreadPoolExecutor | None = None  # started by the first conversion
-        self._conversions: set[concurrent.futures.Future[tuple[str | None, str]]] = set()
-        self._conversions_lock = threading.Lock()  # the set loses its futures on the converter's threads
+        grace = config.get("dispose_grace_s", DISPOSE_GRACE_S)
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not (math.isfinite(grace) and grace > 0):
+            raise ToolError(f"http-fetch: dispose_grace_s must be a positive finite number of seconds, not {grace!r}")
+        self.dispose_grace_s: float = grace
+        self._converter: _Converter | None = None  # started by the first conversion
+        self._conversions: dict[_Conversion, str] = {}  # each to the URL of its page
+        self._conversions_lock = threading.Lock()  # the dict loses its futures on the converter's threads
         self._closed = False
         concrete = next((_netloc(h, p) for h, p in parsed if "*" not in h and "?" not in h and "[" not in h), None)
         example = config.get("example_url") or (f"https://{concrete}/" if concrete else None)
@@ -581,49 +683,71 @@ class HttpFetch:
         if html and not raw:
             # On a worker thread: html.parser takes a few microseconds per "<", seconds for a hostile megabyte,
             # and on the event loop that would stall every other call and stream of the process.
-            title, text = await self._convert(text)
+            title, text = await self._convert(url, text)
         if response.status_code >= 400:
             snippet = text[:500] + ("..." if len(text) > 500 else "")
             raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url}: {snippet}")
         return {"url": str(url), "status": response.status_code, "content_type": content_type or "unknown",
                 "title": title, "text": text, "truncated": truncated}
 
-    async def _convert(self, html: str) -> tuple[str | None, str]:
-        """:func:`html_to_text` of ``html`` on the plugin's converter threads (started on first use)."""
+    async def _convert(self, url: httpx.URL, html: str) -> tuple[str | None, str]:
+        """:func:`html_to_text` of ``html`` (the page at ``url``) on the plugin's converter threads."""
         if self._closed:
             raise ToolError("http-fetch was shut down while fetching (its plugin was disposed); the page was not "
                             "converted")
         if self._converter is None:
-            self._converter = concurrent.futures.ThreadPoolExecutor(_CONVERTER_THREADS,
-                                                                    thread_name_prefix=_CONVERTER_NAME)
-        future = self._converter.submit(html_to_text, html)
+            self._converter = _Converter(_CONVERTER_THREADS)
+        future = self._converter.submit(html)
         with self._conversions_lock:
-            self._conversions.add(future)
+            self._conversions[future] = str(url)
         future.add_done_callback(self._forget_conversion)
         # A call that ends (timeout, abort) while its page waits in the queue cancels the conversion; one that
         # is already running cannot be stopped, and finishes in the background, its result dropped.
         return await asyncio.wrap_future(future)
 
-    def _forget_conversion(self, future: concurrent.futures.Future[tuple[str | None, str]]) -> None:
+    def _forget_conversion(self, future: _Conversion) -> None:
         with self._conversions_lock:
-            self._conversions.discard(future)
+            self._conversions.pop(future, None)
 
     async def aclose(self) -> None:
-        """Stop the converter threads, once the conversions running on them end; later fetches of HTML fail.
+        """Stop the converter threads, waiting at most ``dispose_grace_s`` for running conversions.
 
-        Queued conversions are dropped. A running one cannot be interrupted, so it is waited for without
-        blocking the event loop, and no thread of the plugin outlives its disposal.
+        Queued conversions are dropped, and later fetches of HTML fail. A running conversion cannot be
+        interrupted: it is waited for, without blocking the event loop, for at most the grace; one still
+        running then is named in a warning and left to finish on its daemon thread, its result delivered
+        nowhere. A call still awaiting a dropped or abandoned page gets an error saying so.
         """
         self._closed = True
         converter, self._converter = self._converter, None
         if converter is None:
             return
-        converter.shutdown(wait=False, cancel_futures=True)
+        converter.stop()
         with self._conversions_lock:
-            running = [asyncio.wrap_future(future) for future in self._conversions]
-        if running:
-            await asyncio.wait(running)
-        converter.shutdown(wait=True)  # every thread is idle or gone by now: the join does not block the loop
+            conversions = dict(self._conversions)
+        shut = "http-fetch was shut down (its plugin was disposed)"
+        queued = converter.fail(conversions, lambda url: f"{shut} before converting the page at {url}", running=False)
+        waits = [asyncio.wrap_future(future) for future in conversions if future not in queued]
+        try:
+            if waits:
+                await asyncio.wait(waits, timeout=self.dispose_grace_s)
+        finally:  # a disposal cancelled during the grace gives up at once
+            for wait in waits:
+                wait.cancel()  # done, or its conversion is failed below: nothing more is set on it
+            abandoned = converter.fail(
+                conversions, lambda url: f"{shut} while still converting the page at {url}", running=True
+            )
+            if abandoned:
+                log.warning(
+                    "http-fetch: disposed while %d HTML conversion(s) still ran after the %g s grace "
+                    "(dispose_grace_s); they are left to finish on daemon threads, their results dropped: %s",
+                    len(abandoned),
+                    self.dispose_grace_s,
+                    ", ".join(abandoned.values()),
+                )
+        stuck = converter.busy_with(abandoned)
+        for thread in converter.threads:
+            if thread not in stuck:
+                thread.join()  # idle, or ending its last conversion: the join does not block the loop
 
     async def _body(self, url: httpx.URL, response: httpx.Response) -> bytearray:
         """The decoded body, read from the raw bytes up to ``max_bytes + 1`` (one more: whether it was cut)."""
