@@ -30,6 +30,7 @@ import json
 import marshal
 import os
 import random
+import select
 import shutil
 import signal as signals
 import socket
@@ -178,8 +179,11 @@ class _Abandoned:
     """
 
     def __init__(self) -> None:
-        # By pid, until reaped: its control socket, its process, the loop watching that socket.
-        self.zygotes: dict[int, tuple[socket.socket, subprocess.Popen[bytes], asyncio.AbstractEventLoop]] = {}
+        # By pid, until reaped: its control socket, its process, the loop watching that socket, and
+        # pidfds of what its sandbox launcher leaves to end after it (_Zygote.sandbox).
+        self.zygotes: dict[
+            int, tuple[socket.socket, subprocess.Popen[bytes], asyncio.AbstractEventLoop, list[int]]
+        ] = {}
         self.dirs: set[str] = set()  # per-run directories (L0-L2) not yet removed
         self.cgroups: list[iso.CgroupPool] = []  # the runtime's per-run cgroups, until aclose removes them
 
@@ -188,7 +192,7 @@ class _Abandoned:
         dirs and the cgroups."""
         zygotes = list(self.zygotes.values())
         self.zygotes.clear()
-        for ctrl, _, loop in zygotes:
+        for ctrl, _, loop, _ in zygotes:
             if not loop.is_closed() and ctrl.fileno() >= 0:
                 # The loop may run on without this runtime: it must stop watching the
                 # descriptor before it is closed, or a new one given its number is not watched.
@@ -196,12 +200,19 @@ class _Abandoned:
                     loop.remove_reader(ctrl.fileno())
                     loop.remove_writer(ctrl.fileno())
             ctrl.close()
-        for _, proc, _ in zygotes:
+        for _, proc, _, sandbox in zygotes:
             try:
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            handles, sandbox[:] = list(sandbox), []
+            for handle in handles:
+                descriptors.kill(handle)
+                waiter = select.poll()
+                waiter.register(handle, select.POLLIN)
+                waiter.poll()  # readable once it has exited
+                os.close(handle)
         for path in list(self.dirs):
             self.dirs.discard(path)
             try:
@@ -230,6 +241,10 @@ class _Zygote:
         #: if any, by run id.
         self.failures: dict[str, tuple[str, int | None]] = {}
         self.kernel_reaps = False  # set from the zygote's hello
+        #: Pidfds of the launcher's children (bubblewrap's init of the sandbox's pid namespace, at L3):
+        #: the launcher exits as soon as the zygote has, and leaves them to end a moment later, no
+        #: longer the host's descendants. Closing the zygote ends them too, and awaits them.
+        self.sandbox: list[int] = []
         self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self.alive = False
         self.hello: asyncio.Future[dict[str, Any]] = loop.create_future()
@@ -289,7 +304,7 @@ class _Zygote:
         host_end.setblocking(False)
         self.ctrl = host_end
         if self.abandoned is not None:
-            self.abandoned.zygotes[self.proc.pid] = (host_end, self.proc, self.loop)
+            self.abandoned.zygotes[self.proc.pid] = (host_end, self.proc, self.loop, self.sandbox)
         self.alive = True
         self.loop.add_reader(host_end.fileno(), self._on_readable)
         try:
@@ -299,6 +314,9 @@ class _Zygote:
             if isinstance(error, ZygoteError):
                 raise
             raise ZygoteError("the zygote did not start in time") from None
+        if plan.argv_prefix:
+            # The zygote has spoken, so the launcher's own processes are all there now.
+            self.sandbox.extend(_children_pidfds(self.proc.pid))
         if hello.get("t") == "error":
             await self.close()
             message = str(hello.get("m"))
@@ -469,6 +487,16 @@ class _Zygote:
         finally:
             if proc.returncode is not None and self.abandoned is not None:
                 self.abandoned.zygotes.pop(proc.pid, None)
+        # Reaped, its launcher has no more use for them: bubblewrap's --die-with-parent is killing
+        # its init now anyway. Ended and awaited here, not left running after the close.
+        handles, self.sandbox[:] = list(self.sandbox), []
+        try:
+            for handle in handles:
+                descriptors.kill(handle)
+            for handle in handles:
+                await self._exited(handle)
+        finally:
+            _close_all(handles)
 
     async def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         try:
@@ -477,23 +505,61 @@ class _Zygote:
             proc.wait()
             return
         try:
-            exited: asyncio.Future[None] = self.loop.create_future()
-
-            def on_exit() -> None:
-                if not exited.done():
-                    exited.set_result(None)
-
-            self.loop.add_reader(pidfd, on_exit)
-            try:
-                await asyncio.wait_for(asyncio.shield(exited), 10.0)
-            except TimeoutError:
-                descriptors.kill(pidfd)
-                await exited
-            finally:
-                self.loop.remove_reader(pidfd)
+            await self._exited(pidfd, 10.0)
         finally:
             os.close(pidfd)
         proc.wait()
+
+    async def _exited(self, pidfd: int, grace: float | None = None) -> None:
+        """Return once the process behind ``pidfd`` has exited, killed if it has not within ``grace`` seconds."""
+        exited: asyncio.Future[None] = self.loop.create_future()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        self.loop.add_reader(pidfd, on_exit)
+        try:
+            if grace is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(exited), grace)
+                except TimeoutError:
+                    descriptors.kill(pidfd)
+            await exited
+        finally:
+            self.loop.remove_reader(pidfd)
+
+
+def _children_pidfds(parent: int) -> list[int]:
+    """Pidfds of the processes whose parent is ``parent`` now (a process of the host's, not yet reaped)."""
+    handles: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return handles
+    for task in tasks:
+        try:
+            with open(f"/proc/{parent}/task/{task}/children") as listing:
+                pids = [int(pid) for pid in listing.read().split()]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                handle = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone already
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+                # Alive after that read: it was this pidfd's process, not a reused pid.
+                signals.pidfd_send_signal(handle, 0)
+            except (OSError, ValueError, IndexError):
+                ppid = -1
+            if ppid == parent:
+                handles.append(handle)
+            else:
+                os.close(handle)
+    return handles
 
 
 async def _until(future: asyncio.Future[Any], timeout: float) -> None:

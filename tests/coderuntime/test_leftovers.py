@@ -11,6 +11,7 @@ import contextlib
 import errno
 import gc
 import os
+import select
 import subprocess
 import sys
 import time
@@ -18,10 +19,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import host as host_module
+from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.isolation import CgroupPool
 
 from .conftest import arun, children_of, run_dirs, tools, zygote_processes
@@ -530,3 +533,47 @@ def test_a_zygote_that_cannot_fork_its_probe_worker_for_want_of_processes_does_n
     assert not cached
     assert value == 1 and isolation.startswith("L2 ")
     assert zygote_processes() == set()
+
+
+# A launcher that, like bubblewrap with --unshare-pid, runs the zygote under an init of its own
+# and exits as soon as the zygote has: bubblewrap's init ends a moment later, reparented to the
+# machine's init by then (killed by --die-with-parent). This one ends only when killed, so that
+# moment cannot pass unnoticed.
+_LINGERING_INIT_LAUNCHER = """\
+import os, signal, sys
+command = sys.argv[sys.argv.index("--") + 1:]
+told, tell = os.pipe()
+if os.fork() == 0:
+    os.close(told)
+    zygote = os.fork()
+    if zygote == 0:
+        os.close(tell)
+        os.execv(command[0], command)
+    os.waitpid(zygote, 0)
+    os.write(tell, b"x")
+    while True:
+        signal.pause()
+os.close(tell)
+os.read(told, 1)
+"""
+
+
+def test_closing_a_zygote_ends_the_init_its_sandbox_launcher_left_behind(tmp_path: Any) -> None:
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(_LINGERING_INIT_LAUNCHER)
+    plan = attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+
+    async def go() -> bool:
+        zygote = host_module._Zygote(plan, asyncio.get_running_loop())
+        await zygote.start(CodeRuntimeConfig(isolation="L0"))
+        assert zygote.proc is not None
+        (init,) = children_of(zygote.proc.pid)
+        handle = os.pidfd_open(init)
+        try:
+            await zygote.close()
+            return bool(select.select([handle], [], [], 0)[0])  # readable: it has exited
+        finally:
+            host_module.descriptors.kill(handle)  # were it left running
+            os.close(handle)
+
+    assert arun(go()), "the sandbox's init outlived the zygote's close"
