@@ -401,7 +401,13 @@ def test_a_runtime_dropped_without_aclose_ends_its_zygote_and_directories_when_c
     assert proc.returncode is not None  # the finalizer closed and reaped the zygote
     assert children_of(proc.pid) == set()
     assert run_dirs() == dirs
-    assert zygote_processes() == set()
+    assert proc.pid not in zygote_processes()
+    # Its warm workers die with it (PDEATHSIG): signalled as the zygote exited, one may still be
+    # tearing down a moment later on a loaded machine.
+    deadline = time.monotonic() + 10.0
+    while zygote_processes():
+        assert time.monotonic() < deadline, zygote_processes()
+        time.sleep(0.01)
 
 
 def test_a_raising_abort_listener_does_not_cut_the_teardown_short() -> None:

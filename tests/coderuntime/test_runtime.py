@@ -410,10 +410,17 @@ def test_abort_before_and_during() -> None:
         assert (_kind(r), r.error.message if r.error else None) == ("abort", "user said stop")
         assert rt._zygote is None  # no worker was started for it
         controller = AbortController()
-        task = asyncio.ensure_future(
-            rt.run("print('started')\nimport time\nwhile True: time.sleep(0.01)", [], controller.signal)
-        )
-        await asyncio.sleep(0.5)
+        started = asyncio.Event()
+
+        async def mark_started(args: Any) -> Any:
+            started.set()
+            return None
+
+        # The abort must land while the program runs: wait for the program to say so, not for a
+        # fixed time a loaded machine may not give it.
+        program = "print('started')\nawait tools.started({})\nimport time\nwhile True: time.sleep(0.01)"
+        task = asyncio.ensure_future(rt.run(program, tools(started=mark_started), controller.signal))
+        await asyncio.wait_for(started.wait(), 60)
         controller.abort("enough")
         r = await task
         assert _kind(r) == "abort" and r.error is not None and r.error.message == "enough"
