@@ -27,6 +27,7 @@ import functools
 import inspect
 import itertools
 import json
+import logging
 import marshal
 import os
 import random
@@ -149,6 +150,27 @@ class RuntimeDisposedError(RuntimeError):
     """``run`` was called on a runtime after :meth:`PythonCodeRuntime.aclose`."""
 
 
+#: How long closing a zygote waits for its sandbox's init once killed. A killed process ends at
+#: once unless a task of its namespace sleeps uninterruptibly (a hung mount): then it is left,
+#: named in a warning, rather than hanging ``aclose`` with it.
+SANDBOX_END_S = 10.0
+
+log = logging.getLogger("dsh")
+
+
+def _warn_sandbox_left(pidfd: int) -> None:
+    pid = "?"
+    with contextlib.suppress(OSError), open(f"/proc/self/fdinfo/{pidfd}") as info:
+        for line in info:  # a pidfd's fdinfo names its process: "Pid:\t<pid>"
+            if line.startswith("Pid:"):
+                pid = line.split()[1]
+    log.warning(
+        "the code runtime's sandbox init (pid %s) was killed but did not exit within %g s; left running",
+        pid,
+        SANDBOX_END_S,
+    )
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -211,7 +233,8 @@ class _Abandoned:
                 descriptors.kill(handle)
                 waiter = select.poll()
                 waiter.register(handle, select.POLLIN)
-                waiter.poll()  # readable once it has exited
+                if not waiter.poll(SANDBOX_END_S * 1000):  # readable once it has exited
+                    _warn_sandbox_left(handle)
                 os.close(handle)
         for path in list(self.dirs):
             self.dirs.discard(path)
@@ -310,6 +333,9 @@ class _Zygote:
         try:
             hello = await asyncio.wait_for(asyncio.shield(self.hello), _START_TIMEOUT_S)
         except (TimeoutError, ZygoteError) as error:
+            if plan.argv_prefix:
+                # What of the sandbox is up by now ends with the zygote too (close), like a started one's.
+                self.sandbox.extend(_children_pidfds(self.proc.pid))
             await self.close()
             if isinstance(error, ZygoteError):
                 raise
@@ -494,7 +520,8 @@ class _Zygote:
             for handle in handles:
                 descriptors.kill(handle)
             for handle in handles:
-                await self._exited(handle)
+                if not await self._ends_within(handle, SANDBOX_END_S):
+                    _warn_sandbox_left(handle)
         finally:
             _close_all(handles)
 
@@ -509,6 +536,14 @@ class _Zygote:
         finally:
             os.close(pidfd)
         proc.wait()
+
+    async def _ends_within(self, pidfd: int, seconds: float) -> bool:
+        """Whether the process behind ``pidfd`` has exited within ``seconds``."""
+        try:
+            await asyncio.wait_for(self._exited(pidfd), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def _exited(self, pidfd: int, grace: float | None = None) -> None:
         """Return once the process behind ``pidfd`` has exited, killed if it has not within ``grace`` seconds."""

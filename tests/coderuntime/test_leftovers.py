@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import logging
 import os
 import select
 import subprocess
@@ -583,3 +584,72 @@ def test_closing_a_zygote_ends_the_init_its_sandbox_launcher_left_behind(tmp_pat
             os.close(handle)
 
     assert arun(go()), "the sandbox's init outlived the zygote's close"
+
+
+def test_a_sandbox_init_that_does_not_end_when_killed_is_left_named_not_waited_for(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A killed process ends at once unless one of its namespace's tasks sleeps uninterruptibly (a
+    # hung mount); such an init stands in here as one whose kill does nothing.
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(_LINGERING_INIT_LAUNCHER)
+    plan = attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+    real_kill = host_module.descriptors.kill
+    monkeypatch.setattr(host_module, "SANDBOX_END_S", 0.2)
+
+    async def go() -> tuple[int, bool]:
+        zygote = host_module._Zygote(plan, asyncio.get_running_loop())
+        await zygote.start(CodeRuntimeConfig(isolation="L0"))
+        assert zygote.proc is not None
+        (init,) = children_of(zygote.proc.pid)
+        handle = os.pidfd_open(init)
+        try:
+            with monkeypatch.context() as patch:
+                patch.setattr(host_module.descriptors, "kill", lambda pidfd: None)
+                await zygote.close()  # returns: the bound, not the init, ends the wait
+            return init, bool(select.select([handle], [], [], 0)[0])
+        finally:
+            real_kill(handle)
+            select.select([handle], [], [], 30)
+            os.close(handle)
+
+    with caplog.at_level(logging.WARNING, logger="dsh"):
+        init, exited = arun(go())
+    assert not exited
+    assert f"sandbox init (pid {init}) was killed but did not exit within 0.2 s" in caplog.text
+
+
+def test_a_zygote_that_fails_to_start_ends_the_init_its_sandbox_launcher_left_behind(tmp_path: Any) -> None:
+    # The zygote waits for the test (a FIFO it opens before it is executed), so the start fails
+    # while the sandbox's init is surely up and the zygote has surely not said hello.
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(
+        _LINGERING_INIT_LAUNCHER.replace(
+            "        os.close(tell)\n", f"        os.close(tell)\n        open({str(gate)!r}, 'rb').close()\n", 1
+        )
+    )
+    plan = attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+
+    async def go() -> bool:
+        zygote = host_module._Zygote(plan, asyncio.get_running_loop())
+        starting = asyncio.ensure_future(zygote.start(CodeRuntimeConfig(isolation="L0")))
+        deadline = time.monotonic() + 30
+        while zygote.proc is None or not children_of(zygote.proc.pid):
+            assert time.monotonic() < deadline, "the launcher never started its init"
+            await asyncio.sleep(0.01)
+        (init,) = children_of(zygote.proc.pid)
+        handle = os.pidfd_open(init)
+        try:
+            zygote.abort_start("the test gave up on it")
+            await asyncio.sleep(0)  # the start takes its failure and closes the zygote's socket
+            os.close(os.open(gate, os.O_WRONLY))  # the zygote may go on now: to its closed socket
+            with pytest.raises(host_module.ZygoteError, match="the test gave up on it"):
+                await starting
+            return bool(select.select([handle], [], [], 0)[0])  # readable: it has exited
+        finally:
+            host_module.descriptors.kill(handle)  # were it left running
+            os.close(handle)
+
+    assert arun(go()), "the sandbox's init outlived a zygote that failed to start"
