@@ -677,9 +677,9 @@ def test_disposing_the_plugin_gives_up_on_a_stuck_conversion_after_its_grace_and
     async def main() -> list[Any]:
         calls = [asyncio.ensure_future(instance.fetch({"url": url}, ctx)) for url in urls]
         async with asyncio.timeout(30):  # a bound against a hang (dispose waited forever), not a timing
-            while len(started) < 2 or len(Handler.hits) < 3:
+            # Two pages converting, and the third waiting in the converter's queue.
+            while len(started) < 2 or len(instance._conversions) < 3:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)  # the third page reaches the converter's queue
             await instance.aclose()  # returns after the grace, the two conversions still running
             return await asyncio.gather(*calls, return_exceptions=True)
 
@@ -743,7 +743,7 @@ def test_dispose_grace_s_must_be_a_positive_number(server: str, value: Any) -> N
         fetch(server, f"http://{server}/plain", dispose_grace_s=value)
 
 
-@pytest.mark.parametrize("value", [0, -1.0, math.inf, math.nan, True, "5"])
+@pytest.mark.parametrize("value", [0, -1.0, math.inf, math.nan, 10**400, True, "5"])
 def test_a_plugin_built_without_the_schema_refuses_a_grace_that_is_not_positive_and_finite(
     server: str, value: Any
 ) -> None:
@@ -1228,3 +1228,42 @@ def test_the_checked_addresses_are_tried_in_order(server: str, dns: FakeDNS, con
                    allowed_addresses=["127.0.0.1", "::1"])
     assert result.value["text"] == "just text"
     assert connections == ["::1", "127.0.0.1"] and dns.lookups == ["two.test"]
+
+
+def test_a_disposal_cancelled_during_its_grace_says_how_long_it_waited_not_the_whole_grace(
+    server: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = threading.Event()
+    release = threading.Event()
+    real = dsh_http_fetch.html_to_text
+
+    def stuck(html: str) -> tuple[str | None, str]:
+        started.set()
+        release.wait()
+        return real(html)
+
+    monkeypatch.setattr(dsh_http_fetch, "html_to_text", stuck)
+    config = {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], "dispose_grace_s": 3600}
+    instance = dsh_http_fetch.HttpFetch(config)
+    ctx = SimpleNamespace(signal=AbortSignal.never())
+
+    async def main() -> None:
+        call = asyncio.ensure_future(instance.fetch({"url": f"http://{server}/page"}, ctx))
+        async with asyncio.timeout(30):  # a bound against a hang, not a timing
+            while not started.is_set():
+                await asyncio.sleep(0.01)
+            disposal = asyncio.ensure_future(instance.aclose())
+            await asyncio.sleep(0)  # the disposal is waiting out its grace
+            disposal.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await disposal
+            with pytest.raises(ToolError, match="still converting"):
+                await call
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dsh.http_fetch"):
+            asyncio.run(main())
+    finally:
+        release.set()
+    (warning,) = [record.getMessage() for record in caplog.records if record.name == "dsh.http_fetch"]
+    assert "of the 3600 s grace" in warning and "after 3.6e+03 s" not in warning, warning

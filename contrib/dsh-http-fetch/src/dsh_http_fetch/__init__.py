@@ -23,7 +23,6 @@ import contextlib
 import fnmatch
 import ipaddress
 import logging
-import math
 import queue
 import re
 import socket
@@ -40,6 +39,7 @@ import httpx
 import idna
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+from dsh_core.bounds import is_positive_seconds
 
 __all__ = ["plugin", "HttpFetch", "AddressRefused", "address_refusal", "html_to_text", "host_allowed",
            "parse_address_entry", "parse_host_entry", "resolve", "DISPOSE_GRACE_S"]
@@ -532,7 +532,7 @@ class HttpFetch:
             raise ToolError(f"http-fetch: {error}") from None
         self._ssl_context: ssl.SSLContext | None = None
         grace = config.get("dispose_grace_s", DISPOSE_GRACE_S)
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or not (math.isfinite(grace) and grace > 0):
+        if not is_positive_seconds(grace):
             raise ToolError(f"http-fetch: dispose_grace_s must be a positive finite number of seconds, not {grace!r}")
         self.dispose_grace_s: float = grace
         self._converter: _Converter | None = None  # started by the first conversion
@@ -727,6 +727,8 @@ class HttpFetch:
         shut = "http-fetch was shut down (its plugin was disposed)"
         queued = converter.fail(conversions, lambda url: f"{shut} before converting the page at {url}", running=False)
         waits = [asyncio.wrap_future(future) for future in conversions if future not in queued]
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             if waits:
                 await asyncio.wait(waits, timeout=self.dispose_grace_s)
@@ -737,10 +739,13 @@ class HttpFetch:
                 conversions, lambda url: f"{shut} while still converting the page at {url}", running=True
             )
             if abandoned:
+                # Cancelled, the disposal waited less than its grace: say how long it did wait.
+                waited = min(loop.time() - began, self.dispose_grace_s)
                 log.warning(
-                    "http-fetch: disposed while %d HTML conversion(s) still ran after the %g s grace "
+                    "http-fetch: disposed while %d HTML conversion(s) still ran after %.3g s of the %g s grace "
                     "(dispose_grace_s); they are left to finish on daemon threads, their results dropped: %s",
                     len(abandoned),
+                    waited,
                     self.dispose_grace_s,
                     ", ".join(abandoned.values()),
                 )
