@@ -229,6 +229,35 @@ def test_del_and_c1_controls_in_cells_and_names_are_escaped_and_printable_text_i
     assert [json.loads(name) for name in header[: len(controls)]] == names[: len(controls)]
 
 
+def test_invisible_format_characters_in_cells_and_names_are_escaped(tmp_path: Path) -> None:
+    # Zero-width characters and Unicode tags (U+E0000 block) can hide text from a person reading what
+    # the model read; a bidirectional override reorders a row on screen. Each is escaped (a surrogate
+    # pair beyond the BMP), and the cell still parses back to its value.
+    hidden = ["\u200b", "\u202e", "\u2066", "\ufeff", "\U000e0041"]
+    sql = "SELECT " + ", ".join(f"'c' || char({ord(c)}) || 'd' AS \"n{c}x\"" for c in hidden)
+    result = query(make_db(tmp_path / "app.db"), sql)
+    assert result.code is None, result.text
+    assert result.value["rows"] == [[f"c{c}d" for c in hidden]]
+    header, cells = (line.split("\t") for line in result.text.splitlines()[:2])
+    escaped = ["\\u200b", "\\u202e", "\\u2066", "\\ufeff", "\\udb40\\udc41"]
+    assert cells == [f'"c{e}d"' for e in escaped]
+    assert header == [f'"n{e}x"' for e in escaped]
+    assert [json.loads(cell) for cell in cells] == result.value["rows"][0]
+
+
+def test_every_format_character_of_this_pythons_unicode_is_escaped() -> None:
+    # The escaped ranges are written out (a scan of the Unicode database at import would cost a
+    # quarter of a second): a Python with a newer Unicode that adds format characters fails here.
+    import unicodedata
+
+    from dsh_sqlite_query import _render_cell
+
+    missed = [f"U+{code:04X}" for code in range(sys.maxunicode + 1)
+              if unicodedata.category(chr(code)) == "Cf"
+              and (chr(code) in _render_cell(chr(code)) or json.loads(_render_cell(chr(code))) != chr(code))]
+    assert missed == [], f"format characters shown raw (Unicode {unicodedata.unidata_version}): {missed}"
+
+
 def test_the_row_cap_truncates_and_says_so(tmp_path: Path) -> None:
     result = query(make_db(tmp_path / "app.db"), "SELECT id FROM users", max_rows=10)
     assert result.value["row_count"] == 10 and result.value["truncated"] is True

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -217,14 +218,31 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
 # JSON escapes the C0 controls but leaves DEL and the C1 controls (U+007F-U+009F) as they are, and
 # LINE SEPARATOR and PARAGRAPH SEPARATOR too. DEL is invisible; some terminals take a C1 control
 # (U+009B is CSI) as the start of an escape sequence; str.splitlines (and many renderers) break lines
-# at NEL (U+0085), U+2028 and U+2029. The reader must see each of them, so each is escaped. In JSON
-# they can stand only inside a string, where their \u escapes mean the same text.
-_UNSEEN = str.maketrans({c: f"\\u{ord(c):04x}" for c in [*map(chr, range(0x7F, 0xA0)), "\u2028", "\u2029"]})
+# at NEL (U+0085), U+2028 and U+2029. The format characters (Unicode category Cf) are invisible too:
+# zero-width characters and the Unicode tags (U+E0000 block) can hide text from a person reading what
+# the model read, and the bidirectional overrides reorder a row on screen. The reader must see each of
+# them, so each is escaped. In JSON they can stand only inside a string, where their \u escapes (a
+# surrogate pair beyond the BMP) mean the same text. The Cf ranges are Unicode 15.1's; a test checks
+# them against the running Python's database.
+_UNSEEN = re.compile(
+    "[\u007f-\u009f\u2028\u2029"
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _render_cell(value: Any) -> str:
     """A cell as the model reads it: its JSON, with every character that breaks a line or hides escaped."""
-    return _encode(value).translate(_UNSEEN)
+    return _UNSEEN.sub(_json_escape, _encode(value))
 
 
 def _render_name(name: str) -> str:
