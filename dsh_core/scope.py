@@ -5,7 +5,7 @@ implementations, services), timers and background tasks. :meth:`Scope.dispose`
 unwinds children first (newest first), then the scope's own disposers in
 reverse order, then cancels its tasks and waits for them, for at most the
 scope's task grace: when it returns, nothing the scope started is still
-running but a task that ignored its cancellation for that long, which is
+running but a task that did not end for that long after its cancellation, which is
 named in a warning.
 
 Agents, presets and dynamic-package runs are *layered* scopes: the tool
@@ -352,7 +352,7 @@ class Scope:
         for task in tasks:
             if task in running:
                 log.warning(
-                    "task %s of scope %r ignored its cancellation for %g s; dispose leaves it running",
+                    "task %s of scope %r did not end within %g s of its cancellation; dispose leaves it running",
                     _describe_task(task),
                     self.path,
                     grace,

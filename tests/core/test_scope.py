@@ -253,7 +253,7 @@ def _grace_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         record.getMessage()
         for record in caplog.records
-        if record.name == "dsh" and "ignored its cancellation" in record.getMessage()
+        if record.name == "dsh" and "did not end within" in record.getMessage()
     ]
 
 
