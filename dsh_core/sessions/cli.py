@@ -8,9 +8,10 @@ without its result and a run without its ``run/end`` are marked interrupted
 (the process was killed), or running while a live run holds the session's
 lease; ``list`` and ``show`` name that run.
 
-``show`` draws the tree from a private temporary SQLite database (:class:`SessionRenderer`): a
+``show`` draws the tree from SQLite's private temporary database (:class:`SessionRenderer`): a
 session of any length is drawn holding a page of its events and a few rows of its tree, never
-all of either.
+all of either, and its file is unlinked as soon as SQLite opens it, so that nothing of the
+session is left on disk however the process ends.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def render_session(info: SessionInfo, events: Iterable[SessionEvent]) -> str:
     """The trajectory of a session as a text tree (see the module docstring).
 
     ``events`` is iterated once, and no event is kept once it has been drawn: only the tree's rows are
-    (in :class:`SessionRenderer`'s temporary database, removed before this returns).
+    (in :class:`SessionRenderer`'s temporary database, closed before this returns).
     """
     with SessionRenderer(info) as renderer:
         for event in events:
@@ -190,6 +191,16 @@ def _nested_key(key: tuple[str | None, str]) -> bytes:
     root, sub = key
     stored = b"-" if root is None else b"%d:%b" % (len(_stored(root)), _stored(root))
     return stored + b":" + _stored(sub)
+
+
+def _sqlite_temporary_directory() -> str:
+    """The directory SQLite's unix VFS makes temporary files in: the first of ``SQLITE_TMPDIR``, ``TMPDIR``,
+    ``/var/tmp``, ``/usr/tmp``, ``/tmp`` and ``.`` that is a directory this process can write to and enter
+    (``.`` if none is: where SQLite tries last)."""
+    for directory in (os.environ.get("SQLITE_TMPDIR"), os.environ.get("TMPDIR"), "/var/tmp", "/usr/tmp", "/tmp"):
+        if directory and os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK):
+            return directory
+    return "."
 
 
 #: The id of the tree's first line (the session's); each run's line is a child of it.
@@ -217,11 +228,13 @@ class SessionRenderer:
     """:func:`render_session` one event at a time: :meth:`add` each in ``seq`` order, then :meth:`lines`.
 
     For events read a page at a time (:func:`~dsh_core.sessions.store.iter_events`): the renderer keeps
-    neither the events nor the tree's lines in memory, but the tree as rows of a private temporary SQLite
-    database (in a directory of its own that only this user can enter), and :meth:`lines` walks it a line
-    at a time. :meth:`close` (or leaving the ``with`` block) removes it, whatever happened before.
+    neither the events nor the tree's lines in memory, but the tree as rows of SQLite's private temporary
+    database (``sqlite3.connect("")``), and :meth:`lines` walks it a line at a time. SQLite keeps it in its
+    cache and writes what overflows to a file in its temporary directory (:func:`_sqlite_temporary_directory`:
+    TMPDIR), which it unlinks as soon as it opens it: nothing is left of it however the process ends, even
+    killed. :meth:`close` (or leaving the ``with`` block) closes it, whatever happened before.
 
-    A failure of that database (a full disk) is a :class:`~dsh_core.errors.DshError` naming it.
+    A failure of that database (a full disk) is a :class:`~dsh_core.errors.DshError` naming its directory.
     """
 
     def __init__(self, info: SessionInfo) -> None:
@@ -229,13 +242,6 @@ class SessionRenderer:
 
         self._session = info.id
         self._conn: sqlite3.Connection | None = None
-        try:
-            # mode 0700: the tree is the session's text, no one else's to read
-            self._directory: str | None = tempfile.mkdtemp(prefix="dsh-show-")
-        except OSError as error:
-            raise DshError(f"cannot show session {self._session!r}: cannot draw its tree in a temporary directory in "
-                           f"{tempfile.gettempdir()!r} (TMPDIR): {error.strerror or error}") from None
-        self._path = os.path.join(self._directory, "tree.db")
         self._run: int | None = None
         self._runs = 0
         self._started_at: float | None = None  # when the last run started (its run/start), if it said
@@ -249,7 +255,10 @@ class SessionRenderer:
         self._parent_of = _ROOT  # the line written out last known to have a line under it
         self._user = user = _running_holder(info)
         try:
-            self._conn = conn = sqlite3.connect(self._path, isolation_level=None)
+            # "": private and temporary. Its file, made only once the tree overflows SQLite's cache (the first
+            # write may fail, not the opening), is unlinked as soon as it is opened: a file of our own
+            # (the tree is the session's text) was left behind by a process killed while it printed.
+            self._conn = conn = sqlite3.connect("", isolation_level=None)
             conn.text_factory = bytes  # a label appended to (label || ?) is text of the bytes _stored wrote
             # Thrown away once drawn: nothing is worth a journal or a sync, and one transaction holds it all.
             conn.execute("PRAGMA journal_mode=OFF")
@@ -276,20 +285,15 @@ class SessionRenderer:
         self.close()
 
     def close(self) -> None:
-        """Remove the temporary database and its directory (idempotent)."""
-        import shutil
-
+        """Close the temporary database, which SQLite then frees (idempotent)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-        directory, self._directory = self._directory, None
-        if directory is not None:
-            # What cannot be removed (someone removed it already) must not fail a show that was drawn.
-            shutil.rmtree(directory, ignore_errors=True)
 
     def _failed(self, error: Exception) -> DshError:
-        return DshError(f"cannot show session {self._session!r}: its tree's temporary database {self._path!r}: "
-                        f"{type(error).__name__}: {error}")
+        return DshError(f"cannot show session {self._session!r}: cannot draw its tree in a temporary database in "
+                        f"{_sqlite_temporary_directory()!r} (SQLite's temporary directory: TMPDIR, or SQLITE_TMPDIR "
+                        f"if set): {type(error).__name__}: {error}")
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -695,8 +699,9 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
     # (counted with the record), not as the record counts: one written apart from its events (a
     # crash mid-write, a foreign writer) hid the events past its count; it is warned of on stderr.
     # The tree is drawn into the renderer's temporary database while the store is open, and walked
-    # onto stdout once it is closed; the database is removed whatever happens (the renderer is
-    # closed here on an error or a signal, and by the caller once the tree is written).
+    # onto stdout once it is closed; the database is closed whatever happens (the renderer is
+    # closed here on an error or a signal, and by the caller once the tree is written), and its
+    # file was unlinked as it was opened: a process killed while it prints leaves nothing.
     async def tree(store: SessionStore) -> tuple[SessionInfo, SessionRenderer]:
         info = await store.get(session_id)
         renderer = SessionRenderer(info)

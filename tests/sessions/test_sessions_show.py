@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from dsh_core.cli import main
+from dsh_core.errors import DshError
 from dsh_core.sessions.cli import render_list, render_session
 from dsh_core.sessions.events import SessionEvent, SessionInfo
 from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
@@ -857,69 +861,110 @@ def test_show_draws_a_wide_tree_with_every_level_of_nesting_line_for_line() -> N
     assert result.stdout.endswith("\n") and result.stdout.splitlines()[1:] == expected and result.stderr == ""
 
 
-def _recorded_temporary_directories(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    import tempfile
+#: Wraps sqlite3.connect in a child process so that a connection to SQLite's private temporary database
+#: (``""``) can hold at most a few pages: its writes then fail as they would on a full temporary directory.
+_FULL_TEMPORARY_DATABASE = """
+import sqlite3, sys
+real = sqlite3.connect
+def connect(database, *args, **options):
+    conn = real(database, *args, **options)
+    if database == "":
+        conn.execute("PRAGMA max_page_count=3")
+    return conn
+sqlite3.connect = connect
+from dsh_core.cli import main
+main(sys.argv[1:], prog_name="dsh")
+"""
 
-    made: list[str] = []
-    real = tempfile.mkdtemp
 
-    def mkdtemp(*args: Any, **options: Any) -> str:
-        made.append(real(*args, **options))
-        return made[-1]
+def _dsh_show(tmpdir: Path, session_id: str, *, python: tuple[str, ...] = ("-m", "dsh_core"),
+              ) -> subprocess.Popen[bytes]:
+    """``dsh sessions show SESSION_ID`` in a child whose temporary directory (TMPDIR) is ``tmpdir``."""
+    environ = {k: v for k, v in os.environ.items() if k != "SQLITE_TMPDIR"}
+    environ["TMPDIR"] = str(tmpdir)
+    return subprocess.Popen([sys.executable, *python, "sessions", "show", session_id], env=environ,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
-    return made
+
+def _open_files_in(pid: int, directory: Path) -> list[str]:
+    """What the files process ``pid`` has open in ``directory`` are (``… (deleted)`` once unlinked)."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith(str(directory) + os.sep):
+            found.append(target)
+    return found
 
 
-def test_show_draws_its_tree_in_a_private_temporary_database_and_removes_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # show kept every line of the tree (a Python object each) in memory until it was drawn; the tree is
-    # now kept in a temporary database of its own, which is gone once show is done, or has failed.
-    made = _recorded_temporary_directories(monkeypatch)
+@pytest.mark.parametrize("ending", ["whole", "error part-way", "SIGTERM", "SIGKILL"])
+def test_show_leaves_nothing_in_its_temporary_directory_however_it_ends(tmp_path: Path, ending: str) -> None:
+    # show drew its tree in $TMPDIR/dsh-show-*/tree.db (the session's text) and removed it when it was
+    # done: a show killed while it printed (SIGTERM, SIGHUP, SIGKILL) left it there. The tree is now in
+    # SQLite's private temporary database, whose file is unlinked as soon as it is opened.
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    signalled = ending.startswith("SIG")
+    calls = 20_000 if signalled else 50  # a tree larger than SQLite's cache: its file is written
     _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
-                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(50)]], "a")
-    result = CliRunner().invoke(main, ["sessions", "show", "a"])
-    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
-    assert len(result.stdout.splitlines()) == 53
-    assert len(made) == 1 and not Path(made[0]).exists(), made
-    conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
-    try:  # fails part-way, the tree drawn up to event 40 when event 41 cannot be read
-        conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 41")
+                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(calls)]], "a")
+    if ending == "error part-way":  # the tree drawn up to event 40 when event 41 cannot be read
+        conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
+        try:
+            conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 41")
+        finally:
+            conn.close()
+    child = _dsh_show(tmpdir, "a")
+    try:
+        assert child.stdout is not None
+        if signalled:
+            # Printing, and blocked on a pipe no one reads after these bytes: the tree is drawn.
+            assert len(child.stdout.read(100)) == 100
+            assert all(name.endswith(" (deleted)") for name in _open_files_in(child.pid, tmpdir))
+            child.send_signal(getattr(signal, ending))
+        out, err = child.communicate(timeout=120)
     finally:
-        conn.close()
-    result = CliRunner().invoke(main, ["sessions", "show", "a"])
-    assert result.exit_code == 1 and "session 'a' event 41: payload is not JSON" in result.stderr, result.stderr
-    assert result.stdout == ""
-    assert len(made) == 2 and not Path(made[1]).exists(), made
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if ending == "whole":
+        assert child.returncode == 0 and len(out.splitlines()) == 53 and err == b"", err
+    elif ending == "error part-way":
+        assert child.returncode == 1 and out == b"" and b"session 'a' event 41: payload is not JSON" in err, err
+    else:
+        assert child.returncode == -getattr(signal, ending), err
+    assert list(tmpdir.iterdir()) == []
 
 
-def test_a_renderer_removes_its_temporary_database_when_it_is_left_part_way(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_renderer_left_part_way_is_closed() -> None:
     from dsh_core.sessions.cli import SessionRenderer
 
-    made = _recorded_temporary_directories(monkeypatch)
     events, _ = _wide_and_deep_session(runs=1, calls=5)
     with pytest.raises(RuntimeError, match=r"^stop$"), SessionRenderer(SessionInfo("s", 0.0, 0.0, 1, {})) as renderer:
         for event in events:
             renderer.add(event)
         lines = renderer.lines()
         assert next(lines).startswith("session s · ")
-        (directory,) = made
-        assert Path(directory).stat().st_mode & 0o777 == 0o700  # only this user's
-        assert [path.name for path in Path(directory).iterdir()] != []  # the database is in it
         raise RuntimeError("stop")
-    assert not Path(directory).exists()
+    with pytest.raises(DshError, match=r"^cannot show session 's': its renderer was closed$"):
+        renderer.add(events[0])
 
 
-def test_show_that_cannot_make_its_temporary_database_says_where_and_writes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tempfile
-
-    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None)], "a")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
-    result = CliRunner().invoke(main, ["sessions", "show", "a"])
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
-    assert result.stdout == ""
-    assert result.stderr == (f"dsh: error: cannot show session 'a': cannot draw its tree in a temporary directory "
-                             f"in {str(tmp_path / 'gone')!r} (TMPDIR): No such file or directory\n"), result.stderr
+def test_show_whose_temporary_database_cannot_be_written_names_tmpdir_and_writes_nothing(tmp_path: Path) -> None:
+    # A full temporary directory fails the tree's first write out of SQLite's cache, not its opening.
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(5000)]], "a")
+    child = _dsh_show(tmpdir, "a", python=("-c", _FULL_TEMPORARY_DATABASE))
+    out, err = child.communicate(timeout=120)
+    assert (child.returncode, out) == (1, b""), err
+    assert err.decode() == (f"dsh: error: cannot show session 'a': cannot draw its tree in a temporary database in "
+                            f"{str(tmpdir)!r} (SQLite's temporary directory: TMPDIR, or SQLITE_TMPDIR if set): "
+                            "OperationalError: database or disk is full\n")
+    assert list(tmpdir.iterdir()) == []
 
 
 @pytest.mark.parametrize("buffered", [1, 2, 3, None])
