@@ -699,20 +699,20 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
     # (counted with the record), not as the record counts: one written apart from its events (a
     # crash mid-write, a foreign writer) hid the events past its count; it is warned of on stderr.
     # The tree is drawn into the renderer's temporary database while the store is open, and walked
-    # onto stdout once it is closed; the database is closed whatever happens (the renderer is
-    # closed here on an error or a signal, and by the caller once the tree is written), and its
-    # file was unlinked as it was opened: a process killed while it prints leaves nothing.
-    async def tree(store: SessionStore) -> tuple[SessionInfo, SessionRenderer]:
+    # onto stdout once it is closed; its file was unlinked as it was opened: a process killed while
+    # it prints leaves nothing. The renderer is kept in `drawn` as soon as it is made, and closed by
+    # the caller whatever happens: once the tree is written, and if the events cannot be read, or
+    # closing the store or the harness fails (or a signal comes meanwhile) after it was drawn, when
+    # `tree` has returned it to no one.
+    drawn: list[SessionRenderer] = []
+
+    async def tree(store: SessionStore) -> SessionInfo:
         info = await store.get(session_id)
-        renderer = SessionRenderer(info)
-        try:
-            async for event in iter_events(store, session_id, limit=info.shown_events):
-                renderer.add(event)
-            renderer.finish()
-        except BaseException:
-            renderer.close()
-            raise
-        return info, renderer
+        drawn.append(renderer := SessionRenderer(info))
+        async for event in iter_events(store, session_id, limit=info.shown_events):
+            renderer.add(event)
+        renderer.finish()
+        return info
 
     if as_json:
         # Lone surrogates (a name that was not UTF-8) pass through the spool as they are: echo_json
@@ -738,13 +738,17 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
             while chunk := spool.read(_SPOOL_CHARS):
                 echo_json(chunk, nl=False)
     else:
-        info, renderer = _with_store(_deployment(ctx, configs), tree)
-        with renderer:
+        try:
+            info = _with_store(_deployment(ctx, configs), tree)
+            (renderer,) = drawn
             _warn_if_miscounted(info)
             try:
                 _echo_lines(renderer.lines())
             except DshError as error:
                 fail(error.message)
+        finally:
+            for renderer in drawn:
+                renderer.close()
 
 
 def _echo_lines(lines: Iterable[str]) -> None:

@@ -1012,3 +1012,32 @@ def test_show_draws_the_same_tree_whatever_it_holds_in_memory_before_writing_it_
     ]
     events, expected = _wide_and_deep_session(runs=2, calls=12)
     assert render_session(SessionInfo("s", 0.0, 0.0, len(events), {}), events).splitlines()[1:] == expected
+
+
+def test_show_closes_its_renderer_when_closing_the_store_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tree was drawn, then the store's close (or the harness's) raised: the renderer, returned
+    # by the work that drew it, was never handed to the caller, and its database never closed.
+    from dsh_core.sessions.store import SessionStoreError
+
+    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None)], "a")
+    real_connect, real_close = sqlite3.connect, SqliteSessionStore.close
+    trees: list[sqlite3.Connection] = []
+
+    def connect(database: Any, *args: Any, **options: Any) -> sqlite3.Connection:
+        conn = real_connect(database, *args, **options)
+        if database == "":
+            trees.append(conn)
+        return conn
+
+    async def close(self: SqliteSessionStore) -> None:
+        await real_close(self)
+        raise SessionStoreError("the store failed to close")
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    monkeypatch.setattr(SqliteSessionStore, "close", close)
+    result = CliRunner().invoke(main, ["sessions", "show", "a"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
+    assert (result.stdout, result.stderr) == ("", "dsh: error: the store failed to close\n")
+    (tree,) = trees
+    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+        tree.execute("SELECT 1")
