@@ -462,8 +462,12 @@ class SqliteSessionStore:
             raise SessionStoreError(f"session store {str(self.path)!r} is closed")
         return await asyncio.get_running_loop().run_in_executor(executor, job)
 
-    async def _write(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str) -> T:
+    async def _write(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str,
+                     lacking_ok: bool = False) -> T:
         """Run ``work`` as one transaction on the database thread; a cancelled call commits nothing.
+
+        ``lacking_ok``: ``work`` writes only to tables of the file, named ``main.``, so a database that
+        lacks some (:meth:`_stand_in`) may be written to all the same.
 
         Unless the ``COMMIT`` had begun when the cancellation came: then the write is done, so it is
         returned, and the cancellation is raised again at the caller's next ``await`` (never lost).
@@ -473,7 +477,8 @@ class SqliteSessionStore:
             raise SessionStoreError(f"session store {str(self.path)!r} is closed")
         fate = _Fate()
         future = asyncio.get_running_loop().run_in_executor(
-            executor, lambda: self._transaction(work, session_id=session_id, doing=doing, fate=fate))
+            executor, lambda: self._transaction(work, session_id=session_id, doing=doing, fate=fate,
+                                                lacking_ok=lacking_ok))
         try:
             # Shielded: a cancellation must not detach the job before it is known whether it commits.
             return await asyncio.shield(future)
@@ -497,7 +502,7 @@ class SqliteSessionStore:
         return result
 
     def _transaction(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str,
-                     fate: _Fate | None = None) -> T:
+                     fate: _Fate | None = None, lacking_ok: bool = False) -> T:
         """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; an SQLite failure is a :class:`SessionStoreError`.
 
         A failed statement or ``COMMIT`` rolls back (only if a transaction is still open: SQLite ends one
@@ -506,9 +511,10 @@ class SqliteSessionStore:
 
         With ``fate``, the transaction commits only if :meth:`_Fate.commit` says so, and otherwise
         raises :class:`_Abandoned` after rolling back. A database opened to read that lacks a table of
-        dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it.
+        dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it, unless
+        ``lacking_ok`` (``work`` writes only to the file's own tables, as ``main.``).
         """
-        if self._lacking:
+        if self._lacking and not lacking_ok:
             raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: the "
                                     f"database lacks dsh's table(s) {', '.join(self._lacking)} (an older dsh wrote "
                                     "it), and was opened only to read; a dsh run that records a session adds them")
@@ -654,27 +660,42 @@ class SqliteSessionStore:
 
         A database without a ``leases`` table (opened to read: an older dsh's, or another's) holds no
         lease: ``None``, the session looked up and nothing written (no table is added to break nothing).
+        Whether it has none is read when the lease is asked for, not when the store was opened: a run may
+        have added the table, and taken the lease, since; that lease is broken in the file's table.
         """
         self._check_findable(session_id)
+        # The file's table: a database opened lacking it reads an empty stand-in by the same name (temp).
+        leases = "leases"
         if "leases" in self._lacking:
 
-            def find(conn: sqlite3.Connection) -> None:
-                if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-                    raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+            def find(conn: sqlite3.Connection) -> bool:
+                # One snapshot: the session and whether the file has a leases table are of one moment.
+                conn.execute("BEGIN")
+                try:
+                    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                        raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
+                    return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'leases'"
+                                        ).fetchone() is not None
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")  # only read
 
-            await self._run(lambda: self._read(find, doing=f"read session {session_id!r}"))
-            return None
+            if not await self._run(lambda: self._read(find, doing=f"read session {session_id!r}")):
+                return None
+            leases = "main.leases"
 
         def work(conn: sqlite3.Connection) -> SessionLease | None:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-            row = conn.execute("SELECT holder FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+            row = conn.execute(f"SELECT holder FROM {leases} WHERE session_id = ?", (session_id,)).fetchone()
             if row is None:
                 return None
-            conn.execute("DELETE FROM leases WHERE session_id = ?", (session_id,))
+            conn.execute(f"DELETE FROM {leases} WHERE session_id = ?", (session_id,))
             return _stored_lease(row[0]) or _UNREADABLE_LEASE  # an unreadable holder: broken all the same
 
-        return await self._write(work, session_id=session_id, doing="break the lease of")
+        # Into main.leases, the file's own table: a write the stand-ins do not keep from being made.
+        return await self._write(work, session_id=session_id, doing="break the lease of",
+                                 lacking_ok=leases == "main.leases")
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""

@@ -857,6 +857,33 @@ async def test_opened_without_creating_an_older_database_lacking_a_table_reads_i
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+async def test_breaking_a_lease_taken_after_an_older_database_was_opened_breaks_it(
+        tmp_path: Path, journal_mode: str) -> None:
+    # Whether the database had a leases table was decided when the store opened it: a run that added
+    # the table and took the session's lease after that was not seen, and `dsh sessions release` said
+    # the session was not held by any run (and exited 0) while that run held it.
+    _older_database(tmp_path / DB_FILENAME, journal_mode=journal_mode)
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        run = SqliteSessionStore.open(tmp_path)  # a run: it adds the leases table, and takes the lease
+        lease = SessionLease.for_this_run()
+        try:
+            await run.acquire("s", lease)
+        finally:
+            await run.close()
+        broken = await store.break_lease("s")
+        assert broken is not None and broken.token == lease.token, broken
+        assert await store.break_lease("s") is None  # broken: no lease holds it now
+    finally:
+        await store.close()
+    run = SqliteSessionStore.open(tmp_path)
+    try:  # the lease was removed from the database, not from a stand-in of it
+        assert (await run.get("s")).holder is None
+    finally:
+        await run.close()
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_nothing(
         journal_mode: str) -> None:
     # An older or foreign store (or one no run has used since leases came) has no leases table:
