@@ -8,10 +8,12 @@ that leads out of it is refused before anything is read or written.
 
 ``write`` and ``edit`` replace a file through a new one beside it, ``.dsh-<12 hex>.tmp``, renamed over
 it once complete and locked (``flock``) by its writer until then. One a dead writer left (a crash, a
-SIGKILL) is removed: in the root at load, in any other directory the first time ``write``, ``edit``,
-``list`` or ``read`` goes there (a bounded look, :data:`SWEEP_ENTRIES` entries, once per directory; a
-locked one, whose writer lives, is never touched). ``search``, which walks a whole tree, sweeps nothing:
-it leaves every file so named out (see :data:`~dsh_plugins._search_worker.TEMPORARY`).
+SIGKILL) is removed: in the root at load, in any other directory the first time ``write`` or ``edit``
+goes there (a bounded look, :data:`SWEEP_ENTRIES` entries, once per directory; a locked one, whose writer
+lives, is never touched). ``read``, ``list`` and ``search`` are read-only (annotated so, and run unasked
+by the ``read-only`` approval preset), so they sweep nothing: ``list`` and ``search`` leave every file so
+named out by name (see :data:`~dsh_plugins._search_worker.TEMPORARY`), and ``read`` or ``search`` of a
+path naming one reads it as any file.
 
 With a ``guards`` row that has path rules (``deny_paths``, ``allowed_roots``),
 ``list`` and ``search`` also withhold what they reach that the path guard would
@@ -599,8 +601,9 @@ class WorkspaceTools:
     def _sweep_once(self, directory: int) -> None:
         """:func:`_sweep` ``directory`` (a descriptor) unless this instance swept it before.
 
-        Called at load (the root) and by write, edit, list and read (the directory each goes to), never by
-        search: once per directory, so a sweep costs each at most one look of :data:`SWEEP_ENTRIES` entries.
+        Called at load (the root) and by write and edit (the directory each goes to), never by read, list or
+        search, which change nothing (their annotation says so, and the ``read-only`` approval preset runs them
+        unasked): once per directory, so a sweep costs each at most one look of :data:`SWEEP_ENTRIES` entries.
         (Two calls in threads may both sweep a directory new to them: harmless, a sweep removes only what
         no writer holds.)
         """
@@ -794,21 +797,13 @@ class WorkspaceTools:
         except OSError as error:
             raise ToolError(f"cannot access {given!r}: {error.strerror}") from None
 
-    def _open_regular(self, real: str, given: str, *, sweep: bool = False) -> tuple[int, os.stat_result]:
-        """A read descriptor and the stat of the regular file ``real``, reached without following symlinks.
-
-        With ``sweep``, the directory holding it is swept first if this instance never swept it
-        (:meth:`_sweep_once`): only off the event loop, since a first sweep reads up to
-        :data:`SWEEP_ENTRIES` entries.
-        """
+    def _open_regular(self, real: str, given: str) -> tuple[int, os.stat_result]:
+        """A read descriptor and the stat of the regular file ``real``, reached without following symlinks."""
         if real == self.workspace.root:
             raise ToolError(f"{given!r} is a directory, not a file (use list to see its entries)")
         parent = self._open_parent(real, given)
         name = os.path.basename(real)
         try:
-            if sweep:
-                with contextlib.suppress(OSError):  # housekeeping: never the reason a read fails
-                    self._sweep_once(parent)
             try:
                 info = os.stat(name, dir_fd=parent, follow_symlinks=False)
             except FileNotFoundError:
@@ -862,7 +857,7 @@ class WorkspaceTools:
         return result
 
     def _read_lines(self, real: str, given: str, offset: int, limit: int, stop: threading.Event) -> dict[str, Any]:
-        fd, info = self._open_regular(real, given, sweep=True)  # in read's thread: the sweep may take a while
+        fd, info = self._open_regular(real, given)
         if info.st_size > self.max_read_file_bytes:
             os.close(fd)
             raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
@@ -1347,9 +1342,9 @@ class WorkspaceTools:
         """The entries of the directory ``fd`` (the real directory ``real``), sorted and at most
         ``max_list_entries``; whether there were more; how many ``rules`` withheld. A symlink is judged as
         a call naming it would be (where it leads too), any other entry by its own path (which is real).
-        The directory is swept first, if this instance never swept it (:meth:`_sweep_once`)."""
-        with contextlib.suppress(OSError):  # housekeeping: a dead writer's leftover is not listed (see _sweep)
-            self._sweep_once(fd)
+        A writer's temporary file is left out by its name alone, as search leaves it out
+        (:data:`~dsh_plugins._search_worker.TEMPORARY`), counted nowhere: list removes nothing (see
+        :meth:`_sweep_once`), and a probe of its lock could make a writer that has just created it start over."""
         entries: list[dict[str, Any]] = []
         scanned = withheld = 0
 
@@ -1362,6 +1357,8 @@ class WorkspaceTools:
             for item in scan:
                 if stop.is_set():
                     return
+                if _TEMPORARY.fullmatch(item.name) and not item.is_dir(follow_symlinks=False):
+                    continue  # a dead writer's leftover or a live one's half-written copy: no file of the workspace
                 if rules and denied(item):
                     withheld += 1
                     continue

@@ -1816,7 +1816,7 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
         async with boot(ws(root)) as h:
             listing = await h.call("list", {})
             names = [entry["name"] for entry in listing.value["entries"]]
-            assert dead.name not in names and live.name in names, names
+            assert names == sorted([*kept, ".dsh-bbbbbbbbbbbb.tmp"]), names  # the directory: no writer's file
             found = await h.call("search", {"pattern": "half"})
             assert found.value["matches"] == []
         assert sorted(os.listdir(root)) == sorted([*kept, live.name, ".dsh-aaaaaaaaaaaa.tmp", ".dsh-bbbbbbbbbbbb.tmp"])
@@ -1861,35 +1861,39 @@ def _leftovers(directory: Path) -> tuple[Path, Path, Any]:
     return dead, live, writer
 
 
-async def test_a_directory_only_listed_is_swept_the_first_time_it_is_listed(boot: Any, tmp_path: Path) -> None:
-    """A dead writer's temporary file in a directory nothing writes to is not shown by list: listing it sweeps
-    it first (once), and a live writer's file, whose lock is held, is left alone and shown as what it is."""
+async def test_list_leaves_writers_temporary_files_out_and_removes_nothing(boot: Any, tmp_path: Path) -> None:
+    """list is read-only (the read-only approval preset runs it unasked), so it removes nothing, a dead writer's
+    leftover included: it leaves every file named as a writer's temporary file out by name, as search does, a
+    live writer's half-written copy too. The leftover stays on disk, hidden, until a write there sweeps it."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.txt").write_text("alpha\n")
     dead, live, writer = _leftovers(tmp_path / "sub")
     try:
-        async with boot(ws(tmp_path)) as h:
-            assert dead.exists()  # not at load: only the root is swept then
+        async with boot(ws(tmp_path, max_list_entries=1)) as h:
             listing = await h.call("list", {"path": "sub"})
-            assert [entry["name"] for entry in listing.value["entries"]] == [live.name, "a.txt"]
-        assert not dead.exists()
+            assert listing.value["entries"] == [{"name": "a.txt", "type": "file", "size": 6}]
+            assert (listing.value["truncated"], listing.value["withheld"]) == (False, 0)
+        assert sorted(os.listdir(tmp_path / "sub")) == [dead.name, live.name, "a.txt"]
         assert live.read_text() == "needle of a live writer\n"
     finally:
         writer.kill()
         writer.wait()
 
 
-async def test_a_read_sweeps_the_directory_of_the_file_it_reads(boot: Any, tmp_path: Path) -> None:
-    """read sweeps the directory holding the file the first time it reads there, sparing a live writer's file."""
+async def test_read_removes_nothing_and_reads_a_temporary_file_it_names(boot: Any, tmp_path: Path) -> None:
+    """read is read-only: reading a file beside a dead writer's leftover removes nothing, and a temporary
+    file named by the call itself is read as any file is (as search searches one it is given)."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.txt").write_text("alpha\n")
     dead, live, writer = _leftovers(tmp_path / "sub")
     try:
         async with boot(ws(tmp_path)) as h:
-            assert dead.exists()
             read = await h.call("read", {"path": "sub/a.txt"})
             assert read.value["content"] == "     1\talpha"
-        assert sorted(os.listdir(tmp_path / "sub")) == [live.name, "a.txt"]
+            named = await h.call("read", {"path": f"sub/{dead.name}"})
+            assert named.error is None, named.text
+            assert named.value["content"] == "     1\tneedle left by a dead writer"
+        assert sorted(os.listdir(tmp_path / "sub")) == [dead.name, live.name, "a.txt"]
     finally:
         writer.kill()
         writer.wait()
@@ -1915,10 +1919,11 @@ async def test_search_never_shows_a_writers_temporary_file(boot: Any, tmp_path: 
         writer.wait()
 
 
-async def test_each_directory_is_swept_once_whatever_visits_it(
+async def test_only_load_write_and_edit_sweep_and_each_directory_once(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A directory is swept by the first list, read or write there and never again by the same plugin instance,
-    so a sweep costs each directory one bounded look, however often it is visited."""
+    """The root is swept at load and any other directory by the first write or edit there, never again by the
+    same plugin instance, so a sweep costs each directory one bounded look, however often it is visited; list,
+    read and search, which are read-only, never sweep."""
     from dsh_plugins import workspace
 
     (tmp_path / "sub").mkdir()
@@ -1938,8 +1943,9 @@ async def test_each_directory_is_swept_once_whatever_visits_it(
             assert (await h.call("list", {"path": "sub"})).error is None
             assert (await h.call("read", {"path": "sub/a.txt"})).error is None
             assert (await h.call("list", {})).error is None
-        assert swept == [(root.st_dev, root.st_ino), (sub.st_dev, sub.st_ino)]
+        assert swept == [(root.st_dev, root.st_ino)]
         assert (await h.call("write", {"path": "sub/b.txt", "content": "b"})).error is None
+        assert (await h.call("edit", {"path": "sub/a.txt", "old_string": "alpha", "new_string": "beta"})).error is None
         assert (await h.call("search", {"pattern": "b"})).error is None
     assert swept == [(root.st_dev, root.st_ino), (sub.st_dev, sub.st_ino)]
 
