@@ -8,12 +8,13 @@ that leads out of it is refused before anything is read or written.
 
 ``write`` and ``edit`` replace a file through a new one beside it, ``.dsh-<12 hex>.tmp``, renamed over
 it once complete and locked (``flock``) by its writer until then. One a dead writer left (a crash, a
-SIGKILL) is removed: in the root at load, in any other directory the first time ``write`` or ``edit``
-goes there (a bounded look, :data:`SWEEP_ENTRIES` entries, once per directory; a locked one, whose writer
-lives, is never touched). ``read``, ``list`` and ``search`` are read-only (annotated so, and run unasked
-by the ``read-only`` approval preset), so they sweep nothing: ``list`` and ``search`` leave every file so
-named out by name (see :data:`~dsh_plugins._search_worker.TEMPORARY`), and ``read`` or ``search`` of a
-path naming one reads it as any file.
+SIGKILL), unlocked and a minute old (:data:`SWEEP_MIN_AGE_S`), is removed: in the root at load, in any
+other directory the first time ``write`` or ``edit`` goes there (a bounded look, :data:`SWEEP_ENTRIES`
+entries, once per directory; a locked one, whose writer lives, is never touched). ``read``, ``list`` and
+``search`` are read-only (annotated so, and run unasked by the ``read-only`` approval preset), so they sweep
+nothing: ``list`` and ``search`` leave every file so named out by name (see
+:data:`~dsh_plugins._search_worker.TEMPORARY`), and ``read`` or ``search`` of a path naming one reads it
+as any file.
 
 With a ``guards`` row that has path rules (``deny_paths``, ``allowed_roots``),
 ``list`` and ``search`` also withhold what they reach that the path guard would
@@ -49,6 +50,7 @@ import re
 import stat
 import sys
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -119,6 +121,9 @@ _Entries = list[dict[str, Any]]  # (named here: inside WorkspaceTools, "list" is
 
 #: Most directory entries one sweep for the temporary files of dead writers looks at (:func:`_sweep`).
 SWEEP_ENTRIES = 10_000
+#: Seconds since a temporary file was last written (its mtime) before a sweep may take it for a dead writer's:
+#: a writer that holds no lock (an older dsh, a file system without a working flock) is spared meanwhile.
+SWEEP_MIN_AGE_S = 60
 #: Temporary names a write tries when a sweep (another dsh's) takes the one it created before it locked it.
 _TEMPORARY_ATTEMPTS = 3
 #: What fsync gives on a file system that does not sync (this kind of file): nothing to wait for, no failure.
@@ -290,7 +295,9 @@ def _sweep(directory: int) -> int:
     it is renamed over the file or removed (:meth:`WorkspaceTools._replace`); the kernel drops the
     lock when the writer dies, however it dies (a crash, SIGKILL, the OOM killer), which is when its
     file would otherwise stay for good. So a file named exactly as :data:`_TEMPORARY` says, regular,
-    whose lock can be taken at once, has no writer and goes; a locked one is never touched. Symlinks
+    last written :data:`SWEEP_MIN_AGE_S` or more ago, whose lock can be taken at once, has no writer and
+    goes; a locked one is never touched, nor a younger one, whose writer may hold no lock at all (an
+    older dsh, a file system whose flock does not work across hosts). Symlinks
     are never followed, nothing else is ever removed, and at most :data:`SWEEP_ENTRIES` entries are
     looked at, so a huge directory costs a write no more than that. Failures are housekeeping's:
     an entry that cannot be judged is left alone, a directory that cannot be listed skipped.
@@ -315,15 +322,25 @@ def _sweep(directory: int) -> int:
 
 def _remove_if_dead(directory: int, name: str) -> bool:
     """Remove the temporary file ``name`` of ``directory`` if no writer holds its lock (see :func:`_sweep`)."""
+    # O_NOFOLLOW: a symlink put in its place is not followed; O_NONBLOCK: nor does a FIFO block the open.
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        # O_NOFOLLOW: a symlink put in its place is not followed; O_NONBLOCK: nor does a FIFO block the open.
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+        fd = os.open(name, os.O_RDONLY | flags, dir_fd=directory)
+    except PermissionError:
+        # It copied the mode of the file it was to replace (fchmod), which may be write-only (0200): its owner
+        # may still open it for writing, and flock takes a descriptor of either kind.
+        try:
+            fd = os.open(name, os.O_WRONLY | flags, dir_fd=directory)
+        except OSError:
+            return False
     except OSError:
         return False
     try:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
             return False
+        if time.time() - opened.st_mtime < SWEEP_MIN_AGE_S:
+            return False  # maybe written now by a writer that holds no lock: judged before its lock is probed
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -374,7 +391,7 @@ def _lock_created(parent: int, temporary: str, fd: int) -> bool:
     except BlockingIOError:
         return False  # a sweep holds it, and removes it
     except OSError:
-        pass  # no flock on this file system: no sweep can take a lock on it either, so none removes it
+        pass  # no flock on this file system: no sweep can take a lock on it either, nor one younger than a minute
     try:
         named = os.stat(temporary, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:

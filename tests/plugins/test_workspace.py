@@ -1780,6 +1780,16 @@ sys.stdin.read()
 """
 
 
+def _age(*paths: Path) -> None:
+    """Make each of ``paths`` look an hour old (its mtime), as a dead writer's leftover would: a sweep spares
+    a younger one, whose writer may hold no lock (an older dsh, a file system without flock)."""
+    import time
+
+    old = time.time() - 3600
+    for path in paths:
+        os.utime(path, (old, old), follow_symlinks=False)
+
+
 def _hold_lock(path: Path) -> Any:
     """The child process of :data:`_LOCKER` on ``path``, once it holds the lock."""
     import subprocess
@@ -1804,6 +1814,7 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
     (outside / "target.tmp").write_text("not ours\n")
     dead = root / ".dsh-0123456789ab.tmp"
     dead.write_text("half a wri")  # what a killed writer leaves: no lock held on it any more
+    _age(dead)
     live = root / ".dsh-fedcba987654.tmp"
     kept = [".dsh-0123456789AB.tmp", ".dsh-0123456789a.tmp", ".dsh-0123456789abc.tmp", ".dsh-0123456789ab.tmp~",
             ".dsh-0123456789ab.tmpx", "x.dsh-0123456789ab.tmp", "dsh-0123456789ab.tmp", ".dsh-0123456789ab.TMP"]
@@ -1825,6 +1836,7 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
         writer.kill()  # SIGKILL: its lock goes with it, as a crashed writer's does
         writer.wait()
     assert writer.returncode == -signal.SIGKILL
+    _age(live)
     async with boot(ws(root)):
         pass
     assert not live.exists()
@@ -1837,6 +1849,7 @@ async def test_a_directory_is_swept_the_first_time_a_write_goes_there(boot: Any,
     (tmp_path / "sub" / "a.txt").write_text("alpha\n")
     dead = tmp_path / "sub" / ".dsh-00000000abcd.tmp"
     dead.write_text("half")
+    _age(dead)
     live = tmp_path / "sub" / ".dsh-00000000dcba.tmp"
     writer = _hold_lock(live)
     try:
@@ -1855,6 +1868,7 @@ def _leftovers(directory: Path) -> tuple[Path, Path, Any]:
     """In ``directory``: a dead writer's temporary file, and a live writer's with the child holding its lock."""
     dead = directory / ".dsh-00000000abcd.tmp"
     dead.write_text("needle left by a dead writer\n")
+    _age(dead)  # old enough for a sweep to take: one that spares it is a sweep that did not run
     live = directory / ".dsh-00000000dcba.tmp"
     writer = _hold_lock(live)
     live.write_text("needle of a live writer\n")  # what it has written so far (its lock stays: same file)
@@ -1959,6 +1973,7 @@ async def test_a_sweep_looks_at_a_bounded_number_of_entries(
     monkeypatch.setattr(workspace, "SWEEP_ENTRIES", 5)
     for number in range(12):
         (tmp_path / f".dsh-{number:012x}.tmp").write_text("dead")
+        _age(tmp_path / f".dsh-{number:012x}.tmp")
     async with boot(ws(tmp_path)):
         pass
     assert len(os.listdir(tmp_path)) == 7
@@ -1981,6 +1996,7 @@ async def test_a_write_whose_temporary_file_is_swept_before_it_locks_it_tries_a_
         nonlocal sweeping
         if not swept and not sweeping and fd_is_temporary(fd):
             sweeping = True  # the sweep's own flock goes straight through
+            os.utime(fd, (0, 0))  # a clock that makes it look old (another host's, over NFS)
             directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 swept.append(workspace._sweep(directory))  # another process's sweep, right after the create
@@ -1999,6 +2015,51 @@ async def test_a_write_whose_temporary_file_is_swept_before_it_locks_it_tries_a_
     assert result.error is None, result.text
     assert (tmp_path / "a.txt").read_text() == "alpha\n"
     assert os.listdir(tmp_path) == ["a.txt"]
+
+
+async def test_a_young_temporary_file_without_a_lock_is_spared(boot: Any, tmp_path: Path) -> None:
+    """A lock that can be taken was all a sweep asked: a writer holding none (an older dsh, NFS without a
+    working flock) lost the file it was writing. A temporary file whose mtime is under a minute old is now
+    spared whatever its lock; an older one without a lock goes."""
+    young, old = tmp_path / ".dsh-00000000aaaa.tmp", tmp_path / ".dsh-00000000bbbb.tmp"
+    young.write_text("being written\n")
+    old.write_text("left behind\n")
+    _age(old)
+    async with boot(ws(tmp_path)):
+        pass
+    assert os.listdir(tmp_path) == [young.name]
+    assert young.read_text() == "being written\n"
+    from dsh_plugins import workspace
+
+    assert workspace.SWEEP_MIN_AGE_S == 60
+
+
+async def test_a_dead_writers_write_only_temporary_file_is_swept(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary file copies the mode of the file it replaces (fchmod): a dead writer's copy of a write-only
+    (0200) file could not be opened for reading by the sweep (EACCES), so it stayed for good. The sweep opens
+    it for writing instead, which flock takes as well. Root may open it either way, so the refusal a user gets
+    is played here for whoever runs the tests (the kernel's own, for a user), and the open taken checked."""
+    dead = tmp_path / ".dsh-00000000cccc.tmp"
+    dead.write_text("secret half\n")
+    dead.chmod(0o200)
+    _age(dead)
+    real_open = os.open
+    opened: list[int] = []
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == dead.name:
+            opened.append(flags & os.O_ACCMODE)
+            if flags & os.O_ACCMODE == os.O_RDONLY:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    async with boot(ws(tmp_path)):
+        pass
+    monkeypatch.undo()
+    assert opened == [os.O_RDONLY, os.O_WRONLY]
+    assert os.listdir(tmp_path) == []
 
 
 def _record_syncs(monkeypatch: pytest.MonkeyPatch, fail_directory: int | None = None,
