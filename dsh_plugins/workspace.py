@@ -400,8 +400,9 @@ def _lock_created(parent: int, temporary: str, fd: int) -> bool:
     return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
-def _sync_directory(parent: int, given: str) -> None:
-    """Sync the directory ``parent`` to disk, after the rename in it that put ``given`` in place.
+def _sync_directory(parent: int, given: str, what: str = "its directory") -> None:
+    """Sync the directory ``parent`` to disk, after the rename in it that put ``given`` in place (or, ``what``
+    says so, after a directory on its way was made in it).
 
     A rename is an entry of the directory: until the directory reaches the disk, a crash or power loss
     may bring back the old file (or none), whatever the new file's own sync did. A file system that does
@@ -417,11 +418,16 @@ def _sync_directory(parent: int, given: str) -> None:
         os.fsync(directory)
     except OSError as error:
         if error.errno not in _NO_SYNC:
-            raise ToolError(f"{given!r} was written, but it may not be durable: syncing its directory to disk "
-                            f"failed ({error.strerror}); its new content is in place, but a crash or power loss "
-                            "could still lose it: check the disk") from None
+            raise _not_durable(given, f"syncing {what} to disk failed ({error.strerror})") from None
     finally:
         os.close(directory)
+
+
+def _not_durable(given: str, why: str) -> ToolError:
+    """The error of a write whose new content is in place, but ``why`` (a failed sync or close) may not stay:
+    not "cannot write", which would have the model write again what is there."""
+    return ToolError(f"{given!r} was written, but it may not be durable: {why}; its new content is in place, but a "
+                     "crash or power loss could still lose it: check the disk")
 
 
 def _format_size(size: int) -> str:
@@ -457,15 +463,21 @@ async def _in_thread(ctx: ToolContext, work: Callable[[threading.Event], _T]) ->
 _DIRECTORY = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
 
 
-def _open_child(fd: int, name: str, create: bool) -> int | None:
-    """The directory ``name`` under ``fd``, not followed if it is a symlink (then ``None``)."""
+def _open_child(fd: int, name: str, create: bool, made: Callable[[], None] | None = None) -> int | None:
+    """The directory ``name`` under ``fd``, not followed if it is a symlink (then ``None``); ``made`` is
+    called if ``create`` made it."""
     try:
         return os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
     except FileNotFoundError:
         if not create:
             raise
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(name, dir_fd=fd)
+        except FileExistsError:
+            pass  # made meanwhile by another program
+        else:
+            if made is not None:
+                made()
         return _open_child(fd, name, False)
     except OSError:
         # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ENOTDIR (or ELOOP); tell it from a plain file.
@@ -535,7 +547,8 @@ class Workspace:
                             f"(it resolves to {real}); refused")
         return real
 
-    def open_dir(self, real: str, given: str, *, create: bool = False, readable: bool = False) -> int:
+    def open_dir(self, real: str, given: str, *, create: bool = False, readable: bool = False,
+                 made: list[tuple[int, str]] | None = None) -> int:
         """A descriptor of the directory ``real`` (as :meth:`resolve` returned it), walked from the root.
 
         Each component is opened with ``O_NOFOLLOW`` relative to the one before, so a directory
@@ -543,7 +556,9 @@ class Workspace:
         out of the workspace. ``create`` makes missing directories on the way (for write); ``readable``
         returns a descriptor its entries can be read from (for list; otherwise it may be an ``O_PATH``
         one, for the ``dir_fd`` of other calls only). Other failures raise the :class:`OSError` of the
-        component (``FileNotFoundError``, ``NotADirectoryError``...).
+        component (``FileNotFoundError``, ``NotADirectoryError``...). For each directory ``create`` makes,
+        ``made`` (if given) gets a new descriptor of the one it was made in and its path from the root, for
+        the caller to sync (the new entry is on disk only once its parent is) and close.
         """
         if not self._inside(real):
             raise ToolError(f"path {given!r} is outside the workspace {self.root}")
@@ -552,9 +567,10 @@ class Workspace:
         fd = os.open(self.root, _DIRECTORY)
         try:
             for index, part in enumerate(parts):
-                child = _open_child(fd, part, create)
+                shown = "/".join(parts[:index + 1])
+                child = _open_child(fd, part, create, made=None if made is None else (
+                    lambda: made.append((os.dup(fd), shown))))  # noqa: B023 (called before the loop goes on)
                 if child is None:
-                    shown = "/".join(parts[:index + 1])
                     if _loops(fd, part):  # resolve() leaves a looping symlink unresolved: no race
                         raise ToolError(f"cannot access {given!r}: {shown!r} is a symlink loop")
                     raise ToolError(f"{given!r} changed while it was being opened: {shown!r} was replaced by a "
@@ -802,10 +818,11 @@ class WorkspaceTools:
 
     # -- bodies -------------------------------------------------------------------------------------------
 
-    def _open_parent(self, real: str, given: str, *, create: bool = False) -> int:
+    def _open_parent(self, real: str, given: str, *, create: bool = False,
+                     made: list[tuple[int, str]] | None = None) -> int:
         """:meth:`Workspace.open_dir` of the directory holding ``real``, its failures as :class:`ToolError`."""
         try:
-            return self.workspace.open_dir(os.path.dirname(real), given, create=create)
+            return self.workspace.open_dir(os.path.dirname(real), given, create=create, made=made)
         except FileNotFoundError:
             raise ToolError(f"file not found: {given!r} (use list to see what exists)") from None
         except NotADirectoryError:
@@ -1043,38 +1060,45 @@ class WorkspaceTools:
         self._refuse_protected(real, given, "write")
         if real == self.workspace.root or os.path.isdir(real):
             raise ToolError(f"{given!r} is a directory; give a file path")
-        parent = self._open_parent(real, given, create=True)
-        name = os.path.basename(real)
+        made: list[tuple[int, str]] = []  # where directories on the way were made: synced with the file
         try:
+            parent = self._open_parent(real, given, create=True, made=made)
+            name = os.path.basename(real)
             try:
-                info: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                info = None
-            except OSError as error:
-                raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
-            if info is not None and stat.S_ISDIR(info.st_mode):
-                raise ToolError(f"{given!r} is a directory; give a file path")
-            if info is not None and not stat.S_ISREG(info.st_mode):
-                # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
-                raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
-            ctx.signal.raise_if_aborted()
-            # In a thread: its syncs wait on the disk, which may take seconds, and the event loop serves
-            # other calls meanwhile. Never stopped part-way (one bounded file): an abort waits for it, and
-            # the file is replaced or left as it was, never half.
-            await _in_thread(ctx, lambda _stop: self._replace(parent, real, given, data, info))
+                try:
+                    info: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                except FileNotFoundError:
+                    info = None
+                except OSError as error:
+                    raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
+                if info is not None and stat.S_ISDIR(info.st_mode):
+                    raise ToolError(f"{given!r} is a directory; give a file path")
+                if info is not None and not stat.S_ISREG(info.st_mode):
+                    # A FIFO would block the open (and the event loop) until a reader comes; a device is no file.
+                    raise ToolError(f"{given!r} is not a regular file; write only replaces regular files")
+                ctx.signal.raise_if_aborted()
+                # In a thread: its syncs wait on the disk, which may take seconds, and the event loop serves
+                # other calls meanwhile. Never stopped part-way (one bounded file): an abort waits for it, and
+                # the file is replaced or left as it was, never half.
+                await _in_thread(ctx, lambda _stop: self._replace(parent, real, given, data, info, made=made))
+            finally:
+                os.close(parent)
         finally:
-            os.close(parent)
+            for directory, _ in made:
+                os.close(directory)
         return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
 
     def _replace(self, parent: int, real: str, given: str, data: bytes, info: os.stat_result | None,
-                 before_rename: Callable[[], None] | None = None) -> None:
+                 before_rename: Callable[[], None] | None = None, made: Sequence[tuple[int, str]] = ()) -> None:
         """Put ``data`` at ``real`` (``parent`` is its directory) atomically: a new file beside it, renamed
         over it (``info``: the stat of the file it replaces).
 
         Never written in place: a failed write (disk full) leaves the old content whole. The new file is
         synced to disk before the rename, and its directory after it, so a crash or power loss finds the
-        old content or the new, never an empty or partial file (:func:`_sync_directory`). Blocking on the
-        disk: run it in a thread (:func:`_in_thread`). A file with
+        old content or the new, never an empty or partial file (:func:`_sync_directory`); so is each
+        directory a directory on its way was ``made`` in (descriptors, with the path made, as
+        :meth:`Workspace.open_dir` gives them), whose new entry is on disk only once that directory is.
+        Blocking on the disk: run it in a thread (:func:`_in_thread`). A file with
         several names (hard links) is refused, before anything is written and again just before the
         rename (a link made meanwhile): see :func:`_refuse_hard_link`. The new file is locked until it
         is renamed or removed, so a sweep never takes it for a dead writer's; the first write to a
@@ -1101,6 +1125,8 @@ class WorkspaceTools:
                                 f"({error.strerror}); write and edit replace a file through a new one beside "
                                 "it, so they need that directory writable") from None
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
+        renamed = False
+        closing: OSError | None = None  # the failure of the close after the rename: the file is in place
         try:
             # Open (and so locked) until the rename is done: closed before it, the file could be swept.
             with os.fdopen(fd, "wb") as handle:
@@ -1148,13 +1174,23 @@ class WorkspaceTools:
                                     "mount point (a file bind-mounted into the workspace, as containers do with "
                                     "config files), and write and edit replace a file by renaming a new one over it; "
                                     "nothing was changed: change it in place with bash if that is meant") from None
-        except BaseException as error:  # nothing replaced: the new file goes, whatever stopped it
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=parent)
-            if isinstance(error, OSError):
-                raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
-            raise
+                renamed = True
+        except BaseException as error:
+            if renamed:  # only the close failed (the with's exit), after the rename put the file in place
+                if not isinstance(error, OSError):
+                    raise
+                closing = error
+            else:  # nothing replaced: the new file goes, whatever stopped it
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary, dir_fd=parent)
+                if isinstance(error, OSError):
+                    raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
+                raise
         _sync_directory(parent, given)
+        for directory, shown in made:
+            _sync_directory(directory, given, f"the directory holding {shown!r} (made for it)")
+        if closing is not None:
+            raise _not_durable(given, f"closing it failed ({closing.strerror})")
 
     @staticmethod
     def _copy_xattrs(parent: int, name: str, fd: int, given: str) -> None:

@@ -2149,6 +2149,87 @@ async def test_a_file_sync_that_fails_replaces_nothing(
     assert os.listdir(tmp_path) == ["a.txt"]
 
 
+async def test_directories_write_makes_are_synced_in_their_parents(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write to a/b/c.txt that makes a/ and a/b/ synced the file and a/b/ (the rename) only: a power loss
+    could lose a/ from the root, or b/ from a/, and the file called durable with it. Each directory a write
+    made is synced in its parent too, off the event loop, and a failure to is told as the file written."""
+    import threading
+
+    loop_thread = threading.get_ident()
+    synced: list[tuple[int, bool]] = []
+    real_fsync = os.fsync
+    failing: int | None = None
+
+    def fsync(fd: int) -> None:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            synced.append((info.st_ino, threading.get_ident() == loop_thread))
+            if info.st_ino == failing:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    async with boot(ws(tmp_path)) as h:
+        monkeypatch.setattr(os, "fsync", fsync)
+        written = await h.call("write", {"path": "a/b/c.txt", "content": "c\n"})
+        assert written.error is None, written.text
+        inodes = [os.stat(path).st_ino for path in (tmp_path / "a" / "b", tmp_path, tmp_path / "a")]
+        assert synced == [(inode, False) for inode in inodes]
+        synced.clear()
+        assert (await h.call("write", {"path": "a/b/d.txt", "content": "d\n"})).error is None
+        assert synced == [(inodes[0], False)]  # nothing made: its own directory only
+        synced.clear()
+        failing = inodes[2]  # a/, in which x/ is made
+        failed = await h.call("write", {"path": "a/x/e.txt", "content": "e\n"})
+    assert failed.code == "TOOL_FAILED"
+    assert failed.text.startswith("Error: 'a/x/e.txt' was written, but it may not be durable: syncing the "
+                                  "directory holding 'a/x' (made for it) to disk failed (Input/output error)"), (
+        failed.text)
+    assert (tmp_path / "a" / "x" / "e.txt").read_text() == "e\n"
+
+
+async def test_a_close_that_fails_after_the_rename_says_the_file_was_written(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new file was closed after the rename put it in place: a close that failed then (EIO, as NFS may
+    report a write there) was told as "cannot write", and the model would write again what is there. It is
+    told as the directory sync's failure is: written, but maybe not durable; the directory is synced still."""
+    from dsh_plugins import workspace
+
+    (tmp_path / "a.txt").write_text("alpha\n")
+    real_fdopen = os.fdopen
+
+    class FailingClose:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+            if exc[0] is None:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        handle = real_fdopen(fd, *args, **kwargs)
+        temporary = workspace._TEMPORARY.fullmatch(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return handle if temporary is None else FailingClose(handle)
+
+    async with boot(ws(tmp_path)) as h:
+        events = _record_syncs(monkeypatch)
+        monkeypatch.setattr(os, "fdopen", fdopen)
+        result = await h.call("edit", {"path": "a.txt", "old_string": "alpha", "new_string": "beta"})
+    assert result.code == "TOOL_FAILED"
+    assert result.text.startswith("Error: 'a.txt' was written, but it may not be durable: closing it failed "
+                                  "(Input/output error)"), result.text
+    assert [name for name, _ in events] == ["fsync file", "replace", "fsync directory"]
+    assert (tmp_path / "a.txt").read_text() == "beta\n"
+    assert os.listdir(tmp_path) == ["a.txt"]
+
+
 #: Files on either side of the CR-only rule: CR alone, CRLF, LF, mixed, a CR at the end only or before
 #: an LF, no break at all, and non-ASCII text around them.
 _LINE_ENDING_SAMPLES = ["", "one", "one\rtwo\r", "one\rtwo", "one\r", "\r", "one\r\ntwo\r\n", "one\ntwo\n",
