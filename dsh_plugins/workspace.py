@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 import unicodedata
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -622,6 +623,10 @@ class WorkspaceTools:
             if "." not in stem:  # NTFS's short name of it: its first six characters and ~N (git~1 is .git)
                 for number in "1234":
                     self.protected_dirs.setdefault(f"{stem[:6]}~{number}", name)
+        #: A lock per file name being replaced, (device, inode) of its directory and the name: see _name_lock.
+        self._name_locks: weakref.WeakValueDictionary[tuple[int, int, str], threading.Lock] = (
+            weakref.WeakValueDictionary())
+        self._name_locks_guard = threading.Lock()
         #: The directories (device, inode) swept for dead writers' temporary files, each once (see _sweep).
         self._swept: set[tuple[int, int]] = set()
         with contextlib.suppress(OSError):  # housekeeping: a root that cannot be swept still serves
@@ -644,6 +649,23 @@ class WorkspaceTools:
         if (info.st_dev, info.st_ino) not in self._swept:
             self._swept.add((info.st_dev, info.st_ino))
             _sweep(directory)
+
+    def _name_lock(self, parent: int, name: str) -> threading.Lock:
+        """The lock of the name ``name`` in the directory ``parent`` (a descriptor), the same for every call of
+        this instance that replaces it, for as long as one holds it.
+
+        An edit checks that the file is unchanged and then renames its copy over it; two edits of one file, each
+        in its thread, could both pass the check before either renamed, and the second rename would undo the
+        first edit unseen. Held from the check to the rename (:meth:`_replace`), it makes the second check see
+        the first edit. (Other programs are not stopped by it: the check, by content, is what catches them.)
+        """
+        info = os.fstat(parent)
+        key = (info.st_dev, info.st_ino, name)
+        with self._name_locks_guard:
+            lock = self._name_locks.get(key)
+            if lock is None:  # gone with its last holder: the table keeps no entry per file ever written
+                lock = self._name_locks[key] = threading.Lock()
+            return lock
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
@@ -1159,22 +1181,27 @@ class WorkspaceTools:
                 except OSError as error:
                     if error.errno not in _NO_SYNC:
                         raise
-                if before_rename is not None:
-                    before_rename()  # the last moment to refuse: nothing has replaced the file yet
-                with contextlib.suppress(FileNotFoundError):
-                    _refuse_hard_link(os.stat(name, dir_fd=parent, follow_symlinks=False), given)
-                try:
-                    os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
-                except OSError as error:
-                    if error.errno not in (errno.EBUSY, errno.EXDEV):
-                        raise
-                    # Not written in place instead: that would give up all-or-nothing (a full disk leaves the
-                    # file cut short) and write through to the mount's source, which may lie outside the workspace.
-                    raise ToolError(f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is likely a "
-                                    "mount point (a file bind-mounted into the workspace, as containers do with "
-                                    "config files), and write and edit replace a file by renaming a new one over it; "
-                                    "nothing was changed: change it in place with bash if that is meant") from None
-                renamed = True
+                # From the check to the rename, no other call of this instance replaces this name: a second
+                # edit's check then sees the first edit (see _name_lock).
+                with self._name_lock(parent, name):
+                    if before_rename is not None:
+                        before_rename()  # the last moment to refuse: nothing has replaced the file yet
+                    with contextlib.suppress(FileNotFoundError):
+                        _refuse_hard_link(os.stat(name, dir_fd=parent, follow_symlinks=False), given)
+                    try:
+                        os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+                    except OSError as error:
+                        if error.errno not in (errno.EBUSY, errno.EXDEV):
+                            raise
+                        # Not written in place instead: that would give up all-or-nothing (a full disk leaves
+                        # the file cut short) and write through to the mount's source, which may lie outside the
+                        # workspace.
+                        raise ToolError(f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is "
+                                        "likely a mount point (a file bind-mounted into the workspace, as containers "
+                                        "do with config files), and write and edit replace a file by renaming a new "
+                                        "one over it; nothing was changed: change it in place with bash if that is "
+                                        "meant") from None
+                    renamed = True
         except BaseException as error:
             if renamed:  # only the close failed (the with's exit), after the rename put the file in place
                 if not isinstance(error, OSError):

@@ -2230,6 +2230,56 @@ async def test_a_close_that_fails_after_the_rename_says_the_file_was_written(
     assert os.listdir(tmp_path) == ["a.txt"]
 
 
+async def test_two_concurrent_edits_of_one_file_never_lose_one(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two edits of one file run at once (in their threads) could both find it unchanged before either renamed
+    its copy over it, so the second rename undid the first edit unseen. From its check to its rename an edit
+    now holds a lock of the file's name, so the other, checking after, finds the change and is refused.
+
+    Forced, not timed: the first edit to check waits, once its check passed, until the other either passed
+    its own check too (the race) or came to take the lock (and will wait for it)."""
+    import asyncio
+    import threading
+
+    from dsh_plugins.workspace import WorkspaceTools
+
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    other_came = threading.Event()
+    checks = locks = 0
+    real_check = WorkspaceTools._check_unchanged
+    real_lock = WorkspaceTools.__dict__.get("_name_lock")
+
+    def check(self: Any, *args: Any) -> None:
+        nonlocal checks
+        checks += 1
+        real_check(self, *args)
+        if checks == 1:
+            assert other_came.wait(30), "the other edit never came"  # a guard against a hang, not a timing
+        else:
+            other_came.set()  # passed its check, the first edit not yet renamed: nothing stopped it
+
+    def name_lock(self: Any, *args: Any) -> Any:
+        nonlocal locks
+        locks += 1
+        if locks == 2:
+            other_came.set()  # the lock is (or is about to be) held by the first: this one waits for it
+        assert real_lock is not None
+        return real_lock(self, *args)
+
+    monkeypatch.setattr(WorkspaceTools, "_check_unchanged", check)
+    monkeypatch.setattr(WorkspaceTools, "_name_lock", name_lock, raising=False)  # the fix's hook point
+    async with boot(ws(tmp_path)) as h:
+        results = await asyncio.gather(
+            h.call("edit", {"path": "a.txt", "old_string": "one", "new_string": "ONE"}),
+            h.call("edit", {"path": "a.txt", "old_string": "two", "new_string": "TWO"}))
+    refused = [result for result in results if result.error is not None]
+    done = [result for result in results if result.error is None]
+    assert len(refused) == 1 and len(done) == 1, [result.text for result in results]
+    assert "'a.txt' changed while it was being edited" in refused[0].text, refused[0].text
+    assert (tmp_path / "a.txt").read_text() in ("ONE\ntwo\n", "one\nTWO\n")
+    assert (tmp_path / "a.txt").read_text() == ("ONE\ntwo\n" if results[0] is done[0] else "one\nTWO\n")
+
+
 #: Files on either side of the CR-only rule: CR alone, CRLF, LF, mixed, a CR at the end only or before
 #: an LF, no break at all, and non-ASCII text around them.
 _LINE_ENDING_SAMPLES = ["", "one", "one\rtwo\r", "one\rtwo", "one\r", "\r", "one\r\ntwo\r\n", "one\ntwo\n",
