@@ -1822,6 +1822,7 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
         (root / name).write_text("mine\n")
     (root / ".dsh-aaaaaaaaaaaa.tmp").symlink_to(outside / "target.tmp")
     (root / ".dsh-bbbbbbbbbbbb.tmp").mkdir()
+    _age(*(root / name for name in kept), root / ".dsh-aaaaaaaaaaaa.tmp", root / ".dsh-bbbbbbbbbbbb.tmp")
     writer = _hold_lock(live)
     try:
         async with boot(ws(root)) as h:
@@ -1832,6 +1833,7 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
             assert found.value["matches"] == []
         assert sorted(os.listdir(root)) == sorted([*kept, live.name, ".dsh-aaaaaaaaaaaa.tmp", ".dsh-bbbbbbbbbbbb.tmp"])
         assert (outside / "target.tmp").read_text() == "not ours\n"
+        assert os.path.islink(root / ".dsh-aaaaaaaaaaaa.tmp")  # the link itself, not only what it leads to
     finally:
         writer.kill()  # SIGKILL: its lock goes with it, as a crashed writer's does
         writer.wait()
@@ -1841,6 +1843,7 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
         pass
     assert not live.exists()
     assert sorted(os.listdir(root)) == sorted([*kept, ".dsh-aaaaaaaaaaaa.tmp", ".dsh-bbbbbbbbbbbb.tmp"])
+    assert os.path.lexists(root / ".dsh-aaaaaaaaaaaa.tmp") and (outside / "target.tmp").read_text() == "not ours\n"
 
 
 async def test_a_directory_is_swept_the_first_time_a_write_goes_there(boot: Any, tmp_path: Path) -> None:
@@ -1916,7 +1919,8 @@ async def test_read_removes_nothing_and_reads_a_temporary_file_it_names(boot: An
 async def test_search_never_shows_a_writers_temporary_file(boot: Any, tmp_path: Path) -> None:
     """search walks a whole tree, so it sweeps nothing (a second scan of every directory it walks): it leaves
     every file named as a writer's temporary file out instead, dead or alive, a leftover or a half-written
-    copy whose name is about to go. Nothing is removed, a live writer's file least of all."""
+    copy whose name is about to go, whether it walks to their directory or starts there. Nothing is removed:
+    the dead writer's file is old enough for a sweep to take it."""
     (tmp_path / "deep" / "er").mkdir(parents=True)
     (tmp_path / "deep" / "er" / "a.txt").write_text("needle in a file\n")
     dead, live, writer = _leftovers(tmp_path / "deep" / "er")
@@ -1924,10 +1928,14 @@ async def test_search_never_shows_a_writers_temporary_file(boot: Any, tmp_path: 
         async with boot(ws(tmp_path)) as h:
             found = await h.call("search", {"pattern": "needle"})
             assert found.value["matches"] == [{"path": "deep/er/a.txt", "line": 1, "text": "needle in a file"}]
-            assert (found.value["files_searched"], found.value["files_skipped"]) == (1, 0)
-            named = await h.call("search", {"pattern": "needle", "path": f"deep/er/{dead.name}"})
-            assert named.value["matches"] != []  # named by the call: searched as any file read could be
-        assert live.read_text() == "needle of a live writer\n"
+            assert (found.value["files_searched"], found.value["files_skipped"], found.value["withheld"]) == (1, 0, 0)
+            there = await h.call("search", {"pattern": "needle", "path": "deep/er"})
+            assert there.value["matches"] == found.value["matches"]
+            assert (there.value["files_searched"], there.value["files_skipped"]) == (1, 0)
+            for leftover in (dead, live):  # named by the call: searched as any file read could be
+                named = await h.call("search", {"pattern": "needle", "path": f"deep/er/{leftover.name}"})
+                assert [match["path"] for match in named.value["matches"]] == [f"deep/er/{leftover.name}"]
+        assert sorted(os.listdir(tmp_path / "deep" / "er")) == [dead.name, live.name, "a.txt"]
     finally:
         writer.kill()
         writer.wait()
