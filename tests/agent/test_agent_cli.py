@@ -235,9 +235,13 @@ def test_a_broken_script_fails_at_boot_naming_the_line(tmp_path: Path) -> None:
 
 SLOW_PLUGIN = """
 import asyncio, pathlib
+import dsh_core.clirun
 from dsh_core import define_tool, hookimpl, plugin as declare
 
 MARK = pathlib.Path(__file__).with_name("started")
+# A drain no test waits for: a run that only ends when the drain does is told from one the second
+# interrupt cancelled by far more than a loaded machine's delays (5 s against a second or two, else).
+dsh_core.clirun.DRAIN_SECONDS = 600.0
 
 class Slow:
     @hookimpl
@@ -283,7 +287,7 @@ def interrupt(tmp_path: Path, signals: int, *, stubborn: bool = False) -> tuple[
         for _ in range(signals):
             child.send_signal(signal.SIGINT)
             time.sleep(0.3)
-        _, err = child.communicate(timeout=30)
+        _, err = child.communicate(timeout=60)
         return child.returncode, err, time.monotonic() - started
     finally:
         if child.poll() is None:
@@ -305,14 +309,14 @@ def test_a_second_interrupt_cancels_the_run_which_still_records_its_end(tmp_path
     assert code == 130, err
     assert "Traceback" not in err and err.splitlines()[-1] == "dsh: error: interrupted"
     assert "SIGINT received, cancelling (again to exit at once)" in err
-    assert took < 4  # not the 5 s drain: the second interrupt cancels at once
+    assert took < 30  # not the (600 s) drain: the second interrupt cancels at once
     assert last_run_end(tmp_path) == {"reason": str(StopReason.ABORTED), "turns": 1, "answer": None,
                                       "error": "cancelled"}
 
 
 def test_a_third_interrupt_exits_at_once(tmp_path: Path) -> None:
     code, err, took = interrupt(tmp_path, 3, stubborn=True)  # the tool swallows the cancellation
-    assert code == 130 and took < 4, err
+    assert code == 130 and took < 30, err  # not never (nor the 600 s drain)
     assert last_run_end(tmp_path) is None
 
 
