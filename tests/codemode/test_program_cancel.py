@@ -8,7 +8,6 @@ scheduler's future, as the worker host does on the worker's ``cancel`` message
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -68,9 +67,8 @@ async def test_a_cancelled_exclusive_call_is_aborted_and_frees_the_barrier(form:
         return "deployed"
 
     env.add(tool("deploy", deploy), status_tool())  # exclusive: status waits for its barrier
-    begun = time.monotonic()
     result = await env.run("import asyncio\n" + give_up(form, "deploy") + "return await tools.status({})")
-    assert time.monotonic() - begun < 5
+    # The body was cut, not left to its 30 s sleep: "cut" below is only seen by a cancelled body.
     assert result.value == {"logs": ["gave up"], "result": "ok"}, result.text
     assert seen == [["listener", PROGRAM_CANCELLED]] * listens + [["cut", True, PROGRAM_CANCELLED]]
     assert settles(env) == [("call-1:code:1", "deploy", True, "ABORTED"), ("call-1:code:2", "status", False, None)]
