@@ -748,8 +748,6 @@ def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> N
     # Each 4 MiB frame of floats is within the memory budget but holds the host's loop for a
     # fraction of a second; sent one after another, only the wall-clock ceiling ended them,
     # while every other run on the host waited. The worker itself spends almost no CPU.
-    import time
-
     async def go(rt: PythonCodeRuntime) -> None:
         assert (await rt.run("return 1", [])).value == 1
         program = (
@@ -761,30 +759,28 @@ def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> N
             "    os.write(3, struct.pack('>I', len(frame)) + frame)\n"
             "return 'not charged'"
         )
-        started = time.monotonic()
         r = await rt.run(program, [])
-        elapsed = time.monotonic() - started
+        # The CPU budget ended it, not the 60 s wall-clock ceiling (which says so in other words).
         assert r.error is not None and r.error.kind == "timeout", r
         assert r.error.message.startswith("CPU budget exhausted (1 s of CPU time, "), r.error.message
         assert "s of it the host reading the program's frames)" in r.error.message, r.error.message
-        assert elapsed < 15, elapsed
 
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=1.0))
 
 
-@pytest.mark.parametrize(("elements", "frame_under", "seconds", "pause", "bound_s"), [
+# Uncharged, a flood runs its ``seconds`` and returns 'not charged' (the program's own CPU stays far
+# below the budget); charged, it ends within about a second, which a loaded machine may make a few.
+@pytest.mark.parametrize(("elements", "frame_under", "seconds", "pause"), [
     # Frames just under 64 KiB, read about 64 KiB at a time: only frames of 64 KiB or more had the
     # host's reading time charged, and such a flood held the host's loop for about 50 times the
     # CPU the program spent itself (measured: 2.4 s against 0.05 s), until the wall clock.
-    pytest.param(30000, 1 << 16, 5, False, 4, id="frames-under-64-kib"),
+    pytest.param(30000, 1 << 16, 30, False, id="frames-under-64-kib"),
     # Small reads: past a run's first 64 KiB of them, one read in eight (at random) is timed and
     # charged eight times over, since reading the thread's clock on each costs more than the read.
-    pytest.param(1500, 4096, 8, True, 7, id="small-reads-sampled"),
+    pytest.param(1500, 4096, 30, True, id="small-reads-sampled"),
 ])
 def test_the_hosts_time_reading_a_flood_of_junk_frames_is_charged_to_the_cpu_budget(
-        elements: int, frame_under: int, seconds: int, pause: bool, bound_s: float) -> None:
-    import time
-
+        elements: int, frame_under: int, seconds: int, pause: bool) -> None:
     async def go(rt: PythonCodeRuntime) -> None:
         assert (await rt.run("return 1", [])).value == 1
         program = (
@@ -798,12 +794,9 @@ def test_the_hosts_time_reading_a_flood_of_junk_frames_is_charged_to_the_cpu_bud
             + ("    time.sleep(0)\n" if pause else "")
             + "return 'not charged'"
         )
-        started = time.monotonic()
         r = await rt.run(program, [])
-        elapsed = time.monotonic() - started
         assert r.error is not None and r.error.kind == "timeout", r
         assert "s of it the host reading the program's frames)" in r.error.message, r.error.message
-        assert elapsed < bound_s, elapsed
 
     arun(with_runtime(go, isolation="auto", timeout_s=60.0, cpu_s=0.5))
 
