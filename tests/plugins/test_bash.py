@@ -178,9 +178,9 @@ async def test_a_command_that_never_ends_times_out_and_its_group_is_killed(boot:
     """The timeout kills the whole process group (background children too) and says what to do."""
     async with boot(bash(tmp_path)) as h:
         started = time.monotonic()
-        result = await h.call("bash", {"command": "sleep 60 & echo $! > bg.pid; echo started; sleep 60",
+        result = await h.call("bash", {"command": "sleep 3600 & echo $! > bg.pid; echo started; sleep 3600",
                                        "timeout": 0.5})
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 60  # not the command's hour
     assert result.code == "TOOL_FAILED"
     assert "command timed out after 0.5 s and was killed" in result.text and "started" in result.text
     assert not alive(int((tmp_path / "bg.pid").read_text()))
@@ -190,8 +190,8 @@ async def test_background_processes_do_not_outlive_the_command(boot: Any, tmp_pa
     """When the command ends, what it left running in its group is killed (and the call does not hang)."""
     async with boot(bash(tmp_path)) as h:
         started = time.monotonic()
-        result = await h.call("bash", {"command": "sleep 60 & echo $! > bg.pid"})
-        assert time.monotonic() - started < 5
+        result = await h.call("bash", {"command": "sleep 3600 & echo $! > bg.pid"})
+        assert time.monotonic() - started < 60  # not the background job's hour
     assert result.value["exit_code"] == 0
     assert not alive(int((tmp_path / "bg.pid").read_text()))
 
@@ -253,14 +253,12 @@ async def test_abort_kills_the_process_group_promptly(boot: Any, tmp_path: Path)
     """Aborting the call's signal ends it as ABORTED and kills what the command started."""
     async with boot(bash(tmp_path)) as h:
         controller = AbortController()
-        call = asyncio.ensure_future(h.call("bash", {"command": "sleep 60 & echo $! > bg.pid; sleep 60"},
+        call = asyncio.ensure_future(h.call("bash", {"command": "sleep 3600 & echo $! > bg.pid; sleep 3600"},
                                             signal=controller.signal))
         while not (tmp_path / "bg.pid").exists() or not (tmp_path / "bg.pid").read_text().strip():
             await asyncio.sleep(0.02)
-        started = time.monotonic()
         controller.abort("user pressed ctrl-c")
-        result = await asyncio.wait_for(call, 5)
-        assert time.monotonic() - started < 2
+        result = await asyncio.wait_for(call, 60)  # not the command's hour
     assert result.code == "ABORTED"
     assert not alive(int((tmp_path / "bg.pid").read_text()))
 
