@@ -431,7 +431,7 @@ ENDLESS = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELEC
 def test_a_runaway_query_is_interrupted_by_the_timeout(tmp_path: Path) -> None:
     started = time.monotonic()
     result = query(make_db(tmp_path / "app.db"), ENDLESS, timeout_s=0.3)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # not never
     assert "the query ran longer than 0.3 s and was interrupted" in result.text
 
 
@@ -443,8 +443,8 @@ def test_abort_interrupts_a_running_query(tmp_path: Path) -> None:
         result = await harness.call("sql_query", {"sql": ENDLESS}, signal=controller.signal)
         return result, time.monotonic() - started
 
-    result, elapsed = run(make_db(tmp_path / "app.db"), scenario)
-    assert result.code == "ABORTED" and elapsed < 3
+    result, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=3600)
+    assert result.code == "ABORTED" and elapsed < 60  # not the hour of timeout_s
 
 
 def test_an_abort_while_the_worker_starts_is_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -473,8 +473,8 @@ def test_an_abort_while_the_worker_starts_is_not_lost(tmp_path: Path, monkeypatc
         result = await harness.call("sql_query", {"sql": ENDLESS}, signal=controller.signal)
         return result, time.monotonic() - started
 
-    result, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=10)
-    assert result.code == "ABORTED" and elapsed < 3
+    result, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=3600)
+    assert result.code == "ABORTED" and elapsed < 60  # not the hour of timeout_s
     assert [worker.returncode is not None for worker in workers] == [True]
 
 
@@ -493,7 +493,9 @@ def test_cancelling_a_call_kills_and_reaps_the_worker(tmp_path: Path, monkeypatc
 
     async def scenario(harness: Harness) -> tuple[bool, float]:
         task = asyncio.ensure_future(harness.call("sql_query", {"sql": ENDLESS}))
-        await asyncio.sleep(0.5)
+        while not workers:  # however long a loaded machine takes to start it
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
         assert len(workers) == 1 and workers[0].returncode is None
         started = time.monotonic()
         task.cancel()
@@ -501,8 +503,8 @@ def test_cancelling_a_call_kills_and_reaps_the_worker(tmp_path: Path, monkeypatc
             await task
         return workers[0].returncode is not None, time.monotonic() - started
 
-    reaped, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=60)
-    assert reaped and elapsed < 3
+    reaped, elapsed = run(make_db(tmp_path / "app.db"), scenario, timeout_s=3600)
+    assert reaped and elapsed < 60  # not the hour of timeout_s
 
 
 def _spawning(monkeypatch: pytest.MonkeyPatch, code: str) -> list[asyncio.subprocess.Process]:
@@ -522,10 +524,10 @@ def _spawning(monkeypatch: pytest.MonkeyPatch, code: str) -> list[asyncio.subpro
 
 def test_a_worker_that_does_not_answer_is_killed_after_the_timeout(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    workers = _spawning(monkeypatch, "import time; time.sleep(60)")  # stuck in one long step
+    workers = _spawning(monkeypatch, "import time; time.sleep(3600)")  # stuck in one long step
     started = time.monotonic()
     result = query(make_db(tmp_path / "app.db"), "SELECT 1", timeout_s=0.2)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # killed at timeout_s + KILL_GRACE_S, not left its hour
     assert "the query ran longer than 0.2 s and was interrupted" in result.text
     assert len(workers) == 1 and workers[0].returncode is not None
 
