@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 
-__all__ = ["kill_child"]
+__all__ = ["child_pids", "kill_child"]
 
 
 def kill_child(process: asyncio.subprocess.Process) -> None:
@@ -21,3 +21,23 @@ def kill_child(process: asyncio.subprocess.Process) -> None:
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` now, from ``/proc/<pid>/task/*/children`` (every thread's).
+
+    Empty when ``pid`` has ended, or off Linux. A listed pid may end, and be reused, as soon as
+    this returns: a caller that acts on one opens a pidfd and checks the parent again.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                found.extend(int(child) for child in listing.read().split())
+        except (OSError, ValueError):
+            continue
+    return found

@@ -61,6 +61,7 @@ from dsh_core.coderuntime.seam import (
 )
 from dsh_core.coderuntime.worker import descriptors, wire
 from dsh_core.coderuntime.worker import program as programs
+from dsh_core.processes import child_pids
 
 __all__ = ["PythonCodeRuntime", "RuntimeDisposedError", "STDLIB_PRELOAD"]
 
@@ -568,32 +569,22 @@ class _Zygote:
 def _children_pidfds(parent: int) -> list[int]:
     """Pidfds of the processes whose parent is ``parent`` now (a process of the host's, not yet reaped)."""
     handles: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{parent}/task")
-    except OSError:
-        return handles
-    for task in tasks:
+    for pid in child_pids(parent):
         try:
-            with open(f"/proc/{parent}/task/{task}/children") as listing:
-                pids = [int(pid) for pid in listing.read().split()]
-        except (OSError, ValueError):
-            continue
-        for pid in pids:
-            try:
-                handle = os.pidfd_open(pid)
-            except OSError:
-                continue  # gone already
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-                # Alive after that read: it was this pidfd's process, not a reused pid.
-                signals.pidfd_send_signal(handle, 0)
-            except (OSError, ValueError, IndexError):
-                ppid = -1
-            if ppid == parent:
-                handles.append(handle)
-            else:
-                os.close(handle)
+            handle = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone already
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            # Alive after that read: it was this pidfd's process, not a reused pid.
+            signals.pidfd_send_signal(handle, 0)
+        except (OSError, ValueError, IndexError):
+            ppid = -1
+        if ppid == parent:
+            handles.append(handle)
+        else:
+            os.close(handle)
     return handles
 
 

@@ -35,6 +35,7 @@ from dsh_core.errors import DshError, ErrorCode
 from dsh_core.hooks import REGISTRATION_HOOKS, SYNC_HOOKS, Hooks
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
+from dsh_core.processes import child_pids
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
 from dsh_core.testing.loader import LoadedPlugin, check_config, load_factory, load_plugin, make_root
@@ -1292,20 +1293,10 @@ def _descendants() -> dict[int, int]:
     pending = [os.getpid()]
     while pending:
         pid = pending.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # ended meanwhile, or not Linux: processes are not checked
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as handle:
-                    children = [int(child) for child in handle.read().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                if child not in found:
-                    found[child] = pid
-                    pending.append(child)
+        for child in child_pids(pid):  # none if it ended meanwhile, or not Linux: processes are not checked
+            if child not in found:
+                found[child] = pid
+                pending.append(child)
     return found
 
 

@@ -565,16 +565,27 @@ os.read(told, 1)
 """
 
 
-def test_closing_a_zygote_ends_the_init_its_sandbox_launcher_left_behind(tmp_path: Any) -> None:
+def _launched_by(tmp_path: Any, script: str) -> iso.ZygotePlan:
+    """An L0 plan whose zygote runs under ``script``, a launcher standing in for bubblewrap."""
     launcher = tmp_path / "launcher.py"
-    launcher.write_text(_LINGERING_INIT_LAUNCHER)
-    plan = attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+    launcher.write_text(script)
+    return attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+
+
+async def _started_with_its_init(plan: iso.ZygotePlan) -> tuple[Any, int]:
+    """A started zygote of ``plan``, and the pid of the init its launcher left running."""
+    zygote = host_module._Zygote(plan, asyncio.get_running_loop())
+    await zygote.start(CodeRuntimeConfig(isolation="L0"))
+    assert zygote.proc is not None
+    (init,) = children_of(zygote.proc.pid)
+    return zygote, init
+
+
+def test_closing_a_zygote_ends_the_init_its_sandbox_launcher_left_behind(tmp_path: Any) -> None:
+    plan = _launched_by(tmp_path, _LINGERING_INIT_LAUNCHER)
 
     async def go() -> bool:
-        zygote = host_module._Zygote(plan, asyncio.get_running_loop())
-        await zygote.start(CodeRuntimeConfig(isolation="L0"))
-        assert zygote.proc is not None
-        (init,) = children_of(zygote.proc.pid)
+        zygote, init = await _started_with_its_init(plan)
         handle = os.pidfd_open(init)
         try:
             await zygote.close()
@@ -591,17 +602,12 @@ def test_a_sandbox_init_that_does_not_end_when_killed_is_left_named_not_waited_f
 ) -> None:
     # A killed process ends at once unless one of its namespace's tasks sleeps uninterruptibly (a
     # hung mount); such an init stands in here as one whose kill does nothing.
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(_LINGERING_INIT_LAUNCHER)
-    plan = attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+    plan = _launched_by(tmp_path, _LINGERING_INIT_LAUNCHER)
     real_kill = host_module.descriptors.kill
     monkeypatch.setattr(host_module, "SANDBOX_END_S", 0.2)
 
     async def go() -> tuple[int, bool]:
-        zygote = host_module._Zygote(plan, asyncio.get_running_loop())
-        await zygote.start(CodeRuntimeConfig(isolation="L0"))
-        assert zygote.proc is not None
-        (init,) = children_of(zygote.proc.pid)
+        zygote, init = await _started_with_its_init(plan)
         handle = os.pidfd_open(init)
         try:
             with monkeypatch.context() as patch:
@@ -624,13 +630,10 @@ def test_a_zygote_that_fails_to_start_ends_the_init_its_sandbox_launcher_left_be
     # while the sandbox's init is surely up and the zygote has surely not said hello.
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(
-        _LINGERING_INIT_LAUNCHER.replace(
-            "        os.close(tell)\n", f"        os.close(tell)\n        open({str(gate)!r}, 'rb').close()\n", 1
-        )
+    held = _LINGERING_INIT_LAUNCHER.replace(
+        "        os.close(tell)\n", f"        os.close(tell)\n        open({str(gate)!r}, 'rb').close()\n", 1
     )
-    plan = attrs.evolve(iso.plan_for(0, ()), argv_prefix=(sys.executable, "-I", "-S", str(launcher), "--"))
+    plan = _launched_by(tmp_path, held)
 
     async def go() -> bool:
         zygote = host_module._Zygote(plan, asyncio.get_running_loop())
