@@ -750,7 +750,9 @@ def check_stdout(target: Target) -> list[str]:
     """Importing, starting and disposing the plugin in a fresh interpreter writes nothing to stdout.
 
     The probe marks where each phase begins, so a failure says which phase wrote, failed or hung
-    (import, start, dispose) and gives the fix for that phase.
+    (import, start, dispose) and gives the fix for that phase. What the plugin left running in that
+    interpreter is killed and reaped once it has ended, unreported, as every check that starts the plugin
+    does (reporting it is the dispose check's).
     """
     loss = find_loss(target.config)
     if loss is not None:
@@ -767,9 +769,13 @@ def check_stdout(target: Target) -> list[str]:
             tempfile.TemporaryDirectory() as scratch:
         marks_path = os.path.join(scratch, "marks")
         try:
-            completed = subprocess.run(
-                [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config),
-                 marks_path], stdout=out, stderr=err, env=env, timeout=PROBE_TIMEOUT_S, check=False)
+            # As every check that starts the plugin: what it left running (here, in the probe) is killed and
+            # reaped, orphans included. The probe's leftovers are its children, reparented to this process
+            # (a subreaper meanwhile) by the time its exit is seen, whether it exited or was killed at the timeout.
+            with _ending_processes():
+                completed = subprocess.run(
+                    [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config),
+                     marks_path], stdout=out, stderr=err, env=env, timeout=PROBE_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             hung = _last_phase(marks_path)
             if hung is None:

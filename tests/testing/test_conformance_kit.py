@@ -8,6 +8,7 @@ the kit finds them through ``dsh.plugins`` exactly as it finds a real package.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import shutil
@@ -433,6 +434,54 @@ def test_the_stdout_check_says_where_the_output_or_the_failure_came_from(
     assert found.startswith('[dsh:stdout] plugin "unimportable": importing the plugin\'s module in a fresh '
                             "interpreter failed: "), found
     assert "needs what conftest.py imported" in found and "fix: make the entry point importable on its own" in found
+
+
+LEAVES_AT_LOAD = """
+import subprocess
+
+from dsh_core import plugin
+
+
+@plugin(config_schema={"type": "object", "properties": {"pids": {"type": "string"}}, "required": ["pids"]})
+def leaves_at_load(scope, config):
+    # Neither goes through the scope: a child left running, and an orphan whose shell exited at once.
+    child = subprocess.Popen(["sleep", "37"])
+    orphan = subprocess.run(["sh", "-c", "sleep 38 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    with open(config["pids"], "w") as pids:
+        pids.write(f"{child.pid} {orphan}")
+    return None
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
+def test_the_stdout_check_kills_what_the_plugin_left_running_in_its_fresh_interpreter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every check that starts the plugin in the kit's process kills and reaps what it left running at load; the
+    stdout check starts it in a fresh interpreter, and what the plugin left running there (a child, an orphan)
+    ran on after the interpreter exited, and after the kit. It is killed, unreported as the other checks leave
+    reporting it to the dispose check."""
+    import os
+    import signal
+
+    (tmp_path / "leaves_at_load.py").write_text(LEAVES_AT_LOAD)
+    dist = tmp_path / "leaves-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: leaves\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[dsh.plugins]\nleaves-at-load = leaves_at_load:leaves_at_load\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pids_file = tmp_path / "pids"
+    pids: list[int] = []
+    try:
+        assert checks.check_stdout(Target("leaves-at-load", {"pids": str(pids_file)})) == []
+        pids = [int(pid) for pid in pids_file.read_text().split()]
+        assert len(pids) == 2, pids
+        assert [checks._describe_pid(pid) for pid in pids if os.path.exists(f"/proc/{pid}")] == []
+    finally:
+        for pid in pids:  # what the check did not kill, so it does not run on after the test
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as command:
+                if command.read().startswith(b"sleep\0"):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_a_config_that_is_not_json_fails_the_stdout_check_with_a_message() -> None:
