@@ -8,9 +8,10 @@ that leads out of it is refused before anything is read or written.
 
 ``write`` and ``edit`` replace a file through a new one beside it, ``.dsh-<12 hex>.tmp``, renamed over
 it once complete and locked (``flock``) by its writer until then. One a dead writer left (a crash, a
-SIGKILL), unlocked and a minute old (:data:`SWEEP_MIN_AGE_S`), is removed: in the root at load, in any
-other directory the first time ``write`` or ``edit`` goes there (a bounded look, :data:`SWEEP_ENTRIES`
-entries, once per directory; a locked one, whose writer lives, is never touched). ``read``, ``list`` and
+SIGKILL), unlocked and a minute old (:data:`SWEEP_MIN_AGE_S`), is removed: in the root at load, and in
+the directory ``write`` or ``edit`` goes to when it was not swept within :data:`SWEEP_INTERVAL_S` (a bounded
+look, :data:`SWEEP_ENTRIES` entries, at most once a minute per directory; a locked one, whose writer lives, is
+never touched). ``read``, ``list`` and
 ``search`` are read-only (annotated so, and run unasked by the ``read-only`` approval preset), so they sweep
 nothing: ``list`` and ``search`` leave every file so named out by name (see
 :data:`~dsh_plugins._search_worker.TEMPORARY`), and ``read`` or ``search`` of a path naming one reads it
@@ -53,6 +54,7 @@ import threading
 import time
 import unicodedata
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -125,6 +127,12 @@ SWEEP_ENTRIES = 10_000
 #: Seconds since a temporary file was last written (its mtime) before a sweep may take it for a dead writer's:
 #: a writer that holds no lock (an older dsh, a file system without a working flock) is spared meanwhile.
 SWEEP_MIN_AGE_S = 60
+#: Seconds before write or edit sweeps a directory this instance swept before, again: a writer that died there
+#: since leaves a file a sweep may take a minute later (:data:`SWEEP_MIN_AGE_S`), so sooner would find nothing
+#: more, and each write pays a scan at most once this often per directory.
+SWEEP_INTERVAL_S = SWEEP_MIN_AGE_S
+#: The clock sweeps are spaced by (a module attribute, so tests can set the time).
+_monotonic = time.monotonic
 #: Temporary names a write tries when a sweep (another dsh's) takes the one it created before it locked it.
 _TEMPORARY_ATTEMPTS = 3
 #: What fsync gives on a file system that does not sync (this kind of file): nothing to wait for, no failure.
@@ -627,28 +635,41 @@ class WorkspaceTools:
         self._name_locks: weakref.WeakValueDictionary[tuple[int, int, str], threading.Lock] = (
             weakref.WeakValueDictionary())
         self._name_locks_guard = threading.Lock()
-        #: The directories (device, inode) swept for dead writers' temporary files, each once (see _sweep).
-        self._swept: set[tuple[int, int]] = set()
+        #: The directories (device, inode) swept for dead writers' temporary files less than SWEEP_INTERVAL_S
+        #: ago, each to when (:data:`_monotonic`), oldest first: see :meth:`_sweep_if_due`.
+        self._swept: OrderedDict[tuple[int, int], float] = OrderedDict()
+        self._swept_guard = threading.Lock()  # writes sweep from threads of their own
         with contextlib.suppress(OSError):  # housekeeping: a root that cannot be swept still serves
             root = os.open(self.workspace.root, _DIRECTORY)
             try:
-                self._sweep_once(root)
+                self._sweep_if_due(root)
             finally:
                 os.close(root)
 
-    def _sweep_once(self, directory: int) -> None:
-        """:func:`_sweep` ``directory`` (a descriptor) unless this instance swept it before.
+    def _sweep_if_due(self, directory: int) -> None:
+        """:func:`_sweep` ``directory`` (a descriptor) unless this instance swept it less than
+        :data:`SWEEP_INTERVAL_S` ago.
 
         Called at load (the root) and by write and edit (the directory each goes to), never by read, list or
         search, which change nothing (their annotation says so, and the ``read-only`` approval preset runs them
-        unasked): once per directory, so a sweep costs each at most one look of :data:`SWEEP_ENTRIES` entries.
-        (Two calls in threads may both sweep a directory new to them: harmless, a sweep removes only what
-        no writer holds.)
+        unasked). Not once per directory for good: a writer that died there after that sweep left its file
+        until the next load. Not at every write either: a sweep looks at up to :data:`SWEEP_ENTRIES` entries,
+        so a directory is looked at once per interval at most, however often it is written. A directory's entry
+        is dropped once its sweep is that old (it would be swept again anyway), so the table holds only the
+        directories swept within the interval. (Two calls in threads may both sweep a directory due: harmless,
+        a sweep removes only what no writer holds.)
         """
         info = os.fstat(directory)
-        if (info.st_dev, info.st_ino) not in self._swept:
-            self._swept.add((info.st_dev, info.st_ino))
-            _sweep(directory)
+        key = (info.st_dev, info.st_ino)
+        now = _monotonic()
+        with self._swept_guard:
+            # Entries go in as they are swept, and the clock never goes back: the oldest are first.
+            while self._swept and now - next(iter(self._swept.values())) >= SWEEP_INTERVAL_S:
+                self._swept.popitem(last=False)
+            if key in self._swept:
+                return
+            self._swept[key] = now
+        _sweep(directory)
 
     def _name_lock(self, parent: int, name: str) -> threading.Lock:
         """The lock of the name ``name`` in the directory ``parent`` (a descriptor), the same for every call of
@@ -1123,8 +1144,8 @@ class WorkspaceTools:
         Blocking on the disk: run it in a thread (:func:`_in_thread`). A file with
         several names (hard links) is refused, before anything is written and again just before the
         rename (a link made meanwhile): see :func:`_refuse_hard_link`. The new file is locked until it
-        is renamed or removed, so a sweep never takes it for a dead writer's; the first write to a
-        directory sweeps it (:func:`_sweep`).
+        is renamed or removed, so a sweep never takes it for a dead writer's; a write to a
+        directory not swept within :data:`SWEEP_INTERVAL_S` sweeps it (:meth:`_sweep_if_due`).
         """
         name = os.path.basename(real)
         if info is not None:
@@ -1132,7 +1153,7 @@ class WorkspaceTools:
         if info is not None and not os.access(name, os.W_OK, dir_fd=parent):
             raise ToolError(f"cannot write {given!r}: Permission denied")
         with contextlib.suppress(OSError):  # housekeeping: never the reason a write fails
-            self._sweep_once(parent)
+            self._sweep_if_due(parent)
         try:
             temporary, fd = _create_temporary(parent)
         except OSError as error:
@@ -1424,7 +1445,7 @@ class WorkspaceTools:
         a call naming it would be (where it leads too), any other entry by its own path (which is real).
         A writer's temporary file is left out by its name alone, as search leaves it out
         (:data:`~dsh_plugins._search_worker.TEMPORARY`), counted nowhere: list removes nothing (see
-        :meth:`_sweep_once`), and a probe of its lock could make a writer that has just created it start over."""
+        :meth:`_sweep_if_due`), and a probe of its lock could make a writer that has just created it start over."""
         entries: list[dict[str, Any]] = []
         scanned = withheld = 0
 

@@ -1955,21 +1955,12 @@ async def test_search_never_shows_a_writers_temporary_file(boot: Any, tmp_path: 
 async def test_only_load_write_and_edit_sweep_and_each_directory_once(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The root is swept at load and any other directory by the first write or edit there, never again by the
-    same plugin instance, so a sweep costs each directory one bounded look, however often it is visited; list,
-    read and search, which are read-only, never sweep."""
-    from dsh_plugins import workspace
-
+    same plugin instance within SWEEP_INTERVAL_S (the clock stands still here), so a sweep costs each directory
+    one bounded look, however often it is visited; list, read and search, which are read-only, never sweep."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.txt").write_text("alpha\n")
-    swept: list[tuple[int, int]] = []
-    real_sweep = workspace._sweep
-
-    def sweep(directory: int) -> int:
-        info = os.fstat(directory)
-        swept.append((info.st_dev, info.st_ino))
-        return real_sweep(directory)
-
-    monkeypatch.setattr(workspace, "_sweep", sweep)
+    _fake_clock(monkeypatch)
+    swept = _count_sweeps(monkeypatch)
     sub, root = os.stat(tmp_path / "sub"), os.stat(tmp_path)
     async with boot(ws(tmp_path)) as h:
         for _ in range(2):
@@ -1981,6 +1972,96 @@ async def test_only_load_write_and_edit_sweep_and_each_directory_once(
         assert (await h.call("edit", {"path": "sub/a.txt", "old_string": "alpha", "new_string": "beta"})).error is None
         assert (await h.call("search", {"pattern": "b"})).error is None
     assert swept == [(root.st_dev, root.st_ino), (sub.st_dev, sub.st_ino)]
+
+
+def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The clock the workspace plugin rate-limits its sweeps by, made a list holding the time it gives."""
+    from dsh_plugins import workspace
+
+    now = [1000.0]
+    monkeypatch.setattr(workspace, "_monotonic", lambda: now[0], raising=False)
+    return now
+
+
+def _count_sweeps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Each directory (device, inode) the workspace plugin sweeps from now on, in order."""
+    from dsh_plugins import workspace
+
+    swept: list[tuple[int, int]] = []
+    real_sweep = workspace._sweep
+
+    def sweep(directory: int) -> int:
+        info = os.fstat(directory)
+        swept.append((info.st_dev, info.st_ino))
+        return real_sweep(directory)
+
+    monkeypatch.setattr(workspace, "_sweep", sweep)
+    return swept
+
+
+def _workspace_tools(h: Any) -> Any:
+    """The workspace plugin's instance in the harness ``h``."""
+    from dsh_plugins.workspace import WorkspaceTools
+
+    (tools,) = [p for p in h.hooks.plugin_manager.get_plugins() if isinstance(p, WorkspaceTools)]
+    return tools
+
+
+async def test_a_directory_is_swept_again_by_a_write_once_the_sweep_interval_has_passed(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory was swept once per instance: a writer that died there after that left its temporary file on
+    disk (hidden from list and search) until the next load. A write or edit there sweeps it again once
+    SWEEP_INTERVAL_S has passed since its last sweep, and not before, so writes do not each pay a scan; the
+    sweep again spares a live writer's file and a young one."""
+    from dsh_plugins import workspace
+
+    now = _fake_clock(monkeypatch)
+    swept = _count_sweeps(monkeypatch)
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    key = (os.stat(sub).st_dev, os.stat(sub).st_ino)
+    async with boot(ws(tmp_path)) as h:
+        assert (await h.call("write", {"path": "sub/a.txt", "content": "alpha\n"})).error is None
+        assert swept.count(key) == 1
+        dead, live, writer = _leftovers(sub)  # a writer that died after that sweep, and one still writing
+        try:
+            _age(live)  # old enough to go, but for its writer's lock
+            young = sub / ".dsh-00000000eeee.tmp"
+            young.write_text("being written without a lock\n")
+            now[0] += workspace.SWEEP_INTERVAL_S - 1
+            assert (await h.call("write", {"path": "sub/b.txt", "content": "b"})).error is None
+            assert swept.count(key) == 1 and dead.exists()  # too soon: no scan
+            now[0] += 1
+            edited = await h.call("edit", {"path": "sub/a.txt", "old_string": "alpha", "new_string": "beta"})
+            assert edited.error is None, edited.text
+            assert swept.count(key) == 2
+            assert sorted(os.listdir(sub)) == sorted([live.name, young.name, "a.txt", "b.txt"])
+            assert (await h.call("write", {"path": "sub/b.txt", "content": "c"})).error is None
+            assert swept.count(key) == 2
+        finally:
+            writer.kill()
+            writer.wait()
+    assert workspace.SWEEP_INTERVAL_S == workspace.SWEEP_MIN_AGE_S
+
+
+async def test_only_directories_swept_within_the_interval_are_remembered(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table of swept directories grew by each directory written for the life of the instance; an entry is
+    dropped once its sweep is SWEEP_INTERVAL_S old (a write there then sweeps again anyway)."""
+    from dsh_plugins import workspace
+
+    now = _fake_clock(monkeypatch)
+    for number in range(11):
+        (tmp_path / f"d{number}").mkdir()
+    async with boot(ws(tmp_path)) as h:
+        tools = _workspace_tools(h)
+        for number in range(10):
+            assert (await h.call("write", {"path": f"d{number}/a.txt", "content": "a"})).error is None
+        assert len(tools._swept) == 11  # the root's, at load, too
+        now[0] += workspace.SWEEP_INTERVAL_S
+        assert (await h.call("write", {"path": "d10/a.txt", "content": "a"})).error is None
+        info = os.stat(tmp_path / "d10")
+        assert list(tools._swept) == [(info.st_dev, info.st_ino)]
 
 
 async def test_a_sweep_looks_at_a_bounded_number_of_entries(
