@@ -133,6 +133,9 @@ SWEEP_MIN_AGE_S = 60
 SWEEP_INTERVAL_S = SWEEP_MIN_AGE_S
 #: The clock sweeps are spaced by (a module attribute, so tests can set the time).
 _monotonic = time.monotonic
+#: Most directories remembered as swept within :data:`SWEEP_INTERVAL_S` (see ``WorkspaceTools._sweep_if_due``):
+#: past it, the one swept longest ago is forgotten, and only costs a write there an early sweep.
+SWEPT_DIRECTORIES = 4096
 #: Temporary names a write tries when a sweep (another dsh's) takes the one it created before it locked it.
 _TEMPORARY_ATTEMPTS = 3
 #: What fsync gives on a file system that does not sync (this kind of file): nothing to wait for, no failure.
@@ -656,8 +659,11 @@ class WorkspaceTools:
         until the next load. Not at every write either: a sweep looks at up to :data:`SWEEP_ENTRIES` entries,
         so a directory is looked at once per interval at most, however often it is written. A directory's entry
         is dropped once its sweep is that old (it would be swept again anyway), so the table holds only the
-        directories swept within the interval. (Two calls in threads may both sweep a directory due: harmless,
-        a sweep removes only what no writer holds.)
+        directories swept within the interval, and at most :data:`SWEPT_DIRECTORIES` of them: writes to more
+        directories than that within one interval forget the one swept longest ago, which a write there
+        then sweeps early (a sweep never takes a live writer's file, so this costs a scan, nothing else).
+        (The first call to find a directory due sweeps it; one in another thread meanwhile goes on without
+        waiting for that sweep: harmless, a sweep removes only what no writer holds.)
         """
         info = os.fstat(directory)
         key = (info.st_dev, info.st_ino)
@@ -669,6 +675,8 @@ class WorkspaceTools:
             if key in self._swept:
                 return
             self._swept[key] = now
+            while len(self._swept) > SWEPT_DIRECTORIES:
+                self._swept.popitem(last=False)
         _sweep(directory)
 
     def _name_lock(self, parent: int, name: str) -> threading.Lock:

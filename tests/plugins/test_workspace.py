@@ -2064,6 +2064,33 @@ async def test_only_directories_swept_within_the_interval_are_remembered(
         assert list(tools._swept) == [(info.st_dev, info.st_ino)]
 
 
+async def test_the_swept_directories_remembered_are_bounded_in_number_too(
+        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes to many directories within one interval each added an entry: past SWEPT_DIRECTORIES the one swept
+    longest ago is forgotten, and a write there sweeps it again (harmless: a sweep never takes a live writer's
+    file), while the directories remembered are not swept again."""
+    from dsh_plugins import workspace
+
+    assert workspace.SWEPT_DIRECTORIES == 4096
+    monkeypatch.setattr(workspace, "SWEPT_DIRECTORIES", 3)
+    _fake_clock(monkeypatch)
+    keys = []
+    for number in range(5):
+        (tmp_path / f"d{number}").mkdir()
+        info = os.stat(tmp_path / f"d{number}")
+        keys.append((info.st_dev, info.st_ino))
+    async with boot(ws(tmp_path)) as h:
+        tools = _workspace_tools(h)
+        for number in range(5):
+            assert (await h.call("write", {"path": f"d{number}/a.txt", "content": "a"})).error is None
+        assert list(tools._swept) == keys[2:]
+        swept = _count_sweeps(monkeypatch)
+        for number in (4, 0, 4):
+            assert (await h.call("write", {"path": f"d{number}/a.txt", "content": "b"})).error is None
+        assert swept == [keys[0]]
+        assert list(tools._swept) == [keys[3], keys[4], keys[0]]
+
+
 async def test_a_sweep_looks_at_a_bounded_number_of_entries(
         boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sweep stops after SWEEP_ENTRIES entries, so a directory of millions of files costs a write no more."""
