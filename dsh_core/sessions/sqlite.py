@@ -43,7 +43,10 @@ did not have yet) reads as empty: an empty temporary table of the connection, wh
 file, stands in for it; a write to such a database is refused, naming it and the tables it lacks
 (:meth:`SqliteSessionStore.release` and the other writes would otherwise write to the stand-in, and
 be lost), until a dsh opens it to write and adds them. Only breaking a lease where there is no
-``leases`` table is no write: no lease holds a session there, so there is none to break.
+``leases`` table is no write: no lease holds a session there, so there is none to break. What the
+database lacks is looked at again by each read and write, not only when it was opened: a run may have
+added the tables since, and the stand-in of one the file now has is dropped, in the read's own
+transaction, so that the read sees the file's table (a stand-in shadows the file's table of its name).
 """
 
 from __future__ import annotations
@@ -433,6 +436,19 @@ class SqliteSessionStore:
             conn.execute(statement.replace("CREATE TABLE IF NOT EXISTS ", "CREATE TEMP TABLE ", 1))
         self._lacking = tuple(lacking)
 
+    def _forget_stand_ins(self, conn: sqlite3.Connection) -> tuple[str, ...]:
+        """Drop the stand-in of each table in :attr:`_lacking` that the file has now; the tables it still lacks.
+
+        A run (``create=True``) may have added dsh's tables since the store opened the database, and a
+        stand-in shadows the file's table of its name: the store would read it, empty, for as long as it
+        is open. Run in the caller's transaction; the caller sets :attr:`_lacking` once it commits.
+        """
+        have = {row[0] for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")}
+        for table in self._lacking:
+            if table in have:
+                conn.execute(f"DROP TABLE temp.{table}")
+        return tuple(table for table in self._lacking if table not in have)
+
     def _check_tables(self, conn: sqlite3.Connection) -> None:
         """:class:`SessionStoreError` if a table of dsh's schema that the database has lacks dsh's columns."""
         for table, columns in _COLUMNS.items():
@@ -512,8 +528,11 @@ class SqliteSessionStore:
         With ``fate``, the transaction commits only if :meth:`_Fate.commit` says so, and otherwise
         raises :class:`_Abandoned` after rolling back. A database opened to read that lacks a table of
         dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it, unless
-        ``lacking_ok`` (``work`` writes only to the file's own tables, as ``main.``).
+        ``lacking_ok`` (``work`` writes only to the file's own tables, as ``main.``). What it lacks is
+        looked at again first: a table the file has now stays (dsh never drops one).
         """
+        if self._lacking:
+            self._read(lambda conn: None, doing=f"{doing} session {session_id!r}")
         if self._lacking and not lacking_ok:
             raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: the "
                                     f"database lacks dsh's table(s) {', '.join(self._lacking)} (an older dsh wrote "
@@ -537,9 +556,29 @@ class SqliteSessionStore:
         return result
 
     def _read(self, work: Callable[[sqlite3.Connection], T], *, doing: str) -> T:
-        """Run a read; an SQLite failure is a :class:`SessionStoreError` naming the store and what was read."""
+        """Run a read; an SQLite failure is a :class:`SessionStoreError` naming the store and what was read.
+
+        Of a database that lacked tables of dsh's (:meth:`_stand_in`), in one transaction that first drops
+        the stand-in of each table the file has gained since (:meth:`_forget_stand_ins`): what ``work``
+        reads is of the same moment as what was found.
+        """
         try:
-            return work(self._db())
+            if not self._lacking:
+                return work(self._db())
+            conn = self._db()
+            conn.execute("BEGIN")
+            try:
+                lacking = self._forget_stand_ins(conn)
+                result = work(conn)
+                # Keeps the stand-ins dropped; only temporary tables were changed, nothing of the file.
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")  # the stand-ins dropped are back, as _lacking says
+                raise
+            self._lacking = lacking
+            return result
         except sqlite3.Error as error:
             raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing}: "
                                     f"{type(error).__name__}: {error}") from error
@@ -664,38 +703,29 @@ class SqliteSessionStore:
         have added the table, and taken the lease, since; that lease is broken in the file's table.
         """
         self._check_findable(session_id)
-        # The file's table: a database opened lacking it reads an empty stand-in by the same name (temp).
-        leases = "leases"
-        if "leases" in self._lacking:
+        if self._lacking:
 
-            def find(conn: sqlite3.Connection) -> bool:
-                # One snapshot: the session and whether the file has a leases table are of one moment.
-                conn.execute("BEGIN")
-                try:
-                    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-                        raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-                    return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'leases'"
-                                        ).fetchone() is not None
-                finally:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")  # only read
+            def find(conn: sqlite3.Connection) -> None:
+                if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                    raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
 
-            if not await self._run(lambda: self._read(find, doing=f"read session {session_id!r}")):
+            # One snapshot (_read's transaction): the session and whether the file has a leases table
+            # (the stand-in of one it has now is dropped) are of one moment.
+            await self._run(lambda: self._read(find, doing=f"read session {session_id!r}"))
+            if "leases" in self._lacking:
                 return None
-            leases = "main.leases"
 
         def work(conn: sqlite3.Connection) -> SessionLease | None:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-            row = conn.execute(f"SELECT holder FROM {leases} WHERE session_id = ?", (session_id,)).fetchone()
+            row = conn.execute("SELECT holder FROM main.leases WHERE session_id = ?", (session_id,)).fetchone()
             if row is None:
                 return None
-            conn.execute(f"DELETE FROM {leases} WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM main.leases WHERE session_id = ?", (session_id,))
             return _stored_lease(row[0]) or _UNREADABLE_LEASE  # an unreadable holder: broken all the same
 
-        # Into main.leases, the file's own table: a write the stand-ins do not keep from being made.
-        return await self._write(work, session_id=session_id, doing="break the lease of",
-                                 lacking_ok=leases == "main.leases")
+        # Into main.leases, the file's own table: a write the stand-ins of others do not keep from being made.
+        return await self._write(work, session_id=session_id, doing="break the lease of", lacking_ok=True)
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         """Every event of a session in ``seq`` order (one call tree's with ``root_call_id``)."""

@@ -884,6 +884,63 @@ async def test_breaking_a_lease_taken_after_an_older_database_was_opened_breaks_
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+async def test_list_and_get_see_a_lease_taken_after_an_older_database_was_opened(
+        tmp_path: Path, journal_mode: str) -> None:
+    # The empty stand-in for the leases table, made when the store opened a database without one,
+    # shadowed the table a run added since: `dsh sessions list` and `show` said no run held a
+    # session that a live run held (only release looked again).
+    _older_database(tmp_path / DB_FILENAME, journal_mode=journal_mode)
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert (await store.get("s")).holder is None
+        run = SqliteSessionStore.open(tmp_path)  # a run: it adds the leases table, and takes the lease
+        lease = SessionLease.for_this_run()
+        try:
+            await run.acquire("s", lease)
+        finally:
+            await run.close()
+        (listed,) = await store.list()
+        assert listed.holder is not None and listed.holder.token == lease.token, listed
+        got = await store.get("s")
+        assert got.holder is not None and got.holder.token == lease.token, got
+        assert [event.seq for event in await store.load("s")] == [1]
+        broken = await store.break_lease("s")  # and the lease is the file's, as before
+        assert broken is not None and broken.token == lease.token, broken
+        assert (await store.get("s")).holder is None
+        # Nor is a write refused for lacking the table the file has now.
+        mine = SessionLease.for_this_run()
+        await store.acquire("s", mine)
+        held = (await store.get("s")).holder
+        assert held is not None and held.token == mine.token, held
+    finally:
+        await store.close()
+
+
+async def test_reads_see_the_tables_a_run_made_in_an_empty_database_after_it_was_opened(tmp_path: Path) -> None:
+    # An empty database (no table yet) opened to read has a stand-in for every table of dsh's: a run
+    # that made the schema and a session since was not seen by the store opened before it.
+    (tmp_path / DB_FILENAME).write_bytes(b"")
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert await store.list() == []
+        run = SqliteSessionStore.open(tmp_path)
+        lease = SessionLease.for_this_run()
+        try:
+            await run.create(session_id="s", meta={"agent": "a"}, lease=lease)
+            await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+        finally:
+            await run.close()
+        (listed,) = await store.list()
+        assert (listed.id, listed.event_count, listed.meta) == ("s", 1, {"agent": "a"})
+        assert listed.holder is not None and listed.holder.token == lease.token, listed
+        assert (await store.get("s")).stored_events == 1
+        assert [event.payload for event in await store.load("s")] == [{"n": 1}]
+        assert [event.seq for event in await store.load_page("s")] == [1]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_nothing(
         journal_mode: str) -> None:
     # An older or foreign store (or one no run has used since leases came) has no leases table:
