@@ -35,7 +35,9 @@ gets the version in the transaction that creates its schema. A database written 
 version (``user_version`` 0, with dsh's tables) is read as it is, and stamped when it is opened to
 write (``create=True``, an agent run), in the transaction that adds what its schema lacks. A database
 of a newer version is refused, opened to read or to write, before anything else of it is read or
-anything written, naming the file, its version and this dsh's: its schema may be anything.
+anything written, naming the file, its version and this dsh's: its schema may be anything. So is
+another program's database, one with tables but no ``sessions`` table (every dsh's has one) or with a
+table of dsh's name but not its columns: refused, naming the file, before anything of it is changed.
 
 Opened with ``create=False``, an existing database is never written to by opening it: neither its
 schema, its version nor its journal mode is changed. A table of dsh's that it lacks (one an older dsh
@@ -450,15 +452,24 @@ class SqliteSessionStore:
         return tuple(table for table in self._lacking if table not in have)
 
     def _check_tables(self, conn: sqlite3.Connection) -> None:
-        """:class:`SessionStoreError` if a table of dsh's schema that the database has lacks dsh's columns."""
+        """:class:`SessionStoreError` naming the file if it is not a dsh session database: it has tables but
+        no ``sessions`` table (every dsh's database has one), or a table of dsh's schema lacks dsh's columns.
+
+        A database without any table yet (what ``sqlite3.connect`` made before a dsh put its schema in it)
+        is an empty store.
+        """
+        foreign = (f"cannot open session database {str(self.path)!r}: it is not a dsh session database: {{}} "
+                   "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+        # SQLite's own tables (sqlite_sequence, sqlite_stat1, ...) are no program's.
+        tables = {row[0] for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' "
+                                                 "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
+        if tables and "sessions" not in tables:
+            raise SessionStoreError(foreign.format("it has no table 'sessions'"))
         for table, columns in _COLUMNS.items():
             found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
             lacking = [column for column in columns if column not in found]
             if found and lacking:
-                raise SessionStoreError(f"cannot open session database {str(self.path)!r}: it is not a dsh session "
-                                        f"database: its table {table!r} has no column(s) {', '.join(lacking)} "
-                                        "(another program's database? [sessions] home, or DSH_HOME, names "
-                                        "where dsh keeps its own)")
+                raise SessionStoreError(foreign.format(f"its table {table!r} has no column(s) {', '.join(lacking)}"))
 
     def _db(self) -> sqlite3.Connection:
         assert self._conn is not None

@@ -562,6 +562,44 @@ def test_a_foreign_database_is_named_and_left_as_it_was(tmp_path: Path, create: 
         conn.close()
 
 
+@pytest.mark.parametrize("create", [True, False])
+def test_a_database_of_tables_without_a_sessions_table_is_named_and_left_as_it_was(
+        tmp_path: Path, create: bool) -> None:
+    # Another program's database without a `sessions` table of its own (every dsh's database has one):
+    # opened to read it was taken for an empty store (`dsh sessions release ID` said there is no
+    # such session), and opened to write dsh added its tables to it.
+    path = tmp_path / DB_FILENAME
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    finally:
+        conn.close()
+    before = path.read_bytes()
+    with pytest.raises(SessionStoreError, match=rf"^cannot open session database '{path}': it is not a dsh session "
+                                                r"database: it has no table 'sessions' \(another program's "):
+        SqliteSessionStore.open(tmp_path, create=create)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
+
+
+async def test_a_database_without_any_table_yet_is_an_empty_store(tmp_path: Path) -> None:
+    # What sqlite3 makes before dsh's schema is in it: no session in it, and a run makes it dsh's.
+    (tmp_path / DB_FILENAME).write_bytes(b"")
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert await store.list() == []
+        with pytest.raises(SessionNotFoundError, match=r"^no session 's' in "):
+            await store.break_lease("s")
+    finally:
+        await store.close()
+    store = SqliteSessionStore.open(tmp_path)
+    try:
+        await store.create(session_id="s")
+        assert [info.id for info in await store.list()] == ["s"]
+    finally:
+        await store.close()
+
+
 def test_a_schema_that_cannot_be_completed_is_not_left_half_made(tmp_path: Path) -> None:
     # The schema was created statement by statement: one that failed left the ones before it behind.
     conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
@@ -968,6 +1006,30 @@ def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_
         assert conn.execute("PRAGMA user_version").fetchone() == (0,)
     finally:
         conn.close()
+
+
+def test_sessions_commands_name_a_database_without_a_sessions_table() -> None:
+    # `dsh sessions release ID` (and `show ID`) said "no session ID" of another program's database.
+    from click.testing import CliRunner
+
+    from dsh_core.cli import main
+
+    home = dsh_home()
+    home.mkdir()
+    path = home / DB_FILENAME
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    finally:
+        conn.close()
+    before = path.read_bytes()
+    for args in (["release", "s"], ["show", "s"], ["show", "s", "--json"], ["list"], ["list", "--json"]):
+        result = CliRunner().invoke(main, ["sessions", *args])
+        assert (result.exit_code, result.stdout) == (1, ""), (args, result.output, result.exception)
+        assert result.stderr == (f"dsh: error: cannot open session database {str(path)!r}: it is not a dsh session "
+                                 "database: it has no table 'sessions' (another program's database? [sessions] "
+                                 "home, or DSH_HOME, names where dsh keeps its own)\n"), args
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("value", ["'yesterday'", "x'00'", "1e300", "-1e300"])
