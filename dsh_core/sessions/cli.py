@@ -40,40 +40,9 @@ if TYPE_CHECKING:
     from dsh_core.sessions.lease import SessionLease
     from dsh_core.sessions.store import SessionStore
 
-__all__ = ["sessions_group", "render_session", "render_list", "Node", "SessionRenderer"]
+__all__ = ["sessions_group", "render_session", "render_list", "SessionRenderer"]
 
 T = TypeVar("T")
-
-
-class Node:
-    """A line of the rendered tree and the lines under it."""
-
-    __slots__ = ("label", "children")
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.children: list[Node] = []
-
-    def add(self, label: str) -> Node:
-        """Append and return a child."""
-        child = Node(label)
-        self.children.append(child)
-        return child
-
-    def lines(self) -> list[str]:
-        """The tree as text lines, drawn with box characters, every label made :func:`visible`."""
-        out = [visible(self.label)]
-        stack: list[tuple[Node, str, bool]] = [(c, "", i == len(self.children) - 1)
-                                                for i, c in reversed(list(enumerate(self.children)))]
-        # Iterative: a long session must not hit the recursion limit.
-        while stack:
-            node, prefix, last = stack.pop()
-            out.append(f"{prefix}{'└─ ' if last else '├─ '}{visible(node.label)}")
-            inner = prefix + ("   " if last else "│  ")
-            count = len(node.children)
-            for index in range(count - 1, -1, -1):
-                stack.append((node.children[index], inner, index == count - 1))
-        return out
 
 
 def _short(value: object, limit: int = 80) -> str:

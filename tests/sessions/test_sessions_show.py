@@ -1041,3 +1041,13 @@ def test_show_closes_its_renderer_when_closing_the_store_fails(monkeypatch: pyte
     (tree,) = trees
     with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
         tree.execute("SELECT 1")
+
+
+def test_the_renderers_public_names_are_those_that_draw() -> None:
+    # Node, an in-memory tree the renderer no longer draws with (it draws from SQLite's temporary
+    # database), was still exported: a public name nothing used, kept as if it were a contract.
+    import dsh_core.sessions.cli as sessions_cli
+
+    assert sorted(sessions_cli.__all__) == ["SessionRenderer", "render_list", "render_session", "sessions_group"]
+    assert all(callable(getattr(sessions_cli, name)) for name in sessions_cli.__all__)
+    assert not hasattr(sessions_cli, "Node")
