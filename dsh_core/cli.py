@@ -21,7 +21,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -204,6 +204,29 @@ def _interrupt_exits_130() -> Iterator[None]:
         fail("interrupted", 130)
 
 
+@contextlib.contextmanager
+def _error_shown_interruptibly() -> Iterator[None]:
+    """Make a Ctrl-C while click shows a :class:`click.ClickException` raised in the block exit as
+    :func:`_interrupt_exits_130` does.
+
+    click shows such an error (a usage error's usage and message, on stderr) in its ``main``, once the
+    block has been left, and there turns a Ctrl-C into the error's own status (2 for a usage error).
+    The error is passed on as it is (a caller with ``standalone_mode=False`` gets it); only its
+    ``show`` is wrapped.
+    """
+    try:
+        yield
+    except click.ClickException as error:
+        show = error.show
+
+        def show_or_exit_130(file: IO[Any] | None = None) -> None:
+            with _interrupt_exits_130():
+                show(file)
+
+        error.show = show_or_exit_130  # type: ignore[method-assign]
+        raise
+
+
 class LazyGroup(click.Group):
     """A group some of whose commands live in other modules, imported when first looked up.
 
@@ -242,12 +265,14 @@ class LazyGroup(click.Group):
         # for its short help, which Ctrl-C may interrupt): click catches a broken pipe and Ctrl-C
         # from this and from invoke itself, so only handlers inside both see them. The interrupt's
         # message goes to stderr, whose reader may be gone too: the pipe's handler is the outer one.
-        with _reader_gone_is_sigpipe(), _interrupt_exits_130():
+        # A usage error found here is shown by click after this returns: its show is made to exit 130 too.
+        with _reader_gone_is_sigpipe(), _interrupt_exits_130(), _error_shown_interruptibly():
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
         # Ctrl-C where no event loop handles it: a slow plugin import in `config dump`, a sync command.
-        with _reader_gone_is_sigpipe(), _interrupt_exits_130():
+        # A command's usage error (its arguments are parsed here) is shown by click after this returns.
+        with _reader_gone_is_sigpipe(), _interrupt_exits_130(), _error_shown_interruptibly():
             try:
                 return super().invoke(ctx)
             finally:

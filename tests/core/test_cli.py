@@ -176,6 +176,22 @@ def test_an_interrupt_while_the_root_parses_its_arguments_exits_130(  # type: ig
     assert (result.exit_code, result.stdout, result.stderr) == (130, "", "dsh: error: interrupted\n")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("--nope",), ("tools", "list", "--nope"), ("--agent", "coder", "tools", "list"), ("sessions", "show")],
+)
+def test_an_interrupt_while_a_usage_error_is_shown_exits_130(  # type: ignore[no-untyped-def]
+    run, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """Ctrl-C while click printed a usage error (the root's, a command's, or one dsh raises) ended with
+    status 2, click's for the error it was showing, where a Ctrl-C anywhere else ends with 130."""
+    import click
+
+    monkeypatch.setattr(click.UsageError, "show", _interrupted)
+    result = run(*args)
+    assert (result.exit_code, result.stdout, result.stderr) == (130, "", "dsh: error: interrupted\n")
+
+
 def test_sigint_while_the_help_imports_a_command_exits_130(tmp_path: Path) -> None:
     """A real Ctrl-C where `dsh --help` imports a slow command module (here one that blocks on a read)."""
     (tmp_path / "blocking_command.py").write_text(
