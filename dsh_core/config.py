@@ -62,6 +62,7 @@ __all__ = [
     "compose",
     "default_deployment",
     "validate_plugin_configs",
+    "check_graces",
     "dump",
     "dump_text",
     "without_url_credentials",
@@ -222,7 +223,8 @@ class ToolsSection:
     ``approval_timeout_s``: seconds an approval ask waits for its answer before it is
     withdrawn and the call denied (``None``: no limit, the ask waits for the person).
     ``approval_grace_s``: seconds a withdrawn ask waits for its channel to end before
-    leaving it running, named in a warning (the runtime's ``APPROVAL_GRACE_S`` by default).
+    leaving it running, named in a warning (the runtime's ``APPROVAL_GRACE_S`` by default);
+    below ``[lifecycle] task_grace_s`` (:func:`check_graces`).
     """
 
     mode: str = "native"
@@ -262,11 +264,11 @@ class LifecycleSection:
 
     ``task_grace_s``: seconds disposing a scope waits for the background tasks it cancelled
     before leaving the ones still running, each named in a warning (the scopes' ``TASK_GRACE_S``
-    by default).
+    by default). It must be above ``[tools] approval_grace_s`` (:func:`check_graces`).
     """
 
     # dsh_core.scope's TASK_GRACE_S (a test keeps them equal), as for ToolsSection.approval_grace_s.
-    task_grace_s: float = 5.0
+    task_grace_s: float = 10.0
 
 
 @frozen
@@ -677,7 +679,7 @@ def compose(
             provenance[path] = row.config_source
 
     tools, runtime, sessions = sections["tools"], sections["code_runtime"], sections["sessions"]
-    return Deployment(
+    deployment = Deployment(
         tools=ToolsSection(
             mode=tools["mode"],
             max_parallel_sub_calls=int(tools["max_parallel_sub_calls"]),
@@ -701,6 +703,34 @@ def compose(
         sources=tuple(source for source, _ in documents),
         provenance=provenance,
     )
+    check_graces(deployment)
+    return deployment
+
+
+def check_graces(deployment: Deployment) -> None:
+    """Refuse ``[tools] approval_grace_s`` at or above ``[lifecycle] task_grace_s``: a :class:`ConfigError`.
+
+    A tool call whose scope is disposed (its task cancelled) unwinds through its approval ask:
+    the ask is withdrawn and a channel that ignores that is waited for up to the approval grace.
+    The scope waits the task grace for the call's task, so with an approval grace as long or
+    longer, the call would outlive its scope's dispose (left running, named in a warning). The
+    message names both keys, their values and where each came from (when the deployment says).
+    :func:`compose` checks this; so does the harness, for a :class:`Deployment` built in code.
+    """
+    approval, task = deployment.tools.approval_grace_s, deployment.lifecycle.task_grace_s
+    if approval < task:
+        return
+
+    def shown(path: str, value: float) -> str:
+        source = deployment.source_of(path)
+        origin = "" if source is None else " (the default)" if source == DEFAULT_SOURCE else f" (from {source})"
+        return f"{path} = {value:g}{origin}"
+
+    raise ConfigError(
+        f"{shown('tools.approval_grace_s', approval)} must be below {shown('lifecycle.task_grace_s', task)}: "
+        "a tool call whose scope is disposed waits out the approval grace for an approval channel that ignores "
+        "its withdrawal, and would outlive the scope's wait for it; "
+        "lower [tools] approval_grace_s or raise [lifecycle] task_grace_s")
 
 
 #: What a source label that names no file starts with: ``env:NAME``.

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from dsh_core.abort import AbortController, AbortSignal
-from dsh_core.config import DEFAULT_SOURCE, Deployment, validate_plugin_configs
+from dsh_core.config import DEFAULT_SOURCE, Deployment, check_graces, validate_plugin_configs
 from dsh_core.errors import ConfigError, PluginLoadError, RegistrationError
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON
@@ -152,10 +152,16 @@ class Harness:
     ) -> Harness:
         """Boot ``deployment``; on any error, dispose what was started and re-raise.
 
+        A deployment whose ``[tools] approval_grace_s`` is not below its ``[lifecycle] task_grace_s``
+        is refused first (:func:`~dsh_core.config.check_graces`), before anything starts.
+
         ``transport`` supplies the reserved ``run_code`` definition (built lazily
         from the harness on first need).
         """
         catalog = catalog or PluginCatalog()
+        # compose() checked this already, but a Deployment built in code never went through it: the task grace
+        # of the scopes below must cover the runtime's approval grace, or a call outlives its scope's dispose.
+        check_graces(deployment)
         # Every plugin's, agent's and run's scope is under this one, and takes its task grace.
         root = Scope("root", task_grace_s=deployment.lifecycle.task_grace_s)
         hooks = Hooks()

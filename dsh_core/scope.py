@@ -34,7 +34,9 @@ Disposer = Callable[[], "None | Awaitable[None]"]
 _ids = itertools.count(1)
 
 #: Seconds :meth:`Scope.dispose` waits for the tasks it cancelled, unless the scope (or an ancestor) says otherwise.
-TASK_GRACE_S = 5.0
+#: Above the runtime's APPROVAL_GRACE_S (5 s), with room to spare: a cancelled task's tool call may wait that
+#: long for a deaf approval channel, then still has to end; at 5 s too, the call outlived the dispose.
+TASK_GRACE_S = 10.0
 
 #: The scopes the current context is unwinding (set in unwinding tasks, inherited by what they start).
 _unwinding: contextvars.ContextVar[frozenset[Scope]] = contextvars.ContextVar(

@@ -700,7 +700,7 @@ def test_dump_lists_every_leaf_in_a_stable_order(files: Any) -> None:
         ("code_runtime.max_output_bytes", 67108864, "default"),
         ("code_runtime.preload", ["numpy"], "base.toml"),
         ("sessions.store", "sqlite", "default"),
-        ("lifecycle.task_grace_s", 5.0, "default"),
+        ("lifecycle.task_grace_s", 10.0, "default"),
         ("agents[main].id", "main", "base.toml"),
         ("agents[main].enabled", True, "default"),
         ("agents[main].provider", "scripted", "base.toml"),
@@ -739,7 +739,7 @@ def test_dump_text_shows_one_aligned_leaf_per_line_with_its_source(files: Any) -
         code_runtime.preload = []                 # default
         sessions.store = "sqlite"                 # default
         sessions.home = "/h"                      # base.toml
-        lifecycle.task_grace_s = 5.0              # default
+        lifecycle.task_grace_s = 10.0             # default
         agents[main].id = "main"                  # default
         agents[main].enabled = true               # default
         plugins[g].id = "g"                       # base.toml
@@ -1176,15 +1176,21 @@ def test_approval_timeout_is_unset_by_default_and_a_positive_finite_number_when_
         assert "tools.approval_timeout_s" in problem, (bad, problem)
 
 
-@pytest.mark.parametrize("key", ["tools.approval_grace_s", "lifecycle.task_grace_s"])
-def test_a_grace_is_five_seconds_by_default_and_a_positive_finite_number_when_given(files: Any, key: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "default", "given", "whole"),
+    # Each given alone, so on the right side of the other's default: the approval grace must stay below the task's.
+    [("tools.approval_grace_s", 5.0, 0.25, 2), ("lifecycle.task_grace_s", 10.0, 7.5, 8)],
+)
+def test_a_grace_has_its_default_and_is_a_positive_finite_number_when_given(
+    files: Any, key: str, default: float, given: float, whole: int
+) -> None:
     """How long a withdrawn ask's channel, or a disposed scope's cancelled task, is waited for: set per deployment."""
     section, name = key.split(".")
-    default = load(files("empty.toml", ""))
-    assert getattr(getattr(default, section), name) == 5.0 and (key, 5.0, "default") in dump(default)
-    d = load(files("t.toml", f"[{section}]\n{name} = 0.25\n"))
-    assert getattr(getattr(d, section), name) == 0.25 and (key, 0.25, "t.toml") in dump(d)
-    assert type(getattr(getattr(load(files("i.toml", f"[{section}]\n{name} = 2\n")), section), name)) is float
+    defaults = load(files("empty.toml", ""))
+    assert getattr(getattr(defaults, section), name) == default and (key, default, "default") in dump(defaults)
+    d = load(files("t.toml", f"[{section}]\n{name} = {given}\n"))
+    assert getattr(getattr(d, section), name) == given and (key, given, "t.toml") in dump(d)
+    assert type(getattr(getattr(load(files("i.toml", f"[{section}]\n{name} = {whole}\n")), section), name)) is float
     for bad in ("0", "-1", "nan", "inf", '"5"', "true"):
         problem = config_error(files("bad.toml", f"[{section}]\n{name} = {bad}\n"))
         assert problem.startswith(f"bad.toml: {key}: "), (bad, problem)

@@ -284,7 +284,7 @@ async def test_a_child_scope_inherits_the_task_grace_unless_given_its_own() -> N
     child = root.child("c")
     assert child.task_grace_s == 0.25 and child.child("g").task_grace_s == 0.25
     assert root.child("own", task_grace_s=1).task_grace_s == 1.0
-    assert Scope().task_grace_s == TASK_GRACE_S == 5.0
+    assert Scope().task_grace_s == TASK_GRACE_S == 10.0
 
 
 async def test_a_child_left_with_the_inherited_grace_does_not_hang_its_parent(caplog: pytest.LogCaptureFixture) -> None:
