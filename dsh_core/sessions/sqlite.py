@@ -388,7 +388,7 @@ class SqliteSessionStore:
                         raise SessionStoreError(f"{self.path}: cannot switch to WAL journal mode (got {mode!r})")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
-                have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+                have = {row[0].lower() for row in conn.execute("SELECT name FROM sqlite_master")}  # names ignore case
                 if self._create or self.absent:
                     # A complete database of this version is not written to (nor locked).
                     if not _SCHEMA_NAMES.issubset(have) or version < SCHEMA_VERSION:
@@ -445,10 +445,12 @@ class SqliteSessionStore:
         stand-in shadows the file's table of its name: the store would read it, empty, for as long as it
         is open. Run in the caller's transaction; the caller sets :attr:`_lacking` once it commits.
         """
-        have = {row[0] for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")}
+        # SQLite's table names ignore case: a file's table "Leases" is the table leases.
+        have = {row[0].lower() for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")}
         for table in self._lacking:
             if table in have:
-                conn.execute(f"DROP TABLE temp.{table}")
+                # IF EXISTS: should a ROLLBACK that brings the stand-in back ever fail, the next read still works.
+                conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
         return tuple(table for table in self._lacking if table not in have)
 
     def _check_tables(self, conn: sqlite3.Connection) -> None:
@@ -461,8 +463,8 @@ class SqliteSessionStore:
         foreign = (f"cannot open session database {str(self.path)!r}: it is not a dsh session database: {{}} "
                    "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
         # SQLite's own tables (sqlite_sequence, sqlite_stat1, ...) are no program's.
-        tables = {row[0] for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' "
-                                                 "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
+        tables = {row[0].lower() for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' "
+                                                         "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
         if tables and "sessions" not in tables:
             raise SessionStoreError(foreign.format("it has no table 'sessions'"))
         for table, columns in _COLUMNS.items():

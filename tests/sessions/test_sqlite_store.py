@@ -582,6 +582,32 @@ def test_a_database_of_tables_without_a_sessions_table_is_named_and_left_as_it_w
     assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
 
 
+async def test_table_names_are_matched_as_sqlite_matches_them_ignoring_case(tmp_path: Path) -> None:
+    # SQLite's table names ignore case: a dsh database whose tables a person renamed to "Sessions" and
+    # "Leases" is still dsh's, and its session and lease are read from the file's tables, not from empty
+    # stand-ins (nor is it refused as another program's database).
+    store = SqliteSessionStore.open(tmp_path)
+    lease = SessionLease.for_this_run()
+    try:
+        await store.create(session_id="s")
+        await store.acquire("s", lease)
+    finally:
+        await store.close()
+    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        for table in ("sessions", "leases"):
+            conn.execute(f"ALTER TABLE {table} RENAME TO renamed_{table}")
+            conn.execute(f"ALTER TABLE renamed_{table} RENAME TO {table.capitalize()}")
+    finally:
+        conn.close()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        (listed,) = await store.list()
+        assert listed.id == "s" and listed.holder is not None and listed.holder.token == lease.token, listed
+    finally:
+        await store.close()
+
+
 async def test_a_database_without_any_table_yet_is_an_empty_store(tmp_path: Path) -> None:
     # What sqlite3 makes before dsh's schema is in it: no session in it, and a run makes it dsh's.
     (tmp_path / DB_FILENAME).write_bytes(b"")
