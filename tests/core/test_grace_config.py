@@ -28,11 +28,13 @@ pytestmark = pytest.mark.anyio
 
 
 class Deaf:
-    """Asks before every call, and neither its ask nor its background task heeds a cancellation until released."""
+    """Asks before every call, and neither its ask nor its background task (``poller``) heeds a cancellation until
+    released; ``asked`` is set once it is asked."""
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, *, poller: bool = True) -> None:
         self.release = asyncio.Event()
-        self.task = scope.spawn(self._ignore_cancellation(), name="deaf-poller")
+        self.asked = asyncio.Event()
+        self.task = scope.spawn(self._ignore_cancellation(), name="deaf-poller") if poller else None
 
     async def _ignore_cancellation(self) -> None:
         while not self.release.is_set():
@@ -61,6 +63,7 @@ class Deaf:
     @hookimpl
     def dsh_approve(self, request: ApprovalRequest) -> Any:
         async def ask() -> ApprovalOutcome:
+            self.asked.set()
             await self._ignore_cancellation()
             return ApprovalOutcome.REJECTED
 
@@ -91,6 +94,7 @@ async def test_the_configured_graces_bound_the_wait_for_a_deaf_channel_and_a_dea
     )
     harness = await Harness.start(deployment, catalog=PluginCatalog(entry_points=[], extra={"deaf": deaf}))
     (plugin,) = made
+    assert plugin.task is not None
     try:
         with caplog.at_level(logging.WARNING, logger="dsh"):
             result = await asyncio.wait_for(harness.call("echo", {}), 5)
@@ -187,48 +191,19 @@ async def test_the_harness_refuses_a_deployment_whose_approval_grace_is_not_belo
     assert started == []  # refused before any plugin ran
 
 
-class DeafChannel:
-    """Asks before every call; its approval channel ignores being withdrawn until released."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.asked = asyncio.Event()
-
-    @hookimpl
-    def dsh_register_tools(self, register: Any) -> None:
-        async def execute(args: Any, ctx: Any) -> Any:
-            return {}
-
-        register(define_tool(name="echo", description="Echo.", execute=execute, parameters={"type": "object"},
-                             output_schema={"type": "object"}))
-
-    @hookimpl
-    def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision:
-        return PreDecision.ask("check")
-
-    @hookimpl
-    def dsh_approve(self, request: ApprovalRequest) -> Any:
-        async def ask() -> ApprovalOutcome:
-            self.asked.set()
-            while not self.release.is_set():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self.release.wait()
-            return ApprovalOutcome.REJECTED
-
-        return ask()
-
-
 async def test_a_tool_call_spawned_in_a_plugins_scope_ends_within_its_dispose_despite_a_deaf_channel(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """With graces the loader accepts, the call waits out the approval grace and still ends inside the task grace."""
-    made: list[tuple[Scope, DeafChannel]] = []
+    made: list[tuple[Scope, Deaf]] = []
 
-    def deaf(scope: Scope, config: Any) -> DeafChannel:
-        made.append((scope, DeafChannel()))
+    def deaf(scope: Scope, config: Any) -> Deaf:
+        made.append((scope, Deaf(scope, poller=False)))
         return made[-1][1]
 
-    deployment = compose([("dsh.toml", {"tools": {"approval_grace_s": 0.125}, "lifecycle": {"task_grace_s": 0.25},
+    # The task grace is far above the approval grace: a loop stalled across both deadlines must not fire the
+    # scope's warning; a runtime that did not bound its wait for the deaf channel still fails, 20 s on.
+    deployment = compose([("dsh.toml", {"tools": {"approval_grace_s": 0.125}, "lifecycle": {"task_grace_s": 20},
                                         "plugins": [{"id": "deaf", "use": "deaf"}]})], env={})
     harness = await Harness.start(deployment, catalog=PluginCatalog(entry_points=[], extra={"deaf": deaf}))
     ((scope, plugin),) = made
@@ -244,3 +219,4 @@ async def test_a_tool_call_spawned_in_a_plugins_scope_ends_within_its_dispose_de
         assert len([w for w in warnings if "ignored its withdrawal for 0.125 s" in w]) == 1, warnings
     finally:
         plugin.release.set()
+        await asyncio.wait_for(harness.aclose(), 20)  # closing twice is harmless; a failed close must not leak
