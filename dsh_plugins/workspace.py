@@ -128,8 +128,8 @@ SWEEP_ENTRIES = 10_000
 #: a writer that holds no lock (an older dsh, a file system without a working flock) is spared meanwhile.
 SWEEP_MIN_AGE_S = 60
 #: Seconds before write or edit sweeps a directory this instance swept before, again: a writer that died there
-#: since leaves a file a sweep may take a minute later (:data:`SWEEP_MIN_AGE_S`), so sooner would find nothing
-#: more, and each write pays a scan at most once this often per directory.
+#: since leaves a file a sweep may take only once it is :data:`SWEEP_MIN_AGE_S` old, so a file is removed within
+#: about twice that of its writer's death, and each write pays a scan at most once this often per directory.
 SWEEP_INTERVAL_S = SWEEP_MIN_AGE_S
 #: The clock sweeps are spaced by (a module attribute, so tests can set the time).
 _monotonic = time.monotonic
@@ -667,8 +667,8 @@ class WorkspaceTools:
         """
         info = os.fstat(directory)
         key = (info.st_dev, info.st_ino)
-        now = _monotonic()
         with self._swept_guard:
+            now = _monotonic()  # read under the lock, so entries go in in the clock's order
             # Entries go in as they are swept, and the clock never goes back: the oldest are first.
             while self._swept and now - next(iter(self._swept.values())) >= SWEEP_INTERVAL_S:
                 self._swept.popitem(last=False)
