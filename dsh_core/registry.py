@@ -11,7 +11,7 @@ and no registration can shadow it.
 
 Security rests on one predicate, :meth:`ToolRegistry.collapses`: a
 model-direct call (not nested) under an effective ``code`` mode may only name
-``run_code``. The executor (:mod:`dsh_core.runtime`) consults it when it
+``run_code``, and a nested call may never name ``run_code``. The executor (:mod:`dsh_core.runtime`) consults it when it
 creates an execution, before any hook, and every execution-path lookup goes
 through :meth:`ToolRegistry.resolve_execution`, which applies it again.
 """
@@ -470,12 +470,18 @@ class ToolRegistry:
         return None
 
     def collapses(self, name: str, scope: Scope | None, nested: bool) -> bool:
-        """The Code Mode collapse: a model-direct call under ``code`` may only name ``run_code``.
+        """The Code Mode collapse: a model-direct call under ``code`` may only name ``run_code``,
+        and a nested call may never name it (a program does not start programs).
 
         The single predicate shared by execution creation and execution
         resolution; it uses the scope's effective mode, not the deployment's.
+        The second rule does not rest on the transport's namespace leaving
+        ``run_code`` out: whoever holds a live parent token (a custom transport,
+        a tool body handed its execution) still cannot nest the transport.
         """
-        return not nested and name != TRANSPORT_NAME and self.mode_for(scope) == "code"
+        if name == TRANSPORT_NAME:
+            return nested
+        return not nested and self.mode_for(scope) == "code"
 
     def resolve_execution(self, name: str, scope: Scope | None, nested: bool) -> ToolDefinition | None:
         """The definition an execution may run: :meth:`get` with the collapse applied."""

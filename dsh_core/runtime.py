@@ -93,8 +93,14 @@ StageKind = Literal["dispatch", "post-result", "final-result"]
 Finalizer = Callable[[ToolExecution, ToolResult], "Sequence[ContentBlock] | None"]
 
 
-def collapsed_message(name: str) -> str:
-    """The ``UNKNOWN_TOOL`` message of a collapsed call: it tells the model where the tool went."""
+def collapsed_message(name: str, *, nested: bool = False) -> str:
+    """The ``UNKNOWN_TOOL`` message of a collapsed call: it tells the model where the tool went.
+
+    Nested, the collapsed name is the transport itself, which no program may call.
+    """
+    if nested:
+        return (f'unknown tool "{name}": `{TRANSPORT_NAME}` cannot be called from inside a `{TRANSPORT_NAME}` '
+                "program: call the tools from this program instead")
     return (
         f'unknown tool "{name}": only `{TRANSPORT_NAME}` is callable directly — '
         f"call `{name}` from inside a `{TRANSPORT_NAME}` program instead"
@@ -293,7 +299,8 @@ class ToolRuntime:
             if request.signal.aborted:
                 return staged.settle("final-result", _aborted_before_dispatch())
             staged._finalizer = None
-            return staged.settle("final-result", ToolResult.failure(ErrorCode.UNKNOWN_TOOL, collapsed_message(name)))
+            return staged.settle("final-result", ToolResult.failure(ErrorCode.UNKNOWN_TOOL,
+                                                                     collapsed_message(name, nested=nested)))
         if visible is not None:
             invalid = self._argument_violations(visible, arguments)
             if invalid is not None:

@@ -19,7 +19,8 @@ Contract shared by every hook:
   an agent's scope sees only that agent's calls; deployment-level plugins
   see every call.
 * Calls the registry denies deterministically (a model-direct call of a
-  native tool under Code Mode) reach no policy hook: only the result
+  native tool under Code Mode, or a nested call naming ``run_code``) reach
+  no policy hook: only the result
   observers (:func:`dsh_tool_result`) see their result, as they see every
   call's.
 """

@@ -9,10 +9,10 @@ import pytest
 from codemode_kit import Env, Recorder, tool
 
 from dsh_core import ContextMessage, PostDecision, PreDecision, ToolError, hookimpl
-from dsh_core.abort import AbortController
+from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.errors import ErrorCode
 from dsh_core.lossless import FrozenDict
-from dsh_core.model import ApprovalOutcome, ToolResult
+from dsh_core.model import ApprovalOutcome, ToolExecutionInput, ToolResult
 
 # -- identity of nested calls ------------------------------------------------------------------------
 
@@ -117,6 +117,28 @@ async def test_run_code_is_never_a_binding_not_even_under_both() -> None:
     env.add(tool("echo"))
     result = await env.run("print(sorted(tools._functions))")
     assert result.text == "['echo']"
+
+
+async def test_no_program_starts_another_program_not_even_through_a_tool_holding_its_token() -> None:
+    """``run_code`` is no binding, and the executor itself refuses it as a nested call: a tool body
+    that hands the program's parent token on (ctx.execution.parent) cannot start a second program."""
+    env = Env(mode="both")
+    inner: list[ToolResult] = []
+
+    async def relay(args: Any, ctx: Any) -> Any:
+        inner.append(await env.runtime.execute(ToolExecutionInput(
+            call_id="relay-1", name="run_code", arguments={"code": "print('inner ran')", "description": "Inner"},
+            signal=AbortSignal.never(), agent=env.agent, parent=ctx.execution.parent)))
+        return "relayed"
+
+    env.add(tool("relay", relay))
+    program = ("await tools.relay({})\ntry:\n    await tools['run_code']({'code': '', 'description': 'd'})\n"
+               "except KeyError:\n    print('no run_code binding')")
+    result = await env.run(program)
+    assert result.text == "no run_code binding", result.text
+    assert [r.code for r in inner] == [ErrorCode.UNKNOWN_TOOL]
+    assert "cannot be called from inside a `run_code` program" in inner[0].text
+    assert env.fake is not None and env.fake.runs == 1
 
 
 @pytest.mark.parametrize("name", ["__proto__", "__class__", "constructor", "my-tool", "class"])

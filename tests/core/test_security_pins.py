@@ -1,7 +1,7 @@
 """Security decisions of the executor pinned through ToolRuntime, each where no other test pinned it.
 
 Aggregation of votes (an allow never outvotes an ask), guards after an allowed approval, an
-around-dispatch hook handing back junk.
+around-dispatch hook handing back junk, and the reserved transport reached as a nested call.
 """
 
 from __future__ import annotations
@@ -97,3 +97,25 @@ async def test_junk_from_around_dispatch_fails_the_call_closed(junk: str, messag
     assert body_calls(echo) == []
     assert "post" not in recorder.stages() and recorder.stages()[-1] == "result"
 
+
+@pytest.mark.parametrize("mode", ["code", "both"])
+async def test_run_code_is_refused_as_a_nested_call_before_any_hook(mode: str) -> None:
+    """A live parent token lets a call past the model-direct collapse only: the transport itself is
+    never a nested call (a program must not start programs), whoever holds the token."""
+    stack = Stack(mode=mode)
+    recorder = register(stack.hooks, Recorder(pre=PreDecision.allow()))
+    token = ExecutionToken()
+    close = stack.runtime.open_nesting(token)
+    try:
+        result = await stack.call("run_code", {"text": "inner program"}, parent=token)
+    finally:
+        close()
+    assert result.code == "UNKNOWN_TOOL"
+    assert result.error is not None and "run_code" in result.error.message
+    assert "cannot be called from inside a" in result.error.message
+    assert body_calls(stack.transport) == []
+    assert recorder.stages() == ["result"]  # refused at creation: no policy hook saw it
+    assert recorder.results[-1][0].nested
+    # The same name, model-direct, is still the transport.
+    assert not (await stack.call("run_code", {"text": "outer program"})).is_error
+    assert body_calls(stack.transport) == [{"text": "outer program"}]
