@@ -249,6 +249,53 @@ async def test_guards_apply_to_nested_calls(env: Env) -> None:
     assert result.text == "writes are frozen"
 
 
+class _AgentPolicy:
+    """An agent-scoped policy: denies ``write``, asks for ``bash`` and answers its own asks."""
+
+    def __init__(self, answer: ApprovalOutcome) -> None:
+        self.answer = answer
+        self.seen: list[tuple[str, str, bool]] = []
+
+    @hookimpl
+    def dsh_pre_execute(self, execution: Any) -> Any:
+        self.seen.append(("pre", execution.name, execution.nested))
+        if execution.name == "write":
+            return PreDecision.deny("this agent may not write")
+        return PreDecision.ask("bash needs a yes") if execution.name == "bash" else None
+
+    @hookimpl
+    def dsh_approve(self, request: Any) -> Any:
+        self.seen.append(("approve", request.execution.name, request.execution.nested))
+        return self.answer
+
+
+async def test_an_agent_scoped_policy_governs_its_agents_nested_calls_and_no_other_agents(env: Env) -> None:
+    """Nested calls keep the program's agent: a policy plugin started in that agent's scope votes on
+    and answers for each of them; one started in another agent's scope never sees them."""
+    assert env.agent is not None
+    ran: list[str] = []
+
+    def body(name: str) -> Any:
+        async def run(args: Any, ctx: Any) -> Any:
+            ran.append(name)
+            return name
+        return run
+
+    env.add(tool("read", body("read")), tool("write", body("write")), tool("bash", body("bash")))
+    own, foreign = _AgentPolicy(ApprovalOutcome.REJECTED), _AgentPolicy(ApprovalOutcome.ALLOWED)
+    env.plug(own, scope=env.agent)
+    env.plug(foreign, scope=env.root.child("agent:other", layered=True))
+    program = ("out = [await tools.read({})]\nfor name in ('write', 'bash'):\n    try:\n"
+               "        out.append(await tools[name]({}))\n    except ToolCallError as e:\n        out.append(str(e))\n"
+               "return out")
+    result = await env.run(program)
+    assert result.value["result"] == ["read", "this agent may not write", 'the user rejected tool "bash"']
+    assert ran == ["read"]
+    assert [entry for entry in own.seen if entry[2]] == [
+        ("pre", "read", True), ("pre", "write", True), ("pre", "bash", True), ("approve", "bash", True)]
+    assert foreign.seen == []
+
+
 async def test_around_dispatch_wraps_nested_bodies_and_post_execute_reshapes_values(env: Env) -> None:
     order: list[str] = []
 
