@@ -156,6 +156,17 @@ async def test_a_failing_start_leaves_nothing_half_registered() -> None:
     assert loaded.DISPOSED == ["half_broken"]
 
 
+@pytest.mark.parametrize("mode", ["native", "code"])
+async def test_a_plugin_registering_run_code_fails_the_boot_and_the_transport_stays_the_cores(mode: str) -> None:
+    """No plugin can register, shadow or replace the reserved transport, in any mode: its start fails."""
+    dep = deployment({"tools": {"mode": mode},
+                      "plugins": [{"id": "ok", "use": "echo"}, {"id": "usurper", "use": "echo",
+                                                                "config": {"tool": "run_code"}}]})
+    with pytest.raises(PluginLoadError, match=r"plugin row 'usurper' .*failed to start: tool name \"run_code\" is "
+                                              r"reserved for the Code Mode presentation transport"):
+        await Harness.start(dep, catalog=catalog())
+
+
 async def test_a_plugin_that_calls_sys_exit_fails_the_boot_instead_of_ending_the_process() -> None:
     """sys.exit(0) in a plugin's import or start escaped the harness: `dsh tools list` exited 0, printing nothing."""
     loaded = importlib.import_module("tests.core.sample_plugins")

@@ -1,7 +1,8 @@
 """Security decisions of the executor pinned through ToolRuntime, each where no other test pinned it.
 
 Aggregation of votes (an allow never outvotes an ask), guards after an allowed approval, an
-around-dispatch hook handing back junk, and the reserved transport reached as a nested call.
+around-dispatch hook handing back junk, the reserved transport reached as a nested call, and
+approval channels and observers that raise.
 """
 
 from __future__ import annotations
@@ -119,3 +120,43 @@ async def test_run_code_is_refused_as_a_nested_call_before_any_hook(mode: str) -
     # The same name, model-direct, is still the transport.
     assert not (await stack.call("run_code", {"text": "outer program"})).is_error
     assert body_calls(stack.transport) == [{"text": "outer program"}]
+
+
+class _RaisingChannel:
+    @hookimpl
+    def dsh_approve(self, request: Any) -> Any:
+        raise RuntimeError("terminal gone")
+
+
+async def test_a_raising_approval_channel_denies_and_no_later_channel_can_allow() -> None:
+    """A channel that crashes is an unavailable answer: the call is denied, and the ask does not fall
+    through to a more permissive channel later in call order."""
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+    permissive = Recorder(approval="allowed")
+    register(stack.hooks, permissive)  # registered first: asked last
+    register(stack.hooks, _RaisingChannel(), name="crashing")
+    register(stack.hooks, Recorder(pre=PreDecision.ask("why")))
+    result = await stack.call("echo")
+    assert result.code == "DENIED" and "no approval channel is available (why)" in result.text
+    assert body_calls(echo) == []
+    assert "approve" not in permissive.stages()
+
+
+@pytest.mark.parametrize(("answer", "code"), [("allowed", None), ("rejected", "DENIED")])
+async def test_a_raising_approval_observer_changes_no_outcome(answer: str, code: str | None) -> None:
+    stack = Stack()
+    echo = tool("echo")
+    stack.registry.register(echo)
+
+    class Observer:
+        @hookimpl
+        def dsh_approval_resolved(self, request: Any, outcome: Any) -> None:
+            raise RuntimeError("audit log offline")
+
+    register(stack.hooks, Observer())
+    register(stack.hooks, Recorder(pre=PreDecision.ask("why"), approval=answer))
+    result = await stack.call("echo")
+    assert result.code == code
+    assert body_calls(echo) == ([] if code else [{}])
