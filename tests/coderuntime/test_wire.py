@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from dsh_core.coderuntime.worker import wire
 
+from .wire_reference import decode_walk_before
+
 json_values = st.recursive(
     st.none()
     | st.booleans()
@@ -334,6 +336,47 @@ _token = st.one_of(
 @settings(max_examples=600, deadline=None)
 def test_fuzz_decode_fast_path_matches_the_walk(tokens: object) -> None:
     _same(_outcome(wire.decode, tokens), _outcome(wire._decode_walk, tokens))
+
+
+_encoded = json_values.map(wire.encode)
+#: Well-formed token streams, and ones made malformed in one place: cut short, a token left out, tokens put in.
+_mangled_tokens = st.one_of(
+    _encoded,
+    st.tuples(_encoded, st.integers(0, 80)).map(lambda t: t[0][: t[1]]),
+    st.tuples(_encoded, st.integers(0, 80)).map(lambda t: t[0][: t[1]] + t[0][t[1] + 1 :]),
+    st.tuples(_encoded, st.integers(0, 80), st.lists(_token, min_size=1, max_size=3)).map(
+        lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :]),
+    st.lists(_token, max_size=60),
+    json_values,
+)
+
+
+@given(_mangled_tokens)
+@settings(max_examples=800, deadline=None)
+def test_fuzz_the_decoder_walk_decides_as_its_previous_version(tokens: object) -> None:
+    # The walk keeps the innermost container in locals and checks claims against one index: what it
+    # builds and each refusal (the first one, with its message) must be the previous walk's.
+    _same(_outcome(wire._decode_walk, tokens), _outcome(decode_walk_before, tokens))
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [{"a": 2}, {"a": 0}, {"o": []}],
+        [{"a": 1}, {"a": 1}, {"a": 1}, {"o": ["k"]}, {"a": 0}],
+        [{"o": ["a", "b"]}, {"a": 2}, 1, {"o": ["x"]}, None, "z"],
+        [{"a": 2}, {"a": 1}, 5],
+        [{"a": 1}, {"a": 2}, 1],
+        [{"a": 0}, {"a": 1}],
+        [{"a": 0}, {"a": 1}, 1],
+        [1, {"o": ["k", "k"]}],
+        [{"o": ["k", "k"]}, 1],
+        [{"a": 1}, {"o": ["a", "a"]}, 1, 2],
+        [{"a": 3}, {"a": 1}, {"a": 1}, {"a": 1}, 7, 8],
+    ],
+)
+def test_nested_and_empty_containers_close_and_fail_as_before(tokens: list[object]) -> None:
+    _same(_outcome(wire._decode_walk, tokens), _outcome(decode_walk_before, tokens))
 
 
 @pytest.mark.parametrize(

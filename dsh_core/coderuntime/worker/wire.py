@@ -442,79 +442,96 @@ def decode(tokens: object) -> object:
 
 @_no_gc
 def _decode_walk(tokens: object) -> object:
-    """The general decoder: one pass over the tokens with an explicit stack (see :func:`decode`)."""
+    """The general decoder: one pass over the tokens with an explicit stack (see :func:`decode`).
+
+    The innermost open container is held in locals (its values list's ``append``, its keys for an
+    object, how many children it still awaits: ``left``, 0 when none is open), the ones around it
+    on ``stack``; ``claimed`` is the index of the last token an open marker claims, so a marker's
+    claim is checked against the tokens that remain without counting each token down.
+    """
     if type(tokens) is not list or not tokens:
         raise WireError("a value must be a non-empty token list")
     total = len(tokens)
-    # Frames: [container, keys-or-None, values-collected, remaining-children].
-    stack: list[list[Any]] = []
+    stack: list[tuple[Any, Any, Any, int]] = []  # (container, keys-or-None, values, left) of each outer one
+    container: Any = None
+    keys: Any = None
+    values: Any = None
+    append: Any = None
+    left = 0
+    claimed = 0
     root: object = None
-    frame_for_value: list[Any] | None
-    pending = 0  # children claimed by open markers and not yet seen
     for index, token in enumerate(tokens, 1):
-        if stack:
-            pending -= 1  # this token fills one claimed slot
         kind = type(token)
-        if kind in _SCALAR:
-            if kind is str and not token.isascii() and _split_pair(token):
-                raise WireError("a str token holds " + _pair_error(token)[2:])
-            value: object = token
-            frame_for_value = None
-        elif kind is float:
-            if _bad_float(token):
-                raise WireError("non-finite number or -0.0 in token stream")
-            value = token
-            frame_for_value = None
-        elif kind is dict:
+        if kind is dict:
             if len(token) != 1:
                 raise WireError("a marker has exactly one field")
             if "a" in token:
-                length = token["a"]
-                if type(length) is not int or length < 0:
+                count = token["a"]
+                if type(count) is not int or count < 0:
                     raise WireError("array marker length must be an int >= 0")
-                value = []
-                frame_for_value = [value, None, value, length] if length else None
-                pending += length
+                child_keys = None
             elif "o" in token:
-                keys = token["o"]
-                if type(keys) is not list:
+                child_keys = token["o"]
+                if type(child_keys) is not list:
                     raise WireError("object marker keys must be a list")
-                for key in keys:
+                for key in child_keys:
                     if type(key) is not str:
                         raise WireError("object keys must be strings")
                     if not key.isascii() and _split_pair(key):
                         raise WireError("an object key holds " + _pair_error(key)[2:])
-                pending += len(keys)
-                if pending > total - index:  # before the set: only keys whose values follow are hashed
+                count = len(child_keys)
+                if (claimed if left else index) + count > total:  # before the set: only keys whose values follow
                     raise WireError("a marker claims more children than tokens remain")
-                if len(set(keys)) != len(keys):
+                if len(set(child_keys)) != count:
                     raise WireError("duplicate object key")
-                value = {}
-                frame_for_value = [value, keys, [], len(keys)] if keys else None
             else:
                 raise WireError("unknown marker field")
-            if pending > total - index:
+            # Inside a container every token up to ``claimed`` is claimed already; outside, none after this one.
+            claimed = (claimed if left else index) + count
+            if claimed > total:
                 raise WireError("a marker claims more children than tokens remain")
-        else:
-            raise WireError(f"{kind.__name__} is not a valid token")
-        if stack:
-            frame = stack[-1]
-            frame[2].append(value)
-            frame[3] -= 1
-            if frame_for_value is not None:
-                stack.append(frame_for_value)
+            child: Any = [] if child_keys is None else {}
+            if left:
+                append(child)
+                left -= 1
+            elif index == 1:
+                root = child
             else:
-                while stack and stack[-1][3] == 0:
-                    done = stack.pop()
-                    if done[1] is not None:
-                        done[0].update(zip(done[1], done[2], strict=True))
-        elif index == 1:
-            root = value
-            if frame_for_value is not None:
-                stack.append(frame_for_value)
+                raise WireError("trailing tokens after the root value")
+            if count:
+                if container is not None:
+                    stack.append((container, keys, values, left))
+                container, keys = child, child_keys
+                values = child if child_keys is None else []
+                append = values.append
+                left = count
+                continue
         else:
-            raise WireError("trailing tokens after the root value")
-    if stack:
+            if kind is str:
+                if not token.isascii() and _split_pair(token):
+                    raise WireError("a str token holds " + _pair_error(token)[2:])
+            elif kind is float:
+                if _bad_float(token):
+                    raise WireError("non-finite number or -0.0 in token stream")
+            elif not (kind is int or kind is bool or token is None):
+                raise WireError(f"{kind.__name__} is not a valid token")
+            if left:
+                append(token)
+                left -= 1
+            elif index == 1:
+                root = token
+                continue
+            else:
+                raise WireError("trailing tokens after the root value")
+        while not left and container is not None:  # the innermost open container is complete
+            if keys is not None:
+                container.update(zip(keys, values, strict=True))
+            if stack:
+                container, keys, values, left = stack.pop()
+                append = values.append
+            else:
+                container = None
+    if left:
         raise WireError("the token stream ends with open containers")
     return root
 
