@@ -49,6 +49,7 @@ from dsh_core.errors import (
     DshError,
     ErrorCode,
     InvalidToolOutputError,
+    ToolError,
     UnknownToolError,
     describe_callable,
     describe_exception,
@@ -668,7 +669,12 @@ class ToolRuntime:
         # While the transport's body runs, calls naming this execution as parent are nested.
         close = self.open_nesting(execution.token) if definition is self.registry.transport else None
         try:
-            value = await definition.execute(execution.arguments, context)
+            pending = definition.execute(execution.arguments, context)
+            if not inspect.isawaitable(pending):
+                # A synchronous body (``def``, not ``async def``) has run already; its value cannot be awaited.
+                raise ToolError(f'tool "{execution.name}": its execute returned {type(pending).__name__}, not an '
+                                "awaitable: define it with async def (or return an awaitable)")
+            value = await pending
         except Exception as error:
             result = error_result(error)
         except asyncio.CancelledError:

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import pytest
 
-from dsh_core import ToolError, hookimpl
+from dsh_core import ToolError, define_tool, hookimpl
 from dsh_core.abort import AbortController, AbortSignal
 from dsh_core.errors import ErrorCode
 from dsh_core.model import (
@@ -100,6 +100,22 @@ async def test_output_is_validated_and_must_be_lossless() -> None:
     assert bad.code == "INVALID_TOOL_OUTPUT" and 'tool "bad" returned invalid output' in bad.text
     lossy = await stack.call("lossy")
     assert lossy.code == "INVALID_TOOL_OUTPUT" and "/x" in lossy.text
+
+
+async def test_an_execute_that_returns_no_awaitable_fails_naming_the_tool_and_the_fix() -> None:
+    # A synchronous `def execute` ran, then failed as "object dict can't be used in 'await' expression",
+    # which names neither the tool nor what to change.
+    stack = Stack()
+
+    def execute(args: Any, ctx: Any) -> Any:
+        return {"done": True}
+
+    stack.registry.register(define_tool(name="sync", description="A sync body.", parameters={"type": "object"},
+                                        execute=execute))
+    result = await stack.call("sync")
+    assert result.code == "TOOL_FAILED"
+    assert result.text == ('Error: tool "sync": its execute returned dict, not an awaitable: '
+                           "define it with async def (or return an awaitable)")
 
 
 async def test_pre_aborted_call_never_runs_the_body_and_keeps_the_finalizer() -> None:
