@@ -90,6 +90,9 @@ def define_tool(
         raise SchemaDefinitionError(f"{owner}: description must be a non-empty string")
     if not callable(execute):
         raise SchemaDefinitionError(f"{owner}: execute must be an async function")
+    if inspect.isasyncgenfunction(execute):  # its call returns no awaitable: every call would fail
+        raise SchemaDefinitionError(f"{owner}: execute is an async generator function (it yields); a tool's "
+                                    "execute returns one value: return it instead of yielding it")
     # Checked here, naming the tool: accepted, each would fail every later call of the tool instead.
     for option, value in (("render", render), ("finalize_content", finalize_content)):
         if value is not None and not callable(value):

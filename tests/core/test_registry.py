@@ -83,6 +83,19 @@ def test_define_tool_checks_schemas_and_names_the_tool_and_path() -> None:
                     parameters={"type": "object", "properties": {"x": {"type": "string"}}})
 
 
+def test_define_tool_refuses_an_async_generator_execute_naming_the_tool() -> None:
+    # An async def with a yield in it is an async generator function: its call returns no awaitable,
+    # so every call of the tool would fail. Refused when defined, as an async render is.
+    from dsh_core import define_tool
+
+    async def streams(args: object, ctx: object) -> Any:
+        yield {"part": 1}
+
+    with pytest.raises(SchemaDefinitionError, match=r'^tool "chunks": execute is an async generator function \(it '
+                                                    r"yields\); a tool's execute returns one value: return it"):
+        define_tool(name="chunks", description="d", execute=streams, parameters={"type": "object"})
+
+
 def test_every_schema_reference_must_resolve_inside_the_schema() -> None:
     """An unresolvable or remote $ref used to pass the metaschema check and then crash every call."""
     from dsh_core import define_tool
