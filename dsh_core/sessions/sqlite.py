@@ -300,6 +300,17 @@ class _Fate:
         return self._decide("abandon")
 
 
+def _file_tables(conn: sqlite3.Connection) -> set[str]:
+    """The tables of the database file (not the connection's temporary ones), lower-cased.
+
+    SQLite's table names ignore case (a file's table "Leases" is the table leases), and its own
+    tables (``sqlite_sequence``, ``sqlite_stat1``, ...) are no program's, so they are left out.
+    """
+    rows = conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+                        "ESCAPE '\\'")
+    return {row[0].lower() for row in rows}
+
+
 class SqliteSessionStore:
     """:class:`~dsh_core.sessions.store.SessionStore` on SQLite (stdlib ``sqlite3``)."""
 
@@ -445,8 +456,7 @@ class SqliteSessionStore:
         stand-in shadows the file's table of its name: the store would read it, empty, for as long as it
         is open. Run in the caller's transaction; the caller sets :attr:`_lacking` once it commits.
         """
-        # SQLite's table names ignore case: a file's table "Leases" is the table leases.
-        have = {row[0].lower() for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")}
+        have = _file_tables(conn)
         for table in self._lacking:
             if table in have:
                 # IF EXISTS: should a ROLLBACK that brings the stand-in back ever fail, the next read still works.
@@ -462,9 +472,7 @@ class SqliteSessionStore:
         """
         foreign = (f"cannot open session database {str(self.path)!r}: it is not a dsh session database: {{}} "
                    "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
-        # SQLite's own tables (sqlite_sequence, sqlite_stat1, ...) are no program's.
-        tables = {row[0].lower() for row in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' "
-                                                         "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
+        tables = _file_tables(conn)
         if tables and "sessions" not in tables:
             raise SessionStoreError(foreign.format("it has no table 'sessions'"))
         for table, columns in _COLUMNS.items():
