@@ -569,11 +569,7 @@ def test_a_database_of_tables_without_a_sessions_table_is_named_and_left_as_it_w
     # opened to read it was taken for an empty store (`dsh sessions release ID` said there is no
     # such session), and opened to write dsh added its tables to it.
     path = tmp_path / DB_FILENAME
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
-    finally:
-        conn.close()
+    _execute(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
     before = path.read_bytes()
     with pytest.raises(SessionStoreError, match=rf"^cannot open session database '{path}': it is not a dsh session "
                                                 r"database: it has no table 'sessions' \(another program's "):
@@ -593,13 +589,9 @@ async def test_table_names_are_matched_as_sqlite_matches_them_ignoring_case(tmp_
         await store.acquire("s", lease)
     finally:
         await store.close()
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        for table in ("sessions", "leases"):
-            conn.execute(f"ALTER TABLE {table} RENAME TO renamed_{table}")
-            conn.execute(f"ALTER TABLE renamed_{table} RENAME TO {table.capitalize()}")
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME,
+             "ALTER TABLE sessions RENAME TO renamed_sessions", "ALTER TABLE renamed_sessions RENAME TO Sessions",
+             "ALTER TABLE leases RENAME TO renamed_leases", "ALTER TABLE renamed_leases RENAME TO Leases")
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         (listed,) = await store.list()
@@ -651,12 +643,18 @@ def _user_version(path: Path) -> int:
         conn.close()
 
 
-def _set_user_version(path: Path, version: int) -> None:
+def _execute(path: Path, *statements: str) -> None:
+    """Run ``statements`` on the database at ``path`` as another program would (autocommit), then close it."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        conn.execute(f"PRAGMA user_version={version}")
+        for statement in statements:
+            conn.execute(statement)
     finally:
         conn.close()
+
+
+def _set_user_version(path: Path, version: int) -> None:
+    _execute(path, f"PRAGMA user_version={version}")
 
 
 async def test_a_new_database_is_stamped_with_the_schema_version(tmp_path: Path) -> None:
@@ -1043,11 +1041,7 @@ def test_sessions_commands_name_a_database_without_a_sessions_table() -> None:
     home = dsh_home()
     home.mkdir()
     path = home / DB_FILENAME
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
-    finally:
-        conn.close()
+    _execute(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
     before = path.read_bytes()
     for args in (["release", "s"], ["show", "s"], ["show", "s", "--json"], ["list"], ["list", "--json"]):
         result = CliRunner().invoke(main, ["sessions", *args])
