@@ -327,7 +327,9 @@ class ToolExecutionInput:
     """What a caller asks the runtime to execute.
 
     ``parent`` is set only by a transport's sub-dispatch (``run_code``) and
-    marks the call as nested; it is the opaque token of the outer execution.
+    marks the call as nested; it is the opaque token of the outer execution,
+    and counts only while that execution's body runs and with its ``agent``
+    (see :meth:`~dsh_core.runtime.ToolRuntime.open_nesting`).
     """
 
     call_id: str

@@ -146,6 +146,10 @@ def _aborted_before_dispatch(contexts: Sequence[object] = ()) -> ToolResult:
                               additional_contexts=tuple(contexts))  # type: ignore[arg-type]
 
 
+def _agent_label(agent: Scope | None) -> str:
+    return "no agent" if agent is None else f"scope {agent.path!r}"
+
+
 def _agent_gone(agent: Scope) -> ToolResult:
     # A disposed scope's layer (restrictions, guards, mode) and scoped hooks are gone: its calls
     # would run with none of its policy, so they never reach a body.
@@ -192,33 +196,52 @@ class ToolRuntime:
         if not is_positive_seconds(approval_grace_s):
             raise ValueError(f"approval_grace_s must be a positive, finite number of seconds, got {approval_grace_s!r}")
         self.approval_grace_s = float(approval_grace_s)
-        # Tokens of executions whose transport body is running now: the only valid parents.
-        self._live_parents: dict[ExecutionToken, int] = {}
+        # Tokens of executions whose transport body is running now: the only valid parents, each with
+        # the agent of the execution it belongs to (the only agent it nests) and how many openers hold it.
+        self._live_parents: dict[ExecutionToken, tuple[Scope | None, int]] = {}
 
-    def open_nesting(self, token: ExecutionToken) -> Callable[[], None]:
-        """Accept ``token`` as the parent of nested calls until the returned function is called.
+    def open_nesting(self, token: ExecutionToken, agent: Scope | None) -> Callable[[], None]:
+        """Accept ``token`` as the parent of ``agent``'s nested calls until the returned function is called.
 
-        The runtime does this itself for the reserved ``run_code`` transport, for
-        exactly as long as its body runs; a custom transport built on the staged
-        interface must do the same. A parent that is not open (forged, or from a
-        run that has ended) is ignored: the call is treated as model-direct, so
-        the Code Mode collapse still applies to it.
+        ``token`` and ``agent`` are those of the execution whose body sends the nested calls
+        (``execution.token`` and ``execution.agent``). The runtime does this itself for the
+        reserved ``run_code`` transport, for exactly as long as its body runs; a custom
+        transport built on the staged interface must do the same. A parent that is not open
+        (forged, or from a run that has ended), or that is presented with any other agent
+        (another scope object, or ``None`` for one opened for a scope, and the reverse), is
+        ignored: the call is treated as model-direct, so that agent's Code Mode collapse
+        still applies to it.
+
+        Opening a token again for the same agent is counted (it stays open until every
+        opener has closed it). Opening a token that is open for a different agent raises
+        ``ValueError``: a token belongs to one execution, so that is a bug in the caller.
         """
-        self._live_parents[token] = self._live_parents.get(token, 0) + 1
+        held = self._live_parents.get(token)
+        if held is not None and held[0] is not agent:
+            raise ValueError(f"open_nesting: this parent token is already open for another agent "
+                             f"({_agent_label(held[0])}, not {_agent_label(agent)}); a token belongs to one "
+                             "execution and nests only that execution's agent")
+        self._live_parents[token] = (agent, (held[1] if held is not None else 0) + 1)
 
         @one_shot
         def close() -> None:
-            count = self._live_parents.get(token, 0) - 1
-            if count > 0:
-                self._live_parents[token] = count
+            current = self._live_parents.get(token)
+            if current is None:
+                return
+            if current[1] > 1:
+                self._live_parents[token] = (current[0], current[1] - 1)
             else:
-                self._live_parents.pop(token, None)
+                del self._live_parents[token]
 
         return close
 
     def _parent_of(self, request: ToolExecutionInput) -> ExecutionToken | None:
+        """The request's parent if it makes the call nested: open now, and for the request's own agent."""
         parent = request.parent
-        return parent if parent is not None and parent in self._live_parents else None
+        if parent is None:
+            return None
+        held = self._live_parents.get(parent)
+        return parent if held is not None and held[0] is request.agent else None
 
     # -- whole calls -----------------------------------------------------------------------------------
 
@@ -666,8 +689,8 @@ class ToolRuntime:
             return error_result(UnknownToolError(f'unknown tool "{execution.name}"'))
         context = ToolContext(execution if fused is caller else attrs.evolve(execution, signal=fused))
         staged._body_invoked = True
-        # While the transport's body runs, calls naming this execution as parent are nested.
-        close = self.open_nesting(execution.token) if definition is self.registry.transport else None
+        # While the transport's body runs, its agent's calls naming this execution as parent are nested.
+        close = self.open_nesting(execution.token, agent) if definition is self.registry.transport else None
         try:
             pending = definition.execute(execution.arguments, context)
             if not inspect.isawaitable(pending):

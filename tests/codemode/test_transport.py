@@ -203,7 +203,7 @@ async def test_the_transport_works_with_a_plain_runtime_object() -> None:
                                   signal=AbortSignal.never(), agent=env.agent, parent=None, token=ExecutionToken())
         # Called outside the runtime, the body's token must be opened by hand (the runtime
         # opens it for exactly as long as a run_code body runs).
-        close = env.runtime.open_nesting(execution.token)
+        close = env.runtime.open_nesting(execution.token, execution.agent)
         try:
             value = await definition.execute(freeze({"code": "return await tools.echo({'a': 1})",
                                                      "description": "d"}), ToolContext(execution))

@@ -9,7 +9,7 @@ import pytest
 
 from dsh_core.abort import AbortSignal
 from dsh_core.errors import RegistrationError
-from dsh_core.model import ExecutionToken, PreDecision
+from dsh_core.model import ExecutionToken, PreDecision, ToolExecutionInput
 from dsh_core.runtime import collapsed_message
 
 from .helpers import Recorder, Stack, body_calls, register, tool
@@ -38,7 +38,7 @@ async def test_nested_call_with_parent_token_passes_the_collapse() -> None:
     stack.registry.register(echo)
     recorder = register(stack.hooks, Recorder())
     token = ExecutionToken()
-    close = stack.runtime.open_nesting(token)
+    close = stack.runtime.open_nesting(token, None)
     result = await stack.call("echo", {"text": "hi"}, parent=token)
     close()
     assert not result.is_error and result.value == {"echo": "hi"}
@@ -56,9 +56,83 @@ async def test_a_forged_or_stale_parent_token_does_not_pass_the_collapse() -> No
     assert forged.code == "UNKNOWN_TOOL" and body_calls(echo) == []
     assert recorder.results[-1][0].parent is None  # treated, and shown, as model-direct
     stale = ExecutionToken()
-    stack.runtime.open_nesting(stale)()
+    stack.runtime.open_nesting(stale, None)()
     assert (await stack.call("echo", parent=stale)).code == "UNKNOWN_TOOL"
     assert body_calls(echo) == []
+
+
+async def test_a_live_parent_token_presented_with_another_agents_scope_is_model_direct() -> None:
+    """A program's token makes its own agent's calls nested, not another agent's: presented with a
+    different scope, the call gets exactly what a forged token gets (that agent's collapse)."""
+    stack = Stack(mode="code")
+    echo = tool("echo", safe=True)
+    stack.registry.register(echo)
+    recorder = register(stack.hooks, Recorder())
+    owner, other = stack.agent("owner"), stack.agent("other")
+    outcomes: dict[str, tuple[Any, Any, Any]] = {}
+
+    async def program(args: object, ctx: Any) -> object:
+        token = ctx.execution.token
+        for label, agent in (("other", other), ("root", None), ("own", owner)):
+            request = ToolExecutionInput(call_id=f"in-{label}", name="echo", arguments={"text": label},
+                                         agent=agent, parent=token)
+            mode = stack.runtime.execution_mode(request)
+            result = await stack.runtime.execute(request)
+            outcomes[label] = (mode, result, recorder.results[-1][0].parent)
+        return {}
+
+    stack.registry._transport = attrs.evolve(tool("run_code_body", body=program), name="run_code")
+    assert not (await stack.call("run_code", agent=owner)).is_error
+    forged = await stack.call("echo", {"text": "other"}, agent=other, parent=ExecutionToken())
+    for label in ("other", "root"):
+        mode, result, parent = outcomes[label]
+        assert mode == "exclusive", label  # classified as a collapsed call, as execute treats it
+        assert result.code == forged.code == "UNKNOWN_TOOL" and result.text == forged.text, label
+        assert result.error is not None and result.error.message == collapsed_message("echo"), label
+        assert parent is None, label  # shown to observers as model-direct
+    mode, result, parent = outcomes["own"]
+    assert mode == "parallel"
+    assert not result.is_error and result.value == {"echo": "own"}
+    assert parent is not None  # nested under the program
+    assert body_calls(echo) == [{"text": "own"}]
+
+
+async def test_a_token_opened_by_hand_is_tied_to_the_agent_it_was_opened_for() -> None:
+    """The contract for custom transports: the scope given to open_nesting is the only one nested."""
+    stack = Stack(mode="code")
+    echo = tool("echo")
+    stack.registry.register(echo)
+    owner = stack.agent("owner")
+    for opened_for, presented in ((owner, None), (None, owner), (owner, stack.agent("owner"))):
+        token = ExecutionToken()
+        close = stack.runtime.open_nesting(token, opened_for)
+        try:
+            assert (await stack.call("echo", agent=presented, parent=token)).code == "UNKNOWN_TOOL"
+            assert not (await stack.call("echo", agent=opened_for, parent=token)).is_error
+        finally:
+            close()
+    assert len(body_calls(echo)) == 3
+
+
+async def test_opening_a_live_token_for_a_different_agent_is_refused() -> None:
+    """A token is one execution's: opened again for another agent is a bug, refused, and the first
+    opening stands (still nested for its own agent, still closed once by its own opener)."""
+    stack = Stack(mode="code")
+    stack.registry.register(tool("echo"))
+    owner, other = stack.agent("owner"), stack.agent("other")
+    token = ExecutionToken()
+    close = stack.runtime.open_nesting(token, owner)
+    with pytest.raises(ValueError, match="already open for another agent"):
+        stack.runtime.open_nesting(token, other)
+    with pytest.raises(ValueError, match="already open for another agent"):
+        stack.runtime.open_nesting(token, None)
+    assert (await stack.call("echo", agent=other, parent=token)).code == "UNKNOWN_TOOL"
+    assert not (await stack.call("echo", agent=owner, parent=token)).is_error
+    stack.runtime.open_nesting(token, owner)()  # the same agent again: counted, as before
+    assert not (await stack.call("echo", agent=owner, parent=token)).is_error
+    close()
+    assert (await stack.call("echo", agent=owner, parent=token)).code == "UNKNOWN_TOOL"
+    stack.runtime.open_nesting(token, other)()  # closed, it may be opened afresh
 
 
 async def test_the_transport_body_opens_nesting_for_exactly_its_own_run() -> None:
@@ -208,14 +282,12 @@ async def test_invalid_arguments_win_over_the_collapse() -> None:
 
 
 async def test_a_collapsed_call_is_exclusive() -> None:
-    from dsh_core.model import ToolExecutionInput
-
     stack = Stack(mode="code")
     stack.registry.register(tool("echo", safe=True))
     request = ToolExecutionInput(call_id="c", name="echo", arguments={})
     assert stack.runtime.execution_mode(request) == "exclusive"
     token = ExecutionToken()
-    stack.runtime.open_nesting(token)
+    stack.runtime.open_nesting(token, None)
     nested = ToolExecutionInput(call_id="c", name="echo", arguments={}, parent=token)
     assert stack.runtime.execution_mode(nested) == "parallel"
 

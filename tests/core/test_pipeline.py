@@ -762,7 +762,7 @@ async def test_every_execution_emits_exactly_one_result_event() -> None:
     recorder = register(stack.hooks, Recorder(pre=PreDecision.ask(), approval="rejected"))
     await stack.call("echo")  # collapsed
     token = ExecutionToken()
-    stack.runtime.open_nesting(token)
+    stack.runtime.open_nesting(token, None)
     await stack.call("echo", parent=token)  # nested, rejected by approval
     await stack.call("run_code")  # the transport
     await stack.call("echo", {"text": object()})  # invalid args

@@ -47,7 +47,7 @@ async def test_a_guard_denies_after_the_approval_allowed(guard_kind: str, nested
     else:
         register(stack.hooks, Recorder(guard="frozen by the hook guard"))
     token = ExecutionToken()
-    close = stack.runtime.open_nesting(token) if nested else None
+    close = stack.runtime.open_nesting(token, None) if nested else None
     try:
         result = await stack.call("echo", {"text": "x"}, parent=token if nested else None)
     finally:
@@ -106,7 +106,7 @@ async def test_run_code_is_refused_as_a_nested_call_before_any_hook(mode: str) -
     stack = Stack(mode=mode)
     recorder = register(stack.hooks, Recorder(pre=PreDecision.allow()))
     token = ExecutionToken()
-    close = stack.runtime.open_nesting(token)
+    close = stack.runtime.open_nesting(token, None)
     try:
         result = await stack.call("run_code", {"text": "inner program"}, parent=token)
     finally:

@@ -80,8 +80,8 @@ async def test_a_nesting_opened_twice_is_closed_once_per_opener() -> None:
     stack = Stack(mode="code")
     stack.registry.register(tool("echo"))
     token: Any = object()
-    close_first = stack.runtime.open_nesting(token)
-    stack.runtime.open_nesting(token)  # a second body under the same parent, still running
+    close_first = stack.runtime.open_nesting(token, None)
+    stack.runtime.open_nesting(token, None)  # a second body under the same parent, still running
     close_first()
     close_first()
     result = await stack.call("echo", parent=token)
