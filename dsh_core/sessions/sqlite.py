@@ -38,6 +38,10 @@ of a newer version is refused, opened to read or to write, before anything else 
 anything written, naming the file, its version and this dsh's: its schema may be anything. So is
 another program's database, one with tables but no ``sessions`` table (every dsh's has one) or with a
 table of dsh's name but not its columns: refused, naming the file, before anything of it is changed.
+Opened with ``create=False``, a store looks at both again in each read's and write's own transaction,
+before anything else of it is read or written there: a newer dsh, or another program, may have taken
+the file over since it was opened (``dsh sessions show`` reads a long session a page at a time), and
+the read or write is refused as opening the file then would have been, with the same error.
 
 Opened with ``create=False``, an existing database is never written to by opening it: neither its
 schema, its version nor its journal mode is changed. A table of dsh's that it lacks (one an older dsh
@@ -388,10 +392,9 @@ class SqliteSessionStore:
             conn = self._open()
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-                # First of all: a newer dsh's schema may be anything, so nothing else is read or changed.
-                version = self._check_version(conn)
-                # Before anything is changed: another program's database is left as it is.
-                self._check_tables(conn)
+                # First of all: a newer dsh's schema may be anything, and another program's database is
+                # left as it is (_check_file).
+                version = self._check_file(conn)[0]
                 if self._create or self.absent:
                     # Switching the journal mode writes the file's header: not for a database only read.
                     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -414,6 +417,17 @@ class SqliteSessionStore:
         except sqlite3.Error as error:
             raise SessionStoreError(f"cannot open session database {str(self.path)!r}: {error}") from None
         self._conn = conn
+
+    def _check_file(self, conn: sqlite3.Connection) -> tuple[int, set[str]]:
+        """The database's schema version and its tables (:func:`_file_tables`); :class:`SessionStoreError` naming
+        the file if this dsh must not read it: of a newer version, or not a dsh session database.
+
+        Of a newer version first: a newer dsh's schema may be anything, so nothing else of it is read.
+        Run when the store opens the database and, opened to read, at the start of each read's and
+        write's transaction (the checks are a few small reads), so what is read is of the moment checked.
+        """
+        version = self._check_version(conn)
+        return version, self._check_tables(conn)
 
     def _check_version(self, conn: sqlite3.Connection) -> int:
         """The database's schema version; :class:`SessionStoreError` naming the file for one this dsh does not know."""
@@ -449,23 +463,24 @@ class SqliteSessionStore:
             conn.execute(statement.replace("CREATE TABLE IF NOT EXISTS ", "CREATE TEMP TABLE ", 1))
         self._lacking = tuple(lacking)
 
-    def _forget_stand_ins(self, conn: sqlite3.Connection) -> tuple[str, ...]:
-        """Drop the stand-in of each table in :attr:`_lacking` that the file has now; the tables it still lacks.
+    def _forget_stand_ins(self, conn: sqlite3.Connection, have: set[str]) -> tuple[str, ...]:
+        """Drop the stand-in of each table in :attr:`_lacking` that the file has now (``have``, its
+        :func:`_file_tables`); the tables it still lacks.
 
         A run (``create=True``) may have added dsh's tables since the store opened the database, and a
         stand-in shadows the file's table of its name: the store would read it, empty, for as long as it
         is open. Run in the caller's transaction; the caller sets :attr:`_lacking` once it commits.
         """
-        have = _file_tables(conn)
         for table in self._lacking:
             if table in have:
                 # IF EXISTS: should a ROLLBACK that brings the stand-in back ever fail, the next read still works.
                 conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
         return tuple(table for table in self._lacking if table not in have)
 
-    def _check_tables(self, conn: sqlite3.Connection) -> None:
-        """:class:`SessionStoreError` naming the file if it is not a dsh session database: it has tables but
-        no ``sessions`` table (every dsh's database has one), or a table of dsh's schema lacks dsh's columns.
+    def _check_tables(self, conn: sqlite3.Connection) -> set[str]:
+        """The file's tables (:func:`_file_tables`); :class:`SessionStoreError` naming the file if it is not a dsh
+        session database: it has tables but no ``sessions`` table (every dsh's database has one), or a table
+        of dsh's schema lacks dsh's columns.
 
         A database without any table yet (what ``sqlite3.connect`` made before a dsh put its schema in it)
         is an empty store.
@@ -476,14 +491,23 @@ class SqliteSessionStore:
         if tables and "sessions" not in tables:
             raise SessionStoreError(foreign.format("it has no table 'sessions'"))
         for table, columns in _COLUMNS.items():
-            found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            # main.: the file's table; unqualified, a stand-in of its name (a temporary table) is found first.
+            found = {row[1] for row in conn.execute(f"PRAGMA main.table_info({table})")}
             lacking = [column for column in columns if column not in found]
             if found and lacking:
                 raise SessionStoreError(foreign.format(f"its table {table!r} has no column(s) {', '.join(lacking)}"))
+        return tables
 
     def _db(self) -> sqlite3.Connection:
         assert self._conn is not None
         return self._conn
+
+    @property
+    def _rechecks(self) -> bool:
+        """Whether each read and write looks at the file again (:meth:`_check_file`): opened only to read a
+        file, which a newer dsh or another program may take over meanwhile. A run's store (``create=True``)
+        checks when it opens the file (and again as it completes the schema), not at each append."""
+        return not self._create and not self.absent
 
     def _check_findable(self, session_id: str) -> None:
         """:class:`SessionNotFoundError` for an id no session can have, which sqlite3 would refuse to look up.
@@ -550,7 +574,8 @@ class SqliteSessionStore:
         raises :class:`_Abandoned` after rolling back. A database opened to read that lacks a table of
         dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it, unless
         ``lacking_ok`` (``work`` writes only to the file's own tables, as ``main.``). What it lacks is
-        looked at again first: a table the file has now stays (dsh never drops one).
+        looked at again first: a table the file has now stays (dsh never drops one). Opened to read, the
+        file is looked at again in the transaction (:meth:`_check_file`) before ``work`` writes to it.
         """
         if self._lacking:
             self._read(lambda conn: None, doing=f"{doing} session {session_id!r}")
@@ -562,6 +587,8 @@ class SqliteSessionStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if self._rechecks:  # under the write lock: no other program changes the file until COMMIT
+                    self._check_file(conn)
                 result = work(conn)
                 if fate is not None and not fate.commit():
                     raise _Abandoned
@@ -579,17 +606,19 @@ class SqliteSessionStore:
     def _read(self, work: Callable[[sqlite3.Connection], T], *, doing: str) -> T:
         """Run a read; an SQLite failure is a :class:`SessionStoreError` naming the store and what was read.
 
-        Of a database that lacked tables of dsh's (:meth:`_stand_in`), in one transaction that first drops
-        the stand-in of each table the file has gained since (:meth:`_forget_stand_ins`): what ``work``
-        reads is of the same moment as what was found.
+        Opened to read (:attr:`_rechecks`), in one transaction that first looks at the file again
+        (:meth:`_check_file`: the same error as opening it now would give) and drops the stand-in
+        (:meth:`_stand_in`) of each table the file has gained since (:meth:`_forget_stand_ins`): what
+        ``work`` reads is of the same moment as what was checked and found.
         """
         try:
-            if not self._lacking:
+            if not self._rechecks:
                 return work(self._db())
             conn = self._db()
             conn.execute("BEGIN")
             try:
-                lacking = self._forget_stand_ins(conn)
+                have = self._check_file(conn)[1]
+                lacking = self._forget_stand_ins(conn, have) if self._lacking else ()
                 result = work(conn)
                 # Keeps the stand-ins dropped; only temporary tables were changed, nothing of the file.
                 conn.execute("COMMIT")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -998,6 +999,99 @@ async def test_reads_see_the_tables_a_run_made_in_an_empty_database_after_it_was
         assert (await store.get("s")).stored_events == 1
         assert [event.payload for event in await store.load("s")] == [{"n": 1}]
         assert [event.seq for event in await store.load_page("s")] == [1]
+    finally:
+        await store.close()
+
+
+#: The reads a read-only store serves ``dsh sessions list`` and ``show`` with, and the one write
+#: ``dsh sessions release`` makes with it, each of session "s".
+_READS_AND_RELEASE: dict[str, Callable[[SqliteSessionStore], Awaitable[object]]] = {
+    "list": lambda store: store.list(),
+    "get": lambda store: store.get("s"),
+    "load": lambda store: store.load("s"),
+    "load_page": lambda store: store.load_page("s"),
+    "break_lease": lambda store: store.break_lease("s"),
+}
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["complete", "without-leases"])
+async def test_a_read_only_store_refuses_a_newer_schema_stamped_after_it_opened(tmp_path: Path, older: bool) -> None:
+    # The schema's version was checked only when the store opened the database: a newer dsh that took
+    # it over while `dsh sessions show` read it page by page (its schema may be anything) was read as
+    # this dsh's, and `dsh sessions release` broke a lease in it.
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    path = tmp_path / DB_FILENAME
+    lease = SessionLease.for_this_run()
+    if older:  # stand-ins: a read-only store of it reads (and refreshes) in a transaction of its own
+        _older_database(path, journal_mode="wal")
+    else:
+        run = SqliteSessionStore.open(tmp_path)
+        try:
+            await run.create(session_id="s", lease=lease)
+            await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+        finally:
+            await run.close()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert [info.id for info in await store.list()] == ["s"]
+        _set_user_version(path, SCHEMA_VERSION + 1)
+        newer = (f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
+                 f"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh")
+        for name, call in _READS_AND_RELEASE.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await call(store)
+            assert str(caught.value) == newer, name
+        # Looked at by each read, not decided once: the database a dsh of this version writes again is read.
+        _set_user_version(path, SCHEMA_VERSION)
+        assert [info.id for info in await store.list()] == ["s"]
+    finally:
+        await store.close()
+    if not older:  # the refused release wrote nothing: the run's lease holds the session still
+        run = SqliteSessionStore.open(tmp_path)
+        try:
+            holder = (await run.get("s")).holder
+            assert holder is not None and holder.token == lease.token, holder
+        finally:
+            await run.close()
+
+
+@pytest.mark.parametrize(("opened", "statements", "reason"), [
+    ("complete", ["DROP TABLE leases", "DROP TABLE events", "DROP TABLE sessions",
+                  "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
+    ("complete", ["DROP TABLE sessions", "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)"],
+     "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta"),
+    ("empty", ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
+    # Its own table, not the stand-in of its name, looked at: the stand-in has dsh's columns.
+    ("without-leases", ["CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
+     "its table 'leases' has no column(s) session_id, token, holder, acquired_at"),
+], ids=["tables-replaced", "sessions-reshaped", "empty-then-taken", "without-leases-then-another-leases"])
+async def test_a_read_only_store_refuses_a_database_another_program_made_of_it_after_it_opened(
+        tmp_path: Path, opened: str, statements: list[str], reason: str) -> None:
+    # Whether the database was dsh's was decided when the store opened it: another program's tables put
+    # in it since were read as dsh's (an empty database's stand-ins went on reading as an empty store),
+    # or failed with a bare "no such table"/"no such column" naming no cause.
+    path = tmp_path / DB_FILENAME
+    if opened == "empty":
+        path.write_bytes(b"")
+    elif opened == "without-leases":
+        _older_database(path, journal_mode="wal")
+    else:
+        run = SqliteSessionStore.open(tmp_path)
+        try:
+            await run.create(session_id="s")
+        finally:
+            await run.close()
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert len(await store.list()) == (opened != "empty")
+        _execute(path, *statements)
+        foreign = (f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
+                   "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+        for name, call in _READS_AND_RELEASE.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await call(store)
+            assert str(caught.value) == foreign, name
     finally:
         await store.close()
 
