@@ -521,12 +521,8 @@ async def test_a_corrupt_payload_or_meta_is_a_store_error_naming_the_session_and
         await store.create(session_id="b", meta={"agent": "x"})
     finally:
         await store.close()
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        conn.execute("UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 2")
-        conn.execute("UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME, "UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 2",
+             "UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
     store = SqliteSessionStore.open(tmp_path)
     try:
         event = rf"session store '{tmp_path / DB_FILENAME}': session 'a' event 2: payload is not JSON: Expecting"
@@ -547,11 +543,7 @@ async def test_a_corrupt_payload_or_meta_is_a_store_error_naming_the_session_and
 def test_a_foreign_database_is_named_and_left_as_it_was(tmp_path: Path, create: bool) -> None:
     # Another program's database at sessions.db (its own `sessions` table): even `dsh sessions list`
     # switched it to WAL and added dsh's `events` table and index before failing on "no such column".
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)")
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME, "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)")
     with pytest.raises(SessionStoreError, match=rf"'{tmp_path / DB_FILENAME}'.*is not a dsh session database: "
                                                 r"its table 'sessions' has no column\(s\) created_at, "):
         SqliteSessionStore.open(tmp_path, create=create)
@@ -621,11 +613,7 @@ async def test_a_database_without_any_table_yet_is_an_empty_store(tmp_path: Path
 
 def test_a_schema_that_cannot_be_completed_is_not_left_half_made(tmp_path: Path) -> None:
     # The schema was created statement by statement: one that failed left the ones before it behind.
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE sessions_updated (x)")  # the name of one of dsh's indexes
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME, "CREATE TABLE sessions_updated (x)")  # the name of one of dsh's indexes
     with pytest.raises(SessionStoreError, match=rf"cannot open session database '{tmp_path / DB_FILENAME}': "):
         SqliteSessionStore.open(tmp_path)
     conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
@@ -708,15 +696,10 @@ def test_a_database_of_a_newer_schema_is_refused_before_anything_is_read_or_writ
     from dsh_core.sessions.sqlite import SCHEMA_VERSION
 
     path = tmp_path / DB_FILENAME
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at REAL NOT NULL, "
-                     "updated_at REAL NOT NULL, event_count INTEGER NOT NULL DEFAULT 0, "
-                     "metadata TEXT NOT NULL)")
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    finally:
-        conn.close()
+    _execute(path, "PRAGMA journal_mode=WAL",
+             "CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at REAL NOT NULL, updated_at REAL NOT NULL, "
+             "event_count INTEGER NOT NULL DEFAULT 0, metadata TEXT NOT NULL)",
+             f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     before = path.read_bytes()
     newer = (rf"cannot open session database '{path}': it was written by a newer dsh \(schema version "
              rf"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}\); upgrade dsh")
@@ -773,11 +756,7 @@ async def test_a_session_whose_meta_cannot_be_read_is_listed_as_unreadable_among
             await store.create(session_id=session_id, meta={"agent": session_id})
     finally:
         await store.close()
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        conn.execute("UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME, "UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         listed = {info.id: info for info in await store.list()}
@@ -807,11 +786,7 @@ async def test_a_session_whose_columns_cannot_be_read_is_listed_as_unreadable_am
             await store.create(session_id=session_id, meta={"agent": session_id})
     finally:
         await store.close()
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        conn.execute(f"UPDATE sessions SET {column} = {value} WHERE id = 'b'")
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME, f"UPDATE sessions SET {column} = {value} WHERE id = 'b'")
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         listed = await store.list()
@@ -864,18 +839,12 @@ def _older_database(path: Path, *, journal_mode: str) -> None:
     """A database of a dsh from before the ``leases`` table: unversioned, with one session of one event."""
     from dsh_core.sessions.sqlite import _SCHEMA_STATEMENTS
 
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute(f"PRAGMA journal_mode={journal_mode}")
-        for statement in _SCHEMA_STATEMENTS:
-            if "leases" not in statement:
-                conn.execute(statement)
-        conn.execute("INSERT INTO sessions (id, created_at, updated_at, event_count, meta) "
-                     "VALUES ('s', 1.0, 2.0, 1, '{\"agent\": \"a\"}')")
-        conn.execute("INSERT INTO events (session_id, seq, kind, at, payload) VALUES ('s', 1, 'message/user', 2.0, "
-                     "'{\"n\": 1}')")
-    finally:
-        conn.close()
+    _execute(path, f"PRAGMA journal_mode={journal_mode}",
+             *(statement for statement in _SCHEMA_STATEMENTS if "leases" not in statement),
+             "INSERT INTO sessions (id, created_at, updated_at, event_count, meta) "
+             "VALUES ('s', 1.0, 2.0, 1, '{\"agent\": \"a\"}')",
+             "INSERT INTO events (session_id, seq, kind, at, payload) VALUES ('s', 1, 'message/user', 2.0, "
+             "'{\"n\": 1}')")
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
@@ -1156,14 +1125,11 @@ async def test_a_session_whose_update_time_cannot_be_read_is_listed_after_the_re
             await store.create(session_id=session_id)
     finally:
         await store.close()
-    conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-    try:
-        conn.execute("UPDATE sessions SET updated_at = CASE id WHEN '20250101-a' THEN 1.0 WHEN '20250103-c' "
-                     "THEN 3 ELSE 2.0 END")
-        # Of two whose times cannot be read, the newer id first: dsh's ids sort as the time they were made.
-        conn.execute(f"UPDATE sessions SET updated_at = {value} WHERE id IN ('20250102-b', '20250104-d')")
-    finally:
-        conn.close()
+    _execute(tmp_path / DB_FILENAME,
+             "UPDATE sessions SET updated_at = CASE id WHEN '20250101-a' THEN 1.0 WHEN '20250103-c' THEN 3 "
+             "ELSE 2.0 END",
+             # Of two whose times cannot be read, the newer id first: dsh's ids sort as the time they were made.
+             f"UPDATE sessions SET updated_at = {value} WHERE id IN ('20250102-b', '20250104-d')")
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         listed = await store.list()
@@ -1182,11 +1148,7 @@ async def test_get_reads_how_many_events_are_stored_with_the_record(tmp_path: Pa
         await store.append("a", [NewEvent("one"), NewEvent("two")])
         info = await store.get("a")
         assert (info.event_count, info.stored_events) == (2, 2)
-        conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
-        try:
-            conn.execute("UPDATE sessions SET event_count = 5 WHERE id = 'a'")
-        finally:
-            conn.close()
+        _execute(tmp_path / DB_FILENAME, "UPDATE sessions SET event_count = 5 WHERE id = 'a'")
         info = await store.get("a")
         assert (info.event_count, info.stored_events) == (5, 2)
         # list() reads no count of events (it would read every session's): it does not know them.
