@@ -38,7 +38,15 @@ from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, Tool
 from dsh_core.processes import child_pids
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
-from dsh_core.testing.loader import LoadedPlugin, check_config, load_factory, load_plugin, make_root
+from dsh_core.testing.loader import (
+    CALL_WATCH,
+    CallWatch,
+    LoadedPlugin,
+    check_config,
+    load_factory,
+    load_plugin,
+    make_root,
+)
 
 __all__ = [
     "Target",
@@ -62,7 +70,11 @@ __all__ = [
 QUIESCENCE_GRACE_S: Final = 1.0
 #: Seconds the stdout check lets a fresh interpreter take to import, start and dispose the plugin.
 PROBE_TIMEOUT_S: Final = 120.0
-#: Seconds past the abort bound after which a call that has not returned is cancelled and reported.
+#: Seconds past the abort bound after which a call that has not returned is cancelled and reported; also what a call
+#: the kit aborted or cancelled is given to end. A call then waiting in its approval ask is given the runtime's
+#: approval grace (``ToolRuntime.approval_grace_s``, :data:`dsh_core.runtime.APPROVAL_GRACE_S` in the kit) on top:
+#: the runtime waits that long for a channel that ignores the ask's withdrawal, and the two being equal made it a race
+#: whether the kit gave up first and blamed the call's body, which never ran (see :func:`_stuck_grace`).
 STUCK_GRACE_S: Final = 5.0
 #: Seconds the example-calls, typed-errors and dispose checks let a call run before they abort it and report it
 #: (``Target.call_timeout_s`` overrides it). Generous on purpose: a slow but correct call must not be cut, and the
@@ -186,14 +198,25 @@ class _DetachedExecutor(concurrent.futures.ThreadPoolExecutor):
 _IGNORED_CANCEL: Final[weakref.WeakSet[asyncio.Task[Any]]] = weakref.WeakSet()
 
 
-async def _cancel(task: asyncio.Task[Any]) -> bool:
-    """Cancel ``task`` and give it ``STUCK_GRACE_S`` to end; whether it did.
+def _stuck_grace(loaded: LoadedPlugin, watch: CallWatch) -> float:
+    """Seconds a call the kit aborts or cancels now is given to end: ``STUCK_GRACE_S``, plus the runtime's approval
+    grace if the call waits in its approval ask.
+
+    Withdrawn (the call aborted or cancelled), an ask whose channel ignores the withdrawal is waited
+    for by the runtime for its whole grace before the call goes on: the kit must not give up first
+    and report the call stuck. Read from the runtime the call runs in, so it is never a second copy.
+    """
+    return STUCK_GRACE_S + (loaded.runtime.approval_grace_s if watch.asking else 0.0)
+
+
+async def _cancel(task: asyncio.Task[Any], grace: float) -> bool:
+    """Cancel ``task`` and give it ``grace`` seconds (:func:`_stuck_grace`) to end; whether it did.
 
     Awaiting a cancelled task with no bound hung the check forever when its body caught
     ``CancelledError`` and went on; one still running is remembered in :data:`_IGNORED_CANCEL`.
     """
     task.cancel()
-    await asyncio.wait({task}, timeout=STUCK_GRACE_S)
+    await asyncio.wait({task}, timeout=grace)
     if not task.done():
         _IGNORED_CANCEL.add(task)
         return False
@@ -566,11 +589,13 @@ def _brief(value: object, limit: int = 200) -> str:
 
 
 async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortSignal | None = None,
-                call_id: str = "conformance") -> Any:
+                call_id: str = "conformance", watch: CallWatch | None = None) -> Any:
+    """Make one call through the runtime; ``watch`` follows it (whether it waits in its approval ask)."""
     request = ToolExecutionInput(call_id=call_id, name=name, arguments=arguments,
                                  signal=signal or AbortSignal.never())
     previous = _TOOL.get()
     _TOOL.set(name)  # the tasks the call starts copy it: their threads are this tool's
+    CALL_WATCH.set(watch)  # this call's task's own context (each call runs in a task of its own), copied likewise
     try:
         return await loaded.runtime.execute(request)
     finally:
@@ -585,31 +610,60 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
                         what: str, found: list[str], call_id: str) -> ToolResult | None:
     """One call as :func:`_call`, given ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`) to return.
 
-    A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later,
-    cancelled; either way it is reported in ``found`` (``what`` names the arguments) and ``None`` returned.
-    Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
+    A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
+    (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
+    in ``found`` (``what`` names the arguments), blamed on what held it (the body, the approval ask,
+    or the stages before the body), and ``None`` returned. Awaited with no bound, a body that never
+    returns hung the check forever, and it reported nothing.
     """
     limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
     controller = AbortController()
-    task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id))
+    watch = CallWatch()
+    spy = loaded.spies.get(name)
+    calls_before = spy.calls if spy is not None else 0
+    task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     with contextlib.suppress(TimeoutError):
         result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
         return result
+    # What held the call, seen before the abort: the abort ends the ask (withdrawn) and the stages before the body.
+    # The spy's count, not the call's context: a middleware may run the body in a task started elsewhere.
+    asking, entered = watch.asking, spy is None or spy.calls > calls_before
+    grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
-    fix = ("return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop "
-           "waiting on what never ends; a call that is slow on purpose needs a larger limit (call_timeout_s in your "
-           "subclass, --dsh-conformance-call-timeout)")
+        await asyncio.wait_for(asyncio.shield(task), grace)
+    if asking:
+        held, fix = "it was waiting for the answer to an approval ask, which never came, so the body never ran", \
+            _APPROVAL_FIX
+    elif not entered:
+        held, fix = f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX
+    else:
+        held, fix = "", ("return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
+                         "and stop waiting on what never ends")
+    fix += ("; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
+            "--dsh-conformance-call-timeout)")
     if task.done():
         after = "it returned once its signal was aborted"
-    elif await _cancel(task):
-        after = f"it was still running {STUCK_GRACE_S:g} s after its signal was aborted, and was cancelled"
+    elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
+        after = f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
     else:
-        after = _IGNORED_CANCEL_PROBLEM.format(grace=STUCK_GRACE_S)
+        after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
-    found.append(failure(target, check, f"{what}: the call did not return within {limit:g} s ({after})", fix, name))
+    found.append(failure(target, check, f"{what}: the call did not return within {limit:g} s"
+                         f"{': ' + held if held else ''} ({after})", fix, name))
     return None
+
+
+#: The stages of a call before its body, all the plugin's in the kit (an approval ask is named on its own).
+_BEFORE_BODY: Final = "by a pre-execute hook, a guard or an around-dispatch middleware"
+#: The fix of a call that waited for the answer to an approval ask: the kit's calls have no one to answer them.
+_APPROVAL_FIX: Final = ("an approval channel (dsh_approve) must answer, or abstain by returning None, when it can "
+                        "reach no one (no one answers the kit's calls), and end as soon as its ask is withdrawn "
+                        "(never swallow asyncio.CancelledError there); to check the tools, give the plugin a config "
+                        "that asks no one about them (plugin_config in your subclass, --dsh-conformance-config)")
+#: The fix of a call held before its body, not in an approval ask.
+_HELD_FIX: Final = ("make pre-execute hooks, guards and around-dispatch middleware return promptly (a middleware "
+                    "calls proceed or answers itself), and end when the call is aborted or cancelled")
 
 
 #: What a failure says of a call that ran on once cancelled (``grace``: how long the kit waited), and its fix.
@@ -1115,16 +1169,28 @@ def check_abort(target: Target) -> list[str]:
                 loop.call_soon(abort)
 
             spy.on_enter = on_enter
+            watch = CallWatch()
             task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
-                                               controller.signal))
+                                               controller.signal, watch=watch))
+            waited = bound + STUCK_GRACE_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), bound + STUCK_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(task), waited)
             spy.on_enter = None
             if not task.done():
-                problem = f"the call was still running {bound + STUCK_GRACE_S:g} s after its signal was aborted"
-                fix = "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop promptly"
-                if not await _cancel(task):
-                    problem += f" ({_IGNORED_CANCEL_PROBLEM.format(grace=STUCK_GRACE_S)})"
+                # The abort comes as the body is entered: a call held before its body was never aborted.
+                if watch.asking:
+                    problem = (f"the call never reached the body: it was still waiting for the answer to an "
+                               f"approval ask {waited:g} s on, so its abort could not be checked")
+                    fix = _APPROVAL_FIX
+                elif not entered_at:
+                    problem = (f"the call never reached the body: it was still held before it ({_BEFORE_BODY}) "
+                               f"{waited:g} s on, so its abort could not be checked")
+                    fix = _HELD_FIX
+                else:
+                    problem = f"the call was still running {waited:g} s after its signal was aborted"
+                    fix = "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop promptly"
+                if not await _cancel(task, grace := _stuck_grace(loaded, watch)):
+                    problem += f" ({_IGNORED_CANCEL_PROBLEM.format(grace=grace)})"
                     fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
                 found.append(failure(target, "abort", problem, fix, definition.name))
                 continue

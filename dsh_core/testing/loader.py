@@ -5,31 +5,77 @@ other), validates the config against the plugin's schema, and starts the
 plugin in a fresh pipeline (its own pluggy manager, registry and runtime,
 under a root scope that provides ``tools`` and ``runtime``). Every tool the
 plugin registers is registered with its body wrapped by a :class:`ToolSpy`,
-which counts invocations and records what the body raised.
+which counts invocations and records what the body raised. The hook facade is a
+:class:`WatchingHooks`: with a :class:`CallWatch` set in :data:`CALL_WATCH` around
+a call, the kit sees whether the call waits in an approval ask, so that a call
+stuck there is never blamed on its body, which has not run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
 from typing import Any
 
 import attrs
+from attrs import define
 
 from dsh_core.errors import ConfigError, DshError, PluginLoadError, SchemaDefinitionError
 from dsh_core.harness import NamedRegistry
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, freeze
-from dsh_core.model import ToolContext, ToolDefinition
+from dsh_core.model import ApprovalOutcome, ApprovalRequest, ToolContext, ToolDefinition
 from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, start_plugin
 from dsh_core.registry import ToolRegistry
 from dsh_core.runtime import ToolRuntime
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 from dsh_core.scope import Scope
 
-__all__ = ["BodyExited", "ToolSpy", "LoadedPlugin", "find_entry_point", "load_factory", "load_plugin", "make_root"]
+__all__ = ["BodyExited", "CALL_WATCH", "CallWatch", "ToolSpy", "WatchingHooks", "LoadedPlugin", "find_entry_point",
+           "load_factory", "load_plugin", "make_root"]
+
+
+@define
+class CallWatch:
+    """Whether one call the kit makes waits in its approval ask: what holds a call stuck before its body, and how
+    long the runtime may take to end it once it is withdrawn, depend on it (whether the body was entered, the
+    :class:`ToolSpy` counts)."""
+
+    #: From the first channel asked until the runtime resolves the ask (answered, or withdrawn and its channel
+    #: ended or let go after the runtime's approval grace).
+    asking: bool = False
+
+
+#: The watch of the call the kit is making (set by the checks in the call's task; the tasks the call starts,
+#: its approval ask's among them, copy it).
+CALL_WATCH: contextvars.ContextVar[CallWatch | None] = contextvars.ContextVar("dsh_conformance_call_watch",
+                                                                             default=None)
+
+
+class WatchingHooks(Hooks):
+    """The kit's hook facade: :class:`Hooks`, marking the :data:`CALL_WATCH` of a call while its approval ask lasts.
+
+    Watched here, where the runtime asks and resolves, rather than through a channel of the kit's:
+    no implementation is added to the plugin's pipeline, and none has to be asked before the plugin's.
+    """
+
+    async def approve(self, request: ApprovalRequest, *,
+                      on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
+        """As :meth:`Hooks.approve`; the call is marked asking."""
+        watch = CALL_WATCH.get()
+        if watch is not None:
+            watch.asking = True
+        return await super().approve(request, on_channel=on_channel)
+
+    async def approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
+        """As :meth:`Hooks.approval_resolved`; the call's ask is over (the runtime no longer waits on its channel)."""
+        watch = CALL_WATCH.get()
+        if watch is not None:
+            watch.asking = False
+        await super().approval_resolved(request, outcome)
 
 
 class BodyExited(Exception):
@@ -163,7 +209,7 @@ async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool
     else:
         source = None
     check_config(name, factory, config)
-    hooks = Hooks()
+    hooks = WatchingHooks()
     root, registry, runtime = make_root(hooks)
     loaded = LoadedPlugin(name, root, hooks, registry, runtime, NamedRegistry("provider"),
                           NamedRegistry("session store"))

@@ -1315,3 +1315,118 @@ def test_make_target_refuses_a_bound_that_is_not_a_positive_number_of_seconds(
     with pytest.raises(ValueError, match=rf"make_target: {keyword} = {re.escape(repr(value))} is not a positive, "
                                          "finite number of seconds"):
         make_target("good", {}, tmp_path, **{keyword: value})
+
+
+@pytest.fixture
+def fixture_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every name is the fixture plugin of ``broken_plugins`` whose factory is the name with ``_`` for ``-``; the
+    kit's graces are short."""
+    from importlib import metadata
+
+    from dsh_core.plugins import ENTRY_POINT_GROUP
+    from dsh_core.testing import loader
+
+    def find(name: str) -> metadata.EntryPoint:
+        factory = name.replace("-", "_")
+        return metadata.EntryPoint(name, f"tests.fixtures.conformance.broken_plugins:{factory}", ENTRY_POINT_GROUP)
+
+    monkeypatch.setattr(loader, "find_entry_point", find)
+    monkeypatch.setattr(checks, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
+    monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
+
+
+def _bounded(check: str, target: Target) -> list[str]:
+    """``check`` run on ``target`` in a thread of its own, failing the test if it does not return (a hang guard)."""
+    import threading
+
+    outcome: list[list[str]] = []
+    runner = threading.Thread(target=lambda: outcome.append(getattr(checks, check)(target)), daemon=True)
+    runner.start()
+    runner.join(30)  # bounded, the check takes a second or two
+    assert not runner.is_alive(), f"{check} hangs"
+    return outcome[0]
+
+
+#: What each check that calls tools says of the call it reports, for the fixture tools' examples[0] ``{"x": 1}``.
+CALL_WHAT = {"example-calls": 'examples[0] {"x": 1}: ', "dispose": 'examples[0] {"x": 1}: ',
+             "typed-errors": 'called with {"x": 1}: '}
+#: The fix of a call that waited for an approval ask, in part.
+APPROVAL_FIX = "fix: an approval channel (dsh_approve) must answer, or abstain by returning None, when it can reach " \
+               "no one"
+#: What blames a tool's body: never said of a call whose body never ran.
+BODY_BLAME = ("ctx.signal", "a body that goes on")
+
+
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_call_waiting_for_an_approval_nobody_gives_is_blamed_on_the_ask_not_the_body(
+        fixture_plugins: None, check: str) -> None:
+    """The plugin asks before its tool runs, and its channel never answers: the body never runs. The kit said the
+    call was still running after its signal was aborted (the abort check never aborted it: it aborts on entering
+    the body) and told the author to make the body honour ctx.signal."""
+    name = check.removeprefix("check_").replace("_", "-")
+    found = _bounded(check, Target("unanswered-ask", abort_bound_s=0.1))
+    if name == "abort":
+        prefix = '[dsh:abort] plugin "unanswered-ask", tool "gated": the call never reached the body: it was still ' \
+                 "waiting for the answer to an approval ask 0.3 s on, so its abort could not be checked\n"
+    else:
+        prefix = f'[dsh:{name}] plugin "unanswered-ask", tool "gated": {CALL_WHAT[name]}the call did not return ' \
+                 "within 0.2 s: it was waiting for the answer to an approval ask, which never came, so the body " \
+                 "never ran (it returned once its signal was aborted)\n"
+    # typed-errors calls the edge variants too ({"x": 0} and {"x": -1}), each reported alike.
+    assert found and all(re.sub(r'"x": -?\d', '"x": 1', f).startswith(prefix) for f in found), found
+    assert all(APPROVAL_FIX in f and not any(blame in f for blame in BODY_BLAME) for f in found), found
+    assert len(found) == (3 if name == "typed-errors" else 1), found
+
+
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
+def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grace_and_blames_the_channel(
+        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    """The channel never answers and swallows the withdrawal of its ask: cancelled or aborted, the call ends only once
+    the runtime has waited out its approval grace for the channel and let it go. The kit waited its own grace, the
+    same 5 s, so which gave up first was a race: when the kit did, it said the body ignored its cancellation (or was
+    still running after the abort) though the body never ran. Here the runtime's grace is the longer one: the kit
+    must wait it out (it derives its wait from the runtime's), and name the ask."""
+    from dsh_core.runtime import APPROVAL_GRACE_S
+
+    real_load = checks.load_plugin
+    graces: list[float] = []
+
+    async def load(*args: Any, **kwargs: Any) -> Any:
+        loaded = await real_load(*args, **kwargs)
+        graces.append(loaded.runtime.approval_grace_s)
+        loaded.runtime.approval_grace_s = 1.0  # longer than the kit's STUCK_GRACE_S
+        return loaded
+
+    monkeypatch.setattr(checks, "load_plugin", load)
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.5)  # what the kit waits past the runtime's grace: a margin
+    name = check.removeprefix("check_").replace("_", "-")
+    found = _bounded(check, Target("deaf-ask", abort_bound_s=0.1))
+    assert graces and set(graces) == {APPROVAL_GRACE_S}  # the kit's runtime has the runtime's own grace
+    calls = [f for f in found if f.startswith(f'[dsh:{name}] plugin "deaf-ask", tool "gated": ')]
+    assert len(calls) == 1, found
+    assert "approval ask" in calls[0] and APPROVAL_FIX in calls[0], calls[0]
+    assert not any(blame in calls[0] for blame in BODY_BLAME) and "ignored cancellation" not in calls[0], calls[0]
+    # The runtime gave up on the channel itself, after its whole grace, and named it; the kit reports that.
+    logged = [f for f in found if "dsh logged a failure of the plugin: approval channel of plugin 'deaf-ask' "
+                                  "ignored its withdrawal for 1 s (tool \"gated\"" in f]
+    assert len(logged) == 1, found
+
+
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
+def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: None, check: str) -> None:
+    """A guard that never returns holds the call before its body: the kit told the author to make the body honour
+    ctx.signal, though it never ran."""
+    name = check.removeprefix("check_").replace("_", "-")
+    (found,) = _bounded(check, Target("held-by-guard", abort_bound_s=0.1))
+    if name == "abort":
+        prefix = '[dsh:abort] plugin "held-by-guard", tool "guarded": the call never reached the body: it was still ' \
+                 "held before it (by a pre-execute hook, a guard or an around-dispatch middleware) 0.3 s on, so its " \
+                 "abort could not be checked\n"
+    else:
+        prefix = f'[dsh:{name}] plugin "held-by-guard", tool "guarded": {CALL_WHAT[name]}the call did not return ' \
+                 "within 0.2 s: it was held before its body (by a pre-execute hook, a guard or an around-dispatch " \
+                 "middleware), so the body never ran ("
+    assert found.startswith(prefix), found
+    assert "fix: make pre-execute hooks, guards and around-dispatch middleware return promptly" in found, found
+    assert not any(blame in found for blame in BODY_BLAME), found
