@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, Final, ParamSpec, TypeVar
 
 from attrs import define, field, frozen
@@ -42,6 +42,7 @@ from dsh_core.testing.loader import (
     CALL_WATCH,
     CallWatch,
     LoadedPlugin,
+    WatchingHooks,
     check_config,
     load_factory,
     load_plugin,
@@ -491,7 +492,8 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
         if disposed is not None:
             found.extend(disposed(loaded))
         if quiesce_when is not None:
-            found.extend(await _stray_tasks(target, check, quiesce_when, tasks_before, at_load, load_leftovers))
+            asks = loaded.hooks.asks if isinstance(loaded.hooks, WatchingHooks) else {}
+            found.extend(await _stray_tasks(target, check, quiesce_when, tasks_before, at_load, load_leftovers, asks))
         return found
 
     executor = _DetachedExecutor()
@@ -1467,9 +1469,14 @@ def check_dispose(target: Target) -> list[str]:
 
 
 async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]],
-                       at_load: _AtLoad, load_leftovers: bool) -> list[str]:
+                       at_load: _AtLoad, load_leftovers: bool, asks: Mapping[asyncio.Task[Any], str]) -> list[str]:
     """Tasks started since ``tasks_before`` and still running ``QUIESCENCE_GRACE_S`` on; those already running at
-    load only with ``load_leftovers`` (see :func:`_with_plugin`)."""
+    load only with ``load_leftovers`` (see :func:`_with_plugin`).
+
+    One of ``asks`` (the tasks the runtime asked approval in, by call id) is the plugin's channel, which
+    ignored its ask's withdrawal (the runtime let it go after its grace): dsh started that task, so it is
+    named as the ask it is, with the channel's fix, not as background work the plugin should have spawned.
+    """
     before = tasks_before if load_leftovers else tasks_before | at_load.tasks
     deadline = time.monotonic() + QUIESCENCE_GRACE_S
     pending: set[asyncio.Task[Any]] = set()
@@ -1482,7 +1489,11 @@ async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[
         if not pending:
             break
         await asyncio.sleep(0.02)
-    return [failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) "
+    return [failure(target, check, f"the approval ask of call {asks[task]!r} (its channel, dsh_approve) ignored its "
+                    f"withdrawal and is still running {when}", "end dsh_approve's ask as soon as it is cancelled "
+                    "(never swallow asyncio.CancelledError there): dsh waits for it only its approval grace, then "
+                    "leaves it running with no one to answer") if task in asks else
+            failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) "
                     f"{_AT_LOAD if task in at_load.tasks else ''}is still running {when}",
                     "start background work with scope.spawn(...) so dispose cancels and awaits it")
             for task in pending]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
@@ -62,12 +63,21 @@ class WatchingHooks(Hooks):
     no implementation is added to the plugin's pipeline, and none has to be asked before the plugin's.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: The tasks the runtime asks in, and the call id of each: one still running once its call ended is the
+        #: channel's, which ignored its withdrawal (the runtime leaves it running after its grace).
+        self.asks: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+
     async def approve(self, request: ApprovalRequest, *,
                       on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
         """As :meth:`Hooks.approve`; the call is marked asking."""
         watch = CALL_WATCH.get()
         if watch is not None:
             watch.asking = True
+        task = asyncio.current_task()
+        if task is not None:
+            self.asks[task] = request.execution.call_id
         return await super().approve(request, on_channel=on_channel)
 
     async def approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:

@@ -1411,6 +1411,11 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
     logged = [f for f in found if "dsh logged a failure of the plugin: approval channel of plugin 'deaf-ask' "
                                   "ignored its withdrawal for 1 s (tool \"gated\"" in f]
     assert len(logged) == 1, found
+    # Its ask, still running (the runtime left it): the channel's, which dsh started, not the plugin's spawning.
+    (left,) = [f for f in found if f not in calls + logged]
+    assert left.startswith(f'[dsh:{name}] plugin "deaf-ask": the approval ask of call '), left
+    assert "(its channel, dsh_approve) ignored its withdrawal and is still running after" in left, left
+    assert "fix: end dsh_approve's ask as soon as it is cancelled" in left and "scope.spawn" not in left, left
 
 
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
