@@ -656,16 +656,19 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     return None
 
 
-#: The stages of a call before its body, all the plugin's in the kit (an approval ask is named on its own).
-_BEFORE_BODY: Final = "by a pre-execute hook, a guard or an around-dispatch middleware"
+#: The stages of a call before its body, all the plugin's in the kit (an approval ask is named on its own). The
+#: approval observers run once the ask is resolved, when the call is no longer asking: one that never returns holds it.
+_BEFORE_BODY: Final = ("by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an "
+                       "around-dispatch middleware")
 #: The fix of a call that waited for the answer to an approval ask: the kit's calls have no one to answer them.
 _APPROVAL_FIX: Final = ("an approval channel (dsh_approve) must answer, or abstain by returning None, when it can "
                         "reach no one (no one answers the kit's calls), and end as soon as its ask is withdrawn "
                         "(never swallow asyncio.CancelledError there); to check the tools, give the plugin a config "
                         "that asks no one about them (plugin_config in your subclass, --dsh-conformance-config)")
 #: The fix of a call held before its body, not in an approval ask.
-_HELD_FIX: Final = ("make pre-execute hooks, guards and around-dispatch middleware return promptly (a middleware "
-                    "calls proceed or answers itself), and end when the call is aborted or cancelled")
+_HELD_FIX: Final = ("make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
+                    "promptly (a middleware calls proceed or answers itself), and end when the call is aborted or "
+                    "cancelled")
 
 
 #: What a failure says of a call that ran on once cancelled (``grace``: how long the kit waited), and its fix.

@@ -1426,12 +1426,28 @@ def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: 
     (found,) = _bounded(check, Target("held-by-guard", abort_bound_s=0.1))
     if name == "abort":
         prefix = '[dsh:abort] plugin "held-by-guard", tool "guarded": the call never reached the body: it was still ' \
-                 "held before it (by a pre-execute hook, a guard or an around-dispatch middleware) 0.3 s on, so its " \
-                 "abort could not be checked\n"
+                 "held before it (by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an " \
+                 "around-dispatch middleware) 0.3 s on, so its abort could not be checked\n"
     else:
         prefix = f'[dsh:{name}] plugin "held-by-guard", tool "guarded": {CALL_WHAT[name]}the call did not return ' \
-                 "within 0.2 s: it was held before its body (by a pre-execute hook, a guard or an around-dispatch " \
-                 "middleware), so the body never ran ("
+                 "within 0.2 s: it was held before its body (by a pre-execute hook, an approval observer " \
+                 "(dsh_approval_resolved), a guard or an around-dispatch middleware), so the body never ran ("
     assert found.startswith(prefix), found
-    assert "fix: make pre-execute hooks, guards and around-dispatch middleware return promptly" in found, found
+    assert "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return " \
+           "promptly" in found, found
+    assert not any(blame in found for blame in BODY_BLAME), found
+
+
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
+def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_it_never_reached(
+        fixture_plugins: None, check: str) -> None:
+    """The ask was answered, but an approval observer (dsh_approval_resolved) never returns: the call is held before
+    its body, after its pre-execute hooks. The kit named a pre-execute hook, a guard or an around-dispatch
+    middleware, and told the author to fix those, never the observer that held the call."""
+    name = check.removeprefix("check_").replace("_", "-")
+    (found,) = _bounded(check, Target("held-by-approval-observer", abort_bound_s=0.1))
+    assert found.startswith(f'[dsh:{name}] plugin "held-by-approval-observer", tool "observed": '), found
+    assert "an approval observer (dsh_approval_resolved)" in found, found
+    assert "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return " \
+           "promptly" in found, found
     assert not any(blame in found for blame in BODY_BLAME), found
