@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
+from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.isolation import CgroupPool
 
 from .conftest import HAS_BWRAP, LEVELS, arun, run_one, with_runtime
@@ -476,21 +477,46 @@ def test_worker_leads_its_process_group_but_not_a_session(level: str) -> None:
     assert pgid == pid and sid != pid
 
 
-@pytest.mark.skipif(not CgroupPool.available(), reason="writable v1 memory and pids cgroups are needed")
-def test_stale_cgroups_of_dead_hosts_are_swept() -> None:
-    # A host that died without aclose leaves its empty per-run cgroups behind.
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
     dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
     dead.wait()
-    roots = [os.path.join("/sys/fs/cgroup", h) for h in ("memory", "pids")]
-    stale = [os.path.join(root, f"dsh-{dead.pid}-abc123-0") for root in roots]
+    return dead.pid
+
+
+def test_stale_cgroups_of_dead_hosts_are_swept_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host that died without aclose leaves its empty per-run cgroups behind. Under a root of the test's own,
+    # so nothing else that sweeps (another test process's first runtime) can take a group away meanwhile.
+    monkeypatch.setattr(iso, "_CGROUP_ROOT", str(tmp_path))
+    dead = _dead_pid()
+    roots = [str(tmp_path / hierarchy) for hierarchy in ("memory", "pids")]
+    stale = [os.path.join(root, f"dsh-{dead}-abc123-0") for root in roots]
     live = [os.path.join(root, f"dsh-{os.getpid()}-abc123-7") for root in roots]  # ours: kept
-    other = [os.path.join(root, f"not-dsh-{dead.pid}") for root in roots]  # not a pool's: kept
+    other = [os.path.join(root, f"not-dsh-{dead}") for root in roots]  # not a pool's: kept
+    busy = os.path.join(roots[0], f"dsh-{dead}-abc123-1")  # not empty (a task still in it): rmdir refuses, kept
+    for path in stale + live + other + [busy, os.path.join(busy, "child")]:
+        os.makedirs(path)
+    assert sorted(CgroupPool.sweep_stale()) == sorted(stale)
+    assert not any(os.path.exists(p) for p in stale)
+    assert all(os.path.exists(p) for p in [*live, *other, busy])
+
+
+@pytest.mark.skipif(not CgroupPool.available(), reason="writable v1 memory and pids cgroups are needed")
+def test_stale_cgroups_of_dead_hosts_are_swept_from_the_real_hierarchies() -> None:
+    # The same on the machine's cgroup file system, where a group's directory holds the kernel's files and
+    # rmdir still removes it. Another process may sweep meanwhile (a second test worker's first runtime):
+    # what is checked is where this test's groups end up, and that the sweep names none it did not remove.
+    dead = _dead_pid()
+    roots = [os.path.join("/sys/fs/cgroup", h) for h in ("memory", "pids")]
+    stale = [os.path.join(root, f"dsh-{dead}-abc123-0") for root in roots]
+    live = [os.path.join(root, f"dsh-{os.getpid()}-abc123-7") for root in roots]  # ours: kept
+    other = [os.path.join(root, f"not-dsh-{dead}") for root in roots]  # not a pool's: kept
     for path in stale + live + other:
         os.mkdir(path)
     try:
         removed = CgroupPool.sweep_stale()
-        assert sorted(removed) == sorted(stale)
-        assert not any(os.path.exists(p) for p in stale)
+        assert not set(removed) & set(live + other)
+        assert not any(os.path.exists(p) for p in stale + removed)
         assert all(os.path.exists(p) for p in live + other)
     finally:
         for path in stale + live + other:
