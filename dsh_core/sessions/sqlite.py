@@ -41,7 +41,9 @@ table of dsh's name but not its columns: refused, naming the file, before anythi
 Opened with ``create=False``, a store looks at both again in each read's and write's own transaction,
 before anything else of it is read or written there: a newer dsh, or another program, may have taken
 the file over since it was opened (``dsh sessions show`` reads a long session a page at a time), and
-the read or write is refused as opening the file then would have been, with the same error.
+the read or write is refused as opening the file then would have been, with the same error. (A table
+of dsh's that another program drops meanwhile is not stood in for, as opening would: the read fails,
+naming the store and the table. dsh never drops one.)
 
 Opened with ``create=False``, an existing database is never written to by opening it: neither its
 schema, its version nor its journal mode is changed. A table of dsh's that it lacks (one an older dsh

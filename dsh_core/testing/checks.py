@@ -675,7 +675,8 @@ _HELD_FIX: Final = ("make pre-execute hooks, approval observers, guards and arou
 _IGNORED_CANCEL_PROBLEM: Final = ("it ignored cancellation: it was still running {grace:g} s after it was cancelled, "
                                   "so the kit stopped waiting for it")
 _IGNORED_CANCEL_FIX: Final = ("never swallow asyncio.CancelledError: catch it only to clean up, then re-raise it "
-                              "(a body that goes on runs with no caller, and a loop that waits for it never closes)")
+                              "(code that goes on once cancelled runs with no caller, and a loop that waits for it "
+                              "never closes)")
 
 
 def _schemas_valid(definition: ToolDefinition) -> bool:

@@ -1354,7 +1354,8 @@ CALL_WHAT = {"example-calls": 'examples[0] {"x": 1}: ', "dispose": 'examples[0] 
 #: The fix of a call that waited for an approval ask, in part.
 APPROVAL_FIX = "fix: an approval channel (dsh_approve) must answer, or abstain by returning None, when it can reach " \
                "no one"
-#: What blames a tool's body: never said of a call whose body never ran.
+#: What blames a tool's body: never said of a call whose body never ran (the second, the ignored-cancellation fix's
+#: wording before it named no stage).
 BODY_BLAME = ("ctx.signal", "a body that goes on")
 
 
