@@ -612,6 +612,9 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
                         what: str, found: list[str], call_id: str) -> ToolResult | None:
     """One call as :func:`_call`, given ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`) to return.
 
+    ``call_id`` is the call's own among the calls of tool ``name`` the check makes: what the body did
+    for this call is told apart from what it did for others by it (:meth:`ToolSpy.runs_of`).
+
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
     in ``found`` (``what`` names the arguments), blamed on what held it (the body, the approval ask,
@@ -622,14 +625,16 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     controller = AbortController()
     watch = CallWatch()
     spy = loaded.spies.get(name)
-    calls_before = spy.calls if spy is not None else 0
+    known = len(spy.runs) if spy is not None else 0
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     with contextlib.suppress(TimeoutError):
         result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
         return result
     # What held the call, seen before the abort: the abort ends the ask (withdrawn) and the stages before the body.
-    # The spy's count, not the call's context: a middleware may run the body in a task started elsewhere.
-    asking, entered = watch.asking, spy is None or spy.calls > calls_before
+    # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere. This call's
+    # own runs, not the spy's count: another call's body (the plugin's own, or one an earlier check abandoned) may
+    # have been entered meanwhile.
+    asking, entered = watch.asking, spy is None or bool(spy.runs_of(call_id, known))
     grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
@@ -1136,7 +1141,7 @@ def check_pre_abort(target: Target) -> list[str]:
             for example in definition.examples[:1]:
                 result = await _call(loaded, definition.name, example,
                                      AbortSignal.aborted_with("conformance: aborted before the call"))
-                if spy.calls:
+                if spy.runs_of("conformance"):  # this call's (the plugin may run the tool for calls of its own)
                     found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
                                          "before dispatch", "do not call tool bodies from hooks; let the "
                                          "runtime dispatch", definition.name))
@@ -1156,6 +1161,7 @@ def check_abort(target: Target) -> list[str]:
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         loop = asyncio.get_running_loop()
+        call_id = "conformance"  # one call of each tool
         for definition in loaded.definitions:
             if not definition.examples:
                 continue
@@ -1168,16 +1174,18 @@ def check_abort(target: Target) -> list[str]:
                 stamps.append(time.monotonic())
                 controller.abort("conformance: aborted mid-call")
 
-            # Abort at the body's first suspension point: it is running, and must notice.
-            def on_enter(_context: ToolContext, abort: Callable[[], None] = abort,
+            # Abort at the body's first suspension point: it is running, and must notice. Only this call's
+            # body: the plugin may run the tool for calls of its own meanwhile.
+            def on_enter(context: ToolContext, abort: Callable[[], None] = abort,
                          stamps: list[float] = entered_at) -> None:
-                stamps.append(time.monotonic())
-                loop.call_soon(abort)
+                if context.call_id == call_id:
+                    stamps.append(time.monotonic())
+                    loop.call_soon(abort)
 
             spy.on_enter = on_enter
             watch = CallWatch()
             task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
-                                               controller.signal, watch=watch))
+                                               controller.signal, call_id=call_id, watch=watch))
             waited = bound + STUCK_GRACE_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), waited)
@@ -1200,7 +1208,7 @@ def check_abort(target: Target) -> list[str]:
                     fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
                 found.append(failure(target, "abort", problem, fix, definition.name))
                 continue
-            if not spy.calls:
+            if not spy.runs_of(call_id):
                 result = task.result()
                 found.append(failure(target, "abort", f"the call never reached the body ({result.code}: "
                                      f"{result.error.message if result.error else ''})",
@@ -1267,16 +1275,17 @@ def check_typed_errors(target: Target) -> list[str]:
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in loaded.definitions:
             spy = loaded.spies[definition.name]
-            for arguments in _perturbations(definition):
-                before, calls_before = len(spy.errors), spy.calls
+            for index, arguments in enumerate(_perturbations(definition)):
+                call_id = f"typed-errors-{index}"
                 result = await _bounded_call(target, "typed-errors", loaded, definition.name, arguments,
-                                             f"called with {_brief(arguments)}", found, call_id="typed-errors")
+                                             f"called with {_brief(arguments)}", found, call_id=call_id)
                 if result is None:
                     continue  # reported; what an aborted or cancelled body let out is no failure of its own
-                # Judged on this call alone: the spy's counts run across calls, so "the body ran" is
-                # that the count grew now (a middleware may answer a call without running the body).
-                ran = spy.calls > calls_before
-                if result.code == ErrorCode.INVALID_TOOL_OUTPUT and ran and len(spy.errors) == before:
+                # Judged on this call alone, by its call id: a middleware may answer a call without running the
+                # body, and the body of another call (one abandoned above that goes on) may raise meanwhile.
+                runs = spy.runs_of(call_id)
+                errors = [run.error for run in runs if run.error is not None]
+                if result.code == ErrorCode.INVALID_TOOL_OUTPUT and runs and not errors:
                     # The body returned normally, but what it returned is refused (the example-calls
                     # check sees only the examples: an output_schema broken on other inputs shows here).
                     found.append(failure(
@@ -1284,7 +1293,7 @@ def check_typed_errors(target: Target) -> list[str]:
                         f"runtime refused (INVALID_TOOL_OUTPUT): {result.error.message if result.error else ''}",
                         "return values matching output_schema for every argument object the parameters accept, "
                         'or raise dsh_core.ToolError("...") for arguments the tool cannot serve', definition.name))
-                for error in spy.errors[before:]:
+                for error in errors:
                     if isinstance(error, AbortedError | asyncio.CancelledError):
                         # These calls are never cancelled nor aborted: the body let out what something it
                         # awaited raised, and the call fails as TOOL_FAILED or ABORTED, not with its message.

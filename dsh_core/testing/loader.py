@@ -5,7 +5,8 @@ other), validates the config against the plugin's schema, and starts the
 plugin in a fresh pipeline (its own pluggy manager, registry and runtime,
 under a root scope that provides ``tools`` and ``runtime``). Every tool the
 plugin registers is registered with its body wrapped by a :class:`ToolSpy`,
-which counts invocations and records what the body raised. The hook facade is a
+which counts invocations and records each run of the body (a :class:`BodyRun`:
+the call it ran for, when it ended, what it raised). The hook facade is a
 :class:`WatchingHooks`: with a :class:`CallWatch` set in :data:`CALL_WATCH` around
 a call, the kit sees whether the call waits in an approval ask, so that a call
 stuck there is never blamed on its body, which has not run.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,15 +37,15 @@ from dsh_core.runtime import ToolRuntime
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 from dsh_core.scope import Scope
 
-__all__ = ["BodyExited", "CALL_WATCH", "CallWatch", "ToolSpy", "WatchingHooks", "LoadedPlugin", "find_entry_point",
-           "load_factory", "load_plugin", "make_root"]
+__all__ = ["BodyExited", "BodyRun", "CALL_WATCH", "CallWatch", "ToolSpy", "WatchingHooks", "LoadedPlugin",
+           "find_entry_point", "load_factory", "load_plugin", "make_root"]
 
 
 @define
 class CallWatch:
     """Whether one call the kit makes waits in its approval ask: what holds a call stuck before its body, and how
-    long the runtime may take to end it once it is withdrawn, depend on it (whether the body was entered, the
-    :class:`ToolSpy` counts)."""
+    long the runtime may take to end it once it is withdrawn, depend on it (whether the body was entered, and has
+    ended, the :class:`ToolSpy` records by call id)."""
 
     #: From the first channel asked until the runtime resolves the ask (answered, or withdrawn and its channel
     #: ended or let go after the runtime's approval grace).
@@ -93,23 +95,57 @@ class BodyExited(Exception):
     ``BaseException`` that is not a cancellation (the original is in :attr:`ToolSpy.errors`)."""
 
 
+@define
+class BodyRun:
+    """One run of a tool body, as its :class:`ToolSpy` saw it: the call it ran for, and how it ended.
+
+    Kept per call because the kit makes several calls of a tool on one loaded plugin, and a body may run
+    for a call the kit is not watching (the plugin's own, or one the kit abandoned that goes on): a count
+    or an error list across calls says nothing of the call in question.
+    """
+
+    #: The call id of the execution the body ran for (``ToolContext.call_id``): the kit gives its calls of one
+    #: tool each an id of its own.
+    call_id: str
+    #: ``time.monotonic()`` when the body ended (returned or raised), ``None`` while it runs.
+    ended_at: float | None = None
+    #: What the body raised, as it raised it; ``None`` if it returned (or runs).
+    error: BaseException | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the body has returned or raised."""
+        return self.ended_at is not None
+
+
 class ToolSpy:
-    """Wraps one tool body: counts calls, records raised exceptions, runs a hook on entry."""
+    """Wraps one tool body: counts calls, records each run (by call id) and raised exceptions, runs a hook on
+    entry."""
 
     def __init__(self, definition: ToolDefinition) -> None:
         self.definition = definition
         self.calls = 0
         self.errors: list[BaseException] = []
+        #: Every run of the body, in the order they were entered.
+        self.runs: list[BodyRun] = []
         self.on_enter: Callable[[ToolContext], None] | None = None
+
+    def runs_of(self, call_id: str, since: int = 0) -> list[BodyRun]:
+        """The runs of the body for the call ``call_id`` among :attr:`runs` from index ``since`` (wherever they
+        ran: a middleware may run the body in a task of its own, so the call's own context cannot say)."""
+        return [run for run in self.runs[since:] if run.call_id == call_id]
 
     async def execute(self, arguments: JSON, context: ToolContext) -> JSON:
         """The instrumented body."""
+        run = BodyRun(context.call_id)
+        self.runs.append(run)
         self.calls += 1
         if self.on_enter is not None:
             self.on_enter(context)
         try:
             return await self.definition.execute(arguments, context)
         except BaseException as error:
+            run.error = error
             self.errors.append(error)
             if isinstance(error, Exception | asyncio.CancelledError):
                 raise
@@ -117,6 +153,8 @@ class ToolSpy:
             # the event loop, so it would leave the check as a bare traceback (KeyboardInterrupt ends the
             # whole test run). As an ordinary error the call fails and the checks name the tool.
             raise BodyExited(f"the body raised {type(error).__name__}") from error
+        finally:
+            run.ended_at = time.monotonic()
 
 
 def find_entry_point(name: str) -> metadata.EntryPoint:

@@ -163,7 +163,7 @@ class _StubRuntime:
 
     async def execute(self, request: Any) -> ToolResult:
         spy = self.loaded.spies[request.name]
-        await spy.execute(request.arguments, SimpleNamespace(signal=AbortSignal.never()))
+        await spy.execute(request.arguments, SimpleNamespace(signal=AbortSignal.never(), call_id=request.call_id))
         return ToolResult(content="ran anyway")
 
 
@@ -1452,3 +1452,46 @@ def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_i
     assert "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return " \
            "promptly" in found, found
     assert not any(blame in found for blame in BODY_BLAME), found
+
+
+#: What holds a call before its body, in the kit's words.
+BEFORE_BODY = "by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an around-dispatch " \
+              "middleware"
+
+def _call_failures(found: list[str], name: str, plugin: str, tool: str) -> list[str]:
+    """The failures of ``found`` reporting a call of ``tool``, the typed-errors variants' arguments as ``{"x": 1}``."""
+    return [re.sub(r'"x": -?\d', '"x": 1', f) for f in found
+            if f.startswith(f'[dsh:{name}] plugin "{plugin}", tool "{tool}": ')]
+
+
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_runs_the_body(
+        fixture_plugins: None, check: str) -> None:
+    """The plugin's guard makes a call of its own of the tool (its body runs and returns) and holds the kit's call:
+    the spy's count grew while the kit's call was held, so the kit took that call as entered and blamed its body
+    (the abort check even aborted it as the other call's body was entered). Whether a call entered its body is
+    judged by its own call id."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "own-call-while-held"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    calls = _call_failures(found, name, plugin, "held")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    if name == "abort":
+        expected = f'[dsh:abort] plugin "{plugin}", tool "held": the call never reached the body: it was still ' \
+                   f"held before it ({BEFORE_BODY}) 0.3 s on, so its abort could not be checked\n"
+    else:
+        expected = f'[dsh:{name}] plugin "{plugin}", tool "held": {CALL_WHAT[name]}the call did not return within ' \
+                   f"0.2 s: it was held before its body ({BEFORE_BODY}), so the body never ran ("
+    assert all(f.startswith(expected) for f in calls), found
+    assert not any(blame in f for f in calls for blame in BODY_BLAME), found
+
+
+def test_an_error_an_abandoned_call_raises_late_is_not_blamed_on_the_call_running_then(fixture_plugins: None) -> None:
+    """typed-errors abandons the example call (its body ignores abort and cancellation); that body raises an untyped
+    error later, while the next call ({"x": 0}) runs, whose body returns normally. The spy's error list runs across
+    calls, so the kit said the next call's body raised the untyped ValueError: errors are judged per call id."""
+    found = _bounded("check_typed_errors", Target("late-error", abort_bound_s=0.1))
+    (only,) = found
+    assert only.startswith('[dsh:typed-errors] plugin "late-error", tool "late": called with {"x": 1}: the call did '
+                           "not return within 0.2 s (it ignored cancellation: "), found
+    assert "ValueError" not in only, only
