@@ -40,6 +40,7 @@ from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
 from dsh_core.testing.loader import (
     CALL_WATCH,
+    BodyRun,
     CallWatch,
     LoadedPlugin,
     WatchingHooks,
@@ -618,8 +619,8 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
     in ``found`` (``what`` names the arguments), blamed on what held it (the body, the approval ask,
-    or the stages before the body), and ``None`` returned. Awaited with no bound, a body that never
-    returns hung the check forever, and it reported nothing.
+    the stages before the body, or, the body having ended, those after it), and ``None`` returned.
+    Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
     """
     limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
     controller = AbortController()
@@ -634,25 +635,34 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere. This call's
     # own runs, not the spy's count: another call's body (the plugin's own, or one an earlier check abandoned) may
     # have been entered meanwhile.
-    asking, entered = watch.asking, spy is None or bool(spy.runs_of(call_id, known))
+    runs = spy.runs_of(call_id, known) if spy is not None else []
+    asking, entered, ended = watch.asking, spy is None or bool(runs), _body_end(runs)
     grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), grace)
+    # A body still running at the limit that ended once aborted, the call going on: held after it, too.
+    late = None if task.done() or not entered or ended is not None else _body_end(runs)
     if asking:
         held, fix = "it was waiting for the answer to an approval ask, which never came, so the body never ran", \
             _APPROVAL_FIX
     elif not entered:
         held, fix = f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX
+    elif ended is not None:
+        held, fix = f"it was held after its body ({_AFTER_BODY}), which had {ended} already", _AFTER_FIX
     else:
         held, fix = "", ("return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
                          "and stop waiting on what never ends")
+        if late is not None:
+            fix += f"; and {_AFTER_FIX}"
     fix += ("; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
             "--dsh-conformance-call-timeout)")
     if task.done():
         after = "it returned once its signal was aborted"
     elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
-        after = f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
+        after = (f"its body {late} once its signal was aborted, but the call was then held after it "
+                 f"({_AFTER_BODY}), still running {grace:g} s after the abort, and was cancelled" if late is not None
+                 else f"it was still running {grace:g} s after its signal was aborted, and was cancelled")
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
@@ -670,6 +680,14 @@ _APPROVAL_FIX: Final = ("an approval channel (dsh_approve) must answer, or absta
                         "reach no one (no one answers the kit's calls), and end as soon as its ask is withdrawn "
                         "(never swallow asyncio.CancelledError there); to check the tools, give the plugin a config "
                         "that asks no one about them (plugin_config in your subclass, --dsh-conformance-config)")
+#: The stages of a call after its body has returned or raised, all the plugin's in the kit (a middleware resumes once
+#: ``proceed`` returns; ``finalize_content`` is not awaited, so it cannot hold a call without blocking the loop).
+_AFTER_BODY: Final = ("by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware "
+                      "that did not return once proceed had")
+#: The fix of a call held after its body.
+_AFTER_FIX: Final = ("make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware "
+                     "return promptly (a middleware returns once proceed has returned), and end when the call is "
+                     "aborted or cancelled")
 #: The fix of a call held before its body, not in an approval ask.
 _HELD_FIX: Final = ("make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
                     "promptly (a middleware calls proceed or answers itself), and end when the call is aborted or "
@@ -682,6 +700,15 @@ _IGNORED_CANCEL_PROBLEM: Final = ("it ignored cancellation: it was still running
 _IGNORED_CANCEL_FIX: Final = ("never swallow asyncio.CancelledError: catch it only to clean up, then re-raise it "
                               "(code that goes on once cancelled runs with no caller, and a loop that waits for it "
                               "never closes)")
+
+
+def _body_end(runs: list[BodyRun]) -> str | None:
+    """How the body ended in ``runs`` (one call's): ``"returned"`` or ``"raised NAME"``; ``None`` if it never ran or
+    still runs."""
+    if not runs or not runs[-1].ended:
+        return None
+    error = runs[-1].error
+    return "returned" if error is None else f"raised {type(error).__name__}"
 
 
 def _schemas_valid(definition: ToolDefinition) -> bool:
@@ -1200,6 +1227,10 @@ def check_abort(target: Target) -> list[str]:
                     problem = (f"the call never reached the body: it was still held before it ({_BEFORE_BODY}) "
                                f"{waited:g} s on, so its abort could not be checked")
                     fix = _HELD_FIX
+                elif (ended := _body_end(spy.runs_of(call_id))) is not None:
+                    problem = (f"the body {ended}, but the call was still held after it ({_AFTER_BODY}) "
+                               f"{waited:g} s after its signal was aborted")
+                    fix = _AFTER_FIX
                 else:
                     problem = f"the call was still running {waited:g} s after its signal was aborted"
                     fix = "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop promptly"
@@ -1226,13 +1257,22 @@ def check_abort(target: Target) -> list[str]:
                                      "asyncio.to_thread(...) (processes with asyncio.create_subprocess_exec) "
                                      "and watch ctx.signal", definition.name))
             elif aborted_at:
-                elapsed = time.monotonic() - aborted_at[0]
+                # The body timed to its own end (the spy's), the call to its return: what runs after the body
+                # (post-execute hooks, result observers, a middleware once proceed returned) is not the body's.
+                returned = time.monotonic()
+                runs = spy.runs_of(call_id)
+                body_end = runs[-1].ended_at if runs and runs[-1].ended_at is not None else returned
+                elapsed = body_end - aborted_at[0]
                 if elapsed > bound:
                     found.append(failure(target, "abort", f"the body returned {elapsed:.2f} s after the abort "
                                          f"(bound: {bound:g} s)",
                                          "watch ctx.signal (ctx.signal.add_listener or await "
                                          "ctx.signal.wait()), stop the work (kill processes, cancel "
                                          "requests) and return or raise promptly", definition.name))
+                elif (elapsed := returned - aborted_at[0]) > bound:
+                    found.append(failure(target, "abort", f"the body returned within the bound, but the call "
+                                         f"returned {elapsed:.2f} s after the abort: it was held after its body "
+                                         f"({_AFTER_BODY}) (bound: {bound:g} s)", _AFTER_FIX, definition.name))
 
     # A body that returns promptly on abort but leaves its work running (a process it never kills,
     # a task it never cancels) is caught here: the dispose check only makes calls that run to completion.

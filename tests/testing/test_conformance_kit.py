@@ -1457,11 +1457,70 @@ def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_i
 #: What holds a call before its body, in the kit's words.
 BEFORE_BODY = "by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an around-dispatch " \
               "middleware"
+#: What holds a call after its body, in the kit's words, and its fix (in part).
+AFTER_BODY = "by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware that " \
+             "did not return once proceed had"
+AFTER_FIX = "make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware return " \
+            "promptly (a middleware returns once proceed has returned), and end when the call is aborted or cancelled"
+
 
 def _call_failures(found: list[str], name: str, plugin: str, tool: str) -> list[str]:
     """The failures of ``found`` reporting a call of ``tool``, the typed-errors variants' arguments as ``{"x": 1}``."""
     return [re.sub(r'"x": -?\d', '"x": 1', f) for f in found
             if f.startswith(f'[dsh:{name}] plugin "{plugin}", tool "{tool}": ')]
+
+
+@pytest.mark.parametrize("plugin", ["held-by-post-execute", "held-by-result-observer",
+                                    "held-by-middleware-after-proceed", "held-by-detached-middleware-after-proceed"])
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_call_held_after_its_body_returned_is_blamed_on_what_held_it_not_the_body(
+        fixture_plugins: None, check: str, plugin: str) -> None:
+    """The body returned at once, then a post-execute hook, a result observer or a middleware (also one that ran
+    proceed in a task of its own) never returns: the kit said the body did not honour ctx.signal (or was still
+    running after its abort), though it had returned. The spy, not the call's context, says the body ended."""
+    name = check.removeprefix("check_").replace("_", "-")
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    if name == "abort":
+        expected = f'[dsh:abort] plugin "{plugin}", tool "after": the body returned, but the call was still held ' \
+                   f"after it ({AFTER_BODY}) 0.3 s after its signal was aborted\n    fix: {AFTER_FIX}"
+    else:
+        expected = f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return ' \
+                   f"within 0.2 s: it was held after its body ({AFTER_BODY}), which had returned already (it was " \
+                   f"still running 0.2 s after its signal was aborted, and was cancelled)\n    fix: {AFTER_FIX}; "
+    calls = _call_failures(found, name, plugin, "after")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    assert all(f.startswith(expected) for f in calls), found
+    assert not any(blame in f for f in calls for blame in BODY_BLAME), found
+
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_body_that_returns_once_aborted_and_is_then_held_after_it_names_both(
+        fixture_plugins: None, check: str) -> None:
+    """The body ran past the call's limit and returned once its signal was aborted; a post-execute hook then held
+    the call. The kit said only that the call was still running after the abort, and told the author to make the
+    body honour ctx.signal, which it did: the body is named for its slowness, and what held the call after it."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "aborted-then-held-by-post-execute"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    calls = _call_failures(found, name, plugin, "after")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    expected = f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return within ' \
+               f"0.2 s (its body returned once its signal was aborted, but the call was then held after it " \
+               f"({AFTER_BODY}), still running 0.2 s after the abort, and was cancelled)\n    fix: return promptly " \
+               "or honour ctx.signal"
+    assert all(f.startswith(expected) and f"; and {AFTER_FIX}; " in f for f in calls), found
+
+
+def test_the_abort_check_times_the_body_to_its_own_end_and_names_a_post_execute_hook_that_delays_the_call(
+        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body returns at once; a post-execute hook returns half a second later, past the abort bound but within
+    the kit's wait. The kit timed the body to the call's end and said the body returned 0.5 s after the abort."""
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 2.0)  # the hook's delay is well within the kit's wait
+    (found,) = _bounded("check_abort", Target("slow-post-execute", abort_bound_s=0.1))
+    expected = (r'\[dsh:abort\] plugin "slow-post-execute", tool "after": the body returned within the bound, '
+                r"but the call returned \d\.\d\d s after the abort: it was held after its body "
+                rf"\({re.escape(AFTER_BODY)}\) \(bound: 0\.1 s\)\n    fix: {re.escape(AFTER_FIX)}")
+    assert re.fullmatch(expected, found), found
 
 
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
