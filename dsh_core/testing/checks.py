@@ -78,10 +78,11 @@ PROBE_TIMEOUT_S: Final = 120.0
 #: the runtime waits that long for a channel that ignores the ask's withdrawal, and the two being equal made it a race
 #: whether the kit gave up first and blamed the call's body, which never ran (see :func:`_stuck_grace`).
 STUCK_GRACE_S: Final = 5.0
-#: Seconds the example-calls, typed-errors and dispose checks let a call run before they abort it and report it
-#: (``Target.call_timeout_s`` overrides it). Generous on purpose: a slow but correct call must not be cut, and the
-#: shipped plugins' own limits are well below it (bash's examples ask for at most 10 s, http-fetch's whole-call
-#: ``timeout_s`` is 15 s by default); it only bounds a body that never returns, so a check reports, not hangs.
+#: Seconds the example-calls, typed-errors and dispose checks let a call run before they abort it and report it, and
+#: the pre-abort check its call, aborted already, before it cancels it (``Target.call_timeout_s`` overrides it).
+#: Generous on purpose: a slow but correct call must not be cut, and the shipped plugins' own limits are well below it
+#: (bash's examples ask for at most 10 s, http-fetch's whole-call ``timeout_s`` is 15 s by default); it only bounds a
+#: call that never returns, so a check reports, not hangs.
 CALL_TIMEOUT_S: Final = 60.0
 
 
@@ -655,8 +656,7 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
                          "and stop waiting on what never ends")
         if late is not None:
             fix += f"; and {_AFTER_FIX}"
-    fix += ("; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
-            "--dsh-conformance-call-timeout)")
+    fix += _LARGER_LIMIT
     if task.done():
         after = "it returned once its signal was aborted"
     elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
@@ -688,6 +688,17 @@ _AFTER_BODY: Final = ("by a post-execute hook, a result observer (dsh_tool_resul
 _AFTER_FIX: Final = ("make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware "
                      "return promptly (a middleware returns once proceed has returned), and end when the call is "
                      "aborted or cancelled")
+#: The stage of the plugin's that a call aborted before dispatch still reaches: the runtime settles it before any
+#: pre-execute hook (so no approval, guard, middleware, body or post-execute either) and only finishes it, which
+#: notifies the result observers (``finalize_content`` is not awaited: it cannot hold a call without blocking the loop).
+_PRE_ABORTED_HELD: Final = ("by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted "
+                            "before dispatch still runs")
+#: The fix of a call aborted before dispatch that did not return.
+_PRE_ABORTED_FIX: Final = ("make result observers (dsh_tool_result) return promptly, and end when the call is "
+                           "cancelled: they hear every call's result, a call aborted before dispatch included")
+#: The end of the fix of a call that ran past the call timeout.
+_LARGER_LIMIT: Final = ("; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
+                        "--dsh-conformance-call-timeout)")
 #: The fix of a call held before its body, not in an approval ask.
 _HELD_FIX: Final = ("make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
                     "promptly (a middleware calls proceed or answers itself), and end when the call is aborted or "
@@ -1158,21 +1169,63 @@ def check_example_calls(target: Target) -> list[str]:
     return _with_plugin(target, "example-calls", probe, quiesce_when="after the example calls and dispose")
 
 
+async def _pre_aborted_call(target: Target, loaded: LoadedPlugin, name: str, arguments: JSON,
+                            found: list[str]) -> ToolResult | None:
+    """One call as :func:`_call`, its signal aborted before it is made, given ``Target.call_timeout_s`` (else
+    :data:`CALL_TIMEOUT_S`) to return.
+
+    Such a call runs no body and, of the plugin's hooks, only its result observers (dsh_tool_result),
+    but those it does: awaited with no bound, an observer that never returns hung the check, and the
+    plugin author's test run. Its signal already aborted, there is nothing left to abort at the limit:
+    the call is cancelled and given ``STUCK_GRACE_S`` to end (it never waits in an approval ask), then
+    reported in ``found``, blamed on what held it, and ``None`` returned.
+    """
+    limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
+    call_id = "conformance"
+    spy = loaded.spies.get(name)
+    known = len(spy.runs) if spy is not None else 0
+    task = asyncio.ensure_future(_call(loaded, name, arguments,
+                                       AbortSignal.aborted_with("conformance: aborted before the call"),
+                                       call_id=call_id))
+    with contextlib.suppress(TimeoutError):
+        result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
+        return result
+    # A body run for this call (the check reports that too) means the runtime dispatched it after all, so whatever
+    # follows a body may hold it; else only the result observers can.
+    runs = spy.runs_of(call_id, known) if spy is not None else []
+    if not runs:
+        held, fix = f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX
+    elif (ended := _body_end(runs)) is not None:
+        held, fix = f"it was held after its body ({_AFTER_BODY}), which had {ended} already", _AFTER_FIX
+    else:
+        held, fix = "it was held by its body, which ran although the call was aborted before dispatch", \
+            "do not call tool bodies from hooks; let the runtime dispatch"
+    fix += _LARGER_LIMIT
+    if await _cancel(task, grace := STUCK_GRACE_S):
+        after = "it was cancelled then"
+    else:
+        after = _IGNORED_CANCEL_PROBLEM.format(grace=grace)
+        fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
+    found.append(failure(target, "pre-abort", f"the call aborted before dispatch did not return within {limit:g} s: "
+                         f"{held} ({after})", fix, name))
+    return None
+
+
 @_guarded
 def check_pre_abort(target: Target) -> list[str]:
-    """A call whose signal is already aborted gives ``ABORTED_BEFORE_DISPATCH`` and never runs the body."""
+    """A call whose signal is already aborted gives ``ABORTED_BEFORE_DISPATCH``, never runs the body, and returns
+    within ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`)."""
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in loaded.definitions:
             spy = loaded.spies[definition.name]
             for example in definition.examples[:1]:
-                result = await _call(loaded, definition.name, example,
-                                     AbortSignal.aborted_with("conformance: aborted before the call"))
+                result = await _pre_aborted_call(target, loaded, definition.name, example, found)
                 if spy.runs_of("conformance"):  # this call's (the plugin may run the tool for calls of its own)
                     found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
                                          "before dispatch", "do not call tool bodies from hooks; let the "
                                          "runtime dispatch", definition.name))
-                if result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
+                if result is not None and result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
                     found.append(failure(target, "pre-abort", f"expected ABORTED_BEFORE_DISPATCH, got "
                                          f"{result.code or 'a success'}", "do not replace results of "
                                          "aborted calls in around-dispatch or post-execute hooks",

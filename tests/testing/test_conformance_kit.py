@@ -1523,6 +1523,73 @@ def test_the_abort_check_times_the_body_to_its_own_end_and_names_a_post_execute_
     assert re.fullmatch(expected, found), found
 
 
+#: What the pre-abort check says of a result observer that holds its call, and its fix (in part).
+PRE_ABORT_HELD = "it was held by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted " \
+                 "before dispatch still runs"
+PRE_ABORT_FIX = "make result observers (dsh_tool_result) return promptly, and end when the call is cancelled: they " \
+                "hear every call's result, a call aborted before dispatch included"
+
+
+def test_a_pre_aborted_call_held_by_a_result_observer_is_cancelled_and_blamed_on_it(fixture_plugins: None) -> None:
+    """A call aborted before dispatch still notifies the result observers (dsh_tool_result), and the pre-abort check
+    awaited it with no bound: an observer that never returns hung the check, and the plugin author's test run. It is
+    given the call timeout, then cancelled, and reported, naming the observer."""
+    plugin = "held-by-result-observer"
+    (found,) = _bounded("check_pre_abort", Target(plugin))
+    assert found == f'[dsh:pre-abort] plugin "{plugin}", tool "after": the call aborted before dispatch did not ' \
+                    f"return within 0.2 s: {PRE_ABORT_HELD} (it was cancelled then)\n    fix: {PRE_ABORT_FIX}; a " \
+                    "call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, " \
+                    "--dsh-conformance-call-timeout)", found
+    assert not any(blame in found for blame in BODY_BLAME), found
+
+
+def test_a_pre_aborted_call_whose_result_observer_swallows_its_cancellation_is_reported_not_waited_for(
+        fixture_plugins: None) -> None:
+    """The observer also swallows the cancellation: the kit gives it STUCK_GRACE_S, says it ignored cancellation, and
+    returns. The limit is the Target's call timeout, as in the other checks' calls."""
+    plugin = "held-by-deaf-result-observer"
+    (found,) = _bounded("check_pre_abort", Target(plugin, call_timeout_s=0.3))
+    assert found.startswith(f'[dsh:pre-abort] plugin "{plugin}", tool "after": the call aborted before dispatch did '
+                            f"not return within 0.3 s: {PRE_ABORT_HELD} (it ignored cancellation: it was still running "
+                            "0.2 s after it was cancelled, so the kit stopped waiting for it)\n    fix: never swallow "
+                            f"asyncio.CancelledError"), found
+    assert f"; and {PRE_ABORT_FIX}; " in found, found
+
+
+@pytest.mark.parametrize("plugin", ["held-by-post-execute", "held-by-middleware-after-proceed", "held-by-guard",
+                                    "held-by-approval-observer", "unanswered-ask", "own-call-while-held"])
+def test_a_pre_aborted_call_reaches_no_hook_but_the_result_observers(fixture_plugins: None, plugin: str) -> None:
+    """What the pre-abort check says of a held call rests on it: a call aborted before dispatch runs no pre-execute
+    hook, approval ask or observer, guard, middleware or post-execute hook, so none that never returns holds it."""
+    assert _bounded("check_pre_abort", Target(plugin)) == []
+
+
+def test_a_pre_aborted_call_held_after_a_body_that_ran_anyway_is_blamed_on_what_ran_after_it(
+        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a stub runtime that runs the body of a pre-aborted call and then never returns (the core makes it
+    impossible), the body is reported for running, and the call as held after it, not as held by a result
+    observer."""
+    real_load = checks.load_plugin
+
+    class Stuck(_StubRuntime):
+        async def execute(self, request: Any) -> ToolResult:
+            await super().execute(request)
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    async def load(*args: Any, **kwargs: Any) -> Any:
+        loaded = await real_load(*args, **kwargs)
+        loaded.runtime = Stuck(loaded)  # type: ignore[assignment]
+        return loaded
+
+    monkeypatch.setattr(checks, "load_plugin", load)
+    held, ran = _bounded("check_pre_abort", Target("held-by-guard"))
+    assert held.startswith('[dsh:pre-abort] plugin "held-by-guard", tool "guarded": the call aborted before dispatch '
+                           f"did not return within 0.2 s: it was held after its body ({AFTER_BODY}), which had "
+                           f"returned already (it was cancelled then)\n    fix: {AFTER_FIX}; "), held
+    assert "the body ran although the call was aborted before dispatch" in ran, ran
+
+
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_runs_the_body(
         fixture_plugins: None, check: str) -> None:
