@@ -106,7 +106,7 @@ class ToolPluginConformance:
 
     Class attributes: ``abort_bound_s`` (seconds a body may take to return
     after its call is aborted, default 2), ``call_timeout_s`` (seconds a call
-    may run before the kit aborts it and fails the check, default ``None``:
+    may run before the kit stops it and fails the check, default ``None``:
     :data:`dsh_core.testing.checks.CALL_TIMEOUT_S`), both positive, finite
     numbers (else every test of the class errors, naming the attribute), and
     ``require_examples`` (every tool must declare examples, default ``True``). Fixtures to override:
@@ -152,7 +152,7 @@ class ToolPluginConformance:
 
     @pytest.fixture
     def dsh_call_timeout_s(self) -> float | None:
-        """Seconds a call may run before the kit aborts it (``call_timeout_s``, vetted; ``None``: the kit's default)."""
+        """Seconds a call may run before the kit stops it (``call_timeout_s``, vetted; ``None``: the kit's default)."""
         return None if self.call_timeout_s is None else float(self._seconds("call_timeout_s"))
 
     @pytest.fixture

@@ -60,7 +60,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds a tool body may take to return after an abort (default 2)")
     group.addoption("--dsh-conformance-call-timeout", default=None, type=seconds, metavar="SECONDS",
                     dest="dsh_conformance_call_timeout",
-                    help="seconds a call may run before the kit aborts it and fails the check (default 60)")
+                    help="seconds a call may run before the kit stops it (aborts, then cancels it) and fails the check "
+                         "(default 60)")
 
 
 def parse_configs(values: list[str], names: list[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
