@@ -31,12 +31,14 @@ from typing import Any, Final, ParamSpec, TypeVar
 from attrs import define, field, frozen
 
 from dsh_core.abort import AbortController, AbortedError, AbortSignal
+from dsh_core.bounds import is_positive_seconds
 from dsh_core.errors import DshError, ErrorCode
 from dsh_core.hooks import REGISTRATION_HOOKS, SYNC_HOOKS, Hooks
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
 from dsh_core.processes import child_pids
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
+from dsh_core.runtime import APPROVAL_GRACE_S
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
 from dsh_core.testing.loader import (
     CALL_WATCH,
@@ -74,7 +76,7 @@ QUIESCENCE_GRACE_S: Final = 1.0
 PROBE_TIMEOUT_S: Final = 120.0
 #: Seconds past the abort bound after which a call that has not returned is cancelled and reported; also what a call
 #: the kit aborted or cancelled is given to end. A call then waiting in its approval ask is given the runtime's
-#: approval grace (``ToolRuntime.approval_grace_s``, :data:`dsh_core.runtime.APPROVAL_GRACE_S` in the kit) on top:
+#: approval grace (``ToolRuntime.approval_grace_s``, at most :data:`dsh_core.runtime.APPROVAL_GRACE_S`) on top:
 #: the runtime waits that long for a channel that ignores the ask's withdrawal, and the two being equal made it a race
 #: whether the kit gave up first and blamed the call's body, which never ran (see :func:`_stuck_grace`).
 STUCK_GRACE_S: Final = 5.0
@@ -203,13 +205,20 @@ _IGNORED_CANCEL: Final[weakref.WeakSet[asyncio.Task[Any]]] = weakref.WeakSet()
 
 def _stuck_grace(loaded: LoadedPlugin, watch: CallWatch) -> float:
     """Seconds a call the kit aborts or cancels now is given to end: ``STUCK_GRACE_S``, plus the runtime's approval
-    grace if the call waits in its approval ask.
+    grace, at most :data:`APPROVAL_GRACE_S`, if the call waits in its approval ask.
 
     Withdrawn (the call aborted or cancelled), an ask whose channel ignores the withdrawal is waited
     for by the runtime for its whole grace before the call goes on: the kit must not give up first
-    and report the call stuck. Read from the runtime the call runs in, so it is never a second copy.
+    and report the call stuck. Read from the runtime the call runs in, so a grace lowered there is
+    not waited for in vain; but the plugin can reach that runtime (``scope.lookup("runtime")``) and
+    raise its grace, and waiting that out made a check wait as long as the plugin liked instead of
+    reporting. The kit's runtime starts with :data:`APPROVAL_GRACE_S`, so it bounds the wait; past it
+    the call is cancelled, which stops the runtime's wait for the channel at once.
     """
-    return STUCK_GRACE_S + (loaded.runtime.approval_grace_s if watch.asking else 0.0)
+    if not watch.asking:
+        return STUCK_GRACE_S
+    grace = loaded.runtime.approval_grace_s
+    return STUCK_GRACE_S + (grace if is_positive_seconds(grace) and grace < APPROVAL_GRACE_S else APPROVAL_GRACE_S)
 
 
 async def _cancel(task: asyncio.Task[Any], grace: float) -> bool:

@@ -1621,3 +1621,20 @@ def test_an_error_an_abandoned_call_raises_late_is_not_blamed_on_the_call_runnin
     assert only.startswith('[dsh:typed-errors] plugin "late-error", tool "late": called with {"x": 1}: the call did '
                            "not return within 0.2 s (it ignored cancellation: "), found
     assert "ValueError" not in only, only
+
+
+def test_a_plugin_that_raises_the_runtimes_approval_grace_cannot_make_the_kit_wait_it_out(
+        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit gave a call in its approval ask the grace read from the runtime, which the plugin can reach
+    (scope.lookup("runtime")) and change: a plugin that set it to an hour, with a channel that ignores its ask's
+    withdrawal, made the check wait an hour (twice) instead of reporting. The kit gives at most dsh's own approval
+    grace (APPROVAL_GRACE_S, what the kit's runtime starts with), then cancels the call, which ends it."""
+    monkeypatch.setattr(checks, "APPROVAL_GRACE_S", 0.5, raising=False)
+    found = _bounded("check_example_calls", Target("deaf-ask-long-grace"))
+    calls = _call_failures(found, "example-calls", "deaf-ask-long-grace", "gated")
+    assert len(calls) == 1, found
+    assert calls[0].startswith('[dsh:example-calls] plugin "deaf-ask-long-grace", tool "gated": examples[0] {"x": 1}: '
+                               "the call did not return within 0.2 s: it was waiting for the answer to an approval "
+                               "ask, which never came, so the body never ran (it was still running 0.7 s after its "
+                               "signal was aborted, and was cancelled)\n"), calls[0]
+
