@@ -634,7 +634,7 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     """
     limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
     controller = AbortController()
-    watch = CallWatch()
+    watch = CallWatch(call_id)
     spy = loaded.spies.get(name)
     known = len(spy.runs) if spy is not None else 0
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
@@ -1272,7 +1272,7 @@ def check_abort(target: Target) -> list[str]:
                     loop.call_soon(abort)
 
             spy.on_enter = on_enter
-            watch = CallWatch()
+            watch = CallWatch(call_id)
             task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
                                                controller.signal, call_id=call_id, watch=watch))
             waited = bound + STUCK_GRACE_S

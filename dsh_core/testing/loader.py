@@ -47,6 +47,9 @@ class CallWatch:
     long the runtime may take to end it once it is withdrawn, depend on it (whether the body was entered, and has
     ended, the :class:`ToolSpy` records by call id)."""
 
+    #: The call id of the call watched: only its own ask marks it. The tasks the call starts inherit the watch,
+    #: and a call of the plugin's own made in one (by its body or a hook) asks for itself, not for this call.
+    call_id: str
     #: From the first channel asked until the runtime resolves the ask (answered, or withdrawn and its channel
     #: ended or let go after the runtime's approval grace).
     asking: bool = False
@@ -75,7 +78,7 @@ class WatchingHooks(Hooks):
                       on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
         """As :meth:`Hooks.approve`; the call is marked asking."""
         watch = CALL_WATCH.get()
-        if watch is not None:
+        if watch is not None and watch.call_id == request.execution.call_id:
             watch.asking = True
         task = asyncio.current_task()
         if task is not None:
@@ -85,7 +88,7 @@ class WatchingHooks(Hooks):
     async def approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
         """As :meth:`Hooks.approval_resolved`; the call's ask is over (the runtime no longer waits on its channel)."""
         watch = CALL_WATCH.get()
-        if watch is not None:
+        if watch is not None and watch.call_id == request.execution.call_id:
             watch.asking = False
         await super().approval_resolved(request, outcome)
 

@@ -1638,3 +1638,18 @@ def test_a_plugin_that_raises_the_runtimes_approval_grace_cannot_make_the_kit_wa
                                "ask, which never came, so the body never ran (it was still running 0.7 s after its "
                                "signal was aborted, and was cancelled)\n"), calls[0]
 
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_dispose"])
+def test_a_call_whose_body_waits_on_a_nested_call_in_its_ask_is_blamed_on_its_body_not_on_an_ask(
+        fixture_plugins: None, check: str) -> None:
+    """The body of the kit's call makes a call of its own (call id "inner"), which waits in its approval ask: the
+    nested call's ask marked the kit's call as asking (the watch is in the context the nested call inherits), and the
+    kit said the kit's call waited for an approval ask "so the body never ran", with the channel's fix, though the
+    body ran and is what ignores the abort. Only the call's own ask marks it."""
+    name = check.removeprefix("check_").replace("_", "-")
+    found = _bounded(check, Target("nested-ask"))
+    (outer,) = _call_failures(found, name, "nested-ask", "outer")
+    assert outer.startswith(f'[dsh:{name}] plugin "nested-ask", tool "outer": examples[0] {{"x": 1}}: the call did '
+                            "not return within 0.2 s (it was still running 0.2 s after its signal was aborted, and "
+                            "was cancelled)\n    fix: return promptly or honour ctx.signal"), outer
+    assert "approval ask" not in outer and "never ran" not in outer, outer
