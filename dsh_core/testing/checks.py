@@ -1584,11 +1584,12 @@ def check_dispose(target: Target) -> list[str]:
 
 
 async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]],
-                       at_load: _AtLoad, load_leftovers: bool, asks: Mapping[asyncio.Task[Any], str]) -> list[str]:
+                       at_load: _AtLoad, load_leftovers: bool,
+                       asks: Mapping[asyncio.Task[Any], tuple[str, str]]) -> list[str]:
     """Tasks started since ``tasks_before`` and still running ``QUIESCENCE_GRACE_S`` on; those already running at
     load only with ``load_leftovers`` (see :func:`_with_plugin`).
 
-    One of ``asks`` (the tasks the runtime asked approval in, by call id) is the plugin's channel, which
+    One of ``asks`` (the tasks the runtime asked approval in, with call id and tool) is the plugin's channel, which
     ignored its ask's withdrawal (the runtime let it go after its grace): dsh started that task, so it is
     named as the ask it is, with the channel's fix, not as background work the plugin should have spawned.
     """
@@ -1604,10 +1605,10 @@ async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[
         if not pending:
             break
         await asyncio.sleep(0.02)
-    return [failure(target, check, f"the approval ask of call {asks[task]!r} (its channel, dsh_approve) ignored its "
-                    f"withdrawal and is still running {when}", "end dsh_approve's ask as soon as it is cancelled "
+    return [failure(target, check, f"the approval ask of call {asks[task][0]!r} (its channel, dsh_approve) ignored "
+                    f"its withdrawal and is still running {when}", "end dsh_approve's ask as soon as it is cancelled "
                     "(never swallow asyncio.CancelledError there): dsh waits for it only its approval grace, then "
-                    "leaves it running with no one to answer") if task in asks else
+                    "leaves it running with no one to answer", asks[task][1]) if task in asks else
             failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) "
                     f"{_AT_LOAD if task in at_load.tasks else ''}is still running {when}",
                     "start background work with scope.spawn(...) so dispose cancels and awaits it")

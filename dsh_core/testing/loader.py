@@ -70,9 +70,10 @@ class WatchingHooks(Hooks):
 
     def __init__(self) -> None:
         super().__init__()
-        #: The tasks the runtime asks in, and the call id of each: one still running once its call ended is the
-        #: channel's, which ignored its withdrawal (the runtime leaves it running after its grace).
-        self.asks: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+        #: The tasks the runtime asks in, and the call id and tool of each: one still running once its call ended
+        #: is the channel's, which ignored its withdrawal (the runtime leaves it running after its grace). The tool
+        #: too, as the kit's call ids repeat across tools (each tool's ``"dispose"`` call, its ``"example-0"``).
+        self.asks: weakref.WeakKeyDictionary[asyncio.Task[Any], tuple[str, str]] = weakref.WeakKeyDictionary()
 
     async def approve(self, request: ApprovalRequest, *,
                       on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
@@ -82,7 +83,7 @@ class WatchingHooks(Hooks):
             watch.asking = True
         task = asyncio.current_task()
         if task is not None:
-            self.asks[task] = request.execution.call_id
+            self.asks[task] = (request.execution.call_id, request.execution.name)
         return await super().approve(request, on_channel=on_channel)
 
     async def approval_resolved(self, request: ApprovalRequest, outcome: ApprovalOutcome) -> None:
