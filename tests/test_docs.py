@@ -239,3 +239,20 @@ def test_the_session_store_hookspec_tells_store_authors_of_create() -> None:
         flat = " ".join(text.split())
         assert "factory(home, create=False)" in flat.replace("``", "`").replace("`", ""), text
         assert "**" in flat and "named" in flat, text  # **options alone is not asked
+
+
+def test_the_conformance_kit_paragraph_gives_the_kits_own_limits_and_graces() -> None:
+    """The Testing plugins paragraph promises how long the kit waits for a call: 60 s (``CALL_TIMEOUT_S``), 5 s more
+    once aborted and again once cancelled (``STUCK_GRACE_S``), plus at most dsh's approval grace for a call in its ask
+    (``APPROVAL_GRACE_S``); nothing tied those numbers to the constants."""
+    from dsh_core.runtime import APPROVAL_GRACE_S
+    from dsh_core.testing import checks
+
+    text = " ".join(_section("plugins").split())
+    assert (checks.CALL_TIMEOUT_S, checks.STUCK_GRACE_S, APPROVAL_GRACE_S) == (60, 5, 5)
+    assert "checks make (default 60, `CALL_TIMEOUT_S`:" in text
+    assert "aborted through its signal and cancelled if still running 5 s later" in text
+    assert "given the runtime's approval grace on top (at most 5 s, `APPROVAL_GRACE_S`)" in text
+    assert "is given 5 s more (plus the approval grace if in its ask)" in text
+    assert checks.Target("p").abort_bound_s == 2 and "sets the `abort` check's bound (default 2)" in text
+    assert "returns within the bound (default 2 s)" in text
