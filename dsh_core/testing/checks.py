@@ -619,6 +619,12 @@ async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortS
             _claim(owners, name)
 
 
+def _call_limit(target: Target) -> float:
+    """Seconds a call the kit makes may run: ``Target.call_timeout_s``, else :data:`CALL_TIMEOUT_S` (read now, so a
+    test may change it)."""
+    return CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
+
+
 async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: str, arguments: JSON,
                         what: str, found: list[str], call_id: str) -> ToolResult | None:
     """One call as :func:`_call`, given ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`) to return.
@@ -632,7 +638,7 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     the stages before the body, or, the body having ended, those after it), and ``None`` returned.
     Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
     """
-    limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
+    limit = _call_limit(target)
     controller = AbortController()
     watch = CallWatch(call_id)
     spy = loaded.spies.get(name)
@@ -659,7 +665,7 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     elif not entered:
         held, fix = f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX
     elif ended is not None:
-        held, fix = f"it was held after its body ({_AFTER_BODY}), which had {ended} already", _AFTER_FIX
+        held, fix = _HELD_AFTER.format(ended=ended), _AFTER_FIX
     else:
         held, fix = "", ("return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
                          "and stop waiting on what never ends")
@@ -693,6 +699,10 @@ _APPROVAL_FIX: Final = ("an approval channel (dsh_approve) must answer, or absta
 #: ``proceed`` returns; ``finalize_content`` is not awaited, so it cannot hold a call without blocking the loop).
 _AFTER_BODY: Final = ("by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware "
                       "that did not return once proceed had")
+#: What a call-limit failure says of a call held after its body (``ended``: "returned" or "raised NAME").
+_HELD_AFTER: Final = "it was held after its body (" + _AFTER_BODY + "), which had {ended} already"
+#: The fix of a body run for a call aborted before dispatch (the pre-abort check's, whether or not the call returned).
+_NO_BODY_FROM_HOOKS_FIX: Final = "do not call tool bodies from hooks; let the runtime dispatch"
 #: The fix of a call held after its body.
 _AFTER_FIX: Final = ("make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware "
                      "return promptly (a middleware returns once proceed has returned), and end when the call is "
@@ -1189,7 +1199,7 @@ async def _pre_aborted_call(target: Target, loaded: LoadedPlugin, name: str, arg
     the call is cancelled and given ``STUCK_GRACE_S`` to end (it never waits in an approval ask), then
     reported in ``found``, blamed on what held it, and ``None`` returned.
     """
-    limit = CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
+    limit = _call_limit(target)
     call_id = "conformance"
     spy = loaded.spies.get(name)
     known = len(spy.runs) if spy is not None else 0
@@ -1205,10 +1215,10 @@ async def _pre_aborted_call(target: Target, loaded: LoadedPlugin, name: str, arg
     if not runs:
         held, fix = f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX
     elif (ended := _body_end(runs)) is not None:
-        held, fix = f"it was held after its body ({_AFTER_BODY}), which had {ended} already", _AFTER_FIX
+        held, fix = _HELD_AFTER.format(ended=ended), _AFTER_FIX
     else:
         held, fix = "it was held by its body, which ran although the call was aborted before dispatch", \
-            "do not call tool bodies from hooks; let the runtime dispatch"
+            _NO_BODY_FROM_HOOKS_FIX
     fix += _LARGER_LIMIT
     if await _cancel(task, grace := STUCK_GRACE_S):
         after = "it was cancelled then"
@@ -1232,8 +1242,7 @@ def check_pre_abort(target: Target) -> list[str]:
                 result = await _pre_aborted_call(target, loaded, definition.name, example, found)
                 if spy.runs_of("conformance"):  # this call's (the plugin may run the tool for calls of its own)
                     found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
-                                         "before dispatch", "do not call tool bodies from hooks; let the "
-                                         "runtime dispatch", definition.name))
+                                         "before dispatch", _NO_BODY_FROM_HOOKS_FIX, definition.name))
                 if result is not None and result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
                     found.append(failure(target, "pre-abort", f"expected ABORTED_BEFORE_DISPATCH, got "
                                          f"{result.code or 'a success'}", "do not replace results of "
