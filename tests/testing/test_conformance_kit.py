@@ -1398,11 +1398,12 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
     async def load(*args: Any, **kwargs: Any) -> Any:
         loaded = await real_load(*args, **kwargs)
         graces.append(loaded.runtime.approval_grace_s)
-        loaded.runtime.approval_grace_s = 1.0  # longer than the kit's STUCK_GRACE_S
+        loaded.runtime.approval_grace_s = 2.0  # longer than the kit's STUCK_GRACE_S
         return loaded
 
     monkeypatch.setattr(checks, "load_plugin", load)
-    monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.5)  # what the kit waits past the runtime's grace: a margin
+    # What the kit waits past the runtime's grace: a margin of 1 s, wide enough for a loaded machine.
+    monkeypatch.setattr(checks, "STUCK_GRACE_S", 1.0)
     name = check.removeprefix("check_").replace("_", "-")
     found = _bounded(check, Target("deaf-ask", abort_bound_s=0.1))
     assert graces and set(graces) == {APPROVAL_GRACE_S}  # the kit's runtime has the runtime's own grace
@@ -1413,7 +1414,7 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
     assert not any(blame in calls[0] for blame in BODY_BLAME) and "ignored cancellation" not in calls[0], calls[0]
     # The runtime gave up on the channel itself, after its whole grace, and named it; the kit reports that.
     logged = [f for f in found if "dsh logged a failure of the plugin: approval channel of plugin 'deaf-ask' "
-                                  "ignored its withdrawal for 1 s (tool \"gated\"" in f]
+                                  "ignored its withdrawal for 2 s (tool \"gated\"" in f]
     assert len(logged) == 1, found
     # Its ask, still running (the runtime left it): the channel's, which dsh started, not the plugin's spawning.
     (left,) = [f for f in found if f not in calls + logged]
