@@ -43,7 +43,14 @@ before anything else of it is read or written there: a newer dsh, or another pro
 the file over since it was opened (``dsh sessions show`` reads a long session a page at a time), and
 the read or write is refused as opening the file then would have been, with the same error. (A table
 of dsh's that another program drops meanwhile is not stood in for, as opening would: the read fails,
-naming the store and the table. dsh never drops one.)
+naming the store and the table. dsh never drops one.) A run's store (``create=True``) looks again in
+each write's ``BEGIN IMMEDIATE`` transaction, before it writes anything: a run appends for as long as
+it runs, and an older dsh's rows must not go into a newer dsh's schema, nor into another program's
+tables. The write is refused with the same error, nothing of it written, and the run fails with it.
+It reads the version each time, and the tables only when SQLite's schema cookie (``PRAGMA
+schema_version``, which every change to a table changes) says they have changed since it last did:
+reading them costs about a sixth of an append. A run's reads are not looked at again: a run reads its
+session as it starts (resumed, right after the write that leases it), not while it appends.
 
 Opened with ``create=False``, an existing database is never written to by opening it: neither its
 schema, its version nor its journal mode is changed. A table of dsh's that it lacks (one an older dsh
@@ -328,6 +335,8 @@ class SqliteSessionStore:
         self.absent = False
         #: Opened with ``create=False``, the tables of dsh's the database lacks (empty temporary ones stand in).
         self._lacking: tuple[str, ...] = ()
+        #: The file's schema cookie (``PRAGMA schema_version``) when a run's store last found its tables dsh's.
+        self._tables_checked_at: int | None = None
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dsh-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -426,10 +435,28 @@ class SqliteSessionStore:
 
         Of a newer version first: a newer dsh's schema may be anything, so nothing else of it is read.
         Run when the store opens the database and, opened to read, at the start of each read's and
-        write's transaction (the checks are a few small reads), so what is read is of the moment checked.
+        write's transaction (the checks are a few small reads), so what is read is of the moment checked;
+        a run's store checks as much at each write, more cheaply (:meth:`_check_written`).
         """
         version = self._check_version(conn)
         return version, self._check_tables(conn)
+
+    def _check_written(self, conn: sqlite3.Connection) -> None:
+        """What :meth:`_check_file` checks, for a run's store (``create=True``) at the start of each write's
+        ``BEGIN IMMEDIATE`` transaction: a newer dsh, or another program, may have taken the file over
+        while the run appends to it.
+
+        The version is read each time (one header field). The tables are looked at again only when the
+        file's schema has changed since they last were: SQLite's schema cookie (``PRAGMA schema_version``,
+        another header field) changes with every table created, dropped or altered. Looking at them
+        (:meth:`_check_tables`, a read of ``sqlite_master`` and of each table's columns) costs about a
+        sixth of an append; the two header fields, a fiftieth.
+        """
+        self._check_version(conn)
+        cookie = int(conn.execute("PRAGMA schema_version").fetchone()[0])
+        if cookie != self._tables_checked_at:
+            self._check_tables(conn)
+            self._tables_checked_at = cookie  # work never changes the schema: the cookie holds past a rollback
 
     def _check_version(self, conn: sqlite3.Connection) -> int:
         """The database's schema version; :class:`SessionStoreError` naming the file for one this dsh does not know."""
@@ -506,9 +533,10 @@ class SqliteSessionStore:
 
     @property
     def _rechecks(self) -> bool:
-        """Whether each read and write looks at the file again (:meth:`_check_file`): opened only to read a
-        file, which a newer dsh or another program may take over meanwhile. A run's store (``create=True``)
-        checks when it opens the file (and again as it completes the schema), not at each append."""
+        """Whether each read and write looks at the file again in full (:meth:`_check_file`): opened only to
+        read a file, which a newer dsh or another program may take over meanwhile. A run's store
+        (``create=True``) checks when it opens the file (and again as it completes the schema), and at each
+        write (:meth:`_check_written`), not at each read: a run reads its session only as it starts."""
         return not self._create and not self.absent
 
     def _check_findable(self, session_id: str) -> None:
@@ -576,8 +604,9 @@ class SqliteSessionStore:
         raises :class:`_Abandoned` after rolling back. A database opened to read that lacks a table of
         dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it, unless
         ``lacking_ok`` (``work`` writes only to the file's own tables, as ``main.``). What it lacks is
-        looked at again first: a table the file has now stays (dsh never drops one). Opened to read, the
-        file is looked at again in the transaction (:meth:`_check_file`) before ``work`` writes to it.
+        looked at again first: a table the file has now stays (dsh never drops one). The file is looked at
+        again in the transaction before ``work`` writes to it (:meth:`_check_file`; a run's store,
+        :meth:`_check_written`): refused as opening it then would have been, nothing is written.
         """
         if self._lacking:
             self._read(lambda conn: None, doing=f"{doing} session {session_id!r}")
@@ -589,8 +618,11 @@ class SqliteSessionStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if self._rechecks:  # under the write lock: no other program changes the file until COMMIT
+                # Under the write lock: no other program changes the file until COMMIT.
+                if self._rechecks:
                     self._check_file(conn)
+                else:
+                    self._check_written(conn)
                 result = work(conn)
                 if fate is not None and not fate.commit():
                     raise _Abandoned

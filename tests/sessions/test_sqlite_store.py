@@ -1065,6 +1065,90 @@ async def test_a_read_only_store_refuses_a_database_another_program_made_of_it_a
         await store.close()
 
 
+#: The writes a run's store (``create=True``) makes for an agent run, each of session "s" (held by ``lease``).
+_RUN_WRITES: dict[str, Callable[[SqliteSessionStore, SessionLease], Awaitable[object]]] = {
+    "append": lambda store, lease: store.append("s", [NewEvent(EventKind.TOOL_CALL, {"n": 2})], lease=lease),
+    "create": lambda store, lease: store.create(session_id="t", lease=lease),
+    "acquire": lambda store, lease: store.acquire("s", lease),
+    "release": lambda store, lease: store.release("s", lease),
+}
+
+
+async def test_a_run_store_refuses_to_write_a_newer_schema_stamped_after_it_opened(tmp_path: Path) -> None:
+    # A run's store checked the schema's version only when it opened the database: a newer dsh that
+    # took it over while the run went on appending (its schema may be anything) got rows of this
+    # dsh's shape written into it.
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    path = tmp_path / DB_FILENAME
+    lease = SessionLease.for_this_run()
+    run = SqliteSessionStore.open(tmp_path)
+    try:
+        await run.create(session_id="s", lease=lease)
+        await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+        _set_user_version(path, SCHEMA_VERSION + 1)
+        before = _dump(path)
+        newer = (f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
+                 f"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh")
+        for name, call in _RUN_WRITES.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await call(run, lease)
+            assert str(caught.value) == newer, name
+        assert _dump(path) == before  # nothing written to the newer dsh's database
+        # Looked at by each write, not decided once: the database a dsh of this version writes again is written.
+        _set_user_version(path, SCHEMA_VERSION)
+        # The refused writes wrote nothing: one event, no session "t", and the lease still held.
+        assert [(event.seq, event.payload) for event in await run.load("s")] == [(1, {"n": 1})]
+        assert [info.id for info in await run.list()] == ["s"]
+        holder = (await run.get("s")).holder
+        assert holder is not None and holder.token == lease.token, holder
+        (stored,) = await run.append("s", [NewEvent(EventKind.TOOL_CALL, {"n": 2})], lease=lease)
+        assert stored.seq == 2
+    finally:
+        await run.close()
+
+
+@pytest.mark.parametrize(("statements", "reason"), [
+    (["DROP TABLE leases", "DROP TABLE events", "DROP TABLE sessions",
+      "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
+    (["DROP TABLE leases", "DROP TABLE events", "DROP TABLE sessions",
+      "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)"],
+     "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta"),
+    (["DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
+     "its table 'leases' has no column(s) session_id, token, holder, acquired_at"),
+], ids=["tables-replaced", "sessions-reshaped", "leases-reshaped"])
+async def test_a_run_store_refuses_to_write_a_database_another_program_made_of_it_after_it_opened(
+        tmp_path: Path, statements: list[str], reason: str) -> None:
+    # Whether the database was dsh's was decided when the run's store opened it: another program's
+    # tables put in it since were written as dsh's, or failed with a bare "no such table"/"no such column".
+    path = tmp_path / DB_FILENAME
+    lease = SessionLease.for_this_run()
+    run = SqliteSessionStore.open(tmp_path)
+    try:
+        await run.create(session_id="s", lease=lease)
+        await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+        _execute(path, *statements)
+        before = _dump(path)  # what the other program left, to be left as it is
+        foreign = (f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
+                   "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+        for name, call in _RUN_WRITES.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await call(run, lease)
+            assert str(caught.value) == foreign, name
+    finally:
+        await run.close()
+    assert _dump(path) == before  # nothing written: neither a row nor a table
+
+
+def _dump(path: Path) -> list[str]:
+    """The database at ``path`` as SQL text: its schema and every row."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_nothing(
         journal_mode: str) -> None:
