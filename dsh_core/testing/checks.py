@@ -54,6 +54,8 @@ from dsh_core.testing.loader import (
 
 __all__ = [
     "Target",
+    "ABORT_BOUND_S",
+    "CALL_TIMEOUT_S",
     "CHECKS",
     "check_entry_point",
     "check_stdout",
@@ -86,6 +88,9 @@ STUCK_GRACE_S: Final = 5.0
 #: (bash's examples ask for at most 10 s, http-fetch's whole-call ``timeout_s`` is 15 s by default); it only bounds a
 #: call that never returns, so a check reports, not hangs.
 CALL_TIMEOUT_S: Final = 60.0
+#: Seconds a tool body may take to return once its call is aborted, by default (``Target.abort_bound_s``,
+#: ``--dsh-conformance-abort-bound``, ``ToolPluginConformance.abort_bound_s``).
+ABORT_BOUND_S: Final = 2.0
 
 
 @frozen
@@ -94,7 +99,7 @@ class Target:
 
     name: str
     config: dict[str, Any] = field(factory=dict)
-    abort_bound_s: float = 2.0
+    abort_bound_s: float = ABORT_BOUND_S
     require_examples: bool = True
     #: Seconds a call may run in the checks that wait for calls to end; ``None``: :data:`CALL_TIMEOUT_S`.
     call_timeout_s: float | None = None

@@ -53,7 +53,7 @@ def bound_problem(value: object) -> str | None:
     return None if is_positive_seconds(value) else f"{value!r} is not a positive, finite number of seconds"
 
 
-def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_bound_s: float = 2.0,
+def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_bound_s: float = checks.ABORT_BOUND_S,
                 require_examples: bool = True, call_timeout_s: float | None = None) -> Target:
     """The :class:`Target` of one test: ``{tmp}`` in config strings becomes a fresh directory, and a
     plugin whose config schema has a ``root`` property gets that directory as ``root`` unless given one.
@@ -120,7 +120,7 @@ class ToolPluginConformance:
     """
 
     plugin_name: ClassVar[str | None] = None
-    abort_bound_s: ClassVar[float] = 2.0
+    abort_bound_s: ClassVar[float] = checks.ABORT_BOUND_S
     call_timeout_s: ClassVar[float | None] = None
     require_examples: ClassVar[bool] = True
 

@@ -55,6 +55,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the config of plugin NAME as a JSON object (repeatable, one per name); without NAME= "
                          "the config of every name not given its own; '{tmp}' in strings becomes a temporary "
                          "directory")
+    # Literals, not dsh_core.testing.checks.ABORT_BOUND_S and CALL_TIMEOUT_S: this module imports dsh lazily (a test
+    # ties them to the constants).
     group.addoption("--dsh-conformance-abort-bound", default=2.0, type=seconds, metavar="SECONDS",
                     dest="dsh_conformance_abort_bound",
                     help="seconds a tool body may take to return after an abort (default 2)")

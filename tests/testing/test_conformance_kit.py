@@ -1658,3 +1658,18 @@ def test_a_call_whose_body_waits_on_a_nested_call_in_its_ask_is_blamed_on_its_bo
                             "not return within 0.2 s (it was still running 0.2 s after its signal was aborted, and "
                             "was cancelled)\n    fix: return promptly or honour ctx.signal"), outer
     assert "approval ask" not in outer and "never ran" not in outer, outer
+
+
+def test_the_options_defaults_and_help_are_the_kits_constants() -> None:
+    """The pytest plugin imports dsh lazily, so it writes the abort bound's and the call limit's defaults as literals:
+    they must stay the kit's own (``ABORT_BOUND_S``, ``CALL_TIMEOUT_S``), as every other place takes them."""
+    from dsh_core.testing import conformance, pytest_plugin
+
+    options: dict[str, dict[str, Any]] = {}
+    group = SimpleNamespace(addoption=lambda name, **kwargs: options.__setitem__(name, kwargs))
+    pytest_plugin.pytest_addoption(SimpleNamespace(getgroup=lambda *args: group))  # type: ignore[arg-type]
+    bound, limit = options["--dsh-conformance-abort-bound"], options["--dsh-conformance-call-timeout"]
+    assert bound["default"] == checks.ABORT_BOUND_S
+    assert f"(default {checks.ABORT_BOUND_S:g})" in bound["help"]
+    assert limit["default"] is None and f"(default {checks.CALL_TIMEOUT_S:g})" in limit["help"]
+    assert Target("x").abort_bound_s == conformance.ToolPluginConformance.abort_bound_s == checks.ABORT_BOUND_S
