@@ -646,6 +646,32 @@ def _set_user_version(path: Path, version: int) -> None:
     _execute(path, f"PRAGMA user_version={version}")
 
 
+def _refused_as_newer(path: Path, version: int) -> str:
+    """What opening the database at ``path`` says once a newer dsh stamped ``version`` on it."""
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    return (f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
+            f"{version}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh")
+
+
+def _refused_as_foreign(path: Path, reason: str) -> str:
+    """What opening the database at ``path`` says once another program made it its own (``reason``: how)."""
+    return (f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
+            "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+
+
+async def _leased_session(home: Path, lease: SessionLease, run: SqliteSessionStore | None = None) -> None:
+    """Session ``s``, leased by ``lease``, with one event, as a run writes it (through ``run``, else a run's store of
+    ``home``, closed again)."""
+    store = run if run is not None else SqliteSessionStore.open(home)
+    try:
+        await store.create(session_id="s", lease=lease)
+        await store.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+    finally:
+        if run is None:
+            await store.close()
+
+
 async def test_a_new_database_is_stamped_with_the_schema_version(tmp_path: Path) -> None:
     # The schema had no version: a database written by a later dsh, with another schema, could not be
     # told from one of this dsh's, and failed with raw SQLite messages (or at the first write).
@@ -995,18 +1021,12 @@ async def test_a_read_only_store_refuses_a_newer_schema_stamped_after_it_opened(
     if older:  # stand-ins: a read-only store of it reads (and refreshes) in a transaction of its own
         _older_database(path, journal_mode="wal")
     else:
-        run = SqliteSessionStore.open(tmp_path)
-        try:
-            await run.create(session_id="s", lease=lease)
-            await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
-        finally:
-            await run.close()
+        await _leased_session(tmp_path, lease)
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         assert [info.id for info in await store.list()] == ["s"]
         _set_user_version(path, SCHEMA_VERSION + 1)
-        newer = (f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
-                 f"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh")
+        newer = _refused_as_newer(path, SCHEMA_VERSION + 1)
         for name, call in _READS_AND_RELEASE.items():
             with pytest.raises(SessionStoreError) as caught:
                 await call(store)
@@ -1055,8 +1075,7 @@ async def test_a_read_only_store_refuses_a_database_another_program_made_of_it_a
     try:
         assert len(await store.list()) == (opened != "empty")
         _execute(path, *statements)
-        foreign = (f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
-                   "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+        foreign = _refused_as_foreign(path, reason)
         for name, call in _READS_AND_RELEASE.items():
             with pytest.raises(SessionStoreError) as caught:
                 await call(store)
@@ -1084,12 +1103,10 @@ async def test_a_run_store_refuses_to_write_a_newer_schema_stamped_after_it_open
     lease = SessionLease.for_this_run()
     run = SqliteSessionStore.open(tmp_path)
     try:
-        await run.create(session_id="s", lease=lease)
-        await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+        await _leased_session(tmp_path, lease, run)
         _set_user_version(path, SCHEMA_VERSION + 1)
         before = _dump(path)
-        newer = (f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
-                 f"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh")
+        newer = _refused_as_newer(path, SCHEMA_VERSION + 1)
         for name, call in _RUN_WRITES.items():
             with pytest.raises(SessionStoreError) as caught:
                 await call(run, lease)
@@ -1125,12 +1142,10 @@ async def test_a_run_store_refuses_to_write_a_database_another_program_made_of_i
     lease = SessionLease.for_this_run()
     run = SqliteSessionStore.open(tmp_path)
     try:
-        await run.create(session_id="s", lease=lease)
-        await run.append("s", [NewEvent(EventKind.USER_MESSAGE, {"n": 1})], lease=lease)
+        await _leased_session(tmp_path, lease, run)
         _execute(path, *statements)
         before = _dump(path)  # what the other program left, to be left as it is
-        foreign = (f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
-                   "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+        foreign = _refused_as_foreign(path, reason)
         for name, call in _RUN_WRITES.items():
             with pytest.raises(SessionStoreError) as caught:
                 await call(run, lease)
