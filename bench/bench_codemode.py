@@ -73,8 +73,7 @@ REFERENCE_MONTY = {"sequential_per_call_us": 190.0, "gather1000_calls_per_s": 10
 TRIVIAL = "return 1"
 LOOP_TOOL = "s = 0\nfor i in range(1000):\n    s = s + await tools.add_one({'x': i})\nreturn s"
 LOOP_BASE = "s = 0\nfor i in range(1000):\n    s = s + (i + 1)\nreturn s"
-GATHER = ("import asyncio\nrs = await asyncio.gather(*[tools.add_one({'x': i}) for i in range(1000)])\n"
-          "return sum(rs)")
+GATHER = "import asyncio\nrs = await asyncio.gather(*[tools.add_one({'x': i}) for i in range(1000)])\nreturn sum(rs)"
 
 
 class Stages:
@@ -89,10 +88,16 @@ class Stages:
         async def add_one(args: Any, ctx: Any) -> Any:
             return args["x"] + 1
 
-        register(define_tool(name="add_one", description="Add one to x.",
-                             parameters={"type": "object", "properties": {"x": {"type": "integer"}},
-                                         "required": ["x"]},
-                             output_schema={"type": "integer"}, execute=add_one, is_concurrency_safe=True))
+        register(
+            define_tool(
+                name="add_one",
+                description="Add one to x.",
+                parameters={"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+                output_schema={"type": "integer"},
+                execute=add_one,
+                is_concurrency_safe=True,
+            )
+        )
 
     @hookimpl
     def dsh_pre_execute(self, execution: Any) -> Any:
@@ -141,7 +146,8 @@ class ListSink:
 
 async def _harness(ask: bool) -> Any:
     config = Path(tempfile.mkdtemp()) / "bench.toml"
-    config.write_text(textwrap.dedent("""
+    config.write_text(
+        textwrap.dedent("""
         [tools]
         mode = "code"
         [[agents]]
@@ -149,7 +155,8 @@ async def _harness(ask: bool) -> Any:
         [[plugins]]
         id = "stages"
         use = "stages"
-    """))
+    """)
+    )
     stages = Stages(ask)
     catalog = PluginCatalog(entry_points=[], extra={"stages": lambda scope, config: stages})
     harness = await start_harness(load_deployment([config]), catalog=catalog)
@@ -224,15 +231,18 @@ async def measure_dsh() -> dict[str, Any]:
             return time.perf_counter() - started
 
         # Interleaved rounds, so machine noise hits every variant alike; medians of each.
-        rounds: dict[str, list[float]] = {k: [] for k in ("tool", "base", "bare", "bare_base", "gather",
-                                                          "bare_gather")}
+        rounds: dict[str, list[float]] = {k: [] for k in ("tool", "base", "bare", "bare_base", "gather", "bare_gather")}
         # The host process's own CPU time (workers excluded): where the host is the bottleneck.
         host_cpu: dict[str, list[float]] = {k: [] for k in rounds}
         for _ in range(9):
-            for key, work in (("tool", lambda: _run(harness, LOOP_TOOL)), ("base", lambda: _run(harness, LOOP_BASE)),
-                              ("bare", lambda: bare_run(LOOP_TOOL)), ("bare_base", lambda: bare_run(LOOP_BASE)),
-                              ("gather", lambda: _run(harness, GATHER)),
-                              ("bare_gather", lambda: bare_run(GATHER))):
+            for key, work in (
+                ("tool", lambda: _run(harness, LOOP_TOOL)),
+                ("base", lambda: _run(harness, LOOP_BASE)),
+                ("bare", lambda: bare_run(LOOP_TOOL)),
+                ("bare_base", lambda: bare_run(LOOP_BASE)),
+                ("gather", lambda: _run(harness, GATHER)),
+                ("bare_gather", lambda: bare_run(GATHER)),
+            ):
                 cpu = time.process_time()
                 outcome = await work()
                 host_cpu[key].append(time.process_time() - cpu)
@@ -246,15 +256,19 @@ async def measure_dsh() -> dict[str, Any]:
         # holds run_code's fixed cost per program, which the bare runtime.run loop never pays.
         figures["bare_binding_loop1000_base_ms"] = median["bare_base"]
         figures["bare_binding_per_call_us"] = median["bare"] - median["bare_base"]
-        figures["pipeline_overhead_per_call_us"] = (figures["sequential_per_call_us"]
-                                                    - figures["bare_binding_per_call_us"])
+        figures["pipeline_overhead_per_call_us"] = (
+            figures["sequential_per_call_us"] - figures["bare_binding_per_call_us"]
+        )
         figures["gather1000_ms"] = median["gather"]
         figures["gather1000_calls_per_s"] = 1e6 / median["gather"]
         figures["bare_binding_gather1000_calls_per_s"] = 1e6 / median["bare_gather"]
         cpu = {k: statistics.median(v) * 1e3 for k, v in host_cpu.items()}  # ms per 1,000 calls = µs per call
-        figures["host_cpu_per_call_us"] = {"sequential": cpu["tool"] - cpu["base"],
-                                           "sequential_bare_binding": cpu["bare"] - cpu["bare_base"],
-                                           "gather": cpu["gather"], "gather_bare_binding": cpu["bare_gather"]}
+        figures["host_cpu_per_call_us"] = {
+            "sequential": cpu["tool"] - cpu["base"],
+            "sequential_bare_binding": cpu["bare"] - cpu["bare_base"],
+            "gather": cpu["gather"],
+            "gather_bare_binding": cpu["bare_gather"],
+        }
     finally:
         await harness.aclose()
     harness = await _harness(ask=True)
@@ -266,8 +280,9 @@ async def measure_dsh() -> dict[str, Any]:
         for _ in range(7):
             tool_times.append((await _run(harness, LOOP_TOOL))[0])
             base_times.append((await _run(harness, LOOP_BASE))[0])
-        figures["sequential_per_call_with_approval_us"] = (statistics.median(tool_times)
-                                                           - statistics.median(base_times)) * 1e3
+        figures["sequential_per_call_with_approval_us"] = (
+            statistics.median(tool_times) - statistics.median(base_times)
+        ) * 1e3
     finally:
         await harness.aclose()
     figures["in_process"] = await measure_in_process()
@@ -293,8 +308,7 @@ class HostLikeRuntime:
             context = contextvars.copy_context()
             context.run(_set_current, control)
             awaitable = context.run(function, args)
-            return awaitable if isinstance(awaitable, asyncio.Future) else loop.create_task(awaitable,
-                                                                                          context=context)
+            return awaitable if isinstance(awaitable, asyncio.Future) else loop.create_task(awaitable, context=context)
 
         if program == "sequential":
             total = 0
@@ -332,9 +346,15 @@ async def measure_in_process() -> dict[str, float]:
 
     async def run(program: str) -> float:
         started = time.perf_counter()
-        result = await holder[0].execute(ToolExecutionInput(
-            call_id="bench", name="run_code", arguments={"code": program, "description": "Benchmark"},
-            signal=AbortSignal.never(), agent=agent))
+        result = await holder[0].execute(
+            ToolExecutionInput(
+                call_id="bench",
+                name="run_code",
+                arguments={"code": program, "description": "Benchmark"},
+                signal=AbortSignal.never(),
+                agent=agent,
+            )
+        )
         elapsed = time.perf_counter() - started
         assert result.value["result"] == 500500, result.content
         return elapsed
@@ -367,85 +387,187 @@ async def measure_in_process() -> dict[str, float]:
 S, N, B, A = "string", "integer", "boolean", "array"
 # 50 realistic tools: name, description, parameters (name, type, required, description).
 TOOLS: list[tuple[str, str, list[tuple[str, str, bool, str]]]] = [
-    ("read", "Read a text file from the workspace. Returns numbered lines.",
-     [("path", S, True, "Path relative to the workspace root"), ("offset", N, False, "First line (1-based)"),
-      ("limit", N, False, "Maximum number of lines")]),
-    ("write", "Create or overwrite a file with the given content.",
-     [("path", S, True, "Path relative to the workspace root"), ("content", S, True, "The full new content")]),
-    ("edit", "Replace an exact string in a file.",
-     [("path", S, True, "File to edit"), ("old_string", S, True, "Exact text to replace"),
-      ("new_string", S, True, "Replacement text"), ("replace_all", B, False, "Replace every occurrence")]),
+    (
+        "read",
+        "Read a text file from the workspace. Returns numbered lines.",
+        [
+            ("path", S, True, "Path relative to the workspace root"),
+            ("offset", N, False, "First line (1-based)"),
+            ("limit", N, False, "Maximum number of lines"),
+        ],
+    ),
+    (
+        "write",
+        "Create or overwrite a file with the given content.",
+        [("path", S, True, "Path relative to the workspace root"), ("content", S, True, "The full new content")],
+    ),
+    (
+        "edit",
+        "Replace an exact string in a file.",
+        [
+            ("path", S, True, "File to edit"),
+            ("old_string", S, True, "Exact text to replace"),
+            ("new_string", S, True, "Replacement text"),
+            ("replace_all", B, False, "Replace every occurrence"),
+        ],
+    ),
     ("list", "List a directory.", [("path", S, False, "Directory (default: the root)")]),
-    ("search", "Search file contents with a regular expression.",
-     [("pattern", S, True, "Regular expression"), ("path", S, False, "Directory or file to search"),
-      ("glob", S, False, "Only files matching this glob")]),
-    ("bash", "Run a shell command in the workspace and return its output.",
-     [("command", S, True, "The command line"), ("timeout", N, False, "Seconds before the command is killed")]),
+    (
+        "search",
+        "Search file contents with a regular expression.",
+        [
+            ("pattern", S, True, "Regular expression"),
+            ("path", S, False, "Directory or file to search"),
+            ("glob", S, False, "Only files matching this glob"),
+        ],
+    ),
+    (
+        "bash",
+        "Run a shell command in the workspace and return its output.",
+        [("command", S, True, "The command line"), ("timeout", N, False, "Seconds before the command is killed")],
+    ),
     ("glob", "Find files by glob pattern.", [("pattern", S, True, "Glob, e.g. src/**/*.py")]),
     ("move", "Move or rename a file.", [("source", S, True, "Existing path"), ("destination", S, True, "New path")]),
     ("delete", "Delete a file.", [("path", S, True, "File to delete")]),
     ("mkdir", "Create a directory (and parents).", [("path", S, True, "Directory to create")]),
     ("git_status", "Show the working tree status.", [("short", B, False, "Short format")]),
-    ("git_diff", "Show changes between commits or the working tree.",
-     [("ref", S, False, "Compare against this ref"), ("path", S, False, "Limit to this path"),
-      ("staged", B, False, "Show staged changes")]),
-    ("git_log", "Show commit history.", [("max_count", N, False, "Number of commits"),
-                                          ("path", S, False, "Only commits touching this path")]),
-    ("git_commit", "Commit staged changes.", [("message", S, True, "Commit message"),
-                                               ("all", B, False, "Stage tracked changes first")]),
-    ("git_branch", "List, create or delete branches.", [("name", S, False, "Branch to create"),
-                                                         ("delete", B, False, "Delete the named branch")]),
-    ("http_get", "Fetch a URL and return the response body as text.",
-     [("url", S, True, "Absolute http(s) URL"), ("headers", "object", False, "Extra request headers")]),
-    ("http_post", "POST JSON to a URL.", [("url", S, True, "Absolute http(s) URL"),
-                                           ("body", "object", True, "JSON body")]),
+    (
+        "git_diff",
+        "Show changes between commits or the working tree.",
+        [
+            ("ref", S, False, "Compare against this ref"),
+            ("path", S, False, "Limit to this path"),
+            ("staged", B, False, "Show staged changes"),
+        ],
+    ),
+    (
+        "git_log",
+        "Show commit history.",
+        [("max_count", N, False, "Number of commits"), ("path", S, False, "Only commits touching this path")],
+    ),
+    (
+        "git_commit",
+        "Commit staged changes.",
+        [("message", S, True, "Commit message"), ("all", B, False, "Stage tracked changes first")],
+    ),
+    (
+        "git_branch",
+        "List, create or delete branches.",
+        [("name", S, False, "Branch to create"), ("delete", B, False, "Delete the named branch")],
+    ),
+    (
+        "http_get",
+        "Fetch a URL and return the response body as text.",
+        [("url", S, True, "Absolute http(s) URL"), ("headers", "object", False, "Extra request headers")],
+    ),
+    (
+        "http_post",
+        "POST JSON to a URL.",
+        [("url", S, True, "Absolute http(s) URL"), ("body", "object", True, "JSON body")],
+    ),
     ("web_search", "Search the web.", [("query", S, True, "Search terms"), ("limit", N, False, "Max results")]),
-    ("run_tests", "Run the project's test suite.", [("path", S, False, "Test file or directory"),
-                                                     ("keyword", S, False, "Only tests matching this")]),
+    (
+        "run_tests",
+        "Run the project's test suite.",
+        [("path", S, False, "Test file or directory"), ("keyword", S, False, "Only tests matching this")],
+    ),
     ("lint", "Run the linter on files.", [("paths", A, True, "Files to lint"), ("fix", B, False, "Apply fixes")]),
     ("format", "Format source files.", [("paths", A, True, "Files to format")]),
     ("typecheck", "Run the type checker.", [("path", S, False, "Package or file")]),
-    ("python_eval", "Evaluate a Python expression in a scratch interpreter.",
-     [("expression", S, True, "The expression")]),
-    ("sql_query", "Run a read-only SQL query against the project database.",
-     [("query", S, True, "SELECT statement"), ("limit", N, False, "Row limit")]),
+    (
+        "python_eval",
+        "Evaluate a Python expression in a scratch interpreter.",
+        [("expression", S, True, "The expression")],
+    ),
+    (
+        "sql_query",
+        "Run a read-only SQL query against the project database.",
+        [("query", S, True, "SELECT statement"), ("limit", N, False, "Row limit")],
+    ),
     ("sql_schema", "Describe database tables.", [("table", S, False, "One table (default: all)")]),
-    ("issue_list", "List issues of the tracker.", [("state", S, False, "open or closed"),
-                                                   ("label", S, False, "Filter by label")]),
+    (
+        "issue_list",
+        "List issues of the tracker.",
+        [("state", S, False, "open or closed"), ("label", S, False, "Filter by label")],
+    ),
     ("issue_show", "Show one issue with its comments.", [("number", N, True, "Issue number")]),
-    ("issue_comment", "Comment on an issue.", [("number", N, True, "Issue number"),
-                                               ("body", S, True, "Markdown comment")]),
-    ("pr_create", "Open a pull request.", [("title", S, True, "Title"), ("body", S, False, "Description"),
-                                            ("base", S, False, "Target branch")]),
-    ("pr_review", "Review a pull request.", [("number", N, True, "PR number"), ("event", S, True,
-                                                                                 "APPROVE, COMMENT or REQUEST_CHANGES"),
-                                              ("body", S, False, "Review text")]),
-    ("calendar_list", "List calendar events in a time range.",
-     [("start", S, True, "ISO 8601 start"), ("end", S, True, "ISO 8601 end")]),
-    ("calendar_create", "Create a calendar event.", [("title", S, True, "Title"), ("start", S, True, "Start"),
-                                                      ("end", S, True, "End"), ("attendees", A, False, "Emails")]),
+    (
+        "issue_comment",
+        "Comment on an issue.",
+        [("number", N, True, "Issue number"), ("body", S, True, "Markdown comment")],
+    ),
+    (
+        "pr_create",
+        "Open a pull request.",
+        [("title", S, True, "Title"), ("body", S, False, "Description"), ("base", S, False, "Target branch")],
+    ),
+    (
+        "pr_review",
+        "Review a pull request.",
+        [
+            ("number", N, True, "PR number"),
+            ("event", S, True, "APPROVE, COMMENT or REQUEST_CHANGES"),
+            ("body", S, False, "Review text"),
+        ],
+    ),
+    (
+        "calendar_list",
+        "List calendar events in a time range.",
+        [("start", S, True, "ISO 8601 start"), ("end", S, True, "ISO 8601 end")],
+    ),
+    (
+        "calendar_create",
+        "Create a calendar event.",
+        [
+            ("title", S, True, "Title"),
+            ("start", S, True, "Start"),
+            ("end", S, True, "End"),
+            ("attendees", A, False, "Emails"),
+        ],
+    ),
     ("email_search", "Search the mailbox.", [("query", S, True, "Search query"), ("limit", N, False, "Max")]),
     ("email_read", "Read one email.", [("id", S, True, "Message id")]),
-    ("email_send", "Send an email.", [("to", A, True, "Recipients"), ("subject", S, True, "Subject"),
-                                       ("body", S, True, "Plain-text body")]),
-    ("slack_post", "Post a message to a channel.", [("channel", S, True, "Channel name"),
-                                                     ("text", S, True, "Message")]),
-    ("slack_history", "Read recent channel messages.", [("channel", S, True, "Channel"),
-                                                         ("limit", N, False, "Max messages")]),
+    (
+        "email_send",
+        "Send an email.",
+        [("to", A, True, "Recipients"), ("subject", S, True, "Subject"), ("body", S, True, "Plain-text body")],
+    ),
+    (
+        "slack_post",
+        "Post a message to a channel.",
+        [("channel", S, True, "Channel name"), ("text", S, True, "Message")],
+    ),
+    (
+        "slack_history",
+        "Read recent channel messages.",
+        [("channel", S, True, "Channel"), ("limit", N, False, "Max messages")],
+    ),
     ("docs_search", "Search the internal documentation.", [("query", S, True, "Terms")]),
     ("docs_read", "Read a documentation page.", [("page", S, True, "Page id or path")]),
     ("image_describe", "Describe an image file.", [("path", S, True, "Image path")]),
     ("pdf_text", "Extract the text of a PDF.", [("path", S, True, "PDF path"), ("pages", S, False, "e.g. 1-3")]),
-    ("csv_query", "Query a CSV file with a filter expression.",
-     [("path", S, True, "CSV path"), ("where", S, False, "Filter"), ("columns", A, False, "Columns to keep")]),
-    ("json_query", "Apply a JSONPath query to a JSON file.", [("path", S, True, "File"),
-                                                              ("query", S, True, "JSONPath")]),
+    (
+        "csv_query",
+        "Query a CSV file with a filter expression.",
+        [("path", S, True, "CSV path"), ("where", S, False, "Filter"), ("columns", A, False, "Columns to keep")],
+    ),
+    (
+        "json_query",
+        "Apply a JSONPath query to a JSON file.",
+        [("path", S, True, "File"), ("query", S, True, "JSONPath")],
+    ),
     ("kv_get", "Read a key from the team key-value store.", [("key", S, True, "Key")]),
     ("kv_set", "Write a key to the team key-value store.", [("key", S, True, "Key"), ("value", S, True, "Value")]),
-    ("metrics_query", "Query a time series.", [("metric", S, True, "Metric name"), ("since", S, False, "e.g. 1h"),
-                                                ("step", S, False, "Resolution")]),
-    ("logs_search", "Search service logs.", [("service", S, True, "Service"), ("query", S, True, "Query"),
-                                              ("since", S, False, "e.g. 30m")]),
+    (
+        "metrics_query",
+        "Query a time series.",
+        [("metric", S, True, "Metric name"), ("since", S, False, "e.g. 1h"), ("step", S, False, "Resolution")],
+    ),
+    (
+        "logs_search",
+        "Search service logs.",
+        [("service", S, True, "Service"), ("query", S, True, "Query"), ("since", S, False, "e.g. 30m")],
+    ),
     ("deploy_status", "Show deployment status of a service.", [("service", S, True, "Service")]),
     ("translate", "Translate text.", [("text", S, True, "Text"), ("target", S, True, "Language code")]),
     ("summarize", "Summarize a long text.", [("text", S, True, "Text"), ("words", N, False, "Target length")]),
@@ -464,10 +586,21 @@ def _definitions() -> list[Any]:
             if ptype == A:
                 schema["items"] = {"type": "string"}
             properties[pname] = schema
-        parameters = {"type": "object", "properties": properties,
-                      "required": [p for p, _t, required, _d in params if required], "additionalProperties": False}
-        definitions.append(define_tool(name=name, description=description, parameters=parameters, execute=body,
-                                       output_schema={"type": "string"}))
+        parameters = {
+            "type": "object",
+            "properties": properties,
+            "required": [p for p, _t, required, _d in params if required],
+            "additionalProperties": False,
+        }
+        definitions.append(
+            define_tool(
+                name=name,
+                description=description,
+                parameters=parameters,
+                execute=body,
+                output_schema={"type": "string"},
+            )
+        )
     assert len(definitions) == 50, len(definitions)
     return definitions
 
@@ -478,8 +611,13 @@ def prompt_texts() -> dict[str, str]:
     definitions = sorted(_definitions(), key=lambda d: d.name)
     native = json.dumps([d.schema.to_json() for d in definitions], ensure_ascii=False)
     run_code = RunCodeTransport(lambda: None, None).definition()  # type: ignore[arg-type,return-value]
-    code = "\n\n".join([json.dumps([run_code.schema.to_json()], ensure_ascii=False), CODE_ONLY_TEXT,
-                        render_python_sdk(sdk_tools(definitions))])
+    code = "\n\n".join(
+        [
+            json.dumps([run_code.schema.to_json()], ensure_ascii=False),
+            CODE_ONLY_TEXT,
+            render_python_sdk(sdk_tools(definitions)),
+        ]
+    )
     return {"native": native, "code": code}
 
 
@@ -587,8 +725,14 @@ def measure_peers(texts: dict[str, str], python: Path | None, why: str) -> dict[
     script = Path(tempfile.mkdtemp()) / "peers_codemode.py"
     script.write_text(PEERS, encoding="utf-8")
     try:
-        done = subprocess.run([str(python), str(script)], input=json.dumps(texts), capture_output=True, text=True,
-                              timeout=600, check=False)
+        done = subprocess.run(
+            [str(python), str(script)],
+            input=json.dumps(texts),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     except subprocess.TimeoutExpired:  # dsh's figures are measured already: report them, and why peers are missing
         return {"error": "peer script timed out after 600 s"}
     lines = done.stdout.strip().splitlines()
@@ -608,8 +752,12 @@ def main() -> None:
     dsh = asyncio.run(measure_dsh())
     texts = prompt_texts()
     peers = measure_peers(texts, python, why)
-    report: dict[str, Any] = {"python": sys.version.split()[0], "dsh": dsh,
-                              "prompt_chars": {k: len(v) for k, v in texts.items()}, "peers": peers}
+    report: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "dsh": dsh,
+        "prompt_chars": {k: len(v) for k, v in texts.items()},
+        "peers": peers,
+    }
     smol = peers.get("smolagents", {}).get("timeout=None", {})
     monty = peers.get("monty", {})
     if smol and monty:

@@ -314,8 +314,10 @@ def summary(d: dict[str, Any], p: dict[str, Any]) -> list[str]:
     smol, monty = p.get("smolagents", {}), p.get("monty", {})
     flight = f"10 in flight: {d['in_flight10_calls_per_s']:.0f} calls/s (target >= 20,000"
     if "gather_calls_per_s" in monty:  # the target names monty: "three times monty's gathered rate"
-        flight += (f"; monty gather {monty['gather_calls_per_s']:.0f} calls/s:"
-                   f" {d['in_flight10_calls_per_s'] / monty['gather_calls_per_s']:.1f}x, target >= 3x")
+        flight += (
+            f"; monty gather {monty['gather_calls_per_s']:.0f} calls/s:"
+            f" {d['in_flight10_calls_per_s'] / monty['gather_calls_per_s']:.1f}x, target >= 3x"
+        )
     lines.append(flight + ")")
     lines.append(f"compute (sum of squares < 1e6, incl. spawn): {d['compute_ms']:.1f} ms")
     if "compute_ms" in smol:

@@ -33,9 +33,13 @@ async def _body(args: Any, ctx: Any) -> Any:
 
 
 def trivial(name: str = "trivial") -> Any:
-    return define_tool(name=name, description="A trivial tool.", execute=_body,
-                       parameters={"type": "object", "properties": {"x": {"type": "integer"}}},
-                       output_schema={"type": "object"})
+    return define_tool(
+        name=name,
+        description="A trivial tool.",
+        execute=_body,
+        parameters={"type": "object", "properties": {"x": {"type": "integer"}}},
+        output_schema={"type": "object"},
+    )
 
 
 class FiveStagePlugin:
@@ -142,13 +146,17 @@ def main() -> None:
     print(f"| whole pipeline | {call['pipeline_median_us']:.1f} | {call['pipeline_p99_us']:.1f} |")
     print(f"| tool body called directly | {call['direct_median_us']:.2f} | {call['direct_p99_us']:.2f} |")
     print(f"| pipeline overhead (median) | {call['pipeline_median_us'] - call['direct_median_us']:.1f} | |")
-    print("\n| registered tools (1,000 agent scopes) | wire_schemas() µs | resolve_execution() µs | "
-          "view rebuild after a change ms |")
+    print(
+        "\n| registered tools (1,000 agent scopes) | wire_schemas() µs | resolve_execution() µs | "
+        "view rebuild after a change ms |"
+    )
     print("| ---: | ---: | ---: | ---: |")
     for count in (100, 1000, 10000):
         scale = bench_scale(count)
-        print(f"| {count:,} | {scale['wire_schemas_us']:.2f} | {scale['resolve_us']:.2f} | "
-              f"{scale['view_rebuild_ms']:.2f} |")
+        print(
+            f"| {count:,} | {scale['wire_schemas_us']:.2f} | {scale['resolve_us']:.2f} | "
+            f"{scale['view_rebuild_ms']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,15 @@ from dsh_core.plugins import PluginCatalog
 from dsh_core.sessions import NewEvent
 from dsh_core.sessions.sqlite import SqliteSessionStore
 
-PAYLOAD = {"name": "read", "tool_call_id": "call_1", "ok": True, "error": None,
-           "content": "x" * 200, "concludes_turn": False, "duration_ms": 1.234}
+PAYLOAD = {
+    "name": "read",
+    "tool_call_id": "call_1",
+    "ok": True,
+    "error": None,
+    "content": "x" * 200,
+    "concludes_turn": False,
+    "duration_ms": 1.234,
+}
 
 
 def progress(text: str) -> None:
@@ -87,19 +94,34 @@ class Tools:
 async def loop_overhead(base: Path, steps: int, record: bool) -> float:
     base.mkdir(parents=True, exist_ok=True)
     script = base / f"script-{steps}.jsonl"
-    turns = [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"c{i}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}]} for i in range(steps)]
+    turns = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}],
+        }
+        for i in range(steps)
+    ]
     turns.append({"role": "assistant", "content": "done"})
     script.write_text("".join(json.dumps(t) + "\n" for t in turns))
-    deployment = compose([("bench", {
-        "sessions": {"home": str(base / "home")},
-        "agents": [{"id": "main", "provider": "scripted", "max_turns": steps + 1}],
-        "plugins": [{"id": "tools", "use": "tools"},
-                    {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
-                    {"id": "sessions", "use": "sqlite-sessions"}],
-    })], env={})
-    harness = await Harness.start(deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: Tools()},
-                                                                    strict=True))
+    deployment = compose(
+        [
+            (
+                "bench",
+                {
+                    "sessions": {"home": str(base / "home")},
+                    "agents": [{"id": "main", "provider": "scripted", "max_turns": steps + 1}],
+                    "plugins": [
+                        {"id": "tools", "use": "tools"},
+                        {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
+                        {"id": "sessions", "use": "sqlite-sessions"},
+                    ],
+                },
+            )
+        ],
+        env={},
+    )
+    harness = await Harness.start(deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: Tools()}, strict=True))
     try:
         started = time.perf_counter()
         result = await run_agent(harness, "go", record=record)
@@ -111,8 +133,11 @@ async def loop_overhead(base: Path, steps: int, record: bool) -> float:
 
 
 async def main() -> dict[str, Any]:
-    figures: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine(),
-                               "cpus": os.cpu_count()}
+    figures: dict[str, Any] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         for batch, total in ((1, 2000), (100, 50_000)):

@@ -67,8 +67,9 @@ def ensure_peers_python(
     except OSError:
         pass  # no stamp: never filled, or a failed or older fill
     if venv.exists() and not (venv / MADE).exists():
-        return None, (f"{venv} exists and was not made by {Path(__file__).name}: remove it, or set"
-                      " DSH_BENCH_VENV to another path")
+        return None, (
+            f"{venv} exists and was not made by {Path(__file__).name}: remove it, or set DSH_BENCH_VENV to another path"
+        )
     try:
         if venv.exists():
             # A venv filled from other requirements (or half-filled) may hold packages the

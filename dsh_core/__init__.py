@@ -66,14 +66,31 @@ __all__ = [
 # Each name's module is imported when the name is first read (see dsh_core.lazy): `dsh --help`
 # and the other commands that never touch them do not pay for asyncio, cattrs and jsonschema.
 if not TYPE_CHECKING:
-    __getattr__, __dir__ = lazy_exports(__name__, {
-        "dsh_hookspecs": ["hookimpl"],
-        "dsh_core.abort": ["AbortController", "AbortedError", "AbortSignal"],
-        "dsh_core.define": ["define_tool"],
-        "dsh_core.errors": ["DshError", "ErrorCode", "ToolError"],
-        "dsh_core.model": ["ApprovalOutcome", "ApprovalRequest", "ContentBlock", "ContextMessage", "ImageBlock",
-                           "PostDecision", "PreDecision", "PromptContext", "PromptSection", "TextBlock",
-                           "ToolContext", "ToolDefinition", "ToolExecution", "ToolExecutionInput", "ToolResult"],
-        "dsh_core.plugins": ["plugin"],
-        "dsh_core.scope": ["Scope"],
-    })
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "dsh_hookspecs": ["hookimpl"],
+            "dsh_core.abort": ["AbortController", "AbortedError", "AbortSignal"],
+            "dsh_core.define": ["define_tool"],
+            "dsh_core.errors": ["DshError", "ErrorCode", "ToolError"],
+            "dsh_core.model": [
+                "ApprovalOutcome",
+                "ApprovalRequest",
+                "ContentBlock",
+                "ContextMessage",
+                "ImageBlock",
+                "PostDecision",
+                "PreDecision",
+                "PromptContext",
+                "PromptSection",
+                "TextBlock",
+                "ToolContext",
+                "ToolDefinition",
+                "ToolExecution",
+                "ToolExecutionInput",
+                "ToolResult",
+            ],
+            "dsh_core.plugins": ["plugin"],
+            "dsh_core.scope": ["Scope"],
+        },
+    )

@@ -88,8 +88,10 @@ class AbortSignal:
         if not asyncio.isfuture(future):
             # A coroutine would otherwise fail on .done() and be reported as never awaited; and
             # until could not leave it to the caller, who has no handle on it once it is wrapped.
-            raise TypeError(f"until() needs a future or task, not {type(future).__name__}: "
-                            "pass asyncio.ensure_future(...) and keep it to cancel or await")
+            raise TypeError(
+                f"until() needs a future or task, not {type(future).__name__}: "
+                "pass asyncio.ensure_future(...) and keep it to cancel or await"
+            )
         if future.done() or self._aborted:
             return future.done()
         waiter: asyncio.Future[None] = future.get_loop().create_future()

@@ -34,9 +34,14 @@ __all__ = ["start_harness", "LazyCodeRuntime", "runtime_config"]
 
 def runtime_config(section: CodeRuntimeSection) -> CodeRuntimeConfig:
     """The code runtime config a deployment's ``[code_runtime]`` section describes."""
-    return CodeRuntimeConfig(isolation=section.isolation, timeout_s=section.timeout_s, cpu_s=section.cpu_s,
-                             memory_mb=section.memory_mb, max_output_bytes=section.max_output_bytes,
-                             preload=cast(Any, section.preload))
+    return CodeRuntimeConfig(
+        isolation=section.isolation,
+        timeout_s=section.timeout_s,
+        cpu_s=section.cpu_s,
+        memory_mb=section.memory_mb,
+        max_output_bytes=section.max_output_bytes,
+        preload=cast(Any, section.preload),
+    )
 
 
 class LazyCodeRuntime:
@@ -77,8 +82,9 @@ class LazyCodeRuntime:
         """Build the backend, start its first worker without blocking the loop, and return :attr:`isolation`."""
         return await self._get().start()  # type: ignore[attr-defined, no-any-return]
 
-    async def run(self, program: str, bindings: Sequence[BindingNamespace],
-                  signal: AbortSignal | None = None) -> CodeRunResult:
+    async def run(
+        self, program: str, bindings: Sequence[BindingNamespace], signal: AbortSignal | None = None
+    ) -> CodeRunResult:
         """Run ``program`` on the backend (built on the first call)."""
         return await self._get().run(program, bindings, signal=signal)
 
@@ -94,8 +100,9 @@ async def start_harness(deployment: Deployment, *, catalog: PluginCatalog | None
     """Boot ``deployment`` with the installed plugins and the real ``run_code`` transport."""
     code_runtime = LazyCodeRuntime(runtime_config(deployment.code_runtime))
     holder: list[Harness] = []
-    transport = RunCodeTransport(lambda: holder[0].runtime, code_runtime,
-                                 max_parallel_sub_calls=deployment.tools.max_parallel_sub_calls)
+    transport = RunCodeTransport(
+        lambda: holder[0].runtime, code_runtime, max_parallel_sub_calls=deployment.tools.max_parallel_sub_calls
+    )
 
     def make_transport(harness: Harness) -> ToolDefinition:
         # The registry asks for run_code on first need, possibly while plugins are still starting.
@@ -113,8 +120,10 @@ async def start_harness(deployment: Deployment, *, catalog: PluginCatalog | None
     root = harness.root
     root.provide("code_runtime", code_runtime)
     root.provide("run_code", transport)
-    root.provide("prompt", PromptAssembler(harness.hooks, harness.registry,
-                                           core=code_mode_sections(harness.registry, code_runtime)))
+    root.provide(
+        "prompt",
+        PromptAssembler(harness.hooks, harness.registry, core=code_mode_sections(harness.registry, code_runtime)),
+    )
     # Registered after the plugins and agents started, so it runs after they are disposed
     # (children first): no run can still need the runtime when it closes.
     root.on_dispose(code_runtime.aclose)

@@ -40,6 +40,7 @@ __all__ = ["main", "load_config", "run_async", "result_json", "fail"]
 
 T = TypeVar("T")
 
+
 def _escape_lone_surrogates() -> None:
     """Write a lone surrogate on stdout and stderr as its ``\\uXXXX`` escape.
 
@@ -117,8 +118,11 @@ def load_config(paths: Sequence[str]) -> Deployment:
         try:
             workspace = Path.cwd()
         except OSError as error:  # the directory dsh was started in has been deleted
-            fail(f"cannot use the current directory as the default workspace: {error.strerror or error} "
-                 "(cd to an existing directory, or pass --config)", 2)
+            fail(
+                f"cannot use the current directory as the default workspace: {error.strerror or error} "
+                "(cd to an existing directory, or pass --config)",
+                2,
+            )
         return default_deployment(workspace)
     except DshError as error:
         fail(error.message, 2)
@@ -142,12 +146,16 @@ def emit_json(value: object) -> None:
 
 
 config_option = click.option(
-    "--config", "configs", multiple=True, type=click.Path(dir_okay=False),
-    help="Deployment TOML file; repeat to overlay (later files patch earlier ones).")
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Deployment TOML file; repeat to overlay (later files patch earlier ones).",
+)
 
 
 def _configs(ctx: click.Context, local: Sequence[str]) -> list[str]:
-    inherited: Sequence[str] = (ctx.find_root().params.get("configs") or ())
+    inherited: Sequence[str] = ctx.find_root().params.get("configs") or ()
     return [*inherited, *local]
 
 
@@ -282,18 +290,26 @@ class LazyGroup(click.Group):
 
 
 # `sessions`, `run-code` and `sdk` are defined with the subsystem they drive; `config`, `tools` and `demo` below.
-@click.group(cls=LazyGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
-             lazy_commands={"run-code": "dsh_core.codemode.cli:run_code_command",
-                            "sdk": "dsh_core.codemode.cli:sdk_command",
-                            "sessions": "dsh_core.sessions.cli:sessions_group"})
-@click.option("-p", "--prompt", "task", metavar="TASK",
-              help="Run one headless agent turn on TASK and print the answer.")
+@click.group(
+    cls=LazyGroup,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    lazy_commands={
+        "run-code": "dsh_core.codemode.cli:run_code_command",
+        "sdk": "dsh_core.codemode.cli:sdk_command",
+        "sessions": "dsh_core.sessions.cli:sessions_group",
+    },
+)
+@click.option(
+    "-p", "--prompt", "task", metavar="TASK", help="Run one headless agent turn on TASK and print the answer."
+)
 @click.option("--session", "session_id", metavar="ID", help="With -p: continue this session.")
 @click.option("--agent", "agent_id", help="With -p: the agent to run (default: the first one).")
 @config_option
 @click.pass_context
-def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id: str | None,
-         configs: tuple[str, ...]) -> None:
+def main(
+    ctx: click.Context, task: str | None, session_id: str | None, agent_id: str | None, configs: tuple[str, ...]
+) -> None:
     """dsh: a tool runtime for LLM agents, with a sandboxed Code Mode."""
     _escape_lone_surrogates()
     if ctx.invoked_subcommand is not None:
@@ -301,15 +317,22 @@ def main(ctx: click.Context, task: str | None, session_id: str | None, agent_id:
         # run `dsh --agent coder tools call ...` as the first agent without a word.
         command = f"'dsh {ctx.invoked_subcommand}'"
         if task is not None:
-            raise click.UsageError(f"-p TASK is a run of its own and takes no command, but {command} was given "
-                                   "too", ctx)
+            raise click.UsageError(
+                f"-p TASK is a run of its own and takes no command, but {command} was given too", ctx
+            )
         for value, option in ((session_id, "--session"), (agent_id, "--agent")):
             if value is not None:
-                raise click.UsageError(f"{option} applies only to a -p run; {command} does not read it "
-                                       "(a command's own options go after its name)", ctx)
+                raise click.UsageError(
+                    f"{option} applies only to a -p run; {command} does not read it "
+                    "(a command's own options go after its name)",
+                    ctx,
+                )
         if configs and ctx.invoked_subcommand == "demo":
-            raise click.UsageError("--config does not apply to 'dsh demo': it always runs its own shipped "
-                                   "deployment in a temporary workspace", ctx)
+            raise click.UsageError(
+                "--config does not apply to 'dsh demo': it always runs its own shipped "
+                "deployment in a temporary workspace",
+                ctx,
+            )
         return
     if task is None:
         for value, option in ((session_id, "--session"), (agent_id, "--agent")):
@@ -410,13 +433,15 @@ def tools_list(ctx: click.Context, configs: tuple[str, ...], agent_id: str | Non
 @click.option("--json", "as_json", is_flag=True, help='Print {"ok", "error", "content", "value"}.')
 @config_option
 @click.pass_context
-def tools_call(ctx: click.Context, name: str, raw_args: str, agent_id: str | None, as_json: bool,
-               configs: tuple[str, ...]) -> None:
+def tools_call(
+    ctx: click.Context, name: str, raw_args: str, agent_id: str | None, as_json: bool, configs: tuple[str, ...]
+) -> None:
     """One model-direct call of NAME through the whole pipeline.
 
     The exit status is 1 if the call failed (denied, unknown tool, invalid arguments, the tool's
     error), 2 for bad usage or config.
     """
+
     def refuse(constant: str) -> object:
         # Python's json reads NaN and Infinity, which no JSON holds (the agent loop refuses them too).
         raise ValueError(f"{constant} is not valid JSON")

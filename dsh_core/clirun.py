@@ -80,9 +80,12 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def run_async(main: Callable[[], Awaitable[T]], *,
-              on_signal: Callable[[], Awaitable[None] | None] | None = None,
-              stdout_to_stderr: bool = False) -> T:
+def run_async(
+    main: Callable[[], Awaitable[T]],
+    *,
+    on_signal: Callable[[], Awaitable[None] | None] | None = None,
+    stdout_to_stderr: bool = False,
+) -> T:
     """Run ``main`` with SIGINT/SIGTERM wired to a bounded, graceful shutdown.
 
     The first signal calls ``on_signal`` (abort the run, dispose the root
@@ -135,13 +138,15 @@ def run_async(main: Callable[[], Awaitable[T]], *,
             if stage == "exit":
                 os._exit(128 + signum)
             if stage == "abort":
-                click.echo(f"dsh: {name} received, shutting down (again to cancel, a third time to exit at once)",
-                           err=True)
+                click.echo(
+                    f"dsh: {name} received, shutting down (again to cancel, a third time to exit at once)", err=True
+                )
                 shutdowns.add(loop.create_task(drain()))
                 return
             if task.done():  # main ended; what is left is the drain's bounded wait
-                click.echo(f"dsh: {name} received, waiting for the shutdown to finish (again to exit at once)",
-                           err=True)
+                click.echo(
+                    f"dsh: {name} received, waiting for the shutdown to finish (again to exit at once)", err=True
+                )
                 return
             click.echo(f"dsh: {name} received, cancelling (again to exit at once)", err=True)
             # The drain is left running: cancelling it could stop on_signal before it even

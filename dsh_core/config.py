@@ -200,8 +200,16 @@ _SECONDS_KEYS: Final = (
     ("code_runtime", "timeout_s"),
     ("lifecycle", "task_grace_s"),
 )
-_AGENT_FIELDS: Final = ("mode", "provider", "model", "max_turns", "max_tool_result_chars", "allow", "deny",
-                        "system_prompt")
+_AGENT_FIELDS: Final = (
+    "mode",
+    "provider",
+    "model",
+    "max_turns",
+    "max_tool_result_chars",
+    "allow",
+    "deny",
+    "system_prompt",
+)
 
 
 # --------------------------------------------------------------------------- values
@@ -414,9 +422,7 @@ def _unknown_keys(error: ValidationError) -> list[tuple[list[str | int], str]]:
     instead gives the full key path (and lets its own provenance be found).
     """
     instance = error.instance
-    if error.validator not in ("additionalProperties", "unevaluatedProperties") or not isinstance(
-        instance, Mapping
-    ):
+    if error.validator not in ("additionalProperties", "unevaluatedProperties") or not isinstance(instance, Mapping):
         return []
     known = sorted(_error_schema(error).get("properties", {}))
     hint = f"allowed: {', '.join(known)}" if known else "no keys are allowed here"
@@ -459,14 +465,16 @@ def _check_document(source: str, document: object) -> list[str]:
         kind = error.absolute_path[0] if len(error.absolute_path) == 1 else None
         if error.validator == "type" and kind in _ROW_KINDS and isinstance(error.instance, Mapping):
             # `[plugins]` for `[[plugins]]`: one bracket pair too few, the commonest TOML slip with rows.
-            found.append(([kind], f"is a table, not an array of tables: write each row as [[{kind}]] "
-                                  f"(double brackets), not [{kind}]"))
+            found.append(
+                (
+                    [kind],
+                    f"is a table, not an array of tables: write each row as [[{kind}]] (double brackets), not [{kind}]",
+                )
+            )
             continue
         found.extend(_error_messages(error))
     found.sort(key=lambda item: (_sort_key(item[0]), item[1]))
-    problems = [
-        f"{source}: {_document_path(document, parts) or '(top level)'}: {msg}" for parts, msg in found
-    ]
+    problems = [f"{source}: {_document_path(document, parts) or '(top level)'}: {msg}" for parts, msg in found]
     if problems:
         return problems
     # The shape is right; now refuse what JSON cannot carry (TOML dates and
@@ -519,8 +527,7 @@ def _apply_row(rows: dict[str, _Row], kind: str, source: str, given: Mapping[str
     if row is None:
         if set(given) == {"id", "enabled"} and given["enabled"] is False:
             return (
-                f"{source}: {label}: unmatched overlay target: enabled = false names an id "
-                "that no earlier file defines"
+                f"{source}: {label}: unmatched overlay target: enabled = false names an id that no earlier file defines"
             )
         if kind == "plugins" and "use" not in given:
             return (
@@ -568,17 +575,21 @@ def _keyed_config_leaves(prefix: str, value: Any) -> Iterator[tuple[str, bool, A
     while stack:
         for path, secret, item in stack[-1]:
             if isinstance(item, Mapping) and item:
-                stack.append(iter([(_join(path, key), secret or looks_like_secret_name(key), child)
-                                   for key, child in item.items()]))
+                stack.append(
+                    iter(
+                        [
+                            (_join(path, key), secret or looks_like_secret_name(key), child)
+                            for key, child in item.items()
+                        ]
+                    )
+                )
                 break
             yield path, secret, item
         else:
             stack.pop()
 
 
-def compose(
-    documents: Sequence[tuple[str, Mapping[str, Any]]], *, env: Mapping[str, str] | None = None
-) -> Deployment:
+def compose(documents: Sequence[tuple[str, Mapping[str, Any]]], *, env: Mapping[str, str] | None = None) -> Deployment:
     """Compose parsed config files (``(source name, TOML dict)``, base first) into a :class:`Deployment`.
 
     Every file is checked against :data:`DEPLOYMENT_SCHEMA` first; all problems
@@ -648,8 +659,9 @@ def compose(
                 provider=values.get("provider"),
                 model=values.get("model"),
                 max_turns=None if "max_turns" not in values else int(values["max_turns"]),
-                max_tool_result_chars=(None if "max_tool_result_chars" not in values
-                                       else int(values["max_tool_result_chars"])),
+                max_tool_result_chars=(
+                    None if "max_tool_result_chars" not in values else int(values["max_tool_result_chars"])
+                ),
                 allow=None if "allow" not in values else tuple(values["allow"]),
                 deny=None if "deny" not in values else tuple(values["deny"]),
                 system_prompt=values.get("system_prompt"),
@@ -730,7 +742,8 @@ def check_graces(deployment: Deployment) -> None:
         f"{shown('tools.approval_grace_s', approval)} must be below {shown('lifecycle.task_grace_s', task)}: "
         "a tool call whose scope is disposed waits out the approval grace for an approval channel that ignores "
         "its withdrawal, and would outlive the scope's wait for it; "
-        "lower [tools] approval_grace_s or raise [lifecycle] task_grace_s")
+        "lower [tools] approval_grace_s or raise [lifecycle] task_grace_s"
+    )
 
 
 #: What a source label that names no file starts with: ``env:NAME``.
@@ -757,8 +770,10 @@ def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
             data = handle.read()
         if data.startswith(b"\xef\xbb\xbf"):
             # tomllib would say only "Invalid statement (at line 1, column 1)", at an invisible character.
-            raise ConfigError(f"{source}: invalid TOML: the file starts with a UTF-8 byte order mark (BOM), "
-                              "which TOML does not allow; save it as UTF-8 without a BOM")
+            raise ConfigError(
+                f"{source}: invalid TOML: the file starts with a UTF-8 byte order mark (BOM), "
+                "which TOML does not allow; save it as UTF-8 without a BOM"
+            )
         return source, tomllib.loads(data.decode())
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found") from None
@@ -768,9 +783,7 @@ def _read(path: str | Path) -> tuple[str, dict[str, Any]]:
     except RecursionError:  # tomllib recurses into nested arrays and inline tables
         raise ConfigError(f"{source}: cannot parse: arrays or inline tables nest too deeply") from None
     except UnicodeDecodeError as error:
-        raise ConfigError(
-            f"{source}: invalid TOML: not UTF-8 text ({error.reason} at byte {error.start})"
-        ) from None
+        raise ConfigError(f"{source}: invalid TOML: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except OSError as error:
         raise ConfigError(f"{source}: cannot read config file: {error.strerror or error}") from None
 
@@ -831,15 +844,20 @@ def default_deployment(workspace_root: str | Path, *, env: Mapping[str, str] | N
     if partial and not base_url:
         # Half an endpoint: the scripted provider's notice says which half, from this env (not the
         # process's, which it would read at request time otherwise). Names only: never the key.
-        documents.append((f"env:{partial[0]}", {
-            "plugins": [{"id": "scripted", "config": {"endpoint_vars": partial}}]}))
+        documents.append((f"env:{partial[0]}", {"plugins": [{"id": "scripted", "config": {"endpoint_vars": partial}}]}))
     if base_url:
         endpoint: dict[str, Any] = {"base_url": base_url, "api_key_env": "DSH_API_KEY"}
         if environ.get("DSH_MODEL"):
             endpoint["model"] = environ["DSH_MODEL"]
-        documents.append(("env:DSH_BASE_URL", {
-            "agents": [{"id": "main", "provider": "openai"}],
-            "plugins": [{"id": "openai", "use": "openai", "config": endpoint}]}))
+        documents.append(
+            (
+                "env:DSH_BASE_URL",
+                {
+                    "agents": [{"id": "main", "provider": "openai"}],
+                    "plugins": [{"id": "openai", "use": "openai", "config": endpoint}],
+                },
+            )
+        )
     return compose(documents, env=env)
 
 
@@ -891,8 +909,10 @@ def validate_plugin_configs(
             except SchemaEvaluationError as failed:
                 # A recursive schema meeting a deep config, or a $ref cycle in the schema: one line
                 # naming the row and its file, never a raw RecursionError out of the harness.
-                problems.append(f"{prefix}: cannot be checked against the config schema of plugin {row.use!r}: "
-                                f"{failed} (from {_blame(deployment, row, prefix)})")
+                problems.append(
+                    f"{prefix}: cannot be checked against the config schema of plugin {row.use!r}: "
+                    f"{failed} (from {_blame(deployment, row, prefix)})"
+                )
                 continue
             for error in errors:
                 found.extend(_error_messages(error))
@@ -934,8 +954,17 @@ def has_url_credentials(text: str) -> bool:
 
 #: Parts that make a name a secret's wherever they stand, inside a word too (``PGPASSWORD``, ``GITHUBTOKEN``,
 #: ``max_tokens``, ``TOKENIZER_PATH``, ``x-apikey``).
-_SECRET_PARTS: Final = ("password", "passwd", "passphrase", "secret", "credential", "token", "apikey",
-                        "authorization", "cookie")
+_SECRET_PARTS: Final = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "credential",
+    "token",
+    "apikey",
+    "authorization",
+    "cookie",
+)
 #: Pairs of words that do so wherever they stand (``AWS_ACCESS_KEY_ID``, ``privateKeyPath``, ``DATABASE_URL``),
 #: found in the name's words joined by ``_``: ``API_KEY``, ``apiKey`` and ``api-key`` alike.
 _SECRET_PHRASES: Final = ("api_key", "private_key", "access_key", "session_key", "database_url")
@@ -980,11 +1009,14 @@ def looks_like_secret_name(name: str) -> bool:
     if not words:
         return False
     joined = "_".join(words)
-    return ((words[-1] != "env" and any(phrase in joined for phrase in _SECRET_PHRASES))
-            or words[-1] in _SECRET_LAST_WORDS
-            or ("pwd" in words and name != "PWD")
-            or "auth" in words[1:] or words == ["auth"]
-            or (words[0] == "aws" and len(words) > 1))
+    return (
+        (words[-1] != "env" and any(phrase in joined for phrase in _SECRET_PHRASES))
+        or words[-1] in _SECRET_LAST_WORDS
+        or ("pwd" in words and name != "PWD")
+        or "auth" in words[1:]
+        or words == ["auth"]
+        or (words[0] == "aws" and len(words) > 1)
+    )
 
 
 def _plain(value: Any, *, secret: bool = False) -> JSON:
@@ -1037,8 +1069,13 @@ def dump(deployment: Deployment) -> list[tuple[str, JSON, str]]:
         leaves.extend((f"{prefix}.{key}", False, getattr(agent, key)) for key in _AGENT_FIELDS)
     for plugin in deployment.plugins:
         prefix = f"plugins[{plugin.id}]"
-        leaves.extend([(f"{prefix}.id", False, plugin.id), (f"{prefix}.use", False, plugin.use),
-                       (f"{prefix}.enabled", False, True)])
+        leaves.extend(
+            [
+                (f"{prefix}.id", False, plugin.id),
+                (f"{prefix}.use", False, plugin.use),
+                (f"{prefix}.enabled", False, True),
+            ]
+        )
         leaves.extend(_keyed_config_leaves(f"{prefix}.config", plugin.config))
     return [
         (path, _plain(value, secret=secret), deployment.source_of(path) or "unknown")

@@ -27,20 +27,35 @@ Finalize = Callable[[ToolExecution, ToolResult], "Sequence[ContentBlock] | None"
 
 
 @overload
-def define_tool(*, name: str, description: str, parameters: Mapping[str, Any],
-                execute: Execute, output_schema: Mapping[str, Any] | None = ..., render: Render | None = ...,
-                is_concurrency_safe: Callable[[JSON], object] | bool | None = ...,
-                finalize_content: Finalize | None = ..., examples: Sequence[JSON] = ...,
-                annotations: Mapping[str, JSON] | None = ...) -> ToolDefinition: ...
+def define_tool(
+    *,
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    execute: Execute,
+    output_schema: Mapping[str, Any] | None = ...,
+    render: Render | None = ...,
+    is_concurrency_safe: Callable[[JSON], object] | bool | None = ...,
+    finalize_content: Finalize | None = ...,
+    examples: Sequence[JSON] = ...,
+    annotations: Mapping[str, JSON] | None = ...,
+) -> ToolDefinition: ...
 
 
 @overload
-def define_tool(*, name: str, description: str, parameters: Mapping[str, Any],
-                execute: None = ..., output_schema: Mapping[str, Any] | None = ..., render: Render | None = ...,
-                is_concurrency_safe: Callable[[JSON], object] | bool | None = ...,
-                finalize_content: Finalize | None = ...,
-                examples: Sequence[JSON] = ...,
-                annotations: Mapping[str, JSON] | None = ...) -> Callable[[Execute], ToolDefinition]: ...
+def define_tool(
+    *,
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    execute: None = ...,
+    output_schema: Mapping[str, Any] | None = ...,
+    render: Render | None = ...,
+    is_concurrency_safe: Callable[[JSON], object] | bool | None = ...,
+    finalize_content: Finalize | None = ...,
+    examples: Sequence[JSON] = ...,
+    annotations: Mapping[str, JSON] | None = ...,
+) -> Callable[[Execute], ToolDefinition]: ...
 
 
 def define_tool(
@@ -76,11 +91,21 @@ def define_tool(
     ...     return args["text"]
     """
     if execute is None:
+
         def decorate(function: Execute) -> ToolDefinition:
-            return define_tool(name=name, description=description, parameters=parameters, execute=function,
-                               output_schema=output_schema, render=render,
-                               is_concurrency_safe=is_concurrency_safe, finalize_content=finalize_content,
-                               examples=examples, annotations=annotations)
+            return define_tool(
+                name=name,
+                description=description,
+                parameters=parameters,
+                execute=function,
+                output_schema=output_schema,
+                render=render,
+                is_concurrency_safe=is_concurrency_safe,
+                finalize_content=finalize_content,
+                examples=examples,
+                annotations=annotations,
+            )
+
         return decorate
 
     owner = f'tool "{name}"'
@@ -91,25 +116,36 @@ def define_tool(
     if not callable(execute):
         raise SchemaDefinitionError(f"{owner}: execute must be an async function")
     if inspect.isasyncgenfunction(execute):  # its call returns no awaitable: every call would fail
-        raise SchemaDefinitionError(f"{owner}: execute is an async generator function (it yields); a tool's "
-                                    "execute returns one value: return it instead of yielding it")
+        raise SchemaDefinitionError(
+            f"{owner}: execute is an async generator function (it yields); a tool's "
+            "execute returns one value: return it instead of yielding it"
+        )
     # Checked here, naming the tool: accepted, each would fail every later call of the tool instead.
     for option, value in (("render", render), ("finalize_content", finalize_content)):
         if value is not None and not callable(value):
             raise SchemaDefinitionError(f"{owner}: {option} must be a function, got {type(value).__name__}")
     if not (is_concurrency_safe is None or isinstance(is_concurrency_safe, bool) or callable(is_concurrency_safe)):
-        raise SchemaDefinitionError(f"{owner}: is_concurrency_safe must be True, False or a function, "
-                                    f"got {type(is_concurrency_safe).__name__}")
+        raise SchemaDefinitionError(
+            f"{owner}: is_concurrency_safe must be True, False or a function, got {type(is_concurrency_safe).__name__}"
+        )
     # Called, never awaited: an async one would hand dsh a coroutine where it expects content or a verdict.
-    synchronous: tuple[tuple[str, object], ...] = (("render", render), ("finalize_content", finalize_content),
-                                                   ("is_concurrency_safe", is_concurrency_safe))
+    synchronous: tuple[tuple[str, object], ...] = (
+        ("render", render),
+        ("finalize_content", finalize_content),
+        ("is_concurrency_safe", is_concurrency_safe),
+    )
     for option, hook in synchronous:
         # An object whose __call__ is async def is called the same way, and as unawaited.
-        call = (inspect.getattr_static(type(hook), "__call__", None)
-                if hook is not None and not inspect.isroutine(hook) else None)
+        call = (
+            inspect.getattr_static(type(hook), "__call__", None)
+            if hook is not None and not inspect.isroutine(hook)
+            else None
+        )
         if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (hook, call)):
-            raise SchemaDefinitionError(f"{owner}: {option} is async def, but dsh calls it synchronously and "
-                                        "never awaits what it returns: make it a plain def")
+            raise SchemaDefinitionError(
+                f"{owner}: {option} is async def, but dsh calls it synchronously and "
+                "never awaits what it returns: make it a plain def"
+            )
     try:
         frozen_annotations = freeze(dict(annotations or {}))
     except NotLosslessError as error:
@@ -132,7 +168,8 @@ def define_tool(
         found = violations(parameters_validator, frozen)
         if found:
             raise SchemaDefinitionError(
-                f"{owner} examples[{index}] does not match the parameters: {format_violations(found)}")
+                f"{owner} examples[{index}] does not match the parameters: {format_violations(found)}"
+            )
         frozen_examples.append(frozen)
     safe: Callable[[JSON], object] | None
     if isinstance(is_concurrency_safe, bool):

@@ -55,12 +55,14 @@ class NamedRegistry(Generic[T]):
                 # Config selects these by a non-empty string ([[agents]] provider, [sessions] store): any
                 # other name could never be picked, and would break every "known: ..." list built from names().
                 got = "an empty string" if isinstance(name, str) else type(name).__name__
-                raise RegistrationError(f"cannot register {self.kind} {name!r}: a {self.kind} name must be a "
-                                        f"non-empty string, got {got}")
+                raise RegistrationError(
+                    f"cannot register {self.kind} {name!r}: a {self.kind} name must be a non-empty string, got {got}"
+                )
             if name in self._items:
                 owner = self._items[name][1]
-                raise RegistrationError(f"{self.kind} {name!r} is registered by both plugin {owner!r} "
-                                        f"and plugin {plugin_id!r}")
+                raise RegistrationError(
+                    f"{self.kind} {name!r} is registered by both plugin {owner!r} and plugin {plugin_id!r}"
+                )
             self._items[name] = (item, plugin_id)
 
             def remove() -> None:
@@ -100,8 +102,10 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
     for row in deployment.plugins:
         source = deployment.source_of(f"plugins[{row.id}].use") or "config"
         if row.use not in catalog:
-            raise ConfigError(f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
-                              f"(known: {', '.join(catalog.names()) or 'none'})")
+            raise ConfigError(
+                f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
+                f"(known: {', '.join(catalog.names()) or 'none'})"
+            )
         # Always strict: a configured row may be a guard or an approval policy, and
         # running without it would fail open.
         error = failures.get(row.use)
@@ -112,9 +116,11 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
                 continue
             except PluginLoadError as failed:
                 error = failures[row.use] = failed
-        problems.append(f"{source}: plugins[{row.id}].use: {error.message} (the deployment does not start "
-                        "without a configured plugin: fix its installation, or remove the row or set "
-                        "enabled = false)")
+        problems.append(
+            f"{source}: plugins[{row.id}].use: {error.message} (the deployment does not start "
+            "without a configured plugin: fix its installation, or remove the row or set "
+            "enabled = false)"
+        )
     if problems:
         raise PluginLoadError("\n".join(problems))
     validate_plugin_configs(deployment, lambda row: config_schema_of(factories[row.id]))
@@ -124,8 +130,15 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
 class Harness:
     """A running deployment. Build with :meth:`start`; dispose with :meth:`aclose`."""
 
-    def __init__(self, deployment: Deployment, catalog: PluginCatalog, root: Scope, hooks: Hooks,
-                 registry: ToolRegistry, runtime: ToolRuntime) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        catalog: PluginCatalog,
+        root: Scope,
+        hooks: Hooks,
+        registry: ToolRegistry,
+        runtime: ToolRuntime,
+    ) -> None:
         self.deployment = deployment
         self.catalog = catalog
         self.root = root
@@ -172,8 +185,10 @@ class Harness:
                 raise RuntimeError("no run_code transport is configured for this harness")
             return transport if isinstance(transport, ToolDefinition) else transport(holder[0])
 
-        registry = ToolRegistry(default_mode=deployment.tools.mode,  # type: ignore[arg-type]
-                                transport=transport_source if transport is not None else None)
+        registry = ToolRegistry(
+            default_mode=deployment.tools.mode,  # type: ignore[arg-type]
+            transport=transport_source if transport is not None else None,
+        )
         runtime = ToolRuntime(
             registry,
             hooks,
@@ -204,11 +219,17 @@ class Harness:
             # Relative paths in a row's config are the file's, not the working directory's.
             config_dir = self.deployment.config_dir(row.id)
             self.plugins[row.id] = await start_plugin(
-                plugin_id=row.id, factory=factories[row.id], config=row.config, parent=self.root, hooks=self.hooks,
-                registrars=registrars, source=self.catalog.source(row.use),
+                plugin_id=row.id,
+                factory=factories[row.id],
+                config=row.config,
+                parent=self.root,
+                hooks=self.hooks,
+                registrars=registrars,
+                source=self.catalog.source(row.use),
                 origin=self.deployment.origin_of(f"plugins[{row.id}].use"),
                 config_origin=self.deployment.origin_of(f"plugins[{row.id}].config"),
-                services=None if config_dir is None else {CONFIG_DIR_SERVICE: config_dir})
+                services=None if config_dir is None else {CONFIG_DIR_SERVICE: config_dir},
+            )
 
     def _tool_registrar(self, scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:
         def register(definition: ToolDefinition) -> None:
@@ -219,8 +240,9 @@ class Harness:
                 owner = self._tool_rows.get(definition.name) if scope.active else None
                 if owner is None or owner == plugin_id:
                     raise
-                raise RegistrationError(f'tool "{definition.name}" is registered by both plugin row {owner!r} '
-                                        f"and plugin row {plugin_id!r}") from None
+                raise RegistrationError(
+                    f'tool "{definition.name}" is registered by both plugin row {owner!r} and plugin row {plugin_id!r}'
+                ) from None
             name = definition.name
             self._tool_rows[name] = plugin_id
 
@@ -249,17 +271,22 @@ class Harness:
                         if unknown:
                             raise ConfigError(
                                 f"{self._agent_source(row.id, key)}: agents[{row.id}].{key}: names tools this agent "
-                                f"does not inherit: {', '.join(unknown)} (known: {', '.join(inherited) or 'none'})")
+                                f"does not inherit: {', '.join(unknown)} (known: {', '.join(inherited) or 'none'})"
+                            )
                     key = "allow" if row.allow is not None and TRANSPORT_NAME in row.allow else "deny"
                     self.registry.restrict(scope, allow=row.allow, deny=row.deny)
             except RegistrationError as error:
-                raise ConfigError(f"{self._agent_source(row.id, key)}: agents[{row.id}].{key}: "
-                                  f"{error.message}") from None
+                raise ConfigError(
+                    f"{self._agent_source(row.id, key)}: agents[{row.id}].{key}: {error.message}"
+                ) from None
 
     def _agent_source(self, agent_id: str, key: str) -> str:
         """The file that set ``agents[<id>].<key>`` (else the one that added the agent)."""
-        return (self.deployment.source_of(f"agents[{agent_id}].{key}")
-                or self.deployment.source_of(f"agents[{agent_id}].id") or "config")
+        return (
+            self.deployment.source_of(f"agents[{agent_id}].{key}")
+            or self.deployment.source_of(f"agents[{agent_id}].id")
+            or "config"
+        )
 
     def agent(self, agent_id: str | None = None) -> Scope:
         """The scope of agent ``agent_id`` (the first agent by default)."""
@@ -267,10 +294,19 @@ class Harness:
             if not self.agents:
                 # A composed deployment gets an implicit agent unless its files declare rows: then they
                 # disabled every one, and the message names them (a Deployment built in code has none).
-                files = [source for source in self.deployment.sources
-                         if source != DEFAULT_SOURCE and not source.startswith("env:")]
-                where = (f": the [[agents]] rows of its files ({', '.join(files)}) are all disabled (enable one with "
-                         "enabled = true, or drop the rows for the implicit agent 'main')") if files else ""
+                files = [
+                    source
+                    for source in self.deployment.sources
+                    if source != DEFAULT_SOURCE and not source.startswith("env:")
+                ]
+                where = (
+                    (
+                        f": the [[agents]] rows of its files ({', '.join(files)}) are all disabled (enable one with "
+                        "enabled = true, or drop the rows for the implicit agent 'main')"
+                    )
+                    if files
+                    else ""
+                )
                 raise PluginLoadError(f"the deployment defines no agent{where}")
             return next(iter(self.agents.values()))
         scope = self.agents.get(agent_id)
@@ -282,8 +318,15 @@ class Harness:
         """A fresh call id for a model-direct call."""
         return f"call-{next(self._call_ids)}"
 
-    async def call(self, name: str, arguments: JSON, *, agent: str | Scope | None = None,
-                   signal: AbortSignal | None = None, call_id: str | None = None) -> ToolResult:
+    async def call(
+        self,
+        name: str,
+        arguments: JSON,
+        *,
+        agent: str | Scope | None = None,
+        signal: AbortSignal | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
         """One model-direct call through the whole pipeline.
 
         The call runs under ``signal`` fused with the harness's own: :meth:`aclose`
@@ -294,8 +337,9 @@ class Harness:
             raise RuntimeError(f"the harness is closed: no call of {name!r} can start (start a new harness)")
         scope = agent if isinstance(agent, Scope) else self.agent(agent)
         fused, release = AbortSignal.fuse((signal or AbortSignal.never(), self._closing.signal))
-        request = ToolExecutionInput(call_id=call_id or self.next_call_id(), name=name, arguments=arguments,
-                                     signal=fused, agent=scope)
+        request = ToolExecutionInput(
+            call_id=call_id or self.next_call_id(), name=name, arguments=arguments, signal=fused, agent=scope
+        )
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._calls[ended] = asyncio.current_task()
         try:
@@ -331,5 +375,3 @@ class Harness:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-

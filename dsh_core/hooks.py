@@ -41,8 +41,16 @@ from dsh_core.model import (
 )
 from dsh_core.scope import Scope, one_shot
 
-__all__ = ["Hooks", "HookFailure", "HookImplInfo", "PluginObjectInUse", "cancellation_requested", "failure_message",
-           "guard_verdict_error", "own_cancellation"]
+__all__ = [
+    "Hooks",
+    "HookFailure",
+    "HookImplInfo",
+    "PluginObjectInUse",
+    "cancellation_requested",
+    "failure_message",
+    "guard_verdict_error",
+    "own_cancellation",
+]
 
 log = logging.getLogger("dsh")
 
@@ -58,8 +66,10 @@ class PluginObjectInUse(PluginLoadError):
 
     def __init__(self, name: str, other: str, *, equal: bool = False) -> None:
         if equal:
-            detail = (f"an equal object is already registered as plugin {other!r} (pluggy compares plugin "
-                      "objects with ==: give the class identity equality, e.g. attrs/dataclass eq=False)")
+            detail = (
+                f"an equal object is already registered as plugin {other!r} (pluggy compares plugin "
+                "objects with ==: give the class identity equality, e.g. attrs/dataclass eq=False)"
+            )
         else:
             detail = f"the object is already registered as plugin {other!r} (each registration needs its own object)"
         super().__init__(f"cannot register plugin {name!r}: {detail}")
@@ -67,12 +77,12 @@ class PluginObjectInUse(PluginLoadError):
         self.other = other
         self.equal = equal
 
+
 #: Hooks whose implementations are called once per plugin at registration.
 REGISTRATION_HOOKS: Final = ("dsh_register_tools", "dsh_register_providers", "dsh_register_session_stores")
 #: Hooks whose return value dsh uses as it is, never awaited: an ``async def`` implementation would do
 #: nothing (a registration hook registers nothing) or hand the core a coroutine where it expects a value.
-SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_prompt_sections",
-                               "dsh_prompt_filter"})
+SYNC_HOOKS: Final = frozenset({*REGISTRATION_HOOKS, "dsh_around_dispatch", "dsh_prompt_sections", "dsh_prompt_filter"})
 
 
 #: The aggregate "allow" (frozen, so one instance serves every call).
@@ -131,8 +141,15 @@ class HookImplInfo:
 
     __slots__ = ("hook", "plugin", "function", "argnames", "layer", "_picks")
 
-    def __init__(self, hook: str, plugin: str, function: Callable[..., Any], argnames: tuple[str, ...],
-                 layer: Scope | None, spec_argnames: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        hook: str,
+        plugin: str,
+        function: Callable[..., Any],
+        argnames: tuple[str, ...],
+        layer: Scope | None,
+        spec_argnames: tuple[str, ...],
+    ) -> None:
         self.hook = hook
         self.plugin = plugin
         self.function = function
@@ -293,15 +310,19 @@ class Hooks:
                         f"plugin {name!r} implements unknown hook {caller.name!r} ({hint}known: {', '.join(known)}; "
                         "mark it @hookimpl(optionalhook=True) if it is meant for a hook this dsh may not define)"
                     )
-                if caller.name in SYNC_HOOKS and (inspect.iscoroutinefunction(impl.function)
-                                                  or inspect.isasyncgenfunction(impl.function)):
+                if caller.name in SYNC_HOOKS and (
+                    inspect.iscoroutinefunction(impl.function) or inspect.isasyncgenfunction(impl.function)
+                ):
                     raise PluginLoadError(
                         f"plugin {name!r}: {caller.name} is async def, but dsh calls it synchronously and never "
                         "awaits what it returns: make it a plain def (start async work with scope.spawn(...))"
                     )
                 spec_arguments = set(caller.spec.argnames)
-                defaulted = [parameter.name for parameter in _parameters(impl.function)
-                             if parameter.default is not inspect.Parameter.empty and parameter.name in spec_arguments]
+                defaulted = [
+                    parameter.name
+                    for parameter in _parameters(impl.function)
+                    if parameter.default is not inspect.Parameter.empty and parameter.name in spec_arguments
+                ]
                 if defaulted:
                     raise PluginLoadError(
                         f"plugin {name!r}: {caller.name} declares a default for {', '.join(defaulted)}; pluggy "
@@ -327,7 +348,8 @@ class Hooks:
         # Not every name on pm.hook: pluggy leaves a spec-less caller there for a
         # rejected plugin's misspelled hook, which is no hook anyone may implement.
         return sorted(
-            name for name in dir(self._pm.hook)
+            name
+            for name in dir(self._pm.hook)
             if name.startswith("dsh_") and getattr(self._pm.hook, name).spec is not None
         )
 
@@ -342,8 +364,14 @@ class Hooks:
             caller = getattr(self._pm.hook, hook)
             spec_argnames = tuple(caller.spec.argnames) if caller.spec is not None else ()
             infos = tuple(
-                HookImplInfo(hook, impl.plugin_name, impl.function, tuple(impl.argnames),
-                             self._layers.get(impl.plugin_name), spec_argnames)
+                HookImplInfo(
+                    hook,
+                    impl.plugin_name,
+                    impl.function,
+                    tuple(impl.argnames),
+                    self._layers.get(impl.plugin_name),
+                    spec_argnames,
+                )
                 for impl in reversed(caller.get_hookimpls())
             )
             cached = (infos, any(info.layer is not None for info in infos))
@@ -393,26 +421,38 @@ class Hooks:
             if decision is None:
                 continue
             if not isinstance(decision, PreDecision):
-                raise HookFailure("dsh_pre_execute", info.plugin, TypeError(
-                    f"returned {type(decision).__name__}, expected PreDecision or None"))
+                raise HookFailure(
+                    "dsh_pre_execute",
+                    info.plugin,
+                    TypeError(f"returned {type(decision).__name__}, expected PreDecision or None"),
+                )
             # Fail closed on a decision the core does not recognise (built around the validators):
             # only exactly "allow" allows, never "anything but deny or ask".
             kind, reason = decision.kind, decision.reason
             if reason is not None and not isinstance(reason, str):
-                raise HookFailure("dsh_pre_execute", info.plugin, TypeError(
-                    f"returned a PreDecision whose reason is {type(reason).__name__}, expected str or None"))
+                raise HookFailure(
+                    "dsh_pre_execute",
+                    info.plugin,
+                    TypeError(f"returned a PreDecision whose reason is {type(reason).__name__}, expected str or None"),
+                )
             if kind == "deny":
                 return decision
             if kind == "ask":
                 if ask is None:
                     ask = decision
             elif kind != "allow":
-                raise HookFailure("dsh_pre_execute", info.plugin, ValueError(
-                    f"returned a PreDecision of unknown kind {kind!r}, expected one of {', '.join(PRE_KINDS)}"))
+                raise HookFailure(
+                    "dsh_pre_execute",
+                    info.plugin,
+                    ValueError(
+                        f"returned a PreDecision of unknown kind {kind!r}, expected one of {', '.join(PRE_KINDS)}"
+                    ),
+                )
         return ask if ask is not None else _ALLOW
 
-    async def approve(self, request: ApprovalRequest, *,
-                      on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
+    async def approve(
+        self, request: ApprovalRequest, *, on_channel: Callable[[str], None] | None = None
+    ) -> ApprovalOutcome:
         """The first channel's answer; ``unavailable`` when none answers or a channel raises.
 
         ``on_channel(plugin)`` is called as each channel is asked, so that the caller knows
@@ -443,8 +483,12 @@ class Hooks:
             try:
                 return ApprovalOutcome(outcome)
             except Exception:  # not an outcome (a typo, a bool, an object whose == raises): never allowed
-                log.warning("approval channel of plugin %r answered %r, which is not an ApprovalOutcome; "
-                            "the request counts as unavailable", info.plugin, outcome)
+                log.warning(
+                    "approval channel of plugin %r answered %r, which is not an ApprovalOutcome; "
+                    "the request counts as unavailable",
+                    info.plugin,
+                    outcome,
+                )
                 return ApprovalOutcome.UNAVAILABLE
         return ApprovalOutcome.UNAVAILABLE
 
@@ -478,17 +522,28 @@ class Hooks:
                 if own_cancellation(error):
                     raise
                 # Fail closed, and say whose guard it was: the model reads the reason, the log the trace.
-                log.warning("dsh_guard of plugin %r failed on call %r; the call is denied",
-                            info.plugin, execution.call_id, exc_info=True)
+                log.warning(
+                    "dsh_guard of plugin %r failed on call %r; the call is denied",
+                    info.plugin,
+                    execution.call_id,
+                    exc_info=True,
+                )
                 return failure_message("dsh_guard", info.plugin, error)
             if reason is not None:
                 if isinstance(reason, str):
                     # A blank reason still denies; the model is told whose guard it was.
-                    return str(reason) if reason.strip() else (
-                        f'dsh_guard of plugin {info.plugin!r} denied tool "{execution.name}" (it gave no reason)')
+                    return (
+                        str(reason)
+                        if reason.strip()
+                        else (f'dsh_guard of plugin {info.plugin!r} denied tool "{execution.name}" (it gave no reason)')
+                    )
                 # Not a reason (a bool, a dict): deny all the same, and say whose guard answered what.
-                log.warning("dsh_guard of plugin %r returned %s on call %r; the call is denied",
-                            info.plugin, type(reason).__name__, execution.call_id)
+                log.warning(
+                    "dsh_guard of plugin %r returned %s on call %r; the call is denied",
+                    info.plugin,
+                    type(reason).__name__,
+                    execution.call_id,
+                )
                 return failure_message("dsh_guard", info.plugin, guard_verdict_error(reason))
         return None
 
@@ -521,18 +576,31 @@ class Hooks:
             if decision is None:
                 continue
             if not isinstance(decision, PostDecision):
-                raise HookFailure("dsh_post_execute", info.plugin, TypeError(
-                    f"returned {type(decision).__name__}, expected PostDecision or None"))
+                raise HookFailure(
+                    "dsh_post_execute",
+                    info.plugin,
+                    TypeError(f"returned {type(decision).__name__}, expected PostDecision or None"),
+                )
             if decision.kind not in POST_KINDS:  # built around the validator: fail, never read as a replacement
-                raise HookFailure("dsh_post_execute", info.plugin, ValueError(
-                    f"returned a PostDecision of unknown kind {decision.kind!r}, expected one of "
-                    f"{', '.join(POST_KINDS)}"))
+                raise HookFailure(
+                    "dsh_post_execute",
+                    info.plugin,
+                    ValueError(
+                        f"returned a PostDecision of unknown kind {decision.kind!r}, expected one of "
+                        f"{', '.join(POST_KINDS)}"
+                    ),
+                )
             if decision.kind in ("replace-content", "block"):
                 problem = content_problem(decision.content)
                 if problem is not None:  # content altered around its checks: what the model would read
-                    raise HookFailure("dsh_post_execute", info.plugin, InvalidToolOutputError(
-                        f"dsh_post_execute of plugin {info.plugin!r} returned invalid content for tool "
-                        f'"{execution.name}": {problem}'))
+                    raise HookFailure(
+                        "dsh_post_execute",
+                        info.plugin,
+                        InvalidToolOutputError(
+                            f"dsh_post_execute of plugin {info.plugin!r} returned invalid content for tool "
+                            f'"{execution.name}": {problem}'
+                        ),
+                    )
             decisions.append((info.plugin, decision))
         return decisions
 

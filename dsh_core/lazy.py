@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(package: str, sources: Mapping[str, Sequence[str]]) -> tuple[Callable[[str], object],
-                                                                              Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, sources: Mapping[str, Sequence[str]]
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package``, which re-exports ``sources`` (module: names).
 
     A name read is imported from its module and kept in the package, so later reads
@@ -28,8 +29,9 @@ def lazy_exports(package: str, sources: Mapping[str, Sequence[str]]) -> tuple[Ca
     def __getattr__(name: str) -> object:
         module = where.get(name)
         if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}", name=name,
-                                 obj=sys.modules.get(package))
+            raise AttributeError(
+                f"module {package!r} has no attribute {name!r}", name=name, obj=sys.modules.get(package)
+            )
         value = getattr(importlib.import_module(module), name)
         setattr(sys.modules[package], name, value)
         return value

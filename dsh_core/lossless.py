@@ -65,6 +65,7 @@ class FrozenDict(dict[str, Any]):
 
     def __init__(self) -> None:
         super().__init__()
+
     __setitem__ = __delitem__ = _immutable
     clear = pop = popitem = setdefault = update = __ior__ = _immutable
 
@@ -85,6 +86,7 @@ class FrozenList(list[Any]):
 
     def __init__(self) -> None:
         super().__init__()
+
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _immutable
     append = extend = insert = pop = remove = clear = sort = reverse = _immutable
 
@@ -189,8 +191,10 @@ def _int_loss(value: int) -> str | None:
     try:
         int.__repr__(value)
     except ValueError:
-        return (f"int of more than {sys.get_int_max_str_digits()} digits does not survive JSON "
-                "(Python refuses to convert it to and from text)")
+        return (
+            f"int of more than {sys.get_int_max_str_digits()} digits does not survive JSON "
+            "(Python refuses to convert it to and from text)"
+        )
     return None
 
 
@@ -361,8 +365,11 @@ def freeze(value: object) -> JSON:
     if kind is str:
         if value.isascii() or not _split_pair(value):  # type: ignore[attr-defined,arg-type]
             return value
-    elif ((kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT))  # type: ignore[operator]
-            or kind is FrozenDict or kind is FrozenList):
+    elif (
+        (kind in _IMMUTABLE_SCALARS and (kind is not int or _SAFE_INT_FLOOR < value < _SAFE_INT))  # type: ignore[operator]
+        or kind is FrozenDict
+        or kind is FrozenList
+    ):
         # What _walk returns for these, without its checks: a nested call freezes the same
         # already-frozen arguments and result several times on its way through the pipeline.
         return value

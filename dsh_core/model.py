@@ -131,8 +131,10 @@ def _contexts(value: Iterable[ContextMessage]) -> tuple[ContextMessage, ...]:
     for context in contexts:
         if not isinstance(context, ContextMessage):
             # A plain string would otherwise pass here and break whoever reads ``.text`` later.
-            raise TypeError(f"additional_contexts holds {type(context).__name__}, expected ContextMessage "
-                            "(wrap text in ContextMessage(text))")
+            raise TypeError(
+                f"additional_contexts holds {type(context).__name__}, expected ContextMessage "
+                "(wrap text in ContextMessage(text))"
+            )
     return contexts
 
 
@@ -166,8 +168,9 @@ class ToolErrorInfo:
 
 def _error_field(instance: object, attribute: attrs.Attribute[ToolErrorInfo | None], value: object) -> None:
     if value is not None and not isinstance(value, ToolErrorInfo):
-        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be ToolErrorInfo or None, "
-                        f"got {type(value).__name__}")
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be ToolErrorInfo or None, got {type(value).__name__}"
+        )
 
 
 @frozen
@@ -411,8 +414,9 @@ POST_KINDS: tuple[str, ...] = ("accept", "replace-value", "replace-content", "bl
 def _kind_of(kinds: tuple[str, ...]) -> Callable[[object, attrs.Attribute[str], object], None]:
     def check(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
         if value not in kinds:
-            raise ValueError(f"{type(instance).__name__} kind must be one of {', '.join(map(repr, kinds))}, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"{type(instance).__name__} kind must be one of {', '.join(map(repr, kinds))}, got {value!r}"
+            )
 
     return check
 

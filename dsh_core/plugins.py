@@ -138,8 +138,13 @@ def _env_entry_points(environ: Mapping[str, str]) -> list[metadata.EntryPoint]:
         module, colon, attribute = value.strip().partition(":")
         # Each side a dotted name: anything else (a path, a space-separated list) would fail only
         # when loaded, as an AttributeError from inside importlib that names neither mistake.
-        if (not sep or not name.strip() or not colon or not _dotted_name(module.strip())
-                or not _dotted_name(attribute.strip())):
+        if (
+            not sep
+            or not name.strip()
+            or not colon
+            or not _dotted_name(module.strip())
+            or not _dotted_name(attribute.strip())
+        ):
             raise PluginLoadError(f"{PLUGINS_ENV}: {item.strip()!r} is not of the form name=module:attribute")
         found.append(metadata.EntryPoint(name.strip(), value.strip(), ENTRY_POINT_GROUP))
     return found
@@ -179,8 +184,12 @@ class PluginCatalog:
         duplicates: dict[str, list[PluginSource]] = {}
         seen_values: dict[str, str] = {}
         for entry_point in found:
-            source = PluginSource(entry_point.name, entry_point.value, _distribution_of(entry_point),
-                                  PLUGINS_ENV if id(entry_point) in env_ids else None)
+            source = PluginSource(
+                entry_point.name,
+                entry_point.value,
+                _distribution_of(entry_point),
+                PLUGINS_ENV if id(entry_point) in env_ids else None,
+            )
             if entry_point.name in self._entry_points:
                 # The same distribution can be visible twice on sys.path (an editable install plus a
                 # build directory); only different targets are a real conflict.
@@ -194,8 +203,11 @@ class PluginCatalog:
         if duplicates:
             lines = [f"{name}: " + ", ".join(s.describe() for s in sources) for name, sources in duplicates.items()]
             involved = [source for sources in duplicates.values() for source in sources]
-            hint = ("rename the DSH_PLUGINS entry" if any(s.origin == PLUGINS_ENV for s in involved)
-                    else "name entry points after their distribution")
+            hint = (
+                "rename the DSH_PLUGINS entry"
+                if any(s.origin == PLUGINS_ENV for s in involved)
+                else "name entry points after their distribution"
+            )
             raise PluginLoadError(
                 f"duplicate plugin entry-point names in group {ENTRY_POINT_GROUP!r} (each name must be unique; "
                 f"{hint}): " + "; ".join(lines)
@@ -262,8 +274,25 @@ Registrars = Mapping[str, Callable[[Scope, str], Callable[..., None]]]
 
 #: What a factory may return by mistake (its config, a flag, a name) and no plugin object ever is. Exact
 #: types, matched by ``type(...) in``: a plugin class may subclass ``dict`` and carry hook implementations.
-_DATA_VALUES: Final = frozenset({str, bytes, bytearray, bool, int, float, complex, dict, MappingProxyType, list,
-                                 tuple, set, frozenset, FrozenDict, FrozenList})
+_DATA_VALUES: Final = frozenset(
+    {
+        str,
+        bytes,
+        bytearray,
+        bool,
+        int,
+        float,
+        complex,
+        dict,
+        MappingProxyType,
+        list,
+        tuple,
+        set,
+        frozenset,
+        FrozenDict,
+        FrozenList,
+    }
+)
 
 
 async def start_plugin(
@@ -293,9 +322,12 @@ async def start_plugin(
     scope = parent.child(f"plugin:{plugin_id}")
     for key, service in (services or {}).items():
         scope.provide(key, service)
-    what = (f"plugin row {plugin_id!r}" + (f" of {origin}" if origin else "")
-            + (f" (use {source.describe()})" if source else "")
-            + (f" with its config from {config_origin}" if config_origin and config_origin != origin else ""))
+    what = (
+        f"plugin row {plugin_id!r}"
+        + (f" of {origin}" if origin else "")
+        + (f" (use {source.describe()})" if source else "")
+        + (f" with its config from {config_origin}" if config_origin and config_origin != origin else "")
+    )
     try:
         # What a factory or a registration hook prints goes to stderr, as what its module prints on
         # import does (load_plugins): stdout is the command's output (`dsh tools list --json`).
@@ -306,8 +338,9 @@ async def start_plugin(
                 # Registering the coroutine would register no hook at all: the plugin's tools and
                 # guards would silently not exist. Refuse it, and close (or cancel) it so it
                 # neither warns nor runs on later.
-                returned = ("a coroutine" if inspect.iscoroutine(instance)
-                            else f"an awaitable ({type(instance).__name__})")
+                returned = (
+                    "a coroutine" if inspect.iscoroutine(instance) else f"an awaitable ({type(instance).__name__})"
+                )
                 if inspect.iscoroutine(instance):
                     instance.close()
                 elif isinstance(instance, asyncio.Future):  # a task it started: nothing else would stop it
@@ -315,14 +348,16 @@ async def start_plugin(
                 raise PluginLoadError(
                     f"its factory {describe_callable(factory)} returned {returned} (is it `async def`?); a plugin "
                     "factory must be a plain function returning the plugin object or None (start async work "
-                    "with scope.spawn(...))")
+                    "with scope.spawn(...))"
+                )
             if type(instance) in _DATA_VALUES:
                 # pluggy finds no hook in a value, so registering it would drop the plugin as silently as
                 # a coroutine. The value is not shown: a factory that returned its config would print it.
                 raise PluginLoadError(
                     f"its factory {describe_callable(factory)} returned a {type(instance).__name__} (a data value), "
                     "not a plugin object: a plugin factory returns the object whose @hookimpl methods make up "
-                    "the plugin, or None")
+                    "the plugin, or None"
+                )
             if instance is not None:
                 try:
                     hooks.register(instance, name=plugin_id, scope=scope)
@@ -332,10 +367,12 @@ async def start_plugin(
                         raise PluginLoadError(
                             f"its factory returned an object equal to the one plugin row {error.other!r} uses; "
                             "pluggy compares plugin objects with ==, so give the plugin class identity "
-                            "equality (attrs or dataclass eq=False)") from None
+                            "equality (attrs or dataclass eq=False)"
+                        ) from None
                     raise PluginLoadError(
                         f"its factory returned the object plugin row {error.other!r} already uses; a factory must "
-                        "build a new instance for each row (every row has its own scope and config)") from None
+                        "build a new instance for each row (every row has its own scope and config)"
+                    ) from None
                 for hook in REGISTRATION_HOOKS:
                     make = registrars.get(hook)
                     if make is not None:
@@ -346,8 +383,9 @@ async def start_plugin(
             raise PluginLoadError(f"{what} failed to start: {error.message}") from error
         # A CancelledError is the boot's own cancellation only when this task is being cancelled; any
         # other one came out of the plugin's code (a cancelled future's result()): its failure, to name.
-        if isinstance(error, Exception | SystemExit) or (isinstance(error, asyncio.CancelledError)
-                                                           and not own_cancellation(error)):
+        if isinstance(error, Exception | SystemExit) or (
+            isinstance(error, asyncio.CancelledError) and not own_cancellation(error)
+        ):
             raise PluginLoadError(f"{what} failed to start: {_describe_failure(error)}") from error
         raise
     return scope

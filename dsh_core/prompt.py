@@ -58,7 +58,8 @@ class PromptAssembler:
             if level in origins:
                 raise PromptAssemblyError(
                     f"prompt section {section.name!r} is contributed twice at one scope level "
-                    f"(by {origins[level]!r} and {origin!r})")
+                    f"(by {origins[level]!r} and {origin!r})"
+                )
             origins[level] = origin
             current = chosen.get(section.name)
             if current is None or depth > current[1]:

@@ -159,8 +159,13 @@ class ToolRegistry:
             try:
                 listener()
             except Exception:
-                log.warning("tool registry change listener %s failed on %s; the change stands and the other "
-                            "listeners were notified", _describe(listener), change, exc_info=True)
+                log.warning(
+                    "tool registry change listener %s failed on %s; the change stands and the other "
+                    "listeners were notified",
+                    _describe(listener),
+                    change,
+                    exc_info=True,
+                )
 
     def _changed(self, change: str) -> None:
         self._invalidate()
@@ -230,9 +235,7 @@ class ToolRegistry:
         the same layer.
         """
         if not isinstance(definition, ToolDefinition) or definition.parameters_validator is None:
-            raise RegistrationError(
-                f"cannot register {definition!r}: build tools with dsh_core.define_tool(...)"
-            )
+            raise RegistrationError(f"cannot register {definition!r}: build tools with dsh_core.define_tool(...)")
         name = definition.name
         if name == TRANSPORT_NAME:
             raise RegistrationError(
@@ -281,8 +284,9 @@ class ToolRegistry:
             raise RegistrationError("restrict() requires a scoped context (an agent or preset scope)")
         for option, names in (("allow", allow), ("deny", deny)):
             if isinstance(names, str):  # frozenset("ab") is {"a", "b"}: it would filter other tools
-                raise RegistrationError(f"restrict() {option} must be a collection of tool names, not a str "
-                                        f"(write {option}=[{names!r}])")
+                raise RegistrationError(
+                    f"restrict() {option} must be a collection of tool names, not a str (write {option}=[{names!r}])"
+                )
         allow_set = frozenset(allow) if allow is not None else None
         deny_set = frozenset(deny or ())
         if allow_set is None and not deny_set:

@@ -79,8 +79,14 @@ from dsh_core.schema import format_violations, violations
 from dsh_core.scope import Scope, one_shot
 
 __all__ = [
-    "ToolRuntime", "Staged", "ABORTED_BEFORE_DISPATCH_MESSAGE", "ABORTED_MESSAGE", "aborted_result", "error_result",
-    "check_approval_timeout", "APPROVAL_GRACE_S",
+    "ToolRuntime",
+    "Staged",
+    "ABORTED_BEFORE_DISPATCH_MESSAGE",
+    "ABORTED_MESSAGE",
+    "aborted_result",
+    "error_result",
+    "check_approval_timeout",
+    "APPROVAL_GRACE_S",
 ]
 
 log = logging.getLogger("dsh")
@@ -100,8 +106,10 @@ def collapsed_message(name: str, *, nested: bool = False) -> str:
     Nested, the collapsed name is the transport itself, which no program may call.
     """
     if nested:
-        return (f'unknown tool "{name}": `{TRANSPORT_NAME}` cannot be called from inside a `{TRANSPORT_NAME}` '
-                "program: call the tools from this program instead")
+        return (
+            f'unknown tool "{name}": `{TRANSPORT_NAME}` cannot be called from inside a `{TRANSPORT_NAME}` '
+            "program: call the tools from this program instead"
+        )
     return (
         f'unknown tool "{name}": only `{TRANSPORT_NAME}` is callable directly — '
         f"call `{name}` from inside a `{TRANSPORT_NAME}` program instead"
@@ -111,8 +119,17 @@ def collapsed_message(name: str, *, nested: bool = False) -> str:
 class Staged:
     """One execution between stages: its kind says which stage comes next."""
 
-    __slots__ = ("_body_invoked", "_dispatching", "_finalizer", "_finalizing", "_finished", "_proceeded",
-                 "execution", "kind", "result")
+    __slots__ = (
+        "_body_invoked",
+        "_dispatching",
+        "_finalizer",
+        "_finalizing",
+        "_finished",
+        "_proceeded",
+        "execution",
+        "kind",
+        "result",
+    )
 
     def __init__(self, execution: ToolExecution, finalizer: Finalizer | None) -> None:
         self.kind: StageKind = "dispatch"
@@ -142,8 +159,11 @@ class Staged:
 
 
 def _aborted_before_dispatch(contexts: Sequence[object] = ()) -> ToolResult:
-    return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH, ABORTED_BEFORE_DISPATCH_MESSAGE,
-                              additional_contexts=tuple(contexts))  # type: ignore[arg-type]
+    return ToolResult.failure(
+        ErrorCode.ABORTED_BEFORE_DISPATCH,
+        ABORTED_BEFORE_DISPATCH_MESSAGE,
+        additional_contexts=tuple(contexts),  # type: ignore[arg-type]
+    )
 
 
 def _agent_label(agent: Scope | None) -> str:
@@ -153,14 +173,15 @@ def _agent_label(agent: Scope | None) -> str:
 def _agent_gone(agent: Scope) -> ToolResult:
     # A disposed scope's layer (restrictions, guards, mode) and scoped hooks are gone: its calls
     # would run with none of its policy, so they never reach a body.
-    return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH,
-                              f"{ABORTED_BEFORE_DISPATCH_MESSAGE}: the calling scope {agent.path!r} is disposed")
+    return ToolResult.failure(
+        ErrorCode.ABORTED_BEFORE_DISPATCH,
+        f"{ABORTED_BEFORE_DISPATCH_MESSAGE}: the calling scope {agent.path!r} is disposed",
+    )
 
 
 def aborted_result(contexts: Sequence[object] = ()) -> ToolResult:
     """The result of a call aborted once it had started (``ABORTED``), with ``contexts`` kept."""
-    return ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE,
-                              additional_contexts=tuple(contexts))  # type: ignore[arg-type]
+    return ToolResult.failure(ErrorCode.ABORTED, ABORTED_MESSAGE, additional_contexts=tuple(contexts))  # type: ignore[arg-type]
 
 
 def error_result(error: BaseException) -> ToolResult:
@@ -188,8 +209,14 @@ class ToolRuntime:
     that wait at once: the channel still running is named all the same.
     """
 
-    def __init__(self, registry: ToolRegistry, hooks: Hooks, *, approval_timeout_s: float | None = None,
-                 approval_grace_s: float = APPROVAL_GRACE_S) -> None:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        hooks: Hooks,
+        *,
+        approval_timeout_s: float | None = None,
+        approval_grace_s: float = APPROVAL_GRACE_S,
+    ) -> None:
         self.registry = registry
         self.hooks = hooks
         self.approval_timeout_s = check_approval_timeout(approval_timeout_s)
@@ -218,9 +245,11 @@ class ToolRuntime:
         """
         held = self._live_parents.get(token)
         if held is not None and held[0] is not agent:
-            raise ValueError(f"open_nesting: this parent token is already open for another agent "
-                             f"({_agent_label(held[0])}, not {_agent_label(agent)}); a token belongs to one "
-                             "execution and nests only that execution's agent")
+            raise ValueError(
+                f"open_nesting: this parent token is already open for another agent "
+                f"({_agent_label(held[0])}, not {_agent_label(agent)}); a token belongs to one "
+                "execution and nests only that execution's agent"
+            )
         self._live_parents[token] = (agent, (held[1] if held is not None else 0) + 1)
 
         @one_shot
@@ -315,16 +344,21 @@ class ToolRuntime:
         )
         staged = Staged(execution, finalizer)
         if loss is not None:
-            return staged.settle("final-result", ToolResult.failure(
-                ErrorCode.INVALID_ARGS, f"tool execution arguments must be losslessly JSON-serializable: {loss}"))
+            return staged.settle(
+                "final-result",
+                ToolResult.failure(
+                    ErrorCode.INVALID_ARGS, f"tool execution arguments must be losslessly JSON-serializable: {loss}"
+                ),
+            )
         if agent is not None and not agent.active:
             return staged.settle("final-result", _agent_gone(agent))
         if collapsed:
             if request.signal.aborted:
                 return staged.settle("final-result", _aborted_before_dispatch())
             staged._finalizer = None
-            return staged.settle("final-result", ToolResult.failure(ErrorCode.UNKNOWN_TOOL,
-                                                                     collapsed_message(name, nested=nested)))
+            return staged.settle(
+                "final-result", ToolResult.failure(ErrorCode.UNKNOWN_TOOL, collapsed_message(name, nested=nested))
+            )
         if visible is not None:
             invalid = self._argument_violations(visible, arguments)
             if invalid is not None:
@@ -340,12 +374,14 @@ class ToolRuntime:
         if not found:
             return None
         return ToolResult.failure(
-            ErrorCode.INVALID_ARGS, f'invalid arguments for tool "{definition.name}": {format_violations(found)}')
+            ErrorCode.INVALID_ARGS, f'invalid arguments for tool "{definition.name}": {format_violations(found)}'
+        )
 
     # -- prepare: pre-execute, approval, guards ---------------------------------------------------------
 
-    async def prepare(self, request: ToolExecutionInput, *,
-                      approval_wait: Callable[[], AbstractContextManager[None]] | None = None) -> Staged:
+    async def prepare(
+        self, request: ToolExecutionInput, *, approval_wait: Callable[[], AbstractContextManager[None]] | None = None
+    ) -> Staged:
         """Create the execution and run the policy stages; the result says what comes next.
 
         ``approval_wait()``, if given, is held while the call waits for the answer to an
@@ -363,8 +399,9 @@ class ToolRuntime:
                 raise
         return staged
 
-    async def _policy(self, staged: Staged,
-                      approval_wait: Callable[[], AbstractContextManager[None]] | None = None) -> Staged:
+    async def _policy(
+        self, staged: Staged, approval_wait: Callable[[], AbstractContextManager[None]] | None = None
+    ) -> Staged:
         """Pre-execute, approval, guards: settle ``staged`` if the call may not be dispatched.
 
         Never raises (but for cancellation): an unexpected error settles the call as a
@@ -375,8 +412,9 @@ class ToolRuntime:
         except Exception as error:
             return staged.settle("final-result", error_result(error))
 
-    async def _policy_stages(self, staged: Staged,
-                             approval_wait: Callable[[], AbstractContextManager[None]] | None) -> Staged:
+    async def _policy_stages(
+        self, staged: Staged, approval_wait: Callable[[], AbstractContextManager[None]] | None
+    ) -> Staged:
         execution = staged.execution
         signal = execution.signal
         if signal.aborted:
@@ -391,17 +429,24 @@ class ToolRuntime:
         if kind == "ask":
             outcome, timed_out = await self._ask(execution, decision.reason, approval_wait)
             if timed_out:
-                return staged.settle("final-result", self._denied(
-                    f'the approval request for tool "{execution.name}" timed out after '
-                    f"{self.approval_timeout_s:g} s; the call is denied"))
+                return staged.settle(
+                    "final-result",
+                    self._denied(
+                        f'the approval request for tool "{execution.name}" timed out after '
+                        f"{self.approval_timeout_s:g} s; the call is denied"
+                    ),
+                )
             if outcome is not ApprovalOutcome.ALLOWED:
                 if outcome is ApprovalOutcome.CANCELLED and signal.aborted:
                     return staged.settle("final-result", _aborted_before_dispatch())
-                return staged.settle("final-result", self._denied(_approval_denial(execution.name, outcome,
-                                                                                   decision.reason)))
+                return staged.settle(
+                    "final-result", self._denied(_approval_denial(execution.name, outcome, decision.reason))
+                )
         elif kind != "allow":  # fail closed: only an exact allow goes on (the facade names the plugin)
-            return staged.settle("final-result", ToolResult.failure(
-                ErrorCode.TOOL_FAILED, f"pre-execute returned a decision of unknown kind {kind!r}"))
+            return staged.settle(
+                "final-result",
+                ToolResult.failure(ErrorCode.TOOL_FAILED, f"pre-execute returned a decision of unknown kind {kind!r}"),
+            )
         reason = await self._guard(execution)
         if reason is not None:
             return staged.settle("final-result", self._denied(reason))
@@ -413,8 +458,12 @@ class ToolRuntime:
     def _denied(reason: str) -> ToolResult:
         return ToolResult.failure(ErrorCode.DENIED, reason)
 
-    async def _ask(self, execution: ToolExecution, reason: str | None,
-                   approval_wait: Callable[[], AbstractContextManager[None]] | None) -> tuple[ApprovalOutcome, bool]:
+    async def _ask(
+        self,
+        execution: ToolExecution,
+        reason: str | None,
+        approval_wait: Callable[[], AbstractContextManager[None]] | None,
+    ) -> tuple[ApprovalOutcome, bool]:
         """The ask's outcome, and whether it timed out (then the call is denied, whatever came of it).
 
         An ask withdrawn before it was answered (timed out, aborted, or the caller cancelled)
@@ -484,8 +533,9 @@ class ToolRuntime:
         await self.hooks.approval_resolved(request, outcome)
         return outcome, timed_out
 
-    async def _let_go(self, approval: asyncio.Future[ApprovalOutcome], channel: str | None,
-                      execution: ToolExecution) -> None:
+    async def _let_go(
+        self, approval: asyncio.Future[ApprovalOutcome], channel: str | None, execution: ToolExecution
+    ) -> None:
         """Wait at most the grace for a withdrawn ask's channel to end; leave it running, named, if it does not.
 
         The caller cancelled (again) meanwhile stops the wait at once, and the cancellation goes on;
@@ -511,9 +561,14 @@ class ToolRuntime:
         if not approval.done():
             # A channel that ignores its cancellation must not hold the call (or a run's scheduler lane)
             # forever; whatever it answers later reaches nobody.
-            log.warning('approval channel of plugin %r ignored its withdrawal for %g s (tool "%s", call %r); '
-                        "it is left running and the call goes on without it", channel, grace,
-                        execution.name, execution.call_id)
+            log.warning(
+                'approval channel of plugin %r ignored its withdrawal for %g s (tool "%s", call %r); '
+                "it is left running and the call goes on without it",
+                channel,
+                grace,
+                execution.name,
+                execution.call_id,
+            )
 
     async def _guard(self, execution: ToolExecution) -> str | None:
         for guard in self.registry.guards_for(execution.agent):
@@ -526,8 +581,7 @@ class ToolRuntime:
                     raise
                 # Fail closed, naming the guard: registry guards carry no plugin name, their function does.
                 name = describe_callable(guard)
-                log.warning("guard %s failed on call %r; the call is denied", name, execution.call_id,
-                            exc_info=True)
+                log.warning("guard %s failed on call %r; the call is denied", name, execution.call_id, exc_info=True)
                 return f"guard {name} failed: {describe_exception(error)}"
             if verdict is not None:
                 if isinstance(verdict, str) and verdict.strip():
@@ -535,8 +589,12 @@ class ToolRuntime:
                 name = describe_callable(guard)
                 if isinstance(verdict, str):  # a blank reason still denies; the model is told whose guard it was
                     return f'guard {name} denied tool "{execution.name}" (it gave no reason)'
-                log.warning("guard %s returned %s on call %r; the call is denied", name, type(verdict).__name__,
-                            execution.call_id)
+                log.warning(
+                    "guard %s returned %s on call %r; the call is denied",
+                    name,
+                    type(verdict).__name__,
+                    execution.call_id,
+                )
                 return f"guard {name} failed: {describe_exception(guard_verdict_error(verdict))}"
         return await self.hooks.guard(execution)
 
@@ -580,8 +638,9 @@ class ToolRuntime:
             # One body per policy decision: a middleware that proceeds twice, or keeps ``proceed``
             # and calls it once the call has settled, must not run the tool again or after its result.
             if staged._proceeded or staged.kind != "dispatch":
-                raise RuntimeError(f"call {execution.call_id!r}: proceed() may be called once, while the call "
-                                   "is being dispatched")
+                raise RuntimeError(
+                    f"call {execution.call_id!r}: proceed() may be called once, while the call is being dispatched"
+                )
             staged._proceeded = True
             body_running = True
             body_task = asyncio.current_task()
@@ -645,9 +704,13 @@ class ToolRuntime:
         if failed is not None:
             return staged.settle("final-result", failed)
         if not isinstance(result, ToolResult):
-            return staged.settle("final-result", ToolResult.failure(
-                ErrorCode.TOOL_FAILED, f"around-dispatch middleware returned {type(result).__name__}, "
-                                       "expected ToolResult"))
+            return staged.settle(
+                "final-result",
+                ToolResult.failure(
+                    ErrorCode.TOOL_FAILED,
+                    f"around-dispatch middleware returned {type(result).__name__}, expected ToolResult",
+                ),
+            )
         if not body_results or result is not body_results[-1]:
             result = self._normalize_authored(staged, result)
         if caller.aborted and not result.is_error:
@@ -667,8 +730,11 @@ class ToolRuntime:
         if definition is None:
             return ToolResult.failure(ErrorCode.UNKNOWN_TOOL, f'unknown tool "{execution.name}"')
         rebuilt = self._success(definition, execution.arguments, result.value)
-        return attrs.evolve(rebuilt, additional_contexts=result.additional_contexts,
-                            concludes_turn=result.concludes_turn and not rebuilt.is_error)
+        return attrs.evolve(
+            rebuilt,
+            additional_contexts=result.additional_contexts,
+            concludes_turn=result.concludes_turn and not rebuilt.is_error,
+        )
 
     async def _body(self, staged: Staged, fused: AbortSignal) -> ToolResult:
         """Run the body under ``fused``: the caller's signal, or it fused with a middleware's."""
@@ -695,8 +761,10 @@ class ToolRuntime:
             pending = definition.execute(execution.arguments, context)
             if not inspect.isawaitable(pending):
                 # A synchronous body (``def``, not ``async def``) has run already; its value cannot be awaited.
-                raise ToolError(f'tool "{execution.name}": its execute returned {type(pending).__name__}, not an '
-                                "awaitable: define it with async def (or return an awaitable)")
+                raise ToolError(
+                    f'tool "{execution.name}": its execute returned {type(pending).__name__}, not an '
+                    "awaitable: define it with async def (or return an awaitable)"
+                )
             value = await pending
         except Exception as error:
             result = error_result(error)
@@ -706,9 +774,15 @@ class ToolRuntime:
             # Nobody cancelled this call: the body let out the cancellation of something it awaited
             # (a task or future another owner cancelled, or its own subtask on abort). Propagated, it
             # would read as the whole run being interrupted; it is this call's failure (or abort).
-            result = aborted_result() if fused.aborted else ToolResult.failure(
-                ErrorCode.TOOL_FAILED, f'tool "{execution.name}" raised CancelledError, but its call was not '
-                                       "cancelled (something it awaited was cancelled elsewhere)")
+            result = (
+                aborted_result()
+                if fused.aborted
+                else ToolResult.failure(
+                    ErrorCode.TOOL_FAILED,
+                    f'tool "{execution.name}" raised CancelledError, but its call was not '
+                    "cancelled (something it awaited was cancelled elsewhere)",
+                )
+            )
         else:
             result = self._success(definition, execution.arguments, value)
             if context.concludes_turn and not result.is_error:
@@ -732,11 +806,13 @@ class ToolRuntime:
         except NotLosslessError as error:
             return error_result(InvalidToolOutputError(f'tool "{name}" returned invalid output: {error}'))
         check = definition.output_check
-        found = [] if check is not None and check(frozen_value) else violations(definition.output_validator,
-                                                                                  frozen_value)
+        found = (
+            [] if check is not None and check(frozen_value) else violations(definition.output_validator, frozen_value)
+        )
         if found:
-            return error_result(InvalidToolOutputError(
-                f'tool "{name}" returned invalid output: {format_violations(found)}', found))
+            return error_result(
+                InvalidToolOutputError(f'tool "{name}" returned invalid output: {format_violations(found)}', found)
+            )
         try:
             content = definition.output.render(arguments, frozen_value)
             return ToolResult(content=content, value=frozen_value)
@@ -776,31 +852,36 @@ class ToolRuntime:
         staged.result = result
         return await self.finish(staged)
 
-    def _apply_post(self, staged: Staged, result: ToolResult,
-                    decisions: list[tuple[str, PostDecision]]) -> ToolResult:
+    def _apply_post(self, staged: Staged, result: ToolResult, decisions: list[tuple[str, PostDecision]]) -> ToolResult:
         blocks = [d for _, d in decisions if d.kind == "block"]
         if blocks:
             feedback = blocks[0].content
             message = text_of(feedback) or "tool result blocked by post-execute policy"
             contexts = tuple(c for d in blocks for c in d.additional_contexts)
-            return ToolResult.failure(ErrorCode.BLOCKED, message, content=feedback or message,
-                                      additional_contexts=contexts)
+            return ToolResult.failure(
+                ErrorCode.BLOCKED, message, content=feedback or message, additional_contexts=contexts
+            )
         replacements = [(p, d) for p, d in decisions if d.kind != "accept"]
         if len(replacements) > 1:
             plugins = " and ".join(repr(p) for p, _ in replacements)
-            return ToolResult.failure(ErrorCode.TOOL_FAILED,
-                                      f"post-execute: conflicting replacements from plugins {plugins}")
+            return ToolResult.failure(
+                ErrorCode.TOOL_FAILED, f"post-execute: conflicting replacements from plugins {plugins}"
+            )
         if replacements:
             _, replacement = replacements[0]
             if replacement.kind == "replace-content":
                 result = attrs.evolve(result, content=replacement.content)
             elif replacement.kind != "replace-value":  # fail closed: never read an unknown kind as a new value
-                return ToolResult.failure(ErrorCode.TOOL_FAILED, f"post-execute: plugin {replacements[0][0]!r} "
-                                                                 f"returned a decision of unknown kind "
-                                                                 f"{replacement.kind!r}")
+                return ToolResult.failure(
+                    ErrorCode.TOOL_FAILED,
+                    f"post-execute: plugin {replacements[0][0]!r} "
+                    f"returned a decision of unknown kind "
+                    f"{replacement.kind!r}",
+                )
             elif result.is_error:
-                return ToolResult.failure(ErrorCode.TOOL_FAILED,
-                                          "post-execute cannot replace the value of a failed result")
+                return ToolResult.failure(
+                    ErrorCode.TOOL_FAILED, "post-execute cannot replace the value of a failed result"
+                )
             else:
                 # The definition whose body produced the result (a successful result had one).
                 execution = staged.execution
@@ -810,8 +891,9 @@ class ToolRuntime:
                 rebuilt = self._success(definition, execution.arguments, replacement.value)
                 if rebuilt.is_error:
                     return rebuilt
-                result = attrs.evolve(rebuilt, additional_contexts=result.additional_contexts,
-                                      concludes_turn=result.concludes_turn)
+                result = attrs.evolve(
+                    rebuilt, additional_contexts=result.additional_contexts, concludes_turn=result.concludes_turn
+                )
         contexts = tuple(c for _, d in decisions for c in d.additional_contexts)
         if contexts:
             result = attrs.evolve(result, additional_contexts=result.additional_contexts + contexts)
@@ -870,9 +952,11 @@ def _changed_while_waiting(name: str, judged: ToolDefinition | None, current: To
     if current is None:
         return error_result(UnknownToolError(f'unknown tool "{name}": it was removed while the call waited'))
     change = "replaced" if judged is not None else "registered"
-    return ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH,
-                              f'{ABORTED_BEFORE_DISPATCH_MESSAGE}: tool "{name}" was {change} while the call '
-                              "waited, and its new definition was not judged by this call's policy; call it again")
+    return ToolResult.failure(
+        ErrorCode.ABORTED_BEFORE_DISPATCH,
+        f'{ABORTED_BEFORE_DISPATCH_MESSAGE}: tool "{name}" was {change} while the call '
+        "waited, and its new definition was not judged by this call's policy; call it again",
+    )
 
 
 def _invalid_content(message: str) -> ToolResult:
@@ -933,8 +1017,12 @@ def _link(plugin: str, middleware: Middleware, proceed: Proceed) -> Proceed:
 
 def _hook_failed(failure: HookFailure, execution: ToolExecution) -> ToolResult:
     """The error result of a raising hook implementation, logged with the plugin and its traceback."""
-    log.warning("%s of plugin %r failed on call %r (tool %r)", failure.hook, failure.plugin,
-                execution.call_id, execution.name, exc_info=failure.original)
+    log.warning(
+        "%s of plugin %r failed on call %r (tool %r)",
+        failure.hook,
+        failure.plugin,
+        execution.call_id,
+        execution.name,
+        exc_info=failure.original,
+    )
     return error_result(failure)
-
-

@@ -21,8 +21,17 @@ from dsh_core.errors import SchemaDefinitionError, Violation, describe_exception
 from dsh_core.lossless import find_loss, pointer
 from dsh_core.textcut import left_out_marker
 
-__all__ = ["SchemaEvaluationError", "check_schema", "compile_validator", "validation_errors", "violations",
-           "format_violations", "fast_check", "MAX_SHOWN_VIOLATIONS", "MAX_VIOLATION_CHARS"]
+__all__ = [
+    "SchemaEvaluationError",
+    "check_schema",
+    "compile_validator",
+    "validation_errors",
+    "violations",
+    "format_violations",
+    "fast_check",
+    "MAX_SHOWN_VIOLATIONS",
+    "MAX_VIOLATION_CHARS",
+]
 
 
 def check_schema(schema: object, *, owner: str) -> None:
@@ -41,8 +50,9 @@ def check_schema(schema: object, *, owner: str) -> None:
         where = pointer(list(error.absolute_path)) or "/"
         raise SchemaDefinitionError(f"{owner}: invalid JSON Schema at {where}: {error.message}") from None
     except RecursionError:  # jsonschema's checks recurse
-        raise SchemaDefinitionError(f"{owner}: schema nests too deeply to be checked "
-                                    f"({_depth(schema)} levels of objects and arrays)") from None
+        raise SchemaDefinitionError(
+            f"{owner}: schema nests too deeply to be checked ({_depth(schema)} levels of objects and arrays)"
+        ) from None
     _check_references(schema, owner)
 
 
@@ -58,8 +68,21 @@ def _depth(value: object) -> int:
 
 #: Draft 2020-12 keywords whose value is a subschema, a list of them, or a map of them
 #: (the same sets ``referencing`` crawls, so a walk here sees exactly what validation can reach).
-_IN_VALUE: Final = frozenset({"additionalProperties", "contains", "contentSchema", "else", "if", "items", "not",
-                              "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties"})
+_IN_VALUE: Final = frozenset(
+    {
+        "additionalProperties",
+        "contains",
+        "contentSchema",
+        "else",
+        "if",
+        "items",
+        "not",
+        "propertyNames",
+        "then",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+    }
+)
 _IN_ARRAY: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _IN_MAP: Final = frozenset({"$defs", "definitions", "dependentSchemas", "patternProperties", "properties"})
 
@@ -100,9 +123,11 @@ def _check_references(schema: Mapping[str, Any], owner: str) -> None:
             except PointerToNowhere as error:
                 problem = f"{error.ref!r} does not exist in the schema"
             except Unresolvable:
-                problem = ("it names no resource of this schema (references must stay inside the schema, e.g. "
-                           "'#/$defs/name', or name a bundled JSON Schema metaschema; remote schemas are never "
-                           "retrieved)")
+                problem = (
+                    "it names no resource of this schema (references must stay inside the schema, e.g. "
+                    "'#/$defs/name', or name a bundled JSON Schema metaschema; remote schemas are never "
+                    "retrieved)"
+                )
             else:
                 continue
             where = pointer([*path, keyword])
@@ -150,9 +175,10 @@ def validation_errors(validator: Validator, instance: object) -> list[Validation
         # The value's depth tells the causes apart: deep means the value (a recursive schema
         # following it down, or jsonschema quoting it in an error message), shallow the schema.
         depth = _depth(instance)
-        cause = ("the value is too deep to check" if depth > _SHALLOW else "a $ref cycle in the schema")
-        raise SchemaEvaluationError(f"validation recursed too deeply ({cause}: the value nests {depth} levels "
-                                    f"of objects and arrays)") from None
+        cause = "the value is too deep to check" if depth > _SHALLOW else "a $ref cycle in the schema"
+        raise SchemaEvaluationError(
+            f"validation recursed too deeply ({cause}: the value nests {depth} levels of objects and arrays)"
+        ) from None
     except ArithmeticError as error:
         # multipleOf divides: a huge int against a float divisor (or a float against a huge int
         # divisor) overflows float conversion. Lossless JSON allows such ints, so this is a value
@@ -208,8 +234,9 @@ def format_violations(found: list[Violation]) -> str:
 # -- a fast validity check for the schemas tools actually use ------------------------------------------
 
 #: Keywords that never affect validity.
-_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "deprecated",
-                          "readOnly", "writeOnly", "$schema", "$id"})
+_ANNOTATIONS = frozenset(
+    {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly", "$schema", "$id"}
+)
 _STRUCTURAL = frozenset({"type", "properties", "required", "additionalProperties", "items"})
 
 
@@ -228,8 +255,7 @@ def _type_test(name: str) -> Callable[[object], bool] | None:
     if name == "number":
         return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
     if name == "integer":
-        return lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (
-            isinstance(v, float) and v.is_integer())
+        return lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
     return None
 
 
@@ -263,8 +289,10 @@ def fast_check(schema: object) -> Callable[[object], bool] | None:
         if len(checks) == 1:
             tests.append(checks[0])
         else:
+
             def any_type(value: object) -> bool:
                 return any(check(value) for check in checks)
+
             tests.append(any_type)
     properties: dict[str, Callable[[object], bool]] = {}
     for name, sub in (schema.get("properties") or {}).items():
@@ -282,6 +310,7 @@ def fast_check(schema: object) -> Callable[[object], bool] | None:
         if extra_check is None:
             return None
     if properties or required or extra_check is not None:
+
         def object_ok(value: object) -> bool:
             if not isinstance(value, dict):
                 return True  # object keywords ignore non-objects
@@ -296,6 +325,7 @@ def fast_check(schema: object) -> Callable[[object], bool] | None:
                 elif extra_check is not None and not extra_check(child):
                     return False
             return True
+
         tests.append(object_ok)
     if "items" in schema:
         item_check = fast_check(schema["items"])
@@ -304,6 +334,7 @@ def fast_check(schema: object) -> Callable[[object], bool] | None:
 
         def items_ok(value: object) -> bool:
             return not isinstance(value, list) or all(item_check(item) for item in value)
+
         tests.append(items_ok)
     if not tests:
         return lambda value: True

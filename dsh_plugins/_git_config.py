@@ -45,7 +45,7 @@ class _Source:
             return _NL
         c = self.data[self.pos]
         self.pos += 1
-        if c == _CR and self.data[self.pos:self.pos + 1] == b"\n":
+        if c == _CR and self.data[self.pos : self.pos + 1] == b"\n":
             self.pos += 1
             c = _NL
         if c == _NL:
@@ -67,7 +67,7 @@ def parse(data: bytes) -> list[tuple[str, bytes | None]]:
     :class:`ConfigError` where git would.
     """
     if data.startswith(_BOM):
-        data = data[len(_BOM):]  # as git, which skips one (Notepad writes it) but refuses part of one
+        data = data[len(_BOM) :]  # as git, which skips one (Notepad writes it) but refuses part of one
     elif data[:1] == _BOM[:1]:
         raise ConfigError(1)
     source = _Source(data)

@@ -146,7 +146,7 @@ def _git_directory(worktree: str) -> str | None:
         return None  # git cannot read it either: no repository, no hooks
     if data is None or not data.startswith(b"gitdir:"):
         return None
-    return os.path.join(worktree, os.fsdecode(data[len(b"gitdir:"):].strip()))
+    return os.path.join(worktree, os.fsdecode(data[len(b"gitdir:") :].strip()))
 
 
 def _global_git_configs() -> list[str]:
@@ -197,8 +197,15 @@ class _GitConfigs:
                 raise
         return self._parsed[key]
 
-    def hooks_paths(self, config: str, depth: int = 0, seen: dict[tuple[str, str], int] | None = None, *,
-                    skip_denied: bool = False, includer: str | None = None) -> Iterator[tuple[str, str]]:
+    def hooks_paths(
+        self,
+        config: str,
+        depth: int = 0,
+        seen: dict[tuple[str, str], int] | None = None,
+        *,
+        skip_denied: bool = False,
+        includer: str | None = None,
+    ) -> Iterator[tuple[str, str]]:
         """Each ``core.hooksPath`` the git config file ``config`` sets (and the file setting it), the files it
         includes followed whatever their ``includeIf`` condition (a hooks directory too many is refused, none
         missed). Raises :class:`OSError` or :class:`_git_config.ConfigError` (with the file as ``filename``).
@@ -221,8 +228,9 @@ class _GitConfigs:
             if name == "core.hookspath":
                 yield text, config
             elif _is_include(name) and depth < MAX_GIT_INCLUDE_DEPTH:  # deeper, git refuses the whole config
-                yield from self.hooks_paths(os.path.join(os.path.dirname(config), text), depth + 1, seen,
-                                            includer=config)
+                yield from self.hooks_paths(
+                    os.path.join(os.path.dirname(config), text), depth + 1, seen, includer=config
+                )
 
 
 def _is_include(name: str) -> bool:

@@ -95,8 +95,11 @@ class PathRules:
         symlink before a ``..``: ``link/../x`` is x beside the link's target) and as the workspace does
         (``..`` first). ``given`` must be encodable (no NUL, no lone surrogate): the guard checks that first.
         """
-        joined = [os.path.join(root, spelling)
-                  for spelling in dict.fromkeys((given, os.path.expanduser(given))) for root in self.roots]
+        joined = [
+            os.path.join(root, spelling)
+            for spelling in dict.fromkeys((given, os.path.expanduser(given)))
+            for root in self.roots
+        ]
         lexicals = [lexical(path) for path in joined]
         reals = [os.path.realpath(path) for path in dict.fromkeys(lexicals + joined)]
         return self._judge(list(dict.fromkeys(lexicals + reals)), list(dict.fromkeys(reals)))
@@ -161,16 +164,22 @@ class PathRules:
 
     def to_wire(self) -> dict[str, Any]:
         """The rules as JSON, for the search worker (:meth:`from_wire` reads them back)."""
+
         def regex(compiled: re.Pattern[str] | None) -> list[Any] | None:
             return None if compiled is None else [compiled.pattern, compiled.flags]
 
-        return {"row": self.row, "root": self.root, "roots": list(self.roots),
-                "allowed_roots": list(self.allowed_roots),
-                "deny": [[rule.pattern, regex(rule.regex), rule.absolute, regex(rule.subtree)] for rule in self.deny]}
+        return {
+            "row": self.row,
+            "root": self.root,
+            "roots": list(self.roots),
+            "allowed_roots": list(self.allowed_roots),
+            "deny": [[rule.pattern, regex(rule.regex), rule.absolute, regex(rule.subtree)] for rule in self.deny],
+        }
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> PathRules:
         """The rules :meth:`to_wire` wrote."""
+
         def regex(spelled: list[Any] | None) -> re.Pattern[str] | None:
             return None if spelled is None else re.compile(spelled[0], spelled[1])
 
@@ -179,8 +188,13 @@ class PathRules:
             main = regex(compiled)
             assert main is not None
             deny.append(DenyRule(pattern, main, absolute, regex(subtree)))
-        return cls(row=wire["row"], root=wire["root"], roots=tuple(wire["roots"]), deny=tuple(deny),
-                   allowed_roots=tuple(wire["allowed_roots"]))
+        return cls(
+            row=wire["row"],
+            root=wire["root"],
+            roots=tuple(wire["roots"]),
+            deny=tuple(deny),
+            allowed_roots=tuple(wire["allowed_roots"]),
+        )
 
 
 class PublishedRules:
@@ -209,8 +223,9 @@ class PublishedRules:
 
     def snapshot(self, agent: Any = None) -> tuple[PathRules, ...]:
         """The rules published now that judge a call of ``agent`` (a scope; ``None``: a call of no agent)."""
-        return tuple(rules for rules, layer in self._rules
-                     if layer is None or (agent is not None and agent.is_within(layer)))
+        return tuple(
+            rules for rules, layer in self._rules if layer is None or (agent is not None and agent.is_within(layer))
+        )
 
 
 def lexical(path: str) -> str:

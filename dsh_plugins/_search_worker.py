@@ -60,14 +60,17 @@ def _load_path_rules() -> ModuleType:
     loaded from the file beside this one when it runs as a script (``-I -S``: nothing is on ``sys.path``)."""
     if __package__:
         from dsh_plugins import _path_rules
+
         return _path_rules
-    spec = importlib.util.spec_from_file_location("_dsh_path_rules",
-                                                  os.path.join(os.path.dirname(__file__), "_path_rules.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_dsh_path_rules", os.path.join(os.path.dirname(__file__), "_path_rules.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while they build the classes
     spec.loader.exec_module(module)
     return module
+
 
 SNIFF_BYTES = 8192
 LINE_SEARCH_CHARS = 4096
@@ -91,8 +94,9 @@ def looks_binary(chunk: bytes) -> bool:
     return False
 
 
-def _files(fd: int, exclude: frozenset[str],
-           closed: Callable[[str], bool] = lambda _path: False) -> Iterator[tuple[str, int, str | None]]:
+def _files(
+    fd: int, exclude: frozenset[str], closed: Callable[[str], bool] = lambda _path: False
+) -> Iterator[tuple[str, int, str | None]]:
     """``(directory, directory_fd, name)`` of every non-directory under the directory ``fd``, sorted, but
     for the temporary files of writers (:data:`TEMPORARY`).
 
@@ -186,8 +190,11 @@ def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> N
     max_file_bytes: int = request["max_file_bytes"]
     prefix: str = request["prefix"]
     found = 0
-    timed_out = {"done": True, "truncated": True,
-                 "note": f"search stopped after {timeout_s:g} s; narrow it with path or simplify the pattern"}
+    timed_out = {
+        "done": True,
+        "truncated": True,
+        "note": f"search stopped after {timeout_s:g} s; narrow it with path or simplify the pattern",
+    }
     rules: Sequence[PathRules] = ()
     if request.get("rules"):
         path_rules = _load_path_rules()
@@ -214,6 +221,7 @@ def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> N
         emit({"file": "withheld"})
         files = iter([])
     else:
+
         def walked() -> Iterator[tuple[str, bytes | None]]:
             for directory, directory_fd, name in _files(request["fd"], frozenset(request["exclude"]), closed):
                 path = directory if name is None else os.path.join(directory, name)
@@ -238,8 +246,13 @@ def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> N
                 return
             if regex.search(line, 0, LINE_SEARCH_CHARS):
                 if found >= max_results:
-                    emit({"done": True, "truncated": True,
-                          "note": f"more than {max_results} matches; narrow the pattern or path"})
+                    emit(
+                        {
+                            "done": True,
+                            "truncated": True,
+                            "note": f"more than {max_results} matches; narrow the pattern or path",
+                        }
+                    )
                     return
                 found += 1
                 text = line if len(line) <= SHOWN_CHARS else line[:SHOWN_CHARS] + " [...]"

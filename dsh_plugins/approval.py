@@ -88,14 +88,27 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "preset": {"enum": list(PRESETS), "default": "workspace-write"},
-        "allow": {"type": "array", "items": {"type": "string", "minLength": 1},
-                  "description": "tool names (globs) always allowed"},
-        "deny": {"type": "array", "items": {"type": "string", "minLength": 1},
-                 "description": "tool names (globs) always denied"},
-        "interactive": {"type": "boolean", "default": True,
-                        "description": "ask on the terminal (false: asks are unavailable, i.e. denied)"},
-        "terminal": {"type": "string", "minLength": 1, "default": "/dev/tty",
-                     "description": "the terminal device asks are answered on"},
+        "allow": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "description": "tool names (globs) always allowed",
+        },
+        "deny": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "description": "tool names (globs) always denied",
+        },
+        "interactive": {
+            "type": "boolean",
+            "default": True,
+            "description": "ask on the terminal (false: asks are unavailable, i.e. denied)",
+        },
+        "terminal": {
+            "type": "string",
+            "minLength": 1,
+            "default": "/dev/tty",
+            "description": "the terminal device asks are answered on",
+        },
         "root": {"type": "string", "description": "the workspace root, named in prompts"},
     },
 }
@@ -151,8 +164,10 @@ class ApprovalPolicy:
         return None if definition is None else dict(definition.annotations)
 
     def _hint(self, name: str) -> str:
-        return (f'to allow it, add "{name}" to allow in the config of plugin row "{self.row}" '
-                f'([[plugins]] id = "{self.row}", config.allow = ["{name}"]) or set its preset to "full"')
+        return (
+            f'to allow it, add "{name}" to allow in the config of plugin row "{self.row}" '
+            f'([[plugins]] id = "{self.row}", config.allow = ["{name}"]) or set its preset to "full"'
+        )
 
     @hookimpl
     def dsh_pre_execute(self, execution: ToolExecution) -> PreDecision | Awaitable[PreDecision | None] | None:
@@ -163,8 +178,10 @@ class ApprovalPolicy:
         name = execution.name
         denied_by = _matches(name, self.deny)
         if denied_by is not None:
-            return PreDecision.deny(f'tool "{name}" is denied by the approval config '
-                                    f'(deny pattern "{denied_by}" in plugin row "{self.row}")')
+            return PreDecision.deny(
+                f'tool "{name}" is denied by the approval config '
+                f'(deny pattern "{denied_by}" in plugin row "{self.row}")'
+            )
         if _matches(name, self.allow) is not None or self.preset == "full":
             return PreDecision.allow()
         annotations = self._annotations(execution)
@@ -176,13 +193,15 @@ class ApprovalPolicy:
         if self.preset == "read-only":
             if read_only:
                 return PreDecision.allow()
-            return PreDecision.deny(f'tool "{name}" may change things and the approval preset is "read-only"; '
-                                    + self._hint(name).replace(' or set its preset to "full"',
-                                                               ' or set its preset to "workspace-write" or "full"'))
+            return PreDecision.deny(
+                f'tool "{name}" may change things and the approval preset is "read-only"; '
+                + self._hint(name).replace(
+                    ' or set its preset to "full"', ' or set its preset to "workspace-write" or "full"'
+                )
+            )
         if read_only or annotations.get("workspace_confined") is True:
             return PreDecision.allow()
-        return PreDecision.ask(f'tool "{name}" is neither read-only nor confined to the workspace; '
-                               + self._hint(name))
+        return PreDecision.ask(f'tool "{name}" is neither read-only nor confined to the workspace; ' + self._hint(name))
 
     async def _vote_on_transport(self, execution: ToolExecution) -> PreDecision | None:
         """Abstain where programs are confined (L2+); else vote on run_code as an unconfined tool."""
@@ -192,12 +211,17 @@ class ApprovalPolicy:
         if level is not None and level >= CONFINED_LEVEL:
             return None  # the program acts only through its calls, and each is voted on
         name = execution.name
-        why = (f'tool "{name}" runs programs that can touch files, the network and processes directly: '
-               f"the code runtime's isolation {described}, below L{CONFINED_LEVEL}")
+        why = (
+            f'tool "{name}" runs programs that can touch files, the network and processes directly: '
+            f"the code runtime's isolation {described}, below L{CONFINED_LEVEL}"
+        )
         if self.preset == "read-only":
-            return PreDecision.deny(f'{why}, and the approval preset is "read-only"; '
-                                    + self._hint(name).replace(' or set its preset to "full"',
-                                                               ' or set its preset to "workspace-write" or "full"'))
+            return PreDecision.deny(
+                f'{why}, and the approval preset is "read-only"; '
+                + self._hint(name).replace(
+                    ' or set its preset to "full"', ' or set its preset to "workspace-write" or "full"'
+                )
+            )
         return PreDecision.ask(f"{why}; " + self._hint(name))
 
     async def _isolation_level(self, execution: ToolExecution) -> tuple[int | None, str]:
@@ -220,8 +244,9 @@ class ApprovalPolicy:
             start = getattr(runtime, "start", None)
             # A runtime that can start itself on the loop starts the worker its first run uses;
             # otherwise the (blocking) descriptor is read in a thread.
-            started = asyncio.ensure_future(start() if callable(start) else
-                                            asyncio.to_thread(lambda: str(runtime.isolation)))
+            started = asyncio.ensure_future(
+                start() if callable(start) else asyncio.to_thread(lambda: str(runtime.isolation))
+            )
             started.add_done_callback(_failed)  # its exception counts as retrieved
             known = self._isolation = (runtime, started)
         reading = known[1]
@@ -297,9 +322,9 @@ class ApprovalPolicy:
         # The name is the model's too: any plugin may ask about a call to a tool that does not exist.
         name = _escape(execution.name)
         if full:
-            head = f"\ndsh: every argument of tool \"{name}\", in full:"
+            head = f'\ndsh: every argument of tool "{name}", in full:'
         else:
-            head = f"\ndsh: the agent wants to run tool \"{name}\"{where} with arguments:"
+            head = f'\ndsh: the agent wants to run tool "{name}"{where} with arguments:'
         lines.insert(0, head)
         if execution.nested:
             lines.append("  (called from inside a run_code program)")
@@ -344,7 +369,7 @@ async def _write_all(fd: int, data: bytes, request: ApprovalRequest) -> bool:
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
             continue
         except BlockingIOError:
             pass
@@ -426,8 +451,12 @@ LIT, MARK, SYN = "lit", "mark", "syn"
 
 _WHITESPACE = re.compile(rf"\s{{{WHITESPACE_RUN},}}")
 _BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_NAMES = {" ": ("space", "spaces"), "\n": ("newline", "newlines"), "\t": ("tab", "tabs"),
-          "\r": ("carriage return", "carriage returns")}
+_NAMES = {
+    " ": ("space", "spaces"),
+    "\n": ("newline", "newlines"),
+    "\t": ("tab", "tabs"),
+    "\r": ("carriage return", "carriage returns"),
+}
 
 
 class _Chunk(NamedTuple):
@@ -468,7 +497,7 @@ def _string_chunks(text: str) -> list[_Chunk]:
     start = 0
     for run in _WHITESPACE.finditer(text):
         if run.start() > start:
-            chunks.append(_lit(text[start:run.start()]))
+            chunks.append(_lit(text[start : run.start()]))
         chunks.append(_run_marker(run.group()))
         start = run.end()
     if start < len(text):
@@ -527,7 +556,7 @@ def _part(chunk: _Chunk, room: int, from_end: bool) -> _Chunk | None:
         taken += 1
     if not taken:
         return None
-    return _lit(raw[len(raw) - taken:] if from_end else raw[:taken])
+    return _lit(raw[len(raw) - taken :] if from_end else raw[:taken])
 
 
 def _cut(chunks: list[_Chunk], limit: int, head: int, tail: int) -> tuple[list[_Chunk], int]:

@@ -46,8 +46,20 @@ from dsh_core.textcut import left_out_marker
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
 
-DEFAULT_ENV_ALLOWLIST = ["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL",
-                         "LC_CTYPE", "TERM", "TZ", "TMPDIR"]
+DEFAULT_ENV_ALLOWLIST = [
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+]
 
 #: The largest timeout a config may set, in seconds (a year).
 MAX_TIMEOUT_S = 365 * 24 * 3600
@@ -58,19 +70,43 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "required": ["root"],
     "properties": {
         "root": {"type": "string", "minLength": 1, "description": "working directory of every command"},
-        "shell": {"type": "string", "minLength": 1, "default": "bash",
-                  "description": "the shell run as SHELL -c COMMAND"},
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S, "default": 120,
-                      "description": "default timeout of a command"},
-        "max_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S, "default": 600,
-                          "description": "largest timeout a call may ask for"},
-        "max_output_bytes": {"type": "integer", "minimum": 256, "default": 65536,
-                             "description": "output kept per call (head and tail)"},
-        "env_allowlist": {"type": "array", "items": {"type": "string", "minLength": 1},
-                          "default": DEFAULT_ENV_ALLOWLIST,
-                          "description": "variables passed through from dsh's environment"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"},
-                "description": "variables set for every command (after the allowlist)"},
+        "shell": {
+            "type": "string",
+            "minLength": 1,
+            "default": "bash",
+            "description": "the shell run as SHELL -c COMMAND",
+        },
+        "timeout_s": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_TIMEOUT_S,
+            "default": 120,
+            "description": "default timeout of a command",
+        },
+        "max_timeout_s": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_TIMEOUT_S,
+            "default": 600,
+            "description": "largest timeout a call may ask for",
+        },
+        "max_output_bytes": {
+            "type": "integer",
+            "minimum": 256,
+            "default": 65536,
+            "description": "output kept per call (head and tail)",
+        },
+        "env_allowlist": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "default": DEFAULT_ENV_ALLOWLIST,
+            "description": "variables passed through from dsh's environment",
+        },
+        "env": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "variables set for every command (after the allowlist)",
+        },
     },
 }
 
@@ -97,8 +133,11 @@ def build_environment(source: dict[str, str], allowlist: list[str], fixed: dict[
     password, a remote with a token as its user name) is left out too, as ``config dump`` hides it;
     ``fixed`` (the config's own ``env``) is passed as written.
     """
-    env = {name: source[name] for name in allowlist
-           if name in source and not looks_like_credential(name) and not has_url_credentials(source[name])}
+    env = {
+        name: source[name]
+        for name in allowlist
+        if name in source and not looks_like_credential(name) and not has_url_credentials(source[name])
+    }
     env.update(fixed)
     return env
 
@@ -130,10 +169,12 @@ class _Output:
             return (self.head + self.tail).decode("utf-8", errors="replace")
         # The cuts fall on byte counts: a UTF-8 character split by one is left out (and counted)
         # rather than shown as U+FFFD, which the command never wrote.
-        head, tail = self.head[:_whole_prefix(self.head)], self.tail[_first_start(self.tail):]
+        head, tail = self.head[: _whole_prefix(self.head)], self.tail[_first_start(self.tail) :]
         omitted = self.dropped + len(self.head) - len(head) + len(self.tail) - len(tail)
-        return (f"{head.decode('utf-8', errors='replace')}\n{left_out_marker(omitted, 'byte')}\n"
-                f"{tail.decode('utf-8', errors='replace')}")
+        return (
+            f"{head.decode('utf-8', errors='replace')}\n{left_out_marker(omitted, 'byte')}\n"
+            f"{tail.decode('utf-8', errors='replace')}"
+        )
 
 
 def _whole_prefix(data: bytes | bytearray) -> int:
@@ -176,43 +217,53 @@ class BashTool:
         allowlist = list(config.get("env_allowlist", DEFAULT_ENV_ALLOWLIST))
         refused = [name for name in allowlist if looks_like_credential(name)]
         if refused:
-            raise ToolError(f"bash: env_allowlist names credential-like variables {refused}; they are never "
-                            "passed through (set a non-secret value under env instead)")
+            raise ToolError(
+                f"bash: env_allowlist names credential-like variables {refused}; they are never "
+                "passed through (set a non-secret value under env instead)"
+            )
         self.allowlist = allowlist
         self.fixed_env: dict[str, str] = dict(config.get("env", {}))
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
         """Register the ``bash`` tool."""
-        register(define_tool(
-            name="bash",
-            description=(f"Run a bash command in the workspace ({self.root}) and return its combined "
-                         "stdout/stderr and exit code. stdin is closed; the command is killed after "
-                         f"timeout seconds (default {self.timeout_s:g}, at most {self.max_timeout_s:g}). "
-                         f"Output beyond {self.max_output_bytes} bytes is cut in the middle."),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "minLength": 1, "description": "the bash command line"},
-                    "timeout": {"type": "number", "exclusiveMinimum": 0,
-                                "description": "seconds before the command is killed"},
+        register(
+            define_tool(
+                name="bash",
+                description=(
+                    f"Run a bash command in the workspace ({self.root}) and return its combined "
+                    "stdout/stderr and exit code. stdin is closed; the command is killed after "
+                    f"timeout seconds (default {self.timeout_s:g}, at most {self.max_timeout_s:g}). "
+                    f"Output beyond {self.max_output_bytes} bytes is cut in the middle."
+                ),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "command": {"type": "string", "minLength": 1, "description": "the bash command line"},
+                        "timeout": {
+                            "type": "number",
+                            "exclusiveMinimum": 0,
+                            "description": "seconds before the command is killed",
+                        },
+                    },
+                    "required": ["command"],
+                    "additionalProperties": False,
                 },
-                "required": ["command"],
-                "additionalProperties": False,
-            },
-            output_schema={
-                "type": "object",
-                "properties": {"exit_code": {"type": "integer",
-                                             "description": "128+N if the shell was killed by signal N"},
-                               "output": {"type": "string"},
-                               "truncated": {"type": "boolean"}},
-                "required": ["exit_code", "output", "truncated"],
-            },
-            execute=self.run,
-            render=_render,
-            is_concurrency_safe=False,
-            examples=[{"command": "echo hello"}, {"command": "pwd && ls", "timeout": 10}],
-        ))
+                output_schema={
+                    "type": "object",
+                    "properties": {
+                        "exit_code": {"type": "integer", "description": "128+N if the shell was killed by signal N"},
+                        "output": {"type": "string"},
+                        "truncated": {"type": "boolean"},
+                    },
+                    "required": ["exit_code", "output", "truncated"],
+                },
+                execute=self.run,
+                render=_render,
+                is_concurrency_safe=False,
+                examples=[{"command": "echo hello"}, {"command": "pwd && ls", "timeout": 10}],
+            )
+        )
 
     async def run(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``bash``: run, capture, and kill the process group on timeout, abort or exit."""
@@ -230,9 +281,17 @@ class BashTool:
             # loop.subprocess_exec, not create_subprocess_exec: its transport is ours to close, which
             # a process outside the group that holds the output pipe (setsid) makes necessary.
             transport, shell = await asyncio.get_running_loop().subprocess_exec(
-                lambda: _Shell(output), self.shell, "-c", args["command"], cwd=self.root, env=env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                lambda: _Shell(output),
+                self.shell,
+                "-c",
+                args["command"],
+                cwd=self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError as error:
             raise ToolError(f"could not start {self.shell}: {error.strerror}") from None
         aborted = asyncio.Event()
@@ -250,9 +309,11 @@ class BashTool:
                 await _kill_group(transport, shell)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(shell.drained.wait(), DRAIN_S)
-                raise ToolError(f"command timed out after {timeout:g} s and was killed "
-                                f"(pass a larger timeout, up to {self.max_timeout_s:g}). Output so far:\n"
-                                + (output.text() or "(none)"))
+                raise ToolError(
+                    f"command timed out after {timeout:g} s and was killed "
+                    f"(pass a larger timeout, up to {self.max_timeout_s:g}). Output so far:\n"
+                    + (output.text() or "(none)")
+                )
             # The command is done; anything it left in its process group would hold the pipe open.
             _signal_group(transport, signal.SIGKILL)
             with contextlib.suppress(asyncio.TimeoutError):

@@ -30,8 +30,9 @@ class CodeModePromptFilter:
     """Drops ``tool:*`` sections from the prompt of scopes whose effective mode is ``code``."""
 
     @hookimpl
-    def dsh_prompt_filter(self, context: PromptContext,
-                          sections: Sequence[PromptSection]) -> Sequence[PromptSection] | None:
+    def dsh_prompt_filter(
+        self, context: PromptContext, sections: Sequence[PromptSection]
+    ) -> Sequence[PromptSection] | None:
         """Remove per-tool guidance under ``code``; keep everything else (``None`` elsewhere)."""
         if context.mode != "code":
             return None

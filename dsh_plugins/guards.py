@@ -122,14 +122,26 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "deny_tools": {**_NAMES, "description": "tool names (globs) that may never run"},
         "deny_paths": {**_NAMES, "description": "path globs no call may touch"},
         "allowed_roots": {**_NAMES, "description": "directories every path argument must lie in"},
-        "path_arguments": {**_NAMES, "default": DEFAULT_PATH_ARGUMENTS,
-                           "description": ("argument names holding paths; replaces the defaults (to add names, "
-                                           "use extend_path_arguments)")},
-        "extend_path_arguments": {**_NAMES, "default": [],
-                                  "description": "argument names holding paths, judged in addition to path_arguments"},
-        "root": {"type": "string", "minLength": 1,
-                 "description": ("base of relative paths and globs: the workspace root the tools resolve "
-                                 "against (required with deny_paths or allowed_roots)")},
+        "path_arguments": {
+            **_NAMES,
+            "default": DEFAULT_PATH_ARGUMENTS,
+            "description": (
+                "argument names holding paths; replaces the defaults (to add names, use extend_path_arguments)"
+            ),
+        },
+        "extend_path_arguments": {
+            **_NAMES,
+            "default": [],
+            "description": "argument names holding paths, judged in addition to path_arguments",
+        },
+        "root": {
+            "type": "string",
+            "minLength": 1,
+            "description": (
+                "base of relative paths and globs: the workspace root the tools resolve "
+                "against (required with deny_paths or allowed_roots)"
+            ),
+        },
     },
 }
 
@@ -160,7 +172,7 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
                 out.append(re.escape(char))
                 i += 1
             else:
-                body = pattern[i + 1:end]
+                body = pattern[i + 1 : end]
                 negated = body.startswith("!")
                 # Members are literal for the regex too (a backslash, "[" and "]"; "&", "~", "|" would warn
                 # as future set operations); only "-" ranges and a leading "^" (negation, as in bash) stay.
@@ -188,11 +200,14 @@ class Guards:
         # As ruff's select and extend-select: path_arguments replaces the defaults, extend_path_arguments
         # adds to them, so naming one extra argument cannot silently stop `path` and `file` being judged.
         self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS)) | frozenset(
-            config.get("extend_path_arguments", []))
+            config.get("extend_path_arguments", [])
+        )
         if config.get("root") is None and (config.get("deny_paths") or config.get("allowed_roots")):
             # Resolving against the current directory would check another file than the tool opens.
-            raise ToolError(f'guards: plugin row "{self.row}" sets deny_paths or allowed_roots but no root; '
-                            "set root to the workspace root the tools resolve paths against")
+            raise ToolError(
+                f'guards: plugin row "{self.row}" sets deny_paths or allowed_roots but no root; '
+                "set root to the workspace root the tools resolve paths against"
+            )
         root = os.path.expanduser(config.get("root") or os.getcwd())
         if not os.path.isabs(root):
             raise ToolError(f'guards: root of plugin row "{self.row}" must be an absolute path, got {root!r}')
@@ -200,8 +215,11 @@ class Guards:
         # Where the root looks names up ignoring case, ".ENV" opens .env: the globs fold case there too.
         flags = re.DOTALL | re.IGNORECASE if _case_insensitive(real_root) else re.DOTALL
         deny: list[DenyRule] = []
-        entries = [(entry, alternative) for entry in config.get("deny_paths", [])
-                   for alternative in _brace_alternatives(entry, self.row)]
+        entries = [
+            (entry, alternative)
+            for entry in config.get("deny_paths", [])
+            for alternative in _brace_alternatives(entry, self.row)
+        ]
         for pattern, alternative in entries:
             globs = _normalised_globs(alternative, self.row, pattern)
             absolute = globs[0].startswith("/")
@@ -221,18 +239,24 @@ class Guards:
                         if resolved is not None:
                             deny.append(_rule(pattern, resolved, flags, True))
             except re.error as error:  # a class no regex holds: "[z-a]"
-                raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{self.row}" is not a '
-                                f"valid glob: {error.msg}") from None
+                raise ToolError(
+                    f'guards: deny_paths pattern "{pattern}" of plugin row "{self.row}" is not a '
+                    f"valid glob: {error.msg}"
+                ) from None
         #: The path rules, judged by :class:`~dsh_plugins._path_rules.PathRules` alone (for the calls this
         #: guard sees and, published, for what ``list`` and ``search`` reach).
         self.rules = PathRules(
-            row=self.row, root=real_root,
+            row=self.row,
+            root=real_root,
             # Relative paths resolve against the real root, but a path may also be spelled through the root
             # as configured (a symlink, like /tmp on macOS): both spellings are the inside of the root.
             roots=tuple(dict.fromkeys((real_root, lexical(root)))),
             deny=tuple(deny),
-            allowed_roots=tuple(os.path.realpath(os.path.join(real_root, os.path.expanduser(r)))
-                                for r in config.get("allowed_roots", [])))
+            allowed_roots=tuple(
+                os.path.realpath(os.path.join(real_root, os.path.expanduser(r)))
+                for r in config.get("allowed_roots", [])
+            ),
+        )
         if self.rules.active:
             _publish(scope, self.rules)
 
@@ -240,15 +264,22 @@ class Guards:
     def dsh_guard(self, execution: ToolExecution) -> str | None:
         """Deny by tool name first, then by each path-like argument."""
         name = execution.name
-        denied = next((written for written, globs in self._deny_globs
-                       if any(fnmatch.fnmatchcase(name, glob) for glob in globs)), None)
+        denied = next(
+            (written for written, globs in self._deny_globs if any(fnmatch.fnmatchcase(name, glob) for glob in globs)),
+            None,
+        )
         if denied is not None:
-            return (f'guards: tool "{name}" is denied (deny_tools pattern "{denied}" '
-                    f'in the config of plugin row "{self.row}")')
-        if self.allow_tools and not any(fnmatch.fnmatchcase(name, glob) for _, globs in self._allow_globs
-                                        for glob in globs):
-            return (f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
-                    f"(allowed: {', '.join(self.allow_tools)})")
+            return (
+                f'guards: tool "{name}" is denied (deny_tools pattern "{denied}" '
+                f'in the config of plugin row "{self.row}")'
+            )
+        if self.allow_tools and not any(
+            fnmatch.fnmatchcase(name, glob) for _, globs in self._allow_globs for glob in globs
+        ):
+            return (
+                f'guards: tool "{name}" is not in allow_tools of plugin row "{self.row}" '
+                f"(allowed: {', '.join(self.allow_tools)})"
+            )
         if self.rules.active:
             reason = self._check_omitted(execution)
             if reason is not None:
@@ -298,9 +329,11 @@ class Guards:
             elif self.rules.active:
                 verb = "holds" if isinstance(value, list) else "is"
                 note = " (omitted: its default)" if omitted else ""
-                reason = (f'guards: argument "{key}"{note} {verb} {_json_kind(item)}, not a path (a string or '
-                          f'a list of strings), so deny_paths and allowed_roots of plugin row "{self.row}" '
-                          "cannot judge it; denied")
+                reason = (
+                    f'guards: argument "{key}"{note} {verb} {_json_kind(item)}, not a path (a string or '
+                    f'a list of strings), so deny_paths and allowed_roots of plugin row "{self.row}" '
+                    "cannot judge it; denied"
+                )
             else:
                 reason = None
             if reason is not None:
@@ -315,21 +348,29 @@ class Guards:
             os.fsencode(given)
         except UnicodeEncodeError as error:  # no file has this name, and realpath would raise on it
             shown = given.encode("utf-8", "backslashreplace").decode("utf-8")
-            return (f'guards: path "{shown}" ({where}) cannot be a file name: it holds a lone surrogate '
-                    f"(\\u{ord(given[error.start]):04x}) that has no encoding")
+            return (
+                f'guards: path "{shown}" ({where}) cannot be a file name: it holds a lone surrogate '
+                f"(\\u{ord(given[error.start]):04x}) that has no encoding"
+            )
         denial = self.rules.judge(given)
         if denial is None:
             return None
         if denial.kind == "pattern":
-            return (f'guards: path "{given}" ({where}) matches the denied pattern '
-                    f'"{denial.pattern}" (deny_paths of plugin row "{self.row}")')
+            return (
+                f'guards: path "{given}" ({where}) matches the denied pattern '
+                f'"{denial.pattern}" (deny_paths of plugin row "{self.row}")'
+            )
         if denial.kind == "outside_root":
-            return (f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the guard '
-                    f"root {self.rules.root}, where the relative deny_paths patterns "
-                    f"({', '.join(self.rules.relative_deny)}) of plugin row \"{self.row}\" cannot be checked; "
-                    "denied (use a path inside the root)")
-        return (f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the allowed '
-                f"roots ({', '.join(self.rules.allowed_roots)}) of plugin row \"{self.row}\"")
+            return (
+                f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the guard '
+                f"root {self.rules.root}, where the relative deny_paths patterns "
+                f'({", ".join(self.rules.relative_deny)}) of plugin row "{self.row}" cannot be checked; '
+                "denied (use a path inside the root)"
+            )
+        return (
+            f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the allowed '
+            f'roots ({", ".join(self.rules.allowed_roots)}) of plugin row "{self.row}"'
+        )
 
 
 def _publish(scope: Scope, rules: PathRules) -> None:
@@ -412,9 +453,11 @@ def _tool_globs(patterns: list[str], key: str, row: str) -> list[tuple[str, list
                     literal.append(alternative[index])
                 index += 1
             if not _TOOL_NAME_CHARS.fullmatch("".join(literal)):
-                raise ToolError(f'guards: {key} pattern "{pattern}" of plugin row "{row}" can never match a tool '
-                                'name (names use only A-Z, a-z, 0-9, "_" and "-"; globs add "*", "?", "[...]" '
-                                'and "{a,b}")')
+                raise ToolError(
+                    f'guards: {key} pattern "{pattern}" of plugin row "{row}" can never match a tool '
+                    'name (names use only A-Z, a-z, 0-9, "_" and "-"; globs add "*", "?", "[...]" '
+                    'and "{a,b}")'
+                )
         globs.append((pattern, alternatives))
     return globs
 
@@ -424,6 +467,7 @@ def _brace_alternatives(pattern: str, row: str, key: str = "deny_paths") -> list
     ``*.{pem,key}`` is ``*.pem`` and ``*.key`` (nested and several groups too); a group with no comma
     (``{x}``) and a brace in a class (``[{]``) are literal. Unbalanced braces are refused (no path would
     match what was meant), as is an entry expanding past :data:`MAX_BRACE_ALTERNATIVES` globs."""
+
     def refuse(why: str) -> ToolError:
         return ToolError(f'guards: {key} pattern "{pattern}" of plugin row "{row}" {why}')
 
@@ -438,8 +482,7 @@ def _brace_alternatives(pattern: str, row: str, key: str = "deny_paths") -> list
             break
         index += 1
     if depth != 0:
-        why = (f"nests braces deeper than {MAX_BRACE_DEPTH}" if depth > MAX_BRACE_DEPTH
-               else "has unbalanced braces")
+        why = f"nests braces deeper than {MAX_BRACE_DEPTH}" if depth > MAX_BRACE_DEPTH else "has unbalanced braces"
         raise refuse(f'{why}; "{{a,b}}" stands for "a" and "b", and "[{{]" / "[}}]" match a brace itself')
     return _expand(pattern, refuse)
 
@@ -454,14 +497,16 @@ def _expand(text: str, refuse: Callable[[str], ToolError]) -> list[str]:
         if char == "{":
             close, commas = _brace_group(text, index)
             if commas:
-                head, tail = text[:index], text[close + 1:]
+                head, tail = text[:index], text[close + 1 :]
                 bounds = [index, *commas, close]
                 expanded: list[str] = []
                 for left, right in itertools.pairwise(bounds):
-                    expanded.extend(head + rest for rest in _expand(text[left + 1:right] + tail, refuse))
+                    expanded.extend(head + rest for rest in _expand(text[left + 1 : right] + tail, refuse))
                     if len(expanded) > MAX_BRACE_ALTERNATIVES:
-                        raise refuse(f"expands to more than {MAX_BRACE_ALTERNATIVES} globs; write fewer "
-                                     "alternatives, or several entries")
+                        raise refuse(
+                            f"expands to more than {MAX_BRACE_ALTERNATIVES} globs; write fewer "
+                            "alternatives, or several entries"
+                        )
                 return list(dict.fromkeys(expanded))
         index += 1
     return [text]
@@ -477,14 +522,18 @@ def _normalised_globs(pattern: str, row: str, shown: str | None = None) -> list[
     expanded = os.path.expanduser(entry)
     if expanded.startswith("~"):
         # Left as is it would be a relative glob under root, never matching the home directory it names.
-        raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" starts with "~" but '
-                        "names no home directory that can be found; write the absolute path (or \"./~...\" "
-                        "for a directory named so inside root)")
+        raise ToolError(
+            f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" starts with "~" but '
+            'names no home directory that can be found; write the absolute path (or "./~..." '
+            "for a directory named so inside root)"
+        )
     parts = [part for part in expanded.split("/") if part not in ("", ".")]
     if ".." in parts:
-        raise ToolError(f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" has a ".." segment, '
-                        "which no path matches (paths are normalised before they are judged); write the "
-                        "directory it means without \"..\"")
+        raise ToolError(
+            f'guards: deny_paths pattern "{pattern}" of plugin row "{row}" has a ".." segment, '
+            "which no path matches (paths are normalised before they are judged); write the "
+            'directory it means without ".."'
+        )
     glob = ("/" if expanded.startswith("/") else "") + "/".join(parts) or "."
     if not expanded.endswith("/"):
         return [glob]
@@ -501,6 +550,7 @@ def _case_insensitive(directory: str) -> bool:
     none of these can decide (an empty, unwritable mount point), ``True``: the answer
     only ever makes deny globs fold case, and denying ``.ENV`` with ``.env`` is the safe error.
     """
+
     def swapped(name: str) -> str:
         return "".join(char.swapcase() if char.isascii() else char for char in name)
 
@@ -514,8 +564,14 @@ def _case_insensitive(directory: str) -> bool:
     probe = None
     try:
         with os.scandir(directory) as entries:
-            probe = next((os.path.join(directory, entry.name) for entry in itertools.islice(entries, 64)
-                          if swapped(entry.name) != entry.name), None)
+            probe = next(
+                (
+                    os.path.join(directory, entry.name)
+                    for entry in itertools.islice(entries, 64)
+                    if swapped(entry.name) != entry.name
+                ),
+                None,
+            )
     except OSError:
         pass
     if probe is not None:

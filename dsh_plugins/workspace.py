@@ -83,25 +83,44 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "required": ["root"],
     "properties": {
         "root": {"type": "string", "minLength": 1, "description": "the workspace directory (absolute)"},
-        "max_read_bytes": {"type": "integer", "minimum": 1024, "default": 262144,
-                           "description": "most bytes of file text one read returns"},
-        "max_file_bytes": {"type": "integer", "minimum": 1024, "default": 10485760,
-                           "description": "largest file write and edit handle"},
-        "max_read_file_bytes": {"type": "integer", "minimum": 1024, "default": 268435456,
-                                "description": "largest file read opens (bigger ones: use bash head/tail)"},
+        "max_read_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 262144,
+            "description": "most bytes of file text one read returns",
+        },
+        "max_file_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 10485760,
+            "description": "largest file write and edit handle",
+        },
+        "max_read_file_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 268435456,
+            "description": "largest file read opens (bigger ones: use bash head/tail)",
+        },
         "max_list_entries": {"type": "integer", "minimum": 1, "default": 1000},
         "max_search_results": {"type": "integer", "minimum": 1, "default": 200},
         "max_search_file_bytes": {"type": "integer", "minimum": 1024, "default": 2097152},
         "search_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 20},
-        "search_exclude": {"type": "array", "items": {"type": "string", "minLength": 1},
-                           "description": "directory names search skips", "default": DEFAULT_EXCLUDES},
-        "protected_dirs": {"type": "array", "items": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
-                           "default": DEFAULT_PROTECTED,
-                           "description": "names of directories (and files) write and edit never change, "
-                                          "at any depth, compared as git compares .git under core.protectHFS "
-                                          "and core.protectNTFS (case, NFC/NFD, ignorable code points, trailing "
-                                          "dots and spaces, :streams, short names); with .git, also any directory "
-                                          "git takes for a repository (HEAD with objects/ and refs/)"},
+        "search_exclude": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "description": "directory names search skips",
+            "default": DEFAULT_EXCLUDES,
+        },
+        "protected_dirs": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"},
+            "default": DEFAULT_PROTECTED,
+            "description": "names of directories (and files) write and edit never change, "
+            "at any depth, compared as git compares .git under core.protectHFS "
+            "and core.protectNTFS (case, NFC/NFD, ignorable code points, trailing "
+            "dots and spaces, :streams, short names); with .git, also any directory "
+            "git takes for a repository (HEAD with objects/ and refs/)",
+        },
     },
 }
 
@@ -200,7 +219,7 @@ def _read_line(handle: io.BufferedReader, limit: int, end: bytes) -> bytes:
     parts: list[bytes] = []
     size = 0
     while size < limit:
-        ahead = handle.peek(1)[:limit - size]  # what the buffer holds already: no read of its own
+        ahead = handle.peek(1)[: limit - size]  # what the buffer holds already: no read of its own
         if not ahead:
             break
         at = ahead.find(end)
@@ -228,7 +247,7 @@ class _LineView:
         for match in _LINE_BREAK.finditer(text):
             crs = match.end() - match.start() - 1
             if crs:
-                parts.append(text[last:match.start()])
+                parts.append(text[last : match.start()])
                 removed += crs
                 self.breaks.append(match.end() - 1 - removed)
                 self.removed.append(removed)
@@ -243,8 +262,10 @@ class _LineView:
     def span(self, start: int, end: int) -> tuple[int, int]:
         """The text's offsets of the view's ``start:end`` (not empty): a break it starts or ends with
         comes whole, its CRs with its LF."""
-        return (start + self._left_out_before(start, including=False),
-                end + self._left_out_before(end - 1, including=True))
+        return (
+            start + self._left_out_before(start, including=False),
+            end + self._left_out_before(end - 1, including=True),
+        )
 
 
 def _ended_as_matched(new: str, text: str, start: int, end: int) -> str:
@@ -279,11 +300,13 @@ def _refuse_hard_link(info: os.stat_result, given: str) -> None:
     """
     if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         others = info.st_nlink - 1
-        raise ToolError(f"cannot write {given!r}: it has {info.st_nlink} names (hard links), and write and edit "
-                        f"replace a file with a new one, which would leave the other {others} with the old content "
-                        "(writing through it instead would change a file that may lie outside the workspace); "
-                        "nothing was changed: to change every name, change it in place with bash; to give "
-                        f"{given!r} content of its own, remove it with bash first, then write it")
+        raise ToolError(
+            f"cannot write {given!r}: it has {info.st_nlink} names (hard links), and write and edit "
+            f"replace a file with a new one, which would leave the other {others} with the old content "
+            "(writing through it instead would change a file that may lie outside the workspace); "
+            "nothing was changed: to change every name, change it in place with bash; to give "
+            f"{given!r} content of its own, remove it with bash first, then write it"
+        )
 
 
 def _utf8(text: str, what: str) -> bytes:
@@ -291,8 +314,10 @@ def _utf8(text: str, what: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise ToolError(f"{what} has a lone surrogate (U+{ord(text[error.start]):04X} at character "
-                        f"{error.start}), which UTF-8 text cannot hold; nothing was written") from None
+        raise ToolError(
+            f"{what} has a lone surrogate (U+{ord(text[error.start]):04X} at character "
+            f"{error.start}), which UTF-8 text cannot hold; nothing was written"
+        ) from None
 
 
 def _temporary_name() -> str:
@@ -438,8 +463,10 @@ def _sync_directory(parent: int, given: str, what: str = "its directory") -> Non
 def _not_durable(given: str, why: str) -> ToolError:
     """The error of a write whose new content is in place, but ``why`` (a failed sync or close) may not stay:
     not "cannot write", which would have the model write again what is there."""
-    return ToolError(f"{given!r} was written, but it may not be durable: {why}; its new content is in place, but a "
-                     "crash or power loss could still lose it: check the disk")
+    return ToolError(
+        f"{given!r} was written, but it may not be durable: {why}; its new content is in place, but a "
+        "crash or power loss could still lose it: check the disk"
+    )
 
 
 def _format_size(size: int) -> str:
@@ -544,23 +571,35 @@ class Workspace:
         try:
             os.fsencode(path)  # surrogateescape: a name that is not UTF-8 (U+DC80..U+DCFF) is a file name
         except UnicodeEncodeError as error:  # realpath and every open would raise it, a codec message
-            raise ToolError(f"{what} {path!r} cannot be a file name: it has a lone surrogate "
-                            f"(U+{ord(path[error.start]):04X} at character {error.start}), which no "
-                            "encoding of a name holds") from None
+            raise ToolError(
+                f"{what} {path!r} cannot be a file name: it has a lone surrogate "
+                f"(U+{ord(path[error.start]):04X} at character {error.start}), which no "
+                "encoding of a name holds"
+            ) from None
         lexical = _lexical(path if os.path.isabs(path) else os.path.join(self.root, path))
         if self.alias is not None and not self._inside(lexical) and _under(lexical, self.alias):
-            lexical = self.root + lexical[len(self.alias):]  # the configured spelling of the root
+            lexical = self.root + lexical[len(self.alias) :]  # the configured spelling of the root
         if not self._inside(lexical):
-            raise ToolError(f"{what} {path!r} is outside the workspace {self.root}; "
-                            "use a path relative to the workspace root")
+            raise ToolError(
+                f"{what} {path!r} is outside the workspace {self.root}; use a path relative to the workspace root"
+            )
         real = os.path.realpath(lexical)
         if not self._inside(real):
-            raise ToolError(f"{what} {path!r} leads outside the workspace {self.root} through a symlink "
-                            f"(it resolves to {real}); refused")
+            raise ToolError(
+                f"{what} {path!r} leads outside the workspace {self.root} through a symlink "
+                f"(it resolves to {real}); refused"
+            )
         return real
 
-    def open_dir(self, real: str, given: str, *, create: bool = False, readable: bool = False,
-                 made: list[tuple[int, str]] | None = None) -> int:
+    def open_dir(
+        self,
+        real: str,
+        given: str,
+        *,
+        create: bool = False,
+        readable: bool = False,
+        made: list[tuple[int, str]] | None = None,
+    ) -> int:
         """A descriptor of the directory ``real`` (as :meth:`resolve` returned it), walked from the root.
 
         Each component is opened with ``O_NOFOLLOW`` relative to the one before, so a directory
@@ -579,14 +618,16 @@ class Workspace:
         fd = os.open(self.root, _DIRECTORY)
         try:
             for index, part in enumerate(parts):
-                shown = "/".join(parts[:index + 1])
-                child = _open_child(fd, part, create, made=None if made is None else (
-                    lambda: made.append((os.dup(fd), shown))))  # noqa: B023 (called before the loop goes on)
+                shown = "/".join(parts[: index + 1])
+                # The callback is called by _open_child, before the loop goes on: the late binding is safe.
+                record = None if made is None else (lambda: made.append((os.dup(fd), shown)))  # noqa: B023
+                child = _open_child(fd, part, create, made=record)
                 if child is None:
                     if _loops(fd, part):  # resolve() leaves a looping symlink unresolved: no race
                         raise ToolError(f"cannot access {given!r}: {shown!r} is a symlink loop")
-                    raise ToolError(f"{given!r} changed while it was being opened: {shown!r} was replaced by a "
-                                    "symlink; refused")
+                    raise ToolError(
+                        f"{given!r} changed while it was being opened: {shown!r} was replaced by a symlink; refused"
+                    )
                 os.close(fd)
                 fd = child
             if readable:
@@ -636,7 +677,8 @@ class WorkspaceTools:
                     self.protected_dirs.setdefault(f"{stem[:6]}~{number}", name)
         #: A lock per file name being replaced, (device, inode) of its directory and the name: see _name_lock.
         self._name_locks: weakref.WeakValueDictionary[tuple[int, int, str], threading.Lock] = (
-            weakref.WeakValueDictionary())
+            weakref.WeakValueDictionary()
+        )
         self._name_locks_guard = threading.Lock()
         #: The directories (device, inode) swept for dead writers' temporary files less than SWEEP_INTERVAL_S
         #: ago, each to when (:data:`_monotonic`), oldest first: see :meth:`_sweep_if_due`.
@@ -707,8 +749,10 @@ class WorkspaceTools:
         return [
             define_tool(
                 name="write",
-                description=("Write a text file in the workspace, replacing it if it exists and creating "
-                             "parent directories. Paths are relative to the workspace root."),
+                description=(
+                    "Write a text file in the workspace, replacing it if it exists and creating "
+                    "parent directories. Paths are relative to the workspace root."
+                ),
                 parameters={
                     "type": "object",
                     "properties": {
@@ -720,8 +764,11 @@ class WorkspaceTools:
                 },
                 output_schema={
                     "type": "object",
-                    "properties": {"path": {"type": "string"}, "bytes": {"type": "integer"},
-                                   "created": {"type": "boolean"}},
+                    "properties": {
+                        "path": {"type": "string"},
+                        "bytes": {"type": "integer"},
+                        "created": {"type": "boolean"},
+                    },
                     "required": ["path", "bytes", "created"],
                 },
                 execute=self.write,
@@ -732,17 +779,18 @@ class WorkspaceTools:
             ),
             define_tool(
                 name="edit",
-                description=("Replace an exact string in a text file of the workspace. old_string must occur "
-                             "exactly once unless replace_all is true; include surrounding lines to make it "
-                             "unique. Whitespace and indentation must match exactly."),
+                description=(
+                    "Replace an exact string in a text file of the workspace. old_string must occur "
+                    "exactly once unless replace_all is true; include surrounding lines to make it "
+                    "unique. Whitespace and indentation must match exactly."
+                ),
                 parameters={
                     "type": "object",
                     "properties": {
                         "path": {"type": "string", "description": "file path relative to the workspace root"},
                         "old_string": {"type": "string", "description": "the exact text to replace"},
                         "new_string": {"type": "string", "description": "the replacement text"},
-                        "replace_all": {"type": "boolean", "default": False,
-                                        "description": "replace every occurrence"},
+                        "replace_all": {"type": "boolean", "default": False, "description": "replace every occurrence"},
                     },
                     "required": ["path", "old_string", "new_string"],
                     "additionalProperties": False,
@@ -753,17 +801,20 @@ class WorkspaceTools:
                     "required": ["path", "replacements"],
                 },
                 execute=self.edit,
-                render=lambda _a, v: f"Edited {v['path']} ({v['replacements']} replacement"
-                                     f"{'' if v['replacements'] == 1 else 's'})",
+                render=lambda _a, v: (
+                    f"Edited {v['path']} ({v['replacements']} replacement{'' if v['replacements'] == 1 else 's'})"
+                ),
                 is_concurrency_safe=False,
                 examples=[{"path": "notes.txt", "old_string": "hello", "new_string": "goodbye"}],
                 annotations=MUTATING,
             ),
             define_tool(
                 name="read",
-                description=("Read a text file of the workspace with line numbers. offset is the first line "
-                             f"(1-based), limit the number of lines (default {DEFAULT_READ_LIMIT}). Long "
-                             "output is truncated; continue with the offset given in the notice."),
+                description=(
+                    "Read a text file of the workspace with line numbers. offset is the first line "
+                    f"(1-based), limit the number of lines (default {DEFAULT_READ_LIMIT}). Long "
+                    "output is truncated; continue with the offset given in the notice."
+                ),
                 parameters={
                     "type": "object",
                     "properties": {
@@ -783,12 +834,22 @@ class WorkspaceTools:
                         "end_line": {"type": "integer"},
                         "next_offset": {"type": ["integer", "null"]},
                         "truncated": {"type": "boolean"},
-                        "not_utf8_lines": {"type": "array", "items": {"type": "integer"},
-                                           "description": "shown lines holding bytes that are not UTF-8 "
-                                                          "(shown as U+FFFD; edit refuses such a file)"},
+                        "not_utf8_lines": {
+                            "type": "array",
+                            "items": {"type": "integer"},
+                            "description": "shown lines holding bytes that are not UTF-8 "
+                            "(shown as U+FFFD; edit refuses such a file)",
+                        },
                     },
-                    "required": ["path", "content", "start_line", "end_line", "next_offset", "truncated",
-                                 "not_utf8_lines"],
+                    "required": [
+                        "path",
+                        "content",
+                        "start_line",
+                        "end_line",
+                        "next_offset",
+                        "truncated",
+                        "not_utf8_lines",
+                    ],
                 },
                 execute=self.read,
                 render=_render_read,
@@ -801,20 +862,27 @@ class WorkspaceTools:
                 description="List the entries of a workspace directory (default: the workspace root).",
                 parameters={
                     "type": "object",
-                    "properties": {"path": {"type": "string",
-                                            "description": "directory relative to the workspace root"}},
+                    "properties": {
+                        "path": {"type": "string", "description": "directory relative to the workspace root"}
+                    },
                     "additionalProperties": False,
                 },
                 output_schema={
                     "type": "object",
                     "properties": {
                         "path": {"type": "string"},
-                        "entries": {"type": "array", "items": {
-                            "type": "object",
-                            "properties": {"name": {"type": "string"},
-                                           "type": {"enum": ["file", "dir", "symlink", "other"]},
-                                           "size": {"type": ["integer", "null"]}},
-                            "required": ["name", "type", "size"]}},
+                        "entries": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "type": {"enum": ["file", "dir", "symlink", "other"]},
+                                    "size": {"type": ["integer", "null"]},
+                                },
+                                "required": ["name", "type", "size"],
+                            },
+                        },
                         "truncated": {"type": "boolean"},
                         "withheld": {"type": "integer", "description": "entries the path guard withheld"},
                     },
@@ -828,16 +896,20 @@ class WorkspaceTools:
             ),
             define_tool(
                 name="search",
-                description=("Search text files of the workspace for a regular expression (Python syntax), "
-                             "line by line. Returns matching lines as path:line: text, at most "
-                             f"{self.max_search_results}; binary and very large files are skipped, and a line is "
-                             f"searched in its first {LINE_SEARCH_CHARS} characters only (as if it ended there)."),
+                description=(
+                    "Search text files of the workspace for a regular expression (Python syntax), "
+                    "line by line. Returns matching lines as path:line: text, at most "
+                    f"{self.max_search_results}; binary and very large files are skipped, and a line is "
+                    f"searched in its first {LINE_SEARCH_CHARS} characters only (as if it ended there)."
+                ),
                 parameters={
                     "type": "object",
                     "properties": {
                         "pattern": {"type": "string", "minLength": 1, "description": "a regular expression"},
-                        "path": {"type": "string",
-                                 "description": "directory or file to search (default: the workspace root)"},
+                        "path": {
+                            "type": "string",
+                            "description": "directory or file to search (default: the workspace root)",
+                        },
                     },
                     "required": ["pattern"],
                     "additionalProperties": False,
@@ -845,15 +917,24 @@ class WorkspaceTools:
                 output_schema={
                     "type": "object",
                     "properties": {
-                        "matches": {"type": "array", "items": {
-                            "type": "object",
-                            "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
-                                           "text": {"type": "string"}},
-                            "required": ["path", "line", "text"]}},
+                        "matches": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "path": {"type": "string"},
+                                    "line": {"type": "integer"},
+                                    "text": {"type": "string"},
+                                },
+                                "required": ["path", "line", "text"],
+                            },
+                        },
                         "files_searched": {"type": "integer"},
                         "files_skipped": {"type": "integer"},
-                        "withheld": {"type": "integer",
-                                     "description": "files and directories the path guard withheld (not searched)"},
+                        "withheld": {
+                            "type": "integer",
+                            "description": "files and directories the path guard withheld (not searched)",
+                        },
                         "truncated": {"type": "boolean"},
                         "note": {"type": ["string", "null"]},
                     },
@@ -869,16 +950,18 @@ class WorkspaceTools:
 
     # -- bodies -------------------------------------------------------------------------------------------
 
-    def _open_parent(self, real: str, given: str, *, create: bool = False,
-                     made: list[tuple[int, str]] | None = None) -> int:
+    def _open_parent(
+        self, real: str, given: str, *, create: bool = False, made: list[tuple[int, str]] | None = None
+    ) -> int:
         """:meth:`Workspace.open_dir` of the directory holding ``real``, its failures as :class:`ToolError`."""
         try:
             return self.workspace.open_dir(os.path.dirname(real), given, create=create, made=made)
         except FileNotFoundError:
             raise ToolError(f"file not found: {given!r} (use list to see what exists)") from None
         except NotADirectoryError:
-            raise ToolError(f"cannot {'create' if create else 'access'} {given!r}: a parent path is not a "
-                            "directory") from None
+            raise ToolError(
+                f"cannot {'create' if create else 'access'} {given!r}: a parent path is not a directory"
+            ) from None
         except OSError as error:
             raise ToolError(f"cannot access {given!r}: {error.strerror}") from None
 
@@ -917,13 +1000,16 @@ class WorkspaceTools:
         fd, info = self._open_regular(real, given)
         with open(fd, "rb") as handle:
             if info.st_size > self.max_file_bytes:
-                raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
-                                f"{_format_size(self.max_file_bytes)} limit for editing; rewrite it with smaller "
-                                "files or change it with bash")
+                raise ToolError(
+                    f"{given!r} is {_format_size(info.st_size)}, larger than the "
+                    f"{_format_size(self.max_file_bytes)} limit for editing; rewrite it with smaller "
+                    "files or change it with bash"
+                )
             data = handle.read(self.max_file_bytes + 1)
         if len(data) > self.max_file_bytes:
-            raise ToolError(f"{given!r} grew past the {_format_size(self.max_file_bytes)} limit for editing "
-                            "while it was read")
+            raise ToolError(
+                f"{given!r} grew past the {_format_size(self.max_file_bytes)} limit for editing while it was read"
+            )
         if _looks_binary(data[:SNIFF_BYTES]):
             raise ToolError(f"{given!r} is a binary file ({_format_size(len(data))}); only text files can be edited")
         try:
@@ -945,9 +1031,11 @@ class WorkspaceTools:
         fd, info = self._open_regular(real, given)
         if info.st_size > self.max_read_file_bytes:
             os.close(fd)
-            raise ToolError(f"{given!r} is {_format_size(info.st_size)}, larger than the "
-                            f"{_format_size(self.max_read_file_bytes)} limit for read; look at parts of it with "
-                            "bash (head, tail, sed -n) or search")
+            raise ToolError(
+                f"{given!r} is {_format_size(info.st_size)}, larger than the "
+                f"{_format_size(self.max_read_file_bytes)} limit for read; look at parts of it with "
+                "bash (head, tail, sed -n) or search"
+            )
         lines: list[str] = []
         used = 0
         truncated = False
@@ -956,8 +1044,9 @@ class WorkspaceTools:
         not_utf8: list[int] = []
         with open(fd, "rb") as handle:
             if _looks_binary(handle.read(SNIFF_BYTES)):
-                raise ToolError(f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows "
-                                "text files")
+                raise ToolError(
+                    f"{given!r} is a binary file ({_format_size(info.st_size)}); read only shows text files"
+                )
             end = b"\r" if _ends_lines_with_cr(handle, stop) else b"\n"
             handle.seek(0)
             while not stop.is_set():
@@ -1019,39 +1108,56 @@ class WorkspaceTools:
         for part in re.split(r"[/\\]", self.workspace.relative(real)):
             name = self.protected_dirs.get(_protected_key(part))
             if name is not None:
-                where = "" if self.workspace.relative(real) == given.strip("/") else (
-                    f" (it resolves to {self.workspace.relative(real)!r})")
-                raise ToolError(f"{verb} refused: {given!r}{where} is in {name!r}, which the workspace protects: "
-                                "git runs what it holds (hooks, config); change git state with git itself, or "
-                                f"remove {name!r} from protected_dirs in the workspace config")
+                where = (
+                    ""
+                    if self.workspace.relative(real) == given.strip("/")
+                    else (f" (it resolves to {self.workspace.relative(real)!r})")
+                )
+                raise ToolError(
+                    f"{verb} refused: {given!r}{where} is in {name!r}, which the workspace protects: "
+                    "git runs what it holds (hooks, config); change git state with git itself, or "
+                    f"remove {name!r} from protected_dirs in the workspace config"
+                )
         if ".git" in self.protected_dirs:
             repository = self._repository_around(real)
             if repository is not None:
-                raise ToolError(f"{verb} refused: {given!r} is in {repository!r}, which git takes for a repository "
-                                "(it holds HEAD, and objects/ and refs/ or commondir, or would with this file): "
-                                "git runs what a repository holds (hooks, config) when used in that directory; "
-                                "change git state with git itself, or remove '.git' from protected_dirs in the "
-                                "workspace config")
+                raise ToolError(
+                    f"{verb} refused: {given!r} is in {repository!r}, which git takes for a repository "
+                    "(it holds HEAD, and objects/ and refs/ or commondir, or would with this file): "
+                    "git runs what a repository holds (hooks, config) when used in that directory; "
+                    "change git state with git itself, or remove '.git' from protected_dirs in the "
+                    "workspace config"
+                )
             git = protected_git_paths(self.workspace.root, real)
             target = [_protected_key(part) for part in self.workspace.relative(real).split("/")]
             hooks = self._hooks_directory_holding(target, git)
             if hooks is not None:
                 directory, config = hooks
-                raise ToolError(f"{verb} refused: {given!r} is in {directory!r}, the hooks directory that "
-                                f"core.hooksPath names in {self._shown(config)}: git runs the hooks there (at the "
-                                "next commit, merge, checkout or push); change them outside dsh, or remove '.git' "
-                                "from protected_dirs in the workspace config")
+                raise ToolError(
+                    f"{verb} refused: {given!r} is in {directory!r}, the hooks directory that "
+                    f"core.hooksPath names in {self._shown(config)}: git runs the hooks there (at the "
+                    "next commit, merge, checkout or push); change them outside dsh, or remove '.git' "
+                    "from protected_dirs in the workspace config"
+                )
             if git.unknown is not None:
                 raise self._unknown_hooks(verb, *git.unknown)
             for named, includer in git.config_files:
-                if _under(named, self.workspace.root) and named != self.workspace.root and target == [
-                        _protected_key(part) for part in self.workspace.relative(named).split("/")]:
-                    how = "git reads it in every repository" if includer is None else (
-                        f"included by {self._shown(includer)}")
-                    raise ToolError(f"{verb} refused: {given!r} is a git config file ({how}): git runs the "
-                                    "commands a config names (core.fsmonitor, core.hooksPath, core.sshCommand, "
-                                    "aliases) as it runs hooks; change it outside dsh, or remove '.git' from "
-                                    "protected_dirs in the workspace config")
+                if (
+                    _under(named, self.workspace.root)
+                    and named != self.workspace.root
+                    and target == [_protected_key(part) for part in self.workspace.relative(named).split("/")]
+                ):
+                    how = (
+                        "git reads it in every repository"
+                        if includer is None
+                        else (f"included by {self._shown(includer)}")
+                    )
+                    raise ToolError(
+                        f"{verb} refused: {given!r} is a git config file ({how}): git runs the "
+                        "commands a config names (core.fsmonitor, core.hooksPath, core.sshCommand, "
+                        "aliases) as it runs hooks; change it outside dsh, or remove '.git' from "
+                        "protected_dirs in the workspace config"
+                    )
 
     def _shown(self, path: str) -> str:
         """``path`` as a message shows it: from the root if it lies inside, else absolute."""
@@ -1066,7 +1172,7 @@ class WorkspaceTools:
             if not _under(hooks, self.workspace.root):
                 continue
             inside = [] if hooks == self.workspace.root else self.workspace.relative(hooks).split("/")
-            if len(target) > len(inside) and target[:len(inside)] == [_protected_key(part) for part in inside]:
+            if len(target) > len(inside) and target[: len(inside)] == [_protected_key(part) for part in inside]:
                 return self.workspace.relative(hooks), source
         return None
 
@@ -1074,8 +1180,10 @@ class WorkspaceTools:
         """The refusal of a write when the git config file ``config`` (``None``: unknown, as an ``EIO`` from
         read leaves it) has ``problem``: it might set core.hooksPath, and guessing could miss it."""
         shown = "a git config" if config is None else self._shown(config)
-        return ToolError(f"{verb} refused: cannot tell where git looks for hooks: {shown} {problem} and might set "
-                         "core.hooksPath; fix it, or remove '.git' from protected_dirs in the workspace config")
+        return ToolError(
+            f"{verb} refused: cannot tell where git looks for hooks: {shown} {problem} and might set "
+            "core.hooksPath; fix it, or remove '.git' from protected_dirs in the workspace config"
+        )
 
     def _repository_around(self, real: str) -> str | None:
         """The directory holding ``real`` (or one above it, up to the root) that git would take for a git
@@ -1092,8 +1200,9 @@ class WorkspaceTools:
             directory = os.path.join(self.workspace.root, *relative[:depth])
             below = [_protected_key(part) for part in relative[depth:]]  # what the write adds, from this directory
             if _holds(directory, below, "HEAD", False) and (
-                    _holds(directory, below, "commondir", False)
-                    or (_holds(directory, below, "objects", True) and _holds(directory, below, "refs", True))):
+                _holds(directory, below, "commondir", False)
+                or (_holds(directory, below, "objects", True) and _holds(directory, below, "refs", True))
+            ):
                 return self.workspace.relative(directory)
         return None
 
@@ -1103,8 +1212,9 @@ class WorkspaceTools:
         content: str = args["content"]
         data = _utf8(content, "content")
         if len(data) > self.max_file_bytes:
-            raise ToolError(f"content is {_format_size(len(data))}, larger than the "
-                            f"{_format_size(self.max_file_bytes)} write limit")
+            raise ToolError(
+                f"content is {_format_size(len(data))}, larger than the {_format_size(self.max_file_bytes)} write limit"
+            )
         if given.endswith(("/", "/.", "/..")):
             raise ToolError(f"{given!r} names a directory; give a file path")
         real = self.workspace.resolve(given)
@@ -1139,8 +1249,16 @@ class WorkspaceTools:
                 os.close(directory)
         return {"path": self.workspace.relative(real), "bytes": len(data), "created": info is None}
 
-    def _replace(self, parent: int, real: str, given: str, data: bytes, info: os.stat_result | None,
-                 before_rename: Callable[[], None] | None = None, made: Sequence[tuple[int, str]] = ()) -> None:
+    def _replace(
+        self,
+        parent: int,
+        real: str,
+        given: str,
+        data: bytes,
+        info: os.stat_result | None,
+        before_rename: Callable[[], None] | None = None,
+        made: Sequence[tuple[int, str]] = (),
+    ) -> None:
         """Put ``data`` at ``real`` (``parent`` is its directory) atomically: a new file beside it, renamed
         over it (``info``: the stat of the file it replaces).
 
@@ -1172,9 +1290,11 @@ class WorkspaceTools:
                 folder = os.path.dirname(real)
                 if not os.path.isabs(given):
                     folder = self.workspace.relative(folder)
-                raise ToolError(f"cannot write {given!r}: its directory {folder!r} does not take new files "
-                                f"({error.strerror}); write and edit replace a file through a new one beside "
-                                "it, so they need that directory writable") from None
+                raise ToolError(
+                    f"cannot write {given!r}: its directory {folder!r} does not take new files "
+                    f"({error.strerror}); write and edit replace a file through a new one beside "
+                    "it, so they need that directory writable"
+                ) from None
             raise ToolError(f"cannot write {given!r}: {error.strerror}") from None
         renamed = False
         closing: OSError | None = None  # the failure of the close after the rename: the file is in place
@@ -1225,11 +1345,13 @@ class WorkspaceTools:
                         # Not written in place instead: that would give up all-or-nothing (a full disk leaves
                         # the file cut short) and write through to the mount's source, which may lie outside the
                         # workspace.
-                        raise ToolError(f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is "
-                                        "likely a mount point (a file bind-mounted into the workspace, as containers "
-                                        "do with config files), and write and edit replace a file by renaming a new "
-                                        "one over it; nothing was changed: change it in place with bash if that is "
-                                        "meant") from None
+                        raise ToolError(
+                            f"cannot write {given!r}: it cannot be replaced ({error.strerror}): it is "
+                            "likely a mount point (a file bind-mounted into the workspace, as containers "
+                            "do with config files), and write and edit replace a file by renaming a new "
+                            "one over it; nothing was changed: change it in place with bash if that is "
+                            "meant"
+                        ) from None
                     renamed = True
         except BaseException as error:
             if renamed:  # only the close failed (the with's exit), after the rename put the file in place
@@ -1266,8 +1388,10 @@ class WorkspaceTools:
                 os.setxattr(fd, attribute, value)
             except OSError as error:
                 if attribute in _ACL_XATTRS:
-                    raise ToolError(f"cannot write {given!r}: its access control list could not be kept on "
-                                    f"the replacement ({error.strerror}); nothing was replaced") from None
+                    raise ToolError(
+                        f"cannot write {given!r}: its access control list could not be kept on "
+                        f"the replacement ({error.strerror}); nothing was replaced"
+                    ) from None
         if "system.posix_acl_access" not in old:
             # Created in the directory, the new file inherited its default ACL (if it has one): the
             # file it replaces had none, so nobody the mode bits leave out may use the new one either.
@@ -1275,9 +1399,11 @@ class WorkspaceTools:
                 os.removexattr(fd, "system.posix_acl_access")
             except OSError as error:
                 if error.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise ToolError(f"cannot write {given!r}: the replacement took its directory's default "
-                                    f"access control list, which could not be removed ({error.strerror}); "
-                                    "nothing was replaced") from None
+                    raise ToolError(
+                        f"cannot write {given!r}: the replacement took its directory's default "
+                        f"access control list, which could not be removed ({error.strerror}); "
+                        "nothing was replaced"
+                    ) from None
 
     @staticmethod
     def _old_xattrs(parent: int, name: str, given: str) -> dict[str, bytes] | None:
@@ -1306,20 +1432,27 @@ class WorkspaceTools:
                 except OSError as error:
                     if error.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
                         return None
-                    raise ToolError(f"cannot write {given!r}: its extended attributes (its access control list "
-                                    f"among them) could not be read ({error.strerror}); nothing was "
-                                    "replaced") from None
+                    raise ToolError(
+                        f"cannot write {given!r}: its extended attributes (its access control list "
+                        f"among them) could not be read ({error.strerror}); nothing was "
+                        "replaced"
+                    ) from None
             values: dict[str, bytes] = {}
             for attribute in names:
                 if attribute in _CONTENT_XATTRS:
                     continue
                 try:
-                    values[attribute] = (os.getxattr(source, attribute) if isinstance(source, int)
-                                         else os.getxattr(source, attribute, follow_symlinks=False))
+                    values[attribute] = (
+                        os.getxattr(source, attribute)
+                        if isinstance(source, int)
+                        else os.getxattr(source, attribute, follow_symlinks=False)
+                    )
                 except OSError as error:
                     if attribute in _ACL_XATTRS:
-                        raise ToolError(f"cannot write {given!r}: its access control list could not be kept on "
-                                        f"the replacement ({error.strerror}); nothing was replaced") from None
+                        raise ToolError(
+                            f"cannot write {given!r}: its access control list could not be kept on "
+                            f"the replacement ({error.strerror}); nothing was replaced"
+                        ) from None
             return values
         finally:
             if opened is not None:
@@ -1353,12 +1486,16 @@ class WorkspaceTools:
             haystack, needle = (lines.view, _LINE_BREAK.sub("\n", old)) if lines is not None else (text, old)
         count = haystack.count(needle)
         if count == 0:
-            raise ToolError(f"old_string was not found in {given!r}; read the file and copy the text exactly, "
-                            "including whitespace and indentation")
+            raise ToolError(
+                f"old_string was not found in {given!r}; read the file and copy the text exactly, "
+                "including whitespace and indentation"
+            )
         if not replace_all and (count > 1 or haystack.find(needle, haystack.find(needle) + 1) != -1):
             where = f"{count} times in {given!r}" if count > 1 else f"more than once in {given!r} (overlapping)"
-            raise ToolError(f"old_string occurs {where}; include more surrounding text to "
-                            "make it unique, or pass replace_all=true to replace every occurrence")
+            raise ToolError(
+                f"old_string occurs {where}; include more surrounding text to "
+                "make it unique, or pass replace_all=true to replace every occurrence"
+            )
         if lines is not None:
             pieces: list[str] = []
             last = found = 0
@@ -1370,25 +1507,38 @@ class WorkspaceTools:
             updated = "".join([*pieces, text[last:]])
         elif cr_file:
             replacement = _ANY_BREAK.sub("\n", new)
-            updated = (haystack.replace(needle, replacement) if replace_all
-                       else haystack.replace(needle, replacement, 1)).replace("\n", "\r")
+            updated = (
+                haystack.replace(needle, replacement) if replace_all else haystack.replace(needle, replacement, 1)
+            ).replace("\n", "\r")
         else:
             updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         if updated == text:  # new_string differs from old_string in the CRs before its LFs alone
-            raise ToolError(f"this edit would not change {given!r}: edit keeps each line's ending (LF, CRLF or CR) as "
-                            "the file has it, so old_string and new_string differing in line endings only change "
-                            "nothing; to change line endings, write the whole file")
+            raise ToolError(
+                f"this edit would not change {given!r}: edit keeps each line's ending (LF, CRLF or CR) as "
+                "the file has it, so old_string and new_string differing in line endings only change "
+                "nothing; to change line endings, write the whole file"
+            )
         data = updated.encode("utf-8")
         if len(data) > self.max_file_bytes:
-            raise ToolError(f"the edited file would be {_format_size(len(data))}, larger than the "
-                            f"{_format_size(self.max_file_bytes)} limit")
+            raise ToolError(
+                f"the edited file would be {_format_size(len(data))}, larger than the "
+                f"{_format_size(self.max_file_bytes)} limit"
+            )
         ctx.signal.raise_if_aborted()
         original = text.encode("utf-8")
         parent = self._open_parent(real, given)
         try:
-            await _in_thread(ctx, lambda _stop: self._replace(  # in a thread, as write's (see there)
-                parent, real, given, data, info,
-                before_rename=lambda: self._check_unchanged(real, given, info, original)))
+            await _in_thread(
+                ctx,
+                lambda _stop: self._replace(  # in a thread, as write's (see there)
+                    parent,
+                    real,
+                    given,
+                    data,
+                    info,
+                    before_rename=lambda: self._check_unchanged(real, given, info, original),
+                ),
+            )
         finally:
             os.close(parent)
         return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}
@@ -1406,10 +1556,17 @@ class WorkspaceTools:
         fd, now = self._open_regular(real, given)
         with open(fd, "rb") as handle:
             current = handle.read(len(original) + 1)
-        if ((now.st_dev, now.st_ino, now.st_mode, now.st_uid, now.st_gid)
-                != (info.st_dev, info.st_ino, info.st_mode, info.st_uid, info.st_gid) or current != original):
-            raise ToolError(f"{given!r} changed while it was being edited (another program wrote it, or changed "
-                            "its mode or owner); nothing was replaced: read it again and redo the edit")
+        if (now.st_dev, now.st_ino, now.st_mode, now.st_uid, now.st_gid) != (
+            info.st_dev,
+            info.st_ino,
+            info.st_mode,
+            info.st_uid,
+            info.st_gid,
+        ) or current != original:
+            raise ToolError(
+                f"{given!r} changed while it was being edited (another program wrote it, or changed "
+                "its mode or owner); nothing was replaced: read it again and redo the edit"
+            )
 
     async def list(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``list``: one directory's entries, sorted, symlinks shown but not followed."""
@@ -1431,8 +1588,7 @@ class WorkspaceTools:
         finally:
             os.close(fd)
         ctx.signal.raise_if_aborted()
-        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated,
-                "withheld": withheld}
+        return {"path": self.workspace.relative(real), "entries": entries, "truncated": truncated, "withheld": withheld}
 
     def path_rules(self, agent: Scope | None = None) -> tuple[PathRules, ...]:
         """The path rules the guards rows publish now for a call of ``agent`` (none without a guards row with
@@ -1446,8 +1602,9 @@ class WorkspaceTools:
         published = None if self.scope is None else self.scope.lookup(PATH_RULES_SERVICE)
         return () if published is None else tuple(rules for rules in published.snapshot(agent) if rules.active)
 
-    def _list_entries(self, fd: int, stop: threading.Event, real: str,
-                      rules: Sequence[PathRules] = ()) -> tuple[_Entries, bool, int]:
+    def _list_entries(
+        self, fd: int, stop: threading.Event, real: str, rules: Sequence[PathRules] = ()
+    ) -> tuple[_Entries, bool, int]:
         """The entries of the directory ``fd`` (the real directory ``real``), sorted and at most
         ``max_list_entries``; whether there were more; how many ``rules`` withheld. A symlink is judged as
         a call naming it would be (where it leads too), any other entry by its own path (which is real).
@@ -1517,10 +1674,18 @@ class WorkspaceTools:
             kind = "file"
         except OSError as error:
             raise ToolError(f"cannot search {given!r}: {error.strerror}") from None
-        return {"pattern": pattern, "fd": fd, "kind": kind, "prefix": self.workspace.relative(real),
-                "timeout_s": self.search_timeout_s, "max_results": self.max_search_results,
-                "max_file_bytes": self.max_search_file_bytes, "exclude": sorted(self.search_exclude),
-                "base": self.workspace.root, "rules": [row.to_wire() for row in rules]}
+        return {
+            "pattern": pattern,
+            "fd": fd,
+            "kind": kind,
+            "prefix": self.workspace.relative(real),
+            "timeout_s": self.search_timeout_s,
+            "max_results": self.max_search_results,
+            "max_file_bytes": self.max_search_file_bytes,
+            "exclude": sorted(self.search_exclude),
+            "base": self.workspace.root,
+            "rules": [row.to_wire() for row in rules],
+        }
 
     async def search(self, args: Any, ctx: ToolContext) -> Any:
         """Body of ``search``: a regex over text files, in a child process killed on abort, timeout or cancel.
@@ -1532,32 +1697,48 @@ class WorkspaceTools:
             re.compile(args["pattern"])
         except re.error as error:
             raise ToolError(f"invalid regular expression {args['pattern']!r}: {error}") from None
-        request = self._search_request(args["pattern"], args.get("path", "."),
-                                            self.path_rules(ctx.execution.agent))
+        request = self._search_request(args["pattern"], args.get("path", "."), self.path_rules(ctx.execution.agent))
         try:
             ctx.signal.raise_if_aborted()
             try:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", "-S", _search_worker.__file__, stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(request["fd"],),
-                    limit=SEARCH_EVENT_BYTES)
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    _search_worker.__file__,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=(request["fd"],),
+                    limit=SEARCH_EVENT_BYTES,
+                )
             except OSError as error:
                 raise ToolError(f"cannot start the search worker: {error.strerror or error}") from None
         finally:
             os.close(request["fd"])  # the worker has its own copy
-        result: dict[str, Any] = {"matches": [], "files_searched": 0, "files_skipped": 0, "withheld": 0,
-                                  "truncated": True, "note": None}
+        result: dict[str, Any] = {
+            "matches": [],
+            "files_searched": 0,
+            "files_skipped": 0,
+            "withheld": 0,
+            "truncated": True,
+            "note": None,
+        }
         aborted = asyncio.ensure_future(ctx.signal.wait())
         collect = asyncio.ensure_future(self._collect(process, request, result))
         errors = asyncio.ensure_future(_tail(process.stderr))
         try:
-            done, _ = await asyncio.wait({collect, aborted}, timeout=self.search_timeout_s + SEARCH_KILL_GRACE_S,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {collect, aborted},
+                timeout=self.search_timeout_s + SEARCH_KILL_GRACE_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if collect in done:
                 collect.result()
             elif aborted not in done:
-                result["note"] = (f"search stopped after {self.search_timeout_s:g} s; narrow it with path or "
-                                  "simplify the pattern")
+                result["note"] = (
+                    f"search stopped after {self.search_timeout_s:g} s; narrow it with path or simplify the pattern"
+                )
         finally:
             aborted.cancel()
             collect.cancel()
@@ -1566,15 +1747,14 @@ class WorkspaceTools:
         ctx.signal.raise_if_aborted()
         if result["note"] is None and result["truncated"]:
             status = process.returncode
-            how = (f"killed by signal {-status}" if status is not None and status < 0
-                   else f"exit status {status}")
+            how = f"killed by signal {-status}" if status is not None and status < 0 else f"exit status {status}"
             last = errors.result().strip().splitlines()
-            raise ToolError(f"the search worker ended unexpectedly ({how})"
-                            + (f": {last[-1]}" if last else ""))
+            raise ToolError(f"the search worker ended unexpectedly ({how})" + (f": {last[-1]}" if last else ""))
         return result
 
-    async def _collect(self, process: asyncio.subprocess.Process, request: dict[str, Any],
-                       result: dict[str, Any]) -> None:
+    async def _collect(
+        self, process: asyncio.subprocess.Process, request: dict[str, Any], result: dict[str, Any]
+    ) -> None:
         """Send the request and fold the worker's events into ``result`` until it is done."""
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(json.dumps(request).encode())
@@ -1603,8 +1783,9 @@ async def _tail(stream: asyncio.StreamReader | None, keep: int = 4096) -> str:
     return tail.decode("utf-8", errors="replace")
 
 
-async def _reap(process: asyncio.subprocess.Process, collect: asyncio.Future[None],
-                errors: asyncio.Future[str]) -> None:
+async def _reap(
+    process: asyncio.subprocess.Process, collect: asyncio.Future[None], errors: asyncio.Future[str]
+) -> None:
     """Wait until the (killed) worker has ended and its pipes are closed; a cancellation that comes
     meanwhile is held, and raised once it has.
 
@@ -1639,16 +1820,19 @@ NOT_UTF8_NAMED = 10
 def _render_read(_args: Any, value: Any) -> str:
     text = value["content"] or "(no lines in this range)"
     if value["truncated"]:
-        text += (f"\n[output truncated to fit the read limit; continue with offset={value['next_offset']}]")
+        text += f"\n[output truncated to fit the read limit; continue with offset={value['next_offset']}]"
     elif value["next_offset"] is not None:
         text += f"\n[more lines follow; continue with offset={value['next_offset']}]"
     bad = value.get("not_utf8_lines") or []
     if bad:
         named = ", ".join(map(str, bad[:NOT_UTF8_NAMED])) + (
-            f" and {len(bad) - NOT_UTF8_NAMED} more" if len(bad) > NOT_UTF8_NAMED else "")
-        text += (f"\n[{'line' if len(bad) == 1 else 'lines'} {named} {'holds' if len(bad) == 1 else 'hold'} bytes "
-                 "that are not UTF-8, shown as U+FFFD: edit refuses this file, and writing the text back would "
-                 "replace those bytes]")
+            f" and {len(bad) - NOT_UTF8_NAMED} more" if len(bad) > NOT_UTF8_NAMED else ""
+        )
+        text += (
+            f"\n[{'line' if len(bad) == 1 else 'lines'} {named} {'holds' if len(bad) == 1 else 'hold'} bytes "
+            "that are not UTF-8, shown as U+FFFD: edit refuses this file, and writing the text back would "
+            "replace those bytes]"
+        )
     return text
 
 
@@ -1660,8 +1844,9 @@ def _withheld_note(count: int, what: str = "") -> str | None:
 
 
 def _render_list(_args: Any, value: Any) -> str:
-    lines = [e["name"] + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else "")
-             for e in value["entries"]]
+    lines = [
+        e["name"] + ("/" if e["type"] == "dir" else "@" if e["type"] == "symlink" else "") for e in value["entries"]
+    ]
     if value["truncated"]:
         lines.append("[listing truncated]")
     note = _withheld_note(value.get("withheld", 0))

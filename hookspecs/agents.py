@@ -49,5 +49,3 @@ def dsh_register_session_stores(register: Callable[[str, SessionStoreFactory], N
     an empty page ends it), so that it holds one page however long the
     session; a store without ``load_page`` is read whole with ``load``.
     """
-
-

@@ -24,9 +24,14 @@ def _dsh_on_terminal(*args: str, cwd: Path, stderr: bool = True) -> tuple[int, b
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
     leader, follower = pty.openpty()
     try:
-        process = subprocess.Popen([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ,
-                                   stdout=follower, stderr=follower if stderr else subprocess.DEVNULL,
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dsh_core", *args],
+            cwd=cwd,
+            env=environ,
+            stdout=follower,
+            stderr=follower if stderr else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         os.close(follower)
     shown = bytearray()

@@ -29,32 +29,55 @@ def python_files(folder: str) -> list[Path]:
 
 
 def test_dsh_core_never_imports_dsh_plugins() -> None:
-    offenders = [str(p) for p in python_files("dsh_core") if any(
-        name.split(".")[0] == "dsh_plugins" for name in imports_of(p))]
+    offenders = [
+        str(p) for p in python_files("dsh_core") if any(name.split(".")[0] == "dsh_plugins" for name in imports_of(p))
+    ]
     assert offenders == []
 
 
 def test_worker_code_imports_the_standard_library_only() -> None:
-    offenders = {str(p): name for p in python_files("dsh_core/coderuntime/worker") for name in imports_of(p)
-                 if name.split(".")[0] not in STDLIB}
+    offenders = {
+        str(p): name
+        for p in python_files("dsh_core/coderuntime/worker")
+        for name in imports_of(p)
+        if name.split(".")[0] not in STDLIB
+    }
     assert offenders == {}
 
 
 def test_only_the_hooks_facade_touches_pluggy() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in python_files("dsh_core")
-                 if p.name != "hooks.py" and "pluggy" in {n.split(".")[0] for n in imports_of(p)}
-                 and "testing" not in p.parts]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in python_files("dsh_core")
+        if p.name != "hooks.py" and "pluggy" in {n.split(".")[0] for n in imports_of(p)} and "testing" not in p.parts
+    ]
     assert offenders == []
-    hook_calls = [str(p.relative_to(ROOT)) for p in python_files("dsh_core")
-                  if p.name != "hooks.py" and ".hook.dsh_" in p.read_text()]
+    hook_calls = [
+        str(p.relative_to(ROOT))
+        for p in python_files("dsh_core")
+        if p.name != "hooks.py" and ".hook.dsh_" in p.read_text()
+    ]
     assert hook_calls == []
 
 
 @pytest.mark.slow
 def test_ruff_is_clean() -> None:
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], check=False, capture_output=True,
-                            text=True,
-                            cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", str(ROOT)], check=False, capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_ruff_format_leaves_every_file_as_it_is() -> None:
+    """One layout for the whole tree, so a diff shows behaviour, not someone's line breaks."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", str(ROOT)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

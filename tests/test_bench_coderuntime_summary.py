@@ -30,12 +30,20 @@ bench = _bench()
 
 def _dsh() -> dict[str, Any]:
     return {
-        "isolation": "L3 test", "cold_spawn_ms": 20.0, "trivial_ms_idle_gap": 4.0, "trivial_ms_back_to_back": 8.0,
-        "trivial_ms_idle_gap_by_level": {}, "binding_round_trip_us": 150.0, "in_flight10_calls_per_s": 21_000.0,
+        "isolation": "L3 test",
+        "cold_spawn_ms": 20.0,
+        "trivial_ms_idle_gap": 4.0,
+        "trivial_ms_back_to_back": 8.0,
+        "trivial_ms_idle_gap_by_level": {},
+        "binding_round_trip_us": 150.0,
+        "in_flight10_calls_per_s": 21_000.0,
         "compute_ms": 100.0,
         "wire_1mb": {"value_bytes": 929_032, "wire_ms": 300.0, "json_ms": 150.0, "json_gc_paused_ms": 75.0},
-        "memory": {"idle_worker": {"Pss_kib": 7000}, "workers20_total_pss_kib": 90_000,
-                   "host_ru_maxrss_kib_after_20": 30_000},
+        "memory": {
+            "idle_worker": {"Pss_kib": 7000},
+            "workers20_total_pss_kib": 90_000,
+            "host_ru_maxrss_kib_after_20": 30_000,
+        },
     }
 
 

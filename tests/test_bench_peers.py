@@ -36,8 +36,9 @@ def test_makes_a_venv_once_and_reuses_it(tmp_path: Path, requirements: Path) -> 
     python, note = peers_env.ensure_peers_python(venv, requirements, OFFLINE)
     assert python == venv / "bin" / "python", note
     assert "made" in note
-    ran = subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"],
-                         check=True, capture_output=True, text=True)
+    ran = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.prefix)"], check=True, capture_output=True, text=True
+    )
     assert ran.stdout.strip() == str(venv)
     (venv / "left-by-the-first-fill").touch()
     again, note = peers_env.ensure_peers_python(venv, requirements, OFFLINE)
@@ -86,8 +87,11 @@ def test_the_venv_path_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_pinned_file_pins_every_peer_exactly() -> None:
-    lines = [line for line in peers_env.REQUIREMENTS.read_text(encoding="utf-8").splitlines()
-             if line and not line.startswith("#")]
+    lines = [
+        line
+        for line in peers_env.REQUIREMENTS.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    ]
     assert all("==" in line for line in lines), lines
     names = {line.split("==")[0].lower() for line in lines}
     assert {"smolagents", "pydantic-monty", "bpe-openai"} <= names

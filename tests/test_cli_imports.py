@@ -28,8 +28,9 @@ PACKAGES = ["dsh_core", "dsh_core.agent", "dsh_core.sessions"]
 
 def fresh(script: str) -> Any:
     """Run ``script`` in a fresh interpreter and return the JSON document it prints last."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                            check=False, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, check=False, cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -80,8 +81,11 @@ def test_what_type_checkers_see_is_what_the_package_exports(package: str) -> Non
     module = importlib.import_module(package)
     seen = type_checking_imports(package)
     assert sorted(seen) == sorted(module.__all__)
-    assert [name for name, source in seen.items()
-            if getattr(module, name) is not getattr(importlib.import_module(source), name)] == []
+    assert [
+        name
+        for name, source in seen.items()
+        if getattr(module, name) is not getattr(importlib.import_module(source), name)
+    ] == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -118,11 +122,22 @@ def all_helps() -> list[list[str]]:
 
 
 def test_the_helps_cover_every_command_and_group() -> None:
-    assert all_helps() == [[], ["--help"], ["config", "--help"], ["config", "dump", "--help"], ["demo", "--help"],
-                           ["run-code", "--help"], ["sdk", "--help"], ["sessions", "--help"],
-                           ["sessions", "list", "--help"], ["sessions", "release", "--help"],
-                           ["sessions", "show", "--help"], ["tools", "--help"], ["tools", "call", "--help"],
-                           ["tools", "list", "--help"]]
+    assert all_helps() == [
+        [],
+        ["--help"],
+        ["config", "--help"],
+        ["config", "dump", "--help"],
+        ["demo", "--help"],
+        ["run-code", "--help"],
+        ["sdk", "--help"],
+        ["sessions", "--help"],
+        ["sessions", "list", "--help"],
+        ["sessions", "release", "--help"],
+        ["sessions", "show", "--help"],
+        ["tools", "--help"],
+        ["tools", "call", "--help"],
+        ["tools", "list", "--help"],
+    ]
 
 
 @pytest.mark.parametrize("args", all_helps(), ids=lambda args: " ".join(["dsh", *args]))

@@ -167,8 +167,11 @@ def test_every_documented_key_is_read_with_its_type(files: Any) -> None:
 
 def test_integral_floats_for_integer_keys_become_ints(files: Any) -> None:
     d = load(
-        files("f.toml", "[tools]\nmax_parallel_sub_calls = 10.0\n[[agents]]\nid = 'a'\nmax_turns = 2.0\n"
-                        "max_tool_result_chars = 1000.0\n")
+        files(
+            "f.toml",
+            "[tools]\nmax_parallel_sub_calls = 10.0\n[[agents]]\nid = 'a'\nmax_turns = 2.0\n"
+            "max_tool_result_chars = 1000.0\n",
+        )
     )
     assert type(d.tools.max_parallel_sub_calls) is int and d.tools.max_parallel_sub_calls == 10
     agent = d.agent("a")
@@ -221,7 +224,8 @@ def test_an_overlay_row_replaces_the_config_whole(files: Any) -> None:
 
 
 def test_a_rows_config_dir_is_the_absolute_directory_of_the_file_that_set_its_config(
-        files: Any, tmp_path: Path) -> None:
+    files: Any, tmp_path: Path
+) -> None:
     (tmp_path / "site").mkdir()
     overlay = files("site/overlay.toml", '[[plugins]]\nid = "fs"\nconfig = { allow_write = true }\n')
     d = load(files("base.toml", BASE), overlay)
@@ -229,8 +233,10 @@ def test_a_rows_config_dir_is_the_absolute_directory_of_the_file_that_set_its_co
     assert d.config_dir("shell") == tmp_path
     assert d.config_dir("ghost") is None
     assert default_deployment(tmp_path, env=NO_ENV).config_dir("workspace") is None  # no file set it
-    assert compose([("base.toml", {"plugins": [{"id": "x", "use": "x", "config": {}}]})],
-                   env=NO_ENV).config_dir("x") is None
+    assert (
+        compose([("base.toml", {"plugins": [{"id": "x", "use": "x", "config": {}}]})], env=NO_ENV).config_dir("x")
+        is None
+    )
 
 
 def test_an_overlay_row_without_config_keeps_the_config_and_replaces_given_keys(files: Any) -> None:
@@ -245,9 +251,7 @@ def test_an_overlay_row_without_config_keeps_the_config_and_replaces_given_keys(
 
 def test_an_unknown_id_inserts_a_row_and_rows_keep_first_appearance_order(files: Any) -> None:
     o1 = files("o1.toml", '[[plugins]]\nid = "git"\nuse = "mcp-stdio"\n[[plugins]]\nid = "fs"\nuse = "w2"\n')
-    o2 = files(
-        "o2.toml", '[[plugins]]\nid = "web"\nuse = "fetch"\n[[plugins]]\nid = "git"\nconfig = {a = 1}\n'
-    )
+    o2 = files("o2.toml", '[[plugins]]\nid = "web"\nuse = "fetch"\n[[plugins]]\nid = "git"\nconfig = {a = 1}\n')
     d = load(files("base.toml", BASE), o1, o2)
     assert [row.id for row in d.plugins] == ["fs", "shell", "git", "web"]
     git = d.plugin("git")
@@ -398,9 +402,7 @@ def test_unknown_keys_at_every_level_name_file_and_key_path(files: Any, text: st
 
 
 def test_keys_inside_a_plugin_config_are_the_plugins_business(files: Any) -> None:
-    d = load(
-        files("f.toml", '[[plugins]]\nid = "fs"\nuse = "w"\nconfig = { anything = { goes = [1, "a"] } }\n')
-    )
+    d = load(files("f.toml", '[[plugins]]\nid = "fs"\nuse = "w"\nconfig = { anything = { goes = [1, "a"] } }\n'))
     assert d.plugins[0].config == {"anything": {"goes": [1, "a"]}}
 
 
@@ -472,8 +474,7 @@ def test_a_bad_agent_mode_names_the_row(files: Any) -> None:
         ("plugins = 'fs'\n", "plugins: 'fs' is not of type 'array'"),
         (
             "[[agents]]\nid = 'a'\n[[agents]]\nid = '-bad'\n",
-            "agents[#2].id: '-bad' is not a valid id (letters, digits, '_', '.', '-', starting with a "
-            "letter or digit)",
+            "agents[#2].id: '-bad' is not a valid id (letters, digits, '_', '.', '-', starting with a letter or digit)",
         ),
         ('[[agents]]\nid = "main\\n"\n', "agents[#1].id: 'main\\n' is not a valid id"),
         (
@@ -517,7 +518,8 @@ def test_a_file_nesting_too_deeply_to_parse_is_a_config_error_naming_it(files: A
     """tomllib recurses into arrays and inline tables: a raw RecursionError naming no file escaped."""
     for deep in ("[" * 50_000 + "]" * 50_000, "{ a = " * 50_000 + "1" + " }" * 50_000):
         assert config_error(files("deep.toml", f"x = {deep}\n")) == (
-            "deep.toml: cannot parse: arrays or inline tables nest too deeply")
+            "deep.toml: cannot parse: arrays or inline tables nest too deeply"
+        )
 
 
 def test_a_missing_file_is_named(files: Any) -> None:
@@ -536,7 +538,8 @@ def test_a_file_starting_with_a_byte_order_mark_is_named_as_such(files: Any, tmp
     (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf[tools]\nmode = 'code'\n")
     assert config_error("bom.toml") == (
         "bom.toml: invalid TOML: the file starts with a UTF-8 byte order mark (BOM), which TOML does not "
-        "allow; save it as UTF-8 without a BOM")
+        "allow; save it as UTF-8 without a BOM"
+    )
 
 
 def test_provenance_names_the_path_as_given(files: Any, tmp_path: Path) -> None:
@@ -547,11 +550,14 @@ def test_provenance_names_the_path_as_given(files: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["default", "env:DSH_HOME"])
-def test_a_file_whose_name_reads_as_a_built_in_label_is_still_named_as_a_file(files: Any, tmp_path: Path,
-                                                                               name: str) -> None:
+def test_a_file_whose_name_reads_as_a_built_in_label_is_still_named_as_a_file(
+    files: Any, tmp_path: Path, name: str
+) -> None:
     """A file given as ``default`` was labelled ``default``, as the built-in defaults are (and one given as
     ``env:DSH_HOME`` as that variable): the dump showed its values as built in, and errors named no file."""
-    files(name, """
+    files(
+        name,
+        """
         [tools]
         mode = "code"
 
@@ -559,7 +565,8 @@ def test_a_file_whose_name_reads_as_a_built_in_label_is_still_named_as_a_file(fi
         id = "p"
         use = "u"
         config = { k = 1 }
-    """)
+    """,
+    )
     d = load(name)
     label = f"./{name}"
     assert d.sources == (label,)
@@ -608,13 +615,12 @@ def test_dsh_home_overrides_sessions_home(files: Any) -> None:
     d = load(base, env={"DSH_HOME": "/from/env"})
     assert d.sessions.home == "/from/env"
     assert d.source_of("sessions.home") == "env:DSH_HOME"
-    assert (
-        config_error(base, env={"DSH_HOME": ""}) == "DSH_HOME is set but empty; unset it or name a directory"
-    )
+    assert config_error(base, env={"DSH_HOME": ""}) == "DSH_HOME is set but empty; unset it or name a directory"
 
 
 def test_a_relative_sessions_home_from_a_file_is_read_from_that_files_directory(
-        files: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "proj").mkdir()
     (tmp_path / "a").mkdir()
     files("proj/dsh.toml", '[sessions]\nhome = "state"\n')
@@ -628,7 +634,8 @@ def test_a_relative_sessions_home_from_a_file_is_read_from_that_files_directory(
     assert ("sessions.home", d.sessions.home, "../proj/dsh.toml") in dump(d)  # dump shows where it is
     # The file that set it last decides, from its own directory.
     assert load("../proj/dsh.toml", "../proj/overlay.toml").sessions.home == str(
-        tmp_path / "a" / ".." / "proj" / ".." / "s2")
+        tmp_path / "a" / ".." / "proj" / ".." / "s2"
+    )
     # Absolute and ~ paths stay as written; compose() has no file to be relative to.
     assert load("../abs.toml").sessions.home == "/abs/state"
     assert load("../tilde.toml").sessions.home == "~/.dsh-x"
@@ -777,13 +784,16 @@ def test_dump_text_quotes_odd_keys_escapes_line_breaks_and_caps_alignment(files:
 
 def test_dump_text_escapes_what_would_drive_a_terminal_in_values_keys_and_file_names(files: Any) -> None:
     """json escapes C0 controls but leaves C1 (``\\x9b`` is an 8-bit CSI) and bidi overrides raw."""
-    name = files("odd\x1b[2J.toml", """
+    name = files(
+        "odd\x1b[2J.toml",
+        """
         [[plugins]]
         id = "p"
         use = "u"
         [plugins.config]
         "k\\u202e" = "a\\u009b2Jb\\u2066c\\u007f"
-        """)
+        """,
+    )
     (line,) = [line for line in dump_text(load(name)).splitlines() if ".config." in line]
     assert line == 'plugins[p].config."k\\u202e" = "a\\u009b2Jb\\u2066c\\u007f"  # odd\\u001b[2J.toml'
     assert json.loads(line.split(" = ", 1)[1].split("  #")[0]) == "a\x9b2Jb\u2066c\x7f"  # the same value
@@ -929,10 +939,12 @@ def test_a_config_checked_against_a_plugin_a_later_file_chose_names_that_file_to
     # A config given with (or after) the use is that file's alone.
     both = files("both.toml", '[[plugins]]\nid = "fs"\nuse = "bash"\nconfig = { root = "." }\n')
     assert plugin_error(load(files("base.toml", BASE), both)) == [
-        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from both.toml)"]
+        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from both.toml)"
+    ]
     later = files("later.toml", '[[plugins]]\nid = "fs"\nconfig = { root = "." }\n')
     assert plugin_error(load(files("base.toml", BASE), overlay, later)) == [
-        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from later.toml)"]
+        "plugins[fs].config.root: unknown key (allowed: args, env, timeout_s) (from later.toml)"
+    ]
 
 
 def test_a_row_that_never_got_a_config_is_blamed_on_the_file_that_added_it(files: Any) -> None:
@@ -1020,9 +1032,7 @@ def test_a_hand_built_deployment_without_provenance_is_blamed_on_default() -> No
     d = Deployment(plugins=(PluginRow(id="p", use="u", config={"k": 1}),))
     with pytest.raises(ConfigError) as caught:
         validate_plugin_configs(d, lambda row: None)
-    assert (
-        caught.value.message == "plugins[p].config.k: unknown key (plugin 'u' takes no config) (from default)"
-    )
+    assert caught.value.message == "plugins[p].config.k: unknown key (plugin 'u' takes no config) (from default)"
 
 
 def test_an_invalid_plugin_schema_is_a_schema_definition_error(files: Any) -> None:
@@ -1034,9 +1044,12 @@ def test_an_invalid_plugin_schema_is_a_schema_definition_error(files: Any) -> No
 MENU_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"menu": {"$ref": "#/$defs/node"}},
-    "$defs": {"node": {"type": "object",
-                       "properties": {"label": {"type": "string"},
-                                      "items": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"label": {"type": "string"}, "items": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        }
+    },
 }
 
 
@@ -1045,34 +1058,63 @@ def test_a_config_too_deep_for_a_recursive_schema_is_a_config_error_naming_row_a
     node: dict[str, Any] = {"label": "leaf"}
     for depth in range(600):
         node = {"label": f"level {depth}", "items": [node]}
-    d = compose([("menu.toml", {"plugins": [
-        {"id": "menu", "use": "menus", "config": {"menu": node}},
-        {"id": "sh", "use": "bash", "config": {"timeout_s": 0}},
-    ]})], env=NO_ENV)
+    d = compose(
+        [
+            (
+                "menu.toml",
+                {
+                    "plugins": [
+                        {"id": "menu", "use": "menus", "config": {"menu": node}},
+                        {"id": "sh", "use": "bash", "config": {"timeout_s": 0}},
+                    ]
+                },
+            )
+        ],
+        env=NO_ENV,
+    )
     with pytest.raises(ConfigError) as caught:
         validate_plugin_configs(d, lambda row: MENU_SCHEMA if row.use == "menus" else schema_for(row))
     first, second = caught.value.message.splitlines()
-    assert first.startswith("plugins[menu].config: cannot be checked against the config schema of plugin 'menus': "
-                            "validation recursed too deeply")
+    assert first.startswith(
+        "plugins[menu].config: cannot be checked against the config schema of plugin 'menus': "
+        "validation recursed too deeply"
+    )
     assert "nests 1202 levels" in first and first.endswith("(from menu.toml)")
     # the other rows are still checked
     assert second == "plugins[sh].config.timeout_s: 0 is less than or equal to the minimum of 0 (from menu.toml)"
     # a shallow menu under the same schema is fine
-    shallow = compose([("m.toml", {"plugins": [{"id": "m", "use": "menus", "config": {
-        "menu": {"label": "root", "items": [{"label": "a"}]}}}]})], env=NO_ENV)
+    shallow = compose(
+        [
+            (
+                "m.toml",
+                {
+                    "plugins": [
+                        {"id": "m", "use": "menus", "config": {"menu": {"label": "root", "items": [{"label": "a"}]}}}
+                    ]
+                },
+            )
+        ],
+        env=NO_ENV,
+    )
     validate_plugin_configs(shallow, lambda row: MENU_SCHEMA)
 
 
 def test_a_ref_cycle_in_a_plugin_config_schema_is_a_config_error_naming_row_and_file() -> None:
-    cyclic = {"type": "object", "properties": {"limits": {"$ref": "#/$defs/limits"}},
-              "$defs": {"limits": {"allOf": [{"$ref": "#/$defs/limits"}]}}}
-    d = compose([("deploy.toml", {"plugins": [
-        {"id": "lim", "use": "limiter", "config": {"limits": {"rps": 5}}}]})], env=NO_ENV)
+    cyclic = {
+        "type": "object",
+        "properties": {"limits": {"$ref": "#/$defs/limits"}},
+        "$defs": {"limits": {"allOf": [{"$ref": "#/$defs/limits"}]}},
+    }
+    d = compose(
+        [("deploy.toml", {"plugins": [{"id": "lim", "use": "limiter", "config": {"limits": {"rps": 5}}}]})], env=NO_ENV
+    )
     with pytest.raises(ConfigError) as caught:
         validate_plugin_configs(d, lambda row: cyclic)
     message = caught.value.message
-    assert message.startswith("plugins[lim].config: cannot be checked against the config schema of plugin "
-                              "'limiter': validation recursed too deeply")
+    assert message.startswith(
+        "plugins[lim].config: cannot be checked against the config schema of plugin "
+        "'limiter': validation recursed too deeply"
+    )
     assert "$ref cycle" in message and message.endswith("(from deploy.toml)")
 
 
@@ -1093,8 +1135,10 @@ def test_budgets_the_worker_cannot_be_given_are_refused_by_the_config(files: Any
 
 
 def test_dump_never_shows_the_credentials_of_a_url(files: Any) -> None:
-    toml = ('[[plugins]]\nid = "llm"\nuse = "openai"\n[plugins.config]\nbase_url = "https://me:hunter2@llm.example/v1"\n'
-            'mirrors = ["http://a:b@x.example/", "http://plain.example/"]\n')
+    toml = (
+        '[[plugins]]\nid = "llm"\nuse = "openai"\n[plugins.config]\nbase_url = "https://me:hunter2@llm.example/v1"\n'
+        'mirrors = ["http://a:b@x.example/", "http://plain.example/"]\n'
+    )
     rows = dump(load(files("base.toml", toml)))
     shown = {path: value for path, value, _ in rows}
     assert shown["plugins[llm].config.base_url"] == "https://***@llm.example/v1"
@@ -1106,7 +1150,9 @@ def test_url_credentials_are_hidden_up_to_the_authoritys_last_at_as_a_url_parser
     from dsh_core.config import without_url_credentials
 
     assert without_url_credentials("https://a@b@host/x") == "https://***@host/x"
-    assert without_url_credentials("see https://u:p@h/v1 or http://host/p@x") == "see https://***@h/v1 or http://host/p@x"
+    assert (
+        without_url_credentials("see https://u:p@h/v1 or http://host/p@x") == "see https://***@h/v1 or http://host/p@x"
+    )
 
 
 def test_has_url_credentials_agrees_with_what_without_url_credentials_hides() -> None:
@@ -1120,12 +1166,14 @@ def test_has_url_credentials_agrees_with_what_without_url_credentials_hides() ->
 
 def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
     """A key, token or password written into a plugin's config (a bash env, a header) was dumped in clear."""
-    toml = ('[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\napi_key_env = "DSH_API_KEY"\n'
-            'max_tokens = 4096\napi_key = "sk-live-1"\nauth = "u:hunter3"\nprivateKey = "k"\n'
-            'tokens = ["t-1", "t-2"]\n'
-            '[plugins.config.env]\nGITHUB_TOKEN = "ghp_secret"\nPGPASSWORD = "pw"\nLANG = "C.UTF-8"\n'
-            '[plugins.config.headers]\nAuthorization = "Bearer abc"\nAccept = "text/html"\n'
-            '[plugins.config.credentials]\nuser = "me"\nport = 5432\n')
+    toml = (
+        '[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\napi_key_env = "DSH_API_KEY"\n'
+        'max_tokens = 4096\napi_key = "sk-live-1"\nauth = "u:hunter3"\nprivateKey = "k"\n'
+        'tokens = ["t-1", "t-2"]\n'
+        '[plugins.config.env]\nGITHUB_TOKEN = "ghp_secret"\nPGPASSWORD = "pw"\nLANG = "C.UTF-8"\n'
+        '[plugins.config.headers]\nAuthorization = "Bearer abc"\nAccept = "text/html"\n'
+        '[plugins.config.credentials]\nuser = "me"\nport = 5432\n'
+    )
     deployment = load(files("base.toml", toml))
     shown = {path: value for path, value, _ in dump(deployment)}
     cfg = "plugins[sh].config"
@@ -1133,8 +1181,15 @@ def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
     assert shown[f"{cfg}.api_key_env"] == "DSH_API_KEY"  # the name of a variable, not its value
     assert shown[f"{cfg}.max_tokens"] == 4096
     assert shown[f"{cfg}.env.LANG"] == "C.UTF-8" and shown[f"{cfg}.headers.Accept"] == "text/html"
-    for key in ("api_key", "auth", "privateKey", "env.GITHUB_TOKEN", "env.PGPASSWORD", "headers.Authorization",
-                "credentials.user"):
+    for key in (
+        "api_key",
+        "auth",
+        "privateKey",
+        "env.GITHUB_TOKEN",
+        "env.PGPASSWORD",
+        "headers.Authorization",
+        "credentials.user",
+    ):
         assert shown[f"{cfg}.{key}"] == "***", key
     assert shown[f"{cfg}.credentials.port"] == 5432  # a secret is text: numbers (max_tokens) stay readable
     assert shown[f"{cfg}.tokens"] == ["***", "***"]
@@ -1148,9 +1203,11 @@ def test_dump_never_shows_a_value_whose_key_names_a_secret(files: Any) -> None:
 def test_dump_hides_the_bash_env_names_bash_itself_treats_as_credentials(files: Any) -> None:
     """bash keeps *_PASS and *_DSN variables from its commands as credentials; dumping the same names
     in a bash env printed them in clear (DB_PASS, a key=value DSN: no URL whose password is hidden)."""
-    toml = ('[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\n'
-            '[plugins.config.env]\nDB_PASS = "hunter2"\nPG_DSN = "host=db password=hunter3"\n'
-            'PASS_THROUGH = "yes"\n')
+    toml = (
+        '[[plugins]]\nid = "sh"\nuse = "bash"\n[plugins.config]\nroot = "/srv"\n'
+        '[plugins.config.env]\nDB_PASS = "hunter2"\nPG_DSN = "host=db password=hunter3"\n'
+        'PASS_THROUGH = "yes"\n'
+    )
     shown = {path: value for path, value, _ in dump(load(files("base.toml", toml)))}
     cfg = "plugins[sh].config.env"
     assert shown[f"{cfg}.DB_PASS"] == "***" and shown[f"{cfg}.PG_DSN"] == "***"
@@ -1162,7 +1219,8 @@ def test_a_single_bracket_row_table_says_to_write_double_brackets(files: Any, ki
     """`[plugins]` for `[[plugins]]` was answered with a Python dict's repr 'is not of type array'."""
     assert config_error(files("f.toml", f'[{kind}]\nid = "w"\nuse = "workspace"\n')) == (
         f"f.toml: {kind}: is a table, not an array of tables: write each row as [[{kind}]] (double brackets), "
-        f"not [{kind}]")
+        f"not [{kind}]"
+    )
 
 
 def test_approval_timeout_is_unset_by_default_and_a_positive_finite_number_when_given(files: Any) -> None:

@@ -43,23 +43,27 @@ def schema_violation() -> tuple[str, int, str]:
     return text, len("/x: ") + 5_000 - MAX_VIOLATION_CHARS, "character"
 
 
-@pytest.mark.parametrize("cut", [bash_output, tool_result, tool_result_at_a_tiny_cap, context_message,
-                                 schema_violation])
+@pytest.mark.parametrize(
+    "cut", [bash_output, tool_result, tool_result_at_a_tiny_cap, context_message, schema_violation]
+)
 def test_every_cut_shows_one_marker_shape_naming_its_count_and_unit(cut: Callable[[], tuple[str, int, str]]) -> None:
     text, left_out, unit = cut()
     found = SHAPE.findall(text)
     assert len(found) == 1, text
     count, named = found[0]
     assert int(count.replace(",", "")) == left_out and named == unit
-    assert left_out_marker(left_out, unit)[:-len(" ...]")] in text
+    assert left_out_marker(left_out, unit)[: -len(" ...]")] in text
 
 
-@pytest.mark.parametrize(("count", "unit", "note", "marker"), [
-    (1, "byte", "", "[... 1 byte left out ...]"),
-    (0, "byte", "", "[... 0 bytes left out ...]"),
-    (1_234_567, "character", "", "[... 1,234,567 characters left out ...]"),
-    (42, "character", "of this tool result", "[... 42 characters left out of this tool result ...]"),
-])
+@pytest.mark.parametrize(
+    ("count", "unit", "note", "marker"),
+    [
+        (1, "byte", "", "[... 1 byte left out ...]"),
+        (0, "byte", "", "[... 0 bytes left out ...]"),
+        (1_234_567, "character", "", "[... 1,234,567 characters left out ...]"),
+        (42, "character", "of this tool result", "[... 42 characters left out of this tool result ...]"),
+    ],
+)
 def test_the_marker_names_the_count_and_its_unit(count: int, unit: str, note: str, marker: str) -> None:
     assert left_out_marker(count, unit, note) == marker
 

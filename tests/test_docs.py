@@ -64,8 +64,23 @@ def test_the_writing_a_plugin_walk_through_passes_the_kit(tmp_path: Path) -> Non
     (dist / "entry_points.txt").write_text("[dsh.plugins]\nweather = dsh_weather:plugin\n")
     assert 'weather = "dsh_weather:plugin"' in section
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-         "test_conformance.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "test_conformance.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert completed.returncode == 0, textwrap.indent(completed.stdout[-3000:], "  ")
     assert "13 passed" in completed.stdout
 
@@ -77,8 +92,10 @@ def test_the_cpu_budget_sentence_says_how_the_hosts_reading_is_charged() -> None
 
     section = _section("isolation")
     assert (host._TIMED_FRAME_BYTES, host._SAMPLED_READS) == (64 * 1024, 8)
-    assert ("each read bringing 64 KiB or more, and, once the smaller ones add up to 64 KiB, one smaller read "
-            "in eight, at random, charged eight times over" in section)
+    assert (
+        "each read bringing 64 KiB or more, and, once the smaller ones add up to 64 KiB, one smaller read "
+        "in eight, at random, charged eight times over" in section
+    )
 
 
 def _config_block() -> str:
@@ -124,8 +141,9 @@ def test_every_deployment_config_key_is_documented() -> None:
         heading = f"[[{section}]]" if schema["type"] == "array" else f"[{section}]"
         if heading not in text:
             missing.append(heading)
-        missing += [f"{heading} {key}" for key in keys
-                    if not re.search(rf"`[^`\n]*\b{key}\b[^`\n]*`|^{key} = ", text, re.M)]
+        missing += [
+            f"{heading} {key}" for key in keys if not re.search(rf"`[^`\n]*\b{key}\b[^`\n]*`|^{key} = ", text, re.M)
+        ]
     assert not missing, f"config keys README.md never names: {missing}"
 
 
@@ -148,8 +166,10 @@ def test_the_plugin_table_lists_exactly_each_builtin_plugins_config_keys(name: s
     assert documented == _plugin_keys(name), f"{name}: README {sorted(documented)}, schema {sorted(_plugin_keys(name))}"
 
 
-@pytest.mark.parametrize(("name", "where"), [("scripted", "- `scripted`"), ("openai", "- `openai`"),
-                                             ("sqlite-sessions", "The default store")])
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [("scripted", "- `scripted`"), ("openai", "- `openai`"), ("sqlite-sessions", "The default store")],
+)
 def test_every_builtin_provider_and_store_config_key_is_documented(name: str, where: str) -> None:
     """Each key of the provider's (store's) config schema is named in its paragraph of the agents section."""
     section = _section("agents")
@@ -217,8 +237,12 @@ def test_every_dsh_command_line_in_the_readme_parses() -> None:
     from dsh_core.cli import main
 
     text = README.read_text(encoding="utf-8")
-    lines = {line[2:].split("  #")[0].strip() for block in _code_blocks(text, "console")
-             for line in block.splitlines() if line.startswith("$ dsh ")}
+    lines = {
+        line[2:].split("  #")[0].strip()
+        for block in _code_blocks(text, "console")
+        for line in block.splitlines()
+        if line.startswith("$ dsh ")
+    }
     lines |= set(re.findall(r"`(dsh [^`]*)`", text))
     assert len(lines) >= 10
     runner = CliRunner()

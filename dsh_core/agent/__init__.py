@@ -36,8 +36,19 @@ __all__ = [
 # Imported on first use (see dsh_core.lazy): importing a module of this package, as `dsh --help`
 # does, must not load the loop.
 if not TYPE_CHECKING:
-    __getattr__, __dir__ = lazy_exports(__name__, {
-        "dsh_core.agent.loop": ["DEFAULT_MAX_TURNS", "AgentLoop", "LoopObserver", "RunResult", "StopReason",
-                                "ToolCallRecord", "history_from_events", "run_agent"],
-        "dsh_core.agent.provider": ["Message", "Provider", "ProviderError", "normalize_assistant", "openai_tools"],
-    })
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "dsh_core.agent.loop": [
+                "DEFAULT_MAX_TURNS",
+                "AgentLoop",
+                "LoopObserver",
+                "RunResult",
+                "StopReason",
+                "ToolCallRecord",
+                "history_from_events",
+                "run_agent",
+            ],
+            "dsh_core.agent.provider": ["Message", "Provider", "ProviderError", "normalize_assistant", "openai_tools"],
+        },
+    )

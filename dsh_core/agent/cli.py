@@ -34,6 +34,7 @@ __all__ = ["run_prompt", "ConsoleObserver", "exit_code", "stderr_console"]
 
 T = TypeVar("T")
 
+
 def stderr_console() -> Console:
     """The console for progress: stderr, highlighting off (values are shown as given)."""
     return Console(stderr=True, highlight=False)
@@ -105,8 +106,9 @@ def exit_code(result: RunResult) -> int:
     return 1
 
 
-def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = None,
-               agent_id: str | None = None) -> NoReturn:
+def run_prompt(
+    deployment: Deployment, task: str, *, session_id: str | None = None, agent_id: str | None = None
+) -> NoReturn:
     """``dsh -p TASK``: one headless agent run; print the answer on stdout and exit with :func:`exit_code`."""
     console = stderr_console()
     interactive = sys.stderr.isatty()
@@ -121,8 +123,9 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
 
         harness = await start_harness(deployment)
         try:
-            return await run_agent(harness, task, agent_id=agent_id, session_id=session_id,
-                                   signal=controller.signal, observer=observer)
+            return await run_agent(
+                harness, task, agent_id=agent_id, session_id=session_id, signal=controller.signal, observer=observer
+            )
         finally:
             await harness.aclose()
 
@@ -136,8 +139,10 @@ def run_prompt(deployment: Deployment, task: str, *, session_id: str | None = No
         echo_outside_text(result.answer)
     unfinished = _UNFINISHED.get(result.finish_reason or "")
     if result.ok and unfinished is not None:
-        click.echo(f"dsh: warning: the answer may be incomplete: {unfinished} "
-                   f"(finish_reason {result.finish_reason!r})", err=True)
+        click.echo(
+            f"dsh: warning: the answer may be incomplete: {unfinished} (finish_reason {result.finish_reason!r})",
+            err=True,
+        )
     if not result.ok:
         detail = result.error or str(result.reason)
         resume = f" (session {result.session_id})" if result.session_id else ""

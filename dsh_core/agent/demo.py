@@ -46,21 +46,35 @@ from dsh_core.scope import Scope
 from dsh_core.sessions.cli import render_session
 from dsh_core.sessions.events import EventKind, SessionEvent, SessionInfo
 
-__all__ = ["demo_main", "prepare_demo", "run_demo", "run_demo_once", "DemoRun", "PromptSize", "prompt_sizes",
-           "render_comparison", "DEMO_TASK", "DEMO_FILES"]
+__all__ = [
+    "demo_main",
+    "prepare_demo",
+    "run_demo",
+    "run_demo_once",
+    "DemoRun",
+    "PromptSize",
+    "prompt_sizes",
+    "render_comparison",
+    "DEMO_TASK",
+    "DEMO_FILES",
+]
 
 #: The task the demo agent is given.
 DEMO_TASK: Final = "Survey the source files and notes for TODO markers and write a REPORT.md summarizing them."
+
 
 def _module(name: str, todo: str) -> str:
     # Realistically sized sources: in a native run every byte read flows through the model's context.
     body = [f'"""The {name} module of the demo inventory service."""', "", "from __future__ import annotations", ""]
     for index in range(12):
-        body += ["", f"def {name}_step_{index}(items: dict[str, int], key: str, count: int) -> int:",
-                 f'    """Step {index}: adjust ``key`` by ``count`` and return the new level."""',
-                 "    level = items.get(key, 0) + count",
-                 "    items[key] = level",
-                 "    return level"]
+        body += [
+            "",
+            f"def {name}_step_{index}(items: dict[str, int], key: str, count: int) -> int:",
+            f'    """Step {index}: adjust ``key`` by ``count`` and return the new level."""',
+            "    level = items.get(key, 0) + count",
+            "    items[key] = level",
+            "    return level",
+        ]
         if index == 5:
             body.append(f"    # TODO: {todo}")
     return "\n".join(body) + "\n"
@@ -97,11 +111,14 @@ def prepare_demo(base: Path, *, mode: str = "code") -> tuple[Deployment, Path]:
     script_name = "demo.jsonl" if mode == "code" else "demo-native.jsonl"
     script = base / script_name
     script.write_text(package.joinpath(script_name).read_text(encoding="utf-8"), encoding="utf-8")
-    config = (package.joinpath("demo.toml").read_text(encoding="utf-8")
-              .replace("@MODE@", _toml_string(mode))
-              .replace("@ROOT@", _toml_string(str(workspace)))
-              .replace("@SCRIPT@", _toml_string(str(script)))
-              .replace("@HOME@", _toml_string(str(base / "dsh-home"))))
+    config = (
+        package.joinpath("demo.toml")
+        .read_text(encoding="utf-8")
+        .replace("@MODE@", _toml_string(mode))
+        .replace("@ROOT@", _toml_string(str(workspace)))
+        .replace("@SCRIPT@", _toml_string(str(script)))
+        .replace("@HOME@", _toml_string(str(base / "dsh-home")))
+    )
     config_path = base / "demo.toml"
     config_path.write_text(config, encoding="utf-8")
     # The demo is self-contained: the environment must not switch its mode or move its home.
@@ -135,13 +152,24 @@ async def prompt_sizes(harness: Harness, agent: Scope) -> tuple[PromptSize, Prom
     extra = core_sections_of(harness)
 
     def measure(scope: Scope) -> PromptSize:
-        loop = AgentLoop(agent_id="probe", scope=scope, registry=registry, runtime=harness.runtime,
-                         hooks=harness.hooks, provider=_NoProvider(),
-                         system_prompt=row.system_prompt if row is not None else None, core_sections=extra)
+        loop = AgentLoop(
+            agent_id="probe",
+            scope=scope,
+            registry=registry,
+            runtime=harness.runtime,
+            hooks=harness.hooks,
+            provider=_NoProvider(),
+            system_prompt=row.system_prompt if row is not None else None,
+            core_sections=extra,
+        )
         system = loop.assembler.assemble(scope)
         tools = [schema.to_json() for schema in registry.wire_schemas(scope)]
-        return PromptSize(registry.mode_for(scope), len(system),
-                          len(json.dumps(tools, ensure_ascii=False)), tuple(t["name"] for t in tools))
+        return PromptSize(
+            registry.mode_for(scope),
+            len(system),
+            len(json.dumps(tools, ensure_ascii=False)),
+            tuple(t["name"] for t in tools),
+        )
 
     configured = measure(agent)
     # A layered child that declares `native`: same tools, same hooks, only the presentation differs.
@@ -196,26 +224,34 @@ async def run_demo_once(base: Path, *, mode: str, observer: LoopObserver | None 
     for event in events:
         if event.kind == EventKind.TOOL_RESULT and not event.payload.get("ok"):
             error = event.payload.get("error") or {}
-            raise DshError(f"the demo run ({mode} mode): tool call {event.payload.get('name')} "
-                           f"[{event.root_call_id}] failed (run with --keep to inspect its session): "
-                           f"{error.get('code')}: {error.get('message')}")
+            raise DshError(
+                f"the demo run ({mode} mode): tool call {event.payload.get('name')} "
+                f"[{event.root_call_id}] failed (run with --keep to inspect its session): "
+                f"{error.get('code')}: {error.get('message')}"
+            )
     return DemoRun(result, info, tuple(events), size, workspace)
 
 
 def render_comparison(code: DemoRun, native: DemoRun) -> str:
     """Per-request overhead and total characters sent to the model, Code Mode against native."""
-    lines = ["Prompt size, the same task in both modes (characters sent to the model):",
-             f"  {'mode':<7}{'requests':>9}{'per-request overhead':>23}{'total sent':>13}  tools on the wire"]
+    lines = [
+        "Prompt size, the same task in both modes (characters sent to the model):",
+        f"  {'mode':<7}{'requests':>9}{'per-request overhead':>23}{'total sent':>13}  tools on the wire",
+    ]
     for run in (native, code):
         size = run.size
-        lines.append(f"  {size.mode:<7}{len(run.result.request_chars):>9}{size.total:>23,}"
-                     f"{sum(run.result.request_chars):>13,}  {', '.join(size.tool_names)}")
+        lines.append(
+            f"  {size.mode:<7}{len(run.result.request_chars):>9}{size.total:>23,}"
+            f"{sum(run.result.request_chars):>13,}  {', '.join(size.tool_names)}"
+        )
     before, after = sum(native.result.request_chars), sum(code.result.request_chars)
     if before:
         change = 100 * (before - after) / before
         verdict = f"Code Mode sent {change:.0f}% less" if change >= 0 else f"Code Mode sent {-change:.0f}% more"
-        lines.append(f"  {verdict} ({abs(before - after):,} characters, ~{abs(before - after) // 4:,} tokens): "
-                     "file contents stayed in the program instead of flowing through the conversation.")
+        lines.append(
+            f"  {verdict} ({abs(before - after):,} characters, ~{abs(before - after) // 4:,} tokens): "
+            "file contents stayed in the program instead of flowing through the conversation."
+        )
     lines.append("  (per-request overhead = system prompt + tool schemas; Code Mode's includes the generated SDK)")
     return "\n".join(lines)
 
@@ -232,19 +268,21 @@ async def run_demo(base: Path, *, observer: LoopObserver | None = None) -> str:
     native = await run_demo_once(base / "native", mode="native")
     programs, nested = _count_nested(code.events)
     report = code.workspace / "REPORT.md"
-    return "\n".join([
-        f"Task: {DEMO_TASK}",
-        f"Answer: {code.result.answer}",
-        "",
-        "Trajectory (as dsh sessions show renders it; run with --keep to open it later):",
-        render_session(code.info, list(code.events)),
-        "",
-        f"{nested} tool calls ran inside {programs} run_code program(s); "
-        f"the model was asked {code.result.turns} times.",
-        f"REPORT.md: {'written' if report.exists() else 'not written'}",
-        "",
-        render_comparison(code, native),
-    ])
+    return "\n".join(
+        [
+            f"Task: {DEMO_TASK}",
+            f"Answer: {code.result.answer}",
+            "",
+            "Trajectory (as dsh sessions show renders it; run with --keep to open it later):",
+            render_session(code.info, list(code.events)),
+            "",
+            f"{nested} tool calls ran inside {programs} run_code program(s); "
+            f"the model was asked {code.result.turns} times.",
+            f"REPORT.md: {'written' if report.exists() else 'not written'}",
+            "",
+            render_comparison(code, native),
+        ]
+    )
 
 
 def demo_main(*, keep: bool) -> None:
@@ -267,7 +305,9 @@ def demo_main(*, keep: bool) -> None:
         # DSH_HOME overrides the kept config's [sessions] home: where it is set, the command
         # must set it too, or it would list the sessions of the user's own home instead.
         home = f"DSH_HOME={shlex.quote(str(base / 'code' / 'dsh-home'))} " if "DSH_HOME" in os.environ else ""
-        click.echo(f"\nKept {base} (code/ and native/: workspace, script, config, dsh-home/sessions.db).\n"
-                   f"Its sessions: {home}dsh sessions list --config {shlex.quote(str(base / 'code' / 'demo.toml'))} "
-                   "(then sessions show ID"
-                   f" with the same {'DSH_HOME and ' if home else ''}--config).")
+        click.echo(
+            f"\nKept {base} (code/ and native/: workspace, script, config, dsh-home/sessions.db).\n"
+            f"Its sessions: {home}dsh sessions list --config {shlex.quote(str(base / 'code' / 'demo.toml'))} "
+            "(then sessions show ID"
+            f" with the same {'DSH_HOME and ' if home else ''}--config)."
+        )

@@ -192,8 +192,9 @@ class _GuardedObserver(LoopObserver):
         self._inner = inner
 
     def _failed(self, callback: str) -> None:
-        log.warning("agent loop observer %s.%s failed; the run goes on", type(self._inner).__name__, callback,
-                    exc_info=True)
+        log.warning(
+            "agent loop observer %s.%s failed; the run goes on", type(self._inner).__name__, callback, exc_info=True
+        )
 
     async def on_text(self, fragment: str) -> None:
         try:
@@ -233,8 +234,10 @@ class _GuardedObserver(LoopObserver):
 
 
 def _default_system_prompt(agent_id: str) -> str:
-    return (f"You are {agent_id}, an agent running in dsh. Use the tools to complete the user's task, "
-            "then reply with a final answer.")
+    return (
+        f"You are {agent_id}, an agent running in dsh. Use the tools to complete the user's task, "
+        "then reply with a final answer."
+    )
 
 
 def _repair_interrupted(messages: list[Message]) -> list[Message]:
@@ -266,9 +269,13 @@ def _repair_interrupted(messages: list[Message]) -> list[Message]:
             index += 1
         for call in calls:
             if call["id"] not in answered:
-                repaired.append({"role": "tool", "tool_call_id": call["id"],
-                                 "content": "Error: the tool call was interrupted (the run ended before it "
-                                            "returned a result)"})
+                repaired.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call["id"],
+                        "content": "Error: the tool call was interrupted (the run ended before it returned a result)",
+                    }
+                )
     return repaired
 
 
@@ -329,9 +336,14 @@ class _ApprovalRecorder:
             return None
         return self.recorder.append(
             EventKind.APPROVAL,
-            {"name": execution.name, "call_id": execution.call_id, "reason": request.reason,
-             "outcome": str(ApprovalOutcome(outcome))},
-            root_call_id=execution.root_call_id)
+            {
+                "name": execution.name,
+                "call_id": execution.call_id,
+                "reason": request.reason,
+                "outcome": str(ApprovalOutcome(outcome)),
+            },
+            root_call_id=execution.root_call_id,
+        )
 
 
 class AgentLoop:
@@ -358,8 +370,9 @@ class AgentLoop:
         if max_turns < 1:
             raise ValueError(f"agent {agent_id!r}: max_turns must be at least 1, got {max_turns}")
         if max_tool_result_chars < 1:
-            raise ValueError(f"agent {agent_id!r}: max_tool_result_chars must be at least 1, "
-                             f"got {max_tool_result_chars}")
+            raise ValueError(
+                f"agent {agent_id!r}: max_tool_result_chars must be at least 1, got {max_tool_result_chars}"
+            )
         self.agent_id = agent_id
         self.scope = scope
         self.registry = registry
@@ -387,8 +400,14 @@ class AgentLoop:
 
     # -- one run ------------------------------------------------------------------------------------------
 
-    async def run(self, task: str, *, history: Sequence[Message] = (), signal: AbortSignal | None = None,
-                  first_step: int | None = None) -> RunResult:
+    async def run(
+        self,
+        task: str,
+        *,
+        history: Sequence[Message] = (),
+        signal: AbortSignal | None = None,
+        first_step: int | None = None,
+    ) -> RunResult:
         """Add ``task`` as a user message to ``history`` and run until the loop stops.
 
         ``first_step`` numbers this run's steps after earlier ones (call ids
@@ -460,8 +479,21 @@ class AgentLoop:
             # Cancelled from outside (a second interrupt, a timeout): still leave the session saying why,
             # but never let a failing store hide the cancellation itself.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._record([NewEvent(EventKind.RUN_END, {
-                    "reason": str(StopReason.ABORTED), "turns": turns, "answer": None, "error": "cancelled"})]))
+                await asyncio.shield(
+                    self._record(
+                        [
+                            NewEvent(
+                                EventKind.RUN_END,
+                                {
+                                    "reason": str(StopReason.ABORTED),
+                                    "turns": turns,
+                                    "answer": None,
+                                    "error": "cancelled",
+                                },
+                            )
+                        ]
+                    )
+                )
             raise
         except ProviderError as caught:
             failure = caught
@@ -486,9 +518,16 @@ class AgentLoop:
                 raise
             # The store that could not record the run/end most likely caused the failure: report that.
             raise failure from None
-        result = RunResult(reason, answer, turns, tuple(messages),
-                           self.recorder.session_id if self.recorder else None, error, tuple(self._request_chars),
-                           finish_reason)
+        result = RunResult(
+            reason,
+            answer,
+            turns,
+            tuple(messages),
+            self.recorder.session_id if self.recorder else None,
+            error,
+            tuple(self._request_chars),
+            finish_reason,
+        )
         self.observer.on_end(result)
         return result
 
@@ -512,18 +551,26 @@ class AgentLoop:
         if pending.cancelled():
             return None
         raw = pending.result()
-        return normalize_assistant(raw, who=f"provider {self.provider_name!r}",
-                                   fallback_ids=lambda index: f"call_{step}_{index + 1}")
+        return normalize_assistant(
+            raw, who=f"provider {self.provider_name!r}", fallback_ids=lambda index: f"call_{step}_{index + 1}"
+        )
 
     # -- tool calls ------------------------------------------------------------------------------------------
 
-    def _records(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal,
-                 cut_off: bool) -> list[ToolCallRecord]:
+    def _records(
+        self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal, cut_off: bool
+    ) -> list[ToolCallRecord]:
         records: list[ToolCallRecord] = []
         for index, call in enumerate(calls):
             function = call["function"]
-            record = ToolCallRecord(index=index, call_id=f"{step}.{index + 1}", tool_call_id=call["id"],
-                                    name=function["name"], raw_arguments=function["arguments"], cut_off=cut_off)
+            record = ToolCallRecord(
+                index=index,
+                call_id=f"{step}.{index + 1}",
+                tool_call_id=call["id"],
+                name=function["name"],
+                raw_arguments=function["arguments"],
+                cut_off=cut_off,
+            )
             record.arguments, record.parse_error = _parse_arguments(record.raw_arguments)
             self._classify(record, signal)
             records.append(record)
@@ -537,17 +584,31 @@ class AgentLoop:
 
     def _request(self, record: ToolCallRecord, signal: AbortSignal) -> ToolExecutionInput:
         # Model-direct: no parent token, so the registry's Code Mode collapse applies.
-        return ToolExecutionInput(call_id=record.call_id, name=record.name, arguments=record.arguments,
-                                  signal=signal, agent=self.scope)
+        return ToolExecutionInput(
+            call_id=record.call_id, name=record.name, arguments=record.arguments, signal=signal, agent=self.scope
+        )
 
-    async def _run_calls(self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal, *,
-                         cut_off: bool = False) -> list[ToolCallRecord]:
+    async def _run_calls(
+        self, calls: Sequence[Mapping[str, Any]], step: int, signal: AbortSignal, *, cut_off: bool = False
+    ) -> list[ToolCallRecord]:
         records = self._records(calls, step, signal, cut_off)
         # Written before anything runs: a crash mid-tool still shows what was being called. So the mode is
         # the one planned now; the tool/result event records the one the call ran under.
-        await self._record([NewEvent(EventKind.TOOL_CALL, {
-            "name": r.name, "tool_call_id": r.tool_call_id, "arguments": r.raw_arguments,
-            "execution_mode": r.mode}, root_call_id=r.call_id) for r in records])
+        await self._record(
+            [
+                NewEvent(
+                    EventKind.TOOL_CALL,
+                    {
+                        "name": r.name,
+                        "tool_call_id": r.tool_call_id,
+                        "arguments": r.raw_arguments,
+                        "execution_mode": r.mode,
+                    },
+                    root_call_id=r.call_id,
+                )
+                for r in records
+            ]
+        )
         bodies = _Bodies()
         index = 0
         try:
@@ -569,25 +630,33 @@ class AgentLoop:
             # keep their results, in call order. Dropped, a resumed run told the model they had been
             # interrupted, and it ran them again; the unfinished ones are repaired as interrupted.
             # Their context messages are not kept, so each result has the whole budget to itself.
-            settled = [_settled(r, self.max_tool_result_chars, with_contexts=False).event
-                       for r in records if r.result is not None]
+            settled = [
+                _settled(r, self.max_tool_result_chars, with_contexts=False).event
+                for r in records
+                if r.result is not None
+            ]
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._record(settled))
             raise
         return records
 
-    async def _run_one(self, record: ToolCallRecord, signal: AbortSignal, bodies: _Bodies, *,
-                       alone: bool = False) -> None:
+    async def _run_one(
+        self, record: ToolCallRecord, signal: AbortSignal, bodies: _Bodies, *, alone: bool = False
+    ) -> None:
         self.observer.on_tool_start(record)
         started = time.perf_counter()
         if record.parse_error is not None:
             # Told only "not valid JSON", a model whose reply hit its output limit sent the same call again.
-            remedy = ("your reply was cut off at the model's output limit (finish_reason 'length') before they "
-                      "were complete; send a shorter call, e.g. split a large content into several calls"
-                      if record.cut_off else "send one JSON object")
+            remedy = (
+                "your reply was cut off at the model's output limit (finish_reason 'length') before they "
+                "were complete; send a shorter call, e.g. split a large content into several calls"
+                if record.cut_off
+                else "send one JSON object"
+            )
             record.result = ToolResult.failure(
                 ErrorCode.INVALID_ARGS,
-                f'the arguments of tool call "{record.name}" are not valid JSON ({record.parse_error}); {remedy}')
+                f'the arguments of tool call "{record.name}" are not valid JSON ({record.parse_error}); {remedy}',
+            )
         else:
             record.result = await self._execute(record, signal, bodies, alone)
         record.duration_ms = (time.perf_counter() - started) * 1000
@@ -607,6 +676,7 @@ class AgentLoop:
         staged = await runtime.prepare(self._request(record, signal))  # cancelled, it emits its own result
         try:
             if staged.kind == "dispatch":
+
                 def mode() -> ExecutionMode:
                     return "exclusive" if alone else runtime.staged_execution_mode(staged)
 
@@ -782,9 +852,11 @@ def open_session_store(harness: Harness, *, create: bool = True) -> SessionStore
     factory = harness.session_stores.get(name)
     if factory is None:
         known = ", ".join(harness.session_stores.names()) or "none"
-        raise ConfigError(f"{_blamed(harness, 'sessions.store')}sessions.store: no session store named {name!r} "
-                          f"is registered (known: {known}); "
-                          "add a plugin row that provides it, e.g. use = \"sqlite-sessions\"")
+        raise ConfigError(
+            f"{_blamed(harness, 'sessions.store')}sessions.store: no session store named {name!r} "
+            f"is registered (known: {known}); "
+            'add a plugin row that provides it, e.g. use = "sqlite-sessions"'
+        )
     return open_store(factory, dsh_home(harness.deployment.sessions.home), create=create)
 
 
@@ -797,15 +869,19 @@ def core_sections_of(harness: Harness) -> list[CoreSection]:
 def _provider_for(harness: Harness, agent_id: str, name: str | None) -> Provider:
     if name is None:
         # Not set: blame the file that declared the agent.
-        raise ConfigError(f"{_blamed(harness, f'agents[{agent_id}].id')}agents[{agent_id}].provider is not set: "
-                          "name a registered provider "
-                          f"(known: {', '.join(harness.providers.names()) or 'none'})")
+        raise ConfigError(
+            f"{_blamed(harness, f'agents[{agent_id}].id')}agents[{agent_id}].provider is not set: "
+            "name a registered provider "
+            f"(known: {', '.join(harness.providers.names()) or 'none'})"
+        )
     provider = harness.providers.get(name)
     if provider is None:
         known = ", ".join(harness.providers.names()) or "none"
-        raise ConfigError(f"{_blamed(harness, f'agents[{agent_id}].provider')}agents[{agent_id}].provider: "
-                          f"no provider named {name!r} is registered "
-                          f"(known: {known}); add a plugin row that provides it (use = \"scripted\" or \"openai\")")
+        raise ConfigError(
+            f"{_blamed(harness, f'agents[{agent_id}].provider')}agents[{agent_id}].provider: "
+            f"no provider named {name!r} is registered "
+            f'(known: {known}); add a plugin row that provides it (use = "scripted" or "openai")'
+        )
     return provider  # type: ignore[no-any-return]
 
 
@@ -864,25 +940,47 @@ async def run_agent(
             recorder = SessionRecorder(store, session_id, lease=lease)
             run_scope.provide(SESSION_SERVICE, recorder)
         if recorder is not None:
-            harness.hooks.register(_ApprovalRecorder(run_scope, recorder),
-                                   name=f"dsh-agent-approval-record:{run_scope.serial}", scope=run_scope)
+            harness.hooks.register(
+                _ApprovalRecorder(run_scope, recorder),
+                name=f"dsh-agent-approval-record:{run_scope.serial}",
+                scope=run_scope,
+            )
         if approver is not None:
-            harness.hooks.register(_ApprovalChannel(run_scope, approver),
-                                   name=f"dsh-agent-approval:{run_scope.serial}", scope=run_scope)
+            harness.hooks.register(
+                _ApprovalChannel(run_scope, approver), name=f"dsh-agent-approval:{run_scope.serial}", scope=run_scope
+            )
         loop = AgentLoop(
-            agent_id=resolved_id, scope=run_scope, registry=harness.registry, runtime=harness.runtime,
-            hooks=harness.hooks, provider=provider, provider_name=str(provider_name),
+            agent_id=resolved_id,
+            scope=run_scope,
+            registry=harness.registry,
+            runtime=harness.runtime,
+            hooks=harness.hooks,
+            provider=provider,
+            provider_name=str(provider_name),
             model=row.model if row is not None else None,
             max_turns=(row.max_turns if row is not None and row.max_turns else DEFAULT_MAX_TURNS),
-            max_tool_result_chars=(row.max_tool_result_chars if row is not None and row.max_tool_result_chars
-                                   else DEFAULT_MAX_TOOL_RESULT_CHARS),
+            max_tool_result_chars=(
+                row.max_tool_result_chars
+                if row is not None and row.max_tool_result_chars
+                else DEFAULT_MAX_TOOL_RESULT_CHARS
+            ),
             system_prompt=row.system_prompt if row is not None else None,
-            core_sections=core_sections_of(harness), recorder=recorder, observer=observer)
+            core_sections=core_sections_of(harness),
+            recorder=recorder,
+            observer=observer,
+        )
         if recorder is not None:
-            await recorder.append(EventKind.RUN_START, {
-                "task": task, "agent": resolved_id, "provider": provider_name,
-                "model": row.model if row is not None else None,
-                "mode": harness.registry.mode_for(run_scope), "resumed": bool(history)})
+            await recorder.append(
+                EventKind.RUN_START,
+                {
+                    "task": task,
+                    "agent": resolved_id,
+                    "provider": provider_name,
+                    "model": row.model if row is not None else None,
+                    "mode": harness.registry.mode_for(run_scope),
+                    "resumed": bool(history),
+                },
+            )
         return await loop.run(task, history=history, signal=signal)
     finally:
         try:

@@ -73,9 +73,17 @@ class Provider(Protocol):
 
 def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     """Tool schemas in OpenAI's ``tools`` request shape."""
-    return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                               "parameters": t.get("parameters", {"type": "object"})}}
-            for t in tools]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("parameters", {"type": "object"}),
+            },
+        }
+        for t in tools
+    ]
 
 
 def wire_message(message: Mapping[str, Any]) -> Message:
@@ -107,18 +115,21 @@ def normalize_assistant(raw: object, *, who: str, fallback_ids: Callable[[int], 
     an error (a ``malformed-tool-call`` when a tool call is the culprit).
     """
     if not isinstance(raw, Mapping):
-        raise ProviderError("malformed-response", f"{who}: the assistant message is {type(raw).__name__}, "
-                                                  "expected an object")
+        raise ProviderError(
+            "malformed-response", f"{who}: the assistant message is {type(raw).__name__}, expected an object"
+        )
     role = raw.get("role", "assistant")
     if role != "assistant":
         raise ProviderError("malformed-response", f"{who}: expected role 'assistant', got {role!r}")
     content = raw.get("content")
     if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content
-                          if isinstance(part, Mapping) and part.get("type") == "text")
+        content = "".join(
+            part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text"
+        )
     if content is not None and not isinstance(content, str):
-        raise ProviderError("malformed-response", f"{who}: content is {type(content).__name__}, "
-                                                  "expected a string or null")
+        raise ProviderError(
+            "malformed-response", f"{who}: content is {type(content).__name__}, expected a string or null"
+        )
     message: Message = {"role": "assistant", "content": content}
     calls = raw.get("tool_calls") or []
     if not isinstance(calls, list):
@@ -141,8 +152,9 @@ def normalize_assistant(raw: object, *, who: str, fallback_ids: Callable[[int], 
         if isinstance(arguments, Mapping):
             arguments = json.dumps(arguments, ensure_ascii=False)
         if not isinstance(arguments, str):
-            raise _fail(who, f"{where}.function.arguments of tool {name!r} is {type(arguments).__name__}, "
-                             "expected JSON text")
+            raise _fail(
+                who, f"{where}.function.arguments of tool {name!r} is {type(arguments).__name__}, expected JSON text"
+            )
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id or call_id in taken:
             if fallback_ids is None:

@@ -176,8 +176,10 @@ def cap_call_texts(text: str, contexts: Sequence[str], limit: int) -> tuple[Capp
             return CappedText("", len(piece))
         return _cap(piece, budget, lambda left_out: cut_marker(left_out, limit, context=context, shared=shared))
 
-    return (cap(text, budgets[0], False),
-            [cap(piece, budget, True) for piece, budget in zip(contexts, budgets[1:], strict=True)])
+    return (
+        cap(text, budgets[0], False),
+        [cap(piece, budget, True) for piece, budget in zip(contexts, budgets[1:], strict=True)],
+    )
 
 
 def _cap(text: str, limit: int, marker_of: Callable[[int], str]) -> CappedText:

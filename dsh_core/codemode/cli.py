@@ -59,26 +59,45 @@ def run_code_json(result: ToolResult, record: RunRecord) -> dict[str, Any]:
     replaced message or content) shows its code and model-facing text, no logs.
     """
     run = record.run
-    calls = [{"sub_call_id": c.sub_call_id, "name": c.name, "args": c.args, "ok": c.ok, "error_code": c.error_code}
-             for c in record.calls]
+    calls = [
+        {"sub_call_id": c.sub_call_id, "name": c.name, "args": c.args, "ok": c.ok, "error_code": c.error_code}
+        for c in record.calls
+    ]
     if result.error is None:
         # The value passed run_code's output schema: {logs, result?} (also when an around-dispatch
         # middleware answered without running the program, e.g. a cache).
         value = thaw(result.value)
         answered = value if isinstance(value, dict) else {}
         logs = answered.get("logs")
-        return {"outcome": "completed", "logs": list(logs) if isinstance(logs, list) else [],
-                "result": answered.get("result"), "error": None, "calls": calls}
+        return {
+            "outcome": "completed",
+            "logs": list(logs) if isinstance(logs, list) else [],
+            "result": answered.get("result"),
+            "error": None,
+            "calls": calls,
+        }
     failed = run.error if run is not None else None
     if run is not None and failed is not None and _is_the_runs_own_failure(result, run):
-        return {"outcome": failed.kind, "logs": list(run.logs), "result": None,
-                "error": {"code": result.error.code, "kind": failed.kind, "message": failed.message},
-                "calls": calls}
+        return {
+            "outcome": failed.kind,
+            "logs": list(run.logs),
+            "result": None,
+            "error": {"code": result.error.code, "kind": failed.kind, "message": failed.message},
+            "calls": calls,
+        }
     # The pipeline failed the call itself or rewrote the run's failure: what it says, not the raw run.
-    error: dict[str, str | None] = {"code": result.error.code, "kind": failed.kind if failed is not None else None,
-             "message": result.text.removeprefix("Error: ") or result.error.message}
-    return {"outcome": failed.kind if failed is not None else result.error.code, "logs": [], "result": None,
-            "error": error, "calls": calls}
+    error: dict[str, str | None] = {
+        "code": result.error.code,
+        "kind": failed.kind if failed is not None else None,
+        "message": result.text.removeprefix("Error: ") or result.error.message,
+    }
+    return {
+        "outcome": failed.kind if failed is not None else result.error.code,
+        "logs": [],
+        "result": None,
+        "error": error,
+        "calls": calls,
+    }
 
 
 def _is_the_runs_own_failure(result: ToolResult, run: CodeRunResult) -> bool:
@@ -87,8 +106,11 @@ def _is_the_runs_own_failure(result: ToolResult, run: CodeRunResult) -> bool:
 
     assert result.error is not None and run.error is not None
     reported = CodeRunFailedError(run.error.kind, run.error.message, run.logs).message
-    return (result.error.code == ErrorCode.CODE_RUN_FAILED and result.error.message == reported
-            and result.text == f"Error: {reported}")
+    return (
+        result.error.code == ErrorCode.CODE_RUN_FAILED
+        and result.error.message == reported
+        and result.text == f"Error: {reported}"
+    )
 
 
 @click.command("run-code")
@@ -100,8 +122,14 @@ def _is_the_runs_own_failure(result: ToolResult, run: CodeRunResult) -> bool:
 @click.option("--json", "as_json", is_flag=True, help='Print {"outcome", "logs", "result", "error", "calls"}.')
 @config_option
 @click.pass_context
-def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, description: str | None,
-                     as_json: bool, configs: tuple[str, ...]) -> None:
+def run_code_command(
+    ctx: click.Context,
+    file: IO[str],
+    agent_id: str | None,
+    description: str | None,
+    as_json: bool,
+    configs: tuple[str, ...],
+) -> None:
     """One model-direct run_code call with the program in FILE (- for stdin).
 
     The exit status is 0 only if the program completed; 1 if it failed (an exception, a timeout, a
@@ -127,15 +155,19 @@ def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, de
         caller = scope
         if registry.mode_for(scope) == "native":
             # A native agent has no run_code; this developer command lends it one, and says so.
-            click.echo(f"dsh: note: agent {scope.name.removeprefix('agent:')!r} is in native mode; "
-                       "running the program as if its mode were \"both\"", err=True)
+            click.echo(
+                f"dsh: note: agent {scope.name.removeprefix('agent:')!r} is in native mode; "
+                'running the program as if its mode were "both"',
+                err=True,
+            )
             caller = scope.child("cli:run-code", layered=True)
             registry.present_as("both", caller)
         call_id = harness.next_call_id()
         try:
             with transport.watch(call_id) as record:
-                result: ToolResult = await harness.call(TRANSPORT_NAME, {"code": code, "description": title},
-                                                        agent=caller, call_id=call_id)
+                result: ToolResult = await harness.call(
+                    TRANSPORT_NAME, {"code": code, "description": title}, agent=caller, call_id=call_id
+                )
         finally:
             if caller is not scope:
                 await caller.dispose()
@@ -151,8 +183,13 @@ def run_code_command(ctx: click.Context, file: IO[str], agent_id: str | None, de
 
 
 @click.command("sdk")
-@click.option("--lang", "language", type=click.Choice(SDK_LANGUAGES), default=None,
-              help="The SDK language (default: the code runtime's).")
+@click.option(
+    "--lang",
+    "language",
+    type=click.Choice(SDK_LANGUAGES),
+    default=None,
+    help="The SDK language (default: the code runtime's).",
+)
 @click.option("--agent", "agent_id", help="The agent whose visible tools to render (default: the first one).")
 @config_option
 @click.pass_context

@@ -122,8 +122,13 @@ class DispatchHistory:
         if self._sink is None:
             return
         try:
-            await self._sink.append(kind, payload, root_call_id=self._root_call_id,
-                                    parent_call_id=self._parent_call_id, sub_call_id=sub_call_id)
+            await self._sink.append(
+                kind,
+                payload,
+                root_call_id=self._root_call_id,
+                parent_call_id=self._parent_call_id,
+                sub_call_id=sub_call_id,
+            )
         except Exception:
             log.warning("appending %s for %s failed", kind, sub_call_id, exc_info=True)
 
@@ -134,9 +139,13 @@ class DispatchHistory:
         if sink is None:
             return
         try:
-            await sink.append(CODE_DISPATCH_START, {"name": name, "arguments": arguments},
-                              root_call_id=self._root_call_id, parent_call_id=self._parent_call_id,
-                              sub_call_id=sub_call_id)
+            await sink.append(
+                CODE_DISPATCH_START,
+                {"name": name, "arguments": arguments},
+                root_call_id=self._root_call_id,
+                parent_call_id=self._parent_call_id,
+                sub_call_id=sub_call_id,
+            )
         except Exception:
             log.warning("appending %s for %s failed", CODE_DISPATCH_START, sub_call_id, exc_info=True)
 
@@ -148,8 +157,7 @@ class DispatchHistory:
         """
         await self._append(CODE_DISPATCH, payload, sub_call_id)
 
-    async def settle_payload(self, sub_call_id: str, name: str, arguments: JSON,
-                             result: ToolResult) -> dict[str, Any]:
+    async def settle_payload(self, sub_call_id: str, name: str, arguments: JSON, result: ToolResult) -> dict[str, Any]:
         """The payload of the call's ``tool/code-dispatch`` event, its content shaped by the durable-copy hook."""
         content: Sequence[ContentBlock] = result.content
         # The read-only record is built only when some implementation will see it.

@@ -28,8 +28,14 @@ from dsh_core.codemode.transport import CodeRuntimeRef, resolve_code_runtime
 from dsh_core.model import PromptContext, PromptSection
 from dsh_core.registry import TRANSPORT_NAME, ToolRegistry
 
-__all__ = ["CODE_ONLY_SECTION", "SDK_SECTION", "CODE_ONLY_ORDER", "SDK_ORDER", "code_mode_sections",
-           "CodeModeUnavailableError"]
+__all__ = [
+    "CODE_ONLY_SECTION",
+    "SDK_SECTION",
+    "CODE_ONLY_ORDER",
+    "SDK_ORDER",
+    "code_mode_sections",
+    "CodeModeUnavailableError",
+]
 
 #: Name and order of the rule section shown under ``code``.
 CODE_ONLY_SECTION: Final = "tools:code-only"
@@ -67,7 +73,8 @@ def code_mode_sections(
         if runtime is None:
             raise CodeModeUnavailableError(
                 f'mode "{mode}" of {where} requires a code runtime, but none is available: '
-                'configure [code_runtime] or set the tools mode to "native"')
+                'configure [code_runtime] or set the tools mode to "native"'
+            )
         try:
             text = render_sdk(runtime.language, sdk_tools(registry.definitions(context.agent)))
         except ValueError as error:

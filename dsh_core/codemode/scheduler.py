@@ -96,8 +96,15 @@ from dsh_core.lossless import JSON, thaw
 from dsh_core.model import ToolContext, ToolExecutionInput, ToolResult
 from dsh_core.runtime import ABORTED_BEFORE_DISPATCH_MESSAGE, Staged, ToolRuntime, aborted_result, error_result
 
-__all__ = ["DEFAULT_MAX_PARALLEL_SUB_CALLS", "PROGRAM_CANCELLED", "WRITE_AFTER_CANCEL_TIMEOUT_S", "ProgramScheduler",
-           "SubCall", "check_max_parallel", "SubCallError"]
+__all__ = [
+    "DEFAULT_MAX_PARALLEL_SUB_CALLS",
+    "PROGRAM_CANCELLED",
+    "WRITE_AFTER_CANCEL_TIMEOUT_S",
+    "ProgramScheduler",
+    "SubCall",
+    "check_max_parallel",
+    "SubCallError",
+]
 
 log = logging.getLogger("dsh")
 
@@ -130,8 +137,22 @@ class SubCallError(Exception):
 class SubCall:
     """One nested call between submission and commit."""
 
-    __slots__ = ("abort", "counted", "cut", "exclusive", "failure", "future", "logged", "name", "request",
-                 "settled", "staged", "start_lost", "sub_call_id", "watch")
+    __slots__ = (
+        "abort",
+        "counted",
+        "cut",
+        "exclusive",
+        "failure",
+        "future",
+        "logged",
+        "name",
+        "request",
+        "settled",
+        "staged",
+        "start_lost",
+        "sub_call_id",
+        "watch",
+    )
 
     def __init__(self, request: ToolExecutionInput, logged: JSON, future: asyncio.Future[JSON]) -> None:
         self.request = request
@@ -206,8 +227,9 @@ class ProgramScheduler:
 
     # -- submission -----------------------------------------------------------------------------------
 
-    def submit(self, request: ToolExecutionInput, logged: JSON,
-               abort: AbortController | None = None) -> asyncio.Future[JSON]:
+    def submit(
+        self, request: ToolExecutionInput, logged: JSON, abort: AbortController | None = None
+    ) -> asyncio.Future[JSON]:
         """Queue a nested call; the future settles at its commit, with what the program sees.
 
         That is the tool's plain (unfrozen) result value, or :class:`SubCallError`
@@ -268,8 +290,12 @@ class ProgramScheduler:
                 try:
                     abort.abort(PROGRAM_CANCELLED)
                 except Exception as error:
-                    log.warning("an abort listener of nested call %s failed (abort reason: %s)", call.sub_call_id,
-                                PROGRAM_CANCELLED, exc_info=error)
+                    log.warning(
+                        "an abort listener of nested call %s failed (abort reason: %s)",
+                        call.sub_call_id,
+                        PROGRAM_CANCELLED,
+                        exc_info=error,
+                    )
             task = self._dispatching.get(call)
             if task is not None and not call.cut:
                 # Its body may ignore the signal: cut it, as a cancelled native call's body is cut.
@@ -453,8 +479,9 @@ class ProgramScheduler:
         if call.future.done():  # cancelled by the code runtime: the program or its run is over, nobody waits
             return
         call.future.add_done_callback(_mark_retrieved)
-        call.future.set_exception(SubCallError(
-            f"run_code run is over ({self._signal.reason}); {call.name} tool call abandoned"))
+        call.future.set_exception(
+            SubCallError(f"run_code run is over ({self._signal.reason}); {call.name} tool call abandoned")
+        )
 
     async def _start(self, call: SubCall) -> None:
         history = self._history
@@ -465,8 +492,11 @@ class ProgramScheduler:
                 # The lane's task was cancelled from outside mid-write: the write wrote nothing (a
                 # sink's contract). The call commits as aborted, and its settle event needs its start.
                 if not await self._write_after_cancel(
-                        call, "start", functools.partial(history.started, call.sub_call_id, call.name, call.logged),
-                        "the session shows nothing of the call"):
+                    call,
+                    "start",
+                    functools.partial(history.started, call.sub_call_id, call.name, call.logged),
+                    "the session shows nothing of the call",
+                ):
                     call.start_lost = True
                 call.failure = aborted_result()
                 call.settled = True
@@ -474,8 +504,9 @@ class ProgramScheduler:
         try:
             # A person answering an approval ask is not the program's doing: that wait (and only
             # it, not a slow pre-execute hook or guard) does not use up the run's wall clock.
-            staged = await self._runtime.prepare(call.request,
-                                                 approval_wait=getattr(self.run_control, "pause_wall_clock", None))
+            staged = await self._runtime.prepare(
+                call.request, approval_wait=getattr(self.run_control, "pause_wall_clock", None)
+            )
         except Exception as error:
             log.warning("prepare of nested call %s failed", call.sub_call_id, exc_info=True)
             call.failure = error_result(error)
@@ -498,8 +529,9 @@ class ProgramScheduler:
             # The program is gone (the code runtime settled its run, and is tearing it down
             # before run_code's own abort comes): a call that was still in policy then must
             # not start its body now, for nobody. Settled as a call aborted before dispatch.
-            staged.settle("final-result", ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH,
-                                                             ABORTED_BEFORE_DISPATCH_MESSAGE))
+            staged.settle(
+                "final-result", ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH, ABORTED_BEFORE_DISPATCH_MESSAGE)
+            )
             call.settled = True
             return
         task = asyncio.current_task()
@@ -559,8 +591,9 @@ class ProgramScheduler:
                         payload = await history.settle_payload(call.sub_call_id, call.name, call.logged, settled)
                     await history.append_settle(call.sub_call_id, payload)
 
-                await self._write_after_cancel(call, "settle", write,
-                                               "the session shows the call started, never settled")
+                await self._write_after_cancel(
+                    call, "settle", write, "the session shows the call started, never settled"
+                )
             raise
 
     async def _finish_after_cancel(self, call: SubCall) -> ToolResult:
@@ -585,8 +618,9 @@ class ProgramScheduler:
         assert staged.result is not None
         return staged.result
 
-    async def _write_after_cancel(self, call: SubCall, event: str, write: Callable[[], Coroutine[Any, Any, None]],
-                                  lost: str) -> bool:
+    async def _write_after_cancel(
+        self, call: SubCall, event: str, write: Callable[[], Coroutine[Any, Any, None]], lost: str
+    ) -> bool:
         """Append ``call``'s ``event`` from a task cancelled mid-write: shielded, and bounded.
 
         True once written; False (``lost`` says what the session shows then, in the warning)
@@ -612,10 +646,18 @@ class ProgramScheduler:
                 # of its own accord would do it again at once, and the loop would spin.
                 timed_out = loop.time() >= deadline
                 if timed_out or task.cancelling() == requested:
-                    why = (f"the session sink took over {WRITE_AFTER_CANCEL_TIMEOUT_S:g} s" if timed_out
-                           else "the session sink cancelled it")
-                    log.warning("the %s event of nested call %s was not written after its task was "
-                                "cancelled (%s): %s", event, call.sub_call_id, why, lost)
+                    why = (
+                        f"the session sink took over {WRITE_AFTER_CANCEL_TIMEOUT_S:g} s"
+                        if timed_out
+                        else "the session sink cancelled it"
+                    )
+                    log.warning(
+                        "the %s event of nested call %s was not written after its task was cancelled (%s): %s",
+                        event,
+                        call.sub_call_id,
+                        why,
+                        lost,
+                    )
                     return False
 
     def _deliver(self, call: SubCall, result: ToolResult) -> None:

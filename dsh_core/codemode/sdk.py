@@ -94,15 +94,18 @@ class SdkTool:
 
 def sdk_tools(definitions: Iterable[ToolDefinition]) -> list[SdkTool]:
     """Project definitions for rendering, sorted by name (``run_code`` is never among them)."""
-    tools = [SdkTool(d.name, d.description, d.parameters, d.output.schema) for d in definitions
-             if d.name != "run_code"]
+    tools = [SdkTool(d.name, d.description, d.parameters, d.output.schema) for d in definitions if d.name != "run_code"]
     return sorted(tools, key=lambda tool: tool.name)
 
 
 def is_attribute_name(name: str) -> bool:
     """True when ``tools.<name>`` works and reads well: an NFKC-stable identifier, no keyword, no ``_`` prefix."""
-    return (name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
-            and unicodedata.normalize("NFKC", name) == name)
+    return (
+        name.isidentifier()
+        and not keyword.iskeyword(name)
+        and not name.startswith("_")
+        and unicodedata.normalize("NFKC", name) == name
+    )
 
 
 def _is_field_name(key: str) -> bool:
@@ -111,8 +114,12 @@ def _is_field_name(key: str) -> bool:
     Python reads identifiers NFKC-normalized (``ﬁle`` is ``file``) and mangles a
     ``__name`` without trailing underscores in a class body (``_Cls__name``).
     """
-    return (key.isidentifier() and not keyword.iskeyword(key) and unicodedata.normalize("NFKC", key) == key
-            and not (key.startswith("__") and not key.endswith("__")))
+    return (
+        key.isidentifier()
+        and not keyword.iskeyword(key)
+        and unicodedata.normalize("NFKC", key) == key
+        and not (key.startswith("__") and not key.endswith("__"))
+    )
 
 
 def _one_line(text: str) -> str:
@@ -128,8 +135,10 @@ def _one_line(text: str) -> str:
 #: characters). Tab, line feed and carriage return are the layout of a docstring; a string literal
 #: or a comment never holds them raw. Zero-width (non-)joiners stay: emoji and several scripts are
 #: spelled with them.
-_UNSHOWABLE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e"
-                                "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
+_UNSHOWABLE: Final = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
+)
 
 
 def _py_escape(match: re.Match[str]) -> str:
@@ -205,8 +214,9 @@ def _types_of(schema: Mapping[str, Any]) -> list[str]:
 
 
 #: Keywords that give a subschema a type of its own (see :func:`_constrains_only`).
-_TYPING_KEYWORDS: Final = frozenset({"type", "properties", "items", "const", "enum", "oneOf", "anyOf", "allOf",
-                                     "$ref", "$dynamicRef"})
+_TYPING_KEYWORDS: Final = frozenset(
+    {"type", "properties", "items", "const", "enum", "oneOf", "anyOf", "allOf", "$ref", "$dynamicRef"}
+)
 
 
 def _constrains_only(schema: Any) -> bool:
@@ -223,8 +233,7 @@ MAX_VARIANTS: Final = 16
 #: Most variants one render spells out in all: alternatives nested in alternatives multiply.
 _VARIANT_BUDGET: Final = 512
 #: Keywords whose meaning a stub shows: a parent with none of them adds nothing to its variants.
-_SHAPE_KEYWORDS: Final = frozenset({"type", "properties", "required", "additionalProperties", "items", "const",
-                                    "enum"})
+_SHAPE_KEYWORDS: Final = frozenset({"type", "properties", "required", "additionalProperties", "items", "const", "enum"})
 _COMBINATORS: Final = ("oneOf", "anyOf", "allOf")
 
 
@@ -243,8 +252,11 @@ class _Noted:
 def _variants_not_shown(own: dict[str, Any]) -> _Noted:
     """``own`` (a parent's keywords) to render alone: its ``oneOf``/``anyOf`` variants are too many,
     or none holds together with it."""
-    return _Noted(own, "Must also match one of the oneOf/anyOf variants of its schema, not spelled out here.",
-                  "A type here must also match one of the oneOf/anyOf variants of its schema, not spelled out.")
+    return _Noted(
+        own,
+        "Must also match one of the oneOf/anyOf variants of its schema, not spelled out here.",
+        "A type here must also match one of the oneOf/anyOf variants of its schema, not spelled out.",
+    )
 
 
 def _says_nothing(schema: Any) -> bool:
@@ -274,8 +286,14 @@ def _conjunction(first: Any, second: Any) -> Any:
     members = list(first["allOf"]) if isinstance(first, _Conjunction) else [first]
     if any(_same(member, second) for member in members):
         return first
-    note = next((schema["description"] for schema in (first, second)
-                 if isinstance(schema, dict) and isinstance(schema.get("description"), str)), None)
+    note = next(
+        (
+            schema["description"]
+            for schema in (first, second)
+            if isinstance(schema, dict) and isinstance(schema.get("description"), str)
+        ),
+        None,
+    )
     return _Conjunction({"allOf": [*members, second], **({"description": note} if note is not None else {})})
 
 
@@ -328,7 +346,8 @@ def _conjoin(own: dict[str, Any], part: Mapping[str, Any], conflict: Callable[[l
             if types is not None and "type" in own:
                 mine = own["type"]
                 types = [kind for kind in mine if _allows(types, kind)] + [
-                    kind for kind in types if kind not in mine and _allows(mine, kind)]
+                    kind for kind in types if kind not in mine and _allows(mine, kind)
+                ]
                 if not types:
                     return False
             if types is not None:
@@ -344,8 +363,9 @@ def _conjoin(own: dict[str, Any], part: Mapping[str, Any], conflict: Callable[[l
                 own["enum"] = values
         elif key == "required":
             if isinstance(value, list):
-                own["required"] = list(dict.fromkeys([*own.get("required", ()),
-                                                      *(name for name in value if isinstance(name, str))]))
+                own["required"] = list(
+                    dict.fromkeys([*own.get("required", ()), *(name for name in value if isinstance(name, str))])
+                )
         elif key == "items":
             own["items"] = _conjunction(own["items"], value) if "items" in own else value
         elif key not in ("properties", "additionalProperties", "$defs", "definitions", "$ref", *_COMBINATORS):
@@ -402,8 +422,11 @@ class _MergeResult:
 
 def _opaque(ref: str) -> _Noted:
     """A recursive ``$ref`` that more keywords narrow: it is named, the keywords are not shown."""
-    return _Noted({"$ref": ref}, "Must also match keywords of its schema that are not spelled out here.",
-                  "A type here must also match keywords of its schema that are not spelled out.")
+    return _Noted(
+        {"$ref": ref},
+        "Must also match keywords of its schema that are not spelled out here.",
+        "A type here must also match keywords of its schema that are not spelled out.",
+    )
 
 
 def _allowed_properties(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -720,8 +743,12 @@ class _Types:
                 self._canonicals[memo] = _canonical(target if pointer == ref else _follow(self._root, pointer))
             canonical = self._canonicals[memo]
             # A _Foreign $ref reads like a local one but stays unresolved here only.
-            if canonical is None or pointer == "#" or len(closure) >= _MAX_CLOSURE \
-                    or any(isinstance(inner, _Foreign) for inner in canonical[1]):
+            if (
+                canonical is None
+                or pointer == "#"
+                or len(closure) >= _MAX_CLOSURE
+                or any(isinstance(inner, _Foreign) for inner in canonical[1])
+            ):
                 return "in", id(self._root), ref  # this root's only
             closure[pointer], refs = canonical
             pending.extend(inner for inner in refs if inner.startswith("#"))
@@ -743,8 +770,9 @@ class _Types:
             return definition.expr
         if definition.active:
             return self.forward(self.def_name(resolved.key))
-        return _Node([(_Owned(resolved.key, resolved.schema), resolved.hint)],
-                     lambda parts: self._finish(definition, parts[0]))
+        return _Node(
+            [(_Owned(resolved.key, resolved.schema), resolved.hint)], lambda parts: self._finish(definition, parts[0])
+        )
 
     def _finish(self, definition: _Def, text: str) -> str:
         definition.active = False
@@ -804,8 +832,9 @@ class _Types:
         except _Opaque as opaque:
             return _opaque(opaque.ref), frozenset()
         if result is None:
-            return _variants_not_shown({key: value for key, value in schema.items()
-                                        if key not in (*_COMBINATORS, "$ref")}), frozenset()
+            return _variants_not_shown(
+                {key: value for key, value in schema.items() if key not in (*_COMBINATORS, "$ref")}
+            ), frozenset()
         self.notes.extend(self.unresolved(ref) for ref in result.unresolved)
         own, lists, inlined = result.own, result.lists, result.inlined
         if _types_of(own):
@@ -825,8 +854,9 @@ class _Types:
         for combination in itertools.product(*lists):
             if adds_nothing and len(combination) == 1:
                 alternative = combination[0]
-                variants.append(_Merged(alternative, inlined) if inlined and isinstance(alternative, dict)
-                                else alternative)
+                variants.append(
+                    _Merged(alternative, inlined) if inlined and isinstance(alternative, dict) else alternative
+                )
                 continue
             try:
                 variant = self.merge([_Merged(own, inlined), *combination])
@@ -949,7 +979,7 @@ def _union_members(text: str) -> list[str]:
         elif mark in ")]}":
             depth -= 1
         elif mark == " | " and depth == 0:
-            members.append(text[start:token.start()])
+            members.append(text[start : token.start()])
             start = token.end()
     members.append(text[start:])
     return members
@@ -1000,8 +1030,22 @@ class _PythonTypes(_Types):
         #: The ``Tools`` methods: inside that class body such a name is the method, not the type.
         self._methods = frozenset(methods)
         # ``None``, ``True`` and ``False`` too: a definition ``none`` camel-cases to a keyword.
-        super().__init__({"ToolCallError", "Tools", "Any", "Literal", "NotRequired", "Protocol", "TypeAlias",
-                          "TypedDict", "None", "True", "False", *self._methods})
+        super().__init__(
+            {
+                "ToolCallError",
+                "Tools",
+                "Any",
+                "Literal",
+                "NotRequired",
+                "Protocol",
+                "TypeAlias",
+                "TypedDict",
+                "None",
+                "True",
+                "False",
+                *self._methods,
+            }
+        )
         #: The classes (and type aliases) by name, in the order they are defined (each after those it uses).
         self.classes: dict[str, str] = {}
         #: What each class declares: two classes that declare the same are the same type.
@@ -1060,6 +1104,7 @@ class _PythonTypes(_Types):
     def signature(self, text: str, defined: Set[str]) -> str:
         """``text`` for a signature in ``Tools`` after the methods ``defined``: a name one of them
         shadows is qualified by its module (``builtins.list``)."""
+
         def resolve(match: re.Match[str]) -> str:
             name = match.group(2)
             if name not in defined:
@@ -1200,8 +1245,7 @@ class _PythonTypes(_Types):
                 # Keys that cannot be class attributes still get a precise type: the functional syntax.
                 lines = [*notes, f"{name} = TypedDict({json.dumps(name)}, {{"]
                 for key, annotation, note in fields:
-                    lines.append(f"    {_py_string(key)}: {annotation},"
-                                 + (f"  # {note}" if note else ""))
+                    lines.append(f"    {_py_string(key)}: {annotation}," + (f"  # {note}" if note else ""))
                 lines.append("})")
             self.classes[name] = self.module_level("\n".join(lines))
             self._bodies[name] = (tuple(notes), tuple(fields), lines[0].startswith("class "))
@@ -1279,29 +1323,37 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
         members.extend(f"    # {_py_comment(note)}" for note in types.take_notes())
         if is_attribute_name(tool.name):
             methods.add(tool.name)
-            members.append(f"    async def {tool.name}(self, args: {args}) -> {output}:\n"
-                           f"{_docstring(tool.description, '        ')}")
+            members.append(
+                f"    async def {tool.name}(self, args: {args}) -> {output}:\n"
+                f"{_docstring(tool.description, '        ')}"
+            )
         else:
-            members.append(f"    # tools[{_py_string(tool.name)}](args: {args}) -> {output}: "
-                           f"{_py_comment(tool.description)}")
-    imports = [name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypeAlias", "TypedDict")
-               if name in types.used]
-    modules = "".join(f"import {name}\n" if types.module(name) == name else f"import {name} as _{name}\n"
-                      for name in ("builtins", "typing") if name in types.used)
-    blocks = [f"{modules}from typing import {', '.join(imports)}",
-              "class ToolCallError(Exception):\n    tool_name: str",
-              *types.classes.values(),
-              # A class body of comments only is not valid Python: ``pass`` keeps the stub parseable.
-              "class Tools(Protocol):\n" + "\n".join([*members, *([] if methods else ["    pass"])]),
-              "tools: Tools"]
+            members.append(
+                f"    # tools[{_py_string(tool.name)}](args: {args}) -> {output}: {_py_comment(tool.description)}"
+            )
+    imports = [
+        name for name in ("Any", "Literal", "NotRequired", "Protocol", "TypeAlias", "TypedDict") if name in types.used
+    ]
+    modules = "".join(
+        f"import {name}\n" if types.module(name) == name else f"import {name} as _{name}\n"
+        for name in ("builtins", "typing")
+        if name in types.used
+    )
+    blocks = [
+        f"{modules}from typing import {', '.join(imports)}",
+        "class ToolCallError(Exception):\n    tool_name: str",
+        *types.classes.values(),
+        # A class body of comments only is not valid Python: ``pass`` keeps the stub parseable.
+        "class Tools(Protocol):\n" + "\n".join([*members, *([] if methods else ["    pass"])]),
+        "tools: Tools",
+    ]
     return f"{PYTHON_RULES}\n\n```python\n" + "\n\n".join(blocks) + "\n```"
 
 
 # -- TypeScript -----------------------------------------------------------------------------------------
 
 
-_TS_SCALARS: Final = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean",
-                      "null": "null"}
+_TS_SCALARS: Final = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean", "null": "null"}
 #: A bare TypeScript property name; anything else (even one with a trailing newline) is quoted.
 _TS_KEY: Final = re.compile(r"\A[A-Za-z_$][A-Za-z0-9_$]*\Z")
 
@@ -1336,9 +1388,25 @@ def _ts_array(item: str) -> str:
 
 
 #: Names a generated TypeScript type must not take: the stub's own, and globals it could hide.
-_TS_RESERVED: Final = frozenset({"JsonValue", "ToolArgsMap", "ToolOutputMap", "ToolName", "ToolCallError", "Array",
-                                 "Boolean", "Error", "Function", "Number", "Object", "Promise", "Record", "String",
-                                 "Symbol"})
+_TS_RESERVED: Final = frozenset(
+    {
+        "JsonValue",
+        "ToolArgsMap",
+        "ToolOutputMap",
+        "ToolName",
+        "ToolCallError",
+        "Array",
+        "Boolean",
+        "Error",
+        "Function",
+        "Number",
+        "Object",
+        "Promise",
+        "Record",
+        "String",
+        "Symbol",
+    }
+)
 
 
 class _TypeScriptTypes(_Types):
@@ -1408,8 +1476,9 @@ class _TypeScriptTypes(_Types):
         required_set = set(required) if isinstance(required, list) else set()
 
         def combine(parts: list[str]) -> str:
-            fields = "; ".join(f"{_ts_key(k)}{'' if k in required_set else '?'}: {p}"
-                               for k, p in zip(keys, parts, strict=True))
+            fields = "; ".join(
+                f"{_ts_key(k)}{'' if k in required_set else '?'}: {p}" for k, p in zip(keys, parts, strict=True)
+            )
             text = f"{{ {fields} }}"
             return text if extra is False else f"{text} & Record<string, JsonValue>"
 

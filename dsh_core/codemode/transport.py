@@ -188,8 +188,12 @@ def render_run_output(args: JSON, value: JSON) -> list[TextBlock]:
 
 def present_call(args: Mapping[str, Any]) -> dict[str, Any]:
     """How a UI shows a ``run_code`` call: a generic card titled by the description, input the code."""
-    return {"card": "generic", "title": args.get("description", ""), "kind": "execute",
-            "raw_input": args.get("code", "")}
+    return {
+        "card": "generic",
+        "title": args.get("description", ""),
+        "kind": "execute",
+        "raw_input": args.get("code", ""),
+    }
 
 
 # -- observation (the CLI's view of a run) ----------------------------------------------------------
@@ -296,7 +300,8 @@ class RunCodeTransport:
             mode = tools.registry.mode_for(execution.agent)
             raise ToolError(
                 f'mode "{mode}" requires a code runtime, but none is available: configure '
-                '[code_runtime] or set the tools mode to "native"')
+                '[code_runtime] or set the tools mode to "native"'
+            )
         record = self._watches.get(execution.call_id)
 
         # The run gets its own controller: the outer signal aborts it with the same reason, and
@@ -308,25 +313,32 @@ class RunCodeTransport:
             _abort_run(run, reason, call_id)
 
         unlisten = execution.signal.add_listener(abort_run)
-        history = DispatchHistory(tools.hooks, execution.agent, root_call_id=execution.root_call_id,
-                                  parent_call_id=execution.call_id)
+        history = DispatchHistory(
+            tools.hooks, execution.agent, root_call_id=execution.root_call_id, parent_call_id=execution.call_id
+        )
         on_commit = None
         if record is not None:
             calls = record.calls
 
             def on_commit(call: SubCall, result: ToolResult) -> None:
-                calls.append(CallRecord(call.sub_call_id, call.name, thaw(call.logged), not result.is_error,
-                                        result.code))
+                calls.append(
+                    CallRecord(call.sub_call_id, call.name, thaw(call.logged), not result.is_error, result.code)
+                )
 
-        scheduler = ProgramScheduler(tools, signal=run.signal, history=history, context=ctx,
-                                     max_parallel_sub_calls=self.max_parallel_sub_calls, on_commit=on_commit)
+        scheduler = ProgramScheduler(
+            tools,
+            signal=run.signal,
+            history=history,
+            context=ctx,
+            max_parallel_sub_calls=self.max_parallel_sub_calls,
+            on_commit=on_commit,
+        )
         # The namespace is fixed now: a tool registered later is not added; a tool removed later keeps
         # its name and fails as UNKNOWN_TOOL when dispatch re-resolves the live registry.
         names = [definition.name for definition in tools.registry.definitions(execution.agent)]
         counter = itertools.count(1)
         keeps_records = history.enabled or record is not None
-        functions = {name: _binding(name, execution, run.signal, scheduler, counter, keeps_records)
-                     for name in names}
+        functions = {name: _binding(name, execution, run.signal, scheduler, counter, keeps_records) for name in names}
         namespace = BindingNamespace("tools", functions, ErrorClassSpec(name="ToolCallError", member="tool_name"))
         cancelled = False
         try:
@@ -413,8 +425,12 @@ def _abort_run(run: AbortController, reason: object, call_id: str) -> None:
     try:
         run.abort(reason)
     except Exception as error:
-        log.warning("run_code %r: an abort listener of a nested call failed (abort reason: %s); "
-                    "the run settles as usual", call_id, reason, exc_info=error)
+        log.warning(
+            "run_code %r: an abort listener of a nested call failed (abort reason: %s); the run settles as usual",
+            call_id,
+            reason,
+            exc_info=error,
+        )
 
 
 async def _quiesce(work: Awaitable[None], on_cancel: Callable[[], None]) -> None:

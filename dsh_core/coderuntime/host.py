@@ -1003,8 +1003,11 @@ class _Run:
         tiny JSON elements takes many times its size once parsed, and seconds of the loop.
         """
         # Not "protocol": a genuine program returning or passing this much in tiny elements gets it too.
-        self.settle("limit", f"a frame of {size} bytes could take up to {cost} bytes of host memory to read, "
-                             f"more than the memory budget ({self.config.memory_mb} MiB); return or pass less at once")
+        self.settle(
+            "limit",
+            f"a frame of {size} bytes could take up to {cost} bytes of host memory to read, "
+            f"more than the memory budget ({self.config.memory_mb} MiB); return or pass less at once",
+        )
 
     @staticmethod
     def _recv_more(sock: socket.socket, first: bytes) -> bytes:
@@ -1156,8 +1159,11 @@ class _Run:
         elif inspect.isawaitable(awaitable):
             pending = self.loop.create_task(self._invoke(call_id, awaitable), context=context)
         else:
-            self._reply(call_id, False, f"binding {_shown(f'{global_name}.{name}')} returned "
-                                        f"{type(awaitable).__name__}, not an awaitable")
+            self._reply(
+                call_id,
+                False,
+                f"binding {_shown(f'{global_name}.{name}')} returned {type(awaitable).__name__}, not an awaitable",
+            )
             return
         self.tasks[call_id] = pending
         self.call_bytes += cost
@@ -1233,8 +1239,7 @@ class _Run:
             return  # the program cancelled it: nobody waits for this reply
         try:
             tokens = wire.encode(result)
-            frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens,
-                               "poll": _cpu_to_spare()})
+            frame = wire.pack({"t": "reply", "id": call_id, "ok": True, "v": tokens, "poll": _cpu_to_spare()})
         except wire.WireError as error:
             self._reply(call_id, False, f"binding resolution must be lossless JSON: {error.describe('result')}")
             return
@@ -1243,8 +1248,7 @@ class _Run:
 
     def _reply(self, call_id: int, ok: bool, message: str) -> None:
         if self.outcome is None:  # late resolutions are dropped
-            self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message,
-                                   "poll": _cpu_to_spare()}))
+            self._write(wire.pack({"t": "reply", "id": call_id, "ok": ok, "m": message, "poll": _cpu_to_spare()}))
 
     def _on_done(self, message: dict[str, Any]) -> None:
         if "e" in message:
@@ -1476,9 +1480,7 @@ class _Run:
         try:
             self.controller.abort(f"code run settled ({kind})")
         except Exception as error:  # a binding's abort listener: its error, not the teardown's
-            self.loop.call_exception_handler(
-                {"message": "an abort listener of a code run raised", "exception": error}
-            )
+            self.loop.call_exception_handler({"message": "an abort listener of a code run raised", "exception": error})
         if self.clock is not None:
             self.clock.stop()
         if self.cpu_handle is not None:

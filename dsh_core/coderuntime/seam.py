@@ -56,8 +56,20 @@ ISOLATION_LEVELS: tuple[str, ...] = ("auto", "L0", "L1", "L2", "L3")
 
 #: Globals the runtime injects itself, and those of the ``__main__`` module the program runs as;
 #: a namespace or error class may not use them.
-RESERVED_BINDING_GLOBALS = frozenset({"console", "print", "__dsh_main__", "__builtins__", "__debug__", "__name__",
-                                      "__doc__", "__package__", "__loader__", "__spec__"})
+RESERVED_BINDING_GLOBALS = frozenset(
+    {
+        "console",
+        "print",
+        "__dsh_main__",
+        "__builtins__",
+        "__debug__",
+        "__name__",
+        "__doc__",
+        "__package__",
+        "__loader__",
+        "__spec__",
+    }
+)
 #: Attribute names an error class's member may not shadow.
 RESERVED_ERROR_MEMBERS = frozenset({"name", "message", "args", "with_traceback", "add_note"})
 #: Python keywords plus the soft keywords ``match``, ``type`` and ``_``.

@@ -39,10 +39,20 @@ __all__ = [
 # Imported on first use (see dsh_core.lazy): importing a module of this package, as `dsh --help`
 # does, must not load the recorder (asyncio).
 if not TYPE_CHECKING:
-    __getattr__, __dir__ = lazy_exports(__name__, {
-        "dsh_core.sessions.events": ["EventKind", "NewEvent", "SessionEvent", "SessionInfo"],
-        "dsh_core.sessions.lease": ["SessionLease", "holder_alive"],
-        "dsh_core.sessions.recorder": ["SESSION_SERVICE", "SessionRecorder"],
-        "dsh_core.sessions.store": ["SessionBusyError", "SessionLeaseLostError", "SessionNotFoundError", "SessionStore",
-                                    "SessionStoreError", "SessionStoreFactory", "dsh_home"],
-    })
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "dsh_core.sessions.events": ["EventKind", "NewEvent", "SessionEvent", "SessionInfo"],
+            "dsh_core.sessions.lease": ["SessionLease", "holder_alive"],
+            "dsh_core.sessions.recorder": ["SESSION_SERVICE", "SessionRecorder"],
+            "dsh_core.sessions.store": [
+                "SessionBusyError",
+                "SessionLeaseLostError",
+                "SessionNotFoundError",
+                "SessionStore",
+                "SessionStoreError",
+                "SessionStoreFactory",
+                "dsh_home",
+            ],
+        },
+    )

@@ -237,9 +237,16 @@ class SessionRenderer:
             conn.execute("BEGIN")
             agent = info.meta.get("agent", "?")
             in_use = f" · in use by {visible(user.describe())}" if user is not None else ""
-            conn.execute("INSERT INTO nodes (id, parent, label, parent_of) VALUES (?, NULL, ?, 1)",
-                         (_ROOT, _stored(f"session {info.id} · agent {agent} · {info.shown_events} events · "
-                                         f"created {_when(info.created_at)}{in_use}")))
+            conn.execute(
+                "INSERT INTO nodes (id, parent, label, parent_of) VALUES (?, NULL, ?, 1)",
+                (
+                    _ROOT,
+                    _stored(
+                        f"session {info.id} · agent {agent} · {info.shown_events} events · "
+                        f"created {_when(info.created_at)}{in_use}"
+                    ),
+                ),
+            )
         except BaseException as error:
             self.close()
             if isinstance(error, sqlite3.Error):
@@ -249,8 +256,9 @@ class SessionRenderer:
     def __enter__(self) -> SessionRenderer:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -260,9 +268,11 @@ class SessionRenderer:
             conn.close()
 
     def _failed(self, error: Exception) -> DshError:
-        return DshError(f"cannot show session {self._session!r}: cannot draw its tree in a temporary database in "
-                        f"{_sqlite_temporary_directory()!r} (SQLite's temporary directory: TMPDIR, or SQLITE_TMPDIR "
-                        f"if set): {type(error).__name__}: {error}")
+        return DshError(
+            f"cannot show session {self._session!r}: cannot draw its tree in a temporary database in "
+            f"{_sqlite_temporary_directory()!r} (SQLite's temporary directory: TMPDIR, or SQLITE_TMPDIR "
+            f"if set): {type(error).__name__}: {error}"
+        )
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -297,17 +307,22 @@ class SessionRenderer:
     def _flush(self) -> None:
         """Write the lines and calls held to the database (a call's row replaces one of the same id)."""
         db = self._db()
-        db.executemany("INSERT INTO nodes (id, parent, label, parent_of) VALUES (?, ?, ?, ?)",
-                       [(node, parent, _stored(label), parent_of)
-                        for node, (parent, label, parent_of) in self._nodes.items()])
-        db.executemany("INSERT OR REPLACE INTO calls (key, node, start, run, unsettled) VALUES (?, ?, ?, ?, ?)",
-                       [(_stored(key), *call) for key, call in self._calls.items()])
+        db.executemany(
+            "INSERT INTO nodes (id, parent, label, parent_of) VALUES (?, ?, ?, ?)",
+            [(node, parent, _stored(label), parent_of) for node, (parent, label, parent_of) in self._nodes.items()],
+        )
+        db.executemany(
+            "INSERT OR REPLACE INTO calls (key, node, start, run, unsettled) VALUES (?, ?, ?, ?, ?)",
+            [(_stored(key), *call) for key, call in self._calls.items()],
+        )
         self._nodes.clear()
         self._calls.clear()
 
     def _spill_nested(self) -> None:
-        self._db().executemany("INSERT OR REPLACE INTO nested (key, node, start, run) VALUES (?, ?, ?, ?)",
-                               [(_nested_key(key), *call) for key, call in self._nested.items()])
+        self._db().executemany(
+            "INSERT OR REPLACE INTO nested (key, node, start, run) VALUES (?, ?, ?, ?)",
+            [(_nested_key(key), *call) for key, call in self._nested.items()],
+        )
         self._nested.clear()
         self._nested_spilled = True
 
@@ -368,8 +383,11 @@ class SessionRenderer:
             self._runs += 1
             self._started_at = event.at
             resumed = " (resumed)" if payload.get("resumed") else ""
-            self._run = add(_ROOT, f"run {self._runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · "
-                                   f"provider {payload.get('provider')} · mode {payload.get('mode')}")
+            self._run = add(
+                _ROOT,
+                f"run {self._runs}{resumed}: {_short(payload.get('task', ''), 60)!s} · "
+                f"provider {payload.get('provider')} · mode {payload.get('mode')}",
+            )
         elif kind == EventKind.USER_MESSAGE:
             message = _message(payload)
             if payload.get("context_source") is not None or event.root_call_id is not None:
@@ -387,8 +405,10 @@ class SessionRenderer:
             else:
                 add(current_run(), f"assistant: {_short(content or '')}")
         elif kind == EventKind.TOOL_CALL and event.root_call_id is not None:
-            node = add(current_run(), f"{payload.get('name')} [{event.root_call_id}] "
-                                      f"{_call_summary(payload.get('arguments', ''))}")
+            node = add(
+                current_run(),
+                f"{payload.get('name')} [{event.root_call_id}] {_call_summary(payload.get('arguments', ''))}",
+            )
             # A second call of the same id takes the first's place: that one is no longer looked for.
             self._calls[event.root_call_id] = [node, event.at, self._runs, 1]
             if len(self._calls) >= _BUFFERED:
@@ -425,8 +445,10 @@ class SessionRenderer:
             self._append(node, f" — {_outcome(payload)} · {_ms(duration)}")
         elif kind == EventKind.APPROVAL:
             reason = f" ({_short(payload.get('reason'), 60)})" if payload.get("reason") else ""
-            add(self._holder(event.root_call_id),
-                f"approval for {payload.get('name')}: {payload.get('outcome')}{reason}")
+            add(
+                self._holder(event.root_call_id),
+                f"approval for {payload.get('name')}: {payload.get('outcome')}{reason}",
+            )
         elif kind == EventKind.RUN_END:
             error = f": {_short(payload.get('error'), 100)}" if payload.get("error") else ""
             add(current_run(), f"end: {payload.get('reason')} after {payload.get('turns')} turn(s){error}")
@@ -465,8 +487,9 @@ class SessionRenderer:
         running_run = self._runs if holders_run else None
         self._flush()
         self._spill_nested()
-        unsettled = self._db().execute("SELECT node, run FROM calls WHERE unsettled "
-                                       "UNION ALL SELECT node, run FROM nested")
+        unsettled = self._db().execute(
+            "SELECT node, run FROM calls WHERE unsettled UNION ALL SELECT node, run FROM nested"
+        )
         for node, run in unsettled:  # stepped a row at a time, however many were left unsettled
             self._append(node, " — running" if run == running_run else " — no result (interrupted)")
 
@@ -544,13 +567,22 @@ def render_list(sessions: Sequence[SessionInfo]) -> str:
     holders = [_running_holder(s) for s in sessions]
     using = any(holder is not None for holder in holders)
     rows = [("ID", "UPDATED", "EVENTS", "AGENT", *(("IN USE BY",) if using else ()), "TASK")]
-    rows += [(_unknown_or(s.id), _when(s.updated_at), _unknown_or(s.event_count), _agent_cell(s),
-              *((visible(f"pid {h.pid} on {h.host}") if h is not None else "",) if using else ()),
-              _task_cell(s)) for s, h in zip(sessions, holders, strict=True)]
+    rows += [
+        (
+            _unknown_or(s.id),
+            _when(s.updated_at),
+            _unknown_or(s.event_count),
+            _agent_cell(s),
+            *((visible(f"pid {h.pid} on {h.host}") if h is not None else "",) if using else ()),
+            _task_cell(s),
+        )
+        for s, h in zip(sessions, holders, strict=True)
+    ]
     last = len(rows[0]) - 1  # the task: not padded
     widths = [max(len(row[i]) for row in rows) for i in range(last)]
-    return "\n".join("  ".join(cell.ljust(widths[i]) if i < last else cell for i, cell in enumerate(row)).rstrip()
-                     for row in rows)
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) if i < last else cell for i, cell in enumerate(row)).rstrip() for row in rows
+    )
 
 
 # -- commands ------------------------------------------------------------------------------------------------
@@ -589,8 +621,12 @@ def _with_store(deployment: Deployment, work: Callable[[SessionStore], Awaitable
 
 
 _config_option = click.option(
-    "--config", "configs", multiple=True, type=click.Path(dir_okay=False),
-    help="Deployment TOML file; repeat to overlay (later files patch earlier ones).")
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Deployment TOML file; repeat to overlay (later files patch earlier ones).",
+)
 
 
 @click.group("sessions")
@@ -628,10 +664,23 @@ def sessions_list(ctx: click.Context, configs: tuple[str, ...], limit: int, as_j
     if as_json:
         # UTF-8 as `show --json` writes it (echo_json escapes what stdout cannot encode, as JSON escapes).
         # A session the store could not read: meta null (not {}, which would say it has none) and why.
-        echo_json(dumps([{"id": s.id, "created_at": s.created_at, "updated_at": s.updated_at,
-                          "event_count": s.event_count, "meta": None if s.unreadable is not None else dict(s.meta),
-                          "in_use_by": _holder_json(s), "unreadable": s.unreadable}
-                         for s in found], indent=2))
+        echo_json(
+            dumps(
+                [
+                    {
+                        "id": s.id,
+                        "created_at": s.created_at,
+                        "updated_at": s.updated_at,
+                        "event_count": s.event_count,
+                        "meta": None if s.unreadable is not None else dict(s.meta),
+                        "in_use_by": _holder_json(s),
+                        "unreadable": s.unreadable,
+                    }
+                    for s in found
+                ],
+                indent=2,
+            )
+        )
     else:
         click.echo(render_list(found))
     if more:
@@ -686,8 +735,7 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
     if as_json:
         # Lone surrogates (a name that was not UTF-8) pass through the spool as they are: echo_json
         # writes them out as JSON escapes, as it does whatever stdout cannot encode.
-        with tempfile.SpooledTemporaryFile(_SPOOL_CHARS, mode="w+", encoding="utf-8",
-                                           errors="surrogatepass") as spool:
+        with tempfile.SpooledTemporaryFile(_SPOOL_CHARS, mode="w+", encoding="utf-8", errors="surrogatepass") as spool:
 
             async def document(store: SessionStore) -> SessionInfo:
                 info = await store.get(session_id)
@@ -697,8 +745,10 @@ def sessions_show(ctx: click.Context, session_id: str, configs: tuple[str, ...],
                         writer.add(event)
                     writer.end()
                 except OSError as error:  # the spool's: the store's own are SessionStoreErrors
-                    raise DshError(f"cannot show session {session_id!r} as JSON: cannot spool it to a temporary "
-                                   f"file in {tempfile.gettempdir()!r} (TMPDIR): {error.strerror or error}") from None
+                    raise DshError(
+                        f"cannot show session {session_id!r} as JSON: cannot spool it to a temporary "
+                        f"file in {tempfile.gettempdir()!r} (TMPDIR): {error.strerror or error}"
+                    ) from None
                 return info
 
             info = _with_store(_deployment(ctx, configs), document)
@@ -737,8 +787,11 @@ def _echo_lines(lines: Iterable[str]) -> None:
 def _warn_if_miscounted(info: SessionInfo) -> None:
     """On stderr (stdout is the tree, or a JSON document), that the record's event count is not what is stored."""
     if info.stored_events is not None and info.stored_events != info.event_count:
-        click.echo(f"dsh: warning: session {visible(repr(info.id))}: its record counts {info.event_count} events, "
-                   f"but {info.stored_events} are stored; showing the {info.stored_events} stored", err=True)
+        click.echo(
+            f"dsh: warning: session {visible(repr(info.id))}: its record counts {info.event_count} events, "
+            f"but {info.stored_events} are stored; showing the {info.stored_events} stored",
+            err=True,
+        )
 
 
 #: About how many characters of ``show --json``'s document are held in memory (the rest spooled on disk).
@@ -761,9 +814,18 @@ class _JsonEvents:
 
     def add(self, e: SessionEvent) -> None:
         """Write (or buffer, up to ``chunk``) the next event."""
-        item = dumps({"seq": e.seq, "kind": e.kind, "at": e.at, "root_call_id": e.root_call_id,
-                      "parent_call_id": e.parent_call_id, "sub_call_id": e.sub_call_id,
-                      "payload": e.payload}, indent=2)
+        item = dumps(
+            {
+                "seq": e.seq,
+                "kind": e.kind,
+                "at": e.at,
+                "root_call_id": e.root_call_id,
+                "parent_call_id": e.parent_call_id,
+                "sub_call_id": e.sub_call_id,
+                "payload": e.payload,
+            },
+            indent=2,
+        )
         # A JSON text breaks lines only between tokens: one level deeper is two more spaces after each break.
         self._pieces.append(("[\n  " if self._count == 0 else ",\n  ") + item.replace("\n", "\n  "))
         self._count += 1
@@ -798,7 +860,9 @@ def sessions_release(ctx: click.Context, session_id: str, configs: tuple[str, ..
     if holder is None:
         click.echo(f"session {visible(session_id)} was not held by any run")
     elif not holder.readable:
-        click.echo(f"released session {visible(session_id)} (held by a lease whose record is unreadable, so which "
-                   "run it was is unknown)")
+        click.echo(
+            f"released session {visible(session_id)} (held by a lease whose record is unreadable, so which "
+            "run it was is unknown)"
+        )
     else:
         click.echo(f"released session {visible(session_id)} (held by {visible(holder.describe())})")

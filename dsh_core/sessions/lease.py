@@ -69,7 +69,7 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
-    fields = text[text.rfind(")") + 2:].split()
+    fields = text[text.rfind(")") + 2 :].split()
     try:
         return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
     except (IndexError, ValueError):
@@ -102,8 +102,16 @@ class SessionLease:
     def for_this_run(cls) -> SessionLease:
         """A new lease held by this process, with a fresh token."""
         pid = os.getpid()
-        return cls(secrets.token_hex(16), pid, socket.gethostname(), boot_id(), pid_namespace(),
-                   process_start(pid), time.time(), machine_id())
+        return cls(
+            secrets.token_hex(16),
+            pid,
+            socket.gethostname(),
+            boot_id(),
+            pid_namespace(),
+            process_start(pid),
+            time.time(),
+            machine_id(),
+        )
 
     @classmethod
     def unreadable(cls) -> SessionLease:
@@ -121,8 +129,16 @@ class SessionLease:
 
     def to_json(self) -> dict[str, Any]:
         """The lease as a JSON object (what a store keeps)."""
-        return {"token": self.token, "pid": self.pid, "host": self.host, "boot_id": self.boot_id,
-                "pid_ns": self.pid_ns, "started": self.started, "since": self.since, "machine": self.machine}
+        return {
+            "token": self.token,
+            "pid": self.pid,
+            "host": self.host,
+            "boot_id": self.boot_id,
+            "pid_ns": self.pid_ns,
+            "started": self.started,
+            "since": self.since,
+            "machine": self.machine,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionLease:
@@ -142,10 +158,16 @@ class SessionLease:
             if not _is_time(since):
                 raise ValueError(f"not a session lease: since {since!r} is not a time")
             started = data.get("started")
-            return cls(str(data["token"]), pid, str(data["host"]),
-                       _optional_str(data.get("boot_id")), _optional_str(data.get("pid_ns")),
-                       started if isinstance(started, int) and not isinstance(started, bool) else None,
-                       since, _optional_str(data.get("machine")))
+            return cls(
+                str(data["token"]),
+                pid,
+                str(data["host"]),
+                _optional_str(data.get("boot_id")),
+                _optional_str(data.get("pid_ns")),
+                started if isinstance(started, int) and not isinstance(started, bool) else None,
+                since,
+                _optional_str(data.get("machine")),
+            )
         except (KeyError, TypeError, OverflowError) as error:  # OverflowError: an integer too large for a float
             raise ValueError(f"not a session lease: {error}") from None
 

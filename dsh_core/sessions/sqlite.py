@@ -159,14 +159,18 @@ def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-_SELECT_INFO: Final = ("SELECT id, created_at, updated_at, event_count, meta, leases.holder "
-                       "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id")
+_SELECT_INFO: Final = (
+    "SELECT id, created_at, updated_at, event_count, meta, leases.holder "
+    "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id"
+)
 
 #: :data:`_SELECT_INFO` and how many events are stored (``get``): one statement reads one snapshot of
 #: the database, so the count is of the same state as the record, whatever a writer commits meanwhile.
-_SELECT_INFO_COUNTED: Final = ("SELECT id, created_at, updated_at, event_count, meta, leases.holder, "
-                               "(SELECT COUNT(*) FROM events WHERE events.session_id = sessions.id) "
-                               "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id")
+_SELECT_INFO_COUNTED: Final = (
+    "SELECT id, created_at, updated_at, event_count, meta, leases.holder, "
+    "(SELECT COUNT(*) FROM events WHERE events.session_id = sessions.id) "
+    "FROM sessions LEFT JOIN leases ON leases.session_id = sessions.id"
+)
 
 
 #: How an unreadable stored lease is named where one must be: it is not this run's, and holds nothing.
@@ -194,8 +198,9 @@ _LATEST: Final = 253_402_300_799
 
 #: Whether a row's ``updated_at`` is a time, as :func:`_is_time` asks it (but for what the platform can
 #: show): ``list`` orders by it in SQL, so that ``LIMIT`` leaves out the right sessions.
-_UPDATED_IS_TIME: Final = (f"(typeof(updated_at) IN ('integer', 'real') "
-                           f"AND updated_at BETWEEN {_EARLIEST} AND {_LATEST})")
+_UPDATED_IS_TIME: Final = (
+    f"(typeof(updated_at) IN ('integer', 'real') AND updated_at BETWEEN {_EARLIEST} AND {_LATEST})"
+)
 
 
 def _is_time(value: object) -> bool:
@@ -266,13 +271,15 @@ def _event(path: Path, session_id: str, row: tuple[Any, ...]) -> SessionEvent:
         if value is not None and not isinstance(value, str):
             problems.append(f"{name} is not text: {_shown(value)}")
     if problems:
-        raise SessionStoreError(f"session store {str(path)!r}: session {session_id!r} event {_shown(seq)}: "
-                                f"{'; '.join(problems)}")
+        raise SessionStoreError(
+            f"session store {str(path)!r}: session {session_id!r} event {_shown(seq)}: {'; '.join(problems)}"
+        )
     try:
         value = decode_payload(payload)
     except (ValueError, TypeError, RecursionError) as error:
-        raise SessionStoreError(f"session store {str(path)!r}: session {session_id!r} event {seq}: payload is not "
-                                f"JSON: {error}") from None
+        raise SessionStoreError(
+            f"session store {str(path)!r}: session {session_id!r} event {seq}: payload is not JSON: {error}"
+        ) from None
     return SessionEvent(session_id, seq, kind, value, at, root, parent, sub)
 
 
@@ -319,8 +326,9 @@ def _file_tables(conn: sqlite3.Connection) -> set[str]:
     SQLite's table names ignore case (a file's table "Leases" is the table leases), and its own
     tables (``sqlite_sequence``, ``sqlite_stat1``, ...) are no program's, so they are left out.
     """
-    rows = conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
-                        "ESCAPE '\\'")
+    rows = conn.execute(
+        "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+    )
     return {row[0].lower() for row in rows}
 
 
@@ -337,8 +345,7 @@ class SqliteSessionStore:
         self._lacking: tuple[str, ...] = ()
         #: The file's schema cookie (``PRAGMA schema_version``) when a run's store last found its tables dsh's.
         self._tables_checked_at: int | None = None
-        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dsh-sqlite")
+        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsh-sqlite")
         self._conn: sqlite3.Connection | None = None
         try:
             # Opened synchronously so that a bad path fails at boot, naming the file.
@@ -462,12 +469,16 @@ class SqliteSessionStore:
         """The database's schema version; :class:`SessionStoreError` naming the file for one this dsh does not know."""
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
-            raise SessionStoreError(f"cannot open session database {str(self.path)!r}: it was written by a newer dsh "
-                                    f"(schema version {version}; this dsh supports version {SCHEMA_VERSION}); "
-                                    "upgrade dsh")
+            raise SessionStoreError(
+                f"cannot open session database {str(self.path)!r}: it was written by a newer dsh "
+                f"(schema version {version}; this dsh supports version {SCHEMA_VERSION}); "
+                "upgrade dsh"
+            )
         if version < 0:  # no dsh ever wrote one
-            raise SessionStoreError(f"cannot open session database {str(self.path)!r}: it is not a dsh session "
-                                    f"database: its schema version is {version} (dsh's are 0 to {SCHEMA_VERSION})")
+            raise SessionStoreError(
+                f"cannot open session database {str(self.path)!r}: it is not a dsh session "
+                f"database: its schema version is {version} (dsh's are 0 to {SCHEMA_VERSION})"
+            )
         return version
 
     def _complete_schema(self, conn: sqlite3.Connection) -> None:
@@ -514,8 +525,10 @@ class SqliteSessionStore:
         A database without any table yet (what ``sqlite3.connect`` made before a dsh put its schema in it)
         is an empty store.
         """
-        foreign = (f"cannot open session database {str(self.path)!r}: it is not a dsh session database: {{}} "
-                   "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+        foreign = (
+            f"cannot open session database {str(self.path)!r}: it is not a dsh session database: {{}} "
+            "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)"
+        )
         tables = _file_tables(conn)
         if tables and "sessions" not in tables:
             raise SessionStoreError(foreign.format("it has no table 'sessions'"))
@@ -553,8 +566,9 @@ class SqliteSessionStore:
             raise SessionStoreError(f"session store {str(self.path)!r} is closed")
         return await asyncio.get_running_loop().run_in_executor(executor, job)
 
-    async def _write(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str,
-                     lacking_ok: bool = False) -> T:
+    async def _write(
+        self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str, lacking_ok: bool = False
+    ) -> T:
         """Run ``work`` as one transaction on the database thread; a cancelled call commits nothing.
 
         ``lacking_ok``: ``work`` writes only to tables of the file, named ``main.``, so a database that
@@ -568,8 +582,9 @@ class SqliteSessionStore:
             raise SessionStoreError(f"session store {str(self.path)!r} is closed")
         fate = _Fate()
         future = asyncio.get_running_loop().run_in_executor(
-            executor, lambda: self._transaction(work, session_id=session_id, doing=doing, fate=fate,
-                                                lacking_ok=lacking_ok))
+            executor,
+            lambda: self._transaction(work, session_id=session_id, doing=doing, fate=fate, lacking_ok=lacking_ok),
+        )
         try:
             # Shielded: a cancellation must not detach the job before it is known whether it commits.
             return await asyncio.shield(future)
@@ -592,8 +607,15 @@ class SqliteSessionStore:
             task.cancel()
         return result
 
-    def _transaction(self, work: Callable[[sqlite3.Connection], T], *, session_id: str, doing: str,
-                     fate: _Fate | None = None, lacking_ok: bool = False) -> T:
+    def _transaction(
+        self,
+        work: Callable[[sqlite3.Connection], T],
+        *,
+        session_id: str,
+        doing: str,
+        fate: _Fate | None = None,
+        lacking_ok: bool = False,
+    ) -> T:
         """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; an SQLite failure is a :class:`SessionStoreError`.
 
         A failed statement or ``COMMIT`` rolls back (only if a transaction is still open: SQLite ends one
@@ -611,9 +633,11 @@ class SqliteSessionStore:
         if self._lacking:
             self._read(lambda conn: None, doing=f"{doing} session {session_id!r}")
         if self._lacking and not lacking_ok:
-            raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: the "
-                                    f"database lacks dsh's table(s) {', '.join(self._lacking)} (an older dsh wrote "
-                                    "it), and was opened only to read; a dsh run that records a session adds them")
+            raise SessionStoreError(
+                f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: the "
+                f"database lacks dsh's table(s) {', '.join(self._lacking)} (an older dsh wrote "
+                "it), and was opened only to read; a dsh run that records a session adds them"
+            )
         conn = self._db()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -633,8 +657,10 @@ class SqliteSessionStore:
                         conn.execute("ROLLBACK")
                 raise
         except sqlite3.Error as error:
-            raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: "
-                                    f"{type(error).__name__}: {error}") from error
+            raise SessionStoreError(
+                f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
         return result
 
     def _read(self, work: Callable[[sqlite3.Connection], T], *, doing: str) -> T:
@@ -664,13 +690,15 @@ class SqliteSessionStore:
             self._lacking = lacking
             return result
         except sqlite3.Error as error:
-            raise SessionStoreError(f"session store {str(self.path)!r}: cannot {doing}: "
-                                    f"{type(error).__name__}: {error}") from error
+            raise SessionStoreError(
+                f"session store {str(self.path)!r}: cannot {doing}: {type(error).__name__}: {error}"
+            ) from error
 
     # -- the SessionStore API ----------------------------------------------------------------------------
 
-    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
-                     lease: SessionLease | None = None) -> SessionInfo:
+    async def create(
+        self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None, lease: SessionLease | None = None
+    ) -> SessionInfo:
         """Create a session (held by ``lease`` if given); an id that already exists is a :class:`SessionStoreError`.
 
         An empty ``session_id`` is a ``ValueError``: only ``None`` asks for a fresh id.
@@ -681,16 +709,20 @@ class SqliteSessionStore:
         if session_id is not None and not _is_utf8(session_id):
             raise ValueError(f"create: session_id {session_id!r} is not UTF-8 text (it holds a lone surrogate)")
         if self.absent:
-            raise SessionStoreError(f"cannot create a session: session store {str(self.path)!r} was opened "
-                                    "without creating it, and it does not exist")
+            raise SessionStoreError(
+                f"cannot create a session: session store {str(self.path)!r} was opened "
+                "without creating it, and it does not exist"
+            )
         chosen = new_session_id() if session_id is None else session_id
         meta_text = encode_payload(dict(meta or {}))
         now = time.time()
 
         def work(conn: sqlite3.Connection) -> None:
             try:
-                conn.execute("INSERT INTO sessions (id, created_at, updated_at, meta) VALUES (?, ?, ?, ?)",
-                             (chosen, now, now, meta_text))
+                conn.execute(
+                    "INSERT INTO sessions (id, created_at, updated_at, meta) VALUES (?, ?, ?, ?)",
+                    (chosen, now, now, meta_text),
+                )
             except sqlite3.IntegrityError:
                 raise SessionStoreError(f"session {chosen!r} already exists in {self.path}") from None
             if lease is not None:
@@ -699,8 +731,9 @@ class SqliteSessionStore:
         await self._write(work, session_id=chosen, doing="create")
         return SessionInfo(chosen, now, now, 0, json.loads(meta_text), lease, stored_events=0)
 
-    async def append(self, session_id: str, events: Sequence[NewEvent], *,
-                     lease: SessionLease | None = None) -> list[SessionEvent]:
+    async def append(
+        self, session_id: str, events: Sequence[NewEvent], *, lease: SessionLease | None = None
+    ) -> list[SessionEvent]:
         """Commit ``events`` in one transaction; ``seq`` continues the session's order.
 
         With ``lease``: :class:`SessionLeaseLostError` unless it holds the session (read in the
@@ -718,22 +751,47 @@ class SqliteSessionStore:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
             if lease is not None:
                 self._check_held(conn, session_id, lease)
-            (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?",
-                                   (session_id,)).fetchone()
+            (last,) = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?", (session_id,)
+            ).fetchone()
             now = time.time()
             stored: list[SessionEvent] = []
             params = []
             for offset, (event, text) in enumerate(rows, start=1):
                 seq = last + offset
-                params.append((session_id, seq, event.kind, event.root_call_id, event.parent_call_id,
-                               event.sub_call_id, now, text))
-                stored.append(SessionEvent(session_id, seq, event.kind, decode_payload(text), now,
-                                           event.root_call_id, event.parent_call_id, event.sub_call_id))
+                params.append(
+                    (
+                        session_id,
+                        seq,
+                        event.kind,
+                        event.root_call_id,
+                        event.parent_call_id,
+                        event.sub_call_id,
+                        now,
+                        text,
+                    )
+                )
+                stored.append(
+                    SessionEvent(
+                        session_id,
+                        seq,
+                        event.kind,
+                        decode_payload(text),
+                        now,
+                        event.root_call_id,
+                        event.parent_call_id,
+                        event.sub_call_id,
+                    )
+                )
             conn.executemany(
                 "INSERT INTO events (session_id, seq, kind, root_call_id, parent_call_id, sub_call_id, at, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", params)
-            conn.execute("UPDATE sessions SET updated_at = ?, event_count = event_count + ? WHERE id = ?",
-                         (now, len(params), session_id))
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                params,
+            )
+            conn.execute(
+                "UPDATE sessions SET updated_at = ?, event_count = event_count + ? WHERE id = ?",
+                (now, len(params), session_id),
+            )
             return stored
 
         return await self._write(work, session_id=session_id, doing="append to")
@@ -749,8 +807,10 @@ class SqliteSessionStore:
 
     @staticmethod
     def _claim(conn: sqlite3.Connection, session_id: str, lease: SessionLease) -> None:
-        conn.execute("INSERT OR REPLACE INTO leases (session_id, token, holder, acquired_at) VALUES (?, ?, ?, ?)",
-                     (session_id, lease.token, json.dumps(lease.to_json()), time.time()))
+        conn.execute(
+            "INSERT OR REPLACE INTO leases (session_id, token, holder, acquired_at) VALUES (?, ?, ?, ?)",
+            (session_id, lease.token, json.dumps(lease.to_json()), time.time()),
+        )
 
     async def acquire(self, session_id: str, lease: SessionLease) -> None:
         """Claim the session for ``lease``: :class:`SessionBusyError` while another live run holds it."""
@@ -818,8 +878,10 @@ class SqliteSessionStore:
         def work(conn: sqlite3.Connection) -> list[SessionEvent]:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-            query = ("SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
-                     "WHERE session_id = ?")
+            query = (
+                "SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
+                "WHERE session_id = ?"
+            )
             args: tuple[str, ...] = (session_id,)
             if root_call_id is not None:
                 query += " AND root_call_id = ?"
@@ -829,8 +891,9 @@ class SqliteSessionStore:
 
         return await self._run(lambda: self._read(work, doing=f"load session {session_id!r}"))
 
-    async def load_page(self, session_id: str, *, after: int = 0, limit: int = PAGE_EVENTS,
-                        root_call_id: str | None = None) -> list[SessionEvent]:
+    async def load_page(
+        self, session_id: str, *, after: int = 0, limit: int = PAGE_EVENTS, root_call_id: str | None = None
+    ) -> list[SessionEvent]:
         """The events after ``seq`` ``after``: at most ``limit``, and no more than about :data:`PAGE_CHARS`
         characters of payload (at least one event while any is left)."""
         self._check_findable(session_id)
@@ -842,8 +905,10 @@ class SqliteSessionStore:
         def work(conn: sqlite3.Connection) -> list[SessionEvent]:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
                 raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-            query = ("SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
-                     "WHERE session_id = ? AND seq > ?")
+            query = (
+                "SELECT seq, kind, at, payload, root_call_id, parent_call_id, sub_call_id FROM events "
+                "WHERE session_id = ? AND seq > ?"
+            )
             args: tuple[object, ...] = (session_id, after)
             if root_call_id is not None:
                 query += " AND root_call_id = ?"
@@ -887,9 +952,11 @@ class SqliteSessionStore:
 
         def work(conn: sqlite3.Connection) -> list[SessionInfo]:
             # SQLite orders text and BLOBs after every number: by updated_at alone, DESC put them first.
-            rows = conn.execute(_SELECT_INFO + f" ORDER BY {_UPDATED_IS_TIME} DESC, "
-                                f"CASE WHEN {_UPDATED_IS_TIME} THEN updated_at END DESC, id DESC LIMIT ?",
-                                (-1 if limit is None else int(limit),)).fetchall()
+            rows = conn.execute(
+                _SELECT_INFO + f" ORDER BY {_UPDATED_IS_TIME} DESC, "
+                f"CASE WHEN {_UPDATED_IS_TIME} THEN updated_at END DESC, id DESC LIMIT ?",
+                (-1 if limit is None else int(limit),),
+            ).fetchall()
             return [_info(self.path, row, listed=True) for row in rows]
 
         return await self._run(lambda: self._read(work, doing="list sessions"))

@@ -27,8 +27,19 @@ from dsh_core.errors import DshError
 from dsh_core.sessions.events import NewEvent, SessionEvent, SessionInfo
 from dsh_core.sessions.lease import SessionLease
 
-__all__ = ["SessionStore", "SessionStoreFactory", "SessionNotFoundError", "SessionStoreError", "SessionBusyError",
-           "SessionLeaseLostError", "check_lease_aware", "dsh_home", "iter_events", "open_store", "PAGE_EVENTS"]
+__all__ = [
+    "SessionStore",
+    "SessionStoreFactory",
+    "SessionNotFoundError",
+    "SessionStoreError",
+    "SessionBusyError",
+    "SessionLeaseLostError",
+    "check_lease_aware",
+    "dsh_home",
+    "iter_events",
+    "open_store",
+    "PAGE_EVENTS",
+]
 
 #: How many events :func:`iter_events` asks a store's :meth:`SessionStore.load_page` for at a time.
 PAGE_EVENTS: Final = 1000
@@ -52,10 +63,12 @@ class SessionBusyError(SessionStoreError):
     code = "SESSION_BUSY"
 
     def __init__(self, session_id: str, holder: SessionLease) -> None:
-        super().__init__(f"session {session_id!r} is in use by another run ({holder.describe()}); "
-                         "one run at a time may continue a session: resume it once that run has ended (if it "
-                         "is gone from another host or container, where dsh cannot check, free the session "
-                         f"with: dsh sessions release {session_id})")
+        super().__init__(
+            f"session {session_id!r} is in use by another run ({holder.describe()}); "
+            "one run at a time may continue a session: resume it once that run has ended (if it "
+            "is gone from another host or container, where dsh cannot check, free the session "
+            f"with: dsh sessions release {session_id})"
+        )
         self.session_id = session_id
         self.holder = holder
 
@@ -72,8 +85,10 @@ class SessionLeaseLostError(SessionStoreError):
             how = "another run holds it, whose lease record is unreadable (which run cannot be told)"
         else:
             how = f"another run took it over ({holder.describe()})"
-        super().__init__(f"session {session_id!r} is no longer held by this run: {how}; nothing more of this "
-                         "run is recorded in it, so that the two runs' events do not interleave")
+        super().__init__(
+            f"session {session_id!r} is no longer held by this run: {how}; nothing more of this "
+            "run is recorded in it, so that the two runs' events do not interleave"
+        )
         self.session_id = session_id
         self.holder = holder
 
@@ -100,7 +115,8 @@ def check_lease_aware(store: object) -> None:
         f"session store {kind.__module__}.{kind.__qualname__}: append() takes no lease= keyword; an agent run "
         "passes its lease so that a run that lost its session writes nothing (add the keyword-only parameter "
         "'lease: SessionLease | None = None' and check it in the write's transaction; see "
-        "dsh_core.sessions.store.SessionStore.append)")
+        "dsh_core.sessions.store.SessionStore.append)"
+    )
 
 
 @runtime_checkable
@@ -120,8 +136,9 @@ class SessionStore(Protocol):
     transaction); one made without a lease, and the reads, are not restricted.
     """
 
-    async def create(self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None,
-                     lease: SessionLease | None = None) -> SessionInfo:
+    async def create(
+        self, *, session_id: str | None = None, meta: Mapping[str, Any] | None = None, lease: SessionLease | None = None
+    ) -> SessionInfo:
         """Create a session (a fresh id unless given) and return its summary; an existing id is an error.
 
         ``session_id=None`` asks for a fresh id; an empty one is no id to give a session, and is a
@@ -152,8 +169,9 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def append(self, session_id: str, events: Sequence[NewEvent], *,
-                     lease: SessionLease | None = None) -> list[SessionEvent]:
+    async def append(
+        self, session_id: str, events: Sequence[NewEvent], *, lease: SessionLease | None = None
+    ) -> list[SessionEvent]:
         """Commit ``events`` in one transaction and return them as stored.
 
         With ``lease``, :class:`SessionLeaseLostError` (and nothing written) unless that lease
@@ -169,8 +187,9 @@ class SessionStore(Protocol):
         """Every event of a session in ``seq`` order (only one call tree's with ``root_call_id``)."""
         ...
 
-    async def load_page(self, session_id: str, *, after: int = 0, limit: int = PAGE_EVENTS,
-                        root_call_id: str | None = None) -> list[SessionEvent]:
+    async def load_page(
+        self, session_id: str, *, after: int = 0, limit: int = PAGE_EVENTS, root_call_id: str | None = None
+    ) -> list[SessionEvent]:
         """The session's events with ``seq`` above ``after`` in ``seq`` order (only ``root_call_id``'s with it).
 
         At most ``limit`` of them (``limit`` is at least 1), and at least one while any is left: a store
@@ -210,8 +229,14 @@ class SessionStore(Protocol):
         ...
 
 
-async def iter_events(store: SessionStore, session_id: str, *, root_call_id: str | None = None,
-                      page: int = PAGE_EVENTS, limit: int | None = None) -> AsyncIterator[SessionEvent]:
+async def iter_events(
+    store: SessionStore,
+    session_id: str,
+    *,
+    root_call_id: str | None = None,
+    page: int = PAGE_EVENTS,
+    limit: int | None = None,
+) -> AsyncIterator[SessionEvent]:
     """The session's events in ``seq`` order, read a page of at most ``page`` events at a time.
 
     Each page is asked for once the one before has been consumed, so a session of any length is
@@ -235,8 +260,7 @@ async def iter_events(store: SessionStore, session_id: str, *, root_call_id: str
     after = 0
     while True:
         asked = page if limit is None else min(page, limit)
-        events: list[SessionEvent] = await load_page(session_id, after=after, limit=asked,
-                                                     root_call_id=root_call_id)
+        events: list[SessionEvent] = await load_page(session_id, after=after, limit=asked, root_call_id=root_call_id)
         if not events:
             return
         last = events[-1].seq
@@ -245,7 +269,8 @@ async def iter_events(store: SessionStore, session_id: str, *, root_call_id: str
             raise SessionStoreError(
                 f"session store {kind.__module__}.{kind.__qualname__}: load_page({session_id!r}, after={after}, "
                 f"limit={asked}) returned {len(events)} events, seq {events[0].seq} to {last}: not a page of at "
-                "most limit events after 'after'")
+                "most limit events after 'after'"
+            )
         for event in events:
             yield event
         if limit is not None:
@@ -278,8 +303,10 @@ def open_store(factory: SessionStoreFactory, home: Path, *, create: bool = True)
         return factory(home)
     # Only a parameter named create: a factory's **options may go to something that knows no create.
     keyword = parameters.get("create")
-    takes = keyword is not None and keyword.kind in (inspect.Parameter.KEYWORD_ONLY,
-                                                     inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    takes = keyword is not None and keyword.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
     return factory(home, create=create) if takes else factory(home)  # type: ignore[call-arg]
 
 

@@ -125,8 +125,7 @@ _T = TypeVar("_T")
 #: The tool whose call the kit is making (the checks set it around each call): what its threads are blamed on.
 _TOOL: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsh_conformance_tool", default=None)
 #: While a check watches for leftover processes: each descendant process seen as a call ended, and that call's tool.
-_OWNERS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("dsh_conformance_owners",
-                                                                              default=None)
+_OWNERS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("dsh_conformance_owners", default=None)
 
 
 @frozen
@@ -142,8 +141,11 @@ def _job_name(function: Callable[..., Any]) -> str:
     """What a thread runs, by qualified name: ``asyncio.to_thread`` wraps it in ``partial(context.run, f, ...)``."""
     while isinstance(function, functools.partial):
         inner = function.func
-        if getattr(inner, "__name__", None) == "run" and isinstance(getattr(inner, "__self__", None),
-                                                                    contextvars.Context) and function.args:
+        if (
+            getattr(inner, "__name__", None) == "run"
+            and isinstance(getattr(inner, "__self__", None), contextvars.Context)
+            and function.args
+        ):
             function = function.args[0]
         else:
             function = inner
@@ -280,8 +282,13 @@ def _settle(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> s
     loop.run_until_complete(asyncio.wait(tasks, timeout=STUCK_GRACE_S))
     for task in tasks:
         if task.done() and not task.cancelled() and task.exception() is not None:
-            loop.call_exception_handler({"message": "unhandled exception during the conformance kit's loop shutdown",
-                                         "exception": task.exception(), "task": task})
+            loop.call_exception_handler(
+                {
+                    "message": "unhandled exception during the conformance kit's loop shutdown",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )
     return {task for task in tasks if not task.done()}
 
 
@@ -345,8 +352,16 @@ async def _load(target: Target, check: str, *, record_only: bool = False) -> Loa
         return await load_plugin(target.name, target.config, record_only=record_only)
     except Exception as error:
         message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
-        raise _Failed([failure(target, check, f"the plugin did not start, so this check could not run: {message}",
-                               "make the plugin load and start alone (see the entry-point check)")]) from None
+        raise _Failed(
+            [
+                failure(
+                    target,
+                    check,
+                    f"the plugin did not start, so this check could not run: {message}",
+                    "make the plugin load and start alone (see the entry-point check)",
+                )
+            ]
+        ) from None
 
 
 class _Records(logging.Handler):
@@ -457,21 +472,33 @@ def _logged(target: Target, check: str, records: list[logging.LogRecord], culpri
         if error is not None:
             text += f" ({type(error).__name__}: {error})"
         texts[text] = None
-    return [failure(target, check, f"dsh logged a failure of the plugin: {text}",
-                    "hooks, disposers and spawned tasks must not raise: dsh catches the exception, logs it and "
-                    "goes on as if the hook had not run (a raising guard denies the call); handle errors inside "
-                    "them") for text in texts]
+    return [
+        failure(
+            target,
+            check,
+            f"dsh logged a failure of the plugin: {text}",
+            "hooks, disposers and spawned tasks must not raise: dsh catches the exception, logs it and "
+            "goes on as if the hook had not run (a raising guard denies the call); handle errors inside "
+            "them",
+        )
+        for text in texts
+    ]
 
 
 def probe_command(target: Target) -> str:
     """The shell command that runs the stdout check's probe on ``target`` by hand (quoted for a POSIX shell)."""
-    return (f"python -m dsh_core.testing.probe {shlex.quote(target.name)} "
-            f"{shlex.quote(json.dumps(target.config))}")
+    return f"python -m dsh_core.testing.probe {shlex.quote(target.name)} {shlex.quote(json.dumps(target.config))}"
 
 
-def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]],
-                 *, disposed: Callable[[LoadedPlugin], list[str]] | None = None,
-                 quiesce_when: str | None = None, load_leftovers: bool = False) -> list[str]:
+def _with_plugin(
+    target: Target,
+    check: str,
+    probe: Callable[[LoadedPlugin, list[str]], Awaitable[None]],
+    *,
+    disposed: Callable[[LoadedPlugin], list[str]] | None = None,
+    quiesce_when: str | None = None,
+    load_leftovers: bool = False,
+) -> list[str]:
     """Load the plugin fresh, let ``probe`` append its failures, always dispose; those failures.
 
     ``disposed`` adds the failures it finds once the plugin is disposed. Failures of the plugin dsh
@@ -520,8 +547,9 @@ def _with_plugin(target: Target, check: str, probe: Callable[[LoadedPlugin, list
             result: list[str] = _run(scenario, executor)
         result += _logged(target, check, records, _culprit(target, scope_paths[0] if scope_paths else None))
         if quiesce_when is not None:
-            result += _strays(target, check, quiesce_when, threads_before, children_before, executor, owners,
-                              at_load, load_leftovers)
+            result += _strays(
+                target, check, quiesce_when, threads_before, children_before, executor, owners, at_load, load_leftovers
+            )
     return result
 
 
@@ -559,8 +587,9 @@ class _AtLoad:
     tasks: set[asyncio.Task[Any]] = field(factory=set)
     threads: set[threading.Thread] = field(factory=set)
 
-    def take(self, tasks_before: set[asyncio.Task[Any]], threads_before: set[threading.Thread],
-             owners: dict[int, str]) -> None:
+    def take(
+        self, tasks_before: set[asyncio.Task[Any]], threads_before: set[threading.Thread], owners: dict[int, str]
+    ) -> None:
         """Note what runs now (called in the check's task, right after the load), and claim the processes for it."""
         self.tasks = asyncio.all_tasks() - tasks_before - {asyncio.current_task()}
         # The executor's jobs are threads too: the load's jobs are those running now.
@@ -585,8 +614,11 @@ def same(left: object, right: object) -> bool:
     stack = [(left, right)]
     while stack:
         a, b = stack.pop()
-        if type(a) is not type(b) and not (isinstance(a, dict) and isinstance(b, dict)) \
-                and not (isinstance(a, list) and isinstance(b, list)):
+        if (
+            type(a) is not type(b)
+            and not (isinstance(a, dict) and isinstance(b, dict))
+            and not (isinstance(a, list) and isinstance(b, list))
+        ):
             return False
         if isinstance(a, dict):
             if list(a) != list(b):  # type: ignore[call-overload]
@@ -606,11 +638,16 @@ def _brief(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-async def _call(loaded: LoadedPlugin, name: str, arguments: JSON, signal: AbortSignal | None = None,
-                call_id: str = "conformance", watch: CallWatch | None = None) -> Any:
+async def _call(
+    loaded: LoadedPlugin,
+    name: str,
+    arguments: JSON,
+    signal: AbortSignal | None = None,
+    call_id: str = "conformance",
+    watch: CallWatch | None = None,
+) -> Any:
     """Make one call through the runtime; ``watch`` follows it (whether it waits in its approval ask)."""
-    request = ToolExecutionInput(call_id=call_id, name=name, arguments=arguments,
-                                 signal=signal or AbortSignal.never())
+    request = ToolExecutionInput(call_id=call_id, name=name, arguments=arguments, signal=signal or AbortSignal.never())
     previous = _TOOL.get()
     _TOOL.set(name)  # the tasks the call starts copy it: their threads are this tool's
     CALL_WATCH.set(watch)  # this call's task's own context (each call runs in a task of its own), copied likewise
@@ -630,8 +667,16 @@ def _call_limit(target: Target) -> float:
     return CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
 
 
-async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: str, arguments: JSON,
-                        what: str, found: list[str], call_id: str) -> ToolResult | None:
+async def _bounded_call(
+    target: Target,
+    check: str,
+    loaded: LoadedPlugin,
+    name: str,
+    arguments: JSON,
+    what: str,
+    found: list[str],
+    call_id: str,
+) -> ToolResult | None:
     """One call as :func:`_call`, given ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`) to return.
 
     ``call_id`` is the call's own among the calls of tool ``name`` the check makes: what the body did
@@ -665,76 +710,111 @@ async def _bounded_call(target: Target, check: str, loaded: LoadedPlugin, name: 
     # A body still running at the limit that ended once aborted, the call going on: held after it, too.
     late = None if task.done() or not entered or ended is not None else _body_end(runs)
     if asking:
-        held, fix = "it was waiting for the answer to an approval ask, which never came, so the body never ran", \
-            _APPROVAL_FIX
+        held, fix = (
+            "it was waiting for the answer to an approval ask, which never came, so the body never ran",
+            _APPROVAL_FIX,
+        )
     elif not entered:
         held, fix = f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX
     elif ended is not None:
         held, fix = _HELD_AFTER.format(ended=ended), _AFTER_FIX
     else:
-        held, fix = "", ("return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
-                         "and stop waiting on what never ends")
+        held, fix = (
+            "",
+            (
+                "return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
+                "and stop waiting on what never ends"
+            ),
+        )
         if late is not None:
             fix += f"; and {_AFTER_FIX}"
     fix += _LARGER_LIMIT
     if task.done():
         after = "it returned once its signal was aborted"
     elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
-        after = (f"its body {late} once its signal was aborted, but the call was then held after it "
-                 f"({_AFTER_BODY}), still running {grace:g} s after the abort, and was cancelled" if late is not None
-                 else f"it was still running {grace:g} s after its signal was aborted, and was cancelled")
+        after = (
+            f"its body {late} once its signal was aborted, but the call was then held after it "
+            f"({_AFTER_BODY}), still running {grace:g} s after the abort, and was cancelled"
+            if late is not None
+            else f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
+        )
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
-    found.append(failure(target, check, f"{what}: the call did not return within {limit:g} s"
-                         f"{': ' + held if held else ''} ({after})", fix, name))
+    found.append(
+        failure(
+            target,
+            check,
+            f"{what}: the call did not return within {limit:g} s{': ' + held if held else ''} ({after})",
+            fix,
+            name,
+        )
+    )
     return None
 
 
 #: The stages of a call before its body, all the plugin's in the kit (an approval ask is named on its own). The
 #: approval observers run once the ask is resolved, when the call is no longer asking: one that never returns holds it.
-_BEFORE_BODY: Final = ("by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an "
-                       "around-dispatch middleware")
+_BEFORE_BODY: Final = (
+    "by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an around-dispatch middleware"
+)
 #: The fix of a call that waited for the answer to an approval ask: the kit's calls have no one to answer them.
-_APPROVAL_FIX: Final = ("an approval channel (dsh_approve) must answer, or abstain by returning None, when it can "
-                        "reach no one (no one answers the kit's calls), and end as soon as its ask is withdrawn "
-                        "(never swallow asyncio.CancelledError there); to check the tools, give the plugin a config "
-                        "that asks no one about them (plugin_config in your subclass, --dsh-conformance-config)")
+_APPROVAL_FIX: Final = (
+    "an approval channel (dsh_approve) must answer, or abstain by returning None, when it can "
+    "reach no one (no one answers the kit's calls), and end as soon as its ask is withdrawn "
+    "(never swallow asyncio.CancelledError there); to check the tools, give the plugin a config "
+    "that asks no one about them (plugin_config in your subclass, --dsh-conformance-config)"
+)
 #: The stages of a call after its body has returned or raised, all the plugin's in the kit (a middleware resumes once
 #: ``proceed`` returns; ``finalize_content`` is not awaited, so it cannot hold a call without blocking the loop).
-_AFTER_BODY: Final = ("by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware "
-                      "that did not return once proceed had")
+_AFTER_BODY: Final = (
+    "by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware "
+    "that did not return once proceed had"
+)
 #: What a call-limit failure says of a call held after its body (``ended``: "returned" or "raised NAME").
 _HELD_AFTER: Final = "it was held after its body (" + _AFTER_BODY + "), which had {ended} already"
 #: The fix of a body run for a call aborted before dispatch (the pre-abort check's, whether or not the call returned).
 _NO_BODY_FROM_HOOKS_FIX: Final = "do not call tool bodies from hooks; let the runtime dispatch"
 #: The fix of a call held after its body.
-_AFTER_FIX: Final = ("make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware "
-                     "return promptly (a middleware returns once proceed has returned), and end when the call is "
-                     "aborted or cancelled")
+_AFTER_FIX: Final = (
+    "make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware "
+    "return promptly (a middleware returns once proceed has returned), and end when the call is "
+    "aborted or cancelled"
+)
 #: The stage of the plugin's that a call aborted before dispatch still reaches: the runtime settles it before any
 #: pre-execute hook (so no approval, guard, middleware, body or post-execute either) and only finishes it, which
 #: notifies the result observers (``finalize_content`` is not awaited: it cannot hold a call without blocking the loop).
-_PRE_ABORTED_HELD: Final = ("by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted "
-                            "before dispatch still runs")
+_PRE_ABORTED_HELD: Final = (
+    "by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted before dispatch still runs"
+)
 #: The fix of a call aborted before dispatch that did not return.
-_PRE_ABORTED_FIX: Final = ("make result observers (dsh_tool_result) return promptly, and end when the call is "
-                           "cancelled: they hear every call's result, a call aborted before dispatch included")
+_PRE_ABORTED_FIX: Final = (
+    "make result observers (dsh_tool_result) return promptly, and end when the call is "
+    "cancelled: they hear every call's result, a call aborted before dispatch included"
+)
 #: The end of the fix of a call that ran past the call timeout.
-_LARGER_LIMIT: Final = ("; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
-                        "--dsh-conformance-call-timeout)")
+_LARGER_LIMIT: Final = (
+    "; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
+    "--dsh-conformance-call-timeout)"
+)
 #: The fix of a call held before its body, not in an approval ask.
-_HELD_FIX: Final = ("make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
-                    "promptly (a middleware calls proceed or answers itself), and end when the call is aborted or "
-                    "cancelled")
+_HELD_FIX: Final = (
+    "make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
+    "promptly (a middleware calls proceed or answers itself), and end when the call is aborted or "
+    "cancelled"
+)
 
 
 #: What a failure says of a call that ran on once cancelled (``grace``: how long the kit waited), and its fix.
-_IGNORED_CANCEL_PROBLEM: Final = ("it ignored cancellation: it was still running {grace:g} s after it was cancelled, "
-                                  "so the kit stopped waiting for it")
-_IGNORED_CANCEL_FIX: Final = ("never swallow asyncio.CancelledError: catch it only to clean up, then re-raise it "
-                              "(code that goes on once cancelled runs with no caller, and a loop that waits for it "
-                              "never closes)")
+_IGNORED_CANCEL_PROBLEM: Final = (
+    "it ignored cancellation: it was still running {grace:g} s after it was cancelled, "
+    "so the kit stopped waiting for it"
+)
+_IGNORED_CANCEL_FIX: Final = (
+    "never swallow asyncio.CancelledError: catch it only to clean up, then re-raise it "
+    "(code that goes on once cancelled runs with no caller, and a loop that waits for it "
+    "never closes)"
+)
 
 
 def _body_end(runs: list[BodyRun]) -> str | None:
@@ -767,28 +847,45 @@ def check_entry_point(target: Target) -> list[str]:
     try:
         find_entry_point(target.name)
     except DshError as error:
-        return [failure(target, "entry-point", error.message,
-                        'declare [project.entry-points."dsh.plugins"] NAME = "module:factory" and install the '
-                        "distribution")]
+        return [
+            failure(
+                target,
+                "entry-point",
+                error.message,
+                'declare [project.entry-points."dsh.plugins"] NAME = "module:factory" and install the distribution',
+            )
+        ]
     try:
         load_factory(target.name)
     except DshError as error:
         # The entry point is declared: what failed is its module, its object or its config schema.
-        return [failure(target, "entry-point", error.message,
-                        "fix what the message names: the module must import without errors (and never call "
-                        "sys.exit), the entry point must name the factory function (decorated with "
-                        "@plugin(...)), and its config_schema must be a valid Draft 2020-12 schema")]
+        return [
+            failure(
+                target,
+                "entry-point",
+                error.message,
+                "fix what the message names: the module must import without errors (and never call "
+                "sys.exit), the entry point must name the factory function (decorated with "
+                "@plugin(...)), and its config_schema must be a valid Draft 2020-12 schema",
+            )
+        ]
 
     async def scenario() -> list[str]:
         try:
             loaded = await load_plugin(target.name, target.config)
         except Exception as error:
             message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
-            return [failure(target, "entry-point", f"the plugin did not start alone: {message}",
-                            "fix what the message names: the factory must be a plain function (never "
-                            "`async def`) that starts the plugin from its scope and config alone, with no other "
-                            "plugin loaded, and its hook implementations must be accepted when it is registered "
-                            "(the hookimpls check says how)")]
+            return [
+                failure(
+                    target,
+                    "entry-point",
+                    f"the plugin did not start alone: {message}",
+                    "fix what the message names: the factory must be a plain function (never "
+                    "`async def`) that starts the plugin from its scope and config alone, with no other "
+                    "plugin loaded, and its hook implementations must be accepted when it is registered "
+                    "(the hookimpls check says how)",
+                )
+            ]
         await loaded.dispose()
         return []
 
@@ -816,7 +913,8 @@ _PHASES: Final[dict[str, _Phase]] = {
         "this output is not the plugin's: look for sitecustomize or usercustomize modules or .pth files that "
         "print in the environment the tests run in",
         "run the tests with an interpreter that can import dsh_core and the plugin's distribution",
-        "look for sitecustomize or usercustomize modules or .pth files that block in that environment"),
+        "look for sitecustomize or usercustomize modules or .pth files that block in that environment",
+    ),
     "import": _Phase(
         "importing the plugin's module",
         f"remove print() and other writes to stdout at module level (the plugin's modules and what they import "
@@ -824,7 +922,8 @@ _PHASES: Final[dict[str, _Phase]] = {
         "make the entry point importable on its own (no reliance on modules the tests imported, such as "
         "conftest.py) and never call sys.exit at import",
         "do no blocking work at import (connect, download or start processes when the plugin starts, and "
-        "without blocking: scope.spawn)"),
+        "without blocking: scope.spawn)",
+    ),
     "start": _Phase(
         "starting the plugin (its factory and the hooks dsh calls as it starts, such as dsh_register_tools)",
         "do not print() in the factory or in hooks: dsh sends what print() writes there to stderr, so this "
@@ -832,19 +931,22 @@ _PHASES: Final[dict[str, _Phase]] = {
         f"or PIPE), os.write(1, ...) or sys.__stdout__; {_LOG_INSTEAD}",
         "make the factory start the plugin from its scope and config alone in a fresh process (no reliance on "
         "state the tests set up); the entry-point check names what failed",
-        "do no blocking work in the factory or in hooks: start it with scope.spawn(...)"),
+        "do no blocking work in the factory or in hooks: start it with scope.spawn(...)",
+    ),
     "dispose": _Phase(
         "disposing the plugin (its disposers and the tasks dispose cancels)",
         f"do not print() in disposers or background tasks, nor let a child process inherit stdout; {_LOG_INSTEAD}",
         "disposers must neither raise SystemExit (sys.exit) nor end the process (os._exit): clean up and return",
-        "make dispose return promptly: cancel and await what the plugin started, kill its processes"),
+        "make dispose return promptly: cancel and await what the plugin started, kill its processes",
+    ),
     "exit": _Phase(
         "exiting the interpreter after the plugin was disposed (an atexit handler, or a thread or child process "
         "still running)",
         "stop threads and child processes in a disposer (scope.on_dispose) and print nothing in atexit handlers; "
         + _LOG_INSTEAD,
         "do not end the process from a thread or an atexit handler (sys.exit, os._exit)",
-        "stop threads and child processes in a disposer (scope.on_dispose): the interpreter waits for them"),
+        "stop threads and child processes in a disposer (scope.on_dispose): the interpreter waits for them",
+    ),
 }
 
 
@@ -884,16 +986,21 @@ def check_stdout(target: Target) -> list[str]:
     loss = find_loss(target.config)
     if loss is not None:
         # The probe gets the config as a JSON argument: json.dumps would raise out of the check.
-        return [failure(target, "stdout", f"the config cannot be passed to a fresh interpreter: {loss}",
-                        "give the config as JSON values only (str(path) for a path, lists for tuples)")]
+        return [
+            failure(
+                target,
+                "stdout",
+                f"the config cannot be passed to a fresh interpreter: {loss}",
+                "give the config as JSON values only (str(path) for a path, lists for tuples)",
+            )
+        ]
     env = dict(os.environ)
     # The child must see exactly the distributions this process sees (pytester directories included).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     # Files, not pipes: a process the plugin leaked would hold a pipe open and stall the read
     # (the dispose check reports such leaks; this one only cares about stdout). A file also has
     # offsets, which the probe's marks need.
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
         marks_path = os.path.join(scratch, "marks")
         try:
             # As every check that starts the plugin: what it left running (here, in the probe) is killed and
@@ -901,18 +1008,42 @@ def check_stdout(target: Target) -> list[str]:
             # (a subreaper meanwhile) by the time its exit is seen, whether it exited or was killed at the timeout.
             with _ending_processes():
                 completed = subprocess.run(
-                    [sys.executable, "-m", "dsh_core.testing.probe", target.name, json.dumps(target.config),
-                     marks_path], stdout=out, stderr=err, env=env, timeout=PROBE_TIMEOUT_S, check=False)
+                    [
+                        sys.executable,
+                        "-m",
+                        "dsh_core.testing.probe",
+                        target.name,
+                        json.dumps(target.config),
+                        marks_path,
+                    ],
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    timeout=PROBE_TIMEOUT_S,
+                    check=False,
+                )
         except subprocess.TimeoutExpired:
             hung = _last_phase(marks_path)
             if hung is None:
-                return [failure(target, "stdout", "loading, starting and disposing the plugin in a fresh "
-                                f"interpreter took more than {PROBE_TIMEOUT_S:g} s",
-                                "do no blocking work at import or in the factory (start it with scope.spawn) "
-                                "and make dispose return promptly")]
+                return [
+                    failure(
+                        target,
+                        "stdout",
+                        "loading, starting and disposing the plugin in a fresh "
+                        f"interpreter took more than {PROBE_TIMEOUT_S:g} s",
+                        "do no blocking work at import or in the factory (start it with scope.spawn) "
+                        "and make dispose return promptly",
+                    )
+                ]
             phase = _PHASES[hung]
-            return [failure(target, "stdout", f"{phase.doing} in a fresh interpreter took more than "
-                            f"{PROBE_TIMEOUT_S:g} s", phase.hang_fix)]
+            return [
+                failure(
+                    target,
+                    "stdout",
+                    f"{phase.doing} in a fresh interpreter took more than {PROBE_TIMEOUT_S:g} s",
+                    phase.hang_fix,
+                )
+            ]
         out.seek(0)
         err.seek(0)
         stdout, stderr_bytes = out.read(), err.read()
@@ -920,24 +1051,36 @@ def check_stdout(target: Target) -> list[str]:
     failures = []
     for phase_name, written in _stdout_by_phase(stdout, marks):
         if phase_name is None:
-            failures.append(failure(
-                target, "stdout", f"loading, starting or disposing the plugin wrote to stdout: {written[:300]!r}",
-                f"never print() at import, start-up or dispose; {_LOG_INSTEAD}"))
+            failures.append(
+                failure(
+                    target,
+                    "stdout",
+                    f"loading, starting or disposing the plugin wrote to stdout: {written[:300]!r}",
+                    f"never print() at import, start-up or dispose; {_LOG_INSTEAD}",
+                )
+            )
         else:
             phase = _PHASES[phase_name]
-            failures.append(failure(target, "stdout", f"{phase.doing} wrote to stdout: {written[:300]!r}",
-                                    phase.output_fix))
+            failures.append(
+                failure(target, "stdout", f"{phase.doing} wrote to stdout: {written[:300]!r}", phase.output_fix)
+            )
     if completed.returncode != 0:
         stderr = stderr_bytes.decode("utf-8", errors="replace").strip().splitlines()
         detail = stderr[-1] if stderr else f"exit status {completed.returncode}"
         if not marks:
-            failures.append(failure(
-                target, "stdout", f"the plugin did not load and start in a fresh interpreter: {detail}",
-                f"run the probe to see where it fails: {probe_command(target)}"))
+            failures.append(
+                failure(
+                    target,
+                    "stdout",
+                    f"the plugin did not load and start in a fresh interpreter: {detail}",
+                    f"run the probe to see where it fails: {probe_command(target)}",
+                )
+            )
         else:
             phase = _PHASES[marks[-1][0]]
-            failures.append(failure(target, "stdout", f"{phase.doing} in a fresh interpreter failed: {detail}",
-                                    phase.failure_fix))
+            failures.append(
+                failure(target, "stdout", f"{phase.doing} in a fresh interpreter failed: {detail}", phase.failure_fix)
+            )
     return failures
 
 
@@ -963,27 +1106,52 @@ def check_config_schema(target: Target) -> list[str]:
         factory = find_entry_point(target.name).load()
     except Exception as error:
         message = error.message if isinstance(error, DshError) else f"{type(error).__name__}: {error}"
-        return [failure(target, "config-schema", f"the entry point did not load: {message}",
-                        "fix the entry point first")]
+        return [
+            failure(target, "config-schema", f"the entry point did not load: {message}", "fix the entry point first")
+        ]
     schema = getattr(factory, "config_schema", None)
     # Without a declared schema there is nothing to vet, but the config still must be {} (as dsh checks it).
     if schema is not None:
         try:
             check_schema(schema, owner="config schema")
         except DshError as error:
-            return [failure(target, "config-schema", error.message,
-                            "declare a valid Draft 2020-12 schema with @plugin(config_schema={...})")]
+            return [
+                failure(
+                    target,
+                    "config-schema",
+                    error.message,
+                    "declare a valid Draft 2020-12 schema with @plugin(config_schema={...})",
+                )
+            ]
         if schema.get("type") != "object":
-            return [failure(target, "config-schema", 'the config schema\'s root must have "type": "object"',
-                            "a plugin's config is a TOML table: describe it as an object schema")]
+            return [
+                failure(
+                    target,
+                    "config-schema",
+                    'the config schema\'s root must have "type": "object"',
+                    "a plugin's config is a TOML table: describe it as an object schema",
+                )
+            ]
     try:
         check_config(target.name, factory, target.config)
     except DshError as error:
-        undeclared = "" if schema is not None else ("the plugin declares no config schema, so it takes only {} "
-                                                    "(or declare one with @plugin(config_schema={...})); ")
-        return [failure(target, "config-schema", error.message,
-                        f"{undeclared}pass a matching config (subclass: override the plugin_config fixture; command "
-                        f"line: --dsh-conformance-config '{target.name}=JSON')")]
+        undeclared = (
+            ""
+            if schema is not None
+            else (
+                "the plugin declares no config schema, so it takes only {} "
+                "(or declare one with @plugin(config_schema={...})); "
+            )
+        )
+        return [
+            failure(
+                target,
+                "config-schema",
+                error.message,
+                f"{undeclared}pass a matching config (subclass: override the plugin_config fixture; command "
+                f"line: --dsh-conformance-config '{target.name}=JSON')",
+            )
+        ]
     return []
 
 
@@ -1011,17 +1179,36 @@ def check_tool_schemas(target: Target) -> list[str]:
             try:
                 check_schema(thaw(schema), owner=label)
             except DshError as error:
-                failures.append(failure(target, "tool-schemas", error.message,
-                                        "fix the schema given to define_tool (JSON Schema Draft 2020-12)",
-                                        definition.name))
+                failures.append(
+                    failure(
+                        target,
+                        "tool-schemas",
+                        error.message,
+                        "fix the schema given to define_tool (JSON Schema Draft 2020-12)",
+                        definition.name,
+                    )
+                )
         if isinstance(definition.parameters, dict) and definition.parameters.get("type") != "object":
-            failures.append(failure(target, "tool-schemas", 'parameters must have "type": "object" at the root',
-                                    "describe the arguments as one JSON object", definition.name))
+            failures.append(
+                failure(
+                    target,
+                    "tool-schemas",
+                    'parameters must have "type": "object" at the root',
+                    "describe the arguments as one JSON object",
+                    definition.name,
+                )
+            )
         # define_tool refuses it, but a definition built otherwise (attrs.evolve) reaches the registry.
         if not isinstance(definition.description, str) or not definition.description.strip():
-            failures.append(failure(target, "tool-schemas", "the description is blank, so the model is told "
-                                    "nothing of what the tool does", "describe what the tool does and when to use "
-                                    "it (define_tool(description=...))", definition.name))
+            failures.append(
+                failure(
+                    target,
+                    "tool-schemas",
+                    "the description is blank, so the model is told nothing of what the tool does",
+                    "describe what the tool does and when to use it (define_tool(description=...))",
+                    definition.name,
+                )
+            )
     return failures
 
 
@@ -1033,14 +1220,31 @@ def check_tool_names(target: Target) -> list[str]:
     for definition in _recorded(target, "tool-names"):
         name = definition.name
         if name == TRANSPORT_NAME:
-            failures.append(failure(target, "tool-names", f'"{TRANSPORT_NAME}" is reserved for the Code Mode '
-                                    "transport", "rename the tool", name))
+            failures.append(
+                failure(
+                    target,
+                    "tool-names",
+                    f'"{TRANSPORT_NAME}" is reserved for the Code Mode transport',
+                    "rename the tool",
+                    name,
+                )
+            )
         elif not isinstance(name, str) or not TOOL_NAME_PATTERN.fullmatch(name):
-            failures.append(failure(target, "tool-names", f"invalid tool name {name!r}",
-                                    "use 1-64 characters from [A-Za-z0-9_-]", str(name)))
+            failures.append(
+                failure(
+                    target,
+                    "tool-names",
+                    f"invalid tool name {name!r}",
+                    "use 1-64 characters from [A-Za-z0-9_-]",
+                    str(name),
+                )
+            )
         if name in seen:
-            failures.append(failure(target, "tool-names", "the plugin registers this name twice",
-                                    "give every tool a unique name", name))
+            failures.append(
+                failure(
+                    target, "tool-names", "the plugin registers this name twice", "give every tool a unique name", name
+                )
+            )
         seen.add(name)
     return failures
 
@@ -1053,9 +1257,15 @@ def check_examples(target: Target) -> list[str]:
         name = definition.name
         if not definition.examples:
             if target.require_examples:
-                failures.append(failure(target, "examples", "the tool declares no examples, so the kit cannot "
-                                        "call it", "pass examples=[{...}] to define_tool (argument objects "
-                                        "that succeed in a fresh workspace)", name))
+                failures.append(
+                    failure(
+                        target,
+                        "examples",
+                        "the tool declares no examples, so the kit cannot call it",
+                        "pass examples=[{...}] to define_tool (argument objects that succeed in a fresh workspace)",
+                        name,
+                    )
+                )
             continue
         if not _schemas_valid(definition):
             continue
@@ -1064,20 +1274,39 @@ def check_examples(target: Target) -> list[str]:
             plain = thaw(example)
             found = violations(validator, plain)
             if found:
-                failures.append(failure(target, "examples", f"examples[{index}] does not match the parameters: "
-                                        f"{format_violations(found)}", "fix the example or the schema", name))
+                failures.append(
+                    failure(
+                        target,
+                        "examples",
+                        f"examples[{index}] does not match the parameters: {format_violations(found)}",
+                        "fix the example or the schema",
+                        name,
+                    )
+                )
             loss = find_loss(plain)
             if loss is not None:
-                failures.append(failure(target, "examples", f"examples[{index}] is not lossless JSON: {loss}",
-                                        "use only JSON types (dict, list, str, int, finite float, bool, None)",
-                                        name))
+                failures.append(
+                    failure(
+                        target,
+                        "examples",
+                        f"examples[{index}] is not lossless JSON: {loss}",
+                        "use only JSON types (dict, list, str, int, finite float, bool, None)",
+                        name,
+                    )
+                )
                 continue
             back = json.loads(json.dumps(converter.unstructure(plain)))
             back = converter.structure(back, dict[str, Any])
             if not same(back, plain) or not same(thaw(freeze(plain)), plain):
-                failures.append(failure(target, "examples", f"examples[{index}] does not round-trip: "
-                                        f"{_brief(plain)} came back as {_brief(back)}",
-                                        "use only JSON types", name))
+                failures.append(
+                    failure(
+                        target,
+                        "examples",
+                        f"examples[{index}] does not round-trip: {_brief(plain)} came back as {_brief(back)}",
+                        "use only JSON types",
+                        name,
+                    )
+                )
     return failures
 
 
@@ -1089,13 +1318,23 @@ def check_concurrency_safe(target: Target) -> list[str]:
         name = definition.name
         classify = definition.is_concurrency_safe
         if classify is None:
-            failures.append(failure(target, "concurrency-safe", "is_concurrency_safe is not declared",
-                                    "pass is_concurrency_safe=True (read-only, no shared state) or False "
-                                    "(always acceptable) to define_tool", name))
+            failures.append(
+                failure(
+                    target,
+                    "concurrency-safe",
+                    "is_concurrency_safe is not declared",
+                    "pass is_concurrency_safe=True (read-only, no shared state) or False "
+                    "(always acceptable) to define_tool",
+                    name,
+                )
+            )
             continue
         probes = definition.examples
-        if not probes and _schemas_valid(definition) \
-                and not violations(compile_validator(thaw(definition.parameters)), {}):
+        if (
+            not probes
+            and _schemas_valid(definition)
+            and not violations(compile_validator(thaw(definition.parameters)), {})
+        ):
             probes = (freeze({}),)  # no examples: probe with {} only where {} is a valid argument object
         for index, example in enumerate(probes):
             answers: list[object] = []
@@ -1103,19 +1342,38 @@ def check_concurrency_safe(target: Target) -> list[str]:
                 for copy in (example, example, freeze(thaw(example))):
                     answers.append(classify(copy))
             except (Exception, SystemExit) as error:  # sys.exit() too: a plugin's bug, reported as one
-                failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe raised on "
-                                        f"examples[{index}]: {type(error).__name__}: {error}",
-                                        "make it a pure function of the arguments that never raises", name))
+                failures.append(
+                    failure(
+                        target,
+                        "concurrency-safe",
+                        f"is_concurrency_safe raised on examples[{index}]: {type(error).__name__}: {error}",
+                        "make it a pure function of the arguments that never raises",
+                        name,
+                    )
+                )
                 continue
             wrong = [a for a in answers if type(a) is not bool]
             if wrong:
-                failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe returned {wrong[0]!r} "
-                                        f"({type(wrong[0]).__name__}) for examples[{index}], not a bool",
-                                        "return exactly True or False", name))
+                failures.append(
+                    failure(
+                        target,
+                        "concurrency-safe",
+                        f"is_concurrency_safe returned {wrong[0]!r} "
+                        f"({type(wrong[0]).__name__}) for examples[{index}], not a bool",
+                        "return exactly True or False",
+                        name,
+                    )
+                )
             elif len(set(answers)) > 1:
-                failures.append(failure(target, "concurrency-safe", f"is_concurrency_safe is not pure: it "
-                                        f"answered {answers} for the same examples[{index}]",
-                                        "decide from the arguments only (no counters, clocks or state)", name))
+                failures.append(
+                    failure(
+                        target,
+                        "concurrency-safe",
+                        f"is_concurrency_safe is not pure: it answered {answers} for the same examples[{index}]",
+                        "decide from the arguments only (no counters, clocks or state)",
+                        name,
+                    )
+                )
     return failures
 
 
@@ -1171,30 +1429,51 @@ def check_example_calls(target: Target) -> list[str]:
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in filter(_schemas_valid, loaded.definitions):
             for index, example in enumerate(definition.examples):
-                result, written = await _watching_stdout(_bounded_call(
-                    target, "example-calls", loaded, definition.name, example, f"examples[{index}] {_brief(example)}",
-                    found, call_id=f"example-{index}"))
+                result, written = await _watching_stdout(
+                    _bounded_call(
+                        target,
+                        "example-calls",
+                        loaded,
+                        definition.name,
+                        example,
+                        f"examples[{index}] {_brief(example)}",
+                        found,
+                        call_id=f"example-{index}",
+                    )
+                )
                 if written:
-                    found.append(failure(
-                        target, "example-calls", f"examples[{index}] {_brief(example)}: the call wrote to stdout "
-                        f"(file descriptor 1): {written[:300]!r}",
-                        "stdout is what dsh prints its results on: run child processes with "
-                        "stdout=subprocess.PIPE (or DEVNULL) and never os.write(1, ...); log to stderr",
-                        definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "example-calls",
+                            f"examples[{index}] {_brief(example)}: the call wrote to stdout "
+                            f"(file descriptor 1): {written[:300]!r}",
+                            "stdout is what dsh prints its results on: run child processes with "
+                            "stdout=subprocess.PIPE (or DEVNULL) and never os.write(1, ...); log to stderr",
+                            definition.name,
+                        )
+                    )
                 problem = None if result is None else _result_problem(definition, result)
                 if problem is not None:
-                    found.append(failure(
-                        target, "example-calls", f"examples[{index}] {_brief(example)}: {problem}",
-                        "examples must succeed when called in registration order in a fresh config (the "
-                        "kit gives workspace-like plugins an empty temporary root) and return values "
-                        "matching output_schema", definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "example-calls",
+                            f"examples[{index}] {_brief(example)}: {problem}",
+                            "examples must succeed when called in registration order in a fresh config (the "
+                            "kit gives workspace-like plugins an empty temporary root) and return values "
+                            "matching output_schema",
+                            definition.name,
+                        )
+                    )
 
     # Each example's call may leave work running that the dispose check, calling examples[0] only, never starts.
     return _with_plugin(target, "example-calls", probe, quiesce_when="after the example calls and dispose")
 
 
-async def _pre_aborted_call(target: Target, loaded: LoadedPlugin, name: str, arguments: JSON,
-                            found: list[str]) -> ToolResult | None:
+async def _pre_aborted_call(
+    target: Target, loaded: LoadedPlugin, name: str, arguments: JSON, found: list[str]
+) -> ToolResult | None:
     """One call as :func:`_call`, its signal aborted before it is made, given ``Target.call_timeout_s`` (else
     :data:`CALL_TIMEOUT_S`) to return.
 
@@ -1208,9 +1487,11 @@ async def _pre_aborted_call(target: Target, loaded: LoadedPlugin, name: str, arg
     call_id = "conformance"
     spy = loaded.spies.get(name)
     known = len(spy.runs) if spy is not None else 0
-    task = asyncio.ensure_future(_call(loaded, name, arguments,
-                                       AbortSignal.aborted_with("conformance: aborted before the call"),
-                                       call_id=call_id))
+    task = asyncio.ensure_future(
+        _call(
+            loaded, name, arguments, AbortSignal.aborted_with("conformance: aborted before the call"), call_id=call_id
+        )
+    )
     with contextlib.suppress(TimeoutError):
         result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
         return result
@@ -1222,16 +1503,25 @@ async def _pre_aborted_call(target: Target, loaded: LoadedPlugin, name: str, arg
     elif (ended := _body_end(runs)) is not None:
         held, fix = _HELD_AFTER.format(ended=ended), _AFTER_FIX
     else:
-        held, fix = "it was held by its body, which ran although the call was aborted before dispatch", \
-            _NO_BODY_FROM_HOOKS_FIX
+        held, fix = (
+            "it was held by its body, which ran although the call was aborted before dispatch",
+            _NO_BODY_FROM_HOOKS_FIX,
+        )
     fix += _LARGER_LIMIT
     if await _cancel(task, grace := STUCK_GRACE_S):
         after = "it was cancelled then"
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
-    found.append(failure(target, "pre-abort", f"the call aborted before dispatch did not return within {limit:g} s: "
-                         f"{held} ({after})", fix, name))
+    found.append(
+        failure(
+            target,
+            "pre-abort",
+            f"the call aborted before dispatch did not return within {limit:g} s: {held} ({after})",
+            fix,
+            name,
+        )
+    )
     return None
 
 
@@ -1246,13 +1536,25 @@ def check_pre_abort(target: Target) -> list[str]:
             for example in definition.examples[:1]:
                 result = await _pre_aborted_call(target, loaded, definition.name, example, found)
                 if spy.runs_of("conformance"):  # this call's (the plugin may run the tool for calls of its own)
-                    found.append(failure(target, "pre-abort", "the body ran although the call was aborted "
-                                         "before dispatch", _NO_BODY_FROM_HOOKS_FIX, definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "pre-abort",
+                            "the body ran although the call was aborted before dispatch",
+                            _NO_BODY_FROM_HOOKS_FIX,
+                            definition.name,
+                        )
+                    )
                 if result is not None and result.code != ErrorCode.ABORTED_BEFORE_DISPATCH:
-                    found.append(failure(target, "pre-abort", f"expected ABORTED_BEFORE_DISPATCH, got "
-                                         f"{result.code or 'a success'}", "do not replace results of "
-                                         "aborted calls in around-dispatch or post-execute hooks",
-                                         definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "pre-abort",
+                            f"expected ABORTED_BEFORE_DISPATCH, got {result.code or 'a success'}",
+                            "do not replace results of aborted calls in around-dispatch or post-execute hooks",
+                            definition.name,
+                        )
+                    )
 
     return _with_plugin(target, "pre-abort", probe)
 
@@ -1279,16 +1581,18 @@ def check_abort(target: Target) -> list[str]:
 
             # Abort at the body's first suspension point: it is running, and must notice. Only this call's
             # body: the plugin may run the tool for calls of its own meanwhile.
-            def on_enter(context: ToolContext, abort: Callable[[], None] = abort,
-                         stamps: list[float] = entered_at) -> None:
+            def on_enter(
+                context: ToolContext, abort: Callable[[], None] = abort, stamps: list[float] = entered_at
+            ) -> None:
                 if context.call_id == call_id:
                     stamps.append(time.monotonic())
                     loop.call_soon(abort)
 
             spy.on_enter = on_enter
             watch = CallWatch(call_id)
-            task = asyncio.ensure_future(_call(loaded, definition.name, definition.examples[0],
-                                               controller.signal, call_id=call_id, watch=watch))
+            task = asyncio.ensure_future(
+                _call(loaded, definition.name, definition.examples[0], controller.signal, call_id=call_id, watch=watch)
+            )
             waited = bound + STUCK_GRACE_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), waited)
@@ -1296,16 +1600,22 @@ def check_abort(target: Target) -> list[str]:
             if not task.done():
                 # The abort comes as the body is entered: a call held before its body was never aborted.
                 if watch.asking:
-                    problem = (f"the call never reached the body: it was still waiting for the answer to an "
-                               f"approval ask {waited:g} s on, so its abort could not be checked")
+                    problem = (
+                        f"the call never reached the body: it was still waiting for the answer to an "
+                        f"approval ask {waited:g} s on, so its abort could not be checked"
+                    )
                     fix = _APPROVAL_FIX
                 elif not entered_at:
-                    problem = (f"the call never reached the body: it was still held before it ({_BEFORE_BODY}) "
-                               f"{waited:g} s on, so its abort could not be checked")
+                    problem = (
+                        f"the call never reached the body: it was still held before it ({_BEFORE_BODY}) "
+                        f"{waited:g} s on, so its abort could not be checked"
+                    )
                     fix = _HELD_FIX
                 elif (ended := _body_end(spy.runs_of(call_id))) is not None:
-                    problem = (f"the body {ended}, but the call was still held after it ({_AFTER_BODY}) "
-                               f"{waited:g} s after its signal was aborted")
+                    problem = (
+                        f"the body {ended}, but the call was still held after it ({_AFTER_BODY}) "
+                        f"{waited:g} s after its signal was aborted"
+                    )
                     fix = _AFTER_FIX
                 else:
                     problem = f"the call was still running {waited:g} s after its signal was aborted"
@@ -1317,21 +1627,35 @@ def check_abort(target: Target) -> list[str]:
                 continue
             if not spy.runs_of(call_id):
                 result = task.result()
-                found.append(failure(target, "abort", f"the call never reached the body ({result.code}: "
-                                     f"{result.error.message if result.error else ''})",
-                                     "make the first example callable", definition.name))
+                found.append(
+                    failure(
+                        target,
+                        "abort",
+                        f"the call never reached the body ({result.code}: "
+                        f"{result.error.message if result.error else ''})",
+                        "make the first example callable",
+                        definition.name,
+                    )
+                )
                 continue
             # The abort is requested when the body is entered, and delivered at its first await: a
             # body that blocks the event loop (time.sleep, subprocess.run in async def) delays the
             # delivery itself, possibly past its own return, so the delay is a failure of its own.
             blocked = aborted_at[0] - entered_at[0] if aborted_at and entered_at else 0.0
             if blocked > bound:
-                found.append(failure(target, "abort", f"the body kept the event loop busy for {blocked:.2f} s "
-                                     "without awaiting, so the abort could not even be delivered "
-                                     f"(bound: {bound:g} s)",
-                                     "never block in an async body: run blocking work with await "
-                                     "asyncio.to_thread(...) (processes with asyncio.create_subprocess_exec) "
-                                     "and watch ctx.signal", definition.name))
+                found.append(
+                    failure(
+                        target,
+                        "abort",
+                        f"the body kept the event loop busy for {blocked:.2f} s "
+                        "without awaiting, so the abort could not even be delivered "
+                        f"(bound: {bound:g} s)",
+                        "never block in an async body: run blocking work with await "
+                        "asyncio.to_thread(...) (processes with asyncio.create_subprocess_exec) "
+                        "and watch ctx.signal",
+                        definition.name,
+                    )
+                )
             elif aborted_at:
                 # The body timed to its own end (the spy's), the call to its return: what runs after the body
                 # (post-execute hooks, result observers, a middleware once proceed returned) is not the body's.
@@ -1340,15 +1664,29 @@ def check_abort(target: Target) -> list[str]:
                 body_end = runs[-1].ended_at if runs and runs[-1].ended_at is not None else returned
                 elapsed = body_end - aborted_at[0]
                 if elapsed > bound:
-                    found.append(failure(target, "abort", f"the body returned {elapsed:.2f} s after the abort "
-                                         f"(bound: {bound:g} s)",
-                                         "watch ctx.signal (ctx.signal.add_listener or await "
-                                         "ctx.signal.wait()), stop the work (kill processes, cancel "
-                                         "requests) and return or raise promptly", definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "abort",
+                            f"the body returned {elapsed:.2f} s after the abort (bound: {bound:g} s)",
+                            "watch ctx.signal (ctx.signal.add_listener or await "
+                            "ctx.signal.wait()), stop the work (kill processes, cancel "
+                            "requests) and return or raise promptly",
+                            definition.name,
+                        )
+                    )
                 elif (elapsed := returned - aborted_at[0]) > bound:
-                    found.append(failure(target, "abort", f"the body returned within the bound, but the call "
-                                         f"returned {elapsed:.2f} s after the abort: it was held after its body "
-                                         f"({_AFTER_BODY}) (bound: {bound:g} s)", _AFTER_FIX, definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "abort",
+                            f"the body returned within the bound, but the call "
+                            f"returned {elapsed:.2f} s after the abort: it was held after its body "
+                            f"({_AFTER_BODY}) (bound: {bound:g} s)",
+                            _AFTER_FIX,
+                            definition.name,
+                        )
+                    )
 
     # A body that returns promptly on abort but leaves its work running (a process it never kills,
     # a task it never cancels) is caught here: the dispose check only makes calls that run to completion.
@@ -1382,7 +1720,6 @@ def _perturbations(definition: ToolDefinition) -> Iterator[JSON]:
             yield candidate
 
 
-
 @_guarded
 def check_typed_errors(target: Target) -> list[str]:
     """Bodies fail only with typed errors (``ToolError``/``DshError``) and return only output the runtime accepts,
@@ -1393,8 +1730,16 @@ def check_typed_errors(target: Target) -> list[str]:
             spy = loaded.spies[definition.name]
             for index, arguments in enumerate(_perturbations(definition)):
                 call_id = f"typed-errors-{index}"
-                result = await _bounded_call(target, "typed-errors", loaded, definition.name, arguments,
-                                             f"called with {_brief(arguments)}", found, call_id=call_id)
+                result = await _bounded_call(
+                    target,
+                    "typed-errors",
+                    loaded,
+                    definition.name,
+                    arguments,
+                    f"called with {_brief(arguments)}",
+                    found,
+                    call_id=call_id,
+                )
                 if result is None:
                     continue  # reported; what an aborted or cancelled body let out is no failure of its own
                 # Judged on this call alone, by its call id: a middleware may answer a call without running the
@@ -1404,35 +1749,58 @@ def check_typed_errors(target: Target) -> list[str]:
                 if result.code == ErrorCode.INVALID_TOOL_OUTPUT and runs and not errors:
                     # The body returned normally, but what it returned is refused (the example-calls
                     # check sees only the examples: an output_schema broken on other inputs shows here).
-                    found.append(failure(
-                        target, "typed-errors", f"called with {_brief(arguments)}, the tool returned output the "
-                        f"runtime refused (INVALID_TOOL_OUTPUT): {result.error.message if result.error else ''}",
-                        "return values matching output_schema for every argument object the parameters accept, "
-                        'or raise dsh_core.ToolError("...") for arguments the tool cannot serve', definition.name))
+                    found.append(
+                        failure(
+                            target,
+                            "typed-errors",
+                            f"called with {_brief(arguments)}, the tool returned output the "
+                            f"runtime refused (INVALID_TOOL_OUTPUT): {result.error.message if result.error else ''}",
+                            "return values matching output_schema for every argument object the parameters accept, "
+                            'or raise dsh_core.ToolError("...") for arguments the tool cannot serve',
+                            definition.name,
+                        )
+                    )
                 for error in errors:
                     if isinstance(error, AbortedError | asyncio.CancelledError):
                         # These calls are never cancelled nor aborted: the body let out what something it
                         # awaited raised, and the call fails as TOOL_FAILED or ABORTED, not with its message.
-                        found.append(failure(
-                            target, "typed-errors", f"called with {_brief(arguments)}, the body let out "
-                            f"{type(error).__name__} although its call was neither cancelled nor aborted (something "
-                            "it awaited was cancelled or aborted elsewhere)",
-                            "catch it where you await that work and raise dsh_core.ToolError(\"what went wrong\"); "
-                            "let it out only when ctx.signal is aborted or your own task is being cancelled",
-                            definition.name))
+                        found.append(
+                            failure(
+                                target,
+                                "typed-errors",
+                                f"called with {_brief(arguments)}, the body let out "
+                                f"{type(error).__name__} although its call was neither cancelled nor aborted "
+                                "(something it awaited was cancelled or aborted elsewhere)",
+                                'catch it where you await that work and raise dsh_core.ToolError("what went wrong"); '
+                                "let it out only when ctx.signal is aborted or your own task is being cancelled",
+                                definition.name,
+                            )
+                        )
                     elif not isinstance(error, Exception):
-                        found.append(failure(
-                            target, "typed-errors", f"called with {_brief(arguments)}, the body raised "
-                            f"{type(error).__name__}" + (f" ({error})" if str(error) else "") + ", which ends "
-                            "the process dsh runs in (the agent, a Code Mode run, every other tool's call)",
-                            "never call sys.exit() nor raise KeyboardInterrupt in a tool body: raise "
-                            'dsh_core.ToolError("what went wrong") so only this call fails', definition.name))
+                        found.append(
+                            failure(
+                                target,
+                                "typed-errors",
+                                f"called with {_brief(arguments)}, the body raised "
+                                f"{type(error).__name__}" + (f" ({error})" if str(error) else "") + ", which ends "
+                                "the process dsh runs in (the agent, a Code Mode run, every other tool's call)",
+                                "never call sys.exit() nor raise KeyboardInterrupt in a tool body: raise "
+                                'dsh_core.ToolError("what went wrong") so only this call fails',
+                                definition.name,
+                            )
+                        )
                     elif not isinstance(error, DshError):
-                        found.append(failure(
-                            target, "typed-errors", f"called with {_brief(arguments)}, the body raised the "
-                            f"untyped {type(error).__name__}: {error}",
-                            'catch it and raise dsh_core.ToolError("what went wrong and what to do") so the '
-                            "model reads a clear message", definition.name))
+                        found.append(
+                            failure(
+                                target,
+                                "typed-errors",
+                                f"called with {_brief(arguments)}, the body raised the "
+                                f"untyped {type(error).__name__}: {error}",
+                                'catch it and raise dsh_core.ToolError("what went wrong and what to do") so the '
+                                "model reads a clear message",
+                                definition.name,
+                            )
+                        )
 
     # An edge variant may fail half-way and leave what it started running (a process never killed on the error path).
     return _with_plugin(target, "typed-errors", probe, quiesce_when="after the calls and dispose")
@@ -1583,23 +1951,43 @@ def check_dispose(target: Target) -> list[str]:
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         for definition in loaded.definitions:
             for example in definition.examples[:1]:
-                await _bounded_call(target, "dispose", loaded, definition.name, example,
-                                    f"examples[0] {_brief(example)}", found, call_id="dispose")
+                await _bounded_call(
+                    target,
+                    "dispose",
+                    loaded,
+                    definition.name,
+                    example,
+                    f"examples[0] {_brief(example)}",
+                    found,
+                    call_id="dispose",
+                )
 
     def leftovers(loaded: LoadedPlugin) -> list[str]:
-        return [failure(target, "dispose", f"after dispose, {what} is still registered",
-                        "register through the plugin's scope (the register callables, scope=scope for registry "
-                        "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
-                        "undo it") for what in loaded.leftovers()]
+        return [
+            failure(
+                target,
+                "dispose",
+                f"after dispose, {what} is still registered",
+                "register through the plugin's scope (the register callables, scope=scope for registry "
+                "guards, restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can "
+                "undo it",
+            )
+            for what in loaded.leftovers()
+        ]
 
     # Every check loads the plugin: this one alone reports what it left running at load.
-    return _with_plugin(target, "dispose", probe, disposed=leftovers, quiesce_when="after dispose",
-                        load_leftovers=True)
+    return _with_plugin(target, "dispose", probe, disposed=leftovers, quiesce_when="after dispose", load_leftovers=True)
 
 
-async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[asyncio.Task[Any]],
-                       at_load: _AtLoad, load_leftovers: bool,
-                       asks: Mapping[asyncio.Task[Any], tuple[str, str]]) -> list[str]:
+async def _stray_tasks(
+    target: Target,
+    check: str,
+    when: str,
+    tasks_before: set[asyncio.Task[Any]],
+    at_load: _AtLoad,
+    load_leftovers: bool,
+    asks: Mapping[asyncio.Task[Any], tuple[str, str]],
+) -> list[str]:
     """Tasks started since ``tasks_before`` and still running ``QUIESCENCE_GRACE_S`` on; those already running at
     load only with ``load_leftovers`` (see :func:`_with_plugin`).
 
@@ -1619,19 +2007,40 @@ async def _stray_tasks(target: Target, check: str, when: str, tasks_before: set[
         if not pending:
             break
         await asyncio.sleep(0.02)
-    return [failure(target, check, f"the approval ask of call {asks[task][0]!r} (its channel, dsh_approve) ignored "
-                    f"its withdrawal and is still running {when}", "end dsh_approve's ask as soon as it is cancelled "
-                    "(never swallow asyncio.CancelledError there): dsh waits for it only its approval grace, then "
-                    "leaves it running with no one to answer", asks[task][1]) if task in asks else
-            failure(target, check, f"task {task.get_name()} ({task.get_coro()!r}) "
-                    f"{_AT_LOAD if task in at_load.tasks else ''}is still running {when}",
-                    "start background work with scope.spawn(...) so dispose cancels and awaits it")
-            for task in pending]
+    return [
+        failure(
+            target,
+            check,
+            f"the approval ask of call {asks[task][0]!r} (its channel, dsh_approve) ignored "
+            f"its withdrawal and is still running {when}",
+            "end dsh_approve's ask as soon as it is cancelled "
+            "(never swallow asyncio.CancelledError there): dsh waits for it only its approval grace, then "
+            "leaves it running with no one to answer",
+            asks[task][1],
+        )
+        if task in asks
+        else failure(
+            target,
+            check,
+            f"task {task.get_name()} ({task.get_coro()!r}) "
+            f"{_AT_LOAD if task in at_load.tasks else ''}is still running {when}",
+            "start background work with scope.spawn(...) so dispose cancels and awaits it",
+        )
+        for task in pending
+    ]
 
 
-def _strays(target: Target, check: str, when: str, threads_before: set[threading.Thread],
-            children_before: set[int], executor: _DetachedExecutor, owners: dict[int, str], at_load: _AtLoad,
-            load_leftovers: bool) -> list[str]:
+def _strays(
+    target: Target,
+    check: str,
+    when: str,
+    threads_before: set[threading.Thread],
+    children_before: set[int],
+    executor: _DetachedExecutor,
+    owners: dict[int, str],
+    at_load: _AtLoad,
+    load_leftovers: bool,
+) -> list[str]:
     """Threads (the executor's jobs apart) and descendant processes started since ``*_before``, and the executor's
     jobs, still running ``QUIESCENCE_GRACE_S`` on; the processes are then killed and reaped. Those already running
     at load are reported only with ``load_leftovers`` (see :func:`_with_plugin`), and killed all the same.
@@ -1646,10 +2055,12 @@ def _strays(target: Target, check: str, when: str, threads_before: set[threading
     jobs: list[_Job] = []
     while time.monotonic() < deadline:
         jobs = [job for job in executor.running() if job.thread not in ignored]
-        threads = {t for t in set(threading.enumerate()) - threads_before - ignored if t.is_alive()} \
-            - {job.thread for job in executor.jobs}
-        processes = {pid for pid in _descendants().keys() - children_before
-                     if load_leftovers or owners.get(pid) != _LOAD_OWNER}
+        threads = {t for t in set(threading.enumerate()) - threads_before - ignored if t.is_alive()} - {
+            job.thread for job in executor.jobs
+        }
+        processes = {
+            pid for pid in _descendants().keys() - children_before if load_leftovers or owners.get(pid) != _LOAD_OWNER
+        }
         if not threads and not processes and not jobs:
             break
         time.sleep(0.02)
@@ -1659,23 +2070,42 @@ def _strays(target: Target, check: str, when: str, threads_before: set[threading
     found = []
     for job in jobs:
         loaded = job.thread in at_load.threads
-        found.append(failure(target, check, f"thread {job.thread.name!r} running {job.what} (asyncio.to_thread or "
-                             f"loop.run_in_executor) {_AT_LOAD if loaded else ''}is still running {when}",
-                             "a thread cannot be cancelled (cancelling the await leaves it running): make the "
-                             "blocking work end in a disposer (scope.on_dispose) and wait for it there" if loaded else
-                             "a thread cannot be cancelled (cancelling the await leaves it running): make the "
-                             "blocking work end when ctx.signal aborts (a threading.Event set from "
-                             "ctx.signal.add_listener that it checks, a timeout, or closing what it waits on) "
-                             "and wait for it before returning", job.tool))
+        found.append(
+            failure(
+                target,
+                check,
+                f"thread {job.thread.name!r} running {job.what} (asyncio.to_thread or "
+                f"loop.run_in_executor) {_AT_LOAD if loaded else ''}is still running {when}",
+                "a thread cannot be cancelled (cancelling the await leaves it running): make the "
+                "blocking work end in a disposer (scope.on_dispose) and wait for it there"
+                if loaded
+                else "a thread cannot be cancelled (cancelling the await leaves it running): make the "
+                "blocking work end when ctx.signal aborts (a threading.Event set from "
+                "ctx.signal.add_listener that it checks, a timeout, or closing what it waits on) "
+                "and wait for it before returning",
+                job.tool,
+            )
+        )
     for thread in sorted(threads, key=lambda t: t.name):
-        found.append(failure(target, check, f"thread {thread.name!r} "
-                             f"{_AT_LOAD if thread in at_load.threads else ''}is still running {when}",
-                             "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread"))
+        found.append(
+            failure(
+                target,
+                check,
+                f"thread {thread.name!r} {_AT_LOAD if thread in at_load.threads else ''}is still running {when}",
+                "stop and join threads in a disposer (scope.on_dispose) or use asyncio.to_thread",
+            )
+        )
     for pid in running:
         loaded = owners.get(pid) == _LOAD_OWNER
-        found.append(failure(target, check, f"child process {described[pid]} {_AT_LOAD if loaded else ''}is still "
-                             f"running {when}", "kill and reap every process the plugin starts, on completion, on "
-                             "abort and in a disposer", None if loaded else owners.get(pid) or None))
+        found.append(
+            failure(
+                target,
+                check,
+                f"child process {described[pid]} {_AT_LOAD if loaded else ''}is still running {when}",
+                "kill and reap every process the plugin starts, on completion, on abort and in a disposer",
+                None if loaded else owners.get(pid) or None,
+            )
+        )
     return found
 
 
@@ -1698,14 +2128,21 @@ def check_hookimpls(target: Target) -> list[str]:
     try:
         _, factory = load_factory(target.name)
     except DshError as error:
-        return [failure(target, "hookimpls", f"the entry point did not load: {error.message}",
-                        "fix the entry point first")]
+        return [
+            failure(target, "hookimpls", f"the entry point did not load: {error.message}", "fix the entry point first")
+        ]
     try:
         check_config(target.name, factory, target.config)
     except DshError as error:
-        return [failure(target, "hookimpls", error.message,
-                        f"pass a valid config: --dsh-conformance-config '{target.name}=JSON', or plugin_config "
-                        "in your subclass")]
+        return [
+            failure(
+                target,
+                "hookimpls",
+                error.message,
+                f"pass a valid config: --dsh-conformance-config '{target.name}=JSON', or plugin_config "
+                "in your subclass",
+            )
+        ]
     specs = _hook_specs()
 
     async def make() -> object:
@@ -1720,8 +2157,14 @@ def check_hookimpls(target: Target) -> list[str]:
         with _ending_processes():  # what the factory started: the plugin is never disposed here
             instance = _run(make)
     except (Exception, SystemExit) as error:  # sys.exit() too: a plugin's bug, reported as one
-        return [failure(target, "hookimpls", f"the factory raised {type(error).__name__}: {error}",
-                        "make the factory succeed with the given config")]
+        return [
+            failure(
+                target,
+                "hookimpls",
+                f"the factory raised {type(error).__name__}: {error}",
+                "make the factory succeed with the given config",
+            )
+        ]
     if instance is None:
         return []
     found: list[str] = []
@@ -1736,41 +2179,77 @@ def check_hookimpls(target: Target) -> list[str]:
             if attribute.startswith("dsh_") and callable(member):
                 # pluggy only sees marked methods: this one is silently never called.
                 known = f"hook {attribute}" if attribute in specs else "no known hook"
-                found.append(failure(target, "hookimpls", f"{attribute} ({known}) is not marked @hookimpl, so "
-                                     "pluggy never calls it",
-                                     "decorate it with @dsh_core.hookimpl" + ("" if attribute in specs else
-                                     f" and name a known hook: {', '.join(sorted(specs))}")))
+                found.append(
+                    failure(
+                        target,
+                        "hookimpls",
+                        f"{attribute} ({known}) is not marked @hookimpl, so pluggy never calls it",
+                        "decorate it with @dsh_core.hookimpl"
+                        + ("" if attribute in specs else f" and name a known hook: {', '.join(sorted(specs))}"),
+                    )
+                )
             continue
         hook = options.get("specname") or attribute
         where = f"{attribute} (hook {hook})"
         if hook not in specs:
             if options.get("optionalhook"):
                 continue  # as pluggy (and Hooks.register) accept it: never called, so nothing to check
-            found.append(failure(target, "hookimpls", f"{where} implements no known hook",
-                                 f"use one of: {', '.join(sorted(specs))} (or mark it "
-                                 "@hookimpl(optionalhook=True) if it is meant for a hook this dsh may not define)"))
+            found.append(
+                failure(
+                    target,
+                    "hookimpls",
+                    f"{where} implements no known hook",
+                    f"use one of: {', '.join(sorted(specs))} (or mark it "
+                    "@hookimpl(optionalhook=True) if it is meant for a hook this dsh may not define)",
+                )
+            )
             continue
         if options.get("wrapper") or options.get("hookwrapper"):
-            found.append(failure(target, "hookimpls", f"{where} is a pluggy wrapper (wrapper=True/hookwrapper=True), "
-                                 "which dsh refuses: it calls hooks itself and awaits their results",
-                                 "return middleware from dsh_around_dispatch to wrap tool bodies"))
+            found.append(
+                failure(
+                    target,
+                    "hookimpls",
+                    f"{where} is a pluggy wrapper (wrapper=True/hookwrapper=True), "
+                    "which dsh refuses: it calls hooks itself and awaits their results",
+                    "return middleware from dsh_around_dispatch to wrap tool bodies",
+                )
+            )
         function = inspect.unwrap(member)
-        defaulted = [p.name for p in inspect.signature(function).parameters.values()
-                     if p.default is not inspect.Parameter.empty]
+        defaulted = [
+            p.name for p in inspect.signature(function).parameters.values() if p.default is not inspect.Parameter.empty
+        ]
         if defaulted:
-            found.append(failure(target, "hookimpls", f"{where} declares defaults for {', '.join(defaulted)}; "
-                                 "pluggy versions disagree on whether such arguments are passed",
-                                 "remove the defaults (accept only the arguments you use, all required)"))
+            found.append(
+                failure(
+                    target,
+                    "hookimpls",
+                    f"{where} declares defaults for {', '.join(defaulted)}; "
+                    "pluggy versions disagree on whether such arguments are passed",
+                    "remove the defaults (accept only the arguments you use, all required)",
+                )
+            )
         is_async = inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
         if is_async and hook in SYNC_HOOKS:
-            found.append(failure(target, "hookimpls", f"{where} is async def, but dsh calls {hook} synchronously "
-                                 "and never awaits what it returns: the coroutine is discarded"
-                                 + (", so nothing is registered" if hook in REGISTRATION_HOOKS else ""),
-                                 "make it a plain def (start async work with scope.spawn(...))"))
+            found.append(
+                failure(
+                    target,
+                    "hookimpls",
+                    f"{where} is async def, but dsh calls {hook} synchronously "
+                    "and never awaits what it returns: the coroutine is discarded"
+                    + (", so nothing is registered" if hook in REGISTRATION_HOOKS else ""),
+                    "make it a plain def (start async work with scope.spawn(...))",
+                )
+            )
         elif is_async and specs[hook]:
-            found.append(failure(target, "hookimpls", f"{where} is async def on a first-result hook: its "
-                                 "coroutine is never None, so it always wins, even when it means to abstain",
-                                 "make it a plain function that returns None or an awaitable"))
+            found.append(
+                failure(
+                    target,
+                    "hookimpls",
+                    f"{where} is async def on a first-result hook: its "
+                    "coroutine is never None, so it always wins, even when it means to abstain",
+                    "make it a plain function that returns None or an awaitable",
+                )
+            )
     return found
 
 

@@ -53,8 +53,15 @@ def bound_problem(value: object) -> str | None:
     return None if is_positive_seconds(value) else f"{value!r} is not a positive, finite number of seconds"
 
 
-def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_bound_s: float = checks.ABORT_BOUND_S,
-                require_examples: bool = True, call_timeout_s: float | None = None) -> Target:
+def make_target(
+    name: str,
+    config: dict[str, Any],
+    tmp_path: Path,
+    *,
+    abort_bound_s: float = checks.ABORT_BOUND_S,
+    require_examples: bool = True,
+    call_timeout_s: float | None = None,
+) -> Target:
     """The :class:`Target` of one test: ``{tmp}`` in config strings becomes a fresh directory, and a
     plugin whose config schema has a ``root`` property gets that directory as ``root`` unless given one.
 
@@ -77,8 +84,13 @@ def make_target(name: str, config: dict[str, Any], tmp_path: Path, *, abort_boun
         properties = schema.get("properties") if isinstance(schema, dict) else None
         if isinstance(properties, dict) and "root" in properties:
             prepared["root"] = os.fspath(tmp)
-    return Target(name=name, config=prepared, abort_bound_s=abort_bound_s, require_examples=require_examples,
-                  call_timeout_s=call_timeout_s)
+    return Target(
+        name=name,
+        config=prepared,
+        abort_bound_s=abort_bound_s,
+        require_examples=require_examples,
+        call_timeout_s=call_timeout_s,
+    )
 
 
 #: The attribute of each test method that names its check (a ``dsh:ID`` keyword: ``-k dsh:ID`` selects it).
@@ -128,8 +140,7 @@ class ToolPluginConformance:
     def dsh_plugin_name(self) -> str:
         """The entry-point name under test (``plugin_name``)."""
         if not self.plugin_name:
-            pytest.fail(f"{type(self).__name__}: set plugin_name = '<entry point name in dsh.plugins>'",
-                        pytrace=False)
+            pytest.fail(f"{type(self).__name__}: set plugin_name = '<entry point name in dsh.plugins>'", pytrace=False)
         return self.plugin_name
 
     @pytest.fixture
@@ -156,11 +167,23 @@ class ToolPluginConformance:
         return None if self.call_timeout_s is None else float(self._seconds("call_timeout_s"))
 
     @pytest.fixture
-    def dsh_target(self, dsh_plugin_name: str, plugin_config: dict[str, Any], dsh_abort_bound_s: float,
-                   dsh_call_timeout_s: float | None, tmp_path: Path) -> Target:
+    def dsh_target(
+        self,
+        dsh_plugin_name: str,
+        plugin_config: dict[str, Any],
+        dsh_abort_bound_s: float,
+        dsh_call_timeout_s: float | None,
+        tmp_path: Path,
+    ) -> Target:
         """What the checks run on."""
-        return make_target(dsh_plugin_name, plugin_config, tmp_path, abort_bound_s=dsh_abort_bound_s,
-                           require_examples=self.require_examples, call_timeout_s=dsh_call_timeout_s)
+        return make_target(
+            dsh_plugin_name,
+            plugin_config,
+            tmp_path,
+            abort_bound_s=dsh_abort_bound_s,
+            require_examples=self.require_examples,
+            call_timeout_s=dsh_call_timeout_s,
+        )
 
     @_check("entry-point")
     def test_entry_point_loads_strictly_and_alone(self, dsh_target: Target) -> None:

@@ -37,8 +37,19 @@ from dsh_core.runtime import ToolRuntime
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
 from dsh_core.scope import Scope
 
-__all__ = ["BodyExited", "BodyRun", "CALL_WATCH", "CallWatch", "ToolSpy", "WatchingHooks", "LoadedPlugin",
-           "find_entry_point", "load_factory", "load_plugin", "make_root"]
+__all__ = [
+    "BodyExited",
+    "BodyRun",
+    "CALL_WATCH",
+    "CallWatch",
+    "ToolSpy",
+    "WatchingHooks",
+    "LoadedPlugin",
+    "find_entry_point",
+    "load_factory",
+    "load_plugin",
+    "make_root",
+]
 
 
 @define
@@ -57,8 +68,9 @@ class CallWatch:
 
 #: The watch of the call the kit is making (set by the checks in the call's task; the tasks the call starts,
 #: its approval ask's among them, copy it).
-CALL_WATCH: contextvars.ContextVar[CallWatch | None] = contextvars.ContextVar("dsh_conformance_call_watch",
-                                                                             default=None)
+CALL_WATCH: contextvars.ContextVar[CallWatch | None] = contextvars.ContextVar(
+    "dsh_conformance_call_watch", default=None
+)
 
 
 class WatchingHooks(Hooks):
@@ -75,8 +87,9 @@ class WatchingHooks(Hooks):
         #: too, as the kit's call ids repeat across tools (each tool's ``"dispose"`` call, its ``"example-0"``).
         self.asks: weakref.WeakKeyDictionary[asyncio.Task[Any], tuple[str, str]] = weakref.WeakKeyDictionary()
 
-    async def approve(self, request: ApprovalRequest, *,
-                      on_channel: Callable[[str], None] | None = None) -> ApprovalOutcome:
+    async def approve(
+        self, request: ApprovalRequest, *, on_channel: Callable[[str], None] | None = None
+    ) -> ApprovalOutcome:
         """As :meth:`Hooks.approve`; the call is marked asking."""
         watch = CALL_WATCH.get()
         if watch is not None and watch.call_id == request.execution.call_id:
@@ -166,8 +179,10 @@ def find_entry_point(name: str) -> metadata.EntryPoint:
     found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not found:
         known = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
-        raise PluginLoadError(f"no entry point named {name!r} in group {ENTRY_POINT_GROUP!r} "
-                              f"(installed: {', '.join(known) or 'none'}); is the distribution installed?")
+        raise PluginLoadError(
+            f"no entry point named {name!r} in group {ENTRY_POINT_GROUP!r} "
+            f"(installed: {', '.join(known) or 'none'}); is the distribution installed?"
+        )
     return found[0]
 
 
@@ -189,8 +204,9 @@ def check_config(name: str, factory: object, config: Mapping[str, Any]) -> None:
         found = validation_errors(compile_validator(schema), config)
     except SchemaEvaluationError as error:
         raise ConfigError(f"config for plugin {name!r} cannot be checked against its config schema: {error}") from None
-    problems = sorted(f"{'/'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}"
-                      for error in found)
+    problems = sorted(
+        f"{'/'.join(str(p) for p in error.absolute_path) or '(top level)'}: {error.message}" for error in found
+    )
     if problems:
         raise ConfigError(f"config for plugin {name!r} does not match its config schema: " + "; ".join(problems))
 
@@ -198,8 +214,16 @@ def check_config(name: str, factory: object, config: Mapping[str, Any]) -> None:
 class LoadedPlugin:
     """A plugin started alone in a fresh pipeline. Dispose it with :meth:`dispose`."""
 
-    def __init__(self, name: str, root: Scope, hooks: Hooks, registry: ToolRegistry, runtime: ToolRuntime,
-                 providers: NamedRegistry[Any], stores: NamedRegistry[Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        root: Scope,
+        hooks: Hooks,
+        registry: ToolRegistry,
+        runtime: ToolRuntime,
+        providers: NamedRegistry[Any],
+        stores: NamedRegistry[Any],
+    ) -> None:
         self.name = name
         self.root = root
         self.hooks = hooks
@@ -246,8 +270,9 @@ def make_root(hooks: Hooks) -> tuple[Scope, ToolRegistry, ToolRuntime]:
     return root, registry, runtime
 
 
-async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool = False,
-                      factory: Callable[..., Any] | None = None) -> LoadedPlugin:
+async def load_plugin(
+    name: str, config: Mapping[str, Any], *, record_only: bool = False, factory: Callable[..., Any] | None = None
+) -> LoadedPlugin:
     """Start entry point ``name`` alone with ``config``.
 
     With ``record_only`` tools are recorded in :attr:`LoadedPlugin.definitions`
@@ -263,8 +288,9 @@ async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool
     check_config(name, factory, config)
     hooks = WatchingHooks()
     root, registry, runtime = make_root(hooks)
-    loaded = LoadedPlugin(name, root, hooks, registry, runtime, NamedRegistry("provider"),
-                          NamedRegistry("session store"))
+    loaded = LoadedPlugin(
+        name, root, hooks, registry, runtime, NamedRegistry("provider"), NamedRegistry("session store")
+    )
 
     def tool_registrar(scope: Scope, plugin_id: str) -> Callable[[ToolDefinition], None]:
         def register(definition: ToolDefinition) -> None:
@@ -286,8 +312,15 @@ async def load_plugin(name: str, config: Mapping[str, Any], *, record_only: bool
         "dsh_register_session_stores": loaded.stores.registrar,
     }
     try:
-        loaded.scope = await start_plugin(plugin_id=name, factory=factory, config=freeze(dict(config)),
-                                          parent=root, hooks=hooks, registrars=registrars, source=source)
+        loaded.scope = await start_plugin(
+            plugin_id=name,
+            factory=factory,
+            config=freeze(dict(config)),
+            parent=root,
+            hooks=hooks,
+            registrars=registrars,
+            source=source,
+        )
     except BaseException:
         await root.dispose()
         raise

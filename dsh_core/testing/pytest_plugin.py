@@ -47,23 +47,43 @@ def seconds(value: str) -> float:
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the ``--dsh-conformance*`` options."""
     group = parser.getgroup("dsh", "dsh plugin conformance kit")
-    group.addoption("--dsh-conformance", action="append", default=[], metavar="NAME",
-                    dest="dsh_conformance",
-                    help="run the dsh conformance suite on the installed plugin entry point NAME (repeatable)")
-    group.addoption("--dsh-conformance-config", action="append", default=[], metavar="[NAME=]JSON",
-                    dest="dsh_conformance_config",
-                    help="the config of plugin NAME as a JSON object (repeatable, one per name); without NAME= "
-                         "the config of every name not given its own; '{tmp}' in strings becomes a temporary "
-                         "directory")
+    group.addoption(
+        "--dsh-conformance",
+        action="append",
+        default=[],
+        metavar="NAME",
+        dest="dsh_conformance",
+        help="run the dsh conformance suite on the installed plugin entry point NAME (repeatable)",
+    )
+    group.addoption(
+        "--dsh-conformance-config",
+        action="append",
+        default=[],
+        metavar="[NAME=]JSON",
+        dest="dsh_conformance_config",
+        help="the config of plugin NAME as a JSON object (repeatable, one per name); without NAME= "
+        "the config of every name not given its own; '{tmp}' in strings becomes a temporary "
+        "directory",
+    )
     # Literals, not dsh_core.testing.checks.ABORT_BOUND_S and CALL_TIMEOUT_S: this module imports dsh lazily (a test
     # ties them to the constants).
-    group.addoption("--dsh-conformance-abort-bound", default=2.0, type=seconds, metavar="SECONDS",
-                    dest="dsh_conformance_abort_bound",
-                    help="seconds a tool body may take to return after an abort (default 2)")
-    group.addoption("--dsh-conformance-call-timeout", default=None, type=seconds, metavar="SECONDS",
-                    dest="dsh_conformance_call_timeout",
-                    help="seconds a call may run before the kit stops it (aborts, then cancels it) and fails the check "
-                         "(default 60)")
+    group.addoption(
+        "--dsh-conformance-abort-bound",
+        default=2.0,
+        type=seconds,
+        metavar="SECONDS",
+        dest="dsh_conformance_abort_bound",
+        help="seconds a tool body may take to return after an abort (default 2)",
+    )
+    group.addoption(
+        "--dsh-conformance-call-timeout",
+        default=None,
+        type=seconds,
+        metavar="SECONDS",
+        dest="dsh_conformance_call_timeout",
+        help="seconds a call may run before the kit stops it (aborts, then cancels it) and fails the check "
+        "(default 60)",
+    )
 
 
 def parse_configs(values: list[str], names: list[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -94,14 +114,17 @@ def parse_configs(values: list[str], names: list[str]) -> tuple[dict[str, Any], 
             raise ValueError(f"{where}: the config must be a JSON object, got {type(parsed).__name__}")
         if not name:
             if shared is not None:
-                raise ValueError(f"{where}: a config without NAME= is given twice; give each plugin its own "
-                                 "with NAME=JSON")
+                raise ValueError(
+                    f"{where}: a config without NAME= is given twice; give each plugin its own with NAME=JSON"
+                )
             shared = parsed
         elif name in own:
             raise ValueError(f"{where}: plugin {name!r} is given a config twice")
         elif name not in names:
-            raise ValueError(f"{where}: {name!r} is not checked; add --dsh-conformance={name} or fix the name "
-                             f"(checked: {', '.join(names) or 'none'})")
+            raise ValueError(
+                f"{where}: {name!r} is not checked; add --dsh-conformance={name} or fix the name "
+                f"(checked: {', '.join(names) or 'none'})"
+            )
         else:
             own[name] = parsed
     return shared or {}, own
@@ -122,9 +145,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
             # Subclass suites take their config from the plugin_config fixture; silently
             # checking with {} instead of what was given would pass or fail the wrong thing.
-            raise pytest.UsageError("--dsh-conformance-config applies only to plugins named with "
-                                    "--dsh-conformance; a ConformanceTests subclass takes its config from "
-                                    "its plugin_config fixture")
+            raise pytest.UsageError(
+                "--dsh-conformance-config applies only to plugins named with "
+                "--dsh-conformance; a ConformanceTests subclass takes its config from "
+                "its plugin_config fixture"
+            )
         return
     import importlib.util
 

@@ -69,8 +69,11 @@ CONFIG_SCHEMA: Final = {
         "name": {"type": "string", "minLength": 1, "default": "openai"},
         "base_url": {"type": "string", "pattern": "^https?://", "description": "an http(s) URL"},
         "model": {"type": "string", "minLength": 1},
-        "api_key_env": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$(?!\n)",
-                        "description": "the name of an environment variable"},
+        "api_key_env": {
+            "type": "string",
+            "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$(?!\n)",
+            "description": "the name of an environment variable",
+        },
         "timeout_s": {"type": "number", "exclusiveMinimum": 0},
         "connect_timeout_s": {"type": "number", "exclusiveMinimum": 0},
         "max_retries": {"type": "integer", "minimum": 0, "maximum": 10},
@@ -78,9 +81,14 @@ CONFIG_SCHEMA: Final = {
         "backoff_max_s": {"type": "number", "minimum": 0},
         "max_retry_after_s": {"type": "number", "minimum": 0},
         "stream": {"type": "boolean"},
-        "stream_usage": {"type": "boolean", "default": True,
-                         "description": ("when streaming, send stream_options = {include_usage = true} so the "
-                                         "server reports usage; false for a server that rejects the field")},
+        "stream_usage": {
+            "type": "boolean",
+            "default": True,
+            "description": (
+                "when streaming, send stream_options = {include_usage = true} so the "
+                "server reports usage; false for a server that rejects the field"
+            ),
+        },
         "temperature": {"type": "number", "minimum": 0},
         "max_tokens": {"type": "integer", "minimum": 1},
         "extra_body": {"type": "object", "description": "extra request fields, merged into every request"},
@@ -99,8 +107,15 @@ RETRY_STATUSES: Final = frozenset({408, 409, 429})
 
 # Substrings servers use to say the prompt does not fit (OpenAI, vLLM, llama.cpp, Ollama, DeepSeek).
 _CONTEXT_MARKERS: Final = (
-    "context_length_exceeded", "maximum context length", "context length", "context window",
-    "too many tokens", "prompt is too long", "exceeds the available context", "n_ctx", "input is too long",
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "too many tokens",
+    "prompt is too long",
+    "exceeds the available context",
+    "n_ctx",
+    "input is too long",
 )
 
 
@@ -197,8 +212,7 @@ def _meta(finish_reason: object, usage: object) -> dict[str, Any]:
     """
     meta = {key: value for key, value in (("finish_reason", finish_reason), ("usage", usage)) if value is not None}
     try:
-        cleaned: dict[str, Any] = json.loads(json.dumps(meta), parse_constant=_null_constant,
-                                             parse_float=_finite_float)
+        cleaned: dict[str, Any] = json.loads(json.dumps(meta), parse_constant=_null_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):  # nested too deep to copy: keep what is certainly plain
         return {"finish_reason": finish_reason} if isinstance(finish_reason, str) else {}
     return cleaned
@@ -274,8 +288,9 @@ class OpenAICompatProvider:
         self.extra_body = dict(extra_body or {})
         self._env = os.environ if env is None else env
         self._sleep = sleep
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-                                         transport=transport)
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), transport=transport
+        )
         #: Attempts made by the last request (1 = no retry), for diagnostics and tests.
         self.last_attempts = 0
 
@@ -301,9 +316,12 @@ class OpenAICompatProvider:
             if not _header_safe(key):
                 # httpx would fail quoting the header (the key with it, escaped past redaction) or on
                 # the encoding: say which variable is wrong, never what it holds, and do not retry.
-                raise ProviderError("auth", f"{self.name}: ${self.api_key_env} cannot be sent as an API key: it "
-                                            "holds a line break, a control or non-ASCII character, or leading or "
-                                            "trailing whitespace (the value is not shown)")
+                raise ProviderError(
+                    "auth",
+                    f"{self.name}: ${self.api_key_env} cannot be sent as an API key: it "
+                    "holds a line break, a control or non-ASCII character, or leading or "
+                    "trailing whitespace (the value is not shown)",
+                )
             headers["Authorization"] = f"Bearer {key}"
         if self.stream:
             headers["Accept"] = "text/event-stream"
@@ -334,8 +352,14 @@ class OpenAICompatProvider:
             body["stream"] = True
         return body
 
-    async def complete(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
-                       on_text: OnText | None = None, model: str | None = None) -> Message:
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        *,
+        on_text: OnText | None = None,
+        model: str | None = None,
+    ) -> Message:
         """POST the conversation and return the assistant message (retrying what is worth retrying)."""
         try:
             return await self._complete(messages, tools, on_text, model)
@@ -347,13 +371,17 @@ class OpenAICompatProvider:
                 raise
             raise ProviderError(error.kind, message, status=error.status) from None
 
-    async def _complete(self, messages: Sequence[Message], tools: Sequence[ToolSpec], on_text: OnText | None,
-                        model: str | None) -> Message:
+    async def _complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], on_text: OnText | None, model: str | None
+    ) -> Message:
         chosen = model or self.model
         if not chosen:
-            raise ProviderError("no-model", f"{self.name}: no model configured: set `model` in the provider's "
-                                            "plugin config or the agent's `model` (or DSH_MODEL, for the "
-                                            "endpoint DSH_BASE_URL sets up)")
+            raise ProviderError(
+                "no-model",
+                f"{self.name}: no model configured: set `model` in the provider's "
+                "plugin config or the agent's `model` (or DSH_MODEL, for the "
+                "endpoint DSH_BASE_URL sets up)",
+            )
         body = self._body(messages, tools, chosen)
         attempt = 0
         while True:
@@ -365,18 +393,23 @@ class OpenAICompatProvider:
                 return await self._once(body, chosen)
             except _Retry as retry:
                 if attempt > self.max_retries:
-                    raise ProviderError(retry.error.kind, f"{retry.error.message} (gave up after {attempt} "
-                                                          f"attempt{'s' if attempt > 1 else ''})",
-                                        status=retry.error.status) from None
+                    raise ProviderError(
+                        retry.error.kind,
+                        f"{retry.error.message} (gave up after {attempt} attempt{'s' if attempt > 1 else ''})",
+                        status=retry.error.status,
+                    ) from None
                 delay = retry.retry_after
                 if delay is None:
                     delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
                     delay *= random.uniform(0.5, 1.0)  # jitter: clients that failed together retry apart
                 elif delay > self.max_retry_after_s:
-                    raise ProviderError(retry.error.kind, f"{retry.error.message}; the server asks to retry after "
-                                                          f"{delay:.0f}s, more than max_retry_after_s "
-                                                          f"({self.max_retry_after_s:g}s)",
-                                        status=retry.error.status) from None
+                    raise ProviderError(
+                        retry.error.kind,
+                        f"{retry.error.message}; the server asks to retry after "
+                        f"{delay:.0f}s, more than max_retry_after_s "
+                        f"({self.max_retry_after_s:g}s)",
+                        status=retry.error.status,
+                    ) from None
                 await self._sleep(delay)
 
     def _failure(self, status: int, text: str, headers: httpx.Headers, model: str) -> Exception:
@@ -384,37 +417,59 @@ class OpenAICompatProvider:
         detail = self._quote(text)
         where = f"{self.name}: {self.shown_url}"
         if status in (401, 403):
-            hint = (f"check the API key in ${self.api_key_env}" if self._key() else
-                    f"${self.api_key_env} is not set" if self.api_key_env else
-                    "no API key is configured (set api_key_env to the name of the variable holding it)")
-            return ProviderError("auth", f"{where}: authentication failed (HTTP {status}): {detail}; {hint}",
-                                 status=status)
+            hint = (
+                f"check the API key in ${self.api_key_env}"
+                if self._key()
+                else f"${self.api_key_env} is not set"
+                if self.api_key_env
+                else "no API key is configured (set api_key_env to the name of the variable holding it)"
+            )
+            return ProviderError(
+                "auth", f"{where}: authentication failed (HTTP {status}): {detail}; {hint}", status=status
+            )
         if status == 404:
-            return ProviderError("model-not-found", f"{where}: model {model!r} not found (HTTP 404): {detail} "
-                                                    "(check `model` and that base_url ends before "
-                                                    "/chat/completions)", status=status)
+            return ProviderError(
+                "model-not-found",
+                f"{where}: model {model!r} not found (HTTP 404): {detail} "
+                "(check `model` and that base_url ends before "
+                "/chat/completions)",
+                status=status,
+            )
         lowered = detail.lower()
         if status in (400, 413, 422) and any(marker in lowered for marker in _CONTEXT_MARKERS):
-            return ProviderError("context-length", f"{where}: the conversation is too long for model {model!r} "
-                                                   f"(HTTP {status}): {detail}", status=status)
+            return ProviderError(
+                "context-length",
+                f"{where}: the conversation is too long for model {model!r} (HTTP {status}): {detail}",
+                status=status,
+            )
         if status in RETRY_STATUSES or status >= 500:
             kind = "rate-limited" if status == 429 else "server"
-            return _Retry(ProviderError(kind, f"{where}: HTTP {status}: {detail}", status=status),
-                          _retry_after(headers))
+            return _Retry(
+                ProviderError(kind, f"{where}: HTTP {status}: {detail}", status=status), _retry_after(headers)
+            )
         return ProviderError("http", f"{where}: HTTP {status}: {detail}", status=status)
 
     def _connection(self, error: httpx.HTTPError) -> _Retry:
         what = "timed out" if isinstance(error, httpx.TimeoutException) else "failed"
-        return _Retry(ProviderError("connection", f"{self.name}: {self.shown_url}: request {what}: "
-                                                  f"{type(error).__name__}: {error}"))
+        return _Retry(
+            ProviderError(
+                "connection", f"{self.name}: {self.shown_url}: request {what}: {type(error).__name__}: {error}"
+            )
+        )
 
     def _http_failure(self, error: Exception) -> ProviderError:
         """Any other ``httpx`` failure (an undecodable body, too many redirects, a bad URL), not retried."""
         if isinstance(error, httpx.DecodingError):
-            return ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response body could not be "
-                                                       f"decoded: {type(error).__name__}: {error}")
-        return ProviderError("http", f"{self.name}: {self.shown_url}: request failed: {type(error).__name__}: "
-                                     f"{without_url_credentials(str(error))}")
+            return ProviderError(
+                "malformed-response",
+                f"{self.name}: {self.shown_url}: the response body could not be "
+                f"decoded: {type(error).__name__}: {error}",
+            )
+        return ProviderError(
+            "http",
+            f"{self.name}: {self.shown_url}: request failed: {type(error).__name__}: "
+            f"{without_url_credentials(str(error))}",
+        )
 
     def _completion(self, text: str) -> Message:
         """A plain (non-streamed) chat completion body as an assistant message with its ``_meta``."""
@@ -424,19 +479,24 @@ class OpenAICompatProvider:
             raw = choice["message"]
             finish, usage = choice.get("finish_reason"), data.get("usage")
         except RecursionError:
-            raise ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response is JSON nested too "
-                                                      f"deeply to parse: {self._quote(text)}") from None
+            raise ProviderError(
+                "malformed-response",
+                f"{self.name}: {self.shown_url}: the response is JSON nested too deeply to parse: {self._quote(text)}",
+            ) from None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise ProviderError("malformed-response", f"{self.name}: {self.shown_url}: the response is not a chat "
-                                                      f"completion: {self._quote(text)}") from None
+            raise ProviderError(
+                "malformed-response",
+                f"{self.name}: {self.shown_url}: the response is not a chat completion: {self._quote(text)}",
+            ) from None
         message = normalize_assistant(raw, who=f"{self.name}: {self.shown_url}", fallback_ids=_fallback_ids())
         message["_meta"] = _meta(finish, usage)
         return message
 
     async def _once(self, body: dict[str, Any], model: str) -> Message:
         try:
-            async with self._client.stream("POST", self.url, content=_request_body(body),
-                                           headers=self._headers()) as response:
+            async with self._client.stream(
+                "POST", self.url, content=_request_body(body), headers=self._headers()
+            ) as response:
                 text, whole = await _read_capped(response)
         except httpx.TransportError as error:
             raise self._connection(error) from None
@@ -449,8 +509,11 @@ class OpenAICompatProvider:
         return self._completion(text)
 
     def _too_large(self, text: str, what: str = "the response is") -> ProviderError:
-        return ProviderError("malformed-response", f"{self.name}: {self.shown_url}: {what} larger than "
-                                                   f"{_size(_MAX_PLAIN_BODY)} (not read further): {self._quote(text)}")
+        return ProviderError(
+            "malformed-response",
+            f"{self.name}: {self.shown_url}: {what} larger than "
+            f"{_size(_MAX_PLAIN_BODY)} (not read further): {self._quote(text)}",
+        )
 
     # -- streaming ------------------------------------------------------------------------------------------
 
@@ -460,8 +523,9 @@ class OpenAICompatProvider:
         started = done = False
         plain = _PlainBody()
         try:
-            async with self._client.stream("POST", self.url, content=_request_body(body),
-                                           headers=self._headers()) as response:
+            async with self._client.stream(
+                "POST", self.url, content=_request_body(body), headers=self._headers()
+            ) as response:
                 if response.status_code >= 400:
                     text, _ = await _read_capped(response)
                     raise self._failure(response.status_code, text, response.headers, model)
@@ -479,8 +543,10 @@ class OpenAICompatProvider:
                 return assembler.message()
             if started:
                 # Part of the answer was already shown (on_text): replaying it would duplicate it.
-                raise ProviderError("connection", f"{who}: the stream broke after it started "
-                                                  f"(not retried): {type(error).__name__}: {error}") from None
+                raise ProviderError(
+                    "connection",
+                    f"{who}: the stream broke after it started (not retried): {type(error).__name__}: {error}",
+                ) from None
             raise self._connection(error) from None
         except (httpx.HTTPError, httpx.InvalidURL) as error:
             raise self._http_failure(error) from None
@@ -489,8 +555,10 @@ class OpenAICompatProvider:
             return await self._plain_answer(plain, on_text)
         if not done and assembler.finish_reason is None:
             # A clean close mid-answer looks like the end of the stream: only [DONE] or a finish_reason says so.
-            raise ProviderError("connection", f"{who}: the stream ended before it finished (no finish_reason "
-                                              "and no [DONE]; not retried)")
+            raise ProviderError(
+                "connection",
+                f"{who}: the stream ended before it finished (no finish_reason and no [DONE]; not retried)",
+            )
         return assembler.message()
 
     async def _plain_answer(self, plain: _PlainBody, on_text: OnText | None) -> Message:
@@ -504,11 +572,14 @@ class OpenAICompatProvider:
         except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
             data = None
         if isinstance(data, Mapping) and "choices" not in data and "error" in data:
-            raise ProviderError("http", f"{who}: the server answered with an error instead of a stream: "
-                                        f"{self._quote(text)}")
+            raise ProviderError(
+                "http", f"{who}: the server answered with an error instead of a stream: {self._quote(text)}"
+            )
         if not isinstance(data, Mapping):
-            raise ProviderError("malformed-response", f"{who}: the response is neither an event stream nor a "
-                                                      f"chat completion: {self._quote(text)}")
+            raise ProviderError(
+                "malformed-response",
+                f"{who}: the response is neither an event stream nor a chat completion: {self._quote(text)}",
+            )
         message = self._completion(text)
         if message.get("content") and on_text is not None:
             await on_text(message["content"])
@@ -580,8 +651,10 @@ async def _lines(response: httpx.Response, who: str) -> AsyncIterator[str]:
     async for raw in response.aiter_bytes():
         size += len(raw)
         if size > _MAX_STREAM_BYTES:
-            raise ProviderError("malformed-response", f"{who}: the response is larger than "
-                                                      f"{_size(_MAX_STREAM_BYTES)} (not read further)")
+            raise ProviderError(
+                "malformed-response",
+                f"{who}: the response is larger than {_size(_MAX_STREAM_BYTES)} (not read further)",
+            )
         text = decoder.decode(raw)
         if held_cr:
             text, held_cr = "\r" + text, False
@@ -645,23 +718,29 @@ class _StreamAssembler:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not JSON: "
-                                                      f"{self.redact(data)[:200]!r}") from None
+            raise ProviderError(
+                "malformed-response", f"{self.who}: a stream chunk is not JSON: {self.redact(data)[:200]!r}"
+            ) from None
         except RecursionError:
-            raise ProviderError("malformed-response", f"{self.who}: a stream chunk is JSON nested too deeply to "
-                                                      f"parse: {self.redact(data)[:200]!r}") from None
+            raise ProviderError(
+                "malformed-response",
+                f"{self.who}: a stream chunk is JSON nested too deeply to parse: {self.redact(data)[:200]!r}",
+            ) from None
         if not isinstance(chunk, Mapping):
             raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not an object")
         if "error" in chunk:
-            raise ProviderError("http", f"{self.who}: the server reported an error mid-stream: "
-                                        f"{_quote(json.dumps(chunk), self.redact)}")
+            raise ProviderError(
+                "http", f"{self.who}: the server reported an error mid-stream: {_quote(json.dumps(chunk), self.redact)}"
+            )
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
         fragment: str | None = None
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
-            raise ProviderError("malformed-response", f"{self.who}: a stream chunk's 'choices' is "
-                                                      f"{type(choices).__name__}, expected a list")
+            raise ProviderError(
+                "malformed-response",
+                f"{self.who}: a stream chunk's 'choices' is {type(choices).__name__}, expected a list",
+            )
         for choice in choices:
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
@@ -669,16 +748,20 @@ class _StreamAssembler:
                 self.finish_reason = str(choice["finish_reason"])
             delta = choice.get("delta") or {}
             if not isinstance(delta, Mapping):
-                raise ProviderError("malformed-response", f"{self.who}: a stream chunk's 'delta' is "
-                                                          f"{type(delta).__name__}, expected an object")
+                raise ProviderError(
+                    "malformed-response",
+                    f"{self.who}: a stream chunk's 'delta' is {type(delta).__name__}, expected an object",
+                )
             text = delta.get("content")
             if isinstance(text, str) and text:
                 self.parts.append(text)
                 fragment = (fragment or "") + text
             tool_calls = delta.get("tool_calls") or []
             if not isinstance(tool_calls, list):
-                raise ProviderError("malformed-tool-call", f"{self.who}: a stream chunk's 'tool_calls' is "
-                                                           f"{type(tool_calls).__name__}, expected a list")
+                raise ProviderError(
+                    "malformed-tool-call",
+                    f"{self.who}: a stream chunk's 'tool_calls' is {type(tool_calls).__name__}, expected a list",
+                )
             for position, call in enumerate(tool_calls):
                 self._tool_delta(position, call)
         return fragment

@@ -49,13 +49,14 @@ NO_MODEL_NOTICE: Final = (
 )
 
 
-
 def no_model_notice(environ: Mapping[str, str]) -> str:
     """:data:`NO_MODEL_NOTICE`, saying which half of an endpoint ``environ`` sets without the other."""
     partial = [name for name in ("DSH_MODEL", "DSH_API_KEY") if environ.get(name)]
     if partial and not environ.get("DSH_BASE_URL"):
-        return (f"{NO_MODEL_NOTICE} ({' and '.join(partial)} {'is' if len(partial) == 1 else 'are'} set but "
-                "DSH_BASE_URL is not: dsh never guesses the endpoint.)")
+        return (
+            f"{NO_MODEL_NOTICE} ({' and '.join(partial)} {'is' if len(partial) == 1 else 'are'} set but "
+            "DSH_BASE_URL is not: dsh never guesses the endpoint.)"
+        )
     return NO_MODEL_NOTICE
 
 
@@ -72,16 +73,29 @@ CONFIG_SCHEMA: Final = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "minLength": 1, "default": "scripted",
-                 "description": "the provider name agents select with provider = ..."},
-        "endpoint_vars": {"type": "array", "uniqueItems": True,
-                          "items": {"enum": ["DSH_MODEL", "DSH_API_KEY"]},
-                          "description": ("names (never values) of the endpoint variables set without "
-                                          "DSH_BASE_URL where the default deployment was built; the no-model "
-                                          "notice names them")},
-        "script": {"type": "string", "minLength": 1,
-                   "description": ("path of the JSONL script (a relative path is read from the directory of "
-                                   "the config file that sets it)")},
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "default": "scripted",
+            "description": "the provider name agents select with provider = ...",
+        },
+        "endpoint_vars": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": ["DSH_MODEL", "DSH_API_KEY"]},
+            "description": (
+                "names (never values) of the endpoint variables set without "
+                "DSH_BASE_URL where the default deployment was built; the no-model "
+                "notice names them"
+            ),
+        },
+        "script": {
+            "type": "string",
+            "minLength": 1,
+            "description": (
+                "path of the JSONL script (a relative path is read from the directory of the config file that sets it)"
+            ),
+        },
     },
 }
 
@@ -103,11 +117,13 @@ def _check_expect(where: str, expect: object) -> Mapping[str, Any]:
     for key, value in expect.items():
         kind = _EXPECT_KEYS.get(key)
         if kind is None:
-            raise ProviderError("script-invalid", f"{where}: unknown expect key {key!r} "
-                                                  f"(known: {', '.join(sorted(_EXPECT_KEYS))})")
+            raise ProviderError(
+                "script-invalid", f"{where}: unknown expect key {key!r} (known: {', '.join(sorted(_EXPECT_KEYS))})"
+            )
         if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-            raise ProviderError("script-invalid", f"{where}: expect.{key} must be "
-                                                  f"{'a list of strings' if kind is list else 'a string'}")
+            raise ProviderError(
+                "script-invalid", f"{where}: expect.{key} must be {'a list of strings' if kind is list else 'a string'}"
+            )
     return expect
 
 
@@ -140,15 +156,15 @@ def load_script(path: str | Path) -> list[ScriptTurn]:
         try:
             raw = json.loads(line, parse_constant=_refuse_constant)
         except json.JSONDecodeError as error:
-            raise ProviderError("script-invalid", f"{where}: not valid JSON: {error.msg} "
-                                                  f"(column {error.colno})") from None
+            raise ProviderError(
+                "script-invalid", f"{where}: not valid JSON: {error.msg} (column {error.colno})"
+            ) from None
         except ValueError as error:  # a constant refused above
             raise ProviderError("script-invalid", f"{where}: not valid JSON: {error}") from None
         except RecursionError:
             raise ProviderError("script-invalid", f"{where}: not valid JSON: nested too deeply") from None
         if not isinstance(raw, dict):
-            raise ProviderError("script-invalid", f"{where}: each line must be a JSON object "
-                                                  "(one assistant message)")
+            raise ProviderError("script-invalid", f"{where}: each line must be a JSON object (one assistant message)")
         loss = find_loss(raw)
         if loss is not None:
             raise ProviderError("script-invalid", f"{where}: {loss}")
@@ -187,8 +203,9 @@ def _describe(message: Mapping[str, Any]) -> str:
 class ScriptedProvider:
     """A :class:`~dsh_core.agent.provider.Provider` replaying a script (see the module docstring)."""
 
-    def __init__(self, turns: Sequence[ScriptTurn] | None, *, source: str = "<script>",
-                 notice: str = NO_MODEL_NOTICE) -> None:
+    def __init__(
+        self, turns: Sequence[ScriptTurn] | None, *, source: str = "<script>", notice: str = NO_MODEL_NOTICE
+    ) -> None:
         self.turns = list(turns) if turns is not None else None
         self.source = source
         #: The answer to every request when there is no script.
@@ -204,11 +221,18 @@ class ScriptedProvider:
         """A provider replaying the script at ``path``."""
         return cls(load_script(path), source=str(path))
 
-    async def complete(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *,
-                       on_text: OnText | None = None, model: str | None = None) -> Message:
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        *,
+        on_text: OnText | None = None,
+        model: str | None = None,
+    ) -> Message:
         """The scripted turn after the assistant messages already in ``messages``."""
-        self.requests.append({"messages": copy.deepcopy(list(messages)),
-                              "tools": [dict(t) for t in tools], "model": model})
+        self.requests.append(
+            {"messages": copy.deepcopy(list(messages)), "tools": [dict(t) for t in tools], "model": model}
+        )
         if self.turns is None:
             reply: Message = {"role": "assistant", "content": self.notice}
         else:
@@ -225,26 +249,36 @@ class ScriptedProvider:
                 break
             turn = self.turns[index]
             if _signature(said) != _signature(turn.message):
-                raise ProviderError("script-diverged", (
-                    f"{self.source}:{turn.line}: the conversation diverged from the script at assistant turn "
-                    f"{index + 1}: the history has {_describe(said)}, the script has {_describe(turn.message)}"))
+                raise ProviderError(
+                    "script-diverged",
+                    (
+                        f"{self.source}:{turn.line}: the conversation diverged from the script at assistant turn "
+                        f"{index + 1}: the history has {_describe(said)}, the script has {_describe(turn.message)}"
+                    ),
+                )
         index = len(prior)
         if index >= len(self.turns):
-            raise ProviderError("script-exhausted", (
-                f"{self.source}: script exhausted: the conversation asks for assistant turn {index + 1}, "
-                f"but the script has only {len(self.turns)} turn(s)"))
+            raise ProviderError(
+                "script-exhausted",
+                (
+                    f"{self.source}: script exhausted: the conversation asks for assistant turn {index + 1}, "
+                    f"but the script has only {len(self.turns)} turn(s)"
+                ),
+            )
         turn = self.turns[index]
         if turn.expect:
             problem = _unmet(turn.expect, messages, tools, model)
             if problem is not None:
-                raise ProviderError("script-diverged",
-                                    f"{self.source}:{turn.line}: expect failed at assistant turn {index + 1}: "
-                                    f"{problem}")
+                raise ProviderError(
+                    "script-diverged",
+                    f"{self.source}:{turn.line}: expect failed at assistant turn {index + 1}: {problem}",
+                )
         return copy.deepcopy(turn.message)
 
 
-def _unmet(expect: Mapping[str, Any], messages: Sequence[Message], tools: Sequence[ToolSpec],
-           model: str | None) -> str | None:
+def _unmet(
+    expect: Mapping[str, Any], messages: Sequence[Message], tools: Sequence[ToolSpec], model: str | None
+) -> str | None:
     last = messages[-1] if messages else {}
     names = {str(t.get("name")) for t in tools}
     if "last_role" in expect and last.get("role") != expect["last_role"]:
@@ -252,8 +286,10 @@ def _unmet(expect: Mapping[str, Any], messages: Sequence[Message], tools: Sequen
     if "last_content_contains" in expect:
         content = last.get("content")
         if not isinstance(content, str) or expect["last_content_contains"] not in content:
-            return (f"last_content_contains {expect['last_content_contains']!r} expected, "
-                    f"the last message says {str(content)[:120]!r}")
+            return (
+                f"last_content_contains {expect['last_content_contains']!r} expected, "
+                f"the last message says {str(content)[:120]!r}"
+            )
     if "system_contains" in expect:
         system = next((m.get("content") for m in messages if m.get("role") == "system"), None)
         if not isinstance(system, str) or expect["system_contains"] not in system:

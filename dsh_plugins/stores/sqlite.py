@@ -17,8 +17,12 @@ CONFIG_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "minLength": 1, "default": "sqlite",
-                 "description": "the store name deployments select with [sessions] store"},
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "default": "sqlite",
+            "description": "the store name deployments select with [sessions] store",
+        },
     },
 }
 

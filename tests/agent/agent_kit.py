@@ -20,8 +20,13 @@ Body = Callable[[Any, ToolContext], Awaitable[Any]]
 
 def tool(name: str, body: Body, *, safe: bool = False, params: Mapping[str, Any] | None = None) -> ToolDefinition:
     """A test tool (object parameters, any output)."""
-    return define_tool(name=name, description=f"The {name} test tool.",
-                       parameters=dict(params or {"type": "object"}), execute=body, is_concurrency_safe=safe)
+    return define_tool(
+        name=name,
+        description=f"The {name} test tool.",
+        parameters=dict(params or {"type": "object"}),
+        execute=body,
+        is_concurrency_safe=safe,
+    )
 
 
 def call(name: str, args: Any, call_id: str | None = None) -> dict[str, Any]:
@@ -30,8 +35,9 @@ def call(name: str, args: Any, call_id: str | None = None) -> dict[str, Any]:
     return {"id": call_id or f"c_{name}", "type": "function", "function": {"name": name, "arguments": text}}
 
 
-def calls(*items: dict[str, Any], content: str | None = None,
-          expect: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def calls(
+    *items: dict[str, Any], content: str | None = None, expect: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """An assistant turn with tool calls."""
     turn: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": list(items)}
     if expect:
@@ -69,18 +75,38 @@ def fake_run_code(harness: Harness) -> ToolDefinition:
         async def one(index: int, item: Mapping[str, Any]) -> Any:
             sub = f"{execution.call_id}:code:{index}"
             if sink is not None:
-                await sink.append("tool/code-dispatch-start", {"name": item["name"], "arguments": item["args"]},
-                                  root_call_id=execution.root_call_id, parent_call_id=execution.call_id,
-                                  sub_call_id=sub)
-            result = await harness.runtime.execute(ToolExecutionInput(
-                call_id=sub, name=item["name"], arguments=item["args"], signal=ctx.signal, agent=execution.agent,
-                parent=execution.token, root_call_id=execution.root_call_id))
+                await sink.append(
+                    "tool/code-dispatch-start",
+                    {"name": item["name"], "arguments": item["args"]},
+                    root_call_id=execution.root_call_id,
+                    parent_call_id=execution.call_id,
+                    sub_call_id=sub,
+                )
+            result = await harness.runtime.execute(
+                ToolExecutionInput(
+                    call_id=sub,
+                    name=item["name"],
+                    arguments=item["args"],
+                    signal=ctx.signal,
+                    agent=execution.agent,
+                    parent=execution.token,
+                    root_call_id=execution.root_call_id,
+                )
+            )
             if sink is not None:
-                await sink.append("tool/code-dispatch", {"name": item["name"], "arguments": item["args"],
-                                                         "is_error": result.is_error, "error_code": result.code,
-                                                         "content": result.text},
-                                  root_call_id=execution.root_call_id, parent_call_id=execution.call_id,
-                                  sub_call_id=sub)
+                await sink.append(
+                    "tool/code-dispatch",
+                    {
+                        "name": item["name"],
+                        "arguments": item["args"],
+                        "is_error": result.is_error,
+                        "error_code": result.code,
+                        "content": result.text,
+                    },
+                    root_call_id=execution.root_call_id,
+                    parent_call_id=execution.call_id,
+                    sub_call_id=sub,
+                )
             return {"ok": not result.is_error, "code": result.code, "text": result.text}
 
         items = list(enumerate(program["calls"], start=1))
@@ -90,10 +116,16 @@ def fake_run_code(harness: Harness) -> ToolDefinition:
             out = [await one(i, item) for i, item in items]
         return {"logs": [], "result": list(out)}
 
-    return define_tool(name="run_code", description="Run a test program.",
-                       parameters={"type": "object", "required": ["code", "description"],
-                                   "properties": {"code": {"type": "string"}, "description": {"type": "string"}}},
-                       execute=execute)
+    return define_tool(
+        name="run_code",
+        description="Run a test program.",
+        parameters={
+            "type": "object",
+            "required": ["code", "description"],
+            "properties": {"code": {"type": "string"}, "description": {"type": "string"}},
+        },
+        execute=execute,
+    )
 
 
 def program(*items: tuple[str, Any], parallel: bool = False) -> str:
@@ -113,9 +145,17 @@ class ToolsPlugin:
             register(definition)
 
 
-async def start(tmp_path: Path, *, tools: Sequence[ToolDefinition] = (), turns: Sequence[Mapping[str, Any]] = (),
-                mode: str = "native", max_turns: int | None = None, transport: bool = True,
-                plugin: object | None = None, agent: Mapping[str, Any] | None = None) -> Harness:
+async def start(
+    tmp_path: Path,
+    *,
+    tools: Sequence[ToolDefinition] = (),
+    turns: Sequence[Mapping[str, Any]] = (),
+    mode: str = "native",
+    max_turns: int | None = None,
+    transport: bool = True,
+    plugin: object | None = None,
+    agent: Mapping[str, Any] | None = None,
+) -> Harness:
     """Boot a harness: the test tools, the scripted provider replaying ``turns``, the SQLite store."""
     script = write_script(tmp_path / "script.jsonl", turns or [final("done")])
     instance = plugin if plugin is not None else ToolsPlugin(tools)
@@ -124,16 +164,24 @@ async def start(tmp_path: Path, *, tools: Sequence[ToolDefinition] = (), turns: 
     row: dict[str, Any] = {"id": "main", "provider": "scripted", **(agent or {})}
     if max_turns is not None:
         row["max_turns"] = max_turns
-    deployment = compose([("test", {
-        "tools": {"mode": mode},
-        "sessions": {"home": str(tmp_path / "home")},
-        "agents": [row],
-        "plugins": [
-            {"id": "tools", "use": "test-tools"},
-            {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
-            {"id": "sessions", "use": "sqlite-sessions"},
+    deployment = compose(
+        [
+            (
+                "test",
+                {
+                    "tools": {"mode": mode},
+                    "sessions": {"home": str(tmp_path / "home")},
+                    "agents": [row],
+                    "plugins": [
+                        {"id": "tools", "use": "test-tools"},
+                        {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
+                        {"id": "sessions", "use": "sqlite-sessions"},
+                    ],
+                },
+            )
         ],
-    })], env={})
+        env={},
+    )
     catalog = PluginCatalog(extra={"test-tools": lambda scope, config: instance}, strict=True)
     return await Harness.start(deployment, catalog=catalog, transport=fake_run_code if transport else None)
 

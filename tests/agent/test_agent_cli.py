@@ -30,8 +30,15 @@ from dsh_plugins.providers.scripted import NO_MODEL_NOTICE
 def dsh(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
     environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ, text=True,
-                          capture_output=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "dsh_core", *args],
+        cwd=cwd,
+        env=environ,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_dsh_p_works_out_of_the_box_and_prints_only_the_answer(tmp_path: Path) -> None:
@@ -100,8 +107,10 @@ def test_what_a_plugin_prints_during_a_run_goes_to_stderr_not_before_the_answer(
     (tmp_path / "chatty_plugin.py").write_text(CHATTY_PLUGIN)
     with cfg.open("a") as out:
         out.write('\n[[plugins]]\nid = "chatty"\nuse = "chatty"\n')
-    env = {"DSH_PLUGINS": "chatty=chatty_plugin:make",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "DSH_PLUGINS": "chatty=chatty_plugin:make",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "The answer.\n"
@@ -114,8 +123,11 @@ def test_what_a_plugin_prints_during_a_run_goes_to_stderr_not_before_the_answer(
 
 
 def test_a_run_is_recorded_listed_shown_and_resumed(tmp_path: Path) -> None:
-    turns = [calls(call("read", {"path": "a.txt"}, "r")), final("It says alpha.", {"last_role": "tool"}),
-             final("Still alpha.", {"last_content_contains": "again"})]
+    turns = [
+        calls(call("read", {"path": "a.txt"}, "r")),
+        final("It says alpha.", {"last_role": "tool"}),
+        final("Still alpha.", {"last_content_contains": "again"}),
+    ]
     cfg = config(tmp_path, turns)
     first = dsh("--config", str(cfg), "-p", "what is in a.txt?", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -139,9 +151,12 @@ def test_a_run_is_recorded_listed_shown_and_resumed(tmp_path: Path) -> None:
     assert lines[1] == "├─ run 1: what is in a.txt? · provider scripted · mode native"
     assert any(line.startswith('│  ├─ read [1.1] {"path": "a.txt"} — ok · ') for line in lines)
     assert "│  └─ end: final-answer after 2 turn(s)" in lines
-    assert lines[-4:] == ["└─ run 2 (resumed): again? · provider scripted · mode native",
-                          "   ├─ user: again?", "   ├─ assistant: Still alpha.",
-                          "   └─ end: final-answer after 1 turn(s)"]
+    assert lines[-4:] == [
+        "└─ run 2 (resumed): again? · provider scripted · mode native",
+        "   ├─ user: again?",
+        "   ├─ assistant: Still alpha.",
+        "   └─ end: final-answer after 1 turn(s)",
+    ]
     events = json.loads(dsh("sessions", "show", session["id"], "--json", "--config", str(cfg), cwd=tmp_path).stdout)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
@@ -180,8 +195,9 @@ def test_a_session_another_run_holds_fails_with_exit_1_until_that_run_is_gone(tm
     asyncio.run(hold(live))  # this test process stands in for a run still going
     busy = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
     assert busy.returncode == 1 and busy.stdout == ""
-    assert busy.stderr.startswith(f"dsh: error: session {session['id']!r} is in use by another run "
-                                  f"(pid {os.getpid()} on host "), busy.stderr
+    assert busy.stderr.startswith(
+        f"dsh: error: session {session['id']!r} is in use by another run (pid {os.getpid()} on host "
+    ), busy.stderr
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     asyncio.run(hold(attrs.evolve(live, token="killed", pid=dead.pid), instead_of=live))  # a run killed mid-way
@@ -215,8 +231,9 @@ def test_sessions_release_frees_a_session_whose_holder_dsh_cannot_check(tmp_path
     released = dsh("sessions", "release", session["id"], "--config", str(cfg), cwd=tmp_path)
     assert released.returncode == 0, released.stderr
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gone.since))
-    assert released.stdout == (f"released session {session['id']} (held by pid {os.getpid()} on host "
-                               f"'container-1f2e' since {since})\n")
+    assert released.stdout == (
+        f"released session {session['id']} (held by pid {os.getpid()} on host 'container-1f2e' since {since})\n"
+    )
     again = dsh("--config", str(cfg), "-p", "again", "--session", session["id"], cwd=tmp_path)
     assert again.returncode == 0 and again.stdout == "two\n"
     idle = dsh("sessions", "release", session["id"], "--config", str(cfg), cwd=tmp_path)
@@ -264,8 +281,10 @@ def plugin(scope, config):
 
 
 def slow_env(tmp_path: Path) -> dict[str, str]:
-    return {"DSH_PLUGINS": "slow=slow_plugin:plugin",
-            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    return {
+        "DSH_PLUGINS": "slow=slow_plugin:plugin",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def interrupt(tmp_path: Path, signals: int, *, stubborn: bool = False) -> tuple[int, str, float]:
@@ -276,8 +295,14 @@ def interrupt(tmp_path: Path, signals: int, *, stubborn: bool = False) -> tuple[
         out.write('\n[[plugins]]\nid = "slow"\nuse = "slow"\n')
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
     environ.update(slow_env(tmp_path))
-    child = subprocess.Popen([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
-                             env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "started").exists():
@@ -310,8 +335,12 @@ def test_a_second_interrupt_cancels_the_run_which_still_records_its_end(tmp_path
     assert "Traceback" not in err and err.splitlines()[-1] == "dsh: error: interrupted"
     assert "SIGINT received, cancelling (again to exit at once)" in err
     assert took < 30  # not the (600 s) drain: the second interrupt cancels at once
-    assert last_run_end(tmp_path) == {"reason": str(StopReason.ABORTED), "turns": 1, "answer": None,
-                                      "error": "cancelled"}
+    assert last_run_end(tmp_path) == {
+        "reason": str(StopReason.ABORTED),
+        "turns": 1,
+        "answer": None,
+        "error": "cancelled",
+    }
 
 
 def test_a_third_interrupt_exits_at_once(tmp_path: Path) -> None:
@@ -340,8 +369,10 @@ def test_a_run_error_that_is_no_dsh_error_is_one_line_and_recorded(tmp_path: Pat
     (tmp_path / "clash_plugin.py").write_text(CLASH_PLUGIN)
     with cfg.open("a") as out:
         out.write('\n[[plugins]]\nid = "clash"\nuse = "clash"\n')
-    env = {"DSH_PLUGINS": "clash=clash_plugin:plugin",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "DSH_PLUGINS": "clash=clash_plugin:plugin",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.splitlines()
@@ -352,16 +383,21 @@ def test_a_run_error_that_is_no_dsh_error_is_one_line_and_recorded(tmp_path: Pat
     assert shown.stdout.splitlines()[-1].startswith("   └─ end: error after 1 turn(s): prompt section 'notes'")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dsh_core.codemode.transport") is None,
-                    reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("dsh_core.codemode.transport") is None,
+    reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet",
+)
 def test_the_demo_runs_code_mode_end_to_end(tmp_path: Path) -> None:
     done = dsh("demo", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "Answer: Surveyed src/inventory.py" in out
     assert "run_code [1.1] 'Read three files and search for TODOs in parallel' — ok" in out
-    for nested in ("read [#1] {\"path\": \"src/inventory.py\"} — ok", "search [#4] {\"pattern\": \"TODO\"} — ok",
-                   "write [#2] {\"path\": \"REPORT.md\""):
+    for nested in (
+        'read [#1] {"path": "src/inventory.py"} — ok',
+        'search [#4] {"pattern": "TODO"} — ok',
+        'write [#2] {"path": "REPORT.md"',
+    ):
         assert nested in out
     assert "REPORT.md: written" in out
     assert "Code Mode sent" in out and "native " in out
@@ -382,13 +418,22 @@ main(["demo"])
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dsh_core.codemode.transport") is None,
-                    reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("dsh_core.codemode.transport") is None,
+    reason="Code Mode's run_code transport (dsh_core.codemode.transport) is not built yet",
+)
 def test_what_a_tool_body_prints_during_the_demo_goes_to_stderr_not_into_its_report(tmp_path: Path) -> None:
     """The demo ran without run_async's stdout_to_stderr: a plugin's print() came out ahead of the report."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    done = subprocess.run([sys.executable, "-c", CHATTY_DEMO], cwd=tmp_path, env=environ, text=True,
-                          capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", CHATTY_DEMO],
+        cwd=tmp_path,
+        env=environ,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"Task: {DEMO_TASK}\n") and "printed by a tool body" not in done.stdout
     assert "printed by a tool body\n" in done.stderr
@@ -396,15 +441,19 @@ def test_what_a_tool_body_prints_during_the_demo_goes_to_stderr_not_into_its_rep
 
 @pytest.mark.anyio
 async def test_a_demo_whose_tool_call_fails_is_an_error_not_the_scripted_success(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The scripted model answers "wrote the report" whatever happened: a failed program still exited 0."""
     from dsh_core.agent import demo
     from dsh_core.errors import DshError
 
     files = {name: text for name, text in demo.DEMO_FILES.items() if name != "notes/plan.md"}
     monkeypatch.setattr(demo, "DEMO_FILES", files)
-    with pytest.raises(DshError, match=r"(?s)the demo run \(code mode\): tool call run_code \[1\.1\] failed .*: "
-                                       r"CODE_RUN_FAILED: .*file not found: 'notes/plan\.md'"):
+    with pytest.raises(
+        DshError,
+        match=r"(?s)the demo run \(code mode\): tool call run_code \[1\.1\] failed .*: "
+        r"CODE_RUN_FAILED: .*file not found: 'notes/plan\.md'",
+    ):
         await demo.run_demo(tmp_path)
 
 
@@ -428,10 +477,10 @@ def test_the_kept_demos_hint_works_where_dsh_home_is_set(tmp_path: Path) -> None
     done = dsh("demo", "--keep", cwd=tmp_path, env=own_home)
     assert done.returncode == 0, done.stderr
     command = shlex.split(done.stdout.split("Its sessions: ", 1)[1].split(" (then", 1)[0])
-    assignments = dict(word.split("=", 1) for word in command[:command.index("dsh")])
+    assignments = dict(word.split("=", 1) for word in command[: command.index("dsh")])
     config_path = command[command.index("--config") + 1]
     try:
-        listed = dsh(*command[command.index("dsh") + 1:], "--json", cwd=tmp_path, env={**own_home, **assignments})
+        listed = dsh(*command[command.index("dsh") + 1 :], "--json", cwd=tmp_path, env={**own_home, **assignments})
         assert listed.returncode == 0, listed.stderr
         assert [session["meta"]["agent"] for session in json.loads(listed.stdout)] == ["demo"]
         assert "with the same DSH_HOME and --config" in done.stdout
@@ -469,17 +518,23 @@ HOSTILE_ANSWER = "Done.\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07\x1b[2J\nsecond\tli
 
 
 def test_on_a_terminal_the_answers_escape_sequences_are_shown_not_obeyed(
-        tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]) -> None:
+    tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]
+) -> None:
     cfg = config(tmp_path, [final(HOSTILE_ANSWER)])
     code, shown = dsh_on_terminal("--config", str(cfg), "-p", "go", cwd=tmp_path, stderr=False)
     assert code == 0
     # Newlines and tabs are kept (the terminal shows \n as \r\n); everything that drives a terminal is escaped.
-    assert shown == (b"Done.\\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x1b[2J\r\n"
-                     b"second\tline\\rX\r\n")
+    assert shown == (b"Done.\\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x1b[2J\r\nsecond\tline\\rX\r\n")
     # Into a pipe the answer goes as the model wrote it: it is data there.
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    piped = subprocess.run([sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"], cwd=tmp_path,
-                           env=environ, capture_output=True, timeout=60, check=False)
+    piped = subprocess.run(
+        [sys.executable, "-m", "dsh_core", "--config", str(cfg), "-p", "go"],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert piped.returncode == 0 and piped.stdout == (HOSTILE_ANSWER + "\n").encode()
 
 
@@ -489,8 +544,10 @@ def test_a_plugin_that_cannot_be_imported_exits_2_from_every_command_that_boots(
     (tmp_path / "broken_import.py").write_text('raise ImportError("missing dependency")\n')
     with cfg.open("a") as out:
         out.write('\n[[plugins]]\nid = "guard"\nuse = "broken"\n')
-    env = {"DSH_PLUGINS": "broken=broken_import:plugin",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "DSH_PLUGINS": "broken=broken_import:plugin",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     for args in (["-p", "go"], ["tools", "list"], ["sessions", "list"], ["sessions", "show", "some-id"]):
         done = dsh("--config", str(cfg), *args, cwd=tmp_path, env=env)
         assert (done.returncode, done.stdout) == (2, ""), (args, done.stderr)
@@ -504,8 +561,10 @@ def test_a_provider_or_store_no_plugin_registers_is_blamed_on_the_file_that_name
     (tmp_path / "provider.toml").write_text('[[agents]]\nid = "main"\nprovider = "ghost"\n')
     (tmp_path / "store.toml").write_text('[sessions]\nstore = "nope"\n')
     assert 'provider = "scripted"' in text and "[sessions]" in text
-    for overlay, expected in (("provider.toml", "agents[main].provider: no provider named 'ghost'"),
-                              ("store.toml", "sessions.store: no session store named 'nope'")):
+    for overlay, expected in (
+        ("provider.toml", "agents[main].provider: no provider named 'ghost'"),
+        ("store.toml", "sessions.store: no session store named 'nope'"),
+    ):
         done = dsh("--config", str(cfg), "--config", overlay, "-p", "go", cwd=tmp_path)
         assert (done.returncode, done.stdout) == (2, ""), done.stderr
         assert done.stderr.startswith(f"dsh: error: {overlay}: {expected}"), done.stderr
@@ -530,12 +589,16 @@ def test_why_a_run_stopped_is_shown_with_its_escape_sequences_escaped(tmp_path: 
     (tmp_path / "raising_plugin.py").write_text(RAISING_PLUGIN)
     with cfg.open("a") as out:
         out.write('\n[[plugins]]\nid = "raising"\nuse = "raising"\n')
-    env = {"DSH_PLUGINS": "raising=raising_plugin:plugin",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "DSH_PLUGINS": "raising=raising_plugin:plugin",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     done = dsh("--config", str(cfg), "-p", "go", cwd=tmp_path, env=env)
     assert done.returncode == 1 and "\x1b" not in done.stderr and "\x07" not in done.stderr
-    assert ("dsh: run stopped: error: dsh_prompt_sections of plugin 'raising' failed: "
-            "RuntimeError: bad \\x1b]0;PWNED\\x07\\x1b[2J title") in done.stderr
+    assert (
+        "dsh: run stopped: error: dsh_prompt_sections of plugin 'raising' failed: "
+        "RuntimeError: bad \\x1b]0;PWNED\\x07\\x1b[2J title"
+    ) in done.stderr
 
 
 def test_an_error_message_is_shown_with_its_escape_sequences_escaped(capsys: pytest.CaptureFixture[str]) -> None:
@@ -580,13 +643,25 @@ def test_sigterm_ends_a_sessions_command_through_the_harness_shutdown(tmp_path: 
     """'dsh sessions' ran under a bare asyncio.run: SIGTERM killed it with its store and harness open."""
     (tmp_path / "stuck_plugin.py").write_text(STUCK_STORE_PLUGIN)
     cfg = tmp_path / "dsh.toml"
-    cfg.write_text(f'[sessions]\nstore = "stuck"\n[[plugins]]\nid = "stuck"\nuse = "stuck"\n'
-                   f'config = {{ marks = "{tmp_path}" }}\n')
+    cfg.write_text(
+        f'[sessions]\nstore = "stuck"\n[[plugins]]\nid = "stuck"\nuse = "stuck"\nconfig = {{ marks = "{tmp_path}" }}\n'
+    )
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    environ.update({"DSH_PLUGINS": "stuck=stuck_plugin:plugin", "DSH_HOME": str(tmp_path / "home"),
-                    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
-    child = subprocess.Popen([sys.executable, "-m", "dsh_core", "sessions", "list", "--config", str(cfg)],
-                             cwd=tmp_path, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    environ.update(
+        {
+            "DSH_PLUGINS": "stuck=stuck_plugin:plugin",
+            "DSH_HOME": str(tmp_path / "home"),
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        }
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsh_core", "sessions", "list", "--config", str(cfg)],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "listing").exists():
@@ -632,13 +707,17 @@ def test_sigterm_during_the_demo_exits_130_and_removes_its_directory(monkeypatch
     assert made and not made[0].exists()
 
 
-@pytest.mark.parametrize(("reason", "text", "warning"), [
-    ("length", "The three files are: a.txt, b", "the model stopped at its output limit (finish_reason 'length')"),
-    ("content_filter", None, "the provider's content filter stopped the model (finish_reason 'content_filter')"),
-    ("stop", "All done.", None),
-])
-def test_an_answer_the_model_did_not_finish_is_printed_with_a_warning(tmp_path: Path, reason: str, text: str | None,
-                                                                      warning: str | None) -> None:
+@pytest.mark.parametrize(
+    ("reason", "text", "warning"),
+    [
+        ("length", "The three files are: a.txt, b", "the model stopped at its output limit (finish_reason 'length')"),
+        ("content_filter", None, "the provider's content filter stopped the model (finish_reason 'content_filter')"),
+        ("stop", "All done.", None),
+    ],
+)
+def test_an_answer_the_model_did_not_finish_is_printed_with_a_warning(
+    tmp_path: Path, reason: str, text: str | None, warning: str | None
+) -> None:
     # A reply cut off at max_tokens, or emptied by a content filter, passed for a whole answer without a word.
     answer: dict[str, Any] = {"role": "assistant", "content": text, "_meta": {"finish_reason": reason}}
     done = dsh("--config", str(config(tmp_path, [answer])), "-p", "go", cwd=tmp_path)

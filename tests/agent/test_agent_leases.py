@@ -43,8 +43,12 @@ async def test_a_second_run_on_a_leased_session_fails_and_leaves_it_resumable(tm
         await go_on.wait()
         return "slow done"
 
-    turns = [final("first"), calls(call("slow", {}, "call_A")), final("second", expect={"last_role": "tool"}),
-             final("third", expect={"last_content_contains": "and again"})]
+    turns = [
+        final("first"),
+        calls(call("slow", {}, "call_A")),
+        final("second", expect={"last_role": "tool"}),
+        final("third", expect={"last_content_contains": "and again"}),
+    ]
     harness = await start(tmp_path, tools=[tool("slow", slow)], turns=turns)
     try:
         first = await run_agent(harness, "start")
@@ -57,7 +61,8 @@ async def test_a_second_run_on_a_leased_session_fails_and_leaves_it_resumable(tm
             await run_agent(harness, "continue B", session_id=session_id)
         assert caught.value.code == "SESSION_BUSY"
         assert caught.value.message.startswith(
-            f"session {session_id!r} is in use by another run (pid {os.getpid()} on host ")
+            f"session {session_id!r} is in use by another run (pid {os.getpid()} on host "
+        )
         go_on.set()
         resumed = await a
         assert resumed.ok and resumed.answer == "second"
@@ -75,8 +80,16 @@ async def test_a_second_run_on_a_leased_session_fails_and_leaves_it_resumable(tm
         third = await run_agent(harness, "and again", session_id=session_id)
         assert third.ok and third.answer == "third"
         request = scripted(harness).requests[-1]["messages"]
-        assert [m["role"] for m in request] == ["system", "user", "assistant", "user", "assistant", "tool",
-                                                "assistant", "user"]
+        assert [m["role"] for m in request] == [
+            "system",
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+        ]
         assert [m["tool_call_id"] for m in history_from_events(events) if m["role"] == "tool"] == ["call_A"]
     finally:
         await harness.aclose()

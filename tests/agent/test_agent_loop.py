@@ -25,8 +25,11 @@ async def add(args: Any, ctx: Any) -> Any:
     return {"sum": args["a"] + args["b"]}
 
 
-ADD_PARAMS = {"type": "object", "required": ["a", "b"],
-              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+ADD_PARAMS = {
+    "type": "object",
+    "required": ["a", "b"],
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+}
 
 
 async def events_of(harness: Any, session_id: str) -> list[SessionEvent]:
@@ -38,8 +41,10 @@ async def events_of(harness: Any, session_id: str) -> list[SessionEvent]:
 
 
 async def test_native_run_calls_a_tool_and_answers(tmp_path: Path) -> None:
-    turns = [calls(call("add", {"a": 2, "b": 40}, "call_1"), expect={"last_role": "user", "tools_include": ["add"]}),
-             final("The answer is 42.", expect={"last_role": "tool"})]
+    turns = [
+        calls(call("add", {"a": 2, "b": 40}, "call_1"), expect={"last_role": "user", "tools_include": ["add"]}),
+        final("The answer is 42.", expect={"last_role": "tool"}),
+    ]
     harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns)
     try:
         result = await run_agent(harness, "what is 2+40?")
@@ -48,16 +53,22 @@ async def test_native_run_calls_a_tool_and_answers(tmp_path: Path) -> None:
         assert result.turns == 2 and len(result.request_chars) == 2
         roles = [m["role"] for m in result.messages]
         assert roles == ["user", "assistant", "tool", "assistant"]
-        assert result.messages[2] == {"role": "tool", "tool_call_id": "call_1",
-                                      "content": json.dumps({"sum": 42})}
+        assert result.messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"sum": 42})}
         request = scripted(harness).requests[0]
         assert request["messages"][0]["role"] == "system" and "main" in request["messages"][0]["content"]
         assert [t["name"] for t in request["tools"]] == ["add"]
         assert request["tools"][0]["parameters"] == ADD_PARAMS
         assert result.session_id is not None
         events = await events_of(harness, result.session_id)
-        assert [e.kind for e in events] == ["run/start", "message/user", "message/assistant", "tool/call",
-                                            "tool/result", "message/assistant", "run/end"]
+        assert [e.kind for e in events] == [
+            "run/start",
+            "message/user",
+            "message/assistant",
+            "tool/call",
+            "tool/result",
+            "message/assistant",
+            "run/end",
+        ]
         assert [e.seq for e in events] == list(range(1, 8))
         call_event, result_event = events[3], events[4]
         assert call_event.root_call_id == result_event.root_call_id == "1.1"
@@ -75,10 +86,13 @@ async def test_code_mode_collapses_a_direct_native_call_and_runs_programs(tmp_pa
         ran.append((args, ctx.execution.nested))
         return await add(args, ctx)
 
-    turns = [calls(call("add", {"a": 1, "b": 1}, "direct"), expect={"tools_include": ["run_code"],
-                                                                   "tools_exclude": ["add"]}),
-             calls(call("run_code", {"code": program(("add", {"a": 2, "b": 3})), "description": "add"}, "prog")),
-             final("5")]
+    turns = [
+        calls(
+            call("add", {"a": 1, "b": 1}, "direct"), expect={"tools_include": ["run_code"], "tools_exclude": ["add"]}
+        ),
+        calls(call("run_code", {"code": program(("add", {"a": 2, "b": 3})), "description": "add"}, "prog")),
+        final("5"),
+    ]
     harness = await start(tmp_path, tools=[tool("add", counted, params=ADD_PARAMS)], turns=turns, mode="code")
     try:
         result = await run_agent(harness, "add")
@@ -103,10 +117,14 @@ async def test_code_mode_collapses_a_direct_native_call_and_runs_programs(tmp_pa
 
 
 async def test_both_mode_offers_native_tools_and_run_code(tmp_path: Path) -> None:
-    turns = [calls(call("add", {"a": 1, "b": 2}, "d"),
-                   call("run_code", {"code": program(("add", {"a": 3, "b": 4})), "description": "x"}, "p"),
-                   expect={"tools_include": ["add", "run_code"]}),
-             final("ok")]
+    turns = [
+        calls(
+            call("add", {"a": 1, "b": 2}, "d"),
+            call("run_code", {"code": program(("add", {"a": 3, "b": 4})), "description": "x"}, "p"),
+            expect={"tools_include": ["add", "run_code"]},
+        ),
+        final("ok"),
+    ]
     harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns, mode="both")
     try:
         result = await run_agent(harness, "go")
@@ -120,9 +138,12 @@ async def test_both_mode_offers_native_tools_and_run_code(tmp_path: Path) -> Non
 
 
 async def test_an_agent_row_mode_overrides_the_deployment(tmp_path: Path) -> None:
-    harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)],
-                          turns=[final("hi", expect={"tools_include": ["run_code"], "tools_exclude": ["add"]})],
-                          agent={"mode": "code"})
+    harness = await start(
+        tmp_path,
+        tools=[tool("add", add, params=ADD_PARAMS)],
+        turns=[final("hi", expect={"tools_include": ["run_code"], "tools_exclude": ["add"]})],
+        agent={"mode": "code"},
+    )
     try:
         assert (await run_agent(harness, "hi")).ok
     finally:
@@ -155,10 +176,15 @@ async def test_parallel_safe_calls_overlap_and_exclusive_ones_run_alone_in_order
 
         return body
 
-    tools = [tool("safe_a", make("safe_a"), safe=True), tool("safe_b", make("safe_b"), safe=True),
-             tool("excl", make("excl"))]
-    turns = [calls(call("safe_a", {}, "1"), call("safe_b", {}, "2"), call("excl", {}, "3"), call("safe_a", {}, "4")),
-             final("done")]
+    tools = [
+        tool("safe_a", make("safe_a"), safe=True),
+        tool("safe_b", make("safe_b"), safe=True),
+        tool("excl", make("excl")),
+    ]
+    turns = [
+        calls(call("safe_a", {}, "1"), call("safe_b", {}, "2"), call("excl", {}, "3"), call("safe_a", {}, "4")),
+        final("done"),
+    ]
     harness = await start(tmp_path, tools=tools, turns=turns)
     try:
         result = await run_agent(harness, "go")
@@ -219,7 +245,9 @@ async def test_an_abort_mid_tool_stops_the_run(tmp_path: Path) -> None:
         assert result.session_id is not None
         events = await events_of(harness, result.session_id)
         assert [e.payload["error"]["code"] for e in events if e.kind == "tool/result"] == [
-            "ABORTED", "ABORTED_BEFORE_DISPATCH"]
+            "ABORTED",
+            "ABORTED_BEFORE_DISPATCH",
+        ]
         assert events[-1].payload["reason"] == "aborted"
     finally:
         await harness.aclose()
@@ -312,8 +340,10 @@ async def test_a_cancelled_step_keeps_the_results_of_the_calls_that_finished(tmp
         await asyncio.sleep(30)
 
     # One exclusive call, then a parallel batch of which one call finishes and one never does.
-    turns = [calls(call("write_once", {"n": 1}, "w"), call("fast", {"n": 2}, "f"), call("stubborn", {}, "s")),
-             final("never")]
+    turns = [
+        calls(call("write_once", {"n": 1}, "w"), call("fast", {"n": 2}, "f"), call("stubborn", {}, "s")),
+        final("never"),
+    ]
     from dsh_core.agent.loop import LoopObserver
 
     fast_settled = asyncio.Event()
@@ -323,8 +353,11 @@ async def test_a_cancelled_step_keeps_the_results_of_the_calls_that_finished(tmp
             if record.name == "fast":
                 fast_settled.set()
 
-    harness = await start(tmp_path, tools=[tool("write_once", done), tool("fast", done, safe=True),
-                                           tool("stubborn", stubborn, safe=True)], turns=turns)
+    harness = await start(
+        tmp_path,
+        tools=[tool("write_once", done), tool("fast", done, safe=True), tool("stubborn", stubborn, safe=True)],
+        turns=turns,
+    )
     try:
         task = asyncio.ensure_future(run_agent(harness, "go", observer=Watch()))
         await asyncio.wait_for(asyncio.gather(started.wait(), fast_settled.wait()), 5)
@@ -341,8 +374,10 @@ async def test_a_cancelled_step_keeps_the_results_of_the_calls_that_finished(tmp
         assert [e.root_call_id for e in events if e.kind == "tool/result"] == ["1.1", "1.2"]
         tool_messages = [m for m in history_from_events(events) if m["role"] == "tool"]
         assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [
-            ("w", "1 done"), ("f", "2 done"),
-            ("s", "Error: the tool call was interrupted (the run ended before it returned a result)")]
+            ("w", "1 done"),
+            ("f", "2 done"),
+            ("s", "Error: the tool call was interrupted (the run ended before it returned a result)"),
+        ]
     finally:
         await harness.aclose()
 
@@ -373,10 +408,13 @@ class _BrokenSections(ToolsPlugin):
         raise KeyError("oops")
 
 
-@pytest.mark.parametrize(("plugin", "expected"), [
-    (_ClashingSections([]), "prompt section 'notes' is contributed twice at one scope level"),
-    (_BrokenSections([]), "dsh_prompt_sections of plugin 'tools' failed: KeyError: 'oops'"),
-])
+@pytest.mark.parametrize(
+    ("plugin", "expected"),
+    [
+        (_ClashingSections([]), "prompt section 'notes' is contributed twice at one scope level"),
+        (_BrokenSections([]), "dsh_prompt_sections of plugin 'tools' failed: KeyError: 'oops'"),
+    ],
+)
 async def test_any_exception_ends_the_run_with_a_recorded_error(tmp_path: Path, plugin: Any, expected: str) -> None:
     harness = await start(tmp_path, plugin=plugin)
     try:
@@ -414,8 +452,7 @@ async def test_invalid_json_arguments_become_an_invalid_args_message(tmp_path: P
         ran.append(args)
         return "ran"
 
-    turns = [calls(call("t", '{"a": 1,', "bad"), call("t", '{"x": NaN}', "nan"), call("t", "", "empty")),
-             final("ok")]
+    turns = [calls(call("t", '{"a": 1,', "bad"), call("t", '{"x": NaN}', "nan"), call("t", "", "empty")), final("ok")]
     harness = await start(tmp_path, tools=[tool("t", body)], turns=turns)
     try:
         result = await run_agent(harness, "go")
@@ -424,8 +461,11 @@ async def test_invalid_json_arguments_become_an_invalid_args_message(tmp_path: P
         assert "NaN is not valid JSON" in contents[1]
         assert contents[2] == "ran" and ran == [{}]  # "" means no arguments
         assert result.session_id is not None
-        codes = [e.payload["error"] and e.payload["error"]["code"]
-                 for e in await events_of(harness, result.session_id) if e.kind == "tool/result"]
+        codes = [
+            e.payload["error"] and e.payload["error"]["code"]
+            for e in await events_of(harness, result.session_id)
+            if e.kind == "tool/result"
+        ]
         assert codes == ["INVALID_ARGS", "INVALID_ARGS", None]
     finally:
         await harness.aclose()
@@ -495,8 +535,11 @@ async def test_a_provider_failure_is_recorded_as_the_end_reason(tmp_path: Path) 
 
 
 async def test_resuming_a_session_rebuilds_the_history(tmp_path: Path) -> None:
-    turns = [calls(call("add", {"a": 1, "b": 2}, "c1")), final("3"),
-             final("still 3", expect={"last_content_contains": "and now?"})]
+    turns = [
+        calls(call("add", {"a": 1, "b": 2}, "c1")),
+        final("3"),
+        final("still 3", expect={"last_content_contains": "and now?"}),
+    ]
     harness = await start(tmp_path, tools=[tool("add", add, params=ADD_PARAMS)], turns=turns)
     try:
         first = await run_agent(harness, "1+2?")
@@ -518,9 +561,11 @@ def test_history_repairs_a_step_interrupted_before_its_results() -> None:
         return SessionEvent("s", seq, kind, {"message": message}, 0.0)
 
     assistant = {"role": "assistant", "content": None, "tool_calls": [call("a", {}, "x"), call("b", {}, "y")]}
-    events = [event(1, "message/user", {"role": "user", "content": "go"}),
-              event(2, "message/assistant", assistant),
-              event(3, "tool/result", {"role": "tool", "tool_call_id": "x", "content": "fine"})]
+    events = [
+        event(1, "message/user", {"role": "user", "content": "go"}),
+        event(2, "message/assistant", assistant),
+        event(3, "tool/result", {"role": "tool", "tool_call_id": "x", "content": "fine"}),
+    ]
     history = history_from_events(events)
     assert [m.get("tool_call_id") for m in history] == [None, None, "x", "y"]
     assert "interrupted" in history[-1]["content"]
@@ -538,20 +583,40 @@ def test_history_drops_tool_results_no_preceding_assistant_message_asked_for() -
     def result(call_id: str) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": call_id, "content": "{}"}
 
-    messages = [{"role": "user", "content": "start"}, {"role": "assistant", "content": "first"},
-                result("orphan"),
-                {"role": "user", "content": "continue A"}, {"role": "user", "content": "continue B"},
-                asks("call_B"), result("call_B"),
-                asks("call_A"), result("call_B"), result("call_A"), result("call_A"),
-                {"role": "assistant", "content": "second"}, result("call_A"),
-                {"role": "assistant", "content": "second"}]
+    messages = [
+        {"role": "user", "content": "start"},
+        {"role": "assistant", "content": "first"},
+        result("orphan"),
+        {"role": "user", "content": "continue A"},
+        {"role": "user", "content": "continue B"},
+        asks("call_B"),
+        result("call_B"),
+        asks("call_A"),
+        result("call_B"),
+        result("call_A"),
+        result("call_A"),
+        {"role": "assistant", "content": "second"},
+        result("call_A"),
+        {"role": "assistant", "content": "second"},
+    ]
     kinds = {"user": "message/user", "assistant": "message/assistant", "tool": "tool/result"}
     history = history_from_events([event(seq, kinds[m["role"]], m) for seq, m in enumerate(messages, start=1)])
-    shape = [(m["role"], m.get("tool_call_id") or [c["id"] for c in m.get("tool_calls") or []] or m["content"])
-             for m in history]
-    assert shape == [("user", "start"), ("assistant", "first"), ("user", "continue A"), ("user", "continue B"),
-                     ("assistant", ["call_B"]), ("tool", "call_B"), ("assistant", ["call_A"]), ("tool", "call_A"),
-                     ("assistant", "second"), ("assistant", "second")]
+    shape = [
+        (m["role"], m.get("tool_call_id") or [c["id"] for c in m.get("tool_calls") or []] or m["content"])
+        for m in history
+    ]
+    assert shape == [
+        ("user", "start"),
+        ("assistant", "first"),
+        ("user", "continue A"),
+        ("user", "continue B"),
+        ("assistant", ["call_B"]),
+        ("tool", "call_B"),
+        ("assistant", ["call_A"]),
+        ("tool", "call_A"),
+        ("assistant", "second"),
+        ("assistant", "second"),
+    ]
     # Every tool message answers a call of the assistant message before it, once.
     for position, message in enumerate(history):
         if message["role"] == "tool":
@@ -619,8 +684,15 @@ def test_the_console_observer_shows_calls_outcomes_and_the_end(tmp_path: Path) -
     observer = ConsoleObserver(Console(file=out, width=200, color_system=None))
     observer.on_step(1)
     observer.on_assistant({"role": "assistant", "content": "Reading [bold]", "tool_calls": [call("read", {})]})
-    record = ToolCallRecord(index=0, call_id="1.1", tool_call_id="c", name="read", raw_arguments='{"path": "a"}',
-                            mode="parallel", duration_ms=3.2)
+    record = ToolCallRecord(
+        index=0,
+        call_id="1.1",
+        tool_call_id="c",
+        name="read",
+        raw_arguments='{"path": "a"}',
+        mode="parallel",
+        duration_ms=3.2,
+    )
     observer.on_tool_start(record)
     record.result = ToolResult.failure("DENIED", "outside the workspace")
     observer.on_tool_end(record)
@@ -646,8 +718,15 @@ def test_the_console_observer_shows_escape_sequences_instead_of_obeying_them() -
     out = io.StringIO()
     observer = ConsoleObserver(Console(file=out, width=200, force_terminal=True, color_system=None))
     observer.on_assistant({"role": "assistant", "content": "hi\x1b[2J", "tool_calls": [call("read", {})]})
-    record = ToolCallRecord(index=0, call_id="1.1", tool_call_id="c", name="x\x1b]52;c;eA==\x07",
-                            raw_arguments='{"p": "\u202eexe.txt"}', mode="serial", duration_ms=1.0)
+    record = ToolCallRecord(
+        index=0,
+        call_id="1.1",
+        tool_call_id="c",
+        name="x\x1b]52;c;eA==\x07",
+        raw_arguments='{"p": "\u202eexe.txt"}',
+        mode="serial",
+        duration_ms=1.0,
+    )
     observer.on_tool_start(record)
     record.result = ToolResult.failure("UNKNOWN_TOOL", "no \x1b[31mtool")
     observer.on_tool_end(record)
@@ -684,9 +763,11 @@ async def test_a_failing_observer_is_logged_and_the_run_goes_on(tmp_path: Path, 
         def on_end(self, result: Any) -> None:
             raise RuntimeError("on_end bug")
 
-    harness = await start(tmp_path, tools=[tool("fast", sleeper("fast", 0.01), safe=True),
-                                           tool("slow", sleeper("slow", 0.2), safe=True)],
-                          turns=[calls(call("fast", {}), call("slow", {})), final("both done")])
+    harness = await start(
+        tmp_path,
+        tools=[tool("fast", sleeper("fast", 0.01), safe=True), tool("slow", sleeper("slow", 0.2), safe=True)],
+        turns=[calls(call("fast", {}), call("slow", {})), final("both done")],
+    )
     try:
         with caplog.at_level("WARNING", logger="dsh"):
             result = await run_agent(harness, "go", observer=Broken())
@@ -744,8 +825,9 @@ def test_the_console_observer_shows_a_plugins_odd_error_code_and_a_huge_name_cut
 
     out = io.StringIO()
     observer = ConsoleObserver(Console(file=out, width=400, color_system=None))
-    record = ToolCallRecord(index=0, call_id="1.1", tool_call_id="c", name="n" * 20_000, raw_arguments="{}",
-                            mode="serial", duration_ms=1.0)
+    record = ToolCallRecord(
+        index=0, call_id="1.1", tool_call_id="c", name="n" * 20_000, raw_arguments="{}", mode="serial", duration_ms=1.0
+    )
     observer.on_tool_start(record)
     record.result = ToolResult.failure("QUOTA[/]", "over")
     observer.on_tool_end(record)
@@ -777,8 +859,11 @@ async def test_a_cancellation_while_a_step_s_results_are_written_keeps_them(tmp_
                 await asyncio.sleep(0.2)
             return await self.inner.append(session_id, events, lease=lease)
 
-    harness = await start(tmp_path, tools=[tool("once", done)],
-                          turns=[calls(call("once", {"n": 1}, "o1"), call("once", {"n": 2}, "o2")), final("never")])
+    harness = await start(
+        tmp_path,
+        tools=[tool("once", done)],
+        turns=[calls(call("once", {"n": 1}, "o1"), call("once", {"n": 2}, "o2")), final("never")],
+    )
     store = open_session_store(harness)
     try:
         task = asyncio.ensure_future(run_agent(harness, "go", store=SlowResults(store)))
@@ -799,13 +884,15 @@ async def test_a_cancellation_while_a_step_s_results_are_written_keeps_them(tmp_
 async def test_arguments_cut_off_at_the_output_limit_are_called_cut_off(tmp_path: Path) -> None:
     """A reply that hit max_tokens ends mid-arguments: told only "not valid JSON", the model sent the same
     too-long call again, and again, until the turn limit."""
+
     async def body(args: Any, ctx: Any) -> Any:
         return "ran"
 
     cut = calls(call("write", '{"path": "big.txt", "content": "aaaa', "w1"))
     cut["_meta"] = {"finish_reason": "length"}
-    harness = await start(tmp_path, tools=[tool("write", body)],
-                          turns=[cut, calls(call("write", '{"a": 1,', "w2")), final("ok")])
+    harness = await start(
+        tmp_path, tools=[tool("write", body)], turns=[cut, calls(call("write", '{"a": 1,', "w2")), final("ok")]
+    )
     try:
         result = await run_agent(harness, "go")
         first, second = [m["content"] for m in result.messages if m["role"] == "tool"]
@@ -847,8 +934,6 @@ async def test_a_call_is_classified_when_its_turn_comes_not_when_its_step_began(
         assert overlaps == [False, False]
     finally:
         await harness.aclose()
-
-
 
 
 @attrs.define
@@ -921,8 +1006,13 @@ async def _swap_while_approval_waits(tmp_path: Path, b_after: Any = None, *, rep
             turned["now"] = True
         return ApprovalOutcome.ALLOWED
 
-    a = define_tool(name="a", description="The a test tool.", parameters={"type": "object"},
-                    execute=sloppy if replace else careful, is_concurrency_safe=lambda args: not turned["now"])
+    a = define_tool(
+        name="a",
+        description="The a test tool.",
+        parameters={"type": "object"},
+        execute=sloppy if replace else careful,
+        is_concurrency_safe=lambda args: not turned["now"],
+    )
     turns = [calls(call("a", {}, "a"), call("b", {}, "b")), final("done")]
     harness = await start(tmp_path, tools=[a, tool("b", b_body, safe=True)], turns=turns, plugin=AskForA([]))
     return _Swap(harness, approver, overlaps, emitted, ran)
@@ -937,8 +1027,11 @@ async def test_a_call_replaced_by_an_exclusive_tool_while_approval_waits_runs_no
         result = await asyncio.wait_for(run_agent(swap.harness, "go", approver=swap.approver), 5)
         assert result.ok
         contents = [m["content"] for m in result.messages if m["role"] == "tool"]
-        assert contents == ['Error: tool call aborted before dispatch: tool "a" was replaced while the call waited, '
-                            "and its new definition was not judged by this call's policy; call it again", "b"]
+        assert contents == [
+            'Error: tool call aborted before dispatch: tool "a" was replaced while the call waited, '
+            "and its new definition was not judged by this call's policy; call it again",
+            "b",
+        ]
         assert swap.ran == []
         assert sorted(swap.emitted) == [("a", "ABORTED_BEFORE_DISPATCH"), ("b", None)]
         assert result.session_id is not None
@@ -977,8 +1070,9 @@ async def test_a_call_waiting_for_the_bodies_in_flight_is_aborted_before_dispatc
 
     swap = await _swap_while_approval_waits(tmp_path, abort)
     try:
-        result = await asyncio.wait_for(run_agent(swap.harness, "go", approver=swap.approver,
-                                                  signal=controller.signal), 5)
+        result = await asyncio.wait_for(
+            run_agent(swap.harness, "go", approver=swap.approver, signal=controller.signal), 5
+        )
         assert result.reason is StopReason.ABORTED
         assert swap.overlaps == []
         contents = [m["content"] for m in result.messages if m["role"] == "tool"]

@@ -19,8 +19,10 @@ from dsh_core.sessions.sqlite import SqliteSessionStore
 
 pytestmark = pytest.mark.anyio
 
-MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters left out of this tool result \(max_tool_result_chars = (\d+)\); "
-                    r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]")
+MARKER = re.compile(
+    r"\[\.\.\. ([\d,]+) characters left out of this tool result \(max_tool_result_chars = (\d+)\); "
+    r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]"
+)
 
 
 def left_out(text: str) -> int:
@@ -74,16 +76,19 @@ def test_a_cap_too_small_for_the_marker_still_holds(limit: int) -> None:
     assert 0 < len(capped.text) <= limit and capped.left_out >= 1_000 - limit
 
 
-@pytest.mark.parametrize("unit", [
-    "\U0001f600",                  # one code point
-    "\ud83d\ude00",                # a surrogate pair held as two code points (JSON text decoded by a plugin)
-    "e\u0301",                     # a combining accent
-    "\U0001f469\u200d\U0001f4bb",  # a ZWJ sequence
-    "\U0001f44d\U0001f3fd",        # an emoji with a skin-tone modifier
-    "\U0001f1eb\U0001f1f7",        # a flag: two regional indicators
-    "\r\n",
-    "\u2764\ufe0f",                # a variation selector
-])
+@pytest.mark.parametrize(
+    "unit",
+    [
+        "\U0001f600",  # one code point
+        "\ud83d\ude00",  # a surrogate pair held as two code points (JSON text decoded by a plugin)
+        "e\u0301",  # a combining accent
+        "\U0001f469\u200d\U0001f4bb",  # a ZWJ sequence
+        "\U0001f44d\U0001f3fd",  # an emoji with a skin-tone modifier
+        "\U0001f1eb\U0001f1f7",  # a flag: two regional indicators
+        "\r\n",
+        "\u2764\ufe0f",  # a variation selector
+    ],
+)
 @pytest.mark.parametrize("limit", [997, 1_000, 1_001, 1_002, 1_003])
 def test_the_cut_never_splits_a_surrogate_pair_or_a_grapheme(unit: str, limit: int) -> None:
     text = unit * 2_000
@@ -111,7 +116,6 @@ def test_the_default_is_about_25k_tokens() -> None:
     assert DEFAULT_MAX_TOOL_RESULT_CHARS == 100_000
 
 
-
 # -- the agent loop ------------------------------------------------------------------------------------------
 
 
@@ -126,14 +130,18 @@ async def events_of(harness: Any, session_id: str) -> list[Any]:
 def verbose(size: int) -> Any:
     async def body(args: Any, ctx: Any) -> Any:
         return "".join(f"{n:07d}\n" for n in range(size // 8)) + "z" * (size % 8)
+
     return body
 
 
 async def test_a_huge_result_reaches_the_model_cut_and_the_session_keeps_it_whole(tmp_path: Path) -> None:
-    turns = [calls(call("dump", {}, "c1")),
-             final("ok", expect={"last_role": "tool", "last_content_contains": "left out of this tool result"})]
-    harness = await start(tmp_path, tools=[tool("dump", verbose(2_000_000))], turns=turns,
-                          agent={"max_tool_result_chars": 5_000})
+    turns = [
+        calls(call("dump", {}, "c1")),
+        final("ok", expect={"last_role": "tool", "last_content_contains": "left out of this tool result"}),
+    ]
+    harness = await start(
+        tmp_path, tools=[tool("dump", verbose(2_000_000))], turns=turns, agent={"max_tool_result_chars": 5_000}
+    )
     try:
         result = await run_agent(harness, "dump it")
         assert result.ok, result.error
@@ -147,16 +155,20 @@ async def test_a_huge_result_reaches_the_model_cut_and_the_session_keeps_it_whol
         [event] = [e for e in await events_of(harness, result.session_id) if e.kind == "tool/result"]
         assert len(event.payload["content"]) == 2_000_000  # the durable record keeps the whole result
         assert event.payload["message"] == sent  # and what the model saw
-        assert event.payload["cut"] == {"chars": 2_000_000, "left_out": left_out(sent["content"]),
-                                        "max_tool_result_chars": 5_000}
+        assert event.payload["cut"] == {
+            "chars": 2_000_000,
+            "left_out": left_out(sent["content"]),
+            "max_tool_result_chars": 5_000,
+        }
     finally:
         await harness.aclose()
 
 
 async def test_a_result_exactly_at_the_cap_is_untouched_and_records_no_cut(tmp_path: Path) -> None:
     turns = [calls(call("dump", {}, "c1")), final("ok")]
-    harness = await start(tmp_path, tools=[tool("dump", verbose(4_000))], turns=turns,
-                          agent={"max_tool_result_chars": 4_000})
+    harness = await start(
+        tmp_path, tools=[tool("dump", verbose(4_000))], turns=turns, agent={"max_tool_result_chars": 4_000}
+    )
     try:
         result = await run_agent(harness, "dump it")
         sent = scripted(harness).requests[-1]["messages"][-1]["content"]
@@ -183,8 +195,12 @@ async def test_a_failed_result_is_cut_too(tmp_path: Path) -> None:
     async def failing(args: Any, ctx: Any) -> Any:
         raise RuntimeError("boom " + "x" * 50_000)
 
-    harness = await start(tmp_path, tools=[tool("fail", failing)], turns=[calls(call("fail", {}, "c1")), final("ok")],
-                          agent={"max_tool_result_chars": 2_000})
+    harness = await start(
+        tmp_path,
+        tools=[tool("fail", failing)],
+        turns=[calls(call("fail", {}, "c1")), final("ok")],
+        agent={"max_tool_result_chars": 2_000},
+    )
     try:
         await run_agent(harness, "fail")
         sent = scripted(harness).requests[-1]["messages"][-1]["content"]
@@ -194,10 +210,14 @@ async def test_a_failed_result_is_cut_too(tmp_path: Path) -> None:
 
 
 async def test_a_resumed_session_replays_exactly_the_cut_text(tmp_path: Path) -> None:
-    turns = [calls(call("dump", {}, "c1")), final("first"),
-             final("second", expect={"last_content_contains": "and now?"})]
-    harness = await start(tmp_path, tools=[tool("dump", verbose(1_000_000))], turns=turns,
-                          agent={"max_tool_result_chars": 3_000})
+    turns = [
+        calls(call("dump", {}, "c1")),
+        final("first"),
+        final("second", expect={"last_content_contains": "and now?"}),
+    ]
+    harness = await start(
+        tmp_path, tools=[tool("dump", verbose(1_000_000))], turns=turns, agent={"max_tool_result_chars": 3_000}
+    )
     try:
         first = await run_agent(harness, "dump it")
         seen = scripted(harness).requests[-1]["messages"]
@@ -214,22 +234,34 @@ async def test_a_resumed_session_replays_exactly_the_cut_text(tmp_path: Path) ->
 
 async def test_code_mode_caps_run_code_but_the_program_sees_full_values(tmp_path: Path) -> None:
     """The real transport: a nested call's value is whole inside the program; run_code's result is cut."""
-    program = ('page = await tools.dump({})\n'
-               'print("chars", len(page))\n'
-               'return page\n')
-    script = write_script(tmp_path / "script.jsonl", [
-        calls(call("run_code", {"code": program, "description": "dump"}, "p1"), expect={"tools_include": ["run_code"]}),
-        final("ok", expect={"last_role": "tool"})])
-    deployment = compose([("test", {
-        "tools": {"mode": "code"},
-        "sessions": {"home": str(tmp_path / "home")},
-        "agents": [{"id": "main", "provider": "scripted", "max_tool_result_chars": 4_000}],
-        "plugins": [
-            {"id": "tools", "use": "test-tools"},
-            {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
-            {"id": "sessions", "use": "sqlite-sessions"},
+    program = 'page = await tools.dump({})\nprint("chars", len(page))\nreturn page\n'
+    script = write_script(
+        tmp_path / "script.jsonl",
+        [
+            calls(
+                call("run_code", {"code": program, "description": "dump"}, "p1"), expect={"tools_include": ["run_code"]}
+            ),
+            final("ok", expect={"last_role": "tool"}),
         ],
-    })], env={})
+    )
+    deployment = compose(
+        [
+            (
+                "test",
+                {
+                    "tools": {"mode": "code"},
+                    "sessions": {"home": str(tmp_path / "home")},
+                    "agents": [{"id": "main", "provider": "scripted", "max_tool_result_chars": 4_000}],
+                    "plugins": [
+                        {"id": "tools", "use": "test-tools"},
+                        {"id": "scripted", "use": "scripted", "config": {"script": str(script)}},
+                        {"id": "sessions", "use": "sqlite-sessions"},
+                    ],
+                },
+            )
+        ],
+        env={},
+    )
     plugin = ToolsPlugin([tool("dump", verbose(400_000))])
     catalog = PluginCatalog(extra={"test-tools": lambda scope, config: plugin}, strict=True)
     harness = await start_harness(deployment, catalog=catalog)
@@ -252,9 +284,11 @@ async def test_code_mode_caps_run_code_but_the_program_sees_full_values(tmp_path
 
 # -- a result's context messages share its cap ---------------------------------------------------------------
 
-CONTEXT_MARKER = re.compile(r"\[\.\.\. ([\d,]+) characters left out of this context message of a tool result "
-                            r"\(max_tool_result_chars = (\d+), shared by the result and its context messages\); "
-                            r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]")
+CONTEXT_MARKER = re.compile(
+    r"\[\.\.\. ([\d,]+) characters left out of this context message of a tool result "
+    r"\(max_tool_result_chars = (\d+), shared by the result and its context messages\); "
+    r"ask for less, e.g\. a narrower query, a range or a limit \.\.\.\]"
+)
 
 
 def context_left_out(text: str) -> int:
@@ -263,13 +297,16 @@ def context_left_out(text: str) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-@pytest.mark.parametrize(("lengths", "limit", "expected"), [
-    ([10, 20, 30], 100, [10, 20, 30]),            # all fit: all whole
-    ([10, 1_000, 1_000], 100, [10, 45, 45]),      # a short one keeps its length, the long ones split the rest
-    ([1_000, 10, 1_000, 3], 101, [44, 10, 44, 3]),
-    ([50, 50, 50], 100, [34, 33, 33]),            # the shares add up to the budget exactly
-    ([5, 5, 5], 2, [1, 1, 0]),                    # more texts than characters
-])
+@pytest.mark.parametrize(
+    ("lengths", "limit", "expected"),
+    [
+        ([10, 20, 30], 100, [10, 20, 30]),  # all fit: all whole
+        ([10, 1_000, 1_000], 100, [10, 45, 45]),  # a short one keeps its length, the long ones split the rest
+        ([1_000, 10, 1_000, 3], 101, [44, 10, 44, 3]),
+        ([50, 50, 50], 100, [34, 33, 33]),  # the shares add up to the budget exactly
+        ([5, 5, 5], 2, [1, 1, 0]),  # more texts than characters
+    ],
+)
 def test_one_budget_is_shared_max_min_fairly(lengths: list[int], limit: int, expected: list[int]) -> None:
     assert shares(lengths, limit) == expected
 
@@ -287,6 +324,7 @@ def with_contexts(result: str, *contexts: str) -> Any:
         for n, text in enumerate(contexts):
             ctx.defer_context(ContextMessage(text, source=f"plugin{n}"))
         return result
+
     return body
 
 
@@ -296,8 +334,12 @@ def lines(size: int) -> str:
 
 async def test_a_huge_context_message_is_cut_within_the_cap_and_recorded_whole(tmp_path: Path) -> None:
     turns = [calls(call("dump", {}, "c1")), final("ok", expect={"last_role": "user"})]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts("small result", lines(1_000_000)))],
-                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts("small result", lines(1_000_000)))],
+        turns=turns,
+        agent={"max_tool_result_chars": 5_000},
+    )
     try:
         result = await run_agent(harness, "dump it")
         assert result.ok, result.error
@@ -309,12 +351,18 @@ async def test_a_huge_context_message_is_cut_within_the_cap_and_recorded_whole(t
         assert len(answer["content"]) + len(note["content"]) <= 5_000
         assert context_left_out(note["content"]) > 990_000
         assert result.session_id is not None
-        [event] = [e for e in await events_of(harness, result.session_id)
-                   if e.kind == "message/user" and e.root_call_id is not None]
+        [event] = [
+            e
+            for e in await events_of(harness, result.session_id)
+            if e.kind == "message/user" and e.root_call_id is not None
+        ]
         assert event.payload["message"] == note and event.payload["context_source"] == "plugin0"
         assert len(event.payload["content"]) == 1_000_000  # the whole context message, as for a result
-        assert event.payload["cut"] == {"chars": 1_000_000, "left_out": context_left_out(note["content"]),
-                                        "max_tool_result_chars": 5_000}
+        assert event.payload["cut"] == {
+            "chars": 1_000_000,
+            "left_out": context_left_out(note["content"]),
+            "max_tool_result_chars": 5_000,
+        }
     finally:
         await harness.aclose()
 
@@ -322,8 +370,12 @@ async def test_a_huge_context_message_is_cut_within_the_cap_and_recorded_whole(t
 async def test_many_context_messages_cannot_flood_the_conversation(tmp_path: Path) -> None:
     big = lines(200_000)
     turns = [calls(call("dump", {}, "c1")), final("ok")]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts(big, *[big] * 20, "tiny"))],
-                          turns=turns, agent={"max_tool_result_chars": 20_000})
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts(big, *[big] * 20, "tiny"))],
+        turns=turns,
+        agent={"max_tool_result_chars": 20_000},
+    )
     try:
         result = await run_agent(harness, "dump it")
         assert result.ok, result.error
@@ -332,23 +384,32 @@ async def test_many_context_messages_cannot_flood_the_conversation(tmp_path: Pat
         assert sum(len(m["content"]) for m in sent) <= 20_000
         assert sent[-1]["content"] == "tiny"  # a small one is untouched
         assert all(len(m["content"]) > 500 for m in sent[:-1])  # the budget is shared fairly, none is starved
-        assert "shared by the result and its context messages" in sent[0]["content"] and left_out(
-            sent[0]["content"].replace(", shared by the result and its context messages", "")) > 0
+        assert (
+            "shared by the result and its context messages" in sent[0]["content"]
+            and left_out(sent[0]["content"].replace(", shared by the result and its context messages", "")) > 0
+        )
     finally:
         await harness.aclose()
 
 
 async def test_small_context_messages_and_result_are_untouched(tmp_path: Path) -> None:
     turns = [calls(call("dump", {}, "c1")), final("ok")]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts("r" * 2_000, "a" * 1_500, "b" * 1_500))],
-                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts("r" * 2_000, "a" * 1_500, "b" * 1_500))],
+        turns=turns,
+        agent={"max_tool_result_chars": 5_000},
+    )
     try:
         result = await run_agent(harness, "dump it")
         sent = scripted(harness).requests[-1]["messages"][3:]
         assert [m["content"] for m in sent] == ["r" * 2_000, "a" * 1_500, "b" * 1_500]
         assert result.session_id is not None
-        events = [e for e in await events_of(harness, result.session_id) if e.root_call_id is not None
-                  and e.kind in ("message/user", "tool/result")]
+        events = [
+            e
+            for e in await events_of(harness, result.session_id)
+            if e.root_call_id is not None and e.kind in ("message/user", "tool/result")
+        ]
         assert all("cut" not in e.payload for e in events)
     finally:
         await harness.aclose()
@@ -356,8 +417,12 @@ async def test_small_context_messages_and_result_are_untouched(tmp_path: Path) -
 
 async def test_a_small_context_message_beside_a_huge_result_is_untouched(tmp_path: Path) -> None:
     turns = [calls(call("dump", {}, "c1")), final("ok")]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts(lines(1_000_000), "remember this"))],
-                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts(lines(1_000_000), "remember this"))],
+        turns=turns,
+        agent={"max_tool_result_chars": 5_000},
+    )
     try:
         await run_agent(harness, "dump it")
         *_, answer, note = scripted(harness).requests[-1]["messages"]
@@ -368,10 +433,17 @@ async def test_a_small_context_message_beside_a_huge_result_is_untouched(tmp_pat
 
 
 async def test_a_resumed_session_replays_exactly_the_cut_context_message(tmp_path: Path) -> None:
-    turns = [calls(call("dump", {}, "c1")), final("first"),
-             final("second", expect={"last_content_contains": "and now?"})]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts("done", lines(1_000_000), "tiny"))],
-                          turns=turns, agent={"max_tool_result_chars": 3_000})
+    turns = [
+        calls(call("dump", {}, "c1")),
+        final("first"),
+        final("second", expect={"last_content_contains": "and now?"}),
+    ]
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts("done", lines(1_000_000), "tiny"))],
+        turns=turns,
+        agent={"max_tool_result_chars": 3_000},
+    )
     try:
         first = await run_agent(harness, "dump it")
         seen = scripted(harness).requests[-1]["messages"]
@@ -400,9 +472,12 @@ async def test_an_interrupted_step_cuts_a_result_alone_as_its_context_messages_a
         await asyncio.sleep(30)
 
     turns = [calls(call("dump", {}, "c1"), call("stubborn", {}, "s")), final("never")]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts(lines(1_000_000), lines(1_000_000))),
-                                           tool("stubborn", stubborn, safe=True)],
-                          turns=turns, agent={"max_tool_result_chars": 5_000})
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts(lines(1_000_000), lines(1_000_000))), tool("stubborn", stubborn, safe=True)],
+        turns=turns,
+        agent={"max_tool_result_chars": 5_000},
+    )
     try:
         task = asyncio.ensure_future(run_agent(harness, "dump it"))
         await asyncio.wait_for(started.wait(), 5)
@@ -426,8 +501,12 @@ async def test_a_context_message_the_cap_leaves_nothing_of_is_not_sent_empty(tmp
     """With more texts than characters in the cap, a context message's share is 0: it was sent as an empty
     user message, which some providers refuse. It is recorded (whole, as ever) but not sent, and not replayed."""
     turns = [calls(call("dump", {}, "c1")), final("ok")]
-    harness = await start(tmp_path, tools=[tool("dump", with_contexts("r", "abc", "def", "ghi"))],
-                          turns=turns, agent={"max_tool_result_chars": 3})
+    harness = await start(
+        tmp_path,
+        tools=[tool("dump", with_contexts("r", "abc", "def", "ghi"))],
+        turns=turns,
+        agent={"max_tool_result_chars": 3},
+    )
     try:
         result = await run_agent(harness, "dump it")
         assert result.ok, result.error
@@ -435,8 +514,11 @@ async def test_a_context_message_the_cap_leaves_nothing_of_is_not_sent_empty(tmp
         assert all(m["content"] for m in sent if m["role"] == "user"), sent
         assert [m["role"] for m in sent] == ["tool", "user", "user"]
         assert result.session_id is not None
-        noted = [e for e in await events_of(harness, result.session_id)
-                 if e.kind == "message/user" and e.root_call_id is not None]
+        noted = [
+            e
+            for e in await events_of(harness, result.session_id)
+            if e.kind == "message/user" and e.root_call_id is not None
+        ]
         assert [e.payload["content"] for e in noted] == ["abc", "def", "ghi"]  # every one recorded whole
         assert [e.payload["message"] for e in noted].count(None) == 1
     finally:

@@ -47,8 +47,13 @@ def _compile(program: str) -> Any:
             node.value = ast.copy_location(ast.List(elts=[node.value], ctx=ast.Load()), node.value)
         stack.extend(child for child in ast.iter_child_nodes(node) if not isinstance(child, nested))
     function = ast.AsyncFunctionDef(
-        name="__main__", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
-        body=tree.body or [ast.Pass()], decorator_list=[], returns=None, type_params=[])
+        name="__main__",
+        args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=tree.body or [ast.Pass()],
+        decorator_list=[],
+        returns=None,
+        type_params=[],
+    )
     module = ast.Module(body=[function], type_ignores=[])
     ast.fix_missing_locations(module)
     return compile(module, "<program>", "exec")
@@ -100,8 +105,9 @@ class FakeCodeRuntime:
     def _resume(self) -> None:
         self.paused -= 1
 
-    async def run(self, program: str, bindings: Sequence[BindingNamespace],
-                  signal: AbortSignal | None = None) -> CodeRunResult:
+    async def run(
+        self, program: str, bindings: Sequence[BindingNamespace], signal: AbortSignal | None = None
+    ) -> CodeRunResult:
         self.runs += 1
         signal = signal or AbortSignal.never()
         logs: list[str] = []
@@ -111,8 +117,10 @@ class FakeCodeRuntime:
             spec = namespace.error_class
             error_class = type(spec.name if spec else "ToolCallError", (Exception,), {})
             scope[error_class.__name__] = error_class
-            functions = {name: self._wrap(name, fn, error_class, spec.member if spec else "tool_name", control)
-                         for name, fn in namespace.functions.items()}
+            functions = {
+                name: self._wrap(name, fn, error_class, spec.member if spec else "tool_name", control)
+                for name, fn in namespace.functions.items()
+            }
             scope[namespace.global_name] = _Namespace(functions)
         if self.raise_after_binding:
             first = next(iter(bindings[0].functions.values()))
@@ -144,8 +152,9 @@ class FakeCodeRuntime:
         _set_current(control)
         return await function(args)
 
-    def _wrap(self, name: str, function: Callable[[JSON], Any], error_class: type[Exception], member: str,
-              control: RunControl) -> Callable[..., Any]:
+    def _wrap(
+        self, name: str, function: Callable[[JSON], Any], error_class: type[Exception], member: str, control: RunControl
+    ) -> Callable[..., Any]:
         async def call(*positional: Any, **kwargs: Any) -> Any:
             args = positional[0] if positional else kwargs
             try:
@@ -175,13 +184,27 @@ class MemorySink:
         self.delay = delay
         self.settle_delay = settle_delay
 
-    async def append(self, kind: str, payload: Mapping[str, Any], *, root_call_id: str | None = None,
-                     parent_call_id: str | None = None, sub_call_id: str | None = None) -> None:
+    async def append(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        *,
+        root_call_id: str | None = None,
+        parent_call_id: str | None = None,
+        sub_call_id: str | None = None,
+    ) -> None:
         delay = self.settle_delay if kind == "tool/code-dispatch" else self.delay
         if delay:
             await asyncio.sleep(delay)
-        self.events.append({"kind": kind, "payload": thaw(payload), "root_call_id": root_call_id,
-                            "parent_call_id": parent_call_id, "sub_call_id": sub_call_id})
+        self.events.append(
+            {
+                "kind": kind,
+                "payload": thaw(payload),
+                "root_call_id": root_call_id,
+                "parent_call_id": parent_call_id,
+                "sub_call_id": sub_call_id,
+            }
+        )
 
     def kinds(self) -> list[tuple[str, str | None]]:
         return [(e["kind"], e["sub_call_id"]) for e in self.events]
@@ -204,28 +227,46 @@ class Recorder:
 OBJ = {"type": "object"}
 
 
-def tool(name: str, body: Callable[[JSON, Any], Any] | None = None, *, safe: Any = None,
-         parameters: Mapping[str, Any] | None = None, output: Mapping[str, Any] | None = None,
-         description: str | None = None) -> ToolDefinition:
+def tool(
+    name: str,
+    body: Callable[[JSON, Any], Any] | None = None,
+    *,
+    safe: Any = None,
+    parameters: Mapping[str, Any] | None = None,
+    output: Mapping[str, Any] | None = None,
+    description: str | None = None,
+) -> ToolDefinition:
     """A test tool; the default body echoes its arguments."""
 
     async def default(args: JSON, ctx: Any) -> JSON:
         return args
 
-    return define_tool(name=name, description=description or f"The {name} tool.", parameters=parameters or OBJ,
-                       execute=body or default, output_schema=output, is_concurrency_safe=safe)
+    return define_tool(
+        name=name,
+        description=description or f"The {name} tool.",
+        parameters=parameters or OBJ,
+        execute=body or default,
+        output_schema=output,
+        is_concurrency_safe=safe,
+    )
 
 
 class Env:
     """A registry, hooks, tool runtime and ``run_code`` transport over a fake (or given) code runtime."""
 
-    def __init__(self, *, mode: str = "code", cap: int = 10, code_runtime: Any = "fake",
-                 agent: bool = True, sink: MemorySink | None | str = "memory") -> None:
+    def __init__(
+        self,
+        *,
+        mode: str = "code",
+        cap: int = 10,
+        code_runtime: Any = "fake",
+        agent: bool = True,
+        sink: MemorySink | None | str = "memory",
+    ) -> None:
         self.fake = FakeCodeRuntime() if code_runtime == "fake" else None
         self.code_runtime = self.fake if code_runtime == "fake" else code_runtime
         self.hooks = Hooks()
-        self.transport = RunCodeTransport(lambda: self.runtime, lambda: self.code_runtime,
-                                          max_parallel_sub_calls=cap)
+        self.transport = RunCodeTransport(lambda: self.runtime, lambda: self.code_runtime, max_parallel_sub_calls=cap)
         self.registry = ToolRegistry(default_mode=mode, transport=self.transport.definition)  # type: ignore[arg-type]
         self.runtime = ToolRuntime(self.registry, self.hooks)
         self.root = Scope("root")
@@ -243,15 +284,35 @@ class Env:
         self._plugins += 1
         self.hooks.register(plugin, name=f"test-plugin-{self._plugins}", scope=scope)
 
-    async def run(self, code: str, *, call_id: str = "call-1", signal: AbortSignal | None = None,
-                  description: str = "Run a test program", agent: Scope | None | str = "default",
-                  root_call_id: str | None = None) -> ToolResult:
+    async def run(
+        self,
+        code: str,
+        *,
+        call_id: str = "call-1",
+        signal: AbortSignal | None = None,
+        description: str = "Run a test program",
+        agent: Scope | None | str = "default",
+        root_call_id: str | None = None,
+    ) -> ToolResult:
         scope = self.agent if agent == "default" else agent
-        return await self.runtime.execute(ToolExecutionInput(
-            call_id=call_id, name="run_code", arguments={"code": code, "description": description},
-            signal=signal or AbortSignal.never(), agent=scope, root_call_id=root_call_id))  # type: ignore[arg-type]
+        return await self.runtime.execute(
+            ToolExecutionInput(
+                call_id=call_id,
+                name="run_code",
+                arguments={"code": code, "description": description},
+                signal=signal or AbortSignal.never(),
+                agent=scope,
+                root_call_id=root_call_id,
+            )
+        )  # type: ignore[arg-type]
 
     async def direct(self, name: str, arguments: Any, *, signal: AbortSignal | None = None) -> ToolResult:
-        return await self.runtime.execute(ToolExecutionInput(
-            call_id="direct-1", name=name, arguments=arguments, signal=signal or AbortSignal.never(),
-            agent=self.agent))
+        return await self.runtime.execute(
+            ToolExecutionInput(
+                call_id="direct-1",
+                name=name,
+                arguments=arguments,
+                signal=signal or AbortSignal.never(),
+                agent=self.agent,
+            )
+        )

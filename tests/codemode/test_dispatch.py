@@ -27,8 +27,9 @@ async def test_nested_calls_carry_sub_call_ids_agent_root_and_the_opaque_parent_
     env.add(tool("echo", body))
     recorder = Recorder()
     env.plug(recorder)
-    result = await env.run("await tools.echo({'n': 1})\nawait tools.echo(n=2)", call_id="outer-7",
-                           root_call_id="root-3")
+    result = await env.run(
+        "await tools.echo({'n': 1})\nawait tools.echo(n=2)", call_id="outer-7", root_call_id="root-3"
+    )
     assert not result.is_error, result
     assert [e.call_id for e in seen] == ["outer-7:code:1", "outer-7:code:2"]
     assert [e.arguments for e in seen] == [{"n": 1}, {"n": 2}]
@@ -126,14 +127,25 @@ async def test_no_program_starts_another_program_not_even_through_a_tool_holding
     inner: list[ToolResult] = []
 
     async def relay(args: Any, ctx: Any) -> Any:
-        inner.append(await env.runtime.execute(ToolExecutionInput(
-            call_id="relay-1", name="run_code", arguments={"code": "print('inner ran')", "description": "Inner"},
-            signal=AbortSignal.never(), agent=env.agent, parent=ctx.execution.parent)))
+        inner.append(
+            await env.runtime.execute(
+                ToolExecutionInput(
+                    call_id="relay-1",
+                    name="run_code",
+                    arguments={"code": "print('inner ran')", "description": "Inner"},
+                    signal=AbortSignal.never(),
+                    agent=env.agent,
+                    parent=ctx.execution.parent,
+                )
+            )
+        )
         return "relayed"
 
     env.add(tool("relay", relay))
-    program = ("await tools.relay({})\ntry:\n    await tools['run_code']({'code': '', 'description': 'd'})\n"
-               "except KeyError:\n    print('no run_code binding')")
+    program = (
+        "await tools.relay({})\ntry:\n    await tools['run_code']({'code': '', 'description': 'd'})\n"
+        "except KeyError:\n    print('no run_code binding')"
+    )
     result = await env.run(program)
     assert result.text == "no run_code binding", result.text
     assert [r.code for r in inner] == [ErrorCode.UNKNOWN_TOOL]
@@ -279,20 +291,27 @@ async def test_an_agent_scoped_policy_governs_its_agents_nested_calls_and_no_oth
         async def run(args: Any, ctx: Any) -> Any:
             ran.append(name)
             return name
+
         return run
 
     env.add(tool("read", body("read")), tool("write", body("write")), tool("bash", body("bash")))
     own, foreign = _AgentPolicy(ApprovalOutcome.REJECTED), _AgentPolicy(ApprovalOutcome.ALLOWED)
     env.plug(own, scope=env.agent)
     env.plug(foreign, scope=env.root.child("agent:other", layered=True))
-    program = ("out = [await tools.read({})]\nfor name in ('write', 'bash'):\n    try:\n"
-               "        out.append(await tools[name]({}))\n    except ToolCallError as e:\n        out.append(str(e))\n"
-               "return out")
+    program = (
+        "out = [await tools.read({})]\nfor name in ('write', 'bash'):\n    try:\n"
+        "        out.append(await tools[name]({}))\n    except ToolCallError as e:\n        out.append(str(e))\n"
+        "return out"
+    )
     result = await env.run(program)
     assert result.value["result"] == ["read", "this agent may not write", 'the user rejected tool "bash"']
     assert ran == ["read"]
     assert [entry for entry in own.seen if entry[2]] == [
-        ("pre", "read", True), ("pre", "write", True), ("pre", "bash", True), ("approve", "bash", True)]
+        ("pre", "read", True),
+        ("pre", "write", True),
+        ("pre", "bash", True),
+        ("approve", "bash", True),
+    ]
     assert foreign.seen == []
 
 
@@ -336,8 +355,9 @@ async def test_a_post_execute_block_fails_the_nested_call(env: Env) -> None:
 
 
 async def test_invalid_arguments_are_invalid_args_for_the_program(env: Env) -> None:
-    env.add(tool("read", parameters={"type": "object", "properties": {"path": {"type": "string"}},
-                                     "required": ["path"]}))
+    env.add(
+        tool("read", parameters={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})
+    )
     result = await env.run("try:\n    await tools.read({'path': 3})\nexcept ToolCallError as e:\n    print(e)")
     assert result.text.startswith('invalid arguments for tool "read"')
 
@@ -381,8 +401,7 @@ async def test_a_program_whose_agent_is_disposed_mid_run_cannot_call_past_its_po
 
     env.add(tool("wait", wait), tool("write", write))
     assert env.agent is not None
-    env.registry.guard(lambda execution: "writes are frozen" if execution.name == "write" else None,
-                       scope=env.agent)
+    env.registry.guard(lambda execution: "writes are frozen" if execution.name == "write" else None, scope=env.agent)
     program = "await tools.wait({})\ntry:\n    print(await tools.write({}))\nexcept ToolCallError as e:\n    print(e)"
     run = asyncio.ensure_future(env.run(program))
     while not env.sink.events:  # type: ignore[union-attr]
@@ -650,7 +669,13 @@ async def test_nested_contexts_are_deferred_onto_the_outer_result_in_order(env: 
     env.plug(Post())
     result = await env.run("import asyncio\nawait asyncio.gather(*(tools.ctx({'n': i}) for i in range(3)))")
     assert [c.text for c in result.additional_contexts] == [
-        "context from 0", "post 0", "context from 1", "post 1", "context from 2", "post 2"]
+        "context from 0",
+        "post 0",
+        "context from 1",
+        "post 1",
+        "context from 2",
+        "post 2",
+    ]
 
 
 async def test_contexts_survive_a_later_program_failure(env: Env) -> None:
@@ -747,9 +772,11 @@ async def test_a_program_reads_the_value_so_only_replace_value_or_block_hides_da
 
     env.add(tool("peek", lambda a, c: _value({"secret": "hunter2"})))
     env.plug(Redact())
-    program = ("out = []\nfor how in ['content', 'value', 'block']:\n    try:\n"
-               "        out.append((await tools.peek(how=how))['secret'])\n"
-               "    except ToolCallError as error:\n        out.append(str(error))\nreturn out")
+    program = (
+        "out = []\nfor how in ['content', 'value', 'block']:\n    try:\n"
+        "        out.append((await tools.peek(how=how))['secret'])\n"
+        "    except ToolCallError as error:\n        out.append(str(error))\nreturn out"
+    )
     result = await env.run(program)
     assert result.value["result"] == ["hunter2", "[redacted]", "[redacted]"]
     settled = [e["payload"]["content"] for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]

@@ -51,13 +51,29 @@ class Tools:
             return {"entries": [{"name": "a.py", "size": 3}], "truncated": False}
 
         schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
-        register(define_tool(name="add_one", description="Add one.", parameters=schema, execute=add_one,
-                             output_schema={"type": "integer"}, is_concurrency_safe=True))
+        register(
+            define_tool(
+                name="add_one",
+                description="Add one.",
+                parameters=schema,
+                execute=add_one,
+                output_schema={"type": "integer"},
+                is_concurrency_safe=True,
+            )
+        )
         register(define_tool(name="fail", description="Fail.", parameters={"type": "object"}, execute=fail))
-        register(define_tool(name="danger", description="Needs approval.", parameters={"type": "object"},
-                             execute=danger))
-        register(define_tool(name="listing", description="Structured output.", parameters={"type": "object"},
-                             execute=listing, is_concurrency_safe=True))
+        register(
+            define_tool(name="danger", description="Needs approval.", parameters={"type": "object"}, execute=danger)
+        )
+        register(
+            define_tool(
+                name="listing",
+                description="Structured output.",
+                parameters={"type": "object"},
+                execute=listing,
+                is_concurrency_safe=True,
+            )
+        )
 
     @hookimpl
     def dsh_pre_execute(self, execution: Any) -> Any:
@@ -90,7 +106,8 @@ def catalog(monkeypatch: pytest.MonkeyPatch) -> PluginCatalog:
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "dsh.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         [tools]
         mode = "code"
         [code_runtime]
@@ -103,7 +120,9 @@ def config(tmp_path: Path) -> Path:
         [[plugins]]
         id = "code-mode"
         use = "code-mode"
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -137,11 +156,18 @@ async def test_start_harness_runs_programs_on_the_real_worker(catalog: PluginCat
         # The approval wait (1.5 s) is longer than the 1 s wall-clock budget: it does not count.
         result = await harness.call("run_code", {"code": PROGRAM, "description": "Exercise the tools"})
         assert not result.is_error, result.text
-        assert result.value == {"logs": ["start", "caught fail this tool always fails"],
-                                "result": {"values": [1, 2, 3, 4, 5], "approved": "did the dangerous thing",
-                                           "kw": 42, "listing": {"entries": [{"name": "a.py", "size": 3},
-                                                                             "programs get plain, mutable JSON"],
-                                                                 "truncated": False}}}
+        assert result.value == {
+            "logs": ["start", "caught fail this tool always fails"],
+            "result": {
+                "values": [1, 2, 3, 4, 5],
+                "approved": "did the dangerous thing",
+                "kw": 42,
+                "listing": {
+                    "entries": [{"name": "a.py", "size": 3}, "programs get plain, mutable JSON"],
+                    "truncated": False,
+                },
+            },
+        }
         assert TOOLS.approvals[-1].endswith(":code:7")
         assert runtime.built
         failed = await harness.call("run_code", {"code": "print('x')\n1/0", "description": "Divide by zero"})
@@ -159,21 +185,28 @@ async def test_start_harness_runs_programs_on_the_real_worker(catalog: PluginCat
         await runtime.run("pass", [])
 
 
-def test_cli_run_code_json_lists_calls_and_exits_by_outcome(catalog: PluginCatalog, config: Path,
-                                                            tmp_path: Path) -> None:
+def test_cli_run_code_json_lists_calls_and_exits_by_outcome(
+    catalog: PluginCatalog, config: Path, tmp_path: Path
+) -> None:
     program = tmp_path / "prog.py"
-    program.write_text("print('hi')\nr = await tools.add_one({'x': 1})\n"
-                       "try:\n    await tools.fail({})\nexcept ToolCallError:\n    pass\nreturn r\n")
+    program.write_text(
+        "print('hi')\nr = await tools.add_one({'x': 1})\n"
+        "try:\n    await tools.fail({})\nexcept ToolCallError:\n    pass\nreturn r\n"
+    )
     runner = CliRunner()
     out = runner.invoke(main, ["run-code", str(program), "--json", "--config", str(config)])
     assert out.exit_code == 0, out.output
     document = json.loads(out.stdout)
     assert document == {
-        "outcome": "completed", "logs": ["hi"], "result": 2, "error": None,
-        "calls": [{"sub_call_id": "call-1:code:1", "name": "add_one", "args": {"x": 1}, "ok": True,
-                   "error_code": None},
-                  {"sub_call_id": "call-1:code:2", "name": "fail", "args": {}, "ok": False,
-                   "error_code": "TOOL_FAILED"}]}
+        "outcome": "completed",
+        "logs": ["hi"],
+        "result": 2,
+        "error": None,
+        "calls": [
+            {"sub_call_id": "call-1:code:1", "name": "add_one", "args": {"x": 1}, "ok": True, "error_code": None},
+            {"sub_call_id": "call-1:code:2", "name": "fail", "args": {}, "ok": False, "error_code": "TOOL_FAILED"},
+        ],
+    }
     program.write_text("print('before')\nraise ValueError('nope')\n")
     out = runner.invoke(main, ["run-code", str(program), "--json", "--config", str(config)])
     assert out.exit_code == 1
@@ -187,8 +220,9 @@ def test_cli_run_code_json_lists_calls_and_exits_by_outcome(catalog: PluginCatal
     assert out.exit_code == 1 and "SyntaxError" in out.stderr
 
 
-def test_cli_run_code_reads_a_utf8_byte_order_mark_as_the_encoding_not_as_code(catalog: PluginCatalog, config: Path,
-                                                                                tmp_path: Path) -> None:
+def test_cli_run_code_reads_a_utf8_byte_order_mark_as_the_encoding_not_as_code(
+    catalog: PluginCatalog, config: Path, tmp_path: Path
+) -> None:
     # Editors on Windows save UTF-8 with a BOM; `python prog.py` skips it, run-code passed U+FEFF on as the
     # program's first character: "SyntaxError: invalid non-printable character U+FEFF", exit 1.
     program = tmp_path / "bom.py"
@@ -200,8 +234,9 @@ def test_cli_run_code_reads_a_utf8_byte_order_mark_as_the_encoding_not_as_code(c
     assert (out.exit_code, out.stdout) == (0, "2\n"), out.output
 
 
-def test_cli_run_code_under_a_native_deployment_presents_both_for_the_call(catalog: PluginCatalog,
-                                                                          tmp_path: Path) -> None:
+def test_cli_run_code_under_a_native_deployment_presents_both_for_the_call(
+    catalog: PluginCatalog, tmp_path: Path
+) -> None:
     config = tmp_path / "native.toml"
     config.write_text('[[agents]]\nid = "main"\n[[plugins]]\nid = "tools"\nuse = "test-tools"\n')
     program = tmp_path / "p.py"
@@ -240,8 +275,10 @@ async def _fire_and_forget_on_worker(calls: int, wait: Callable[[Any], Awaitable
     try:
         env = Env(code_runtime=runtime)
         env.add(tool("excl", body))  # exclusive: every later call stays queued behind the first
-        program = (f"import asyncio\nfor i in range({calls}):\n    asyncio.ensure_future(tools.excl({{'i': i}}))\n"
-                   "await asyncio.sleep(0.05)\nreturn 'done'")
+        program = (
+            f"import asyncio\nfor i in range({calls}):\n    asyncio.ensure_future(tools.excl({{'i': i}}))\n"
+            "await asyncio.sleep(0.05)\nreturn 'done'"
+        )
         result = await env.run(program)
         assert result.value == {"logs": [], "result": "done"}, result.text
         await asyncio.sleep(0.3)  # the started body ends; nothing else may start meanwhile
@@ -255,7 +292,8 @@ async def test_calls_still_queued_when_the_program_settles_never_start_nor_raise
     # scheduler then abandons those queued calls without an error of its own.
     errors: list[BaseException] = []
     asyncio.get_running_loop().set_exception_handler(
-        lambda _l, ctx: errors.append(ctx.get("exception") or ctx["message"]))
+        lambda _l, ctx: errors.append(ctx.get("exception") or ctx["message"])
+    )
 
     async def slow(args: Any) -> None:
         await asyncio.sleep(0.2)
@@ -302,12 +340,16 @@ async def test_a_queued_call_does_not_start_once_the_host_cancelled_it(monkeypat
 
 
 def _settles(env: Env) -> list[tuple[str, str, bool, str | None]]:
-    return [(e["sub_call_id"], e["payload"]["name"], e["payload"]["is_error"], e["payload"]["error_code"])
-            for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]
+    return [
+        (e["sub_call_id"], e["payload"]["name"], e["payload"]["is_error"], e["payload"]["error_code"])
+        for e in env.sink.events
+        if e["kind"] == "tool/code-dispatch"
+    ]  # type: ignore[union-attr]
 
 
 async def test_a_call_still_in_policy_when_the_program_settles_never_runs_its_body(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Its policy answers while the host tears the run down, before run_code's own abort: the
     # program is gone, so its body must not start (it ran, unaborted, and committed as a success).
     tearing = _signal_teardown(monkeypatch)
@@ -330,14 +372,14 @@ async def test_a_call_still_in_policy_when_the_program_settles_never_runs_its_bo
         env = Env(code_runtime=runtime)
         env.plug(Policy())
         env.add(tool("write", write))
-        result = await env.run("import asyncio\nasyncio.ensure_future(tools.write({}))\nawait asyncio.sleep(0.05)\n"
-                               "return 'done'")
+        result = await env.run(
+            "import asyncio\nasyncio.ensure_future(tools.write({}))\nawait asyncio.sleep(0.05)\nreturn 'done'"
+        )
     finally:
         await runtime.aclose()
     assert result.value == {"logs": [], "result": "done"}, result.text
     assert ran == []
     assert _settles(env) == [("call-1:code:1", "write", True, "ABORTED_BEFORE_DISPATCH")]
-
 
 
 async def test_a_retry_loop_after_timeouts_runs_one_body_at_a_time_on_the_worker() -> None:
@@ -373,14 +415,20 @@ async def test_a_retry_loop_after_timeouts_runs_one_body_at_a_time_on_the_worker
     finally:
         await runtime.aclose()
     assert result.value == {"logs": [f"attempt {n} timed out" for n in range(3)], "result": ["ok", True]}, result.text
-    assert events == [f"{what} {n}" + (": cancelled by the program" if what == "cut" else "")
-                      for n in range(3) for what in ("start", "cut")]
-    assert _settles(env) == [*((f"call-1:code:{n}", "deploy", True, "ABORTED") for n in (1, 2, 3)),
-                             ("call-1:code:4", "status", False, None)]
+    assert events == [
+        f"{what} {n}" + (": cancelled by the program" if what == "cut" else "")
+        for n in range(3)
+        for what in ("start", "cut")
+    ]
+    assert _settles(env) == [
+        *((f"call-1:code:{n}", "deploy", True, "ABORTED") for n in (1, 2, 3)),
+        ("call-1:code:4", "status", False, None),
+    ]
 
 
 async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_on_the_worker(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The order is forced, not timed: the first (exclusive) call's body holds the barrier until the host
     # has seen the program cancel the call queued behind it, so the queued call is still queued then.
     asked: list[str] = []
@@ -442,9 +490,13 @@ async def test_a_queued_call_and_an_approval_the_program_gives_up_on_never_run_o
     assert queued_cancelled.is_set()  # it reached the host, queued, before the program cancelled it
     assert ran == ["first"] and asked == ["asked", "withdrawn"]
     assert [e["sub_call_id"] for e in env.sink.events if e["kind"] == "tool/code-dispatch-start"] == [
-        "call-1:code:1", "call-1:code:3"]  # nothing of the queued call 2
-    assert _settles(env) == [("call-1:code:1", "work", False, None),
-                             ("call-1:code:3", "danger", True, "ABORTED_BEFORE_DISPATCH")]
+        "call-1:code:1",
+        "call-1:code:3",
+    ]  # nothing of the queued call 2
+    assert _settles(env) == [
+        ("call-1:code:1", "work", False, None),
+        ("call-1:code:3", "danger", True, "ABORTED_BEFORE_DISPATCH"),
+    ]
 
 
 async def test_a_call_running_when_the_program_returns_is_not_taken_for_cancelled() -> None:
@@ -462,8 +514,9 @@ async def test_a_call_running_when_the_program_returns_is_not_taken_for_cancelle
     try:
         env = Env(code_runtime=runtime)
         env.add(tool("slow", slow))
-        result = await env.run("import asyncio\nasyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.05)\n"
-                               "return 'done'")
+        result = await env.run(
+            "import asyncio\nasyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.05)\nreturn 'done'"
+        )
     finally:
         await runtime.aclose()
     assert result.value == {"logs": [], "result": "done"}, result.text

@@ -23,18 +23,46 @@ async def test_one_event_pair_per_dispatch_with_exact_correlation(env: Env) -> N
     assert not result.is_error
     assert env.sink is not None
     assert env.sink.events == [
-        {"kind": CODE_DISPATCH_START, "payload": {"name": "echo", "arguments": {"a": 1}},
-         "root_call_id": "turn-2", "parent_call_id": "call-5", "sub_call_id": "call-5:code:1"},
-        {"kind": CODE_DISPATCH, "payload": {"name": "echo", "arguments": {"a": 1}, "is_error": False,
-                                            "error_code": None,
-                                            "content": [{"type": "text", "text": rendered({"a": 1})}]},
-         "root_call_id": "turn-2", "parent_call_id": "call-5", "sub_call_id": "call-5:code:1"},
-        {"kind": CODE_DISPATCH_START, "payload": {"name": "fail", "arguments": {}},
-         "root_call_id": "turn-2", "parent_call_id": "call-5", "sub_call_id": "call-5:code:2"},
-        {"kind": CODE_DISPATCH, "payload": {"name": "fail", "arguments": {}, "is_error": True,
-                                            "error_code": "TOOL_FAILED",
-                                            "content": [{"type": "text", "text": "Error: nope"}]},
-         "root_call_id": "turn-2", "parent_call_id": "call-5", "sub_call_id": "call-5:code:2"},
+        {
+            "kind": CODE_DISPATCH_START,
+            "payload": {"name": "echo", "arguments": {"a": 1}},
+            "root_call_id": "turn-2",
+            "parent_call_id": "call-5",
+            "sub_call_id": "call-5:code:1",
+        },
+        {
+            "kind": CODE_DISPATCH,
+            "payload": {
+                "name": "echo",
+                "arguments": {"a": 1},
+                "is_error": False,
+                "error_code": None,
+                "content": [{"type": "text", "text": rendered({"a": 1})}],
+            },
+            "root_call_id": "turn-2",
+            "parent_call_id": "call-5",
+            "sub_call_id": "call-5:code:1",
+        },
+        {
+            "kind": CODE_DISPATCH_START,
+            "payload": {"name": "fail", "arguments": {}},
+            "root_call_id": "turn-2",
+            "parent_call_id": "call-5",
+            "sub_call_id": "call-5:code:2",
+        },
+        {
+            "kind": CODE_DISPATCH,
+            "payload": {
+                "name": "fail",
+                "arguments": {},
+                "is_error": True,
+                "error_code": "TOOL_FAILED",
+                "content": [{"type": "text", "text": "Error: nope"}],
+            },
+            "root_call_id": "turn-2",
+            "parent_call_id": "call-5",
+            "sub_call_id": "call-5:code:2",
+        },
     ]
 
 
@@ -133,8 +161,13 @@ def test_settle_content_is_unstructured_exactly_as_the_converter_does() -> None:
     from dsh_core.codemode.history import unstructure_blocks
     from dsh_core.model import ImageBlock, converter
 
-    for blocks in ([], [TextBlock("a")], [TextBlock("")], [ImageBlock("ZGF0YQ==", "image/png")],
-                   [TextBlock("x"), ImageBlock("ZA==", "image/gif"), TextBlock("y\nz")]):
+    for blocks in (
+        [],
+        [TextBlock("a")],
+        [TextBlock("")],
+        [ImageBlock("ZGF0YQ==", "image/png")],
+        [TextBlock("x"), ImageBlock("ZA==", "image/gif"), TextBlock("y\nz")],
+    ):
         fast, general = unstructure_blocks(blocks), converter.unstructure(list(blocks))
         assert fast == general
         assert [list(entry) for entry in fast] == [list(entry) for entry in general]  # same key order
@@ -157,6 +190,7 @@ async def test_a_log_hook_letting_out_a_stray_cancellation_is_contained(env: Env
                 future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 future.cancel()
                 await future
+
             return reshape()
 
     env.add(tool("echo"))

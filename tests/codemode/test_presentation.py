@@ -24,8 +24,10 @@ class Guidance:
 
     @hookimpl
     def dsh_prompt_sections(self, context: Any) -> Any:
-        return [PromptSection("tool:read", "Call read to read files.", 110),
-                PromptSection("persona", "You are careful.", 10)]
+        return [
+            PromptSection("tool:read", "Call read to read files.", 110),
+            PromptSection("persona", "You are careful.", 10),
+        ]
 
 
 def assembler(env: Env) -> PromptAssembler:
@@ -171,7 +173,8 @@ async def test_a_model_direct_native_call_under_code_is_unknown_tool_with_the_re
     assert result.code == ErrorCode.UNKNOWN_TOOL
     assert result.error is not None and result.error.message == (
         'unknown tool "read": only `run_code` is callable directly — call `read` from inside a `run_code` '
-        "program instead")
+        "program instead"
+    )
 
 
 async def test_a_pre_aborted_collapsed_call_is_aborted_before_dispatch() -> None:
@@ -275,14 +278,18 @@ async def test_execution_mode_is_parallel_only_for_an_exact_true() -> None:
     def boom(args: Any) -> Any:
         raise RuntimeError("classifier broke")
 
-    classifiers: dict[str, Any] = {"yes": lambda a: True, "no": lambda a: False, "truthy": lambda a: 1,
-                                   "none": None, "throws": boom}
+    classifiers: dict[str, Any] = {
+        "yes": lambda a: True,
+        "no": lambda a: False,
+        "truthy": lambda a: 1,
+        "none": None,
+        "throws": boom,
+    }
     for name, classifier in classifiers.items():
         env.add(tool(name, safe=classifier))
 
     def mode(name: str) -> str:
-        return env.runtime.execution_mode(ToolExecutionInput(call_id="c", name=name, arguments={},
-                                                             agent=env.agent))
+        return env.runtime.execution_mode(ToolExecutionInput(call_id="c", name=name, arguments={}, agent=env.agent))
 
     assert mode("yes") == "parallel"
     assert [mode(n) for n in ("no", "truthy", "none", "throws", "missing")] == ["exclusive"] * 5

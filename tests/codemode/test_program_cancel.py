@@ -20,11 +20,11 @@ from dsh_core.model import ApprovalOutcome
 #: Ways a program gives up on ``tools.NAME(ARGS)``; each prints "gave up" and goes on.
 CANCEL_FORMS = {
     "wait_for": "try:\n    await asyncio.wait_for(tools.NAME(ARGS), 0.05)\n"
-                "except TimeoutError:\n    print('gave up')\n",
+    "except TimeoutError:\n    print('gave up')\n",
     "timeout": "try:\n    async with asyncio.timeout(0.05):\n        await tools.NAME(ARGS)\n"
-               "except TimeoutError:\n    print('gave up')\n",
+    "except TimeoutError:\n    print('gave up')\n",
     "task.cancel": "task = asyncio.ensure_future(tools.NAME(ARGS))\nawait asyncio.sleep(0.05)\ntask.cancel()\n"
-                   "try:\n    await task\nexcept asyncio.CancelledError:\n    print('gave up')\n",
+    "try:\n    await task\nexcept asyncio.CancelledError:\n    print('gave up')\n",
 }
 
 
@@ -33,8 +33,11 @@ def give_up(form: str, name: str, args: str = "{}") -> str:
 
 
 def settles(env: Env) -> list[tuple[str | None, str, bool, str | None]]:
-    return [(e["sub_call_id"], e["payload"]["name"], e["payload"]["is_error"], e["payload"]["error_code"])
-            for e in env.sink.events if e["kind"] == "tool/code-dispatch"]  # type: ignore[union-attr]
+    return [
+        (e["sub_call_id"], e["payload"]["name"], e["payload"]["is_error"], e["payload"]["error_code"])
+        for e in env.sink.events
+        if e["kind"] == "tool/code-dispatch"
+    ]  # type: ignore[union-attr]
 
 
 def started(env: Env) -> list[str | None]:
@@ -98,11 +101,17 @@ async def test_a_retry_loop_runs_one_body_per_attempt_each_after_the_last_was_cu
         "return await tools.status({})"
     )
     result = await env.run(program)
-    assert result.value == {"logs": ["attempt 0 timed out", "attempt 1 timed out", "deployed on attempt 2"],
-                            "result": "ok"}, result.text
+    assert result.value == {
+        "logs": ["attempt 0 timed out", "attempt 1 timed out", "deployed on attempt 2"],
+        "result": "ok",
+    }, result.text
     assert events == ["start 0", "cut 0", "start 1", "cut 1", "start 2", "done 2"]
-    assert settles(env) == [("call-1:code:1", "deploy", True, "ABORTED"), ("call-1:code:2", "deploy", True, "ABORTED"),
-                            ("call-1:code:3", "deploy", False, None), ("call-1:code:4", "status", False, None)]
+    assert settles(env) == [
+        ("call-1:code:1", "deploy", True, "ABORTED"),
+        ("call-1:code:2", "deploy", True, "ABORTED"),
+        ("call-1:code:3", "deploy", False, None),
+        ("call-1:code:4", "status", False, None),
+    ]
 
 
 @pytest.mark.parametrize("cap", [1, 10])
@@ -178,8 +187,10 @@ async def test_the_approval_prompt_of_a_cancelled_call_is_withdrawn() -> None:
     assert result.value == {"logs": ["gave up"], "result": "ok"}, result.text
     assert asks.prompts == ["asked", "prompt withdrawn"] and asks.resolved == [ApprovalOutcome.CANCELLED]
     assert bodies == []
-    assert settles(env) == [("call-1:code:1", "danger", True, "ABORTED_BEFORE_DISPATCH"),
-                            ("call-1:code:2", "status", False, None)]
+    assert settles(env) == [
+        ("call-1:code:1", "danger", True, "ABORTED_BEFORE_DISPATCH"),
+        ("call-1:code:2", "status", False, None),
+    ]
 
 
 async def test_a_parallel_call_cancelled_among_others_stops_alone() -> None:
@@ -205,8 +216,11 @@ async def test_a_parallel_call_cancelled_among_others_stops_alone() -> None:
     result = await env.run(program)
     assert result.value == {"logs": ["gave up"], "result": ["a", "b"]}, result.text
     assert events == [f"cut slow: {PROGRAM_CANCELLED}", "done a", "done b"]
-    assert settles(env) == [("call-1:code:1", "work", False, None), ("call-1:code:2", "work", False, None),
-                            ("call-1:code:3", "work", True, "ABORTED")]
+    assert settles(env) == [
+        ("call-1:code:1", "work", False, None),
+        ("call-1:code:2", "work", False, None),
+        ("call-1:code:3", "work", True, "ABORTED"),
+    ]
 
 
 async def test_a_body_that_swallows_the_cut_commits_as_aborted_and_the_lane_goes_on() -> None:
@@ -234,14 +248,22 @@ async def test_a_body_that_swallows_the_cut_commits_as_aborted_and_the_lane_goes
         return "never"
 
     env.add(tool("stubborn", stubborn), tool("check", check), tool("converts", converts))
-    program = ("import asyncio\n" + give_up("wait_for", "stubborn") + "await tools.check({})\n"
-               + give_up("wait_for", "converts") + "return await tools.check({})")
+    program = (
+        "import asyncio\n"
+        + give_up("wait_for", "stubborn")
+        + "await tools.check({})\n"
+        + give_up("wait_for", "converts")
+        + "return await tools.check({})"
+    )
     result = await env.run(program)
     assert result.value == {"logs": ["gave up", "gave up"], "result": "checked"}, result.text
     assert seen == ["swallowed", ["next body's task cancelling()", 0], ["next body's task cancelling()", 0]]
-    assert settles(env) == [("call-1:code:1", "stubborn", True, "ABORTED"), ("call-1:code:2", "check", False, None),
-                            ("call-1:code:3", "converts", True, "TOOL_FAILED"),
-                            ("call-1:code:4", "check", False, None)]
+    assert settles(env) == [
+        ("call-1:code:1", "stubborn", True, "ABORTED"),
+        ("call-1:code:2", "check", False, None),
+        ("call-1:code:3", "converts", True, "TOOL_FAILED"),
+        ("call-1:code:4", "check", False, None),
+    ]
 
 
 async def test_a_call_whose_body_ended_before_the_cancel_commits_as_it_ended() -> None:
@@ -256,8 +278,11 @@ async def test_a_call_whose_body_ended_before_the_cancel_commits_as_it_ended() -
         return args["s"]
 
     env.add(tool("work", work, safe=True))
-    program = ("import asyncio\nfirst = asyncio.ensure_future(tools.work({'s': 0.15}))\n"
-               + give_up("wait_for", "work", "{'s': 0}") + "return await first")
+    program = (
+        "import asyncio\nfirst = asyncio.ensure_future(tools.work({'s': 0.15}))\n"
+        + give_up("wait_for", "work", "{'s': 0}")
+        + "return await first"
+    )
     result = await env.run(program)
     assert result.value == {"logs": ["gave up"], "result": 0.15}, result.text
     assert settles(env) == [("call-1:code:1", "work", False, None), ("call-1:code:2", "work", False, None)]
@@ -275,8 +300,9 @@ async def test_calls_still_running_when_the_program_ends_are_not_cut_as_cancelle
         return "late"
 
     env.add(tool("slow", slow))
-    result = await env.run("import asyncio\nasyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.02)\n"
-                           "return 'done'")
+    result = await env.run(
+        "import asyncio\nasyncio.ensure_future(tools.slow({}))\nawait asyncio.sleep(0.02)\nreturn 'done'"
+    )
     assert result.value == {"logs": [], "result": "done"}, result.text
     assert events == [["finished", "run_code settled"]]
     assert settles(env) == [("call-1:code:1", "slow", True, "ABORTED")]

@@ -50,10 +50,12 @@ results = await asyncio.gather(tools.slow({}), tools.slow({}), tools.after({}), 
     assert bodies.saw_abort == ["slow", "slow"] and bodies.finished == ["slow", "slow"]
     assert "after" not in bodies.started  # queued: abandoned, never started
     assert env.sink is not None
-    assert env.sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1"),
-                                ("tool/code-dispatch-start", "call-1:code:2"),
-                                ("tool/code-dispatch", "call-1:code:1"),
-                                ("tool/code-dispatch", "call-1:code:2")]
+    assert env.sink.kinds() == [
+        ("tool/code-dispatch-start", "call-1:code:1"),
+        ("tool/code-dispatch-start", "call-1:code:2"),
+        ("tool/code-dispatch", "call-1:code:1"),
+        ("tool/code-dispatch", "call-1:code:2"),
+    ]
     assert all(e["payload"]["error_code"] == "ABORTED" for e in env.sink.events if e["kind"] == "tool/code-dispatch")
 
 
@@ -106,8 +108,10 @@ async def test_a_runtime_that_starts_a_binding_and_then_rejects_still_reaches_qu
     assert result.code == ErrorCode.TOOL_FAILED
     assert result.error is not None and "runtime broke after starting a binding" in result.error.message
     assert bodies.finished == ["slow"]  # the started body was awaited before run_code returned
-    assert env.sink is not None and [k for k, _ in env.sink.kinds()] == ["tool/code-dispatch-start",
-                                                                          "tool/code-dispatch"]
+    assert env.sink is not None and [k for k, _ in env.sink.kinds()] == [
+        "tool/code-dispatch-start",
+        "tool/code-dispatch",
+    ]
     await asyncio.gather(*env.fake.binding_tasks, return_exceptions=True)
 
 
@@ -161,8 +165,7 @@ def _raising_listener_tool(state: dict[str, Any]) -> Any:
     return body
 
 
-async def test_a_raising_abort_listener_neither_cuts_the_drain_nor_replaces_the_outcome(
-        caplog: Any) -> None:
+async def test_a_raising_abort_listener_neither_cuts_the_drain_nor_replaces_the_outcome(caplog: Any) -> None:
     env = Env()
     state: dict[str, Any] = {}
     recorder = Recorder()
@@ -175,8 +178,7 @@ async def test_a_raising_abort_listener_neither_cuts_the_drain_nor_replaces_the_
     assert not result.is_error and result.text == "kept"  # the program's own outcome stands
     assert state["running"] is False  # the nested body finished before run_code returned
     assert env.sink is not None
-    assert env.sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1"),
-                                ("tool/code-dispatch", "call-1:code:1")]
+    assert env.sink.kinds() == [("tool/code-dispatch-start", "call-1:code:1"), ("tool/code-dispatch", "call-1:code:1")]
     assert [e.call_id for e, _ in recorder.results] == ["call-1:code:1", "call-1"]
     assert not outer.signal._listeners  # the outer listener is removed too
     assert "abort listener" in caplog.text and "connection already closed" in caplog.text
@@ -260,5 +262,7 @@ async def test_a_cancel_during_the_drain_after_an_abort_cuts_the_bodies_still_ru
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(run, 10)
     assert run.cancelled() and stubborn.cancelled == ["safe"]
-    assert env.sink is not None and [k for k, _ in env.sink.kinds()] == ["tool/code-dispatch-start",
-                                                                          "tool/code-dispatch"]
+    assert env.sink is not None and [k for k, _ in env.sink.kinds()] == [
+        "tool/code-dispatch-start",
+        "tool/code-dispatch",
+    ]

@@ -82,8 +82,9 @@ async def test_the_cap_bounds_the_overlap_window_and_the_peak_reaches_it(cap: in
 async def test_an_exclusive_call_is_a_barrier(env: Env) -> None:
     probe = Probe()
     env.add(tool("safe", probe.body("s", delay=0.01), safe=True), tool("excl", probe.body("x", delay=0.01)))
-    await env.run(gather("tools.safe({'i': 0}), tools.safe({'i': 1}), tools.excl({}), tools.safe({'i': 2}), "
-                         "tools.safe({'i': 3})"))
+    await env.run(
+        gather("tools.safe({'i': 0}), tools.safe({'i': 1}), tools.excl({}), tools.safe({'i': 2}), tools.safe({'i': 3})")
+    )
     log = probe.log
     # Safe calls before it drain first; it runs alone; later calls wait for it.
     assert log.index("start x") > max(log.index("end s0"), log.index("end s1"))
@@ -147,8 +148,9 @@ async def test_ordered_pre_execute_never_overlaps_and_a_slow_policy_delays_the_n
 
 @pytest.mark.parametrize("safe", [True, None], ids=["parallel", "exclusive"])
 @pytest.mark.parametrize("stage", ["start-log", "pre-execute", "body", "post-execute", "settle-log"])
-async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env: Env, stage: str,
-                                                                            safe: bool | None) -> None:
+async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(
+    env: Env, stage: str, safe: bool | None
+) -> None:
     # Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
     # task-killer may: the call commits as aborted (one settle event), an exclusive
     # call's barrier is released, and the queue goes on.
@@ -195,31 +197,38 @@ async def test_a_scheduler_task_cancelled_from_outside_aborts_only_its_call(env:
     env.plug(Blocking())
     recorder = Recorder()
     env.plug(recorder)
-    program = ("import asyncio\nasync def one(i):\n    try:\n        return await tools.t({'i': i})\n"
-               "    except ToolCallError as error:\n        return str(error)\n"
-               "return await asyncio.gather(one(0), one(1))")
+    program = (
+        "import asyncio\nasync def one(i):\n    try:\n        return await tools.t({'i': i})\n"
+        "    except ToolCallError as error:\n        return str(error)\n"
+        "return await asyncio.gather(one(0), one(1))"
+    )
     run = asyncio.ensure_future(env.run(program))
     await asyncio.wait_for(entered.wait(), 5)
     blocked[0].cancel()
     result = await asyncio.wait_for(run, 5)
     # Cancelled while logging, the call had already been answered.
     # Cut in its policy, it never dispatched: aborted before dispatch, as its result event says.
-    first_answer = {"i": 0} if stage == "settle-log" else (
-        "tool call aborted before dispatch" if stage == "pre-execute" else "tool call aborted")
+    first_answer = (
+        {"i": 0}
+        if stage == "settle-log"
+        else ("tool call aborted before dispatch" if stage == "pre-execute" else "tool call aborted")
+    )
     assert result.value["result"] == [first_answer, {"i": 1}]
     kinds = sink.kinds()
     start, settle = "tool/code-dispatch-start", "tool/code-dispatch"
     first_call, second_call = "call-1:code:1", "call-1:code:2"
     # A cancelled append wrote nothing (the sink's contract), so an interrupted start or settle write
     # is redone: each call's pair, its start first.
-    assert sorted(kinds) == sorted([(start, first_call), (settle, first_call), (start, second_call),
-                                    (settle, second_call)])
+    assert sorted(kinds) == sorted(
+        [(start, first_call), (settle, first_call), (start, second_call), (settle, second_call)]
+    )
     assert kinds.index((start, first_call)) < kinds.index((settle, first_call))
     # Each call the pipeline saw (its pre-execute ran) emits its one result event, cancelled or not.
     results = [(execution.call_id, result.code) for execution, result in recorder.results if execution.nested]
     cut = {"pre-execute": "ABORTED_BEFORE_DISPATCH", "body": "ABORTED", "post-execute": "ABORTED"}
-    expected = [(second_call, None)] + ([(first_call, cut[stage])] if stage in cut else [(first_call, None)]
-                                       if stage == "settle-log" else [])
+    expected = [(second_call, None)] + (
+        [(first_call, cut[stage])] if stage in cut else [(first_call, None)] if stage == "settle-log" else []
+    )
     assert sorted(results, key=str) == sorted(expected, key=str)
 
 
@@ -312,11 +321,13 @@ async def test_a_redone_settle_write_runs_the_log_hook_once(env: Env) -> None:
     assert result.value["result"] == {"i": 0}
     assert seen == ["call-1:code:1"]
     assert [e["payload"]["content"] for e in sink.events if e["kind"] == "tool/code-dispatch"] == [
-        [{"type": "text", "text": "[spilled 1]"}]]
+        [{"type": "text", "text": "[spilled 1]"}]
+    ]
 
 
 async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
-        env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
     # Redoing the write must not hold a cancelled run on a store that never answers.
     monkeypatch.setattr(scheduler_module, "WRITE_AFTER_CANCEL_TIMEOUT_S", 0.05)
     lane: list[asyncio.Task[Any]] = []
@@ -353,7 +364,8 @@ async def test_a_settle_write_after_a_cancellation_gives_up_on_a_stuck_sink(
 
 
 async def test_a_start_write_given_up_on_after_a_cancellation_logs_no_settle_either(
-        env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
     # A start event that could not be written after all leaves the call out of the session: a
     # settle event without its start would break the pair (and render with no arguments).
     monkeypatch.setattr(scheduler_module, "WRITE_AFTER_CANCEL_TIMEOUT_S", 0.05)
@@ -375,8 +387,10 @@ async def test_a_start_write_given_up_on_after_a_cancellation_logs_no_settle_eit
 
     sink.append = stuck_start  # type: ignore[method-assign]
     env.add(tool("t", body, safe=True))
-    program = ("try:\n    await tools.t({'i': 0})\nexcept ToolCallError as error:\n    first = str(error)\n"
-               "return [first, await tools.t({'i': 1})]")
+    program = (
+        "try:\n    await tools.t({'i': 0})\nexcept ToolCallError as error:\n    first = str(error)\n"
+        "return [first, await tools.t({'i': 1})]"
+    )
     run = asyncio.ensure_future(env.run(program))
     while not lane:
         await asyncio.sleep(0.005)
@@ -405,9 +419,11 @@ async def test_a_scheduler_task_cancelled_before_its_first_step_loses_nothing(en
         return args["i"]
 
     env.add(tool("safe", body, safe=True))
-    program = ("import asyncio\nasync def one(i):\n    try:\n        return await tools.safe({'i': i})\n"
-               "    except ToolCallError as error:\n        return str(error)\n"
-               "return await asyncio.gather(one(0), one(1), one(2))")
+    program = (
+        "import asyncio\nasync def one(i):\n    try:\n        return await tools.safe({'i': i})\n"
+        "    except ToolCallError as error:\n        return str(error)\n"
+        "return await asyncio.gather(one(0), one(1), one(2))"
+    )
     loop.set_task_factory(factory)
     try:
         result = await asyncio.wait_for(env.run(program), 3)
@@ -445,8 +461,9 @@ async def test_a_cancelled_drain_still_waits_for_every_started_body(env: Env) ->
     env.add(tool("s", body, safe=True))
     loop.set_task_factory(factory)
     try:
-        await asyncio.wait_for(env.run(
-            "import asyncio\nasyncio.ensure_future(tools.s({}))\nawait asyncio.sleep(0.01)\nreturn 1"), 3)
+        await asyncio.wait_for(
+            env.run("import asyncio\nasyncio.ensure_future(tools.s({}))\nawait asyncio.sleep(0.01)\nreturn 1"), 3
+        )
     finally:
         loop.set_task_factory(None)
     assert drains
@@ -547,9 +564,11 @@ async def test_run_settlement_drains_a_commit_in_progress_and_logs_inside_the_tu
 
     env.add(tool("echo"))
     env.plug(SlowPost())
-    program = ("import asyncio\nasync def forget():\n    try:\n        await tools.echo({})\n"
-               "    except ToolCallError:\n        pass\n"
-               "asyncio.ensure_future(forget())\nawait asyncio.sleep(0.005)\nreturn 1")
+    program = (
+        "import asyncio\nasync def forget():\n    try:\n        await tools.echo({})\n"
+        "    except ToolCallError:\n        pass\n"
+        "asyncio.ensure_future(forget())\nawait asyncio.sleep(0.005)\nreturn 1"
+    )
     result = await env.run(program)
     # When run_code returns, the commit that was in progress finished and its event is appended.
     assert trace == ["post in", "post out"]
@@ -580,8 +599,12 @@ async def test_the_default_cap_is_ten() -> None:
     transport = RunCodeTransport(lambda: None, None)  # type: ignore[arg-type,return-value]
     assert transport.max_parallel_sub_calls == 10
     env = Env()
-    scheduler = ProgramScheduler(env.runtime, signal=AbortSignal.never(), context=None,
-                                 history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
+    scheduler = ProgramScheduler(
+        env.runtime,
+        signal=AbortSignal.never(),
+        context=None,
+        history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"),
+    )
     assert scheduler._cap == 10
     await scheduler.drain()
 
@@ -614,6 +637,7 @@ async def test_a_call_prepared_then_aborted_before_its_body_task_runs_skips_post
             async def middleware(call: Any, proceed: Any) -> Any:
                 wrapped.append(call.arguments.get("i", "run"))
                 return await proceed(call)
+
             return middleware
 
         @hookimpl
@@ -633,7 +657,8 @@ async def test_a_call_prepared_then_aborted_before_its_body_task_runs_skips_post
     await env.run(gather("tools.safe({'i': 'a'}), tools.safe({'i': 'b'})"), signal=controller.signal)
     assert ran == [] and posted == [] and wrapped == ["run"]
     assert {i: (r.code, r.text) for i, r in results.items()} == {
-        i: ("ABORTED_BEFORE_DISPATCH", "Error: tool call aborted before dispatch") for i in ("a", "b")}
+        i: ("ABORTED_BEFORE_DISPATCH", "Error: tool call aborted before dispatch") for i in ("a", "b")
+    }
 
 
 async def test_one_listener_on_the_run_signal_reaches_every_call_not_yet_committed() -> None:
@@ -651,12 +676,22 @@ async def test_one_listener_on_the_run_signal_reaches_every_call_not_yet_committ
 
     env.add(tool("wait", wait, safe=True))
     run = AbortController()
-    scheduler = ProgramScheduler(env.runtime, signal=run.signal, context=None, max_parallel_sub_calls=3,
-                                 history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
+    scheduler = ProgramScheduler(
+        env.runtime,
+        signal=run.signal,
+        context=None,
+        max_parallel_sub_calls=3,
+        history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"),
+    )
     controllers = [AbortController() for _ in range(50)]
-    futures = [scheduler.submit(ToolExecutionInput(call_id=f"c:code:{i}", name="wait", arguments={},
-                                                   signal=controller.signal), {}, controller)
-               for i, controller in enumerate(controllers)]
+    futures = [
+        scheduler.submit(
+            ToolExecutionInput(call_id=f"c:code:{i}", name="wait", arguments={}, signal=controller.signal),
+            {},
+            controller,
+        )
+        for i, controller in enumerate(controllers)
+    ]
     await started.wait()
     assert len(run.signal._listeners or []) == 1  # the scheduler's own, whatever the number of calls
     run.abort("run over")
@@ -664,7 +699,6 @@ async def test_one_listener_on_the_run_signal_reaches_every_call_not_yet_committ
     assert all(c.signal.aborted and c.signal.reason == "run over" for c in controllers)
     assert all(f.done() for f in futures)
     late = AbortController()  # a call submitted once the run is over starts aborted
-    scheduler.submit(ToolExecutionInput(call_id="c:code:late", name="wait", arguments={}, signal=late.signal), {},
-                     late)
+    scheduler.submit(ToolExecutionInput(call_id="c:code:late", name="wait", arguments={}, signal=late.signal), {}, late)
     assert late.signal.aborted and late.signal.reason == "run over"
     await scheduler.drain()

@@ -56,8 +56,10 @@ async def test_context_variables_do_not_leak_between_bodies(env: Env) -> None:
         return args["i"]
 
     env.add(tool("mark", body, safe=True))
-    program = ("a = await tools.mark({'i': 1})\nb = await tools.mark({'i': 2, 'suspend': True})\n"
-               "c = await tools.mark({'i': 3})\nreturn [a, b, c]")
+    program = (
+        "a = await tools.mark({'i': 1})\nb = await tools.mark({'i': 2, 'suspend': True})\n"
+        "c = await tools.mark({'i': 3})\nreturn [a, b, c]"
+    )
     result = await env.run(program)
     assert result.value["result"] == [1, 2, 3]
     assert seen == [None, None, "set by 2", None]
@@ -71,9 +73,11 @@ async def test_a_body_raising_cancelled_error_is_contained(env: Env) -> None:
         raise asyncio.CancelledError
 
     env.add(tool("cancels", body, safe=True), tool("echo", safe=True))
-    program = ("out = []\nfor args in ({}, {'suspend': True}):\n    try:\n        await tools.cancels(args)\n"
-               "    except ToolCallError as error:\n        out.append(str(error))\n"
-               "out.append(await tools.echo({'i': 1}))\nreturn out")
+    program = (
+        "out = []\nfor args in ({}, {'suspend': True}):\n    try:\n        await tools.cancels(args)\n"
+        "    except ToolCallError as error:\n        out.append(str(error))\n"
+        "out.append(await tools.echo({'i': 1}))\nreturn out"
+    )
     result = await env.run(program)
     assert not result.is_error, result.content
     # Nobody cancelled these calls: each is the tool's failure (the runtime says so), and the program goes on.

@@ -21,15 +21,19 @@ from dsh_core.model import ApprovalOutcome, ToolExecutionInput, ToolResult
 
 
 def scheduler_of(env: Env, signal: AbortSignal | None = None) -> ProgramScheduler:
-    return ProgramScheduler(env.runtime, signal=signal or AbortSignal.never(), context=None,
-                            history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"))
+    return ProgramScheduler(
+        env.runtime,
+        signal=signal or AbortSignal.never(),
+        context=None,
+        history=DispatchHistory(Hooks(), None, root_call_id="r", parent_call_id="p"),
+    )
 
 
-def submit(scheduler: ProgramScheduler, n: int, name: str, arguments: Any = None) -> tuple[asyncio.Future[Any],
-                                                                                           AbortController]:
+def submit(
+    scheduler: ProgramScheduler, n: int, name: str, arguments: Any = None
+) -> tuple[asyncio.Future[Any], AbortController]:
     controller = AbortController()
-    request = ToolExecutionInput(call_id=f"r:code:{n}", name=name, arguments=arguments or {},
-                                 signal=controller.signal)
+    request = ToolExecutionInput(call_id=f"r:code:{n}", name=name, arguments=arguments or {}, signal=controller.signal)
     return scheduler.submit(request, {}, controller), controller
 
 
@@ -93,6 +97,7 @@ class Flip:
                     if call.name == "flip":
                         log.append("dispatch flip")
                     return await proceed(call)
+
                 return note
 
         env.add(tool("hold", hold, safe=True))
@@ -200,6 +205,7 @@ async def test_an_exclusive_call_a_middleware_detached_holds_its_barrier_until_i
                     return await asyncio.shield(body)
                 await started.wait()
                 return ToolResult(content="answered early", value=0)
+
             return detach
 
     env.add(tool("excl", excl))
@@ -241,6 +247,7 @@ async def test_a_call_cut_in_its_middleware_before_the_body_is_aborted_before_di
                 waiting.set()
                 await asyncio.Event().wait()  # no slot ever frees up
                 return await proceed(call)
+
             return limit
 
         @hookimpl
@@ -280,6 +287,7 @@ async def test_the_result_observers_of_a_cut_call_are_not_interrupted_by_a_cance
                     log.append("interrupted")
                     raise
                 log.append(f"heard {result.code}")
+
             return hear()
 
     env.add(tool("t", body))

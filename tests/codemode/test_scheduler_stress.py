@@ -5,6 +5,7 @@ policies, staggered submissions and outer aborts; each run checks the invariants
 the cap, exclusive bodies alone, one start and one settle event per started call,
 both in submission order, and no dsh task left running once run_code returns.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,8 +62,10 @@ async def test_random_mix_completes_in_order(seed: int) -> None:
             if execution.arguments["deny"]:
                 return PreDecision.block("no")
             if execution.arguments["slow"]:
+
                 async def slow() -> None:
                     await asyncio.sleep(0.002)
+
                 return slow()
             return None
 
@@ -72,13 +75,27 @@ async def test_random_mix_completes_in_order(seed: int) -> None:
     calls = []
     for i in range(n):
         kind = rng.choice("ssssxf")
-        a = {"i": i, "kind": kind, "d": rng.choice([0, 0, 0.001, 0.003]), "y": rng.random() < 0.5,
-             "deny": rng.random() < 0.1, "slow": rng.random() < 0.2}
+        a = {
+            "i": i,
+            "kind": kind,
+            "d": rng.choice([0, 0, 0.001, 0.003]),
+            "y": rng.random() < 0.5,
+            "deny": rng.random() < 0.1,
+            "slow": rng.random() < 0.2,
+        }
         wait = rng.choice(["", "", "await asyncio.sleep(0)\n    ", f"await asyncio.sleep({rng.random() / 500})\n    "])
         calls.append((kind, a, wait))
-    lines = ["import asyncio", "async def one(name, a, pre):", "    if pre:", "        await asyncio.sleep(pre)",
-             "    try:", "        return await tools[name](a)", "    except ToolCallError as error:",
-             "        return 'E'", "ts = []"]
+    lines = [
+        "import asyncio",
+        "async def one(name, a, pre):",
+        "    if pre:",
+        "        await asyncio.sleep(pre)",
+        "    try:",
+        "        return await tools[name](a)",
+        "    except ToolCallError as error:",
+        "        return 'E'",
+        "ts = []",
+    ]
     for kind, a, _ in calls:
         pre = rng.choice([0, 0, 0.0005, 0.002])
         lines.append(f"ts.append(asyncio.ensure_future(one({kind!r}, {a!r}, {pre})))")
@@ -117,8 +134,10 @@ async def test_random_abort_reaches_quiescence(seed: int) -> None:
     env.add(tool("s", body, safe=True), tool("x", body))
     n = rng.randint(1, 15)
     parts = [f"tools.{rng.choice('ssx')}({{'i': {i}, 'd': {rng.choice([0, 0.001, 0.004])}}})" for i in range(n)]
-    program = ("import asyncio\nts = [asyncio.ensure_future(c) for c in [" + ", ".join(parts) + "]]\n"
-               "return await asyncio.gather(*ts, return_exceptions=True)")
+    program = (
+        "import asyncio\nts = [asyncio.ensure_future(c) for c in [" + ", ".join(parts) + "]]\n"
+        "return await asyncio.gather(*ts, return_exceptions=True)"
+    )
     controller = AbortController()
     loop = asyncio.get_running_loop()
     loop.call_later(rng.random() * 0.01, controller.abort, "stop")

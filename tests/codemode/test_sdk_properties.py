@@ -28,15 +28,55 @@ from dsh_core.codemode.sdk import SdkTool, is_attribute_name, render_python_sdk,
 
 #: Pieces that ended a docstring, a comment or a string early, that source cannot hold, that Python
 #: reads as another name (NFKC, ``__`` mangling), or that would not show as themselves.
-TRICKY = st.sampled_from([
-    '"', '"""', "'", "'" * 3, "\\", "\\u", "\\N{", "\\x", "\r", "\r\n", "\n", "\t", "\x00", "\x0b", "\x0c", "\x1b",
-    "\x7f", "\x85", "\u2028", "\u2029", "\u202e", "\u2066", "\ufeff", "\u200d", "\ud800", "\udfff", "\U000e0041",
-    "*/", "/*", "//", "#", "`", "${", " ", "\u3000", "é", "😀", "__", "\ufb01", "\u212b",
-])
+TRICKY = st.sampled_from(
+    [
+        '"',
+        '"""',
+        "'",
+        "'" * 3,
+        "\\",
+        "\\u",
+        "\\N{",
+        "\\x",
+        "\r",
+        "\r\n",
+        "\n",
+        "\t",
+        "\x00",
+        "\x0b",
+        "\x0c",
+        "\x1b",
+        "\x7f",
+        "\x85",
+        "\u2028",
+        "\u2029",
+        "\u202e",
+        "\u2066",
+        "\ufeff",
+        "\u200d",
+        "\ud800",
+        "\udfff",
+        "\U000e0041",
+        "*/",
+        "/*",
+        "//",
+        "#",
+        "`",
+        "${",
+        " ",
+        "\u3000",
+        "é",
+        "😀",
+        "__",
+        "\ufb01",
+        "\u212b",
+    ]
+)
 IDENTIFIER = st.from_regex(r"[A-Za-z_$][A-Za-z0-9_$]{0,6}", fullmatch=True)
 #: Any code point (surrogates included), ASCII names and the tricky pieces, in any order.
-TEXT = st.lists(st.one_of(TRICKY, IDENTIFIER, st.text(st.characters(exclude_categories=()), max_size=6)),
-                max_size=6).map("".join)
+TEXT = st.lists(
+    st.one_of(TRICKY, IDENTIFIER, st.text(st.characters(exclude_categories=()), max_size=6)), max_size=6
+).map("".join)
 #: Names of the types annotations use, which a method of ``Tools`` would shadow.
 TYPE_NAME = st.sampled_from(["list", "dict", "str", "int", "float", "bool", "Any", "Literal", "builtins", "typing"])
 NAME = st.one_of(IDENTIFIER, TYPE_NAME, TEXT).filter(bool)
@@ -47,21 +87,26 @@ NOTES = {"description": TEXT, "title": TEXT, "default": TEXT}
 BOOLEANS = st.booleans()
 
 
-def objects(children: st.SearchStrategy[Any], names: st.SearchStrategy[str] = NAME,
-            closed: st.SearchStrategy[bool] = BOOLEANS) -> st.SearchStrategy[dict[str, Any]]:
+def objects(
+    children: st.SearchStrategy[Any], names: st.SearchStrategy[str] = NAME, closed: st.SearchStrategy[bool] = BOOLEANS
+) -> st.SearchStrategy[dict[str, Any]]:
     """Object schemas of ``children`` properties, each required or not, open or closed."""
 
     def build(fields: dict[str, tuple[Any, bool]], closed: bool) -> dict[str, Any]:
-        return {"type": "object", "properties": {key: child for key, (child, _) in fields.items()},
-                "required": [key for key, (_, required) in fields.items() if required],
-                "additionalProperties": not closed}
+        return {
+            "type": "object",
+            "properties": {key: child for key, (child, _) in fields.items()},
+            "required": [key for key, (_, required) in fields.items() if required],
+            "additionalProperties": not closed,
+        }
 
     return st.builds(build, st.dictionaries(names, st.tuples(children, st.booleans()), max_size=3), closed)
 
 
 LEAVES = st.one_of(
-    st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "number", "boolean", "null"])},
-                          optional=NOTES),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["string", "integer", "number", "boolean", "null"])}, optional=NOTES
+    ),
     st.fixed_dictionaries({"enum": st.lists(LITERAL, min_size=1, max_size=4)}, optional=NOTES),
     st.fixed_dictionaries({"const": LITERAL}, optional=NOTES),
 )
@@ -73,9 +118,12 @@ SHARED = st.one_of(st.sampled_from(["path", "mode", "__x", "\ufb01le"]), NAME)
 
 def combined(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
     """An object with ``oneOf``/``anyOf``/``allOf`` members (objects or ``children``) merged into it."""
-    return st.builds(lambda parent, key, members: {**parent, key: members}, objects(children, SHARED),
-                     st.sampled_from(["oneOf", "anyOf", "allOf"]),
-                     st.lists(st.one_of(objects(children, SHARED), children), min_size=1, max_size=2))
+    return st.builds(
+        lambda parent, key, members: {**parent, key: members},
+        objects(children, SHARED),
+        st.sampled_from(["oneOf", "anyOf", "allOf"]),
+        st.lists(st.one_of(objects(children, SHARED), children), min_size=1, max_size=2),
+    )
 
 
 #: Names of the definitions a root schema holds: ``/``, ``~`` and ``%`` are escaped in a pointer.
@@ -87,18 +135,32 @@ def pointer(name: str) -> str:
 
 
 #: Local refs to those definitions (recursive ones too), to the root, and refs no stub resolves.
-REFS = st.fixed_dictionaries({"$ref": st.sampled_from([
-    *map(pointer, DEFINITIONS), "#", "#/$defs/missing", "#anchor", "https://example.com/schema.json"])},
-    optional={"description": TEXT})
-SCHEMAS = st.recursive(LEAVES | REFS, lambda children: st.one_of(
-    objects(children), combined(children), st.fixed_dictionaries({"type": st.just("array"), "items": children})),
-    max_leaves=5)
+REFS = st.fixed_dictionaries(
+    {
+        "$ref": st.sampled_from(
+            [*map(pointer, DEFINITIONS), "#", "#/$defs/missing", "#anchor", "https://example.com/schema.json"]
+        )
+    },
+    optional={"description": TEXT},
+)
+SCHEMAS = st.recursive(
+    LEAVES | REFS,
+    lambda children: st.one_of(
+        objects(children), combined(children), st.fixed_dictionaries({"type": st.just("array"), "items": children})
+    ),
+    max_leaves=5,
+)
 #: A root schema: an object, maybe with combinators, maybe with definitions its refs name.
-ROOTS = st.builds(lambda root, definitions: {**root, **({"$defs": definitions} if definitions else {})},
-                  st.one_of(objects(SCHEMAS), combined(SCHEMAS)),
-                  st.none() | st.fixed_dictionaries({name: SCHEMAS for name in DEFINITIONS}))
-TOOLS = st.lists(st.builds(SdkTool, name=NAME, description=TEXT, parameters=ROOTS, output=SCHEMAS),
-                 max_size=3, unique_by=lambda tool: tool.name)
+ROOTS = st.builds(
+    lambda root, definitions: {**root, **({"$defs": definitions} if definitions else {})},
+    st.one_of(objects(SCHEMAS), combined(SCHEMAS)),
+    st.none() | st.fixed_dictionaries({name: SCHEMAS for name in DEFINITIONS}),
+)
+TOOLS = st.lists(
+    st.builds(SdkTool, name=NAME, description=TEXT, parameters=ROOTS, output=SCHEMAS),
+    max_size=3,
+    unique_by=lambda tool: tool.name,
+)
 
 
 def schema_texts(schema: Any) -> Iterator[tuple[str, str, bool, bool]]:
@@ -149,8 +211,12 @@ BIDI_CONTROLS = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
 def hidden(text: str, layout: str) -> list[str]:
     """Characters of ``text`` that would not show as themselves: controls (but ``layout``),
     surrogates, line and paragraph separators, bidi controls."""
-    return [char for char in text if char not in layout and (
-        unicodedata.category(char) in {"Cc", "Cs", "Zl", "Zp"} or unicodedata.bidirectional(char) in BIDI_CONTROLS)]
+    return [
+        char
+        for char in text
+        if char not in layout
+        and (unicodedata.category(char) in {"Cc", "Cs", "Zl", "Zp"} or unicodedata.bidirectional(char) in BIDI_CONTROLS)
+    ]
 
 
 def plain(description: str) -> SdkTool:
@@ -181,8 +247,17 @@ def strings(tree: ast.AST, docstrings: set[int]) -> set[str]:
 
 
 @given(TOOLS)
-@example([plain('Ends in a quote"'), SdkTool("n", "NUL\x00", {"type": "object", "properties": {
-    "__secret": {"type": "string"}, "\ufb01le": {"enum": ["\x00", '"""']}}}, {})])
+@example(
+    [
+        plain('Ends in a quote"'),
+        SdkTool(
+            "n",
+            "NUL\x00",
+            {"type": "object", "properties": {"__secret": {"type": "string"}, "\ufb01le": {"enum": ["\x00", '"""']}}},
+            {},
+        ),
+    ]
+)
 @settings(max_examples=100, deadline=None)
 def test_the_python_stub_compiles_encodes_and_keeps_every_text(tools: list[SdkTool]) -> None:
     text = render_python_sdk(tools)
@@ -205,8 +280,13 @@ def test_the_python_stub_compiles_encodes_and_keeps_every_text(tools: list[SdkTo
             assert docstring is not None
             assert docstring.split() == by_name[method.name].description.split()
             docstrings.add(id(method.body[0].value))  # type: ignore[attr-defined]
-    class_names = {target.id for node in tree.body if isinstance(node, ast.Assign)
-                   for target in node.targets if isinstance(target, ast.Name)}
+    class_names = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     constants = strings(tree, docstrings)
     # No text closed a string early (the pieces would be strings of their own), and each value shows.
     assert constants <= keys | values | class_names
@@ -229,13 +309,13 @@ def ts_tokens(code: str) -> tuple[list[str], list[str]]:
     while at < len(code):
         if code.startswith("/*", at):
             end = code.find("*/", at + 2)
-            assert end >= 0, code[at:at + 80]
-            assert code[end + 2] == "\n", code[at:end + 80]  # each comment is a line of its own: it ended there
-            comments.append(code[at + 2:end])
+            assert end >= 0, code[at : at + 80]
+            assert code[end + 2] == "\n", code[at : end + 80]  # each comment is a line of its own: it ended there
+            comments.append(code[at + 2 : end])
             at = end + 2
         elif code[at] == '"':
             match = string.match(code, at)
-            assert match is not None, code[at:at + 80]
+            assert match is not None, code[at : at + 80]
             strings.append(json.loads(match.group()))
             at = match.end()
         else:
@@ -250,8 +330,12 @@ def utf16(text: str) -> str:
 
 
 @given(TOOLS)
-@example([plain("Closes */ its comment"), SdkTool("n", "N.", {"type": "object", "properties": {
-    "path\n": {"const": '"'}, "ok": {"type": "string"}}}, {})])
+@example(
+    [
+        plain("Closes */ its comment"),
+        SdkTool("n", "N.", {"type": "object", "properties": {"path\n": {"const": '"'}, "ok": {"type": "string"}}}, {}),
+    ]
+)
 @settings(max_examples=100, deadline=None)
 def test_the_typescript_stub_encodes_and_no_text_leaves_its_comment_or_string(tools: list[SdkTool]) -> None:
     text = render_typescript_sdk(tools)
@@ -266,19 +350,22 @@ def test_the_typescript_stub_encodes_and_no_text_leaves_its_comment_or_string(to
     shown = {utf16(string) for string in strings}
     assert shown <= {utf16(text) for text in (*keys, *values, "ToolCallError")}
     assert {utf16(value) for value in values if ("value", value) in certain} <= shown
-    assert {utf16(key) for key in keys
-            if ("key", key) in certain and not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)
-            } <= shown
+    assert {
+        utf16(key) for key in keys if ("key", key) in certain and not re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key)
+    } <= shown
 
 
 #: Objects with a few keys in common, seldom closed (a closed one forbids the keys the others add).
 FLAT_OBJECTS = objects(LEAVES, st.sampled_from(["a", "b", "c", "d"]), st.sampled_from([False] * 4 + [True]))
 #: Such objects as members, some by ``$ref`` (merged in like the others: they have keys to merge).
 FLAT_MEMBERS = FLAT_OBJECTS | st.sampled_from([{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}])
-FLAT = st.builds(lambda parent, key, members, definitions: {**parent, key: members, "$defs": definitions},
-                 FLAT_OBJECTS, st.sampled_from(["anyOf", "allOf"]),
-                 st.builds(list.__add__, st.lists(FLAT_MEMBERS, min_size=1, max_size=3), st.lists(LEAVES, max_size=1)),
-                 st.fixed_dictionaries({"A": FLAT_OBJECTS, "B": FLAT_OBJECTS}))
+FLAT = st.builds(
+    lambda parent, key, members, definitions: {**parent, key: members, "$defs": definitions},
+    FLAT_OBJECTS,
+    st.sampled_from(["anyOf", "allOf"]),
+    st.builds(list.__add__, st.lists(FLAT_MEMBERS, min_size=1, max_size=3), st.lists(LEAVES, max_size=1)),
+    st.fixed_dictionaries({"A": FLAT_OBJECTS, "B": FLAT_OBJECTS}),
+)
 
 
 def sample(annotation: Any) -> Any:

@@ -36,8 +36,14 @@ def test_the_schema_has_two_required_strings_and_a_closed_output() -> None:
     output = definition.output.schema
     assert output["required"] == ["logs"] and output["additionalProperties"] is False
     assert definition.is_concurrency_safe is None  # exclusive in the top-level loop
-    assert env.runtime.execution_mode(ToolExecutionInput(
-        call_id="c", name="run_code", arguments={"code": "", "description": "x"}, agent=env.agent)) == "exclusive"
+    assert (
+        env.runtime.execution_mode(
+            ToolExecutionInput(
+                call_id="c", name="run_code", arguments={"code": "", "description": "x"}, agent=env.agent
+            )
+        )
+        == "exclusive"
+    )
 
 
 def test_the_wording_follows_the_runtime_language_at_projection_time() -> None:
@@ -65,11 +71,13 @@ def test_arguments_are_validated_with_the_static_schema() -> None:
     env = Env()
 
     async def go() -> None:
-        result = await env.runtime.execute(ToolExecutionInput(
-            call_id="c", name="run_code", arguments={"code": "print(1)"}, agent=env.agent))
+        result = await env.runtime.execute(
+            ToolExecutionInput(call_id="c", name="run_code", arguments={"code": "print(1)"}, agent=env.agent)
+        )
         assert result.code == ErrorCode.INVALID_ARGS
-        result = await env.runtime.execute(ToolExecutionInput(
-            call_id="c", name="run_code", arguments={"code": 1, "description": "d"}, agent=env.agent))
+        result = await env.runtime.execute(
+            ToolExecutionInput(call_id="c", name="run_code", arguments={"code": 1, "description": "d"}, agent=env.agent)
+        )
         assert result.code == ErrorCode.INVALID_ARGS
 
     asyncio.run(go())
@@ -103,14 +111,17 @@ async def test_non_string_results_are_pretty_printed(env: Env) -> None:
     assert result.text == '{\n  "n": 1,\n  "items": [\n    true,\n    null,\n    "x"\n  ]\n}'
 
 
-@pytest.mark.parametrize(("code", "text"), [
-    ("pass", NO_OUTPUT),
-    ("return", NO_OUTPUT),
-    ("return ''", NO_OUTPUT),
-    ("return None", "null"),
-    ("return 0", "0"),
-    ("return []", "[]"),
-])
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        ("pass", NO_OUTPUT),
+        ("return", NO_OUTPUT),
+        ("return ''", NO_OUTPUT),
+        ("return None", "null"),
+        ("return 0", "0"),
+        ("return []", "[]"),
+    ],
+)
 async def test_the_placeholder_and_falsy_results(env: Env, code: str, text: str) -> None:
     result = await env.run(code)
     assert result.text == text
@@ -151,8 +162,9 @@ async def test_a_failed_run_is_code_run_failed_with_kind_message_and_logs(env: E
     result = await env.run("print('step 1')\nprint('step 2')\nraise ValueError('bad input')")
     assert result.code == ErrorCode.CODE_RUN_FAILED
     assert result.error is not None
-    assert result.error.message == ("code run failed (exception): ValueError: bad input\n"
-                                    "Captured output:\nstep 1\nstep 2")
+    assert result.error.message == (
+        "code run failed (exception): ValueError: bad input\nCaptured output:\nstep 1\nstep 2"
+    )
     assert result.value is None
 
 
@@ -199,20 +211,30 @@ async def test_the_transport_works_with_a_plain_runtime_object() -> None:
     with transport.watch("call-9") as record:
         from dsh_core.model import ExecutionToken, ToolContext, ToolExecution
 
-        execution = ToolExecution(call_id="call-9", root_call_id="call-9", name="run_code", arguments={},
-                                  signal=AbortSignal.never(), agent=env.agent, parent=None, token=ExecutionToken())
+        execution = ToolExecution(
+            call_id="call-9",
+            root_call_id="call-9",
+            name="run_code",
+            arguments={},
+            signal=AbortSignal.never(),
+            agent=env.agent,
+            parent=None,
+            token=ExecutionToken(),
+        )
         # Called outside the runtime, the body's token must be opened by hand (the runtime
         # opens it for exactly as long as a run_code body runs).
         close = env.runtime.open_nesting(execution.token, execution.agent)
         try:
-            value = await definition.execute(freeze({"code": "return await tools.echo({'a': 1})",
-                                                     "description": "d"}), ToolContext(execution))
+            value = await definition.execute(
+                freeze({"code": "return await tools.echo({'a': 1})", "description": "d"}), ToolContext(execution)
+            )
         finally:
             close()
     assert value == {"logs": [], "result": {"a": 1}}
     assert record.run is not None and record.run.has_value
     assert [(c.sub_call_id, c.name, c.args, c.ok, c.error_code) for c in record.calls] == [
-        ("call-9:code:1", "echo", {"a": 1}, True, None)]
+        ("call-9:code:1", "echo", {"a": 1}, True, None)
+    ]
 
 
 async def test_run_code_json_of_a_run_code_answered_by_a_middleware_without_a_run() -> None:
@@ -223,6 +245,7 @@ async def test_run_code_json_of_a_run_code_answered_by_a_middleware_without_a_ru
                 if call.name == "run_code":
                     return ToolResult(content="cached", value={"logs": ["from cache"], "result": {"n": 3}})
                 return await proceed(call)  # type: ignore[no-any-return]
+
             return middleware
 
     env = Env()
@@ -230,8 +253,13 @@ async def test_run_code_json_of_a_run_code_answered_by_a_middleware_without_a_ru
     with env.transport.watch("call-1") as record:
         result = await env.run("print('never runs')")
     assert not result.is_error and record.run is None and env.fake is not None and env.fake.runs == 0
-    assert run_code_json(result, record) == {"outcome": "completed", "logs": ["from cache"], "result": {"n": 3},
-                                             "error": None, "calls": []}
+    assert run_code_json(result, record) == {
+        "outcome": "completed",
+        "logs": ["from cache"],
+        "result": {"n": 3},
+        "error": None,
+        "calls": [],
+    }
 
 
 class _Redactor:
@@ -256,15 +284,25 @@ async def test_run_code_json_shows_what_the_post_execute_hooks_left_not_the_raw_
         result = await env.run("print('password is hunter2')\nreturn 'hunter2'")
     assert record.run is not None and record.run.logs == ("password is hunter2",)  # the raw run had it
     assert result.text == "password is [REDACTED]\n[REDACTED]"
-    assert run_code_json(result, record) == {"outcome": "completed", "logs": ["password is [REDACTED]"],
-                                             "result": "[REDACTED]", "error": None, "calls": []}
+    assert run_code_json(result, record) == {
+        "outcome": "completed",
+        "logs": ["password is [REDACTED]"],
+        "result": "[REDACTED]",
+        "error": None,
+        "calls": [],
+    }
     with env.transport.watch("call-2") as record:
         failed = await env.run("print('password is hunter2')\nraise ValueError('hunter2')", call_id="call-2")
     assert failed.is_error and "hunter2" not in failed.text
     document = run_code_json(failed, record)
     assert "hunter2" not in json.dumps(document)
-    assert document == {"outcome": "exception", "logs": [], "result": None, "calls": [], "error": {
-        "code": "CODE_RUN_FAILED", "kind": "exception", "message": failed.text.removeprefix("Error: ")}}
+    assert document == {
+        "outcome": "exception",
+        "logs": [],
+        "result": None,
+        "calls": [],
+        "error": {"code": "CODE_RUN_FAILED", "kind": "exception", "message": failed.text.removeprefix("Error: ")},
+    }
 
 
 async def test_run_code_json_of_a_run_blocked_after_it_completed_has_no_run_logs() -> None:
@@ -278,17 +316,26 @@ async def test_run_code_json_of_a_run_blocked_after_it_completed_has_no_run_logs
     with env.transport.watch("call-1") as record:
         result = await env.run("print('secret')\nreturn 1")
     assert record.run is not None and record.run.logs == ("secret",)
-    assert run_code_json(result, record) == {"outcome": "BLOCKED", "logs": [], "result": None, "calls": [],
-                                             "error": {"code": "BLOCKED", "kind": None, "message": "not allowed"}}
+    assert run_code_json(result, record) == {
+        "outcome": "BLOCKED",
+        "logs": [],
+        "result": None,
+        "calls": [],
+        "error": {"code": "BLOCKED", "kind": None, "message": "not allowed"},
+    }
 
 
 async def test_run_code_json_of_a_failed_run_reported_unchanged_keeps_its_logs_and_message() -> None:
     env = Env()
     with env.transport.watch("call-1") as record:
         result = await env.run("print('before')\nraise ValueError('nope')")
-    assert run_code_json(result, record) == {"outcome": "exception", "logs": ["before"], "result": None, "calls": [],
-                                             "error": {"code": "CODE_RUN_FAILED", "kind": "exception",
-                                                       "message": "ValueError: nope"}}
+    assert run_code_json(result, record) == {
+        "outcome": "exception",
+        "logs": ["before"],
+        "result": None,
+        "calls": [],
+        "error": {"code": "CODE_RUN_FAILED", "kind": "exception", "message": "ValueError: nope"},
+    }
 
 
 async def test_run_code_json_has_the_same_key_order_for_every_outcome() -> None:

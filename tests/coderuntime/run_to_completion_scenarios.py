@@ -271,5 +271,8 @@ if __name__ == "__main__":
     sys.modules["_dsh_worker"] = package
     spec.loader.exec_module(package)
     runner_module: Any = importlib.import_module("_dsh_worker.runner")
-    print(json.dumps({"python": sys.version.split()[0], "mismatches": mismatches(runner_module.run_to_completion)},
-                     default=repr))
+    print(
+        json.dumps(
+            {"python": sys.version.split()[0], "mismatches": mismatches(runner_module.run_to_completion)}, default=repr
+        )
+    )

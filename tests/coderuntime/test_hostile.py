@@ -140,17 +140,24 @@ def test_forged_surrogate_pairs_written_as_two_code_points_are_refused_as_values
         calls.append(args)
         return "ok"
 
-    raw = ("def raw(text):\n    b = text.encode('utf-8', 'surrogatepass')\n"
-           "    os.write(3, struct.pack('>I', len(b)) + b)\n")
+    raw = (
+        "def raw(text):\n    b = text.encode('utf-8', 'surrogatepass')\n"
+        "    os.write(3, struct.pack('>I', len(b)) + b)\n"
+    )
 
     high, low = "\ud83d", "\\ude00"  # a raw high surrogate; a low one as its JSON escape
     call = '{"t":"call","id":9001,"g":"tools","n":"record","a":[{"o":["k"]},"' + high + low + '"]}'
-    completions = ('{"t":"done","v":["' + high + low + '"]}',
-                   '{"t":"done","v":[{"o":["\\ud83d' + "\ude00" + '"]},1]}')  # an escaped high one, a raw low one
+    completions = (
+        '{"t":"done","v":["' + high + low + '"]}',
+        '{"t":"done","v":[{"o":["\\ud83d' + "\ude00" + '"]},1]}',
+    )  # an escaped high one, a raw low one
 
     async def go(rt: PythonCodeRuntime) -> None:
-        r = await rt.run(FORGE + raw + f"raw({call!r})\nimport asyncio\nawait asyncio.sleep(0.3)\n"
-                         "return await tools.record({'real': '\\udc80'})", tools(record=record))
+        r = await rt.run(
+            FORGE + raw + f"raw({call!r})\nimport asyncio\nawait asyncio.sleep(0.3)\n"
+            "return await tools.record({'real': '\\udc80'})",
+            tools(record=record),
+        )
         assert r.error is None and r.value == "ok" and calls == [{"real": "\udc80"}], (r, calls)
         for done in completions:
             r = await rt.run(FORGE + raw + f"raw({done!r})\nimport time\ntime.sleep(5)", [])
@@ -188,7 +195,11 @@ def _fake_run(**functions: Any) -> tuple[_Run, list[bytes], list[Any]]:
 
 
 message_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=8)
     | st.sampled_from(["tools", "f", "__class__", "mro", "record"]),  # names a call may target
     lambda c: (
         st.lists(c, max_size=4)
@@ -223,7 +234,8 @@ def test_fuzz_bridge_message_validation_never_raises(messages: list[Any]) -> Non
         ids = [reply["id"] for reply in replies]
         assert len(ids) == len(set(ids))
         declared = [
-            m for m in messages
+            m
+            for m in messages
             if type(m) is dict and m.get("t") == "call" and m.get("g") == "tools" and m.get("n") in ("f", "__class__")
         ]
         assert len(called) <= len(declared)
@@ -288,8 +300,10 @@ def test_cancel_messages_are_validated_field_by_field() -> None:
         assert set(run.tasks) == {1, 3} and not run.cancelled_ids  # forgotten once it ended
         release.set()
         await asyncio.gather(*run.tasks.values(), return_exceptions=True)
-        assert _replies(written) == {1: {"t": "reply", "id": 1, "ok": True, "v": [1]},
-                                     3: {"t": "reply", "id": 3, "ok": True, "v": [3]}}  # none for 2
+        assert _replies(written) == {
+            1: {"t": "reply", "id": 1, "ok": True, "v": [1]},
+            3: {"t": "reply", "id": 3, "ok": True, "v": [3]},
+        }  # none for 2
         release.clear()
         run._on_message({"t": "cancel", "id": 1})  # late: answered already
         run._on_message({"t": "call", "id": 4, "g": "tools", "n": "hold", "a": [4]})
@@ -536,7 +550,7 @@ def test_binding_arguments_in_flight_are_bounded_by_the_memory_budget() -> None:
             "import os, struct\n"
             "body = b'\"' + b'a' * (4 << 20) + b'\"]}'\n"
             "for i in range(1, 41):\n"
-            "    head = b'{\"t\":\"call\",\"id\":%d,\"g\":\"tools\",\"n\":\"hold\",\"a\":[{\"o\":[\"s\"]},' % i\n"
+            '    head = b\'{"t":"call","id":%d,"g":"tools","n":"hold","a":[{"o":["s"]},\' % i\n'
             "    os.writev(3, [struct.pack('>I', len(head) + len(body)), head, body])\n"
             "return 'sent'"
         )
@@ -603,7 +617,7 @@ def test_a_burst_of_spawns_waits_for_a_busy_zygote() -> None:
                     data, ancdata, _, _ = zygote_end.recvmsg(4096, socket.CMSG_SPACE(8))
                 except BlockingIOError:
                     break
-                (level, kind, payload), = ancdata
+                ((level, kind, payload),) = ancdata
                 fds = array.array("i", payload)
                 assert (level, kind, len(fds)) == (socket.SOL_SOCKET, socket.SCM_RIGHTS, 2)
                 for fd in fds:
@@ -677,7 +691,7 @@ def test_a_frame_of_tiny_scalars_too_dear_to_parse_is_refused() -> None:
         assert (await rt.run("return 1", [])).value == 1  # zygote up before measuring
         program = (
             "import os, struct, time\n"
-            "body = b'{\"t\":\"call\",\"id\":1,\"g\":\"tools\",\"n\":\"nope\",\"a\":[{\"a\":4194304},'"
+            'body = b\'{"t":"call","id":1,"g":"tools","n":"nope","a":[{"a":4194304},\''
             " + b'1e5,' * 4194303 + b'1e5]}'\n"
             "os.write(3, struct.pack('>I', len(body)) + body)\n"
             "time.sleep(3)\n"
@@ -713,7 +727,7 @@ def test_binding_arguments_in_flight_are_bounded_by_what_they_take_once_read() -
             "import os, struct\n"
             "body = b'{\"a\":32768},' + b'{\"a\":0},' * 32767 + b'{\"a\":0}]}'\n"
             "for i in range(1, 41):\n"
-            "    head = b'{\"t\":\"call\",\"id\":%d,\"g\":\"tools\",\"n\":\"hold\",\"a\":[' % i\n"
+            '    head = b\'{"t":"call","id":%d,"g":"tools","n":"hold","a":[\' % i\n'
             "    os.writev(3, [struct.pack('>I', len(head) + len(body)), head, body])\n"
             "return 'sent'"
         )
@@ -734,9 +748,7 @@ def test_many_concurrent_small_calls_fit_the_budget_their_arguments_fit() -> Non
 
     async def go(rt: PythonCodeRuntime) -> None:
         program = (
-            "import asyncio\n"
-            "got = await asyncio.gather(*[tools.hold('x' * 900) for _ in range(1500)])\n"
-            "return sum(got)"
+            "import asyncio\ngot = await asyncio.gather(*[tools.hold('x' * 900) for _ in range(1500)])\nreturn sum(got)"
         )
         r = await rt.run(program, tools(hold=hold))
         assert r.error is None and r.value == 1500 * 900, r.error
@@ -752,7 +764,7 @@ def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> N
         assert (await rt.run("return 1", [])).value == 1
         program = (
             "import os, struct\n"
-            "body = b'{\"t\":\"call\",\"id\":%d,\"g\":\"tools\",\"n\":\"nope\",\"a\":[{\"a\":1048576},'"
+            'body = b\'{"t":"call","id":%d,"g":"tools","n":"nope","a":[{"a":1048576},\''
             " + b'1e5,' * 1048575 + b'1e5]}'\n"
             "for i in range(1, 1000):\n"
             "    frame = body % i\n"
@@ -770,17 +782,21 @@ def test_the_hosts_time_reading_large_frames_is_charged_to_the_cpu_budget() -> N
 
 # Uncharged, a flood runs its ``seconds`` and returns 'not charged' (the program's own CPU stays far
 # below the budget); charged, it ends within about a second, which a loaded machine may make a few.
-@pytest.mark.parametrize(("elements", "frame_under", "seconds", "pause"), [
-    # Frames just under 64 KiB, read about 64 KiB at a time: only frames of 64 KiB or more had the
-    # host's reading time charged, and such a flood held the host's loop for about 50 times the
-    # CPU the program spent itself (measured: 2.4 s against 0.05 s), until the wall clock.
-    pytest.param(30000, 1 << 16, 30, False, id="frames-under-64-kib"),
-    # Small reads: past a run's first 64 KiB of them, one read in eight (at random) is timed and
-    # charged eight times over, since reading the thread's clock on each costs more than the read.
-    pytest.param(1500, 4096, 30, True, id="small-reads-sampled"),
-])
+@pytest.mark.parametrize(
+    ("elements", "frame_under", "seconds", "pause"),
+    [
+        # Frames just under 64 KiB, read about 64 KiB at a time: only frames of 64 KiB or more had the
+        # host's reading time charged, and such a flood held the host's loop for about 50 times the
+        # CPU the program spent itself (measured: 2.4 s against 0.05 s), until the wall clock.
+        pytest.param(30000, 1 << 16, 30, False, id="frames-under-64-kib"),
+        # Small reads: past a run's first 64 KiB of them, one read in eight (at random) is timed and
+        # charged eight times over, since reading the thread's clock on each costs more than the read.
+        pytest.param(1500, 4096, 30, True, id="small-reads-sampled"),
+    ],
+)
 def test_the_hosts_time_reading_a_flood_of_junk_frames_is_charged_to_the_cpu_budget(
-        elements: int, frame_under: int, seconds: int, pause: bool) -> None:
+    elements: int, frame_under: int, seconds: int, pause: bool
+) -> None:
     async def go(rt: PythonCodeRuntime) -> None:
         assert (await rt.run("return 1", [])).value == 1
         program = (
@@ -790,9 +806,7 @@ def test_the_hosts_time_reading_a_flood_of_junk_frames_is_charged_to_the_cpu_bud
             f"assert len(frame) < {frame_under}\n"
             f"end = time.monotonic() + {seconds}\n"
             "while time.monotonic() < end:\n"
-            "    os.write(3, frame)\n"
-            + ("    time.sleep(0)\n" if pause else "")
-            + "return 'not charged'"
+            "    os.write(3, frame)\n" + ("    time.sleep(0)\n" if pause else "") + "return 'not charged'"
         )
         r = await rt.run(program, [])
         assert r.error is not None and r.error.kind == "timeout", r

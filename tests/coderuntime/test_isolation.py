@@ -80,8 +80,19 @@ def _has_sys_resource() -> bool:
 
 
 def _expected(level: str) -> dict[str, str]:
-    names = ["read", "write", "socket", "spawn", "fork", "signal", "import", "rlimit", "clone3", "abstract-unix",
-             "big-file"]
+    names = [
+        "read",
+        "write",
+        "socket",
+        "spawn",
+        "fork",
+        "signal",
+        "import",
+        "rlimit",
+        "clone3",
+        "abstract-unix",
+        "big-file",
+    ]
     if level == "L0":
         return dict.fromkeys(names, "ESCAPE")
     if level == "L1":
@@ -172,10 +183,13 @@ def test_the_verified_suffix_is_what_the_worker_itself_sees(level: str) -> None:
     assert descriptor.endswith(expected), (descriptor, expected)
 
 
-@pytest.mark.parametrize(("level", "forged", "reason", "fallback"), [
-    ("L1", {"NoNewPrivs": "0"}, "no-new-privs is not set", "L0"),
-    ("L2", {"seccomp": "off"}, "no seccomp filter is installed", "L1"),
-])
+@pytest.mark.parametrize(
+    ("level", "forged", "reason", "fallback"),
+    [
+        ("L1", {"NoNewPrivs": "0"}, "no-new-privs is not set", "L0"),
+        ("L2", {"seccomp": "off"}, "no seccomp filter is installed", "L1"),
+    ],
+)
 def test_a_worker_whose_proc_facts_do_not_back_its_level_is_refused(
     level: str, forged: dict[str, str], reason: str, fallback: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

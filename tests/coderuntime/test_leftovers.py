@@ -33,8 +33,6 @@ from .conftest import arun, children_of, run_dirs, tools, zygote_processes
 HOT_LOOP = "while True:\n    pass"  # never reads its channel: only a kill ends it
 
 
-
-
 def _fds() -> set[str]:
     """This process's open descriptors (not the one the listing itself used)."""
     found = set()
@@ -488,8 +486,12 @@ def test_a_runtime_never_closed_removes_its_cgroups_when_it_is_collected() -> No
     arun(go())
     gc.collect()
     assert seen["ref"]() is None
-    left = [name for hierarchy in ("memory", "pids") for name in os.listdir(f"/sys/fs/cgroup/{hierarchy}")
-            if name.startswith(seen["prefix"] + "-")]
+    left = [
+        name
+        for hierarchy in ("memory", "pids")
+        for name in os.listdir(f"/sys/fs/cgroup/{hierarchy}")
+        if name.startswith(seen["prefix"] + "-")
+    ]
     assert left == []
 
 
@@ -505,8 +507,13 @@ def test_a_zygote_that_cannot_fork_its_probe_worker_for_want_of_processes_does_n
     start_level = PythonCodeRuntime._start_level
 
     def write(name: str, text: str) -> None:
-        with open(os.path.join(group if name != "root" else "/sys/fs/cgroup/pids", "cgroup.procs"
-                               if name in ("procs", "root") else name), "w") as handle:
+        with open(
+            os.path.join(
+                group if name != "root" else "/sys/fs/cgroup/pids",
+                "cgroup.procs" if name in ("procs", "root") else name,
+            ),
+            "w",
+        ) as handle:
             handle.write(text)
 
     async def start_level_then_lift(self: PythonCodeRuntime, level: int) -> Any:

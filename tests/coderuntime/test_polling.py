@@ -35,7 +35,8 @@ return [before, bridge.poll]
 
 @pytest.mark.parametrize(("cpus", "expected"), [(2, [True, True]), (1, [False, False])])
 def test_a_lone_run_polls_only_where_the_host_has_another_cpu(
-        monkeypatch: pytest.MonkeyPatch, cpus: int, expected: list[bool]) -> None:
+    monkeypatch: pytest.MonkeyPatch, cpus: int, expected: list[bool]
+) -> None:
     monkeypatch.setattr(host, "_USABLE_CPUS", cpus)
 
     async def go(rt: Any) -> Any:
@@ -145,7 +146,8 @@ class _Host:
 
 
 def test_a_worker_whose_replies_come_after_the_poll_stops_polling_for_longer_each_time(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     channel = _Host(monkeypatch)
     bridge = channel.bridge
     try:
@@ -179,8 +181,7 @@ def test_half_a_reply_within_the_poll_is_not_a_hit(monkeypatch: pytest.MonkeyPat
         channel.close()
 
 
-def test_polling_stops_for_the_run_once_its_share_of_the_cpu_budget_is_spent(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_polling_stops_for_the_run_once_its_share_of_the_cpu_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     channel = _Host(monkeypatch)
     bridge = channel.bridge
     try:
@@ -217,23 +218,33 @@ def _tree(root: Any, files: dict[str, str]) -> None:
         target.write_text(text)
 
 
-@pytest.mark.parametrize(("cgroup", "files", "expected"), [
-    # cgroup v2: the tightest cpu.max on the way up (here the parent's 1.5 CPUs) counts, rounded down.
-    ("0::/a/b\n", {"a/b/cpu.max": "max 100000\n", "a/cpu.max": "150000 100000\n"}, 1),
-    ("0::/a/b\n", {"a/b/cpu.max": "300000 100000\n"}, 3),
-    # cgroup v1: the cpu controller's CFS quota and period (-1: no quota).
-    ("4:cpu,cpuacct:/x\n", {"cpu,cpuacct/x/cpu.cfs_quota_us": "200000\n",
-                            "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"}, 2),
-    ("4:cpu,cpuacct:/x\n", {"cpu,cpuacct/x/cpu.cfs_quota_us": "-1\n",
-                            "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"}, 8),
-    # No quota anywhere, or no cgroup file system: the affinity mask alone.
-    ("0::/a\n", {"a/cpu.max": "max 100000\n"}, 8),
-    ("0::/a\n", {}, 8),
-    # A quota below one CPU still leaves one.
-    ("0::/\n", {"cpu.max": "50000 100000\n"}, 1),
-])
+@pytest.mark.parametrize(
+    ("cgroup", "files", "expected"),
+    [
+        # cgroup v2: the tightest cpu.max on the way up (here the parent's 1.5 CPUs) counts, rounded down.
+        ("0::/a/b\n", {"a/b/cpu.max": "max 100000\n", "a/cpu.max": "150000 100000\n"}, 1),
+        ("0::/a/b\n", {"a/b/cpu.max": "300000 100000\n"}, 3),
+        # cgroup v1: the cpu controller's CFS quota and period (-1: no quota).
+        (
+            "4:cpu,cpuacct:/x\n",
+            {"cpu,cpuacct/x/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"},
+            2,
+        ),
+        (
+            "4:cpu,cpuacct:/x\n",
+            {"cpu,cpuacct/x/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/x/cpu.cfs_period_us": "100000\n"},
+            8,
+        ),
+        # No quota anywhere, or no cgroup file system: the affinity mask alone.
+        ("0::/a\n", {"a/cpu.max": "max 100000\n"}, 8),
+        ("0::/a\n", {}, 8),
+        # A quota below one CPU still leaves one.
+        ("0::/\n", {"cpu.max": "50000 100000\n"}, 1),
+    ],
+)
 def test_the_usable_cpus_are_bounded_by_a_cgroup_cpu_quota(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cgroup: str, files: dict[str, str], expected: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cgroup: str, files: dict[str, str], expected: int
+) -> None:
     # A container limited to a CPU quota (docker run --cpus) still sees every CPU in its
     # affinity mask: polling there, beside the host, would spend the quota the host needs.
     monkeypatch.setattr(iso.os, "sched_getaffinity", lambda pid: set(range(8)))
@@ -244,7 +255,8 @@ def test_the_usable_cpus_are_bounded_by_a_cgroup_cpu_quota(
 
 @pytest.mark.parametrize("missing", ["refused", "absent"])
 def test_the_usable_cpus_are_known_without_an_affinity_mask(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, missing: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, missing: str
+) -> None:
     # Computed when the module is imported: a sandbox refusing sched_getaffinity (EPERM from
     # a seccomp profile), or a platform without it, must not make importing the runtime fail.
     def refused(pid: int) -> set[int]:
@@ -263,10 +275,14 @@ def test_a_program_freezing_the_clock_does_not_make_its_waits_poll_to_the_end(mo
     # poll's deadline must not depend on it, or the worker would poll through the whole of a
     # slow binding call (its CPU budget spent on nothing) instead of sleeping.
     monkeypatch.setattr(host, "_USABLE_CPUS", 2)
-    program = READ_HINT.replace("before = bridge.poll\nawait f({})\nreturn [before, bridge.poll]\n", (
-        "import time\nreal, time.perf_counter = time.perf_counter, lambda: 0.0\n"
-        "try:\n    value = await tools.slow({})\nfinally:\n    time.perf_counter = real\n"
-        "return [value, bridge.poll_misses]\n"))
+    program = READ_HINT.replace(
+        "before = bridge.poll\nawait f({})\nreturn [before, bridge.poll]\n",
+        (
+            "import time\nreal, time.perf_counter = time.perf_counter, lambda: 0.0\n"
+            "try:\n    value = await tools.slow({})\nfinally:\n    time.perf_counter = real\n"
+            "return [value, bridge.poll_misses]\n"
+        ),
+    )
 
     async def slow(args: Any) -> Any:
         await asyncio.sleep(0.05)  # far beyond the poll
@@ -280,9 +296,11 @@ def test_a_program_freezing_the_clock_does_not_make_its_waits_poll_to_the_end(mo
 
 
 def test_a_run_may_poll_for_a_tenth_of_its_cpu_budget() -> None:
-    program = ("f = tools.echo\n"
-               "bridge = next(c.cell_contents for c in f.__closure__ if type(c.cell_contents).__name__ == '_Bridge')\n"
-               "return bridge.poll_left")
+    program = (
+        "f = tools.echo\n"
+        "bridge = next(c.cell_contents for c in f.__closure__ if type(c.cell_contents).__name__ == '_Bridge')\n"
+        "return bridge.poll_left"
+    )
 
     async def go(rt: Any) -> Any:
         return await rt.run(program, tools(echo=echo))

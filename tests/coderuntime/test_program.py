@@ -110,9 +110,15 @@ def _reference_build(source: str) -> types.CodeType:
             node.value = ast.copy_location(ast.List(elts=[node.value], ctx=ast.Load()), node.value)
     function = ast.AsyncFunctionDef(
         name=programs.MAIN,
-        args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None,
-                           defaults=[]),
-        body=body, decorator_list=[], returns=None, type_comment=None, lineno=1, col_offset=0,
+        args=ast.arguments(
+            posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]
+        ),
+        body=body,
+        decorator_list=[],
+        returns=None,
+        type_comment=None,
+        lineno=1,
+        col_offset=0,
     )
     module = ast.Module(body=[function], type_ignores=[])
     ast.fix_missing_locations(module)
@@ -175,8 +181,15 @@ def test_the_programs_code_is_named_as_a_scripts() -> None:
                 f.__qualname__, (lambda: 0).__qualname__, message, text]
         """)
     assert _result(source, __name__="__main__") == [
-        "Point(x=1)", "Point", "Point.Inner.m", "Point.Inner.m.<locals>.deep", "f", "<lambda>",
-        "f() missing 1 required positional argument: 'x'", "__dsh_main__"]
+        "Point(x=1)",
+        "Point",
+        "Point.Inner.m",
+        "Point.Inner.m.<locals>.deep",
+        "f",
+        "<lambda>",
+        "f() missing 1 required positional argument: 'x'",
+        "__dsh_main__",
+    ]
     namespace: dict[str, Any] = {}
     exec(programs.build("return 1"), namespace)
     main = namespace[programs.MAIN]  # still found by its name; its frames read "in <module>"

@@ -63,8 +63,7 @@ def test_values_logs_and_exceptions() -> None:
         r = await rt.run("def f():\n    return 5\nreturn f()", [])
         assert r.value == 5
         r = await rt.run(
-            "console.log('l', 1)\nconsole.info('i')\nconsole.warn('w')\nconsole.error('e')\n"
-            "console.debug('d', None)",
+            "console.log('l', 1)\nconsole.info('i')\nconsole.warn('w')\nconsole.error('e')\nconsole.debug('d', None)",
             [],
         )
         assert r.logs == ("l 1", "i", "w", "e", "d None") and r.error is None
@@ -110,11 +109,15 @@ def test_an_int_too_long_for_json_text_is_refused_both_ways_even_with_the_limit_
                 assert _kind(r) == "invalid-output", (prelude, program, r)
                 assert r.error is not None and "int of more than 4300 digits" in r.error.message
             r = await rt.run(prelude + catch.format("echo({'x': 10**5000})"), bindings)
-            assert r.value == ("binding arguments must be lossless JSON: int of more than 4300 digits does not "
-                               "survive JSON (Python refuses to convert it to and from text)"), r
+            assert r.value == (
+                "binding arguments must be lossless JSON: int of more than 4300 digits does not "
+                "survive JSON (Python refuses to convert it to and from text)"
+            ), r
         r = await rt.run(catch.format("huge({})"), bindings)
-        assert r.value == ("binding resolution must be lossless JSON: int of more than 4300 digits does not "
-                           "survive JSON (Python refuses to convert it to and from text)"), r
+        assert r.value == (
+            "binding resolution must be lossless JSON: int of more than 4300 digits does not "
+            "survive JSON (Python refuses to convert it to and from text)"
+        ), r
         r = await rt.run("return [10**4299, -10**4299]", bindings)  # 4300 digits: still fine
         assert r.error is None and r.value == [10**4299, -(10**4299)]
 
@@ -137,25 +140,31 @@ def test_a_surrogate_pair_written_as_two_code_points_is_refused_both_ways_and_lo
 
     bindings = [BindingNamespace("tools", {"record": record, "pair": pair})]
     catch = "try:\n    return await tools.{}\nexcept ToolCallError as error:\n    return str(error)"
-    why = ("a surrogate pair written as two code points ({} at character {}) does not survive JSON "
-           "(a parser reads one character)")
+    why = (
+        "a surrogate pair written as two code points ({} at character {}) does not survive JSON "
+        "(a parser reads one character)"
+    )
 
     async def go(rt: PythonCodeRuntime) -> None:
         r = await rt.run("return {'name': 'smile \\ud83d\\ude00'}", bindings)
         assert _kind(r) == "invalid-output" and r.error is not None, r
-        assert r.error.message == ("program completion must be lossless JSON: " + why.format("U+D83D U+DE00", 6)
-                                   + ' at result["name"]')
+        assert r.error.message == (
+            "program completion must be lossless JSON: " + why.format("U+D83D U+DE00", 6) + ' at result["name"]'
+        )
         r = await rt.run("return [1, {'k\\udbff\\udfff': 1}]", bindings)
         assert r.error is not None and r.error.message == (
             "program completion must be lossless JSON: object key 'k\\udbff\\udfff' holds a surrogate pair written "
             "as two code points (U+DBFF U+DFFF at character 1), which does not survive JSON (a parser reads one "
-            "character) at result[1]"), r
+            "character) at result[1]"
+        ), r
         r = await rt.run(catch.format("record({'a': ['ok', '\\ud800\\udc00']})"), bindings)
-        assert r.value == ("binding arguments must be lossless JSON: " + why.format("U+D800 U+DC00", 0)
-                           + ' at value["a"][1]'), r
+        assert r.value == (
+            "binding arguments must be lossless JSON: " + why.format("U+D800 U+DC00", 0) + ' at value["a"][1]'
+        ), r
         r = await rt.run(catch.format("pair({})"), bindings)
-        assert r.value == ("binding resolution must be lossless JSON: " + why.format("U+D83D U+DE00", 1)
-                           + ' at result["name"]'), r
+        assert r.value == (
+            "binding resolution must be lossless JSON: " + why.format("U+D83D U+DE00", 1) + ' at result["name"]'
+        ), r
         assert calls == []
         lone = {"caf\udce9.txt": ["\ud83d", "\ude00\ud83d", "\ud83d \ude00", "\U0001f600"]}
         r = await rt.run(f"return [await tools.record({lone!r}), {lone!r}]", bindings)
@@ -170,8 +179,9 @@ def test_printed_text_and_error_messages_join_a_surrogate_pair_into_its_characte
     # as any JSON hop would, instead of making the run's result or its session event unrecordable.
     # Lone surrogates, and a low one before a high one, are kept as they are.
     async def go(rt: PythonCodeRuntime) -> None:
-        r = await rt.run("print('smile \\ud83d\\ude00', '\\udc80 \\ude00\\ud83d')\n"
-                         "console.error('e \\udbff\\udfff')\nreturn 1", [])
+        r = await rt.run(
+            "print('smile \\ud83d\\ude00', '\\udc80 \\ude00\\ud83d')\nconsole.error('e \\udbff\\udfff')\nreturn 1", []
+        )
         assert r.error is None and r.logs == ("smile \U0001f600 \udc80 \ude00\ud83d", "e \U0010ffff"), r
         r = await rt.run("raise ValueError('x \\ud83d\\ude00')", [])
         assert _kind(r) == "exception" and r.error is not None, r
@@ -196,10 +206,13 @@ def test_a_host_with_the_int_limit_lifted_still_refuses_a_result_the_worker_cann
         "asyncio.run(main())\n"
     )
     env = {**os.environ, "PYTHONINTMAXSTRDIGITS": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
     assert done.stdout.strip().startswith("binding resolution must be lossless JSON: int of more than 4300 digits"), (
-        done.stdout, done.stderr)
+        done.stdout,
+        done.stderr,
+    )
 
 
 def test_syntax_error_starts_no_worker() -> None:
@@ -265,11 +278,17 @@ def test_bindings_both_ways_and_error_class() -> None:
         assert a == {"ok": {"path": "a"}} and b == {"ok": {"path": "b", "n": 2}}
         assert c == {"ok": {}} and d == {"ok": {"k": 1}} and e == {"ok": {}}
         assert f == ["fail", "disk on fire", True]
-        assert g == ("binding resolution must be lossless JSON: float inf is not lossless JSON "
-                     "(JSON has no NaN or infinity) at result[\"x\"]")
+        assert g == (
+            "binding resolution must be lossless JSON: float inf is not lossless JSON "
+            '(JSON has no NaN or infinity) at result["x"]'
+        )
         assert h.startswith("binding arguments must be lossless JSON")
-        assert (i, j, k, m) == ("typeerror:tools['my-tool']() takes one dict of arguments or keywords", "noattr",
-                                "ok", "Exception:disk on fire")
+        assert (i, j, k, m) == (
+            "typeerror:tools['my-tool']() takes one dict of arguments or keywords",
+            "noattr",
+            "ok",
+            "Exception:disk on fire",
+        )
         assert plain and names == sorted(["read", "my-tool", "__class__", "mro", "fail", "lossy"])
         # The lossy argument never reached the host.
         assert {"x": {1, 2}} not in seen and len(seen) == 5
@@ -294,10 +313,12 @@ def test_an_unknown_binding_raises_the_declared_error_class_and_still_acts_as_mi
     assert r.error.message.endswith("ToolCallError: tools has no binding 'nosuch' (it has: read)"), r
     r = run_one(program.rsplit("try:", 1)[0] + "return [a, b, c, d]", ns)
     assert r.error is None, r.error
-    assert r.value == [["nosuch", "tools has no binding 'nosuch' (it has: read)", True, "ToolCallError"],
-                       ["no-such", "tools has no binding 'no-such' (it has: read)", True],
-                       [False, "default", True],
-                       ["AttributeError", "bare has no binding 'nosuch' (it has: ping)"]]
+    assert r.value == [
+        ["nosuch", "tools has no binding 'nosuch' (it has: read)", True, "ToolCallError"],
+        ["no-such", "tools has no binding 'no-such' (it has: read)", True],
+        [False, "default", True],
+        ["AttributeError", "bare has no binding 'nosuch' (it has: ping)"],
+    ]
 
 
 def test_an_unknown_binding_names_what_the_namespace_has() -> None:
@@ -310,8 +331,10 @@ def test_an_unknown_binding_names_what_the_namespace_has() -> None:
     r = run_one(program, many)
     assert r.error is None, r.error
     listed = ", ".join(f"t{i:02}" for i in range(40))
-    assert r.value == [f"tools has no binding 'wrte' (it has: {listed}, and 5 more)",
-                       "none has no binding 'wrte' (it has: none)"]
+    assert r.value == [
+        f"tools has no binding 'wrte' (it has: {listed}, and 5 more)",
+        "none has no binding 'wrte' (it has: none)",
+    ]
 
 
 def test_gather_and_deep_values_cross_both_ways() -> None:
@@ -538,14 +561,18 @@ def test_a_flood_of_short_lines_is_cut_at_one_log_entry_per_64_bytes_of_the_cap(
     """Each entry held costs the host about 60 bytes, but the budget counts ``"ab",`` as 5: 64 MiB of
     two-letter lines was 13 million entries, a gigabyte of the host's memory for one run."""
     cap = 64 * 1024
-    message = (f"outer output exceeded 1024 log entries (one per 64 bytes of the {cap}-byte output cap); "
-               "print fewer, longer lines")
+    message = (
+        f"outer output exceeded 1024 log entries (one per 64 bytes of the {cap}-byte output cap); "
+        "print fewer, longer lines"
+    )
 
     async def go(rt: PythonCodeRuntime) -> None:
         r = await rt.run("for _ in range(1024):\n    print('ab')\nreturn 1", [])
         assert r.error is None and len(r.logs) == 1024 and r.value == 1
-        for program in ("for _ in range(5000):\n    print('ab')",  # through the log frames
-                        "import os, time\nos.write(1, b'ab\\n' * 5000)\ntime.sleep(10)"):  # raw writes
+        for program in (
+            "for _ in range(5000):\n    print('ab')",  # through the log frames
+            "import os, time\nos.write(1, b'ab\\n' * 5000)\ntime.sleep(10)",
+        ):  # raw writes
             r = await rt.run(program, [])
             assert r.error is not None and (r.error.kind, r.error.message) == ("output-limit", message), program
             assert r.logs == ("ab",) * 1024
@@ -566,10 +593,13 @@ def test_the_entry_cap_follows_the_output_cap_with_a_floor() -> None:
     assert Ledger(200).max_entries == 1024
 
 
-@pytest.mark.parametrize(("cap", "entries", "rule"), [
-    (32 * 1024, 1024, "one per 64 bytes of the 32768-byte output cap, at least 1024"),  # the floor: not 512
-    (128 * 1024, 2048, "one per 64 bytes of the 131072-byte output cap"),
-])
+@pytest.mark.parametrize(
+    ("cap", "entries", "rule"),
+    [
+        (32 * 1024, 1024, "one per 64 bytes of the 32768-byte output cap, at least 1024"),  # the floor: not 512
+        (128 * 1024, 2048, "one per 64 bytes of the 131072-byte output cap"),
+    ],
+)
 def test_the_entry_cap_message_names_the_floor_when_the_floor_is_the_cap(cap: int, entries: int, rule: str) -> None:
     from dsh_core.coderuntime.worker.wire import Ledger
 
@@ -577,8 +607,9 @@ def test_the_entry_cap_message_names_the_floor_when_the_floor_is_the_cap(cap: in
     while ledger.add(""):
         pass
     assert len(ledger.logs) == entries and ledger.counted_out
-    assert ledger.limit_message() == (f"outer output exceeded {entries} log entries ({rule}); "
-                                      "print fewer, longer lines")
+    assert ledger.limit_message() == (
+        f"outer output exceeded {entries} log entries ({rule}); print fewer, longer lines"
+    )
 
 
 def test_default_cap_exactly_64_mib() -> None:
@@ -855,9 +886,7 @@ def test_sequential_and_concurrent_calls_agree() -> None:
     assert result.error is None, result.error
     direct_seq, direct_par, waits_seq, waits_par = result.value
     assert direct_seq == direct_par == [["direct", "bad 0"], 2, 4, ["direct", "bad 3"], 8, 10, ["direct", "bad 6"]]
-    assert waits_seq == waits_par == [
-        ["waits", "bad 0"], 2, 4, ["waits", "bad 3"], 8, 10, ["waits", "bad 6"]
-    ]
+    assert waits_seq == waits_par == [["waits", "bad 0"], 2, 4, ["waits", "bad 3"], 8, 10, ["waits", "bad 6"]]
 
 
 def test_bindings_run_inside_a_task() -> None:
@@ -981,9 +1010,9 @@ def test_a_programs_own_timeout_interrupts_a_binding_call() -> None:
 _CANCELS = {
     "wait_for": "try:\n    await asyncio.wait_for(tools.NAME({}), 0.1)\nexcept TimeoutError:\n    out.append('cut')\n",
     "timeout": "try:\n    async with asyncio.timeout(0.1):\n        await tools.NAME({})\n"
-               "except TimeoutError:\n    out.append('cut')\n",
+    "except TimeoutError:\n    out.append('cut')\n",
     "task.cancel": "task = asyncio.ensure_future(tools.NAME({}))\nawait asyncio.sleep(0.1)\ntask.cancel()\n"
-                   "try:\n    await task\nexcept asyncio.CancelledError:\n    out.append('cut')\n",
+    "try:\n    await task\nexcept asyncio.CancelledError:\n    out.append('cut')\n",
 }
 
 
@@ -1026,8 +1055,7 @@ def test_a_call_the_program_cancels_is_cancelled_on_the_host_without_a_reply(
         await asyncio.sleep(0.05)
         return list(events)
 
-    program = "import asyncio\nout = []\n" + "".join(_CANCELS[form].replace("NAME", name)
-                                                       for name in ("held", "plain"))
+    program = "import asyncio\nout = []\n" + "".join(_CANCELS[form].replace("NAME", name) for name in ("held", "plain"))
     program += "out.append(await tools.probe({}))\nreturn out"
     result = run_one(program, tools(held=held, plain=plain, probe=probe), isolation="auto")
     assert result.error is None, result.error
@@ -1102,8 +1130,8 @@ def test_asserts_and_compile_warnings_do_not_depend_on_the_host(capfd: pytest.Ca
         "import asyncio\nfrom dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime\n"
         "async def main():\n"
         "    async with PythonCodeRuntime(CodeRuntimeConfig(isolation='L0')) as rt:\n"
-        "        r = await rt.run(\"try:\\n    assert False\\nexcept AssertionError:\\n    return [1, __debug__]\\n"
-        "return [0, __debug__]\", [])\n"
+        '        r = await rt.run("try:\\n    assert False\\nexcept AssertionError:\\n    return [1, __debug__]\\n'
+        'return [0, __debug__]", [])\n'
         "        print(r.value)\n"
         "asyncio.run(main())\n"
     )

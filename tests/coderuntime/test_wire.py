@@ -250,7 +250,8 @@ def _same(left: tuple[str, object], right: tuple[str, object]) -> None:
 
 #: Text made mostly of surrogates: lone ones (kept) and, by chance, a high one right before a low one (refused).
 _surrogate_text = st.text(
-    st.sampled_from(["a", "\u00e9", "\U0001f600", "\ud800", "\udbff", "\udc00", "\udfff"]), max_size=6)
+    st.sampled_from(["a", "\u00e9", "\U0001f600", "\ud800", "\udbff", "\udc00", "\udfff"]), max_size=6
+)
 
 _odd_scalars = st.sampled_from(
     [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, (1,), b"x", _Str("s"), 1 + 2j, object()]
@@ -293,15 +294,21 @@ def test_fuzz_a_refusal_names_the_path_to_its_culprit(value: object) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ({"avg_delta": round(-0.002, 2)},
-         'float -0.0 is not lossless JSON (it reads back as 0; use 0.0, e.g. x + 0.0) at result["avg_delta"]'),
+        (
+            {"avg_delta": round(-0.002, 2)},
+            'float -0.0 is not lossless JSON (it reads back as 0; use 0.0, e.g. x + 0.0) at result["avg_delta"]',
+        ),
         ((1, 2), "tuple is not a JSON type (use a list)"),
-        ({"rows": [{"n": 1}, {"n": 2, "at": (1, 2)}]},
-         'tuple is not a JSON type (use a list) at result["rows"][1]["at"]'),
+        (
+            {"rows": [{"n": 1}, {"n": 2, "at": (1, 2)}]},
+            'tuple is not a JSON type (use a list) at result["rows"][1]["at"]',
+        ),
         ({"by": {1: "a"}}, 'object key 1 (int) is not a str at result["by"]'),
         ([1] * 40 + [float("nan")], "float nan is not lossless JSON (JSON has no NaN or infinity) at result[40]"),
-        ({"k": {"c": collections.Counter("a")}},
-         'Counter is a subclass of dict, not a plain dict (convert it: dict(x)) at result["k"]["c"]'),
+        (
+            {"k": {"c": collections.Counter("a")}},
+            'Counter is a subclass of dict, not a plain dict (convert it: dict(x)) at result["k"]["c"]',
+        ),
         ({"x" * 50: b"x"}, 'bytes is not a JSON type (decode it to a str) at result["' + "x" * 40 + '..."]'),
     ],
 )
@@ -345,7 +352,8 @@ _mangled_tokens = st.one_of(
     st.tuples(_encoded, st.integers(0, 80)).map(lambda t: t[0][: t[1]]),
     st.tuples(_encoded, st.integers(0, 80)).map(lambda t: t[0][: t[1]] + t[0][t[1] + 1 :]),
     st.tuples(_encoded, st.integers(0, 80), st.lists(_token, min_size=1, max_size=3)).map(
-        lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :]),
+        lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :]
+    ),
     st.lists(_token, max_size=60),
     json_values,
 )
@@ -476,8 +484,9 @@ def test_an_int_is_written_under_the_workers_limit_not_the_hosts() -> None:
         "try:\n    wire.pack({'v': wire.encode(10**5000)})\nexcept wire.WireError as e:\n    print(e)\n"
     )
     env = {**os.environ, "PYTHONINTMAXSTRDIGITS": "0", "PYTHONPATH": str(Path(wire.__file__).parents[3])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
     assert "int of more than 4300 digits" in done.stdout, (done.stdout, done.stderr)
 
 
@@ -497,19 +506,31 @@ _PAIR = "\ud83d\ude00"
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (_PAIR, "a surrogate pair written as two code points (U+D83D U+DE00 at character 0) does not survive JSON "
-                "(a parser reads one character)"),
-        ({"name": "smile " + _PAIR, "n": 1},
-         'a surrogate pair written as two code points (U+D83D U+DE00 at character 6) does not survive JSON '
-         '(a parser reads one character) at result["name"]'),
-        (["a", "\udbff\udfff"], "(U+DBFF U+DFFF at character 0) does not survive JSON (a parser reads one character) "
-                                "at result[1]"),
-        ([*range(40), "\u00e9" + _PAIR], "at character 1) does not survive JSON (a parser reads one character) "
-                                         "at result[40]"),
+        (
+            _PAIR,
+            "a surrogate pair written as two code points (U+D83D U+DE00 at character 0) does not survive JSON "
+            "(a parser reads one character)",
+        ),
+        (
+            {"name": "smile " + _PAIR, "n": 1},
+            "a surrogate pair written as two code points (U+D83D U+DE00 at character 6) does not survive JSON "
+            '(a parser reads one character) at result["name"]',
+        ),
+        (
+            ["a", "\udbff\udfff"],
+            "(U+DBFF U+DFFF at character 0) does not survive JSON (a parser reads one character) at result[1]",
+        ),
+        (
+            [*range(40), "\u00e9" + _PAIR],
+            "at character 1) does not survive JSON (a parser reads one character) at result[40]",
+        ),
         ({"rows": [{"ok": "\udc80"}, {"x": [1, 2, 3, 4, 5, 6, 7, 8, 9, _PAIR]}]}, 'at result["rows"][1]["x"][9]'),
-        ({"k" + _PAIR: 1}, "object key 'k\\ud83d\\ude00' holds a surrogate pair written as two code points "
-                           "(U+D83D U+DE00 at character 1), which does not survive JSON (a parser reads one "
-                           "character)"),
+        (
+            {"k" + _PAIR: 1},
+            "object key 'k\\ud83d\\ude00' holds a surrogate pair written as two code points "
+            "(U+D83D U+DE00 at character 1), which does not survive JSON (a parser reads one "
+            "character)",
+        ),
         ({"a": [{"b": 1, _PAIR * 30: 2}]}, "object key '" + "\\ud83d\\ude00" * 20 + "'... holds "),
         ({"a": {str(i): i for i in range(40)} | {_PAIR: None}}, '(a parser reads one character) at result["a"]'),
     ],
@@ -541,8 +562,19 @@ def test_a_surrogate_pair_written_as_two_code_points_fails_decoding_closed(token
 
 
 @pytest.mark.parametrize(
-    "text", ["\udc80", "caf\udce9.txt", "\ud83d", "\ude00", "\ude00\ud83d", "\ud83d \ude00", "\ud83d\ud83d",
-             "\ude00\ude00", "\U0001f600", "\ud83d\U0001f600\ude00"],
+    "text",
+    [
+        "\udc80",
+        "caf\udce9.txt",
+        "\ud83d",
+        "\ude00",
+        "\ude00\ud83d",
+        "\ud83d \ude00",
+        "\ud83d\ud83d",
+        "\ude00\ude00",
+        "\U0001f600",
+        "\ud83d\U0001f600\ude00",
+    ],
 )
 def test_lone_surrogates_cross_as_they_are(text: str) -> None:
     for value in (text, [text], {text: text}, {"a": [text] * 40, text: {str(i): text for i in range(40)}}):
@@ -572,8 +604,15 @@ def _tokens(value: object) -> list[object]:
 
 @pytest.mark.parametrize(
     ("text", "joined"),
-    [("plain", "plain"), ("caf\u00e9", "caf\u00e9"), (_PAIR, "\U0001f600"), ("a\ud800\udc00b", "a\U00010000b"),
-     ("\udc80", "\udc80"), ("\ude00\ud83d", "\ude00\ud83d"), ("\ud83d\ud83d\ude00\ude00", "\ud83d\U0001f600\ude00")],
+    [
+        ("plain", "plain"),
+        ("caf\u00e9", "caf\u00e9"),
+        (_PAIR, "\U0001f600"),
+        ("a\ud800\udc00b", "a\U00010000b"),
+        ("\udc80", "\udc80"),
+        ("\ude00\ud83d", "\ude00\ud83d"),
+        ("\ud83d\ud83d\ude00\ude00", "\ud83d\U0001f600\ude00"),
+    ],
 )
 def test_join_pairs_gives_the_text_a_json_hop_gives_back(text: str, joined: str) -> None:
     assert wire.join_pairs(text) == joined == json.loads(json.dumps(text))

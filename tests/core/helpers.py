@@ -26,9 +26,15 @@ from dsh_core.scope import Scope
 _ids = itertools.count(1)
 
 
-def tool(name: str = "echo", *, safe: object = None, body: Callable[..., Any] | None = None,
-         output_schema: dict[str, Any] | None = None, finalize: Any = None,
-         parameters: dict[str, Any] | None = None) -> ToolDefinition:
+def tool(
+    name: str = "echo",
+    *,
+    safe: object = None,
+    body: Callable[..., Any] | None = None,
+    output_schema: dict[str, Any] | None = None,
+    finalize: Any = None,
+    parameters: dict[str, Any] | None = None,
+) -> ToolDefinition:
     """A tool whose body records its calls in ``tool.calls`` (an attribute of the returned definition's body)."""
     calls: list[Any] = []
 
@@ -62,8 +68,14 @@ def body_calls(definition: ToolDefinition) -> list[Any]:
 class Stack:
     """A bare registry + hooks + runtime, with a root scope."""
 
-    def __init__(self, mode: str = "native", transport: ToolDefinition | None = None, *,
-                 approval_timeout_s: float | None = None, approval_grace_s: float | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = "native",
+        transport: ToolDefinition | None = None,
+        *,
+        approval_timeout_s: float | None = None,
+        approval_grace_s: float | None = None,
+    ) -> None:
         self.root = Scope("root")
         self.hooks = Hooks()
         self.transport = transport or tool("run_code_impl")
@@ -74,12 +86,26 @@ class Stack:
     def agent(self, name: str = "agent", parent: Scope | None = None) -> Scope:
         return (parent or self.root).child(f"agent:{name}", layered=True)
 
-    async def call(self, name: str, arguments: Any = None, *, agent: Scope | None = None,
-                   parent: ExecutionToken | None = None, signal: AbortSignal | None = None,
-                   call_id: str | None = None) -> ToolResult:
-        return await self.runtime.execute(ToolExecutionInput(
-            call_id=call_id or f"call-{next(_ids)}", name=name, arguments={} if arguments is None else arguments,
-            signal=signal or AbortSignal.never(), agent=agent, parent=parent))
+    async def call(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        agent: Scope | None = None,
+        parent: ExecutionToken | None = None,
+        signal: AbortSignal | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        return await self.runtime.execute(
+            ToolExecutionInput(
+                call_id=call_id or f"call-{next(_ids)}",
+                name=name,
+                arguments={} if arguments is None else arguments,
+                signal=signal or AbortSignal.never(),
+                agent=agent,
+                parent=parent,
+            )
+        )
 
 
 def _as_transport(definition: ToolDefinition) -> ToolDefinition:
@@ -92,8 +118,14 @@ def _as_transport(definition: ToolDefinition) -> ToolDefinition:
 class Recorder:
     """A throwaway plugin recording every policy stage it sees."""
 
-    def __init__(self, *, pre: PreDecision | None = None, approval: Any = None, guard: str | None = None,
-                 post: PostDecision | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        pre: PreDecision | None = None,
+        approval: Any = None,
+        guard: str | None = None,
+        post: PostDecision | None = None,
+    ) -> None:
         self.seen: list[tuple[str, str]] = []
         self.results: list[tuple[ToolExecution, ToolResult]] = []
         self._pre = pre

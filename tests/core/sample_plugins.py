@@ -14,10 +14,15 @@ def _echo(name: str) -> Any:
     async def execute(args: Any, ctx: Any) -> Any:
         return {"said": args.get("text", ""), "by": name}
 
-    return define_tool(name=name, description=f"Echo through {name}.", execute=execute,
-                       parameters={"type": "object", "properties": {"text": {"type": "string"}}},
-                       output_schema={"type": "object"}, is_concurrency_safe=True,
-                       annotations={"read_only": True})
+    return define_tool(
+        name=name,
+        description=f"Echo through {name}.",
+        execute=execute,
+        parameters={"type": "object", "properties": {"text": {"type": "string"}}},
+        output_schema={"type": "object"},
+        is_concurrency_safe=True,
+        annotations={"read_only": True},
+    )
 
 
 class EchoPlugin:
@@ -45,8 +50,14 @@ class DenyPlugin:
         return None
 
 
-@plugin(config_schema={"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}},
-                       "required": ["names"], "additionalProperties": False})
+@plugin(
+    config_schema={
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+        "required": ["names"],
+        "additionalProperties": False,
+    }
+)
 def deny(scope: Scope, config: Any) -> DenyPlugin:
     return DenyPlugin(list(config["names"]))
 
@@ -114,12 +125,25 @@ class SlowPlugin:
             await self.scope.lookup("harness").aclose()
             return {"closed": True}
 
-        register(define_tool(name="slow", description="Wait until aborted.", execute=execute,
-                             parameters={"type": "object"}, output_schema={"type": "object"},
-                             is_concurrency_safe=True))
-        register(define_tool(name="close_harness", description="Close the harness this tool runs in.",
-                             execute=close_harness, parameters={"type": "object"},
-                             output_schema={"type": "object"}))
+        register(
+            define_tool(
+                name="slow",
+                description="Wait until aborted.",
+                execute=execute,
+                parameters={"type": "object"},
+                output_schema={"type": "object"},
+                is_concurrency_safe=True,
+            )
+        )
+        register(
+            define_tool(
+                name="close_harness",
+                description="Close the harness this tool runs in.",
+                execute=close_harness,
+                parameters={"type": "object"},
+                output_schema={"type": "object"},
+            )
+        )
 
 
 SLOW_EVENTS: list[str] = []
@@ -159,8 +183,15 @@ class ChattyPlugin:
             print("chatty tool runs")
             return {"said": "hi"}
 
-        register(define_tool(name="chatty", description="Print, then answer.", execute=execute,
-                             parameters={"type": "object"}, output_schema={"type": "object"}))
+        register(
+            define_tool(
+                name="chatty",
+                description="Print, then answer.",
+                execute=execute,
+                parameters={"type": "object"},
+                output_schema={"type": "object"},
+            )
+        )
 
 
 @plugin()

@@ -95,8 +95,13 @@ class Deaf:
 
 
 @contextlib.asynccontextmanager
-async def deaf_channel(*, approval_timeout_s: float | None = None, approval_grace_s: float | None = None,
-                       name: str = "deaf-channel", first: tuple[object, ...] = ()) -> AsyncIterator[Deaf]:
+async def deaf_channel(
+    *,
+    approval_timeout_s: float | None = None,
+    approval_grace_s: float | None = None,
+    name: str = "deaf-channel",
+    first: tuple[object, ...] = (),
+) -> AsyncIterator[Deaf]:
     """A :class:`Stack` with an ``echo`` tool and an approval channel ``name`` that ignores its withdrawal.
 
     ``first`` are plugins registered before the channel (pluggy asks them after it); a :class:`Recorder`

@@ -55,8 +55,9 @@ config = { names = ["alpha"] }
 
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,"
-                                      "sample-deny=tests.core.sample_plugins:deny")
+    monkeypatch.setenv(
+        "DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,sample-deny=tests.core.sample_plugins:deny"
+    )
     monkeypatch.delenv("DSH_TOOLS_MODE", raising=False)
     (tmp_path / "base.toml").write_text(BASE)
     (tmp_path / "overlay.toml").write_text(OVERLAY)
@@ -82,11 +83,13 @@ def test_config_dump_names_the_source_of_every_value(run) -> None:  # type: igno
 
 
 def test_config_dump_refuses_a_deployment_that_would_not_start(  # type: ignore[no-untyped-def]
-        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The dump is the effective deployment: it used to print a plugin config that every start
     # refuses as if it were in force.
-    (tmp_path / "bad.toml").write_text('[[plugins]]\nid = "alpha"\nuse = "sample-echo"\n'
-                                       'config = { tool = 3, colour = "red" }\n')
+    (tmp_path / "bad.toml").write_text(
+        '[[plugins]]\nid = "alpha"\nuse = "sample-echo"\nconfig = { tool = 3, colour = "red" }\n'
+    )
     for args in (["config", "dump"], ["config", "dump", "--json"]):
         result = run(*args, "--config", "base.toml", "--config", "bad.toml")
         assert result.exit_code == 2 and result.stdout == ""
@@ -102,15 +105,17 @@ def test_config_dump_refuses_a_deployment_that_would_not_start(  # type: ignore[
     assert broken.exit_code == 2 and "broken.toml: plugins[my-guard].use: plugin 'broken'" in broken.stderr
 
 
-@pytest.mark.parametrize("config", ['config = { tool = "noisy" }', 'config = { tool = 3 }'])
+@pytest.mark.parametrize("config", ['config = { tool = "noisy" }', "config = { tool = 3 }"])
 def test_what_a_plugin_prints_on_import_never_reaches_stdout(  # type: ignore[no-untyped-def]
-        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str
+) -> None:
     # config dump imports the rows' plugins now: a module that prints when imported must not turn
     # `dump --json` into something that is not JSON, nor put text on stdout when the dump is refused.
     # A fresh module per case: a module is imported (and prints) once per process.
     module = "noisy_plugin_refused" if "3" in config else "noisy_plugin_valid"
-    (tmp_path / f"{module}.py").write_text('print("hello from the noisy plugin")\n'
-                                           "from tests.core.sample_plugins import echo\n")
+    (tmp_path / f"{module}.py").write_text(
+        'print("hello from the noisy plugin")\nfrom tests.core.sample_plugins import echo\n'
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("DSH_PLUGINS", f"noisy={module}:echo")
     (tmp_path / "noisy.toml").write_text(f'[[plugins]]\nid = "noisy"\nuse = "noisy"\n{config}\n')
@@ -121,11 +126,13 @@ def test_what_a_plugin_prints_on_import_never_reaches_stdout(  # type: ignore[no
     else:
         assert result.exit_code == 0, result.stderr
         assert {"path": "plugins[noisy].config.tool", "value": "noisy", "source": "noisy.toml"} in json.loads(
-            result.stdout)
+            result.stdout
+        )
 
 
 def test_what_a_plugin_prints_while_a_command_runs_never_reaches_stdout(  # type: ignore[no-untyped-def]
-        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Import-time prints were sent to stderr, but a factory's or a registration hook's print()
     # went to stdout, ahead of the JSON the command printed there.
     monkeypatch.setenv("DSH_PLUGINS", "chatty=tests.core.sample_plugins:chatty")
@@ -142,7 +149,8 @@ def test_what_a_plugin_prints_while_a_command_runs_never_reaches_stdout(  # type
 
 
 def test_an_interrupt_outside_the_event_loop_exits_130(  # type: ignore[no-untyped-def]
-        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Ctrl-C while `config dump` imports a slow plugin (no event loop runs there) reached click,
     # which printed "Aborted!" and exited 1, the status of a failed operation.
     (tmp_path / "interrupted_plugin.py").write_text("raise KeyboardInterrupt\n")
@@ -225,17 +233,28 @@ def test_sigint_while_the_help_imports_a_command_exits_130(tmp_path: Path) -> No
 
 def test_tools_list_json_has_the_documented_shape(run) -> None:  # type: ignore[no-untyped-def]
     listing = json.loads(run("tools", "list", "--json", "--config", "base.toml").stdout)
-    assert listing == {"mode": "native", "visible": ["alpha"], "wire": [
-        {"name": "alpha", "description": "Echo through alpha.",
-         "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}]}
+    assert listing == {
+        "mode": "native",
+        "visible": ["alpha"],
+        "wire": [
+            {
+                "name": "alpha",
+                "description": "Echo through alpha.",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+            }
+        ],
+    }
 
 
 def test_tools_call_json_and_exit_codes(run) -> None:  # type: ignore[no-untyped-def]
     ok = run("tools", "call", "alpha", "--args", '{"text": "hi"}', "--json", "--config", "base.toml")
     assert ok.exit_code == 0
-    assert json.loads(ok.stdout) == {"ok": True, "error": None,
-                                     "content": [{"text": '{"said": "hi", "by": "alpha"}', "type": "text"}],
-                                     "value": {"said": "hi", "by": "alpha"}}
+    assert json.loads(ok.stdout) == {
+        "ok": True,
+        "error": None,
+        "content": [{"text": '{"said": "hi", "by": "alpha"}', "type": "text"}],
+        "value": {"said": "hi", "by": "alpha"},
+    }
     denied = run("tools", "call", "alpha", "--json", "--config", "base.toml", "--config", "overlay.toml")
     assert denied.exit_code == 1
     body = json.loads(denied.stdout)
@@ -258,8 +277,16 @@ def test_errors_go_to_stderr_and_nothing_to_stdout(run, tmp_path: Path) -> None:
     assert unknown_use.exit_code == 2 and "plugins[x].use: unknown plugin 'ghost-plugin'" in unknown_use.stderr
 
 
-@pytest.mark.parametrize("raw", ["[" * 100_000 + "]" * 100_000, '{"n": ' + "9" * 5000 + "}",
-                                 '{"text": NaN}', '{"n": Infinity}', '{"n": -Infinity}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"n": ' + "9" * 5000 + "}",
+        '{"text": NaN}',
+        '{"n": Infinity}',
+        '{"n": -Infinity}',
+    ],
+)
 def test_args_that_json_cannot_read_are_a_usage_error_not_a_traceback(run, raw: str) -> None:  # type: ignore[no-untyped-def]
     # Nesting past the recursion limit and integers past the digit limit escaped as a raw RecursionError
     # or ValueError with a traceback and exit 1, not the "--args is not valid JSON" of any other bad text.
@@ -271,9 +298,10 @@ def test_args_that_json_cannot_read_are_a_usage_error_not_a_traceback(run, raw: 
 
 
 def test_a_program_file_that_is_not_utf8_is_a_usage_error_not_a_traceback(  # type: ignore[no-untyped-def]
-        run, tmp_path: Path) -> None:
+    run, tmp_path: Path
+) -> None:
     # The UnicodeDecodeError of reading FILE escaped with a traceback and exit 1, before any run.
-    (tmp_path / "latin.py").write_bytes(b'# caf\xe9\nreturn 1\n')
+    (tmp_path / "latin.py").write_bytes(b"# caf\xe9\nreturn 1\n")
     result = CliRunner().invoke(main, ["run-code", "latin.py", "--config", "base.toml"])
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr == "dsh: error: latin.py: the program is not UTF-8 text (invalid continuation byte)\n"
@@ -281,7 +309,8 @@ def test_a_program_file_that_is_not_utf8_is_a_usage_error_not_a_traceback(  # ty
 
 @pytest.mark.parametrize("command", [("config", "dump"), ("sessions", "list")])
 def test_the_default_deployment_in_a_deleted_directory_is_an_error_not_a_traceback(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:
     # Its workspace is the working directory; os.getcwd() raising escaped as a FileNotFoundError traceback.
     gone = tmp_path / "gone"
     gone.mkdir()
@@ -292,12 +321,22 @@ def test_the_default_deployment_in_a_deleted_directory_is_an_error_not_a_traceba
     assert result.stderr.startswith("dsh: error: cannot use the current directory as the default workspace: ")
 
 
-@pytest.mark.parametrize("command", [
-    ("config", "dump"), ("tools", "list"), ("tools", "call", "alpha"), ("sessions", "list"), ("sdk",),
-    ("run-code", "-"), ("demo",)])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("config", "dump"),
+        ("tools", "list"),
+        ("tools", "call", "alpha"),
+        ("sessions", "list"),
+        ("sdk",),
+        ("run-code", "-"),
+        ("demo",),
+    ],
+)
 @pytest.mark.parametrize("option", ["--session", "--agent", "-p"])
 def test_run_options_before_a_command_are_refused_not_ignored(  # type: ignore[no-untyped-def]
-        run, option: str, command: tuple[str, ...]) -> None:
+    run, option: str, command: tuple[str, ...]
+) -> None:
     # `dsh --agent coder tools call ...` used to call as the first agent, `dsh --session X sessions list`
     # to list them all: these options belong to a -p run, and no command reads them.
     result = run("--config", "base.toml", option, "x", *command)
@@ -316,12 +355,16 @@ def test_a_config_before_demo_is_refused_not_ignored(run) -> None:  # type: igno
 
 
 def test_a_configured_plugin_that_cannot_load_fails_the_boot_with_exit_2(  # type: ignore[no-untyped-def]
-        run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,"
-                                      "broken=tests.core.broken_plugin:plugin")
-    (tmp_path / "guarded.toml").write_text('[[plugins]]\nid = "alpha"\nuse = "sample-echo"\n\n'
-                                           '[[plugins]]\nid = "my-guard"\nuse = "broken"\n'
-                                           'config = { deny_paths = ["**/.env"] }\n')
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo,broken=tests.core.broken_plugin:plugin"
+    )
+    (tmp_path / "guarded.toml").write_text(
+        '[[plugins]]\nid = "alpha"\nuse = "sample-echo"\n\n'
+        '[[plugins]]\nid = "my-guard"\nuse = "broken"\n'
+        'config = { deny_paths = ["**/.env"] }\n'
+    )
     result = run("tools", "call", "alpha", "--config", "guarded.toml")
     assert result.exit_code == 2 and result.stdout == ""
     assert "guarded.toml: plugins[my-guard].use: plugin 'broken'" in result.stderr
@@ -364,8 +407,9 @@ SIGNAL_SCRIPT = textwrap.dedent("""
 
 def _started(script: str, *args: str, first_line: str = "ready\n") -> subprocess.Popen[str]:
     """``script`` running in a fresh interpreter, once it has printed ``first_line``."""
-    process = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert process.stdout is not None and process.stdout.readline() == first_line
     return process
 
@@ -537,17 +581,20 @@ def test_a_third_signal_exits_at_once_when_main_will_not_end() -> None:
 
 
 def test_json_output_stays_valid_json_on_a_stdout_that_cannot_encode_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The CLI writes what stdout cannot encode as a backslash escape; in --json output that must
     # be a JSON escape (\\xe9 and \\U0001f600 are not JSON), so the document still parses the same.
     monkeypatch.setenv("DSH_PLUGINS", "sample-echo=tests.core.sample_plugins:echo")
-    (tmp_path / "base.toml").write_text(BASE.split("[[plugins]]\nid = \"policy\"", maxsplit=1)[0])
+    (tmp_path / "base.toml").write_text(BASE.split('[[plugins]]\nid = "policy"', maxsplit=1)[0])
     monkeypatch.chdir(tmp_path)
     text = "caf\u00e9 \u2014 \U0001f600 \udce9"
     for charset in ("latin-1", "cp1252", "ascii", "utf-8"):
         result = CliRunner(charset=charset).invoke(
-            main, ["tools", "call", "alpha", "--args", json.dumps({"text": text}), "--json", "--config", "base.toml"],
-            catch_exceptions=False)
+            main,
+            ["tools", "call", "alpha", "--args", json.dumps({"text": text}), "--json", "--config", "base.toml"],
+            catch_exceptions=False,
+        )
         assert result.exit_code == 0, (charset, result.output)
         assert json.loads(result.stdout_bytes.decode(charset))["value"]["said"] == text, charset
 
@@ -555,8 +602,9 @@ def test_json_output_stays_valid_json_on_a_stdout_that_cannot_encode_it(
 def _dsh_piped(*args: str, cwd: Path) -> tuple[int, bytes, bytes]:
     """``python -m dsh_core ARGS`` into pipes: exit code, stdout, stderr."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    done = subprocess.run([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ, capture_output=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=environ, capture_output=True, timeout=60, check=False
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -661,10 +709,12 @@ def test_an_unbuffered_stderr_writes_whole_and_stays_unbuffered(
 
 
 def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_them(
-        tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]) -> None:
+    tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]
+) -> None:
     """A tool's text (here a command's output: a carriage return, a title-setting OSC, a screen clear)
     is escaped on a terminal, on stdout and, for a failed call, on stderr; into a pipe it is data."""
-    (tmp_path / "bash.toml").write_text(textwrap.dedent(f"""
+    (tmp_path / "bash.toml").write_text(
+        textwrap.dedent(f"""
         [tools]
         mode = "native"
 
@@ -672,13 +722,28 @@ def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_t
         id = "bash"
         use = "bash"
         config = {{ root = {json.dumps(str(tmp_path))} }}
-        """))
-    ok = ["--config", "bash.toml", "tools", "call", "bash",
-          "--args", json.dumps({"command": r"printf 'one\rX\033]0;TITLE\007\ttab\n'"})]
+        """)
+    )
+    ok = [
+        "--config",
+        "bash.toml",
+        "tools",
+        "call",
+        "bash",
+        "--args",
+        json.dumps({"command": r"printf 'one\rX\033]0;TITLE\007\ttab\n'"}),
+    ]
     assert dsh_on_terminal(*ok, cwd=tmp_path) == (0, b"one\\rX\\x1b]0;TITLE\\x07\ttab\r\n[exit code 0]\r\n")
     assert _dsh_piped(*ok, cwd=tmp_path) == (0, b"one\rX\x1b]0;TITLE\x07\ttab\n[exit code 0]\n", b"")
-    failed = ["--config", "bash.toml", "tools", "call", "bash",
-              "--args", json.dumps({"command": r"printf 'late\033[2J'; sleep 30", "timeout": 0.5})]
+    failed = [
+        "--config",
+        "bash.toml",
+        "tools",
+        "call",
+        "bash",
+        "--args",
+        json.dumps({"command": r"printf 'late\033[2J'; sleep 30", "timeout": 0.5}),
+    ]
     code, shown = dsh_on_terminal(*failed, cwd=tmp_path)
     assert code == 1 and shown.endswith(b"Output so far:\r\nlate\\x1b[2J\r\n") and b"\x1b" not in shown
     code, out, err = _dsh_piped(*failed, cwd=tmp_path)
@@ -686,7 +751,8 @@ def test_tools_call_on_a_terminal_shows_the_outputs_escape_sequences_not_obeys_t
 
 
 def test_run_code_on_a_terminal_shows_the_programs_escape_sequences_not_obeys_them(
-        tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]) -> None:
+    tmp_path: Path, dsh_on_terminal: Callable[..., tuple[int, bytes]]
+) -> None:
     (tmp_path / "prog.py").write_text('print("a\\x1b]0;TITLE\\x07b\\rX")\nreturn 1\n')
     code, shown = dsh_on_terminal("run-code", "prog.py", cwd=tmp_path)  # stderr's mode note shares the pty
     assert code == 0 and shown.endswith(b"\r\na\\x1b]0;TITLE\\x07b\\rX\r\n1\r\n") and b"\x1b" not in shown
@@ -701,10 +767,13 @@ def test_main_help_names_the_prompt_and_session_arguments_as_it_describes_them()
     assert "-p, --prompt TASK" in result.output and "--session ID" in result.output
 
 
-@pytest.mark.parametrize(("command", "says"), [
-    (("run-code",), ["exit status is 0 only if the program completed", "native mode"]),
-    (("tools", "call"), ["exit status is 1 if the call failed"]),
-])
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (("run-code",), ["exit status is 0 only if the program completed", "native mode"]),
+        (("tools", "call"), ["exit status is 1 if the call failed"]),
+    ],
+)
 def test_the_help_of_a_call_says_what_its_exit_status_means(command: tuple[str, ...], says: list[str]) -> None:
     # Scripts branch on these: run-code exits 1 for a program that raised, tools call for a denied
     # call, and only the README said so. run-code also lends a native agent "both", said only when run.
@@ -734,8 +803,9 @@ def test_run_async_sends_what_main_prints_to_stderr_only_when_asked(
 
 def _read_one_line_then_close(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
     """``python -m dsh_core ARGS | head -1``: exit code, the line read, and stderr."""
-    child = subprocess.Popen([sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsh_core", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert child.stdout is not None and child.stderr is not None
         line = child.stdout.readline()
@@ -764,15 +834,18 @@ def test_output_into_a_pipe_its_reader_closed_ends_as_sigpipe_would_with_nothing
         store = SqliteSessionStore.open(home)
         try:
             await store.create(session_id="long")
-            await store.append("long", [NewEvent("tool/result", {"content": "x" * 20_000, "n": n},
-                                                 root_call_id=f"c{n}") for n in range(60)])
+            await store.append(
+                "long",
+                [NewEvent("tool/result", {"content": "x" * 20_000, "n": n}, root_call_id=f"c{n}") for n in range(60)],
+            )
         finally:
             await store.close()
 
     asyncio.run(create())
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    code, line, err = _read_one_line_then_close("sessions", "show", "long", "--json", cwd=tmp_path,
-                                                env={**environ, "DSH_HOME": str(home)})
+    code, line, err = _read_one_line_then_close(
+        "sessions", "show", "long", "--json", cwd=tmp_path, env={**environ, "DSH_HOME": str(home)}
+    )
     assert line == b"[\n"
     assert (code, err) == (128 + signal.SIGPIPE, b"")
 

@@ -74,8 +74,9 @@ async def test_a_live_parent_token_presented_with_another_agents_scope_is_model_
     async def program(args: object, ctx: Any) -> object:
         token = ctx.execution.token
         for label, agent in (("other", other), ("root", None), ("own", owner)):
-            request = ToolExecutionInput(call_id=f"in-{label}", name="echo", arguments={"text": label},
-                                         agent=agent, parent=token)
+            request = ToolExecutionInput(
+                call_id=f"in-{label}", name="echo", arguments={"text": label}, agent=agent, parent=token
+            )
             mode = stack.runtime.execution_mode(request)
             result = await stack.runtime.execute(request)
             outcomes[label] = (mode, result, recorder.results[-1][0].parent)

@@ -33,8 +33,9 @@ def _rendering(render: Any) -> ToolDefinition:
     async def execute(args: Any, ctx: Any) -> Any:
         return {"rows": 3}
 
-    return define_tool(name="count", description="Count rows.", parameters={"type": "object"}, execute=execute,
-                       render=render)
+    return define_tool(
+        name="count", description="Count rows.", parameters={"type": "object"}, execute=execute, render=render
+    )
 
 
 def _readable(result: ToolResult) -> None:
@@ -53,14 +54,23 @@ def test_blocks_refuse_fields_that_are_not_text() -> None:
         ImageBlock("AAAA", None)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("render", "message"), [
-    (lambda args, value: [TextBlock(value["rows"])],
-     'tool "count": output.render failed: TextBlock.text must be str, got int'),
-    (lambda args, value: [_altered(TextBlock("3"), text=3)],
-     'tool "count" produced invalid content: block 0: TextBlock.text is int, expected str'),
-    (lambda args, value: [TextBlock("ok"), _altered(ImageBlock("AAAA", "image/png"), data=b"AAAA")],
-     'tool "count" produced invalid content: block 1: ImageBlock.data is bytes, expected str'),
-])
+@pytest.mark.parametrize(
+    ("render", "message"),
+    [
+        (
+            lambda args, value: [TextBlock(value["rows"])],
+            'tool "count": output.render failed: TextBlock.text must be str, got int',
+        ),
+        (
+            lambda args, value: [_altered(TextBlock("3"), text=3)],
+            'tool "count" produced invalid content: block 0: TextBlock.text is int, expected str',
+        ),
+        (
+            lambda args, value: [TextBlock("ok"), _altered(ImageBlock("AAAA", "image/png"), data=b"AAAA")],
+            'tool "count" produced invalid content: block 1: ImageBlock.data is bytes, expected str',
+        ),
+    ],
+)
 async def test_a_render_giving_bad_blocks_is_invalid_output_naming_the_tool(render: Any, message: str) -> None:
     stack = Stack()
     stack.registry.register(_rendering(render))
@@ -72,13 +82,15 @@ async def test_a_render_giving_bad_blocks_is_invalid_output_naming_the_tool(rend
     assert recorder.results[-1][1] is result  # observers see the checked result, not the unreadable one
 
 
-@pytest.mark.parametrize(("returned", "problem"), [
-    (lambda: [_altered(TextBlock("x"), text=None)], "block 0: TextBlock.text is NoneType, expected str"),
-    (lambda: [3], "TypeError: content blocks must be TextBlock or ImageBlock, got int"),
-    (lambda: 3, "TypeError: 'int' object is not iterable"),
-])
-async def test_a_finalizer_returning_bad_content_is_invalid_output_naming_the_tool(
-        returned: Any, problem: str) -> None:
+@pytest.mark.parametrize(
+    ("returned", "problem"),
+    [
+        (lambda: [_altered(TextBlock("x"), text=None)], "block 0: TextBlock.text is NoneType, expected str"),
+        (lambda: [3], "TypeError: content blocks must be TextBlock or ImageBlock, got int"),
+        (lambda: 3, "TypeError: 'int' object is not iterable"),
+    ],
+)
+async def test_a_finalizer_returning_bad_content_is_invalid_output_naming_the_tool(returned: Any, problem: str) -> None:
     def finalize(execution: ToolExecution, result: ToolResult) -> Any:
         return returned()
 
@@ -90,11 +102,14 @@ async def test_a_finalizer_returning_bad_content_is_invalid_output_naming_the_to
     _readable(result)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: PostDecision.replace_content([_altered(TextBlock("[redacted]"), text=["redacted"])]),
-    lambda: PostDecision.block([_altered(TextBlock("[redacted]"), text=["redacted"])]),
-    lambda: _altered(PostDecision.replace_content("x"), content="[redacted]"),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: PostDecision.replace_content([_altered(TextBlock("[redacted]"), text=["redacted"])]),
+        lambda: PostDecision.block([_altered(TextBlock("[redacted]"), text=["redacted"])]),
+        lambda: _altered(PostDecision.replace_content("x"), content="[redacted]"),
+    ],
+)
 async def test_post_execute_content_that_cannot_be_read_is_invalid_output_naming_plugin_and_tool(make: Any) -> None:
     class Redact:
         @hookimpl
@@ -107,7 +122,8 @@ async def test_post_execute_content_that_cannot_be_read_is_invalid_output_naming
     result = await stack.call("echo")
     assert result.code == "INVALID_TOOL_OUTPUT" and result.error is not None
     assert result.error.message.startswith(
-        "dsh_post_execute of plugin 'redact' returned invalid content for tool \"echo\": ")
+        "dsh_post_execute of plugin 'redact' returned invalid content for tool \"echo\": "
+    )
     _readable(result)
 
 
@@ -117,6 +133,7 @@ async def test_a_middleware_result_whose_content_cannot_be_read_is_invalid_outpu
         def dsh_around_dispatch(self, execution: ToolExecution) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return ToolResult.failure("CACHED", "cached", content=[_altered(TextBlock("cached"), text=7)])
+
             return middleware
 
     stack = Stack()
@@ -152,8 +169,10 @@ async def test_a_post_execute_context_that_is_a_plain_string_fails_the_plugin_no
     register(stack.hooks, Noter(), name="noter")
     result = await stack.call("echo")
     assert result.code == "TOOL_FAILED" and result.error is not None
-    assert result.error.message == ("dsh_post_execute of plugin 'noter' failed: TypeError: additional_contexts "
-                                    "holds str, expected ContextMessage (wrap text in ContextMessage(text))")
+    assert result.error.message == (
+        "dsh_post_execute of plugin 'noter' failed: TypeError: additional_contexts "
+        "holds str, expected ContextMessage (wrap text in ContextMessage(text))"
+    )
     assert all(context.text for context in result.additional_contexts)
 
 
@@ -174,6 +193,7 @@ async def test_a_middleware_result_with_an_error_that_is_not_error_info_fails_th
         def dsh_around_dispatch(self, execution: ToolExecution) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return ToolResult(content="cached", error="boom")  # type: ignore[arg-type]
+
             return middleware
 
     stack = Stack()
@@ -181,8 +201,10 @@ async def test_a_middleware_result_with_an_error_that_is_not_error_info_fails_th
     register(stack.hooks, Shortcut(), name="shortcut")
     result = await stack.call("echo")
     assert result.code == "TOOL_FAILED" and result.error is not None
-    assert result.error.message.startswith("dsh_around_dispatch of plugin 'shortcut' failed: "
-                                           "TypeError: ToolResult.error must be ToolErrorInfo or None, got str")
+    assert result.error.message.startswith(
+        "dsh_around_dispatch of plugin 'shortcut' failed: "
+        "TypeError: ToolResult.error must be ToolErrorInfo or None, got str"
+    )
     _readable(result)
 
 
@@ -195,11 +217,13 @@ def test_shown_text_joins_a_surrogate_pair_written_as_two_code_points_into_its_c
     from dsh_core.model import ContextMessage
     from dsh_core.sessions.events import encode_payload
 
-    result = ToolResult(content="smile \ud83d\ude00 \udc80 \ude00\ud83d",
-                        additional_contexts=[ContextMessage("note \ud800\udc00", "p\ud83d\ude00")])
+    result = ToolResult(
+        content="smile \ud83d\ude00 \udc80 \ude00\ud83d",
+        additional_contexts=[ContextMessage("note \ud800\udc00", "p\ud83d\ude00")],
+    )
     assert result.text == "smile \U0001f600 \udc80 \ude00\ud83d"
     assert result.additional_contexts[0] == ContextMessage("note \U00010000", "p\U0001f600")
     failed = ToolResult.failure("TOOL_FAILED", "boom \udbff\udfff")
-    assert failed.error is not None and failed.error.message == "boom \U0010ffff" == failed.text[len("Error: "):]
+    assert failed.error is not None and failed.error.message == "boom \U0010ffff" == failed.text[len("Error: ") :]
     payload = {"content": result.text, "context": result.additional_contexts[0].text, "error": failed.error.message}
     assert json.loads(encode_payload(payload)) == payload

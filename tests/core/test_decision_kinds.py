@@ -48,19 +48,30 @@ class _Post:
         return self.make()
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: PreDecision("Deny", "no rm"),  # type: ignore[arg-type]
-     "dsh_pre_execute of plugin 'policy' failed: ValueError: PreDecision kind must be one of 'allow', 'deny', "
-     "'ask', got 'Deny'"),
-    (lambda: _bypassed(PreDecision.allow(), kind="block"),
-     "dsh_pre_execute of plugin 'policy' failed: ValueError: returned a PreDecision of unknown kind 'block', "
-     "expected one of allow, deny, ask"),
-    (lambda: _bypassed(PreDecision.deny("no"), reason={"why": "no"}),
-     "dsh_pre_execute of plugin 'policy' failed: TypeError: returned a PreDecision whose reason is dict, "
-     "expected str or None"),
-    (lambda: {"kind": "allow"},
-     "dsh_pre_execute of plugin 'policy' failed: TypeError: returned dict, expected PreDecision or None"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: PreDecision("Deny", "no rm"),  # type: ignore[arg-type]
+            "dsh_pre_execute of plugin 'policy' failed: ValueError: PreDecision kind must be one of 'allow', 'deny', "
+            "'ask', got 'Deny'",
+        ),
+        (
+            lambda: _bypassed(PreDecision.allow(), kind="block"),
+            "dsh_pre_execute of plugin 'policy' failed: ValueError: returned a PreDecision of unknown kind 'block', "
+            "expected one of allow, deny, ask",
+        ),
+        (
+            lambda: _bypassed(PreDecision.deny("no"), reason={"why": "no"}),
+            "dsh_pre_execute of plugin 'policy' failed: TypeError: returned a PreDecision whose reason is dict, "
+            "expected str or None",
+        ),
+        (
+            lambda: {"kind": "allow"},
+            "dsh_pre_execute of plugin 'policy' failed: TypeError: returned dict, expected PreDecision or None",
+        ),
+    ],
+)
 async def test_an_unrecognised_pre_execute_vote_fails_the_call_naming_the_plugin(make: Any, message: str) -> None:
     stack = Stack()
     rm = tool("rm")
@@ -72,16 +83,22 @@ async def test_an_unrecognised_pre_execute_vote_fails_the_call_naming_the_plugin
     assert body_calls(rm) == [] and "approve" not in recorder.stages() and "post" not in recorder.stages()
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: PostDecision("blocked", content="[redacted]"),  # type: ignore[arg-type]
-     "dsh_post_execute of plugin 'redact' failed: ValueError: PostDecision kind must be one of 'accept', "
-     "'replace-value', 'replace-content', 'block', got 'blocked'"),
-    (lambda: _bypassed(PostDecision.block("[redacted]"), kind="blocked"),
-     "dsh_post_execute of plugin 'redact' failed: ValueError: returned a PostDecision of unknown kind "
-     "'blocked', expected one of accept, replace-value, replace-content, block"),
-])
-async def test_an_unrecognised_post_execute_decision_fails_the_call_naming_the_plugin(
-        make: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: PostDecision("blocked", content="[redacted]"),  # type: ignore[arg-type]
+            "dsh_post_execute of plugin 'redact' failed: ValueError: PostDecision kind must be one of 'accept', "
+            "'replace-value', 'replace-content', 'block', got 'blocked'",
+        ),
+        (
+            lambda: _bypassed(PostDecision.block("[redacted]"), kind="blocked"),
+            "dsh_post_execute of plugin 'redact' failed: ValueError: returned a PostDecision of unknown kind "
+            "'blocked', expected one of accept, replace-value, replace-content, block",
+        ),
+    ],
+)
+async def test_an_unrecognised_post_execute_decision_fails_the_call_naming_the_plugin(make: Any, message: str) -> None:
     stack = Stack()
     stack.registry.register(tool("secret", body=lambda args, ctx: {"secret": "s3cr3t"}))
     register(stack.hooks, _Post(make), name="redact")
@@ -152,7 +169,8 @@ async def test_a_hook_guard_returning_no_reason_and_not_none_denies_naming_the_p
     assert result.code == "DENIED" and body_calls(echo) == []
     assert result.error is not None and result.error.message == (
         f"dsh_guard of plugin 'sloppy' failed: TypeError: returned {type(verdict).__name__}, "
-        "expected a denial reason (str) or None")
+        "expected a denial reason (str) or None"
+    )
 
 
 async def test_a_registry_guard_returning_no_reason_and_not_none_denies_naming_the_guard() -> None:
@@ -168,7 +186,8 @@ async def test_a_registry_guard_returning_no_reason_and_not_none_denies_naming_t
     assert result.code == "DENIED" and body_calls(echo) == []
     assert result.error is not None and result.error.message.startswith("guard ")
     assert result.error.message.endswith(
-        ".tenant_guard failed: TypeError: returned bool, expected a denial reason (str) or None")
+        ".tenant_guard failed: TypeError: returned bool, expected a denial reason (str) or None"
+    )
 
 
 @pytest.mark.parametrize("blank", ["", "   ", "\n"])
@@ -198,4 +217,5 @@ async def test_a_guard_denying_with_a_blank_reason_still_denies_and_says_whose_i
     result = await other.call("echo")
     assert result.code == "DENIED" and result.error is not None
     assert result.error.message.startswith("guard ") and result.error.message.endswith(
-        '.quiet_guard denied tool "echo" (it gave no reason)')
+        '.quiet_guard denied tool "echo" (it gave no reason)'
+    )

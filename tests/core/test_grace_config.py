@@ -115,8 +115,10 @@ async def test_the_configured_graces_bound_the_wait_for_a_deaf_channel_and_a_dea
 # channel waited for up to approval_grace_s. The scope waits task_grace_s for the call's task, so an
 # approval grace at or above the task grace (the same 5 s of both once was) let the call outlive the dispose.
 
-_WHY = ("a tool call whose scope is disposed waits out the approval grace for an approval channel that ignores "
-        "its withdrawal, and would outlive the scope's wait for it")
+_WHY = (
+    "a tool call whose scope is disposed waits out the approval grace for an approval channel that ignores "
+    "its withdrawal, and would outlive the scope's wait for it"
+)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +155,8 @@ def test_the_config_loader_refuses_an_approval_grace_not_below_the_task_grace(
     with pytest.raises(ConfigError) as caught:
         load_deployment(list(files), env={})
     assert caught.value.message == (
-        f"{expected}: {_WHY}; lower [tools] approval_grace_s or raise [lifecycle] task_grace_s")
+        f"{expected}: {_WHY}; lower [tools] approval_grace_s or raise [lifecycle] task_grace_s"
+    )
 
 
 def test_the_config_loader_takes_an_approval_grace_below_the_task_grace(tmp_path: Any) -> None:
@@ -187,7 +190,8 @@ async def test_the_harness_refuses_a_deployment_whose_approval_grace_is_not_belo
         await Harness.start(deployment, catalog=PluginCatalog(entry_points=[], extra={"record": record}))
     assert caught.value.message == (
         f"tools.approval_grace_s = 0.5 must be below lifecycle.task_grace_s = 0.25: {_WHY}; "
-        "lower [tools] approval_grace_s or raise [lifecycle] task_grace_s")
+        "lower [tools] approval_grace_s or raise [lifecycle] task_grace_s"
+    )
     assert started == []  # refused before any plugin ran
 
 
@@ -203,12 +207,24 @@ async def test_a_tool_call_spawned_in_a_plugins_scope_ends_within_its_dispose_de
 
     # The task grace is far above the approval grace: a loop stalled across both deadlines must not fire the
     # scope's warning; a runtime that did not bound its wait for the deaf channel still fails, 20 s on.
-    deployment = compose([("dsh.toml", {"tools": {"approval_grace_s": 0.125}, "lifecycle": {"task_grace_s": 20},
-                                        "plugins": [{"id": "deaf", "use": "deaf"}]})], env={})
+    deployment = compose(
+        [
+            (
+                "dsh.toml",
+                {
+                    "tools": {"approval_grace_s": 0.125},
+                    "lifecycle": {"task_grace_s": 20},
+                    "plugins": [{"id": "deaf", "use": "deaf"}],
+                },
+            )
+        ],
+        env={},
+    )
     harness = await Harness.start(deployment, catalog=PluginCatalog(entry_points=[], extra={"deaf": deaf}))
     ((scope, plugin),) = made
-    call = scope.spawn(harness.runtime.execute(ToolExecutionInput(call_id="c1", name="echo", arguments={})),
-                       name="spawned-call")
+    call = scope.spawn(
+        harness.runtime.execute(ToolExecutionInput(call_id="c1", name="echo", arguments={})), name="spawned-call"
+    )
     try:
         await asyncio.wait_for(plugin.asked.wait(), 20)
         with caplog.at_level(logging.WARNING, logger="dsh"):

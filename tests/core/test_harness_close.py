@@ -26,10 +26,12 @@ def fresh_events() -> Iterator[None]:
 
 
 async def start() -> Harness:
-    catalog = PluginCatalog(entry_points=[
-        metadata.EntryPoint("slow", "tests.core.sample_plugins:slow", ENTRY_POINT_GROUP)])
-    return await Harness.start(compose([("dsh.toml", {"plugins": [{"id": "slow", "use": "slow"}]})], env={}),
-                               catalog=catalog)
+    catalog = PluginCatalog(
+        entry_points=[metadata.EntryPoint("slow", "tests.core.sample_plugins:slow", ENTRY_POINT_GROUP)]
+    )
+    return await Harness.start(
+        compose([("dsh.toml", {"plugins": [{"id": "slow", "use": "slow"}]})], env={}), catalog=catalog
+    )
 
 
 async def until_started(count: int) -> None:
@@ -44,7 +46,8 @@ async def test_aclose_aborts_the_calls_in_flight_and_waits_for_them_before_dispo
     await harness.aclose()
     # Every body saw the abort while its plugin was still open; disposal came after the last one.
     assert sample_plugins.SLOW_EVENTS == ["started"] * 3 + ["aborted: harness closed (plugin open: True)"] * 3 + [
-        "disposed"]
+        "disposed"
+    ]
     assert all(call.done() for call in calls)
     results = [call.result() for call in calls]
     assert [result.code for result in results] == ["ABORTED"] * 3

@@ -109,8 +109,11 @@ def test_one_object_under_two_names_is_refused_naming_both() -> None:
     hooks = Hooks()
     shared = Recorder()
     hooks.register(shared, name="first")
-    with pytest.raises(PluginLoadError, match=r"cannot register plugin 'second': the object is already "
-                                              r"registered as plugin 'first'") as caught:
+    with pytest.raises(
+        PluginLoadError,
+        match=r"cannot register plugin 'second': the object is already "
+        r"registered as plugin 'first'",
+    ) as caught:
         hooks.register(shared, name="second")
     from dsh_core.hooks import PluginObjectInUse
 
@@ -134,8 +137,11 @@ def test_an_equal_but_distinct_object_is_refused_saying_why() -> None:
 
     hooks = Hooks()
     hooks.register(Audit("info"), name="audit-a")
-    with pytest.raises(PluginObjectInUse, match=r"an equal object is already registered as plugin 'audit-a' "
-                                                r"\(pluggy compares plugin objects with ==") as caught:
+    with pytest.raises(
+        PluginObjectInUse,
+        match=r"an equal object is already registered as plugin 'audit-a' "
+        r"\(pluggy compares plugin objects with ==",
+    ) as caught:
         hooks.register(Audit("info"), name="audit-b")
     assert caught.value.equal and not hooks.has_plugin("audit-b")
 
@@ -266,8 +272,11 @@ def test_sees_any_follows_scope_filtering_and_registration() -> None:
 @pytest.mark.parametrize("hook", ["dsh_register_tools", "dsh_around_dispatch", "dsh_prompt_sections"])
 def test_async_def_on_a_hook_dsh_never_awaits_is_refused_at_registration(hook: str) -> None:
     hooks = Hooks()
-    arguments = {"dsh_register_tools": "register", "dsh_around_dispatch": "execution",
-                 "dsh_prompt_sections": "context"}[hook]
+    arguments = {
+        "dsh_register_tools": "register",
+        "dsh_around_dispatch": "execution",
+        "dsh_prompt_sections": "context",
+    }[hook]
     namespace: dict[str, Any] = {}
     exec(f"async def {hook}(self, {arguments}):\n    return None", namespace)
     plugin_class = type("AsyncPlugin", (), {hook: hookimpl(namespace[hook])})
@@ -286,8 +295,11 @@ def test_a_hookimpl_with_a_default_for_a_hook_argument_is_refused_at_registratio
             received.append(register)
 
     hooks = Hooks()
-    with pytest.raises(PluginLoadError, match="plugin 'defaulted': dsh_register_tools declares a default for "
-                                              "register; pluggy never passes an argument that has a default"):
+    with pytest.raises(
+        PluginLoadError,
+        match="plugin 'defaulted': dsh_register_tools declares a default for "
+        "register; pluggy never passes an argument that has a default",
+    ):
         hooks.register(Defaulted(), name="defaulted")
     assert not hooks.has_plugin("defaulted") and not received
 

@@ -18,8 +18,11 @@ from hypothesis import strategies as st
 from dsh_core.lossless import FrozenDict, FrozenList, NotLosslessError, find_loss, freeze, is_lossless, snapshot, thaw
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False).filter(
-        lambda f: not (f == 0 and str(f).startswith("-"))) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not (f == 0 and str(f).startswith("-")))
+    | st.text(),
     lambda children: st.lists(children) | st.dictionaries(st.text(), children),
     max_leaves=40,
 )
@@ -43,25 +46,28 @@ class Text(str):
     pass
 
 
-@pytest.mark.parametrize(("value", "path", "reason"), [
-    ({"a": [1, float("nan")]}, "/a/1", "not finite"),
-    ({"a": float("inf")}, "/a", "not finite"),
-    ({"z": -0.0}, "/z", "-0.0"),
-    ({1: "x"}, "", "not a string"),
-    ({"t": (1, 2)}, "/t", "tuple"),
-    ({"s": {1}}, "/s", "set"),
-    ({"b": b"x"}, "/b", "bytes"),
-    ({"e": Color.RED}, "/e", "subclass of int"),
-    ({"s": Text("x")}, "/s", "subclass of str"),
-    (OrderedDict(a=1), "", "subclass of dict"),
-    ({"a/b": {"c~d": object()}}, "/a~1b/c~0d", "not a JSON type"),
-    # A high surrogate then a low one: JSON text writes them as "\\ud83d\\ude00", read back as one character.
-    ("\ud83d\ude00", "", "surrogate pair written as two code points"),
-    ({"s": "smile \ud83d\ude00"}, "/s", "U+D83D U+DE00 at character 6"),
-    ({"a": [1, {"b": ["x", "\udbff\udfff"]}]}, "/a/1/b/1", "a parser reads one character"),
-    ({"k\ud800\udc00": 1}, "", "object key 'k\\ud800\\udc00' holds a surrogate pair"),
-    ({"a": [{"ok": 1, "\ud83d\ude00": [1.5]}]}, "/a/0", "object key '\\ud83d\\ude00'"),
-])
+@pytest.mark.parametrize(
+    ("value", "path", "reason"),
+    [
+        ({"a": [1, float("nan")]}, "/a/1", "not finite"),
+        ({"a": float("inf")}, "/a", "not finite"),
+        ({"z": -0.0}, "/z", "-0.0"),
+        ({1: "x"}, "", "not a string"),
+        ({"t": (1, 2)}, "/t", "tuple"),
+        ({"s": {1}}, "/s", "set"),
+        ({"b": b"x"}, "/b", "bytes"),
+        ({"e": Color.RED}, "/e", "subclass of int"),
+        ({"s": Text("x")}, "/s", "subclass of str"),
+        (OrderedDict(a=1), "", "subclass of dict"),
+        ({"a/b": {"c~d": object()}}, "/a~1b/c~0d", "not a JSON type"),
+        # A high surrogate then a low one: JSON text writes them as "\\ud83d\\ude00", read back as one character.
+        ("\ud83d\ude00", "", "surrogate pair written as two code points"),
+        ({"s": "smile \ud83d\ude00"}, "/s", "U+D83D U+DE00 at character 6"),
+        ({"a": [1, {"b": ["x", "\udbff\udfff"]}]}, "/a/1/b/1", "a parser reads one character"),
+        ({"k\ud800\udc00": 1}, "", "object key 'k\\ud800\\udc00' holds a surrogate pair"),
+        ({"a": [{"ok": 1, "\ud83d\ude00": [1.5]}]}, "/a/0", "object key '\\ud83d\\ude00'"),
+    ],
+)
 def test_non_lossless_values_are_located(value: Any, path: str, reason: str) -> None:
     loss = find_loss(value)
     assert loss is not None and loss.path == path and reason in loss.reason
@@ -99,8 +105,12 @@ def test_deep_values_need_no_recursion_limit() -> None:
 def test_frozen_values_refuse_mutation_and_survive_copy_and_pickle() -> None:
     frozen = freeze({"a": [1, {"b": 2}]})
     assert isinstance(frozen, FrozenDict) and isinstance(frozen["a"], FrozenList)
-    for mutate in (lambda: frozen.__setitem__("x", 1), lambda: frozen["a"].append(3),
-                   lambda: frozen.update({}), frozen["a"].sort):
+    for mutate in (
+        lambda: frozen.__setitem__("x", 1),
+        lambda: frozen["a"].append(3),
+        lambda: frozen.update({}),
+        frozen["a"].sort,
+    ):
         with pytest.raises(TypeError, match="immutable"):
             mutate()
     assert copy.deepcopy(frozen) is frozen
@@ -136,15 +146,44 @@ def test_dumps_and_the_default_renderer_handle_any_depth() -> None:
 
 # -- fast paths: freeze/thaw/snapshot skip the walk for some types; the answer must be the walk's ------------
 
+
 class _Str(str):
     pass
 
 
 _FAST_PATH_EDGES: list[Any] = [
-    None, True, False, 0, -7, 2**80, "", "text", 1.5, 0.0, -0.0, float("nan"), float("inf"),
-    "\udc80", "\ud83d\ude00", "caf\u00e9 \U0001f600", {"a": "\ud83d\ude00"}, {"\ud83d\ude00": 1}, {"a\udc80": "\udc80"},
-    {}, [], {"a": 1, "b": "x", "c": None, "d": True}, {"a": 1.5}, {"a": [1]}, [1, "x"], {1: "int key"},
-    _Str("sub"), enum.IntEnum("E", "A").A, OrderedDict(a=1), (1, 2), b"bytes", {"a": _Str("x")},
+    None,
+    True,
+    False,
+    0,
+    -7,
+    2**80,
+    "",
+    "text",
+    1.5,
+    0.0,
+    -0.0,
+    float("nan"),
+    float("inf"),
+    "\udc80",
+    "\ud83d\ude00",
+    "caf\u00e9 \U0001f600",
+    {"a": "\ud83d\ude00"},
+    {"\ud83d\ude00": 1},
+    {"a\udc80": "\udc80"},
+    {},
+    [],
+    {"a": 1, "b": "x", "c": None, "d": True},
+    {"a": 1.5},
+    {"a": [1]},
+    [1, "x"],
+    {1: "int key"},
+    _Str("sub"),
+    enum.IntEnum("E", "A").A,
+    OrderedDict(a=1),
+    (1, 2),
+    b"bytes",
+    {"a": _Str("x")},
 ]
 
 
@@ -200,15 +239,31 @@ def test_ints_python_cannot_write_as_json_text_are_refused() -> None:
 # -- surrogates: a str may hold them as code points; JSON text keeps each apart unless a high one precedes a low one --
 
 _SPLIT_PAIRS = ["\ud83d\ude00", "a\ud800\udc00b", "\udbff\udfff", "x" * 100 + "\u00e9\ud83d\ude00"]
-_LONE_SURROGATES = ["\udc80", "caf\udce9.txt", "\ud83d", "\ude00", "\ude00\ud83d", "\ud83d \ude00", "\ud83d\ud83d",
-                    "\ude00\ude00", "\U0001f600", "\ud83d\U0001f600\ude00"]
+_LONE_SURROGATES = [
+    "\udc80",
+    "caf\udce9.txt",
+    "\ud83d",
+    "\ude00",
+    "\ude00\ud83d",
+    "\ud83d \ude00",
+    "\ud83d\ud83d",
+    "\ude00\ude00",
+    "\U0001f600",
+    "\ud83d\U0001f600\ude00",
+]
 
 
 @pytest.mark.parametrize("text", _SPLIT_PAIRS)
 def test_a_surrogate_pair_written_as_two_code_points_is_refused_as_value_and_as_key(text: str) -> None:
     assert json.loads(json.dumps(text)) != text  # the reason: a parser reads one character
-    for value, path in ((text, ""), ({"a": text}, "/a"), ([1, text], "/1"), ({"a": [{"b": text}]}, "/a/0/b"),
-                        ({text: 1}, ""), ({"a": [{text: None, "b": 1.5}]}, "/a/0")):
+    for value, path in (
+        (text, ""),
+        ({"a": text}, "/a"),
+        ([1, text], "/1"),
+        ({"a": [{"b": text}]}, "/a/0/b"),
+        ({text: 1}, ""),
+        ({"a": [{text: None, "b": 1.5}]}, "/a/0"),
+    ):
         loss = find_loss(value)
         assert loss is not None and loss.path == path and "does not survive JSON" in loss.reason, value
         for function in (freeze, snapshot, thaw):

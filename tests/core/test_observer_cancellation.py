@@ -31,6 +31,7 @@ class _SlowResultObserver:
             except asyncio.CancelledError:
                 self.interrupted = True
                 raise
+
         return write()
 
 
@@ -62,6 +63,7 @@ async def test_an_observer_raising_cancelled_error_of_its_own_is_contained(caplo
                 future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 future.cancel()
                 await future
+
             return write()
 
     register(stack.hooks, Gone(), name="gone")
@@ -88,6 +90,7 @@ async def test_cancelled_during_an_async_approval_observer_the_later_ones_still_
             async def write() -> None:
                 started.set()
                 await asyncio.sleep(10)
+
             return write()
 
     register(stack.hooks, Journal())
@@ -127,6 +130,7 @@ async def test_cancelled_while_a_person_is_asked_the_approval_observers_still_he
                 asking.set()
                 await asyncio.sleep(10)
                 return ApprovalOutcome.ALLOWED  # pragma: no cover - never answered
+
             return prompt()
 
     register(stack.hooks, Journal())

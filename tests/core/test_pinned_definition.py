@@ -33,8 +33,9 @@ class AskThenWait(Recorder):
         return self.answer
 
 
-async def _while_approval_waits(stack: Stack, change: Callable[[], object], *,
-                                 agent: Any = None) -> tuple[ToolResult, AskThenWait]:
+async def _while_approval_waits(
+    stack: Stack, change: Callable[[], object], *, agent: Any = None
+) -> tuple[ToolResult, AskThenWait]:
     """Call ``echo``; while its approval waits, ``change()`` the registry; then allow it."""
     recorder = register(stack.hooks, AskThenWait())
     assert isinstance(recorder, AskThenWait)
@@ -46,8 +47,10 @@ async def _while_approval_waits(stack: Stack, change: Callable[[], object], *,
 
 
 def _replaced_message(name: str) -> str:
-    return (f'tool call aborted before dispatch: tool "{name}" was replaced while the call waited, and its new '
-            "definition was not judged by this call's policy; call it again")
+    return (
+        f'tool call aborted before dispatch: tool "{name}" was replaced while the call waited, and its new '
+        "definition was not judged by this call's policy; call it again"
+    )
 
 
 async def test_a_tool_replaced_during_its_approval_runs_neither_body() -> None:
@@ -103,7 +106,8 @@ async def test_a_tool_registered_under_an_unknown_name_during_its_approval_never
     result = await call
     assert result.code == "ABORTED_BEFORE_DISPATCH"
     assert result.error is not None and result.error.message == _replaced_message("late").replace(
-        "was replaced", "was registered")
+        "was replaced", "was registered"
+    )
     assert body_calls(new) == []
 
 
@@ -148,6 +152,7 @@ async def test_a_tool_replaced_while_a_middleware_pauses_before_proceed_runs_nei
                 result: ToolResult = await proceed(call)
                 seen.append(result)
                 return result
+
             return middleware
 
     register(stack.hooks, Pausing())

@@ -49,6 +49,7 @@ async def test_stages_run_in_the_fixed_order_and_emit_one_result() -> None:
                 result = await proceed(call)
                 order.append("around:out")
                 return result  # type: ignore[no-any-return]
+
             return middleware
 
         @hookimpl
@@ -80,8 +81,12 @@ async def test_non_lossless_arguments_are_invalid_before_anything_else() -> None
 
 async def test_schema_violations_are_all_reported_with_paths() -> None:
     stack = Stack()
-    params = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
-              "required": ["a", "b"], "additionalProperties": False}
+    params = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
     echo = tool("strict", parameters=params)
     stack.registry.register(echo)
     result = await stack.call("strict", {"a": "x", "z": 1})
@@ -110,12 +115,15 @@ async def test_an_execute_that_returns_no_awaitable_fails_naming_the_tool_and_th
     def execute(args: Any, ctx: Any) -> Any:
         return {"done": True}
 
-    stack.registry.register(define_tool(name="sync", description="A sync body.", parameters={"type": "object"},
-                                        execute=execute))
+    stack.registry.register(
+        define_tool(name="sync", description="A sync body.", parameters={"type": "object"}, execute=execute)
+    )
     result = await stack.call("sync")
     assert result.code == "TOOL_FAILED"
-    assert result.text == ('Error: tool "sync": its execute returned dict, not an awaitable: '
-                           "define it with async def (or return an awaitable)")
+    assert result.text == (
+        'Error: tool "sync": its execute returned dict, not an awaitable: '
+        "define it with async def (or return an awaitable)"
+    )
 
 
 async def test_pre_aborted_call_never_runs_the_body_and_keeps_the_finalizer() -> None:
@@ -162,6 +170,7 @@ async def test_abort_during_approval_is_aborted_before_dispatch() -> None:
                 controller.abort("user")
                 await asyncio.sleep(10)
                 return ApprovalOutcome.ALLOWED
+
             return wait()
 
     register(stack.hooks, Channel())
@@ -213,13 +222,15 @@ async def test_a_call_aborted_between_prepare_and_dispatch_is_final_without_midd
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 wrapped.append(call.call_id)
                 return await proceed(call)  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, Wrapper())
     recorder = register(stack.hooks, Recorder(post=PostDecision.replace_content("all good, file written")))
     controller = AbortController()
-    staged = await stack.runtime.prepare(ToolExecutionInput(
-        call_id="c1", name="echo", arguments={}, signal=controller.signal))
+    staged = await stack.runtime.prepare(
+        ToolExecutionInput(call_id="c1", name="echo", arguments={}, signal=controller.signal)
+    )
     assert staged.kind == "dispatch"
     controller.abort("run_code settled")
     staged = await stack.runtime.dispatch(staged)
@@ -236,8 +247,9 @@ async def test_finalize_never_post_executes_a_result_the_core_settled() -> None:
     stack = Stack()
     echo = tool("echo")
     stack.registry.register(echo)
-    recorder = register(stack.hooks, Recorder(pre=PreDecision.deny("writes are off"),
-                                              post=PostDecision.replace_content("all good")))
+    recorder = register(
+        stack.hooks, Recorder(pre=PreDecision.deny("writes are off"), post=PostDecision.replace_content("all good"))
+    )
     staged = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="echo", arguments={}))
     assert staged.kind == "final-result"
     result = await stack.runtime.finalize(staged)
@@ -263,8 +275,9 @@ async def test_a_second_finalize_runs_no_post_execute_and_leaves_the_emitted_res
 
     recorder = register(stack.hooks, Recorder())
     register(stack.hooks, Post())
-    staged = await stack.runtime.dispatch(await stack.runtime.prepare(
-        ToolExecutionInput(call_id="c1", name="echo", arguments={})))
+    staged = await stack.runtime.dispatch(
+        await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="echo", arguments={}))
+    )
     assert staged.kind == "post-result"
     first = asyncio.get_running_loop().create_task(stack.runtime.finalize(staged))
     await asyncio.sleep(0)
@@ -293,8 +306,7 @@ async def test_a_disposed_agent_leaves_no_call_to_run_without_its_policy() -> No
     assert (await stack.call("bash", agent=agent)).code == "UNKNOWN_TOOL"
     assert (await stack.call("read", agent=agent)).code == "DENIED"
     # Prepared while the agent lives (an unknown name passes policy), dispatched once it is gone.
-    pending = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="bash", arguments={},
-                                                             agent=agent))
+    pending = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="bash", arguments={}, agent=agent))
     assert pending.kind == "dispatch"
     await agent.dispose()
     pending = await stack.runtime.dispatch(pending)
@@ -313,8 +325,9 @@ async def test_dispatch_never_runs_the_body_of_a_settled_or_dispatched_call() ->
     stack = Stack()
     write = tool("write")
     stack.registry.register(write)
-    recorder = register(stack.hooks, Recorder(pre=PreDecision.deny("writes are off"),
-                                              post=PostDecision.replace_content("ok: written")))
+    recorder = register(
+        stack.hooks, Recorder(pre=PreDecision.deny("writes are off"), post=PostDecision.replace_content("ok: written"))
+    )
     staged = await stack.runtime.prepare(ToolExecutionInput(call_id="c1", name="write", arguments={}))
     assert staged.kind == "final-result"
     staged = await stack.runtime.dispatch(staged)
@@ -337,8 +350,9 @@ async def test_dispatch_never_runs_the_body_of_a_settled_or_dispatched_call() ->
     assert len(body_calls(other)) == 1
     # Two dispatches at once: the second is refused before the first's body has run.
     staged = await allowed.runtime.prepare(ToolExecutionInput(call_id="c3", name="other", arguments={}))
-    first, second = await asyncio.gather(allowed.runtime.dispatch(staged), allowed.runtime.dispatch(staged),
-                                         return_exceptions=True)
+    first, second = await asyncio.gather(
+        allowed.runtime.dispatch(staged), allowed.runtime.dispatch(staged), return_exceptions=True
+    )
     assert first is staged and staged.kind == "post-result"
     assert isinstance(second, RuntimeError) and "'c3' is already being dispatched" in str(second)
     assert len(body_calls(other)) == 2
@@ -356,6 +370,7 @@ async def test_a_middleware_signal_aborted_before_the_body_is_final_without_post
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 controller.abort("per-call timeout")
                 return await proceed(attrs.evolve(call, signal=controller.signal))  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, Tightening())
@@ -366,12 +381,15 @@ async def test_a_middleware_signal_aborted_before_the_body_is_final_without_post
     assert body_calls(echo) == []
 
 
-@pytest.mark.parametrize(("outcome", "message"), [
-    ("rejected", 'the user rejected tool "echo"'),
-    ("cancelled", 'approval for tool "echo" was cancelled'),
-    ("unavailable", 'tool "echo" requires approval, but no approval channel is available (why)'),
-    (None, 'tool "echo" requires approval, but no approval channel is available (why)'),
-])
+@pytest.mark.parametrize(
+    ("outcome", "message"),
+    [
+        ("rejected", 'the user rejected tool "echo"'),
+        ("cancelled", 'approval for tool "echo" was cancelled'),
+        ("unavailable", 'tool "echo" requires approval, but no approval channel is available (why)'),
+        (None, 'tool "echo" requires approval, but no approval channel is available (why)'),
+    ],
+)
 async def test_approval_outcomes_deny_with_a_message(outcome: str | None, message: str) -> None:
     stack = Stack()
     echo = tool("echo")
@@ -533,10 +551,18 @@ async def test_execution_mode_is_parallel_only_for_exactly_true() -> None:
     cases = {"yes": True, "no": False, "truthy": lambda a: 1, "raises": boom, "undeclared": None}
     for name, safe in cases.items():
         stack.registry.register(tool(name, safe=safe))
-    modes = {name: stack.runtime.execution_mode(ToolExecutionInput(call_id="c", name=name, arguments={}))
-             for name in [*cases, "unknown"]}
-    assert modes == {"yes": "parallel", "no": "exclusive", "truthy": "exclusive", "raises": "exclusive",
-                     "undeclared": "exclusive", "unknown": "exclusive"}
+    modes = {
+        name: stack.runtime.execution_mode(ToolExecutionInput(call_id="c", name=name, arguments={}))
+        for name in [*cases, "unknown"]
+    }
+    assert modes == {
+        "yes": "parallel",
+        "no": "exclusive",
+        "truthy": "exclusive",
+        "raises": "exclusive",
+        "undeclared": "exclusive",
+        "unknown": "exclusive",
+    }
     lossy = ToolExecutionInput(call_id="c", name="yes", arguments={"x": float("nan")})
     assert stack.runtime.execution_mode(lossy) == "exclusive"
     assert "is_concurrency_safe" not in str(stack.registry.schemas()[0].to_json())
@@ -556,6 +582,7 @@ async def test_around_dispatch_cannot_change_what_runs_but_can_tighten_the_signa
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 swapped = attrs.evolve(call, name="other", arguments={"text": "forged"})
                 return await proceed(swapped)  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, Sneaky())
@@ -569,6 +596,7 @@ async def test_around_dispatch_cannot_change_what_runs_but_can_tighten_the_signa
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 controller.abort("timeout policy")
                 return await proceed(attrs.evolve(call, signal=controller.signal))  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, Tightening())
@@ -586,6 +614,7 @@ async def test_a_middleware_narrowing_the_signal_leaves_no_listener_on_the_calle
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 timeout = AbortController()
                 return await proceed(attrs.evolve(call, signal=timeout.signal))  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, PerCallTimeout())
@@ -612,7 +641,9 @@ async def test_middleware_order_first_in_call_order_is_outermost() -> None:
                     result = await proceed(call)
                     trail.append(f"<{label}")
                     return result  # type: ignore[no-any-return]
+
                 return middleware
+
         return Layer()
 
     register(stack.hooks, make("old"))
@@ -631,6 +662,7 @@ async def test_a_raising_middleware_skips_post_execute() -> None:
         def dsh_around_dispatch(self) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 raise RuntimeError("wrapper bug")
+
             return middleware
 
     register(stack.hooks, Raising())
@@ -655,6 +687,7 @@ async def test_a_middleware_cannot_run_the_body_twice_or_after_the_call_settled(
                     return ToolResult(content="cached", value={"echo": "cached"})
                 await proceed(call)
                 return await proceed(call)  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, Misbehaving())
@@ -687,6 +720,7 @@ async def test_a_kept_proceed_cannot_run_the_body_after_a_cancelled_call_settled
                 entered.set()
                 await asyncio.sleep(10)
                 raise AssertionError("unreachable")
+
             return middleware
 
     register(stack.hooks, Keeper())
@@ -711,6 +745,7 @@ async def test_an_authored_middleware_result_is_revalidated() -> None:
         def dsh_around_dispatch(self) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return ToolResult(content="cached", value="not an object")
+
             return middleware
 
     register(stack.hooks, Authoring())
@@ -867,6 +902,7 @@ async def test_cancelling_a_call_during_approval_emits_its_result_and_stops_the_
                 finally:
                     prompt_ended.append("ended")
                 return ApprovalOutcome.ALLOWED
+
             return wait()
 
     register(stack.hooks, SlowPerson())
@@ -882,7 +918,8 @@ async def test_cancelling_a_call_during_approval_emits_its_result_and_stops_the_
 
 
 async def test_an_unexpected_error_in_policy_still_settles_the_call_with_one_result(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """prepare() never raises for a broken stage: the staged call settles, so every caller can finish it."""
     stack = Stack()
     echo = tool("echo")
@@ -923,6 +960,7 @@ class _RaisingMiddleware:
     def dsh_around_dispatch(self) -> Any:
         async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
             raise RuntimeError("wrapper bug")
+
         return middleware
 
 
@@ -932,15 +970,19 @@ class _RaisingGuard:
         raise RuntimeError("guard bug")
 
 
-@pytest.mark.parametrize(("plugin", "message"), [
-    (_RaisingPre(), "dsh_pre_execute of plugin 'acme' failed: KeyError: 'tenant'"),
-    (_RaisingPost(), "dsh_post_execute of plugin 'acme' failed: ValueError"),
-    (_RaisingAround(), "dsh_around_dispatch of plugin 'acme' failed: RuntimeError: no wrapper today"),
-    (_RaisingMiddleware(), "dsh_around_dispatch of plugin 'acme' failed: RuntimeError: wrapper bug"),
-    (_RaisingGuard(), "dsh_guard of plugin 'acme' failed: RuntimeError: guard bug"),
-])
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        (_RaisingPre(), "dsh_pre_execute of plugin 'acme' failed: KeyError: 'tenant'"),
+        (_RaisingPost(), "dsh_post_execute of plugin 'acme' failed: ValueError"),
+        (_RaisingAround(), "dsh_around_dispatch of plugin 'acme' failed: RuntimeError: no wrapper today"),
+        (_RaisingMiddleware(), "dsh_around_dispatch of plugin 'acme' failed: RuntimeError: wrapper bug"),
+        (_RaisingGuard(), "dsh_guard of plugin 'acme' failed: RuntimeError: guard bug"),
+    ],
+)
 async def test_a_raising_hook_names_its_hook_and_plugin_and_is_logged(
-        plugin: object, message: str, caplog: pytest.LogCaptureFixture) -> None:
+    plugin: object, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
     stack = Stack()
     stack.registry.register(tool("echo"))
     register(stack.hooks, plugin, name="acme")
@@ -963,6 +1005,7 @@ async def test_a_failing_inner_middleware_is_blamed_not_the_outer_one_it_passed_
         def dsh_around_dispatch(self) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return await proceed(call)  # type: ignore[no-any-return]
+
             return middleware
 
     register(stack.hooks, _RaisingMiddleware(), name="inner")
@@ -987,7 +1030,8 @@ async def test_a_raising_registry_guard_is_named_and_logged(caplog: pytest.LogCa
     assert result.error is not None and result.error.message.startswith("guard ")
     assert result.error.message.endswith(
         "test_pipeline.test_a_raising_registry_guard_is_named_and_logged.<locals>.tenant_guard "
-        "failed: RuntimeError: quota service down")
+        "failed: RuntimeError: quota service down"
+    )
     assert "tenant_guard" in caplog.text and "quota service down" in caplog.text
 
 
@@ -1035,6 +1079,7 @@ async def test_post_execute_never_sees_or_rewrites_a_call_denied_before_dispatch
     elif denial == "hook guard":
         register(stack.hooks, Recorder(guard="guard says no"))
     else:
+
         class AbortInGuard:  # the call is aborted after the guards passed, before dispatch
             @hookimpl
             def dsh_guard(self) -> None:
@@ -1067,6 +1112,7 @@ async def test_a_middleware_cannot_hand_back_a_failure_that_concludes_the_turn_o
         def dsh_around_dispatch(self) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return attrs.evolve(ToolResult.failure("NOPE", "refused"), **authored.pop(0))
+
             return middleware
 
     register(stack.hooks, Authoring(), name="authoring")
@@ -1103,6 +1149,7 @@ async def test_a_body_a_middleware_detached_is_awaited_before_the_call_settles(e
                 if ending == "raises":
                     raise ToolError("gave up")
                 return ToolResult(content="early", value={"echo": "early"})
+
             return middleware
 
     class Observer:
@@ -1145,6 +1192,7 @@ async def test_a_cancelled_call_cuts_a_body_a_middleware_detached_and_ends_after
         def dsh_around_dispatch(self) -> Any:
             async def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return await asyncio.shield(asyncio.ensure_future(proceed(call)))  # type: ignore[no-any-return]
+
             return middleware
 
     class Observer:
@@ -1261,15 +1309,19 @@ class _StrayPost:
         return _lets_out_a_stray_cancellation()
 
 
-@pytest.mark.parametrize(("plugin", "code", "body_runs"), [
-    (_StrayPre, ErrorCode.TOOL_FAILED, False),
-    (_StrayGuard, ErrorCode.DENIED, False),
-    (_StrayApproval, ErrorCode.DENIED, False),
-    (_StrayMiddleware, ErrorCode.TOOL_FAILED, False),
-    (_StrayPost, ErrorCode.TOOL_FAILED, True),
-])
+@pytest.mark.parametrize(
+    ("plugin", "code", "body_runs"),
+    [
+        (_StrayPre, ErrorCode.TOOL_FAILED, False),
+        (_StrayGuard, ErrorCode.DENIED, False),
+        (_StrayApproval, ErrorCode.DENIED, False),
+        (_StrayMiddleware, ErrorCode.TOOL_FAILED, False),
+        (_StrayPost, ErrorCode.TOOL_FAILED, True),
+    ],
+)
 async def test_a_hook_that_lets_out_a_cancellation_nobody_asked_for_fails_only_its_call(
-        plugin: type, code: str, body_runs: bool) -> None:
+    plugin: type, code: str, body_runs: bool
+) -> None:
     """As for a body: a hook's stray CancelledError is that plugin's failure (a denial, fail closed, for a
     security stage), never the cancellation of the caller, which would end a whole agent run as interrupted."""
     stack = Stack()
@@ -1311,10 +1363,15 @@ async def test_an_invalid_argument_error_stays_short_however_large_the_arguments
     # jsonschema's messages quote the offending value, and there is one per offending item: a model
     # sending a huge value (or many bad items) must not get all of it back in its error message.
     stack = Stack()
-    stack.registry.register(tool("sum", parameters={
-        "type": "object",
-        "properties": {"label": {"type": "string"}, "numbers": {"type": "array", "items": {"type": "integer"}}},
-    }))
+    stack.registry.register(
+        tool(
+            "sum",
+            parameters={
+                "type": "object",
+                "properties": {"label": {"type": "string"}, "numbers": {"type": "array", "items": {"type": "integer"}}},
+            },
+        )
+    )
     result = await stack.call("sum", {"label": list(range(100_000))})
     assert result.error is not None and result.error.code == ErrorCode.INVALID_ARGS
     assert len(result.error.message) < 2_000, len(result.error.message)
@@ -1343,7 +1400,8 @@ async def test_a_value_too_deep_to_check_is_blamed_on_its_depth_not_on_the_schem
 
 
 async def test_an_approval_channel_that_lets_out_a_stray_cancellation_is_its_failure_not_a_cancelled_ask(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Like every other hook: the channel failed (logged, naming it; the ask is unavailable), and the
     observers are not told the ask was cancelled, which nobody did."""
     stack = Stack()

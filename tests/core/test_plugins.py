@@ -24,13 +24,17 @@ def ep(name: str, value: str) -> metadata.EntryPoint:
 
 
 def catalog(strict: bool = False, reports: list[str] | None = None) -> PluginCatalog:
-    return PluginCatalog(entry_points=[
-        ep("echo", "tests.core.sample_plugins:echo"),
-        ep("deny", "tests.core.sample_plugins:deny"),
-        ep("half-broken", "tests.core.sample_plugins:half_broken"),
-        ep("broken", "tests.core.broken_plugin:plugin"),
-        ep("async-factory", "tests.core.sample_plugins:async_factory"),
-    ], strict=strict, report=(reports.append if reports is not None else None))
+    return PluginCatalog(
+        entry_points=[
+            ep("echo", "tests.core.sample_plugins:echo"),
+            ep("deny", "tests.core.sample_plugins:deny"),
+            ep("half-broken", "tests.core.sample_plugins:half_broken"),
+            ep("broken", "tests.core.broken_plugin:plugin"),
+            ep("async-factory", "tests.core.sample_plugins:async_factory"),
+        ],
+        strict=strict,
+        report=(reports.append if reports is not None else None),
+    )
 
 
 def deployment(*documents: dict[str, Any], env: dict[str, str] | None = None) -> Any:
@@ -38,11 +42,15 @@ def deployment(*documents: dict[str, Any], env: dict[str, str] | None = None) ->
 
 
 async def test_rows_become_plugin_instances_with_their_own_scope_and_config() -> None:
-    dep = deployment({"plugins": [
-        {"id": "a", "use": "echo", "config": {"tool": "alpha"}},
-        {"id": "b", "use": "echo", "config": {"tool": "beta"}},
-        {"id": "policy", "use": "deny", "config": {"names": ["beta"]}},
-    ]})
+    dep = deployment(
+        {
+            "plugins": [
+                {"id": "a", "use": "echo", "config": {"tool": "alpha"}},
+                {"id": "b", "use": "echo", "config": {"tool": "beta"}},
+                {"id": "policy", "use": "deny", "config": {"names": ["beta"]}},
+            ]
+        }
+    )
     harness = await Harness.start(dep, catalog=catalog())
     try:
         assert harness.registry.names(harness.agent()) == ["alpha", "beta"]
@@ -73,9 +81,13 @@ def test_a_declared_config_schema_is_a_snapshot_the_callers_dict_cannot_change()
     from dsh_core.harness import load_plugins
     from dsh_core.plugins import config_schema_of
 
-    schema: dict[str, Any] = {"type": "object", "additionalProperties": False,
-                              "properties": {"limits": {"type": "object", "additionalProperties": False,
-                                                        "properties": {"rps": {"type": "integer"}}}}}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "limits": {"type": "object", "additionalProperties": False, "properties": {"rps": {"type": "integer"}}}
+        },
+    }
 
     @plugin(config_schema=schema)
     def make(scope: Any, config: Any) -> None:
@@ -99,15 +111,22 @@ def test_an_invalid_declared_config_schema_is_refused_naming_the_factory() -> No
     from dsh_core import plugin
     from dsh_core.errors import SchemaDefinitionError
 
-    expected = (r"plugin factory \S*test_plugins\.test_an_invalid_declared_config_schema_is_refused_"
-                r"naming_the_factory\.<locals>\.{name} config schema: {problem}")
-    with pytest.raises(SchemaDefinitionError, match=expected.format(
-            name="make", problem=r"invalid JSON Schema at /properties/x/type")):
+    expected = (
+        r"plugin factory \S*test_plugins\.test_an_invalid_declared_config_schema_is_refused_"
+        r"naming_the_factory\.<locals>\.{name} config schema: {problem}"
+    )
+    with pytest.raises(
+        SchemaDefinitionError, match=expected.format(name="make", problem=r"invalid JSON Schema at /properties/x/type")
+    ):
+
         @plugin(config_schema={"type": "object", "properties": {"x": {"type": "integr"}}})
         def make(scope: Any, config: Any) -> None:
             return None
-    with pytest.raises(SchemaDefinitionError, match=expected.format(
-            name="dangling", problem=r"unresolvable \$ref '#/\$defs/nope'")):
+
+    with pytest.raises(
+        SchemaDefinitionError, match=expected.format(name="dangling", problem=r"unresolvable \$ref '#/\$defs/nope'")
+    ):
+
         @plugin(config_schema={"type": "object", "properties": {"x": {"$ref": "#/$defs/nope"}}})
         def dangling(scope: Any, config: Any) -> None:
             return None
@@ -121,7 +140,8 @@ async def test_an_unknown_use_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize("strict", [False, True])
 async def test_a_configured_plugin_that_fails_to_load_fails_the_boot_naming_file_row_and_error(
-        strict: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    strict: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Never skipped (a missing guard would fail open), never misreported as "takes no config"; imported once."""
     imports: list[str] = []
     real_load = metadata.EntryPoint.load
@@ -132,16 +152,24 @@ async def test_a_configured_plugin_that_fails_to_load_fails_the_boot_naming_file
 
     monkeypatch.setattr(metadata.EntryPoint, "load", counting_load)
     reports: list[str] = []
-    dep = deployment({"plugins": [{"id": "e", "use": "echo"},
-                                  {"id": "guard-a", "use": "broken", "config": {"deny_paths": ["**/.env"]}},
-                                  {"id": "guard-b", "use": "broken"}]})
+    dep = deployment(
+        {
+            "plugins": [
+                {"id": "e", "use": "echo"},
+                {"id": "guard-a", "use": "broken", "config": {"deny_paths": ["**/.env"]}},
+                {"id": "guard-b", "use": "broken"},
+            ]
+        }
+    )
     with pytest.raises(PluginLoadError) as caught:
         await Harness.start(dep, catalog=catalog(strict=strict, reports=reports))
     lines = caught.value.message.splitlines()
     assert len(lines) == 2
     for line, row in zip(lines, ["guard-a", "guard-b"], strict=True):
-        assert line.startswith(f"file1.toml: plugins[{row}].use: plugin 'broken' (tests.core.broken_plugin:plugin)"
-                               " failed to load: ImportError: this plugin is broken on purpose")
+        assert line.startswith(
+            f"file1.toml: plugins[{row}].use: plugin 'broken' (tests.core.broken_plugin:plugin)"
+            " failed to load: ImportError: this plugin is broken on purpose"
+        )
     assert "takes no config" not in caught.value.message
     assert imports.count("broken") == 1
     assert reports == []
@@ -159,11 +187,17 @@ async def test_a_failing_start_leaves_nothing_half_registered() -> None:
 @pytest.mark.parametrize("mode", ["native", "code"])
 async def test_a_plugin_registering_run_code_fails_the_boot_and_the_transport_stays_the_cores(mode: str) -> None:
     """No plugin can register, shadow or replace the reserved transport, in any mode: its start fails."""
-    dep = deployment({"tools": {"mode": mode},
-                      "plugins": [{"id": "ok", "use": "echo"}, {"id": "usurper", "use": "echo",
-                                                                "config": {"tool": "run_code"}}]})
-    with pytest.raises(PluginLoadError, match=r"plugin row 'usurper' .*failed to start: tool name \"run_code\" is "
-                                              r"reserved for the Code Mode presentation transport"):
+    dep = deployment(
+        {
+            "tools": {"mode": mode},
+            "plugins": [{"id": "ok", "use": "echo"}, {"id": "usurper", "use": "echo", "config": {"tool": "run_code"}}],
+        }
+    )
+    with pytest.raises(
+        PluginLoadError,
+        match=r"plugin row 'usurper' .*failed to start: tool name \"run_code\" is "
+        r"reserved for the Code Mode presentation transport",
+    ):
         await Harness.start(dep, catalog=catalog())
 
 
@@ -171,28 +205,47 @@ async def test_a_plugin_that_calls_sys_exit_fails_the_boot_instead_of_ending_the
     """sys.exit(0) in a plugin's import or start escaped the harness: `dsh tools list` exited 0, printing nothing."""
     loaded = importlib.import_module("tests.core.sample_plugins")
     loaded.DISPOSED.clear()
-    plugins = PluginCatalog(entry_points=[ep("exit-on-import", "tests.core.exiting_plugin:plugin"),
-                                          ep("exit-on-start", "tests.core.sample_plugins:exiting")])
+    plugins = PluginCatalog(
+        entry_points=[
+            ep("exit-on-import", "tests.core.exiting_plugin:plugin"),
+            ep("exit-on-start", "tests.core.sample_plugins:exiting"),
+        ]
+    )
     dep = deployment({"plugins": [{"id": "guard", "use": "exit-on-import"}]})
-    with pytest.raises(PluginLoadError, match=r"file1.toml: plugins\[guard\].use: plugin 'exit-on-import' "
-                                              r"\(tests.core.exiting_plugin:plugin\) failed to load: "
-                                              r"SystemExit: sys.exit\(0\) was called"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"file1.toml: plugins\[guard\].use: plugin 'exit-on-import' "
+        r"\(tests.core.exiting_plugin:plugin\) failed to load: "
+        r"SystemExit: sys.exit\(0\) was called",
+    ):
         await Harness.start(dep, catalog=plugins)
     dep = deployment({"plugins": [{"id": "e", "use": "exit-on-start"}]})
-    with pytest.raises(PluginLoadError, match=r"plugin row 'e' .*failed to start: SystemExit: sys.exit\(0\) was "
-                                              r"called"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"plugin row 'e' .*failed to start: SystemExit: sys.exit\(0\) was "
+        r"called",
+    ):
         await Harness.start(dep, catalog=plugins)
     assert loaded.DISPOSED == ["exiting"]
 
 
 async def test_a_tool_name_two_rows_register_names_both_rows() -> None:
     """The second row's failure named only itself: which row already had the tool was left to guess."""
-    dep = deployment({"plugins": [{"id": "first-echo", "use": "echo", "config": {"tool": "alpha"}},
-                                  {"id": "other", "use": "echo", "config": {"tool": "beta"}},
-                                  {"id": "second-echo", "use": "echo", "config": {"tool": "alpha"}}]})
-    with pytest.raises(PluginLoadError, match=r"plugin row 'second-echo' .*failed to start: tool \"alpha\" is "
-                                              r"registered by both plugin row 'first-echo' and plugin row "
-                                              r"'second-echo'"):
+    dep = deployment(
+        {
+            "plugins": [
+                {"id": "first-echo", "use": "echo", "config": {"tool": "alpha"}},
+                {"id": "other", "use": "echo", "config": {"tool": "beta"}},
+                {"id": "second-echo", "use": "echo", "config": {"tool": "alpha"}},
+            ]
+        }
+    )
+    with pytest.raises(
+        PluginLoadError,
+        match=r"plugin row 'second-echo' .*failed to start: tool \"alpha\" is "
+        r"registered by both plugin row 'first-echo' and plugin row "
+        r"'second-echo'",
+    ):
         await Harness.start(dep, catalog=catalog())
     # Once its row is gone, the name is free again (and no longer blamed on that row).
     harness = await Harness.start(deployment({"plugins": [{"id": "first-echo", "use": "echo"}]}), catalog=catalog())
@@ -229,8 +282,11 @@ async def test_an_unresolvable_ref_in_a_config_schema_is_a_schema_error_not_a_tr
 
     make.config_schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}  # type: ignore[attr-defined]
     dep = deployment({"plugins": [{"id": "q", "use": "q", "config": {"a": 1}}]})
-    with pytest.raises(SchemaDefinitionError, match=r"plugin 'q' \(row 'q'\) config: unresolvable \$ref "
-                                                    r"'#/\$defs/nope' at /properties/a/\$ref"):
+    with pytest.raises(
+        SchemaDefinitionError,
+        match=r"plugin 'q' \(row 'q'\) config: unresolvable \$ref "
+        r"'#/\$defs/nope' at /properties/a/\$ref",
+    ):
         await Harness.start(dep, catalog=PluginCatalog(entry_points=[], extra={"q": make}))
     with pytest.raises(ConfigError, match=r"plugin 'q' config schema: unresolvable \$ref"):
         check_config("q", make, {"a": 1})
@@ -241,15 +297,19 @@ async def test_a_factory_returning_one_object_for_two_rows_names_both_rows() -> 
 
     shared = DenyPlugin([])
     dep = deployment({"plugins": [{"id": "g1", "use": "shared"}, {"id": "g2", "use": "shared"}]})
-    with pytest.raises(PluginLoadError, match=r"plugin row 'g2' .*failed to start: its factory returned the object "
-                                              r"plugin row 'g1' already uses; a factory must build a new instance"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"plugin row 'g2' .*failed to start: its factory returned the object "
+        r"plugin row 'g1' already uses; a factory must build a new instance",
+    ):
         await Harness.start(dep, catalog=PluginCatalog(entry_points=[], extra={"shared": lambda s, c: shared}))
 
 
 def test_duplicate_entry_point_names_are_an_error() -> None:
     with pytest.raises(PluginLoadError, match=r"duplicate plugin entry-point names.*echo"):
-        PluginCatalog(entry_points=[ep("echo", "tests.core.sample_plugins:echo"),
-                                    ep("echo", "tests.core.sample_plugins:deny")])
+        PluginCatalog(
+            entry_points=[ep("echo", "tests.core.sample_plugins:echo"), ep("echo", "tests.core.sample_plugins:deny")]
+        )
 
 
 def test_the_env_variable_adds_uninstalled_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,11 +322,19 @@ def test_the_env_variable_adds_uninstalled_plugins(monkeypatch: pytest.MonkeyPat
         PluginCatalog()
 
 
-@pytest.mark.parametrize("spec", [
-    "a=tests.core.sample_plugins:echo b=tests.core.sample_plugins:deny",  # separated by a space
-    "a=tests/core/sample_plugins.py:echo", "a=:echo", "a=tests.core.sample_plugins:", "a=m:f:g"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "a=tests.core.sample_plugins:echo b=tests.core.sample_plugins:deny",  # separated by a space
+        "a=tests/core/sample_plugins.py:echo",
+        "a=:echo",
+        "a=tests.core.sample_plugins:",
+        "a=m:f:g",
+    ],
+)
 def test_an_env_entry_that_is_no_module_and_attribute_is_refused_by_name(
-        monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
     # These passed the check (a ':' somewhere) and failed only when loaded, as
     # "AttributeError: 'NoneType' object has no attribute 'group'", advising to fix the installation.
     monkeypatch.setenv("DSH_PLUGINS", spec)
@@ -282,19 +350,25 @@ def test_a_name_the_env_variable_reuses_is_blamed_on_the_env_variable(monkeypatc
     monkeypatch.setenv("DSH_PLUGINS", "mine=tests.core.sample_plugins:echo,mine=tests.core.sample_plugins:deny")
     with pytest.raises(PluginLoadError) as caught:
         PluginCatalog()
-    assert ("mine: 'mine' (tests.core.sample_plugins:echo from DSH_PLUGINS), "
-            "'mine' (tests.core.sample_plugins:deny from DSH_PLUGINS)") in caught.value.message
+    assert (
+        "mine: 'mine' (tests.core.sample_plugins:echo from DSH_PLUGINS), "
+        "'mine' (tests.core.sample_plugins:deny from DSH_PLUGINS)"
+    ) in caught.value.message
     assert "rename the DSH_PLUGINS entry" in caught.value.message
     assert "after their distribution" not in caught.value.message
 
 
 async def test_agents_from_config_get_modes_and_restrictions() -> None:
-    dep = deployment({
-        "tools": {"mode": "native"},
-        "agents": [{"id": "coder", "mode": "code"}, {"id": "reader", "allow": ["alpha"]}],
-        "plugins": [{"id": "a", "use": "echo", "config": {"tool": "alpha"}},
-                    {"id": "b", "use": "echo", "config": {"tool": "beta"}}],
-    })
+    dep = deployment(
+        {
+            "tools": {"mode": "native"},
+            "agents": [{"id": "coder", "mode": "code"}, {"id": "reader", "allow": ["alpha"]}],
+            "plugins": [
+                {"id": "a", "use": "echo", "config": {"tool": "alpha"}},
+                {"id": "b", "use": "echo", "config": {"tool": "beta"}},
+            ],
+        }
+    )
     import attrs
 
     from dsh_core import define_tool
@@ -318,18 +392,29 @@ async def test_agents_from_config_get_modes_and_restrictions() -> None:
     assert attrs.has(type(dep))
 
 
-@pytest.mark.parametrize(("key", "names", "expected"), [
-    ("allow", ["alpha", "nope"], "file2.toml: agents[reader].allow: names tools this agent does not inherit: nope "
-                                 "(known: alpha)"),
-    ("deny", ["ghost"], "file2.toml: agents[reader].deny: names tools this agent does not inherit: ghost "
-                        "(known: alpha)"),
-    ("allow", ["run_code"], 'file2.toml: agents[reader].allow: "run_code" is reserved transport'),
-])
+@pytest.mark.parametrize(
+    ("key", "names", "expected"),
+    [
+        (
+            "allow",
+            ["alpha", "nope"],
+            "file2.toml: agents[reader].allow: names tools this agent does not inherit: nope (known: alpha)",
+        ),
+        (
+            "deny",
+            ["ghost"],
+            "file2.toml: agents[reader].deny: names tools this agent does not inherit: ghost (known: alpha)",
+        ),
+        ("allow", ["run_code"], 'file2.toml: agents[reader].allow: "run_code" is reserved transport'),
+    ],
+)
 async def test_an_agent_restriction_error_blames_the_file_and_key_that_set_it(
-        key: str, names: list[str], expected: str) -> None:
-    dep = deployment({"agents": [{"id": "reader"}],
-                      "plugins": [{"id": "a", "use": "echo", "config": {"tool": "alpha"}}]},
-                     {"agents": [{"id": "reader", key: names}]})
+    key: str, names: list[str], expected: str
+) -> None:
+    dep = deployment(
+        {"agents": [{"id": "reader"}], "plugins": [{"id": "a", "use": "echo", "config": {"tool": "alpha"}}]},
+        {"agents": [{"id": "reader", key: names}]},
+    )
     with pytest.raises(ConfigError) as caught:
         await Harness.start(dep, catalog=catalog())
     assert caught.value.message.startswith(expected)
@@ -349,8 +434,7 @@ async def test_a_named_registration_on_a_disposed_scope_changes_nothing() -> Non
     gone = root.child("plugin:p")
     register = providers.registrar(gone, "p")
     await gone.dispose()
-    with pytest.raises(RegistrationError, match="cannot register provider 'openai': scope 'root/plugin:p' is "
-                                                "disposed"):
+    with pytest.raises(RegistrationError, match="cannot register provider 'openai': scope 'root/plugin:p' is disposed"):
         register("openai", object())
     assert providers.names() == []
     healthy = root.child("plugin:q")
@@ -368,28 +452,45 @@ def test_the_kits_config_check_reports_a_schema_that_recurses_forever_as_a_confi
     def make(scope: Any, config: Any) -> None:
         return None
 
-    make.config_schema = {"type": "object", "properties": {"limits": {"$ref": "#/$defs/limits"}},  # type: ignore[attr-defined]
-                          "$defs": {"limits": {"allOf": [{"$ref": "#/$defs/limits"}]}}}
-    with pytest.raises(ConfigError, match=r"config for plugin 'lim' cannot be checked against its config schema: "
-                                          r"validation recursed too deeply"):
+    make.config_schema = {
+        "type": "object",
+        "properties": {"limits": {"$ref": "#/$defs/limits"}},  # type: ignore[attr-defined]
+        "$defs": {"limits": {"allOf": [{"$ref": "#/$defs/limits"}]}},
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"config for plugin 'lim' cannot be checked against its config schema: "
+        r"validation recursed too deeply",
+    ):
         check_config("lim", make, {"limits": {"rps": 5}})
 
 
 async def test_a_row_that_fails_to_start_names_the_file_that_set_it() -> None:
     """The row id and the plugin were named, but not which of several config files held the row."""
-    dep = deployment({"plugins": [{"id": "ok", "use": "echo", "config": {"tool": "alpha"}}]},
-                     {"plugins": [{"id": "broken", "use": "echo", "config": {"tool": "alpha"}}]})
+    dep = deployment(
+        {"plugins": [{"id": "ok", "use": "echo", "config": {"tool": "alpha"}}]},
+        {"plugins": [{"id": "broken", "use": "echo", "config": {"tool": "alpha"}}]},
+    )
     with pytest.raises(PluginLoadError, match=r"^plugin row 'broken' of file2.toml \(use 'echo' .*\) failed to start"):
         await Harness.start(dep, catalog=catalog())
 
 
 async def test_a_row_that_fails_to_start_names_the_file_its_config_came_from_too() -> None:
     """Only the file that added the row was named, not the overlay whose config made it fail."""
-    dep = deployment({"plugins": [{"id": "ok", "use": "echo", "config": {"tool": "alpha"}},
-                                  {"id": "broken", "use": "echo", "config": {"tool": "beta"}}]},
-                     {"plugins": [{"id": "broken", "config": {"tool": "alpha"}}]})
-    with pytest.raises(PluginLoadError, match=r"^plugin row 'broken' of file1.toml \(use 'echo' .*\) with its config "
-                                              r"from file2.toml failed to start"):
+    dep = deployment(
+        {
+            "plugins": [
+                {"id": "ok", "use": "echo", "config": {"tool": "alpha"}},
+                {"id": "broken", "use": "echo", "config": {"tool": "beta"}},
+            ]
+        },
+        {"plugins": [{"id": "broken", "config": {"tool": "alpha"}}]},
+    )
+    with pytest.raises(
+        PluginLoadError,
+        match=r"^plugin row 'broken' of file1.toml \(use 'echo' .*\) with its config "
+        r"from file2.toml failed to start",
+    ):
         await Harness.start(dep, catalog=catalog())
 
 
@@ -409,11 +510,25 @@ async def test_hooks_run_in_the_documented_call_order_tryfirst_then_last_row_fir
 
         return make
 
-    plugins = PluginCatalog(entry_points=[], extra={
-        "echo": sample_plugins.echo, "a": voter("a"), "b": voter("b"), "c": voter("c"),
-        "first": voter("first", tryfirst=True), "last": voter("last", trylast=True)})
-    rows = [{"id": "e", "use": "echo"}, {"id": "first", "use": "first"}, {"id": "a", "use": "a"},
-            {"id": "last", "use": "last"}, {"id": "b", "use": "b"}, {"id": "c", "use": "c"}]
+    plugins = PluginCatalog(
+        entry_points=[],
+        extra={
+            "echo": sample_plugins.echo,
+            "a": voter("a"),
+            "b": voter("b"),
+            "c": voter("c"),
+            "first": voter("first", tryfirst=True),
+            "last": voter("last", trylast=True),
+        },
+    )
+    rows = [
+        {"id": "e", "use": "echo"},
+        {"id": "first", "use": "first"},
+        {"id": "a", "use": "a"},
+        {"id": "last", "use": "last"},
+        {"id": "b", "use": "b"},
+        {"id": "c", "use": "c"},
+    ]
     harness = await Harness.start(deployment({"plugins": rows}), catalog=plugins)
     try:
         assert (await harness.call("echo", {})).is_error is False
@@ -424,8 +539,10 @@ async def test_hooks_run_in_the_documented_call_order_tryfirst_then_last_row_fir
 
 async def test_a_deployment_whose_files_disable_every_agent_says_so_naming_them() -> None:
     """Every command failed with only 'the deployment defines no agent', though a file had disabled each."""
-    dep = deployment({"agents": [{"id": "main"}], "plugins": [{"id": "e", "use": "echo"}]},
-                     {"agents": [{"id": "main", "enabled": False}]})
+    dep = deployment(
+        {"agents": [{"id": "main"}], "plugins": [{"id": "e", "use": "echo"}]},
+        {"agents": [{"id": "main", "enabled": False}]},
+    )
     harness = await Harness.start(dep, catalog=catalog())
     try:
         with pytest.raises(PluginLoadError) as caught:
@@ -434,7 +551,8 @@ async def test_a_deployment_whose_files_disable_every_agent_says_so_naming_them(
         await harness.aclose()
     assert caught.value.message == (
         "the deployment defines no agent: the [[agents]] rows of its files (file1.toml, file2.toml) are all "
-        "disabled (enable one with enabled = true, or drop the rows for the implicit agent 'main')")
+        "disabled (enable one with enabled = true, or drop the rows for the implicit agent 'main')"
+    )
 
 
 async def test_a_start_that_lets_out_a_stray_cancellation_fails_naming_the_row_not_as_an_interrupt() -> None:
@@ -464,12 +582,16 @@ async def test_a_start_that_lets_out_a_stray_cancellation_fails_naming_the_row_n
         scope.on_dispose(lambda: disposed.append("in-hook"))
         return Registers()
 
-    plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "in-factory": in_factory,
-                                                    "in-hook": in_hook})
+    plugins = PluginCatalog(
+        entry_points=[], extra={"echo": sample_plugins.echo, "in-factory": in_factory, "in-hook": in_hook}
+    )
     for use in ("in-factory", "in-hook"):
         dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "p", "use": use}]})
-        with pytest.raises(PluginLoadError, match=rf"^plugin row 'p' of file1.toml \(use '{use}' .*\) failed to "
-                                                  r"start: CancelledError"):
+        with pytest.raises(
+            PluginLoadError,
+            match=rf"^plugin row 'p' of file1.toml \(use '{use}' .*\) failed to "
+            r"start: CancelledError",
+        ):
             await Harness.start(dep, catalog=plugins)
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
     assert disposed == ["in-factory", "in-hook"]
@@ -490,14 +612,21 @@ async def test_a_plugin_failing_with_an_unprintable_exception_is_still_named() -
         raise Unprintable()
 
     DISPOSED.clear()
-    plugins = PluginCatalog(entry_points=[ep("on-import", "tests.core.unprintable_plugin:plugin")],
-                            extra={"on-start": raising})
-    with pytest.raises(PluginLoadError, match=r"^file1.toml: plugins\[i\].use: plugin 'on-import' "
-                                              r"\(tests.core.unprintable_plugin:plugin\) failed to load: "
-                                              r"Unprintable: <unprintable exception>"):
+    plugins = PluginCatalog(
+        entry_points=[ep("on-import", "tests.core.unprintable_plugin:plugin")], extra={"on-start": raising}
+    )
+    with pytest.raises(
+        PluginLoadError,
+        match=r"^file1.toml: plugins\[i\].use: plugin 'on-import' "
+        r"\(tests.core.unprintable_plugin:plugin\) failed to load: "
+        r"Unprintable: <unprintable exception>",
+    ):
         await Harness.start(deployment({"plugins": [{"id": "i", "use": "on-import"}]}), catalog=plugins)
-    with pytest.raises(PluginLoadError, match=r"^plugin row 's' of file1.toml \(use 'on-start' .*\) failed to start: "
-                                              r"Unprintable: <unprintable exception>$"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"^plugin row 's' of file1.toml \(use 'on-start' .*\) failed to start: "
+        r"Unprintable: <unprintable exception>$",
+    ):
         await Harness.start(deployment({"plugins": [{"id": "s", "use": "on-start"}]}), catalog=plugins)
     assert DISPOSED == ["unprintable"]
 
@@ -528,15 +657,27 @@ async def test_a_provider_or_store_name_that_is_no_string_fails_the_start_naming
     for hook, kind in (("providers", "provider"), ("stores", "session store")):
         for name in (None, "", 7):
             config: dict[str, Any] = {"hook": hook} if name is None else {"hook": hook, "name": name}
-            dep = deployment({"plugins": [{"id": "ok", "use": "registers", "config": {"hook": hook, "name": "a"}},
-                                          {"id": "p", "use": "registers", "config": config}]})
-            with pytest.raises(PluginLoadError, match=rf"^plugin row 'p' .*failed to start: cannot register {kind} "
-                                                      rf"{name!r}: a {kind} name must be a non-empty string"):
+            dep = deployment(
+                {
+                    "plugins": [
+                        {"id": "ok", "use": "registers", "config": {"hook": hook, "name": "a"}},
+                        {"id": "p", "use": "registers", "config": config},
+                    ]
+                }
+            )
+            with pytest.raises(
+                PluginLoadError,
+                match=rf"^plugin row 'p' .*failed to start: cannot register {kind} "
+                rf"{name!r}: a {kind} name must be a non-empty string",
+            ):
                 await Harness.start(dep, catalog=plugins)
 
 
-@pytest.mark.parametrize("returned", [{"tools": []}, "echo", True, 1, ["a"], ("a",), b"x", "its config"],
-                         ids=lambda value: type(value).__name__ if value != "its config" else "config")
+@pytest.mark.parametrize(
+    "returned",
+    [{"tools": []}, "echo", True, 1, ["a"], ("a",), b"x", "its config"],
+    ids=lambda value: type(value).__name__ if value != "its config" else "config",
+)
 async def test_a_factory_returning_a_data_value_fails_the_start_instead_of_registering_nothing(returned: Any) -> None:
     """A factory that returned its config (or a flag, a name) booted fine: pluggy found no hook in the value,
     so the plugin's tools and guards silently did not exist."""
@@ -551,11 +692,14 @@ async def test_a_factory_returning_a_data_value_fails_the_start_instead_of_regis
     kind = "FrozenDict" if returned == "its config" else type(returned).__name__
     plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "data": make})
     dep = deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "d", "use": "data"}]})
-    with pytest.raises(PluginLoadError, match=rf"^plugin row 'd' of file1.toml \(use 'data' .*\) failed to start: its "
-                                              rf"factory .*make returned a {kind} "
-                                              r"\(a data value\), "
-                                              r"not a plugin object: a plugin factory returns the object whose "
-                                              r"@hookimpl methods"):
+    with pytest.raises(
+        PluginLoadError,
+        match=rf"^plugin row 'd' of file1.toml \(use 'data' .*\) failed to start: its "
+        rf"factory .*make returned a {kind} "
+        r"\(a data value\), "
+        r"not a plugin object: a plugin factory returns the object whose "
+        r"@hookimpl methods",
+    ):
         await Harness.start(dep, catalog=plugins)
     assert DISPOSED == ["data"]
 
@@ -634,14 +778,18 @@ async def test_an_optionalhook_impl_of_a_hook_no_spec_defines_loads_and_a_plain_
         return Typo()
 
     plugins = PluginCatalog(entry_points=[], extra={"echo": sample_plugins.echo, "forward": forward, "typo": typo})
-    harness = await Harness.start(deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "f", "use": "forward"}]}),
-                                  catalog=plugins)
+    harness = await Harness.start(
+        deployment({"plugins": [{"id": "e", "use": "echo"}, {"id": "f", "use": "forward"}]}), catalog=plugins
+    )
     try:
         denied = await harness.call("echo", {})
         assert denied.code == "DENIED" and "denied by the forward-looking plugin" in denied.text
         assert "dsh_from_a_newer_dsh" not in harness.hooks.hook_names()
     finally:
         await harness.aclose()
-    with pytest.raises(PluginLoadError, match=r"plugin row 't'.*plugin 't' implements unknown hook "
-                                              r"'dsh_from_a_newer_dsh'.*optionalhook=True"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"plugin row 't'.*plugin 't' implements unknown hook "
+        r"'dsh_from_a_newer_dsh'.*optionalhook=True",
+    ):
         await Harness.start(deployment({"plugins": [{"id": "t", "use": "typo"}]}), catalog=plugins)

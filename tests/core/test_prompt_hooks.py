@@ -36,28 +36,46 @@ def _config_lookup() -> Any:
     return {}["section"]  # a bug in the plugin: KeyError
 
 
-@pytest.mark.parametrize(("plugin", "message"), [
-    (_Sections(_config_lookup), "dsh_prompt_sections of plugin 'notes' failed: KeyError: 'section'"),
-    (_Sections(lambda: 42), "dsh_prompt_sections of plugin 'notes' failed: TypeError: 'int' object is not iterable"),
-    (_Sections(lambda: ["be brief"]),
-     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned str, expected PromptSection"),
-    (_Filter(lambda sections: _config_lookup()), "dsh_prompt_filter of plugin 'notes' failed: KeyError: 'section'"),
-    (_Filter(lambda sections: [s.text for s in sections]),
-     "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned str, expected PromptSection"),
-    # A section that is one in type only would fail the assembly later, naming nobody.
-    (_Sections(lambda: [PromptSection("notes", None)]),  # type: ignore[arg-type]
-     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose text is "
-     "NoneType, expected str"),
-    (_Sections(lambda: [PromptSection("notes", "Be brief.", "10")]),  # type: ignore[arg-type]
-     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
-     "str, expected int"),
-    # NaN sorts nowhere: the order of every section around it would follow the plugins' order.
-    (_Sections(lambda: [PromptSection("notes", "Be brief.", float("nan"))]),
-     "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
-     "NaN, which sorts nowhere"),
-    (_Filter(lambda sections: [PromptSection(1, "Be brief.")]),  # type: ignore[arg-type]
-     "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned section 1 whose name is int, expected str"),
-])
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        (_Sections(_config_lookup), "dsh_prompt_sections of plugin 'notes' failed: KeyError: 'section'"),
+        (
+            _Sections(lambda: 42),
+            "dsh_prompt_sections of plugin 'notes' failed: TypeError: 'int' object is not iterable",
+        ),
+        (
+            _Sections(lambda: ["be brief"]),
+            "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned str, expected PromptSection",
+        ),
+        (_Filter(lambda sections: _config_lookup()), "dsh_prompt_filter of plugin 'notes' failed: KeyError: 'section'"),
+        (
+            _Filter(lambda sections: [s.text for s in sections]),
+            "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned str, expected PromptSection",
+        ),
+        # A section that is one in type only would fail the assembly later, naming nobody.
+        (
+            _Sections(lambda: [PromptSection("notes", None)]),  # type: ignore[arg-type]
+            "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose text is "
+            "NoneType, expected str",
+        ),
+        (
+            _Sections(lambda: [PromptSection("notes", "Be brief.", "10")]),  # type: ignore[arg-type]
+            "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
+            "str, expected int",
+        ),
+        # NaN sorts nowhere: the order of every section around it would follow the plugins' order.
+        (
+            _Sections(lambda: [PromptSection("notes", "Be brief.", float("nan"))]),
+            "dsh_prompt_sections of plugin 'notes' failed: TypeError: returned section 'notes' whose order is "
+            "NaN, which sorts nowhere",
+        ),
+        (
+            _Filter(lambda sections: [PromptSection(1, "Be brief.")]),  # type: ignore[arg-type]
+            "dsh_prompt_filter of plugin 'notes' failed: TypeError: returned section 1 whose name is int, expected str",
+        ),
+    ],
+)
 def test_a_failing_prompt_hook_names_its_hook_and_plugin(plugin: object, message: str) -> None:
     hooks = Hooks()
     hooks.register(plugin, name="notes")
@@ -100,14 +118,24 @@ def test_a_clash_at_one_level_is_an_error_whatever_the_order_and_a_nearer_scope(
     """Before, a nearer scope's section answering between the two clashing ones hid the clash."""
     from dsh_core.prompt import PromptAssemblyError
 
-    made = [(PromptSection("notes", "a"), 0, "alpha"), (PromptSection("notes", "agent's"), 1, "agent-notes"),
-            (PromptSection("notes", "b"), 0, "beta")]
+    made = [
+        (PromptSection("notes", "a"), 0, "alpha"),
+        (PromptSection("notes", "agent's"), 1, "agent-notes"),
+        (PromptSection("notes", "b"), 0, "beta"),
+    ]
     assembler = PromptAssembler(_Contributions([made[i] for i in order]), ToolRegistry())  # type: ignore[arg-type]
     with pytest.raises(PromptAssemblyError, match=r"prompt section 'notes' is contributed twice at one scope level"):
         assembler.assemble(None)
 
 
 def test_one_plugin_contributing_a_name_at_two_levels_is_no_clash() -> None:
-    assembler = PromptAssembler(_Contributions([(PromptSection("notes", "root"), 0, "notes"),  # type: ignore[arg-type]
-                                                (PromptSection("notes", "agent"), 1, "notes")]), ToolRegistry())
+    assembler = PromptAssembler(
+        _Contributions(
+            [
+                (PromptSection("notes", "root"), 0, "notes"),  # type: ignore[arg-type]
+                (PromptSection("notes", "agent"), 1, "notes"),
+            ]
+        ),
+        ToolRegistry(),
+    )
     assert assembler.assemble(None) == "agent"

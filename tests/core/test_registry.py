@@ -71,16 +71,24 @@ def test_define_tool_checks_schemas_and_names_the_tool_and_path() -> None:
         return None
 
     with pytest.raises(SchemaDefinitionError, match=r'tool "bad" parameters: invalid JSON Schema at /properties/x'):
-        define_tool(name="bad", description="d", execute=body,
-                    parameters={"type": "object", "properties": {"x": {"type": "integr"}}})
+        define_tool(
+            name="bad",
+            description="d",
+            execute=body,
+            parameters={"type": "object", "properties": {"x": {"type": "integr"}}},
+        )
     with pytest.raises(SchemaDefinitionError, match='tool "bad" output schema'):
-        define_tool(name="bad", description="d", execute=body, parameters={"type": "object"},
-                    output_schema={"type": 5})
+        define_tool(name="bad", description="d", execute=body, parameters={"type": "object"}, output_schema={"type": 5})
     with pytest.raises(SchemaDefinitionError, match='root schema must have "type": "object"'):
         define_tool(name="bad", description="d", execute=body, parameters={"type": "string"})
     with pytest.raises(SchemaDefinitionError, match=r"examples\[0\] does not match"):
-        define_tool(name="bad", description="d", execute=body, examples=[{"x": 1}],
-                    parameters={"type": "object", "properties": {"x": {"type": "string"}}})
+        define_tool(
+            name="bad",
+            description="d",
+            execute=body,
+            examples=[{"x": 1}],
+            parameters={"type": "object", "properties": {"x": {"type": "string"}}},
+        )
 
 
 def test_define_tool_refuses_an_async_generator_execute_naming_the_tool() -> None:
@@ -91,8 +99,11 @@ def test_define_tool_refuses_an_async_generator_execute_naming_the_tool() -> Non
     async def streams(args: object, ctx: object) -> Any:
         yield {"part": 1}
 
-    with pytest.raises(SchemaDefinitionError, match=r'^tool "chunks": execute is an async generator function \(it '
-                                                    r"yields\); a tool's execute returns one value: return it"):
+    with pytest.raises(
+        SchemaDefinitionError,
+        match=r'^tool "chunks": execute is an async generator function \(it '
+        r"yields\); a tool's execute returns one value: return it",
+    ):
         define_tool(name="chunks", description="d", execute=streams, parameters={"type": "object"})
 
 
@@ -107,21 +118,37 @@ def test_every_schema_reference_must_resolve_inside_the_schema() -> None:
     def params(**properties: object) -> dict[str, object]:
         return {"type": "object", "properties": properties}
 
-    with pytest.raises(SchemaDefinitionError, match=r'tool "bad" parameters: unresolvable \$ref '
-                                                    r"'#/\$defs/missing' at /properties/a/\$ref: "):
+    with pytest.raises(
+        SchemaDefinitionError,
+        match=r'tool "bad" parameters: unresolvable \$ref '
+        r"'#/\$defs/missing' at /properties/a/\$ref: ",
+    ):
         define_tool(name="bad", description="d", execute=body, parameters=params(a={"$ref": "#/$defs/missing"}))
-    with pytest.raises(SchemaDefinitionError, match=r"output schema: unresolvable \$ref .* at /prefixItems/1/\$ref"
-                                                    r".*remote schemas are never retrieved"):
-        define_tool(name="bad", description="d", execute=body, parameters=params(),
-                    output_schema={"prefixItems": [{"type": "string"}, {"$ref": "https://example.com/x.json"}]})
+    with pytest.raises(
+        SchemaDefinitionError,
+        match=r"output schema: unresolvable \$ref .* at /prefixItems/1/\$ref"
+        r".*remote schemas are never retrieved",
+    ):
+        define_tool(
+            name="bad",
+            description="d",
+            execute=body,
+            parameters=params(),
+            output_schema={"prefixItems": [{"type": "string"}, {"$ref": "https://example.com/x.json"}]},
+        )
     with pytest.raises(SchemaDefinitionError, match=r"unresolvable \$dynamicRef '#nowhere' at /\$defs/d/\$dynamicRef"):
         check_schema({"$defs": {"d": {"$dynamicRef": "#nowhere"}}}, owner="x")
     # References that resolve within the schema (pointers, anchors, embedded $id resources) pass.
     for good in [
         {**params(a={"$ref": "#/$defs/s"}), "$defs": {"s": {"type": "string"}}},
         {**params(a={"$ref": "#name"}, b={"$anchor": "name", "type": "string"})},
-        {**params(a={"$id": "https://x.test/sub", "$ref": "#/$defs/q", "$defs": {"q": {"type": "string"}}},
-                  b={"$ref": "https://x.test/sub#/$defs/q"}), "$id": "https://x.test/root"},
+        {
+            **params(
+                a={"$id": "https://x.test/sub", "$ref": "#/$defs/q", "$defs": {"q": {"type": "string"}}},
+                b={"$ref": "https://x.test/sub#/$defs/q"},
+            ),
+            "$id": "https://x.test/root",
+        },
         {"$dynamicAnchor": "node", "type": "object", "properties": {"kids": {"items": {"$dynamicRef": "#node"}}}},
         {**params(tree={"$ref": "#"})},
     ]:
@@ -148,8 +175,11 @@ def test_a_reference_to_a_bundled_metaschema_is_accepted_and_validates_offline()
     assert violations(validator, {"schema": {"type": "string"}}) == []
     assert [v.path for v in violations(validator, {"schema": {"type": 12}})] == ["/schema/type"]
     # Anything else remote is still refused (never fetched), as is a missing pointer into a metaschema.
-    with pytest.raises(SchemaDefinitionError, match=r"unresolvable \$ref 'https://json-schema.org/draft/2020-12/"
-                                                    r"nothing' .*remote schemas are never retrieved"):
+    with pytest.raises(
+        SchemaDefinitionError,
+        match=r"unresolvable \$ref 'https://json-schema.org/draft/2020-12/"
+        r"nothing' .*remote schemas are never retrieved",
+    ):
         check_schema({"$ref": "https://json-schema.org/draft/2020-12/nothing"}, owner="x")
     with pytest.raises(SchemaDefinitionError, match=r"'/\$defs/nope' does not exist"):
         check_schema({"$ref": "https://json-schema.org/draft/2020-12/schema#/$defs/nope"}, owner="x")
@@ -288,13 +318,18 @@ async def test_changing_the_callers_schema_dicts_after_definition_changes_nothin
     while the model was still shown the frozen schema."""
     from dsh_core.errors import ErrorCode
 
-    parameters: dict[str, Any] = {"type": "object", "required": ["path"], "additionalProperties": False,
-                                  "properties": {"path": {"type": "string", "pattern": "^[^/]"}}}
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "required": ["path"],
+        "additionalProperties": False,
+        "properties": {"path": {"type": "string", "pattern": "^[^/]"}},
+    }
     simple: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}  # the fast-check path
     output: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}
     stack = Stack()
-    stack.registry.register(tool("read", parameters=parameters, output_schema=output,
-                                 body=lambda args, ctx: {"n": args["path"]}))
+    stack.registry.register(
+        tool("read", parameters=parameters, output_schema=output, body=lambda args, ctx: {"n": args["path"]})
+    )
     stack.registry.register(tool("count", parameters=simple))
     shown = stack.registry.get("read").schema.to_json()["parameters"]  # type: ignore[union-attr]
     parameters["properties"]["path"].pop("pattern")
@@ -349,8 +384,14 @@ async def test_a_validator_that_cannot_compute_gives_an_error_result_not_an_exce
             return PostDecision.replace_value(10**400)
 
     stack = Stack()
-    stack.registry.register(tool("step", parameters={"type": "object", "properties": {"n": {"multipleOf": 0.5}}},
-                                 output_schema={"multipleOf": 0.5}, body=lambda args, ctx: args.get("v", 1)))
+    stack.registry.register(
+        tool(
+            "step",
+            parameters={"type": "object", "properties": {"n": {"multipleOf": 0.5}}},
+            output_schema={"multipleOf": 0.5},
+            body=lambda args, ctx: args.get("v", 1),
+        )
+    )
     refused = await stack.call("step", {"n": 10**400})
     assert refused.code == ErrorCode.INVALID_ARGS and "cannot be evaluated" in refused.text
     assert "OverflowError" in refused.text
@@ -385,12 +426,15 @@ async def test_nothing_registered_during_an_agents_disposal_leaves_its_layer_beh
     assert "'root/agent:a' is being disposed" in str(errors[0])
 
 
-@pytest.mark.parametrize(("option", "value", "message"), [
-    ("render", "json", r'tool "t": render must be a function, got str'),
-    ("finalize_content", [], r'tool "t": finalize_content must be a function, got list'),
-    ("is_concurrency_safe", "yes", r'tool "t": is_concurrency_safe must be True, False or a function, got str'),
-    ("annotations", {"cost": float("nan")}, r'tool "t" annotations: not lossless JSON at /cost'),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("render", "json", r'tool "t": render must be a function, got str'),
+        ("finalize_content", [], r'tool "t": finalize_content must be a function, got list'),
+        ("is_concurrency_safe", "yes", r'tool "t": is_concurrency_safe must be True, False or a function, got str'),
+        ("annotations", {"cost": float("nan")}, r'tool "t" annotations: not lossless JSON at /cost'),
+    ],
+)
 def test_define_tool_refuses_a_malformed_option_naming_the_tool(option: str, value: object, message: str) -> None:
     """A non-callable render or finalizer was accepted and failed every later call; lossy annotations
     raised a bare NotLosslessError that named no tool."""
@@ -400,8 +444,7 @@ def test_define_tool_refuses_a_malformed_option_naming_the_tool(option: str, val
         return None
 
     with pytest.raises(SchemaDefinitionError, match=message):
-        define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
-                    **{option: value})  # type: ignore[arg-type]
+        define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute, **{option: value})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("option", ["render", "finalize_content", "is_concurrency_safe"])
@@ -422,10 +465,14 @@ async def test_define_tool_refuses_an_async_hook_that_dsh_calls_synchronously(op
             return "content"
 
     for hook in (asynchronous, AsyncCallable()):
-        with pytest.raises(SchemaDefinitionError, match=rf'tool "t": {option} is async def, but dsh calls it '
-                                                        r"synchronously"):
-            define_tool(name="t", description="A tool.", parameters={"type": "object"}, execute=execute,
-                        **{option: hook})  # type: ignore[arg-type]
+        with pytest.raises(
+            SchemaDefinitionError,
+            match=rf'tool "t": {option} is async def, but dsh calls it '
+            r"synchronously",
+        ):
+            define_tool(
+                name="t", description="A tool.", parameters={"type": "object"}, execute=execute, **{option: hook}
+            )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("option", ["allow", "deny"])
@@ -436,8 +483,11 @@ def test_restrict_refuses_a_bare_tool_name_string(option: str) -> None:
     for name in ("a", "b", "ab"):
         stack.registry.register(tool(name))
     agent = stack.agent()
-    with pytest.raises(RegistrationError, match=rf"restrict\(\) {option} must be a collection of tool names, "
-                                                rf"not a str \(write {option}=\['ab'\]\)"):
+    with pytest.raises(
+        RegistrationError,
+        match=rf"restrict\(\) {option} must be a collection of tool names, "
+        rf"not a str \(write {option}=\['ab'\]\)",
+    ):
         stack.registry.restrict(agent, **{option: "ab"})
     assert stack.registry.names(agent) == ["a", "ab", "b"]
 
@@ -447,12 +497,14 @@ def _listener_that_raises() -> None:
 
 
 def _failures_named(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [record.getMessage() for record in caplog.records
-            if f"{__name__}._listener_that_raises" in record.getMessage()]
+    return [
+        record.getMessage() for record in caplog.records if f"{__name__}._listener_that_raises" in record.getMessage()
+    ]
 
 
 async def test_a_raising_change_listener_neither_aborts_nor_orphans_a_scoped_registration(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """register() stored the tool, then let the listener's error out before handing the undo to the scope:
     the caller saw a failure, and the tool (a restriction, a mode too) outlived the scope that owned it."""
     stack = Stack()
@@ -472,8 +524,9 @@ async def test_a_raising_change_listener_neither_aborts_nor_orphans_a_scoped_reg
     assert len(failures) == 3 and 'register tool "own"' in failures[0], failures
     await plugin_scope.dispose()
     assert registry.names(agent) == ["shared"]  # the tool, the restriction and the mode went with their scope
-    assert not any(entry.startswith(('tool "own"', "restriction", "presentation mode"))
-                   for entry in registry.inventory())
+    assert not any(
+        entry.startswith(('tool "own"', "restriction", "presentation mode")) for entry in registry.inventory()
+    )
     assert heard == ["changed"] * 6 and len(_failures_named(caplog)) == 6
 
 

@@ -26,7 +26,7 @@ async def test_an_allow_from_one_plugin_never_outvotes_an_ask_from_another() -> 
         echo = tool("echo")
         stack.registry.register(echo)
         allow, ask = Recorder(pre=PreDecision.allow()), Recorder(pre=PreDecision.ask("a person decides"))
-        for plugin in ((allow, ask) if order == "allow-first" else (ask, allow)):
+        for plugin in (allow, ask) if order == "allow-first" else (ask, allow):
             register(stack.hooks, plugin)
         result = await stack.call("echo")
         assert result.code == "DENIED", order
@@ -70,21 +70,28 @@ class _JunkMiddleware:
         if self.junk == "not callable":
             return "please wrap"
         if self.junk == "sync function":
+
             def middleware(call: ToolExecution, proceed: Any) -> ToolResult:
                 return ToolResult(content="forged", value={"echo": "forged"})
+
             return middleware
         if self.junk == "returns a dict":
+
             async def returns_dict(call: ToolExecution, proceed: Any) -> Any:
                 return {"echo": "forged"}
+
             return returns_dict
         raise AssertionError(self.junk)
 
 
-@pytest.mark.parametrize(("junk", "message"), [
-    ("not callable", "dsh_around_dispatch of plugin 'wrapper' failed: TypeError: "),
-    ("sync function", "dsh_around_dispatch of plugin 'wrapper' failed: TypeError: "),
-    ("returns a dict", "around-dispatch middleware returned dict, expected ToolResult"),
-])
+@pytest.mark.parametrize(
+    ("junk", "message"),
+    [
+        ("not callable", "dsh_around_dispatch of plugin 'wrapper' failed: TypeError: "),
+        ("sync function", "dsh_around_dispatch of plugin 'wrapper' failed: TypeError: "),
+        ("returns a dict", "around-dispatch middleware returned dict, expected ToolResult"),
+    ],
+)
 async def test_junk_from_around_dispatch_fails_the_call_closed(junk: str, message: str) -> None:
     """Unusable middleware runs no body, forges no value, and skips post-execute."""
     stack = Stack()

@@ -66,8 +66,7 @@ async def test_a_shell_killed_by_a_signal_reports_128_plus_the_signal(boot: Any,
     assert killed.text == "before\n[exit code 137]" and terminated.value["exit_code"] == 143
 
 
-async def test_credentials_are_never_passed_through(boot: Any, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_credentials_are_never_passed_through(boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only allowlisted variables reach the command; credential-like names never do."""
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws_secret")
@@ -97,23 +96,53 @@ def test_credential_names_and_environment_building() -> None:
 #: patterns and the dump's words used to disagree; the comments say which of them missed a name.
 SECRET_NAMES = [
     # Both said so.
-    ("GITHUB_TOKEN", True), ("PGPASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True), ("api_key", True),
-    ("STRIPE_KEY", True), ("SMTP_PASS", True), ("MYSQL_PWD", True), ("SENTRY_DSN", True), ("Authorization", True),
-    ("max_tokens", True), ("GITHUB_TOKEN_ENV", True),
+    ("GITHUB_TOKEN", True),
+    ("PGPASSWORD", True),
+    ("AWS_SECRET_ACCESS_KEY", True),
+    ("api_key", True),
+    ("STRIPE_KEY", True),
+    ("SMTP_PASS", True),
+    ("MYSQL_PWD", True),
+    ("SENTRY_DSN", True),
+    ("Authorization", True),
+    ("max_tokens", True),
+    ("GITHUB_TOKEN_ENV", True),
     # The dump missed them (bash's *TOKEN*, AWS_*, *ACCESS_KEY*, *DATABASE_URL*, *_AUTH_*, *API_KEY*...).
-    ("TOKENIZER_PATH", True), ("GITHUBTOKEN", True), ("AWS_REGION", True), ("aws_access_key_id", True),
-    ("DATABASE_URL", True), ("SSH_AUTH_SOCK", True), ("DOCKER_AUTH_CONFIG", True), ("OPENAI_API_KEY_FILE", True),
+    ("TOKENIZER_PATH", True),
+    ("GITHUBTOKEN", True),
+    ("AWS_REGION", True),
+    ("aws_access_key_id", True),
+    ("DATABASE_URL", True),
+    ("SSH_AUTH_SOCK", True),
+    ("DOCKER_AUTH_CONFIG", True),
+    ("OPENAI_API_KEY_FILE", True),
     ("PRIVATE_KEY_PATH", True),
     # bash missed them (the dump's words: *_KEY did not match _KEYS, camelCase, pwd as a first word...).
-    ("SSH_KEYS", True), ("privateKey", True), ("PWD_FILE", True), ("basicAuth", True), ("dbPass", True),
-    ("pgDsn", True), ("X-Api-Key", True), ("auth", True), ("key", True),
+    ("SSH_KEYS", True),
+    ("privateKey", True),
+    ("PWD_FILE", True),
+    ("basicAuth", True),
+    ("dbPass", True),
+    ("pgDsn", True),
+    ("X-Api-Key", True),
+    ("auth", True),
+    ("key", True),
     # Neither said so.
-    ("PATH", False), ("LANG", False), ("OLDPWD", False), ("KEYMAP", False), ("KEY_ID", False),
-    ("PASSENGER_ENV", False), ("PASS_THROUGH", False), ("GIT_AUTHOR_NAME", False), ("auth_mode", False),
+    ("PATH", False),
+    ("LANG", False),
+    ("OLDPWD", False),
+    ("KEYMAP", False),
+    ("KEY_ID", False),
+    ("PASSENGER_ENV", False),
+    ("PASS_THROUGH", False),
+    ("GIT_AUTHOR_NAME", False),
+    ("auth_mode", False),
     ("root", False),
     # One said so, and a deliberate exception says not: the shell's working directory (the dump's pwd word),
     # and the name of the variable holding a key (bash's *API_KEY*).
-    ("PWD", False), ("api_key_env", False), ("OPENAI_API_KEY_ENV", False),
+    ("PWD", False),
+    ("api_key_env", False),
+    ("OPENAI_API_KEY_ENV", False),
 ]
 
 
@@ -130,21 +159,34 @@ def test_the_allowlist_and_config_dump_judge_secret_names_by_one_rule(tmp_path: 
             refused = False
         except ToolError:
             refused = True
-        verdicts = {"looks_like_secret_name": looks_like_secret_name(name),
-                    "looks_like_credential": looks_like_credential(name),
-                    "refused in env_allowlist": refused,
-                    "left out of the environment": name not in build_environment({name: "v"}, [name], {}),
-                    "hidden by config dump": env[name] not in shown}
+        verdicts = {
+            "looks_like_secret_name": looks_like_secret_name(name),
+            "looks_like_credential": looks_like_credential(name),
+            "refused in env_allowlist": refused,
+            "left out of the environment": name not in build_environment({name: "v"}, [name], {}),
+            "hidden by config dump": env[name] not in shown,
+        }
         wrong.extend(f"{name}: {what} is {verdict}" for what, verdict in verdicts.items() if verdict != secret)
     assert wrong == [], "\n".join(wrong)
 
 
-async def test_keys_agent_sockets_and_urls_with_passwords_are_credentials_too(boot: Any, tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_keys_agent_sockets_and_urls_with_passwords_are_credentials_too(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Names ending in KEY, PASS or PWD, passphrases, DSNs and the ssh agent's socket are refused in the
     allowlist; an allowlisted variable whose value is a URL carrying a password never reaches the command."""
-    for name in ("STRIPE_KEY", "SIGNING_KEY", "MYSQL_PWD", "SMTP_PASS", "GPG_PASSPHRASE", "SSH_AUTH_SOCK",
-                 "DOCKER_AUTH_CONFIG", "HTTP_AUTHORIZATION", "SENTRY_DSN", "DATABASE_URL"):
+    for name in (
+        "STRIPE_KEY",
+        "SIGNING_KEY",
+        "MYSQL_PWD",
+        "SMTP_PASS",
+        "GPG_PASSPHRASE",
+        "SSH_AUTH_SOCK",
+        "DOCKER_AUTH_CONFIG",
+        "HTTP_AUTHORIZATION",
+        "SENTRY_DSN",
+        "DATABASE_URL",
+    ):
         with pytest.raises(PluginLoadError, match=f"env_allowlist names credential-like variables.*{name}"):
             async with boot(bash(tmp_path, env_allowlist=["PATH", name])):
                 pass
@@ -157,8 +199,9 @@ async def test_keys_agent_sockets_and_urls_with_passwords_are_credentials_too(bo
     assert "PLAIN_URL=https://example.com/path?q=a:b@c" in output
 
 
-async def test_a_url_with_a_token_as_its_user_name_never_reaches_the_command(boot: Any, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_url_with_a_token_as_its_user_name_never_reaches_the_command(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``https://ghp_abc@github.com`` carries a token with no password part: it passed the password check.
 
     Any user information in a URL is left out, as ``config dump`` hides it: dsh cannot tell a user name
@@ -178,8 +221,9 @@ async def test_a_command_that_never_ends_times_out_and_its_group_is_killed(boot:
     """The timeout kills the whole process group (background children too) and says what to do."""
     async with boot(bash(tmp_path)) as h:
         started = time.monotonic()
-        result = await h.call("bash", {"command": "sleep 3600 & echo $! > bg.pid; echo started; sleep 3600",
-                                       "timeout": 0.5})
+        result = await h.call(
+            "bash", {"command": "sleep 3600 & echo $! > bg.pid; echo started; sleep 3600", "timeout": 0.5}
+        )
         assert time.monotonic() - started < 60  # not the command's hour
     assert result.code == "TOOL_FAILED"
     assert "command timed out after 0.5 s and was killed" in result.text and "started" in result.text
@@ -198,17 +242,25 @@ async def test_background_processes_do_not_outlive_the_command(boot: Any, tmp_pa
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the session is found through /proc")
 @pytest.mark.parametrize("how", ["exit", "timeout"])
-async def test_jobs_in_a_process_group_of_their_own_do_not_outlive_the_command(boot: Any, tmp_path: Path,
-                                                                               how: str) -> None:
+async def test_jobs_in_a_process_group_of_their_own_do_not_outlive_the_command(
+    boot: Any, tmp_path: Path, how: str
+) -> None:
     """``timeout`` and a job under ``set -m`` move to a new process group (not a new session): the
     command's end, or its timeout, kills them too."""
-    command = ("timeout 100 sleep 100 & echo $! > timeout.pid; set -m; sleep 100 & echo $! > job.pid; "
-               "sh -c 'sleep 100 & echo $! > grandchild.pid; wait' & until [ -s grandchild.pid ]; do sleep 0.01; done")
+    command = (
+        "timeout 100 sleep 100 & echo $! > timeout.pid; set -m; sleep 100 & echo $! > job.pid; "
+        "sh -c 'sleep 100 & echo $! > grandchild.pid; wait' & until [ -s grandchild.pid ]; do sleep 0.01; done"
+    )
     pid_files = [tmp_path / name for name in ("timeout.pid", "job.pid", "grandchild.pid")]
     try:
         async with boot(bash(tmp_path)) as h:
-            result = await h.call("bash", {"command": command + ("; sleep 60" if how == "timeout" else ""),
-                                           "timeout": 2 if how == "timeout" else 30})
+            result = await h.call(
+                "bash",
+                {
+                    "command": command + ("; sleep 60" if how == "timeout" else ""),
+                    "timeout": 2 if how == "timeout" else 30,
+                },
+            )
         assert result.code == ("TOOL_FAILED" if how == "timeout" else None), result.text
         pids = [int(path.read_text()) for path in pid_files]
         assert pids[1] != 0 and os.getpgid(os.getpid()) not in pids
@@ -236,8 +288,10 @@ async def test_the_output_cap_never_splits_a_utf8_character(boot: Any, tmp_path:
     Uncut output (a character across the head/tail boundary) comes back exactly as written.
     """
     odd = "x" + "\u00e9" * 400 + "y"  # every 2-byte character off the even cut points
-    commands = {"whole": "printf 'a%.0s' $(seq 127); printf '\\303\\251'; printf 'b%.0s' $(seq 71)",
-                "cut": f"printf '%s' '{odd}'"}
+    commands = {
+        "whole": "printf 'a%.0s' $(seq 127); printf '\\303\\251'; printf 'b%.0s' $(seq 71)",
+        "cut": f"printf '%s' '{odd}'",
+    }
     async with boot(bash(tmp_path, max_output_bytes=256)) as h:
         results = {key: (await h.call("bash", {"command": command})).value for key, command in commands.items()}
     assert results["whole"] == {"exit_code": 0, "output": "a" * 127 + "\u00e9" + "b" * 71, "truncated": False}
@@ -253,8 +307,9 @@ async def test_abort_kills_the_process_group_promptly(boot: Any, tmp_path: Path)
     """Aborting the call's signal ends it as ABORTED and kills what the command started."""
     async with boot(bash(tmp_path)) as h:
         controller = AbortController()
-        call = asyncio.ensure_future(h.call("bash", {"command": "sleep 3600 & echo $! > bg.pid; sleep 3600"},
-                                            signal=controller.signal))
+        call = asyncio.ensure_future(
+            h.call("bash", {"command": "sleep 3600 & echo $! > bg.pid; sleep 3600"}, signal=controller.signal)
+        )
         while not (tmp_path / "bg.pid").exists() or not (tmp_path / "bg.pid").read_text().strip():
             await asyncio.sleep(0.02)
         controller.abort("user pressed ctrl-c")
@@ -302,8 +357,9 @@ async def test_bad_input_is_refused_clearly(boot: Any, tmp_path: Path) -> None:
                 pass
 
 
-def in_a_process(root: Path, body: str, prelude: str = "",
-                 warnings: str = "default") -> subprocess.CompletedProcess[str]:
+def in_a_process(
+    root: Path, body: str, prelude: str = "", warnings: str = "default"
+) -> subprocess.CompletedProcess[str]:
     """Run ``body`` (async code with ``h``, a harness of the bash plugin in ``root``) in a fresh interpreter.
 
     ``prelude`` runs first, at module level. What the script prints is in ``stdout``; what the
@@ -329,16 +385,19 @@ def in_a_process(root: Path, body: str, prelude: str = "",
         asyncio.run(main())
         """).format(root=str(root), prelude=prelude, body=textwrap.indent(textwrap.dedent(body), " " * 8))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    return subprocess.run([sys.executable, "-W", warnings, "-c", script], capture_output=True, text=True, env=env,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-W", warnings, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
 def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> None:
     """As a container's PID 1 (here: a child subreaper), the killed background processes become dsh's
     children; they are reaped, not left as zombies, and the shell's own exit status is not taken."""
-    done = in_a_process(tmp_path, prelude="assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0",  # SUBREAPER
-                        body="""
+    done = in_a_process(
+        tmp_path,
+        prelude="assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0",  # SUBREAPER
+        body="""
         codes = []
         for _ in range(3):
             # Children of the shell, a grandchild whose parent already ended, one whose parent is killed too.
@@ -364,7 +423,8 @@ def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> 
                 break
             await asyncio.sleep(0.05)
         print(json.dumps({"codes": codes, "children": zombies}))
-        """)
+        """,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, 0, 0, 7, 0], "children": []}
 
@@ -374,7 +434,9 @@ def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_
     drain is over the call closes its end of the pipe and its subprocess transport, so nothing piles
     up while the straggler lives, and nothing is left to finalize after the event loop closed."""
     try:
-        done = in_a_process(tmp_path, body="""
+        done = in_a_process(
+            tmp_path,
+            body="""
             await h.call("bash", {"command": "true"})  # what the first call sets up once is not a leak
             before = len(os.listdir("/proc/self/fd"))
             outputs = []
@@ -388,7 +450,8 @@ def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_
             while (leaked := len(os.listdir("/proc/self/fd")) - before) > 0 and loop.time() < deadline:
                 await asyncio.sleep(0.05)
             print(json.dumps({"outputs": outputs, "leaked": leaked}))
-            """)
+            """,
+        )
     finally:
         for straggler in tmp_path.glob("straggler.*"):
             with contextlib.suppress(ProcessLookupError, ValueError):

@@ -21,9 +21,11 @@ pytestmark = pytest.mark.anyio
 
 def rows(root: Path, **guards: object) -> list[dict[str, object]]:
     """workspace + bash + guards rows rooted at ``root``."""
-    return [{"id": "workspace", "use": "workspace", "config": {"root": str(root)}},
-            {"id": "bash", "use": "bash", "config": {"root": str(root)}},
-            {"id": "guards", "use": "guards", "config": {"root": str(root), **guards}}]
+    return [
+        {"id": "workspace", "use": "workspace", "config": {"root": str(root)}},
+        {"id": "bash", "use": "bash", "config": {"root": str(root)}},
+        {"id": "guards", "use": "guards", "config": {"root": str(root), **guards}},
+    ]
 
 
 async def test_tool_deny_and_allow_lists(boot: Any, tmp_path: Path) -> None:
@@ -47,8 +49,14 @@ async def test_deny_paths_cover_relative_absolute_and_symlinked_spellings(boot: 
     (tmp_path / "sub" / "alias").symlink_to(tmp_path / ".env")
     (tmp_path / "notes.txt").write_text("ok\n")
     async with boot(*rows(tmp_path, deny_paths=["**/.env", f"{tmp_path}/private/**"])) as h:
-        for path in (".env", "sub/../.env", str(tmp_path / ".env"), "sub/alias", "private/key.pem",
-                     "/" + str(tmp_path / "private/key.pem")):
+        for path in (
+            ".env",
+            "sub/../.env",
+            str(tmp_path / ".env"),
+            "sub/alias",
+            "private/key.pem",
+            "/" + str(tmp_path / "private/key.pem"),
+        ):
             result = await h.call("read", {"path": path})
             assert result.code == "DENIED", path
             assert f'guards: path "{path}" (argument "path") matches the denied pattern' in result.text
@@ -65,14 +73,22 @@ async def test_allowed_roots_deny_paths_outside(boot: Any, tmp_path: Path) -> No
         assert (await h.call("read", {"path": "src/a.py"})).error is None
         denied = await h.call("write", {"path": "docs.txt", "content": "pwned"})
         assert denied.code == "DENIED"
-        assert f'resolves to {tmp_path.resolve()}/docs.txt, outside the allowed roots' in denied.text
+        assert f"resolves to {tmp_path.resolve()}/docs.txt, outside the allowed roots" in denied.text
     assert (tmp_path / "docs.txt").read_text() == "y\n"
 
 
 def execution(arguments: object) -> ToolExecution:
     """A call of a tool ``t`` with these arguments, for the guard hook alone."""
-    return ToolExecution(call_id="c", root_call_id="c", name="t", arguments=arguments,
-                         signal=AbortSignal.never(), agent=None, parent=None, token=ExecutionToken())
+    return ToolExecution(
+        call_id="c",
+        root_call_id="c",
+        name="t",
+        arguments=arguments,
+        signal=AbortSignal.never(),
+        agent=None,
+        parent=None,
+        token=ExecutionToken(),
+    )
 
 
 async def guard_verdicts(config: dict[str, Any], *paths: str) -> list[str | None]:
@@ -86,8 +102,7 @@ async def guard_verdicts(config: dict[str, Any], *paths: str) -> list[str | None
 
 async def test_custom_path_arguments_and_lists(tmp_path: Path) -> None:
     """path_arguments chooses which argument names hold paths; list values are checked item by item."""
-    loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": ["*.key"],
-                                          "path_arguments": ["files"]})
+    loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": ["*.key"], "path_arguments": ["files"]})
     try:
         assert await loaded.hooks.guard(execution({"files": ["a.txt", "b.key"]})) is not None
         assert await loaded.hooks.guard(execution({"files": ["a.txt"]})) is None
@@ -123,8 +138,11 @@ async def test_path_argument_lists_are_validated_alike(tmp_path: Path, key: str,
     """Both lists take non-empty names only, and the config error names the key."""
     from dsh_core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"config for plugin 'guards' does not match its config schema: "
-                                          rf"{key}(/0)?: "):
+    with pytest.raises(
+        ConfigError,
+        match=rf"config for plugin 'guards' does not match its config schema: "
+        rf"{key}(/0)?: ",
+    ):
         await load_plugin("guards", {"root": str(tmp_path), key: value})
 
 
@@ -139,7 +157,8 @@ def test_glob_translation() -> None:
 
 
 async def test_path_guard_checks_the_file_the_workspace_tool_opens(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Paths resolve against the guard root (not the cwd); outside paths fail closed under relative deny globs."""
     ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
     for base in (ws, elsewhere):
@@ -155,8 +174,10 @@ async def test_path_guard_checks_the_file_the_workspace_tool_opens(
             assert 'matches the denied pattern "secrets/**"' in result.text
         outside = await h.call("read", {"path": str(tmp_path / "outside.txt")})
         assert outside.code == "DENIED"
-        assert (f"outside the guard root {ws.resolve()}, where the relative deny_paths patterns (secrets/**)"
-                in outside.text)
+        assert (
+            f"outside the guard root {ws.resolve()}, where the relative deny_paths patterns (secrets/**)"
+            in outside.text
+        )
         assert (await h.call("read", {"path": "../outside.txt"})).code == "DENIED"
         assert (await h.call("read", {"path": "notes.txt"})).error is None
         assert (await h.call("read", {"path": str(ws / "notes.txt")})).error is None
@@ -165,13 +186,14 @@ async def test_path_guard_checks_the_file_the_workspace_tool_opens(
 async def test_path_rules_require_a_root(boot: Any, tmp_path: Path) -> None:
     """Without root, deny_paths would be checked against the cwd: the row refuses to load."""
     with pytest.raises(Exception, match="sets deny_paths or allowed_roots but no root"):
-        async with boot({"id": "workspace", "use": "workspace", "config": {"root": str(tmp_path)}},
-                        {"id": "guards", "use": "guards", "config": {"deny_paths": ["secrets/**"]}}):
+        async with boot(
+            {"id": "workspace", "use": "workspace", "config": {"root": str(tmp_path)}},
+            {"id": "guards", "use": "guards", "config": {"deny_paths": ["secrets/**"]}},
+        ):
             pass  # pragma: no cover
 
 
-async def test_default_deployment_guards_the_workspace_root(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_default_deployment_guards_the_workspace_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default deployment roots the guards row at the workspace, so rules added to it check the right files."""
     from dsh_core.config import default_deployment
 
@@ -194,26 +216,44 @@ async def test_absolute_deny_paths_hold_through_symlinked_roots_and_prefixes(boo
         result = await h.call("read", {"path": "secrets/key"})
         assert result.code == "DENIED" and f'matches the denied pattern "{link}/secrets/**"' in result.text
         assert (await h.call("read", {"path": "notes.txt"})).error is None
-    for deny in (f"{link}/secrets/**", f"{real}/secrets/**", f"{real}/alias/**", f"{tmp_path}/shortcut/*",
-                 f"{link}/alias/[k]ey"):
-        verdicts = await guard_verdicts({"root": str(link), "deny_paths": [deny]},
-                                        "secrets/key", "alias/key", str(real / "secrets/key"), "notes.txt")
+    for deny in (
+        f"{link}/secrets/**",
+        f"{real}/secrets/**",
+        f"{real}/alias/**",
+        f"{tmp_path}/shortcut/*",
+        f"{link}/alias/[k]ey",
+    ):
+        verdicts = await guard_verdicts(
+            {"root": str(link), "deny_paths": [deny]},
+            "secrets/key",
+            "alias/key",
+            str(real / "secrets/key"),
+            "notes.txt",
+        )
         assert all(f'matches the denied pattern "{deny}"' in str(v) for v in verdicts[:3]), (deny, verdicts)
         assert verdicts[3] is None
     for deny in (f"{link}/secrets", f"{tmp_path}/shortcut"):  # a glob-free pattern: the directory itself
-        assert [v is None for v in await guard_verdicts({"root": str(link), "deny_paths": [deny]},
-                                                        "secrets", ".")] == [False, True], deny
+        assert [v is None for v in await guard_verdicts({"root": str(link), "deny_paths": [deny]}, "secrets", ".")] == [
+            False,
+            True,
+        ], deny
     # The root's own spelling counts as inside it, for absolute and relative globs alike.
-    verdicts = await guard_verdicts({"root": str(link), "deny_paths": ["secrets/**", f"{link}/notes.txt"]},
-                                    str(link / "secrets/key"), str(link / "notes.txt"), str(link / "other"))
+    verdicts = await guard_verdicts(
+        {"root": str(link), "deny_paths": ["secrets/**", f"{link}/notes.txt"]},
+        str(link / "secrets/key"),
+        str(link / "notes.txt"),
+        str(link / "other"),
+    )
     assert [v and v.split(" (argument")[0] for v in verdicts[:2]] == [
-        f'guards: path "{link}/secrets/key"', f'guards: path "{link}/notes.txt"']
+        f'guards: path "{link}/secrets/key"',
+        f'guards: path "{link}/notes.txt"',
+    ]
     assert all("matches the denied pattern" in str(v) for v in verdicts[:2])
     assert verdicts[2] is None
 
 
 async def test_deny_paths_are_normalised_like_the_paths_they_judge(boot: Any, tmp_path: Path) -> None:
-    """"./x", "x/" (the directory and all under it), "x//y", "x/./y" match; a ".." glob is refused at load."""
+    """ "./x", "x/" (the directory and all under it), "x//y", "x/./y" match; a ".." glob is refused at load."""
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "key").write_text("k\n")
     (tmp_path / "notes.txt").write_text("ok\n")
@@ -222,10 +262,19 @@ async def test_deny_paths_are_normalised_like_the_paths_they_judge(boot: Any, tm
         assert result.code == "DENIED" and 'matches the denied pattern "./secrets/"' in result.text
         assert (await h.call("list", {"path": "secrets"})).code == "DENIED"
         assert (await h.call("read", {"path": "notes.txt"})).error is None
-    for deny in ("./secrets/**", "secrets/", "./secrets/", "secrets//key", "././secrets/./key",
-                 f"{tmp_path}//secrets/", f"{tmp_path}/./secrets/key", "**/secrets/"):
-        verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": [deny]},
-                                        "secrets/key", "notes.txt", "secrets")
+    for deny in (
+        "./secrets/**",
+        "secrets/",
+        "./secrets/",
+        "secrets//key",
+        "././secrets/./key",
+        f"{tmp_path}//secrets/",
+        f"{tmp_path}/./secrets/key",
+        "**/secrets/",
+    ):
+        verdicts = await guard_verdicts(
+            {"root": str(tmp_path), "deny_paths": [deny]}, "secrets/key", "notes.txt", "secrets"
+        )
         assert f'matches the denied pattern "{deny}"' in str(verdicts[0]), (deny, verdicts)
         assert verdicts[1] is None
         assert (verdicts[2] is not None) == deny.endswith("/"), deny  # "x/" is the directory too
@@ -237,7 +286,7 @@ async def test_deny_paths_are_normalised_like_the_paths_they_judge(boot: Any, tm
 
 
 async def test_a_tilde_glob_that_cannot_be_expanded_is_refused(boot: Any, tmp_path: Path) -> None:
-    """"~nosuchuser/..." would silently become a relative glob under root: the row refuses to load."""
+    """ "~nosuchuser/..." would silently become a relative glob under root: the row refuses to load."""
     deny = "~dsh-no-such-user-xyz/secrets/**"
     with pytest.raises(Exception, match=re.escape(f'deny_paths pattern "{deny}" of plugin row "guards" starts')):
         async with boot(*rows(tmp_path, deny_paths=[deny])):
@@ -250,15 +299,16 @@ async def test_a_tilde_glob_that_cannot_be_expanded_is_refused(boot: Any, tmp_pa
 
 
 async def test_a_symlink_before_dotdot_is_judged_where_the_system_resolves_it(tmp_path: Path) -> None:
-    """"link/../x" is x beside the link's target for open(); the guard judges that file, not root/x."""
+    """ "link/../x" is x beside the link's target for open(); the guard judges that file, not root/x."""
     (tmp_path / "vault" / "inner").mkdir(parents=True)
     (tmp_path / "vault" / "secrets").mkdir()
     (tmp_path / "vault" / "secrets" / "key").write_text("k\n")
     (tmp_path / "link").symlink_to(tmp_path / "vault" / "inner")
     path = "link/../secrets/key"
     assert (tmp_path / path).read_text() == "k\n"  # what a tool opening root/path reads
-    verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": ["vault/secrets/**"]},
-                                    path, "link/../notes.txt")
+    verdicts = await guard_verdicts(
+        {"root": str(tmp_path), "deny_paths": ["vault/secrets/**"]}, path, "link/../notes.txt"
+    )
     assert verdicts[0] is not None and 'matches the denied pattern "vault/secrets/**"' in verdicts[0]
     assert verdicts[1] is None  # vault/notes.txt (or notes.txt): allowed
 
@@ -270,8 +320,9 @@ async def test_deny_paths_fold_case_when_the_root_ignores_case(tmp_path: Path, m
     config = {"root": str(tmp_path), "deny_paths": ["**/.env", f"{tmp_path}/secrets/"]}
     with monkeypatch.context() as patch:
         patch.setattr(guards, "_case_insensitive", lambda directory: True, raising=False)
-        verdicts = await guard_verdicts(config, ".ENV", "sub/.Env", "SECRETS/key", str(tmp_path / "Secrets"),
-                                        "notes.txt")
+        verdicts = await guard_verdicts(
+            config, ".ENV", "sub/.Env", "SECRETS/key", str(tmp_path / "Secrets"), "notes.txt"
+        )
     assert [verdict is not None for verdict in verdicts] == [True, True, True, True, False]
     # The probe: a name in the root looked up with its case swapped (else the root itself, from its parent).
     (tmp_path / "empty").mkdir()
@@ -301,8 +352,11 @@ def _mount(patch: pytest.MonkeyPatch, root: Path, *, root_folds: bool, parent_fo
                 found = real(path, *args, **kwargs)
             except FileNotFoundError:
                 directory, name = os.path.split(path)
-                match = next((n for n in os.listdir(directory) if n.lower() == name.lower()),
-                             None) if folds(directory) else None
+                match = (
+                    next((n for n in os.listdir(directory) if n.lower() == name.lower()), None)
+                    if folds(directory)
+                    else None
+                )
                 if match is None:
                     raise
                 path = os.path.join(directory, match)  # the entry found, whichever spelling found it
@@ -310,6 +364,7 @@ def _mount(patch: pytest.MonkeyPatch, root: Path, *, root_folds: bool, parent_fo
             if inside(path):
                 return os.stat_result((*found[:2], found.st_dev + 1, *found[3:10]))
             return found
+
         return look
 
     patch.setattr(os, "stat", faked(real_stat))
@@ -318,7 +373,8 @@ def _mount(patch: pytest.MonkeyPatch, root: Path, *, root_folds: bool, parent_fo
 
 @pytest.mark.parametrize(("root_folds", "parent_folds"), [(True, False), (False, True)])
 def test_an_empty_root_on_its_own_file_system_is_probed_there_not_in_its_parent(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_folds: bool, parent_folds: bool) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_folds: bool, parent_folds: bool
+) -> None:
     """An empty root has no name to probe, and its parent may be another file system (the root is
     a mount point): the probe is a file made (and removed) in the root itself."""
     from dsh_plugins import guards
@@ -332,7 +388,8 @@ def test_an_empty_root_on_its_own_file_system_is_probed_there_not_in_its_parent(
 
 
 def test_an_undecidable_root_folds_case_the_safe_way_for_deny_rules(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An empty root on its own file system that cannot be written to: nothing can say how it looks
     names up, so deny globs fold case (".ENV" is denied with .env whether or not it is the same file)."""
     from dsh_plugins import guards
@@ -350,7 +407,8 @@ def test_an_undecidable_root_folds_case_the_safe_way_for_deny_rules(
 
 
 async def test_a_path_no_file_can_have_is_denied_with_a_reason_not_a_traceback(
-        boot: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    boot: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A lone surrogate outside surrogateescape's range has no bytes: realpath raised UnicodeEncodeError."""
     (tmp_path / "caf\udce9.txt").write_bytes(b"latin-1 name\n")  # surrogateescape: a real file name
     async with boot(*rows(tmp_path, deny_paths=["**/.env"])) as h:
@@ -358,7 +416,8 @@ async def test_a_path_no_file_can_have_is_denied_with_a_reason_not_a_traceback(
         assert result.code == "DENIED"
         assert result.error is not None and result.error.message == (
             'guards: path "a\\ud800b" (argument "path") cannot be a file name: it holds a lone surrogate '
-            "(\\ud800) that has no encoding")
+            "(\\ud800) that has no encoding"
+        )
         assert "Traceback" not in caplog.text and "UnicodeEncodeError" not in caplog.text
         assert (await h.call("read", {"path": "caf\udce9.txt"})).error is None
 
@@ -377,9 +436,17 @@ async def test_path_arguments_the_guard_cannot_read_are_denied_not_passed(boot: 
     loose = define_tool(name="loose", description="takes anything", execute=run, parameters={"type": "object"})
     async with boot(*rows(tmp_path, allowed_roots=["src"])) as h:
         h.registry.register(loose)
-        for arguments in ({"path": ""}, {"path": 3}, {"path": None}, {"path": True}, {"path": {"p": "src"}},
-                          {"path": [["docs.txt"]]}, {"paths": ["src/a.py", 0]}, {"files": [{"path": "docs.txt"}]},
-                          {"options": {"nested": {"dir": ".."}}}):
+        for arguments in (
+            {"path": ""},
+            {"path": 3},
+            {"path": None},
+            {"path": True},
+            {"path": {"p": "src"}},
+            {"path": [["docs.txt"]]},
+            {"paths": ["src/a.py", 0]},
+            {"files": [{"path": "docs.txt"}]},
+            {"options": {"nested": {"dir": ".."}}},
+        ):
             result = await h.call("loose", arguments)
             assert result.code == "DENIED", arguments
             assert 'plugin row "guards"' in result.text, arguments
@@ -387,9 +454,13 @@ async def test_path_arguments_the_guard_cannot_read_are_denied_not_passed(boot: 
         denied = await h.call("loose", {"path": 3})
         assert denied.error is not None and denied.error.message == (
             'guards: argument "path" is a number, not a path (a string or a list of strings), so '
-            'deny_paths and allowed_roots of plugin row "guards" cannot judge it; denied')
-        for arguments in ({"path": "src/a.py"}, {"files": [{"path": "src/a.py"}], "count": 3},
-                          {"paths": ["src", "src/a.py"]}):
+            'deny_paths and allowed_roots of plugin row "guards" cannot judge it; denied'
+        )
+        for arguments in (
+            {"path": "src/a.py"},
+            {"files": [{"path": "src/a.py"}], "count": 3},
+            {"paths": ["src", "src/a.py"]},
+        ):
             assert (await h.call("loose", arguments)).error is None, arguments
     async with boot(*rows(tmp_path)) as h:  # no path rules: the guard judges nothing
         h.registry.register(loose)
@@ -413,11 +484,21 @@ async def test_an_omitted_path_argument_is_judged_as_the_tools_default(boot: Any
             assert result.code == "DENIED", name
             assert result.error is not None and result.error.message.startswith(
                 'guards: path "." (argument "path", omitted: judged as the tool\'s default) resolves to '
-                f"{tmp_path.resolve()}, outside the allowed roots"), result.error.message
+                f"{tmp_path.resolve()}, outside the allowed roots"
+            ), result.error.message
         assert (await h.call("search", {"pattern": "x", "path": "src"})).error is None
         # A default the tool's schema declares is the one judged.
-        h.registry.register(define_tool(name="lint", description="d", execute=run, parameters={
-            "type": "object", "properties": {"dir": {"type": "string", "default": "src"}, "file": {"type": "string"}}}))
+        h.registry.register(
+            define_tool(
+                name="lint",
+                description="d",
+                execute=run,
+                parameters={
+                    "type": "object",
+                    "properties": {"dir": {"type": "string", "default": "src"}, "file": {"type": "string"}},
+                },
+            )
+        )
         assert (await h.call("lint", {"file": "src/a.py"})).error is None
         assert (await h.call("lint", {"dir": "src"})).code == "DENIED"  # "file" omitted: the root
         assert ran == [{"file": "src/a.py"}]
@@ -426,7 +507,7 @@ async def test_an_omitted_path_argument_is_judged_as_the_tools_default(boot: Any
 
 
 async def test_a_relative_glob_through_a_symlink_denies_the_files_it_leads_to(boot: Any, tmp_path: Path) -> None:
-    """"alias/**" with alias -> secrets denied alias/key but not secrets/key, the same file, though the absolute
+    """ "alias/**" with alias -> secrets denied alias/key but not secrets/key, the same file, though the absolute
     spelling of the same glob denied both: relative globs resolve their leading symlinks too."""
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "key").write_text("k\n")
@@ -445,11 +526,24 @@ async def test_a_relative_glob_through_a_symlink_denies_the_files_it_leads_to(bo
 async def test_bracket_classes_mean_what_fnmatch_means_and_bad_ones_are_named(boot: Any, tmp_path: Path) -> None:
     """A "]" first in a class is a member, a backslash is a member in "[!...]" too, "a[]b" is literal: such
     globs crashed the load ("bad escape \\Z") or meant a regex class; one no regex holds names its pattern."""
-    verdicts = await guard_verdicts({"root": str(tmp_path), "deny_paths": ["a[]b", "x[]]", "y[!\\w]", "k[!]]"]},
-                                    "a[]b", "x]", "yx", "kx", "y\\", "yw", "k]", "ab")
+    verdicts = await guard_verdicts(
+        {"root": str(tmp_path), "deny_paths": ["a[]b", "x[]]", "y[!\\w]", "k[!]]"]},
+        "a[]b",
+        "x]",
+        "yx",
+        "kx",
+        "y\\",
+        "yw",
+        "k]",
+        "ab",
+    )
     assert [verdict is not None for verdict in verdicts] == [True, True, True, True, False, False, False, False]
-    with pytest.raises(Exception, match=re.escape('deny_paths pattern "file[z-a]" of plugin row "guards" is not a '
-                                                  "valid glob: bad character range z-a")):
+    with pytest.raises(
+        Exception,
+        match=re.escape(
+            'deny_paths pattern "file[z-a]" of plugin row "guards" is not a valid glob: bad character range z-a'
+        ),
+    ):
         async with boot(*rows(tmp_path, deny_paths=["file[z-a]"])):
             pass  # pragma: no cover
 
@@ -474,7 +568,8 @@ SECRET_RULES = ["**/.env", "secrets/", "build"]
 
 @pytest.mark.parametrize("guards_first", [False, True])
 async def test_search_and_list_withhold_what_the_path_guard_denies(
-        boot: Any, tmp_path: Path, guards_first: bool) -> None:
+    boot: Any, tmp_path: Path, guards_first: bool
+) -> None:
     """search and list on a parent directory reach no file the guard would deny if a call named it, and say
     how many entries they withheld (without naming them); the rows may load in either order."""
     tree_with_secrets(tmp_path)
@@ -485,7 +580,9 @@ async def test_search_and_list_withhold_what_the_path_guard_denies(
         found = await h.call("search", {"pattern": "SECRET"})
         assert found.error is None
         assert sorted((m["path"], m["text"]) for m in found.value["matches"]) == [
-            ("build/out.txt", "SECRET mentioned in a log"), ("notes.txt", "the SECRET is elsewhere")]
+            ("build/out.txt", "SECRET mentioned in a log"),
+            ("notes.txt", "the SECRET is elsewhere"),
+        ]
         # .env, sub/deep/.env and the directory secrets (not walked: all under it is denied).
         assert found.value["withheld"] == 3
         assert "[3 entries withheld by the path guard: not searched]" in found.text
@@ -505,8 +602,7 @@ async def test_search_and_list_withhold_what_the_path_guard_denies(
         found = await h.call("search", {"pattern": "SECRET"})
         assert len(found.value["matches"]) == 6 and found.value["withheld"] == 0
         listed = await h.call("list", {})
-        assert [e["name"] for e in listed.value["entries"]] == [".env", "alias", "build", "notes.txt", "secrets",
-                                                               "sub"]
+        assert [e["name"] for e in listed.value["entries"]] == [".env", "alias", "build", "notes.txt", "secrets", "sub"]
         assert listed.value["withheld"] == 0 and "withheld" not in listed.text
 
 
@@ -577,10 +673,21 @@ async def test_published_rules_close_only_directories_all_under_which_is_denied(
     loaded = await load_plugin("guards", {"root": str(tmp_path), "deny_paths": deny})
     published = loaded.root.lookup(SERVICE)
     (rules,) = published.snapshot()
-    closed = {name: rules.closes(str(tmp_path / name))
-              for name in ("secrets", "cache", "a/b/.git", "vault", "link", "build", "logs", "src", "secretsx")}
-    assert closed == {"secrets": True, "cache": True, "a/b/.git": True, "vault": True, "link": True,
-                      "build": False, "logs": False, "src": False, "secretsx": False}
+    closed = {
+        name: rules.closes(str(tmp_path / name))
+        for name in ("secrets", "cache", "a/b/.git", "vault", "link", "build", "logs", "src", "secretsx")
+    }
+    assert closed == {
+        "secrets": True,
+        "cache": True,
+        "a/b/.git": True,
+        "vault": True,
+        "link": True,
+        "build": False,
+        "logs": False,
+        "src": False,
+        "secretsx": False,
+    }
     assert rules.closes(str(tmp_path.parent))  # outside the root, relative globs cannot judge: fail closed
     assert rules.judge_found(str(tmp_path / "logs" / "a")) is not None
     assert rules.judge_found(str(tmp_path / "logs" / "a" / "b")) is None
@@ -629,8 +736,14 @@ async def test_an_agent_scoped_guard_withholds_for_its_agent_only(tmp_path: Path
         deployment = compose([("test", {"plugins": plugin_rows, "agents": [{"id": "a"}, {"id": "b"}]})], env={})
         h = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
         try:
-            await start_plugin(plugin_id="guards-a", factory=guards_factory, parent=h.agent("a"), hooks=h.hooks,
-                               config={"root": str(tmp_path), "deny_paths": ["**/.env"]}, registrars={})
+            await start_plugin(
+                plugin_id="guards-a",
+                factory=guards_factory,
+                parent=h.agent("a"),
+                hooks=h.hooks,
+                config={"root": str(tmp_path), "deny_paths": ["**/.env"]},
+                registrars={},
+            )
             assert (await h.call("read", {"path": ".env"}, agent="a")).code == "DENIED"
             found = await h.call("search", {"pattern": "SECRET"}, agent="a")
             assert [m["path"] for m in found.value["matches"]] == ["notes.txt"], plugin_rows
@@ -646,20 +759,48 @@ async def test_an_agent_scoped_guard_withholds_for_its_agent_only(tmp_path: Path
 
 
 async def test_brace_alternatives_deny_each_alternative_as_bash_expands_them(boot: Any, tmp_path: Path) -> None:
-    """"**/*.{pem,key}" matched only a file literally named "x.{pem,key}": a deny rule that silently denied
+    """ "**/*.{pem,key}" matched only a file literally named "x.{pem,key}": a deny rule that silently denied
     nothing. Braces expand as bash expands them; a group without a comma, or inside a class, is literal."""
     verdicts = await guard_verdicts(
         {"root": str(tmp_path), "deny_paths": ["**/*.{pem,key}", "{build,dist/out}/", "a{b}", "c[{]d", "{x,y{1,2}}z"]},
-        "certs/site.pem", "site.key", "notes.txt", "build/log", "dist/out/x", "dist/in/x",
-        "a{b}", "ab", "c{d", "xz", "y1z", "y2z", "yz", "x.{pem,key}")
+        "certs/site.pem",
+        "site.key",
+        "notes.txt",
+        "build/log",
+        "dist/out/x",
+        "dist/in/x",
+        "a{b}",
+        "ab",
+        "c{d",
+        "xz",
+        "y1z",
+        "y2z",
+        "yz",
+        "x.{pem,key}",
+    )
     assert [verdict is not None for verdict in verdicts] == [
-        True, True, False, True, True, False, True, False, True, True, True, True, False, False]
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     assert verdicts[0] is not None and 'the denied pattern "**/*.{pem,key}"' in verdicts[0]
 
 
 @pytest.mark.parametrize("pattern", ["**/*.{pem,key", "x}{a,b", "{" * 12 + "a,b" + "}" * 12 + "{c,d}" * 11])
 async def test_unbalanced_or_exploding_braces_are_refused_naming_the_pattern(
-        boot: Any, tmp_path: Path, pattern: str) -> None:
+    boot: Any, tmp_path: Path, pattern: str
+) -> None:
     with pytest.raises(Exception, match=re.escape(f'deny_paths pattern "{pattern}" of plugin row "guards"')):
         async with boot(*rows(tmp_path, deny_paths=[pattern])):
             pass  # pragma: no cover
@@ -677,8 +818,12 @@ async def test_tool_globs_expand_braces_and_one_no_tool_name_can_match_is_refuse
         assert (await h.call("list", {})).error is None
         assert (await h.call("bash", {"command": "touch x"})).code == "DENIED"
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
-    for key, pattern in (("deny_tools", "mcp.exec"), ("deny_tools", "bash "), ("allow_tools", "read/*"),
-                         ("deny_tools", "{bash,exec")):
+    for key, pattern in (
+        ("deny_tools", "mcp.exec"),
+        ("deny_tools", "bash "),
+        ("allow_tools", "read/*"),
+        ("deny_tools", "{bash,exec"),
+    ):
         with pytest.raises(Exception, match=re.escape(f'{key} pattern "{pattern}" of plugin row "guards"')):
             async with boot(*rows(tmp_path, **{key: [pattern]})):
                 pass  # pragma: no cover
@@ -696,9 +841,13 @@ async def test_an_omitted_path_is_judged_by_the_definition_the_body_runs(boot: A
         async def execute(args: Any, ctx: Any) -> Any:
             opened.append(args.get("path", default))
             return None
-        return define_tool(name="probe", description="d", execute=execute,
-                           parameters={"type": "object", "properties": {"path": {"type": "string",
-                                                                                  "default": default}}})
+
+        return define_tool(
+            name="probe",
+            description="d",
+            execute=execute,
+            parameters={"type": "object", "properties": {"path": {"type": "string", "default": default}}},
+        )
 
     async with boot(*rows(tmp_path, deny_paths=["secrets/"])) as h:
         agent = h.agent()
@@ -717,6 +866,7 @@ async def test_an_omitted_path_is_judged_by_the_definition_the_body_runs(boot: A
                     if withdraw:
                         withdraw.pop()()
                     return await proceed(call)
+
                 return middleware
 
         h.hooks.register(Swapper(), name="swapper")

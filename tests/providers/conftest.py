@@ -31,15 +31,19 @@ class FakeServer:
         self.responses.append((200, {"Content-Type": "text/event-stream"}, ("sse", events)))
 
 
-def completion(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-               finish: str = "stop") -> dict[str, Any]:
+def completion(
+    content: str | None = None, tool_calls: list[dict[str, Any]] | None = None, finish: str = "stop"
+) -> dict[str, Any]:
     """A chat.completion response body."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls is not None:
         message["tool_calls"] = tool_calls
-    return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": message,
-                                                                 "finish_reason": finish}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.anyio
 
 SECRET = "sk-test-0123456789"
 TOOLS = [{"name": "add", "description": "Add.", "parameters": {"type": "object"}}]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 40}"}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 40}'}}
 
 
 def provider(server: FakeServer, **options: Any) -> tuple[OpenAICompatProvider, list[float]]:
@@ -36,8 +36,14 @@ def provider(server: FakeServer, **options: Any) -> tuple[OpenAICompatProvider, 
         slept.append(seconds)
 
     options.setdefault("model", "m1")
-    made = OpenAICompatProvider(base_url=server.url + "/", api_key_env="TEST_KEY", env={"TEST_KEY": SECRET},
-                                backoff_base_s=0.01, sleep=sleep, **options)
+    made = OpenAICompatProvider(
+        base_url=server.url + "/",
+        api_key_env="TEST_KEY",
+        env={"TEST_KEY": SECRET},
+        backoff_base_s=0.01,
+        sleep=sleep,
+        **options,
+    )
     return made, slept
 
 
@@ -56,13 +62,20 @@ async def test_tool_calls_are_parsed_and_the_request_has_the_openai_shape(server
     server.reply(body=completion(None, [CALL], finish="tool_calls"))
     client, _ = provider(server)
     try:
-        history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+40?"},
-                   {"role": "assistant", "content": "hm", "_meta": {"usage": 1}}]
+        history = [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "2+40?"},
+            {"role": "assistant", "content": "hm", "_meta": {"usage": 1}},
+        ]
         message = await client.complete(history, TOOLS)
     finally:
         await client.aclose()
-    assert message == {"role": "assistant", "content": None, "tool_calls": [CALL],
-                       "_meta": {"finish_reason": "tool_calls", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}}
+    assert message == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [CALL],
+        "_meta": {"finish_reason": "tool_calls", "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    }
     (request,) = server.requests
     assert request["path"] == "/v1/chat/completions"
     assert request["headers"]["Authorization"] == f"Bearer {SECRET}"
@@ -74,8 +87,9 @@ async def test_tool_calls_are_parsed_and_the_request_has_the_openai_shape(server
 
 
 async def test_the_agent_model_overrides_and_arguments_objects_are_reencoded(server: FakeServer) -> None:
-    server.reply(body=completion(None, [{"id": "c", "type": "function",
-                                         "function": {"name": "add", "arguments": {"a": 1}}}]))
+    server.reply(
+        body=completion(None, [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}])
+    )
     client, _ = provider(server, temperature=0.2, max_tokens=50, extra_body={"seed": 7})
     try:
         message = await client.complete([{"role": "user", "content": "x"}], [], model="m2")
@@ -91,19 +105,31 @@ async def test_streaming_assembles_text_and_tool_calls_by_index(server: FakeServ
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    server.stream([
-        ": keep-alive",
-        chunk({"role": "assistant", "content": "Let me "}),
-        chunk({"content": "add."}),
-        chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                               "function": {"name": "add", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 1, "id": "c2", "type": "function",
-                               "function": {"name": "mul", "arguments": "{\"a\""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 2,"}}]}),
-        chunk({"tool_calls": [{"index": 1, "function": {"arguments": ": 3}"}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": " \"b\": 40}"}}]}, "tool_calls"),
-        {"choices": [], "usage": {"total_tokens": 9}},
-    ])
+    server.stream(
+        [
+            ": keep-alive",
+            chunk({"role": "assistant", "content": "Let me "}),
+            chunk({"content": "add."}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {"index": 0, "id": "c1", "type": "function", "function": {"name": "add", "arguments": ""}}
+                    ]
+                }
+            ),
+            chunk(
+                {
+                    "tool_calls": [
+                        {"index": 1, "id": "c2", "type": "function", "function": {"name": "mul", "arguments": '{"a"'}}
+                    ]
+                }
+            ),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 2,'}}]}),
+            chunk({"tool_calls": [{"index": 1, "function": {"arguments": ": 3}"}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "b": 40}'}}]}, "tool_calls"),
+            {"choices": [], "usage": {"total_tokens": 9}},
+        ]
+    )
     fragments: list[str] = []
 
     async def on_text(text: str) -> None:
@@ -116,8 +142,9 @@ async def test_streaming_assembles_text_and_tool_calls_by_index(server: FakeServ
         await client.aclose()
     assert fragments == ["Let me ", "add."]
     assert message["content"] == "Let me add."
-    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] \
-        == [("c1", "add", {"a": 2, "b": 40}), ("c2", "mul", {"a": 3})]
+    assert [
+        (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]
+    ] == [("c1", "add", {"a": 2, "b": 40}), ("c2", "mul", {"a": 3})]
     assert message["_meta"] == {"finish_reason": "tool_calls", "usage": {"total_tokens": 9}}
     assert server.requests[0]["body"]["stream"] is True
     assert server.requests[0]["headers"]["Accept"] == "text/event-stream"
@@ -125,19 +152,43 @@ async def test_streaming_assembles_text_and_tool_calls_by_index(server: FakeServ
 
 async def test_streaming_tells_apart_calls_that_reuse_index_zero(server: FakeServer) -> None:
     # Ollama-style: parallel calls all arrive with index 0 and differ only by id.
-    server.stream([
-        {"choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 0, "id": "a", "function": {"name": "read", "arguments": "{\"path\": \"x\"}"}}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 0, "id": "b", "function": {"name": "read", "arguments": "{\"path\": \"y\"}"}}]}}]},
-    ])
+    server.stream(
+        [
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": 0, "id": "a", "function": {"name": "read", "arguments": '{"path": "x"}'}}
+                            ]
+                        },
+                    }
+                ]
+            },
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": 0, "id": "b", "function": {"name": "read", "arguments": '{"path": "y"}'}}
+                            ]
+                        },
+                    }
+                ]
+            },
+        ]
+    )
     client, _ = provider(server, stream=True)
     try:
         message = await client.complete([{"role": "user", "content": "x"}], TOOLS)
     finally:
         await client.aclose()
     assert [(c["id"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
-        ("a", '{"path": "x"}'), ("b", '{"path": "y"}')]
+        ("a", '{"path": "x"}'),
+        ("b", '{"path": "y"}'),
+    ]
 
 
 async def test_streaming_continues_a_call_whose_id_changes_after_its_first_delta(server: FakeServer) -> None:
@@ -146,20 +197,26 @@ async def test_streaming_continues_a_call_whose_id_changes_after_its_first_delta
     def delta(call: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
 
-    server.stream([
-        delta({"index": 0, "id": "first", "type": "function", "function": {"name": "add", "arguments": "{\"a\""}}),
-        delta({"index": 0, "id": "later", "function": {"arguments": ": 2, "}}),
-        delta({"index": 0, "id": "later", "function": {"arguments": "\"b\": 40}"}}),
-        delta({"index": 0, "id": "next", "type": "function", "function": {"name": "add", "arguments": "{}"}},
-              "tool_calls"),
-    ])
+    server.stream(
+        [
+            delta({"index": 0, "id": "first", "type": "function", "function": {"name": "add", "arguments": '{"a"'}}),
+            delta({"index": 0, "id": "later", "function": {"arguments": ": 2, "}}),
+            delta({"index": 0, "id": "later", "function": {"arguments": '"b": 40}'}}),
+            delta(
+                {"index": 0, "id": "next", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+                "tool_calls",
+            ),
+        ]
+    )
     client, _ = provider(server, stream=True)
     try:
         message = await client.complete([{"role": "user", "content": "x"}], TOOLS)
     finally:
         await client.aclose()
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
-        ("add", {"a": 2, "b": 40}), ("add", {})]
+        ("add", {"a": 2, "b": 40}),
+        ("add", {}),
+    ]
     assert len({c["id"] for c in message["tool_calls"]}) == 2
 
 
@@ -169,19 +226,23 @@ async def test_streaming_takes_a_name_resent_in_every_delta_once(server: FakeSer
     def delta(call: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
 
-    server.stream([
-        delta({"index": 0, "id": "a", "type": "function", "function": {"name": "read", "arguments": "{\"pa"}}),
-        delta({"index": 0, "id": "a", "type": "function", "function": {"name": "read", "arguments": "th\": 1}"}}),
-        delta({"index": 1, "id": "b", "type": "function", "function": {"name": "ad", "arguments": ""}}),
-        delta({"index": 1, "function": {"name": "d", "arguments": "{}"}}, "tool_calls"),
-    ])
+    server.stream(
+        [
+            delta({"index": 0, "id": "a", "type": "function", "function": {"name": "read", "arguments": '{"pa'}}),
+            delta({"index": 0, "id": "a", "type": "function", "function": {"name": "read", "arguments": 'th": 1}'}}),
+            delta({"index": 1, "id": "b", "type": "function", "function": {"name": "ad", "arguments": ""}}),
+            delta({"index": 1, "function": {"name": "d", "arguments": "{}"}}, "tool_calls"),
+        ]
+    )
     client, _ = provider(server, stream=True)
     try:
         message = await client.complete([{"role": "user", "content": "x"}], TOOLS)
     finally:
         await client.aclose()
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
-        ("read", '{"path": 1}'), ("add", "{}")]
+        ("read", '{"path": 1}'),
+        ("add", "{}"),
+    ]
 
 
 async def test_429_and_5xx_are_retried_honouring_retry_after(server: FakeServer) -> None:
@@ -210,8 +271,9 @@ async def test_retry_after_ms_and_streams_are_retried_before_they_start(server: 
 
 
 @pytest.mark.parametrize("form", ["%a %b %d %H:%M:%S %Y", "%a, %d %b %Y %H:%M:%S -0000"])
-async def test_a_retry_after_date_without_a_zone_is_gmt(server: FakeServer, monkeypatch: pytest.MonkeyPatch,
-                                                        form: str) -> None:
+async def test_a_retry_after_date_without_a_zone_is_gmt(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
     # HTTP-dates are GMT; the asctime form carries no zone and was read as local time: five hours
     # west of UTC, a 30 s wait became 18,030 s, beyond max_retry_after_s, and the request failed.
     import time
@@ -250,26 +312,56 @@ async def test_a_retry_after_beyond_the_limit_is_not_waited_for(server: FakeServ
     assert slept == []
 
 
-@pytest.mark.parametrize(("status", "body", "kind", "text"), [
-    (401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}, "auth",
-     "authentication failed (HTTP 401): Incorrect API key provided: ***; check the API key in $TEST_KEY"),
-    (403, "forbidden", "auth", "authentication failed (HTTP 403): forbidden"),
-    (404, {"error": {"message": "The model `m1` does not exist"}}, "model-not-found",
-     "model 'm1' not found (HTTP 404): The model `m1` does not exist"),
-    (400, {"error": {"message": "This model's maximum context length is 8192 tokens",
-                     "code": "context_length_exceeded"}}, "context-length",
-     "the conversation is too long for model 'm1' (HTTP 400): This model's maximum context length"),
-    (400, {"error": {"message": "the request exceeds the available context size (n_ctx)"}}, "context-length",
-     "too long"),
-    (400, {"error": {"message": "temperature must be <= 2"}}, "http", "HTTP 400: temperature must be <= 2"),
-    (200, "<html>not json</html>", "malformed-response", "the response is not a chat completion: <html>"),
-    (200, completion(None, [{"id": "c", "type": "function", "function": {"arguments": "{}"}}]),
-     "malformed-tool-call", "tool_calls[0].function.name is missing"),
-    (200, completion(None, [{"id": "c", "type": "function", "function": {"name": "x", "arguments": 5}}]),
-     "malformed-tool-call", "arguments of tool 'x' is int, expected JSON text"),
-])
-async def test_each_failure_has_a_clear_error(server: FakeServer, status: int, body: Any, kind: str,
-                                              text: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "text"),
+    [
+        (
+            401,
+            {"error": {"message": f"Incorrect API key provided: {SECRET}"}},
+            "auth",
+            "authentication failed (HTTP 401): Incorrect API key provided: ***; check the API key in $TEST_KEY",
+        ),
+        (403, "forbidden", "auth", "authentication failed (HTTP 403): forbidden"),
+        (
+            404,
+            {"error": {"message": "The model `m1` does not exist"}},
+            "model-not-found",
+            "model 'm1' not found (HTTP 404): The model `m1` does not exist",
+        ),
+        (
+            400,
+            {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens",
+                    "code": "context_length_exceeded",
+                }
+            },
+            "context-length",
+            "the conversation is too long for model 'm1' (HTTP 400): This model's maximum context length",
+        ),
+        (
+            400,
+            {"error": {"message": "the request exceeds the available context size (n_ctx)"}},
+            "context-length",
+            "too long",
+        ),
+        (400, {"error": {"message": "temperature must be <= 2"}}, "http", "HTTP 400: temperature must be <= 2"),
+        (200, "<html>not json</html>", "malformed-response", "the response is not a chat completion: <html>"),
+        (
+            200,
+            completion(None, [{"id": "c", "type": "function", "function": {"arguments": "{}"}}]),
+            "malformed-tool-call",
+            "tool_calls[0].function.name is missing",
+        ),
+        (
+            200,
+            completion(None, [{"id": "c", "type": "function", "function": {"name": "x", "arguments": 5}}]),
+            "malformed-tool-call",
+            "arguments of tool 'x' is int, expected JSON text",
+        ),
+    ],
+)
+async def test_each_failure_has_a_clear_error(server: FakeServer, status: int, body: Any, kind: str, text: str) -> None:
     server.reply(status, body)
     error, slept = await failure(server)
     assert error.kind == kind
@@ -296,13 +388,17 @@ async def test_an_undecodable_body_is_a_provider_error(server: FakeServer, strea
     assert slept == []
 
 
-@pytest.mark.parametrize(("chunk", "kind", "text"), [
-    (delta_chunk(["content"]), "malformed-response", "a stream chunk's 'delta' is list, expected an object"),
-    ({"choices": {"index": 0}}, "malformed-response", "a stream chunk's 'choices' is dict, expected a list"),
-    (delta_chunk({"tool_calls": {"index": 0}}), "malformed-tool-call", "'tool_calls' is dict, expected a list"),
-])
-async def test_a_malformed_stream_chunk_is_a_provider_error(server: FakeServer, chunk: Any, kind: str,
-                                                            text: str) -> None:
+@pytest.mark.parametrize(
+    ("chunk", "kind", "text"),
+    [
+        (delta_chunk(["content"]), "malformed-response", "a stream chunk's 'delta' is list, expected an object"),
+        ({"choices": {"index": 0}}, "malformed-response", "a stream chunk's 'choices' is dict, expected a list"),
+        (delta_chunk({"tool_calls": {"index": 0}}), "malformed-tool-call", "'tool_calls' is dict, expected a list"),
+    ],
+)
+async def test_a_malformed_stream_chunk_is_a_provider_error(
+    server: FakeServer, chunk: Any, kind: str, text: str
+) -> None:
     server.stream([chunk])
     error, _ = await failure(server, stream=True)
     assert error.kind == kind and text in error.message
@@ -312,17 +408,26 @@ async def test_a_malformed_stream_chunk_is_a_provider_error(server: FakeServer, 
 TOO_DEEP = "[" * 100_000
 
 
-@pytest.mark.parametrize(("stream", "status", "body", "kind", "text"), [
-    (False, 200, TOO_DEEP, "malformed-response", "the response is JSON nested too deeply to parse: [[[["),
-    (False, 400, TOO_DEEP, "http", "HTTP 400: [[[["),
-    (False, 400, '{"error": ' + TOO_DEEP + "}", "http", 'HTTP 400: {"error": [[[['),
-    (True, 400, TOO_DEEP, "http", "HTTP 400: [[[["),
-    (True, 200, TOO_DEEP, "malformed-response", "neither an event stream nor a chat completion: [[[["),
-    (True, 200, ("sse", ["data: " + TOO_DEEP]), "malformed-response",
-     "a stream chunk is JSON nested too deeply to parse: '[[[["),
-])
+@pytest.mark.parametrize(
+    ("stream", "status", "body", "kind", "text"),
+    [
+        (False, 200, TOO_DEEP, "malformed-response", "the response is JSON nested too deeply to parse: [[[["),
+        (False, 400, TOO_DEEP, "http", "HTTP 400: [[[["),
+        (False, 400, '{"error": ' + TOO_DEEP + "}", "http", 'HTTP 400: {"error": [[[['),
+        (True, 400, TOO_DEEP, "http", "HTTP 400: [[[["),
+        (True, 200, TOO_DEEP, "malformed-response", "neither an event stream nor a chat completion: [[[["),
+        (
+            True,
+            200,
+            ("sse", ["data: " + TOO_DEEP]),
+            "malformed-response",
+            "a stream chunk is JSON nested too deeply to parse: '[[[[",
+        ),
+    ],
+)
 async def test_a_body_nested_too_deeply_to_parse_is_a_provider_error_quoting_a_short_excerpt(
-        server: FakeServer, stream: bool, status: int, body: Any, kind: str, text: str) -> None:
+    server: FakeServer, stream: bool, status: int, body: Any, kind: str, text: str
+) -> None:
     if isinstance(body, tuple):
         server.stream(body[1], done=False)
     else:
@@ -346,16 +451,19 @@ async def test_a_stream_that_breaks_after_its_finish_reason_is_an_answer(finishe
     # there lost a complete answer, while a clean close at the same point was accepted.
     import httpx
 
-    chunks = [{"choices": [{"index": 0, "delta": {"content": "4"}}]},
-              {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop" if finished else None}]}]
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "4"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop" if finished else None}]},
+    ]
 
     async def body() -> Any:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk)}\n\n".encode()
         raise httpx.ReadError("connection reset by peer")
 
-    transport = httpx.MockTransport(lambda request: httpx.Response(
-        200, headers={"Content-Type": "text/event-stream"}, content=body()))
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(200, headers={"Content-Type": "text/event-stream"}, content=body())
+    )
     client = OpenAICompatProvider(base_url="http://model.invalid/v1", model="m", stream=True, transport=transport)
     try:
         if finished:
@@ -380,15 +488,25 @@ async def test_a_finish_reason_without_done_completes_a_stream(server: FakeServe
     assert message["content"] == "all" and message["_meta"] == {"finish_reason": "stop"}
 
 
-@pytest.mark.parametrize(("body", "kind", "text"), [
-    ({"error": {"message": "upstream overloaded"}}, "http",
-     "the server answered with an error instead of a stream: upstream overloaded"),
-    ("<html>gateway</html>", "malformed-response",
-     "the response is neither an event stream nor a chat completion: <html>gateway</html>"),
-    ("", "malformed-response", "(empty response body)"),
-])
-async def test_a_streaming_request_without_events_fails_naming_the_body(server: FakeServer, body: Any, kind: str,
-                                                                        text: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "kind", "text"),
+    [
+        (
+            {"error": {"message": "upstream overloaded"}},
+            "http",
+            "the server answered with an error instead of a stream: upstream overloaded",
+        ),
+        (
+            "<html>gateway</html>",
+            "malformed-response",
+            "the response is neither an event stream nor a chat completion: <html>gateway</html>",
+        ),
+        ("", "malformed-response", "(empty response body)"),
+    ],
+)
+async def test_a_streaming_request_without_events_fails_naming_the_body(
+    server: FakeServer, body: Any, kind: str, text: str
+) -> None:
     server.reply(200, body)
     error, _ = await failure(server, stream=True)
     assert error.kind == kind and text in error.message
@@ -414,31 +532,35 @@ async def test_a_plain_completion_answers_a_streaming_request(server: FakeServer
 _STRADDLING = "<html>" + "x" * 277 + " bad key " + SECRET + "</html>"
 
 
-@pytest.mark.parametrize(("stream", "status", "body", "kind"), [
-    # 200 JSON that is neither a completion nor an error: non-streamed, and the streaming fallback.
-    (False, 200, {"detail": f"token {SECRET} is not allowed"}, "malformed-response"),
-    (True, 200, {"detail": f"token {SECRET} is not allowed"}, "malformed-response"),
-    # A key that straddles the shortening of a quoted body.
-    (False, 200, _STRADDLING, "malformed-response"),
-    (True, 200, _STRADDLING, "malformed-response"),
-    (False, 400, _STRADDLING, "http"),
-    (True, 400, _STRADDLING, "http"),
-    # A key that only appears once the JSON string is decoded.
-    (False, 400, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
-    (True, 200, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
-    # The same, in a body of a shape with no message field, quoted whole.
-    (False, 400, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "http"),
-    (True, 200, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "malformed-response"),
-    # The same, decoded just across the 300-character cut.
-    (False, 400, '{"errors": "' + "A" * 278 + '\\u0073k-test-0123456789"}', "http"),
-    # A field of the message echoed by normalize_assistant.
-    (False, 200, {"choices": [{"message": {"role": f"user {SECRET}"}}]}, "malformed-response"),
-    # Stream chunks: one that is not JSON (cut at 200 characters) and an error mid-stream.
-    (True, 200, ("sse", ["data: " + "x" * 192 + SECRET]), "malformed-response"),
-    (True, 200, ("sse", ["data: " + json.dumps({"error": {"message": f"bad key {SECRET}"}})]), "http"),
-])
-async def test_the_api_key_never_appears_in_an_error_not_even_in_part(server: FakeServer, stream: bool, status: int,
-                                                                      body: Any, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("stream", "status", "body", "kind"),
+    [
+        # 200 JSON that is neither a completion nor an error: non-streamed, and the streaming fallback.
+        (False, 200, {"detail": f"token {SECRET} is not allowed"}, "malformed-response"),
+        (True, 200, {"detail": f"token {SECRET} is not allowed"}, "malformed-response"),
+        # A key that straddles the shortening of a quoted body.
+        (False, 200, _STRADDLING, "malformed-response"),
+        (True, 200, _STRADDLING, "malformed-response"),
+        (False, 400, _STRADDLING, "http"),
+        (True, 400, _STRADDLING, "http"),
+        # A key that only appears once the JSON string is decoded.
+        (False, 400, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
+        (True, 200, '{"error": {"message": "bad key \\u0073k-test-0123456789"}}', "http"),
+        # The same, in a body of a shape with no message field, quoted whole.
+        (False, 400, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "http"),
+        (True, 200, '{"errors": [{"msg": "bad key \\u0073k-test-0123456789"}]}', "malformed-response"),
+        # The same, decoded just across the 300-character cut.
+        (False, 400, '{"errors": "' + "A" * 278 + '\\u0073k-test-0123456789"}', "http"),
+        # A field of the message echoed by normalize_assistant.
+        (False, 200, {"choices": [{"message": {"role": f"user {SECRET}"}}]}, "malformed-response"),
+        # Stream chunks: one that is not JSON (cut at 200 characters) and an error mid-stream.
+        (True, 200, ("sse", ["data: " + "x" * 192 + SECRET]), "malformed-response"),
+        (True, 200, ("sse", ["data: " + json.dumps({"error": {"message": f"bad key {SECRET}"}})]), "http"),
+    ],
+)
+async def test_the_api_key_never_appears_in_an_error_not_even_in_part(
+    server: FakeServer, stream: bool, status: int, body: Any, kind: str
+) -> None:
     if isinstance(body, tuple):
         server.stream(body[1], done=False)
     else:
@@ -451,14 +573,23 @@ async def test_the_api_key_never_appears_in_an_error_not_even_in_part(server: Fa
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("key", [SECRET + "\r", SECRET + "\n", "sk-test\n-0123456789", SECRET + "\x00", SECRET + " ",
-                                 "sk-tést-0123456789"])
-async def test_an_api_key_no_header_can_carry_fails_without_quoting_it(server: FakeServer, stream: bool,
-                                                                       key: str) -> None:
+@pytest.mark.parametrize(
+    "key", [SECRET + "\r", SECRET + "\n", "sk-test\n-0123456789", SECRET + "\x00", SECRET + " ", "sk-tést-0123456789"]
+)
+async def test_an_api_key_no_header_can_carry_fails_without_quoting_it(
+    server: FakeServer, stream: bool, key: str
+) -> None:
     # A key read from a CRLF .env file ends in "\r": httpx refused the header quoting the key with its
     # escapes (which redaction did not match), and retried that as a connection failure.
-    client = OpenAICompatProvider(base_url=server.url, model="m", api_key_env="TEST_KEY", env={"TEST_KEY": key},
-                                  stream=stream, max_retries=2, backoff_base_s=0.0)
+    client = OpenAICompatProvider(
+        base_url=server.url,
+        model="m",
+        api_key_env="TEST_KEY",
+        env={"TEST_KEY": key},
+        stream=stream,
+        max_retries=2,
+        backoff_base_s=0.0,
+    )
     try:
         with pytest.raises(ProviderError) as caught:
             await client.complete([{"role": "user", "content": "x"}], [])
@@ -469,15 +600,18 @@ async def test_an_api_key_no_header_can_carry_fails_without_quoting_it(server: F
     assert client.last_attempts == 1 and server.requests == []
 
 
-async def test_a_truncated_plain_body_is_quoted_without_the_api_key(server: FakeServer,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_truncated_plain_body_is_quoted_without_the_api_key(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dsh_plugins.providers import openai_compat
 
     monkeypatch.setattr(openai_compat, "_MAX_PLAIN_BODY", 1000)
     server.reply(200, f"<html> bad key {SECRET}\n" + "y" * 2000)
     error, _ = await failure(server, stream=True)
-    assert ("the response is not an event stream and is larger than 1000 bytes (not read further): <html> bad key ***"
-            in error.message)
+    assert (
+        "the response is not an event stream and is larger than 1000 bytes (not read further): <html> bad key ***"
+        in error.message
+    )
     assert SECRET[:6] not in error.message
 
 
@@ -491,8 +625,9 @@ async def test_a_tool_call_without_an_id_gets_a_unique_one_streamed_or_not(serve
             server.reply(body=completion(None, [anonymous], finish="tool_calls"))
     client, _ = provider(server, stream=stream)
     try:
-        ids = [(await client.complete([{"role": "user", "content": "x"}], TOOLS))["tool_calls"][0]["id"]
-               for _ in range(2)]
+        ids = [
+            (await client.complete([{"role": "user", "content": "x"}], TOOLS))["tool_calls"][0]["id"] for _ in range(2)
+        ]
     finally:
         await client.aclose()
     assert all(i.startswith("call_") for i in ids) and ids[0] != ids[1]
@@ -507,8 +642,9 @@ async def test_no_model_and_no_server_fail_clearly() -> None:
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    client = OpenAICompatProvider(base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.0,
-                                  sleep=sleep)
+    client = OpenAICompatProvider(
+        base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.0, sleep=sleep
+    )
     try:
         with pytest.raises(ProviderError, match="no model configured"):
             await client.complete([], [])
@@ -535,23 +671,37 @@ class AddTool:
         async def add(args: Any, ctx: Any) -> Any:
             return args["a"] + args["b"]
 
-        register(define_tool(name="add", description="Add two integers.", parameters={"type": "object"},
-                             execute=add))
+        register(define_tool(name="add", description="Add two integers.", parameters={"type": "object"}, execute=add))
 
 
-async def test_the_loop_runs_against_an_openai_compatible_server(server: FakeServer, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_loop_runs_against_an_openai_compatible_server(
+    server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DSH_TEST_KEY", SECRET)
     server.reply(body=completion(None, [CALL], finish="tool_calls"))
     server.reply(body=completion("42"))
-    deployment = compose([("test", {
-        "agents": [{"id": "main", "provider": "openai", "model": "agent-model"}],
-        "plugins": [{"id": "tools", "use": "tools"},
-                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m",
-                                                                "api_key_env": "DSH_TEST_KEY"}}],
-    })], env={})
-    harness = await Harness.start(deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: AddTool()},
-                                                                    strict=True))
+    deployment = compose(
+        [
+            (
+                "test",
+                {
+                    "agents": [{"id": "main", "provider": "openai", "model": "agent-model"}],
+                    "plugins": [
+                        {"id": "tools", "use": "tools"},
+                        {
+                            "id": "openai",
+                            "use": "openai",
+                            "config": {"base_url": server.url, "model": "m", "api_key_env": "DSH_TEST_KEY"},
+                        },
+                    ],
+                },
+            )
+        ],
+        env={},
+    )
+    harness = await Harness.start(
+        deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: AddTool()}, strict=True)
+    )
     try:
         result = await run_agent(harness, "2+40?", record=False)
     finally:
@@ -579,8 +729,7 @@ def test_three_environment_variables_point_the_default_deployment_at_an_endpoint
     deployment = default_deployment(tmp_path, env=env)
     row = deployment.plugin("openai")
     assert row is not None
-    assert dict(row.config) == {"base_url": "http://localhost:11434/v1", "api_key_env": "DSH_API_KEY",
-                                "model": "qwen3"}
+    assert dict(row.config) == {"base_url": "http://localhost:11434/v1", "api_key_env": "DSH_API_KEY", "model": "qwen3"}
     assert deployment.agent("main").provider == "openai"  # type: ignore[union-attr]
     assert deployment.source_of("agents[main].provider") == "env:DSH_BASE_URL"
     assert SECRET not in json.dumps(dict(row.config))  # the key itself never enters the config
@@ -603,10 +752,19 @@ async def test_lone_surrogates_reach_the_server_as_replacement_characters(server
 
 
 # Numbers Python's json reads but JSON cannot carry, as a server might send them in usage.
-_ODD_USAGE = ('{"prompt_tokens": 3, "cost": NaN, "rate": Infinity, "low": -Infinity, "big": 1e400, '
-              '"zero": -0.0, "timings": {"per_s": [NaN, 1.5]}}')
-_CLEAN_USAGE = {"prompt_tokens": 3, "cost": None, "rate": None, "low": None, "big": None, "zero": 0.0,
-                "timings": {"per_s": [None, 1.5]}}
+_ODD_USAGE = (
+    '{"prompt_tokens": 3, "cost": NaN, "rate": Infinity, "low": -Infinity, "big": 1e400, '
+    '"zero": -0.0, "timings": {"per_s": [NaN, 1.5]}}'
+)
+_CLEAN_USAGE = {
+    "prompt_tokens": 3,
+    "cost": None,
+    "rate": None,
+    "low": None,
+    "big": None,
+    "zero": 0.0,
+    "timings": {"per_s": [None, 1.5]},
+}
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -614,8 +772,10 @@ async def test_numbers_json_cannot_carry_in_usage_become_null(server: FakeServer
     if stream:
         server.stream([delta_chunk({"content": "42"}, "stop"), 'data: {"choices": [], "usage": ' + _ODD_USAGE + "}"])
     else:
-        server.reply(body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, '
-                          '"finish_reason": "stop"}], "usage": ' + _ODD_USAGE + "}")
+        server.reply(
+            body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, '
+            '"finish_reason": "stop"}], "usage": ' + _ODD_USAGE + "}"
+        )
     client, _ = provider(server, stream=stream)
     try:
         message = await client.complete([{"role": "user", "content": "x"}], [])
@@ -637,22 +797,39 @@ def test_usage_nested_too_deep_to_copy_is_left_out() -> None:
 
 
 async def test_a_run_with_odd_numbers_in_usage_and_arguments_is_recorded_and_answers(
-        server: FakeServer, tmp_path: Path) -> None:
+    server: FakeServer, tmp_path: Path
+) -> None:
     # A NaN in usage failed the run when the assistant message was recorded; a NaN in an arguments
     # object reaches the loop as JSON text, which tells the model its arguments are not valid JSON.
-    server.reply(body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": '
-                      '[{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '
-                      '{"a": NaN, "b": 1}}}]}, "finish_reason": "tool_calls"}], "usage": {"cost": NaN}}')
-    server.reply(body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, '
-                      '"finish_reason": "stop"}], "usage": {"cost": Infinity, "total_tokens": 8}}')
-    deployment = compose([("test", {
-        "sessions": {"home": str(tmp_path / "home")},
-        "agents": [{"id": "main", "provider": "openai"}],
-        "plugins": [{"id": "tools", "use": "tools"}, {"id": "sessions", "use": "sqlite-sessions"},
-                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m"}}],
-    })], env={})
-    harness = await Harness.start(deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: AddTool()},
-                                                                    strict=True))
+    server.reply(
+        body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": '
+        '[{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '
+        '{"a": NaN, "b": 1}}}]}, "finish_reason": "tool_calls"}], "usage": {"cost": NaN}}'
+    )
+    server.reply(
+        body='{"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, '
+        '"finish_reason": "stop"}], "usage": {"cost": Infinity, "total_tokens": 8}}'
+    )
+    deployment = compose(
+        [
+            (
+                "test",
+                {
+                    "sessions": {"home": str(tmp_path / "home")},
+                    "agents": [{"id": "main", "provider": "openai"}],
+                    "plugins": [
+                        {"id": "tools", "use": "tools"},
+                        {"id": "sessions", "use": "sqlite-sessions"},
+                        {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m"}},
+                    ],
+                },
+            )
+        ],
+        env={},
+    )
+    harness = await Harness.start(
+        deployment, catalog=PluginCatalog(extra={"tools": lambda s, c: AddTool()}, strict=True)
+    )
     try:
         result = await run_agent(harness, "2+40?")
     finally:
@@ -668,12 +845,22 @@ async def test_a_resumed_session_sends_a_silent_answer_as_empty_text(server: Fak
     # Ollama, llama.cpp and Azure refuse such an assistant message, so resuming the session always failed.
     server.reply(body=completion(None, finish="length"))
     server.reply(body=completion("ok"))
-    deployment = compose([("test", {
-        "sessions": {"home": str(tmp_path / "home")},
-        "agents": [{"id": "main", "provider": "openai"}],
-        "plugins": [{"id": "sessions", "use": "sqlite-sessions"},
-                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m"}}],
-    })], env={})
+    deployment = compose(
+        [
+            (
+                "test",
+                {
+                    "sessions": {"home": str(tmp_path / "home")},
+                    "agents": [{"id": "main", "provider": "openai"}],
+                    "plugins": [
+                        {"id": "sessions", "use": "sqlite-sessions"},
+                        {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m"}},
+                    ],
+                },
+            )
+        ],
+        env={},
+    )
     harness = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
     try:
         first = await run_agent(harness, "hi")
@@ -690,18 +877,33 @@ async def test_a_resumed_session_sends_a_silent_answer_as_empty_text(server: Fak
 async def test_a_streaming_request_asks_for_usage_and_the_run_records_it(server: FakeServer, tmp_path: Path) -> None:
     # OpenAI and vLLM send usage in a stream only with stream_options.include_usage, as a last chunk
     # with no choices (every other chunk has "usage": null, as vLLM sends it).
-    server.stream([
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "4"}}], "usage": None},
-        {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop"}], "usage": None},
-        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
-    ])
-    deployment = compose([("test", {
-        "sessions": {"home": str(tmp_path / "home")},
-        "agents": [{"id": "main", "provider": "openai"}],
-        "plugins": [{"id": "sessions", "use": "sqlite-sessions"},
-                    {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m",
-                                                                "stream": True}}],
-    })], env={})
+    server.stream(
+        [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "4"}}], "usage": None},
+            {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop"}], "usage": None},
+            {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
+        ]
+    )
+    deployment = compose(
+        [
+            (
+                "test",
+                {
+                    "sessions": {"home": str(tmp_path / "home")},
+                    "agents": [{"id": "main", "provider": "openai"}],
+                    "plugins": [
+                        {"id": "sessions", "use": "sqlite-sessions"},
+                        {
+                            "id": "openai",
+                            "use": "openai",
+                            "config": {"base_url": server.url, "model": "m", "stream": True},
+                        },
+                    ],
+                },
+            )
+        ],
+        env={},
+    )
     harness = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
     try:
         result = await run_agent(harness, "6*7?")
@@ -717,18 +919,26 @@ async def test_a_streaming_request_asks_for_usage_and_the_run_records_it(server:
     body = server.requests[0]["body"]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     (assistant,) = [event for event in events if event.kind == "message/assistant"]
-    assert assistant.payload["meta"] == {"finish_reason": "stop",
-                                         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
+    assert assistant.payload["meta"] == {
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
 
 
-@pytest.mark.parametrize(("options", "sent"), [
-    ({}, None),  # not streaming: no stream_options
-    ({"stream": True, "stream_usage": False}, None),  # a server that rejects the field
-    ({"stream": True, "extra_body": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}},
-     {"include_usage": True, "continuous_usage_stats": True}),  # extra_body replaces it
-])
-async def test_stream_options_can_be_left_out_or_replaced(server: FakeServer, options: dict[str, Any],
-                                                          sent: Any) -> None:
+@pytest.mark.parametrize(
+    ("options", "sent"),
+    [
+        ({}, None),  # not streaming: no stream_options
+        ({"stream": True, "stream_usage": False}, None),  # a server that rejects the field
+        (
+            {"stream": True, "extra_body": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}},
+            {"include_usage": True, "continuous_usage_stats": True},
+        ),  # extra_body replaces it
+    ],
+)
+async def test_stream_options_can_be_left_out_or_replaced(
+    server: FakeServer, options: dict[str, Any], sent: Any
+) -> None:
     if options.get("stream"):
         server.stream([delta_chunk({"content": "ok"}, "stop")])
     else:
@@ -759,8 +969,13 @@ async def test_credentials_in_the_base_url_never_reach_a_message(server: FakeSer
     """A base_url may carry a user and password; errors reach stderr, logs and the session."""
     server.reply(401, "no")
     host = server.url.removeprefix("http://")
-    client = OpenAICompatProvider(base_url=f"http://user:hunter2@{host}/", model="m1", api_key_env="TEST_KEY",
-                                  env={"TEST_KEY": SECRET}, backoff_base_s=0.01)
+    client = OpenAICompatProvider(
+        base_url=f"http://user:hunter2@{host}/",
+        model="m1",
+        api_key_env="TEST_KEY",
+        env={"TEST_KEY": SECRET},
+        backoff_base_s=0.01,
+    )
     try:
         with pytest.raises(ProviderError) as caught:
             await client.complete([{"role": "user", "content": "x"}], [])
@@ -769,8 +984,9 @@ async def test_credentials_in_the_base_url_never_reach_a_message(server: FakeSer
         assert "hunter2" not in repr(client)
     finally:
         await client.aclose()
-    unreachable = OpenAICompatProvider(base_url="http://user:hunter2@127.0.0.1:9/", model="m1", max_retries=0,
-                                       env={}, backoff_base_s=0.01)
+    unreachable = OpenAICompatProvider(
+        base_url="http://user:hunter2@127.0.0.1:9/", model="m1", max_retries=0, env={}, backoff_base_s=0.01
+    )
     try:
         with pytest.raises(ProviderError) as caught:
             await unreachable.complete([{"role": "user", "content": "x"}], [])
@@ -785,10 +1001,13 @@ async def test_a_stream_splits_lines_only_where_server_sent_events_do(server: Fa
     # UTF-8 do), and SSE ends a line only at CR, LF or CRLF: splitting as str.splitlines does cut such a
     # chunk in two, and the run failed with "a stream chunk is not JSON".
     text = "a\u2028b\u2029c\x85d\x0ce\x1cf\x1dg\x1eh\x0bi"
-    events = ["data: " + json.dumps(delta_chunk({"content": text}), ensure_ascii=False),
-              "data: " + json.dumps(delta_chunk({}, "stop"))]
-    server.responses.append((200, {"Content-Type": "text/event-stream"},
-                             ("sse", [event.replace("\n", separator) for event in events])))
+    events = [
+        "data: " + json.dumps(delta_chunk({"content": text}), ensure_ascii=False),
+        "data: " + json.dumps(delta_chunk({}, "stop")),
+    ]
+    server.responses.append(
+        (200, {"Content-Type": "text/event-stream"}, ("sse", [event.replace("\n", separator) for event in events]))
+    )
     client, _ = provider(server, stream=True)
     try:
         message = await client.complete([{"role": "user", "content": "x"}], [])
@@ -800,8 +1019,10 @@ async def test_a_stream_splits_lines_only_where_server_sent_events_do(server: Fa
 async def test_a_byte_order_mark_opening_a_stream_is_ignored(server: FakeServer) -> None:
     # The SSE spec: one leading U+FEFF is ignored. Read as part of the first line, it made that
     # line's field "\ufeffdata", no SSE field, and the first chunk (here all the text) was lost.
-    events = ["\ufeffdata: " + json.dumps(delta_chunk({"content": "hello"})),
-              "data: " + json.dumps(delta_chunk({}, "stop"))]
+    events = [
+        "\ufeffdata: " + json.dumps(delta_chunk({"content": "hello"})),
+        "data: " + json.dumps(delta_chunk({}, "stop")),
+    ]
     server.responses.append((200, {"Content-Type": "text/event-stream"}, ("sse", events)))
     client, _ = provider(server, stream=True)
     try:
@@ -853,18 +1074,22 @@ class _Endless:
             yield unit
 
 
-@pytest.mark.parametrize(("stream", "status", "head", "kind", "text"), [
-    (False, 200, b'{"choices": "', "malformed-response", "the response is larger than 1 MiB"),
-    (False, 500, b'{"error": "', "server", "HTTP 500"),
-    (True, 500, b'{"error": "', "server", "HTTP 500"),
-    # A line with no end is held until the limit on streams; lines of a plain body, to the limit on those.
-    (True, 200, b'{"choices": "', "malformed-response", "the response is larger than 2 MiB"),
-    (True, 200, b'{"choices": "\n', "malformed-response", "not an event stream and is larger than 1 MiB"),
-    (True, 200, b'data: {"choices": "', "malformed-response", "the response is larger than 2 MiB"),
-    (True, 200, b": keep-alive\n" * 100_000, "malformed-response", "the response is larger than 2 MiB"),
-])
-async def test_an_endless_body_is_read_only_up_to_a_limit(monkeypatch: pytest.MonkeyPatch, stream: bool,
-                                                          status: int, head: bytes, kind: str, text: str) -> None:
+@pytest.mark.parametrize(
+    ("stream", "status", "head", "kind", "text"),
+    [
+        (False, 200, b'{"choices": "', "malformed-response", "the response is larger than 1 MiB"),
+        (False, 500, b'{"error": "', "server", "HTTP 500"),
+        (True, 500, b'{"error": "', "server", "HTTP 500"),
+        # A line with no end is held until the limit on streams; lines of a plain body, to the limit on those.
+        (True, 200, b'{"choices": "', "malformed-response", "the response is larger than 2 MiB"),
+        (True, 200, b'{"choices": "\n', "malformed-response", "not an event stream and is larger than 1 MiB"),
+        (True, 200, b'data: {"choices": "', "malformed-response", "the response is larger than 2 MiB"),
+        (True, 200, b": keep-alive\n" * 100_000, "malformed-response", "the response is larger than 2 MiB"),
+    ],
+)
+async def test_an_endless_body_is_read_only_up_to_a_limit(
+    monkeypatch: pytest.MonkeyPatch, stream: bool, status: int, head: bytes, kind: str, text: str
+) -> None:
     # A hostile or broken server could send gigabytes: every byte was read (or held) before anything failed.
     import httpx
 
@@ -874,10 +1099,12 @@ async def test_an_endless_body_is_read_only_up_to_a_limit(monkeypatch: pytest.Mo
     monkeypatch.setattr(openai_compat, "_MAX_STREAM_BYTES", 2 * 2**20)
     body = _Endless(head)
     content_type = "text/event-stream" if head.startswith((b"data", b":")) else "application/json"
-    transport = httpx.MockTransport(lambda request: httpx.Response(
-        status, headers={"Content-Type": content_type}, content=body))
-    client = OpenAICompatProvider(base_url="http://model.invalid/v1", model="m", stream=stream, transport=transport,
-                                  max_retries=0)
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(status, headers={"Content-Type": content_type}, content=body)
+    )
+    client = OpenAICompatProvider(
+        base_url="http://model.invalid/v1", model="m", stream=stream, transport=transport, max_retries=0
+    )
     try:
         with pytest.raises(ProviderError) as caught:
             await client.complete([{"role": "user", "content": "x"}], [])

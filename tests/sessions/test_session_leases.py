@@ -118,8 +118,9 @@ async def test_a_lease_of_a_process_killed_mid_run_does_not_block_a_resume(tmp_p
     store = SqliteSessionStore.open(tmp_path)
     try:
         info = await store.create()
-        child = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), info.id], stdout=subprocess.PIPE,
-                                 text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(tmp_path), info.id], stdout=subprocess.PIPE, text=True
+        )
         try:
             assert child.stdout is not None and child.stdout.readline() == "held\n"
             with pytest.raises(SessionBusyError, match=f"pid {child.pid} on host"):
@@ -141,23 +142,31 @@ def _mine(**changes: object) -> SessionLease:
 
 @needs_proc
 @pytest.mark.parametrize("factory", STORES)
-@pytest.mark.parametrize(("holder", "gone"), [
-    pytest.param(lambda: _mine(pid=exited_pid(), started=None), True, id="no-such-pid"),
-    pytest.param(lambda: _mine(started=(process_start(os.getpid()) or 0) + 1), True, id="pid-reused-since"),
-    pytest.param(lambda: _mine(boot_id="another-boot"), True, id="host-rebooted-since"),
-    pytest.param(lambda: _mine(pid=0), True, id="no-pid"),
-    pytest.param(_mine, False, id="this-process"),
-    pytest.param(lambda: _mine(pid=1, started=None), False, id="a-live-pid-started-unknown"),
-    pytest.param(lambda: _mine(pid=exited_pid(), host=socket.gethostname() + "-elsewhere"), False,
-                 id="another-host"),
-    pytest.param(lambda: _mine(pid=exited_pid(), pid_ns="pid:[1]"), False, id="another-pid-namespace"),
-    # Two machines of one name sharing a home: the other's boot id is no reboot of this one.
-    pytest.param(lambda: _mine(pid=exited_pid(), boot_id="its-boot", machine="another-machine"), False,
-                 id="another-machine-of-the-same-name"),
-    pytest.param(lambda: _mine(boot_id="another-boot", machine=None), True, id="a-lease-without-machine-id"),
-])
-async def test_a_lease_whose_holder_is_gone_is_taken_over(tmp_path: Path, factory: StoreFactory,
-                                                          holder: Callable[[], SessionLease], gone: bool) -> None:
+@pytest.mark.parametrize(
+    ("holder", "gone"),
+    [
+        pytest.param(lambda: _mine(pid=exited_pid(), started=None), True, id="no-such-pid"),
+        pytest.param(lambda: _mine(started=(process_start(os.getpid()) or 0) + 1), True, id="pid-reused-since"),
+        pytest.param(lambda: _mine(boot_id="another-boot"), True, id="host-rebooted-since"),
+        pytest.param(lambda: _mine(pid=0), True, id="no-pid"),
+        pytest.param(_mine, False, id="this-process"),
+        pytest.param(lambda: _mine(pid=1, started=None), False, id="a-live-pid-started-unknown"),
+        pytest.param(
+            lambda: _mine(pid=exited_pid(), host=socket.gethostname() + "-elsewhere"), False, id="another-host"
+        ),
+        pytest.param(lambda: _mine(pid=exited_pid(), pid_ns="pid:[1]"), False, id="another-pid-namespace"),
+        # Two machines of one name sharing a home: the other's boot id is no reboot of this one.
+        pytest.param(
+            lambda: _mine(pid=exited_pid(), boot_id="its-boot", machine="another-machine"),
+            False,
+            id="another-machine-of-the-same-name",
+        ),
+        pytest.param(lambda: _mine(boot_id="another-boot", machine=None), True, id="a-lease-without-machine-id"),
+    ],
+)
+async def test_a_lease_whose_holder_is_gone_is_taken_over(
+    tmp_path: Path, factory: StoreFactory, holder: Callable[[], SessionLease], gone: bool
+) -> None:
     held = holder()
     assert holder_alive(held) is not gone
     store = factory(tmp_path)
@@ -207,8 +216,9 @@ async def test_an_unreadable_sqlite_lease_is_taken_over(tmp_path: Path) -> None:
         info = await store.create()
         conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
         try:
-            conn.execute("INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', '[1]', 0)",
-                         (info.id,))
+            conn.execute(
+                "INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', '[1]', 0)", (info.id,)
+            )
         finally:
             conn.close()
         # Summaries agree with acquire: nobody holds the session (sessions list/show said "in use by
@@ -267,8 +277,10 @@ async def test_a_corrupt_sqlite_lease_reads_as_an_unreadable_one(tmp_path: Path,
         holder = {"token": "x", "pid": 1234, "host": "elsewhere", "since": 1.0, **corrupt}
         conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
         try:
-            conn.execute("INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', ?, 0)",
-                         (info.id, json.dumps(holder)))
+            conn.execute(
+                "INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', ?, 0)",
+                (info.id, json.dumps(holder)),
+            )
         finally:
             conn.close()
         with pytest.raises(ValueError, match="not a session lease"):

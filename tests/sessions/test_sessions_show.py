@@ -24,8 +24,15 @@ from dsh_core.sessions.events import SessionEvent, SessionInfo
 from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
 
 
-def ev(seq: int, kind: str, payload: dict[str, Any], at: float, root: str | None = None,
-       parent: str | None = None, sub: str | None = None) -> SessionEvent:
+def ev(
+    seq: int,
+    kind: str,
+    payload: dict[str, Any],
+    at: float,
+    root: str | None = None,
+    parent: str | None = None,
+    sub: str | None = None,
+) -> SessionEvent:
     return SessionEvent("s1", seq, kind, payload, at, root, parent, sub)
 
 
@@ -34,26 +41,81 @@ def test_show_renders_outer_calls_with_nested_calls_outcomes_and_durations() -> 
     events = [
         ev(1, "run/start", {"task": "survey", "provider": "scripted", "mode": "code", "resumed": False}, 0.0),
         ev(2, "message/user", {"message": {"role": "user", "content": "survey"}}, 0.0),
-        ev(3, "message/assistant", {"message": {"role": "assistant", "content": "on it", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "run_code", "arguments": program}},
-            {"id": "d", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}}, 0.0),
+        ev(
+            3,
+            "message/assistant",
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "on it",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "run_code", "arguments": program}},
+                        {"id": "d", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+                    ],
+                }
+            },
+            0.0,
+        ),
         ev(4, "tool/call", {"name": "run_code", "arguments": program}, 0.0, "1.1"),
         ev(5, "tool/call", {"name": "read", "arguments": "{}"}, 0.0, "1.2"),
-        ev(6, "tool/code-dispatch-start", {"name": "read", "arguments": {"path": "a"}}, 1.000, "1.1", "1.1",
-           "1.1:code:1"),
-        ev(7, "tool/code-dispatch-start", {"name": "write", "arguments": {"path": "b"}}, 1.001, "1.1", "1.1",
-           "1.1:code:2"),
-        ev(8, "approval", {"name": "write", "call_id": "1.1:code:2", "reason": "writes", "outcome": "rejected"},
-           1.002, "1.1"),
-        ev(9, "tool/code-dispatch", {"name": "write", "is_error": True, "error_code": "DENIED"}, 1.003, "1.1", "1.1",
-           "1.1:code:2"),
-        ev(10, "tool/code-dispatch", {"name": "read", "is_error": False, "error_code": None}, 1.0125, "1.1", "1.1",
-           "1.1:code:1"),
+        ev(
+            6,
+            "tool/code-dispatch-start",
+            {"name": "read", "arguments": {"path": "a"}},
+            1.000,
+            "1.1",
+            "1.1",
+            "1.1:code:1",
+        ),
+        ev(
+            7,
+            "tool/code-dispatch-start",
+            {"name": "write", "arguments": {"path": "b"}},
+            1.001,
+            "1.1",
+            "1.1",
+            "1.1:code:2",
+        ),
+        ev(
+            8,
+            "approval",
+            {"name": "write", "call_id": "1.1:code:2", "reason": "writes", "outcome": "rejected"},
+            1.002,
+            "1.1",
+        ),
+        ev(
+            9,
+            "tool/code-dispatch",
+            {"name": "write", "is_error": True, "error_code": "DENIED"},
+            1.003,
+            "1.1",
+            "1.1",
+            "1.1:code:2",
+        ),
+        ev(
+            10,
+            "tool/code-dispatch",
+            {"name": "read", "is_error": False, "error_code": None},
+            1.0125,
+            "1.1",
+            "1.1",
+            "1.1:code:1",
+        ),
         ev(11, "tool/result", {"name": "run_code", "ok": True, "error": None, "duration_ms": 20.04}, 1.1, "1.1"),
-        ev(12, "tool/result", {"name": "read", "ok": False, "error": {"code": "UNKNOWN_TOOL", "message": "no"},
-                               "duration_ms": 0.5}, 1.1, "1.2"),
-        ev(13, "message/user", {"message": {"role": "user", "content": "a context"}, "context_source": "guard"},
-           1.1, "1.2"),
+        ev(
+            12,
+            "tool/result",
+            {"name": "read", "ok": False, "error": {"code": "UNKNOWN_TOOL", "message": "no"}, "duration_ms": 0.5},
+            1.1,
+            "1.2",
+        ),
+        ev(
+            13,
+            "message/user",
+            {"message": {"role": "user", "content": "a context"}, "context_source": "guard"},
+            1.1,
+            "1.2",
+        ),
         ev(14, "message/assistant", {"message": {"role": "assistant", "content": "Done."}}, 1.2),
         ev(15, "run/end", {"reason": "final-answer", "turns": 2, "answer": "Done."}, 1.2),
     ]
@@ -66,8 +128,8 @@ def test_show_renders_outer_calls_with_nested_calls_outcomes_and_durations() -> 
         "   ├─ user: survey",
         "   ├─ assistant → run_code, read (on it)",
         "   ├─ run_code [1.1] 'read two files' — ok · 20.0 ms",
-        "   │  ├─ read [#1] {\"path\": \"a\"} — ok · 12.5 ms",
-        "   │  ├─ write [#2] {\"path\": \"b\"} — DENIED · 2.0 ms",
+        '   │  ├─ read [#1] {"path": "a"} — ok · 12.5 ms',
+        '   │  ├─ write [#2] {"path": "b"} — DENIED · 2.0 ms',
         "   │  └─ approval for write: rejected (writes)",
         "   ├─ read [1.2] {} — UNKNOWN_TOOL: no · 0.5 ms",
         "   ├─ context (guard): a context",
@@ -121,9 +183,18 @@ def test_show_says_when_the_model_saw_a_result_cut_to_the_cap() -> None:
         ev(3, "tool/result", {"name": "dump", "ok": True, "duration_ms": 3.0, "cut": cut}, 0.0, "1.1"),
         ev(4, "tool/call", {"name": "odd", "arguments": "{}"}, 0.0, "1.2"),
         ev(5, "tool/result", {"name": "odd", "ok": True, "duration_ms": 1.0, "cut": "junk"}, 0.0, "1.2"),
-        ev(6, "message/user", {"message": {"role": "user", "content": "head"}, "context_source": "guard",
-                               "content": "x" * 90_000, "cut": {**cut, "chars": 90_000, "left_out": 85_100}},
-           0.0, "1.2"),
+        ev(
+            6,
+            "message/user",
+            {
+                "message": {"role": "user", "content": "head"},
+                "context_source": "guard",
+                "content": "x" * 90_000,
+                "cut": {**cut, "chars": 90_000, "left_out": 85_100},
+            },
+            0.0,
+            "1.2",
+        ),
     ]
     text = render_session(SessionInfo("s", 0.0, 0.0, 6, {}), events)
     assert text.splitlines()[2:5] == [
@@ -146,8 +217,13 @@ def test_nothing_a_model_or_tool_wrote_can_drive_the_terminal() -> None:
     events = [
         ev(1, "run/start", {"task": f"fix {clear}", "provider": "p", "mode": "native"}, 0.0),
         ev(2, "tool/call", {"name": f"bad{clear}", "arguments": "{}"}, 0.0, "1.1"),
-        ev(3, "tool/result", {"name": f"bad{clear}", "ok": False, "error": {"code": "UNKNOWN_TOOL",
-                                                                           "message": clipboard}}, 0.0, "1.1"),
+        ev(
+            3,
+            "tool/result",
+            {"name": f"bad{clear}", "ok": False, "error": {"code": "UNKNOWN_TOOL", "message": clipboard}},
+            0.0,
+            "1.1",
+        ),
         ev(4, "assistant/message", {"message": {"role": "assistant", "content": f"see {rtl}\u2028more"}}, 0.0),
         ev(5, "run/end", {"reason": "final-answer", "turns": 1, "answer": "x", "error": None}, 0.0),
     ]
@@ -180,8 +256,10 @@ def test_show_marks_the_unfinished_run_of_a_session_in_use_as_running_not_interr
     holder = SessionLease.for_this_run()
     events = _two_runs_the_second_unfinished(holder.since + 0.5)
     lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, holder), events).splitlines()
-    assert lines[0].endswith(f" · in use by pid {os.getpid()} on host {holder.host!r} since "
-                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.since))}")
+    assert lines[0].endswith(
+        f" · in use by pid {os.getpid()} on host {holder.host!r} since "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.since))}"
+    )
     assert lines[1:] == [
         "├─ run 1: one · provider p · mode native",
         "│  ├─ slow [1.1] {} — no result (interrupted)",
@@ -207,9 +285,11 @@ def test_show_does_not_give_a_killed_run_to_the_run_that_has_just_taken_its_leas
     events = _two_runs_the_second_unfinished(holder.since - 60)
     lines = render_session(SessionInfo("s", 0.0, 0.0, 5, {}, holder), events).splitlines()
     assert " · in use by pid " in lines[0]
-    assert lines[-3:] == ["   ├─ run_code [2.1] {} — no result (interrupted)",
-                          "   │  └─ read [#1] {} — no result (interrupted)",
-                          "   └─ end: none recorded (interrupted)"]
+    assert lines[-3:] == [
+        "   ├─ run_code [2.1] {} — no result (interrupted)",
+        "   │  └─ read [#1] {} — no result (interrupted)",
+        "   └─ end: none recorded (interrupted)",
+    ]
 
 
 def test_list_names_the_run_using_a_session_only_while_it_runs() -> None:
@@ -217,13 +297,22 @@ def test_list_names_the_run_using_a_session_only_while_it_runs() -> None:
 
     holder = SessionLease.for_this_run()
     gone = attrs.evolve(holder, started=(holder.started or 0) + 1)
-    rows = render_list([SessionInfo("a-1", 0.0, 0.0, 7, {"agent": "main", "task": "do it"}, holder),
-                        SessionInfo("b-2", 0.0, 0.0, 3, {"agent": "main", "task": "done"}, gone)]).splitlines()
+    rows = render_list(
+        [
+            SessionInfo("a-1", 0.0, 0.0, 7, {"agent": "main", "task": "do it"}, holder),
+            SessionInfo("b-2", 0.0, 0.0, 3, {"agent": "main", "task": "done"}, gone),
+        ]
+    ).splitlines()
     assert rows[0].split() == ["ID", "UPDATED", "EVENTS", "AGENT", "IN", "USE", "BY", "TASK"]
     assert rows[1].endswith(f"main   pid {os.getpid()} on {holder.host}  do it")
     assert rows[2].endswith(f"main   {' ' * len(f'pid {os.getpid()} on {holder.host}')}  done")
     assert render_list([SessionInfo("b-2", 0.0, 0.0, 3, {}, gone)]).splitlines()[0].split() == [
-        "ID", "UPDATED", "EVENTS", "AGENT", "TASK"]
+        "ID",
+        "UPDATED",
+        "EVENTS",
+        "AGENT",
+        "TASK",
+    ]
 
 
 def test_show_renders_arguments_nested_deeper_than_json_recurses() -> None:
@@ -244,9 +333,12 @@ def test_show_renders_messages_of_an_odd_shape_instead_of_failing() -> None:
         ev(1, "run/start", {"task": "t", "provider": "p", "mode": "native"}, 0.0),
         ev(2, "message/user", {"message": "plain text"}, 0.0),
         ev(3, "message/assistant", {"message": "said"}, 0.0),
-        ev(4, "message/assistant", {"message": {"content": None, "tool_calls": ["x", {"function": "f"},
-                                                                                 {"function": {"name": "read"}}]}},
-           0.0),
+        ev(
+            4,
+            "message/assistant",
+            {"message": {"content": None, "tool_calls": ["x", {"function": "f"}, {"function": {"name": "read"}}]}},
+            0.0,
+        ),
         ev(5, "message/assistant", {"message": {"content": "hm", "tool_calls": "not a list"}}, 0.0),
         ev(6, "message/user", {"message": None}, 0.0),
         ev(7, "run/end", {"reason": "final-answer", "turns": 1}, 0.0),
@@ -277,8 +369,10 @@ def test_sessions_list_show_and_release_take_a_corrupt_lease_for_an_unreadable_o
     session_id = asyncio.run(create())
     conn = sqlite3.connect(home / DB_FILENAME, isolation_level=None)
     try:
-        conn.execute("INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', ?, 0)",
-                     (session_id, json.dumps({"token": "x", "pid": 1234, "host": "elsewhere", "since": 1e300})))
+        conn.execute(
+            "INSERT INTO leases (session_id, token, holder, acquired_at) VALUES (?, 'x', ?, 0)",
+            (session_id, json.dumps({"token": "x", "pid": 1234, "host": "elsewhere", "since": 1e300})),
+        )
     finally:
         conn.close()
 
@@ -290,8 +384,9 @@ def test_sessions_list_show_and_release_take_a_corrupt_lease_for_an_unreadable_o
     assert "IN USE BY" not in dsh("sessions", "list")
     assert [s["in_use_by"] for s in json.loads(dsh("sessions", "list", "--json"))] == [None]
     assert "in use by" not in dsh("sessions", "show", session_id)
-    assert dsh("sessions", "release", session_id) == (f"released session {session_id} (held by a lease whose "
-                                                      "record is unreadable, so which run it was is unknown)\n")
+    assert dsh("sessions", "release", session_id) == (
+        f"released session {session_id} (held by a lease whose record is unreadable, so which run it was is unknown)\n"
+    )
 
 
 def test_sessions_release_shows_an_odd_session_id_escaped() -> None:
@@ -319,8 +414,9 @@ def _session_of(events: list[Any], session_id: str = "s") -> None:
         try:
             await store.create(session_id=session_id)
             if events:
-                await store.append(session_id, [NewEvent(kind, payload, root_call_id=root)
-                                                for kind, payload, root in events])
+                await store.append(
+                    session_id, [NewEvent(kind, payload, root_call_id=root) for kind, payload, root in events]
+                )
         finally:
             await store.close()
 
@@ -328,9 +424,13 @@ def _session_of(events: list[Any], session_id: str = "s") -> None:
 
 
 def test_show_json_is_json_dumps_text_of_the_events() -> None:
-    _session_of([("run/start", {"task": "café ✓", "n": [1, {"a": None}]}, None),
-                 ("tool/result", {"content": "line\nbreak \x1b[2J", "ok": True}, "1.1"),
-                 ("run/end", {"reason": "final-answer"}, None)])
+    _session_of(
+        [
+            ("run/start", {"task": "café ✓", "n": [1, {"a": None}]}, None),
+            ("tool/result", {"content": "line\nbreak \x1b[2J", "ok": True}, "1.1"),
+            ("run/end", {"reason": "final-answer"}, None),
+        ]
+    )
     _session_of([], "empty")
     shown = {}
     for session_id in ("s", "empty"):
@@ -402,6 +502,7 @@ def test_list_at_the_largest_limit_sqlite_takes() -> None:
         assert result.exit_code == 0 and result.exception is None, (limit, result.output, result.exception)
         assert len(json.loads(result.stdout)) == 2 and result.stderr == ""
 
+
 def test_read_only_commands_create_no_database() -> None:
     # `sessions list` and `show` created DSH_HOME and an empty sessions.db where none was.
     home = Path(os.environ["DSH_HOME"])
@@ -461,8 +562,13 @@ def test_show_of_a_session_longer_than_a_page_shows_every_event_in_order() -> No
     from dsh_core.sessions.store import PAGE_EVENTS
 
     count = 2 * PAGE_EVENTS + 7  # three pages, the last one short
-    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
-                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(count - 1)]], "long")
+    _session_of(
+        [
+            ("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+            *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(count - 1)],
+        ],
+        "long",
+    )
     result = CliRunner().invoke(main, ["sessions", "show", "long", "--json"])
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     events = json.loads(result.stdout)
@@ -514,8 +620,10 @@ def test_show_and_list_of_a_corrupt_row_fail_naming_it_not_with_a_traceback() ->
         result = CliRunner().invoke(main, ["sessions", *args])
         assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
         assert result.stdout == ""
-        assert result.stderr.startswith("dsh: error: session store ") and "session 'a' event 2: payload is not JSON" \
-            in result.stderr, result.stderr
+        assert (
+            result.stderr.startswith("dsh: error: session store ")
+            and "session 'a' event 2: payload is not JSON" in result.stderr
+        ), result.stderr
 
 
 def test_list_shows_a_session_it_cannot_read_as_unreadable_and_lists_the_rest() -> None:
@@ -554,7 +662,8 @@ def test_list_shows_a_session_it_cannot_read_as_unreadable_and_lists_the_rest() 
     assert [(s["id"], s["meta"], s["unreadable"]) for s in listed] == [
         ("a", {"agent": "main", "task": "task a"}, None),
         ("b", None, "meta is not a JSON object: '[1]'"),
-        ("c", {"agent": "main", "task": "task c"}, None)]
+        ("c", {"agent": "main", "task": "task c"}, None),
+    ]
     result = CliRunner().invoke(main, ["sessions", "show", "b"])  # what cannot be read is not shown
     assert result.exit_code == 1 and "session 'b': meta is not a JSON object: '[1]'" in result.stderr
 
@@ -575,8 +684,9 @@ def test_list_shows_a_session_whose_row_has_a_column_of_the_wrong_type_as_unread
     asyncio.run(create())
     conn = sqlite3.connect(home / DB_FILENAME, isolation_level=None)
     try:
-        conn.execute("UPDATE sessions SET updated_at = CASE id WHEN 'a' THEN 4 WHEN 'b' THEN 3 WHEN 'c' THEN 2 "
-                     "ELSE 1 END")
+        conn.execute(
+            "UPDATE sessions SET updated_at = CASE id WHEN 'a' THEN 4 WHEN 'b' THEN 3 WHEN 'c' THEN 2 ELSE 1 END"
+        )
         conn.execute("UPDATE sessions SET created_at = 'soon', event_count = 'many' WHERE id = 'b'")
         conn.execute("UPDATE sessions SET id = x'64' WHERE id = 'd'")
     finally:
@@ -592,34 +702,44 @@ def test_list_shows_a_session_whose_row_has_a_column_of_the_wrong_type_as_unread
     assert [row.split()[0] for row in rows] == ["ID", "a", "b", "c", "?"]
     assert rows[1].endswith("main   task a") and rows[3].endswith("main   task c")
     assert rows[2].split()[3:5] == ["?", "?"], rows[2]  # its event count and agent: unknown
-    assert rows[2].endswith("(unreadable: created_at is not a time: 'soon'; event_count is not an integer: "
-                            "'many')"), rows[2]
+    assert rows[2].endswith("(unreadable: created_at is not a time: 'soon'; event_count is not an integer: 'many')"), (
+        rows[2]
+    )
     assert rows[4].endswith("0       ?      (unreadable: id is not text: b'd')"), rows[4]
     listed = json.loads(dsh("list", "--json"))
     keys = ["id", "created_at", "updated_at", "event_count", "meta", "in_use_by", "unreadable"]
     assert [list(s) for s in listed] == [keys] * 4
     assert [(s["id"], s["updated_at"], s["event_count"], s["meta"]) for s in listed] == [
-        ("a", 4, 0, {"agent": "main", "task": "task a"}), ("b", 3, None, None),
-        ("c", 2, 0, {"agent": "main", "task": "task c"}), (None, 1, 0, None)]
+        ("a", 4, 0, {"agent": "main", "task": "task a"}),
+        ("b", 3, None, None),
+        ("c", 2, 0, {"agent": "main", "task": "task c"}),
+        (None, 1, 0, None),
+    ]
     assert listed[1]["created_at"] is None and all(isinstance(listed[i]["created_at"], float) for i in (0, 2, 3))
     assert [s["unreadable"] for s in listed] == [
-        None, "created_at is not a time: 'soon'; event_count is not an integer: 'many'", None,
-        "id is not text: b'd'"]
+        None,
+        "created_at is not a time: 'soon'; event_count is not an integer: 'many'",
+        None,
+        "id is not text: b'd'",
+    ]
     for args in (["show", "b"], ["show", "b", "--json"]):
         result = CliRunner().invoke(main, ["sessions", *args])
         assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
         assert result.stdout == ""
         assert result.stderr.startswith("dsh: error: session store ") and result.stderr.endswith(
-            ": session 'b': created_at is not a time: 'soon'; event_count is not an integer: 'many'\n"), \
-            result.stderr
+            ": session 'b': created_at is not a time: 'soon'; event_count is not an integer: 'many'\n"
+        ), result.stderr
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    ("kind = x'00'", "kind is not text: b'\\x00'"),
-    ("at = 'noon'", "at is not a time: 'noon'"),
-    ("sub_call_id = x'01'", "sub_call_id is not text: b'\\x01'"),
-    ("root_call_id = NULL, parent_call_id = 1.5e300", None),  # TEXT columns: SQLite stores the number as text
-])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ("kind = x'00'", "kind is not text: b'\\x00'"),
+        ("at = 'noon'", "at is not a time: 'noon'"),
+        ("sub_call_id = x'01'", "sub_call_id is not text: b'\\x01'"),
+        ("root_call_id = NULL, parent_call_id = 1.5e300", None),  # TEXT columns: SQLite stores the number as text
+    ],
+)
 def test_show_of_an_event_whose_column_has_the_wrong_type_fails_naming_it(change: str, reason: str | None) -> None:
     # A BLOB kind or call id made `show --json` fail with a TypeError traceback (bytes are no JSON),
     # and an `at` of text was written out as a string, where every other event has a number.
@@ -637,7 +757,8 @@ def test_show_of_an_event_whose_column_has_the_wrong_type_fails_naming_it(change
         assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
         assert result.stdout == ""
         assert result.stderr.startswith("dsh: error: session store ") and result.stderr.endswith(
-            f": session 'a' event 2: {reason}\n"), result.stderr
+            f": session 'a' event 2: {reason}\n"
+        ), result.stderr
 
 
 @pytest.mark.parametrize("command", [["show"], ["show", "--json"], ["release"]])
@@ -682,22 +803,31 @@ def test_a_stored_number_json_has_not_is_named_not_written_out_as_invalid_json(n
 
 
 @pytest.mark.parametrize("as_json", [False, True])
-def test_show_shows_the_session_as_it_was_when_its_count_was_read(monkeypatch: pytest.MonkeyPatch,
-                                                                   as_json: bool) -> None:
+def test_show_shows_the_session_as_it_was_when_its_count_was_read(
+    monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
     # The header's count (read with the session's record) and the events (read a page at a time after
     # it) came from separate statements: an append between them, by a run still recording the session,
     # made the header say 2 events over a tree of 3.
     from dsh_core.sessions.events import NewEvent
 
-    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
-                 ("message/user", {"message": {"role": "user", "content": "early"}}, None)], "a")
+    _session_of(
+        [
+            ("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+            ("message/user", {"message": {"role": "user", "content": "early"}}, None),
+        ],
+        "a",
+    )
     read_page = SqliteSessionStore.load_page
     appended = []
 
     async def load_page(self: SqliteSessionStore, session_id: str, **options: Any) -> list[SessionEvent]:
         if not appended:  # a writer's commit between the record's read and the first page's
-            appended.extend(await self.append(session_id, [NewEvent("message/user", {
-                "message": {"role": "user", "content": "late"}})]))
+            appended.extend(
+                await self.append(
+                    session_id, [NewEvent("message/user", {"message": {"role": "user", "content": "late"}})]
+                )
+            )
         return await read_page(self, session_id, **options)
 
     monkeypatch.setattr(SqliteSessionStore, "load_page", load_page)
@@ -710,8 +840,11 @@ def test_show_shows_the_session_as_it_was_when_its_count_was_read(monkeypatch: p
     else:
         lines = result.stdout.splitlines()
         assert " · 2 events · " in lines[0] and "late" not in result.stdout, result.stdout
-        assert lines[1:] == ["└─ run 1: t · provider p · mode native", "   ├─ user: early",
-                             "   └─ end: none recorded (interrupted)"]
+        assert lines[1:] == [
+            "└─ run 1: t · provider p · mode native",
+            "   ├─ user: early",
+            "   └─ end: none recorded (interrupted)",
+        ]
     monkeypatch.setattr(SqliteSessionStore, "load_page", read_page)
     result = CliRunner().invoke(main, args)  # the next show has it
     assert result.exit_code == 0 and "late" in result.stdout, (result.output, result.exception)
@@ -728,13 +861,16 @@ def test_show_json_that_fails_part_way_writes_no_part_of_the_document() -> None:
         conn.close()
     result = CliRunner().invoke(main, ["sessions", "show", "a", "--json"])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
-    assert result.stderr.startswith("dsh: error: session store ") and "session 'a' event 90: payload is not JSON" \
-        in result.stderr, result.stderr
+    assert (
+        result.stderr.startswith("dsh: error: session store ")
+        and "session 'a' event 90: payload is not JSON" in result.stderr
+    ), result.stderr
     assert result.stdout == "", result.stdout[:200]
 
 
 def test_show_json_that_cannot_spool_its_document_says_where_and_writes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
     _session_of([("tool/result", {"content": "x" * 20_000, "n": n}, f"c{n}") for n in range(10)], "a")
@@ -742,15 +878,22 @@ def test_show_json_that_cannot_spool_its_document_says_where_and_writes_nothing(
     result = CliRunner().invoke(main, ["sessions", "show", "a", "--json"])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)
     assert result.stdout == ""
-    assert result.stderr == (f"dsh: error: cannot show session 'a' as JSON: cannot spool it to a temporary file in "
-                             f"{str(tmp_path / 'gone')!r} (TMPDIR): No such file or directory\n"), result.stderr
+    assert result.stderr == (
+        f"dsh: error: cannot show session 'a' as JSON: cannot spool it to a temporary file in "
+        f"{str(tmp_path / 'gone')!r} (TMPDIR): No such file or directory\n"
+    ), result.stderr
 
 
 def _three_events_counted_as(count: int) -> None:
     """Session ``a`` of three stored events whose record counts ``count`` (a crash mid-write, a foreign writer)."""
-    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
-                 ("message/user", {"message": {"role": "user", "content": "early"}}, None),
-                 ("message/user", {"message": {"role": "user", "content": "late"}}, None)], "a")
+    _session_of(
+        [
+            ("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+            ("message/user", {"message": {"role": "user", "content": "early"}}, None),
+            ("message/user", {"message": {"role": "user", "content": "late"}}, None),
+        ],
+        "a",
+    )
     conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
     try:
         conn.execute("UPDATE sessions SET event_count = ? WHERE id = 'a'", (count,))
@@ -763,15 +906,18 @@ def test_show_shows_every_stored_event_and_warns_on_stderr_when_the_record_count
     # show read as many events as the session's record counted: a record counting fewer than are
     # stored (a foreign writer, a crash mid-write) hid the rest, silently.
     _three_events_counted_as(count)
-    warning = (f"dsh: warning: session 'a': its record counts {count} events, but 3 are stored; "
-               "showing the 3 stored\n")
+    warning = f"dsh: warning: session 'a': its record counts {count} events, but 3 are stored; showing the 3 stored\n"
     result = CliRunner().invoke(main, ["sessions", "show", "a"])
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     assert result.stderr == warning
     lines = result.stdout.splitlines()
     assert " · 3 events · " in lines[0], lines[0]
-    assert lines[1:] == ["└─ run 1: t · provider p · mode native", "   ├─ user: early", "   ├─ user: late",
-                         "   └─ end: none recorded (interrupted)"]
+    assert lines[1:] == [
+        "└─ run 1: t · provider p · mode native",
+        "   ├─ user: early",
+        "   ├─ user: late",
+        "   └─ end: none recorded (interrupted)",
+    ]
     result = CliRunner().invoke(main, ["sessions", "show", "a", "--json"])
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     assert result.stderr == warning
@@ -784,7 +930,6 @@ def test_show_of_a_session_whose_record_counts_its_events_right_warns_of_nothing
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
         assert result.stderr == "" and "early" in result.stdout and "late" in result.stdout
-
 
 
 def _wide_and_deep_session(runs: int = 3, calls: int = 40) -> tuple[list[SessionEvent], list[str]]:
@@ -812,12 +957,16 @@ def _wide_and_deep_session(runs: int = 3, calls: int = 40) -> tuple[list[Session
             for sub in range(call % 4):  # none, one, two or three nested calls
                 add("tool/code-dispatch-start", {"name": "read", "arguments": {"n": sub}}, root, f"{root}:code:{sub}")
                 if call % 5 == 0 and sub == 1:  # one never settles
-                    nested.append(f"read [#{sub}] {{\"n\": {sub}}} — no result (interrupted)")
+                    nested.append(f'read [#{sub}] {{"n": {sub}}} — no result (interrupted)')
                     continue
-                add("tool/code-dispatch", {"name": "read", "is_error": sub == 2, "error_code": "DENIED",
-                                           "duration_ms": sub + 0.25}, root, f"{root}:code:{sub}")
+                add(
+                    "tool/code-dispatch",
+                    {"name": "read", "is_error": sub == 2, "error_code": "DENIED", "duration_ms": sub + 0.25},
+                    root,
+                    f"{root}:code:{sub}",
+                )
                 outcome = "DENIED" if sub == 2 else "ok"
-                nested.append(f"read [#{sub}] {{\"n\": {sub}}} — {outcome} · {sub + 0.25:.1f} ms")
+                nested.append(f'read [#{sub}] {{"n": {sub}}} — {outcome} · {sub + 0.25:.1f} ms')
             if call % 7 == 3:
                 add("approval", {"name": "write", "outcome": "approved"}, root)
                 nested.append("approval for write: approved")
@@ -850,8 +999,9 @@ def test_show_draws_a_wide_tree_with_every_level_of_nesting_line_for_line() -> N
         sessions = SqliteSessionStore.open(Path(os.environ["DSH_HOME"]))
         try:
             await sessions.create(session_id="s1", meta={"agent": "main"})
-            await sessions.append("s1", [NewEvent(e.kind, e.payload, e.root_call_id, e.parent_call_id,
-                                                  e.sub_call_id) for e in events])
+            await sessions.append(
+                "s1", [NewEvent(e.kind, e.payload, e.root_call_id, e.parent_call_id, e.sub_call_id) for e in events]
+            )
         finally:
             await sessions.close()
 
@@ -877,13 +1027,22 @@ main(sys.argv[1:], prog_name="dsh")
 """
 
 
-def _dsh_show(tmpdir: Path, session_id: str, *, python: tuple[str, ...] = ("-m", "dsh_core"),
-              ) -> subprocess.Popen[bytes]:
+def _dsh_show(
+    tmpdir: Path,
+    session_id: str,
+    *,
+    python: tuple[str, ...] = ("-m", "dsh_core"),
+) -> subprocess.Popen[bytes]:
     """``dsh sessions show SESSION_ID`` in a child whose temporary directory (TMPDIR) is ``tmpdir``."""
     environ = {k: v for k, v in os.environ.items() if k != "SQLITE_TMPDIR"}
     environ["TMPDIR"] = str(tmpdir)
-    return subprocess.Popen([sys.executable, *python, "sessions", "show", session_id], env=environ,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, *python, "sessions", "show", session_id],
+        env=environ,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _open_files_in(pid: int, directory: Path) -> list[str]:
@@ -908,8 +1067,13 @@ def test_show_leaves_nothing_in_its_temporary_directory_however_it_ends(tmp_path
     tmpdir.mkdir()
     signalled = ending.startswith("SIG")
     calls = 20_000 if signalled else 50  # a tree larger than SQLite's cache: its file is written
-    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
-                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(calls)]], "a")
+    _session_of(
+        [
+            ("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+            *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(calls)],
+        ],
+        "a",
+    )
     if ending == "error part-way":  # the tree drawn up to event 40 when event 41 cannot be read
         conn = sqlite3.connect(Path(os.environ["DSH_HOME"]) / DB_FILENAME, isolation_level=None)
         try:
@@ -956,20 +1120,28 @@ def test_show_whose_temporary_database_cannot_be_written_names_tmpdir_and_writes
     # A full temporary directory fails the tree's first write out of SQLite's cache, not its opening.
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    _session_of([("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
-                 *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(5000)]], "a")
+    _session_of(
+        [
+            ("run/start", {"task": "t", "provider": "p", "mode": "native"}, None),
+            *[("tool/call", {"name": "read", "arguments": str(n)}, f"c{n}") for n in range(5000)],
+        ],
+        "a",
+    )
     child = _dsh_show(tmpdir, "a", python=("-c", _FULL_TEMPORARY_DATABASE))
     out, err = child.communicate(timeout=120)
     assert (child.returncode, out) == (1, b""), err
-    assert err.decode() == (f"dsh: error: cannot show session 'a': cannot draw its tree in a temporary database in "
-                            f"{str(tmpdir)!r} (SQLite's temporary directory: TMPDIR, or SQLITE_TMPDIR if set): "
-                            "OperationalError: database or disk is full\n")
+    assert err.decode() == (
+        f"dsh: error: cannot show session 'a': cannot draw its tree in a temporary database in "
+        f"{str(tmpdir)!r} (SQLite's temporary directory: TMPDIR, or SQLITE_TMPDIR if set): "
+        "OperationalError: database or disk is full\n"
+    )
     assert list(tmpdir.iterdir()) == []
 
 
 @pytest.mark.parametrize("buffered", [1, 2, 3, None])
 def test_show_draws_the_same_tree_whatever_it_holds_in_memory_before_writing_it_out(
-        monkeypatch: pytest.MonkeyPatch, buffered: int | None) -> None:
+    monkeypatch: pytest.MonkeyPatch, buffered: int | None
+) -> None:
     # The renderer holds a few lines and calls before it writes them to its database: a call of an id
     # drawn again, a result of a call written out already, a lone surrogate (a name that was not
     # UTF-8) come out of the database as they went in.
@@ -991,8 +1163,9 @@ def test_show_draws_the_same_tree_whatever_it_holds_in_memory_before_writing_it_
         ev(10, "tool/code-dispatch", {"name": "write", "ok": True}, 4, "", None, "x"),
         ev(11, "tool/result", {"name": "c", "ok": True}, 4, "9.9"),
         ev(12, "tool/call", {"name": "n\udcff", "arguments": "{}"}, 5, "r\udcff"),
-        ev(13, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 5, "r\udcff", "r\udcff",
-           "r\udcff:code:1"),
+        ev(
+            13, "tool/code-dispatch-start", {"name": "read", "arguments": {}}, 5, "r\udcff", "r\udcff", "r\udcff:code:1"
+        ),
         ev(14, "tool/result", {"name": "n\udcff", "ok": True, "duration_ms": 3.0}, 6, "r\udcff"),
         ev(15, "tool/call", {"name": "d", "arguments": "{}"}, 7, "1.2"),
     ]

@@ -36,21 +36,37 @@ async def test_create_append_load_list_get(tmp_path: Path) -> None:
         assert isinstance(store, SessionStore)
         info = await store.create(meta={"agent": "main", "task": "t"})
         other = await store.create(session_id="fixed")
-        stored = await store.append(info.id, [
-            NewEvent(EventKind.USER_MESSAGE, {"message": {"role": "user", "content": "hi"}}),
-            NewEvent(EventKind.TOOL_CALL, {"name": "read", "big": 123456789012345678901234567890},
-                     root_call_id="1.1"),
-        ])
+        stored = await store.append(
+            info.id,
+            [
+                NewEvent(EventKind.USER_MESSAGE, {"message": {"role": "user", "content": "hi"}}),
+                NewEvent(
+                    EventKind.TOOL_CALL, {"name": "read", "big": 123456789012345678901234567890}, root_call_id="1.1"
+                ),
+            ],
+        )
         assert [e.seq for e in stored] == [1, 2]
-        more = await store.append(info.id, [NewEvent("tool/code-dispatch-start", {"name": "x"}, root_call_id="1.1",
-                                                     parent_call_id="1.1", sub_call_id="1.1:code:1")])
+        more = await store.append(
+            info.id,
+            [
+                NewEvent(
+                    "tool/code-dispatch-start",
+                    {"name": "x"},
+                    root_call_id="1.1",
+                    parent_call_id="1.1",
+                    sub_call_id="1.1:code:1",
+                )
+            ],
+        )
         assert more[0].seq == 3
         loaded = await store.load(info.id)
-        assert [(e.seq, e.kind) for e in loaded] == [(1, "message/user"), (2, "tool/call"),
-                                                    (3, "tool/code-dispatch-start")]
+        assert [(e.seq, e.kind) for e in loaded] == [
+            (1, "message/user"),
+            (2, "tool/call"),
+            (3, "tool/code-dispatch-start"),
+        ]
         assert loaded[1].payload["big"] == 123456789012345678901234567890  # lossless through JSON text
-        assert (loaded[2].root_call_id, loaded[2].parent_call_id, loaded[2].sub_call_id) == (
-            "1.1", "1.1", "1.1:code:1")
+        assert (loaded[2].root_call_id, loaded[2].parent_call_id, loaded[2].sub_call_id) == ("1.1", "1.1", "1.1:code:1")
         assert [e.seq for e in await store.load(info.id, root_call_id="1.1")] == [2, 3]
         summary = await store.get(info.id)
         assert summary.event_count == 3 and summary.meta == {"agent": "main", "task": "t"}
@@ -115,7 +131,7 @@ async def test_concurrent_recorder_appends_keep_call_order_and_whole_batches(tmp
         assert [e.seq for e in events] == list(range(1, 26))
         kinds = [e.kind for e in events]
         first = kinds.index("batch")
-        assert kinds[first:first + 5] == ["batch"] * 5  # never interleaved
+        assert kinds[first : first + 5] == ["batch"] * 5  # never interleaved
         assert [e.payload["n"] for e in events if e.kind == "one"] == list(range(20))
     finally:
         await store.close()
@@ -145,8 +161,11 @@ async def test_a_locked_database_is_a_store_error_naming_the_session(tmp_path: P
     try:
         info = await store.create()
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        with pytest.raises(SessionStoreError, match=rf"cannot append to session '{info.id}': OperationalError: "
-                                                    "database is locked"):
+        with pytest.raises(
+            SessionStoreError,
+            match=rf"cannot append to session '{info.id}': OperationalError: "
+            "database is locked",
+        ):
             await store.append(info.id, [NewEvent("x", {})])
         other.execute("ROLLBACK")
         assert [e.seq for e in await store.append(info.id, [NewEvent("x", {})])] == [1]
@@ -232,7 +251,8 @@ async def test_opened_without_creating_a_missing_database_reads_as_empty_and_cre
 
 
 async def test_open_store_asks_a_factory_that_can_not_to_create_and_calls_an_older_one_as_before(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from dsh_core.sessions.store import open_store
     from dsh_plugins.stores.sqlite import SqliteSessionsPlugin
 
@@ -256,8 +276,10 @@ async def test_open_store_asks_a_factory_that_can_not_to_create_and_calls_an_old
     assert called == [tmp_path / "older"]
 
 
-@pytest.mark.skipif(sys.platform == "win32" or sys.getfilesystemencoding() != "utf-8",
-                    reason="needs a POSIX file system with UTF-8 names")
+@pytest.mark.skipif(
+    sys.platform == "win32" or sys.getfilesystemencoding() != "utf-8",
+    reason="needs a POSIX file system with UTF-8 names",
+)
 async def test_opened_without_creating_a_home_whose_name_is_not_utf8_reads_what_is_there(tmp_path: Path) -> None:
     # The mode=rw URI quoted str(path): a name with a byte that is not UTF-8 (a surrogate in str)
     # raised UnicodeEncodeError, where create=True opens the same database.
@@ -297,7 +319,8 @@ async def test_opened_without_creating_a_home_spelled_with_a_leading_double_slas
 
 
 async def test_opened_without_creating_a_database_that_cannot_be_looked_at_fails_naming_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Whether the database was missing was asked of Path.exists(), which raises on EACCES (a home
     # that is not searchable): a bare PermissionError, not the store's error naming the file. Only
     # a database known to be missing reads as empty; anything else fails as opening it does.
@@ -458,7 +481,8 @@ async def test_a_cancelled_append_commits_nothing(tmp_path: Path) -> None:
 
 
 async def test_an_append_cancelled_while_it_commits_returns_and_then_is_cancelled(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A cancellation that comes too late to stop the COMMIT: append says it happened, the task still ends."""
     store = SqliteSessionStore.open(tmp_path)
     try:
@@ -521,8 +545,11 @@ async def test_a_corrupt_payload_or_meta_is_a_store_error_naming_the_session_and
         await store.create(session_id="b", meta={"agent": "x"})
     finally:
         await store.close()
-    _execute(tmp_path / DB_FILENAME, "UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 2",
-             "UPDATE sessions SET meta = '[1]' WHERE id = 'b'")
+    _execute(
+        tmp_path / DB_FILENAME,
+        "UPDATE events SET payload = '{broken' WHERE session_id = 'a' AND seq = 2",
+        "UPDATE sessions SET meta = '[1]' WHERE id = 'b'",
+    )
     store = SqliteSessionStore.open(tmp_path)
     try:
         event = rf"session store '{tmp_path / DB_FILENAME}': session 'a' event 2: payload is not JSON: Expecting"
@@ -544,8 +571,11 @@ def test_a_foreign_database_is_named_and_left_as_it_was(tmp_path: Path, create: 
     # Another program's database at sessions.db (its own `sessions` table): even `dsh sessions list`
     # switched it to WAL and added dsh's `events` table and index before failing on "no such column".
     _execute(tmp_path / DB_FILENAME, "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)")
-    with pytest.raises(SessionStoreError, match=rf"'{tmp_path / DB_FILENAME}'.*is not a dsh session database: "
-                                                r"its table 'sessions' has no column\(s\) created_at, "):
+    with pytest.raises(
+        SessionStoreError,
+        match=rf"'{tmp_path / DB_FILENAME}'.*is not a dsh session database: "
+        r"its table 'sessions' has no column\(s\) created_at, ",
+    ):
         SqliteSessionStore.open(tmp_path, create=create)
     conn = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
     try:
@@ -557,15 +587,19 @@ def test_a_foreign_database_is_named_and_left_as_it_was(tmp_path: Path, create: 
 
 @pytest.mark.parametrize("create", [True, False])
 def test_a_database_of_tables_without_a_sessions_table_is_named_and_left_as_it_was(
-        tmp_path: Path, create: bool) -> None:
+    tmp_path: Path, create: bool
+) -> None:
     # Another program's database without a `sessions` table of its own (every dsh's database has one):
     # opened to read it was taken for an empty store (`dsh sessions release ID` said there is no
     # such session), and opened to write dsh added its tables to it.
     path = tmp_path / DB_FILENAME
     _execute(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
     before = path.read_bytes()
-    with pytest.raises(SessionStoreError, match=rf"^cannot open session database '{path}': it is not a dsh session "
-                                                r"database: it has no table 'sessions' \(another program's "):
+    with pytest.raises(
+        SessionStoreError,
+        match=rf"^cannot open session database '{path}': it is not a dsh session "
+        r"database: it has no table 'sessions' \(another program's ",
+    ):
         SqliteSessionStore.open(tmp_path, create=create)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
@@ -582,9 +616,13 @@ async def test_table_names_are_matched_as_sqlite_matches_them_ignoring_case(tmp_
         await store.acquire("s", lease)
     finally:
         await store.close()
-    _execute(tmp_path / DB_FILENAME,
-             "ALTER TABLE sessions RENAME TO renamed_sessions", "ALTER TABLE renamed_sessions RENAME TO Sessions",
-             "ALTER TABLE leases RENAME TO renamed_leases", "ALTER TABLE renamed_leases RENAME TO Leases")
+    _execute(
+        tmp_path / DB_FILENAME,
+        "ALTER TABLE sessions RENAME TO renamed_sessions",
+        "ALTER TABLE renamed_sessions RENAME TO Sessions",
+        "ALTER TABLE leases RENAME TO renamed_leases",
+        "ALTER TABLE renamed_leases RENAME TO Leases",
+    )
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         (listed,) = await store.list()
@@ -650,14 +688,18 @@ def _refused_as_newer(path: Path, version: int) -> str:
     """What opening the database at ``path`` says once a newer dsh stamped ``version`` on it."""
     from dsh_core.sessions.sqlite import SCHEMA_VERSION
 
-    return (f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
-            f"{version}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh")
+    return (
+        f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
+        f"{version}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh"
+    )
 
 
 def _refused_as_foreign(path: Path, reason: str) -> str:
     """What opening the database at ``path`` says once another program made it its own (``reason``: how)."""
-    return (f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
-            "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)")
+    return (
+        f"cannot open session database {str(path)!r}: it is not a dsh session database: {reason} "
+        "(another program's database? [sessions] home, or DSH_HOME, names where dsh keeps its own)"
+    )
 
 
 async def _leased_session(home: Path, lease: SessionLease, run: SqliteSessionStore | None = None) -> None:
@@ -683,7 +725,8 @@ async def test_a_new_database_is_stamped_with_the_schema_version(tmp_path: Path)
 
 
 async def test_an_unversioned_dsh_database_is_read_as_it_is_and_stamped_only_when_opened_to_write(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # What dsh wrote before the schema had a version: user_version 0, with dsh's tables.
     from dsh_core.sessions.sqlite import SCHEMA_VERSION
 
@@ -715,20 +758,26 @@ async def test_an_unversioned_dsh_database_is_read_as_it_is_and_stamped_only_whe
 
 @pytest.mark.parametrize("create", [True, False])
 def test_a_database_of_a_newer_schema_is_refused_before_anything_is_read_or_written(
-        tmp_path: Path, create: bool) -> None:
+    tmp_path: Path, create: bool
+) -> None:
     # A later dsh's database, whose schema this dsh does not know: here it lacks a column this dsh
     # reads and has no leases table, which this dsh failed on as another program's database, or
     # (opened to write) went on to add its own tables to.
     from dsh_core.sessions.sqlite import SCHEMA_VERSION
 
     path = tmp_path / DB_FILENAME
-    _execute(path, "PRAGMA journal_mode=WAL",
-             "CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at REAL NOT NULL, updated_at REAL NOT NULL, "
-             "event_count INTEGER NOT NULL DEFAULT 0, metadata TEXT NOT NULL)",
-             f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    _execute(
+        path,
+        "PRAGMA journal_mode=WAL",
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at REAL NOT NULL, updated_at REAL NOT NULL, "
+        "event_count INTEGER NOT NULL DEFAULT 0, metadata TEXT NOT NULL)",
+        f"PRAGMA user_version={SCHEMA_VERSION + 1}",
+    )
     before = path.read_bytes()
-    newer = (rf"cannot open session database '{path}': it was written by a newer dsh \(schema version "
-             rf"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}\); upgrade dsh")
+    newer = (
+        rf"cannot open session database '{path}': it was written by a newer dsh \(schema version "
+        rf"{SCHEMA_VERSION + 1}; this dsh supports version {SCHEMA_VERSION}\); upgrade dsh"
+    )
     with pytest.raises(SessionStoreError, match=newer):
         SqliteSessionStore.open(tmp_path, create=create)
     assert path.read_bytes() == before
@@ -758,9 +807,11 @@ def test_sessions_list_and_show_name_a_database_of_a_newer_schema(tmp_path: Path
     for args in (["list"], ["list", "--json"], ["show", "s"], ["show", "s", "--json"]):
         result = CliRunner().invoke(main, ["sessions", *args])
         assert result.exit_code == 1 and result.stdout == "", (args, result.output, result.exception)
-        assert result.stderr == (f"dsh: error: cannot open session database {str(home / DB_FILENAME)!r}: it was "
-                                 f"written by a newer dsh (schema version {SCHEMA_VERSION + 1}; this dsh supports "
-                                 f"version {SCHEMA_VERSION}); upgrade dsh\n"), args
+        assert result.stderr == (
+            f"dsh: error: cannot open session database {str(home / DB_FILENAME)!r}: it was "
+            f"written by a newer dsh (schema version {SCHEMA_VERSION + 1}; this dsh supports "
+            f"version {SCHEMA_VERSION}); upgrade dsh\n"
+        ), args
 
 
 @pytest.mark.parametrize("create", [True, False])
@@ -768,8 +819,11 @@ def test_a_database_of_a_negative_schema_version_is_no_dsh_database(tmp_path: Pa
     # No dsh writes one; opened to write, it was taken for one from before the version and stamped.
     path = tmp_path / DB_FILENAME
     _set_user_version(path, -1)
-    with pytest.raises(SessionStoreError, match=rf"'{path}': it is not a dsh session database: its schema "
-                                                r"version is -1 \(dsh's are 0 to 1\)"):
+    with pytest.raises(
+        SessionStoreError,
+        match=rf"'{path}': it is not a dsh session database: its schema "
+        r"version is -1 \(dsh's are 0 to 1\)",
+    ):
         SqliteSessionStore.open(tmp_path, create=create)
     assert _user_version(path) == -1
 
@@ -788,22 +842,28 @@ async def test_a_session_whose_meta_cannot_be_read_is_listed_as_unreadable_among
         listed = {info.id: info for info in await store.list()}
         assert sorted(listed) == ["a", "b", "c"]
         assert listed["b"].unreadable == "meta is not a JSON object: '[1]'" and listed["b"].meta == {}
-        assert [(listed[i].unreadable, listed[i].meta) for i in "ac"] == [(None, {"agent": "a"}),
-                                                                          (None, {"agent": "c"})]
+        assert [(listed[i].unreadable, listed[i].meta) for i in "ac"] == [
+            (None, {"agent": "a"}),
+            (None, {"agent": "c"}),
+        ]
     finally:
         await store.close()
 
 
-@pytest.mark.parametrize(("column", "value", "reason"), [
-    ("updated_at", "'yesterday'", "updated_at is not a time: 'yesterday'"),
-    ("created_at", "x'00'", "created_at is not a time: b'\\x00'"),
-    ("created_at", "1e300", "created_at is not a time: 1e+300"),
-    ("event_count", "'many'", "event_count is not an integer: 'many'"),
-    ("event_count", "2.5", "event_count is not an integer: 2.5"),
-    ("id", "x'62'", "id is not text: b'b'"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "reason"),
+    [
+        ("updated_at", "'yesterday'", "updated_at is not a time: 'yesterday'"),
+        ("created_at", "x'00'", "created_at is not a time: b'\\x00'"),
+        ("created_at", "1e300", "created_at is not a time: 1e+300"),
+        ("event_count", "'many'", "event_count is not an integer: 'many'"),
+        ("event_count", "2.5", "event_count is not an integer: 2.5"),
+        ("id", "x'62'", "id is not text: b'b'"),
+    ],
+)
 async def test_a_session_whose_columns_cannot_be_read_is_listed_as_unreadable_among_the_rest(
-        tmp_path: Path, column: str, value: str, reason: str) -> None:
+    tmp_path: Path, column: str, value: str, reason: str
+) -> None:
     # A column of the wrong type (edited by hand) came out of list() as it was: `dsh sessions list`
     # then failed for every session with a TypeError, and `show` with one or showed a wrong value.
     store = SqliteSessionStore.open(tmp_path)
@@ -836,10 +896,14 @@ async def test_a_session_id_sqlite_cannot_hold_is_no_session_and_cannot_be_creat
     store = SqliteSessionStore.open(tmp_path)
     try:
         await store.create(session_id="a")
-        for call in (lambda: store.get("a\udcff"), lambda: store.load("a\udcff"),
-                     lambda: store.load_page("a\udcff"), lambda: store.acquire("a\udcff", lease),
-                     lambda: store.break_lease("a\udcff"),
-                     lambda: store.append("a\udcff", [NewEvent(EventKind.RUN_START, {})])):
+        for call in (
+            lambda: store.get("a\udcff"),
+            lambda: store.load("a\udcff"),
+            lambda: store.load_page("a\udcff"),
+            lambda: store.acquire("a\udcff", lease),
+            lambda: store.break_lease("a\udcff"),
+            lambda: store.append("a\udcff", [NewEvent(EventKind.RUN_START, {})]),
+        ):
             with pytest.raises(SessionNotFoundError, match=r"^no session 'a\\udcff' in "):
                 await call()
         await store.release("a\udcff", lease)  # holds nothing: nothing to release
@@ -865,17 +929,20 @@ def _older_database(path: Path, *, journal_mode: str) -> None:
     """A database of a dsh from before the ``leases`` table: unversioned, with one session of one event."""
     from dsh_core.sessions.sqlite import _SCHEMA_STATEMENTS
 
-    _execute(path, f"PRAGMA journal_mode={journal_mode}",
-             *(statement for statement in _SCHEMA_STATEMENTS if "leases" not in statement),
-             "INSERT INTO sessions (id, created_at, updated_at, event_count, meta) "
-             "VALUES ('s', 1.0, 2.0, 1, '{\"agent\": \"a\"}')",
-             "INSERT INTO events (session_id, seq, kind, at, payload) VALUES ('s', 1, 'message/user', 2.0, "
-             "'{\"n\": 1}')")
+    _execute(
+        path,
+        f"PRAGMA journal_mode={journal_mode}",
+        *(statement for statement in _SCHEMA_STATEMENTS if "leases" not in statement),
+        "INSERT INTO sessions (id, created_at, updated_at, event_count, meta) "
+        "VALUES ('s', 1.0, 2.0, 1, '{\"agent\": \"a\"}')",
+        "INSERT INTO events (session_id, seq, kind, at, payload) VALUES ('s', 1, 'message/user', 2.0, '{\"n\": 1}')",
+    )
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_opened_without_creating_an_older_database_lacking_a_table_reads_it_and_writes_nothing(
-        tmp_path: Path, journal_mode: str) -> None:
+    tmp_path: Path, journal_mode: str
+) -> None:
     # `dsh sessions list` and `show` of a database from before the leases table added that table
     # (and stamped the schema version, and switched a rollback-journal database to WAL): a read wrote.
     path = tmp_path / DB_FILENAME
@@ -893,8 +960,11 @@ async def test_opened_without_creating_an_older_database_lacking_a_table_reads_i
         with pytest.raises(SessionNotFoundError, match=rf"^no session 'nope' in {re.escape(str(path))}$"):
             await store.break_lease("nope")
         # A write that would need what the database lacks is refused, naming the database and the table.
-        with pytest.raises(SessionStoreError, match=rf"^session store '{path}': cannot lease session "
-                                                    r"'s': the database lacks dsh's table\(s\) leases "):
+        with pytest.raises(
+            SessionStoreError,
+            match=rf"^session store '{path}': cannot lease session "
+            r"'s': the database lacks dsh's table\(s\) leases ",
+        ):
             await store.acquire("s", SessionLease.for_this_run())
     finally:
         await store.close()
@@ -916,7 +986,8 @@ async def test_opened_without_creating_an_older_database_lacking_a_table_reads_i
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_breaking_a_lease_taken_after_an_older_database_was_opened_breaks_it(
-        tmp_path: Path, journal_mode: str) -> None:
+    tmp_path: Path, journal_mode: str
+) -> None:
     # Whether the database had a leases table was decided when the store opened it: a run that added
     # the table and took the session's lease after that was not seen, and `dsh sessions release` said
     # the session was not held by any run (and exited 0) while that run held it.
@@ -943,7 +1014,8 @@ async def test_breaking_a_lease_taken_after_an_older_database_was_opened_breaks_
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_list_and_get_see_a_lease_taken_after_an_older_database_was_opened(
-        tmp_path: Path, journal_mode: str) -> None:
+    tmp_path: Path, journal_mode: str
+) -> None:
     # The empty stand-in for the leases table, made when the store opened a database without one,
     # shadowed the table a run added since: `dsh sessions list` and `show` said no run held a
     # session that a live run held (only release looked again).
@@ -1045,18 +1117,37 @@ async def test_a_read_only_store_refuses_a_newer_schema_stamped_after_it_opened(
             await run.close()
 
 
-@pytest.mark.parametrize(("opened", "statements", "reason"), [
-    ("complete", ["DROP TABLE leases", "DROP TABLE events", "DROP TABLE sessions",
-                  "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
-    ("complete", ["DROP TABLE sessions", "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)"],
-     "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta"),
-    ("empty", ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
-    # Its own table, not the stand-in of its name, looked at: the stand-in has dsh's columns.
-    ("without-leases", ["CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
-     "its table 'leases' has no column(s) session_id, token, holder, acquired_at"),
-], ids=["tables-replaced", "sessions-reshaped", "empty-then-taken", "without-leases-then-another-leases"])
+@pytest.mark.parametrize(
+    ("opened", "statements", "reason"),
+    [
+        (
+            "complete",
+            [
+                "DROP TABLE leases",
+                "DROP TABLE events",
+                "DROP TABLE sessions",
+                "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
+            ],
+            "it has no table 'sessions'",
+        ),
+        (
+            "complete",
+            ["DROP TABLE sessions", "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)"],
+            "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta",
+        ),
+        ("empty", ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
+        # Its own table, not the stand-in of its name, looked at: the stand-in has dsh's columns.
+        (
+            "without-leases",
+            ["CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
+            "its table 'leases' has no column(s) session_id, token, holder, acquired_at",
+        ),
+    ],
+    ids=["tables-replaced", "sessions-reshaped", "empty-then-taken", "without-leases-then-another-leases"],
+)
 async def test_a_read_only_store_refuses_a_database_another_program_made_of_it_after_it_opened(
-        tmp_path: Path, opened: str, statements: list[str], reason: str) -> None:
+    tmp_path: Path, opened: str, statements: list[str], reason: str
+) -> None:
     # Whether the database was dsh's was decided when the store opened it: another program's tables put
     # in it since were read as dsh's (an empty database's stand-ins went on reading as an empty store),
     # or failed with a bare "no such table"/"no such column" naming no cause.
@@ -1125,17 +1216,37 @@ async def test_a_run_store_refuses_to_write_a_newer_schema_stamped_after_it_open
         await run.close()
 
 
-@pytest.mark.parametrize(("statements", "reason"), [
-    (["DROP TABLE leases", "DROP TABLE events", "DROP TABLE sessions",
-      "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"], "it has no table 'sessions'"),
-    (["DROP TABLE leases", "DROP TABLE events", "DROP TABLE sessions",
-      "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)"],
-     "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta"),
-    (["DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
-     "its table 'leases' has no column(s) session_id, token, holder, acquired_at"),
-], ids=["tables-replaced", "sessions-reshaped", "leases-reshaped"])
+@pytest.mark.parametrize(
+    ("statements", "reason"),
+    [
+        (
+            [
+                "DROP TABLE leases",
+                "DROP TABLE events",
+                "DROP TABLE sessions",
+                "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
+            ],
+            "it has no table 'sessions'",
+        ),
+        (
+            [
+                "DROP TABLE leases",
+                "DROP TABLE events",
+                "DROP TABLE sessions",
+                "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)",
+            ],
+            "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta",
+        ),
+        (
+            ["DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
+            "its table 'leases' has no column(s) session_id, token, holder, acquired_at",
+        ),
+    ],
+    ids=["tables-replaced", "sessions-reshaped", "leases-reshaped"],
+)
 async def test_a_run_store_refuses_to_write_a_database_another_program_made_of_it_after_it_opened(
-        tmp_path: Path, statements: list[str], reason: str) -> None:
+    tmp_path: Path, statements: list[str], reason: str
+) -> None:
     # Whether the database was dsh's was decided when the run's store opened it: another program's
     # tables put in it since were written as dsh's, or failed with a bare "no such table"/"no such column".
     path = tmp_path / DB_FILENAME
@@ -1165,8 +1276,7 @@ def _dump(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
-def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_nothing(
-        journal_mode: str) -> None:
+def test_sessions_release_on_a_database_without_leases_says_not_held_and_writes_nothing(journal_mode: str) -> None:
     # An older or foreign store (or one no run has used since leases came) has no leases table:
     # `dsh sessions release` failed saying the database lacks it, where no run can hold the session.
     from click.testing import CliRunner
@@ -1208,9 +1318,11 @@ def test_sessions_commands_name_a_database_without_a_sessions_table() -> None:
     for args in (["release", "s"], ["show", "s"], ["show", "s", "--json"], ["list"], ["list", "--json"]):
         result = CliRunner().invoke(main, ["sessions", *args])
         assert (result.exit_code, result.stdout) == (1, ""), (args, result.output, result.exception)
-        assert result.stderr == (f"dsh: error: cannot open session database {str(path)!r}: it is not a dsh session "
-                                 "database: it has no table 'sessions' (another program's database? [sessions] "
-                                 "home, or DSH_HOME, names where dsh keeps its own)\n"), args
+        assert result.stderr == (
+            f"dsh: error: cannot open session database {str(path)!r}: it is not a dsh session "
+            "database: it has no table 'sessions' (another program's database? [sessions] "
+            "home, or DSH_HOME, names where dsh keeps its own)\n"
+        ), args
     assert path.read_bytes() == before
 
 
@@ -1224,11 +1336,12 @@ async def test_a_session_whose_update_time_cannot_be_read_is_listed_after_the_re
             await store.create(session_id=session_id)
     finally:
         await store.close()
-    _execute(tmp_path / DB_FILENAME,
-             "UPDATE sessions SET updated_at = CASE id WHEN '20250101-a' THEN 1.0 WHEN '20250103-c' THEN 3 "
-             "ELSE 2.0 END",
-             # Of two whose times cannot be read, the newer id first: dsh's ids sort as the time they were made.
-             f"UPDATE sessions SET updated_at = {value} WHERE id IN ('20250102-b', '20250104-d')")
+    _execute(
+        tmp_path / DB_FILENAME,
+        "UPDATE sessions SET updated_at = CASE id WHEN '20250101-a' THEN 1.0 WHEN '20250103-c' THEN 3 ELSE 2.0 END",
+        # Of two whose times cannot be read, the newer id first: dsh's ids sort as the time they were made.
+        f"UPDATE sessions SET updated_at = {value} WHERE id IN ('20250102-b', '20250104-d')",
+    )
     store = SqliteSessionStore.open(tmp_path, create=False)
     try:
         listed = await store.list()

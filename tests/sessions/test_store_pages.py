@@ -24,8 +24,10 @@ async def _filled(store: SessionStore, count: int) -> list[SessionEvent]:
     await store.create(session_id="s")
     # Two call trees interleaved, in several batches.
     for start in range(0, count, 7):
-        await store.append("s", [NewEvent("tool/call", {"n": n}, root_call_id=f"r{n % 2}")
-                                 for n in range(start, min(start + 7, count))])
+        await store.append(
+            "s",
+            [NewEvent("tool/call", {"n": n}, root_call_id=f"r{n % 2}") for n in range(start, min(start + 7, count))],
+        )
     return await store.load("s")
 
 
@@ -42,7 +44,7 @@ async def test_pages_after_each_other_are_the_whole_session_in_order(tmp_path: P
             assert read == everything
         assert await store.load_page("s", after=23) == []
         assert await store.load_page("s", after=10**30) == []  # past anything SQLite's INTEGER holds
-        assert await store.load_page("s", after=-10**30, limit=2) == everything[:2]
+        assert await store.load_page("s", after=-(10**30), limit=2) == everything[:2]
         assert await store.load_page("s", after=20, limit=2**63) == everything[20:]
         one_tree = await store.load("s", root_call_id="r1")
         assert [e async for e in iter_events(store, "s", root_call_id="r1", page=3)] == one_tree
@@ -79,10 +81,11 @@ class _Counting:
         self.events = [SessionEvent("s", n, "k", {}, 0.0) for n in range(1, count + 1)]
         self.log: list[str] = []
 
-    async def load_page(self, session_id: str, *, after: int = 0, limit: int = 1000,
-                        root_call_id: str | None = None) -> list[SessionEvent]:
+    async def load_page(
+        self, session_id: str, *, after: int = 0, limit: int = 1000, root_call_id: str | None = None
+    ) -> list[SessionEvent]:
         self.log.append(f"page after {after}")
-        return self.events[after:after + limit]
+        return self.events[after : after + limit]
 
     async def load(self, session_id: str, *, root_call_id: str | None = None) -> list[SessionEvent]:
         self.log.append("load")
@@ -96,8 +99,19 @@ async def test_iter_events_reads_the_next_page_only_once_the_last_one_is_used() 
         store.log.append(f"event {event.seq}")
         seen.append(event.seq)
     assert seen == [1, 2, 3, 4, 5, 6, 7]
-    assert store.log == ["page after 0", "event 1", "event 2", "event 3", "page after 3", "event 4", "event 5",
-                         "event 6", "page after 6", "event 7", "page after 7"]
+    assert store.log == [
+        "page after 0",
+        "event 1",
+        "event 2",
+        "event 3",
+        "page after 3",
+        "event 4",
+        "event 5",
+        "event 6",
+        "page after 6",
+        "event 7",
+        "page after 7",
+    ]
 
 
 async def test_iter_events_reads_a_store_without_pages_whole() -> None:
@@ -109,16 +123,21 @@ async def test_iter_events_reads_a_store_without_pages_whole() -> None:
     assert store.log == ["load"]
 
 
-@pytest.mark.parametrize("page", [
-    lambda events, after, limit: events[:limit],  # the first page, whatever after says: read for ever
-    lambda events, after, limit: events[after:after + limit + 1],  # more than limit
-    lambda events, after, limit: list(reversed(events[after:after + limit])),  # not in seq order
-])
-async def test_a_store_whose_pages_do_not_move_on_is_named(page: Callable[[Sequence[SessionEvent], int, int],
-                                                                            list[SessionEvent]]) -> None:
+@pytest.mark.parametrize(
+    "page",
+    [
+        lambda events, after, limit: events[:limit],  # the first page, whatever after says: read for ever
+        lambda events, after, limit: events[after : after + limit + 1],  # more than limit
+        lambda events, after, limit: list(reversed(events[after : after + limit])),  # not in seq order
+    ],
+)
+async def test_a_store_whose_pages_do_not_move_on_is_named(
+    page: Callable[[Sequence[SessionEvent], int, int], list[SessionEvent]],
+) -> None:
     class Stuck(_Counting):
-        async def load_page(self, session_id: str, *, after: int = 0, limit: int = 1000,
-                            root_call_id: str | None = None) -> list[SessionEvent]:
+        async def load_page(
+            self, session_id: str, *, after: int = 0, limit: int = 1000, root_call_id: str | None = None
+        ) -> list[SessionEvent]:
             return page(self.events, after, limit)
 
     with pytest.raises(SessionStoreError, match=r"test_store_pages\..*Stuck: load_page\('s', after="):

@@ -64,7 +64,8 @@ def test_good_plugin_passes_every_check_from_the_command_line_and_as_a_subclass(
     Both pass all 13 checks (the subclass feeds its own config through plugin_config); a subclass that
     forgets plugin_name errors with a message saying what to set; the marker is registered (strict markers).
     """
-    kit.makepyfile(test_mine="""
+    kit.makepyfile(
+        test_mine="""
         import pytest
         from dsh_core.testing import ToolPluginConformance
 
@@ -77,9 +78,11 @@ def test_good_plugin_passes_every_check_from_the_command_line_and_as_a_subclass(
 
         class TestNothing(ToolPluginConformance):
             pass
-    """)
-    result = kit.runpytest_subprocess(".", "--dsh-conformance=good", *QUIET, "--strict-markers",
-                                      "-m", "dsh_conformance", "-v")
+    """
+    )
+    result = kit.runpytest_subprocess(
+        ".", "--dsh-conformance=good", *QUIET, "--strict-markers", "-m", "dsh_conformance", "-v"
+    )
     result.assert_outcomes(passed=26, errors=13)
     out = result.stdout
     out.fnmatch_lines(["*TestDshConformance::test_dispose_unregisters_everything_and_quiesces[[]good[]] PASSED*"])
@@ -94,51 +97,76 @@ def test_broken_plugins_fail_each_check_with_its_message(kit: pytest.Pytester) -
     """
     kit.makepyfile(test_unrelated="def test_not_collected():\n    raise AssertionError")
     names = ["noisy", "bad-config", "bad-names", "bad-tools", "bad-hooks", "leaky", "nope"]
-    result = kit.runpytest_subprocess(*[f"--dsh-conformance={n}" for n in names],
-                                      "--dsh-conformance-abort-bound=0.1", *QUIET, "-rf")
+    result = kit.runpytest_subprocess(
+        *[f"--dsh-conformance={n}" for n in names], "--dsh-conformance-abort-bound=0.1", *QUIET, "-rf"
+    )
     out = result.stdout
-    out.fnmatch_lines(["*[[]dsh:stdout[]] plugin \"noisy\": importing the plugin's module wrote to stdout: "
-                       "b'noisy plugin loaded!*", "*fix: remove print() and other writes to stdout at module level*"])
-    out.fnmatch_lines(["*[[]dsh:config-schema[]] plugin \"bad-config\": *invalid JSON Schema*"])
-    out.fnmatch_lines(["*[[]dsh:entry-point[]] plugin \"bad-config\": *config schema*"])
+    out.fnmatch_lines(
+        [
+            '*[[]dsh:stdout[]] plugin "noisy": importing the plugin\'s module wrote to stdout: '
+            "b'noisy plugin loaded!*",
+            "*fix: remove print() and other writes to stdout at module level*",
+        ]
+    )
+    out.fnmatch_lines(['*[[]dsh:config-schema[]] plugin "bad-config": *invalid JSON Schema*'])
+    out.fnmatch_lines(['*[[]dsh:entry-point[]] plugin "bad-config": *config schema*'])
     out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "run_code": "run_code" is reserved*'])
     out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "bad name!": invalid tool name*'])
-    out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "twice": the plugin registers this '
-                       "name twice*"])
+    out.fnmatch_lines(['*[[]dsh:tool-names[]] plugin "bad-names", tool "twice": the plugin registers this name twice*'])
     out.fnmatch_lines(['*[[]dsh:tool-schemas[]] plugin "bad-tools", tool "bad_schema": *invalid JSON Schema*'])
-    out.fnmatch_lines(['*[[]dsh:examples[]] plugin "bad-tools", tool "no_examples": the tool declares no '
-                       "examples*"])
-    out.fnmatch_lines(['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "no_examples": '
-                       "is_concurrency_safe is not declared*"])
-    out.fnmatch_lines(['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "moody": is_concurrency_safe '
-                       "is not pure*"])
-    out.fnmatch_lines(['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "stringly": '
-                       "is_concurrency_safe returned 'yes' (str)*"])
+    out.fnmatch_lines(['*[[]dsh:examples[]] plugin "bad-tools", tool "no_examples": the tool declares no examples*'])
+    out.fnmatch_lines(
+        ['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "no_examples": is_concurrency_safe is not declared*']
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "moody": is_concurrency_safe is not pure*']
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:concurrency-safe[]] plugin "bad-tools", tool "stringly": is_concurrency_safe returned \'yes\' (str)*']
+    )
     out.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "bad-tools", tool "lossy": *INVALID_TOOL_OUTPUT*'])
-    out.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "bad-tools", tool "wrong_output": '
-                       "*INVALID_TOOL_OUTPUT*"])
-    out.fnmatch_lines(['*[[]dsh:typed-errors[]] plugin "bad-tools", tool "untyped": *the untyped KeyError*',
-                       "*fix: catch it and raise dsh_core.ToolError*"])
-    out.fnmatch_lines(['*[[]dsh:abort[]] plugin "bad-tools", tool "deaf": the body returned * s after the '
-                       "abort (bound: 0.1 s)*"])
-    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_guard (hook dsh_guard) declares '
-                       "defaults for execution*"])
-    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_approve (hook dsh_approve) is async def '
-                       "on a first-result hook*"])
-    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_pre_execute (hook dsh_pre_execute) is a '
-                       "pluggy wrapper*"])
-    out.fnmatch_lines(['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_no_such_hook (hook dsh_no_such_hook) '
-                       "implements no known hook*"])
-    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": task leaked-task * was left running at load and is '
-                       "still running after dispose*"])
-    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": thread \'leaked-thread\' was left running at load and is '
-                       "still running*"])
-    out.fnmatch_lines(['*[[]dsh:dispose[]] plugin "leaky": child process pid * (sleep 10) was left running at load '
-                       "and is still running*"])
+    out.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "bad-tools", tool "wrong_output": *INVALID_TOOL_OUTPUT*'])
+    out.fnmatch_lines(
+        [
+            '*[[]dsh:typed-errors[]] plugin "bad-tools", tool "untyped": *the untyped KeyError*',
+            "*fix: catch it and raise dsh_core.ToolError*",
+        ]
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:abort[]] plugin "bad-tools", tool "deaf": the body returned * s after the abort (bound: 0.1 s)*']
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_guard (hook dsh_guard) declares defaults for execution*']
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_approve (hook dsh_approve) is async def on a first-result hook*']
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_pre_execute (hook dsh_pre_execute) is a pluggy wrapper*']
+    )
+    out.fnmatch_lines(
+        ['*[[]dsh:hookimpls[]] plugin "bad-hooks": dsh_no_such_hook (hook dsh_no_such_hook) implements no known hook*']
+    )
+    out.fnmatch_lines(
+        [
+            '*[[]dsh:dispose[]] plugin "leaky": task leaked-task * was left running at load and is '
+            "still running after dispose*"
+        ]
+    )
+    out.fnmatch_lines(
+        ["*[[]dsh:dispose[]] plugin \"leaky\": thread 'leaked-thread' was left running at load and is still running*"]
+    )
+    out.fnmatch_lines(
+        [
+            '*[[]dsh:dispose[]] plugin "leaky": child process pid * (sleep 10) was left running at load '
+            "and is still running*"
+        ]
+    )
     out.fnmatch_lines(["*[[]dsh:entry-point[]] plugin \"nope\": no entry point named 'nope'*installed:*good*"])
     assert "test_not_collected" not in out.str()
-    failed = {line.split("[", 1)[1].split("]", 1)[0] for line in result.outlines
-              if line.startswith("FAILED") and "[" in line}
+    failed = {
+        line.split("[", 1)[1].split("]", 1)[0] for line in result.outlines if line.startswith("FAILED") and "[" in line
+    }
     assert set(names) <= failed
 
 
@@ -193,20 +221,21 @@ def test_same_compares_types_deeply() -> None:
     asyncio.run(asyncio.sleep(0))
 
 
-def test_a_config_that_misses_required_keys_is_named_before_the_factory_runs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_config_that_misses_required_keys_is_named_before_the_factory_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin run without the config it needs fails with its schema's message, not the factory's KeyError."""
     from dsh_core.testing import checks
 
-    monkeypatch.setattr(checks, "load_factory", lambda name: (None, __import__(
-        "tests.core.sample_plugins", fromlist=["deny"]).deny))
+    monkeypatch.setattr(
+        checks, "load_factory", lambda name: (None, __import__("tests.core.sample_plugins", fromlist=["deny"]).deny)
+    )
     failures = checks.check_hookimpls(checks.Target("needs-config", {}))
     assert len(failures) == 1
     assert "'names' is a required property" in failures[0] and "--dsh-conformance-config" in failures[0]
 
 
 def test_an_async_factory_fails_the_entry_point_check_and_every_check_that_starts_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """An ``async def`` factory registers nothing; the kit must not pass it on empty tool lists."""
     from importlib import metadata
 
@@ -232,8 +261,7 @@ def test_the_tool_names_check_refuses_a_trailing_newline(monkeypatch: pytest.Mon
     assert len(failures) == 1 and "invalid tool name 'read\\n'" in failures[0]
 
 
-def test_async_def_on_a_hook_dsh_never_awaits_fails_the_hookimpls_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_def_on_a_hook_dsh_never_awaits_fails_the_hookimpls_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """``async def dsh_register_tools`` registers nothing (its coroutine is discarded): zero tools must not pass."""
     import warnings
     from importlib import metadata
@@ -241,19 +269,22 @@ def test_async_def_on_a_hook_dsh_never_awaits_fails_the_hookimpls_check(
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("async-registration",
-                                      "tests.fixtures.conformance.broken_plugins:async_registration",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "async-registration", "tests.fixtures.conformance.broken_plugins:async_registration", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "coroutine ... was never awaited": the point here
         failures = checks.check_hookimpls(Target("async-registration"))
     assert len(failures) == 2, failures
-    assert failures[0].startswith('[dsh:hookimpls] plugin "async-registration": dsh_prompt_sections (hook '
-                                  "dsh_prompt_sections) is async def, but dsh calls dsh_prompt_sections "
-                                  "synchronously")
-    assert failures[1].startswith('[dsh:hookimpls] plugin "async-registration": dsh_register_tools (hook '
-                                  "dsh_register_tools) is async def")
+    assert failures[0].startswith(
+        '[dsh:hookimpls] plugin "async-registration": dsh_prompt_sections (hook '
+        "dsh_prompt_sections) is async def, but dsh calls dsh_prompt_sections "
+        "synchronously"
+    )
+    assert failures[1].startswith(
+        '[dsh:hookimpls] plugin "async-registration": dsh_register_tools (hook dsh_register_tools) is async def'
+    )
     assert "so nothing is registered" in failures[1] and "fix: make it a plain def" in failures[1]
     (started,) = checks.check_entry_point(Target("async-registration"))
     assert "is async def, but dsh calls it synchronously" in started, started
@@ -267,41 +298,48 @@ def test_a_hook_method_without_hookimpl_fails_the_hookimpls_check(monkeypatch: p
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("unmarked", "tests.fixtures.conformance.broken_plugins:unmarked",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "unmarked", "tests.fixtures.conformance.broken_plugins:unmarked", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     failures = checks.check_hookimpls(Target("unmarked"))
     assert len(failures) == 2, failures
-    assert failures[0].startswith('[dsh:hookimpls] plugin "unmarked": dsh_gaurd (no known hook) is not marked '
-                                  "@hookimpl")
+    assert failures[0].startswith(
+        '[dsh:hookimpls] plugin "unmarked": dsh_gaurd (no known hook) is not marked @hookimpl'
+    )
     assert "name a known hook: " in failures[0] and "dsh_guard" in failures[0]
-    assert failures[1].startswith('[dsh:hookimpls] plugin "unmarked": dsh_register_tools (hook '
-                                  "dsh_register_tools) is not marked @hookimpl, so pluggy never calls it")
+    assert failures[1].startswith(
+        '[dsh:hookimpls] plugin "unmarked": dsh_register_tools (hook '
+        "dsh_register_tools) is not marked @hookimpl, so pluggy never calls it"
+    )
 
 
 def test_concurrency_safe_of_a_tool_without_examples_is_not_called_with_invalid_arguments(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With require_examples off, a tool may have no examples: ``{}`` misses its required arguments, and a
     classifier raising on it is fine (the registry treats a raise as exclusive), so it must not fail."""
     from tests.core.helpers import tool
 
-    needs_seconds = tool("wait", safe=lambda args: args["seconds"] < 1,
-                         parameters={"type": "object", "properties": {"seconds": {"type": "number"}},
-                                     "required": ["seconds"]})
+    needs_seconds = tool(
+        "wait",
+        safe=lambda args: args["seconds"] < 1,
+        parameters={"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]},
+    )
     monkeypatch.setattr(checks, "_recorded", lambda target, check: [needs_seconds])
     assert checks.check_concurrency_safe(Target("no-examples", require_examples=False)) == []
 
 
-def test_the_hookimpls_check_starts_the_factory_in_the_scope_load_plugin_gives(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_hookimpls_check_starts_the_factory_in_the_scope_load_plugin_gives(monkeypatch: pytest.MonkeyPatch) -> None:
     """A factory that looks up the "tools" registry starts under load_plugin, so the hookimpls check passes it."""
     from importlib import metadata
 
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("needs-registry", "tests.fixtures.conformance.broken_plugins:needs_registry",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "needs-registry", "tests.fixtures.conformance.broken_plugins:needs_registry", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     target = Target("needs-registry")
     assert checks.check_entry_point(target) == []
@@ -309,15 +347,17 @@ def test_the_hookimpls_check_starts_the_factory_in_the_scope_load_plugin_gives(
 
 
 def test_an_optionalhook_impl_of_a_hook_no_spec_defines_passes_the_entry_point_and_hookimpls_checks(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """pluggy accepts ``@hookimpl(optionalhook=True)`` on a hook no spec defines; the kit failed it as unknown."""
     from importlib import metadata
 
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("forward-hooks", "tests.fixtures.conformance.broken_plugins:forward_hooks",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "forward-hooks", "tests.fixtures.conformance.broken_plugins:forward_hooks", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     target = Target("forward-hooks")
     assert checks.check_entry_point(target) == []
@@ -325,7 +365,8 @@ def test_an_optionalhook_impl_of_a_hook_no_spec_defines_passes_the_entry_point_a
 
 
 def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The probe interpreter is killed at PROBE_TIMEOUT_S and the failure names the plugin (no raw traceback)."""
     import subprocess
     import sys
@@ -339,8 +380,10 @@ def test_a_plugin_that_hangs_while_loading_fails_the_stdout_check_with_a_message
     monkeypatch.setattr(checks.subprocess, "run", hang)
     failures = checks.check_stdout(Target("hangs"))
     assert len(failures) == 1
-    assert failures[0].startswith('[dsh:stdout] plugin "hangs": loading, starting and disposing the plugin in a '
-                                  "fresh interpreter took more than 0.5 s")
+    assert failures[0].startswith(
+        '[dsh:stdout] plugin "hangs": loading, starting and disposing the plugin in a '
+        "fresh interpreter took more than 0.5 s"
+    )
 
 
 CHATTY_PLUGINS = """
@@ -393,7 +436,8 @@ def exits_in_dispose(scope, config):
 
 
 def test_the_stdout_check_says_where_the_output_or_the_failure_came_from(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Import, start (factory and hooks) and dispose each get their own message and fix; "make the entry point
     importable" is the fix only for a module that does not import.
 
@@ -406,33 +450,44 @@ def test_the_stdout_check_says_where_the_output_or_the_failure_came_from(
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: chatty\nVersion: 1.0\n")
     names = ["in-hook", "child-in-hook", "in-dispose", "fails-to-start", "exits-in-dispose"]
     (dist / "entry_points.txt").write_text(
-        "[dsh.plugins]\n" + "".join(f"{n} = chatty_plugins:{n.replace('-', '_')}\n" for n in names)
-        + "unimportable = unimportable_plugin:plugin\n")
+        "[dsh.plugins]\n"
+        + "".join(f"{n} = chatty_plugins:{n.replace('-', '_')}\n" for n in names)
+        + "unimportable = unimportable_plugin:plugin\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
 
     assert checks.check_stdout(Target("in-hook")) == []
     (found,) = checks.check_stdout(Target("child-in-hook"))
-    assert found.startswith('[dsh:stdout] plugin "child-in-hook": starting the plugin (its factory and the hooks '
-                            "dsh calls as it starts, such as dsh_register_tools) wrote to stdout: "
-                            "b'registering\\n'"), found
+    assert found.startswith(
+        '[dsh:stdout] plugin "child-in-hook": starting the plugin (its factory and the hooks '
+        "dsh calls as it starts, such as dsh_register_tools) wrote to stdout: "
+        "b'registering\\n'"
+    ), found
     assert "a child process that inherits stdout" in found and "importable" not in found
     (found,) = checks.check_stdout(Target("in-dispose"))
-    assert found.startswith('[dsh:stdout] plugin "in-dispose": disposing the plugin (its disposers and the tasks '
-                            "dispose cancels) wrote to stdout: b'bye\\n'"), found
+    assert found.startswith(
+        '[dsh:stdout] plugin "in-dispose": disposing the plugin (its disposers and the tasks '
+        "dispose cancels) wrote to stdout: b'bye\\n'"
+    ), found
     assert "fix: do not print() in disposers" in found
 
     (found,) = checks.check_stdout(Target("fails-to-start"))
-    assert found.startswith('[dsh:stdout] plugin "fails-to-start": starting the plugin (its factory and the '
-                            "hooks dsh calls as it starts, such as dsh_register_tools) in a fresh interpreter "
-                            "failed: "), found
+    assert found.startswith(
+        '[dsh:stdout] plugin "fails-to-start": starting the plugin (its factory and the '
+        "hooks dsh calls as it starts, such as dsh_register_tools) in a fresh interpreter "
+        "failed: "
+    ), found
     assert "no database" in found and "importable" not in found and "fix: make the factory start" in found
     (found,) = checks.check_stdout(Target("exits-in-dispose"))
-    assert found.startswith('[dsh:stdout] plugin "exits-in-dispose": disposing the plugin (its disposers and the '
-                            "tasks dispose cancels) in a fresh interpreter failed: SystemExit: 3"), found
+    assert found.startswith(
+        '[dsh:stdout] plugin "exits-in-dispose": disposing the plugin (its disposers and the '
+        "tasks dispose cancels) in a fresh interpreter failed: SystemExit: 3"
+    ), found
     assert "importable" not in found and "fix: disposers must neither raise SystemExit" in found
     (found,) = checks.check_stdout(Target("unimportable"))
-    assert found.startswith('[dsh:stdout] plugin "unimportable": importing the plugin\'s module in a fresh '
-                            "interpreter failed: "), found
+    assert found.startswith(
+        '[dsh:stdout] plugin "unimportable": importing the plugin\'s module in a fresh interpreter failed: '
+    ), found
     assert "needs what conftest.py imported" in found and "fix: make the entry point importable on its own" in found
 
 
@@ -456,7 +511,8 @@ def leaves_at_load(scope, config):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
 def test_the_stdout_check_kills_what_the_plugin_left_running_in_its_fresh_interpreter(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every check that starts the plugin in the kit's process kills and reaps what it left running at load; the
     stdout check starts it in a fresh interpreter, and what the plugin left running there (a child, an orphan)
     ran on after the interpreter exited, and after the kit. It is killed, unreported as the other checks leave
@@ -488,8 +544,9 @@ def test_a_config_that_is_not_json_fails_the_stdout_check_with_a_message() -> No
     """``{"root": tmp_path}`` (a Path) is an easy slip in plugin_config: the probe's JSON argument cannot hold it,
     which raised a raw TypeError out of the check instead of naming the value."""
     (found,) = checks.check_stdout(Target("any", {"root": Path("/tmp")}))
-    assert found.startswith('[dsh:stdout] plugin "any": the config cannot be passed to a fresh interpreter: not '
-                            "lossless JSON at /root: "), found
+    assert found.startswith(
+        '[dsh:stdout] plugin "any": the config cannot be passed to a fresh interpreter: not lossless JSON at /root: '
+    ), found
     assert "str(path)" in found
 
 
@@ -518,16 +575,28 @@ def test_each_checked_plugin_gets_its_own_config_from_the_command_line(kit: pyte
     """
     kit.makepyfile(needy_plugin=NEEDY_PLUGIN)
     (kit.path / "dsh_conformance_fixtures-1.0.dist-info" / "entry_points.txt").write_text(
-        ENTRY_POINTS + "needy = needy_plugin:needy\n")
-    result = kit.runpytest_subprocess("--dsh-conformance=good", "--dsh-conformance=needy", *QUIET,
-                                      "--dsh-conformance-config", 'needy={"token": "{tmp}"}',
-                                      "--dsh-conformance-config", '{"greeting": "hi"}')
+        ENTRY_POINTS + "needy = needy_plugin:needy\n"
+    )
+    result = kit.runpytest_subprocess(
+        "--dsh-conformance=good",
+        "--dsh-conformance=needy",
+        *QUIET,
+        "--dsh-conformance-config",
+        'needy={"token": "{tmp}"}',
+        "--dsh-conformance-config",
+        '{"greeting": "hi"}',
+    )
     result.assert_outcomes(passed=26)
-    result = kit.runpytest_subprocess("--dsh-conformance=good", *QUIET,
-                                      "--dsh-conformance-config", 'neddy={"token": "t"}')
+    result = kit.runpytest_subprocess(
+        "--dsh-conformance=good", *QUIET, "--dsh-conformance-config", 'neddy={"token": "t"}'
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--dsh-conformance-config 'neddy={\"token\": \"t\"}': 'neddy' is not checked; "
-                                 "add --dsh-conformance=neddy or fix the name (checked: good)*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*--dsh-conformance-config 'neddy={\"token\": \"t\"}': 'neddy' is not checked; "
+            "add --dsh-conformance=neddy or fix the name (checked: good)*"
+        ]
+    )
 
 
 def test_a_config_without_a_plugin_to_check_is_refused_not_ignored(kit: pytest.Pytester) -> None:
@@ -537,14 +606,20 @@ def test_a_config_without_a_plugin_to_check_is_refused_not_ignored(kit: pytest.P
     result.stderr.fnmatch_lines(["*--dsh-conformance-config applies only to plugins named with --dsh-conformance*"])
 
 
-@pytest.mark.parametrize(("option", "value"), [("--dsh-conformance-call-timeout", "0"),
-                                             ("--dsh-conformance-call-timeout", "-1"),
-                                             ("--dsh-conformance-abort-bound", "0"),
-                                             ("--dsh-conformance-abort-bound", "-0.5"),
-                                             ("--dsh-conformance-call-timeout", "nan"),
-                                             ("--dsh-conformance-abort-bound", "inf")])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--dsh-conformance-call-timeout", "0"),
+        ("--dsh-conformance-call-timeout", "-1"),
+        ("--dsh-conformance-abort-bound", "0"),
+        ("--dsh-conformance-abort-bound", "-0.5"),
+        ("--dsh-conformance-call-timeout", "nan"),
+        ("--dsh-conformance-abort-bound", "inf"),
+    ],
+)
 def test_a_bound_that_is_not_a_positive_number_of_seconds_is_refused(
-        kit: pytest.Pytester, option: str, value: str) -> None:
+    kit: pytest.Pytester, option: str, value: str
+) -> None:
     """A timeout of 0 or less failed every call of the suite as "did not return within 0 s", and a bound of 0
     failed every body, as if each plugin were at fault; NaN and infinity bound nothing. Refused at parsing,
     naming the option and the value, before any test runs."""
@@ -559,39 +634,44 @@ def test_config_values_that_cannot_be_used_are_named() -> None:
 
     assert parse_configs([], ["a"]) == ({}, {})
     assert parse_configs(['{"k": "x=y"}', 'a={"k": 1}'], ["a", "b"]) == ({"k": "x=y"}, {"a": {"k": 1}})
-    for values, message in [(["a=[1]"], "--dsh-conformance-config 'a=[1]': the config must be a JSON object, "
-                                        "got list"),
-                            (["a={"], "--dsh-conformance-config 'a={': not valid JSON"),
-                            (["{}", "{}"], "--dsh-conformance-config '{}': a config without NAME= is given twice"),
-                            (["a={}", "a={}"], "--dsh-conformance-config 'a={}': plugin 'a' is given a config twice")]:
+    for values, message in [
+        (["a=[1]"], "--dsh-conformance-config 'a=[1]': the config must be a JSON object, got list"),
+        (["a={"], "--dsh-conformance-config 'a={': not valid JSON"),
+        (["{}", "{}"], "--dsh-conformance-config '{}': a config without NAME= is given twice"),
+        (["a={}", "a={}"], "--dsh-conformance-config 'a={}': plugin 'a' is given a config twice"),
+    ]:
         with pytest.raises(ValueError) as raised:
             parse_configs(values, ["a"])
         assert str(raised.value).startswith(message), raised.value
 
 
-def test_the_dispose_check_reports_every_kind_of_registry_state_left_behind(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_dispose_check_reports_every_kind_of_registry_state_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not only tools: a guard, a change listener, and a layer with its mode, restriction and tool."""
     from importlib import metadata
 
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("leaky-registry", "tests.fixtures.conformance.broken_plugins:leaky_registry",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "leaky-registry", "tests.fixtures.conformance.broken_plugins:leaky_registry", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     failures = checks.check_dispose(Target("leaky-registry"))
     module = "tests.fixtures.conformance.broken_plugins"
-    left = [f"guard {module}._passes in the global layer",
-            "the tool layer of scope 'stray'",
-            "tool \"stray_tool\" in the layer of scope 'stray'",
-            "restriction (deny=['ping']) in the layer of scope 'stray'",
-            "presentation mode \"both\" in the layer of scope 'stray'",
-            f"change listener {module}._listens (from on_change)"]
+    left = [
+        f"guard {module}._passes in the global layer",
+        "the tool layer of scope 'stray'",
+        "tool \"stray_tool\" in the layer of scope 'stray'",
+        "restriction (deny=['ping']) in the layer of scope 'stray'",
+        "presentation mode \"both\" in the layer of scope 'stray'",
+        f"change listener {module}._listens (from on_change)",
+    ]
     assert sorted(failures) == sorted(
         f'[dsh:dispose] plugin "leaky-registry": after dispose, {what} is still registered\n'
         "    fix: register through the plugin's scope (the register callables, scope=scope for registry guards, "
-        "restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can undo it" for what in left)
+        "restrictions and modes, scope.on_dispose(undo) for on_change) so dispose can undo it"
+        for what in left
+    )
 
 
 def test_a_body_that_blocks_the_event_loop_fails_the_abort_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -602,12 +682,14 @@ def test_a_body_that_blocks_the_event_loop_fails_the_abort_check(monkeypatch: py
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("blocking", "tests.fixtures.conformance.broken_plugins:blocking",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "blocking", "tests.fixtures.conformance.broken_plugins:blocking", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     (found,) = checks.check_abort(Target("blocking", abort_bound_s=0.1))
-    assert found.startswith('[dsh:abort] plugin "blocking", tool "block": the body kept the event loop busy for '), \
+    assert found.startswith('[dsh:abort] plugin "blocking", tool "block": the body kept the event loop busy for '), (
         found
+    )
     assert "asyncio.to_thread" in found
 
 
@@ -618,19 +700,23 @@ def test_output_that_breaks_the_output_schema_only_on_an_edge_variant_fails(monk
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("variant-output", "tests.fixtures.conformance.broken_plugins:variant_output",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "variant-output", "tests.fixtures.conformance.broken_plugins:variant_output", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     target = Target("variant-output")
     assert checks.check_example_calls(target) == []
     (found,) = checks.check_typed_errors(target)
-    assert found.startswith('[dsh:typed-errors] plugin "variant-output", tool "length": called with {"s": ""}, '
-                            "the tool returned output the runtime refused (INVALID_TOOL_OUTPUT): "), found
+    assert found.startswith(
+        '[dsh:typed-errors] plugin "variant-output", tool "length": called with {"s": ""}, '
+        "the tool returned output the runtime refused (INVALID_TOOL_OUTPUT): "
+    ), found
     assert "0 is less than the minimum of 1" in found and "output_schema" in found
 
 
 def test_invalid_output_is_blamed_on_the_body_only_when_the_body_ran_in_that_call(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The body runs (validly) on the example; a middleware then answers the edge variant itself with output the
     runtime refuses. Whether the body ran is a fact of each call: a running count of calls made the earlier
     call's entry into the body stand for this one, so the body was blamed for output it never returned."""
@@ -639,14 +725,16 @@ def test_invalid_output_is_blamed_on_the_body_only_when_the_body_ran_in_that_cal
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("short-circuit", "tests.fixtures.conformance.broken_plugins:short_circuit",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "short-circuit", "tests.fixtures.conformance.broken_plugins:short_circuit", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     assert checks.check_typed_errors(Target("short-circuit")) == []
 
 
 def test_a_body_that_lets_out_a_cancellation_nobody_asked_for_fails_the_typed_errors_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The kit never cancels nor aborts these calls: a CancelledError from the body fails the call as TOOL_FAILED
     with no message of the tool's, which is what the check is for."""
     from importlib import metadata
@@ -654,12 +742,15 @@ def test_a_body_that_lets_out_a_cancellation_nobody_asked_for_fails_the_typed_er
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("stray-cancel", "tests.fixtures.conformance.broken_plugins:stray_cancel",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "stray-cancel", "tests.fixtures.conformance.broken_plugins:stray_cancel", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     (found,) = checks.check_typed_errors(Target("stray-cancel"))
-    assert found.startswith('[dsh:typed-errors] plugin "stray-cancel", tool "count": called with {"s": ""}, the '
-                            "body let out CancelledError although its call was neither cancelled nor aborted"), found
+    assert found.startswith(
+        '[dsh:typed-errors] plugin "stray-cancel", tool "count": called with {"s": ""}, the '
+        "body let out CancelledError although its call was neither cancelled nor aborted"
+    ), found
     assert "ToolError" in found
 
 
@@ -671,14 +762,20 @@ def test_a_hook_or_disposer_whose_exception_dsh_only_logs_fails(monkeypatch: pyt
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("raising-hooks", "tests.fixtures.conformance.broken_plugins:raising_hooks",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "raising-hooks", "tests.fixtures.conformance.broken_plugins:raising_hooks", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     target = Target("raising-hooks")
     found = checks.check_example_calls(target)
-    assert any(f.startswith('[dsh:example-calls] plugin "raising-hooks": dsh logged a failure of the plugin: '
-                            "tool result observer of plugin 'raising-hooks' failed (RuntimeError: observer is "
-                            "broken)") for f in found), found
+    assert any(
+        f.startswith(
+            '[dsh:example-calls] plugin "raising-hooks": dsh logged a failure of the plugin: '
+            "tool result observer of plugin 'raising-hooks' failed (RuntimeError: observer is "
+            "broken)"
+        )
+        for f in found
+    ), found
     assert any("disposer is broken" in f for f in found), found
     assert all("fix: " in f for f in found)
     assert any("tool result observer" in f for f in checks.check_typed_errors(target))
@@ -711,13 +808,15 @@ def test_only_warnings_the_plugin_caused_fail_it(monkeypatch: pytest.MonkeyPatch
     assert checks.check_dispose(Target("guards")) == []
     owner = "plugin"
     (found,) = checks.check_dispose(Target("guards"))
-    assert found.startswith('[dsh:dispose] plugin "guards": dsh logged a failure of the plugin: a disposer of scope '
-                            "'conformance/plugin:guards' failed (RuntimeError: this disposer is not the plugin's)"), \
-        found
+    assert found.startswith(
+        '[dsh:dispose] plugin "guards": dsh logged a failure of the plugin: a disposer of scope '
+        "'conformance/plugin:guards' failed (RuntimeError: this disposer is not the plugin's)"
+    ), found
     monkeypatch.undo()
 
-    entry_point = metadata.EntryPoint("bad-verdict", "tests.fixtures.conformance.broken_plugins:bad_verdict",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "bad-verdict", "tests.fixtures.conformance.broken_plugins:bad_verdict", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     found = checks.check_typed_errors(Target("bad-verdict"))
     assert any("guard tests.fixtures.conformance.broken_plugins._bad_verdict returned int" in f for f in found), found
@@ -725,15 +824,17 @@ def test_only_warnings_the_plugin_caused_fail_it(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_abort_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The dispose check's calls run to completion: only the abort check sees work an abort leaves behind."""
     from importlib import metadata
 
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("abort-leak", "tests.fixtures.conformance.broken_plugins:abort_leak",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "abort-leak", "tests.fixtures.conformance.broken_plugins:abort_leak", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     (found,) = checks.check_abort(Target("abort-leak"))
@@ -743,7 +844,8 @@ def test_a_body_that_returns_on_abort_but_leaves_its_process_running_fails_the_a
 
 
 def test_a_body_that_returns_on_abort_but_leaves_its_task_running_fails_the_abort_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Like a process, an asyncio task the aborted body abandons must be reported, not cancelled silently when
     the check's event loop closes."""
     from importlib import metadata
@@ -751,19 +853,22 @@ def test_a_body_that_returns_on_abort_but_leaves_its_task_running_fails_the_abor
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("abort-task-leak", "tests.fixtures.conformance.broken_plugins:abort_task_leak",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "abort-task-leak", "tests.fixtures.conformance.broken_plugins:abort_task_leak", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     (found,) = checks.check_abort(Target("abort-task-leak"))
-    assert found.startswith('[dsh:abort] plugin "abort-task-leak": task abandoned-work (<coroutine object sleep '), \
+    assert found.startswith('[dsh:abort] plugin "abort-task-leak": task abandoned-work (<coroutine object sleep '), (
         found
+    )
     assert "is still running after the aborted call and dispose" in found
     assert "fix: start background work with scope.spawn(...)" in found
 
 
 def test_a_config_given_to_a_plugin_that_declares_no_config_schema_fails_the_config_schema_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without a declared schema a plugin accepts only ``{}`` (as dsh starts it); the check that names the config
     as the culprit must not pass while every other check fails with "did not start"."""
     from importlib import metadata
@@ -771,26 +876,31 @@ def test_a_config_given_to_a_plugin_that_declares_no_config_schema_fails_the_con
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("no-schema", "tests.fixtures.conformance.broken_plugins:blocking",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "no-schema", "tests.fixtures.conformance.broken_plugins:blocking", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     assert checks.check_config_schema(Target("no-schema")) == []
     (found,) = checks.check_config_schema(Target("no-schema", {"greeting": "hi"}))
-    assert found.startswith("[dsh:config-schema] plugin \"no-schema\": config for plugin 'no-schema' does not match "
-                            "its config schema: (top level): Additional properties are not allowed"), found
+    assert found.startswith(
+        "[dsh:config-schema] plugin \"no-schema\": config for plugin 'no-schema' does not match "
+        "its config schema: (top level): Additional properties are not allowed"
+    ), found
     assert "fix: the plugin declares no config schema, so it takes only {}" in found
 
 
 def test_an_entry_point_that_is_declared_but_fails_to_load_is_not_told_to_declare_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The entry point exists and its config schema is invalid: the fix names the schema, not the declaration."""
     from importlib import metadata
 
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("bad-config", "tests.fixtures.conformance.broken_plugins:bad_config",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "bad-config", "tests.fixtures.conformance.broken_plugins:bad_config", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     (found,) = checks.check_entry_point(Target("bad-config"))
     assert "invalid JSON Schema" in found and "config_schema must be a valid" in found, found
@@ -805,13 +915,14 @@ def test_the_probe_command_a_failure_suggests_survives_a_shell_whatever_the_conf
     import json
     import shlex
 
-    config = {"root": "/tmp/it's here", "note": "a \"quoted\" $HOME `x`"}
+    config = {"root": "/tmp/it's here", "note": 'a "quoted" $HOME `x`'}
     command = checks.probe_command(checks.Target("my plugin", config))
     assert shlex.split(command) == ["python", "-m", "dsh_core.testing.probe", "my plugin", json.dumps(config)]
 
 
 def test_a_body_that_exits_or_interrupts_fails_the_checks_instead_of_ending_the_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """sys.exit() or KeyboardInterrupt in a body is no Exception: the runtime lets it out, asyncio re-raises it
     out of the event loop, and it left the check as a bare traceback (KeyboardInterrupt ended the whole pytest
     run) with no word of the plugin or the tool. Each check that calls the tool must name it instead."""
@@ -833,13 +944,16 @@ def test_a_body_that_exits_or_interrupts_fails_the_checks_instead_of_ending_the_
 
     found = run(checks.check_typed_errors)
     assert len(found) == 2, found
-    assert found[0].startswith('[dsh:typed-errors] plugin "exits", tool "quit": called with {}, the body raised '
-                               "SystemExit (3), which ends the process dsh runs in"), found[0]
-    assert found[1].startswith('[dsh:typed-errors] plugin "exits", tool "interrupt": called with {}, the body '
-                               "raised KeyboardInterrupt"), found[1]
+    assert found[0].startswith(
+        '[dsh:typed-errors] plugin "exits", tool "quit": called with {}, the body raised '
+        "SystemExit (3), which ends the process dsh runs in"
+    ), found[0]
+    assert found[1].startswith(
+        '[dsh:typed-errors] plugin "exits", tool "interrupt": called with {}, the body raised KeyboardInterrupt'
+    ), found[1]
     assert all("fix: never call sys.exit() nor raise KeyboardInterrupt in a tool body" in f for f in found)
     found = run(checks.check_example_calls)
-    assert [f.split(":", 1)[0] for f in found] == ['[dsh', '[dsh'], found
+    assert [f.split(":", 1)[0] for f in found] == ["[dsh", "[dsh"], found
     assert 'tool "quit": examples[0] {}: it returned error TOOL_FAILED' in found[0], found[0]
     assert 'tool "interrupt": examples[0] {}: it returned error TOOL_FAILED' in found[1], found[1]
     assert run(checks.check_dispose) == []  # its calls fail like any other; nothing is left behind
@@ -851,7 +965,8 @@ def test_a_check_is_selected_with_k_by_the_id_its_failures_name(kit: pytest.Pyte
     selected nothing (and ``-k example-calls``, ``-k pre-abort``... neither), so an author could not rerun the
     one check that failed, by its own name. ``dsh:ID`` is a keyword of each check's test, in the shipped suite
     and in a subclass; ``-k dsh:abort`` is the abort check alone (not pre-abort)."""
-    kit.makepyfile(test_mine="""
+    kit.makepyfile(
+        test_mine="""
         import pytest
         from dsh_core.testing import ToolPluginConformance
 
@@ -861,13 +976,17 @@ def test_a_check_is_selected_with_k_by_the_id_its_failures_name(kit: pytest.Pyte
             @pytest.fixture
             def plugin_config(self):
                 return {"greeting": "hi"}
-    """)
-    for selection, tests in [("typed-errors", ["test_errors_are_typed"]),
-                             ("dsh:example-calls", ["test_example_calls_return_lossless_json_matching_output_schema"]),
-                             ("dsh:abort", ["test_abort_mid_call_is_honoured"]),
-                             ("dsh:pre-abort or dsh:tool-names",
-                              ["test_pre_aborted_call_never_runs_the_body",
-                               "test_tool_names_are_unique_valid_and_not_reserved"])]:
+    """
+    )
+    for selection, tests in [
+        ("typed-errors", ["test_errors_are_typed"]),
+        ("dsh:example-calls", ["test_example_calls_return_lossless_json_matching_output_schema"]),
+        ("dsh:abort", ["test_abort_mid_call_is_honoured"]),
+        (
+            "dsh:pre-abort or dsh:tool-names",
+            ["test_pre_aborted_call_never_runs_the_body", "test_tool_names_are_unique_valid_and_not_reserved"],
+        ),
+    ]:
         result = kit.runpytest_subprocess(".", "--dsh-conformance=good", *QUIET, "-v", "-k", selection)
         result.assert_outcomes(passed=2 * len(tests))
         for test in tests:
@@ -878,7 +997,8 @@ def test_a_check_is_selected_with_k_by_the_id_its_failures_name(kit: pytest.Pyte
 
 
 def test_a_body_whose_child_process_writes_to_stdout_fails_the_example_calls_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The stdout check runs import, start and dispose only; a body's child process that inherits file
     descriptor 1 writes into what dsh prints there (the JSON of ``dsh tools call --json``), and passed every
     check. print() in a body is no failure: dsh sends sys.stdout to stderr while it runs tools."""
@@ -890,8 +1010,10 @@ def test_a_body_whose_child_process_writes_to_stdout_fails_the_example_calls_che
     entry_point = metadata.EntryPoint("echoes", "tests.fixtures.conformance.broken_plugins:echoes", ENTRY_POINT_GROUP)
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     (found,) = checks.check_example_calls(Target("echoes"))
-    assert found.startswith('[dsh:example-calls] plugin "echoes", tool "shout": examples[0] {}: the call wrote to '
-                            "stdout (file descriptor 1): b'from the body\\n'"), found
+    assert found.startswith(
+        '[dsh:example-calls] plugin "echoes", tool "shout": examples[0] {}: the call wrote to '
+        "stdout (file descriptor 1): b'from the body\\n'"
+    ), found
     assert "stdout=subprocess.PIPE" in found
 
 
@@ -904,24 +1026,43 @@ def test_a_blank_description_fails_the_tool_schemas_check(monkeypatch: pytest.Mo
     from tests.core.helpers import tool
 
     described = tool("fine")
-    monkeypatch.setattr(checks, "_recorded", lambda target, check: [
-        described, attrs.evolve(described, name="empty", description=""),
-        attrs.evolve(described, name="blank", description=" \n")])
+    monkeypatch.setattr(
+        checks,
+        "_recorded",
+        lambda target, check: [
+            described,
+            attrs.evolve(described, name="empty", description=""),
+            attrs.evolve(described, name="blank", description=" \n"),
+        ],
+    )
     found = checks.check_tool_schemas(Target("blank"))
-    assert found == [f'[dsh:tool-schemas] plugin "blank", tool "{name}": the description is blank, so the model '
-                     "is told nothing of what the tool does\n    fix: describe what the tool does and when to use it "
-                     "(define_tool(description=...))" for name in ("empty", "blank")], found
+    assert found == [
+        f'[dsh:tool-schemas] plugin "blank", tool "{name}": the description is blank, so the model '
+        "is told nothing of what the tool does\n    fix: describe what the tool does and when to use it "
+        "(define_tool(description=...))"
+        for name in ("empty", "blank")
+    ], found
 
 
-@pytest.mark.parametrize(("name", "check", "expected"), [
-    ("exiting_classifier", "check_concurrency_safe",
-     '[dsh:concurrency-safe] plugin "exiting_classifier", tool "quit": is_concurrency_safe raised on examples[0]: '
-     "SystemExit: 5"),
-    ("exiting_factory", "check_hookimpls",
-     '[dsh:hookimpls] plugin "exiting_factory": the factory raised SystemExit: 4'),
-])
+@pytest.mark.parametrize(
+    ("name", "check", "expected"),
+    [
+        (
+            "exiting_classifier",
+            "check_concurrency_safe",
+            '[dsh:concurrency-safe] plugin "exiting_classifier", tool "quit": '
+            "is_concurrency_safe raised on examples[0]: SystemExit: 5",
+        ),
+        (
+            "exiting_factory",
+            "check_hookimpls",
+            '[dsh:hookimpls] plugin "exiting_factory": the factory raised SystemExit: 4',
+        ),
+    ],
+)
 def test_sys_exit_in_a_classifier_or_a_factory_is_a_failure_not_a_traceback(
-        monkeypatch: pytest.MonkeyPatch, name: str, check: str, expected: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, name: str, check: str, expected: str
+) -> None:
     """is_concurrency_safe and the hookimpls check's factory call caught Exception only: a sys.exit() there
     left the kit as a bare SystemExit, naming neither plugin nor tool."""
     from importlib import metadata
@@ -938,8 +1079,7 @@ def test_sys_exit_in_a_classifier_or_a_factory_is_a_failure_not_a_traceback(
     assert any(line.startswith(expected) for line in found), found
 
 
-def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The body awaits asyncio.to_thread(...) on work that ignores the abort. Cancelling the call does not stop
     the thread, and closing the check's event loop waited for the default executor's threads with no bound: the
     check took as long as the thread (forever, for one that never returns) and reported nothing of it."""
@@ -950,15 +1090,17 @@ def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(
     from dsh_core.testing import loader
     from tests.fixtures.conformance import broken_plugins
 
-    entry_point = metadata.EntryPoint("stuck-in-thread", "tests.fixtures.conformance.broken_plugins:stuck_in_thread",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "stuck-in-thread", "tests.fixtures.conformance.broken_plugins:stuck_in_thread", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     broken_plugins.STUCK.clear()
     outcome: list[list[str]] = []
-    runner = threading.Thread(target=lambda: outcome.append(checks.check_abort(Target("stuck-in-thread",
-                                                                                     abort_bound_s=0.1))))
+    runner = threading.Thread(
+        target=lambda: outcome.append(checks.check_abort(Target("stuck-in-thread", abort_bound_s=0.1)))
+    )
     runner.start()
     runner.join(30)  # a hang guard: the thread waits until the event is set, which only happens below
     returned = not runner.is_alive()
@@ -968,21 +1110,27 @@ def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(
     (stuck, leftover) = outcome[0]
     assert stuck.startswith('[dsh:abort] plugin "stuck-in-thread", tool "wait": the call was still running '), stuck
     assert leftover.startswith('[dsh:abort] plugin "stuck-in-thread", tool "wait": thread '), leftover
-    assert "running threading.Event.wait (asyncio.to_thread or loop.run_in_executor) is still running after the " \
-           "aborted call and dispose" in leftover, leftover
+    assert (
+        "running threading.Event.wait (asyncio.to_thread or loop.run_in_executor) is still running after the "
+        "aborted call and dispose" in leftover
+    ), leftover
     assert "fix: a thread cannot be cancelled" in leftover, leftover
 
 
 #: When each check that calls tools looks for what the calls left running, as its failures say.
-LEFTOVERS_WHEN = {"dispose": "after dispose", "abort": "after the aborted call and dispose",
-                  "example-calls": "after the example calls and dispose",
-                  "typed-errors": "after the calls and dispose"}
+LEFTOVERS_WHEN = {
+    "dispose": "after dispose",
+    "abort": "after the aborted call and dispose",
+    "example-calls": "after the example calls and dispose",
+    "typed-errors": "after the calls and dispose",
+}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
 @pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors"])
 def test_a_body_that_returns_but_leaves_work_running_fails_the_checks_that_call_it(
-        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
     """Only the dispose and abort checks looked for leftovers, and dispose makes one call per tool: what a body
     leaves running on another example, or on an edge variant, went unseen, and a process ran on after the run."""
     import os
@@ -992,8 +1140,9 @@ def test_a_body_that_returns_but_leaves_work_running_fails_the_checks_that_call_
     from dsh_core.testing import loader
     from tests.fixtures.conformance import broken_plugins
 
-    entry_point = metadata.EntryPoint("call-leak", "tests.fixtures.conformance.broken_plugins:call_leak",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "call-leak", "tests.fixtures.conformance.broken_plugins:call_leak", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     broken_plugins.CALL_LEAK_DONE.clear()
@@ -1007,8 +1156,9 @@ def test_a_body_that_returns_but_leaves_work_running_fails_the_checks_that_call_
     task, thread, process = sorted(found, key=lambda f: ("task" not in f, "thread" not in f))
     assert task.startswith(f'[dsh:{name}] plugin "call-leak": task littered-task ('), task
     assert f"is still running {when}" in task and "fix: start background work with scope.spawn" in task, task
-    assert thread.startswith(f"[dsh:{name}] plugin \"call-leak\": thread 'littered-thread' is still running "
-                             f"{when}"), thread
+    assert thread.startswith(f"[dsh:{name}] plugin \"call-leak\": thread 'littered-thread' is still running {when}"), (
+        thread
+    )
     prefix = f'[dsh:{name}] plugin "call-leak", tool "litter": child process pid '
     assert process.startswith(prefix) and f"(sleep 3) is still running {when}" in process, process
     pid = int(process.removeprefix(prefix).split(" ", 1)[0])
@@ -1051,8 +1201,9 @@ _AT_LOAD_DISPOSE = "was left running at load and is still running after dispose"
 def test_what_a_plugin_leaves_running_at_load_is_reported_once_by_the_dispose_check(load_leak: Target) -> None:
     """Every check that looks for leftovers loads the plugin: each reported what the plugin left running as it
     loaded, as if its own calls had, and blamed a process on the first tool it called."""
-    by_check = {name: check(load_leak) for name, check in checks.CHECKS.items()
-                if name != "stdout"}  # a fresh interpreter, which does not see this test's entry point
+    by_check = {
+        name: check(load_leak) for name, check in checks.CHECKS.items() if name != "stdout"
+    }  # a fresh interpreter, which does not see this test's entry point
     for leftover in LOAD_LEFTOVERS:
         reports = [(name, f) for name, found in by_check.items() for f in found if leftover in f.split("\n")[0]]
         assert len(reports) == 1, (leftover, reports)
@@ -1064,7 +1215,8 @@ def test_what_a_plugin_leaves_running_at_load_is_reported_once_by_the_dispose_ch
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
 @pytest.mark.parametrize("check", ["check_dispose", "check_abort", "check_example_calls", "check_typed_errors"])
 def test_a_check_reports_what_its_calls_leave_running_apart_from_what_was_left_at_load(
-        load_leak: Target, check: str) -> None:
+    load_leak: Target, check: str
+) -> None:
     """What was running once the plugin had loaded is no call's: a check reports only what its calls left, and
     kills the processes left at load all the same."""
     before = set(checks._descendants())
@@ -1085,7 +1237,8 @@ def test_a_check_reports_what_its_calls_leave_running_apart_from_what_was_left_a
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors"])
 def test_a_check_whose_calls_leave_nothing_passes_though_the_plugin_left_work_running_at_load(
-        load_leak: Target, check: str) -> None:
+    load_leak: Target, check: str
+) -> None:
     """The dispose check reports what was left at load; the others pass, and kill the process left at load."""
     before = set(checks._descendants())
     assert getattr(checks, check)(Target("load-leak-only")) == []
@@ -1096,12 +1249,21 @@ def test_a_check_whose_calls_leave_nothing_passes_though_the_plugin_left_work_ru
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
-@pytest.mark.parametrize(("check", "plugin"), [
-    ("check_entry_point", "load-leak"), ("check_pre_abort", "load-leak"), ("check_tool_schemas", "load-leak"),
-    ("check_tool_names", "load-leak"), ("check_examples", "load-leak"), ("check_concurrency_safe", "load-leak"),
-    ("check_hookimpls", "load-leak-in-factory")])
+@pytest.mark.parametrize(
+    ("check", "plugin"),
+    [
+        ("check_entry_point", "load-leak"),
+        ("check_pre_abort", "load-leak"),
+        ("check_tool_schemas", "load-leak"),
+        ("check_tool_names", "load-leak"),
+        ("check_examples", "load-leak"),
+        ("check_concurrency_safe", "load-leak"),
+        ("check_hookimpls", "load-leak-in-factory"),
+    ],
+)
 def test_a_check_that_looks_for_no_leftovers_still_kills_the_processes_left_at_load(
-        load_leak: Target, check: str, plugin: str) -> None:
+    load_leak: Target, check: str, plugin: str
+) -> None:
     """The checks that load the plugin but report no leftovers (the dispose check reports them) left a process
     the plugin started as it loaded running on after them, and after the kit: each kills and reaps it, silently."""
     import os
@@ -1117,7 +1279,8 @@ def test_a_check_that_looks_for_no_leftovers_still_kills_the_processes_left_at_l
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
 @pytest.mark.parametrize("check", ["check_dispose", "check_abort", "check_example_calls", "check_typed_errors"])
 def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
-        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
     """The kit looked at its direct children only: a process behind a shell that is still running, one whose
     shell already exited (reparented away from the kit), and one that also left the session all passed, and
     ran on after the test run."""
@@ -1127,16 +1290,21 @@ def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("grandchildren", "tests.fixtures.conformance.broken_plugins:grandchildren",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "grandchildren", "tests.fixtures.conformance.broken_plugins:grandchildren", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     found = getattr(checks, check)(Target("grandchildren"))
     name = check.removeprefix("check_").replace("_", "-")
     when = LEFTOVERS_WHEN[name]
     pids = []
-    for tool, command in (("behind", "sh -c sleep 62 & wait"), ("behind", "sleep 62"), ("orphan", "sleep 60"),
-                          ("daemon", "sleep 61")):
+    for tool, command in (
+        ("behind", "sh -c sleep 62 & wait"),
+        ("behind", "sleep 62"),
+        ("orphan", "sleep 60"),
+        ("daemon", "sleep 61"),
+    ):
         prefix = f'[dsh:{name}] plugin "grandchildren", tool "{tool}": child process pid '
         suffix = f" ({command}) is still running {when}"
         lines = [f for f in found if f.startswith(prefix) and f.split("\n")[0].endswith(suffix)]
@@ -1150,7 +1318,8 @@ def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
 
 @pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit(
-        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
     """These checks awaited each call with no bound: a body that never returns (it waits on nothing that ends,
     and only returns once aborted or cancelled, if at all) hung the check forever, and nothing was reported."""
     import threading
@@ -1159,26 +1328,35 @@ def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("never-returns", "tests.fixtures.conformance.broken_plugins:never_returns",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "never-returns", "tests.fixtures.conformance.broken_plugins:never_returns", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "CALL_TIMEOUT_S", 0.2)
     monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     outcome: list[list[str]] = []
-    runner = threading.Thread(target=lambda: outcome.append(getattr(checks, check)(Target("never-returns"))),
-                              daemon=True)  # on the old code it never ends: it must not hold up the test run
+    runner = threading.Thread(
+        target=lambda: outcome.append(getattr(checks, check)(Target("never-returns"))), daemon=True
+    )  # on the old code it never ends: it must not hold up the test run
     runner.start()
     runner.join(30)  # a hang guard: bounded, the check takes a few seconds at most
     assert not runner.is_alive(), f"{check} still waits for a call that never returns"
     name = check.removeprefix("check_").replace("_", "-")
-    what = {"example-calls": 'examples[0] {"q": "forever"}', "typed-errors": 'called with {"q": "forever"}',
-            "dispose": 'examples[0] {"q": "forever"}'}[name]
+    what = {
+        "example-calls": 'examples[0] {"q": "forever"}',
+        "typed-errors": 'called with {"q": "forever"}',
+        "dispose": 'examples[0] {"q": "forever"}',
+    }[name]
     found = outcome[0]
-    for tool, after in (("hang", "it was still running 0.2 s after its signal was aborted, and was cancelled"),
-                        ("until_aborted", "it returned once its signal was aborted")):
-        line = f'[dsh:{name}] plugin "never-returns", tool "{tool}": {what}: the call did not return within 0.2 s ' \
-               f"({after})\n    fix: return promptly or honour ctx.signal"
+    for tool, after in (
+        ("hang", "it was still running 0.2 s after its signal was aborted, and was cancelled"),
+        ("until_aborted", "it returned once its signal was aborted"),
+    ):
+        line = (
+            f'[dsh:{name}] plugin "never-returns", tool "{tool}": {what}: the call did not return within 0.2 s '
+            f"({after})\n    fix: return promptly or honour ctx.signal"
+        )
         assert [f for f in found if f.startswith(line)], (line, found)
     # typed-errors also calls the edge variants ("" and "\0"), each reported alike; nothing else fails.
     assert len(found) == (6 if name == "typed-errors" else 2), found
@@ -1187,7 +1365,8 @@ def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit
 
 @pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose", "check_abort"])
 def test_a_body_that_swallows_cancellation_fails_the_check_without_hanging_it(
-        monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
     """The body catches CancelledError and waits again. The kit awaited the call it had cancelled with no bound,
     and closing the check's event loop (asyncio.run) cancels every task left and waits for it: either hung the
     check forever, whatever the call limit."""
@@ -1197,14 +1376,19 @@ def test_a_body_that_swallows_cancellation_fails_the_check_without_hanging_it(
     from dsh_core.plugins import ENTRY_POINT_GROUP
     from dsh_core.testing import loader
 
-    entry_point = metadata.EntryPoint("swallows-cancel", "tests.fixtures.conformance.broken_plugins:swallows_cancel",
-                                      ENTRY_POINT_GROUP)
+    entry_point = metadata.EntryPoint(
+        "swallows-cancel", "tests.fixtures.conformance.broken_plugins:swallows_cancel", ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "STUCK_GRACE_S", 0.2)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     outcome: list[list[str]] = []
-    runner = threading.Thread(target=lambda: outcome.append(getattr(checks, check)(Target(
-        "swallows-cancel", call_timeout_s=0.2, abort_bound_s=0.1))), daemon=True)  # the old code never ends
+    runner = threading.Thread(
+        target=lambda: outcome.append(
+            getattr(checks, check)(Target("swallows-cancel", call_timeout_s=0.2, abort_bound_s=0.1))
+        ),
+        daemon=True,
+    )  # the old code never ends
     runner.start()
     runner.join(30)  # a hang guard: bounded, the check takes a second or two
     assert not runner.is_alive(), f"{check} still waits for a body that swallows its cancellation"
@@ -1212,19 +1396,32 @@ def test_a_body_that_swallows_cancellation_fails_the_check_without_hanging_it(
     (found,) = outcome[0]
     prefix = f'[dsh:{name}] plugin "swallows-cancel", tool "stubborn": '
     assert found.startswith(prefix), found
-    assert "it ignored cancellation: it was still running 0.2 s after it was cancelled, so the kit stopped " \
-           "waiting for it" in found, found
+    assert (
+        "it ignored cancellation: it was still running 0.2 s after it was cancelled, so the kit stopped "
+        "waiting for it" in found
+    ), found
     assert "fix: never swallow asyncio.CancelledError" in found, found
 
 
 def test_a_body_that_swallows_cancellation_does_not_hang_the_pytest_run(kit: pytest.Pytester) -> None:
     """From the command line, with a short call limit: the check fails and pytest exits, though the body's task
     never ends (the loop it ran on is closed without it)."""
-    result = kit.runpytest_subprocess("--dsh-conformance=swallows-cancel", "--dsh-conformance-call-timeout=0.2",
-                                      "-k", "dsh:example-calls", *QUIET, "-rf", timeout=60)
+    result = kit.runpytest_subprocess(
+        "--dsh-conformance=swallows-cancel",
+        "--dsh-conformance-call-timeout=0.2",
+        "-k",
+        "dsh:example-calls",
+        *QUIET,
+        "-rf",
+        timeout=60,
+    )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(['*[[]dsh:example-calls[]] plugin "swallows-cancel", tool "stubborn": examples[[]0[]] '
-                                 "{}: the call did not return within 0.2 s (it ignored cancellation*"])
+    result.stdout.fnmatch_lines(
+        [
+            '*[[]dsh:example-calls[]] plugin "swallows-cancel", tool "stubborn": examples[[]0[]] '
+            "{}: the call did not return within 0.2 s (it ignored cancellation*"
+        ]
+    )
 
 
 class _OwnSwitchTask(asyncio.Task[None]):
@@ -1241,7 +1438,8 @@ class _OwnSwitchTask(asyncio.Task[None]):
 
 
 def test_a_task_abandoned_with_its_closed_loop_is_not_reported_destroyed_and_other_reports_still_are(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The kit abandons a task that swallows its cancellation with the loop it closes: collected later, asyncio
     reported it as "destroyed but pending" in the middle of another test. The kit silenced that by writing
     asyncio's private switch on the task; it drops that one report through the loop's exception handler instead,
@@ -1277,43 +1475,60 @@ def test_a_task_abandoned_with_its_closed_loop_is_not_reported_destroyed_and_oth
     assert messages == ["an unrelated failure", "Task was destroyed but it is pending!"], messages
 
 
-def test_a_subclass_bound_that_is_not_a_positive_number_of_seconds_is_refused_naming_it(
-        kit: pytest.Pytester) -> None:
+def test_a_subclass_bound_that_is_not_a_positive_number_of_seconds_is_refused_naming_it(kit: pytest.Pytester) -> None:
     """``abort_bound_s`` and ``call_timeout_s`` of a subclass are vetted as the command-line options are:
     0 or less would fail every call as the plugin's fault, NaN and infinity bound nothing. Each bad one
     errors every test of its class, naming the class, the attribute and the value; good ones pass."""
-    bad = [("abort_bound_s", "0"), ("abort_bound_s", "-1.5"), ("abort_bound_s", "float('inf')"),
-           ("call_timeout_s", "0"), ("call_timeout_s", "float('nan')"), ("call_timeout_s", "True"),
-           ("call_timeout_s", "'30'")]
-    classes = "".join(f"""
+    bad = [
+        ("abort_bound_s", "0"),
+        ("abort_bound_s", "-1.5"),
+        ("abort_bound_s", "float('inf')"),
+        ("call_timeout_s", "0"),
+        ("call_timeout_s", "float('nan')"),
+        ("call_timeout_s", "True"),
+        ("call_timeout_s", "'30'"),
+    ]
+    classes = "".join(
+        f"""
 class TestBad{index}(ToolPluginConformance):
     plugin_name = "good"
     {attribute} = {value}
-""" for index, (attribute, value) in enumerate(bad))
-    kit.makepyfile(test_mine=f"""
+"""
+        for index, (attribute, value) in enumerate(bad)
+    )
+    kit.makepyfile(
+        test_mine=f"""
 from dsh_core.testing import ToolPluginConformance
 
 class TestFine(ToolPluginConformance):
     plugin_name = "good"
     abort_bound_s = 1
     call_timeout_s = 0.5e2
-{classes}""")
+{classes}"""
+    )
     result = kit.runpytest_subprocess("test_mine.py", *QUIET, "-k", "entry_point")
     result.assert_outcomes(passed=1, errors=len(bad))
     for index, (attribute, value) in enumerate(bad):
         shown = repr(eval(value))
-        result.stdout.fnmatch_lines([f"*TestBad{index}.{attribute} = {shown} is not a positive, finite number "
-                                     "of seconds*"])
+        result.stdout.fnmatch_lines(
+            [f"*TestBad{index}.{attribute} = {shown} is not a positive, finite number of seconds*"]
+        )
 
 
-@pytest.mark.parametrize(("keyword", "value"), [("abort_bound_s", 0.0), ("abort_bound_s", math.nan),
-                                                ("call_timeout_s", -1.0), ("call_timeout_s", math.inf)])
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [("abort_bound_s", 0.0), ("abort_bound_s", math.nan), ("call_timeout_s", -1.0), ("call_timeout_s", math.inf)],
+)
 def test_make_target_refuses_a_bound_that_is_not_a_positive_number_of_seconds(
-        tmp_path: Path, keyword: str, value: float) -> None:
+    tmp_path: Path, keyword: str, value: float
+) -> None:
     from dsh_core.testing.conformance import make_target
 
-    with pytest.raises(ValueError, match=rf"make_target: {keyword} = {re.escape(repr(value))} is not a positive, "
-                                         "finite number of seconds"):
+    with pytest.raises(
+        ValueError,
+        match=rf"make_target: {keyword} = {re.escape(repr(value))} is not a positive, "
+        "finite number of seconds",
+    ):
         make_target("good", {}, tmp_path, **{keyword: value})
 
 
@@ -1349,11 +1564,15 @@ def _bounded(check: str, target: Target) -> list[str]:
 
 
 #: What each check that calls tools says of the call it reports, for the fixture tools' examples[0] ``{"x": 1}``.
-CALL_WHAT = {"example-calls": 'examples[0] {"x": 1}: ', "dispose": 'examples[0] {"x": 1}: ',
-             "typed-errors": 'called with {"x": 1}: '}
+CALL_WHAT = {
+    "example-calls": 'examples[0] {"x": 1}: ',
+    "dispose": 'examples[0] {"x": 1}: ',
+    "typed-errors": 'called with {"x": 1}: ',
+}
 #: The fix of a call that waited for an approval ask, in part.
-APPROVAL_FIX = "fix: an approval channel (dsh_approve) must answer, or abstain by returning None, when it can reach " \
-               "no one"
+APPROVAL_FIX = (
+    "fix: an approval channel (dsh_approve) must answer, or abstain by returning None, when it can reach no one"
+)
 #: What the kit says of an approval ask still running after its call and dispose (its channel ignored the withdrawal).
 STRAY_ASK = "the approval ask of call "
 #: What blames a tool's body: never said of a call whose body never ran (the second, the ignored-cancellation fix's
@@ -1363,19 +1582,24 @@ BODY_BLAME = ("ctx.signal", "a body that goes on")
 
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_call_waiting_for_an_approval_nobody_gives_is_blamed_on_the_ask_not_the_body(
-        fixture_plugins: None, check: str) -> None:
+    fixture_plugins: None, check: str
+) -> None:
     """The plugin asks before its tool runs, and its channel never answers: the body never runs. The kit said the
     call was still running after its signal was aborted (the abort check never aborted it: it aborts on entering
     the body) and told the author to make the body honour ctx.signal."""
     name = check.removeprefix("check_").replace("_", "-")
     found = _bounded(check, Target("unanswered-ask", abort_bound_s=0.1))
     if name == "abort":
-        prefix = '[dsh:abort] plugin "unanswered-ask", tool "gated": the call never reached the body: it was still ' \
-                 "waiting for the answer to an approval ask 0.3 s on, so its abort could not be checked\n"
+        prefix = (
+            '[dsh:abort] plugin "unanswered-ask", tool "gated": the call never reached the body: it was still '
+            "waiting for the answer to an approval ask 0.3 s on, so its abort could not be checked\n"
+        )
     else:
-        prefix = f'[dsh:{name}] plugin "unanswered-ask", tool "gated": {CALL_WHAT[name]}the call did not return ' \
-                 "within 0.2 s: it was waiting for the answer to an approval ask, which never came, so the body " \
-                 "never ran (it returned once its signal was aborted)\n"
+        prefix = (
+            f'[dsh:{name}] plugin "unanswered-ask", tool "gated": {CALL_WHAT[name]}the call did not return '
+            "within 0.2 s: it was waiting for the answer to an approval ask, which never came, so the body "
+            "never ran (it returned once its signal was aborted)\n"
+        )
     # typed-errors calls the edge variants too ({"x": 0} and {"x": -1}), each reported alike.
     assert found and all(re.sub(r'"x": -?\d', '"x": 1', f).startswith(prefix) for f in found), found
     assert all(APPROVAL_FIX in f and not any(blame in f for blame in BODY_BLAME) for f in found), found
@@ -1384,7 +1608,8 @@ def test_a_call_waiting_for_an_approval_nobody_gives_is_blamed_on_the_ask_not_th
 
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
 def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grace_and_blames_the_channel(
-        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch, check: str) -> None:
+    fixture_plugins: None, monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
     """The channel never answers and swallows the withdrawal of its ask: cancelled or aborted, the call ends only once
     the runtime has waited out its approval grace for the channel and let it go. The kit waited its own grace, the
     same 5 s, so which gave up first was a race: when the kit did, it said the body ignored its cancellation (or was
@@ -1407,14 +1632,17 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
     name = check.removeprefix("check_").replace("_", "-")
     found = _bounded(check, Target("deaf-ask", abort_bound_s=0.1))
     assert graces and set(graces) == {APPROVAL_GRACE_S}  # the kit's runtime has the runtime's own grace
-    calls = [f for f in found if f.startswith(f'[dsh:{name}] plugin "deaf-ask", tool "gated": ')
-             and STRAY_ASK not in f]
+    calls = [f for f in found if f.startswith(f'[dsh:{name}] plugin "deaf-ask", tool "gated": ') and STRAY_ASK not in f]
     assert len(calls) == 1, found
     assert "approval ask" in calls[0] and APPROVAL_FIX in calls[0], calls[0]
     assert not any(blame in calls[0] for blame in BODY_BLAME) and "ignored cancellation" not in calls[0], calls[0]
     # The runtime gave up on the channel itself, after its whole grace, and named it; the kit reports that.
-    logged = [f for f in found if "dsh logged a failure of the plugin: approval channel of plugin 'deaf-ask' "
-                                  "ignored its withdrawal for 2 s (tool \"gated\"" in f]
+    logged = [
+        f
+        for f in found
+        if "dsh logged a failure of the plugin: approval channel of plugin 'deaf-ask' "
+        'ignored its withdrawal for 2 s (tool "gated"' in f
+    ]
     assert len(logged) == 1, found
     # Its ask, still running (the runtime left it): the channel's, which dsh started, not the plugin's spawning.
     (left,) = [f for f in found if f not in calls + logged]
@@ -1431,22 +1659,29 @@ def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: 
     name = check.removeprefix("check_").replace("_", "-")
     (found,) = _bounded(check, Target("held-by-guard", abort_bound_s=0.1))
     if name == "abort":
-        prefix = '[dsh:abort] plugin "held-by-guard", tool "guarded": the call never reached the body: it was still ' \
-                 "held before it (by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an " \
-                 "around-dispatch middleware) 0.3 s on, so its abort could not be checked\n"
+        prefix = (
+            '[dsh:abort] plugin "held-by-guard", tool "guarded": the call never reached the body: it was still '
+            "held before it (by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an "
+            "around-dispatch middleware) 0.3 s on, so its abort could not be checked\n"
+        )
     else:
-        prefix = f'[dsh:{name}] plugin "held-by-guard", tool "guarded": {CALL_WHAT[name]}the call did not return ' \
-                 "within 0.2 s: it was held before its body (by a pre-execute hook, an approval observer " \
-                 "(dsh_approval_resolved), a guard or an around-dispatch middleware), so the body never ran ("
+        prefix = (
+            f'[dsh:{name}] plugin "held-by-guard", tool "guarded": {CALL_WHAT[name]}the call did not return '
+            "within 0.2 s: it was held before its body (by a pre-execute hook, an approval observer "
+            "(dsh_approval_resolved), a guard or an around-dispatch middleware), so the body never ran ("
+        )
     assert found.startswith(prefix), found
-    assert "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return " \
-           "promptly" in found, found
+    assert (
+        "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
+        "promptly" in found
+    ), found
     assert not any(blame in found for blame in BODY_BLAME), found
 
 
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
 def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_it_never_reached(
-        fixture_plugins: None, check: str) -> None:
+    fixture_plugins: None, check: str
+) -> None:
     """The ask was answered, but an approval observer (dsh_approval_resolved) never returns: the call is held before
     its body, after its pre-execute hooks. The kit named a pre-execute hook, a guard or an around-dispatch
     middleware, and told the author to fix those, never the observer that held the call."""
@@ -1454,44 +1689,66 @@ def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_i
     (found,) = _bounded(check, Target("held-by-approval-observer", abort_bound_s=0.1))
     assert found.startswith(f'[dsh:{name}] plugin "held-by-approval-observer", tool "observed": '), found
     assert "an approval observer (dsh_approval_resolved)" in found, found
-    assert "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return " \
-           "promptly" in found, found
+    assert (
+        "fix: make pre-execute hooks, approval observers, guards and around-dispatch middleware return "
+        "promptly" in found
+    ), found
     assert not any(blame in found for blame in BODY_BLAME), found
 
 
 #: What holds a call before its body, in the kit's words.
-BEFORE_BODY = "by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an around-dispatch " \
-              "middleware"
+BEFORE_BODY = (
+    "by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an around-dispatch middleware"
+)
 #: What holds a call after its body, in the kit's words, and its fix (in part).
-AFTER_BODY = "by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware that " \
-             "did not return once proceed had"
-AFTER_FIX = "make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware return " \
-            "promptly (a middleware returns once proceed has returned), and end when the call is aborted or cancelled"
+AFTER_BODY = (
+    "by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware that "
+    "did not return once proceed had"
+)
+AFTER_FIX = (
+    "make post-execute hooks, result observers (dsh_tool_result) and around-dispatch middleware return "
+    "promptly (a middleware returns once proceed has returned), and end when the call is aborted or cancelled"
+)
 
 
 def _call_failures(found: list[str], name: str, plugin: str, tool: str) -> list[str]:
     """The failures of ``found`` reporting a call of ``tool``, the typed-errors variants' arguments as ``{"x": 1}``."""
-    return [re.sub(r'"x": -?\d', '"x": 1', f) for f in found
-            if f.startswith(f'[dsh:{name}] plugin "{plugin}", tool "{tool}": ')]
+    return [
+        re.sub(r'"x": -?\d', '"x": 1', f)
+        for f in found
+        if f.startswith(f'[dsh:{name}] plugin "{plugin}", tool "{tool}": ')
+    ]
 
 
-@pytest.mark.parametrize("plugin", ["held-by-post-execute", "held-by-result-observer",
-                                    "held-by-middleware-after-proceed", "held-by-detached-middleware-after-proceed"])
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        "held-by-post-execute",
+        "held-by-result-observer",
+        "held-by-middleware-after-proceed",
+        "held-by-detached-middleware-after-proceed",
+    ],
+)
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_call_held_after_its_body_returned_is_blamed_on_what_held_it_not_the_body(
-        fixture_plugins: None, check: str, plugin: str) -> None:
+    fixture_plugins: None, check: str, plugin: str
+) -> None:
     """The body returned at once, then a post-execute hook, a result observer or a middleware (also one that ran
     proceed in a task of its own) never returns: the kit said the body did not honour ctx.signal (or was still
     running after its abort), though it had returned. The spy, not the call's context, says the body ended."""
     name = check.removeprefix("check_").replace("_", "-")
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     if name == "abort":
-        expected = f'[dsh:abort] plugin "{plugin}", tool "after": the body returned, but the call was still held ' \
-                   f"after it ({AFTER_BODY}) 0.3 s after its signal was aborted\n    fix: {AFTER_FIX}"
+        expected = (
+            f'[dsh:abort] plugin "{plugin}", tool "after": the body returned, but the call was still held '
+            f"after it ({AFTER_BODY}) 0.3 s after its signal was aborted\n    fix: {AFTER_FIX}"
+        )
     else:
-        expected = f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return ' \
-                   f"within 0.2 s: it was held after its body ({AFTER_BODY}), which had returned already (it was " \
-                   f"still running 0.2 s after its signal was aborted, and was cancelled)\n    fix: {AFTER_FIX}; "
+        expected = (
+            f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return '
+            f"within 0.2 s: it was held after its body ({AFTER_BODY}), which had returned already (it was "
+            f"still running 0.2 s after its signal was aborted, and was cancelled)\n    fix: {AFTER_FIX}; "
+        )
     calls = _call_failures(found, name, plugin, "after")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     assert all(f.startswith(expected) for f in calls), found
@@ -1500,7 +1757,8 @@ def test_a_call_held_after_its_body_returned_is_blamed_on_what_held_it_not_the_b
 
 @pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_body_that_returns_once_aborted_and_is_then_held_after_it_names_both(
-        fixture_plugins: None, check: str) -> None:
+    fixture_plugins: None, check: str
+) -> None:
     """The body ran past the call's limit and returned once its signal was aborted; a post-execute hook then held
     the call. The kit said only that the call was still running after the abort, and told the author to make the
     body honour ctx.signal, which it did: the body is named for its slowness, and what held the call after it."""
@@ -1509,30 +1767,39 @@ def test_a_body_that_returns_once_aborted_and_is_then_held_after_it_names_both(
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     calls = _call_failures(found, name, plugin, "after")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
-    expected = f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return within ' \
-               f"0.2 s (its body returned once its signal was aborted, but the call was then held after it " \
-               f"({AFTER_BODY}), still running 0.2 s after the abort, and was cancelled)\n    fix: return promptly " \
-               "or honour ctx.signal"
+    expected = (
+        f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return within '
+        f"0.2 s (its body returned once its signal was aborted, but the call was then held after it "
+        f"({AFTER_BODY}), still running 0.2 s after the abort, and was cancelled)\n    fix: return promptly "
+        "or honour ctx.signal"
+    )
     assert all(f.startswith(expected) and f"; and {AFTER_FIX}; " in f for f in calls), found
 
 
 def test_the_abort_check_times_the_body_to_its_own_end_and_names_a_post_execute_hook_that_delays_the_call(
-        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_plugins: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The body returns at once; a post-execute hook returns half a second later, past the abort bound but within
     the kit's wait. The kit timed the body to the call's end and said the body returned 0.5 s after the abort."""
     monkeypatch.setattr(checks, "STUCK_GRACE_S", 2.0)  # the hook's delay is well within the kit's wait
     (found,) = _bounded("check_abort", Target("slow-post-execute", abort_bound_s=0.1))
-    expected = (r'\[dsh:abort\] plugin "slow-post-execute", tool "after": the body returned within the bound, '
-                r"but the call returned \d\.\d\d s after the abort: it was held after its body "
-                rf"\({re.escape(AFTER_BODY)}\) \(bound: 0\.1 s\)\n    fix: {re.escape(AFTER_FIX)}")
+    expected = (
+        r'\[dsh:abort\] plugin "slow-post-execute", tool "after": the body returned within the bound, '
+        r"but the call returned \d\.\d\d s after the abort: it was held after its body "
+        rf"\({re.escape(AFTER_BODY)}\) \(bound: 0\.1 s\)\n    fix: {re.escape(AFTER_FIX)}"
+    )
     assert re.fullmatch(expected, found), found
 
 
 #: What the pre-abort check says of a result observer that holds its call, and its fix (in part).
-PRE_ABORT_HELD = "it was held by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted " \
-                 "before dispatch still runs"
-PRE_ABORT_FIX = "make result observers (dsh_tool_result) return promptly, and end when the call is cancelled: they " \
-                "hear every call's result, a call aborted before dispatch included"
+PRE_ABORT_HELD = (
+    "it was held by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted "
+    "before dispatch still runs"
+)
+PRE_ABORT_FIX = (
+    "make result observers (dsh_tool_result) return promptly, and end when the call is cancelled: they "
+    "hear every call's result, a call aborted before dispatch included"
+)
 
 
 def test_a_pre_aborted_call_held_by_a_result_observer_is_cancelled_and_blamed_on_it(fixture_plugins: None) -> None:
@@ -1541,28 +1808,42 @@ def test_a_pre_aborted_call_held_by_a_result_observer_is_cancelled_and_blamed_on
     given the call timeout, then cancelled, and reported, naming the observer."""
     plugin = "held-by-result-observer"
     (found,) = _bounded("check_pre_abort", Target(plugin))
-    assert found == f'[dsh:pre-abort] plugin "{plugin}", tool "after": the call aborted before dispatch did not ' \
-                    f"return within 0.2 s: {PRE_ABORT_HELD} (it was cancelled then)\n    fix: {PRE_ABORT_FIX}; a " \
-                    "call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, " \
-                    "--dsh-conformance-call-timeout)", found
+    assert (
+        found == f'[dsh:pre-abort] plugin "{plugin}", tool "after": the call aborted before dispatch did not '
+        f"return within 0.2 s: {PRE_ABORT_HELD} (it was cancelled then)\n    fix: {PRE_ABORT_FIX}; a "
+        "call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
+        "--dsh-conformance-call-timeout)"
+    ), found
     assert not any(blame in found for blame in BODY_BLAME), found
 
 
 def test_a_pre_aborted_call_whose_result_observer_swallows_its_cancellation_is_reported_not_waited_for(
-        fixture_plugins: None) -> None:
+    fixture_plugins: None,
+) -> None:
     """The observer also swallows the cancellation: the kit gives it STUCK_GRACE_S, says it ignored cancellation, and
     returns. The limit is the Target's call timeout, as in the other checks' calls."""
     plugin = "held-by-deaf-result-observer"
     (found,) = _bounded("check_pre_abort", Target(plugin, call_timeout_s=0.3))
-    assert found.startswith(f'[dsh:pre-abort] plugin "{plugin}", tool "after": the call aborted before dispatch did '
-                            f"not return within 0.3 s: {PRE_ABORT_HELD} (it ignored cancellation: it was still running "
-                            "0.2 s after it was cancelled, so the kit stopped waiting for it)\n    fix: never swallow "
-                            f"asyncio.CancelledError"), found
+    assert found.startswith(
+        f'[dsh:pre-abort] plugin "{plugin}", tool "after": the call aborted before dispatch did '
+        f"not return within 0.3 s: {PRE_ABORT_HELD} (it ignored cancellation: it was still running "
+        "0.2 s after it was cancelled, so the kit stopped waiting for it)\n    fix: never swallow "
+        f"asyncio.CancelledError"
+    ), found
     assert f"; and {PRE_ABORT_FIX}; " in found, found
 
 
-@pytest.mark.parametrize("plugin", ["held-by-post-execute", "held-by-middleware-after-proceed", "held-by-guard",
-                                    "held-by-approval-observer", "unanswered-ask", "own-call-while-held"])
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        "held-by-post-execute",
+        "held-by-middleware-after-proceed",
+        "held-by-guard",
+        "held-by-approval-observer",
+        "unanswered-ask",
+        "own-call-while-held",
+    ],
+)
 def test_a_pre_aborted_call_reaches_no_hook_but_the_result_observers(fixture_plugins: None, plugin: str) -> None:
     """What the pre-abort check says of a held call rests on it: a call aborted before dispatch runs no pre-execute
     hook, approval ask or observer, guard, middleware or post-execute hook, so none that never returns holds it."""
@@ -1570,7 +1851,8 @@ def test_a_pre_aborted_call_reaches_no_hook_but_the_result_observers(fixture_plu
 
 
 def test_a_pre_aborted_call_held_after_a_body_that_ran_anyway_is_blamed_on_what_ran_after_it(
-        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_plugins: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a stub runtime that runs the body of a pre-aborted call and then never returns (the core makes it
     impossible), the body is reported for running, and the call as held after it, not as held by a result
     observer."""
@@ -1589,15 +1871,18 @@ def test_a_pre_aborted_call_held_after_a_body_that_ran_anyway_is_blamed_on_what_
 
     monkeypatch.setattr(checks, "load_plugin", load)
     held, ran = _bounded("check_pre_abort", Target("held-by-guard"))
-    assert held.startswith('[dsh:pre-abort] plugin "held-by-guard", tool "guarded": the call aborted before dispatch '
-                           f"did not return within 0.2 s: it was held after its body ({AFTER_BODY}), which had "
-                           f"returned already (it was cancelled then)\n    fix: {AFTER_FIX}; "), held
+    assert held.startswith(
+        '[dsh:pre-abort] plugin "held-by-guard", tool "guarded": the call aborted before dispatch '
+        f"did not return within 0.2 s: it was held after its body ({AFTER_BODY}), which had "
+        f"returned already (it was cancelled then)\n    fix: {AFTER_FIX}; "
+    ), held
     assert "the body ran although the call was aborted before dispatch" in ran, ran
 
 
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_runs_the_body(
-        fixture_plugins: None, check: str) -> None:
+    fixture_plugins: None, check: str
+) -> None:
     """The plugin's guard makes a call of its own of the tool (its body runs and returns) and holds the kit's call:
     the spy's count grew while the kit's call was held, so the kit took that call as entered and blamed its body
     (the abort check even aborted it as the other call's body was entered). Whether a call entered its body is
@@ -1608,11 +1893,15 @@ def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_r
     calls = _call_failures(found, name, plugin, "held")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     if name == "abort":
-        expected = f'[dsh:abort] plugin "{plugin}", tool "held": the call never reached the body: it was still ' \
-                   f"held before it ({BEFORE_BODY}) 0.3 s on, so its abort could not be checked\n"
+        expected = (
+            f'[dsh:abort] plugin "{plugin}", tool "held": the call never reached the body: it was still '
+            f"held before it ({BEFORE_BODY}) 0.3 s on, so its abort could not be checked\n"
+        )
     else:
-        expected = f'[dsh:{name}] plugin "{plugin}", tool "held": {CALL_WHAT[name]}the call did not return within ' \
-                   f"0.2 s: it was held before its body ({BEFORE_BODY}), so the body never ran ("
+        expected = (
+            f'[dsh:{name}] plugin "{plugin}", tool "held": {CALL_WHAT[name]}the call did not return within '
+            f"0.2 s: it was held before its body ({BEFORE_BODY}), so the body never ran ("
+        )
     assert all(f.startswith(expected) for f in calls), found
     assert not any(blame in f for f in calls for blame in BODY_BLAME), found
 
@@ -1623,13 +1912,16 @@ def test_an_error_an_abandoned_call_raises_late_is_not_blamed_on_the_call_runnin
     calls, so the kit said the next call's body raised the untyped ValueError: errors are judged per call id."""
     found = _bounded("check_typed_errors", Target("late-error", abort_bound_s=0.1))
     (only,) = found
-    assert only.startswith('[dsh:typed-errors] plugin "late-error", tool "late": called with {"x": 1}: the call did '
-                           "not return within 0.2 s (it ignored cancellation: "), found
+    assert only.startswith(
+        '[dsh:typed-errors] plugin "late-error", tool "late": called with {"x": 1}: the call did '
+        "not return within 0.2 s (it ignored cancellation: "
+    ), found
     assert "ValueError" not in only, only
 
 
 def test_a_plugin_that_raises_the_runtimes_approval_grace_cannot_make_the_kit_wait_it_out(
-        fixture_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_plugins: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The kit gave a call in its approval ask the grace read from the runtime, which the plugin can reach
     (scope.lookup("runtime")) and change: a plugin that set it to an hour, with a channel that ignores its ask's
     withdrawal, made the check wait an hour (twice) instead of reporting. The kit gives at most dsh's own approval
@@ -1638,15 +1930,18 @@ def test_a_plugin_that_raises_the_runtimes_approval_grace_cannot_make_the_kit_wa
     found = _bounded("check_example_calls", Target("deaf-ask-long-grace"))
     calls = [f for f in _call_failures(found, "example-calls", "deaf-ask-long-grace", "gated") if STRAY_ASK not in f]
     assert len(calls) == 1, found
-    assert calls[0].startswith('[dsh:example-calls] plugin "deaf-ask-long-grace", tool "gated": examples[0] {"x": 1}: '
-                               "the call did not return within 0.2 s: it was waiting for the answer to an approval "
-                               "ask, which never came, so the body never ran (it was still running 0.7 s after its "
-                               "signal was aborted, and was cancelled)\n"), calls[0]
+    assert calls[0].startswith(
+        '[dsh:example-calls] plugin "deaf-ask-long-grace", tool "gated": examples[0] {"x": 1}: '
+        "the call did not return within 0.2 s: it was waiting for the answer to an approval "
+        "ask, which never came, so the body never ran (it was still running 0.7 s after its "
+        "signal was aborted, and was cancelled)\n"
+    ), calls[0]
 
 
 @pytest.mark.parametrize("check", ["check_example_calls", "check_dispose"])
 def test_a_call_whose_body_waits_on_a_nested_call_in_its_ask_is_blamed_on_its_body_not_on_an_ask(
-        fixture_plugins: None, check: str) -> None:
+    fixture_plugins: None, check: str
+) -> None:
     """The body of the kit's call makes a call of its own (call id "inner"), which waits in its approval ask: the
     nested call's ask marked the kit's call as asking (the watch is in the context the nested call inherits), and the
     kit said the kit's call waited for an approval ask "so the body never ran", with the channel's fix, though the
@@ -1654,9 +1949,11 @@ def test_a_call_whose_body_waits_on_a_nested_call_in_its_ask_is_blamed_on_its_bo
     name = check.removeprefix("check_").replace("_", "-")
     found = _bounded(check, Target("nested-ask"))
     (outer,) = _call_failures(found, name, "nested-ask", "outer")
-    assert outer.startswith(f'[dsh:{name}] plugin "nested-ask", tool "outer": examples[0] {{"x": 1}}: the call did '
-                            "not return within 0.2 s (it was still running 0.2 s after its signal was aborted, and "
-                            "was cancelled)\n    fix: return promptly or honour ctx.signal"), outer
+    assert outer.startswith(
+        f'[dsh:{name}] plugin "nested-ask", tool "outer": examples[0] {{"x": 1}}: the call did '
+        "not return within 0.2 s (it was still running 0.2 s after its signal was aborted, and "
+        "was cancelled)\n    fix: return promptly or honour ctx.signal"
+    ), outer
     assert "approval ask" not in outer and "never ran" not in outer, outer
 
 

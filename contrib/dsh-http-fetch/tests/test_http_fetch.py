@@ -108,8 +108,13 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
 
-    def send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
-             headers: dict[str, str] | None = None) -> None:
+    def send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "text/html; charset=utf-8",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -182,8 +187,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, body, self.path.removeprefix("/xml-encoding/"))
         elif self.path.startswith("/meta-charset/"):  # charset only in the page; /meta-charset/<header charset>
             header = self.path.removeprefix("/meta-charset/")
-            body = '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252">' \
-                   "<title>Grüße</title></head><p>Grüße</p>"
+            body = (
+                '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252">'
+                "<title>Grüße</title></head><p>Grüße</p>"
+            )
             self.send(200, body.encode("cp1252"), f"text/html; charset={header}" if header else "text/html")
         elif self.path.startswith("/hold"):  # /hold?n: held a moment, counting the requests held at once
             with Handler.hold_lock:
@@ -256,8 +263,9 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     opened: list[str] = []
     real = httpcore.AnyIOBackend.connect_tcp
 
-    async def guarded(self: httpcore.AnyIOBackend, host: str, port: int, *args: Any, **kwargs: Any
-                      ) -> httpcore.AsyncNetworkStream:
+    async def guarded(
+        self: httpcore.AnyIOBackend, host: str, port: int, *args: Any, **kwargs: Any
+    ) -> httpcore.AsyncNetworkStream:
         opened.append(host)
         if host != "127.0.0.1":
             raise httpcore.ConnectError(f"test guard: a connection to {host!r} was attempted")
@@ -277,8 +285,11 @@ def dns(monkeypatch: pytest.MonkeyPatch) -> FakeDNS:
 
 def run(server: str, scenario: Callable[[Harness], Awaitable[Any]], **config: Any) -> Any:
     # The server is on loopback, which is refused unless allowed_addresses lists it.
-    row = {"id": "web", "use": "http-fetch",
-           "config": {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], **config}}
+    row = {
+        "id": "web",
+        "use": "http-fetch",
+        "config": {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], **config},
+    }
 
     async def main() -> Any:
         deployment = compose([("test", {"plugins": [row]})], env={})
@@ -298,9 +309,14 @@ def fetch(server: str, url: str, **config: Any) -> ToolResult:
 
 def test_html_is_extracted_to_text(server: str) -> None:
     result = fetch(server, f"http://{server}/page")
-    assert result.value == {"url": f"http://{server}/page", "status": 200, "content_type": "text/html",
-                            "title": "Hello page", "text": "Welcome\nFirst paragraph with bold text.\none\ntwo",
-                            "truncated": False}
+    assert result.value == {
+        "url": f"http://{server}/page",
+        "status": 200,
+        "content_type": "text/html",
+        "title": "Hello page",
+        "text": "Welcome\nFirst paragraph with bold text.\none\ntwo",
+        "truncated": False,
+    }
     assert "# Hello page" in result.text
     raw: ToolResult = run(server, lambda h: h.call("fetch", {"url": f"http://{server}/page", "raw": True}))
     assert "<script>" in raw.value["text"]
@@ -315,17 +331,22 @@ def test_a_redirect_to_a_host_outside_the_allow_list_is_refused_before_the_reque
     result = fetch(server, f"http://{server}/redirect-out")
     assert result.code == "TOOL_FAILED"
     port = server.split(":")[1]
-    assert (f"redirect from http://{server}/redirect-out to http://localhost:{port}/plain refused: "
-            "host 'localhost' is not in the allowed hosts") in result.text
+    assert (
+        f"redirect from http://{server}/redirect-out to http://localhost:{port}/plain refused: "
+        "host 'localhost' is not in the allowed hosts"
+    ) in result.text
     assert Handler.hits == ["/redirect-out"]
 
 
-@pytest.mark.parametrize(("url", "message"), [
-    ("http://example.com/", "host 'example.com' is not in the allowed hosts"),
-    ("http://127.0.0.1:1/", "host '127.0.0.1' is not in the allowed hosts"),  # other port
-    ("file:///etc/passwd", "only http and https URLs can be fetched, not 'file'"),
-    ("not a url", "only http and https URLs can be fetched"),
-])
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://example.com/", "host 'example.com' is not in the allowed hosts"),
+        ("http://127.0.0.1:1/", "host '127.0.0.1' is not in the allowed hosts"),  # other port
+        ("file:///etc/passwd", "only http and https URLs can be fetched, not 'file'"),
+        ("not a url", "only http and https URLs can be fetched"),
+    ],
+)
 def test_urls_outside_the_allow_list_are_refused(server: str, url: str, message: str) -> None:
     result = fetch(server, url)
     assert result.code == "TOOL_FAILED" and message in result.text
@@ -355,9 +376,20 @@ def test_a_host_that_is_not_valid_idna_is_an_invalid_url(server: str) -> None:
     assert f"redirect from http://{server}/to?url=" in redirect.text and "invalid URL" in redirect.text
 
 
-@pytest.mark.parametrize("content_type", ["application/yaml", "application/x-yaml", "application/openapi+yaml",
-                                          "application/toml", "application/ecmascript", "application/sql",
-                                          "application/ld+json", "image/svg+xml", "text/markdown"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/yaml",
+        "application/x-yaml",
+        "application/openapi+yaml",
+        "application/toml",
+        "application/ecmascript",
+        "application/sql",
+        "application/ld+json",
+        "image/svg+xml",
+        "text/markdown",
+    ],
+)
 def test_text_formats_with_an_application_type_are_text(server: str, content_type: str) -> None:
     # YAML (RFC 9512: application/yaml and the +yaml suffix), TOML, SQL, ECMAScript: text, served as application/*.
     result = fetch(server, f"http://{server}/typed/{content_type}")
@@ -400,8 +432,20 @@ def test_the_accept_header_is_a_valid_list_of_media_ranges(server: str) -> None:
     assert {"text/html", "application/json"} <= set(ranges)
 
 
-@pytest.mark.parametrize("name", ["gzip", "x-gzip", "gzip-members", "gzip-trailing", "deflate-zlib", "deflate-raw",
-                                  "deflate-trailing", "stacked", "identity"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gzip",
+        "x-gzip",
+        "gzip-members",
+        "gzip-trailing",
+        "deflate-zlib",
+        "deflate-raw",
+        "deflate-trailing",
+        "stacked",
+        "identity",
+    ],
+)
 def test_compressed_bodies_are_decoded(server: str, name: str) -> None:
     result = fetch(server, f"http://{server}/encoded/{name}")
     assert result.value["text"] == TEXT.decode() and result.value["truncated"] is False
@@ -439,39 +483,52 @@ def test_a_gzip_bomb_is_cut_while_it_is_decoded_not_after(server: str) -> None:
     assert peak < 8 * max_bytes, f"{peak / (1 << 20):.1f} MiB allocated while fetching a body cut at 1 MiB"
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("br", "the body's Content-Encoding 'br' was not asked for and cannot be decoded (only gzip and deflate are)"),
-    ("zstd", "the body's Content-Encoding 'zstd' was not asked for and cannot be decoded"),
-    ("unknown", "the body's Content-Encoding 'x-squash' was not asked for and cannot be decoded"),
-    ("too-many", "the body has 4 stacked content encodings (gzip, gzip, gzip, gzip); at most 3 are decoded"),
-    ("corrupt-gzip", "the body is not valid gzip data (Error -3 while decompressing data"),
-    ("corrupt-deflate", "the body is not valid deflate data (Error -3 while decompressing data"),
-    ("cut-gzip", "the body's gzip data ends before its compressed stream does"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("br", "the body's Content-Encoding 'br' was not asked for and cannot be decoded (only gzip and deflate are)"),
+        ("zstd", "the body's Content-Encoding 'zstd' was not asked for and cannot be decoded"),
+        ("unknown", "the body's Content-Encoding 'x-squash' was not asked for and cannot be decoded"),
+        ("too-many", "the body has 4 stacked content encodings (gzip, gzip, gzip, gzip); at most 3 are decoded"),
+        ("corrupt-gzip", "the body is not valid gzip data (Error -3 while decompressing data"),
+        ("corrupt-deflate", "the body is not valid deflate data (Error -3 while decompressing data"),
+        ("cut-gzip", "the body's gzip data ends before its compressed stream does"),
+    ],
+)
 def test_a_body_that_cannot_be_decoded_is_a_clear_error(server: str, name: str, message: str) -> None:
     result = fetch(server, f"http://{server}/encoded/{name}")
     assert result.code == "TOOL_FAILED"
     assert f"fetching http://{server}/encoded/{name} failed: {message}" in result.text
 
 
-@pytest.mark.parametrize(("name", "coding", "decoded"), [("empty-members", "gzip", 0),
-                                                        ("endless-trailer", "deflate", 5),
-                                                        ("stacked-empty-members", "gzip, gzip", 0),
-                                                        ("stacked-endless-trailer", "deflate, gzip", 5)])
+@pytest.mark.parametrize(
+    ("name", "coding", "decoded"),
+    [
+        ("empty-members", "gzip", 0),
+        ("endless-trailer", "deflate", 5),
+        ("stacked-empty-members", "gzip, gzip", 0),
+        ("stacked-endless-trailer", "deflate, gzip", 5),
+    ],
+)
 def test_a_body_that_decodes_to_next_to_nothing_is_not_read_to_its_end(
-        server: str, name: str, coding: str, decoded: int) -> None:
+    server: str, name: str, coding: str, decoded: int
+) -> None:
     result = fetch(server, f"http://{server}/encoded/{name}", max_bytes=1024)
     assert result.code == "TOOL_FAILED", result.value
     raw_limit = 2 * 1025 + 64 * 1024
-    assert (f"fetching http://{server}/encoded/{name} failed: the body's {coding} data took more than {raw_limit} "
-            f"bytes to decode to {decoded}; compressed data is never that much larger") in result.text
+    assert (
+        f"fetching http://{server}/encoded/{name} failed: the body's {coding} data took more than {raw_limit} "
+        f"bytes to decode to {decoded}; compressed data is never that much larger"
+    ) in result.text
 
 
 def test_an_error_status_is_reported_before_an_encoding_that_cannot_be_decoded(server: str) -> None:
     result = fetch(server, f"http://{server}/gone-br")
     assert result.code == "TOOL_FAILED"
-    assert (f"HTTP 410 Gone for http://{server}/gone-br (its body is not shown: the body's Content-Encoding 'br' "
-            "was not asked for and cannot be decoded") in result.text
+    assert (
+        f"HTTP 410 Gone for http://{server}/gone-br (its body is not shown: the body's Content-Encoding 'br' "
+        "was not asked for and cannot be decoded"
+    ) in result.text
 
 
 def test_timeouts_and_aborts_are_honoured(server: str) -> None:
@@ -501,8 +558,9 @@ def test_the_timeout_bounds_the_whole_request_not_each_read(server: str) -> None
 def test_max_concurrent_bounds_the_fetches_in_flight_and_the_rest_wait_their_turn(server: str) -> None:
     # A Code Mode program can gather a thousand fetches: without a bound each opens its own connection at once.
     async def scenario(harness: Harness) -> list[ToolResult]:
-        return list(await asyncio.gather(*(harness.call("fetch", {"url": f"http://{server}/hold?{i}"})
-                                           for i in range(6))))
+        return list(
+            await asyncio.gather(*(harness.call("fetch", {"url": f"http://{server}/hold?{i}"}) for i in range(6)))
+        )
 
     results = run(server, scenario, max_concurrent=2)
     assert [r.value["text"] for r in results] == [f"/hold?{i}" for i in range(6)]
@@ -510,7 +568,8 @@ def test_max_concurrent_bounds_the_fetches_in_flight_and_the_rest_wait_their_tur
 
 
 def test_a_fetch_waiting_for_a_slot_times_out_within_its_own_timeout(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # With one timeout_s for all, a slot is freed by its holder's deadline, before a waiter's; a waiter runs
     # out of time while waiting when the holder takes long to let go (closing a connection, say). A holder
     # that lets go a second after its timeout stands in for that.
@@ -543,8 +602,10 @@ def test_a_fetch_waiting_for_a_slot_times_out_within_its_own_timeout(
 
     waiting, elapsed = run(server, scenario, max_concurrent=1, timeout_s=0.5)
     assert waiting.code == "TOOL_FAILED" and elapsed < 20, elapsed  # not the holder's 60.5 s
-    assert (f"fetching http://{server}/plain timed out after 0.5 s waiting for its turn: max_concurrent (1) "
-            "fetches were in flight") in waiting.text
+    assert (
+        f"fetching http://{server}/plain timed out after 0.5 s waiting for its turn: max_concurrent (1) "
+        "fetches were in flight"
+    ) in waiting.text
     assert "/plain" not in Handler.hits
 
 
@@ -573,8 +634,7 @@ def test_max_concurrent_must_be_a_positive_integer(server: str, value: Any) -> N
         fetch(server, f"http://{server}/plain", max_concurrent=value)
 
 
-def test_converting_a_hostile_page_does_not_stall_the_event_loop(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_converting_a_hostile_page_does_not_stall_the_event_loop(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # html.parser takes seconds for a megabyte of stray "<" (linear, but a few microseconds each); run on the
     # event loop, that stalled every other call and stream of the process, and no timeout could interrupt it.
     # The conversion below does not start until the loop has turned while it was in progress: on the loop
@@ -610,7 +670,8 @@ def test_converting_a_hostile_page_does_not_stall_the_event_loop(
 
 
 def test_html_is_converted_on_the_plugins_own_threads_not_the_default_executor(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The loop's default executor runs the DNS lookups (loop.getaddrinfo) of this plugin and of everything
     # else in the process: a burst of large conversions there would hold up every lookup.
     threads: list[threading.Thread] = []
@@ -627,7 +688,8 @@ def test_html_is_converted_on_the_plugins_own_threads_not_the_default_executor(
 
 
 def test_disposing_the_plugin_waits_for_a_running_conversion_and_leaves_no_thread(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A conversion cannot be interrupted: the call ends at its timeout, and the conversion runs on. Disposing
     # the plugin must not leave its thread behind (the conformance kit counts threads left after dispose).
     threads: list[threading.Thread] = []
@@ -639,12 +701,16 @@ def test_disposing_the_plugin_waits_for_a_running_conversion_and_leaves_no_threa
         return real(html)
 
     monkeypatch.setattr(dsh_http_fetch, "html_to_text", slow)
-    row = {"id": "web", "use": "http-fetch",
-           "config": {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], "timeout_s": 0.3}}
+    row = {
+        "id": "web",
+        "use": "http-fetch",
+        "config": {"allowed_hosts": [server], "allowed_addresses": ["127.0.0.1"], "timeout_s": 0.3},
+    }
 
     async def main() -> tuple[ToolResult, list[threading.Thread]]:
-        harness = await Harness.start(compose([("test", {"plugins": [row]})], env={}),
-                                      catalog=PluginCatalog(strict=True))
+        harness = await Harness.start(
+            compose([("test", {"plugins": [row]})], env={}), catalog=PluginCatalog(strict=True)
+        )
         try:
             result = await harness.call("fetch", {"url": f"http://{server}/page"})
         finally:
@@ -780,8 +846,9 @@ def test_ipv6_allow_list_entries_are_parsed_with_brackets() -> None:
 
 def test_an_ipv6_entry_is_enforced_through_the_pipeline(server: str) -> None:
     """A bracketed IPv6 entry loads, allows nothing else, and a malformed one refuses to load."""
-    result = run(server, lambda h: h.call("fetch", {"url": f"http://{server}/plain"}),
-                 allowed_hosts=["[::1]:8080", server])
+    result = run(
+        server, lambda h: h.call("fetch", {"url": f"http://{server}/plain"}), allowed_hosts=["[::1]:8080", server]
+    )
     assert result.value["text"] == "just text"
     refused = run(server, lambda h: h.call("fetch", {"url": "http://[::1]:9090/"}), allowed_hosts=["[::1]:8080"])
     assert refused.code == "TOOL_FAILED" and "host '::1' is not in the allowed hosts" in refused.text
@@ -799,14 +866,17 @@ def test_helpers() -> None:
     assert html_to_text("<p>a&amp;b</p><br>c") == (None, "a&b\nc")
 
 
-@pytest.mark.parametrize(("url", "entry"), [
-    ("http://docs.python.org/", "docs.python.org."),  # an entry written as a fully qualified name
-    ("http://docs.python.org./", "docs.python.org."),
-    ("http://x.python.org/", "*.python.org."),
-    ("http://[::1]/", "0:0::1"),  # one IPv6 address, spelled two ways
-    ("http://[0:0::1]:8080/", "[::1]:8080"),
-    ("http://[::FFFF:1.2.3.4]/", "::ffff:102:304"),
-])
+@pytest.mark.parametrize(
+    ("url", "entry"),
+    [
+        ("http://docs.python.org/", "docs.python.org."),  # an entry written as a fully qualified name
+        ("http://docs.python.org./", "docs.python.org."),
+        ("http://x.python.org/", "*.python.org."),
+        ("http://[::1]/", "0:0::1"),  # one IPv6 address, spelled two ways
+        ("http://[0:0::1]:8080/", "[::1]:8080"),
+        ("http://[::FFFF:1.2.3.4]/", "::ffff:102:304"),
+    ],
+)
 def test_an_entry_matches_its_host_however_either_is_spelled(url: str, entry: str) -> None:
     # Each was an entry that matched no URL at all: the trailing dot was dropped from the URL's host only,
     # and IPv6 addresses were compared as written.
@@ -815,13 +885,16 @@ def test_an_entry_matches_its_host_however_either_is_spelled(url: str, entry: st
     assert host_allowed(httpx.URL(url), [entry])
 
 
-@pytest.mark.parametrize(("url", "entry"), [
-    ("http://www.bücher.de/", "*.bücher.de"),  # httpx shows a host as Unicode only when its first label is xn--
-    ("http://www.xn--bcher-kva.de/", "*.bücher.de"),
-    ("http://bücher.de/", "xn--bcher-kva.de"),  # an entry in its ASCII form
-    ("http://xn--bcher-kva.de/", "xn--bcher-kva.de"),
-    ("http://BÜCHER.de./", "Bücher.de"),
-])
+@pytest.mark.parametrize(
+    ("url", "entry"),
+    [
+        ("http://www.bücher.de/", "*.bücher.de"),  # httpx shows a host as Unicode only when its first label is xn--
+        ("http://www.xn--bcher-kva.de/", "*.bücher.de"),
+        ("http://bücher.de/", "xn--bcher-kva.de"),  # an entry in its ASCII form
+        ("http://xn--bcher-kva.de/", "xn--bcher-kva.de"),
+        ("http://BÜCHER.de./", "Bücher.de"),
+    ],
+)
 def test_an_internationalized_name_matches_in_either_spelling(url: str, entry: str) -> None:
     import httpx
 
@@ -843,14 +916,15 @@ def test_a_head_left_open_does_not_hide_the_body() -> None:
 
 def test_the_title_is_the_pages_not_its_icons() -> None:
     # Inline SVG icons carry <title> elements of their own (their tooltip); the page's title is the first one.
-    page = ("<html><head><title>Page</title></head><body><p>Text <svg><title>Search icon</title><path/></svg>"
-            "more</p><title>stray</title><p>end</p>")
+    page = (
+        "<html><head><title>Page</title></head><body><p>Text <svg><title>Search icon</title><path/></svg>"
+        "more</p><title>stray</title><p>end</p>"
+    )
     assert html_to_text(page) == ("Page", "Text\nmore\nend")
     assert html_to_text("<svg><title>Logo</title></svg><p>x") == (None, "x")
 
 
-@pytest.mark.parametrize("tail", ["<a" * 100_000, "</" * 100_000, "<?" * 100_000, "<!" * 100_000,
-                                  "<![CDATA[" * 20_000])
+@pytest.mark.parametrize("tail", ["<a" * 100_000, "</" * 100_000, "<?" * 100_000, "<!" * 100_000, "<![CDATA[" * 20_000])
 def test_markup_left_open_at_the_end_is_converted_in_linear_time(tail: str) -> None:
     # html.parser before Python 3.13.4 (CVE-2025-6069) rescans the rest of the document for every "<" of an
     # unfinished construct at its end: 200 KB of "<a" took minutes, on the event loop, where no timeout reaches.
@@ -866,8 +940,9 @@ def test_a_lone_lt_at_the_end_is_text() -> None:
     assert html_to_text("<p>a</p><script>x<a<a")[1] == "a"
 
 
-@pytest.mark.parametrize("charset", ["base64", "hex", "rot13", "zlib", "idna", "punycode", "undefined",
-                                     "x-no-such-charset"])
+@pytest.mark.parametrize(
+    "charset", ["base64", "hex", "rot13", "zlib", "idna", "punycode", "undefined", "x-no-such-charset"]
+)
 def test_a_declared_charset_python_cannot_decode_text_with_falls_back_to_utf8(server: str, charset: str) -> None:
     # Python's codec registry also holds bytes-to-bytes codecs, which bytes.decode refuses (LookupError), and
     # text codecs that fail on any input or with errors="replace" (UnicodeError).
@@ -885,9 +960,16 @@ def test_a_page_is_never_decoded_as_punycode(server: str, charset: str) -> None:
     assert result.code is None and result.value["text"] == "The page-text", result.text
 
 
-@pytest.mark.parametrize(("charset", "body"), [("utf-7", b"a+2AA-b"), ("UTF-7", b"+2D3cAA-"),
-                                              ("unicode_escape", b"a\\ud800b"), ("raw_unicode_escape", b"a\\ud800b"),
-                                              ("utf_32", b"ab")])
+@pytest.mark.parametrize(
+    ("charset", "body"),
+    [
+        ("utf-7", b"a+2AA-b"),
+        ("UTF-7", b"+2D3cAA-"),
+        ("unicode_escape", b"a\\ud800b"),
+        ("raw_unicode_escape", b"a\\ud800b"),
+        ("utf_32", b"ab"),
+    ],
+)
 def test_a_page_is_decoded_only_with_an_encoding_browsers_know(server: str, charset: str, body: bytes) -> None:
     # Python's registry holds text codecs no web page is written in: utf-7 and the escape codecs turned ASCII
     # bytes into lone surrogates ("a+2AA-b" into "a\ud800b") that reached the model. Such a page is read as UTF-8.
@@ -895,9 +977,17 @@ def test_a_page_is_decoded_only_with_an_encoding_browsers_know(server: str, char
     assert result.code is None and result.value["text"] == body.decode("utf-8"), result.text
 
 
-@pytest.mark.parametrize(("charset", "text"), [("windows-1251", "Привет"), ("koi8-r", "Привет"),
-                                              ("shift_jis", "こんにちは"), ("gb18030", "你好"), ("iso-8859-15", "€uro"),
-                                              ("euc-kr", "안녕")])
+@pytest.mark.parametrize(
+    ("charset", "text"),
+    [
+        ("windows-1251", "Привет"),
+        ("koi8-r", "Привет"),
+        ("shift_jis", "こんにちは"),
+        ("gb18030", "你好"),
+        ("iso-8859-15", "€uro"),
+        ("euc-kr", "안녕"),
+    ],
+)
 def test_the_encodings_browsers_know_are_still_decoded(server: str, charset: str, text: str) -> None:
     result = fetch(server, f"http://{server}/bytes/{charset}/{text.encode(charset).hex()}")
     assert result.code is None and result.value["text"] == text, result.text
@@ -913,7 +1003,8 @@ def test_an_html_page_without_a_charset_header_is_decoded_as_its_meta_tag_says(s
 
 @pytest.mark.parametrize("content_type", ["application/rss+xml", "text/xml", "application/xml"])
 def test_an_xml_document_without_a_charset_header_is_decoded_as_its_declaration_says(
-        server: str, content_type: str) -> None:
+    server: str, content_type: str
+) -> None:
     # RFC 7303, section 4.3: without a charset parameter (or a BOM), the XML declaration names the encoding.
     result = fetch(server, f"http://{server}/xml-encoding/{content_type}")
     assert result.code is None and "<title>Grüße</title>" in result.value["text"], result.text
@@ -940,36 +1031,45 @@ class TestHttpFetchConformance(ToolPluginConformance):
 
 # --- Addresses: DNS rebinding ---------------------------------------------------------------------------------
 
-REFUSAL_HINT = ("; only public addresses are connected to, unless the address or its network is in "
-                "allowed_addresses in the http-fetch config")
+REFUSAL_HINT = (
+    "; only public addresses are connected to, unless the address or its network is in "
+    "allowed_addresses in the http-fetch config"
+)
 
 
 def test_the_local_server_itself_is_refused_without_allowed_addresses(server: str) -> None:
     result = fetch(server, f"http://{server}/plain", allowed_addresses=[])
     assert result.code == "TOOL_FAILED"
-    assert (f"fetching http://{server}/plain refused: host '127.0.0.1' is 127.0.0.1 (a loopback address)"
-            + REFUSAL_HINT) in result.text
+    assert (
+        f"fetching http://{server}/plain refused: host '127.0.0.1' is 127.0.0.1 (a loopback address)" + REFUSAL_HINT
+    ) in result.text
     assert Handler.hits == []
 
 
-@pytest.mark.parametrize(("answer", "kind"), [
-    ("127.0.0.1", "a loopback address"),
-    ("169.254.169.254", "a link-local address"),
-    ("10.1.2.3", "a private address"),
-    ("0.0.0.0", "the unspecified address"),
-    ("::1", "a loopback address"),
-    ("::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1, a loopback address"),
-    ("::ffff:169.254.169.254", "the IPv4-mapped form of 169.254.169.254, a link-local address"),
-    ("64:ff9b::a9fe:a9fe", "a NAT64 address for 169.254.169.254, a link-local address"),
-])
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("169.254.169.254", "a link-local address"),
+        ("10.1.2.3", "a private address"),
+        ("0.0.0.0", "the unspecified address"),
+        ("::1", "a loopback address"),
+        ("::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1, a loopback address"),
+        ("::ffff:169.254.169.254", "the IPv4-mapped form of 169.254.169.254, a link-local address"),
+        ("64:ff9b::a9fe:a9fe", "a NAT64 address for 169.254.169.254, a link-local address"),
+    ],
+)
 def test_an_allowed_name_that_resolves_to_a_non_public_address_is_refused(
-        server: str, dns: FakeDNS, connections: list[str], answer: str, kind: str) -> None:
+    server: str, dns: FakeDNS, connections: list[str], answer: str, kind: str
+) -> None:
     port = server.split(":")[1]
     dns.add("rebind.test", [answer])
     result = fetch(server, f"http://rebind.test:{port}/plain", allowed_hosts=["rebind.test"], allowed_addresses=[])
     assert result.code == "TOOL_FAILED"
-    assert (f"fetching http://rebind.test:{port}/plain refused: host 'rebind.test' resolves to {answer} ({kind})"
-            + REFUSAL_HINT) in result.text
+    assert (
+        f"fetching http://rebind.test:{port}/plain refused: host 'rebind.test' resolves to {answer} ({kind})"
+        + REFUSAL_HINT
+    ) in result.text
     assert connections == [] and Handler.hits == []
 
 
@@ -978,13 +1078,16 @@ def test_an_ipv4_mapped_loopback_literal_is_refused(server: str, connections: li
     result = fetch(server, f"http://[::ffff:127.0.0.1]:{port}/plain", allowed_hosts=["*"], allowed_addresses=[])
     assert result.code == "TOOL_FAILED"
     # An IP literal is not looked up, whatever its spelling: "is", not "resolves to".
-    assert (f"fetching http://[::ffff:127.0.0.1]:{port}/plain refused: host '::ffff:127.0.0.1' is ::ffff:7f00:1 "
-            "(the IPv4-mapped form of 127.0.0.1, a loopback address)" + REFUSAL_HINT) in result.text
+    assert (
+        f"fetching http://[::ffff:127.0.0.1]:{port}/plain refused: host '::ffff:127.0.0.1' is ::ffff:7f00:1 "
+        "(the IPv4-mapped form of 127.0.0.1, a loopback address)" + REFUSAL_HINT
+    ) in result.text
     assert connections == [] and Handler.hits == []
 
 
 def test_one_internal_answer_among_public_ones_refuses_the_host_before_any_connection(
-        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    server: str, dns: FakeDNS, connections: list[str]
+) -> None:
     port = server.split(":")[1]
     dns.add("mixed.test", ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "10.0.0.7"])
     result = fetch(server, f"http://mixed.test:{port}/plain", allowed_hosts=["mixed.test"])
@@ -992,13 +1095,17 @@ def test_one_internal_answer_among_public_ones_refuses_the_host_before_any_conne
     assert connections == []
 
 
-@pytest.mark.parametrize(("target", "refusal"), [
-    ("http://metadata.test/latest/", "host 'metadata.test' resolves to 169.254.169.254 (a link-local address)"),
-    ("http://169.254.169.254/latest/", "host '169.254.169.254' is 169.254.169.254 (a link-local address)"),
-    ("http://intranet.test/", "host 'intranet.test' resolves to 10.0.0.5 (a private address)"),
-])
+@pytest.mark.parametrize(
+    ("target", "refusal"),
+    [
+        ("http://metadata.test/latest/", "host 'metadata.test' resolves to 169.254.169.254 (a link-local address)"),
+        ("http://169.254.169.254/latest/", "host '169.254.169.254' is 169.254.169.254 (a link-local address)"),
+        ("http://intranet.test/", "host 'intranet.test' resolves to 10.0.0.5 (a private address)"),
+    ],
+)
 def test_a_redirect_to_a_non_public_address_is_refused_before_the_request(
-        server: str, dns: FakeDNS, connections: list[str], target: str, refusal: str) -> None:
+    server: str, dns: FakeDNS, connections: list[str], target: str, refusal: str
+) -> None:
     dns.add("metadata.test", ["169.254.169.254"])
     dns.add("intranet.test", ["10.0.0.5"])
     start = f"http://{server}/to?url={quote(target, safe='')}"
@@ -1010,23 +1117,33 @@ def test_a_redirect_to_a_non_public_address_is_refused_before_the_request(
 
 
 def test_an_allowed_private_range_is_fetched_with_the_name_in_the_host_header(
-        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    server: str, dns: FakeDNS, connections: list[str]
+) -> None:
     port = server.split(":")[1]
     dns.add("intranet.test", ["127.0.0.1"])
-    result = fetch(server, f"http://intranet.test:{port}/plain", allowed_hosts=["intranet.test"],
-                   allowed_addresses=["10.0.0.0/8", "127.0.0.0/8"])
+    result = fetch(
+        server,
+        f"http://intranet.test:{port}/plain",
+        allowed_hosts=["intranet.test"],
+        allowed_addresses=["10.0.0.0/8", "127.0.0.0/8"],
+    )
     assert result.value["text"] == "just text"
     assert Handler.host_headers == [f"intranet.test:{port}"]
     assert connections == ["127.0.0.1"]
     # The range allows what it names and nothing else.
     dns.add("other.test", ["192.168.1.1"])
-    other = fetch(server, f"http://other.test:{port}/plain", allowed_hosts=["other.test"],
-                  allowed_addresses=["10.0.0.0/8", "127.0.0.0/8"])
+    other = fetch(
+        server,
+        f"http://other.test:{port}/plain",
+        allowed_hosts=["other.test"],
+        allowed_addresses=["10.0.0.0/8", "127.0.0.0/8"],
+    )
     assert "host 'other.test' resolves to 192.168.1.1 (a private address)" in other.text
 
 
 def test_the_connection_uses_the_checked_answer_and_never_a_second_lookup(
-        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    server: str, dns: FakeDNS, connections: list[str]
+) -> None:
     """The name is looked up once per connection and the socket goes to that answer.
 
     A check that did its own lookup before the client's would see 127.0.0.1
@@ -1048,12 +1165,15 @@ def test_the_connection_uses_the_checked_answer_and_never_a_second_lookup(
 
 
 def test_a_name_rebinding_between_redirect_hops_is_refused_on_the_next_hop(
-        server: str, dns: FakeDNS, connections: list[str]) -> None:
+    server: str, dns: FakeDNS, connections: list[str]
+) -> None:
     port = server.split(":")[1]
     dns.add("rebind.test", ["127.0.0.1"], ["169.254.169.254"])
     result = fetch(server, f"http://rebind.test:{port}/redirect-in", allowed_hosts=["rebind.test"])
-    assert (f"redirect from http://rebind.test:{port}/redirect-in to http://rebind.test:{port}/plain refused: "
-            "host 'rebind.test' resolves to 169.254.169.254 (a link-local address)") in result.text
+    assert (
+        f"redirect from http://rebind.test:{port}/redirect-in to http://rebind.test:{port}/plain refused: "
+        "host 'rebind.test' resolves to 169.254.169.254 (a link-local address)"
+    ) in result.text
     assert Handler.hits == ["/redirect-in"] and connections == ["127.0.0.1"]
 
 
@@ -1093,9 +1213,11 @@ def test_a_name_that_does_not_resolve_is_a_tool_error(server: str, dns: FakeDNS)
 
 
 def test_a_name_the_resolver_cannot_encode_is_a_connect_error_naming_the_host(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """socket.getaddrinfo encodes a str host with the idna codec, which raises UnicodeError (not OSError) on
     an empty or over-long label: a name that does not resolve, not an unexplained crash of the tool."""
+
     def offline_getaddrinfo(host: str | bytes, port: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(host, str):
             host.encode("idna")  # what the real one does before any lookup
@@ -1109,7 +1231,8 @@ def test_a_name_the_resolver_cannot_encode_is_a_connect_error_naming_the_host(
 
 
 def test_lookups_that_hang_do_not_take_the_event_loops_worker_threads(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """getaddrinfo runs on the loop's default executor, which everything else shares (asyncio.to_thread, the
     model client's own lookups) and which has only min(32, cpus + 4) threads. A fetch that times out leaves
     its lookup running until the resolver gives up, so a burst of fetches to names whose DNS never answers
@@ -1139,38 +1262,43 @@ def test_lookups_that_hang_do_not_take_the_event_loops_worker_threads(
     assert free, "the default executor was full of the fetches' DNS lookups"
 
 
-@pytest.mark.parametrize(("address", "kind"), [
-    ("0.0.0.0", "the unspecified address"),
-    ("127.0.0.1", "a loopback address"),
-    ("127.1.2.3", "a loopback address"),
-    ("10.0.0.1", "a private address"),
-    ("172.16.0.1", "a private address"),
-    ("192.168.0.1", "a private address"),
-    ("169.254.169.254", "a link-local address"),
-    ("100.64.0.1", "not a globally routable address"),
-    ("224.0.0.1", "a multicast address"),
-    ("255.255.255.255", "a private address"),
-    ("::", "the unspecified address"),
-    ("::1", "a loopback address"),
-    ("::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1, a loopback address"),
-    ("::ffff:10.0.0.1", "the IPv4-mapped form of 10.0.0.1, a private address"),
-    ("::ffff:0.0.0.0", "the IPv4-mapped form of 0.0.0.0, the unspecified address"),
-    ("::127.0.0.1", "a reserved address"),
-    ("fe80::1", "a link-local address"),
-    ("fe80::1%1", "a link-local address"),
-    ("fc00::1", "a private address"),
-    ("fec0::1", "a site-local address"),
-    ("ff02::1", "a multicast address"),
-    ("64:ff9b::7f00:1", "a NAT64 address for 127.0.0.1, a loopback address"),
-    ("64:ff9b:1::1", "a local-use NAT64 address"),
-    ("2002:7f00:1::1", "a 6to4 address for 127.0.0.1, a loopback address"),
-])
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("0.0.0.0", "the unspecified address"),
+        ("127.0.0.1", "a loopback address"),
+        ("127.1.2.3", "a loopback address"),
+        ("10.0.0.1", "a private address"),
+        ("172.16.0.1", "a private address"),
+        ("192.168.0.1", "a private address"),
+        ("169.254.169.254", "a link-local address"),
+        ("100.64.0.1", "not a globally routable address"),
+        ("224.0.0.1", "a multicast address"),
+        ("255.255.255.255", "a private address"),
+        ("::", "the unspecified address"),
+        ("::1", "a loopback address"),
+        ("::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1, a loopback address"),
+        ("::ffff:10.0.0.1", "the IPv4-mapped form of 10.0.0.1, a private address"),
+        ("::ffff:0.0.0.0", "the IPv4-mapped form of 0.0.0.0, the unspecified address"),
+        ("::127.0.0.1", "a reserved address"),
+        ("fe80::1", "a link-local address"),
+        ("fe80::1%1", "a link-local address"),
+        ("fc00::1", "a private address"),
+        ("fec0::1", "a site-local address"),
+        ("ff02::1", "a multicast address"),
+        ("64:ff9b::7f00:1", "a NAT64 address for 127.0.0.1, a loopback address"),
+        ("64:ff9b:1::1", "a local-use NAT64 address"),
+        ("2002:7f00:1::1", "a 6to4 address for 127.0.0.1, a loopback address"),
+    ],
+)
 def test_non_public_addresses_are_refused(address: str, kind: str) -> None:
     assert address_refusal(address) == kind
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "93.184.215.14", "2606:4700:4700::1111", "::ffff:8.8.8.8",
-                                     "64:ff9b::808:808", "2002:808:808::1"])
+@pytest.mark.parametrize(
+    "address",
+    ["8.8.8.8", "93.184.215.14", "2606:4700:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"],
+)
 def test_public_addresses_are_allowed(address: str) -> None:
     assert address_refusal(address) is None
 
@@ -1217,11 +1345,14 @@ def test_allowed_addresses_admit_exactly_their_networks() -> None:
     assert address_refusal("169.254.169.254", allowed) == "a link-local address"
 
 
-@pytest.mark.parametrize(("entry", "message"), [
-    ("intranet.corp", "malformed allowed_addresses entry 'intranet.corp'"),
-    ("10.0.0.1/8", "10.0.0.1/8 has host bits set"),
-    ("10.0.0.0/33", "malformed allowed_addresses entry '10.0.0.0/33'"),
-])
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("intranet.corp", "malformed allowed_addresses entry 'intranet.corp'"),
+        ("10.0.0.1/8", "10.0.0.1/8 has host bits set"),
+        ("10.0.0.0/33", "malformed allowed_addresses entry '10.0.0.0/33'"),
+    ],
+)
 def test_a_malformed_allowed_addresses_entry_refuses_to_load(server: str, entry: str, message: str) -> None:
     with pytest.raises(Exception, match=message):
         fetch(server, f"http://{server}/plain", allowed_addresses=[entry])
@@ -1231,8 +1362,9 @@ def test_the_checked_addresses_are_tried_in_order(server: str, dns: FakeDNS, con
     """When the first address cannot be connected to, the next checked one is; never the name."""
     port = server.split(":")[1]
     dns.add("two.test", ["::1", "127.0.0.1"])  # the guard fails ::1 as an unreachable address would
-    result = fetch(server, f"http://two.test:{port}/plain", allowed_hosts=["two.test"],
-                   allowed_addresses=["127.0.0.1", "::1"])
+    result = fetch(
+        server, f"http://two.test:{port}/plain", allowed_hosts=["two.test"], allowed_addresses=["127.0.0.1", "::1"]
+    )
     assert result.value["text"] == "just text"
     assert connections == ["::1", "127.0.0.1"] and dns.lookups == ["two.test"]
 

@@ -30,8 +30,10 @@ Call = Callable[..., Awaitable[ToolResult]]
 def make_db(path: Path) -> Path:
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT, avatar BLOB, score REAL)")
-        db.executemany("INSERT INTO users (name, avatar, score) VALUES (?, ?, ?)",
-                       [(f"user{i}", b"\x00\x01" if i == 0 else None, i / 2) for i in range(50)])
+        db.executemany(
+            "INSERT INTO users (name, avatar, score) VALUES (?, ?, ?)",
+            [(f"user{i}", b"\x00\x01" if i == 0 else None, i / 2) for i in range(50)],
+        )
     db.close()
     return path
 
@@ -62,9 +64,12 @@ def query(database: Path, sql: str, params: Any = None, **config: Any) -> ToolRe
 def test_rows_come_back_as_json_with_columns(tmp_path: Path) -> None:
     db = make_db(tmp_path / "app.db")
     result = query(db, "SELECT id, name, avatar, score FROM users WHERE id <= 2 ORDER BY id")
-    assert result.value == {"columns": ["id", "name", "avatar", "score"],
-                            "rows": [[1, "user0", {"blob_base64": "AAE="}, 0.0], [2, "user1", None, 0.5]],
-                            "row_count": 2, "truncated": False}
+    assert result.value == {
+        "columns": ["id", "name", "avatar", "score"],
+        "rows": [[1, "user0", {"blob_base64": "AAE="}, 0.0], [2, "user1", None, 0.5]],
+        "row_count": 2,
+        "truncated": False,
+    }
     assert result.text.splitlines()[0] == "id\tname\tavatar\tscore"
 
 
@@ -100,8 +105,10 @@ def _schema_with_names_that_are_not_utf8(path: Path) -> Path:
         setup.execute("CREATE TABLE t (ab INTEGER, cd TEXT)")
         setup.execute("INSERT INTO t VALUES (1, 'x')")
         setup.execute("PRAGMA writable_schema = ON")
-        setup.execute("UPDATE sqlite_schema SET sql = CAST(? AS TEXT) WHERE name = 't'",
-                      (b'CREATE TABLE t ("a\xffb" INTEGER, "c\xfed" TEXT)',))
+        setup.execute(
+            "UPDATE sqlite_schema SET sql = CAST(? AS TEXT) WHERE name = 't'",
+            (b'CREATE TABLE t ("a\xffb" INTEGER, "c\xfed" TEXT)',),
+        )
     setup.close()
     return path
 
@@ -114,8 +121,9 @@ def test_a_column_whose_name_is_not_utf8_is_refused_with_a_message_naming_it(tmp
     db = _schema_with_names_that_are_not_utf8(tmp_path / "app.db")
     result = query(db, "SELECT * FROM t")
     assert result.code == "TOOL_FAILED"
-    assert "SQL error: access to t.a\\xffb is prohibited (SQLite's message holds bytes that are not UTF-8" \
-        in result.text, result.text
+    assert (
+        "SQL error: access to t.a\\xffb is prohibited (SQLite's message holds bytes that are not UTF-8" in result.text
+    ), result.text
     assert "SELECT name FROM pragma_table_info('<table>')" in result.text
     # What the message points to works: the names, as cells are given, and the other columns.
     names = query(db, "SELECT name FROM pragma_table_info('t')")
@@ -141,14 +149,20 @@ def test_integers_and_reals_at_their_limits_come_back_exact(tmp_path: Path) -> N
     # SQLite's 64-bit integers are past JSON's safe 2**53, but dsh's lossless JSON keeps any int
     # Python can write: they must come back as the same ints, not floats or strings.
     db = make_db(tmp_path / "app.db")
-    result = query(db, "SELECT 9223372036854775807, -9223372036854775808, 9007199254740993, "
-                       "5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 0.1")
+    result = query(
+        db,
+        "SELECT 9223372036854775807, -9223372036854775808, 9007199254740993, "
+        "5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 0.1",
+    )
     assert result.code is None, result.text
     row = result.value["rows"][0]
-    assert row == [2**63 - 1, -2**63, 2**53 + 1, 5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 0.1]
+    assert row == [2**63 - 1, -(2**63), 2**53 + 1, 5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 0.1]
     assert [type(v) for v in row] == [int] * 3 + [float] * 4
-    assert result.text.splitlines()[1].split("\t")[:3] == ["9223372036854775807", "-9223372036854775808",
-                                                           "9007199254740993"]
+    assert result.text.splitlines()[1].split("\t")[:3] == [
+        "9223372036854775807",
+        "-9223372036854775808",
+        "9007199254740993",
+    ]
 
 
 def test_text_with_nul_characters_comes_back_whole(tmp_path: Path) -> None:
@@ -161,16 +175,27 @@ def test_the_text_the_model_reads_tells_text_from_null_numbers_and_tags(tmp_path
     # The model reads the rendered text, not the value: cells were str()-ed, so TEXT 'NULL' read as
     # NULL, TEXT '1' as the INTEGER 1, TEXT that spells a tag as that tag, and a tab or a newline
     # in TEXT split the cell or the row.
-    result = query(make_db(tmp_path / "app.db"),
-                   "SELECT 'NULL' AS a, NULL AS b, '1' AS c, 1 AS d, '{\"real\": \"Infinity\"}' AS e, 9e999 AS f, "
-                   "'a' || char(9) || 'b' || char(10) || 'c' AS g, 0.5 AS h")
+    result = query(
+        make_db(tmp_path / "app.db"),
+        "SELECT 'NULL' AS a, NULL AS b, '1' AS c, 1 AS d, '{\"real\": \"Infinity\"}' AS e, 9e999 AS f, "
+        "'a' || char(9) || 'b' || char(10) || 'c' AS g, 0.5 AS h",
+    )
     assert result.code is None, result.text
-    assert result.value["rows"] == [["NULL", None, "1", 1, '{"real": "Infinity"}', {"real": "Infinity"}, "a\tb\nc",
-                                     0.5]]
+    assert result.value["rows"] == [
+        ["NULL", None, "1", 1, '{"real": "Infinity"}', {"real": "Infinity"}, "a\tb\nc", 0.5]
+    ]
     lines = result.text.splitlines()
     assert len(lines) == 3 and lines[0] == "a\tb\tc\td\te\tf\tg\th" and lines[2] == "(1 row)"
-    assert lines[1].split("\t") == ['"NULL"', "null", '"1"', "1", '"{\\"real\\": \\"Infinity\\"}"',
-                                    '{"real": "Infinity"}', '"a\\tb\\nc"', "0.5"]
+    assert lines[1].split("\t") == [
+        '"NULL"',
+        "null",
+        '"1"',
+        "1",
+        '"{\\"real\\": \\"Infinity\\"}"',
+        '{"real": "Infinity"}',
+        '"a\\tb\\nc"',
+        "0.5",
+    ]
 
 
 def test_column_names_in_the_text_the_model_reads_never_split_a_column_or_the_header(tmp_path: Path) -> None:
@@ -178,15 +203,15 @@ def test_column_names_in_the_text_the_model_reads_never_split_a_column_or_the_he
     # rows no longer lined up. A name that would be ambiguous bare is its JSON, as cells are: one with a
     # control character or a backslash, an empty one, one starting with '"' (else it would read as JSON) or
     # '{' (a tag).
-    result = query(make_db(tmp_path / "app.db"),
-                   'SELECT 1 AS "a\tb", 2 AS "c\nd", 3 AS """q""", 4 AS "{x}", 5 AS "", 6 AS "b\\s", '
-                   '7 AS plain, 8 AS "two words"')
+    result = query(
+        make_db(tmp_path / "app.db"),
+        'SELECT 1 AS "a\tb", 2 AS "c\nd", 3 AS """q""", 4 AS "{x}", 5 AS "", 6 AS "b\\s", 7 AS plain, 8 AS "two words"',
+    )
     assert result.code is None, result.text
     assert result.value["columns"] == ["a\tb", "c\nd", '"q"', "{x}", "", "b\\s", "plain", "two words"]
     lines = result.text.splitlines()
     assert len(lines) == 3 and lines[2] == "(1 row)"
-    assert lines[0].split("\t") == ['"a\\tb"', '"c\\nd"', '"\\"q\\""', '"{x}"', '""', '"b\\\\s"', "plain",
-                                    "two words"]
+    assert lines[0].split("\t") == ['"a\\tb"', '"c\\nd"', '"\\"q\\""', '"{x}"', '""', '"b\\\\s"', "plain", "two words"]
     assert lines[1].split("\t") == ["1", "2", "3", "4", "5", "6", "7", "8"]
 
 
@@ -252,9 +277,12 @@ def test_every_format_character_of_this_pythons_unicode_is_escaped() -> None:
 
     from dsh_sqlite_query import _render_cell
 
-    missed = [f"U+{code:04X}" for code in range(sys.maxunicode + 1)
-              if unicodedata.category(chr(code)) == "Cf"
-              and (chr(code) in _render_cell(chr(code)) or json.loads(_render_cell(chr(code))) != chr(code))]
+    missed = [
+        f"U+{code:04X}"
+        for code in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(code)) == "Cf"
+        and (chr(code) in _render_cell(chr(code)) or json.loads(_render_cell(chr(code))) != chr(code))
+    ]
     assert missed == [], f"format characters shown raw (Unicode {unicodedata.unidata_version}): {missed}"
 
 
@@ -275,17 +303,20 @@ def test_parameters_are_bound_never_formatted(tmp_path: Path) -> None:
     assert wrong.code == "TOOL_FAILED" and "SQL error: Incorrect number of bindings" in wrong.text
 
 
-@pytest.mark.parametrize("sql", [
-    "INSERT INTO users (name) VALUES ('evil')",
-    "DELETE FROM users",
-    "DROP TABLE users",
-    "UPDATE users SET name = 'x'",
-    "PRAGMA writable_schema = ON",
-    "ATTACH DATABASE 'other.db' AS other",
-    "CREATE TABLE t (x)",
-    "BEGIN",
-    "VACUUM INTO 'other.db'",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO users (name) VALUES ('evil')",
+        "DELETE FROM users",
+        "DROP TABLE users",
+        "UPDATE users SET name = 'x'",
+        "PRAGMA writable_schema = ON",
+        "ATTACH DATABASE 'other.db' AS other",
+        "CREATE TABLE t (x)",
+        "BEGIN",
+        "VACUUM INTO 'other.db'",
+    ],
+)
 def test_anything_but_reading_is_refused_and_changes_nothing(tmp_path: Path, sql: str) -> None:
     db = make_db(tmp_path / "app.db")
     before = db.read_bytes()
@@ -303,8 +334,11 @@ def test_table_valued_json_functions_can_be_read(tmp_path: Path) -> None:
     result = query(db, "SELECT key, value FROM json_each(?) ORDER BY key", ['{"a": 1, "b": [2]}'])
     assert result.code is None, result.text
     assert result.value["rows"] == [["a", 1], ["b", "[2]"]]
-    nested = query(db, "SELECT u.name, j.value FROM users AS u, json_tree('[1,[2]]') AS j "
-                       "WHERE u.id = 1 AND j.type = 'integer' ORDER BY j.id")
+    nested = query(
+        db,
+        "SELECT u.name, j.value FROM users AS u, json_tree('[1,[2]]') AS j "
+        "WHERE u.id = 1 AND j.type = 'integer' ORDER BY j.id",
+    )
     assert nested.code is None, nested.text
     assert nested.value["rows"] == [["user0", 1], ["user0", 2]]
 
@@ -319,23 +353,29 @@ def test_the_schema_introspection_pragma_functions_can_be_read(tmp_path: Path) -
     result = query(db, "SELECT name, type FROM pragma_table_info(?) ORDER BY cid", ["users"])
     assert result.code is None, result.text
     assert result.value["rows"] == [["id", "INTEGER"], ["name", "TEXT"], ["avatar", "BLOB"], ["score", "REAL"]]
-    joined = query(db, "SELECT il.name, ii.name FROM pragma_index_list('users') AS il, "
-                       "pragma_index_info(il.name) AS ii")
+    joined = query(
+        db, "SELECT il.name, ii.name FROM pragma_index_list('users') AS il, pragma_index_info(il.name) AS ii"
+    )
     assert joined.code is None, joined.text
     assert joined.value["rows"] == [["users_name", "name"]]
-    for sql in ("SELECT count(*) FROM pragma_table_xinfo('users', 'main')",
-                "SELECT count(*) FROM pragma_index_xinfo('users_name')",
-                "SELECT count(*) FROM pragma_foreign_key_list('users')"):
+    for sql in (
+        "SELECT count(*) FROM pragma_table_xinfo('users', 'main')",
+        "SELECT count(*) FROM pragma_index_xinfo('users_name')",
+        "SELECT count(*) FROM pragma_foreign_key_list('users')",
+    ):
         assert query(db, sql).code is None, sql
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT * FROM pragma_writable_schema",
-    "SELECT * FROM pragma_user_version",
-    "SELECT * FROM pragma_database_list",  # the host's file paths
-    "SELECT * FROM pragma_journal_mode",
-    "PRAGMA table_info(users)",  # PRAGMA statements stay refused, even the allowed ones
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM pragma_writable_schema",
+        "SELECT * FROM pragma_user_version",
+        "SELECT * FROM pragma_database_list",  # the host's file paths
+        "SELECT * FROM pragma_journal_mode",
+        "PRAGMA table_info(users)",  # PRAGMA statements stay refused, even the allowed ones
+    ],
+)
 def test_other_pragmas_stay_refused(tmp_path: Path, sql: str) -> None:
     db = make_db(tmp_path / "app.db")
     result = query(db, sql)
@@ -343,11 +383,14 @@ def test_other_pragmas_stay_refused(tmp_path: Path, sql: str) -> None:
     assert "only read-only queries are allowed" in result.text
 
 
-@pytest.mark.parametrize("sql", [
-    "UPDATE sqlite_master SET sql = 'x'",
-    "UPDATE sqlite_schema SET name = 'x' WHERE name IN (SELECT key FROM json_each('[1]'))",
-    "WITH j AS (SELECT value FROM json_each('[1]')) UPDATE users SET name = 'x'",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE sqlite_master SET sql = 'x'",
+        "UPDATE sqlite_schema SET name = 'x' WHERE name IN (SELECT key FROM json_each('[1]'))",
+        "WITH j AS (SELECT value FROM json_each('[1]')) UPDATE users SET name = 'x'",
+    ],
+)
 def test_an_update_of_the_schema_is_still_refused(tmp_path: Path, sql: str) -> None:
     db = make_db(tmp_path / "app.db")
     before = db.read_bytes()
@@ -385,8 +428,9 @@ def _has_fts3_tokenizer() -> bool:
 
 
 @pytest.mark.skipif(not _has_fts3_tokenizer(), reason="this SQLite has no fts3_tokenizer()")
-@pytest.mark.parametrize("sql", ["SELECT fts3_tokenizer('simple')",
-                                 "SELECT hex(FTS3_TOKENIZER('simple', x'4141414141414141'))"])
+@pytest.mark.parametrize(
+    "sql", ["SELECT fts3_tokenizer('simple')", "SELECT hex(FTS3_TOKENIZER('simple', x'4141414141414141'))"]
+)
 def test_fts3_tokenizer_cannot_read_or_install_native_pointers(tmp_path: Path, sql: str) -> None:
     """fts3_tokenizer leaks a C pointer (one argument) or installs one as tokenizer code (two)."""
     result = query(make_db(tmp_path / "app.db"), sql)
@@ -394,16 +438,19 @@ def test_fts3_tokenizer_cannot_read_or_install_native_pointers(tmp_path: Path, s
     assert "only read-only queries are allowed" in result.text
 
 
-@pytest.mark.parametrize(("sql", "message"), [
-    ("SELEC name FROM users", 'SQL error: near "SELEC": syntax error'),
-    ("SELECT nope FROM users", "SQL error: no such column: nope"),
-    ("SELECT 1; SELECT 2", "SQL error: You can only execute one statement at a time."),
-    ("SELECT '\0'", "SQL error: the query contains a null character"),
-    # SQLite's message quotes the query: the error is told by its code, not by words in it.
-    ('SELECT * FROM "database is locked"', "SQL error: no such table: database is locked"),
-    ('SELECT * FROM "string or blob too big"', "SQL error: no such table: string or blob too big"),
-    ('SELECT users."not authorized" FROM users', "SQL error: no such column: users.not authorized"),
-])
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("SELEC name FROM users", 'SQL error: near "SELEC": syntax error'),
+        ("SELECT nope FROM users", "SQL error: no such column: nope"),
+        ("SELECT 1; SELECT 2", "SQL error: You can only execute one statement at a time."),
+        ("SELECT '\0'", "SQL error: the query contains a null character"),
+        # SQLite's message quotes the query: the error is told by its code, not by words in it.
+        ('SELECT * FROM "database is locked"', "SQL error: no such table: database is locked"),
+        ('SELECT * FROM "string or blob too big"', "SQL error: no such table: string or blob too big"),
+        ('SELECT users."not authorized" FROM users', "SQL error: no such column: users.not authorized"),
+    ],
+)
 def test_malformed_sql_gets_a_clear_error(tmp_path: Path, sql: str, message: str) -> None:
     result = query(make_db(tmp_path / "app.db"), sql)
     assert result.code == "TOOL_FAILED"
@@ -514,16 +561,20 @@ def _spawning(monkeypatch: pytest.MonkeyPatch, code: str) -> list[asyncio.subpro
     workers: list[asyncio.subprocess.Process] = []
 
     async def spawn(self: SqliteQuery) -> asyncio.subprocess.Process:
-        workers.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE))
+        workers.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            )
+        )
         return workers[-1]
 
     monkeypatch.setattr(SqliteQuery, "_spawn", spawn)
     return workers
 
 
-def test_a_worker_that_does_not_answer_is_killed_after_the_timeout(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_that_does_not_answer_is_killed_after_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     workers = _spawning(monkeypatch, "import time; time.sleep(3600)")  # stuck in one long step
     started = time.monotonic()
     result = query(make_db(tmp_path / "app.db"), "SELECT 1", timeout_s=0.2)
@@ -532,12 +583,16 @@ def test_a_worker_that_does_not_answer_is_killed_after_the_timeout(tmp_path: Pat
     assert len(workers) == 1 and workers[0].returncode is not None
 
 
-@pytest.mark.parametrize(("code", "message"), [
-    ("import sys; sys.exit(3)", "the query worker ended without an answer (exit status 3)"),
-    ("import sys; sys.stdout.write('x' * (3 << 20))", "the query worker's answer is longer than"),
-])
-def test_a_worker_without_a_proper_answer_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      code: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("import sys; sys.exit(3)", "the query worker ended without an answer (exit status 3)"),
+        ("import sys; sys.stdout.write('x' * (3 << 20))", "the query worker's answer is longer than"),
+    ],
+)
+def test_a_worker_without_a_proper_answer_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str, message: str
+) -> None:
     workers = _spawning(monkeypatch, code)
     result = query(make_db(tmp_path / "app.db"), "SELECT 1")
     assert result.code == "TOOL_FAILED" and message in result.text, result.text
@@ -648,8 +703,14 @@ def test_no_query_makes_the_host_hold_much_more_than_max_bytes(tmp_path: Path) -
     wide = "SELECT " + ", ".join(f"zeroblob(1000000) AS c{i}" for i in range(300))
     sqls = [_nested_max(3, 100), wide]  # the smaller peak first: a peak only grows
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    completed = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(db), json.dumps(sqls)],
-                               capture_output=True, text=True, timeout=120, env=env, check=True)
+    completed = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, str(db), json.dumps(sqls)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    )
     report = json.loads(completed.stdout)
     assert all(growth < 32 << 20 for growth in report["growth"]), report
     for text in report["results"]:
@@ -664,13 +725,17 @@ def make_docs(path: Path, body_chars: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("sql", "rows"), [
-    ("SELECT id, length(body) FROM docs ORDER BY id", [[1, 5], [2, 3_000_000]]),
-    ("SELECT id, substr(body, 1, 3) FROM docs ORDER BY id", [[1, "hel"], [2, "xxx"]]),
-    ("SELECT id FROM docs WHERE body LIKE 'h%'", [[1]]),
-])
-def test_a_stored_value_larger_than_max_bytes_can_still_be_read_in_part(tmp_path: Path, sql: str,
-                                                                        rows: list[list[Any]]) -> None:
+@pytest.mark.parametrize(
+    ("sql", "rows"),
+    [
+        ("SELECT id, length(body) FROM docs ORDER BY id", [[1, 5], [2, 3_000_000]]),
+        ("SELECT id, substr(body, 1, 3) FROM docs ORDER BY id", [[1, "hel"], [2, "xxx"]]),
+        ("SELECT id FROM docs WHERE body LIKE 'h%'", [[1]]),
+    ],
+)
+def test_a_stored_value_larger_than_max_bytes_can_still_be_read_in_part(
+    tmp_path: Path, sql: str, rows: list[list[Any]]
+) -> None:
     # The length limit was max_bytes, and SQLite applies it to reading stored values too: one
     # 3 MB body made every query touching it fail, although the message advised substr().
     result = query(make_docs(tmp_path / "docs.db", 3_000_000), sql)
@@ -682,8 +747,9 @@ def test_a_stored_value_larger_than_max_bytes_is_not_returned_whole(tmp_path: Pa
     db = make_docs(tmp_path / "docs.db", 3_000_000)
     alone = query(db, "SELECT id, body FROM docs WHERE id = 2")
     assert alone.code == "TOOL_FAILED"
-    assert ('the first row alone is about 3000007 bytes (column "body" about 3000002), more than the '
-            "1048576-byte limit") in alone.text and "substr()" in alone.text
+    assert (
+        'the first row alone is about 3000007 bytes (column "body" about 3000002), more than the 1048576-byte limit'
+    ) in alone.text and "substr()" in alone.text
     after = query(db, "SELECT id, body FROM docs ORDER BY id")
     assert after.value["rows"] == [[1, "hello"]] and after.value["truncated"] is True
 
@@ -698,9 +764,28 @@ def test_a_value_larger_than_one_value_may_be_is_refused_as_such(tmp_path: Path)
         assert "a stored value that large cannot be read here" in result.text
 
 
-@pytest.mark.parametrize("value", ["plain", "", "naïve — ☃ 😀", 'quote " back \\ \x00 \x1f', b"", b"\x00\xff" * 7,
-                                   NotUtf8(b"\xff"), NotUtf8(b"A\xed\xa0\x80"),
-                                   0, -7, 2**63 - 1, 0.1, -0.0, 1e300, float("nan"), float("-inf"), None])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "plain",
+        "",
+        "naïve — ☃ 😀",
+        'quote " back \\ \x00 \x1f',
+        b"",
+        b"\x00\xff" * 7,
+        NotUtf8(b"\xff"),
+        NotUtf8(b"A\xed\xa0\x80"),
+        0,
+        -7,
+        2**63 - 1,
+        0.1,
+        -0.0,
+        1e300,
+        float("nan"),
+        float("-inf"),
+        None,
+    ],
+)
 def test_the_cheap_size_of_a_value_is_never_more_than_its_json(value: object) -> None:
     # A row whose cheap size is past the budget is refused or truncated without being encoded.
     from dsh_sqlite_query._worker import _dumps, _floor_size, _json_value
@@ -711,8 +796,9 @@ def test_the_cheap_size_of_a_value_is_never_more_than_its_json(value: object) ->
         assert _floor_size(value) == exact
 
 
-def test_workers_are_killed_without_process_kill_which_could_reap_them_first(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_are_killed_without_process_kill_which_could_reap_them_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In 3.11 ``Process.kill()`` polls (``waitpid``) first: a worker that had just exited was reaped
     there, and asyncio's child watcher then reported exit status 255 instead of its own."""
 
@@ -744,14 +830,20 @@ def test_a_large_sort_spills_to_memory_under_the_cap_not_to_temp_files(tmp_path:
 
     connection = _worker.connect(str(make_db(tmp_path / "app.db")), time.monotonic() + 30)
     try:
-        cursor = connection.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 10000) "
-                                    "SELECT i FROM n ORDER BY randomblob(1000) || i")
+        cursor = connection.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 10000) "
+            "SELECT i FROM n ORDER BY randomblob(1000) || i"
+        )
         assert cursor.fetchone() is not None
         assert _open_temp_files() == []
     finally:
         connection.close()
-    result = query(tmp_path / "app.db", "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
-                   "LIMIT 100000) SELECT i FROM n ORDER BY randomblob(1000) || i", memory_mb=16)
+    result = query(
+        tmp_path / "app.db",
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+        "LIMIT 100000) SELECT i FROM n ORDER BY randomblob(1000) || i",
+        memory_mb=16,
+    )
     assert result.code == "TOOL_FAILED"
     assert "the query needed more than the 16 MiB of memory it may use" in result.text
 

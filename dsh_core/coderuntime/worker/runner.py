@@ -266,8 +266,9 @@ def _missing(error: tuple[type[Exception], str] | None, lookup: type[LookupError
 _KNOWN_SHOWN = 40
 
 
-def _unknown(cls: type[Exception], error: tuple[type[Exception], str] | None, global_name: str, name: str,
-             known: list[str]) -> Exception:
+def _unknown(
+    cls: type[Exception], error: tuple[type[Exception], str] | None, global_name: str, name: str, known: list[str]
+) -> Exception:
     # The names it has: a program (or the model writing it) that guessed a name, or asked for a
     # tool its agent does not see, learns what it may call instead.
     shown = ", ".join(known[:_KNOWN_SHOWN]) or "none"

@@ -114,8 +114,10 @@ class WireError(ValueError):
 
 
 def _subscripts(path: tuple[str | int, ...]) -> str:
-    parts = [f"[{json.dumps(key[:40] + '...' if len(key) > 40 else key)}]" if type(key) is str else f"[{key}]"
-             for key in path]
+    parts = [
+        f"[{json.dumps(key[:40] + '...' if len(key) > 40 else key)}]" if type(key) is str else f"[{key}]"
+        for key in path
+    ]
     if len(parts) > 16:  # a deep culprit: its first and last steps
         parts[8:-8] = ["..."]
     return "".join(parts)
@@ -602,8 +604,9 @@ def _json_text(encoder: json.JSONEncoder, value: object) -> str:
 
 
 def _long_int_error(digits: int) -> WireError:
-    return WireError(f"int of more than {digits} digits does not survive JSON (Python refuses to "
-                     "convert it to and from text)")
+    return WireError(
+        f"int of more than {digits} digits does not survive JSON (Python refuses to convert it to and from text)"
+    )
 
 
 def _has_long_int(value: object) -> bool:
@@ -702,8 +705,10 @@ class Ledger:
         """The output-limit diagnostic: the byte cap, or the entry cap when that is what was reached."""
         if self.counted_out:
             floor = f", at least {MIN_LOG_ENTRIES}" if self.cap // LOG_ENTRY_BYTES < MIN_LOG_ENTRIES else ""
-            return (f"outer output exceeded {self.max_entries} log entries (one per {LOG_ENTRY_BYTES} bytes "
-                    f"of the {self.cap}-byte output cap{floor}); print fewer, longer lines")
+            return (
+                f"outer output exceeded {self.max_entries} log entries (one per {LOG_ENTRY_BYTES} bytes "
+                f"of the {self.cap}-byte output cap{floor}); print fewer, longer lines"
+            )
         return f"outer output exceeded {self.cap} bytes"
 
     def fitted(self, message: str) -> tuple[list[str], str]:

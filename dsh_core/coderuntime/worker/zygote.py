@@ -316,8 +316,10 @@ def main() -> None:
                         if spare is None:
                             # The errno tells the host whether this is the moment (no process or
                             # descriptor left) or the level.
-                            refusal = {"m": f"the zygote could not fork a worker: {refused}",
-                                       "errno": refused.errno if refused is not None else None}
+                            refusal = {
+                                "m": f"the zygote could not fork a worker: {refused}",
+                                "errno": refused.errno if refused is not None else None,
+                            }
                             break
                     pid, channel, handle = spare
                     spare = None

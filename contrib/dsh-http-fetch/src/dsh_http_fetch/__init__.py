@@ -41,8 +41,18 @@ import idna
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 from dsh_core.bounds import is_positive_seconds
 
-__all__ = ["plugin", "HttpFetch", "AddressRefused", "address_refusal", "html_to_text", "host_allowed",
-           "parse_address_entry", "parse_host_entry", "resolve", "DISPOSE_GRACE_S"]
+__all__ = [
+    "plugin",
+    "HttpFetch",
+    "AddressRefused",
+    "address_refusal",
+    "html_to_text",
+    "host_allowed",
+    "parse_address_entry",
+    "parse_host_entry",
+    "resolve",
+    "DISPOSE_GRACE_S",
+]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -52,21 +62,36 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": ["allowed_hosts"],
     "properties": {
-        "allowed_hosts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
-                          "description": 'hosts the tool may fetch from: "example.com", "*.python.org", '
-                                         '"127.0.0.1:8080" (with a port: that port only), "::1", "[::1]:8080"'},
+        "allowed_hosts": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "minLength": 1},
+            "description": 'hosts the tool may fetch from: "example.com", "*.python.org", '
+            '"127.0.0.1:8080" (with a port: that port only), "::1", "[::1]:8080"',
+        },
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 15},
-        "max_bytes": {"type": "integer", "minimum": 1024, "default": 1048576,
-                      "description": "most bytes of a response body that are read"},
+        "max_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 1048576,
+            "description": "most bytes of a response body that are read",
+        },
         "max_redirects": {"type": "integer", "minimum": 0, "default": 5},
-        "max_concurrent": {"type": "integer", "minimum": 1, "default": 8,
-                           "description": "most fetches in flight at once; more wait their turn, within their "
-                                          "timeout_s"},
-        "allowed_addresses": {"type": "array", "default": [],
-                              "items": {"type": "string", "minLength": 1}, "uniqueItems": True,
-                              "description": "addresses and networks that are not public (loopback, private, "
-                                             'link-local, ...) but may be connected to: "10.20.0.0/16", '
-                                             '"127.0.0.1", "::1". By default only public addresses are.'},
+        "max_concurrent": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 8,
+            "description": "most fetches in flight at once; more wait their turn, within their timeout_s",
+        },
+        "allowed_addresses": {
+            "type": "array",
+            "default": [],
+            "items": {"type": "string", "minLength": 1},
+            "uniqueItems": True,
+            "description": "addresses and networks that are not public (loopback, private, "
+            'link-local, ...) but may be connected to: "10.20.0.0/16", '
+            '"127.0.0.1", "::1". By default only public addresses are.',
+        },
         "example_url": {"type": "string", "description": "the URL of the tool's example (for the conformance kit)"},
         "dispose_grace_s": {
             "type": "number",
@@ -78,8 +103,34 @@ CONFIG_SCHEMA: dict[str, Any] = {
     },
 }
 
-_BLOCKS = {"p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
-           "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "hr", "title", "nav", "main", "dd", "dt"}
+_BLOCKS = {
+    "p",
+    "div",
+    "br",
+    "li",
+    "ul",
+    "ol",
+    "tr",
+    "table",
+    "section",
+    "article",
+    "header",
+    "footer",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "pre",
+    "blockquote",
+    "hr",
+    "title",
+    "nav",
+    "main",
+    "dd",
+    "dt",
+}
 # Not "head": its end tag may be left out (``<head><title>T</title><body>...``), and skipping until a
 # </head> that never comes would drop the whole page. What else a head holds is skipped or has no text.
 _SKIPPED = {"script", "style", "noscript", "template", "svg"}
@@ -146,8 +197,9 @@ def html_to_text(html: str) -> tuple[str | None, str]:
     if rest.startswith("<") and rest not in ("<", "</") and not getattr(parser, "cdata_elem", None):
         parser.rawdata = ""
     parser.close()
-    lines = (re.sub(r"\s+", " ", line).strip().translate(_PRE_RESTORE).rstrip()
-             for line in "".join(parser.parts).split("\n"))
+    lines = (
+        re.sub(r"\s+", " ", line).strip().translate(_PRE_RESTORE).rstrip() for line in "".join(parser.parts).split("\n")
+    )
     text = "\n".join(line for line in lines if line)
     title = re.sub(r"\s+", " ", parser.title).strip() if parser.title else None
     return title, text
@@ -183,9 +235,10 @@ def parse_address_entry(entry: str) -> IPNetwork:
     try:
         return ipaddress.ip_network(entry.strip(), strict=True)
     except ValueError as error:
-        raise ValueError(f"malformed allowed_addresses entry {entry!r}: {error}; expected an address or a network "
-                         "such as 10.20.0.0/16 (not a host name: a name's address is what DNS rebinding changes)"
-                         ) from None
+        raise ValueError(
+            f"malformed allowed_addresses entry {entry!r}: {error}; expected an address or a network "
+            "such as 10.20.0.0/16 (not a host name: a name's address is what DNS rebinding changes)"
+        ) from None
 
 
 # NAT64 (RFC 6052): a gateway carries 64:ff9b::a.b.c.d to the IPv4 address a.b.c.d.
@@ -423,10 +476,14 @@ class _CheckedBackend(httpcore.AsyncNetworkBackend):
         self._allowed = tuple(allowed)
         self._inner = httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-                          ) -> httpcore.AsyncNetworkStream:
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
         try:
             async with asyncio.timeout(timeout):
                 addresses = await resolve(host, port)
@@ -443,10 +500,12 @@ class _CheckedBackend(httpcore.AsyncNetworkBackend):
                 raise AddressRefused(host, address, reason)
         for address in addresses[:-1]:  # one after another, in the resolver's order; the last one's error is raised
             with contextlib.suppress(httpcore.ConnectError, httpcore.ConnectTimeout):
-                return await self._inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                     socket_options=socket_options)
-        return await self._inner.connect_tcp(addresses[-1], port, timeout=timeout, local_address=local_address,
-                                             socket_options=socket_options)
+                return await self._inner.connect_tcp(
+                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
+        return await self._inner.connect_tcp(
+            addresses[-1], port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
@@ -463,10 +522,13 @@ class _CheckedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, backend: _CheckedBackend, ssl_context: ssl.SSLContext) -> None:
         super().__init__(verify=ssl_context, trust_env=False)
         if not isinstance(getattr(self, "_pool", None), httpcore.AsyncConnectionPool):
-            raise ToolError("http-fetch: this httpx version has no connection pool where expected, so the address "
-                            "check cannot be installed; refusing to fetch")
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=backend,
-                                                  keepalive_expiry=5.0)
+            raise ToolError(
+                "http-fetch: this httpx version has no connection pool where expected, so the address "
+                "check cannot be installed; refusing to fetch"
+            )
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context, network_backend=backend, keepalive_expiry=5.0
+        )
 
 
 def host_allowed(url: httpx.URL, allowed: list[str]) -> bool:
@@ -524,10 +586,12 @@ class HttpFetch:
         self.max_concurrent: int = config.get("max_concurrent", 8)
         # One per event loop: a semaphore is bound to the loop it first waits on.
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
         try:
-            self.allowed_addresses: list[IPNetwork] = [parse_address_entry(entry)
-                                                       for entry in config.get("allowed_addresses", [])]
+            self.allowed_addresses: list[IPNetwork] = [
+                parse_address_entry(entry) for entry in config.get("allowed_addresses", [])
+            ]
         except ValueError as error:
             raise ToolError(f"http-fetch: {error}") from None
         self._ssl_context: ssl.SSLContext | None = None
@@ -546,36 +610,46 @@ class HttpFetch:
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
         """Register ``fetch``."""
-        register(define_tool(
-            name="fetch",
-            description=("Fetch a web page or text document with HTTP GET and return its text (HTML is "
-                         f"converted to plain text). Allowed hosts: {', '.join(self.allowed)}. Responses are "
-                         f"cut at {self.max_bytes} bytes."),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "url": {"type": "string", "description": "an http(s) URL on an allowed host"},
-                    "raw": {"type": "boolean", "default": False,
-                            "description": "return HTML source instead of extracted text"},
+        register(
+            define_tool(
+                name="fetch",
+                description=(
+                    "Fetch a web page or text document with HTTP GET and return its text (HTML is "
+                    f"converted to plain text). Allowed hosts: {', '.join(self.allowed)}. Responses are "
+                    f"cut at {self.max_bytes} bytes."
+                ),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "url": {"type": "string", "description": "an http(s) URL on an allowed host"},
+                        "raw": {
+                            "type": "boolean",
+                            "default": False,
+                            "description": "return HTML source instead of extracted text",
+                        },
+                    },
+                    "required": ["url"],
+                    "additionalProperties": False,
                 },
-                "required": ["url"],
-                "additionalProperties": False,
-            },
-            output_schema={
-                "type": "object",
-                "properties": {
-                    "url": {"type": "string"}, "status": {"type": "integer"},
-                    "content_type": {"type": "string"}, "title": {"type": ["string", "null"]},
-                    "text": {"type": "string"}, "truncated": {"type": "boolean"},
+                output_schema={
+                    "type": "object",
+                    "properties": {
+                        "url": {"type": "string"},
+                        "status": {"type": "integer"},
+                        "content_type": {"type": "string"},
+                        "title": {"type": ["string", "null"]},
+                        "text": {"type": "string"},
+                        "truncated": {"type": "boolean"},
+                    },
+                    "required": ["url", "status", "content_type", "title", "text", "truncated"],
                 },
-                "required": ["url", "status", "content_type", "title", "text", "truncated"],
-            },
-            execute=self.fetch,
-            render=_render,
-            is_concurrency_safe=True,
-            examples=self.examples,
-            annotations={"read_only": True},
-        ))
+                execute=self.fetch,
+                render=_render,
+                is_concurrency_safe=True,
+                examples=self.examples,
+                annotations={"read_only": True},
+            )
+        )
 
     def _check(self, raw: str, *, via: str | None = None) -> httpx.URL:
         prefix = f"redirect from {via} to {raw} refused: " if via else ""
@@ -592,8 +666,10 @@ class HttpFetch:
         if not url.host:
             raise ToolError(f"{prefix}the URL {raw!r} names no host")
         if not host_allowed(url, self.allowed):
-            raise ToolError(f"{prefix}host {url.host!r} is not in the allowed hosts ({', '.join(self.allowed)}); "
-                            "ask the user to add it to allowed_hosts in the http-fetch config")
+            raise ToolError(
+                f"{prefix}host {url.host!r} is not in the allowed hosts ({', '.join(self.allowed)}); "
+                "ask the user to add it to allowed_hosts in the http-fetch config"
+            )
         return url
 
     async def fetch(self, args: Any, ctx: ToolContext) -> Any:
@@ -623,10 +699,14 @@ class HttpFetch:
                     return await self._request(url, raw)
         except TimeoutError:
             if waiting:
-                raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s waiting for its turn: "
-                                f"max_concurrent ({self.max_concurrent}) fetches were in flight") from None
-            raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s (timeout_s bounds the whole "
-                            "request: connecting, redirects and reading the body)") from None
+                raise ToolError(
+                    f"fetching {url} timed out after {self.timeout_s:g} s waiting for its turn: "
+                    f"max_concurrent ({self.max_concurrent}) fetches were in flight"
+                ) from None
+            raise ToolError(
+                f"fetching {url} timed out after {self.timeout_s:g} s (timeout_s bounds the whole "
+                "request: connecting, redirects and reading the body)"
+            ) from None
 
     async def _request(self, url: httpx.URL, raw: bool) -> dict[str, Any]:
         timeout = httpx.Timeout(self.timeout_s)
@@ -636,8 +716,9 @@ class HttpFetch:
         via: httpx.URL | None = None
         try:
             # trust_env=False: no proxies or netrc credentials from the environment.
-            async with httpx.AsyncClient(transport=transport, follow_redirects=False, timeout=timeout,
-                                         trust_env=False) as client:
+            async with httpx.AsyncClient(
+                transport=transport, follow_redirects=False, timeout=timeout, trust_env=False
+            ) as client:
                 for _ in range(self.max_redirects + 1):
                     headers = {"Accept": _ACCEPT, "Accept-Encoding": _ACCEPT_ENCODING}
                     async with client.stream("GET", url, headers=headers) as response:
@@ -649,13 +730,16 @@ class HttpFetch:
                 raise ToolError(f"more than {self.max_redirects} redirects starting from the URL; giving up")
         except AddressRefused as refused:
             what = f"redirect from {via} to {url}" if via is not None else f"fetching {url}"
-            raise ToolError(f"{what} refused: {refused}; only public addresses are connected to, unless the "
-                            "address or its network is in allowed_addresses in the http-fetch config") from None
+            raise ToolError(
+                f"{what} refused: {refused}; only public addresses are connected to, unless the "
+                "address or its network is in allowed_addresses in the http-fetch config"
+            ) from None
         except UnicodeError as error:
             # httpx prepares a redirect's next request itself, even when not following it, and an "xn--" host
             # in the Location that is not valid IDNA raises IDNAError there, which is no httpx.HTTPError.
-            raise ToolError(f"redirect from {url} refused: its Location header is an invalid URL "
-                            f"({type(error).__name__}: {error})") from None
+            raise ToolError(
+                f"redirect from {url} refused: its Location header is an invalid URL ({type(error).__name__}: {error})"
+            ) from None
         except httpx.TimeoutException:
             raise ToolError(f"fetching {url} timed out after {self.timeout_s:g} s") from None
         except httpx.HTTPError as error:
@@ -666,12 +750,14 @@ class HttpFetch:
         textual = content_type.startswith("text/") or content_type.endswith(_TEXT_SUFFIXES) or not content_type
         if not textual:
             if response.status_code >= 400:  # the status says more than the type of its error page
-                raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is "
-                                f"{content_type}, not shown)")
+                raise ToolError(
+                    f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is "
+                    f"{content_type}, not shown)"
+                )
             raise ToolError(f"{url} is {content_type}, not text; only text documents can be fetched")
         body = await self._body(url, response)
         truncated = len(body) > self.max_bytes
-        del body[self.max_bytes:]
+        del body[self.max_bytes :]
         html = content_type in ("text/html", "application/xhtml+xml")
         charset = response.charset_encoding
         if charset is None and content_type.endswith("xml"):
@@ -687,14 +773,21 @@ class HttpFetch:
         if response.status_code >= 400:
             snippet = text[:500] + ("..." if len(text) > 500 else "")
             raise ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url}: {snippet}")
-        return {"url": str(url), "status": response.status_code, "content_type": content_type or "unknown",
-                "title": title, "text": text, "truncated": truncated}
+        return {
+            "url": str(url),
+            "status": response.status_code,
+            "content_type": content_type or "unknown",
+            "title": title,
+            "text": text,
+            "truncated": truncated,
+        }
 
     async def _convert(self, url: httpx.URL, html: str) -> tuple[str | None, str]:
         """:func:`html_to_text` of ``html`` (the page at ``url``) on the plugin's converter threads."""
         if self._closed:
-            raise ToolError("http-fetch was shut down while fetching (its plugin was disposed); the page was not "
-                            "converted")
+            raise ToolError(
+                "http-fetch was shut down while fetching (its plugin was disposed); the page was not converted"
+            )
         if self._converter is None:
             self._converter = _Converter(_CONVERTER_THREADS)
         future = self._converter.submit(html)
@@ -760,11 +853,18 @@ class HttpFetch:
         codings = _content_codings(header)
         refused = next((c for c in codings if c not in _DECODED_CODINGS), None)
         if refused is not None:
-            raise _body_error(url, response, f"the body's Content-Encoding {refused!r} was not asked for and "
-                                             "cannot be decoded (only gzip and deflate are)")
+            raise _body_error(
+                url,
+                response,
+                f"the body's Content-Encoding {refused!r} was not asked for and "
+                "cannot be decoded (only gzip and deflate are)",
+            )
         if len(codings) > _MAX_CODINGS:
-            raise _body_error(url, response, f"the body has {len(codings)} stacked content encodings ({header}); "
-                                             f"at most {_MAX_CODINGS} are decoded")
+            raise _body_error(
+                url,
+                response,
+                f"the body has {len(codings)} stacked content encodings ({header}); at most {_MAX_CODINGS} are decoded",
+            )
         limit = self.max_bytes + 1
         raw_limit = 2 * limit + _DECODED_CHUNK
         decoding = _Decoding(codings, raw_limit)
@@ -785,9 +885,13 @@ class HttpFetch:
                     raise _Overlong
             decoding.finish()
         except _Overlong:
-            raise _body_error(url, response, f"the body's {header} data took more than {raw_limit} bytes to decode "
-                                             f"to {len(body)}; compressed data is never that much larger than what "
-                                             "it holds") from None
+            raise _body_error(
+                url,
+                response,
+                f"the body's {header} data took more than {raw_limit} bytes to decode "
+                f"to {len(body)}; compressed data is never that much larger than what "
+                "it holds",
+            ) from None
         except _Undecodable as error:
             raise _body_error(url, response, str(error)) from None
         return body
@@ -802,8 +906,7 @@ _TEXT_SUFFIXES = ("json", "xml", "yaml", "javascript", "ecmascript", "toml", "sq
 # "*/*" (RFC 9110, section 12.5.1): servers that parse Accept strictly answer 406 to a malformed one such as
 # "*/json". "*/*" comes last, as browsers send it, so a server that negotiates strictly answers with what it has
 # rather than 406; a type that is not text is then refused by its Content-Type, before its body is read.
-_ACCEPT = ("text/html, application/xhtml+xml, application/json, text/*;q=0.9, application/xml;q=0.9, "
-           "*/*;q=0.1")
+_ACCEPT = "text/html, application/xhtml+xml, application/json, text/*;q=0.9, application/xml;q=0.9, */*;q=0.1"
 
 # The content codings the request offers. The plugin decodes them itself, from the raw bytes, because httpx's
 # decoders have no limit on their output: each raw chunk becomes one decoded chunk, so a 64 KiB read of a gzip
@@ -994,12 +1097,42 @@ _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs
 # ASCII bytes into lone surrogates ("a+2AA-b" is "a\ud800b"); punycode, a codec of host-name labels, decodes
 # in time quadratic in the text (a 1 MiB page: minutes, on the event loop, where neither the timeout nor an
 # abort can stop it) and garbles any ASCII page; bytes-to-bytes codecs (base64, zlib) are no text encoding.
-_DOCUMENT_CODECS = frozenset({
-    "utf-8", "utf-16", "utf-16-le", "utf-16-be", "ascii", "cp866", "koi8-r", "koi8-u", "mac-roman", "mac-cyrillic",
-    "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257", "cp1258",
-    *(f"iso8859-{part}" for part in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16)),
-    "gbk", "gb2312", "gb18030", "big5", "big5hkscs", "euc_jp", "iso2022_jp", "shift_jis", "cp932", "euc_kr", "cp949",
-})
+_DOCUMENT_CODECS = frozenset(
+    {
+        "utf-8",
+        "utf-16",
+        "utf-16-le",
+        "utf-16-be",
+        "ascii",
+        "cp866",
+        "koi8-r",
+        "koi8-u",
+        "mac-roman",
+        "mac-cyrillic",
+        "cp874",
+        "cp1250",
+        "cp1251",
+        "cp1252",
+        "cp1253",
+        "cp1254",
+        "cp1255",
+        "cp1256",
+        "cp1257",
+        "cp1258",
+        *(f"iso8859-{part}" for part in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16)),
+        "gbk",
+        "gb2312",
+        "gb18030",
+        "big5",
+        "big5hkscs",
+        "euc_jp",
+        "iso2022_jp",
+        "shift_jis",
+        "cp932",
+        "euc_kr",
+        "cp949",
+    }
+)
 
 
 def _decode(body: bytearray, charset: str | None) -> str:
@@ -1012,7 +1145,7 @@ def _decode(body: bytearray, charset: str | None) -> str:
     """
     for bom, codec in _BOMS:
         if body.startswith(bom):
-            return body[len(bom):].decode(codec, errors="replace")
+            return body[len(bom) :].decode(codec, errors="replace")
     try:
         codec = "utf-8" if charset is None else codecs.lookup(charset).name
     except LookupError:
@@ -1034,8 +1167,9 @@ def _netloc(host: str, port: str) -> str:
 def _body_error(url: httpx.URL, response: httpx.Response, problem: str) -> ToolError:
     """Why the body of ``url`` cannot be shown; an error status comes first, as it says more."""
     if response.status_code >= 400:
-        return ToolError(f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is not shown: "
-                         f"{problem})")
+        return ToolError(
+            f"HTTP {response.status_code} {response.reason_phrase} for {url} (its body is not shown: {problem})"
+        )
     return ToolError(f"fetching {url} failed: {problem}")
 
 

@@ -34,13 +34,25 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "properties": {
         "database": {"type": "string", "minLength": 1, "description": "path of the SQLite database file"},
         "max_rows": {"type": "integer", "minimum": 1, "default": 200, "description": "rows returned at most"},
-        "max_bytes": {"type": "integer", "minimum": 1024, "default": 1 << 20,
-                      "description": "bytes of rows (as JSON: text as UTF-8, BLOBs as base64) returned at most"},
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10,
-                      "description": "a query running (or waiting for a writer's lock) longer is interrupted"},
-        "memory_mb": {"type": "integer", "minimum": 16, "default": 64,
-                      "description": "memory a query's worker process may use beyond its start (Linux); "
-                                     "one value may take an eighth of it"},
+        "max_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 1 << 20,
+            "description": "bytes of rows (as JSON: text as UTF-8, BLOBs as base64) returned at most",
+        },
+        "timeout_s": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 10,
+            "description": "a query running (or waiting for a writer's lock) longer is interrupted",
+        },
+        "memory_mb": {
+            "type": "integer",
+            "minimum": 16,
+            "default": 64,
+            "description": "memory a query's worker process may use beyond its start (Linux); "
+            "one value may take an eighth of it",
+        },
     },
 }
 
@@ -77,52 +89,68 @@ class SqliteQuery:
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
         """Register ``sql_query``."""
-        register(define_tool(
-            name="sql_query",
-            description=(f"Run one read-only SQL query (SQLite dialect) against {os.path.basename(self.database)} "
-                         "and get rows as JSON. Pass values as params (a list for ?, an object for :name) — "
-                         f"never inside the SQL text. At most {self.max_rows} rows (and about "
-                         f"{self.max_bytes // 1024} KiB) are returned. List tables "
-                         "with: SELECT name, sql FROM sqlite_schema. A value JSON cannot hold comes as an "
-                         'object naming its type: a BLOB as {"blob_base64": "..."}, TEXT that is not valid UTF-8 '
-                         'as its bytes, {"text_base64": "..."}, a REAL JSON cannot hold as {"real": "Infinity"}, '
-                         '{"real": "-Infinity"} or {"real": "-0.0"}.'),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "sql": {"type": "string", "description": "one SELECT (or WITH ... SELECT) statement"},
-                    "params": {"oneOf": [{"type": "array", "items": _SCALAR},
-                                         {"type": "object", "additionalProperties": _SCALAR}],
-                               "description": "values bound to ? (list) or :name (object) placeholders"},
+        register(
+            define_tool(
+                name="sql_query",
+                description=(
+                    f"Run one read-only SQL query (SQLite dialect) against {os.path.basename(self.database)} "
+                    "and get rows as JSON. Pass values as params (a list for ?, an object for :name) — "
+                    f"never inside the SQL text. At most {self.max_rows} rows (and about "
+                    f"{self.max_bytes // 1024} KiB) are returned. List tables "
+                    "with: SELECT name, sql FROM sqlite_schema. A value JSON cannot hold comes as an "
+                    'object naming its type: a BLOB as {"blob_base64": "..."}, TEXT that is not valid UTF-8 '
+                    'as its bytes, {"text_base64": "..."}, a REAL JSON cannot hold as {"real": "Infinity"}, '
+                    '{"real": "-Infinity"} or {"real": "-0.0"}.'
+                ),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "sql": {"type": "string", "description": "one SELECT (or WITH ... SELECT) statement"},
+                        "params": {
+                            "oneOf": [
+                                {"type": "array", "items": _SCALAR},
+                                {"type": "object", "additionalProperties": _SCALAR},
+                            ],
+                            "description": "values bound to ? (list) or :name (object) placeholders",
+                        },
+                    },
+                    "required": ["sql"],
+                    "additionalProperties": False,
                 },
-                "required": ["sql"],
-                "additionalProperties": False,
-            },
-            output_schema={
-                "type": "object",
-                "properties": {
-                    "columns": {"type": "array", "items": {"type": "string"}},
-                    "rows": {"type": "array", "items": {"type": "array", "items": _CELL}},
-                    "row_count": {"type": "integer"},
-                    "truncated": {"type": "boolean"},
+                output_schema={
+                    "type": "object",
+                    "properties": {
+                        "columns": {"type": "array", "items": {"type": "string"}},
+                        "rows": {"type": "array", "items": {"type": "array", "items": _CELL}},
+                        "row_count": {"type": "integer"},
+                        "truncated": {"type": "boolean"},
+                    },
+                    "required": ["columns", "rows", "row_count", "truncated"],
                 },
-                "required": ["columns", "rows", "row_count", "truncated"],
-            },
-            execute=self.query,
-            render=_render,
-            is_concurrency_safe=True,
-            examples=[{"sql": "SELECT name, type FROM sqlite_schema ORDER BY name"},
-                      {"sql": "SELECT ? + ? AS total", "params": [1, 2]},
-                      {"sql": "SELECT upper(:word) AS shout", "params": {"word": "hello"}}],
-            annotations={"read_only": True},
-        ))
+                execute=self.query,
+                render=_render,
+                is_concurrency_safe=True,
+                examples=[
+                    {"sql": "SELECT name, type FROM sqlite_schema ORDER BY name"},
+                    {"sql": "SELECT ? + ? AS total", "params": [1, 2]},
+                    {"sql": "SELECT upper(:word) AS shout", "params": {"word": "hello"}},
+                ],
+                annotations={"read_only": True},
+            )
+        )
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         """Start a worker: this interpreter, isolated (``-I -S``), running :mod:`._worker` by its path."""
         try:
             return await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", _worker.__file__, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+                sys.executable,
+                "-I",
+                "-S",
+                _worker.__file__,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
         except OSError as error:
             raise ToolError(f"cannot start the query worker: {error.strerror or error}") from None
 
@@ -163,9 +191,15 @@ class SqliteQuery:
             raise ToolError(f"the database file {self.database} does not exist; check the plugin's database config")
         params = args.get("params", [])
         params = dict(params) if isinstance(params, Mapping) else list(params)
-        request = {"database": self.database, "sql": args["sql"], "params": params,
-                   "max_rows": self.max_rows, "max_bytes": self.max_bytes, "timeout_s": self.timeout_s,
-                   "memory_mb": self.memory_mb}
+        request = {
+            "database": self.database,
+            "sql": args["sql"],
+            "params": params,
+            "max_rows": self.max_rows,
+            "max_bytes": self.max_bytes,
+            "timeout_s": self.timeout_s,
+            "memory_mb": self.memory_mb,
+        }
         process = await self._spawn()
         timed_out = False
 
@@ -186,15 +220,18 @@ class SqliteQuery:
             timer.cancel()
             await asyncio.shield(self._reap(process, exchange))  # no worker outlives the call
         if timed_out:
-            raise ToolError(f"the query ran longer than {self.timeout_s:g} s and was interrupted; "
-                            "add a LIMIT or a narrower WHERE")
+            raise ToolError(
+                f"the query ran longer than {self.timeout_s:g} s and was interrupted; add a LIMIT or a narrower WHERE"
+            )
         try:
             reply = json.loads(answer)
         except ValueError:
             reply = None
         if not isinstance(reply, dict) or not ("result" in reply or "error" in reply):
-            raise ToolError(f"the query worker ended without an answer (exit status {process.returncode}); the query "
-                            f"may have needed more than the {self.memory_mb} MiB of memory it may use")
+            raise ToolError(
+                f"the query worker ended without an answer (exit status {process.returncode}); the query "
+                f"may have needed more than the {self.memory_mb} MiB of memory it may use"
+            )
         if "error" in reply:
             raise ToolError(str(reply["error"]))
         return reply["result"]

@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 MAX_MESSAGE_CHARS = 2000
 
 # Everything else (writes, ATTACH, PRAGMA, transactions, DDL) is refused by SQLite.
-_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                              sqlite3.SQLITE_RECURSIVE})
+_ALLOWED_ACTIONS = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
 
 # Functions that reach past the data: fts3_tokenizer returns a raw C pointer (and with two arguments
 # installs one as a tokenizer's code); load_extension loads native code.
@@ -46,8 +47,9 @@ _DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
 # (``SELECT * FROM pragma_table_info('t')``): SQLite runs the PRAGMA itself while the SELECT
 # runs, which the authorizer sees as SQLITE_PRAGMA with the pragma's name. Not database_list
 # (the host's file paths), nor any PRAGMA that sets something.
-_SCHEMA_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
-                             "foreign_key_list"})
+_SCHEMA_PRAGMAS = frozenset(
+    {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
+)
 
 
 def _authorizer() -> Callable[..., int]:
@@ -175,8 +177,7 @@ def connect(database: str, deadline: float) -> sqlite3.Connection:
     uri += "?mode=ro"
     # timeout: how long to wait for a writer's lock; the progress handler does not run in that
     # wait, so sqlite3's default of 5 s would outlast a shorter timeout_s.
-    connection = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                 timeout=max(0.0, deadline - time.monotonic()))
+    connection = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=max(0.0, deadline - time.monotonic()))
     connection.text_factory = _text
     connection.execute("PRAGMA query_only = ON")
     # Sorts, DISTINCT, GROUP BY and materialized subqueries that outgrow the page cache spill to
@@ -199,8 +200,10 @@ def run(connection: sqlite3.Connection, request: dict[str, Any]) -> str:
     names = [d[0] for d in cursor.description or ()]
     columns = _dumps(names)
     if _size(columns) > max_bytes:
-        raise Refused(f"the column names alone are about {_size(columns)} bytes, more than the {max_bytes}-byte "
-                      "limit; name the columns with AS")
+        raise Refused(
+            f"the column names alone are about {_size(columns)} bytes, more than the {max_bytes}-byte "
+            "limit; name the columns with AS"
+        )
     rows: list[str] = []
     used = 0
     truncated = False
@@ -224,13 +227,17 @@ def run(connection: sqlite3.Connection, request: dict[str, Any]) -> str:
             # The name shortened: it may be up to max_bytes long, and a message is MAX_MESSAGE_CHARS at most.
             name = names[widest] if len(names[widest]) <= 80 else names[widest][:80] + "..."
             detail = f" (column {_dumps(name)} about {floors[widest]})" if len(floors) > 1 else ""
-            raise Refused(f"the first row alone is about {size} bytes{detail}, more than the {max_bytes}-byte "
-                          "limit; select fewer or shorter columns (substr(), length())")
+            raise Refused(
+                f"the first row alone is about {size} bytes{detail}, more than the {max_bytes}-byte "
+                "limit; select fewer or shorter columns (substr(), length())"
+            )
         else:
             rows.append(encoded)
             used += size
-    return (f'{{"columns":{columns},"rows":[{",".join(rows)}],"row_count":{len(rows)},'
-            f'"truncated":{"true" if truncated else "false"}}}')
+    return (
+        f'{{"columns":{columns},"rows":[{",".join(rows)}],"row_count":{len(rows)},'
+        f'"truncated":{"true" if truncated else "false"}}}'
+    )
 
 
 def describe(error: BaseException, request: dict[str, Any], deadline: float) -> str:
@@ -242,38 +249,49 @@ def describe(error: BaseException, request: dict[str, Any], deadline: float) -> 
         # All of them come from the schema, which SQLite keeps as written, UTF-8 or not. The rows are lost
         # with the error, so the result cannot be given, tagged or replaced; the message can say why.
         shown = error.object[:300].decode("utf-8", "backslashreplace")
-        return (f"SQL error: {shown} (SQLite's message holds bytes that are not UTF-8, shown as \\xNN: a name "
-                "from the database's schema, most likely a column's, is not valid UTF-8; Python's sqlite3 cannot "
-                "pass such a name to the plugin's read-only check, which therefore refuses to read that column, "
-                "nor name a result column with it. Select the other columns; SELECT name FROM "
-                "pragma_table_info('<table>') lists a table's column names, each that is not UTF-8 as "
-                '{"text_base64": ...})')
+        return (
+            f"SQL error: {shown} (SQLite's message holds bytes that are not UTF-8, shown as \\xNN: a name "
+            "from the database's schema, most likely a column's, is not valid UTF-8; Python's sqlite3 cannot "
+            "pass such a name to the plugin's read-only check, which therefore refuses to read that column, "
+            "nor name a result column with it. Select the other columns; SELECT name FROM "
+            "pragma_table_info('<table>') lists a table's column names, each that is not UTF-8 as "
+            '{"text_base64": ...})'
+        )
     if isinstance(error, MemoryError):
-        return (f"the query needed more than the {request['memory_mb']} MiB of memory it may use; select "
-                "fewer or smaller values, or aggregate in SQL")
+        return (
+            f"the query needed more than the {request['memory_mb']} MiB of memory it may use; select "
+            "fewer or smaller values, or aggregate in SQL"
+        )
     # Told by SQLite's result code, not by words in the message: messages quote the query
     # ('no such table: database is locked'). Extended codes keep the primary one in the low byte.
     code = getattr(error, "sqlite_errorcode", None)
     code = code & 0xFF if isinstance(code, int) else None
     if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):  # the busy timeout (timeout_s) ran out
-        return (f"the database is locked by another writer; it stayed locked for {request['timeout_s']:g} s, "
-                "try again later")
+        return (
+            f"the database is locked by another writer; it stayed locked for {request['timeout_s']:g} s, "
+            "try again later"
+        )
     if code == sqlite3.SQLITE_INTERRUPT and time.monotonic() >= deadline:
-        return (f"the query ran longer than {request['timeout_s']:g} s and was interrupted; "
-                "add a LIMIT or a narrower WHERE")
+        return (
+            f"the query ran longer than {request['timeout_s']:g} s and was interrupted; add a LIMIT or a narrower WHERE"
+        )
     if code == sqlite3.SQLITE_TOOBIG:
         cap = value_cap(request["max_bytes"], request["memory_mb"])
-        return (f"a value the query reads or builds is larger than {cap} bytes, the most one value may take "
-                "(memory_mb / 8, or max_bytes if larger); a stored value that large cannot be read here, not "
-                "even in part, and a built one must be made smaller")
+        return (
+            f"a value the query reads or builds is larger than {cap} bytes, the most one value may take "
+            "(memory_mb / 8, or max_bytes if larger); a stored value that large cannot be read here, not "
+            "even in part, and a built one must be made smaller"
+        )
     # An extended READONLY code is the database's state, not the query: a hot journal left by a writer
     # that died mid-transaction (ROLLBACK), a WAL to recover (RECOVERY, CANTINIT), which a read-only
     # connection may not do.
     if code == sqlite3.SQLITE_READONLY and getattr(error, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
-        return (f"the database cannot be read now ({getattr(error, 'sqlite_errorname', 'SQLITE_READONLY')}: "
-                f"{text}): it needs a recovery, such as rolling back what a writer that stopped mid-transaction "
-                "left, which this read-only connection may not do; the query is not at fault, retry once a "
-                "writer has opened the database")
+        return (
+            f"the database cannot be read now ({getattr(error, 'sqlite_errorname', 'SQLITE_READONLY')}: "
+            f"{text}): it needs a recovery, such as rolling back what a writer that stopped mid-transaction "
+            "left, which this read-only connection may not do; the query is not at fault, retry once a "
+            "writer has opened the database"
+        )
     # SQLITE_AUTH: the authorizer said no ("authorization denied" for statements SQLite authorizes
     # as a whole, VACUUM INTO a new file); a denied function is a plain SQLITE_ERROR whose message
     # starts "not authorized to use function".
