@@ -38,19 +38,19 @@ of a newer version is refused, opened to read or to write, before anything else 
 anything written, naming the file, its version and this dsh's: its schema may be anything. So is
 another program's database, one with tables but no ``sessions`` table (every dsh's has one) or with a
 table of dsh's name but not its columns: refused, naming the file, before anything of it is changed.
-Opened with ``create=False``, a store looks at both again in each read's and write's own transaction,
-before anything else of it is read or written there: a newer dsh, or another program, may have taken
-the file over since it was opened (``dsh sessions show`` reads a long session a page at a time), and
-the read or write is refused as opening the file then would have been, with the same error. (A table
-of dsh's that another program drops meanwhile is not stood in for, as opening would: the read fails,
-naming the store and the table. dsh never drops one.) A run's store (``create=True``) looks again in
-each write's ``BEGIN IMMEDIATE`` transaction, before it writes anything: a run appends for as long as
-it runs, and an older dsh's rows must not go into a newer dsh's schema, nor into another program's
-tables. The write is refused with the same error, nothing of it written, and the run fails with it.
-It reads the version each time, and the tables only when SQLite's schema cookie (``PRAGMA
-schema_version``, which every change to a table changes) says they have changed since it last did:
-reading them costs about a sixth of an append. A run's reads are not looked at again: a run reads its
-session as it starts (resumed, right after the write that leases it), not while it appends.
+Either store, opened to read or to write, looks at both again in each read's and write's own transaction
+(a write's ``BEGIN IMMEDIATE``), before anything else of the file is read or written there: a newer dsh,
+or another program, may have taken the file over since it was opened (``dsh sessions show`` reads a long
+session a page at a time; a run appends for as long as it runs, and an older dsh's rows must not go into
+a newer dsh's schema, nor into another program's tables; nor may a run resumed read them as its
+session). The read or write is refused as opening the file then would have been, with the same error;
+nothing of a refused write is written, and a run fails with it. (A table of dsh's that another program
+drops meanwhile is not stood in for, as opening would: the read fails, naming the store and the table.
+dsh never drops one.) The version is read each time (a header field). The tables are read again only
+when SQLite's schema cookie (``PRAGMA main.schema_version``, another header field, which every table or
+index created, dropped or altered in the file changes, and the connection's temporary tables do not) has
+moved since the store last found them dsh's in a transaction that committed: reading them costs about a
+sixth of an append, the two header fields a fiftieth.
 
 Opened with ``create=False``, an existing database is never written to by opening it: neither its
 schema, its version nor its journal mode is changed. A table of dsh's that it lacks (one an older dsh
@@ -59,9 +59,11 @@ file, stands in for it; a write to such a database is refused, naming it and the
 (:meth:`SqliteSessionStore.release` and the other writes would otherwise write to the stand-in, and
 be lost), until a dsh opens it to write and adds them. Only breaking a lease where there is no
 ``leases`` table is no write: no lease holds a session there, so there is none to break. What the
-database lacks is looked at again by each read and write, not only when it was opened: a run may have
-added the tables since, and the stand-in of one the file now has is dropped, in the read's own
-transaction, so that the read sees the file's table (a stand-in shadows the file's table of its name).
+database lacks is looked at again with its tables, not only when it was opened: a run may have added
+them since (which moves the schema cookie), and the stand-in of one the file now has is dropped, in the
+read's own transaction, so that the read sees the file's table (a stand-in shadows the file's table of
+its name). A read that fails rolls the drop back, and the stand-in with it: the cookie it read is then
+not taken as looked at, and the next read looks again.
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ from dsh_core.sessions.store import (
 __all__ = ["SqliteSessionStore", "DB_FILENAME", "PAGE_CHARS", "SCHEMA_VERSION", "new_session_id"]
 
 T = TypeVar("T")
+
+#: What :meth:`SqliteSessionStore._check_again` found: the file's schema cookie, and the tables of dsh's it lacks.
+_Looked = tuple[int, tuple[str, ...]]
 
 #: The database file name inside dsh's home.
 DB_FILENAME: Final = "sessions.db"
@@ -320,6 +325,12 @@ class _Fate:
         return self._decide("abandon")
 
 
+def _schema_cookie(conn: sqlite3.Connection) -> int:
+    """The database file's schema cookie: SQLite changes it with every table or index created, dropped or
+    altered in the file, by any connection; the connection's temporary tables (the stand-ins) leave it be."""
+    return int(conn.execute("PRAGMA main.schema_version").fetchone()[0])
+
+
 def _file_tables(conn: sqlite3.Connection) -> set[str]:
     """The tables of the database file (not the connection's temporary ones), lower-cased.
 
@@ -343,8 +354,9 @@ class SqliteSessionStore:
         self.absent = False
         #: Opened with ``create=False``, the tables of dsh's the database lacks (empty temporary ones stand in).
         self._lacking: tuple[str, ...] = ()
-        #: The file's schema cookie (``PRAGMA schema_version``) when a run's store last found its tables dsh's.
-        self._tables_checked_at: int | None = None
+        #: The file's schema cookie (:func:`_schema_cookie`) when the store last found its tables dsh's (and,
+        #: opened to read, dropped the stand-ins of those it has gained) in a transaction that committed.
+        self._checked_at: int | None = None
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsh-sqlite")
         self._conn: sqlite3.Connection | None = None
         try:
@@ -411,8 +423,11 @@ class SqliteSessionStore:
             try:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
                 # First of all: a newer dsh's schema may be anything, and another program's database is
-                # left as it is (_check_file).
-                version = self._check_file(conn)[0]
+                # left as it is. The cookie is read before the tables it vouches for: each statement
+                # here is a snapshot of its own, and a change after it moves it again, to be looked at.
+                version = self._check_version(conn)
+                cookie = _schema_cookie(conn)
+                self._check_tables(conn)
                 if self._create or self.absent:
                     # Switching the journal mode writes the file's header: not for a database only read.
                     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -435,35 +450,33 @@ class SqliteSessionStore:
         except sqlite3.Error as error:
             raise SessionStoreError(f"cannot open session database {str(self.path)!r}: {error}") from None
         self._conn = conn
+        # Where _complete_schema ran, the cookie has moved since: the first transaction looks again.
+        self._checked_at = cookie
 
-    def _check_file(self, conn: sqlite3.Connection) -> tuple[int, set[str]]:
-        """The database's schema version and its tables (:func:`_file_tables`); :class:`SessionStoreError` naming
-        the file if this dsh must not read it: of a newer version, or not a dsh session database.
+    def _check_again(self, conn: sqlite3.Connection) -> _Looked:
+        """Look at the file again, at the start of a read's or write's transaction (either store): a newer dsh,
+        or another program, may have taken it over since it was opened. :class:`SessionStoreError` naming
+        the file, as opening it now would give, if this dsh must not read it; otherwise what the caller
+        hands :meth:`_looked_at` once the transaction commits, and not before.
 
-        Of a newer version first: a newer dsh's schema may be anything, so nothing else of it is read.
-        Run when the store opens the database and, opened to read, at the start of each read's and
-        write's transaction (the checks are a few small reads), so what is read is of the moment checked;
-        a run's store checks as much at each write, more cheaply (:meth:`_check_written`).
-        """
-        version = self._check_version(conn)
-        return version, self._check_tables(conn)
-
-    def _check_written(self, conn: sqlite3.Connection) -> None:
-        """What :meth:`_check_file` checks, for a run's store (``create=True``) at the start of each write's
-        ``BEGIN IMMEDIATE`` transaction: a newer dsh, or another program, may have taken the file over
-        while the run appends to it.
-
-        The version is read each time (one header field). The tables are looked at again only when the
-        file's schema has changed since they last were: SQLite's schema cookie (``PRAGMA schema_version``,
-        another header field) changes with every table created, dropped or altered. Looking at them
-        (:meth:`_check_tables`, a read of ``sqlite_master`` and of each table's columns) costs about a
-        sixth of an append; the two header fields, a fiftieth.
+        The version is read each time (one header field; of a newer version first: a newer dsh's schema
+        may be anything, so nothing else of it is read). The tables (:meth:`_check_tables`, a read of
+        ``sqlite_master`` and of each table's columns: about a sixth of an append) only when the file's
+        schema cookie (:func:`_schema_cookie`, another header field) has moved since they were last found
+        dsh's; with them, opened to read, the stand-ins of the tables the file has gained are dropped
+        (:meth:`_forget_stand_ins`) in this transaction. A rollback brings those back: had the cookie been
+        taken as looked at here, the next read would skip the drop and read the stand-ins again, empty.
         """
         self._check_version(conn)
-        cookie = int(conn.execute("PRAGMA schema_version").fetchone()[0])
-        if cookie != self._tables_checked_at:
-            self._check_tables(conn)
-            self._tables_checked_at = cookie  # work never changes the schema: the cookie holds past a rollback
+        cookie = _schema_cookie(conn)
+        if cookie == self._checked_at:
+            return cookie, self._lacking
+        have = self._check_tables(conn)
+        return cookie, self._forget_stand_ins(conn, have) if self._lacking else ()
+
+    def _looked_at(self, looked: _Looked) -> None:
+        """Keep what :meth:`_check_again` found, once the transaction it looked in has committed."""
+        self._checked_at, self._lacking = looked
 
     def _check_version(self, conn: sqlite3.Connection) -> int:
         """The database's schema version; :class:`SessionStoreError` naming the file for one this dsh does not know."""
@@ -509,7 +522,7 @@ class SqliteSessionStore:
 
         A run (``create=True``) may have added dsh's tables since the store opened the database, and a
         stand-in shadows the file's table of its name: the store would read it, empty, for as long as it
-        is open. Run in the caller's transaction; the caller sets :attr:`_lacking` once it commits.
+        is open. Run in the caller's transaction (:meth:`_check_again`); :attr:`_lacking` is set once it commits.
         """
         for table in self._lacking:
             if table in have:
@@ -543,14 +556,6 @@ class SqliteSessionStore:
     def _db(self) -> sqlite3.Connection:
         assert self._conn is not None
         return self._conn
-
-    @property
-    def _rechecks(self) -> bool:
-        """Whether each read and write looks at the file again in full (:meth:`_check_file`): opened only to
-        read a file, which a newer dsh or another program may take over meanwhile. A run's store
-        (``create=True``) checks when it opens the file (and again as it completes the schema), and at each
-        write (:meth:`_check_written`), not at each read: a run reads its session only as it starts."""
-        return not self._create and not self.absent
 
     def _check_findable(self, session_id: str) -> None:
         """:class:`SessionNotFoundError` for an id no session can have, which sqlite3 would refuse to look up.
@@ -627,8 +632,8 @@ class SqliteSessionStore:
         dsh's is not written to at all (:meth:`_stand_in`): a :class:`SessionStoreError` naming it, unless
         ``lacking_ok`` (``work`` writes only to the file's own tables, as ``main.``). What it lacks is
         looked at again first: a table the file has now stays (dsh never drops one). The file is looked at
-        again in the transaction before ``work`` writes to it (:meth:`_check_file`; a run's store,
-        :meth:`_check_written`): refused as opening it then would have been, nothing is written.
+        again in the transaction before ``work`` writes to it (:meth:`_check_again`): refused as opening it
+        then would have been, nothing is written.
         """
         if self._lacking:
             self._read(lambda conn: None, doing=f"{doing} session {session_id!r}")
@@ -643,10 +648,7 @@ class SqliteSessionStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 # Under the write lock: no other program changes the file until COMMIT.
-                if self._rechecks:
-                    self._check_file(conn)
-                else:
-                    self._check_written(conn)
+                looked = self._check_again(conn)
                 result = work(conn)
                 if fate is not None and not fate.commit():
                     raise _Abandoned
@@ -656,6 +658,7 @@ class SqliteSessionStore:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
+            self._looked_at(looked)
         except sqlite3.Error as error:
             raise SessionStoreError(
                 f"session store {str(self.path)!r}: cannot {doing} session {session_id!r}: "
@@ -666,19 +669,17 @@ class SqliteSessionStore:
     def _read(self, work: Callable[[sqlite3.Connection], T], *, doing: str) -> T:
         """Run a read; an SQLite failure is a :class:`SessionStoreError` naming the store and what was read.
 
-        Opened to read (:attr:`_rechecks`), in one transaction that first looks at the file again
-        (:meth:`_check_file`: the same error as opening it now would give) and drops the stand-in
-        (:meth:`_stand_in`) of each table the file has gained since (:meth:`_forget_stand_ins`): what
-        ``work`` reads is of the same moment as what was checked and found.
+        In one transaction that first looks at the file again (:meth:`_check_again`: the same error as
+        opening it now would give; opened to read, the stand-ins of the tables the file has gained are
+        dropped): what ``work`` reads is of the same moment as what was checked and found. A run's store
+        too: a run resumed reads its session as it starts, from a file that may have been taken over since
+        the store opened it (the look costs two header fields while the schema holds still).
         """
         try:
-            if not self._rechecks:
-                return work(self._db())
             conn = self._db()
             conn.execute("BEGIN")
             try:
-                have = self._check_file(conn)[1]
-                lacking = self._forget_stand_ins(conn, have) if self._lacking else ()
+                looked = self._check_again(conn)
                 result = work(conn)
                 # Keeps the stand-ins dropped; only temporary tables were changed, nothing of the file.
                 conn.execute("COMMIT")
@@ -687,7 +688,7 @@ class SqliteSessionStore:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")  # the stand-ins dropped are back, as _lacking says
                 raise
-            self._lacking = lacking
+            self._looked_at(looked)
             return result
         except sqlite3.Error as error:
             raise SessionStoreError(

@@ -12,6 +12,7 @@ import textwrap
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -1264,6 +1265,172 @@ async def test_a_run_store_refuses_to_write_a_database_another_program_made_of_i
     finally:
         await run.close()
     assert _dump(path) == before  # nothing written: neither a row nor a table
+
+
+#: Another program's changes to a dsh database after a store opened it, each with how it is refused: one
+#: that takes the file over, and one that leaves the version and the table names as they were, so that
+#: SQLite's schema cookie (``PRAGMA schema_version``) moving is the only sign of it the store can cheaply read.
+_TAKEOVERS: list[tuple[list[str], str]] = [
+    (
+        [
+            "DROP TABLE leases",
+            "DROP TABLE events",
+            "DROP TABLE sessions",
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
+        ],
+        "it has no table 'sessions'",
+    ),
+    (["ALTER TABLE events RENAME COLUMN payload TO body"], "its table 'events' has no column(s) payload"),
+]
+_TAKEOVER_IDS: Final = ["taken-over", "column-renamed"]
+
+
+def _table_names(path: Path) -> list[str]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        return sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master"))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("statements", "reason"), _TAKEOVERS, ids=_TAKEOVER_IDS)
+async def test_a_read_only_store_refuses_a_file_taken_over_between_two_of_its_reads(
+    tmp_path: Path, statements: list[str], reason: str
+) -> None:
+    # The tables are looked at again only when the schema cookie has moved since the last look: a change
+    # between two reads of the same store, each of which found the file dsh's, must still be seen.
+    path = tmp_path / DB_FILENAME
+    lease = SessionLease.for_this_run()
+    await _leased_session(tmp_path, lease)
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert [info.id for info in await store.list()] == ["s"]
+        assert [event.payload for event in await store.load("s")] == [{"n": 1}]
+        version, names = _user_version(path), _table_names(path)
+        _execute(path, *statements)
+        if len(statements) == 1:  # neither the version nor a table's name tells: only the cookie
+            assert (_user_version(path), _table_names(path)) == (version, names)
+        foreign = _refused_as_foreign(path, reason)
+        for name, call in _READS_AND_RELEASE.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await call(store)
+            assert str(caught.value) == foreign, name
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("create", [False, True], ids=["read-only", "run"])
+async def test_a_store_reading_an_unchanged_file_again_does_not_look_at_its_tables_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, create: bool
+) -> None:
+    # Looking at the tables (sqlite_master and each table's columns) at every read and write of a
+    # read-only store cost as much as the read; a run's store did not look at its reads at all.
+    path = tmp_path / DB_FILENAME
+    lease = SessionLease.for_this_run()
+    await _leased_session(tmp_path, lease)
+    looked: list[SqliteSessionStore] = []
+    check_tables = SqliteSessionStore._check_tables
+
+    def spy(self: SqliteSessionStore, conn: sqlite3.Connection) -> set[str]:
+        looked.append(self)
+        return check_tables(self, conn)
+
+    monkeypatch.setattr(SqliteSessionStore, "_check_tables", spy)
+    store = SqliteSessionStore.open(tmp_path, create=create)
+    other = SqliteSessionStore.open(tmp_path)  # another run's, writing to the file meanwhile
+    try:
+        await store.list()
+        looked.clear()
+        for _ in range(2):
+            assert [info.id for info in await store.list()] == ["s"]
+            assert (await store.get("s")).stored_events >= 1
+            assert (await store.load("s"))[0].seq == 1
+            assert (await store.load_page("s"))[0].seq == 1
+        # Rows written, by another run or by this one, change no table: still not looked at.
+        await other.append("s", [NewEvent(EventKind.TOOL_CALL, {"n": 2})], lease=lease)
+        if create:
+            await store.append("s", [NewEvent(EventKind.TOOL_CALL, {"n": 3})], lease=lease)
+        events = 3 if create else 2
+        assert (await store.get("s")).stored_events == events
+        assert looked.count(store) == 0
+        # A table created (not one of dsh's, which are left as they are) moves the cookie: looked at once.
+        _execute(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY)")
+        assert (await store.get("s")).stored_events == events
+        assert (await store.load("s"))[-1].seq == events
+        assert looked.count(store) == 1
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_a_read_only_store_looks_again_after_a_read_that_rolled_back(tmp_path: Path) -> None:
+    # The stand-in of a table the file has gained is dropped in the read's own transaction: a read that
+    # fails rolls it back, and the store must not then take the file's tables as already looked at (the
+    # stand-in, back, would hide the run's lease for as long as the store is open); nor may a change
+    # after such a read go unseen.
+    path = tmp_path / DB_FILENAME
+    _older_database(path, journal_mode="wal")
+    store = SqliteSessionStore.open(tmp_path, create=False)
+    try:
+        assert (await store.get("s")).holder is None
+        lease = SessionLease.for_this_run()
+        run = SqliteSessionStore.open(tmp_path)  # adds the leases table the older dsh's database lacks
+        try:
+            await run.acquire("s", lease)
+        finally:
+            await run.close()
+        with pytest.raises(SessionNotFoundError):
+            await store.get("nope")  # looks at the changed file, drops the stand-in, and rolls back
+        holder = (await store.get("s")).holder
+        assert holder is not None and holder.token == lease.token, holder
+        with pytest.raises(SessionNotFoundError):
+            await store.load("nope")
+        _execute(path, "DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)")
+        foreign = _refused_as_foreign(
+            path, "its table 'leases' has no column(s) session_id, token, holder, acquired_at"
+        )
+        for name, call in _READS_AND_RELEASE.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await call(store)
+            assert str(caught.value) == foreign, name
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("statements", "reason"), [(["PRAGMA user_version=2"], None), *_TAKEOVERS], ids=["newer", *_TAKEOVER_IDS]
+)
+async def test_a_run_store_refuses_to_read_a_database_taken_over_after_it_opened(
+    tmp_path: Path, statements: list[str], reason: str | None
+) -> None:
+    # A run's store looked at the file again only as it wrote: a run reading its session as it starts
+    # (resumed) read a newer dsh's schema, or another program's tables, as this dsh's.
+    from dsh_core.sessions.sqlite import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION < 2  # "newer" stamps 2
+    path = tmp_path / DB_FILENAME
+    lease = SessionLease.for_this_run()
+    run = SqliteSessionStore.open(tmp_path)
+    try:
+        await _leased_session(tmp_path, lease, run)
+        assert [event.payload for event in await run.load("s")] == [{"n": 1}]
+        _execute(path, *statements)
+        refused = _refused_as_newer(path, 2) if reason is None else _refused_as_foreign(path, reason)
+        reads: dict[str, Callable[[], Awaitable[object]]] = {
+            "load": lambda: run.load("s"),
+            "load_page": lambda: run.load_page("s"),
+            "get": lambda: run.get("s"),
+            "list": run.list,
+        }
+        for name, read in reads.items():
+            with pytest.raises(SessionStoreError) as caught:
+                await read()
+            assert str(caught.value) == refused, name
+        if reason is None:  # looked at by each read: the database a dsh of this version writes again is read
+            _set_user_version(path, SCHEMA_VERSION)
+            assert [event.payload for event in await run.load("s")] == [{"n": 1}]
+    finally:
+        await run.close()
 
 
 def _dump(path: Path) -> list[str]:
