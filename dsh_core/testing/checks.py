@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Any, Final, Literal, ParamSpec, TypeVar
 
 from attrs import define, field, frozen
 
@@ -701,39 +701,22 @@ async def _bounded_call(
     # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere. This call's
     # own runs, not the spy's count: another call's body (the plugin's own, or one an earlier check abandoned) may
     # have been entered meanwhile.
-    runs = spy.runs_of(call_id, known) if spy is not None else []
-    asking, entered, ended = watch.asking, spy is None or bool(runs), _body_end(runs)
+    runs = spy.runs_of(call_id, known) if spy is not None else None
+    hold = _held_by(watch.asking, runs)
     grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), grace)
     # A body still running at the limit that ended once aborted, the call going on: held after it, too.
-    late = None if task.done() or not entered or ended is not None else _body_end(runs)
-    if asking:
-        held, fix = (
-            "it was waiting for the answer to an approval ask, which never came, so the body never ran",
-            _APPROVAL_FIX,
-        )
-    elif not entered:
-        held, fix = f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX
-    elif ended is not None:
-        held, fix = _HELD_AFTER.format(ended=ended), _AFTER_FIX
-    else:
-        held, fix = (
-            "",
-            (
-                "return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
-                "and stop waiting on what never ends"
-            ),
-        )
-        if late is not None:
-            fix += f"; and {_AFTER_FIX}"
-    fix += _LARGER_LIMIT
+    late = _held_by(False, runs) if not task.done() and hold.stage == "body" else None
+    if late is not None and late.stage != "after":
+        late = None
+    fix = hold.fix + (f"; and {late.fix}" if late is not None else "") + _LARGER_LIMIT
     if task.done():
         after = "it returned once its signal was aborted"
     elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
         after = (
-            f"its body {late} once its signal was aborted, but the call was then held after it "
+            f"its body {late.body_end} once its signal was aborted, but the call was then held after it "
             f"({_AFTER_BODY}), still running {grace:g} s after the abort, and was cancelled"
             if late is not None
             else f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
@@ -742,15 +725,66 @@ async def _bounded_call(
         after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
     found.append(
-        failure(
-            target,
-            check,
-            f"{what}: the call did not return within {limit:g} s{': ' + held if held else ''} ({after})",
-            fix,
-            name,
-        )
+        failure(target, check, f"{what}: the call did not return within {limit:g} s: {hold.held} ({after})", fix, name)
     )
     return None
+
+
+@frozen
+class _Hold:
+    """Where a call that did not return in time was held, in a failure's words, and the fix to suggest.
+
+    Made by :func:`_held_by`, the one place that judges it, for every check that reports a stuck call (each
+    frames it: how long it waited, what it then did to the call).
+    """
+
+    #: ``"ask"`` (its own approval ask), ``"before"`` (a stage before the body), ``"body"``, ``"after"`` (a stage
+    #: after the body) or ``"observers"`` (the result observers: all a call aborted before dispatch reaches).
+    stage: Literal["ask", "before", "body", "after", "observers"]
+    #: What held it, as a clause: ``it was held ...`` (it follows "did not return within N s: ").
+    held: str
+    #: The fix, naming the stage the plugin must change.
+    fix: str
+    #: How the body ended for the call (``"returned"``, ``"raised NAME"``), ``None`` if it never ran or still runs.
+    body_end: str | None = None
+
+    @property
+    def body_ran(self) -> bool:
+        """Whether the body was entered for the call."""
+        return self.stage in ("body", "after")
+
+
+def _held_by(asking: bool, runs: list[BodyRun] | None, *, dispatched: bool = True) -> _Hold:
+    """Where a call that did not return in time was held: ``asking`` is whether it waits in its own approval ask
+    (its :class:`CallWatch`), ``runs`` the body's runs for its call id (:meth:`ToolSpy.runs_of`; ``None`` when no
+    spy sees the body: taken as running). ``dispatched=False``: the call was aborted before dispatch, so of the
+    plugin's stages only its result observers run for it, unless the body ran anyway (which the core never does).
+    """
+    if asking:
+        return _Hold("ask", _HELD_IN_ASK, _APPROVAL_FIX)
+    if runs is not None and not runs:
+        if not dispatched:
+            return _Hold("observers", f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX)
+        return _Hold("before", f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX)
+    ended = _body_end(runs) if runs is not None else None
+    if ended is not None:
+        return _Hold("after", _HELD_AFTER.format(ended=ended), _AFTER_FIX, ended)
+    if not dispatched:
+        return _Hold(
+            "body",
+            "it was held by its body, which ran although the call was aborted before dispatch",
+            _NO_BODY_FROM_HOOKS_FIX,
+        )
+    return _Hold("body", "it was held by its body, which had not returned", _BODY_FIX)
+
+
+#: What a failure says of a call that waited for the answer to its own approval ask.
+_HELD_IN_ASK: Final = "it was waiting for the answer to an approval ask, which never came, so the body never ran"
+#: The fix of a call held by its body.
+_BODY_FIX: Final = (
+    "return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) "
+    "and stop waiting on what never ends"
+)
 
 
 #: The stages of a call before its body, all the plugin's in the kit (an approval ask is named on its own). The
@@ -1497,17 +1531,8 @@ async def _pre_aborted_call(
         return result
     # A body run for this call (the check reports that too) means the runtime dispatched it after all, so whatever
     # follows a body may hold it; else only the result observers can.
-    runs = spy.runs_of(call_id, known) if spy is not None else []
-    if not runs:
-        held, fix = f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX
-    elif (ended := _body_end(runs)) is not None:
-        held, fix = _HELD_AFTER.format(ended=ended), _AFTER_FIX
-    else:
-        held, fix = (
-            "it was held by its body, which ran although the call was aborted before dispatch",
-            _NO_BODY_FROM_HOOKS_FIX,
-        )
-    fix += _LARGER_LIMIT
+    hold = _held_by(False, spy.runs_of(call_id, known) if spy is not None else [], dispatched=False)
+    fix = hold.fix + _LARGER_LIMIT
     if await _cancel(task, grace := STUCK_GRACE_S):
         after = "it was cancelled then"
     else:
@@ -1517,7 +1542,7 @@ async def _pre_aborted_call(
         failure(
             target,
             "pre-abort",
-            f"the call aborted before dispatch did not return within {limit:g} s: {held} ({after})",
+            f"the call aborted before dispatch did not return within {limit:g} s: {hold.held} ({after})",
             fix,
             name,
         )
@@ -1598,29 +1623,19 @@ def check_abort(target: Target) -> list[str]:
                 await asyncio.wait_for(asyncio.shield(task), waited)
             spy.on_enter = None
             if not task.done():
-                # The abort comes as the body is entered: a call held before its body was never aborted.
-                if watch.asking:
-                    problem = (
-                        f"the call never reached the body: it was still waiting for the answer to an "
-                        f"approval ask {waited:g} s on, so its abort could not be checked"
-                    )
-                    fix = _APPROVAL_FIX
-                elif not entered_at:
-                    problem = (
-                        f"the call never reached the body: it was still held before it ({_BEFORE_BODY}) "
-                        f"{waited:g} s on, so its abort could not be checked"
-                    )
-                    fix = _HELD_FIX
-                elif (ended := _body_end(spy.runs_of(call_id))) is not None:
-                    problem = (
-                        f"the body {ended}, but the call was still held after it ({_AFTER_BODY}) "
-                        f"{waited:g} s after its signal was aborted"
-                    )
-                    fix = _AFTER_FIX
+                hold = _held_by(watch.asking, spy.runs_of(call_id))
+                fix = hold.fix
+                if hold.body_ran:
+                    problem = f"the call, aborted as its body began, did not return within {waited:g} s: {hold.held}"
                 else:
-                    problem = f"the call was still running {waited:g} s after its signal was aborted"
-                    fix = "watch ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop promptly"
-                if not await _cancel(task, grace := _stuck_grace(loaded, watch)):
+                    # The abort comes as the body is entered: a call held before its body was never aborted.
+                    problem = (
+                        f"the call did not return within {waited:g} s: {hold.held}; its abort, due as the body "
+                        "begins, could not be checked"
+                    )
+                if await _cancel(task, grace := _stuck_grace(loaded, watch)):
+                    problem += " (it was cancelled then)"
+                else:
                     problem += f" ({_IGNORED_CANCEL_PROBLEM.format(grace=grace)})"
                     fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
                 found.append(failure(target, "abort", problem, fix, definition.name))

@@ -1108,7 +1108,10 @@ def test_a_body_stuck_in_a_thread_is_reported_without_hanging_the_abort_check(mo
     runner.join(30)
     assert returned, "the abort check waited for the thread the aborted body left running"
     (stuck, leftover) = outcome[0]
-    assert stuck.startswith('[dsh:abort] plugin "stuck-in-thread", tool "wait": the call was still running '), stuck
+    assert stuck.startswith(
+        '[dsh:abort] plugin "stuck-in-thread", tool "wait": the call, aborted as its body began, did not return '
+        "within 0.3 s: it was held by its body, which had not returned ("
+    ), stuck
     assert leftover.startswith('[dsh:abort] plugin "stuck-in-thread", tool "wait": thread '), leftover
     assert (
         "running threading.Event.wait (asyncio.to_thread or loop.run_in_executor) is still running after the "
@@ -1354,8 +1357,9 @@ def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit
         ("until_aborted", "it returned once its signal was aborted"),
     ):
         line = (
-            f'[dsh:{name}] plugin "never-returns", tool "{tool}": {what}: the call did not return within 0.2 s '
-            f"({after})\n    fix: return promptly or honour ctx.signal"
+            f'[dsh:{name}] plugin "never-returns", tool "{tool}": {what}: the call did not return within 0.2 s: '
+            f"it was held by its body, which had not returned ({after})\n    fix: return promptly or honour "
+            "ctx.signal"
         )
         assert [f for f in found if f.startswith(line)], (line, found)
     # typed-errors also calls the edge variants ("" and "\0"), each reported alike; nothing else fails.
@@ -1419,7 +1423,8 @@ def test_a_body_that_swallows_cancellation_does_not_hang_the_pytest_run(kit: pyt
     result.stdout.fnmatch_lines(
         [
             '*[[]dsh:example-calls[]] plugin "swallows-cancel", tool "stubborn": examples[[]0[]] '
-            "{}: the call did not return within 0.2 s (it ignored cancellation*"
+            "{}: the call did not return within 0.2 s: it was held by its body, which had not returned (it "
+            "ignored cancellation*"
         ]
     )
 
@@ -1591,8 +1596,9 @@ def test_a_call_waiting_for_an_approval_nobody_gives_is_blamed_on_the_ask_not_th
     found = _bounded(check, Target("unanswered-ask", abort_bound_s=0.1))
     if name == "abort":
         prefix = (
-            '[dsh:abort] plugin "unanswered-ask", tool "gated": the call never reached the body: it was still '
-            "waiting for the answer to an approval ask 0.3 s on, so its abort could not be checked\n"
+            '[dsh:abort] plugin "unanswered-ask", tool "gated": the call did not return within 0.3 s: it was '
+            "waiting for the answer to an approval ask, which never came, so the body never ran; its abort, due "
+            "as the body begins, could not be checked (it was cancelled then)\n"
         )
     else:
         prefix = (
@@ -1660,9 +1666,10 @@ def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: 
     (found,) = _bounded(check, Target("held-by-guard", abort_bound_s=0.1))
     if name == "abort":
         prefix = (
-            '[dsh:abort] plugin "held-by-guard", tool "guarded": the call never reached the body: it was still '
-            "held before it (by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard or an "
-            "around-dispatch middleware) 0.3 s on, so its abort could not be checked\n"
+            '[dsh:abort] plugin "held-by-guard", tool "guarded": the call did not return within 0.3 s: it was '
+            "held before its body (by a pre-execute hook, an approval observer (dsh_approval_resolved), a guard "
+            "or an around-dispatch middleware), so the body never ran; its abort, due as the body begins, could "
+            "not be checked (it was cancelled then)\n"
         )
     else:
         prefix = (
@@ -1740,8 +1747,9 @@ def test_a_call_held_after_its_body_returned_is_blamed_on_what_held_it_not_the_b
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     if name == "abort":
         expected = (
-            f'[dsh:abort] plugin "{plugin}", tool "after": the body returned, but the call was still held '
-            f"after it ({AFTER_BODY}) 0.3 s after its signal was aborted\n    fix: {AFTER_FIX}"
+            f'[dsh:abort] plugin "{plugin}", tool "after": the call, aborted as its body began, did not return '
+            f"within 0.3 s: it was held after its body ({AFTER_BODY}), which had returned already (it was "
+            f"cancelled then)\n    fix: {AFTER_FIX}"
         )
     else:
         expected = (
@@ -1769,7 +1777,8 @@ def test_a_body_that_returns_once_aborted_and_is_then_held_after_it_names_both(
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     expected = (
         f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return within '
-        f"0.2 s (its body returned once its signal was aborted, but the call was then held after it "
+        f"0.2 s: it was held by its body, which had not returned (its body returned once its signal was "
+        "aborted, but the call was then held after it "
         f"({AFTER_BODY}), still running 0.2 s after the abort, and was cancelled)\n    fix: return promptly "
         "or honour ctx.signal"
     )
@@ -1894,8 +1903,9 @@ def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_r
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     if name == "abort":
         expected = (
-            f'[dsh:abort] plugin "{plugin}", tool "held": the call never reached the body: it was still '
-            f"held before it ({BEFORE_BODY}) 0.3 s on, so its abort could not be checked\n"
+            f'[dsh:abort] plugin "{plugin}", tool "held": the call did not return within 0.3 s: it was held '
+            f"before its body ({BEFORE_BODY}), so the body never ran; its abort, due as the body begins, could "
+            "not be checked (it was cancelled then)\n"
         )
     else:
         expected = (
@@ -1914,7 +1924,7 @@ def test_an_error_an_abandoned_call_raises_late_is_not_blamed_on_the_call_runnin
     (only,) = found
     assert only.startswith(
         '[dsh:typed-errors] plugin "late-error", tool "late": called with {"x": 1}: the call did '
-        "not return within 0.2 s (it ignored cancellation: "
+        "not return within 0.2 s: it was held by its body, which had not returned (it ignored cancellation: "
     ), found
     assert "ValueError" not in only, only
 
@@ -1951,8 +1961,8 @@ def test_a_call_whose_body_waits_on_a_nested_call_in_its_ask_is_blamed_on_its_bo
     (outer,) = _call_failures(found, name, "nested-ask", "outer")
     assert outer.startswith(
         f'[dsh:{name}] plugin "nested-ask", tool "outer": examples[0] {{"x": 1}}: the call did '
-        "not return within 0.2 s (it was still running 0.2 s after its signal was aborted, and "
-        "was cancelled)\n    fix: return promptly or honour ctx.signal"
+        "not return within 0.2 s: it was held by its body, which had not returned (it was still running "
+        "0.2 s after its signal was aborted, and was cancelled)\n    fix: return promptly or honour ctx.signal"
     ), outer
     assert "approval ask" not in outer and "never ran" not in outer, outer
 
