@@ -45,6 +45,7 @@ from dsh_core.testing.loader import (
     BodyRun,
     CallWatch,
     LoadedPlugin,
+    ToolSpy,
     WatchingHooks,
     check_config,
     load_factory,
@@ -682,6 +683,9 @@ async def _bounded_call(
     ``call_id`` is the call's own among the calls of tool ``name`` the check makes: what the body did
     for this call is told apart from what it did for others by it (:meth:`ToolSpy.runs_of`).
 
+    A call that returned only after the limit because its tool's ``finalize_content`` blocked the event loop
+    that long (so the kit's timeout could not fire) is reported too, and its result returned.
+
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
     in ``found`` (``what`` names the arguments), blamed on what held it (the body, the approval ask,
@@ -693,9 +697,13 @@ async def _bounded_call(
     watch = CallWatch(call_id)
     spy = loaded.spies.get(name)
     known = len(spy.runs) if spy is not None else 0
+    finalized = len(spy.finalizations) if spy is not None else 0
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     with contextlib.suppress(TimeoutError):
-        result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
+        await asyncio.wait_for(asyncio.shield(task), limit)
+    if task.done():
+        _blocked_past(target, check, f"{what}: the call", limit, spy, call_id, known, finalized, found, name)
+        result: ToolResult = task.result()
         return result
     # What held the call, seen before the abort: the abort ends the ask (withdrawn) and the stages before the body.
     # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere. This call's
@@ -730,6 +738,35 @@ async def _bounded_call(
     return None
 
 
+def _blocked_past(
+    target: Target,
+    check: str,
+    call: str,
+    limit: float,
+    spy: ToolSpy | None,
+    call_id: str,
+    known: int,
+    finalized: int,
+    found: list[str],
+    name: str,
+    *,
+    dispatched: bool = True,
+) -> None:
+    """Report in ``found`` a call (``call`` names it) that returned, but only after ``limit`` because its tool's
+    ``finalize_content`` blocked the event loop longer than that: the kit's timeout cannot fire while the loop is
+    blocked, so the call returned unseen (``known``, ``finalized``: the spy's runs before the call)."""
+    seconds = _finalize_seconds(spy, call_id, finalized)
+    if seconds <= limit:
+        return
+    runs = spy.runs_of(call_id, known) if spy is not None else None
+    hold = _held_by(False, runs, dispatched=dispatched, finalize_s=seconds)
+    found.append(
+        failure(
+            target, check, f"{call} did not return within {limit:g} s: {hold.held} (it returned then)", hold.fix, name
+        )
+    )
+
+
 @frozen
 class _Hold:
     """Where a call that did not return in time was held, in a failure's words, and the fix to suggest.
@@ -739,43 +776,70 @@ class _Hold:
     """
 
     #: ``"ask"`` (its own approval ask), ``"before"`` (a stage before the body), ``"body"``, ``"after"`` (a stage
-    #: after the body) or ``"observers"`` (the result observers: all a call aborted before dispatch reaches).
-    stage: Literal["ask", "before", "body", "after", "observers"]
+    #: after the body), ``"observers"`` (the result observers: all a call aborted before dispatch reaches) or
+    #: ``"finalize"`` (the tool's ``finalize_content``, which blocked the event loop).
+    stage: Literal["ask", "before", "body", "after", "observers", "finalize"]
     #: What held it, as a clause: ``it was held ...`` (it follows "did not return within N s: ").
     held: str
     #: The fix, naming the stage the plugin must change.
     fix: str
+    #: Whether the body was entered for the call.
+    body_ran: bool
     #: How the body ended for the call (``"returned"``, ``"raised NAME"``), ``None`` if it never ran or still runs.
     body_end: str | None = None
 
-    @property
-    def body_ran(self) -> bool:
-        """Whether the body was entered for the call."""
-        return self.stage in ("body", "after")
 
-
-def _held_by(asking: bool, runs: list[BodyRun] | None, *, dispatched: bool = True) -> _Hold:
+def _held_by(
+    asking: bool, runs: list[BodyRun] | None, *, dispatched: bool = True, finalize_s: float | None = None
+) -> _Hold:
     """Where a call that did not return in time was held: ``asking`` is whether it waits in its own approval ask
     (its :class:`CallWatch`), ``runs`` the body's runs for its call id (:meth:`ToolSpy.runs_of`; ``None`` when no
     spy sees the body: taken as running). ``dispatched=False``: the call was aborted before dispatch, so of the
     plugin's stages only its result observers run for it, unless the body ran anyway (which the core never does).
+    ``finalize_s``: the seconds the tool's ``finalize_content`` blocked the event loop for the call, given when
+    that is what made it late (it runs for every call, a pre-aborted one too, so it outranks the other stages).
     """
+    ran = runs is None or bool(runs)
     if asking:
-        return _Hold("ask", _HELD_IN_ASK, _APPROVAL_FIX)
-    if runs is not None and not runs:
+        return _Hold("ask", _HELD_IN_ASK, _APPROVAL_FIX, ran)
+    if finalize_s is not None:
+        return _Hold("finalize", _HELD_BY_FINALIZE.format(seconds=finalize_s), _FINALIZE_FIX, ran)
+    if not ran:
         if not dispatched:
-            return _Hold("observers", f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX)
-        return _Hold("before", f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX)
+            return _Hold("observers", f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX, ran)
+        return _Hold("before", f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX, ran)
     ended = _body_end(runs) if runs is not None else None
     if ended is not None:
-        return _Hold("after", _HELD_AFTER.format(ended=ended), _AFTER_FIX, ended)
+        return _Hold("after", _HELD_AFTER.format(ended=ended), _AFTER_FIX, ran, ended)
     if not dispatched:
         return _Hold(
             "body",
             "it was held by its body, which ran although the call was aborted before dispatch",
             _NO_BODY_FROM_HOOKS_FIX,
+            ran,
         )
-    return _Hold("body", "it was held by its body, which had not returned", _BODY_FIX)
+    return _Hold("body", "it was held by its body, which had not returned", _BODY_FIX, ran)
+
+
+def _finalize_seconds(spy: ToolSpy | None, call_id: str, since: int = 0) -> float:
+    """The seconds the tool's ``finalize_content`` ran (so blocked the event loop) for the call ``call_id``, among
+    its runs from index ``since``: 0 without a spy or a run that ended."""
+    if spy is None:
+        return 0.0
+    return max((run.seconds or 0.0 for run in spy.finalized_for(call_id, since)), default=0.0)
+
+
+#: What a failure says of a call its tool's ``finalize_content`` held (``seconds``: how long it blocked the loop).
+_HELD_BY_FINALIZE: Final = (
+    "it was held by the tool's finalize_content, which blocked the event loop for {seconds:.2f} s "
+    "(dsh calls it synchronously, once the call's result is settled)"
+)
+#: The fix of a call held by its tool's ``finalize_content``.
+_FINALIZE_FIX: Final = (
+    "finalize_content runs on the event loop and is never awaited: make it a quick transform of the result's "
+    "content (no sleeping, blocking I/O or waiting on locks or threads); do slow work in the body, where it can be "
+    "awaited and aborted"
+)
 
 
 #: What a failure says of a call that waited for the answer to its own approval ask.
@@ -800,7 +864,8 @@ _APPROVAL_FIX: Final = (
     "that asks no one about them (plugin_config in your subclass, --dsh-conformance-config)"
 )
 #: The stages of a call after its body has returned or raised, all the plugin's in the kit (a middleware resumes once
-#: ``proceed`` returns; ``finalize_content`` is not awaited, so it cannot hold a call without blocking the loop).
+#: ``proceed`` returns; ``finalize_content`` is not awaited, so it holds a call only by blocking the loop, and is named
+#: on its own, by how long it ran: :data:`_HELD_BY_FINALIZE`).
 _AFTER_BODY: Final = (
     "by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware "
     "that did not return once proceed had"
@@ -817,7 +882,7 @@ _AFTER_FIX: Final = (
 )
 #: The stage of the plugin's that a call aborted before dispatch still reaches: the runtime settles it before any
 #: pre-execute hook (so no approval, guard, middleware, body or post-execute either) and only finishes it, which
-#: notifies the result observers (``finalize_content`` is not awaited: it cannot hold a call without blocking the loop).
+#: notifies the result observers (and runs ``finalize_content``, named on its own: :data:`_HELD_BY_FINALIZE`).
 _PRE_ABORTED_HELD: Final = (
     "by a result observer (dsh_tool_result), the only hook of the plugin's a call aborted before dispatch still runs"
 )
@@ -1513,21 +1578,27 @@ async def _pre_aborted_call(
 
     Such a call runs no body and, of the plugin's hooks, only its result observers (dsh_tool_result),
     but those it does: awaited with no bound, an observer that never returns hung the check, and the
-    plugin author's test run. Its signal already aborted, there is nothing left to abort at the limit:
-    the call is cancelled and given ``STUCK_GRACE_S`` to end (it never waits in an approval ask), then
-    reported in ``found``, blamed on what held it, and ``None`` returned.
+    plugin author's test run. Its tool's ``finalize_content`` runs too: one that blocks the event loop past
+    the limit is reported once the call returns (:func:`_blocked_past`). Its signal already aborted, there is
+    nothing left to abort at the limit: the call is cancelled and given ``STUCK_GRACE_S`` to end (it never
+    waits in an approval ask), then reported in ``found``, blamed on what held it, and ``None`` returned.
     """
     limit = _call_limit(target)
     call_id = "conformance"
     spy = loaded.spies.get(name)
     known = len(spy.runs) if spy is not None else 0
+    finalized = len(spy.finalizations) if spy is not None else 0
     task = asyncio.ensure_future(
         _call(
             loaded, name, arguments, AbortSignal.aborted_with("conformance: aborted before the call"), call_id=call_id
         )
     )
     with contextlib.suppress(TimeoutError):
-        result: ToolResult = await asyncio.wait_for(asyncio.shield(task), limit)
+        await asyncio.wait_for(asyncio.shield(task), limit)
+    if task.done():
+        what = "the call aborted before dispatch"
+        _blocked_past(target, "pre-abort", what, limit, spy, call_id, known, finalized, found, name, dispatched=False)
+        result: ToolResult = task.result()
         return result
     # A body run for this call (the check reports that too) means the runtime dispatched it after all, so whatever
     # follows a body may hold it; else only the result observers can.
@@ -1655,8 +1726,13 @@ def check_abort(target: Target) -> list[str]:
                 continue
             # The abort is requested when the body is entered, and delivered at its first await: a
             # body that blocks the event loop (time.sleep, subprocess.run in async def) delays the
-            # delivery itself, possibly past its own return, so the delay is a failure of its own.
-            blocked = aborted_at[0] - entered_at[0] if aborted_at and entered_at else 0.0
+            # delivery itself, possibly past its own return, so the delay is a failure of its own. Only the
+            # body's share of it: a body that returns without awaiting is followed at once, in the same step,
+            # by what runs after it (a finalize_content that blocks the loop delays the delivery as much).
+            returned = time.monotonic()
+            runs = spy.runs_of(call_id)
+            body_end = runs[-1].ended_at if runs and runs[-1].ended_at is not None else returned
+            blocked = min(body_end, aborted_at[0]) - entered_at[0] if aborted_at and entered_at else 0.0
             if blocked > bound:
                 found.append(
                     failure(
@@ -1673,10 +1749,8 @@ def check_abort(target: Target) -> list[str]:
                 )
             elif aborted_at:
                 # The body timed to its own end (the spy's), the call to its return: what runs after the body
-                # (post-execute hooks, result observers, a middleware once proceed returned) is not the body's.
-                returned = time.monotonic()
-                runs = spy.runs_of(call_id)
-                body_end = runs[-1].ended_at if runs and runs[-1].ended_at is not None else returned
+                # (post-execute hooks, result observers, a middleware once proceed returned, finalize_content)
+                # is not the body's.
                 elapsed = body_end - aborted_at[0]
                 if elapsed > bound:
                     found.append(
@@ -1690,15 +1764,16 @@ def check_abort(target: Target) -> list[str]:
                             definition.name,
                         )
                     )
-                elif (elapsed := returned - aborted_at[0]) > bound:
+                elif (elapsed := returned - min(body_end, aborted_at[0])) > bound:
+                    since = "its body" if body_end < aborted_at[0] else "the abort"
+                    finalize_s = _finalize_seconds(spy, call_id)
+                    hold = _held_by(False, runs, finalize_s=finalize_s if finalize_s > bound else None)
                     found.append(
                         failure(
                             target,
                             "abort",
-                            f"the body returned within the bound, but the call "
-                            f"returned {elapsed:.2f} s after the abort: it was held after its body "
-                            f"({_AFTER_BODY}) (bound: {bound:g} s)",
-                            _AFTER_FIX,
+                            f"the call returned {elapsed:.2f} s after {since} (bound: {bound:g} s): {hold.held}",
+                            hold.fix,
                             definition.name,
                         )
                     )

@@ -6,7 +6,8 @@ plugin in a fresh pipeline (its own pluggy manager, registry and runtime,
 under a root scope that provides ``tools`` and ``runtime``). Every tool the
 plugin registers is registered with its body wrapped by a :class:`ToolSpy`,
 which counts invocations and records each run of the body (a :class:`BodyRun`:
-the call it ran for, when it ended, what it raised). The hook facade is a
+the call it ran for, when it ended, what it raised) and of the tool's
+``finalize_content`` (a :class:`FinalizeRun`). The hook facade is a
 :class:`WatchingHooks`: with a :class:`CallWatch` set in :data:`CALL_WATCH` around
 a call, the kit sees whether the call waits in an approval ask, so that a call
 stuck there is never blamed on its body, which has not run.
@@ -19,7 +20,7 @@ import contextvars
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -30,7 +31,15 @@ from dsh_core.errors import ConfigError, DshError, PluginLoadError, SchemaDefini
 from dsh_core.harness import NamedRegistry
 from dsh_core.hooks import Hooks
 from dsh_core.lossless import JSON, freeze
-from dsh_core.model import ApprovalOutcome, ApprovalRequest, ToolContext, ToolDefinition
+from dsh_core.model import (
+    ApprovalOutcome,
+    ApprovalRequest,
+    ContentBlock,
+    ToolContext,
+    ToolDefinition,
+    ToolExecution,
+    ToolResult,
+)
 from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, start_plugin
 from dsh_core.registry import ToolRegistry
 from dsh_core.runtime import ToolRuntime
@@ -40,6 +49,7 @@ from dsh_core.scope import Scope
 __all__ = [
     "BodyExited",
     "BodyRun",
+    "FinalizeRun",
     "CALL_WATCH",
     "CallWatch",
     "ToolSpy",
@@ -135,9 +145,30 @@ class BodyRun:
         return self.ended_at is not None
 
 
+@define
+class FinalizeRun:
+    """One run of a tool's ``finalize_content``, as its :class:`ToolSpy` saw it: the call it ran for, and when.
+
+    dsh calls it synchronously on the event loop, so it can hold a call only by blocking the loop, which no
+    timeout of the kit's interrupts: how long it ran is what names it once the loop is free again.
+    """
+
+    #: The call id of the execution it ran for.
+    call_id: str
+    #: ``time.monotonic()`` when it began.
+    started_at: float
+    #: ``time.monotonic()`` when it returned or raised, ``None`` while it runs.
+    ended_at: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long it ran, ``None`` while it runs."""
+        return None if self.ended_at is None else self.ended_at - self.started_at
+
+
 class ToolSpy:
-    """Wraps one tool body: counts calls, records each run (by call id) and raised exceptions, runs a hook on
-    entry."""
+    """Wraps one tool body (and its ``finalize_content``): counts calls, records each run (by call id) and raised
+    exceptions, runs a hook on entry."""
 
     def __init__(self, definition: ToolDefinition) -> None:
         self.definition = definition
@@ -145,12 +176,31 @@ class ToolSpy:
         self.errors: list[BaseException] = []
         #: Every run of the body, in the order they were entered.
         self.runs: list[BodyRun] = []
+        #: Every run of the tool's ``finalize_content``, in the order they began.
+        self.finalizations: list[FinalizeRun] = []
         self.on_enter: Callable[[ToolContext], None] | None = None
 
     def runs_of(self, call_id: str, since: int = 0) -> list[BodyRun]:
         """The runs of the body for the call ``call_id`` among :attr:`runs` from index ``since`` (wherever they
         ran: a middleware may run the body in a task of its own, so the call's own context cannot say)."""
         return [run for run in self.runs[since:] if run.call_id == call_id]
+
+    def finalized_for(self, call_id: str, since: int = 0) -> list[FinalizeRun]:
+        """The runs of ``finalize_content`` for the call ``call_id`` among :attr:`finalizations` from index
+        ``since``."""
+        return [run for run in self.finalizations[since:] if run.call_id == call_id]
+
+    def finalize(self, execution: ToolExecution, result: ToolResult) -> Sequence[ContentBlock] | None:
+        """The instrumented ``finalize_content`` (registered only for a tool that has one)."""
+        finalizer = self.definition.finalize_content
+        if finalizer is None:  # never registered so; as the runtime with no finalizer, the content stays
+            return None
+        run = FinalizeRun(execution.call_id, time.monotonic())
+        self.finalizations.append(run)
+        try:
+            return finalizer(execution, result)
+        finally:
+            run.ended_at = time.monotonic()
 
     async def execute(self, arguments: JSON, context: ToolContext) -> JSON:
         """The instrumented body."""
@@ -299,7 +349,8 @@ async def load_plugin(
                 return
             spy = ToolSpy(definition)
             try:
-                registry.register(attrs.evolve(definition, execute=spy.execute), scope=scope)
+                finalize = spy.finalize if definition.finalize_content is not None else None
+                registry.register(attrs.evolve(definition, execute=spy.execute, finalize_content=finalize), scope=scope)
             except DshError as error:
                 raise type(error)(f"plugin {plugin_id!r}: {error.message}") from None
             loaded.spies[definition.name] = spy

@@ -1793,9 +1793,9 @@ def test_the_abort_check_times_the_body_to_its_own_end_and_names_a_post_execute_
     monkeypatch.setattr(checks, "STUCK_GRACE_S", 2.0)  # the hook's delay is well within the kit's wait
     (found,) = _bounded("check_abort", Target("slow-post-execute", abort_bound_s=0.1))
     expected = (
-        r'\[dsh:abort\] plugin "slow-post-execute", tool "after": the body returned within the bound, '
-        r"but the call returned \d\.\d\d s after the abort: it was held after its body "
-        rf"\({re.escape(AFTER_BODY)}\) \(bound: 0\.1 s\)\n    fix: {re.escape(AFTER_FIX)}"
+        r'\[dsh:abort\] plugin "slow-post-execute", tool "after": the call returned \d\.\d\d s after its body '
+        rf"\(bound: 0\.1 s\): it was held after its body \({re.escape(AFTER_BODY)}\), which had returned already"
+        rf"\n    fix: {re.escape(AFTER_FIX)}"
     )
     assert re.fullmatch(expected, found), found
 
@@ -1980,3 +1980,43 @@ def test_the_options_defaults_and_help_are_the_kits_constants() -> None:
     assert f"(default {checks.ABORT_BOUND_S:g})" in bound["help"]
     assert limit["default"] is None and f"(default {checks.CALL_TIMEOUT_S:g})" in limit["help"]
     assert Target("x").abort_bound_s == conformance.ToolPluginConformance.abort_bound_s == checks.ABORT_BOUND_S
+
+
+#: What the kit says of a call held by its tool's finalize_content, which blocked the event loop (a regular expression:
+#: the seconds it blocked for vary), and its fix.
+FINALIZE_HELD = (
+    r"it was held by the tool's finalize_content, which blocked the event loop for 0\.6\d s \(dsh calls it "
+    r"synchronously, once the call's result is settled\)"
+)
+FINALIZE_FIX = (
+    "finalize_content runs on the event loop and is never awaited: make it a quick transform of the result's "
+    "content (no sleeping, blocking I/O or waiting on locks or threads); do slow work in the body, where it can be "
+    "awaited and aborted"
+)
+
+
+@pytest.mark.parametrize(
+    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
+)
+def test_a_call_held_by_a_finalize_content_that_blocks_the_loop_names_it(fixture_plugins: None, check: str) -> None:
+    """The body returns at once; the tool's finalize_content (synchronous, run after post-execute, for a call aborted
+    before dispatch too) then blocks the event loop for 0.6 s, past the abort bound and the call limit. The abort check
+    said the body kept the event loop busy, and told the author to fix the body; the checks that bound each call
+    reported nothing, the loop being blocked past their limit (their timeout only fires once it is free again, and the
+    call had returned by then). finalize_content is named, with how long it blocked the loop."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "held-by-finalize-content"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    if name == "abort":
+        expected = lead + rf"the call returned 0\.6\d s after its body \(bound: 0\.1 s\): {FINALIZE_HELD}"
+    elif name == "pre-abort":
+        expected = lead + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD}"
+    else:
+        expected = lead + re.escape(CALL_WHAT[name]) + rf"the call did not return within 0\.2 s: {FINALIZE_HELD}"
+    expected += r" \(it returned then\)" if name != "abort" else ""
+    expected += rf"\n    fix: {re.escape(FINALIZE_FIX)}"
+    calls = _call_failures(found, name, plugin, "finalized")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
+    assert not any(blame in f for f in calls for blame in BODY_BLAME), found
