@@ -683,8 +683,9 @@ async def _bounded_call(
     ``call_id`` is the call's own among the calls of tool ``name`` the check makes: what the body did
     for this call is told apart from what it did for others by it (:meth:`ToolSpy.runs_of`).
 
-    A call that returned only after the limit because its tool's ``finalize_content`` blocked the event loop
-    that long (so the kit's timeout could not fire) is reported too, and its result returned.
+    A call that returned only after the limit because its body or its tool's ``finalize_content`` blocked the
+    event loop that long at a stretch (so the kit's timeout could not fire) is reported too, and its result
+    returned (:func:`_blocked_past`).
 
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
@@ -752,14 +753,23 @@ def _blocked_past(
     *,
     dispatched: bool = True,
 ) -> None:
-    """Report in ``found`` a call (``call`` names it) that returned, but only after ``limit`` because its tool's
-    ``finalize_content`` blocked the event loop longer than that: the kit's timeout cannot fire while the loop is
-    blocked, so the call returned unseen (``known``, ``finalized``: the spy's runs before the call)."""
-    seconds = _finalize_seconds(spy, call_id, finalized)
-    if seconds <= limit:
-        return
+    """Report in ``found`` a call (``call`` names it) that returned, but only after ``limit`` because its body or
+    its tool's ``finalize_content`` blocked the event loop longer than that at a stretch: the kit's timeout cannot
+    fire while the loop is blocked, so the call returned unseen (``known``, ``finalized``: the spy's runs before the
+    call). What the body did is measured by how long it held the loop without awaiting, as the abort check does
+    (:attr:`BodyRun.longest_step_s`), not by how long it ran: one that awaits lets the timeout fire."""
+    finalize_s = _finalize_seconds(spy, call_id, finalized)
     runs = spy.runs_of(call_id, known) if spy is not None else None
-    hold = _held_by(False, runs, dispatched=dispatched, finalize_s=seconds)
+    blocked_s = max((run.longest_step_s for run in runs or ()), default=0.0)
+    if finalize_s <= limit and blocked_s <= limit:
+        return
+    hold = _held_by(
+        False,
+        runs,
+        dispatched=dispatched,
+        finalize_s=finalize_s if finalize_s > limit else None,
+        blocked_s=blocked_s if blocked_s > limit else None,
+    )
     found.append(
         failure(
             target, check, f"{call} did not return within {limit:g} s: {hold.held} (it returned then)", hold.fix, name
@@ -777,7 +787,8 @@ class _Hold:
 
     #: ``"ask"`` (its own approval ask), ``"before"`` (a stage before the body), ``"body"``, ``"after"`` (a stage
     #: after the body), ``"observers"`` (the result observers: all a call aborted before dispatch reaches) or
-    #: ``"finalize"`` (the tool's ``finalize_content``, which blocked the event loop).
+    #: ``"finalize"`` (the tool's ``finalize_content``, which blocked the event loop). A body that blocked the event
+    #: loop is ``"body"``, with :attr:`body_end` set.
     stage: Literal["ask", "before", "body", "after", "observers", "finalize"]
     #: What held it, as a clause: ``it was held ...`` (it follows "did not return within N s: ").
     held: str
@@ -790,7 +801,12 @@ class _Hold:
 
 
 def _held_by(
-    asking: bool, runs: list[BodyRun] | None, *, dispatched: bool = True, finalize_s: float | None = None
+    asking: bool,
+    runs: list[BodyRun] | None,
+    *,
+    dispatched: bool = True,
+    finalize_s: float | None = None,
+    blocked_s: float | None = None,
 ) -> _Hold:
     """Where a call that did not return in time was held: ``asking`` is whether it waits in its own approval ask
     (its :class:`CallWatch`), ``runs`` the body's runs for its call id (:meth:`ToolSpy.runs_of`; ``None`` when no
@@ -798,12 +814,17 @@ def _held_by(
     plugin's stages only its result observers run for it, unless the body ran anyway (which the core never does).
     ``finalize_s``: the seconds the tool's ``finalize_content`` blocked the event loop for the call, given when
     that is what made it late (it runs for every call, a pre-aborted one too, so it outranks the other stages).
+    ``blocked_s``: the longest the body blocked the event loop without awaiting for the call, given when that is
+    what made it late (:attr:`BodyRun.longest_step_s`).
     """
     ran = runs is None or bool(runs)
     if asking:
         return _Hold("ask", _HELD_IN_ASK, _APPROVAL_FIX, ran)
     if finalize_s is not None:
         return _Hold("finalize", _HELD_BY_FINALIZE.format(seconds=finalize_s), _FINALIZE_FIX, ran)
+    if blocked_s is not None:
+        ended = _body_end(runs) if runs is not None else None
+        return _Hold("body", _HELD_BY_BLOCKING_BODY.format(seconds=blocked_s), _BLOCKING_BODY_FIX, True, ended)
     if not ran:
         if not dispatched:
             return _Hold("observers", f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX, ran)
@@ -839,6 +860,20 @@ _FINALIZE_FIX: Final = (
     "finalize_content runs on the event loop and is never awaited: make it a quick transform of the result's "
     "content (no sleeping, blocking I/O or waiting on locks or threads); do slow work in the body, where it can be "
     "awaited and aborted"
+)
+
+
+#: What a failure says of a call its body held by blocking the event loop (``seconds``: the longest it did so without
+#: awaiting, in one step).
+_HELD_BY_BLOCKING_BODY: Final = (
+    "it was held by its body, which blocked the event loop for {seconds:.2f} s without awaiting "
+    "(blocking work in async def: time.sleep, blocking I/O, subprocess.run)"
+)
+#: The fix of a body that blocks the event loop: the abort check's (it cannot deliver the abort) and the call-limit
+#: checks' (their timeout cannot fire).
+_BLOCKING_BODY_FIX: Final = (
+    "await instead of blocking: run blocking work with await asyncio.to_thread(...) or in an executor "
+    "(loop.run_in_executor), processes with asyncio.create_subprocess_exec, and watch ctx.signal"
 )
 
 
@@ -1668,7 +1703,6 @@ def check_abort(target: Target) -> list[str]:
                 continue
             spy = loaded.spies[definition.name]
             controller = AbortController()
-            entered_at: list[float] = []
             aborted_at: list[float] = []
 
             def abort(controller: AbortController = controller, stamps: list[float] = aborted_at) -> None:
@@ -1677,11 +1711,8 @@ def check_abort(target: Target) -> list[str]:
 
             # Abort at the body's first suspension point: it is running, and must notice. Only this call's
             # body: the plugin may run the tool for calls of its own meanwhile.
-            def on_enter(
-                context: ToolContext, abort: Callable[[], None] = abort, stamps: list[float] = entered_at
-            ) -> None:
+            def on_enter(context: ToolContext, abort: Callable[[], None] = abort) -> None:
                 if context.call_id == call_id:
-                    stamps.append(time.monotonic())
                     loop.call_soon(abort)
 
             spy.on_enter = on_enter
@@ -1724,15 +1755,16 @@ def check_abort(target: Target) -> list[str]:
                     )
                 )
                 continue
-            # The abort is requested when the body is entered, and delivered at its first await: a
+            # The abort is requested when the body is entered, and delivered at its first suspension: a
             # body that blocks the event loop (time.sleep, subprocess.run in async def) delays the
             # delivery itself, possibly past its own return, so the delay is a failure of its own. Only the
-            # body's share of it: a body that returns without awaiting is followed at once, in the same step,
-            # by what runs after it (a finalize_content that blocks the loop delays the delivery as much).
+            # body's share of it, its first step as the spy timed it: a body that returns without awaiting is
+            # followed at once, in the same step, by what runs after it (a finalize_content that blocks the
+            # loop delays the delivery as much). The call-limit checks take the same measure (_blocked_past).
             returned = time.monotonic()
             runs = spy.runs_of(call_id)
-            body_end = runs[-1].ended_at if runs and runs[-1].ended_at is not None else returned
-            blocked = min(body_end, aborted_at[0]) - entered_at[0] if aborted_at and entered_at else 0.0
+            body_end = runs[-1].ended_at if runs[-1].ended_at is not None else returned
+            blocked = runs[0].first_step_s or 0.0
             if blocked > bound:
                 found.append(
                     failure(
@@ -1741,9 +1773,7 @@ def check_abort(target: Target) -> list[str]:
                         f"the body kept the event loop busy for {blocked:.2f} s "
                         "without awaiting, so the abort could not even be delivered "
                         f"(bound: {bound:g} s)",
-                        "never block in an async body: run blocking work with await "
-                        "asyncio.to_thread(...) (processes with asyncio.create_subprocess_exec) "
-                        "and watch ctx.signal",
+                        _BLOCKING_BODY_FIX,
                         definition.name,
                     )
                 )

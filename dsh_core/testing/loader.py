@@ -6,7 +6,8 @@ plugin in a fresh pipeline (its own pluggy manager, registry and runtime,
 under a root scope that provides ``tools`` and ``runtime``). Every tool the
 plugin registers is registered with its body wrapped by a :class:`ToolSpy`,
 which counts invocations and records each run of the body (a :class:`BodyRun`:
-the call it ran for, when it ended, what it raised) and of the tool's
+the call it ran for, how long it held the event loop without awaiting, when it
+ended, what it raised) and of the tool's
 ``finalize_content`` (a :class:`FinalizeRun`). The hook facade is a
 :class:`WatchingHooks`: with a :class:`CallWatch` set in :data:`CALL_WATCH` around
 a call, the kit sees whether the call waits in an approval ask, so that a call
@@ -20,7 +21,7 @@ import contextvars
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -138,11 +139,70 @@ class BodyRun:
     ended_at: float | None = None
     #: What the body raised, as it raised it; ``None`` if it returned (or runs).
     error: BaseException | None = None
+    #: Seconds the body ran from its entry to its first suspension (or its end, if it never suspended): how long it
+    #: kept the event loop from running anything else, an abort due as it is entered included; ``None`` until then.
+    first_step_s: float | None = None
+    #: The longest the body ran in one step, between two suspensions (its entry and end count as such): how long it
+    #: kept the event loop at a stretch, during which no timer (a timeout of the kit's) can fire.
+    longest_step_s: float = 0.0
 
     @property
     def ended(self) -> bool:
         """Whether the body has returned or raised."""
         return self.ended_at is not None
+
+    def stepped(self, seconds: float) -> None:
+        """Record one step of the body, ``seconds`` long."""
+        if self.first_step_s is None:
+            self.first_step_s = seconds
+        self.longest_step_s = max(self.longest_step_s, seconds)
+
+
+class _TimedSteps:
+    """Awaits a body's coroutine step by step, timing each step in its :class:`BodyRun`.
+
+    A step is what runs between two suspensions of the body: while it runs, the event loop runs nothing else (no
+    callback, no timer), so its length is how long the body blocked the loop, which the body's wall time is not (a
+    body that awaits a slow reply holds its call, not the loop). Driven as ``await`` drives the coroutine itself:
+    every value, exception and close passes through unchanged; only the clock is read around each step.
+    """
+
+    def __init__(self, body: Coroutine[Any, Any, JSON], run: BodyRun) -> None:
+        self._steps = body.__await__()
+        self._run = run
+
+    def __await__(self) -> _TimedSteps:
+        return self
+
+    def __iter__(self) -> _TimedSteps:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        """Resume the body with ``value``."""
+        began = time.monotonic()
+        try:
+            return self._steps.send(value)
+        finally:
+            self._run.stepped(time.monotonic() - began)
+
+    def throw(self, kind: Any, error: Any = None, traceback: Any = None) -> Any:
+        """Resume the body with an exception (a cancellation, mostly), in either form ``await`` passes it."""
+        if error is None:
+            error = kind() if isinstance(kind, type) else kind
+        if traceback is not None:
+            error = error.with_traceback(traceback)
+        began = time.monotonic()
+        try:
+            return self._steps.throw(error)
+        finally:
+            self._run.stepped(time.monotonic() - began)
+
+    def close(self) -> None:
+        """Close the body (its ``finally`` clauses run)."""
+        self._steps.close()
 
 
 @define
@@ -209,8 +269,14 @@ class ToolSpy:
         self.calls += 1
         if self.on_enter is not None:
             self.on_enter(context)
-        try:
+
+        async def body() -> JSON:
+            # Made and awaited here, as the runtime would, so a body that blocks before it returns its awaitable
+            # is timed too, and one that returns no awaitable fails as it always did.
             return await self.definition.execute(arguments, context)
+
+        try:
+            return await _TimedSteps(body(), run)
         except BaseException as error:
             run.error = error
             self.errors.append(error)

@@ -2020,3 +2020,60 @@ def test_a_call_held_by_a_finalize_content_that_blocks_the_loop_names_it(fixture
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
     assert not any(blame in f for f in calls for blame in BODY_BLAME), found
+
+
+#: What the kit says of a call held by its body, which blocked the event loop without awaiting (a regular expression:
+#: the seconds it blocked for vary), and the fix the abort check and the call-limit checks both give for it.
+BLOCKING_BODY_HELD = (
+    r"it was held by its body, which blocked the event loop for 0\.6\d s without awaiting \(blocking work in "
+    r"async def: time\.sleep, blocking I/O, subprocess\.run\)"
+)
+BLOCKING_BODY_FIX = (
+    "await instead of blocking: run blocking work with await asyncio.to_thread(...) or in an executor "
+    "(loop.run_in_executor), processes with asyncio.create_subprocess_exec, and watch ctx.signal"
+)
+
+
+@pytest.mark.parametrize(
+    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
+)
+def test_a_call_held_by_a_body_that_blocks_the_loop_names_it(fixture_plugins: None, check: str) -> None:
+    """The body blocks the event loop for 0.6 s (time.sleep in async def), past the abort bound and the call limit,
+    then returns. Only the abort check said so: the checks that bound each call reported nothing, their timeout
+    firing only once the loop was free again, when the call had returned. Each names the body, with how long it
+    blocked the loop, and hands the result back as before (so reports nothing else); the abort check's report is
+    the one it gave, with the same fix. A call aborted before dispatch runs no body: nothing to report."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "held-by-blocking-body"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    if name == "pre-abort":
+        assert found == [], found
+        return
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    if name == "abort":
+        expected = lead + (
+            r"the body kept the event loop busy for 0\.6\d s without awaiting, so the abort could not even be "
+            r"delivered \(bound: 0\.1 s\)"
+        )
+    else:
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned then\)"
+        )
+    expected += rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
+    calls = _call_failures(found, name, plugin, "blocked")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
+
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_body_that_awaits_past_its_blocks_is_not_blamed_for_blocking_the_loop(
+    fixture_plugins: None, check: str
+) -> None:
+    """The body awaits 0.15 s (the loop runs on), then blocks it for 0.1 s and returns: 0.25 s in all, past the
+    0.2 s call limit, but the loop was never blocked that long at a stretch, so the kit's timeout was never kept
+    from firing by it. How long the body held the loop without awaiting is what is measured, not how long it ran:
+    the call-limit checks report nothing of it."""
+    found = _bounded(check, Target("awaits-then-blocks-briefly"))
+    assert found == [], found
