@@ -9,15 +9,19 @@ kept and the middle is left out, marked ``[... N bytes left out ...]``. The exit
 shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
 of the command kills the whole process group and, on Linux (found through
 ``/proc``), every other process of the command's session: a job that moved to a
-group of its own (``timeout``, a job under ``set -m``) is killed too. So nothing
-the command started in the background outlives the call unless it started a
-session of its own (where dsh is PID 1 or a subreaper, the killed processes
+group of its own (``timeout``, a job under ``set -m``) is killed too. Where dsh can write a cgroup
+hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` hierarchy: as root, or in a
+delegated v2 subtree), each command also runs in a fresh cgroup of its own, joined before its
+first instruction (:mod:`dsh_core.cgroups`), and the same three ends kill everything in it, a
+process that started a session of its own (``setsid``, a double-forking daemon) included; the
+group is then removed, and groups left by a dsh that died are swept when the plugin loads. So
+nothing the command started in the background outlives the call; without a writable hierarchy,
+what started a session of its own does (where dsh is PID 1 or a subreaper, the killed processes
 became dsh's children, and it reaps them).
 
 This is not a sandbox: the command runs as dsh's own user, with its files
-and its processes. There is no cgroup: a process that leaves the session on
-purpose (``setsid``, a daemon) is not reached by the kill, and the allowlist keeps credentials
-out of the command's environment, not out of its reach: it can still read
+and its processes. A command running as root can move itself out of its cgroup, and the allowlist
+keeps credentials out of the command's environment, not out of its reach: it can still read
 what the user can, dsh's own ``/proc/<pid>/environ`` included. Approval
 (the ``workspace-write`` preset asks before every command) is the control;
 a deployment that must contain the shell runs dsh itself in a container.
@@ -41,6 +45,7 @@ import subprocess
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
+from dsh_core.cgroups import CommandCgroups, CommandGroup
 from dsh_core.config import has_url_credentials, looks_like_secret_name
 from dsh_core.textcut import left_out_marker
 
@@ -116,6 +121,8 @@ KILL_GRACE_S = 0.5
 DRAIN_S = 1.0
 #: Seconds to wait for killed members of the group that are dsh's children to exit, to reap them.
 REAP_S = 1.0
+#: The names of the commands' cgroups: ``dsh-bash-<dsh pid>-<n>``.
+CGROUP_PREFIX = "dsh-bash"
 
 
 def looks_like_credential(name: str) -> bool:
@@ -223,6 +230,9 @@ class BashTool:
             )
         self.allowlist = allowlist
         self.fixed_env: dict[str, str] = dict(config.get("env", {}))
+        # Probed once per instance (and stale groups swept once per process): None where no
+        # hierarchy is writable, and every command then goes without a group, as before cgroups.
+        self.cgroups = CommandCgroups.probe(CGROUP_PREFIX)
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
@@ -277,14 +287,14 @@ class BashTool:
         ctx.signal.raise_if_aborted()
         env = build_environment(dict(os.environ), self.allowlist, self.fixed_env)
         output = _Output(self.max_output_bytes)
+        group = self.cgroups.create() if self.cgroups is not None else None
+        argv = [self.shell, "-c", args["command"]]
         try:
             # loop.subprocess_exec, not create_subprocess_exec: its transport is ours to close, which
             # a process outside the group that holds the output pipe (setsid) makes necessary.
             transport, shell = await asyncio.get_running_loop().subprocess_exec(
                 lambda: _Shell(output),
-                self.shell,
-                "-c",
-                args["command"],
+                *(group.wrap(argv) if group is not None else argv),
                 cwd=self.root,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -293,7 +303,13 @@ class BashTool:
                 start_new_session=True,
             )
         except OSError as error:
+            if group is not None and self.cgroups is not None:
+                self.cgroups.discard(group)
             raise ToolError(f"could not start {self.shell}: {error.strerror}") from None
+        except BaseException:
+            if group is not None and self.cgroups is not None:
+                self.cgroups.discard(group)
+            raise
         aborted = asyncio.Event()
         remove = ctx.signal.add_listener(lambda _reason: aborted.set())
         # The exit, not the end of the output, tells us the command ended: a leftover background
@@ -303,10 +319,10 @@ class BashTool:
         try:
             done, _ = await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done:
-                await _kill_group(transport, shell)
+                await _kill_group(transport, shell, group)
                 raise AbortedError(ctx.signal.reason)
             if waiter not in done:
-                await _kill_group(transport, shell)
+                await _kill_group(transport, shell, group)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(shell.drained.wait(), DRAIN_S)
                 raise ToolError(
@@ -315,7 +331,7 @@ class BashTool:
                     + (output.text() or "(none)")
                 )
             # The command is done; anything it left in its process group would hold the pipe open.
-            _signal_group(transport, signal.SIGKILL)
+            _signal_group(transport, signal.SIGKILL, group)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(shell.drained.wait(), DRAIN_S)
             returncode = transport.get_returncode()
@@ -327,14 +343,18 @@ class BashTool:
             waiter.cancel()
             try:
                 if transport.get_returncode() is None:
-                    await _kill_group(transport, shell)
+                    await _kill_group(transport, shell, group)
                 else:
-                    _signal_group(transport, signal.SIGKILL)
-                await _reap_group(transport)
+                    _signal_group(transport, signal.SIGKILL, group)
+                if group is not None:
+                    await group.kill()
+                await _reap_group(transport, group)
             finally:
                 # What still holds the pipe left the group: stop reading it (the straggler's next write
                 # gets EPIPE) rather than keep the pipe and the transport for as long as it lives.
                 transport.close()
+                if group is not None and self.cgroups is not None:
+                    self.cgroups.discard(group)
             await asyncio.gather(waiter, stopper, return_exceptions=True)
         return {"exit_code": exit_code, "output": output.text(), "truncated": output.dropped > 0}
 
@@ -357,20 +377,26 @@ class _Shell(asyncio.SubprocessProtocol):
         self.exited.set()
 
 
-def _signal_group(transport: asyncio.SubprocessTransport, signum: int) -> None:
-    """Send ``signum`` to the command's process group and to every other process of its session.
+def _signal_group(transport: asyncio.SubprocessTransport, signum: int, group: CommandGroup | None) -> None:
+    """Send ``signum`` to the command's process group, every other process of its session, and its cgroup.
 
     start_new_session=True made the shell a session and group leader: its pid is both ids. A job
     can move to a group of its own without leaving the session (``timeout`` does, and so does
     every job under ``set -m``), so the group alone is not enough; the session's other members are
     found through ``/proc`` (Linux; elsewhere only the group is signalled). Only ``setsid`` leaves
-    the session, and nothing but a cgroup (which dsh does not use) would follow it.
+    the session, and only the command's cgroup follows it, where there is one (``group``; SIGKILL
+    empties it with :meth:`CommandGroup.kill` afterwards, this is one pass).
     """
     leader = transport.get_pid()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(leader, signum)
     for pid, _parent in _session_members(leader):
         _signal_member(pid, leader, signum)
+    if group is not None:
+        if signum == signal.SIGKILL:
+            group.kill_now()
+        else:
+            group.signal(signum)
 
 
 def _session_members(session: int) -> list[tuple[int, int]]:
@@ -402,6 +428,22 @@ def _stat_ids(pid: str) -> tuple[int, int] | None:
         return None
 
 
+def _is_zombie_child(pid: int, me: int) -> bool:
+    """True if ``pid`` is a child of ``me`` that has exited and awaits its reaping.
+
+    For the command's cgroup members, whose number (unlike a session's) may be reused once they are
+    reaped: only a zombie is waited for, so a process dsh started later under a reused number, which
+    asyncio waits for, never has its exit status taken. The group was emptied first: every member
+    that is still dsh's child is a zombie by then.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[-1].split()
+        return fields[0] == b"Z" and int(fields[1]) == me
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def _signal_member(pid: int, session: int, signum: int) -> None:
     """Signal ``pid`` if it is (still) in ``session``: through a pidfd, checked after it is opened,
     so a pid that ended and was reused in between is never signalled."""
@@ -424,22 +466,22 @@ def _signal_member(pid: int, session: int, signum: int) -> None:
         os.close(fd)
 
 
-async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell) -> None:
-    """SIGTERM the group, SIGKILL it after a grace period, and wait for the shell's exit.
+async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell, group: CommandGroup | None) -> None:
+    """SIGTERM the group (and cgroup), SIGKILL it after a grace period, and wait for the shell's exit.
 
     The shell leads its session, so it never leaves the group: the group's SIGKILL ends it.
     """
-    _signal_group(transport, signal.SIGTERM)
+    _signal_group(transport, signal.SIGTERM, group)
     try:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(shell.exited.wait(), KILL_GRACE_S)
     finally:
         # However the grace period ends (a second cancellation, too): what ignores SIGTERM is killed.
-        _signal_group(transport, signal.SIGKILL)
+        _signal_group(transport, signal.SIGKILL, group)
     await shell.exited.wait()
 
 
-async def _reap_group(transport: asyncio.SubprocessTransport) -> None:
+async def _reap_group(transport: asyncio.SubprocessTransport, group: CommandGroup | None) -> None:
     """Reap the killed members of the shell's session that became dsh's children.
 
     When dsh is PID 1 (of a container) or a child subreaper, what the shell leaves behind is
@@ -449,6 +491,8 @@ async def _reap_group(transport: asyncio.SubprocessTransport) -> None:
     the group id stays the shell's pid while members live, so no other process is waited for.
     Members in other groups of the session are waited for by pid, found as the session's members
     whose parent is dsh (none of them is a process asyncio started: those lead sessions of their own).
+    So are the members the command's cgroup ever listed (``group.seen``: the dead are no longer listed),
+    which may have left the session; the shell's own pid is left to asyncio.
     Elsewhere no member is dsh's child and the first look says so.
     """
     assert transport.get_returncode() is not None
@@ -463,11 +507,13 @@ async def _reap_group(transport: asyncio.SubprocessTransport) -> None:
         if pid > 0:
             continue
         left = pid == 0
-        for member, parent in _session_members(leader):
-            if parent == me:
-                with contextlib.suppress(ChildProcessError):
-                    if os.waitpid(member, os.WNOHANG)[0] == 0:
-                        left = True
+        members = [member for member, parent in _session_members(leader) if parent == me]
+        if group is not None:
+            members += [pid for pid in group.seen - {leader} if _is_zombie_child(pid, me)]
+        for member in members:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(member, os.WNOHANG)[0] == 0:
+                    left = True
         if not left:
             return
         if asyncio.get_running_loop().time() > deadline:  # one that even SIGKILL does not end at once
@@ -484,7 +530,11 @@ def _render(_args: Any, value: Any) -> str:
 @plugin(config_schema=CONFIG_SCHEMA)
 def bash_plugin(scope: Scope, config: Any) -> BashTool:
     """Entry point ``bash``: the ``bash`` tool, run in ``config["root"]``."""
-    return BashTool(dict(config))
+    tool = BashTool(dict(config))
+    if tool.cgroups is not None:
+        # A call cut short by a second cancellation may leave its (killed) group to remove.
+        scope.on_dispose(tool.cgroups.close)
+    return tool
 
 
 plugin = bash_plugin  # the entry point names ``dsh_plugins.bash:plugin``

@@ -26,6 +26,8 @@ import sys
 
 import attrs
 
+from dsh_core.cgroups import sweep_stale, write_file
+
 __all__ = [
     "LEVELS",
     "ZygotePlan",
@@ -243,8 +245,8 @@ class Cgroup:
         os.mkdir(self.memory)
         try:
             os.mkdir(self.pids)
-            _write(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory_bytes))
-            _write(os.path.join(self.pids, "pids.max"), str(pids))
+            write_file(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory_bytes))
+            write_file(os.path.join(self.pids, "pids.max"), str(pids))
             # Held open: a pread of it answers "is anything left?" in microseconds, where
             # opening and reading ``cgroup.procs`` costs 0.1 ms or more in every run.
             self._pids_current = os.open(os.path.join(self.pids, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
@@ -256,14 +258,14 @@ class Cgroup:
     def join(self, pid: int) -> None:
         """Move ``pid`` into both groups and note the OOM-kill baseline."""
         self.oom_base = self.oom_kills()
-        _write(os.path.join(self.memory, "cgroup.procs"), str(pid))
-        _write(os.path.join(self.pids, "cgroup.procs"), str(pid))
+        write_file(os.path.join(self.memory, "cgroup.procs"), str(pid))
+        write_file(os.path.join(self.pids, "cgroup.procs"), str(pid))
 
     def leave(self, pid: int) -> None:
         """Move ``pid`` back to both hierarchies' roots (best effort)."""
         for hierarchy in ("memory", "pids"):
             with contextlib.suppress(OSError):
-                _write(os.path.join(_CGROUP_ROOT, hierarchy, "cgroup.procs"), str(pid))
+                write_file(os.path.join(_CGROUP_ROOT, hierarchy, "cgroup.procs"), str(pid))
 
     def oom_kills(self) -> int:
         """The cgroup's OOM-kill counter."""
@@ -309,11 +311,6 @@ class Cgroup:
                 os.rmdir(group)
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-
-
 #: The name of a pool's cgroup: ``dsh-<host pid>-<runtime id>-<n>``.
 _POOL_GROUP = re.compile(r"dsh-(\d+)-[0-9a-f]+-\d+")
 
@@ -344,22 +341,7 @@ class CgroupPool:
         (``dsh-<pid>-<id>-<n>``) whose ``<pid>`` is gone are touched, and only
         if empty (``rmdir`` refuses otherwise). Returns the paths removed.
         """
-        removed: list[str] = []
-        for hierarchy in ("memory", "pids"):
-            root = os.path.join(_CGROUP_ROOT, hierarchy)
-            try:
-                names = os.listdir(root)
-            except OSError:
-                continue
-            for name in names:
-                match = _POOL_GROUP.fullmatch(name)
-                if match is None or os.path.exists(f"/proc/{match.group(1)}"):
-                    continue
-                path = os.path.join(root, name)
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-                    removed.append(path)
-        return removed
+        return sweep_stale([os.path.join(_CGROUP_ROOT, h) for h in ("memory", "pids")], _POOL_GROUP)
 
     def acquire(self) -> Cgroup:
         """A free cgroup (new if none)."""

@@ -1,4 +1,4 @@
-"""The bash plugin through the pipeline: output, timeout, output cap, abort, environment allowlist."""
+"""The bash plugin through the pipeline: output, timeout, output cap, abort, environment allowlist, cgroup."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from dsh_core import AbortController
+from dsh_core import AbortController, cgroups
+from dsh_core.cgroups import CommandCgroups, Hierarchy
 from dsh_core.config import compose, dump, looks_like_secret_name
 from dsh_core.errors import ConfigError, PluginLoadError, ToolError
 from dsh_plugins.bash import BashTool, build_environment, looks_like_credential
@@ -334,6 +335,7 @@ async def test_a_call_cancelled_again_during_the_kill_grace_still_kills_its_grou
     pid = int(pid_file.read_text())
     try:
         assert not alive(pid, settle_s=1.0)
+        assert our_groups() == []  # a cgroup the cut kill could not remove is removed when the plugin ends
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -432,10 +434,13 @@ def test_as_a_subreaper_dsh_reaps_what_the_group_kill_killed(tmp_path: Path) -> 
 def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_path: Path) -> None:
     """A process that left the group (setsid) and holds the output pipe is not waited for: once the
     drain is over the call closes its end of the pipe and its subprocess transport, so nothing piles
-    up while the straggler lives, and nothing is left to finalize after the event loop closed."""
+    up while the straggler lives, and nothing is left to finalize after the event loop closed.
+
+    Without a cgroup (a cgroup's kill would end the straggler with the command)."""
     try:
         done = in_a_process(
             tmp_path,
+            prelude="import dsh_core.cgroups; dsh_core.cgroups.hierarchies = lambda *args, **kwargs: []",
             body="""
             await h.call("bash", {"command": "true"})  # what the first call sets up once is not a leak
             before = len(os.listdir("/proc/self/fd"))
@@ -459,3 +464,193 @@ def test_a_straggler_outside_the_group_does_not_keep_the_pipe_and_transport(tmp_
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"outputs": ["ok\n"] * 3, "leaked": 0}
     assert "Event loop is closed" not in done.stderr and "unclosed" not in done.stderr, done.stderr
+
+
+# --------------------------------------------------------------------------- the per-command cgroup
+# What leaves the command's session (setsid, a daemon) is killed too where a writable hierarchy exists;
+# without one, the session kill alone, as before.
+
+FOUND = {h.version: h for h in cgroups.hierarchies()}
+PREFIX = f"dsh-bash-{os.getpid()}-"
+
+#: A process in a session of its own, and a double-forked one (its parent, a new session's leader,
+#: exits at once): neither is in the command's session, so the session kill cannot reach them.
+ESCAPES = (
+    "setsid sh -c 'echo $$ > setsid.pid; exec sleep 300' & "
+    "setsid sh -c 'sleep 300 & echo $! > daemon.pid' & "
+    "until [ -s setsid.pid ] && [ -s daemon.pid ]; do sleep 0.01; done; echo started"
+)
+PID_FILES = ("setsid.pid", "daemon.pid")
+
+
+def only(monkeypatch: pytest.MonkeyPatch, version: int | None) -> None:
+    """Make the plugin see the hierarchy of ``version`` alone (``None``: no writable hierarchy)."""
+    chosen = [] if version is None else [FOUND[version]]
+    monkeypatch.setattr(cgroups, "hierarchies", lambda *args, **kwargs: list(chosen))
+
+
+def backends() -> list[Any]:
+    """v2 and v1 where this host has them writable (skipped elsewhere), and no cgroup at all."""
+    return [
+        pytest.param(2, marks=pytest.mark.skipif(2 not in FOUND, reason="no writable cgroup v2 group")),
+        pytest.param(1, marks=pytest.mark.skipif(1 not in FOUND, reason="no writable v1 pids hierarchy")),
+        pytest.param(None, id="no-cgroup"),
+    ]
+
+
+def our_groups() -> list[str]:
+    """The per-command groups this test process has now, in every writable hierarchy."""
+    return [
+        os.path.join(h.parent, name) for h in FOUND.values() for name in os.listdir(h.parent) if name.startswith(PREFIX)
+    ]
+
+
+def escaped(root: Path) -> list[int]:
+    """The pids the command wrote, of those still running (a zombie counts as dead)."""
+    return [pid for pid in (int((root / name).read_text()) for name in PID_FILES) if alive(pid, settle_s=1.0)]
+
+
+def kill_escapes(root: Path) -> None:
+    for name in PID_FILES:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int((root / name).read_text()), signal.SIGKILL)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="pids are checked through /proc")
+@pytest.mark.parametrize("version", backends())
+@pytest.mark.parametrize("how", ["exit", "timeout", "abort"])
+async def test_what_leaves_the_session_is_killed_with_a_cgroup_and_survives_without(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int | None, how: str
+) -> None:
+    """With a cgroup, nothing the command started survives its end, its timeout or its abort, wherever it
+    went; and no group is left behind. Without one, the session kill alone: both escapes survive."""
+    only(monkeypatch, version)
+    command = ESCAPES + ("" if how == "exit" else "; sleep 300")
+    try:
+        async with boot(bash(tmp_path)) as h:
+            if how == "abort":
+                controller = AbortController()
+                call = asyncio.ensure_future(h.call("bash", {"command": command}, signal=controller.signal))
+                while not all((tmp_path / name).exists() and (tmp_path / name).read_text() for name in PID_FILES):
+                    await asyncio.sleep(0.02)
+                controller.abort("stop")
+                result = await asyncio.wait_for(call, 60)
+            else:
+                result = await h.call("bash", {"command": command, "timeout": 30 if how == "exit" else 2})
+            expected = {"exit": None, "timeout": "TOOL_FAILED", "abort": "ABORTED"}[how]
+            assert result.code == expected, result.text
+            assert our_groups() == []
+        pids = [int((tmp_path / name).read_text()) for name in PID_FILES]
+        assert os.getpid() not in pids and 0 not in pids
+        assert escaped(tmp_path) == ([] if version is not None else pids)
+    finally:
+        kill_escapes(tmp_path)
+
+
+@pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
+async def test_a_command_runs_in_a_fresh_group_of_its_own(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
+) -> None:
+    """The shell is in its group from its first instruction: its own /proc/self/cgroup names it, and each
+    call gets another group."""
+    only(monkeypatch, version)
+    async with boot(bash(tmp_path)) as h:
+        first = (await h.call("bash", {"command": "cat /proc/self/cgroup"})).value["output"]
+        second = (await h.call("bash", {"command": "cat /proc/$$/cgroup"})).value["output"]
+    line = {1: ":pids:/", 2: "0::/"}[version]
+    names = [
+        next(entry.rsplit("/", 1)[1] for entry in out.splitlines() if line in entry + "/") for out in (first, second)
+    ]
+    assert all(name.startswith(PREFIX) for name in names) and names[0] != names[1], (first, second)
+    assert our_groups() == []
+
+
+@pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
+async def test_stale_groups_of_a_dead_dsh_are_swept_at_load(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
+) -> None:
+    """A dsh that died mid-call leaves its command's group behind: the next dsh's bash removes it (once per
+    process); a group of a live dsh and one not named like the plugin's are kept."""
+    only(monkeypatch, version)
+    monkeypatch.setattr(CommandCgroups, "_swept", set())
+    dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
+    dead.wait()
+    parent = FOUND[version].parent
+    stale = os.path.join(parent, f"dsh-bash-{dead.pid}-3")
+    kept = [os.path.join(parent, f"{PREFIX}999"), os.path.join(parent, f"dsh-bash-x{dead.pid}-3")]
+    for path in [stale, *kept]:
+        os.mkdir(path)
+    try:
+        async with boot(bash(tmp_path)) as h:
+            assert (await h.call("bash", {"command": "true"})).value["exit_code"] == 0
+        assert not os.path.exists(stale)
+        assert all(os.path.exists(path) for path in kept)
+    finally:
+        for path in [stale, *kept]:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
+
+def test_stale_groups_are_found_by_name_and_owner(tmp_path: Path) -> None:
+    """The sweep without a cgroup file system: only empty groups named ``<prefix>-<pid>-<n>`` whose pid is gone."""
+    dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
+    dead.wait()
+    made = CommandCgroups("dsh-bash", [Hierarchy(str(tmp_path), 1)])
+    stale = tmp_path / f"dsh-bash-{dead.pid}-0"
+    live = tmp_path / f"dsh-bash-{os.getpid()}-0"
+    other = tmp_path / f"dsh-bashful-{dead.pid}-0"
+    busy = tmp_path / f"dsh-bash-{dead.pid}-1"
+    for path in (stale, live, other, busy / "child"):
+        path.mkdir(parents=True)
+    assert made.sweep_stale() == [str(stale)]
+    assert not stale.exists() and live.exists() and other.exists() and busy.exists()
+
+
+def test_without_a_v2_mount_or_own_group_no_v2_hierarchy_is_found(tmp_path: Path) -> None:
+    """The v2 group is dsh's own, found through its mount (a mount of a subtree too), never guessed."""
+    mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    point = tmp_path / "unified"
+    (point / "me").mkdir(parents=True)  # the mount shows the subtree /svc: /svc/me is point/me
+    (point / "me" / "cgroup.procs").touch()
+    mountinfo.write_text(f"41 31 0:38 /svc {point} rw,relatime - cgroup2 cgroup2 rw\n")
+    proc_cgroup.write_text("8:pids:/\n0::/svc/me\n")
+    found = cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup))
+    assert found == [Hierarchy(str(point / "me"), 2)]
+    proc_cgroup.write_text("8:pids:/\n")  # v1 only
+    assert cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup)) == []
+    proc_cgroup.write_text("0::/other/me\n")  # outside what the mount shows
+    assert cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup)) == []
+
+
+@pytest.mark.skipif(not FOUND, reason="no writable cgroup hierarchy")
+def test_as_a_subreaper_dsh_reaps_what_the_cgroup_kill_killed(tmp_path: Path) -> None:
+    """Killed processes that had left the session become dsh's children when it is a subreaper: they are
+    reaped, not left as zombies."""
+    try:
+        done = in_a_process(
+            tmp_path,
+            prelude="assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0",  # SUBREAPER
+            body=f"""
+            result = await h.call("bash", {{"command": {ESCAPES!r}}})
+            timed = await h.call("bash", {{"command": "rm *.pid; " + {ESCAPES!r} + "; sleep 100", "timeout": 2}})
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                children = []
+                for pid in filter(str.isdigit, os.listdir("/proc")):
+                    try:
+                        with open(f"/proc/{{pid}}/stat") as handle:
+                            fields = handle.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    if int(fields[1]) == os.getpid():
+                        children.append((pid, fields[0]))
+                if not children or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            print(json.dumps({{"codes": [result.value["exit_code"], timed.code], "children": children}}))
+            """,
+        )
+    finally:
+        kill_escapes(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, "TOOL_FAILED"], "children": []}

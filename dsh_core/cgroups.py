@@ -1,0 +1,290 @@
+"""cgroup helpers shared by the Code Mode runtime and the ``bash`` tool.
+
+The runtime's per-run memory + pids groups live in :mod:`dsh_core.coderuntime.isolation`; what they
+share with the per-command groups here is the writing, and the sweep of groups left by a dsh that
+died (:func:`sweep_stale`: their names carry the owner's pid).
+
+A per-command group (:class:`CommandCgroups`) follows every process a command starts, whatever
+session or process group it moves to (``setsid``, a double-forking daemon), so that killing the group
+kills all of it. Two kinds of hierarchy are used, best first:
+
+* cgroup v2 (a pure v2 host, or the ``unified`` mount of a hybrid one), with ``cgroup.kill``
+  (Linux 5.14): the group is made under dsh's own v2 group, and one write kills every member at
+  once, even one forking meanwhile;
+* the v1 ``pids`` hierarchy: the group is made at its root, and is killed by SIGKILL rounds over
+  its ``cgroup.procs`` until the list is empty (v1 has no ``cgroup.kill``), within a bound.
+
+Neither is used unless dsh can write it (as root, or in a delegated v2 subtree); without one,
+:meth:`CommandCgroups.probe` says so and the caller keeps to what it did before. Not a sandbox: a
+command running as root can write its own pid to another group's ``cgroup.procs`` and leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import re
+import signal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import ClassVar
+
+import attrs
+
+__all__ = ["CGROUP_ROOT", "write_file", "sweep_stale", "Hierarchy", "hierarchies", "CommandCgroups", "CommandGroup"]
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: Seconds a v1 group's SIGKILL rounds (and a v2 group's emptying after ``cgroup.kill``) may take.
+KILL_WITHIN_S = 2.0
+#: The shell that joins a command to its group before it runs anything (see :meth:`CommandGroup.wrap`).
+JOIN_SHELL = "/bin/sh"
+# $1 is the group's cgroup.procs; the rest is the command's argv. A failed join (the group is gone,
+# or the host refuses the move) runs the command anyway, unseen (the braces keep the shell's error
+# message out of the command's output): the caller still kills the command's session as it did
+# before cgroups, so a refused join costs the containment of setsid'd processes, never the call.
+_JOIN_SCRIPT = '{ echo $$ >"$1"; } 2>/dev/null; shift; exec "$@"'
+
+
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` to the cgroup file ``path`` in one ``write`` (the kernel reads each write whole)."""
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def sweep_stale(roots: Iterable[str], pattern: re.Pattern[str]) -> list[str]:
+    """Remove the empty groups under ``roots`` that a dsh process which no longer exists left behind.
+
+    Only directories whose name ``pattern`` matches whole, with the owner's pid as its first group,
+    are touched, and only when that pid is gone and the group is empty (``rmdir`` refuses a group
+    with a task in it). Returns the paths removed.
+    """
+    removed: list[str] = []
+    for root in roots:
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            match = pattern.fullmatch(name)
+            if match is None or os.path.exists(f"/proc/{match.group(1)}"):
+                continue
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+                removed.append(path)
+    return removed
+
+
+@attrs.frozen
+class Hierarchy:
+    """A directory in which dsh may make per-command groups, and how a group there is killed."""
+
+    parent: str
+    version: int  # 2: cgroup v2, killed through cgroup.kill; 1: the v1 pids hierarchy, killed by rounds
+
+
+def _v2_own_group(mountinfo: str, proc_cgroup: str) -> str | None:
+    """The directory of this process's own cgroup v2 group (``None``: no v2 mount holds it)."""
+    try:
+        with open(proc_cgroup) as handle:
+            own = next((line[3:].strip() for line in handle if line.startswith("0::")), None)
+        with open(mountinfo) as handle:
+            mounts = [line.split() for line in handle]
+    except OSError:
+        return None
+    if own is None:
+        return None
+    for fields in mounts:
+        dash = fields.index("-") if "-" in fields else -1
+        if dash < 0 or fields[dash + 1 : dash + 2] != ["cgroup2"]:
+            continue
+        # A mount may show a subtree only (a container without its own cgroup namespace): the own
+        # path is then the mount's root followed by the part under the mount point.
+        root, point = fields[3], fields[4]
+        if own == root or own.startswith(root.rstrip("/") + "/"):
+            return os.path.join(point, own[len(root.rstrip("/")) :].lstrip("/"))
+    return None
+
+
+def hierarchies(
+    root: str = CGROUP_ROOT, mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup"
+) -> list[Hierarchy]:
+    """The hierarchies dsh can make per-command groups in here, best first (empty: none)."""
+    found: list[Hierarchy] = []
+    v2 = _v2_own_group(mountinfo, proc_cgroup)
+    # Moving a process needs write access to the cgroup.procs of the common ancestor: dsh's own group.
+    if v2 is not None and os.access(v2, os.W_OK) and os.access(os.path.join(v2, "cgroup.procs"), os.W_OK):
+        found.append(Hierarchy(os.path.normpath(v2), 2))
+    pids = os.path.join(root, "pids")
+    if os.access(pids, os.W_OK) and os.access(os.path.join(pids, "cgroup.procs"), os.W_OK):
+        found.append(Hierarchy(pids, 1))
+    return found
+
+
+class CommandGroup:
+    """One command's fresh cgroup: join it from the start (:meth:`wrap`), kill all in it, remove it."""
+
+    def __init__(self, hierarchy: Hierarchy, name: str) -> None:
+        self.hierarchy = hierarchy
+        self.name = name
+        self.path = os.path.join(hierarchy.parent, name)
+        self.procs = os.path.join(self.path, "cgroup.procs")
+        os.mkdir(self.path)
+        if hierarchy.version == 2 and not os.path.exists(os.path.join(self.path, "cgroup.kill")):
+            os.rmdir(self.path)  # a kernel before 5.14: no way to kill the group whole
+            raise OSError(f"{hierarchy.parent} has no cgroup.kill (Linux 5.14 or later is needed)")
+        self.seen: set[int] = set()  # every member ever listed, for the caller to reap
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run through a shell that moves itself into the group, then ``exec``s it.
+
+        The move happens before the command's first instruction, in the very process that becomes
+        the command, so nothing it forks can escape. Not a ``preexec_fn``: that runs Python in a
+        fork of dsh, which is documented as unsafe while other threads run (asyncio's child watcher
+        runs one per child in Python 3.11, the session store has its own), and it would make
+        ``subprocess`` give up ``vfork``. The shell costs one ``exec``.
+        """
+        return [JOIN_SHELL, "-c", _JOIN_SCRIPT, "dsh-cgroup-join", self.procs, *argv]
+
+    def members(self) -> list[int]:
+        """The pids in the group now (zombies are not listed); noted in :attr:`seen`."""
+        try:
+            with open(self.procs) as handle:
+                pids = [int(pid) for pid in handle.read().split()]
+        except (OSError, ValueError):
+            return []
+        self.seen.update(pids)
+        return pids
+
+    def signal(self, signum: int) -> int:
+        """Send ``signum`` to every member; return how many were listed."""
+        pids = self.members()
+        for pid in pids:
+            self._signal_member(pid, signum)
+        return len(pids)
+
+    def _signal_member(self, pid: int, signum: int) -> None:
+        # Through a pidfd, checked to be in the group after it is opened: a member that ended and
+        # whose pid was reused in between is never signalled.
+        pidfd_open = getattr(os, "pidfd_open", None)
+        send = getattr(signal, "pidfd_send_signal", None)
+        if pidfd_open is None or send is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+            return
+        try:
+            fd = pidfd_open(pid)
+        except OSError:
+            return
+        try:
+            with open(f"/proc/{pid}/cgroup") as handle:
+                inside = any(line.rstrip("\n").endswith("/" + self.name) for line in handle)
+            if inside:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    send(fd, signum)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def kill_now(self) -> None:
+        """SIGKILL the group without waiting: v2's ``cgroup.kill``, or one v1 round."""
+        self.members()  # noted for reaping before they die (a dead member is no longer listed)
+        if self.hierarchy.version == 2:
+            with contextlib.suppress(OSError):
+                write_file(os.path.join(self.path, "cgroup.kill"), "1")
+        else:
+            self.signal(signal.SIGKILL)
+
+    async def kill(self, within_s: float = KILL_WITHIN_S) -> bool:
+        """SIGKILL every member until none is left, then delete the group, within ``within_s``; True when gone.
+
+        A v1 member may fork between a listing and its SIGKILL: the rounds go on until a listing
+        is empty. After v2's ``cgroup.kill`` nothing in the group can fork. Either way a member that
+        is no longer listed may still be exiting, and the group's removal waits for that.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        self.kill_now()
+        while True:
+            if not self.members() and self.remove():
+                return True
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+            if self.hierarchy.version == 1:
+                self.signal(signal.SIGKILL)
+
+    def remove(self) -> bool:
+        """Delete the group (it must be empty); True when it is gone."""
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+class CommandCgroups:
+    """Makes a fresh group per command, named ``<prefix>-<dsh pid>-<n>``, in the best hierarchy that works."""
+
+    _swept: ClassVar[set[str]] = set()  # prefixes whose stale groups this process swept already
+    _numbers: ClassVar[Iterator[int]] = itertools.count()  # one count per process: two rows never share a name
+
+    def __init__(self, prefix: str, found: Sequence[Hierarchy]) -> None:
+        self.prefix = prefix
+        self.hierarchies = list(found)
+        self.pattern = re.compile(re.escape(prefix) + r"-(\d+)-\d+")
+        self.pending: list[CommandGroup] = []  # groups a removal left behind (a member outlived the kill)
+
+    @classmethod
+    def probe(cls, prefix: str) -> CommandCgroups | None:
+        """The groups of ``prefix`` where a writable hierarchy and ``/bin/sh`` exist, else ``None``.
+
+        Sweeps the groups of ``prefix`` left by dsh processes that no longer exist, once per process.
+        """
+        found = hierarchies()
+        if not found or not os.access(JOIN_SHELL, os.X_OK):
+            return None
+        made = cls(prefix, found)
+        if prefix not in cls._swept:
+            cls._swept.add(prefix)
+            made.sweep_stale()
+        return made
+
+    def sweep_stale(self) -> list[str]:
+        """Remove the empty groups of this prefix whose owner pid is gone; return their paths."""
+        return sweep_stale([h.parent for h in self.hierarchies], self.pattern)
+
+    def create(self) -> CommandGroup | None:
+        """A new, empty group (``None`` when no hierarchy will make one: the caller goes without).
+
+        A hierarchy that refuses is not asked again by this instance.
+        """
+        self.pending = [group for group in self.pending if not group.remove()]
+        while self.hierarchies:
+            try:
+                return CommandGroup(self.hierarchies[0], f"{self.prefix}-{os.getpid()}-{next(self._numbers)}")
+            except FileExistsError:  # left by a dead dsh that had this pid, still busy: the next number
+                continue
+            except OSError:
+                del self.hierarchies[0]
+        return None
+
+    def discard(self, group: CommandGroup) -> None:
+        """Remove ``group``, or keep it to retry at the next :meth:`create` and at :meth:`close`.
+
+        A group is still busy here when the call's own kill was cut short (a second cancellation):
+        its members had their SIGKILL but may not have exited yet.
+        """
+        if not group.remove():
+            self.pending.append(group)
+
+    async def close(self) -> None:
+        """Kill and remove the groups :meth:`discard` kept (the owner's scope ends)."""
+        pending, self.pending = self.pending, []
+        for group in pending:
+            if not await group.kill():
+                self.pending.append(group)
