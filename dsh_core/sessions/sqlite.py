@@ -501,8 +501,10 @@ class SqliteSessionStore:
         the connection, which rolls the transaction back).
         """
         conn.execute("BEGIN IMMEDIATE")
-        # Again, under the write lock: a newer dsh may have taken the database over since it was read.
+        # Again, under the write lock: a newer dsh, or another program, may have taken the database over
+        # since it was read; dsh's tables added to another program's would make it pass for dsh's.
         self._check_version(conn)
+        self._check_tables(conn)
         for statement in _SCHEMA_STATEMENTS:  # IF NOT EXISTS: what the database has is left as it is
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -606,6 +606,32 @@ def test_a_database_of_tables_without_a_sessions_table_is_named_and_left_as_it_w
     assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]
 
 
+def test_tables_another_program_adds_while_a_run_opens_the_file_are_not_completed_with_dsh_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening looks at the tables, then takes the write lock to add dsh's: another program that made
+    # the (empty) file its own in between had dsh's tables added to it and its version stamped, and
+    # from then on it passed for dsh's. Under the lock the tables are looked at again.
+    path = tmp_path / DB_FILENAME
+    _execute(path)
+    complete = SqliteSessionStore._complete_schema
+
+    def taken_over_first(store: SqliteSessionStore, conn: sqlite3.Connection) -> None:
+        _execute(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        complete(store, conn)
+
+    monkeypatch.setattr(SqliteSessionStore, "_complete_schema", taken_over_first)
+    with pytest.raises(SessionStoreError) as refused:
+        SqliteSessionStore.open(tmp_path)
+    assert str(refused.value) == _refused_as_foreign(path, "it has no table 'sessions'")
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
+        assert conn.execute("PRAGMA user_version").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
 async def test_table_names_are_matched_as_sqlite_matches_them_ignoring_case(tmp_path: Path) -> None:
     # SQLite's table names ignore case: a dsh database whose tables a person renamed to "Sessions" and
     # "Leases" is still dsh's, and its session and lease are read from the file's tables, not from empty
