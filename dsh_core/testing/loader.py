@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import time
 import weakref
 from collections import Counter
@@ -167,9 +168,11 @@ class _TimedSteps:
     every value, exception and close passes through unchanged; only the clock is read around each step.
     """
 
-    def __init__(self, body: Coroutine[Any, Any, JSON], run: BodyRun) -> None:
+    def __init__(self, body: Coroutine[Any, Any, JSON], run: BodyRun, began: float | None = None) -> None:
         self._steps = body.__await__()
         self._run = run
+        #: When the first step began, if before it is driven (the body's call, made before its awaitable is).
+        self._began = began
 
     def __await__(self) -> _TimedSteps:
         return self
@@ -182,7 +185,8 @@ class _TimedSteps:
 
     def send(self, value: Any) -> Any:
         """Resume the body with ``value``."""
-        began = time.monotonic()
+        began = time.monotonic() if self._began is None else self._began
+        self._began = None
         try:
             return self._steps.send(value)
         finally:
@@ -194,7 +198,8 @@ class _TimedSteps:
             error = kind() if isinstance(kind, type) else kind
         if traceback is not None:
             error = error.with_traceback(traceback)
-        began = time.monotonic()
+        began = time.monotonic() if self._began is None else self._began
+        self._began = None
         try:
             return self._steps.throw(error)
         finally:
@@ -262,32 +267,68 @@ class ToolSpy:
         finally:
             run.ended_at = time.monotonic()
 
-    async def execute(self, arguments: JSON, context: ToolContext) -> JSON:
-        """The instrumented body."""
+    def execute(self, arguments: JSON, context: ToolContext) -> Awaitable[JSON]:
+        """The instrumented body: calls the tool's ``execute`` and hands the runtime what it returned.
+
+        A plain function, as the runtime calls it (it calls ``execute``, then awaits what it got): what the tool's
+        ``execute`` returns is passed on, so the runtime judges the same value it would outside the kit. An
+        awaitable comes back wrapped, timed step by step; anything else (a plain ``def`` that returned its value)
+        unchanged, for the runtime to refuse with its own message. Were the spy an ``async def`` awaiting it, its own
+        ``await`` would refuse such a value first, with Python's bare "object dict can't be used in 'await'
+        expression" instead of the runtime's error naming the tool.
+        """
         run = BodyRun(context.call_id)
         self.runs.append(run)
         self.calls += 1
         if self.on_enter is not None:
             self.on_enter(context)
+        began = time.monotonic()
+        try:
+            pending = self.definition.execute(arguments, context)
+        except BaseException as error:
+            run.stepped(time.monotonic() - began)
+            raised = self._ended(run, error)
+            if raised is error:
+                raise
+            raise raised from error
+        if not inspect.isawaitable(pending):
+            # It ran whole, synchronously, and returned (its type notwithstanding): its only step. The runtime fails
+            # the call for it.
+            run.stepped(time.monotonic() - began)
+            run.ended_at = time.monotonic()
+            return pending
+        # The runtime awaits it at once, in the same step: what ran before it returned its awaitable (a plain def
+        # that blocks, then hands back a coroutine) is part of the body's first step.
+        return self._awaited(pending, run, began)
+
+    async def _awaited(self, pending: Awaitable[JSON], run: BodyRun, began: float) -> JSON:
+        """Await what the tool's ``execute`` returned, timing each step in ``run`` (the first from ``began``)."""
 
         async def body() -> JSON:
-            # Made and awaited here, as the runtime would, so a body that blocks before it returns its awaitable
-            # is timed too, and one that returns no awaitable fails as it always did.
-            return await self.definition.execute(arguments, context)
+            # Awaited inside a coroutine, whatever the awaitable is: _TimedSteps drives a coroutine's steps.
+            return await pending
 
         try:
-            return await _TimedSteps(body(), run)
+            return await _TimedSteps(body(), run, began)
         except BaseException as error:
-            run.error = error
-            self.errors.append(error)
-            if isinstance(error, Exception | asyncio.CancelledError):
+            raised = self._ended(run, error)
+            if raised is error:
                 raise
-            # SystemExit or KeyboardInterrupt: the runtime lets it out and asyncio re-raises it out of
-            # the event loop, so it would leave the check as a bare traceback (KeyboardInterrupt ends the
-            # whole test run). As an ordinary error the call fails and the checks name the tool.
-            raise BodyExited(f"the body raised {type(error).__name__}") from error
+            raise raised from error
         finally:
             run.ended_at = time.monotonic()
+
+    def _ended(self, run: BodyRun, error: BaseException) -> BaseException:
+        """Record that the body raised ``error`` for ``run``; what the spy raises in its place (itself, mostly)."""
+        run.error = error
+        run.ended_at = time.monotonic()
+        self.errors.append(error)
+        if isinstance(error, Exception | asyncio.CancelledError):
+            return error
+        # SystemExit or KeyboardInterrupt: the runtime lets it out and asyncio re-raises it out of the event loop,
+        # so it would leave the check as a bare traceback (KeyboardInterrupt ends the whole test run). As an
+        # ordinary error the call fails and the checks name the tool.
+        return BodyExited(f"the body raised {type(error).__name__}")
 
 
 def find_entry_point(name: str) -> metadata.EntryPoint:

@@ -2077,3 +2077,36 @@ def test_a_body_that_awaits_past_its_blocks_is_not_blamed_for_blocking_the_loop(
     the call-limit checks report nothing of it."""
     found = _bounded(check, Target("awaits-then-blocks-briefly"))
     assert found == [], found
+
+
+def test_a_synchronous_execute_is_reported_as_the_runtime_reports_it(fixture_plugins: None) -> None:
+    """The tool's execute is a plain def returning a dict. Outside the kit the runtime fails the call naming the tool
+    and the fix (its execute returned dict, not an awaitable); under the kit the spy's own ``await`` raised first,
+    so the kit reported Python's bare "object dict can't be used in 'await' expression" (and, in typed-errors, an
+    untyped TypeError the body never raised). The spy must not change what it observes: the kit reports the
+    runtime's own result for the same call."""
+    from dsh_core.hooks import Hooks
+    from dsh_core.model import ToolExecutionInput
+    from dsh_core.testing.loader import make_root
+    from tests.fixtures.conformance import broken_plugins
+
+    async def outside_the_kit() -> ToolResult:
+        root, registry, runtime = make_root(Hooks())
+        registry.register(broken_plugins.SyncExecute().definition())
+        try:
+            return await runtime.execute(ToolExecutionInput(call_id="c", name="sync", arguments={"x": 1}))
+        finally:
+            await root.dispose()
+
+    own = asyncio.run(outside_the_kit())
+    assert own.code == "TOOL_FAILED" and own.error is not None
+    assert "its execute returned dict, not an awaitable" in own.error.message, own.error.message
+    found = _bounded("check_example_calls", Target("sync-execute"))
+    assert found == [
+        '[dsh:example-calls] plugin "sync-execute", tool "sync": examples[0] {"x": 1}: it returned error '
+        f"TOOL_FAILED: {own.error.message}\n    fix: examples must succeed when called in registration order in a "
+        "fresh config (the kit gives workspace-like plugins an empty temporary root) and return values matching "
+        "output_schema"
+    ], found
+    # The runtime's refusal is a typed error of its own, not one the body raised.
+    assert _bounded("check_typed_errors", Target("sync-execute")) == []
