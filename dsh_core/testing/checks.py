@@ -690,7 +690,9 @@ async def _bounded_call(
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
     in ``found`` (``what`` names the arguments), blamed on what held it (the body, the approval ask,
-    the stages before the body, or, the body having ended, those after it), and ``None`` returned.
+    the stages before the body, or, the body having ended, those after it), and ``None`` returned. A body that
+    blocked the event loop past the limit is named for that first, whatever the call was doing once the loop was free
+    and the timeout could fire (still in the body, or already past it).
     Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
     """
     limit = _call_limit(target)
@@ -711,7 +713,7 @@ async def _bounded_call(
     # own runs, not the spy's count: another call's body (the plugin's own, or one an earlier check abandoned) may
     # have been entered meanwhile.
     runs = spy.runs_of(call_id, known) if spy is not None else None
-    hold = _held_by(watch.asking, runs)
+    hold = _held_by(watch.asking, runs, blocked_s=_blocked_over(runs, limit))
     grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
@@ -724,12 +726,18 @@ async def _bounded_call(
     if task.done():
         after = "it returned once its signal was aborted"
     elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
-        after = (
-            f"its body {late.body_end} once its signal was aborted, but the call was then held after it "
-            f"({_AFTER_BODY}), still running {grace:g} s after the abort, and was cancelled"
-            if late is not None
-            else f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
-        )
+        if late is None:
+            after = f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
+        else:
+            # A body that blocked the loop past the limit may have ended before the timeout could fire, not once
+            # the call was aborted.
+            ended = (
+                f"had {hold.body_end}" if hold.body_end is not None else f"{late.body_end} once its signal was aborted"
+            )
+            after = (
+                f"its body {ended}, but the call was then held after it ({_AFTER_BODY}), still running {grace:g} s "
+                "after the abort, and was cancelled"
+            )
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
@@ -760,15 +768,11 @@ def _blocked_past(
     (:attr:`BodyRun.longest_step_s`), not by how long it ran: one that awaits lets the timeout fire."""
     finalize_s = _finalize_seconds(spy, call_id, finalized)
     runs = spy.runs_of(call_id, known) if spy is not None else None
-    blocked_s = max((run.longest_step_s for run in runs or ()), default=0.0)
-    if finalize_s <= limit and blocked_s <= limit:
+    blocked_s = _blocked_over(runs, limit)
+    if finalize_s <= limit and blocked_s is None:
         return
     hold = _held_by(
-        False,
-        runs,
-        dispatched=dispatched,
-        finalize_s=finalize_s if finalize_s > limit else None,
-        blocked_s=blocked_s if blocked_s > limit else None,
+        False, runs, dispatched=dispatched, finalize_s=finalize_s if finalize_s > limit else None, blocked_s=blocked_s
     )
     found.append(
         failure(
@@ -815,7 +819,9 @@ def _held_by(
     ``finalize_s``: the seconds the tool's ``finalize_content`` blocked the event loop for the call, given when
     that is what made it late (it runs for every call, a pre-aborted one too, so it outranks the other stages).
     ``blocked_s``: the longest the body blocked the event loop without awaiting for the call, given when that is
-    what made it late (:attr:`BodyRun.longest_step_s`).
+    what made it late (:attr:`BodyRun.longest_step_s`, :func:`_blocked_over`): the kit's timeout could not fire
+    meanwhile. Said with whether the body had returned: one that blocked, then went on awaiting, held the call both
+    ways, and both fixes apply.
     """
     ran = runs is None or bool(runs)
     if asking:
@@ -824,7 +830,10 @@ def _held_by(
         return _Hold("finalize", _HELD_BY_FINALIZE.format(seconds=finalize_s), _FINALIZE_FIX, ran)
     if blocked_s is not None:
         ended = _body_end(runs) if runs is not None else None
-        return _Hold("body", _HELD_BY_BLOCKING_BODY.format(seconds=blocked_s), _BLOCKING_BODY_FIX, True, ended)
+        held = _HELD_BY_BLOCKING_BODY.format(seconds=blocked_s)
+        if ended is None:
+            return _Hold("body", f"{held}, and had not returned", f"{_BLOCKING_BODY_FIX}; and {_BODY_FIX}", True)
+        return _Hold("body", held, _BLOCKING_BODY_FIX, True, ended)
     if not ran:
         if not dispatched:
             return _Hold("observers", f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX, ran)
@@ -840,6 +849,14 @@ def _held_by(
             ran,
         )
     return _Hold("body", "it was held by its body, which had not returned", _BODY_FIX, ran)
+
+
+def _blocked_over(runs: list[BodyRun] | None, limit: float) -> float | None:
+    """The longest the body blocked the event loop without awaiting in ``runs`` (one call's), if longer than
+    ``limit``: no timer fires while the loop is blocked, so a limit the body blocked past is one the kit could not
+    enforce; ``None`` otherwise."""
+    blocked = max((run.longest_step_s for run in runs or ()), default=0.0)
+    return blocked if blocked > limit else None
 
 
 def _finalize_seconds(spy: ToolSpy | None, call_id: str, since: int = 0) -> float:
@@ -1725,7 +1742,10 @@ def check_abort(target: Target) -> list[str]:
                 await asyncio.wait_for(asyncio.shield(task), waited)
             spy.on_enter = None
             if not task.done():
-                hold = _held_by(watch.asking, spy.runs_of(call_id))
+                # A body that blocked the loop past the bound is named, as when its call returns: blocking that long
+                # fails this check on its own (the abort cannot act meanwhile), whether or not the call then ends.
+                runs = spy.runs_of(call_id)
+                hold = _held_by(watch.asking, runs, blocked_s=_blocked_over(runs, bound))
                 fix = hold.fix
                 if hold.body_ran:
                     problem = f"the call, aborted as its body began, did not return within {waited:g} s: {hold.held}"

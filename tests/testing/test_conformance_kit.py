@@ -2110,3 +2110,95 @@ def test_a_synchronous_execute_is_reported_as_the_runtime_reports_it(fixture_plu
     ], found
     # The runtime's refusal is a typed error of its own, not one the body raised.
     assert _bounded("check_typed_errors", Target("sync-execute")) == []
+
+
+#: The fix of a call held by its body (it did not return), and the end of every fix of a call the call-limit checks
+#: had to abort.
+BODY_FIX = (
+    "return promptly or honour ctx.signal (ctx.signal.add_listener or await ctx.signal.wait()) and stop waiting on "
+    "what never ends"
+)
+LARGER_LIMIT = (
+    "; a call that is slow on purpose needs a larger limit (call_timeout_s in your subclass, "
+    "--dsh-conformance-call-timeout)"
+)
+
+
+@pytest.mark.parametrize(
+    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
+)
+def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fixture_plugins: None, check: str) -> None:
+    """The body blocks the event loop for 0.6 s (past the abort bound and the call limit), then awaits 30 s, deaf to
+    its signal. The kit's timeout fired only once the loop was free, and the call, still running, took the stuck-call
+    path, which said only that the body had not returned: the blocking, what kept the timeout from firing, went
+    unnamed. The verdict names both, and both fixes. A call aborted before dispatch runs no body: nothing to report."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "blocks-then-awaits"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    if name == "pre-abort":
+        assert found == [], found
+        return
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    fix = f"{BLOCKING_BODY_FIX}; and {BODY_FIX}"
+    if name == "abort":
+        expected = lead + (
+            rf"the call, aborted as its body began, did not return within 0\.3 s: {BLOCKING_BODY_HELD}, and had "
+            r"not returned \(it was cancelled then\)"
+        )
+    else:
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and had not returned \(it was still "
+            r"running 0\.2 s after its signal was aborted, and was cancelled\)"
+        )
+        fix += LARGER_LIMIT
+    expected += rf"\n    fix: {re.escape(fix)}"
+    calls = _call_failures(found, name, plugin, "blocked")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
+
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_the_timeout_fires(
+    fixture_plugins: None, check: str
+) -> None:
+    """The body blocks the event loop for 0.6 s and returns; a post-execute hook then awaits 0.05 s. The kit's timeout
+    fired once the loop was free, in that hook, and the kit blamed the stages after the body, which had returned:
+    those took 0.05 s. The body's blocking is what kept the call past the limit, and is named."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "blocks-then-brief-post-execute"
+    found = _bounded(check, Target(plugin))
+    expected = (
+        re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": {CALL_WHAT[name]}')
+        + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned once its signal was aborted\)"
+        + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX + LARGER_LIMIT)}"
+    )
+    calls = _call_failures(found, name, plugin, "blocked")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
+
+
+@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_are_both_named(
+    fixture_plugins: None, check: str
+) -> None:
+    """The body blocks the event loop for 0.6 s and returns; a post-execute hook then awaits 30 s, deaf to the abort.
+    Both held the call: the body past the limit (the kit's timeout could not fire), the hook for good. The kit named
+    only the hook; it names the body first, then says its body had returned before the call was held after it (not
+    "once its signal was aborted": it had returned before the kit could abort it), with both fixes."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "blocks-then-held-by-post-execute"
+    found = _bounded(check, Target(plugin))
+    expected = (
+        re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": {CALL_WHAT[name]}')
+        + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} "
+        + re.escape(
+            f"(its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s after "
+            "the abort, and was cancelled)"
+        )
+        + rf"\n    fix: {re.escape(f'{BLOCKING_BODY_FIX}; and {AFTER_FIX}{LARGER_LIMIT}')}"
+    )
+    calls = _call_failures(found, name, plugin, "blocked")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
