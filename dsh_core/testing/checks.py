@@ -886,8 +886,8 @@ _HELD_BY_BLOCKING_BODY: Final = (
     "it was held by its body, which blocked the event loop for {seconds:.2f} s without awaiting "
     "(blocking work in async def: time.sleep, blocking I/O, subprocess.run)"
 )
-#: The fix of a body that blocks the event loop: the abort check's (it cannot deliver the abort) and the call-limit
-#: checks' (their timeout cannot fire).
+#: The fix of a body that blocks the event loop: the abort check's (the abort cannot be delivered, or once delivered
+#: cannot act) and the call-limit checks' (their timeout cannot fire).
 _BLOCKING_BODY_FIX: Final = (
     "await instead of blocking: run blocking work with await asyncio.to_thread(...) or in an executor "
     "(loop.run_in_executor), processes with asyncio.create_subprocess_exec, and watch ctx.signal"
@@ -1785,6 +1785,12 @@ def check_abort(target: Target) -> list[str]:
             runs = spy.runs_of(call_id)
             body_end = runs[-1].ended_at if runs[-1].ended_at is not None else returned
             blocked = runs[0].first_step_s or 0.0
+            # Every later step runs once the abort was delivered (it was queued before the first step, so the loop
+            # ran it at that suspension): a body that blocks in one past the bound returns late, but watching
+            # ctx.signal, the fix for a late return, cannot help it, as nothing runs while it blocks (no listener,
+            # no cancellation, no timer). Its blocking is the failure to name, with its own fix. The first step
+            # is part of the longest, so past the bound the longest is a later one only when the first is not.
+            blocked_after = max(run.longest_step_s for run in runs)
             if blocked > bound:
                 found.append(
                     failure(
@@ -1793,6 +1799,17 @@ def check_abort(target: Target) -> list[str]:
                         f"the body kept the event loop busy for {blocked:.2f} s "
                         "without awaiting, so the abort could not even be delivered "
                         f"(bound: {bound:g} s)",
+                        _BLOCKING_BODY_FIX,
+                        definition.name,
+                    )
+                )
+            elif blocked_after > bound:
+                found.append(
+                    failure(
+                        target,
+                        "abort",
+                        f"the body kept the event loop busy for {blocked_after:.2f} s without awaiting after the "
+                        f"abort was delivered, so nothing could stop it meanwhile (bound: {bound:g} s)",
                         _BLOCKING_BODY_FIX,
                         definition.name,
                     )

@@ -2202,3 +2202,19 @@ def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_a
     calls = _call_failures(found, name, plugin, "blocked")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     assert all(re.fullmatch(expected, f) for f in calls), (expected, found)
+
+
+def test_the_abort_check_names_a_body_that_blocks_the_loop_once_the_abort_is_delivered(fixture_plugins: None) -> None:
+    """The body awaits first (the abort, requested as the body is entered, is delivered at that suspension), then
+    blocks the event loop for 0.6 s and returns. The abort check measured only the body's first step, so it said the
+    body returned late and told the author to watch ctx.signal: a body blocked in time.sleep can watch nothing, and
+    no listener, cancellation or timer can act on it meanwhile. The longest step after the delivery is measured too,
+    and the blocking named, with the fix for it."""
+    found = _bounded("check_abort", Target("awaits-then-blocks", abort_bound_s=0.1))
+    expected = (
+        re.escape('[dsh:abort] plugin "awaits-then-blocks", tool "blocked": ')
+        + r"the body kept the event loop busy for 0\.6\d s without awaiting after the abort was delivered, so nothing "
+        + r"could stop it meanwhile \(bound: 0\.1 s\)"
+        + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
+    )
+    assert len(found) == 1 and re.fullmatch(expected, found[0]), (expected, found)
