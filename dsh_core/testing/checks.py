@@ -690,9 +690,10 @@ async def _bounded_call(
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
     in ``found`` (``what`` names the arguments), blamed on what held it (the body, the approval ask,
-    the stages before the body, or, the body having ended, those after it), and ``None`` returned. A body that
-    blocked the event loop past the limit is named for that first, whatever the call was doing once the loop was free
-    and the timeout could fire (still in the body, or already past it).
+    the stages before the body, or, the body having ended, those after it), and ``None`` returned. A body or a
+    ``finalize_content`` that blocked the event loop past the limit is named for that first, whatever the call was
+    doing once the loop was free and the timeout could fire (still in the body, or already past what blocked), then
+    the stage after it if that one still held the call once aborted (:func:`_held_after`).
     Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
     """
     limit = _call_limit(target)
@@ -713,15 +714,25 @@ async def _bounded_call(
     # own runs, not the spy's count: another call's body (the plugin's own, or one an earlier check abandoned) may
     # have been entered meanwhile.
     runs = spy.runs_of(call_id, known) if spy is not None else None
-    hold = _held_by(watch.asking, runs, blocked_s=_blocked_over(runs, limit))
+    finalize_s = _finalize_seconds(spy, call_id, finalized)
+    hold = _held_by(
+        watch.asking,
+        runs,
+        blocked_s=_blocked_over(runs, limit),
+        finalize_s=finalize_s if finalize_s > limit else None,
+    )
     grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), grace)
-    # A body still running at the limit that ended once aborted, the call going on: held after it, too.
-    late = _held_by(False, runs) if not task.done() and hold.stage == "body" else None
-    if late is not None and late.stage != "after":
-        late = None
+    late: _After | None = None
+    if not task.done():
+        late = _held_after(hold)
+        if late is None and hold.stage == "body":
+            # A body still running at the limit that ended once aborted, the call going on: held after it, too.
+            ended = _held_by(False, runs)
+            if ended.stage == "after":
+                late = _After(f"its body {ended.body_end} once its signal was aborted", _AFTER_BODY, _AFTER_FIX)
     fix = hold.fix + (f"; and {late.fix}" if late is not None else "") + _LARGER_LIMIT
     if task.done():
         after = "it returned once its signal was aborted"
@@ -729,15 +740,7 @@ async def _bounded_call(
         if late is None:
             after = f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
         else:
-            # A body that blocked the loop past the limit may have ended before the timeout could fire, not once
-            # the call was aborted.
-            ended = (
-                f"had {hold.body_end}" if hold.body_end is not None else f"{late.body_end} once its signal was aborted"
-            )
-            after = (
-                f"its body {ended}, but the call was then held after it ({_AFTER_BODY}), still running {grace:g} s "
-                "after the abort, and was cancelled"
-            )
+            after = f"{late.clause}, still running {grace:g} s after the abort, and was cancelled"
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
@@ -802,6 +805,39 @@ class _Hold:
     body_ran: bool
     #: How the body ended for the call (``"returned"``, ``"raised NAME"``), ``None`` if it never ran or still runs.
     body_end: str | None = None
+
+
+@frozen
+class _After:
+    """What held a call after the stage that ended first (a body, a ``finalize_content``), in a failure's words:
+    reported beside that stage's own :class:`_Hold`, once the call was still running past it."""
+
+    #: How the first stage ended and that the call was then held after it, with by what: ``its body had returned,
+    #: but the call was then held after it (by ...)`` (the check says for how long after that).
+    ended: str
+    #: The stages that may have held it, as :data:`_AFTER_BODY` (``by ...``).
+    by: str
+    #: The fix of those stages.
+    fix: str
+
+    @property
+    def clause(self) -> str:
+        """The whole clause: how the first stage ended, and what then held the call."""
+        return f"{self.ended}, but the call was then held after it ({self.by})"
+
+
+def _held_after(hold: _Hold) -> _After | None:
+    """What held a call after the stage ``hold`` names, if that stage blocked the event loop past the limit and ended:
+    a body that had returned, or the tool's ``finalize_content`` (which always ends). The kit's timeout fired only
+    once the loop was free, when the call was past that stage, so a stage after it that is still running once the
+    call was given its grace held the call too (as a body that blocked, then awaited, held it both ways). ``None``
+    for any other hold: what held the call is all :attr:`_Hold.held` says."""
+    if hold.stage == "finalize":
+        # Only the result observers run after finalize_content (dsh awaits nothing else once it returns).
+        return _After("its finalize_content had returned", _AFTER_FINALIZE, _AFTER_FINALIZE_FIX)
+    if hold.stage == "body" and hold.body_end is not None:
+        return _After(f"its body had {hold.body_end}", _AFTER_BODY, _AFTER_FIX)
+    return None
 
 
 def _held_by(
@@ -921,6 +957,12 @@ _APPROVAL_FIX: Final = (
 _AFTER_BODY: Final = (
     "by a post-execute hook, a result observer (dsh_tool_result) or an around-dispatch middleware "
     "that did not return once proceed had"
+)
+#: The stage of a call after its tool's ``finalize_content``: dsh awaits only the result observers once it returned.
+_AFTER_FINALIZE: Final = "by a result observer (dsh_tool_result)"
+#: The fix of a call held after its tool's ``finalize_content``.
+_AFTER_FINALIZE_FIX: Final = (
+    "make result observers (dsh_tool_result) return promptly, and end when the call is aborted or cancelled"
 )
 #: What a call-limit failure says of a call held after its body (``ended``: "returned" or "raised NAME").
 _HELD_AFTER: Final = "it was held after its body (" + _AFTER_BODY + "), which had {ended} already"
@@ -1647,29 +1689,43 @@ async def _pre_aborted_call(
     )
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), limit)
+    hold: _Hold | None = None
+    late: _After | None = None
+    if not task.done():
+        # A body run for this call (the check reports that too) means the runtime dispatched it after all, so
+        # whatever follows a body may hold it; else only the result observers can, and finalize_content blocking the
+        # loop.
+        finalize_s = _finalize_seconds(spy, call_id, finalized)
+        hold = _held_by(
+            False,
+            spy.runs_of(call_id, known) if spy is not None else [],
+            dispatched=False,
+            finalize_s=finalize_s if finalize_s > limit else None,
+        )
+        late = _held_after(hold)
+        if late is not None:
+            # The timeout fired once finalize_content freed the loop, the observers after it given next to no time:
+            # they get the grace of a stuck call, and a call that returns then is reported as one that returned.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
     if task.done():
         what = "the call aborted before dispatch"
         _blocked_past(target, "pre-abort", what, limit, spy, call_id, known, finalized, found, name, dispatched=False)
         result: ToolResult = task.result()
         return result
-    # A body run for this call (the check reports that too) means the runtime dispatched it after all, so whatever
-    # follows a body may hold it; else only the result observers can.
-    hold = _held_by(False, spy.runs_of(call_id, known) if spy is not None else [], dispatched=False)
-    fix = hold.fix + _LARGER_LIMIT
+    assert hold is not None
+    problem = f"the call aborted before dispatch did not return within {limit:g} s: {hold.held}"
+    fix = hold.fix
+    if late is not None:
+        problem += f"; {late.clause}, still running {STUCK_GRACE_S:g} s later"
+        fix += f"; and {late.fix}"
+    fix += _LARGER_LIMIT
     if await _cancel(task, grace := STUCK_GRACE_S):
         after = "it was cancelled then"
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"
-    found.append(
-        failure(
-            target,
-            "pre-abort",
-            f"the call aborted before dispatch did not return within {limit:g} s: {hold.held} ({after})",
-            fix,
-            name,
-        )
-    )
+    found.append(failure(target, "pre-abort", f"{problem} ({after})", fix, name))
     return None
 
 
@@ -1741,11 +1797,29 @@ def check_abort(target: Target) -> list[str]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), waited)
             spy.on_enter = None
+            hold: _Hold | None = None
+            late: _After | None = None
             if not task.done():
-                # A body that blocked the loop past the bound is named, as when its call returns: blocking that long
-                # fails this check on its own (the abort cannot act meanwhile), whether or not the call then ends.
+                # A body or finalize_content that blocked the loop past the bound is named, as when its call
+                # returns: blocking that long fails this check on its own (the abort cannot act meanwhile), whether
+                # or not the call then ends.
                 runs = spy.runs_of(call_id)
-                hold = _held_by(watch.asking, runs, blocked_s=_blocked_over(runs, bound))
+                finalize_s = _finalize_seconds(spy, call_id)
+                hold = _held_by(
+                    watch.asking,
+                    runs,
+                    blocked_s=_blocked_over(runs, bound),
+                    finalize_s=finalize_s if finalize_s > bound else None,
+                )
+                late = _held_after(hold)
+                if late is not None:
+                    # The wait ended once the blocking stage freed the loop, the stages after it given next to no
+                    # time: they get the grace of a stuck call, and a call that returns then is judged as one that
+                    # returned (below).
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
+            if not task.done():
+                assert hold is not None  # judged above, when the call was still running (it cannot have undone)
                 fix = hold.fix
                 if hold.body_ran:
                     problem = f"the call, aborted as its body began, did not return within {waited:g} s: {hold.held}"
@@ -1755,6 +1829,9 @@ def check_abort(target: Target) -> list[str]:
                         f"the call did not return within {waited:g} s: {hold.held}; its abort, due as the body "
                         "begins, could not be checked"
                     )
+                if late is not None:
+                    problem += f"; {late.clause}, still running {_stuck_grace(loaded, watch):g} s later"
+                    fix += f"; and {late.fix}"
                 if await _cancel(task, grace := _stuck_grace(loaded, watch)):
                     problem += " (it was cancelled then)"
                 else:

@@ -2038,6 +2038,96 @@ def test_a_call_held_by_a_finalize_content_that_blocks_the_loop_names_it(fixture
     assert not any(blame in f for f in calls for blame in BODY_BLAME), found
 
 
+@pytest.mark.parametrize(
+    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
+)
+def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observer_then_awaits(
+    fixture_plugins: None, check: str
+) -> None:
+    """The tool's finalize_content blocks the event loop for 0.6 s; a correct result observer then awaits 0.05 s.
+    The kit's timeout fired once the loop was free, in that observer: the call had not returned, so it took the
+    stuck-call path, which blamed the stages after the body (0.05 s of awaiting) and never named finalize_content,
+    what kept the call past the limit. It is named as when the call has returned by then (the abort check and
+    pre-abort give the stage after it the grace a stuck call gets, and report what they report of a call that
+    returned); the call-limit checks abort the call as for any call past the limit, and it returns."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "finalize-then-brief-observer"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    fix = FINALIZE_FIX
+    if name == "abort":
+        expected = lead + rf"the call returned {MEASURED} s after its body \(bound: 0\.1 s\): {FINALIZE_HELD}"
+    elif name == "pre-abort":
+        expected = (
+            lead
+            + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD} \(it returned then\)"
+        )
+    else:
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \(it returned once its signal was aborted\)"
+        )
+        fix += LARGER_LIMIT
+    expected += rf"\n    fix: {re.escape(fix)}"
+    calls = _call_failures(found, name, plugin, "finalized")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    _assert_timed(expected, calls)
+
+
+#: What the kit says of the stage after finalize_content (only the result observers run then), and its fix.
+AFTER_FINALIZE = "by a result observer (dsh_tool_result)"
+AFTER_FINALIZE_FIX = (
+    "make result observers (dsh_tool_result) return promptly, and end when the call is aborted or cancelled"
+)
+
+
+@pytest.mark.parametrize(
+    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
+)
+def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_holds_the_call_are_both_named(
+    fixture_plugins: None, check: str
+) -> None:
+    """The tool's finalize_content blocks the event loop for 0.6 s; a result observer then awaits 30 s, deaf to the
+    abort. Both held the call: finalize_content past the limit (the kit's timeout could not fire), the observer for
+    good. The kit blamed the stages after the body; it names finalize_content first, then says the call was held
+    after it, by a result observer (the only stage after it), with both fixes."""
+    name = check.removeprefix("check_").replace("_", "-")
+    plugin = "finalize-then-held-by-observer"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    then = re.escape(
+        f"its finalize_content had returned, but the call was then held after it ({AFTER_FINALIZE}), still running "
+        "0.2 s"
+    )
+    fix = f"{FINALIZE_FIX}; and {AFTER_FINALIZE_FIX}"
+    if name == "abort":
+        expected = (
+            lead
+            + rf"the call, aborted as its body began, did not return within 0\.3 s: {FINALIZE_HELD}; {then} later "
+            + r"\(it was cancelled then\)"
+        )
+    elif name == "pre-abort":
+        expected = (
+            lead
+            + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD}; {then} later "
+            + r"\(it was cancelled then\)"
+        )
+        fix += LARGER_LIMIT
+    else:
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \({then} after the abort, and was "
+            + r"cancelled\)"
+        )
+        fix += LARGER_LIMIT
+    expected += rf"\n    fix: {re.escape(fix)}"
+    calls = _call_failures(found, name, plugin, "finalized")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    _assert_timed(expected, calls)
+
+
 #: What the kit says of a call held by its body, which blocked the event loop without awaiting (a regular expression:
 #: the seconds it blocked for vary), and the fix the abort check and the call-limit checks both give for it.
 BLOCKING_BODY_HELD = (
@@ -2175,46 +2265,68 @@ def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fix
     _assert_timed(expected, calls)
 
 
-@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_the_timeout_fires(
     fixture_plugins: None, check: str
 ) -> None:
     """The body blocks the event loop for 0.6 s and returns; a post-execute hook then awaits 0.05 s. The kit's timeout
     fired once the loop was free, in that hook, and the kit blamed the stages after the body, which had returned:
-    those took 0.05 s. The body's blocking is what kept the call past the limit, and is named."""
+    those took 0.05 s. The body's blocking is what kept the call past the limit, and is named. The abort check gives
+    the hook the grace of a stuck call, and reports what it reports of a body that blocked and whose call returned."""
     name = check.removeprefix("check_").replace("_", "-")
     plugin = "blocks-then-brief-post-execute"
-    found = _bounded(check, Target(plugin))
-    expected = (
-        re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": {CALL_WHAT[name]}')
-        + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned once its signal was aborted\)"
-        + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX + LARGER_LIMIT)}"
-    )
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    if name == "abort":
+        expected = (
+            lead
+            + rf"the body kept the event loop busy for {MEASURED} s without awaiting, so the abort could not even be "
+            + r"delivered \(bound: 0\.1 s\)"
+            + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
+        )
+    else:
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned once its signal was "
+            + r"aborted\)"
+            + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX + LARGER_LIMIT)}"
+        )
     calls = _call_failures(found, name, plugin, "blocked")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     _assert_timed(expected, calls)
 
 
-@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_are_both_named(
     fixture_plugins: None, check: str
 ) -> None:
     """The body blocks the event loop for 0.6 s and returns; a post-execute hook then awaits 30 s, deaf to the abort.
     Both held the call: the body past the limit (the kit's timeout could not fire), the hook for good. The kit named
-    only the hook; it names the body first, then says its body had returned before the call was held after it (not
-    "once its signal was aborted": it had returned before the kit could abort it), with both fixes."""
+    only the hook (the abort check only the body); it names the body first, then says its body had returned before
+    the call was held after it (not "once its signal was aborted": it had returned before the kit could abort it),
+    with both fixes."""
     name = check.removeprefix("check_").replace("_", "-")
     plugin = "blocks-then-held-by-post-execute"
-    found = _bounded(check, Target(plugin))
-    expected = (
-        re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": {CALL_WHAT[name]}')
-        + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} "
-        + re.escape(
-            f"(its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s after "
-            "the abort, and was cancelled)"
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    then = f"its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s"
+    fix = f"{BLOCKING_BODY_FIX}; and {AFTER_FIX}"
+    if name == "abort":
+        expected = (
+            lead
+            + rf"the call, aborted as its body began, did not return within 0\.3 s: {BLOCKING_BODY_HELD}; "
+            + re.escape(f"{then} later (it was cancelled then)")
         )
-        + rf"\n    fix: {re.escape(f'{BLOCKING_BODY_FIX}; and {AFTER_FIX}{LARGER_LIMIT}')}"
-    )
+    else:
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} "
+            + re.escape(f"({then} after the abort, and was cancelled)")
+        )
+        fix += LARGER_LIMIT
+    expected += rf"\n    fix: {re.escape(fix)}"
     calls = _call_failures(found, name, plugin, "blocked")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     _assert_timed(expected, calls)
