@@ -857,15 +857,26 @@ def _held_by(
     ``blocked_s``: the longest the body blocked the event loop without awaiting for the call, given when that is
     what made it late (:attr:`BodyRun.longest_step_s`, :func:`_blocked_over`): the kit's timeout could not fire
     meanwhile. Said with whether the body had returned: one that blocked, then went on awaiting, held the call both
-    ways, and both fixes apply.
+    ways, and both fixes apply. Given both, both are named (the body first, as it ran first), with both fixes: each
+    alone made the call late.
     """
     ran = runs is None or bool(runs)
     if asking:
         return _Hold("ask", _HELD_IN_ASK, _APPROVAL_FIX, ran)
+    ended = _body_end(runs) if runs is not None else None
     if finalize_s is not None:
-        return _Hold("finalize", _HELD_BY_FINALIZE.format(seconds=finalize_s), _FINALIZE_FIX, ran)
+        held = _HELD_BY_FINALIZE.format(seconds=finalize_s)
+        if blocked_s is None:
+            return _Hold("finalize", held, _FINALIZE_FIX, ran, ended)
+        body = _HELD_BY_BLOCKING_BODY.format(seconds=blocked_s)
+        return _Hold(
+            "finalize",
+            f"{body}, and {held.removeprefix('it was held ')}",
+            f"{_BLOCKING_BODY_FIX}; and {_FINALIZE_FIX}",
+            ran,
+            ended,
+        )
     if blocked_s is not None:
-        ended = _body_end(runs) if runs is not None else None
         held = _HELD_BY_BLOCKING_BODY.format(seconds=blocked_s)
         if ended is None:
             return _Hold("body", f"{held}, and had not returned", f"{_BLOCKING_BODY_FIX}; and {_BODY_FIX}", True)
@@ -874,7 +885,6 @@ def _held_by(
         if not dispatched:
             return _Hold("observers", f"it was held {_PRE_ABORTED_HELD}", _PRE_ABORTED_FIX, ran)
         return _Hold("before", f"it was held before its body ({_BEFORE_BODY}), so the body never ran", _HELD_FIX, ran)
-    ended = _body_end(runs) if runs is not None else None
     if ended is not None:
         return _Hold("after", _HELD_AFTER.format(ended=ended), _AFTER_FIX, ran, ended)
     if not dispatched:
@@ -1868,6 +1878,14 @@ def check_abort(target: Target) -> list[str]:
             # no cancellation, no timer). Its blocking is the failure to name, with its own fix. The first step
             # is part of the longest, so past the bound the longest is a later one only when the first is not.
             blocked_after = max(run.longest_step_s for run in runs)
+            finalize_s = _finalize_seconds(spy, call_id)
+            # A finalize_content that blocked the loop past the bound as well, once the body had ended, made the call
+            # late on its own, with its own fix: named after the body's blocking.
+            then, then_fix = (
+                (f"; then {_HELD_BY_FINALIZE.format(seconds=finalize_s)}", f"; and {_FINALIZE_FIX}")
+                if finalize_s > bound
+                else ("", "")
+            )
             if blocked > bound:
                 found.append(
                     failure(
@@ -1875,8 +1893,8 @@ def check_abort(target: Target) -> list[str]:
                         "abort",
                         f"the body kept the event loop busy for {blocked:.2f} s "
                         "without awaiting, so the abort could not even be delivered "
-                        f"(bound: {bound:g} s)",
-                        _BLOCKING_BODY_FIX,
+                        f"(bound: {bound:g} s){then}",
+                        _BLOCKING_BODY_FIX + then_fix,
                         definition.name,
                     )
                 )
@@ -1886,8 +1904,8 @@ def check_abort(target: Target) -> list[str]:
                         target,
                         "abort",
                         f"the body kept the event loop busy for {blocked_after:.2f} s without awaiting after the "
-                        f"abort was delivered, so nothing could stop it meanwhile (bound: {bound:g} s)",
-                        _BLOCKING_BODY_FIX,
+                        f"abort was delivered, so nothing could stop it meanwhile (bound: {bound:g} s){then}",
+                        _BLOCKING_BODY_FIX + then_fix,
                         definition.name,
                     )
                 )
@@ -1910,7 +1928,6 @@ def check_abort(target: Target) -> list[str]:
                     )
                 elif (elapsed := returned - min(body_end, aborted_at[0])) > bound:
                     since = "its body" if body_end < aborted_at[0] else "the abort"
-                    finalize_s = _finalize_seconds(spy, call_id)
                     hold = _held_by(False, runs, finalize_s=finalize_s if finalize_s > bound else None)
                     found.append(
                         failure(

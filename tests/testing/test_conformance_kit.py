@@ -2128,6 +2128,42 @@ def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_hol
     _assert_timed(expected, calls)
 
 
+@pytest.mark.parametrize(
+    "plugin", ["blocks-then-blocking-finalize", "blocks-then-blocking-finalize-then-brief-observer"]
+)
+@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
+    fixture_plugins: None, check: str, plugin: str
+) -> None:
+    """The body blocks the event loop for 0.6 s and returns; the tool's finalize_content then blocks it for 0.6 s
+    more (with a correct result observer awaiting 0.05 s after it, or not). Each alone kept the call past the limit
+    and the bound, and each has its own fix, but the kit named only finalize_content (the abort check only the
+    body). Both are named, each with how long it blocked the loop, with both fixes."""
+    name = check.removeprefix("check_").replace("_", "-")
+    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
+    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    fix = f"{BLOCKING_BODY_FIX}; and {FINALIZE_FIX}"
+    if name == "abort":
+        expected = lead + (
+            rf"the body kept the event loop busy for {MEASURED} s without awaiting, so the abort could not even be "
+            rf"delivered \(bound: 0\.1 s\); then {FINALIZE_HELD}"
+        )
+    else:
+        by_finalize = FINALIZE_HELD.removeprefix("it was held ")
+        observed = plugin.endswith("-observer")
+        expected = (
+            lead
+            + re.escape(CALL_WHAT[name])
+            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and {by_finalize} "
+            + (r"\(it returned once its signal was aborted\)" if observed else r"\(it returned then\)")
+        )
+        fix += LARGER_LIMIT if observed else ""
+    expected += rf"\n    fix: {re.escape(fix)}"
+    calls = _call_failures(found, name, plugin, "finalized")
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    _assert_timed(expected, calls)
+
+
 #: What the kit says of a call held by its body, which blocked the event loop without awaiting (a regular expression:
 #: the seconds it blocked for vary), and the fix the abort check and the call-limit checks both give for it.
 BLOCKING_BODY_HELD = (
