@@ -192,16 +192,17 @@ class _TimedSteps:
         finally:
             self._run.stepped(time.monotonic() - began)
 
-    def throw(self, kind: Any, error: Any = None, traceback: Any = None) -> Any:
-        """Resume the body with an exception (a cancellation, mostly), in either form ``await`` passes it."""
-        if error is None:
-            error = kind() if isinstance(kind, type) else kind
-        if traceback is not None:
-            error = error.with_traceback(traceback)
+    def throw(self, *arguments: Any) -> Any:
+        """Resume the body with an exception (a cancellation, mostly), as the coroutine's own ``throw`` does.
+
+        The arguments are handed on unchanged, so every form behaves as on the coroutine itself: the exception
+        (``throw(error)``, what asyncio passes) or the deprecated ``throw(type[, value[, traceback]])``, which builds
+        it from ``value`` as Python does (and warns, on 3.12+, only when the caller used that form).
+        """
         began = time.monotonic() if self._began is None else self._began
         self._began = None
         try:
-            return self._steps.throw(error)
+            return self._steps.throw(*arguments)
         finally:
             self._run.stepped(time.monotonic() - began)
 

@@ -13,7 +13,7 @@ import math
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -2383,3 +2383,73 @@ def test_the_abort_check_names_a_body_that_blocks_the_loop_once_the_abort_is_del
     )
     assert len(found) == 1, found
     _assert_timed(expected, found)
+
+
+def _thrown(timed: bool, *args: Any) -> tuple[Any, ...]:
+    """What ``throw(*args)`` does to a body suspended at its first await: thrown into the coroutine itself, or into
+    the spy's ``_TimedSteps`` driving it. The body's outcome (what it caught: type, args, where its traceback runs),
+    or what ``throw`` raised."""
+    from dsh_core.testing.loader import BodyRun, _TimedSteps
+
+    async def body() -> Any:
+        try:
+            await asyncio.sleep(0)
+        except BaseException as error:
+            where = []
+            trace = error.__traceback__
+            while trace is not None:
+                where.append((trace.tb_frame.f_code.co_name, trace.tb_lineno))
+                trace = trace.tb_next
+            return ("caught", type(error).__name__, error.args, where)
+        return "resumed"
+
+    coroutine = body()
+    steps: Any = _TimedSteps(coroutine, BodyRun("c")) if timed else coroutine
+    steps.send(None)
+    try:
+        steps.throw(*args)
+    except StopIteration as stop:
+        return ("returned", stop.value)
+    except BaseException as error:
+        return ("raised", type(error).__name__, str(error))
+    finally:
+        steps.close()
+    return ("suspended",)
+
+
+def test_the_spy_throws_into_a_body_as_a_coroutine_does_in_every_form() -> None:
+    """The spy drives the body's coroutine for the runtime, so ``throw`` must do what the coroutine's own does. It
+    built the exception itself, from the class alone: ``throw(ValueError, "boom")`` and ``throw(ValueError, ("a",
+    "b"))`` raised TypeError instead of throwing ``ValueError("boom")`` and ``ValueError("a", "b")`` into the body,
+    and ``throw(instance, value)`` gave another TypeError message than Python's. Each form is compared with the
+    coroutine's own; the one-argument form asyncio uses must not trigger the deprecation of the others (3.12+)."""
+    import warnings
+
+    try:
+        raise KeyError("where")
+    except KeyError as error:
+        trace = error.__traceback__
+    # Made afresh for each throw: an exception thrown carries its traceback on to the next.
+    forms: list[Callable[[], tuple[Any, ...]]] = [
+        lambda: (ValueError,),
+        lambda: (ValueError("x"),),
+        lambda: (ValueError, "boom"),
+        lambda: (ValueError, ("a", "b")),
+        lambda: (ValueError, ValueError("v")),
+        lambda: (ValueError, None),
+        lambda: (ValueError("i"), "v"),
+        lambda: (ValueError, "v", trace),
+        lambda: (ValueError("i"), None, trace),
+        lambda: (ValueError, "v", "not a traceback"),
+        lambda: ("not an exception",),
+        lambda: (GeneratorExit,),
+        lambda: (asyncio.CancelledError("why"),),
+    ]
+    for form in forms:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the multi-argument forms, in both
+            assert _thrown(True, *form()) == _thrown(False, *form()), form()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outcome = _thrown(True, asyncio.CancelledError("why"))
+    assert outcome[0] == "returned" and outcome[1][:3] == ("caught", "CancelledError", ("why",)), outcome
