@@ -121,7 +121,8 @@ class WatchingHooks(Hooks):
 
 class BodyExited(Exception):
     """What the spy raises in place of a body's ``SystemExit``, ``KeyboardInterrupt`` or other
-    ``BaseException`` that is not a cancellation (the original is in :attr:`ToolSpy.errors`)."""
+    ``BaseException`` that is neither a cancellation nor the ``GeneratorExit`` of its close (the original is in
+    :attr:`ToolSpy.errors`)."""
 
 
 @define
@@ -324,7 +325,9 @@ class ToolSpy:
         run.error = error
         run.ended_at = time.monotonic()
         self.errors.append(error)
-        if isinstance(error, Exception | asyncio.CancelledError):
+        if isinstance(error, Exception | asyncio.CancelledError | GeneratorExit):
+            # GeneratorExit is how a suspended body's close() ends it (the runtime or a middleware dropping the call,
+            # the loop shutting down): close() expects it back, and raises whatever else comes out instead.
             return error
         # SystemExit or KeyboardInterrupt: the runtime lets it out and asyncio re-raises it out of the event loop,
         # so it would leave the check as a bare traceback (KeyboardInterrupt ends the whole test run). As an

@@ -2453,3 +2453,34 @@ def test_the_spy_throws_into_a_body_as_a_coroutine_does_in_every_form() -> None:
         warnings.simplefilter("error")
         outcome = _thrown(True, asyncio.CancelledError("why"))
     assert outcome[0] == "returned" and outcome[1][:3] == ("caught", "CancelledError", ("why",)), outcome
+
+
+def test_a_suspended_body_the_spy_runs_closes_as_the_body_itself_does() -> None:
+    """A body suspended in an await is closed (its coroutine's ``close()``: the runtime or a middleware drops the
+    call, or the loop shuts down). The spy took the GeneratorExit close throws in for a body raising a
+    BaseException, and raised BodyExited in its place, so ``close()`` raised it (RuntimeError for a generator that
+    ignores GeneratorExit, in effect) and the code closing the call went on as if the body had failed. GeneratorExit
+    passes through unchanged: ``close()`` returns, the body's ``finally`` having run, as when the body is closed
+    itself."""
+    from dsh_core import define_tool
+    from dsh_core.testing.loader import ToolSpy
+    from tests.fixtures.conformance.broken_plugins import OBJECT
+
+    cleaned: list[str] = []
+
+    async def execute(arguments: Any, context: Any) -> Any:
+        try:
+            await asyncio.sleep(0)  # suspends (no loop needed)
+        finally:
+            cleaned.append(context.call_id)
+        return arguments
+
+    own = execute({"x": 1}, SimpleNamespace(call_id="own"))
+    own.send(None)
+    own.close()  # the body alone: close() returns
+    spy = ToolSpy(define_tool(name="t", description="d", parameters=OBJECT, execute=execute))
+    call: Any = spy.execute({"x": 1}, SimpleNamespace(call_id="spied"))  # type: ignore[arg-type]
+    call.send(None)
+    call.close()
+    assert cleaned == ["own", "spied"]
+    assert spy.runs[0].ended
