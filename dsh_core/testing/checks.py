@@ -788,14 +788,19 @@ def _blocked_past(
 class _Hold:
     """Where a call that did not return in time was held, in a failure's words, and the fix to suggest.
 
-    Made by :func:`_held_by`, the one place that judges it, for every check that reports a stuck call (each
-    frames it: how long it waited, what it then did to the call).
+    Made by :func:`_held_by` for every check that reports a stuck call (each frames it: how long it waited, what it
+    then did to the call) and for a call that returned only after the limit or the abort bound because a stage held
+    it (:func:`_blocked_past`, the abort check once the body has returned in time). What held the call after a
+    stage that blocked the loop and ended is :func:`_held_after`'s. The abort check judges the body's own timing
+    against the abort itself (a first step that delayed its delivery, a later one that blocked past the bound, a
+    return too long after it): those say how the body answered the abort, not where a call was held.
     """
 
     #: ``"ask"`` (its own approval ask), ``"before"`` (a stage before the body), ``"body"``, ``"after"`` (a stage
     #: after the body), ``"observers"`` (the result observers: all a call aborted before dispatch reaches) or
-    #: ``"finalize"`` (the tool's ``finalize_content``, which blocked the event loop). A body that blocked the event
-    #: loop is ``"body"``, with :attr:`body_end` set.
+    #: ``"finalize"`` (the tool's ``finalize_content``, which blocked the event loop; a body that blocked it before is
+    #: named in :attr:`held` too). A body that blocked the event loop is ``"body"``, with :attr:`body_end` set once it
+    #: ended.
     stage: Literal["ask", "before", "body", "after", "observers", "finalize"]
     #: What held it, as a clause: ``it was held ...`` (it follows "did not return within N s: ").
     held: str
@@ -853,7 +858,8 @@ def _held_by(
     spy sees the body: taken as running). ``dispatched=False``: the call was aborted before dispatch, so of the
     plugin's stages only its result observers run for it, unless the body ran anyway (which the core never does).
     ``finalize_s``: the seconds the tool's ``finalize_content`` blocked the event loop for the call, given when
-    that is what made it late (it runs for every call, a pre-aborted one too, so it outranks the other stages).
+    that is what made it late (it runs for every call, a pre-aborted one too, and outranks every stage that did not
+    block the loop).
     ``blocked_s``: the longest the body blocked the event loop without awaiting for the call, given when that is
     what made it late (:attr:`BodyRun.longest_step_s`, :func:`_blocked_over`): the kit's timeout could not fire
     meanwhile. Said with whether the body had returned: one that blocked, then went on awaiting, held the call both
@@ -1683,9 +1689,11 @@ async def _pre_aborted_call(
     Such a call runs no body and, of the plugin's hooks, only its result observers (dsh_tool_result),
     but those it does: awaited with no bound, an observer that never returns hung the check, and the
     plugin author's test run. Its tool's ``finalize_content`` runs too: one that blocks the event loop past
-    the limit is reported once the call returns (:func:`_blocked_past`). Its signal already aborted, there is
-    nothing left to abort at the limit: the call is cancelled and given ``STUCK_GRACE_S`` to end (it never
-    waits in an approval ask), then reported in ``found``, blamed on what held it, and ``None`` returned.
+    the limit is reported, whether the call has returned once the loop is free (:func:`_blocked_past`) or a result
+    observer after it still runs (given ``STUCK_GRACE_S`` more first, and named too if it still holds the call:
+    :func:`_held_after`). Its signal already aborted, there is nothing left to abort at the limit: the call is
+    cancelled and given ``STUCK_GRACE_S`` to end (it never waits in an approval ask), then reported in ``found``,
+    blamed on what held it, and ``None`` returned.
     """
     limit = _call_limit(target)
     call_id = "conformance"

@@ -217,7 +217,8 @@ class FinalizeRun:
     """One run of a tool's ``finalize_content``, as its :class:`ToolSpy` saw it: the call it ran for, and when.
 
     dsh calls it synchronously on the event loop, so it can hold a call only by blocking the loop, which no
-    timeout of the kit's interrupts: how long it ran is what names it once the loop is free again.
+    timeout of the kit's interrupts: how long it ran is what names it once the loop is free again, whether the call
+    has returned by then or a stage after it (a result observer) still runs.
     """
 
     #: The call id of the execution it ran for.
