@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import re
 import signal
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import ClassVar
 
 import attrs
@@ -37,13 +38,6 @@ __all__ = ["CGROUP_ROOT", "write_file", "sweep_stale", "Hierarchy", "hierarchies
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: Seconds a v1 group's SIGKILL rounds (and a v2 group's emptying after ``cgroup.kill``) may take.
 KILL_WITHIN_S = 2.0
-#: The shell that joins a command to its group before it runs anything (see :meth:`CommandGroup.wrap`).
-JOIN_SHELL = "/bin/sh"
-# $1 is the group's cgroup.procs; the rest is the command's argv. A failed join (the group is gone,
-# or the host refuses the move) runs the command anyway, unseen (the braces keep the shell's error
-# message out of the command's output): the caller still kills the command's session as it did
-# before cgroups, so a refused join costs the containment of setsid'd processes, never the call.
-_JOIN_SCRIPT = '{ echo $$ >"$1"; } 2>/dev/null; shift; exec "$@"'
 
 
 def write_file(path: str, text: str) -> None:
@@ -122,8 +116,22 @@ def hierarchies(
     return found
 
 
+def _join(procs_fd: int) -> None:
+    """The ``preexec_fn`` of :meth:`CommandGroup.joiner`: move the calling (forked) process into the group.
+
+    Writing 0 to ``cgroup.procs`` moves the writer itself. A refused move (the group was removed, the
+    host forbids it) runs the command outside the group: the caller still kills the command's session
+    as it did before cgroups, so a refused join costs the containment of setsid'd processes, never the call.
+    """
+    # A bare try, not contextlib.suppress: no context manager object made and entered in the child.
+    try:  # noqa: SIM105
+        os.write(procs_fd, b"0")
+    except OSError:
+        pass
+
+
 class CommandGroup:
-    """One command's fresh cgroup: join it from the start (:meth:`wrap`), kill all in it, remove it."""
+    """One command's fresh cgroup: join it from the start (:meth:`joiner`), kill all in it, remove it."""
 
     def __init__(self, hierarchy: Hierarchy, name: str) -> None:
         self.hierarchy = hierarchy
@@ -136,16 +144,36 @@ class CommandGroup:
             raise OSError(f"{hierarchy.parent} has no cgroup.kill (Linux 5.14 or later is needed)")
         self.seen: set[int] = set()  # every member ever listed, for the caller to reap
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run through a shell that moves itself into the group, then ``exec``s it.
+    @contextlib.contextmanager
+    def joiner(self) -> Iterator[Callable[[], None] | None]:
+        """A ``preexec_fn`` that moves the child into the group, for a spawn inside this context.
 
-        The move happens before the command's first instruction, in the very process that becomes
-        the command, so nothing it forks can escape. Not a ``preexec_fn``: that runs Python in a
-        fork of dsh, which is documented as unsafe while other threads run (asyncio's child watcher
-        runs one per child in Python 3.11, the session store has its own), and it would make
-        ``subprocess`` give up ``vfork``. The shell costs one ``exec``.
+        The child joins between ``fork`` and ``exec``: the process that becomes the command is in the
+        group before the command's first instruction, so nothing it forks can escape. The group's
+        ``cgroup.procs`` is opened here, in dsh (close-on-exec: no other spawn inherits it), and closed
+        when the context ends. ``None`` when it cannot be opened (the group is gone): the command then
+        runs outside the group, as after a refused join.
+
+        Why a ``preexec_fn`` is safe enough here, although Python code in a fork of a threaded process
+        is documented as unsafe: CPython runs the same at-fork protocol for it as for ``os.fork`` (the
+        import lock and the interpreter's own locks are taken across the fork and reset in the child),
+        and the child then runs one ``os.write`` on a descriptor opened beforehand: it takes no lock,
+        imports nothing, and allocates nothing beyond the small objects the GIL protects. What it costs
+        is ``subprocess``'s ``vfork``. Why not a shell that joins and then ``exec``s the command (what
+        dsh did first): the shell rewrites the environment it passes on (a POSIX shell drops the names
+        it cannot represent, ``a.b``, ``X-Y``, and bash's exported functions; it sets PWD, IFS, OPTIND and
+        SHLVL), and the configured shell failing to start became the wrapper's exit code (127, 126) or
+        a script run by the wrapper, instead of the error the spawn reports without a cgroup.
         """
-        return [JOIN_SHELL, "-c", _JOIN_SCRIPT, "dsh-cgroup-join", self.procs, *argv]
+        try:
+            fd = os.open(self.procs, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            yield None
+            return
+        try:
+            yield functools.partial(_join, fd)
+        finally:
+            os.close(fd)
 
     def members(self) -> list[int]:
         """The pids in the group now (zombies are not listed); noted in :attr:`seen`."""
@@ -241,12 +269,12 @@ class CommandCgroups:
 
     @classmethod
     def probe(cls, prefix: str) -> CommandCgroups | None:
-        """The groups of ``prefix`` where a writable hierarchy and ``/bin/sh`` exist, else ``None``.
+        """The groups of ``prefix`` where a writable hierarchy exists, else ``None``.
 
         Sweeps the groups of ``prefix`` left by dsh processes that no longer exist, once per process.
         """
         found = hierarchies()
-        if not found or not os.access(JOIN_SHELL, os.X_OK):
+        if not found:
             return None
         made = cls(prefix, found)
         if prefix not in cls._swept:

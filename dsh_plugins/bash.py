@@ -12,7 +12,8 @@ of the command kills the whole process group and, on Linux (found through
 group of its own (``timeout``, a job under ``set -m``) is killed too. Where dsh can write a cgroup
 hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` hierarchy: as root, or in a
 delegated v2 subtree), each command also runs in a fresh cgroup of its own, joined before its
-first instruction (:mod:`dsh_core.cgroups`), and the same three ends kill everything in it, a
+first instruction by the spawned process itself (:mod:`dsh_core.cgroups`; the environment and the
+error of a shell that cannot start are what they are without a cgroup), and the same three ends kill everything in it, a
 process that started a session of its own (``setsid``, a double-forking daemon) included; the
 group is then removed, and groups left by a dsh that died are swept when the plugin loads. So
 nothing the command started in the background outlives the call; without a writable hierarchy,
@@ -288,20 +289,23 @@ class BashTool:
         env = build_environment(dict(os.environ), self.allowlist, self.fixed_env)
         output = _Output(self.max_output_bytes)
         group = self.cgroups.create() if self.cgroups is not None else None
-        argv = [self.shell, "-c", args["command"]]
         try:
             # loop.subprocess_exec, not create_subprocess_exec: its transport is ours to close, which
             # a process outside the group that holds the output pipe (setsid) makes necessary.
-            transport, shell = await asyncio.get_running_loop().subprocess_exec(
-                lambda: _Shell(output),
-                *(group.wrap(argv) if group is not None else argv),
-                cwd=self.root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            with group.joiner() if group is not None else contextlib.nullcontext() as join:
+                transport, shell = await asyncio.get_running_loop().subprocess_exec(
+                    lambda: _Shell(output),
+                    self.shell,
+                    "-c",
+                    args["command"],
+                    cwd=self.root,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=join,  # joins the group between fork and exec (see CommandGroup.joiner)
+                )
         except OSError as error:
             if group is not None and self.cgroups is not None:
                 self.cgroups.discard(group)

@@ -654,3 +654,67 @@ def test_as_a_subreaper_dsh_reaps_what_the_cgroup_kill_killed(tmp_path: Path) ->
         kill_escapes(tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, "TOOL_FAILED"], "children": []}
+
+
+#: A "shell" that runs its -c argument as Python: it shows the environment and fds exactly as exec'd,
+#: with no shell of its own to rewrite them.
+REPORT = (
+    "import json, os; fds = [os.path.realpath('/proc/self/fd/' + n) for n in os.listdir('/proc/self/fd')]; "
+    "print(json.dumps({'env': dict(os.environ), 'fds': sorted(fds)}))"
+)
+#: Names a POSIX shell cannot carry (dash drops them), an exported bash function, and what a shell resets.
+ODD_ENV = {
+    "a.b": "1",
+    "X-Y": "2",
+    "BASH_FUNC_greet%%": "() {  echo hi from greet\n}",
+    "IFS": "x",
+    "OPTIND": "7",
+    "PWD": "/nowhere",
+    "SHLVL": "41",
+}
+
+
+@pytest.mark.parametrize("version", backends())
+async def test_the_environment_reaches_the_command_as_without_a_cgroup(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int | None
+) -> None:
+    """Joining the group changes nothing the command sees: every variable passes exactly as built (names
+    with ``.`` or ``-``, an exported bash function, IFS/OPTIND/PWD/SHLVL), no fd of the group reaches it,
+    and bash still defines the exported function."""
+    only(monkeypatch, version)
+    # A C locale would make Python add LC_CTYPE (its locale coercion): not the join's doing.
+    config = {"env": {**ODD_ENV, "LC_ALL": "C.UTF-8"}, "env_allowlist": ["PATH"]}
+    async with boot(bash(tmp_path, shell=sys.executable, **config)) as h:
+        seen = json.loads((await h.call("bash", {"command": REPORT})).value["output"])
+    async with boot(bash(tmp_path, **config)) as h:
+        greet = (await h.call("bash", {"command": "greet; env | grep -c -e '^a\\.b=' -e '^X-Y='"})).value
+    assert seen["env"] == build_environment(dict(os.environ), ["PATH"], config["env"])
+    assert not [target for target in seen["fds"] if "cgroup" in target], seen["fds"]
+    assert greet == {"exit_code": 0, "output": "hi from greet\n2\n", "truncated": False}
+    assert our_groups() == []
+
+
+@pytest.mark.parametrize("version", backends())
+async def test_a_shell_that_cannot_start_is_refused_as_without_a_cgroup(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int | None
+) -> None:
+    """A missing shell, one that is not executable and one with no ``#!`` fail the call with the exec's
+    own error, naming the configured shell: never an exit code, never run by another shell."""
+    only(monkeypatch, version)
+    (tmp_path / "noexec").write_text("#!/bin/sh\necho ran\n")
+    (tmp_path / "noshebang").write_text("echo ran\n")
+    (tmp_path / "noshebang").chmod(0o755)
+    expected = {
+        "missing": "No such file or directory",
+        "noexec": "Permission denied",
+        "noshebang": "Exec format error",
+    }
+    texts = {}
+    for name in expected:
+        async with boot(bash(tmp_path, shell=str(tmp_path / name))) as h:
+            result = await h.call("bash", {"command": "echo ran"})
+            texts[name] = (result.code, result.text)
+    assert texts == {
+        name: ("TOOL_FAILED", f"Error: could not start {tmp_path / name}: {error}") for name, error in expected.items()
+    }
+    assert our_groups() == []
