@@ -6,13 +6,16 @@ died (:func:`sweep_stale`: their names carry the owner's pid).
 
 A per-command group (:class:`CommandCgroups`) follows every process a command starts, whatever
 session or process group it moves to (``setsid``, a double-forking daemon), so that killing the group
-kills all of it. Two kinds of hierarchy are used, best first:
+kills all of it. The command may make groups inside its own and move processes there (a dsh run
+through ``bash`` does): the group is a tree, killed whole and removed bottom-up. Two kinds of
+hierarchy are used, best first:
 
 * cgroup v2 (a pure v2 host, or the ``unified`` mount of a hybrid one), with ``cgroup.kill``
-  (Linux 5.14): the group is made under dsh's own v2 group, and one write kills every member at
-  once, even one forking meanwhile;
+  (Linux 5.14): the group is made under dsh's own v2 group, and one write kills every member of
+  the tree at once, even one forking meanwhile;
 * the v1 ``pids`` hierarchy: the group is made at its root, and is killed by SIGKILL rounds over
-  its ``cgroup.procs`` until the list is empty (v1 has no ``cgroup.kill``), within a bound.
+  the ``cgroup.procs`` of every group of the tree until they are all empty (v1 has no
+  ``cgroup.kill``), within a bound.
 
 Neither is used unless dsh can write it (as root, or in a delegated v2 subtree); without one,
 :meth:`CommandCgroups.probe` says so and the caller keeps to what it did before. Not a sandbox: a
@@ -33,7 +36,17 @@ from typing import ClassVar
 
 import attrs
 
-__all__ = ["CGROUP_ROOT", "write_file", "sweep_stale", "Hierarchy", "hierarchies", "CommandCgroups", "CommandGroup"]
+__all__ = [
+    "CGROUP_ROOT",
+    "write_file",
+    "subtree",
+    "remove_tree",
+    "sweep_stale",
+    "Hierarchy",
+    "hierarchies",
+    "CommandCgroups",
+    "CommandGroup",
+]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: Seconds a v1 group's SIGKILL rounds (and a v2 group's emptying after ``cgroup.kill``) may take.
@@ -46,12 +59,43 @@ def write_file(path: str, text: str) -> None:
         handle.write(text)
 
 
-def sweep_stale(roots: Iterable[str], pattern: re.Pattern[str]) -> list[str]:
+def subtree(path: str) -> list[str]:
+    """``path`` and every group below it, each before its parent (the order they can be removed in).
+
+    Walked without recursion: a command may nest groups deeper than Python's recursion limit.
+    """
+    found: list[str] = []
+    stack = [path]
+    while stack:
+        group = stack.pop()
+        found.append(group)
+        with contextlib.suppress(OSError), os.scandir(group) as entries:
+            stack.extend(entry.path for entry in entries if entry.is_dir(follow_symlinks=False))
+    found.reverse()  # a parent was found before everything below it
+    return found
+
+
+def remove_tree(path: str) -> bool:
+    """Delete the group ``path`` and the groups below it, bottom-up; True when ``path`` is gone.
+
+    ``rmdir`` refuses a group that still has a task or a group in it: a busy group below keeps its
+    ancestors, and the rest of the tree is removed.
+    """
+    for group in subtree(path):
+        with contextlib.suppress(OSError):
+            os.rmdir(group)
+    return not os.path.lexists(path)
+
+
+def sweep_stale(roots: Iterable[str], pattern: re.Pattern[str], *, subgroups: bool = False) -> list[str]:
     """Remove the empty groups under ``roots`` that a dsh process which no longer exists left behind.
 
     Only directories whose name ``pattern`` matches whole, with the owner's pid as its first group,
     are touched, and only when that pid is gone and the group is empty (``rmdir`` refuses a group
-    with a task in it). Returns the paths removed.
+    with a task or a group in it). With ``subgroups`` (groups whose members may make groups inside
+    them: the ``bash`` tool's), each is removed with the groups below it, bottom-up, when no task is
+    left anywhere in that tree (the empty groups below a busy one are removed all the same). Nothing
+    is killed. Returns the paths removed.
     """
     removed: list[str] = []
     for root in roots:
@@ -64,6 +108,10 @@ def sweep_stale(roots: Iterable[str], pattern: re.Pattern[str]) -> list[str]:
             if match is None or os.path.exists(f"/proc/{match.group(1)}"):
                 continue
             path = os.path.join(root, name)
+            if subgroups:
+                if remove_tree(path):
+                    removed.append(path)
+                continue
             with contextlib.suppress(OSError):
                 os.rmdir(path)
                 removed.append(path)
@@ -176,12 +224,19 @@ class CommandGroup:
             os.close(fd)
 
     def members(self) -> list[int]:
-        """The pids in the group now (zombies are not listed); noted in :attr:`seen`."""
-        try:
-            with open(self.procs) as handle:
-                pids = [int(pid) for pid in handle.read().split()]
-        except (OSError, ValueError):
-            return []
+        """The pids in the group and the groups below it now (zombies are not listed); noted in :attr:`seen`.
+
+        A command (as root, or in a delegated v2 subtree) may make groups inside its own and move
+        processes there: dsh run through ``bash`` does. A v1 group's ``cgroup.procs`` lists its own
+        members only, so every group of the tree is read.
+        """
+        pids: list[int] = []
+        for group in subtree(self.path):
+            try:
+                with open(os.path.join(group, "cgroup.procs")) as handle:
+                    pids += [int(pid) for pid in handle.read().split()]
+            except (OSError, ValueError):
+                continue
         self.seen.update(pids)
         return pids
 
@@ -207,7 +262,8 @@ class CommandGroup:
             return
         try:
             with open(f"/proc/{pid}/cgroup") as handle:
-                inside = any(line.rstrip("\n").endswith("/" + self.name) for line in handle)
+                # The group's own path, or one below it.
+                inside = any(f"/{self.name}/" in line.rstrip("\n") + "/" for line in handle)
             if inside:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     send(fd, signum)
@@ -217,7 +273,7 @@ class CommandGroup:
             os.close(fd)
 
     def kill_now(self) -> None:
-        """SIGKILL the group without waiting: v2's ``cgroup.kill``, or one v1 round."""
+        """SIGKILL the group without waiting: v2's ``cgroup.kill`` (the groups below it too), or one v1 round."""
         self.members()  # noted for reaping before they die (a dead member is no longer listed)
         if self.hierarchy.version == 2:
             with contextlib.suppress(OSError):
@@ -245,14 +301,8 @@ class CommandGroup:
                 self.signal(signal.SIGKILL)
 
     def remove(self) -> bool:
-        """Delete the group (it must be empty); True when it is gone."""
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        return True
+        """Delete the group and the groups below it, bottom-up (no task may be left); True when it is gone."""
+        return remove_tree(self.path)
 
 
 class CommandCgroups:
@@ -283,8 +333,9 @@ class CommandCgroups:
         return made
 
     def sweep_stale(self) -> list[str]:
-        """Remove the empty groups of this prefix whose owner pid is gone; return their paths."""
-        return sweep_stale([h.parent for h in self.hierarchies], self.pattern)
+        """Remove the groups of this prefix whose owner pid is gone, with the groups below them, where no
+        task is left in them; return their paths."""
+        return sweep_stale([h.parent for h in self.hierarchies], self.pattern, subgroups=True)
 
     def create(self) -> CommandGroup | None:
         """A new, empty group (``None`` when no hierarchy will make one: the caller goes without).

@@ -13,9 +13,12 @@ group of its own (``timeout``, a job under ``set -m``) is killed too. Where dsh 
 hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` hierarchy: as root, or in a
 delegated v2 subtree), each command also runs in a fresh cgroup of its own, joined before its
 first instruction by the spawned process itself (:mod:`dsh_core.cgroups`; the environment and the
-error of a shell that cannot start are what they are without a cgroup), and the same three ends kill everything in it, a
-process that started a session of its own (``setsid``, a double-forking daemon) included; the
-group is then removed, and groups left by a dsh that died are swept when the plugin loads. So
+error of a shell that cannot start are what they are without a cgroup), and the same three ends
+kill everything in it, a process that started a session of its own (``setsid``, a double-forking
+daemon) included, and so are the groups the command made inside its own (a dsh run through
+``bash`` does) and what it moved there; the group is then removed with the groups inside it,
+bottom-up, and the groups a dsh that died left are removed when the plugin loads if no process is
+left in them (nothing is killed then). So
 nothing the command started in the background outlives the call; without a writable hierarchy,
 what started a session of its own does (where dsh is PID 1 or a subreaper, the killed processes
 became dsh's children, and it reaps them).

@@ -565,45 +565,91 @@ async def test_a_command_runs_in_a_fresh_group_of_its_own(
     assert our_groups() == []
 
 
+#: The command (root) makes groups inside its own and moves a daemon into each: its group is a tree now.
+NESTED = (
+    'g={parent}/$(awk -F: \'$2 == "{controller}" {{n = split($3, p, "/"); print p[n]}}\' /proc/self/cgroup); '
+    'mkdir -p "$g/sub/deeper"; '
+    'setsid sh -c \'echo $$ > "$0/cgroup.procs"; echo $$ > setsid.pid; exec sleep 300\' "$g/sub" & '
+    'setsid sh -c \'echo $$ > "$0/cgroup.procs"; echo $$ > daemon.pid; exec sleep 300\' "$g/sub/deeper" & '
+    "until [ -s setsid.pid ] && [ -s daemon.pid ]; do sleep 0.01; done; "
+    'grep -c . "$g/sub/cgroup.procs" "$g/sub/deeper/cgroup.procs"'
+)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="pids are checked through /proc")
+@pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
+@pytest.mark.parametrize("how", ["exit", "timeout"])
+async def test_groups_the_command_makes_inside_its_own_are_killed_and_removed_with_it(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int, how: str
+) -> None:
+    """A command may make groups inside its group and move processes there (dsh run through bash makes its
+    own groups there): the kill reaches the whole tree, the tree is removed bottom-up, and neither waits
+    for the kill's bound."""
+    only(monkeypatch, version)
+    command = NESTED.format(parent=FOUND[version].parent, controller={1: "pids", 2: ""}[version])
+    try:
+        async with boot(bash(tmp_path)) as h:
+            started = time.monotonic()
+            result = await h.call("bash", {"command": command + ("" if how == "exit" else "; sleep 300"), "timeout": 3})
+            took = time.monotonic() - started
+            left = our_groups()
+        if how == "exit":  # both daemons were in their groups when the command ended
+            assert result.code is None and result.value["output"].count("cgroup.procs:1\n") == 2, result.text
+        else:
+            assert result.code == "TOOL_FAILED" and "timed out" in result.text, result.text
+        assert escaped(tmp_path) == [] and left == [] and our_groups() == []
+        # The end of the command: well within the kill's bound; the timeout: its 3 s and the SIGTERM grace.
+        assert took < {"exit": 1.5, "timeout": 3 + 0.5 + 1.5}[how], took
+    finally:
+        kill_escapes(tmp_path)
+
+
 @pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
 async def test_stale_groups_of_a_dead_dsh_are_swept_at_load(
     boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
     """A dsh that died mid-call leaves its command's group behind: the next dsh's bash removes it (once per
-    process); a group of a live dsh and one not named like the plugin's are kept."""
+    process), with a group the command made inside it; a group of a live dsh and one not named like the
+    plugin's are kept."""
     only(monkeypatch, version)
     monkeypatch.setattr(CommandCgroups, "_swept", set())
     dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
     dead.wait()
     parent = FOUND[version].parent
     stale = os.path.join(parent, f"dsh-bash-{dead.pid}-3")
+    nested = [os.path.join(parent, f"dsh-bash-{dead.pid}-4"), os.path.join(parent, f"dsh-bash-{dead.pid}-4", "sub")]
     kept = [os.path.join(parent, f"{PREFIX}999"), os.path.join(parent, f"dsh-bash-x{dead.pid}-3")]
-    for path in [stale, *kept]:
+    for path in [stale, *nested, *kept]:
         os.mkdir(path)
     try:
         async with boot(bash(tmp_path)) as h:
             assert (await h.call("bash", {"command": "true"})).value["exit_code"] == 0
-        assert not os.path.exists(stale)
+        assert not os.path.exists(stale) and not os.path.exists(nested[0])
         assert all(os.path.exists(path) for path in kept)
     finally:
-        for path in [stale, *kept]:
+        for path in [stale, *nested[::-1], *kept]:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
 
 
 def test_stale_groups_are_found_by_name_and_owner(tmp_path: Path) -> None:
-    """The sweep without a cgroup file system: only empty groups named ``<prefix>-<pid>-<n>`` whose pid is gone."""
+    """The sweep without a cgroup file system: only groups named ``<prefix>-<pid>-<n>`` whose pid is gone,
+    each with the groups below it, bottom-up, when no task is left in that tree (a file stands for a task:
+    ``rmdir`` refuses both)."""
     dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
     dead.wait()
     made = CommandCgroups("dsh-bash", [Hierarchy(str(tmp_path), 1)])
     stale = tmp_path / f"dsh-bash-{dead.pid}-0"
+    nested = tmp_path / f"dsh-bash-{dead.pid}-2"
     live = tmp_path / f"dsh-bash-{os.getpid()}-0"
     other = tmp_path / f"dsh-bashful-{dead.pid}-0"
     busy = tmp_path / f"dsh-bash-{dead.pid}-1"
-    for path in (stale, live, other, busy / "child"):
+    for path in (stale, nested / "sub" / "deeper", nested / "other", live, other, busy / "child", busy / "empty"):
         path.mkdir(parents=True)
-    assert made.sweep_stale() == [str(stale)]
-    assert not stale.exists() and live.exists() and other.exists() and busy.exists()
+    (busy / "child" / "task").touch()
+    assert sorted(made.sweep_stale()) == [str(stale), str(nested)]
+    assert not stale.exists() and not nested.exists() and live.exists() and other.exists()
+    assert sorted(path.name for path in busy.iterdir()) == ["child"]  # what the busy tree does not need goes
 
 
 def test_without_a_v2_mount_or_own_group_no_v2_hierarchy_is_found(tmp_path: Path) -> None:
