@@ -13,7 +13,8 @@ hierarchy are used, best first:
 * cgroup v2 (a pure v2 host, or the ``unified`` mount of a hybrid one), with ``cgroup.kill``
   (Linux 5.14): the group is made under dsh's own v2 group, and one write kills every member of
   the tree at once, even one forking meanwhile;
-* the v1 ``pids`` hierarchy: the group is made at its root, and is killed by SIGKILL rounds over
+* the v1 ``pids`` hierarchy: the group is made under dsh's own pids group (so dsh's pids limit holds
+  for the command too), and is killed by SIGKILL rounds over
   the ``cgroup.procs`` of every group of the tree until they are all empty (v1 has no
   ``cgroup.kill``), within a bound.
 
@@ -149,6 +150,22 @@ def _v2_own_group(mountinfo: str, proc_cgroup: str) -> str | None:
     return None
 
 
+def _v1_own_group(root: str, proc_cgroup: str, controller: str) -> str | None:
+    """The directory of this process's own group in the v1 hierarchy of ``controller`` (``None``: no line names it).
+
+    The hierarchy is taken to be mounted at ``<root>/<controller>``, as the code runtime takes it too.
+    """
+    try:
+        with open(proc_cgroup) as handle:
+            lines = [line.rstrip("\n").split(":", 2) for line in handle]
+    except OSError:
+        return None
+    for fields in lines:
+        if len(fields) == 3 and controller in fields[1].split(","):
+            return os.path.normpath(os.path.join(root, controller, fields[2].lstrip("/")))
+    return None
+
+
 def hierarchies(
     root: str = CGROUP_ROOT, mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup"
 ) -> list[Hierarchy]:
@@ -158,8 +175,10 @@ def hierarchies(
     # Moving a process needs write access to the cgroup.procs of the common ancestor: dsh's own group.
     if v2 is not None and os.access(v2, os.W_OK) and os.access(os.path.join(v2, "cgroup.procs"), os.W_OK):
         found.append(Hierarchy(os.path.normpath(v2), 2))
-    pids = os.path.join(root, "pids")
-    if os.access(pids, os.W_OK) and os.access(os.path.join(pids, "cgroup.procs"), os.W_OK):
+    # In dsh's own pids group, not at the hierarchy's root: its pids limit (a service's) holds for the
+    # commands too.
+    pids = _v1_own_group(root, proc_cgroup, "pids")
+    if pids is not None and os.access(pids, os.W_OK) and os.access(os.path.join(pids, "cgroup.procs"), os.W_OK):
         found.append(Hierarchy(pids, 1))
     return found
 

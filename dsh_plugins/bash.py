@@ -10,8 +10,9 @@ shell reports a command's: 128+N when the shell was killed by signal N. A timeou
 of the command kills the whole process group and, on Linux (found through
 ``/proc``), every other process of the command's session: a job that moved to a
 group of its own (``timeout``, a job under ``set -m``) is killed too. Where dsh can write a cgroup
-hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` hierarchy: as root, or in a
-delegated v2 subtree), each command also runs in a fresh cgroup of its own, joined before its
+hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` hierarchy, under dsh's own pids
+group so that dsh's pids limit holds for the command too: as root, or in a delegated v2 subtree),
+each command also runs in a fresh cgroup of its own, joined before its
 first instruction by the spawned process itself (:mod:`dsh_core.cgroups`; the environment and the
 error of a shell that cannot start are what they are without a cgroup), and the same three ends
 kill everything in it, a process that started a session of its own (``setsid``, a double-forking

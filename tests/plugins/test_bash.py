@@ -668,6 +668,55 @@ def test_without_a_v2_mount_or_own_group_no_v2_hierarchy_is_found(tmp_path: Path
     assert cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup)) == []
 
 
+def test_the_v1_group_is_made_under_dshs_own_pids_group(tmp_path: Path) -> None:
+    """On v1 the command's group is made in dsh's own pids group (its ``N:pids:/path`` line, the controller
+    alone or mounted with others), so dsh's own pids limit holds for the command; never guessed."""
+    mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    mountinfo.write_text("")  # no v2 mount
+    own = tmp_path / "pids" / "system.slice" / "dsh.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.procs").touch()
+    (tmp_path / "pids" / "cgroup.procs").touch()
+    for line in ("8:pids:/system.slice/dsh.service", "8:cpu,pids:/system.slice/dsh.service"):
+        proc_cgroup.write_text(f"9:name=systemd:/\n{line}\n0::/\n")
+        assert cgroups.hierarchies(str(tmp_path), str(mountinfo), str(proc_cgroup)) == [Hierarchy(str(own), 1)]
+    proc_cgroup.write_text("8:pids:/\n")
+    assert cgroups.hierarchies(str(tmp_path), str(mountinfo), str(proc_cgroup)) == [
+        Hierarchy(str(tmp_path / "pids"), 1)
+    ]
+    for text in ("8:pids:/elsewhere\n", "9:name=systemd:/\n0::/\n"):  # a group not there, no pids line
+        proc_cgroup.write_text(text)
+        assert cgroups.hierarchies(str(tmp_path), str(mountinfo), str(proc_cgroup)) == []
+
+
+@pytest.mark.skipif(1 not in FOUND, reason="no writable v1 pids hierarchy")
+def test_a_v1_command_runs_under_dshs_own_pids_group(tmp_path: Path) -> None:
+    """A dsh in a pids group of its own (a service's): the command's group is inside it, and is removed."""
+    own = os.path.join(FOUND[1].parent, f"dsh-test-own-{os.getpid()}")
+    os.mkdir(own)
+    try:
+        done = in_a_process(
+            tmp_path,
+            prelude=f"""
+import dsh_core.cgroups
+open({os.path.join(own, "cgroup.procs")!r}, "w").write(str(os.getpid()))
+found = dsh_core.cgroups.hierarchies
+dsh_core.cgroups.hierarchies = lambda *args, **kwargs: [h for h in found(*args, **kwargs) if h.version == 1]
+""",
+            body="""
+            result = await h.call("bash", {"command": "grep :pids: /proc/self/cgroup"})
+            print(json.dumps({"line": result.value["output"], "pid": os.getpid()}))
+            """,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.splitlines()[-1])
+        group = seen["line"].strip().split(":", 2)[2]
+        assert group.startswith(f"/{os.path.basename(own)}/dsh-bash-{seen['pid']}-"), seen
+        assert os.listdir(own) == [name for name in os.listdir(own) if not name.startswith("dsh-bash-")]
+    finally:
+        cgroups.remove_tree(own)
+
+
 @pytest.mark.skipif(not FOUND, reason="no writable cgroup hierarchy")
 def test_as_a_subreaper_dsh_reaps_what_the_cgroup_kill_killed(tmp_path: Path) -> None:
     """Killed processes that had left the session become dsh's children when it is a subreaper: they are
