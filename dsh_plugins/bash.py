@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
@@ -440,8 +442,10 @@ def _is_zombie_child(pid: int, me: int) -> bool:
     """True if ``pid`` is a child of ``me`` that has exited and awaits its reaping.
 
     For the command's cgroup members, whose number (unlike a session's) may be reused once they are
-    reaped: only a zombie is waited for, so a process dsh started later under a reused number, which
-    asyncio waits for, never has its exit status taken. The group was emptied first: every member
+    reaped: only a zombie is waited for, so a process dsh started later under a reused number that
+    still runs is never waited for. One that already exited and that asyncio has not reaped yet
+    could be: the caller asks only where dsh adopts orphans (:func:`_adopts_orphans`), since
+    elsewhere no member but the shell can be dsh's child. The group was emptied first: every member
     that is still dsh's child is a zombie by then.
     """
     try:
@@ -450,6 +454,27 @@ def _is_zombie_child(pid: int, me: int) -> bool:
         return fields[0] == b"Z" and int(fields[1]) == me
     except (OSError, IndexError, ValueError):
         return False
+
+
+#: prctl option (linux/prctl.h): whether the calling process is a child subreaper.
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _adopts_orphans() -> bool:
+    """True when the processes whose parent ends are reparented to dsh: it is PID 1 or a child subreaper (Linux)."""
+    if os.getpid() == 1:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    flag = ctypes.c_int(0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(
+            _PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+        )
+    except (OSError, AttributeError):  # no prctl to ask: the seen members are left alone, as the safe side
+        return False
+    return ok == 0 and flag.value != 0
 
 
 def _signal_member(pid: int, session: int, signum: int) -> None:
@@ -500,12 +525,16 @@ async def _reap_group(transport: asyncio.SubprocessTransport, group: CommandGrou
     Members in other groups of the session are waited for by pid, found as the session's members
     whose parent is dsh (none of them is a process asyncio started: those lead sessions of their own).
     So are the members the command's cgroup ever listed (``group.seen``: the dead are no longer listed),
-    which may have left the session; the shell's own pid is left to asyncio.
+    which may have left the session, only when dsh adopts orphans (:func:`_adopts_orphans`); the shell's
+    own pid is left to asyncio.
     Elsewhere no member is dsh's child and the first look says so.
     """
     assert transport.get_returncode() is not None
     leader = transport.get_pid()
     me = os.getpid()
+    # Only an adopter can be the parent of a member that left the session; elsewhere a pid the group once
+    # listed that is now dsh's child is another process of dsh's under a reused number.
+    adopts = _adopts_orphans()
     deadline = asyncio.get_running_loop().time() + REAP_S
     while True:
         try:
@@ -516,7 +545,7 @@ async def _reap_group(transport: asyncio.SubprocessTransport, group: CommandGrou
             continue
         left = pid == 0
         members = [member for member, parent in _session_members(leader) if parent == me]
-        if group is not None:
+        if group is not None and adopts:
             members += [pid for pid in group.seen - {leader} if _is_zombie_child(pid, me)]
         for member in members:
             with contextlib.suppress(ChildProcessError):

@@ -20,6 +20,7 @@ from dsh_core import AbortController, cgroups
 from dsh_core.cgroups import CommandCgroups, Hierarchy
 from dsh_core.config import compose, dump, looks_like_secret_name
 from dsh_core.errors import ConfigError, PluginLoadError, ToolError
+from dsh_plugins import bash as bash_module
 from dsh_plugins.bash import BashTool, build_environment, looks_like_credential
 
 pytestmark = pytest.mark.anyio
@@ -813,3 +814,51 @@ async def test_a_shell_that_cannot_start_is_refused_as_without_a_cgroup(
         name: ("TOOL_FAILED", f"Error: could not start {tmp_path / name}: {error}") for name, error in expected.items()
     }
     assert our_groups() == []
+
+
+class _Exited:
+    """A subprocess transport whose shell ``pid`` exited with 0."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def get_returncode(self) -> int:
+        return 0
+
+    def get_pid(self) -> int:
+        return self.pid
+
+
+class _Seen:
+    """A command group that once listed ``seen``."""
+
+    def __init__(self, seen: set[int]) -> None:
+        self.seen = seen
+
+
+async def test_a_dsh_that_adopts_no_orphans_never_waits_for_the_cgroups_members(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unless dsh is PID 1 or a child subreaper, no member of the command's cgroup but the shell can be its
+    child: a pid the group once listed that is now dsh's exited child is another process of dsh's (its
+    number reused), whose exit status belongs to whoever started it (asyncio's child watcher)."""
+    assert os.getpid() != 1
+    shell = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
+    shell.wait()
+    other = subprocess.Popen([sys.executable, "-I", "-S", "-c", "raise SystemExit(7)"])
+    waited: list[int] = []
+    real = os.waitpid
+
+    def waitpid(pid: int, options: int) -> tuple[int, int]:
+        waited.append(pid)
+        return real(pid, options)
+
+    try:
+        while Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            await asyncio.sleep(0.01)
+        monkeypatch.setattr(os, "waitpid", waitpid)
+        await bash_module._reap_group(_Exited(shell.pid), _Seen({shell.pid, other.pid}))  # type: ignore[arg-type]
+        monkeypatch.undo()
+        assert other.pid not in waited and other.wait(timeout=5) == 7, waited  # its status is still its own
+    finally:
+        other.wait(timeout=5)
