@@ -210,6 +210,7 @@ class CommandGroup:
             os.rmdir(self.path)  # a kernel before 5.14: no way to kill the group whole
             raise OSError(f"{hierarchy.parent} has no cgroup.kill (Linux 5.14 or later is needed)")
         self.seen: set[int] = set()  # every member ever listed, for the caller to reap
+        self.killed = False  # v2: cgroup.kill was written
 
     @contextlib.contextmanager
     def joiner(self) -> Iterator[Callable[[], None] | None]:
@@ -292,20 +293,31 @@ class CommandGroup:
             os.close(fd)
 
     def kill_now(self) -> None:
-        """SIGKILL the group without waiting: v2's ``cgroup.kill`` (the groups below it too), or one v1 round."""
+        """SIGKILL the group without waiting: v2's ``cgroup.kill`` (the groups below it too), or one v1 round.
+
+        v2: written once per group. The kernel kills every member of the tree, and a fork in progress
+        too, so nothing is left in it to kill again. v1: each round first sets ``pids.max`` to 0 in the
+        group and every group below it (a fork fails from then on, so no member starts another between a
+        listing and its SIGKILL), then signals every member listed.
+        """
         self.members()  # noted for reaping before they die (a dead member is no longer listed)
         if self.hierarchy.version == 2:
+            if not self.killed:
+                self.killed = True
+                with contextlib.suppress(OSError):
+                    write_file(os.path.join(self.path, "cgroup.kill"), "1")
+            return
+        for group in subtree(self.path):
             with contextlib.suppress(OSError):
-                write_file(os.path.join(self.path, "cgroup.kill"), "1")
-        else:
-            self.signal(signal.SIGKILL)
+                write_file(os.path.join(group, "pids.max"), "0")
+        self.signal(signal.SIGKILL)
 
     async def kill(self, within_s: float = KILL_WITHIN_S) -> bool:
         """SIGKILL every member until none is left, then delete the group, within ``within_s``; True when gone.
 
-        A v1 member may fork between a listing and its SIGKILL: the rounds go on until a listing
-        is empty. After v2's ``cgroup.kill`` nothing in the group can fork. Either way a member that
-        is no longer listed may still be exiting, and the group's removal waits for that.
+        No member can fork once the kill began (v2's ``cgroup.kill``; v1's ``pids.max`` of 0); v1's
+        rounds go on until a listing is empty all the same (a process moved in from outside). Either
+        way a member that is no longer listed may still be exiting, and the group's removal waits for that.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
@@ -335,6 +347,8 @@ class CommandCgroups:
         self.hierarchies = list(found)
         self.pattern = re.compile(re.escape(prefix) + r"-(\d+)-\d+")
         self.pending: list[CommandGroup] = []  # groups a removal left behind (a member outlived the kill)
+        self.active: list[CommandGroup] = []  # groups made and not discarded yet: their calls are running
+        self.closed = False
 
     @classmethod
     def probe(cls, prefix: str) -> CommandCgroups | None:
@@ -359,12 +373,14 @@ class CommandCgroups:
     def create(self) -> CommandGroup | None:
         """A new, empty group (``None`` when no hierarchy will make one: the caller goes without).
 
-        A hierarchy that refuses is not asked again by this instance.
+        A hierarchy that refuses is not asked again by this instance; after :meth:`close` none is made.
         """
         self.pending = [group for group in self.pending if not group.remove()]
-        while self.hierarchies:
+        while self.hierarchies and not self.closed:
             try:
-                return CommandGroup(self.hierarchies[0], f"{self.prefix}-{os.getpid()}-{next(self._numbers)}")
+                group = CommandGroup(self.hierarchies[0], f"{self.prefix}-{os.getpid()}-{next(self._numbers)}")
+                self.active.append(group)
+                return group
             except FileExistsError:  # left by a dead dsh that had this pid, still busy: the next number
                 continue
             except OSError:
@@ -375,14 +391,21 @@ class CommandCgroups:
         """Remove ``group``, or keep it to retry at the next :meth:`create` and at :meth:`close`.
 
         A group is still busy here when the call's own kill was cut short (a second cancellation):
-        its members had their SIGKILL but may not have exited yet.
+        its members had their SIGKILL but may not have exited yet. After :meth:`close` a group is gone
+        already (close killed and removed it), unless close's kill ran out of time too: it is then
+        among the ones :attr:`pending` names, which nothing retries.
         """
-        if not group.remove():
+        with contextlib.suppress(ValueError):
+            self.active.remove(group)
+        if not group.remove() and group not in self.pending:
             self.pending.append(group)
 
     async def close(self) -> None:
-        """Kill and remove the groups :meth:`discard` kept (the owner's scope ends)."""
-        pending, self.pending = self.pending, []
-        for group in pending:
-            if not await group.kill():
+        """Kill and remove every group left: the ones :meth:`discard` kept, and those of the calls still
+        running (the owner's scope ends: nothing it started may outlive it, and a call that ends after
+        this must find no group of its own to leave behind). No group is made afterwards."""
+        self.closed = True
+        groups, self.pending = [*self.pending, *self.active], []
+        for group, gone in zip(groups, await asyncio.gather(*(group.kill() for group in groups)), strict=True):
+            if not gone:
                 self.pending.append(group)

@@ -18,8 +18,9 @@ error of a shell that cannot start are what they are without a cgroup), and the 
 kill everything in it, a process that started a session of its own (``setsid``, a double-forking
 daemon) included, and so are the groups the command made inside its own (a dsh run through
 ``bash`` does) and what it moved there; the group is then removed with the groups inside it,
-bottom-up, and the groups a dsh that died left are removed when the plugin loads if no process is
-left in them (nothing is killed then). So
+bottom-up (a group whose kill a second cancellation cut short is removed when the plugin ends, and
+a command still running then is killed with its group), and the groups a dsh that died left are
+removed when the plugin loads if no process is left in them (nothing is killed then). So
 nothing the command started in the background outlives the call; without a writable hierarchy,
 what started a session of its own does (where dsh is PID 1 or a subreaper, the killed processes
 became dsh's children, and it reaps them).
@@ -355,7 +356,7 @@ class BashTool:
                 if transport.get_returncode() is None:
                     await _kill_group(transport, shell, group)
                 else:
-                    _signal_group(transport, signal.SIGKILL, group)
+                    _signal_group(transport, signal.SIGKILL, None)  # the cgroup's own kill comes next
                 if group is not None:
                     await group.kill()
                 await _reap_group(transport, group)
@@ -569,7 +570,9 @@ def bash_plugin(scope: Scope, config: Any) -> BashTool:
     """Entry point ``bash``: the ``bash`` tool, run in ``config["root"]``."""
     tool = BashTool(dict(config))
     if tool.cgroups is not None:
-        # A call cut short by a second cancellation may leave its (killed) group to remove.
+        # A call cut short by a second cancellation may leave its (killed) group to remove, and a call
+        # still running when the plugin ends (the harness aborts its own calls first) has its group
+        # killed and removed then.
         scope.on_dispose(tool.cgroups.close)
     return tool
 

@@ -862,3 +862,98 @@ async def test_a_dsh_that_adopts_no_orphans_never_waits_for_the_cgroups_members(
         assert other.pid not in waited and other.wait(timeout=5) == 7, waited  # its status is still its own
     finally:
         other.wait(timeout=5)
+
+
+@pytest.mark.skipif(2 not in FOUND, reason="no writable cgroup v2 group")
+@pytest.mark.parametrize("how", ["exit", "timeout"])
+async def test_a_v2_group_is_killed_with_one_write(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """``cgroup.kill`` kills the whole tree at once, forks in progress included: one write per call."""
+    only(monkeypatch, 2)
+    writes: list[tuple[str, str]] = []
+    real = cgroups.write_file
+
+    def write_file(path: str, text: str) -> None:
+        writes.append((os.path.basename(path), text))
+        real(path, text)
+
+    monkeypatch.setattr(cgroups, "write_file", write_file)
+    async with boot(bash(tmp_path)) as h:
+        result = await h.call(
+            "bash", {"command": "sleep 100 &" + (" sleep 100" if how == "timeout" else ""), "timeout": 1}
+        )
+    assert result.code == {"exit": None, "timeout": "TOOL_FAILED"}[how], result.text
+    assert writes == [("cgroup.kill", "1")]
+    assert our_groups() == []
+
+
+@pytest.mark.skipif(1 not in FOUND, reason="no writable v1 pids hierarchy")
+async def test_a_v1_group_can_no_longer_fork_before_its_first_sigkill(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1 has no cgroup.kill: ``pids.max`` 0 in the group and every group inside it comes first, so that
+    no member forks between a listing and its SIGKILL."""
+    only(monkeypatch, 1)
+    events: list[tuple[str, str]] = []
+    real_write, real_signal = cgroups.write_file, cgroups.CommandGroup._signal_member
+
+    def write_file(path: str, text: str) -> None:
+        events.append((os.path.relpath(path, FOUND[1].parent), text))
+        real_write(path, text)
+
+    def signal_member(group: cgroups.CommandGroup, pid: int, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            events.append(("SIGKILL", ""))
+        real_signal(group, pid, signum)
+
+    monkeypatch.setattr(cgroups, "write_file", write_file)
+    monkeypatch.setattr(cgroups.CommandGroup, "_signal_member", signal_member)
+    command = NESTED.format(parent=FOUND[1].parent, controller="pids")
+    try:
+        async with boot(bash(tmp_path)) as h:
+            result = await h.call("bash", {"command": command, "timeout": 10})
+        assert result.code is None, result.text
+        first = events.index(("SIGKILL", ""))
+        frozen = sorted(path.split("/", 1)[1] if "/" in path else "" for path, _ in events[:first])
+        assert all(text == "0" and path.endswith("pids.max") for path, text in events[:first]), events
+        assert frozen == ["pids.max", "sub/deeper/pids.max", "sub/pids.max"], events
+        assert escaped(tmp_path) == [] and our_groups() == []
+    finally:
+        kill_escapes(tmp_path)
+
+
+@pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
+async def test_a_call_in_flight_when_the_plugin_ends_leaves_no_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
+) -> None:
+    """The plugin's scope ending (``close``) kills and removes the groups of the calls still running, not
+    only the ones a cut kill left: nothing it started outlives it, however the call ends afterwards."""
+    only(monkeypatch, version)
+    tool = BashTool({"root": str(tmp_path)})
+    assert tool.cgroups is not None
+
+    class Context:
+        signal = AbortController().signal
+
+    call = asyncio.ensure_future(tool.run({"command": "sleep 300 & echo $! > bg.pid; wait"}, Context()))
+    try:
+        while not (tmp_path / "bg.pid").exists() or not (tmp_path / "bg.pid").read_text().strip():
+            await asyncio.sleep(0.02)
+        await tool.cgroups.close()
+        assert our_groups() == [] and tool.cgroups.pending == []
+        assert not alive(int((tmp_path / "bg.pid").read_text()), settle_s=1.0)
+        result = await asyncio.wait_for(call, 10)  # its command was killed: it ends at once
+        assert result["exit_code"] == 128 + signal.SIGKILL, result
+        assert our_groups() == [] and tool.cgroups.pending == []
+    finally:
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        kill_bg = tmp_path / "bg.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(kill_bg.read_text()), signal.SIGKILL)
+        if tool.cgroups.pending:
+            await tool.cgroups.close()
+        for group in our_groups():
+            cgroups.remove_tree(group)
