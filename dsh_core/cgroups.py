@@ -14,9 +14,14 @@ hierarchy are used, best first:
   (Linux 5.14): the group is made under dsh's own v2 group, and one write kills every member of
   the tree at once, even one forking meanwhile;
 * the v1 ``pids`` hierarchy: the group is made under dsh's own pids group (so dsh's pids limit holds
-  for the command too), and is killed by SIGKILL rounds over
-  the ``cgroup.procs`` of every group of the tree until they are all empty (v1 has no
-  ``cgroup.kill``), within a bound.
+  for the command too); v1 has no ``cgroup.kill``: ``pids.max`` is set to 0 throughout the tree (no
+  member forks from then on), then SIGKILL rounds over the ``cgroup.procs`` of every group of the
+  tree go on until they are all empty, within a bound.
+
+The command joins its group itself, between fork and exec (:meth:`CommandGroup.joiner`). A group
+still busy after its kill is kept and removed later (:meth:`CommandCgroups.discard`,
+:meth:`CommandCgroups.close`); the groups a dsh that died left are removed where no process is left
+in them (:meth:`CommandCgroups.sweep_stale`).
 
 Neither is used unless dsh can write it (as root, or in a delegated v2 subtree); without one,
 :meth:`CommandCgroups.probe` says so and the caller keeps to what it did before. Not a sandbox: a

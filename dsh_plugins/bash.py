@@ -9,21 +9,26 @@ kept and the middle is left out, marked ``[... N bytes left out ...]``. The exit
 shell reports a command's: 128+N when the shell was killed by signal N. A timeout, an abort of the call, or the end
 of the command kills the whole process group and, on Linux (found through
 ``/proc``), every other process of the command's session: a job that moved to a
-group of its own (``timeout``, a job under ``set -m``) is killed too. Where dsh can write a cgroup
-hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` hierarchy, under dsh's own pids
-group so that dsh's pids limit holds for the command too: as root, or in a delegated v2 subtree),
-each command also runs in a fresh cgroup of its own, joined before its
-first instruction by the spawned process itself (:mod:`dsh_core.cgroups`; the environment and the
-error of a shell that cannot start are what they are without a cgroup), and the same three ends
-kill everything in it, a process that started a session of its own (``setsid``, a double-forking
-daemon) included, and so are the groups the command made inside its own (a dsh run through
-``bash`` does) and what it moved there; the group is then removed with the groups inside it,
-bottom-up (a group whose kill a second cancellation cut short is removed when the plugin ends, and
-a command still running then is killed with its group), and the groups a dsh that died left are
-removed when the plugin loads if no process is left in them (nothing is killed then). So
-nothing the command started in the background outlives the call; without a writable hierarchy,
-what started a session of its own does (where dsh is PID 1 or a subreaper, the killed processes
-became dsh's children, and it reaps them).
+group of its own (``timeout``, a job under ``set -m``) is killed too.
+
+Where dsh can write a cgroup hierarchy (cgroup v2 with ``cgroup.kill``; else the v1 ``pids``
+hierarchy, where the group is made inside dsh's own pids group, so dsh's pids limit holds for the
+command too: as root, or in a delegated v2 subtree), each command also runs in a fresh cgroup of
+its own (:mod:`dsh_core.cgroups`). The spawned process joins it itself, between fork and exec: the
+command is in it from its first instruction, and its environment and the error of a shell that
+cannot start (``could not start SHELL: ...``) are what they are without a cgroup; a join the host
+refuses runs the command outside the group. The same three ends kill everything in the group and
+in the groups the command made inside it (a dsh run through ``bash`` makes some), a process that
+started a session of its own (``setsid``, a double-forking daemon) included: one ``cgroup.kill``
+(v2), or SIGKILL rounds once ``pids.max`` is 0 throughout the tree (v1), for at most 2 s. The
+group is then removed with the groups inside it, bottom-up; one not empty by then (a kill cut short
+by a second cancellation) is kept, its removal retried at the next call, and it is killed and removed when the plugin
+ends, as are the groups of the calls still running then. The first time the plugin loads in a
+process, the groups a dsh that no longer runs left where this one makes its own are removed, with
+the groups inside them, where no process is left in them (nothing is killed). So nothing the
+command started in the background outlives the call, but what a command running as root moves out
+of its group. Without a writable hierarchy, what started a session of its own does (where dsh is
+PID 1 or a subreaper, the killed processes became dsh's children, and it reaps them).
 
 This is not a sandbox: the command runs as dsh's own user, with its files
 and its processes. A command running as root can move itself out of its cgroup, and the allowlist
