@@ -685,7 +685,8 @@ async def _bounded_call(
 
     A call that returned only after the limit because its body or its tool's ``finalize_content`` blocked the
     event loop that long at a stretch (so the kit's timeout could not fire) is reported too, and its result
-    returned (:func:`_blocked_past`).
+    returned (:func:`_blocked_past`). So is one whose body, still running once it freed the loop, then returns
+    within the grace of a stuck call, which it is given first, not aborted (:func:`_blocking_body_running`).
 
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
@@ -705,6 +706,11 @@ async def _bounded_call(
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), limit)
+    if not task.done() and _blocking_body_running(spy.runs_of(call_id, known) if spy is not None else None, limit):
+        # Not aborted yet: a body that returns only once aborted would be blamed for not returning, and one that
+        # returns in the grace did not need the abort.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
     if task.done():
         _blocked_past(target, check, f"{what}: the call", limit, spy, call_id, known, finalized, found, name)
         result: ToolResult = task.result()
@@ -909,6 +915,17 @@ def _blocked_over(runs: list[BodyRun] | None, limit: float) -> float | None:
     enforce; ``None`` otherwise."""
     blocked = max((run.longest_step_s for run in runs or ()), default=0.0)
     return blocked if blocked > limit else None
+
+
+def _blocking_body_running(runs: list[BodyRun] | None, limit: float) -> bool:
+    """Whether the body, which has not ended for the call (``runs``: its runs for it), blocked the event loop past
+    ``limit``. The kit's timeout fired only once it freed the loop, the body given next to no time to go on (a body
+    that blocks, then awaits 0.05 s and returns, is still running then): like a stage after one that blocked
+    (:func:`_held_after`), it is given the grace of a stuck call before it is judged, and a call that returns then
+    is reported as one whose body blocked and returned, not as one whose body had not returned."""
+    if not runs:
+        return False
+    return _body_end(runs) is None and _blocked_over(runs, limit) is not None
 
 
 def _finalize_seconds(spy: ToolSpy | None, call_id: str, since: int = 0) -> float:
@@ -1815,6 +1832,13 @@ def check_abort(target: Target) -> list[str]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), waited)
             spy.on_enter = None
+            # A body still running once it freed the loop gets the grace first (the abort was delivered already):
+            # one that returns then is judged as one that returned (below); one that does not, as a stuck call, its
+            # hold taken once the grace is over (its body may have returned meanwhile into a stage that holds it).
+            graced = not task.done() and _blocking_body_running(spy.runs_of(call_id), bound)
+            if graced:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
             hold: _Hold | None = None
             late: _After | None = None
             if not task.done():
@@ -1830,7 +1854,7 @@ def check_abort(target: Target) -> list[str]:
                     finalize_s=finalize_s if finalize_s > bound else None,
                 )
                 late = _held_after(hold)
-                if late is not None:
+                if late is not None and not graced:
                     # The wait ended once the blocking stage freed the loop, the stages after it given next to no
                     # time: they get the grace of a stuck call, and a call that returns then is judged as one that
                     # returned (below).

@@ -2185,8 +2185,15 @@ def test_a_call_held_by_a_body_that_blocks_the_loop_names_it(fixture_plugins: No
     firing only once the loop was free again, when the call had returned. Each names the body, with how long it
     blocked the loop, and hands the result back as before (so reports nothing else); the abort check's report is
     the one it gave, with the same fix. A call aborted before dispatch runs no body: nothing to report."""
+    _assert_blocked_then_returned(check, "held-by-blocking-body")
+
+
+def _assert_blocked_then_returned(check: str, plugin: str) -> None:
+    """``check`` run on ``plugin``, whose tool's body blocks the event loop for 0.6 s and whose call then returns
+    (abort bound 0.1 s, call limit 0.2 s), reports that body as one that blocked past them, and its call as returned
+    (the abort check: the abort could not even be delivered), with the fix for blocking work alone; the pre-abort
+    check, whose call runs no body, nothing."""
     name = check.removeprefix("check_").replace("_", "-")
-    plugin = "held-by-blocking-body"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     if name == "pre-abort":
         assert found == [], found
@@ -2301,6 +2308,21 @@ def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fix
     _assert_timed(expected, calls)
 
 
+@pytest.mark.parametrize(
+    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
+)
+def test_a_body_that_blocks_the_loop_then_awaits_briefly_is_reported_as_returned(
+    fixture_plugins: None, check: str
+) -> None:
+    """The body blocks the event loop for 0.6 s (past the abort bound and the call limit), then awaits 0.05 s and
+    returns. The kit's timeout fired once the loop was free, in that await, and the call took the stuck-call path at
+    once: the verdict said the body had not returned and added the fix for a body deaf to ctx.signal, and the abort
+    check cancelled the call. Its stuck-call grace is given first, as to a stage after a blocking one: the call
+    returns in it, and is reported exactly as a body that blocked and then returned. A call aborted before dispatch
+    runs no body: nothing to report."""
+    _assert_blocked_then_returned(check, "blocks-then-brief-await")
+
+
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_the_timeout_fires(
     fixture_plugins: None, check: str
@@ -2333,17 +2355,20 @@ def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_th
     _assert_timed(expected, calls)
 
 
+@pytest.mark.parametrize(
+    "plugin", ["blocks-then-held-by-post-execute", "blocks-then-brief-await-then-held-by-post-execute"]
+)
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_are_both_named(
-    fixture_plugins: None, check: str
+    fixture_plugins: None, check: str, plugin: str
 ) -> None:
-    """The body blocks the event loop for 0.6 s and returns; a post-execute hook then awaits 30 s, deaf to the abort.
-    Both held the call: the body past the limit (the kit's timeout could not fire), the hook for good. The kit named
-    only the hook (the abort check only the body); it names the body first, then says its body had returned before
-    the call was held after it (not "once its signal was aborted": it had returned before the kit could abort it),
-    with both fixes."""
+    """The body blocks the event loop for 0.6 s and returns (at once, or after awaiting 0.05 s); a post-execute hook
+    then awaits 30 s, deaf to the abort. Both held the call: the body past the limit (the kit's timeout could not
+    fire), the hook for good. The kit named only the hook (the abort check only the body); it names the body first,
+    then says its body had returned before the call was held after it (not "once its signal was aborted": it had
+    returned before the kit could abort it), with both fixes. A body that awaits once it freed the loop is given the
+    grace of a stuck call first, so what held the call is judged once it has returned: the kit said it had not."""
     name = check.removeprefix("check_").replace("_", "-")
-    plugin = "blocks-then-held-by-post-execute"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
     then = f"its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s"
