@@ -685,8 +685,9 @@ async def _bounded_call(
 
     A call that returned only after the limit because its body or its tool's ``finalize_content`` blocked the
     event loop that long at a stretch (so the kit's timeout could not fire) is reported too, and its result
-    returned (:func:`_blocked_past`). So is one whose body, still running once it freed the loop, then returns
-    within the grace of a stuck call, which it is given first, not aborted (:func:`_blocking_body_running`).
+    returned (:func:`_blocked_past`). So is one still running once such a stage freed the loop (the body going on,
+    or a stage after the blocking one) that then returns within the grace of a stuck call, which it is given first,
+    not aborted (:func:`_blocked_loop`).
 
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
@@ -706,8 +707,10 @@ async def _bounded_call(
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), limit)
-    if not task.done() and _blocking_body_running(spy.runs_of(call_id, known) if spy is not None else None, limit):
-        # Not aborted yet: a body that returns only once aborted would be blamed for not returning, and one that
+    if not task.done() and _blocked_loop(
+        spy.runs_of(call_id, known) if spy is not None else None, _finalize_seconds(spy, call_id, finalized), limit
+    ):
+        # Not aborted yet: a stage that returns only once aborted would be blamed for not returning, and a call that
         # returns in the grace did not need the abort.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
@@ -917,15 +920,14 @@ def _blocked_over(runs: list[BodyRun] | None, limit: float) -> float | None:
     return blocked if blocked > limit else None
 
 
-def _blocking_body_running(runs: list[BodyRun] | None, limit: float) -> bool:
-    """Whether the body, which has not ended for the call (``runs``: its runs for it), blocked the event loop past
-    ``limit``. The kit's timeout fired only once it freed the loop, the body given next to no time to go on (a body
-    that blocks, then awaits 0.05 s and returns, is still running then): like a stage after one that blocked
-    (:func:`_held_after`), it is given the grace of a stuck call before it is judged, and a call that returns then
-    is reported as one whose body blocked and returned, not as one whose body had not returned."""
-    if not runs:
-        return False
-    return _body_end(runs) is None and _blocked_over(runs, limit) is not None
+def _blocked_loop(runs: list[BodyRun] | None, finalize_s: float, limit: float) -> bool:
+    """Whether a stage of a call still running blocked the event loop past ``limit``: its body (``runs``: its runs
+    for the call), whether or not it has ended, or its tool's ``finalize_content`` (``finalize_s``: the seconds it
+    ran for the call, :func:`_finalize_seconds`). The kit's wait ended only once that stage freed the loop, what runs
+    next given next to no time (a body that then awaits 0.05 s, a post-execute hook or a result observer that does):
+    the call is given the grace of a stuck call, once, before it is aborted or judged, and a call that returns then
+    is reported as one that blocked and returned (:func:`_blocked_past`), not as one held by what ran next."""
+    return _blocked_over(runs, limit) is not None or finalize_s > limit
 
 
 def _finalize_seconds(spy: ToolSpy | None, call_id: str, since: int = 0) -> float:
@@ -1832,11 +1834,12 @@ def check_abort(target: Target) -> list[str]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), waited)
             spy.on_enter = None
-            # A body still running once it freed the loop gets the grace first (the abort was delivered already):
-            # one that returns then is judged as one that returned (below); one that does not, as a stuck call, its
-            # hold taken once the grace is over (its body may have returned meanwhile into a stage that holds it).
-            graced = not task.done() and _blocking_body_running(spy.runs_of(call_id), bound)
-            if graced:
+            # The wait ended once a body or finalize_content that blocked the loop past the bound freed it, what runs
+            # next (the body going on, a stage after the blocking one) given next to no time: the call gets the grace
+            # first (the abort was delivered already). One that returns then is judged as one that returned (below);
+            # one that does not, as a stuck call, its hold taken once the grace is over (its body may have returned
+            # meanwhile into a stage that holds it).
+            if not task.done() and _blocked_loop(spy.runs_of(call_id), _finalize_seconds(spy, call_id), bound):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
             hold: _Hold | None = None
@@ -1854,12 +1857,6 @@ def check_abort(target: Target) -> list[str]:
                     finalize_s=finalize_s if finalize_s > bound else None,
                 )
                 late = _held_after(hold)
-                if late is not None and not graced:
-                    # The wait ended once the blocking stage freed the loop, the stages after it given next to no
-                    # time: they get the grace of a stuck call, and a call that returns then is judged as one that
-                    # returned (below).
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
             if not task.done():
                 assert hold is not None  # judged above, when the call was still running (it cannot have undone)
                 fix = hold.fix

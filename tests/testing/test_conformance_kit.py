@@ -2047,14 +2047,13 @@ def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observ
     """The tool's finalize_content blocks the event loop for 0.6 s; a correct result observer then awaits 0.05 s.
     The kit's timeout fired once the loop was free, in that observer: the call had not returned, so it took the
     stuck-call path, which blamed the stages after the body (0.05 s of awaiting) and never named finalize_content,
-    what kept the call past the limit. It is named as when the call has returned by then (the abort check and
-    pre-abort give the stage after it the grace a stuck call gets, and report what they report of a call that
-    returned); the call-limit checks abort the call as for any call past the limit, and it returns."""
+    what kept the call past the limit. Every check gives the stage after it the grace a stuck call gets, before
+    aborting it (the call-limit checks aborted it at once, and said it returned "once its signal was aborted", with
+    the larger-limit hint), and reports exactly what it reports of a call held by finalize_content that returned."""
     name = check.removeprefix("check_").replace("_", "-")
     plugin = "finalize-then-brief-observer"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
-    fix = FINALIZE_FIX
     if name == "abort":
         expected = lead + rf"the call returned {MEASURED} s after its body \(bound: 0\.1 s\): {FINALIZE_HELD}"
     elif name == "pre-abort":
@@ -2066,10 +2065,9 @@ def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observ
         expected = (
             lead
             + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \(it returned once its signal was aborted\)"
+            + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \(it returned then\)"
         )
-        fix += LARGER_LIMIT
-    expected += rf"\n    fix: {re.escape(fix)}"
+    expected += rf"\n    fix: {re.escape(FINALIZE_FIX)}"
     calls = _call_failures(found, name, plugin, "finalized")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     _assert_timed(expected, calls)
@@ -2138,11 +2136,13 @@ def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
     """The body blocks the event loop for 0.6 s and returns; the tool's finalize_content then blocks it for 0.6 s
     more (with a correct result observer awaiting 0.05 s after it, or not). Each alone kept the call past the limit
     and the bound, and each has its own fix, but the kit named only finalize_content (the abort check only the
-    body). Both are named, each with how long it blocked the loop, with both fixes."""
+    body). Both are named, each with how long it blocked the loop, with both fixes. The observer after them is given
+    the grace of a stuck call before the call-limit checks abort the call (they aborted it at once, and said it
+    returned "once its signal was aborted", with the larger-limit hint): the call is reported as returned, either way
+    alike."""
     name = check.removeprefix("check_").replace("_", "-")
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
-    fix = f"{BLOCKING_BODY_FIX}; and {FINALIZE_FIX}"
     if name == "abort":
         expected = lead + (
             rf"the body kept the event loop busy for {MEASURED} s without awaiting, so the abort could not even be "
@@ -2150,15 +2150,12 @@ def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
         )
     else:
         by_finalize = FINALIZE_HELD.removeprefix("it was held ")
-        observed = plugin.endswith("-observer")
         expected = (
             lead
             + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and {by_finalize} "
-            + (r"\(it returned once its signal was aborted\)" if observed else r"\(it returned then\)")
+            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and {by_finalize} \(it returned then\)"
         )
-        fix += LARGER_LIMIT if observed else ""
-    expected += rf"\n    fix: {re.escape(fix)}"
+    expected += rf"\n    fix: {re.escape(f'{BLOCKING_BODY_FIX}; and {FINALIZE_FIX}')}"
     calls = _call_failures(found, name, plugin, "finalized")
     assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
     _assert_timed(expected, calls)
@@ -2329,30 +2326,11 @@ def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_th
 ) -> None:
     """The body blocks the event loop for 0.6 s and returns; a post-execute hook then awaits 0.05 s. The kit's timeout
     fired once the loop was free, in that hook, and the kit blamed the stages after the body, which had returned:
-    those took 0.05 s. The body's blocking is what kept the call past the limit, and is named. The abort check gives
-    the hook the grace of a stuck call, and reports what it reports of a body that blocked and whose call returned."""
-    name = check.removeprefix("check_").replace("_", "-")
-    plugin = "blocks-then-brief-post-execute"
-    found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
-    if name == "abort":
-        expected = (
-            lead
-            + rf"the body kept the event loop busy for {MEASURED} s without awaiting, so the abort could not even be "
-            + r"delivered \(bound: 0\.1 s\)"
-            + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
-        )
-    else:
-        expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned once its signal was "
-            + r"aborted\)"
-            + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX + LARGER_LIMIT)}"
-        )
-    calls = _call_failures(found, name, plugin, "blocked")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
-    _assert_timed(expected, calls)
+    those took 0.05 s. The body's blocking is what kept the call past the limit, and is named. Every check gives the
+    hook the grace of a stuck call before aborting the call (the call-limit checks aborted it at once, and said it
+    returned "once its signal was aborted", with the larger-limit hint), and reports exactly what it reports of a
+    body that blocked and whose call returned."""
+    _assert_blocked_then_returned(check, "blocks-then-brief-post-execute")
 
 
 @pytest.mark.parametrize(
