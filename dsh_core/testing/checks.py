@@ -1710,9 +1710,10 @@ async def _pre_aborted_call(
     plugin author's test run. Its tool's ``finalize_content`` runs too: one that blocks the event loop past
     the limit is reported, whether the call has returned once the loop is free (:func:`_blocked_past`) or a result
     observer after it still runs (given ``STUCK_GRACE_S`` more first, and named too if it still holds the call:
-    :func:`_held_after`). Its signal already aborted, there is nothing left to abort at the limit: the call is
-    cancelled and given ``STUCK_GRACE_S`` to end (it never waits in an approval ask), then reported in ``found``,
-    blamed on what held it, and ``None`` returned.
+    :func:`_held_after`). So is a body the runtime ran anyway (the core never does) that blocked the loop past the
+    limit, as in :func:`_bounded_call`: the same grace, once (:func:`_blocked_loop`). Its signal already aborted,
+    there is nothing left to abort at the limit: the call is cancelled and given ``STUCK_GRACE_S`` to end (it never
+    waits in an approval ask), then reported in ``found``, blamed on what held it, and ``None`` returned.
     """
     limit = _call_limit(target)
     call_id = "conformance"
@@ -1726,25 +1727,29 @@ async def _pre_aborted_call(
     )
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(task), limit)
+    if not task.done() and _blocked_loop(
+        spy.runs_of(call_id, known) if spy is not None else [], _finalize_seconds(spy, call_id, finalized), limit
+    ):
+        # The timeout fired once a stage that blocked the loop freed it, what runs next given next to no time: the
+        # call gets the grace of a stuck call, and one that returns then is reported as one that returned.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
     hold: _Hold | None = None
     late: _After | None = None
     if not task.done():
         # A body run for this call (the check reports that too) means the runtime dispatched it after all, so
         # whatever follows a body may hold it; else only the result observers can, and finalize_content blocking the
         # loop.
+        runs = spy.runs_of(call_id, known) if spy is not None else []
         finalize_s = _finalize_seconds(spy, call_id, finalized)
         hold = _held_by(
             False,
-            spy.runs_of(call_id, known) if spy is not None else [],
+            runs,
             dispatched=False,
             finalize_s=finalize_s if finalize_s > limit else None,
+            blocked_s=_blocked_over(runs, limit),
         )
         late = _held_after(hold)
-        if late is not None:
-            # The timeout fired once finalize_content freed the loop, the observers after it given next to no time:
-            # they get the grace of a stuck call, and a call that returns then is reported as one that returned.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
     if task.done():
         what = "the call aborted before dispatch"
         _blocked_past(target, "pre-abort", what, limit, spy, call_id, known, finalized, found, name, dispatched=False)

@@ -1888,6 +1888,51 @@ def test_a_pre_aborted_call_held_after_a_body_that_ran_anyway_is_blamed_on_what_
     assert "the body ran although the call was aborted before dispatch" in ran, ran
 
 
+@pytest.mark.parametrize("after_s", [0.05, 30.0])
+def test_a_pre_aborted_call_whose_body_ran_anyway_and_blocked_the_loop_is_named_for_the_blocking(
+    fixture_plugins: None, monkeypatch: pytest.MonkeyPatch, after_s: float
+) -> None:
+    """On a stub runtime that runs the body of a pre-aborted call (the core makes it impossible), the body blocks
+    the event loop for 0.6 s and returns, and the runtime then awaits 0.05 s (or 30 s) before it returns. The
+    pre-abort check's timeout fired once the loop was free, in that await: the call was cancelled at once and
+    blamed on the stages after the body, the blocking unnamed (had it returned by then, the blocking was named). As
+    after a finalize_content that blocked, and as the other call-limit checks do, the call is given the grace of a
+    stuck call first: one that returns then is reported as one whose body blocked and returned, its result checked
+    as usual; one that does not, for the blocking first, then for what held it after the body."""
+    real_load = checks.load_plugin
+
+    class Late(_StubRuntime):
+        async def execute(self, request: Any) -> ToolResult:
+            result = await super().execute(request)
+            await asyncio.sleep(after_s)
+            return result
+
+    async def load(*args: Any, **kwargs: Any) -> Any:
+        loaded = await real_load(*args, **kwargs)
+        loaded.runtime = Late(loaded)  # type: ignore[assignment]
+        return loaded
+
+    monkeypatch.setattr(checks, "load_plugin", load)
+    plugin = "held-by-blocking-body"
+    held, *others = _bounded("check_pre_abort", Target(plugin))
+    lead = re.escape(f'[dsh:pre-abort] plugin "{plugin}", tool "blocked": ')
+    expected = lead + rf"the call aborted before dispatch did not return within 0\.2 s: {BLOCKING_BODY_HELD}"
+    if after_s < 1:
+        expected += r" \(it returned then\)" + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
+        ran, replaced = others
+        assert replaced.startswith(
+            f'[dsh:pre-abort] plugin "{plugin}", tool "blocked": expected ABORTED_BEFORE_DISPATCH, got a success'
+        ), replaced
+    else:
+        expected += re.escape(
+            f"; its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s later "
+            f"(it was cancelled then)\n    fix: {BLOCKING_BODY_FIX}; and {AFTER_FIX}{LARGER_LIMIT}"
+        )
+        (ran,) = others
+    _assert_timed(expected, [held])
+    assert "the body ran although the call was aborted before dispatch" in ran, ran
+
+
 @pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
 def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_runs_the_body(
     fixture_plugins: None, check: str
