@@ -23,8 +23,10 @@ still busy after its kill is kept and removed later (:meth:`CommandCgroups.disca
 :meth:`CommandCgroups.close`); the groups a dsh that died left are removed where no process is left
 in them (:meth:`CommandCgroups.sweep_stale`).
 
-Neither is used unless dsh can write it (as root, or in a delegated v2 subtree); without one,
-:meth:`CommandCgroups.probe` says so and the caller keeps to what it did before. Not a sandbox: a
+Either group is found through the hierarchy's mount that ``/proc/self/mountinfo`` lists (a container
+may see only its own subtree, mounted anywhere). Neither is used unless dsh can write it (as root, or
+in a delegated v2 subtree); without one, :meth:`CommandCgroups.probe` says so and the caller keeps to
+what it did before. Not a sandbox: a
 command running as root can write its own pid to another group's ``cgroup.procs`` and leave.
 """
 
@@ -43,7 +45,6 @@ from typing import ClassVar
 import attrs
 
 __all__ = [
-    "CGROUP_ROOT",
     "write_file",
     "subtree",
     "remove_tree",
@@ -54,7 +55,6 @@ __all__ = [
     "CommandGroup",
 ]
 
-CGROUP_ROOT = "/sys/fs/cgroup"
 #: Seconds a v1 group's SIGKILL rounds (and a v2 group's emptying after ``cgroup.kill``) may take.
 KILL_WITHIN_S = 2.0
 
@@ -132,59 +132,61 @@ class Hierarchy:
     version: int  # 2: cgroup v2, killed through cgroup.kill; 1: the v1 pids hierarchy, killed by rounds
 
 
-def _v2_own_group(mountinfo: str, proc_cgroup: str) -> str | None:
-    """The directory of this process's own cgroup v2 group (``None``: no v2 mount holds it)."""
-    try:
-        with open(proc_cgroup) as handle:
-            own = next((line[3:].strip() for line in handle if line.startswith("0::")), None)
-        with open(mountinfo) as handle:
-            mounts = [line.split() for line in handle]
-    except OSError:
-        return None
-    if own is None:
-        return None
-    for fields in mounts:
-        dash = fields.index("-") if "-" in fields else -1
-        if dash < 0 or fields[dash + 1 : dash + 2] != ["cgroup2"]:
-            continue
-        # A mount may show a subtree only (a container without its own cgroup namespace): the own
-        # path is then the mount's root followed by the part under the mount point.
-        root, point = fields[3], fields[4]
-        if own == root or own.startswith(root.rstrip("/") + "/"):
-            return os.path.join(point, own[len(root.rstrip("/")) :].lstrip("/"))
-    return None
+def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | None) -> str | None:
+    """The directory of this process's own group in one hierarchy, found through its mount (``None``: none).
 
-
-def _v1_own_group(root: str, proc_cgroup: str, controller: str) -> str | None:
-    """The directory of this process's own group in the v1 hierarchy of ``controller`` (``None``: no line names it).
-
-    The hierarchy is taken to be mounted at ``<root>/<controller>``, as the code runtime takes it too.
+    ``fstype`` ``cgroup2`` with ``controller`` ``None``: the v2 hierarchy (its ``0::`` line); ``cgroup``
+    with a controller: the v1 hierarchy that controller is mounted in (its ``N:a,b:`` line names it, and
+    so do the mount's super options, ``rw,pids``).
     """
     try:
         with open(proc_cgroup) as handle:
             lines = [line.rstrip("\n").split(":", 2) for line in handle]
+        with open(mountinfo) as handle:
+            mounts = [line.split() for line in handle]
     except OSError:
         return None
-    for fields in lines:
-        if len(fields) == 3 and controller in fields[1].split(","):
-            return os.path.normpath(os.path.join(root, controller, fields[2].lstrip("/")))
+    own = next(
+        (
+            fields[2]
+            for fields in lines
+            if len(fields) == 3
+            and (fields[:2] == ["0", ""] if controller is None else controller in fields[1].split(","))
+        ),
+        None,
+    )
+    if own is None:
+        return None
+    for fields in mounts:
+        dash = fields.index("-") if "-" in fields else -1
+        if dash < 0 or fields[dash + 1 : dash + 2] != [fstype]:
+            continue
+        options = fields[dash + 3] if len(fields) > dash + 3 else ""
+        if controller is not None and controller not in options.split(","):
+            continue
+        # A mount may show a subtree only (a container sharing the host's cgroup namespace, Docker's
+        # default on a v1 host): the own path is then the mount's root followed by the part under the
+        # mount point. The mount point is read, never assumed (/sys/fs/cgroup/pids is only the usual one).
+        root, point = fields[3].rstrip("/"), fields[4]
+        if own == root or own.startswith(root + "/"):
+            return os.path.normpath(os.path.join(point, own[len(root) :].lstrip("/")))
     return None
 
 
-def hierarchies(
-    root: str = CGROUP_ROOT, mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup"
-) -> list[Hierarchy]:
-    """The hierarchies dsh can make per-command groups in here, best first (empty: none)."""
+def hierarchies(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup") -> list[Hierarchy]:
+    """The hierarchies dsh can make per-command groups in here, best first (empty: none).
+
+    Each is dsh's own group, found from its line in ``proc_cgroup`` and the mount that shows it in
+    ``mountinfo``: a hierarchy not mounted, or mounted without dsh's group in it, is none.
+    """
     found: list[Hierarchy] = []
-    v2 = _v2_own_group(mountinfo, proc_cgroup)
     # Moving a process needs write access to the cgroup.procs of the common ancestor: dsh's own group.
-    if v2 is not None and os.access(v2, os.W_OK) and os.access(os.path.join(v2, "cgroup.procs"), os.W_OK):
-        found.append(Hierarchy(os.path.normpath(v2), 2))
-    # In dsh's own pids group, not at the hierarchy's root: its pids limit (a service's) holds for the
+    # v1: in dsh's own pids group, not at the hierarchy's root: its pids limit (a service's) holds for the
     # commands too.
-    pids = _v1_own_group(root, proc_cgroup, "pids")
-    if pids is not None and os.access(pids, os.W_OK) and os.access(os.path.join(pids, "cgroup.procs"), os.W_OK):
-        found.append(Hierarchy(pids, 1))
+    for version, fstype, controller in ((2, "cgroup2", None), (1, "cgroup", "pids")):
+        own = _own_group(mountinfo, proc_cgroup, fstype, controller)
+        if own is not None and os.access(own, os.W_OK) and os.access(os.path.join(own, "cgroup.procs"), os.W_OK):
+            found.append(Hierarchy(own, version))
     return found
 
 

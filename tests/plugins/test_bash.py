@@ -661,33 +661,112 @@ def test_without_a_v2_mount_or_own_group_no_v2_hierarchy_is_found(tmp_path: Path
     (point / "me" / "cgroup.procs").touch()
     mountinfo.write_text(f"41 31 0:38 /svc {point} rw,relatime - cgroup2 cgroup2 rw\n")
     proc_cgroup.write_text("8:pids:/\n0::/svc/me\n")
-    found = cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup))
+    found = cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup))
     assert found == [Hierarchy(str(point / "me"), 2)]
     proc_cgroup.write_text("8:pids:/\n")  # v1 only
-    assert cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup)) == []
+    assert cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup)) == []
     proc_cgroup.write_text("0::/other/me\n")  # outside what the mount shows
-    assert cgroups.hierarchies(str(tmp_path / "none"), str(mountinfo), str(proc_cgroup)) == []
+    assert cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup)) == []
 
 
 def test_the_v1_group_is_made_under_dshs_own_pids_group(tmp_path: Path) -> None:
     """On v1 the command's group is made in dsh's own pids group (its ``N:pids:/path`` line, the controller
     alone or mounted with others), so dsh's own pids limit holds for the command; never guessed."""
     mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
-    mountinfo.write_text("")  # no v2 mount
     own = tmp_path / "pids" / "system.slice" / "dsh.service"
     own.mkdir(parents=True)
     (own / "cgroup.procs").touch()
     (tmp_path / "pids" / "cgroup.procs").touch()
-    for line in ("8:pids:/system.slice/dsh.service", "8:cpu,pids:/system.slice/dsh.service"):
-        proc_cgroup.write_text(f"9:name=systemd:/\n{line}\n0::/\n")
-        assert cgroups.hierarchies(str(tmp_path), str(mountinfo), str(proc_cgroup)) == [Hierarchy(str(own), 1)]
+    mount = f"39 31 0:36 / {tmp_path / 'pids'} rw,relatime - cgroup cgroup rw,{{options}}\n"  # no v2 mount
+    for options, line in (("pids", "8:pids:"), ("cpu,pids", "8:cpu,pids:")):
+        mountinfo.write_text(mount.format(options=options))
+        proc_cgroup.write_text(f"9:name=systemd:/\n{line}/system.slice/dsh.service\n0::/\n")
+        found = cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup))
+        assert found == [Hierarchy(str(own), 1)]
     proc_cgroup.write_text("8:pids:/\n")
-    assert cgroups.hierarchies(str(tmp_path), str(mountinfo), str(proc_cgroup)) == [
-        Hierarchy(str(tmp_path / "pids"), 1)
-    ]
+    found = cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup))
+    assert found == [Hierarchy(str(tmp_path / "pids"), 1)]
     for text in ("8:pids:/elsewhere\n", "9:name=systemd:/\n0::/\n"):  # a group not there, no pids line
         proc_cgroup.write_text(text)
-        assert cgroups.hierarchies(str(tmp_path), str(mountinfo), str(proc_cgroup)) == []
+        assert cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup)) == []
+
+
+def test_a_v1_pids_mount_of_a_subtree_is_found_through_mountinfo(tmp_path: Path) -> None:
+    """A container sharing the host's cgroup namespace (Docker's default on a v1 host): /proc/self/cgroup
+    names the host's path, ``/docker/<id>``, while the pids mount shows that subtree only (mountinfo's root
+    field), wherever it is mounted. The group is found there, as for v2; never under a guessed path."""
+    mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    point = tmp_path / "somewhere" / "pids"  # not <cgroup root>/pids: the mount point is read, not assumed
+    (point / "sub").mkdir(parents=True)
+    for group in (point, point / "sub"):
+        (group / "cgroup.procs").touch()
+    other = tmp_path / "memory"  # another controller's mount of the same subtree is never taken for pids'
+    other.mkdir()
+    (other / "cgroup.procs").touch()
+    mountinfo.write_text(
+        f"35 31 0:32 /docker/abc {other} rw,relatime - cgroup cgroup rw,memory\n"
+        f"39 31 0:36 /docker/abc {point} rw,relatime - cgroup cgroup rw,pids\n"
+    )
+    expected = {"/docker/abc": point, "/docker/abc/sub": point / "sub", "/docker/abcd": None, "/": None}
+    for own, path in expected.items():
+        proc_cgroup.write_text(f"9:name=systemd:{own}\n4:memory:{own}\n8:pids:{own}\n0::{own}\n")
+        found = cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup))
+        assert found == ([] if path is None else [Hierarchy(str(path), 1)]), own
+    # The same hierarchy with no pids line, or pids' line with no pids mount: none.
+    proc_cgroup.write_text("4:memory:/docker/abc\n")
+    assert cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup)) == []
+    proc_cgroup.write_text("8:pids:/docker/abc\n")
+    mountinfo.write_text(f"35 31 0:32 /docker/abc {other} rw,relatime - cgroup cgroup rw,memory\n")
+    assert cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup)) == []
+
+
+def _mount_point_of(path: str) -> str:
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+@pytest.mark.skipif(1 not in FOUND or os.geteuid() != 0, reason="needs a writable v1 pids hierarchy and root")
+def test_a_v1_command_is_contained_in_a_container_that_sees_only_its_own_pids_subtree(tmp_path: Path) -> None:
+    """The real thing: a dsh in a mount namespace of its own, whose pids mount shows only dsh's group (bind
+    mounted elsewhere, the hierarchy's own mount gone), as a container sharing the host's cgroup namespace
+    sees it. The command's group is made there, and what leaves its session dies with the call."""
+    own = os.path.join(FOUND[1].parent, f"dsh-test-ct-{os.getpid()}")
+    point = tmp_path / "pids"
+    point.mkdir()
+    os.mkdir(own)
+    try:
+        done = in_a_process(
+            tmp_path,
+            prelude=f"""
+import dsh_core.cgroups
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.unshare(0x00020000) == 0, ctypes.get_errno()  # CLONE_NEWNS
+assert libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0, ctypes.get_errno()  # MS_REC|MS_PRIVATE
+open({os.path.join(own, "cgroup.procs")!r}, "w").write(str(os.getpid()))
+assert libc.mount({own!r}.encode(), {str(point)!r}.encode(), None, 0x1000, None) == 0, ctypes.get_errno()  # MS_BIND
+assert libc.umount2({_mount_point_of(FOUND[1].parent)!r}.encode(), 2) == 0, ctypes.get_errno()  # MNT_DETACH
+found = dsh_core.cgroups.hierarchies
+dsh_core.cgroups.hierarchies = lambda *args, **kwargs: [h for h in found(*args, **kwargs) if h.version == 1]
+""",
+            body=f"""
+            result = await h.call("bash", {{"command": {ESCAPES!r} + "; grep :pids: /proc/self/cgroup"}})
+            print(json.dumps({{"output": result.value["output"], "pid": os.getpid(),
+                               "found": [h.parent for h in dsh_core.cgroups.hierarchies()],
+                               "left": [name for name in os.listdir({str(point)!r}) if name.startswith("dsh-bash-")]}}))
+            """,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.splitlines()[-1])
+        assert seen["found"] == [str(point)] and seen["left"] == [], seen
+        line = seen["output"].splitlines()[-1].split(":", 2)[2]
+        assert line.startswith(f"{own[len(_mount_point_of(own)) :]}/dsh-bash-{seen['pid']}-"), seen
+        assert escaped(tmp_path) == []
+    finally:
+        kill_escapes(tmp_path)
+        deadline = time.monotonic() + 5
+        while not cgroups.remove_tree(own) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 @pytest.mark.skipif(1 not in FOUND, reason="no writable v1 pids hierarchy")
