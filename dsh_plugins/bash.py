@@ -23,7 +23,8 @@ started a session of its own (``setsid``, a double-forking daemon) included: one
 (v2), or SIGKILL rounds once ``pids.max`` is 0 throughout the tree (v1), for at most 2 s. The
 group is then removed with the groups inside it, bottom-up; one not empty by then (a kill cut short
 by a second cancellation) is kept, its removal retried at the next call, and it is killed and removed when the plugin
-ends, as are the groups of the calls still running then. The first time the plugin loads in a
+ends, as are the groups of the calls still running then; a call that starts after that is refused
+(``the bash plugin is shutting down``), not run without a group. The first time the plugin loads in a
 process, the groups a dsh that no longer runs left where this one makes its own are removed, with
 the groups inside them, where no process is left in them (nothing is killed). So nothing the
 command started in the background outlives the call, but what a command running as root moves out
@@ -300,6 +301,12 @@ class BashTool:
         ctx.signal.raise_if_aborted()
         env = build_environment(dict(os.environ), self.allowlist, self.fixed_env)
         output = _Output(self.max_output_bytes)
+        if self.cgroups is not None and self.cgroups.closed:
+            # close() ran: no group is made now, and a command without one could outlive the plugin.
+            raise ToolError(
+                "the bash plugin is shutting down: its commands' cgroups are closed, so the command was not "
+                "run (it could not be contained, and what it started could outlive the plugin)"
+            )
         group = self.cgroups.create() if self.cgroups is not None else None
         try:
             # loop.subprocess_exec, not create_subprocess_exec: its transport is ours to close, which

@@ -1036,3 +1036,22 @@ async def test_a_call_in_flight_when_the_plugin_ends_leaves_no_group(
             await tool.cgroups.close()
         for group in our_groups():
             cgroups.remove_tree(group)
+
+
+@pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
+async def test_a_call_that_starts_after_the_plugin_ended_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
+) -> None:
+    """Once the plugin's groups are closed (its scope is being disposed) no group is made: a command started
+    then would run uncontained and could outlive the plugin, so it is refused, saying why, and never run."""
+    only(monkeypatch, version)
+    tool = BashTool({"root": str(tmp_path)})
+    assert tool.cgroups is not None
+    await tool.cgroups.close()
+
+    class Context:
+        signal = AbortController().signal
+
+    with pytest.raises(ToolError, match=r"^the bash plugin is shutting down: .*not run"):
+        await tool.run({"command": "touch ran"}, Context())
+    assert not (tmp_path / "ran").exists() and our_groups() == []
