@@ -56,6 +56,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
@@ -312,18 +313,21 @@ class BashTool:
             # loop.subprocess_exec, not create_subprocess_exec: its transport is ours to close, which
             # a process outside the group that holds the output pipe (setsid) makes necessary.
             with group.joiner() if group is not None else contextlib.nullcontext() as join:
-                transport, shell = await asyncio.get_running_loop().subprocess_exec(
-                    lambda: _Shell(output),
-                    self.shell,
-                    "-c",
-                    args["command"],
-                    cwd=self.root,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=join,  # joins the group between fork and exec (see CommandGroup.joiner)
+                transport, shell = await _spawn(
+                    asyncio.get_running_loop().subprocess_exec(
+                        lambda: _Shell(output),
+                        self.shell,
+                        "-c",
+                        args["command"],
+                        cwd=self.root,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=join,  # joins the group between fork and exec (see CommandGroup.joiner)
+                    ),
+                    group,
                 )
         except OSError as error:
             if group is not None and self.cgroups is not None:
@@ -380,6 +384,36 @@ class BashTool:
                     self.cgroups.discard(group)
             await asyncio.gather(waiter, stopper, return_exceptions=True)
         return {"exit_code": exit_code, "output": output.text(), "truncated": output.dropped > 0}
+
+
+async def _spawn(
+    starting: Coroutine[Any, Any, tuple[asyncio.SubprocessTransport, _Shell]], group: CommandGroup | None
+) -> tuple[asyncio.SubprocessTransport, _Shell]:
+    """Await ``starting`` (the shell's ``subprocess_exec``); cancelled meanwhile, kill ``group`` first.
+
+    A cancellation while asyncio still connects the output pipe makes it kill the shell and then wait for
+    the pipe's end (CPython gh-103847): a process the command started holds the pipe for as long as it
+    lives (a ``setsid`` one, that the session kill never reaches), and the cancelled call waited as long.
+    So the spawn runs in a task of its own: on the cancellation the group (the shell included) is
+    killed, then that task is cancelled and awaited, and the group emptied and removed. Without a group
+    the spawn is awaited as it is, and such a wait remains.
+    """
+    if group is None:
+        return await starting
+    spawn = asyncio.ensure_future(starting)
+    try:
+        return await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        group.kill_now()
+        spawn.cancel()
+        try:
+            transport, _shell = await spawn
+        except BaseException:  # its cancellation (or failure): the call is cancelled all the same
+            pass
+        else:  # it had started just before the cancellation: the kill ended it, its transport is ours to close
+            transport.close()
+        await group.kill()
+        raise
 
 
 class _Shell(asyncio.SubprocessProtocol):

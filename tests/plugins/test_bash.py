@@ -1055,3 +1055,53 @@ async def test_a_call_that_starts_after_the_plugin_ended_is_refused(
     with pytest.raises(ToolError, match=r"^the bash plugin is shutting down: .*not run"):
         await tool.run({"command": "touch ran"}, Context())
     assert not (tmp_path / "ran").exists() and our_groups() == []
+
+
+@pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
+async def test_a_call_cancelled_while_its_pipes_connect_ends_promptly_with_a_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
+) -> None:
+    """A cancellation while ``subprocess_exec`` still connects the output pipe: asyncio kills the shell, then
+    waits for the pipe's end (CPython gh-103847), which a process that left the session holds open. With a
+    cgroup the group is killed at once: the call ends promptly, and nothing it started outlives it. The
+    connect step is held on an event, so the cancellation always lands inside it."""
+    only(monkeypatch, version)
+    tool = BashTool({"root": str(tmp_path)})
+    assert tool.cgroups is not None
+    loop = asyncio.get_running_loop()
+    real_connect = loop.connect_read_pipe
+    connecting, release = asyncio.Event(), asyncio.Event()
+
+    async def connect_read_pipe(*args: Any, **kwargs: Any) -> Any:
+        connecting.set()
+        await release.wait()
+        return await real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "connect_read_pipe", connect_read_pipe)
+
+    class Context:
+        signal = AbortController().signal
+
+    pid_file = tmp_path / "setsid.pid"
+    command = "setsid sleep 300 & echo $! > setsid.pid; sleep 300"  # setsid's sleep holds the output pipe
+    call = asyncio.ensure_future(tool.run({"command": command}, Context()))
+    try:
+        await asyncio.wait_for(connecting.wait(), 10)
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            await asyncio.sleep(0.02)
+        call.cancel()
+        release.set()
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(call), 5)  # not the leftover's 300 s
+        assert time.monotonic() - started < 3
+        assert not alive(int(pid_file.read_text()), settle_s=1.0)
+        assert our_groups() == [] and tool.cgroups.pending == []
+    finally:
+        release.set()
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await tool.cgroups.close()
