@@ -422,9 +422,15 @@ class CommandCgroups:
     async def close(self) -> None:
         """Kill and remove every group left: the ones :meth:`discard` kept, and those of the calls still
         running (the owner's scope ends: nothing it started may outlive it, and a call that ends after
-        this must find no group of its own to leave behind). No group is made afterwards."""
+        this must find no group of its own to leave behind). No group is made afterwards. :attr:`pending`
+        then names, once each, the groups still there (a member outlived the kill), a call's
+        :meth:`discard` during the kills included."""
         self.closed = True
         groups, self.pending = [*self.pending, *self.active], []
         for group, gone in zip(groups, await asyncio.gather(*(group.kill() for group in groups)), strict=True):
-            if not gone:
+            # A call that ended during the kills discarded its group, and kept it in pending if still busy.
+            if gone:
+                with contextlib.suppress(ValueError):
+                    self.pending.remove(group)
+            elif group not in self.pending:
                 self.pending.append(group)

@@ -1105,3 +1105,33 @@ async def test_a_call_cancelled_while_its_pipes_connect_ends_promptly_with_a_cgr
         with contextlib.suppress(asyncio.CancelledError):
             await call
         await tool.cgroups.close()
+
+
+@pytest.mark.parametrize("outlived", [True, False])
+async def test_a_group_discarded_while_close_kills_it_is_pending_once(tmp_path: Path, outlived: bool) -> None:
+    """``close()`` kills the group of a call still running; the call ends meanwhile and discards it, which
+    keeps it pending (a member is still there). It is then pending once when close's kill could not remove
+    it either (a member outlived both), not once by each; and not at all when the kill removed it."""
+    made = CommandCgroups("dsh-bash", [Hierarchy(str(tmp_path), 1)])
+    group = made.create()
+    assert group is not None
+    task = Path(group.path) / "task"
+    task.touch()  # a file stands for a task: rmdir refuses the group
+    killing, release = asyncio.Event(), asyncio.Event()
+
+    async def kill(within_s: float = 2.0) -> bool:
+        killing.set()
+        await release.wait()
+        if not outlived:
+            task.unlink()
+        return group.remove()
+
+    group.kill = kill  # type: ignore[method-assign]
+    closing = asyncio.ensure_future(made.close())
+    await asyncio.wait_for(killing.wait(), 10)
+    made.discard(group)  # the call's end, while close() still kills its group
+    assert made.pending == [group]
+    release.set()
+    await closing
+    assert made.pending == ([group] if outlived else []) and made.active == []
+    assert os.path.exists(group.path) == outlived
