@@ -132,6 +132,12 @@ class Hierarchy:
     version: int  # 2: cgroup v2, killed through cgroup.kill; 1: the v1 pids hierarchy, killed by rounds
 
 
+def _unescape(field: str) -> str:
+    """A mountinfo path field as the path it is: the kernel writes a space, tab, newline and backslash
+    in it as an octal escape (``\\040``), so that the fields stay split by spaces."""
+    return re.sub(r"\\([0-7]{3})", lambda escape: chr(int(escape.group(1), 8)), field)
+
+
 def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | None) -> str | None:
     """The directory of this process's own group in one hierarchy, found through its mount (``None``: none).
 
@@ -167,7 +173,7 @@ def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | 
         # A mount may show a subtree only (a container sharing the host's cgroup namespace, Docker's
         # default on a v1 host): the own path is then the mount's root followed by the part under the
         # mount point. The mount point is read, never assumed (/sys/fs/cgroup/pids is only the usual one).
-        root, point = fields[3].rstrip("/"), fields[4]
+        root, point = _unescape(fields[3]).rstrip("/"), _unescape(fields[4])
         if own == root or own.startswith(root + "/"):
             return os.path.normpath(os.path.join(point, own[len(root) :].lstrip("/")))
     return None

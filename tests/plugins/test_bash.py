@@ -720,6 +720,21 @@ def test_a_v1_pids_mount_of_a_subtree_is_found_through_mountinfo(tmp_path: Path)
     assert cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup)) == []
 
 
+def test_a_mount_point_or_root_with_a_space_is_read_as_mountinfo_escapes_it(tmp_path: Path) -> None:
+    """mountinfo writes a space, tab, newline or backslash in a mount point or root as an octal escape
+    (``\\040``): read literally, a hierarchy mounted under such a path was never found, and containment
+    silently dropped."""
+    mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    point = tmp_path / "my cgroups" / "pi\\ds"
+    point.mkdir(parents=True)
+    (point / "cgroup.procs").touch()
+    escaped = str(point).replace("\\", "\\134").replace(" ", "\\040")
+    mountinfo.write_text(f"39 31 0:36 /docker/a\\040b {escaped} rw,relatime - cgroup cgroup rw,pids\n")
+    proc_cgroup.write_text("8:pids:/docker/a b\n")
+    found = cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup))
+    assert found == [Hierarchy(str(point), 1)]
+
+
 def _mount_point_of(path: str) -> str:
     while not os.path.ismount(path):
         path = os.path.dirname(path)
