@@ -25,7 +25,7 @@ from dsh_core.sessions import (
     SessionStoreError,
 )
 from dsh_core.sessions.lease import SessionLease
-from dsh_core.sessions.sqlite import DB_FILENAME, SqliteSessionStore
+from dsh_core.sessions.sqlite import DB_FILENAME, SCHEMA_VERSION, SqliteSessionStore
 from dsh_core.sessions.store import dsh_home
 
 pytestmark = pytest.mark.anyio
@@ -713,8 +713,6 @@ def _set_user_version(path: Path, version: int) -> None:
 
 def _refused_as_newer(path: Path, version: int) -> str:
     """What opening the database at ``path`` says once a newer dsh stamped ``version`` on it."""
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
     return (
         f"cannot open session database {str(path)!r}: it was written by a newer dsh (schema version "
         f"{version}; this dsh supports version {SCHEMA_VERSION}); upgrade dsh"
@@ -744,8 +742,6 @@ async def _leased_session(home: Path, lease: SessionLease, run: SqliteSessionSto
 async def test_a_new_database_is_stamped_with_the_schema_version(tmp_path: Path) -> None:
     # The schema had no version: a database written by a later dsh, with another schema, could not be
     # told from one of this dsh's, and failed with raw SQLite messages (or at the first write).
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
     store = SqliteSessionStore.open(tmp_path)
     await store.close()
     assert SCHEMA_VERSION == 1 and _user_version(tmp_path / DB_FILENAME) == SCHEMA_VERSION
@@ -755,8 +751,6 @@ async def test_an_unversioned_dsh_database_is_read_as_it_is_and_stamped_only_whe
     tmp_path: Path,
 ) -> None:
     # What dsh wrote before the schema had a version: user_version 0, with dsh's tables.
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
     path = tmp_path / DB_FILENAME
     store = SqliteSessionStore.open(tmp_path)
     try:
@@ -790,8 +784,6 @@ def test_a_database_of_a_newer_schema_is_refused_before_anything_is_read_or_writ
     # A later dsh's database, whose schema this dsh does not know: here it lacks a column this dsh
     # reads and has no leases table, which this dsh failed on as another program's database, or
     # (opened to write) went on to add its own tables to.
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
     path = tmp_path / DB_FILENAME
     _execute(
         path,
@@ -818,7 +810,6 @@ def test_sessions_list_and_show_name_a_database_of_a_newer_schema(tmp_path: Path
     from click.testing import CliRunner
 
     from dsh_core.cli import main
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
 
     home = Path(os.environ["DSH_HOME"])
 
@@ -1113,8 +1104,6 @@ async def test_a_read_only_store_refuses_a_newer_schema_stamped_after_it_opened(
     # The schema's version was checked only when the store opened the database: a newer dsh that took
     # it over while `dsh sessions show` read it page by page (its schema may be anything) was read as
     # this dsh's, and `dsh sessions release` broke a lease in it.
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
     path = tmp_path / DB_FILENAME
     lease = SessionLease.for_this_run()
     if older:  # stand-ins: a read-only store of it reads (and refreshes) in a transaction of its own
@@ -1215,8 +1204,6 @@ async def test_a_run_store_refuses_to_write_a_newer_schema_stamped_after_it_open
     # A run's store checked the schema's version only when it opened the database: a newer dsh that
     # took it over while the run went on appending (its schema may be anything) got rows of this
     # dsh's shape written into it.
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
     path = tmp_path / DB_FILENAME
     lease = SessionLease.for_this_run()
     run = SqliteSessionStore.open(tmp_path)
@@ -1424,16 +1411,15 @@ async def test_a_read_only_store_looks_again_after_a_read_that_rolled_back(tmp_p
 
 
 @pytest.mark.parametrize(
-    ("statements", "reason"), [(["PRAGMA user_version=2"], None), *_TAKEOVERS], ids=["newer", *_TAKEOVER_IDS]
+    ("statements", "reason"),
+    [([f"PRAGMA user_version={SCHEMA_VERSION + 1}"], None), *_TAKEOVERS],
+    ids=["newer", *_TAKEOVER_IDS],
 )
 async def test_a_run_store_refuses_to_read_a_database_taken_over_after_it_opened(
     tmp_path: Path, statements: list[str], reason: str | None
 ) -> None:
     # A run's store looked at the file again only as it wrote: a run reading its session as it starts
     # (resumed) read a newer dsh's schema, or another program's tables, as this dsh's.
-    from dsh_core.sessions.sqlite import SCHEMA_VERSION
-
-    assert SCHEMA_VERSION < 2  # "newer" stamps 2
     path = tmp_path / DB_FILENAME
     lease = SessionLease.for_this_run()
     run = SqliteSessionStore.open(tmp_path)
@@ -1441,7 +1427,7 @@ async def test_a_run_store_refuses_to_read_a_database_taken_over_after_it_opened
         await _leased_session(tmp_path, lease, run)
         assert [event.payload for event in await run.load("s")] == [{"n": 1}]
         _execute(path, *statements)
-        refused = _refused_as_newer(path, 2) if reason is None else _refused_as_foreign(path, reason)
+        refused = _refused_as_newer(path, SCHEMA_VERSION + 1) if reason is None else _refused_as_foreign(path, reason)
         reads: dict[str, Callable[[], Awaitable[object]]] = {
             "load": lambda: run.load("s"),
             "load_page": lambda: run.load_page("s"),
