@@ -211,9 +211,10 @@ class _DetachedExecutor(concurrent.futures.ThreadPoolExecutor):
 _IGNORED_CANCEL: Final[weakref.WeakSet[asyncio.Task[Any]]] = weakref.WeakSet()
 
 
-def _stuck_grace(loaded: LoadedPlugin, watch: CallWatch) -> float:
+def _stuck_grace(loaded: LoadedPlugin, watch: CallWatch | None) -> float:
     """Seconds a call the kit aborts or cancels now is given to end: ``STUCK_GRACE_S``, plus the runtime's approval
-    grace, at most :data:`APPROVAL_GRACE_S`, if the call waits in its approval ask.
+    grace, at most :data:`APPROVAL_GRACE_S`, if the call waits in its approval ask (``watch``; ``None`` for a call
+    that never asks, as one aborted before dispatch: the runtime settles it before any ask).
 
     Withdrawn (the call aborted or cancelled), an ask whose channel ignores the withdrawal is waited
     for by the runtime for its whole grace before the call goes on: the kit must not give up first
@@ -223,7 +224,7 @@ def _stuck_grace(loaded: LoadedPlugin, watch: CallWatch) -> float:
     reporting. The kit's runtime starts with :data:`APPROVAL_GRACE_S`, so it bounds the wait; past it
     the call is cancelled, which stops the runtime's wait for the channel at once.
     """
-    if not watch.asking:
+    if watch is None or not watch.asking:
         return STUCK_GRACE_S
     grace = loaded.runtime.approval_grace_s
     return STUCK_GRACE_S + (grace if is_positive_seconds(grace) and grace < APPROVAL_GRACE_S else APPROVAL_GRACE_S)
@@ -668,6 +669,90 @@ def _call_limit(target: Target) -> float:
     return CALL_TIMEOUT_S if target.call_timeout_s is None else target.call_timeout_s
 
 
+@frozen
+class _CallMarks:
+    """Where one call's traces begin in its tool's :class:`ToolSpy`, to read them back as the call's own: its body's
+    runs (:meth:`ToolSpy.runs_of`) and its ``finalize_content``'s (:meth:`ToolSpy.finalized_for`) for ``call_id``, from
+    the spy's counts before the call (``known``, ``finalized``). Another call's body (the plugin's own, or one an
+    earlier check abandoned) may be entered meanwhile: it is told apart by its call id, not counted.
+    """
+
+    spy: ToolSpy | None
+    call_id: str
+    #: Whether the call is dispatched (``False``: its signal was aborted before it was made, so the runtime settles it
+    #: without running the body): what the call is taken to have done where no spy sees its body (:meth:`runs`).
+    dispatched: bool = True
+    #: ``len(spy.runs)`` before the call.
+    known: int = 0
+    #: ``len(spy.finalizations)`` before the call.
+    finalized: int = 0
+
+    @classmethod
+    def before(cls, spy: ToolSpy | None, call_id: str, *, dispatched: bool = True) -> _CallMarks:
+        """The marks of a call about to be made of the tool ``spy`` watches (``None``: no spy sees its body)."""
+        if spy is None:
+            return cls(None, call_id, dispatched)
+        return cls(spy, call_id, dispatched, len(spy.runs), len(spy.finalizations))
+
+    def runs(self) -> list[BodyRun] | None:
+        """The body's runs for the call, so far. Where no spy sees the body, ``None`` (taken as running: the body is
+        blamed, as for any dispatched call) if the call is dispatched, else ``[]`` (taken as never run: the runtime
+        runs no body for a call aborted before dispatch, so only its result observers can hold it)."""
+        if self.spy is None:
+            return None if self.dispatched else []
+        return self.spy.runs_of(self.call_id, self.known)
+
+    def finalize_s(self) -> float:
+        """The seconds the tool's ``finalize_content`` ran (so blocked the event loop) for the call, so far: 0 without
+        a spy or a run that ended."""
+        if self.spy is None:
+            return 0.0
+        return max((run.seconds or 0.0 for run in self.spy.finalized_for(self.call_id, self.finalized)), default=0.0)
+
+    def blocked(self, limit: float) -> bool:
+        """Whether the call's body (ended or not) or its tool's ``finalize_content`` blocked the event loop past
+        ``limit``: no timer fires meanwhile, so the kit could not enforce it (:func:`_blocked_past`,
+        :func:`_grace_if_blocked`)."""
+        return _blocked_over(self.runs(), limit) is not None or self.finalize_s() > limit
+
+    def hold(self, asking: bool, limit: float) -> _Hold:
+        """Where the call was held, now (:func:`_held_by`): ``asking`` is whether it waits in its own approval ask;
+        its body and its tool's ``finalize_content`` are named for blocking the event loop if they did past
+        ``limit``."""
+        runs = self.runs()
+        finalize_s = self.finalize_s()
+        return _held_by(
+            asking,
+            runs,
+            dispatched=self.dispatched,
+            finalize_s=finalize_s if finalize_s > limit else None,
+            blocked_s=_blocked_over(runs, limit),
+        )
+
+
+async def _wait(task: asyncio.Future[Any], seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``task`` to end, never cancelling it; whether it has."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), seconds)
+    return task.done()
+
+
+async def _grace_if_blocked(task: asyncio.Future[Any], marks: _CallMarks, limit: float, grace: float) -> bool:
+    """Give the call ``task`` runs ``grace`` seconds more (:func:`_stuck_grace`, for a stuck call) if it is still
+    running and its body or its tool's ``finalize_content`` blocked the event loop past ``limit``; whether it has
+    ended.
+
+    The kit's wait ended only once that stage freed the loop, what runs next given next to no time (a body that then
+    awaits 0.05 s, a post-execute hook or a result observer that does): the call gets the grace once, before it is
+    aborted or judged. Not aborted first: a stage that returns only once aborted would be blamed for not returning,
+    and a call that returns in the grace did not need the abort; it is reported as one that blocked and returned
+    (:func:`_blocked_past`), not as one held by what ran next.
+    """
+    if not task.done() and marks.blocked(limit):
+        await _wait(task, grace)
+    return task.done()
+
+
 async def _bounded_call(
     target: Target,
     check: str,
@@ -681,13 +766,13 @@ async def _bounded_call(
     """One call as :func:`_call`, given ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`) to return.
 
     ``call_id`` is the call's own among the calls of tool ``name`` the check makes: what the body did
-    for this call is told apart from what it did for others by it (:meth:`ToolSpy.runs_of`).
+    for this call is told apart from what it did for others by it (:class:`_CallMarks`).
 
     A call that returned only after the limit because its body or its tool's ``finalize_content`` blocked the
     event loop that long at a stretch (so the kit's timeout could not fire) is reported too, and its result
     returned (:func:`_blocked_past`). So is one still running once such a stage freed the loop (the body going on,
     or a stage after the blocking one) that then returns within the grace of a stuck call, which it is given first,
-    not aborted (:func:`_blocked_loop`).
+    not aborted (:func:`_grace_if_blocked`).
 
     A call still running then is aborted through its signal and, still running ``STUCK_GRACE_S`` later
     (more if it waited in its approval ask: :func:`_stuck_grace`), cancelled; either way it is reported
@@ -701,47 +786,26 @@ async def _bounded_call(
     limit = _call_limit(target)
     controller = AbortController()
     watch = CallWatch(call_id)
-    spy = loaded.spies.get(name)
-    known = len(spy.runs) if spy is not None else 0
-    finalized = len(spy.finalizations) if spy is not None else 0
+    marks = _CallMarks.before(loaded.spies.get(name), call_id)
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), limit)
-    if not task.done() and _blocked_loop(
-        spy.runs_of(call_id, known) if spy is not None else None, _finalize_seconds(spy, call_id, finalized), limit
-    ):
-        # Not aborted yet: a stage that returns only once aborted would be blamed for not returning, and a call that
-        # returns in the grace did not need the abort.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
-    if task.done():
-        _blocked_past(target, check, f"{what}: the call", limit, spy, call_id, known, finalized, found, name)
+    await _wait(task, limit)
+    if await _grace_if_blocked(task, marks, limit, _stuck_grace(loaded, watch)):
+        _blocked_past(target, check, name, f"{what}: the call", limit, marks, found)
         result: ToolResult = task.result()
         return result
     # What held the call, seen before the abort: the abort ends the ask (withdrawn) and the stages before the body.
-    # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere. This call's
-    # own runs, not the spy's count: another call's body (the plugin's own, or one an earlier check abandoned) may
-    # have been entered meanwhile.
-    runs = spy.runs_of(call_id, known) if spy is not None else None
-    finalize_s = _finalize_seconds(spy, call_id, finalized)
-    hold = _held_by(
-        watch.asking,
-        runs,
-        blocked_s=_blocked_over(runs, limit),
-        finalize_s=finalize_s if finalize_s > limit else None,
-    )
+    # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere.
+    runs = marks.runs()
+    hold = marks.hold(watch.asking, limit)
     grace = _stuck_grace(loaded, watch)
     controller.abort(f"conformance: the call did not return within {limit:g} s")
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), grace)
+    await _wait(task, grace)
     late: _After | None = None
     if not task.done():
         late = _held_after(hold)
-        if late is None and hold.stage == "body":
-            # A body still running at the limit that ended once aborted, the call going on: held after it, too.
-            ended = _held_by(False, runs)
-            if ended.stage == "after":
-                late = _After(f"its body {ended.body_end} once its signal was aborted", _AFTER_BODY, _AFTER_FIX)
+        # A body still running at the limit that ended once aborted, the call going on: held after it, too.
+        if late is None and hold.stage == "body" and (ended := _body_end(runs or [])) is not None:
+            late = _After(f"its body {ended} once its signal was aborted", _AFTER_BODY, _AFTER_FIX)
     fix = hold.fix + (f"; and {late.fix}" if late is not None else "") + _LARGER_LIMIT
     if task.done():
         after = "it returned once its signal was aborted"
@@ -760,32 +824,16 @@ async def _bounded_call(
 
 
 def _blocked_past(
-    target: Target,
-    check: str,
-    call: str,
-    limit: float,
-    spy: ToolSpy | None,
-    call_id: str,
-    known: int,
-    finalized: int,
-    found: list[str],
-    name: str,
-    *,
-    dispatched: bool = True,
+    target: Target, check: str, name: str, call: str, limit: float, marks: _CallMarks, found: list[str]
 ) -> None:
-    """Report in ``found`` a call (``call`` names it) that returned, but only after ``limit`` because its body or
-    its tool's ``finalize_content`` blocked the event loop longer than that at a stretch: the kit's timeout cannot
-    fire while the loop is blocked, so the call returned unseen (``known``, ``finalized``: the spy's runs before the
-    call). What the body did is measured by how long it held the loop without awaiting, as the abort check does
+    """Report in ``found`` a call (``call`` names it, ``marks`` its traces) of tool ``name`` that returned, but only
+    after ``limit`` because its body or its tool's ``finalize_content`` blocked the event loop longer than that at a
+    stretch: the kit's timeout cannot fire while the loop is blocked, so the call returned unseen. What the body did
+    is measured by how long it held the loop without awaiting, as the abort check does
     (:attr:`BodyRun.longest_step_s`), not by how long it ran: one that awaits lets the timeout fire."""
-    finalize_s = _finalize_seconds(spy, call_id, finalized)
-    runs = spy.runs_of(call_id, known) if spy is not None else None
-    blocked_s = _blocked_over(runs, limit)
-    if finalize_s <= limit and blocked_s is None:
+    if not marks.blocked(limit):
         return
-    hold = _held_by(
-        False, runs, dispatched=dispatched, finalize_s=finalize_s if finalize_s > limit else None, blocked_s=blocked_s
-    )
+    hold = marks.hold(False, limit)
     found.append(
         failure(
             target, check, f"{call} did not return within {limit:g} s: {hold.held} (it returned then)", hold.fix, name
@@ -797,12 +845,13 @@ def _blocked_past(
 class _Hold:
     """Where a call that did not return in time was held, in a failure's words, and the fix to suggest.
 
-    Made by :func:`_held_by` for every check that reports a stuck call (each frames it: how long it waited, what it
-    then did to the call) and for a call that returned only after the limit or the abort bound because a stage held
-    it (:func:`_blocked_past`, the abort check once the body has returned in time). What held the call after a
-    stage that blocked the loop and ended is :func:`_held_after`'s. The abort check judges the body's own timing
-    against the abort itself (a first step that delayed its delivery, a later one that blocked past the bound, a
-    return too long after it): those say how the body answered the abort, not where a call was held.
+    Made by :func:`_held_by` (through :meth:`_CallMarks.hold`) for every check that reports a stuck call (each frames
+    it: how long it waited, what it then did to the call) and for a call that returned only after the limit or the
+    abort bound because a stage held it (:func:`_blocked_past`, the abort check once the body has returned in time).
+    What held the call after a stage that blocked the loop and ended is :func:`_held_after`'s. The abort check judges
+    the body's own timing against the abort itself (a first step that delayed its delivery, a later one that blocked
+    past the bound, a return too long after it): those say how the body answered the abort, not where a call was
+    held.
     """
 
     #: ``"ask"`` (its own approval ask), ``"before"`` (a stage before the body), ``"body"``, ``"after"`` (a stage
@@ -815,9 +864,10 @@ class _Hold:
     held: str
     #: The fix, naming the stage the plugin must change.
     fix: str
-    #: Whether the body was entered for the call.
+    #: Whether the body was entered for the call (taken as entered where no spy sees it: :meth:`_CallMarks.runs`).
     body_ran: bool
-    #: How the body ended for the call (``"returned"``, ``"raised NAME"``), ``None`` if it never ran or still runs.
+    #: How the body ended for the call (``"returned"``, ``"raised NAME"``), ``None`` if it never ran or still runs,
+    #: and for a call held in its ask.
     body_end: str | None = None
 
 
@@ -826,8 +876,9 @@ class _After:
     """What held a call after the stage that ended first (a body, a ``finalize_content``), in a failure's words:
     reported beside that stage's own :class:`_Hold`, once the call was still running past it."""
 
-    #: How the first stage ended and that the call was then held after it, with by what: ``its body had returned,
-    #: but the call was then held after it (by ...)`` (the check says for how long after that).
+    #: How the first stage ended, as a clause: ``its body had returned`` (or ``had raised NAME``), ``its body
+    #: returned once its signal was aborted``, ``its finalize_content had returned``. :attr:`clause` adds what then
+    #: held the call; the check, for how long.
     ended: str
     #: The stages that may have held it, as :data:`_AFTER_BODY` (``by ...``).
     by: str
@@ -862,10 +913,11 @@ def _held_by(
     finalize_s: float | None = None,
     blocked_s: float | None = None,
 ) -> _Hold:
-    """Where a call that did not return in time was held: ``asking`` is whether it waits in its own approval ask
-    (its :class:`CallWatch`), ``runs`` the body's runs for its call id (:meth:`ToolSpy.runs_of`; ``None`` when no
-    spy sees the body: taken as running). ``dispatched=False``: the call was aborted before dispatch, so of the
-    plugin's stages only its result observers run for it, unless the body ran anyway (which the core never does).
+    """Where a call that did not return in time was held (or, one that returned late, what made it late): ``asking``
+    is whether it waits in its own approval ask (its :class:`CallWatch`), ``runs`` the body's runs for its call id
+    (:meth:`_CallMarks.runs`; ``None``, for a body no spy sees, is taken as running). ``dispatched=False``: the call
+    was aborted before dispatch, so of the plugin's stages only its result observers run for it, unless the body ran
+    anyway (which the core never does).
     ``finalize_s``: the seconds the tool's ``finalize_content`` blocked the event loop for the call, given when
     that is what made it late (it runs for every call, a pre-aborted one too, and outranks every stage that did not
     block the loop).
@@ -918,24 +970,6 @@ def _blocked_over(runs: list[BodyRun] | None, limit: float) -> float | None:
     enforce; ``None`` otherwise."""
     blocked = max((run.longest_step_s for run in runs or ()), default=0.0)
     return blocked if blocked > limit else None
-
-
-def _blocked_loop(runs: list[BodyRun] | None, finalize_s: float, limit: float) -> bool:
-    """Whether a stage of a call still running blocked the event loop past ``limit``: its body (``runs``: its runs
-    for the call), whether or not it has ended, or its tool's ``finalize_content`` (``finalize_s``: the seconds it
-    ran for the call, :func:`_finalize_seconds`). The kit's wait ended only once that stage freed the loop, what runs
-    next given next to no time (a body that then awaits 0.05 s, a post-execute hook or a result observer that does):
-    the call is given the grace of a stuck call, once, before it is aborted or judged, and a call that returns then
-    is reported as one that blocked and returned (:func:`_blocked_past`), not as one held by what ran next."""
-    return _blocked_over(runs, limit) is not None or finalize_s > limit
-
-
-def _finalize_seconds(spy: ToolSpy | None, call_id: str, since: int = 0) -> float:
-    """The seconds the tool's ``finalize_content`` ran (so blocked the event loop) for the call ``call_id``, among
-    its runs from index ``since``: 0 without a spy or a run that ended."""
-    if spy is None:
-        return 0.0
-    return max((run.seconds or 0.0 for run in spy.finalized_for(call_id, since)), default=0.0)
 
 
 #: What a failure says of a call its tool's ``finalize_content`` held (``seconds``: how long it blocked the loop).
@@ -1711,58 +1745,36 @@ async def _pre_aborted_call(
     the limit is reported, whether the call has returned once the loop is free (:func:`_blocked_past`) or a result
     observer after it still runs (given ``STUCK_GRACE_S`` more first, and named too if it still holds the call:
     :func:`_held_after`). So is a body the runtime ran anyway (the core never does) that blocked the loop past the
-    limit, as in :func:`_bounded_call`: the same grace, once (:func:`_blocked_loop`). Its signal already aborted,
-    there is nothing left to abort at the limit: the call is cancelled and given ``STUCK_GRACE_S`` to end (it never
-    waits in an approval ask), then reported in ``found``, blamed on what held it, and ``None`` returned.
+    limit, as in :func:`_bounded_call`: the same grace, once (:func:`_grace_if_blocked`). Its signal already
+    aborted, there is nothing left to abort at the limit: the call is cancelled and given ``STUCK_GRACE_S`` to end
+    (it never waits in an approval ask), then reported in ``found``, blamed on what held it, and ``None`` returned.
     """
     limit = _call_limit(target)
     call_id = "conformance"
-    spy = loaded.spies.get(name)
-    known = len(spy.runs) if spy is not None else 0
-    finalized = len(spy.finalizations) if spy is not None else 0
+    what = "the call aborted before dispatch"
+    marks = _CallMarks.before(loaded.spies.get(name), call_id, dispatched=False)
+    grace = _stuck_grace(loaded, None)
     task = asyncio.ensure_future(
         _call(
             loaded, name, arguments, AbortSignal.aborted_with("conformance: aborted before the call"), call_id=call_id
         )
     )
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), limit)
-    if not task.done() and _blocked_loop(
-        spy.runs_of(call_id, known) if spy is not None else [], _finalize_seconds(spy, call_id, finalized), limit
-    ):
-        # The timeout fired once a stage that blocked the loop freed it, what runs next given next to no time: the
-        # call gets the grace of a stuck call, and one that returns then is reported as one that returned.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), STUCK_GRACE_S)
-    hold: _Hold | None = None
-    late: _After | None = None
-    if not task.done():
-        # A body run for this call (the check reports that too) means the runtime dispatched it after all, so
-        # whatever follows a body may hold it; else only the result observers can, and finalize_content blocking the
-        # loop.
-        runs = spy.runs_of(call_id, known) if spy is not None else []
-        finalize_s = _finalize_seconds(spy, call_id, finalized)
-        hold = _held_by(
-            False,
-            runs,
-            dispatched=False,
-            finalize_s=finalize_s if finalize_s > limit else None,
-            blocked_s=_blocked_over(runs, limit),
-        )
-        late = _held_after(hold)
-    if task.done():
-        what = "the call aborted before dispatch"
-        _blocked_past(target, "pre-abort", what, limit, spy, call_id, known, finalized, found, name, dispatched=False)
+    await _wait(task, limit)
+    if await _grace_if_blocked(task, marks, limit, grace):
+        _blocked_past(target, "pre-abort", name, what, limit, marks, found)
         result: ToolResult = task.result()
         return result
-    assert hold is not None
-    problem = f"the call aborted before dispatch did not return within {limit:g} s: {hold.held}"
+    # A body run for this call (the check reports that too) means the runtime dispatched it after all, so whatever
+    # follows a body may hold it; else only the result observers can, and finalize_content blocking the loop.
+    hold = marks.hold(False, limit)
+    late = _held_after(hold)
+    problem = f"{what} did not return within {limit:g} s: {hold.held}"
     fix = hold.fix
     if late is not None:
-        problem += f"; {late.clause}, still running {STUCK_GRACE_S:g} s later"
+        problem += f"; {late.clause}, still running {grace:g} s later"
         fix += f"; and {late.fix}"
     fix += _LARGER_LIMIT
-    if await _cancel(task, grace := STUCK_GRACE_S):
+    if await _cancel(task, grace):
         after = "it was cancelled then"
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=grace)
@@ -1832,38 +1844,23 @@ def check_abort(target: Target) -> list[str]:
 
             spy.on_enter = on_enter
             watch = CallWatch(call_id)
+            marks = _CallMarks(spy, call_id)  # from the spy's first run: the check makes one call of each tool
             task = asyncio.ensure_future(
                 _call(loaded, definition.name, definition.examples[0], controller.signal, call_id=call_id, watch=watch)
             )
             waited = bound + STUCK_GRACE_S
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), waited)
+            await _wait(task, waited)
             spy.on_enter = None
-            # The wait ended once a body or finalize_content that blocked the loop past the bound freed it, what runs
-            # next (the body going on, a stage after the blocking one) given next to no time: the call gets the grace
-            # first (the abort was delivered already). One that returns then is judged as one that returned (below);
-            # one that does not, as a stuck call, its hold taken once the grace is over (its body may have returned
-            # meanwhile into a stage that holds it).
-            if not task.done() and _blocked_loop(spy.runs_of(call_id), _finalize_seconds(spy, call_id), bound):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(task), _stuck_grace(loaded, watch))
-            hold: _Hold | None = None
-            late: _After | None = None
-            if not task.done():
+            # The abort was delivered already: a call still running once a stage that blocked the loop past the bound
+            # freed it gets the grace before it is judged. One that returns then is judged as one that returned
+            # (below); one that does not, as a stuck call, its hold taken once the grace is over (its body may have
+            # returned meanwhile into a stage that holds it).
+            if not await _grace_if_blocked(task, marks, bound, _stuck_grace(loaded, watch)):
                 # A body or finalize_content that blocked the loop past the bound is named, as when its call
                 # returns: blocking that long fails this check on its own (the abort cannot act meanwhile), whether
                 # or not the call then ends.
-                runs = spy.runs_of(call_id)
-                finalize_s = _finalize_seconds(spy, call_id)
-                hold = _held_by(
-                    watch.asking,
-                    runs,
-                    blocked_s=_blocked_over(runs, bound),
-                    finalize_s=finalize_s if finalize_s > bound else None,
-                )
+                hold = marks.hold(watch.asking, bound)
                 late = _held_after(hold)
-            if not task.done():
-                assert hold is not None  # judged above, when the call was still running (it cannot have undone)
                 fix = hold.fix
                 if hold.body_ran:
                     problem = f"the call, aborted as its body began, did not return within {waited:g} s: {hold.held}"
@@ -1912,7 +1909,7 @@ def check_abort(target: Target) -> list[str]:
             # no cancellation, no timer). Its blocking is the failure to name, with its own fix. The first step
             # is part of the longest, so past the bound the longest is a later one only when the first is not.
             blocked_after = max(run.longest_step_s for run in runs)
-            finalize_s = _finalize_seconds(spy, call_id)
+            finalize_s = marks.finalize_s()
             # A finalize_content that blocked the loop past the bound as well, once the body had ended, made the call
             # late on its own, with its own fix: named after the body's blocking.
             then, then_fix = (
@@ -1962,7 +1959,9 @@ def check_abort(target: Target) -> list[str]:
                     )
                 elif (elapsed := returned - min(body_end, aborted_at[0])) > bound:
                     since = "its body" if body_end < aborted_at[0] else "the abort"
-                    hold = _held_by(False, runs, finalize_s=finalize_s if finalize_s > bound else None)
+                    # The body blocked the loop past the bound in no step (judged above): only finalize_content may
+                    # be named for blocking it.
+                    hold = marks.hold(False, bound)
                     found.append(
                         failure(
                             target,
