@@ -127,7 +127,8 @@ class BodyExited(Exception):
 
 @define
 class BodyRun:
-    """One run of a tool body, as its :class:`ToolSpy` saw it: the call it ran for, and how it ended.
+    """One run of a tool body, as its :class:`ToolSpy` saw it: the call it ran for, how long it kept the event loop
+    without awaiting (its first step, its longest), and when and how it ended.
 
     Kept per call because the kit makes several calls of a tool on one loaded plugin, and a body may run
     for a call the kit is not watching (the plugin's own, or one the kit abandoned that goes on): a count
@@ -261,8 +262,7 @@ class ToolSpy:
     def finalize(self, execution: ToolExecution, result: ToolResult) -> Sequence[ContentBlock] | None:
         """The instrumented ``finalize_content`` (registered only for a tool that has one)."""
         finalizer = self.definition.finalize_content
-        if finalizer is None:  # never registered so; as the runtime with no finalizer, the content stays
-            return None
+        assert finalizer is not None, "the spy's finalize_content is registered only for a tool that has one"
         run = FinalizeRun(execution.call_id, time.monotonic())
         self.finalizations.append(run)
         try:
