@@ -45,6 +45,18 @@ swallows-cancel = broken_plugins:swallows_cancel
 #: Options of every inner run: no cache, and no hypothesis plugin (it costs a second per interpreter).
 QUIET = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 
+#: The checks that bound each call they make of a tool by the call limit (``Target.call_timeout_s``).
+LIMIT_CHECKS = ("check_example_calls", "check_typed_errors", "check_dispose")
+#: Those and the abort check (its call bounded by the abort bound): every check whose call runs the tool's body.
+BODY_CHECKS = ("check_abort", *LIMIT_CHECKS)
+#: Those and the pre-abort check, whose call runs no body but still reaches finalize_content and the result observers.
+CALLING_CHECKS = (*BODY_CHECKS, "check_pre_abort")
+
+
+def _check_id(check: str) -> str:
+    """The id the failures of the check function ``check`` name (``check_typed_errors``: ``[dsh:typed-errors]``)."""
+    return check.removeprefix("check_").replace("_", "-")
+
 
 @pytest.fixture
 def kit(pytester: pytest.Pytester) -> pytest.Pytester:
@@ -1153,7 +1165,7 @@ def test_a_body_that_returns_but_leaves_work_running_fails_the_checks_that_call_
         found = getattr(checks, check)(Target("call-leak"))
     finally:
         broken_plugins.CALL_LEAK_DONE.set()
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     when = LEFTOVERS_WHEN[name]
     assert len(found) == 3, found
     task, thread, process = sorted(found, key=lambda f: ("task" not in f, "thread" not in f))
@@ -1216,7 +1228,7 @@ def test_what_a_plugin_leaves_running_at_load_is_reported_once_by_the_dispose_ch
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
-@pytest.mark.parametrize("check", ["check_dispose", "check_abort", "check_example_calls", "check_typed_errors"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_check_reports_what_its_calls_leave_running_apart_from_what_was_left_at_load(
     load_leak: Target, check: str
 ) -> None:
@@ -1224,7 +1236,7 @@ def test_a_check_reports_what_its_calls_leave_running_apart_from_what_was_left_a
     kills the processes left at load all the same."""
     before = set(checks._descendants())
     found = getattr(checks, check)(load_leak)
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     when = LEFTOVERS_WHEN[name]
     calls = [f for f in found if not any(leftover in f.split("\n")[0] for leftover in LOAD_LEFTOVERS)]
     assert len(calls) == 3, found
@@ -1280,7 +1292,7 @@ def test_a_check_that_looks_for_no_leftovers_still_kills_the_processes_left_at_l
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="processes are found through /proc")
-@pytest.mark.parametrize("check", ["check_dispose", "check_abort", "check_example_calls", "check_typed_errors"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
     monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
@@ -1299,7 +1311,7 @@ def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
     monkeypatch.setattr(loader, "find_entry_point", lambda name: entry_point)
     monkeypatch.setattr(checks, "QUIESCENCE_GRACE_S", 0.2)
     found = getattr(checks, check)(Target("grandchildren"))
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     when = LEFTOVERS_WHEN[name]
     pids = []
     for tool, command in (
@@ -1319,7 +1331,7 @@ def test_grandchild_processes_a_body_leaves_behind_are_reported_and_killed(
     assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
 
 
-@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", LIMIT_CHECKS)
 def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit(
     monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
@@ -1345,7 +1357,7 @@ def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit
     runner.start()
     runner.join(30)  # a hang guard: bounded, the check takes a few seconds at most
     assert not runner.is_alive(), f"{check} still waits for a call that never returns"
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     what = {
         "example-calls": 'examples[0] {"q": "forever"}',
         "typed-errors": 'called with {"q": "forever"}',
@@ -1367,7 +1379,7 @@ def test_a_call_that_never_returns_is_aborted_and_reported_within_the_call_limit
     assert all("the call did not return within 0.2 s" in f for f in found), found
 
 
-@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose", "check_abort"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_body_that_swallows_cancellation_fails_the_check_without_hanging_it(
     monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
@@ -1396,7 +1408,7 @@ def test_a_body_that_swallows_cancellation_fails_the_check_without_hanging_it(
     runner.start()
     runner.join(30)  # a hang guard: bounded, the check takes a second or two
     assert not runner.is_alive(), f"{check} still waits for a body that swallows its cancellation"
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     (found,) = outcome[0]
     prefix = f'[dsh:{name}] plugin "swallows-cancel", tool "stubborn": '
     assert found.startswith(prefix), found
@@ -1585,14 +1597,14 @@ STRAY_ASK = "the approval ask of call "
 BODY_BLAME = ("ctx.signal", "a body that goes on")
 
 
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_call_waiting_for_an_approval_nobody_gives_is_blamed_on_the_ask_not_the_body(
     fixture_plugins: None, check: str
 ) -> None:
     """The plugin asks before its tool runs, and its channel never answers: the body never runs. The kit said the
     call was still running after its signal was aborted (the abort check never aborted it: it aborts on entering
     the body) and told the author to make the body honour ctx.signal."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target("unanswered-ask", abort_bound_s=0.1))
     if name == "abort":
         prefix = (
@@ -1635,7 +1647,7 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
     monkeypatch.setattr(checks, "load_plugin", load)
     # What the kit waits past the runtime's grace: a margin of 1 s, wide enough for a loaded machine.
     monkeypatch.setattr(checks, "STUCK_GRACE_S", 1.0)
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target("deaf-ask", abort_bound_s=0.1))
     assert graces and set(graces) == {APPROVAL_GRACE_S}  # the kit's runtime has the runtime's own grace
     calls = [f for f in found if f.startswith(f'[dsh:{name}] plugin "deaf-ask", tool "gated": ') and STRAY_ASK not in f]
@@ -1662,7 +1674,7 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
 def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: None, check: str) -> None:
     """A guard that never returns holds the call before its body: the kit told the author to make the body honour
     ctx.signal, though it never ran."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     (found,) = _bounded(check, Target("held-by-guard", abort_bound_s=0.1))
     if name == "abort":
         prefix = (
@@ -1692,7 +1704,7 @@ def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_i
     """The ask was answered, but an approval observer (dsh_approval_resolved) never returns: the call is held before
     its body, after its pre-execute hooks. The kit named a pre-execute hook, a guard or an around-dispatch
     middleware, and told the author to fix those, never the observer that held the call."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     (found,) = _bounded(check, Target("held-by-approval-observer", abort_bound_s=0.1))
     assert found.startswith(f'[dsh:{name}] plugin "held-by-approval-observer", tool "observed": '), found
     assert "an approval observer (dsh_approval_resolved)" in found, found
@@ -1727,6 +1739,15 @@ def _call_failures(found: list[str], name: str, plugin: str, tool: str) -> list[
     ]
 
 
+def _each_call(found: list[str], name: str, plugin: str, tool: str) -> list[str]:
+    """The failures of ``found`` reporting a call of ``tool`` (:func:`_call_failures`), asserted to be all of
+    ``found``, one per call the check makes: typed-errors calls examples[0] and its two variants (``x`` zeroed and
+    negated), the others examples[0] alone."""
+    calls = _call_failures(found, name, plugin, tool)
+    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    return calls
+
+
 @pytest.mark.parametrize(
     "plugin",
     [
@@ -1736,14 +1757,14 @@ def _call_failures(found: list[str], name: str, plugin: str, tool: str) -> list[
         "held-by-detached-middleware-after-proceed",
     ],
 )
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_call_held_after_its_body_returned_is_blamed_on_what_held_it_not_the_body(
     fixture_plugins: None, check: str, plugin: str
 ) -> None:
     """The body returned at once, then a post-execute hook, a result observer or a middleware (also one that ran
     proceed in a task of its own) never returns: the kit said the body did not honour ctx.signal (or was still
     running after its abort), though it had returned. The spy, not the call's context, says the body ended."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     if name == "abort":
         expected = (
@@ -1757,24 +1778,22 @@ def test_a_call_held_after_its_body_returned_is_blamed_on_what_held_it_not_the_b
             f"within 0.2 s: it was held after its body ({AFTER_BODY}), which had returned already (it was "
             f"still running 0.2 s after its signal was aborted, and was cancelled)\n    fix: {AFTER_FIX}; "
         )
-    calls = _call_failures(found, name, plugin, "after")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "after")
     assert all(f.startswith(expected) for f in calls), found
     assert not any(blame in f for f in calls for blame in BODY_BLAME), found
 
 
-@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", LIMIT_CHECKS)
 def test_a_body_that_returns_once_aborted_and_is_then_held_after_it_names_both(
     fixture_plugins: None, check: str
 ) -> None:
     """The body ran past the call's limit and returned once its signal was aborted; a post-execute hook then held
     the call. The kit said only that the call was still running after the abort, and told the author to make the
     body honour ctx.signal, which it did: the body is named for its slowness, and what held the call after it."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     plugin = "aborted-then-held-by-post-execute"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    calls = _call_failures(found, name, plugin, "after")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "after")
     expected = (
         f'[dsh:{name}] plugin "{plugin}", tool "after": {CALL_WHAT[name]}the call did not return within '
         f"0.2 s: it was held by its body, which had not returned (its body returned once its signal was "
@@ -1933,7 +1952,7 @@ def test_a_pre_aborted_call_whose_body_ran_anyway_and_blocked_the_loop_is_named_
     assert "the body ran although the call was aborted before dispatch" in ran, ran
 
 
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_runs_the_body(
     fixture_plugins: None, check: str
 ) -> None:
@@ -1941,11 +1960,10 @@ def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_r
     the spy's count grew while the kit's call was held, so the kit took that call as entered and blamed its body
     (the abort check even aborted it as the other call's body was entered). Whether a call entered its body is
     judged by its own call id."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     plugin = "own-call-while-held"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    calls = _call_failures(found, name, plugin, "held")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "held")
     if name == "abort":
         expected = (
             f'[dsh:abort] plugin "{plugin}", tool "held": the call did not return within 0.3 s: it was held '
@@ -2001,7 +2019,7 @@ def test_a_call_whose_body_waits_on_a_nested_call_in_its_ask_is_blamed_on_its_bo
     nested call's ask marked the kit's call as asking (the watch is in the context the nested call inherits), and the
     kit said the kit's call waited for an approval ask "so the body never ran", with the channel's fix, though the
     body ran and is what ignores the abort. Only the call's own ask marks it."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target("nested-ask"))
     (outer,) = _call_failures(found, name, "nested-ask", "outer")
     assert outer.startswith(
@@ -2056,16 +2074,14 @@ FINALIZE_FIX = (
 )
 
 
-@pytest.mark.parametrize(
-    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
-)
+@pytest.mark.parametrize("check", CALLING_CHECKS)
 def test_a_call_held_by_a_finalize_content_that_blocks_the_loop_names_it(fixture_plugins: None, check: str) -> None:
     """The body returns at once; the tool's finalize_content (synchronous, run after post-execute, for a call aborted
     before dispatch too) then blocks the event loop for 0.6 s, past the abort bound and the call limit. The abort check
     said the body kept the event loop busy, and told the author to fix the body; the checks that bound each call
     reported nothing, the loop being blocked past their limit (their timeout only fires once it is free again, and the
     call had returned by then). finalize_content is named, with how long it blocked the loop."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     plugin = "held-by-finalize-content"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
@@ -2077,15 +2093,12 @@ def test_a_call_held_by_a_finalize_content_that_blocks_the_loop_names_it(fixture
         expected = lead + re.escape(CALL_WHAT[name]) + rf"the call did not return within 0\.2 s: {FINALIZE_HELD}"
     expected += r" \(it returned then\)" if name != "abort" else ""
     expected += rf"\n    fix: {re.escape(FINALIZE_FIX)}"
-    calls = _call_failures(found, name, plugin, "finalized")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "finalized")
     _assert_timed(expected, calls)
     assert not any(blame in f for f in calls for blame in BODY_BLAME), found
 
 
-@pytest.mark.parametrize(
-    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
-)
+@pytest.mark.parametrize("check", CALLING_CHECKS)
 def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observer_then_awaits(
     fixture_plugins: None, check: str
 ) -> None:
@@ -2095,7 +2108,7 @@ def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observ
     what kept the call past the limit. Every check gives the stage after it the grace a stuck call gets, before
     aborting it (the call-limit checks aborted it at once, and said it returned "once its signal was aborted", with
     the larger-limit hint), and reports exactly what it reports of a call held by finalize_content that returned."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     plugin = "finalize-then-brief-observer"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
@@ -2113,8 +2126,7 @@ def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observ
             + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \(it returned then\)"
         )
     expected += rf"\n    fix: {re.escape(FINALIZE_FIX)}"
-    calls = _call_failures(found, name, plugin, "finalized")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "finalized")
     _assert_timed(expected, calls)
 
 
@@ -2125,9 +2137,7 @@ AFTER_FINALIZE_FIX = (
 )
 
 
-@pytest.mark.parametrize(
-    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
-)
+@pytest.mark.parametrize("check", CALLING_CHECKS)
 def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_holds_the_call_are_both_named(
     fixture_plugins: None, check: str
 ) -> None:
@@ -2135,7 +2145,7 @@ def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_hol
     abort. Both held the call: finalize_content past the limit (the kit's timeout could not fire), the observer for
     good. The kit blamed the stages after the body; it names finalize_content first, then says the call was held
     after it, by a result observer (the only stage after it), with both fixes."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     plugin = "finalize-then-held-by-observer"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
@@ -2166,15 +2176,14 @@ def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_hol
         )
         fix += LARGER_LIMIT
     expected += rf"\n    fix: {re.escape(fix)}"
-    calls = _call_failures(found, name, plugin, "finalized")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "finalized")
     _assert_timed(expected, calls)
 
 
 @pytest.mark.parametrize(
     "plugin", ["blocks-then-blocking-finalize", "blocks-then-blocking-finalize-then-brief-observer"]
 )
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
     fixture_plugins: None, check: str, plugin: str
 ) -> None:
@@ -2185,7 +2194,7 @@ def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
     the grace of a stuck call before the call-limit checks abort the call (they aborted it at once, and said it
     returned "once its signal was aborted", with the larger-limit hint): the call is reported as returned, either way
     alike."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
     if name == "abort":
@@ -2201,8 +2210,7 @@ def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
             + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and {by_finalize} \(it returned then\)"
         )
     expected += rf"\n    fix: {re.escape(f'{BLOCKING_BODY_FIX}; and {FINALIZE_FIX}')}"
-    calls = _call_failures(found, name, plugin, "finalized")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "finalized")
     _assert_timed(expected, calls)
 
 
@@ -2218,9 +2226,7 @@ BLOCKING_BODY_FIX = (
 )
 
 
-@pytest.mark.parametrize(
-    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
-)
+@pytest.mark.parametrize("check", CALLING_CHECKS)
 def test_a_call_held_by_a_body_that_blocks_the_loop_names_it(fixture_plugins: None, check: str) -> None:
     """The body blocks the event loop for 0.6 s (time.sleep in async def), past the abort bound and the call limit,
     then returns. Only the abort check said so: the checks that bound each call reported nothing, their timeout
@@ -2235,7 +2241,7 @@ def _assert_blocked_then_returned(check: str, plugin: str) -> None:
     (abort bound 0.1 s, call limit 0.2 s), reports that body as one that blocked past them, and its call as returned
     (the abort check: the abort could not even be delivered), with the fix for blocking work alone; the pre-abort
     check, whose call runs no body, nothing."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     if name == "pre-abort":
         assert found == [], found
@@ -2253,12 +2259,11 @@ def _assert_blocked_then_returned(check: str, plugin: str) -> None:
             + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned then\)"
         )
     expected += rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
-    calls = _call_failures(found, name, plugin, "blocked")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "blocked")
     _assert_timed(expected, calls)
 
 
-@pytest.mark.parametrize("check", ["check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", LIMIT_CHECKS)
 def test_a_body_that_awaits_past_its_blocks_is_not_blamed_for_blocking_the_loop(
     fixture_plugins: None, check: str
 ) -> None:
@@ -2315,15 +2320,13 @@ LARGER_LIMIT = (
 )
 
 
-@pytest.mark.parametrize(
-    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
-)
+@pytest.mark.parametrize("check", CALLING_CHECKS)
 def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fixture_plugins: None, check: str) -> None:
     """The body blocks the event loop for 0.6 s (past the abort bound and the call limit), then awaits 30 s, deaf to
     its signal. The kit's timeout fired only once the loop was free, and the call, still running, took the stuck-call
     path, which said only that the body had not returned: the blocking, what kept the timeout from firing, went
     unnamed. The verdict names both, and both fixes. A call aborted before dispatch runs no body: nothing to report."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     plugin = "blocks-then-awaits"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     if name == "pre-abort":
@@ -2345,14 +2348,11 @@ def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fix
         )
         fix += LARGER_LIMIT
     expected += rf"\n    fix: {re.escape(fix)}"
-    calls = _call_failures(found, name, plugin, "blocked")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "blocked")
     _assert_timed(expected, calls)
 
 
-@pytest.mark.parametrize(
-    "check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose", "check_pre_abort"]
-)
+@pytest.mark.parametrize("check", CALLING_CHECKS)
 def test_a_body_that_blocks_the_loop_then_awaits_briefly_is_reported_as_returned(
     fixture_plugins: None, check: str
 ) -> None:
@@ -2365,7 +2365,7 @@ def test_a_body_that_blocks_the_loop_then_awaits_briefly_is_reported_as_returned
     _assert_blocked_then_returned(check, "blocks-then-brief-await")
 
 
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_the_timeout_fires(
     fixture_plugins: None, check: str
 ) -> None:
@@ -2381,7 +2381,7 @@ def test_a_body_that_blocks_the_loop_is_named_though_the_call_is_past_it_when_th
 @pytest.mark.parametrize(
     "plugin", ["blocks-then-held-by-post-execute", "blocks-then-brief-await-then-held-by-post-execute"]
 )
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_typed_errors", "check_dispose"])
+@pytest.mark.parametrize("check", BODY_CHECKS)
 def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_are_both_named(
     fixture_plugins: None, check: str, plugin: str
 ) -> None:
@@ -2391,7 +2391,7 @@ def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_a
     then says its body had returned before the call was held after it (not "once its signal was aborted": it had
     returned before the kit could abort it), with both fixes. A body that awaits once it freed the loop is given the
     grace of a stuck call first, so what held the call is judged once it has returned: the kit said it had not."""
-    name = check.removeprefix("check_").replace("_", "-")
+    name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
     then = f"its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s"
@@ -2411,8 +2411,7 @@ def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_a
         )
         fix += LARGER_LIMIT
     expected += rf"\n    fix: {re.escape(fix)}"
-    calls = _call_failures(found, name, plugin, "blocked")
-    assert len(calls) == len(found) == (3 if name == "typed-errors" else 1), found
+    calls = _each_call(found, name, plugin, "blocked")
     _assert_timed(expected, calls)
 
 
