@@ -294,28 +294,37 @@ class CommandGroup:
 
     def _signal_member(self, pid: int, signum: int) -> None:
         # Through a pidfd, checked to be in the group after it is opened: a member that ended and
-        # whose pid was reused in between is never signalled.
+        # whose pid was reused in between is never signalled. Where pidfds are refused (ENOSYS before
+        # Linux 5.3, EPERM under an older seccomp profile), checked and then signalled by number: a
+        # pid reused between the two could be signalled, the race every kill had before pidfds.
         pidfd_open = getattr(os, "pidfd_open", None)
         send = getattr(signal, "pidfd_send_signal", None)
-        if pidfd_open is None or send is None:
+        if pidfd_open is not None and send is not None:
+            try:
+                fd = pidfd_open(pid)
+            except ProcessLookupError:  # gone already
+                return
+            except OSError:
+                pass
+            else:
+                try:
+                    if self._inside(pid):
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            send(fd, signum)
+                finally:
+                    os.close(fd)
+                return
+        if self._inside(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
-            return
-        try:
-            fd = pidfd_open(pid)
-        except OSError:
-            return
+
+    def _inside(self, pid: int) -> bool:
+        """Whether ``pid`` is in the group or one below it now."""
         try:
             with open(f"/proc/{pid}/cgroup") as handle:
-                # The group's own path, or one below it.
-                inside = any(f"/{self.name}/" in line.rstrip("\n") + "/" for line in handle)
-            if inside:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    send(fd, signum)
+                return any(f"/{self.name}/" in line.rstrip("\n") + "/" for line in handle)
         except OSError:
-            pass
-        finally:
-            os.close(fd)
+            return False
 
     def kill_now(self) -> None:
         """SIGKILL the group without waiting: v2's ``cgroup.kill`` (the groups below it too), or one v1 round.

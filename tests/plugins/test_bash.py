@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -546,6 +547,40 @@ async def test_what_leaves_the_session_is_killed_with_a_cgroup_and_survives_with
         assert escaped(tmp_path) == ([] if version is not None else pids)
     finally:
         kill_escapes(tmp_path)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="pids are checked through /proc")
+@pytest.mark.parametrize("error", [errno.ENOSYS, errno.EPERM], ids=["ENOSYS", "EPERM"])
+@pytest.mark.parametrize("version", backends())
+async def test_where_pidfds_are_refused_every_member_is_still_killed(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int | None, error: int
+) -> None:
+    """A kernel before 5.3 has no ``pidfd_open`` (ENOSYS), an older container seccomp profile refuses it
+    (EPERM): a member is then checked and signalled by its number, as before pidfds. A job in a process
+    group of its own (reached by the session's kill) and, with a cgroup, what left the session (by the
+    group's kill, v1's rounds signal each member) die with the call, and its group is removed."""
+    only(monkeypatch, version)
+
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    command = "set -m; sleep 300 & echo $! > job.pid; " + (ESCAPES if version is not None else "echo started")
+    try:
+        async with boot(bash(tmp_path)) as h:
+            result = await h.call("bash", {"command": command, "timeout": 30})
+            assert result.code is None, result.text
+            left = our_groups()
+        assert not alive(int((tmp_path / "job.pid").read_text()), settle_s=1.0)
+        assert left == [] and (version is None or escaped(tmp_path) == [])
+    finally:
+        kill_escapes(tmp_path)
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int((tmp_path / "job.pid").read_text()), signal.SIGKILL)
+        for group in our_groups():  # a kill that missed its members left their group (v1: pids.max 0)
+            deadline = time.monotonic() + 5
+            while not cgroups.remove_tree(group) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 @pytest.mark.parametrize("version", [p for p in backends() if p.values[0] is not None])
