@@ -44,6 +44,8 @@ from typing import ClassVar
 
 import attrs
 
+from dsh_core.processes import signal_if
+
 __all__ = [
     "write_file",
     "subtree",
@@ -293,30 +295,7 @@ class CommandGroup:
         return len(pids)
 
     def _signal_member(self, pid: int, signum: int) -> None:
-        # Through a pidfd, checked to be in the group after it is opened: a member that ended and
-        # whose pid was reused in between is never signalled. Where pidfds are refused (ENOSYS before
-        # Linux 5.3, EPERM under an older seccomp profile), checked and then signalled by number: a
-        # pid reused between the two could be signalled, the race every kill had before pidfds.
-        pidfd_open = getattr(os, "pidfd_open", None)
-        send = getattr(signal, "pidfd_send_signal", None)
-        if pidfd_open is not None and send is not None:
-            try:
-                fd = pidfd_open(pid)
-            except ProcessLookupError:  # gone already
-                return
-            except OSError:
-                pass
-            else:
-                try:
-                    if self._inside(pid):
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            send(fd, signum)
-                finally:
-                    os.close(fd)
-                return
-        if self._inside(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
+        signal_if(pid, signum, self._inside)
 
     def _inside(self, pid: int) -> bool:
         """Whether ``pid`` is in the group or one below it now."""

@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 
-__all__ = ["child_pids", "kill_child"]
+__all__ = ["child_pids", "kill_child", "signal_if"]
 
 
 def kill_child(process: asyncio.subprocess.Process) -> None:
@@ -41,3 +42,34 @@ def child_pids(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+def signal_if(pid: int, signum: int, still_ours: Callable[[int], bool]) -> None:
+    """Send ``signum`` to ``pid`` if ``still_ours(pid)`` holds (it is still the process the caller found).
+
+    Through a pidfd opened before ``still_ours`` is asked: the pidfd names that very process, so one that
+    ended and whose pid was reused in between is never signalled. Where pidfds are refused (ENOSYS: a
+    kernel before 5.3; EPERM: an older container seccomp profile; a Python built without them), asked and
+    then signalled by number: a pid reused between the two could be signalled, the race every kill had
+    before pidfds. A process that is gone, or that this one may not signal, is left alone.
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    if pidfd_open is not None and send is not None:
+        try:
+            fd = pidfd_open(pid)
+        except ProcessLookupError:  # gone already
+            return
+        except OSError:
+            pass  # no pidfd to be had: by number, below
+        else:
+            try:
+                if still_ours(pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        send(fd, signum)
+            finally:
+                os.close(fd)
+            return
+    if still_ours(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)

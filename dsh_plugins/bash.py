@@ -66,6 +66,7 @@ from typing import Any
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 from dsh_core.cgroups import CommandCgroups, CommandGroup
 from dsh_core.config import has_url_credentials, looks_like_secret_name
+from dsh_core.processes import signal_if
 from dsh_core.textcut import left_out_marker
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
@@ -529,32 +530,8 @@ def _adopts_orphans() -> bool:
 
 
 def _signal_member(pid: int, session: int, signum: int) -> None:
-    """Signal ``pid`` if it is (still) in ``session``: through a pidfd, checked after it is opened,
-    so a pid that ended and was reused in between is never signalled. Where pidfds are refused
-    (ENOSYS before Linux 5.3, EPERM under an older seccomp profile), checked and then signalled by
-    number: a pid reused between the two could be signalled, the race every kill had before pidfds."""
-    pidfd_open = getattr(os, "pidfd_open", None)
-    send = getattr(signal, "pidfd_send_signal", None)
-    if pidfd_open is not None and send is not None:
-        try:
-            fd = pidfd_open(pid)
-        except ProcessLookupError:  # gone already
-            return
-        except OSError:
-            pass
-        else:
-            try:
-                ids = _stat_ids(str(pid))
-                if ids is not None and ids[1] == session:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        send(fd, signum)
-            finally:
-                os.close(fd)
-            return
-    ids = _stat_ids(str(pid))
-    if ids is not None and ids[1] == session:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
+    """Signal ``pid`` if it is (still) in ``session`` (see :func:`dsh_core.processes.signal_if`)."""
+    signal_if(pid, signum, lambda member: (ids := _stat_ids(str(member))) is not None and ids[1] == session)
 
 
 async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell, group: CommandGroup | None) -> None:

@@ -1,14 +1,18 @@
-"""``kill_child``: SIGKILL a child of asyncio without reaping it behind the child watcher's back."""
+"""``kill_child``: SIGKILL a child of asyncio without reaping it behind the child watcher's back; the pidfd-checked
+signal."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
 
-from dsh_core.processes import kill_child
+from dsh_core.processes import kill_child, signal_if
 
 pytestmark = pytest.mark.anyio
 
@@ -30,3 +34,48 @@ async def test_a_child_that_has_exited_is_left_alone(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(os, "kill", lambda pid, signum: signalled.append((pid, signum)))
     kill_child(process)
     assert signalled == []  # its pid may be another process's by now
+
+
+@pytest.mark.parametrize("pidfds", ["usable", "ENOSYS", "EPERM"])
+def test_signal_if_signals_only_what_is_still_ours_with_or_without_pidfds(
+    monkeypatch: pytest.MonkeyPatch, pidfds: str
+) -> None:
+    """The check decides, through a pidfd or, where pidfds are refused (a kernel before 5.3, a seccomp
+    profile), by number: a process not ours is never signalled, one that is is."""
+    if pidfds != "usable":
+        refused = getattr(errno, pidfds)
+
+        def pidfd_open(pid: int, flags: int = 0) -> int:
+            raise OSError(refused, os.strerror(refused))
+
+        monkeypatch.setattr(os, "pidfd_open", pidfd_open, raising=False)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        asked: list[int] = []
+
+        def not_ours(pid: int) -> bool:
+            asked.append(pid)
+            return False
+
+        signal_if(child.pid, signal.SIGKILL, not_ours)
+        assert asked == [child.pid] and child.poll() is None
+        signal_if(child.pid, signal.SIGKILL, lambda pid: True)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_signal_if_asks_nothing_of_a_process_that_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    def gone(pid: int, flags: int = 0) -> int:
+        raise ProcessLookupError(errno.ESRCH, "No such process")
+
+    monkeypatch.setattr(os, "pidfd_open", gone, raising=False)
+    asked: list[int] = []
+
+    def ours(pid: int) -> bool:
+        asked.append(pid)
+        return True
+
+    signal_if(123456789, signal.SIGKILL, ours)
+    assert asked == []  # never signalled by number: the number may be another process's by now
