@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 from collections.abc import Callable
+from typing import Final
 
-__all__ = ["child_pids", "kill_child", "signal_if"]
+__all__ = ["child_pids", "kill_child", "signal_if", "is_child_subreaper", "set_child_subreaper"]
+
+#: prctl options (linux/prctl.h): a child subreaper adopts its descendants' orphans instead of init.
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_GET_CHILD_SUBREAPER: Final = 37
 
 
 def kill_child(process: asyncio.subprocess.Process) -> None:
@@ -73,3 +80,29 @@ def signal_if(pid: int, signum: int, still_ours: Callable[[int], bool]) -> None:
     if still_ours(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
+
+
+def _prctl(option: int, argument: int | ctypes.c_int) -> bool:
+    """``prctl(option, argument)`` (an int, or a ``c_int`` passed by reference); whether it succeeded."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = ctypes.byref(argument) if isinstance(argument, ctypes.c_int) else ctypes.c_ulong(argument)
+        return bool(libc.prctl(option, value, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0)
+    except (OSError, AttributeError):  # no libc prctl to call
+        return False
+
+
+def is_child_subreaper() -> bool:
+    """Whether this process is a child subreaper: the orphans of its descendants are reparented to it.
+
+    False off Linux and where prctl cannot be asked (the safe side for a caller that would wait for them).
+    """
+    flag = ctypes.c_int(0)
+    return _prctl(_PR_GET_CHILD_SUBREAPER, flag) and flag.value != 0
+
+
+def set_child_subreaper(enabled: bool) -> bool:
+    """Make this process a child subreaper, or no longer one (Linux); whether prctl did it."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, int(enabled))

@@ -54,19 +54,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 from dsh_core.cgroups import CommandCgroups, CommandGroup
 from dsh_core.config import has_url_credentials, looks_like_secret_name
-from dsh_core.processes import signal_if
+from dsh_core.processes import is_child_subreaper, signal_if
 from dsh_core.textcut import left_out_marker
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
@@ -508,25 +506,9 @@ def _is_zombie_child(pid: int, me: int) -> bool:
         return False
 
 
-#: prctl option (linux/prctl.h): whether the calling process is a child subreaper.
-_PR_GET_CHILD_SUBREAPER = 37
-
-
 def _adopts_orphans() -> bool:
     """True when the processes whose parent ends are reparented to dsh: it is PID 1 or a child subreaper (Linux)."""
-    if os.getpid() == 1:
-        return True
-    if not sys.platform.startswith("linux"):
-        return False
-    flag = ctypes.c_int(0)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = libc.prctl(
-            _PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
-        )
-    except (OSError, AttributeError):  # no prctl to ask: the seen members are left alone, as the safe side
-        return False
-    return ok == 0 and flag.value != 0
+    return os.getpid() == 1 or is_child_subreaper()
 
 
 def _signal_member(pid: int, session: int, signum: int) -> None:

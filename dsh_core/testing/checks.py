@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import ctypes
 import functools
 import inspect
 import json
@@ -36,7 +35,7 @@ from dsh_core.errors import DshError, ErrorCode
 from dsh_core.hooks import REGISTRATION_HOOKS, SYNC_HOOKS, Hooks
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
-from dsh_core.processes import child_pids
+from dsh_core.processes import child_pids, is_child_subreaper, set_child_subreaper
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.runtime import APPROVAL_GRACE_S
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
@@ -2093,23 +2092,6 @@ def check_typed_errors(target: Target) -> list[str]:
 # -- lifecycle --------------------------------------------------------------------------------------------------
 
 
-#: prctl options (linux/prctl.h): a child subreaper adopts its descendants' orphans instead of init.
-_PR_SET_CHILD_SUBREAPER: Final = 36
-_PR_GET_CHILD_SUBREAPER: Final = 37
-
-
-def _prctl(option: int, argument: int | ctypes.c_int) -> bool:
-    """``prctl(option, argument)`` (an int, or a ``c_int`` passed by reference); whether it succeeded."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        value = ctypes.byref(argument) if isinstance(argument, ctypes.c_int) else ctypes.c_ulong(argument)
-        return bool(libc.prctl(option, value, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 @contextlib.contextmanager
 def _adopting() -> Iterator[None]:
     """This process as a child subreaper meanwhile (Linux; elsewhere, and where refused, nothing changes).
@@ -2119,13 +2101,12 @@ def _adopting() -> Iterator[None]:
     descendant. As a subreaper the kit adopts exactly its own descendants' orphans, no one else's, and
     must reap them (:func:`_end_processes` does). A process that already was a subreaper is left as it was.
     """
-    was = ctypes.c_int(0)
-    enabled = _prctl(_PR_GET_CHILD_SUBREAPER, was) and not was.value and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    enabled = not is_child_subreaper() and set_child_subreaper(True)
     try:
         yield
     finally:
         if enabled:
-            _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+            set_child_subreaper(False)
 
 
 def _claim(owners: dict[int, str], tool: str) -> None:

@@ -1,5 +1,5 @@
 """``kill_child``: SIGKILL a child of asyncio without reaping it behind the child watcher's back; the pidfd-checked
-signal."""
+signal; the child subreaper flag."""
 
 from __future__ import annotations
 
@@ -79,3 +79,17 @@ def test_signal_if_asks_nothing_of_a_process_that_is_gone(monkeypatch: pytest.Mo
 
     signal_if(123456789, signal.SIGKILL, ours)
     assert asked == []  # never signalled by number: the number may be another process's by now
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_the_child_subreaper_flag_is_read_as_it_was_set() -> None:
+    """In a process of its own: the flag set and cleared changes what is read back."""
+    script = (
+        "from dsh_core.processes import is_child_subreaper as get, set_child_subreaper as put; "
+        "print([get(), put(True), get(), put(False), get()])"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "[False, True, True, True, False]", done.stderr
