@@ -61,6 +61,8 @@ import subprocess
 from collections.abc import Coroutine
 from typing import Any
 
+import attrs
+
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 from dsh_core.cgroups import CommandCgroups, CommandGroup
 from dsh_core.config import has_url_credentials, looks_like_secret_name
@@ -472,19 +474,28 @@ def _session_members(session: int) -> list[tuple[int, int]]:
     members = []
     for entry in entries:
         if entry.isdigit():
-            ids = _stat_ids(entry)
-            if ids is not None and ids[1] == session:
-                members.append((int(entry), ids[0]))
+            stat = _stat(entry)
+            if stat is not None and stat.session == session:
+                members.append((int(entry), stat.parent))
     return members
 
 
-def _stat_ids(pid: str) -> tuple[int, int] | None:
-    """The parent pid and session id of ``pid`` from ``/proc/<pid>/stat`` (``None``: gone or unreadable)."""
+@attrs.frozen
+class _Stat:
+    """What dsh reads of a process in ``/proc/<pid>/stat``."""
+
+    state: str  # R, S, D, Z (exited, awaiting its reaping)...
+    parent: int
+    session: int
+
+
+def _stat(pid: int | str) -> _Stat | None:
+    """The state, parent pid and session id of ``pid`` from ``/proc/<pid>/stat`` (``None``: gone or unreadable)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             fields = handle.read().rsplit(b")", 1)[-1].split()  # the name in parentheses may hold anything
-        return int(fields[1]), int(fields[3])
-    except (OSError, IndexError, ValueError):
+        return _Stat(fields[0].decode("ascii"), int(fields[1]), int(fields[3]))
+    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
 
 
@@ -498,12 +509,8 @@ def _is_zombie_child(pid: int, me: int) -> bool:
     elsewhere no member but the shell can be dsh's child. The group was emptied first: every member
     that is still dsh's child is a zombie by then.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[-1].split()
-        return fields[0] == b"Z" and int(fields[1]) == me
-    except (OSError, IndexError, ValueError):
-        return False
+    stat = _stat(pid)
+    return stat is not None and stat.state == "Z" and stat.parent == me
 
 
 def _adopts_orphans() -> bool:
@@ -513,7 +520,7 @@ def _adopts_orphans() -> bool:
 
 def _signal_member(pid: int, session: int, signum: int) -> None:
     """Signal ``pid`` if it is (still) in ``session`` (see :func:`dsh_core.processes.signal_if`)."""
-    signal_if(pid, signum, lambda member: (ids := _stat_ids(str(member))) is not None and ids[1] == session)
+    signal_if(pid, signum, lambda member: (stat := _stat(member)) is not None and stat.session == session)
 
 
 async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell, group: CommandGroup | None) -> None:
