@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import itertools
 import os
 import re
 import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import attrs
 
@@ -56,6 +57,10 @@ __all__ = [
     "CommandCgroups",
     "CommandGroup",
 ]
+
+#: Why a hierarchy refuses a group for good (dsh may not write it, it is read-only or gone, a v2 one has no
+#: ``cgroup.kill``); any other refusal (EAGAIN at ``cgroup.max.descendants``, ENOMEM, ENOSPC) may pass.
+_LASTING_REFUSALS: Final = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.EOPNOTSUPP})
 
 #: Seconds a v1 group's SIGKILL rounds (and a v2 group's emptying after ``cgroup.kill``) may take.
 KILL_WITHIN_S = 2.0
@@ -223,7 +228,7 @@ class CommandGroup:
         os.mkdir(self.path)
         if hierarchy.version == 2 and not os.path.exists(os.path.join(self.path, "cgroup.kill")):
             os.rmdir(self.path)  # a kernel before 5.14: no way to kill the group whole
-            raise OSError(f"{hierarchy.parent} has no cgroup.kill (Linux 5.14 or later is needed)")
+            raise OSError(errno.EOPNOTSUPP, f"{hierarchy.parent} has no cgroup.kill (Linux 5.14 or later is needed)")
         self.seen: set[int] = set()  # every member ever listed, for the caller to reap
         self.killed = False  # v2: cgroup.kill was written
 
@@ -386,18 +391,26 @@ class CommandCgroups:
     def create(self) -> CommandGroup | None:
         """A new, empty group (``None`` when no hierarchy will make one: the caller goes without).
 
-        A hierarchy that refuses is not asked again by this instance; after :meth:`close` none is made.
+        Asked best first. A hierarchy that refuses for good (:data:`_LASTING_REFUSALS`: not writable, gone,
+        no ``cgroup.kill``) is not asked again by this instance; one that refuses for now (EAGAIN at its
+        ``cgroup.max.descendants``, ENOMEM, ENOSPC) is passed over for this group only. After :meth:`close`
+        none is made.
         """
         self.pending = [group for group in self.pending if not group.remove()]
-        while self.hierarchies and not self.closed:
-            try:
-                group = CommandGroup(self.hierarchies[0], f"{self.prefix}-{os.getpid()}-{next(self._numbers)}")
+        if self.closed:
+            return None
+        for hierarchy in list(self.hierarchies):
+            while True:
+                try:
+                    group = CommandGroup(hierarchy, f"{self.prefix}-{os.getpid()}-{next(self._numbers)}")
+                except FileExistsError:  # left by a dead dsh that had this pid, still busy: the next number
+                    continue
+                except OSError as error:
+                    if error.errno in _LASTING_REFUSALS:
+                        self.hierarchies.remove(hierarchy)
+                    break
                 self.active.append(group)
                 return group
-            except FileExistsError:  # left by a dead dsh that had this pid, still busy: the next number
-                continue
-            except OSError:
-                del self.hierarchies[0]
         return None
 
     def discard(self, group: CommandGroup) -> None:

@@ -1185,3 +1185,60 @@ async def test_a_group_discarded_while_close_kills_it_is_pending_once(tmp_path: 
     await closing
     assert made.pending == ([group] if outlived else []) and made.active == []
     assert os.path.exists(group.path) == outlived
+
+
+def _refuse_mkdir_once(monkeypatch: pytest.MonkeyPatch, error: int, where: Path) -> None:
+    """``os.mkdir`` in ``where`` fails once with ``error``, then works; a group made in a fake v2 hierarchy
+    (a directory named ``v2``) gets its ``cgroup.kill``, as the kernel's does."""
+    real = os.mkdir
+    left = [error]
+
+    def mkdir(path: str, *args: Any, **kwargs: Any) -> None:
+        if left and os.path.dirname(path) == str(where):
+            refused = left.pop()
+            raise OSError(refused, os.strerror(refused), path)
+        real(path, *args, **kwargs)
+        if os.path.basename(os.path.dirname(path)) == "v2":
+            Path(path, "cgroup.kill").touch()
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+@pytest.mark.parametrize("error", [errno.EAGAIN, errno.EMFILE, errno.ENOSPC, errno.ENOMEM], ids=errno.errorcode.get)
+def test_a_passing_refusal_costs_one_call_its_group_not_every_later_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int
+) -> None:
+    """A group refused for now (EAGAIN at ``cgroup.max.descendants``, a full table) leaves that call without
+    one, or in the next hierarchy; the hierarchy is asked again at the next call, not given up for good."""
+    best, other = tmp_path / "v2", tmp_path / "v1"
+    best.mkdir()
+    other.mkdir()
+    alone = CommandCgroups("dsh-bash", [Hierarchy(str(other), 1)])
+    _refuse_mkdir_once(monkeypatch, error, other)
+    assert alone.create() is None
+    group = alone.create()
+    assert group is not None and os.path.isdir(group.path) and alone.hierarchies == [Hierarchy(str(other), 1)]
+    both = CommandCgroups("dsh-bash", [Hierarchy(str(best), 2), Hierarchy(str(other), 1)])
+    _refuse_mkdir_once(monkeypatch, error, best)
+    first, second = both.create(), both.create()
+    assert first is not None and first.hierarchy.version == 1
+    assert second is not None and second.hierarchy.version == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, None],
+    ids=lambda e: errno.errorcode.get(e, "no-kill"),
+)
+def test_a_lasting_refusal_gives_the_hierarchy_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int | None
+) -> None:
+    """A hierarchy dsh may not write (or that is gone, or a v2 one without ``cgroup.kill``, ``None`` here) is not
+    asked again: the calls go to the next one, or without a group."""
+    if error is None:
+        made = CommandCgroups("dsh-bash", [Hierarchy(str(tmp_path), 2)])  # no cgroup.kill in its groups
+    else:
+        made = CommandCgroups("dsh-bash", [Hierarchy(str(tmp_path), 1)])
+        _refuse_mkdir_once(monkeypatch, error, tmp_path)
+    assert made.create() is None and made.hierarchies == []
+    assert made.create() is None and os.listdir(tmp_path) == []
