@@ -330,15 +330,16 @@ class CommandGroup:
                 write_file(os.path.join(group, "pids.max"), "0")
         self.signal(signal.SIGKILL)
 
-    async def kill(self, within_s: float = KILL_WITHIN_S) -> bool:
-        """SIGKILL every member until none is left, then delete the group, within ``within_s``; True when gone.
+    async def kill(self, within_s: float | None = None) -> bool:
+        """SIGKILL every member until none is left, then delete the group, within ``within_s`` (by default
+        :data:`KILL_WITHIN_S`, read at the call); True when gone.
 
         No member can fork once the kill began (v2's ``cgroup.kill``; v1's ``pids.max`` of 0); v1's
         rounds go on until a listing is empty all the same (a process moved in from outside). Either
         way a member that is no longer listed may still be exiting, and the group's removal waits for that.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_s
+        deadline = loop.time() + (KILL_WITHIN_S if within_s is None else within_s)
         self.kill_now()
         while True:
             if not self.members() and self.remove():
