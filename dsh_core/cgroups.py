@@ -4,11 +4,11 @@ The runtime's per-run memory + pids groups live in :mod:`dsh_core.coderuntime.is
 share with the per-command groups here is the writing, and the sweep of groups left by a dsh that
 died (:func:`sweep_stale`: their names carry the owner's pid).
 
-A per-command group (:class:`CommandCgroups`) follows every process a command starts, whatever
-session or process group it moves to (``setsid``, a double-forking daemon), so that killing the group
-kills all of it. The command may make groups inside its own and move processes there (a dsh run
-through ``bash`` does): the group is a tree, killed whole and removed bottom-up. Two kinds of
-hierarchy are used, best first:
+A per-command group (:class:`CommandGroup`, made by :class:`CommandCgroups`) follows every process a
+command starts, whatever session or process group it moves to (``setsid``, a double-forking daemon),
+so that killing the group kills all of it. The command may make groups inside its own and move
+processes there (a dsh run through ``bash`` does): the group is a tree, killed whole and removed
+bottom-up. Two kinds of hierarchy are used, best first:
 
 * cgroup v2 (a pure v2 host, or the ``unified`` mount of a hybrid one), with ``cgroup.kill``
   (Linux 5.14): the group is made under dsh's own v2 group, and one write kills every member of
@@ -16,7 +16,7 @@ hierarchy are used, best first:
 * the v1 ``pids`` hierarchy: the group is made under dsh's own pids group (so dsh's pids limit holds
   for the command too); v1 has no ``cgroup.kill``: ``pids.max`` is set to 0 throughout the tree (no
   member forks from then on), then SIGKILL rounds over the ``cgroup.procs`` of every group of the
-  tree go on until they are all empty, within a bound.
+  tree go on until they are all empty, within a bound (:data:`KILL_WITHIN_S`, 2 s).
 
 The command joins its group itself, between fork and exec (:meth:`CommandGroup.joiner`). A group
 still busy after its kill is kept and removed later (:meth:`CommandCgroups.discard`,

@@ -11,29 +11,17 @@ of the command kills the whole process group and, on Linux (found through
 ``/proc``), every other process of the command's session: a job that moved to a
 group of its own (``timeout``, a job under ``set -m``) is killed too.
 
-Where dsh can write a cgroup hierarchy (cgroup v2 with ``cgroup.kill``; else the v1 ``pids``
-hierarchy, where the group is made inside dsh's own pids group, so dsh's pids limit holds for the
-command too: as root, or in a delegated v2 subtree), each command also runs in a fresh cgroup of
-its own (:mod:`dsh_core.cgroups`). The spawned process joins it itself, between fork and exec: the
-command is in it from its first instruction, and its environment and the error of a shell that
-cannot start (``could not start SHELL: ...``) are what they are without a cgroup; a join the host
-refuses runs the command outside the group. The same three ends kill everything in the group and
-in the groups the command made inside it (a dsh run through ``bash`` makes some), a process that
-started a session of its own (``setsid``, a double-forking daemon) included: one ``cgroup.kill``
-(v2), or SIGKILL rounds once ``pids.max`` is 0 throughout the tree (v1), for at most 2 s. The
-group is then removed with the groups inside it, bottom-up; one not empty by then (a kill cut short
-by a second cancellation) is kept, its removal retried at the next call, and it is killed and removed when the plugin
-ends, as are the groups of the calls still running then; a call that starts after that is refused
-(``the bash plugin is shutting down``), not run without a group. The first time the plugin loads in a
-process, the groups a dsh that no longer runs left where this one makes its own are removed, with
-the groups inside them, where no process is left in them; of such a tree that still holds a process,
-the groups with no process and no group inside them (nothing is killed). The join is a ``preexec_fn``:
-each spawn is then a ``fork`` (not a ``vfork``) that copies dsh's page tables on the event loop's
-thread (about 1 ms per 50 MiB of dsh's memory), and under ``vm.overcommit_memory=2`` a large dsh may
-fail to start the command (``could not start ...: Cannot allocate memory``). So nothing the
-command started in the background outlives the call, but what a command running as root moves out
-of its group. Without a writable hierarchy, what started a session of its own does (where dsh is
-PID 1 or a subreaper, the killed processes became dsh's children, and it reaps them).
+Where dsh can write a cgroup hierarchy (cgroup v2 with ``cgroup.kill``, else the v1 ``pids`` one:
+as root, or in a delegated v2 subtree), each command also runs in a fresh cgroup of its own, joined
+between fork and exec, and the same three ends kill everything in it and in the groups the command
+made inside it: a process that started a session of its own (``setsid``, a double-forking daemon)
+dies with the call too. How the group is joined and what that costs each spawn, how it is killed and
+within what bound, and how a group still busy after its kill, or left by a dsh that died, is removed:
+the README's ``bash`` row, and :mod:`dsh_core.cgroups` in full. The plugin's end kills and removes
+the groups left; a call that starts after that is refused (``the bash plugin is shutting down``), not
+run without a group. Without a writable hierarchy, what started a session of its own outlives the
+call (where dsh is PID 1 or a subreaper, the killed processes became dsh's children, and it reaps
+them); with one, only what a command running as root moves out of its group does.
 
 This is not a sandbox: the command runs as dsh's own user, with its files
 and its processes. A command running as root can move itself out of its cgroup, and the allowlist
@@ -446,8 +434,9 @@ def _signal_group(transport: asyncio.SubprocessTransport, signum: int, group: Co
     can move to a group of its own without leaving the session (``timeout`` does, and so does
     every job under ``set -m``), so the group alone is not enough; the session's other members are
     found through ``/proc`` (Linux; elsewhere only the group is signalled). Only ``setsid`` leaves
-    the session, and only the command's cgroup follows it, where there is one (``group``; SIGKILL
-    empties it with :meth:`CommandGroup.kill` afterwards, this is one pass).
+    the session, and only the command's cgroup follows it, where there is one (``group``). SIGKILL is
+    :meth:`CommandGroup.kill_now`: on v2 the whole kill (one ``cgroup.kill``), on v1 one round, which
+    :meth:`CommandGroup.kill` afterwards repeats until the group is empty.
     """
     leader = transport.get_pid()
     with contextlib.suppress(ProcessLookupError, PermissionError):
