@@ -11,7 +11,17 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["child_pids", "kill_child", "signal_if", "is_child_subreaper", "set_child_subreaper"]
+import attrs
+
+__all__ = [
+    "child_pids",
+    "kill_child",
+    "signal_if",
+    "ProcStat",
+    "proc_stat",
+    "is_child_subreaper",
+    "set_child_subreaper",
+]
 
 #: prctl options (linux/prctl.h): a child subreaper adopts its descendants' orphans instead of init.
 _PR_SET_CHILD_SUBREAPER: Final = 36
@@ -49,6 +59,28 @@ def child_pids(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+@attrs.frozen
+class ProcStat:
+    """What dsh reads of a process in ``/proc/<pid>/stat``."""
+
+    #: R, S, D..., Z (exited, awaiting its reaping), X (being reaped).
+    state: str
+    #: The parent's pid.
+    parent: int
+    #: The session id.
+    session: int
+
+
+def proc_stat(pid: int | str) -> ProcStat | None:
+    """The state, parent pid and session id of ``pid`` from ``/proc/<pid>/stat`` (``None``: gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[-1].split()  # the name in parentheses may hold anything
+        return ProcStat(fields[0].decode("ascii"), int(fields[1]), int(fields[3]))
+    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
 
 
 def signal_if(pid: int, signum: int, still_ours: Callable[[int], bool]) -> None:

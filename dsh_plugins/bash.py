@@ -49,12 +49,10 @@ import subprocess
 from collections.abc import Coroutine
 from typing import Any
 
-import attrs
-
 from dsh_core import AbortedError, Scope, ToolContext, ToolError, define_tool, hookimpl, plugin
 from dsh_core.cgroups import CommandCgroups, CommandGroup
 from dsh_core.config import has_url_credentials, looks_like_secret_name
-from dsh_core.processes import is_child_subreaper, signal_if
+from dsh_core.processes import is_child_subreaper, proc_stat, signal_if
 from dsh_core.textcut import left_out_marker
 
 __all__ = ["plugin", "BashTool", "build_environment", "looks_like_credential"]
@@ -463,29 +461,10 @@ def _session_members(session: int) -> list[tuple[int, int]]:
     members = []
     for entry in entries:
         if entry.isdigit():
-            stat = _stat(entry)
+            stat = proc_stat(entry)
             if stat is not None and stat.session == session:
                 members.append((int(entry), stat.parent))
     return members
-
-
-@attrs.frozen
-class _Stat:
-    """What dsh reads of a process in ``/proc/<pid>/stat``."""
-
-    state: str  # R, S, D, Z (exited, awaiting its reaping)...
-    parent: int
-    session: int
-
-
-def _stat(pid: int | str) -> _Stat | None:
-    """The state, parent pid and session id of ``pid`` from ``/proc/<pid>/stat`` (``None``: gone or unreadable)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[-1].split()  # the name in parentheses may hold anything
-        return _Stat(fields[0].decode("ascii"), int(fields[1]), int(fields[3]))
-    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
-        return None
 
 
 def _is_zombie_child(pid: int, me: int) -> bool:
@@ -498,7 +477,7 @@ def _is_zombie_child(pid: int, me: int) -> bool:
     elsewhere no member but the shell can be dsh's child. The group was emptied first: every member
     that is still dsh's child is a zombie by then.
     """
-    stat = _stat(pid)
+    stat = proc_stat(pid)
     return stat is not None and stat.state == "Z" and stat.parent == me
 
 
@@ -509,7 +488,7 @@ def _adopts_orphans() -> bool:
 
 def _signal_member(pid: int, session: int, signum: int) -> None:
     """Signal ``pid`` if it is (still) in ``session`` (see :func:`dsh_core.processes.signal_if`)."""
-    signal_if(pid, signum, lambda member: (stat := _stat(member)) is not None and stat.session == session)
+    signal_if(pid, signum, lambda member: (stat := proc_stat(member)) is not None and stat.session == session)
 
 
 async def _kill_group(transport: asyncio.SubprocessTransport, shell: _Shell, group: CommandGroup | None) -> None:

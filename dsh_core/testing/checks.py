@@ -35,7 +35,7 @@ from dsh_core.errors import DshError, ErrorCode
 from dsh_core.hooks import REGISTRATION_HOOKS, SYNC_HOOKS, Hooks
 from dsh_core.lossless import JSON, find_loss, freeze, thaw
 from dsh_core.model import ToolContext, ToolDefinition, ToolExecutionInput, ToolResult, converter
-from dsh_core.processes import child_pids, is_child_subreaper, set_child_subreaper
+from dsh_core.processes import child_pids, is_child_subreaper, proc_stat, set_child_subreaper, signal_if
 from dsh_core.registry import TOOL_NAME_PATTERN, TRANSPORT_NAME
 from dsh_core.runtime import APPROVAL_GRACE_S
 from dsh_core.schema import check_schema, compile_validator, format_violations, violations
@@ -2136,20 +2136,10 @@ def _descendants() -> dict[int, int]:
     return found
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """The state letter and the parent pid of ``pid`` (``None`` once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()  # the command, in parentheses, may hold anything
-        return fields[0], int(fields[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _ended(pid: int) -> bool:
     """Whether ``pid`` is gone or a zombie: it exited, and only its parent's wait is missing."""
-    stat = _stat(pid)
-    return stat is None or stat[0] in "ZX"
+    stat = proc_stat(pid)
+    return stat is None or stat.state in "ZX"
 
 
 def _end_processes(before: set[int]) -> None:
@@ -2162,19 +2152,18 @@ def _end_processes(before: set[int]) -> None:
     while True:
         left = False
         for pid in sorted(_descendants().keys() - before):
-            stat = _stat(pid)
+            stat = proc_stat(pid)
             if stat is None:
                 continue
-            state, parent = stat
-            if state not in "ZX":
+            if stat.state not in "ZX":
                 left = True
                 _kill(pid)
-            elif parent == me:
+            elif stat.parent == me:
                 # Ours to reap: a child never waited for, or an orphan adopted as subreaper. A zombie
                 # keeps its pid, so this waits for that very process and no other.
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-                left = left or _stat(pid) is not None
+                left = left or proc_stat(pid) is not None
             else:
                 left = True  # its parent (killed too) has not reaped it yet, or it is about to be adopted
         if not left or time.monotonic() > deadline:
@@ -2183,21 +2172,9 @@ def _end_processes(before: set[int]) -> None:
 
 
 def _kill(pid: int) -> None:
-    """SIGKILL ``pid`` if it is still this process's descendant (through a pidfd where there is one, so a pid
-    reused meanwhile by another process is never signalled)."""
-    try:
-        handle = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        if pid in _descendants():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        return
-    try:
-        if pid in _descendants():  # the pidfd now names the process found, whatever happens to the pid
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(handle, signal.SIGKILL)
-    finally:
-        os.close(handle)
+    """SIGKILL ``pid`` if it is still this process's descendant (:func:`~dsh_core.processes.signal_if`: a pid
+    reused meanwhile by another process is never signalled where there are pidfds)."""
+    signal_if(pid, signal.SIGKILL, lambda found: found in _descendants())
 
 
 def _describe_pid(pid: int) -> str:

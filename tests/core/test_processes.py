@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from dsh_core.processes import kill_child, signal_if
+from dsh_core.processes import ProcStat, kill_child, proc_stat, signal_if
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +93,23 @@ def test_the_child_subreaper_flag_is_read_as_it_was_set() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert done.stdout.strip() == "[False, True, True, True, False]", done.stderr
+
+
+def test_proc_stat_reads_a_process_whose_name_holds_parentheses_and_spaces(tmp_path) -> None:
+    """The name in /proc/<pid>/stat is in parentheses and may hold anything, ") S 1 " included: the fields
+    after it are read from the last parenthesis, for the bash tool's session scan and the kit alike."""
+    tricky = tmp_path / "x) Z 1 2 3 (y"
+    tricky.symlink_to("/bin/sleep")
+    child = subprocess.Popen([str(tricky), "30"], start_new_session=True)
+    try:
+        stat = proc_stat(child.pid)
+        assert stat is not None and stat.state in "RS", stat  # a naive split at the first ")" reads Z, 1, 3
+        assert stat == ProcStat(stat.state, os.getpid(), child.pid)
+        child.kill()
+        child.wait()
+        assert proc_stat(child.pid) is None
+        assert proc_stat("not-a-pid") is None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
