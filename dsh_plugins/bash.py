@@ -17,7 +17,7 @@ between fork and exec, and the same three ends kill everything in it and in the 
 made inside it: a process that started a session of its own (``setsid``, a double-forking daemon)
 dies with the call too. How the group is joined and what that costs each spawn, how it is killed and
 within what bound, and how a group still busy after its kill, or left by a dsh that died, is removed:
-the README's ``bash`` row, and :mod:`dsh_core.cgroups` in full. The plugin's end kills and removes
+the README's "How ``bash`` contains a command", and :mod:`dsh_core.cgroups` in full. The plugin's end kills and removes
 the groups left; a call that starts after that is refused (``the bash plugin is shutting down``), not
 run without a group. Without a writable hierarchy, what started a session of its own outlives the
 call (where dsh is PID 1 or a subreaper, the killed processes became dsh's children, and it reaps
