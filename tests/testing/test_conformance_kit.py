@@ -1748,6 +1748,17 @@ def _each_call(found: list[str], name: str, plugin: str, tool: str) -> list[str]
     return calls
 
 
+def _lead(name: str, plugin: str, tool: str) -> str:
+    """The start of a failure the check ``name`` reports of a call of ``tool`` (a regular expression)."""
+    return re.escape(f'[dsh:{name}] plugin "{plugin}", tool "{tool}": ')
+
+
+def _past_limit(name: str, plugin: str, tool: str) -> str:
+    """The start of what a call-limit check (example-calls, typed-errors, dispose) reports of a call of ``tool``
+    that did not return within the tests' 0.2 s limit, up to what held it (a regular expression)."""
+    return _lead(name, plugin, tool) + re.escape(CALL_WHAT[name]) + r"the call did not return within 0\.2 s: "
+
+
 @pytest.mark.parametrize(
     "plugin",
     [
@@ -1934,7 +1945,7 @@ def test_a_pre_aborted_call_whose_body_ran_anyway_and_blocked_the_loop_is_named_
     monkeypatch.setattr(checks, "load_plugin", load)
     plugin = "held-by-blocking-body"
     held, *others = _bounded("check_pre_abort", Target(plugin))
-    lead = re.escape(f'[dsh:pre-abort] plugin "{plugin}", tool "blocked": ')
+    lead = _lead("pre-abort", plugin, "blocked")
     expected = lead + rf"the call aborted before dispatch did not return within 0\.2 s: {BLOCKING_BODY_HELD}"
     if after_s < 1:
         expected += r" \(it returned then\)" + rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
@@ -2084,13 +2095,13 @@ def test_a_call_held_by_a_finalize_content_that_blocks_the_loop_names_it(fixture
     name = _check_id(check)
     plugin = "held-by-finalize-content"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    lead = _lead(name, plugin, "finalized")
     if name == "abort":
         expected = lead + rf"the call returned {MEASURED} s after its body \(bound: 0\.1 s\): {FINALIZE_HELD}"
     elif name == "pre-abort":
         expected = lead + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD}"
     else:
-        expected = lead + re.escape(CALL_WHAT[name]) + rf"the call did not return within 0\.2 s: {FINALIZE_HELD}"
+        expected = _past_limit(name, plugin, "finalized") + FINALIZE_HELD
     expected += r" \(it returned then\)" if name != "abort" else ""
     expected += rf"\n    fix: {re.escape(FINALIZE_FIX)}"
     calls = _each_call(found, name, plugin, "finalized")
@@ -2111,7 +2122,7 @@ def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observ
     name = _check_id(check)
     plugin = "finalize-then-brief-observer"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    lead = _lead(name, plugin, "finalized")
     if name == "abort":
         expected = lead + rf"the call returned {MEASURED} s after its body \(bound: 0\.1 s\): {FINALIZE_HELD}"
     elif name == "pre-abort":
@@ -2120,11 +2131,7 @@ def test_a_finalize_content_that_blocks_the_loop_is_named_though_a_result_observ
             + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD} \(it returned then\)"
         )
     else:
-        expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \(it returned then\)"
-        )
+        expected = _past_limit(name, plugin, "finalized") + rf"{FINALIZE_HELD} \(it returned then\)"
     expected += rf"\n    fix: {re.escape(FINALIZE_FIX)}"
     calls = _each_call(found, name, plugin, "finalized")
     _assert_timed(expected, calls)
@@ -2148,7 +2155,7 @@ def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_hol
     name = _check_id(check)
     plugin = "finalize-then-held-by-observer"
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    lead = _lead(name, plugin, "finalized")
     then = re.escape(
         f"its finalize_content had returned, but the call was then held after it ({AFTER_FINALIZE}), still running "
         "0.2 s"
@@ -2169,9 +2176,8 @@ def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_hol
         fix += LARGER_LIMIT
     else:
         expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {FINALIZE_HELD} \({then} after the abort, and was "
+            _past_limit(name, plugin, "finalized")
+            + rf"{FINALIZE_HELD} \({then} after the abort, and was "
             + r"cancelled\)"
         )
         fix += LARGER_LIMIT
@@ -2196,7 +2202,7 @@ def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
     alike."""
     name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "finalized": ')
+    lead = _lead(name, plugin, "finalized")
     if name == "abort":
         expected = lead + (
             rf"the body kept the event loop busy for {MEASURED} s without awaiting, so the abort could not even be "
@@ -2205,9 +2211,7 @@ def test_a_body_and_a_finalize_content_that_both_block_the_loop_are_both_named(
     else:
         by_finalize = FINALIZE_HELD.removeprefix("it was held ")
         expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and {by_finalize} \(it returned then\)"
+            _past_limit(name, plugin, "finalized") + rf"{BLOCKING_BODY_HELD}, and {by_finalize} \(it returned then\)"
         )
     expected += rf"\n    fix: {re.escape(f'{BLOCKING_BODY_FIX}; and {FINALIZE_FIX}')}"
     calls = _each_call(found, name, plugin, "finalized")
@@ -2246,18 +2250,14 @@ def _assert_blocked_then_returned(check: str, plugin: str) -> None:
     if name == "pre-abort":
         assert found == [], found
         return
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    lead = _lead(name, plugin, "blocked")
     if name == "abort":
         expected = lead + (
             rf"the body kept the event loop busy for {MEASURED} s without awaiting, so the abort could not even be "
             r"delivered \(bound: 0\.1 s\)"
         )
     else:
-        expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} \(it returned then\)"
-        )
+        expected = _past_limit(name, plugin, "blocked") + rf"{BLOCKING_BODY_HELD} \(it returned then\)"
     expected += rf"\n    fix: {re.escape(BLOCKING_BODY_FIX)}"
     calls = _each_call(found, name, plugin, "blocked")
     _assert_timed(expected, calls)
@@ -2332,7 +2332,7 @@ def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fix
     if name == "pre-abort":
         assert found == [], found
         return
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    lead = _lead(name, plugin, "blocked")
     fix = f"{BLOCKING_BODY_FIX}; and {BODY_FIX}"
     if name == "abort":
         expected = lead + (
@@ -2341,9 +2341,7 @@ def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fix
         )
     else:
         expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD}, and had not returned \(it was still "
+            _past_limit(name, plugin, "blocked") + rf"{BLOCKING_BODY_HELD}, and had not returned \(it was still "
             r"running 0\.2 s after its signal was aborted, and was cancelled\)"
         )
         fix += LARGER_LIMIT
@@ -2393,7 +2391,7 @@ def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_a
     grace of a stuck call first, so what held the call is judged once it has returned: the kit said it had not."""
     name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
-    lead = re.escape(f'[dsh:{name}] plugin "{plugin}", tool "blocked": ')
+    lead = _lead(name, plugin, "blocked")
     then = f"its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s"
     fix = f"{BLOCKING_BODY_FIX}; and {AFTER_FIX}"
     if name == "abort":
@@ -2404,9 +2402,8 @@ def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_a
         )
     else:
         expected = (
-            lead
-            + re.escape(CALL_WHAT[name])
-            + rf"the call did not return within 0\.2 s: {BLOCKING_BODY_HELD} "
+            _past_limit(name, plugin, "blocked")
+            + rf"{BLOCKING_BODY_HELD} "
             + re.escape(f"({then} after the abort, and was cancelled)")
         )
         fix += LARGER_LIMIT
