@@ -1230,33 +1230,46 @@ async def test_a_run_store_refuses_to_write_a_newer_schema_stamped_after_it_open
         await run.close()
 
 
+#: Another program's changes to a dsh database after a store opened it, each with how opening it then is refused.
+#: "column-renamed" leaves the version and the table names as they were, so that SQLite's schema cookie (``PRAGMA
+#: schema_version``) moving is the only sign of it the store can cheaply read.
+_TAKEOVERS: Final[dict[str, tuple[list[str], str]]] = {
+    "tables-replaced": (
+        [
+            "DROP TABLE leases",
+            "DROP TABLE events",
+            "DROP TABLE sessions",
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
+        ],
+        "it has no table 'sessions'",
+    ),
+    "sessions-reshaped": (
+        [
+            "DROP TABLE leases",
+            "DROP TABLE events",
+            "DROP TABLE sessions",
+            "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)",
+        ],
+        "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta",
+    ),
+    "leases-reshaped": (
+        ["DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
+        "its table 'leases' has no column(s) session_id, token, holder, acquired_at",
+    ),
+    "column-renamed": (
+        ["ALTER TABLE events RENAME COLUMN payload TO body"],
+        "its table 'events' has no column(s) payload",
+    ),
+}
+
+
+def _takeovers(*names: str) -> list[object]:
+    """The takeovers ``names`` of :data:`_TAKEOVERS`, as ``(statements, reason)`` parameters named by them."""
+    return [pytest.param(*_TAKEOVERS[name], id=name) for name in names]
+
+
 @pytest.mark.parametrize(
-    ("statements", "reason"),
-    [
-        (
-            [
-                "DROP TABLE leases",
-                "DROP TABLE events",
-                "DROP TABLE sessions",
-                "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
-            ],
-            "it has no table 'sessions'",
-        ),
-        (
-            [
-                "DROP TABLE leases",
-                "DROP TABLE events",
-                "DROP TABLE sessions",
-                "CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT)",
-            ],
-            "its table 'sessions' has no column(s) created_at, updated_at, event_count, meta",
-        ),
-        (
-            ["DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)"],
-            "its table 'leases' has no column(s) session_id, token, holder, acquired_at",
-        ),
-    ],
-    ids=["tables-replaced", "sessions-reshaped", "leases-reshaped"],
+    ("statements", "reason"), _takeovers("tables-replaced", "sessions-reshaped", "leases-reshaped")
 )
 async def test_a_run_store_refuses_to_write_a_database_another_program_made_of_it_after_it_opened(
     tmp_path: Path, statements: list[str], reason: str
@@ -1280,24 +1293,6 @@ async def test_a_run_store_refuses_to_write_a_database_another_program_made_of_i
     assert _dump(path) == before  # nothing written: neither a row nor a table
 
 
-#: Another program's changes to a dsh database after a store opened it, each with how it is refused: one
-#: that takes the file over, and one that leaves the version and the table names as they were, so that
-#: SQLite's schema cookie (``PRAGMA schema_version``) moving is the only sign of it the store can cheaply read.
-_TAKEOVERS: list[tuple[list[str], str]] = [
-    (
-        [
-            "DROP TABLE leases",
-            "DROP TABLE events",
-            "DROP TABLE sessions",
-            "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
-        ],
-        "it has no table 'sessions'",
-    ),
-    (["ALTER TABLE events RENAME COLUMN payload TO body"], "its table 'events' has no column(s) payload"),
-]
-_TAKEOVER_IDS: Final = ["taken-over", "column-renamed"]
-
-
 def _table_names(path: Path) -> list[str]:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -1306,7 +1301,7 @@ def _table_names(path: Path) -> list[str]:
         conn.close()
 
 
-@pytest.mark.parametrize(("statements", "reason"), _TAKEOVERS, ids=_TAKEOVER_IDS)
+@pytest.mark.parametrize(("statements", "reason"), _takeovers("tables-replaced", "column-renamed"))
 async def test_a_read_only_store_refuses_a_file_taken_over_between_two_of_its_reads(
     tmp_path: Path, statements: list[str], reason: str
 ) -> None:
@@ -1398,10 +1393,9 @@ async def test_a_read_only_store_looks_again_after_a_read_that_rolled_back(tmp_p
         assert holder is not None and holder.token == lease.token, holder
         with pytest.raises(SessionNotFoundError):
             await store.load("nope")
-        _execute(path, "DROP TABLE leases", "CREATE TABLE leases (id INTEGER PRIMARY KEY, text TEXT)")
-        foreign = _refused_as_foreign(
-            path, "its table 'leases' has no column(s) session_id, token, holder, acquired_at"
-        )
+        statements, reason = _TAKEOVERS["leases-reshaped"]
+        _execute(path, *statements)
+        foreign = _refused_as_foreign(path, reason)
         for name, call in _READS_AND_RELEASE.items():
             with pytest.raises(SessionStoreError) as caught:
                 await call(store)
@@ -1412,8 +1406,10 @@ async def test_a_read_only_store_looks_again_after_a_read_that_rolled_back(tmp_p
 
 @pytest.mark.parametrize(
     ("statements", "reason"),
-    [([f"PRAGMA user_version={SCHEMA_VERSION + 1}"], None), *_TAKEOVERS],
-    ids=["newer", *_TAKEOVER_IDS],
+    [
+        pytest.param([f"PRAGMA user_version={SCHEMA_VERSION + 1}"], None, id="newer"),
+        *_takeovers("tables-replaced", "column-renamed"),
+    ],
 )
 async def test_a_run_store_refuses_to_read_a_database_taken_over_after_it_opened(
     tmp_path: Path, statements: list[str], reason: str | None
