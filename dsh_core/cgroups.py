@@ -150,7 +150,8 @@ def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | 
 
     ``fstype`` ``cgroup2`` with ``controller`` ``None``: the v2 hierarchy (its ``0::`` line); ``cgroup``
     with a controller: the v1 hierarchy that controller is mounted in (its ``N:a,b:`` line names it, and
-    so do the mount's super options, ``rw,pids``).
+    so do the mount's super options, ``rw,pids``). Of several mounts showing the group, a read-write one
+    is taken before a read-only one, and of those the one whose root is topmost (the first listed among equals).
     """
     try:
         with open(proc_cgroup) as handle:
@@ -170,6 +171,7 @@ def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | 
     )
     if own is None:
         return None
+    shown: list[tuple[bool, int, str]] = []  # (read-only, depth of the mount's root, own group there)
     for fields in mounts:
         dash = fields.index("-") if "-" in fields else -1
         if dash < 0 or fields[dash + 1 : dash + 2] != [fstype]:
@@ -182,8 +184,13 @@ def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | 
         # mount point. The mount point is read, never assumed (/sys/fs/cgroup/pids is only the usual one).
         root, point = _unescape(fields[3]).rstrip("/"), _unescape(fields[4])
         if own == root or own.startswith(root + "/"):
-            return os.path.normpath(os.path.join(point, own[len(root) :].lstrip("/")))
-    return None
+            read_only = "ro" in fields[5].split(",") or "ro" in options.split(",")  # the mount's, the superblock's
+            shown.append(
+                (read_only, root.count("/"), os.path.normpath(os.path.join(point, own[len(root) :].lstrip("/"))))
+            )
+    # The same hierarchy may be mounted more than once (a read-only bind for a container, a subtree): a
+    # writable mount first, then the topmost root; min() keeps the first listed among equals.
+    return min(shown, key=lambda mount: mount[:2])[2] if shown else None
 
 
 def hierarchies(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup") -> list[Hierarchy]:

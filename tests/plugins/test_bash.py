@@ -782,6 +782,37 @@ def test_a_mount_point_or_root_with_a_space_is_read_as_mountinfo_escapes_it(tmp_
     assert found == [Hierarchy(str(point), 1)]
 
 
+def test_of_several_mounts_showing_dshs_group_a_read_write_one_of_the_topmost_root_is_taken(tmp_path: Path) -> None:
+    """The same hierarchy may be mounted more than once (a read-only bind of it for a container, a mount of
+    a subtree): the first listed was taken, a read-only one where a writable one was there too. A read-write
+    mount is taken before a read-only one (per-mount or superblock option), and of those the one whose root
+    is topmost; the first listed only among equals."""
+    mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    points = {name: tmp_path / name for name in ("ro", "sro", "sub", "top", "top2")}
+    for point in points.values():
+        (point / "svc" / "me").mkdir(parents=True)
+        (point / "me").mkdir()
+        for group in (point / "svc" / "me", point / "me"):
+            (group / "cgroup.procs").touch()
+    lines = {
+        "ro": f"39 31 0:36 / {points['ro']} ro,relatime - cgroup cgroup rw,pids\n",  # mounted read-only
+        "sro": f"40 31 0:36 / {points['sro']} rw,relatime - cgroup cgroup ro,pids\n",  # read-only superblock
+        "sub": f"41 31 0:36 /svc {points['sub']} rw,relatime - cgroup cgroup rw,pids\n",  # a subtree
+        "top": f"42 31 0:36 / {points['top']} rw,relatime - cgroup cgroup rw,pids\n",
+        "top2": f"43 31 0:36 / {points['top2']} rw,relatime - cgroup cgroup rw,pids\n",
+    }
+    proc_cgroup.write_text("8:pids:/svc/me\n")
+    expected = [
+        (("ro", "sro", "sub", "top", "top2"), points["top"] / "svc" / "me"),
+        (("ro", "sro", "sub"), points["sub"] / "me"),
+        (("ro", "sro"), points["ro"] / "svc" / "me"),  # read-only alone: the first listed, as before
+    ]
+    for names, group in expected:
+        mountinfo.write_text("".join(lines[name] for name in names))
+        found = cgroups.hierarchies(mountinfo=str(mountinfo), proc_cgroup=str(proc_cgroup))
+        assert found == [Hierarchy(str(group), 1)], names
+
+
 def _mount_point_of(path: str) -> str:
     while not os.path.ismount(path):
         path = os.path.dirname(path)
