@@ -1,7 +1,8 @@
 """cgroup helpers shared by the Code Mode runtime and the ``bash`` tool.
 
 The runtime's per-run memory + pids groups live in :mod:`dsh_core.coderuntime.isolation`; what they
-share with the per-command groups here is the writing, and the sweep of groups left by a dsh that
+share with the per-command groups here is where they are made, in dsh's own group of each hierarchy
+(:func:`own_group`, found through mountinfo), the writing, and the sweep of groups left by a dsh that
 died (:func:`sweep_stale`: their names carry the owner's pid).
 
 A per-command group (:class:`CommandGroup`, made by :class:`CommandCgroups`) follows every process a
@@ -52,6 +53,8 @@ __all__ = [
     "subtree",
     "remove_tree",
     "sweep_stale",
+    "own_group",
+    "writable",
     "Hierarchy",
     "hierarchies",
     "CommandCgroups",
@@ -145,7 +148,12 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda escape: chr(int(escape.group(1), 8)), field)
 
 
-def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | None) -> str | None:
+def own_group(
+    fstype: str,
+    controller: str | None,
+    mountinfo: str = "/proc/self/mountinfo",
+    proc_cgroup: str = "/proc/self/cgroup",
+) -> str | None:
     """The directory of this process's own group in one hierarchy, found through its mount (``None``: none).
 
     ``fstype`` ``cgroup2`` with ``controller`` ``None``: the v2 hierarchy (its ``0::`` line); ``cgroup``
@@ -193,6 +201,11 @@ def _own_group(mountinfo: str, proc_cgroup: str, fstype: str, controller: str | 
     return min(shown, key=lambda mount: mount[:2])[2] if shown else None
 
 
+def writable(group: str) -> bool:
+    """Whether dsh may make groups in ``group`` and move processes into it (write its ``cgroup.procs``)."""
+    return os.access(group, os.W_OK) and os.access(os.path.join(group, "cgroup.procs"), os.W_OK)
+
+
 def hierarchies(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup") -> list[Hierarchy]:
     """The hierarchies dsh can make per-command groups in here, best first (empty: none).
 
@@ -204,8 +217,8 @@ def hierarchies(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/pr
     # v1: in dsh's own pids group, not at the hierarchy's root: its pids limit (a service's) holds for the
     # commands too.
     for version, fstype, controller in ((2, "cgroup2", None), (1, "cgroup", "pids")):
-        own = _own_group(mountinfo, proc_cgroup, fstype, controller)
-        if own is not None and os.access(own, os.W_OK) and os.access(os.path.join(own, "cgroup.procs"), os.W_OK):
+        own = own_group(fstype, controller, mountinfo, proc_cgroup)
+        if own is not None and writable(own):
             found.append(Hierarchy(own, version))
     return found
 

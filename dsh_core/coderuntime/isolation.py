@@ -9,6 +9,10 @@ L3  + bubblewrap (new net/pid/mnt/ipc/uts namespaces, minimal read-only fs,
     private tmpfs per run), a real kernel uid 65534 with no capabilities, and
     a cgroup memory + pids cap per run.
 
+The run's cgroups (also from L1 wherever the host can make them) are v1 ``memory`` and ``pids`` groups
+made inside dsh's own group of each hierarchy, found through ``/proc/self/mountinfo``
+(:func:`dsh_core.cgroups.own_group`): the limits of the deployment running dsh hold for its workers too.
+
 What actually took effect is never assumed: the worker reports the steps
 that succeeded, and the host appends what it reads in ``/proc`` for the
 worker's host pid; :func:`check_level` refuses a worker whose verified state
@@ -18,6 +22,7 @@ is weaker than its level claims.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import os
 import re
@@ -26,7 +31,7 @@ import sys
 
 import attrs
 
-from dsh_core.cgroups import sweep_stale, write_file
+from dsh_core.cgroups import own_group, sweep_stale, writable, write_file
 
 __all__ = [
     "LEVELS",
@@ -46,6 +51,9 @@ WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker")
 L3_NAMESPACES = ("net", "pid", "mnt", "ipc", "uts")
 _NS_ORDER = ("user", "net", "pid", "mnt", "ipc", "uts", "cgroup")
 _CGROUP_ROOT = "/sys/fs/cgroup"
+#: Where :meth:`CgroupPool.own_groups` finds dsh's own groups (read at each call: tests point them elsewhere).
+_MOUNTINFO = "/proc/self/mountinfo"
+_PROC_CGROUP = "/proc/self/cgroup"
 
 
 @attrs.frozen
@@ -236,15 +244,23 @@ def usable_cpus(proc_cgroup: str = "/proc/self/cgroup", root: str = _CGROUP_ROOT
 
 
 class Cgroup:
-    """One per-run cgroup pair (memory + pids), reused across runs."""
+    """One per-run cgroup pair (memory + pids), reused across runs.
 
-    def __init__(self, name: str, memory_bytes: int, pids: int) -> None:
-        self.memory = os.path.join(_CGROUP_ROOT, "memory", name)
-        self.pids = os.path.join(_CGROUP_ROOT, "pids", name)
+    Made as ``name`` inside ``own``, dsh's own (memory, pids) groups, so that the limits on those hold for
+    the run as well. Where both controllers are mounted in one v1 hierarchy the two own groups are one
+    directory, and so is the run's: made, joined and removed once.
+    """
+
+    def __init__(self, own: tuple[str, str], name: str, memory_bytes: int, pids: int) -> None:
+        self.own = own
+        self.memory = os.path.join(own[0], name)
+        self.pids = os.path.join(own[1], name)
+        self.groups = tuple(dict.fromkeys((self.memory, self.pids)))  # one where the controllers share a hierarchy
         self._pids_current = -1
         os.mkdir(self.memory)
         try:
-            os.mkdir(self.pids)
+            if self.pids != self.memory:
+                os.mkdir(self.pids)
             write_file(os.path.join(self.memory, "memory.limit_in_bytes"), str(memory_bytes))
             write_file(os.path.join(self.pids, "pids.max"), str(pids))
             # Held open: a pread of it answers "is anything left?" in microseconds, where
@@ -258,14 +274,14 @@ class Cgroup:
     def join(self, pid: int) -> None:
         """Move ``pid`` into both groups and note the OOM-kill baseline."""
         self.oom_base = self.oom_kills()
-        write_file(os.path.join(self.memory, "cgroup.procs"), str(pid))
-        write_file(os.path.join(self.pids, "cgroup.procs"), str(pid))
+        for group in self.groups:
+            write_file(os.path.join(group, "cgroup.procs"), str(pid))
 
     def leave(self, pid: int) -> None:
-        """Move ``pid`` back to both hierarchies' roots (best effort)."""
-        for hierarchy in ("memory", "pids"):
+        """Move ``pid`` back to dsh's own groups (best effort)."""
+        for group in dict.fromkeys(self.own):
             with contextlib.suppress(OSError):
-                write_file(os.path.join(_CGROUP_ROOT, hierarchy, "cgroup.procs"), str(pid))
+                write_file(os.path.join(group, "cgroup.procs"), str(pid))
 
     def oom_kills(self) -> int:
         """The cgroup's OOM-kill counter."""
@@ -306,7 +322,7 @@ class Cgroup:
         if self._pids_current >= 0:
             os.close(self._pids_current)
             self._pids_current = -1
-        for group in (self.memory, self.pids):
+        for group in self.groups:
             with contextlib.suppress(OSError):
                 os.rmdir(group)
 
@@ -316,38 +332,58 @@ _POOL_GROUP = re.compile(r"dsh-(\d+)-[0-9a-f]+-\d+")
 
 
 class CgroupPool:
-    """Per-run cgroups of one runtime, created on demand and reused."""
+    """Per-run cgroups of one runtime, created on demand and reused, inside dsh's own memory and pids groups.
+
+    The own groups are found when the pool is made (:meth:`own_groups`) and kept: a worker leaving its
+    run's group goes back there.
+    """
 
     def __init__(self, prefix: str, memory_mb: int, pids: int = 64) -> None:
         self.prefix = prefix
         self.memory_bytes = memory_mb * 1024 * 1024
         self.pids = pids
+        self.own = self.own_groups()
         self.free: list[Cgroup] = []
         self.all: list[Cgroup] = []
 
     @staticmethod
+    def own_groups() -> tuple[str, str] | None:
+        """dsh's own (memory, pids) v1 groups, in which the pool's groups are made; ``None`` without either.
+
+        Each is found through the mount of its hierarchy that mountinfo lists, never assumed at the root
+        of ``/sys/fs/cgroup/<controller>``: a worker moved to a hierarchy's root would leave the memory and
+        pids limits of the deployment running dsh (a service held to 2 GiB). One directory twice where
+        both controllers are mounted in one hierarchy.
+        """
+        memory = own_group("cgroup", "memory", _MOUNTINFO, _PROC_CGROUP)
+        pids = own_group("cgroup", "pids", _MOUNTINFO, _PROC_CGROUP)
+        return None if memory is None or pids is None else (memory, pids)
+
+    @staticmethod
     def available() -> bool:
-        """True when v1 memory and pids hierarchies are writable here."""
-        return os.access(os.path.join(_CGROUP_ROOT, "memory"), os.W_OK) and os.access(
-            os.path.join(_CGROUP_ROOT, "pids"), os.W_OK
-        )
+        """True when dsh's own v1 memory and pids groups are found and writable here (their ``cgroup.procs`` too)."""
+        own = CgroupPool.own_groups()
+        return own is not None and all(writable(group) for group in own)
 
     @staticmethod
     def sweep_stale() -> list[str]:
         """Remove empty per-run cgroups left by dsh processes that no longer exist.
 
         A host that dies without ``aclose`` takes its zygote and workers with it,
-        but not its cgroup directories. Only directories named like a pool's
-        (``dsh-<pid>-<id>-<n>``) whose ``<pid>`` is gone are touched, and only
-        if empty (``rmdir`` refuses otherwise). Returns the paths removed.
+        but not its cgroup directories. Only directories in dsh's own groups named
+        like a pool's (``dsh-<pid>-<id>-<n>``) whose ``<pid>`` is gone are touched,
+        and only if empty (``rmdir`` refuses otherwise). Returns the paths removed.
         """
-        return sweep_stale([os.path.join(_CGROUP_ROOT, h) for h in ("memory", "pids")], _POOL_GROUP)
+        own = CgroupPool.own_groups()
+        return [] if own is None else sweep_stale(dict.fromkeys(own), _POOL_GROUP)
 
     def acquire(self) -> Cgroup:
-        """A free cgroup (new if none)."""
+        """A free cgroup (new if none); OSError when dsh's own groups were not found."""
         if self.free:
             return self.free.pop()
-        group = Cgroup(f"{self.prefix}-{len(self.all)}", self.memory_bytes, self.pids)
+        if self.own is None:
+            raise OSError(errno.ENOENT, "dsh's own memory and pids cgroups are not found")
+        group = Cgroup(self.own, f"{self.prefix}-{len(self.all)}", self.memory_bytes, self.pids)
         self.all.append(group)
         return group
 

@@ -16,7 +16,7 @@ from dsh_core.coderuntime import CodeRuntimeConfig, PythonCodeRuntime
 from dsh_core.coderuntime import isolation as iso
 from dsh_core.coderuntime.isolation import CgroupPool
 
-from .conftest import HAS_BWRAP, LEVELS, arun, run_one, with_runtime
+from .conftest import HAS_BWRAP, LEVELS, arun, run_one, tools, with_runtime
 
 ATTEMPTS = """
 import os, sys, socket, resource
@@ -353,6 +353,38 @@ def test_the_pids_cgroup_caps_threads_at_every_level_from_l1(level: str) -> None
     assert result.value == [63, "can't start new thread"], result
 
 
+def _groups_of(pid: int | str) -> dict[str, str]:
+    """The v1 memory and pids groups of ``pid``, as ``/proc/<pid>/cgroup`` names them."""
+    with open(f"/proc/{pid}/cgroup") as handle:
+        lines = [line.rstrip("\n").split(":", 2) for line in handle]
+    return {c: path for _, names, path in lines for c in names.split(",") if c in ("memory", "pids")}
+
+
+@pytest.mark.skipif(not CgroupPool.available(), reason="writable v1 memory and pids cgroups are needed")
+@pytest.mark.parametrize("level", ["L1", "L2"])
+def test_a_worker_runs_inside_the_hosts_own_memory_and_pids_groups(level: str) -> None:
+    # A deployment's memory and pids limits (a service held to 2 GiB) are on dsh's own groups: a worker whose
+    # run group was made at a hierarchy's root ran outside them. Read while the worker waits on a tool.
+    own = _groups_of("self")
+    seen: dict[str, str] = {}
+
+    async def where(pid: int) -> None:
+        seen.update(_groups_of(pid))
+
+    async def go(runtime: PythonCodeRuntime) -> Any:
+        result = await runtime.run("import os\nawait tools.where(os.getpid())\nreturn 1", tools(where=where))
+        assert runtime._cgroups is not None
+        return result, runtime._cgroups.prefix
+
+    result, prefix = arun(with_runtime(go, isolation=level))
+    assert result.value == 1, result
+    for controller in ("memory", "pids"):
+        assert seen[controller].startswith(os.path.join(own[controller], prefix + "-")), (controller, seen, own)
+    groups = CgroupPool.own_groups()
+    assert groups is not None
+    assert [name for group in groups for name in os.listdir(group) if name.startswith(prefix)] == []
+
+
 def test_l0_has_no_pids_cap() -> None:
     at_l0 = run_one("WANTED = 100\n" + THREADS, [], isolation="L0", memory_mb=2048)
     assert at_l0.value == [100, None], at_l0
@@ -498,21 +530,109 @@ def _dead_pid() -> int:
     return dead.pid
 
 
+def _as_cgroupfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Directories made under ``tmp_path`` act as cgroups: one is made with the kernel's files a pool opens
+    (``cgroup.procs``, ``pids.current``) and removed with them. Returns the log of the groups made and removed."""
+    log: list[str] = []
+    mkdir, rmdir = os.mkdir, os.rmdir
+
+    def make(path: Any, *args: Any, **kwargs: Any) -> None:
+        mkdir(path, *args, **kwargs)
+        if str(path).startswith(str(tmp_path)):
+            log.append(f"mkdir {path}")
+            Path(path, "cgroup.procs").write_text("")
+            Path(path, "pids.current").write_text("0\n")
+
+    def remove(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).startswith(str(tmp_path)):
+            for entry in os.scandir(path):
+                if entry.is_file():
+                    os.unlink(entry.path)
+            log.append(f"rmdir {path}")
+        rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", make)
+    monkeypatch.setattr(os, "rmdir", remove)
+    return log
+
+
+def _own_groups_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> tuple[Path, Path]:
+    """dsh's own (memory, pids) groups in hierarchies mounted under ``tmp_path``, as the pool will find them."""
+    mountinfo, proc_cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    if layout == "apart":
+        memory_point = tmp_path / "elsewhere" / "mem"  # not <cgroup root>/memory: the mount point is read
+        pids_point = tmp_path / "pids"  # a mount of a subtree: the host's /docker/abc
+        mountinfo.write_text(
+            f"35 31 0:32 / {memory_point} rw,relatime - cgroup cgroup rw,memory\n"
+            f"39 31 0:36 /docker/abc {pids_point} rw,relatime - cgroup cgroup rw,pids\n"
+        )
+        proc_cgroup.write_text("4:memory:/process_api/me\n8:pids:/docker/abc/me\n0::/\n")
+        own = (memory_point / "process_api" / "me", pids_point / "me")
+    else:  # both controllers in one v1 hierarchy: one own group
+        point = tmp_path / "both"
+        mountinfo.write_text(f"35 31 0:32 / {point} rw,relatime - cgroup cgroup rw,memory,pids\n")
+        proc_cgroup.write_text("4:memory,pids:/svc/me\n0::/\n")
+        own = (point / "svc" / "me", point / "svc" / "me")
+    for group in own:
+        group.mkdir(parents=True, exist_ok=True)
+        (group / "cgroup.procs").touch()
+    monkeypatch.setattr(iso, "_MOUNTINFO", str(mountinfo))
+    monkeypatch.setattr(iso, "_PROC_CGROUP", str(proc_cgroup))
+    return own
+
+
+@pytest.mark.parametrize("layout", ["apart", "co-mounted"])
+def test_the_pools_groups_are_made_in_dshs_own_groups_found_through_mountinfo(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # They were made at the root of each hierarchy, /sys/fs/cgroup/<controller>/: a worker moved there left
+    # the memory and pids limits of the deployment running dsh (a service held to 2 GiB). Where both
+    # controllers share one hierarchy the run's group is one directory: made, joined and removed once.
+    log = _as_cgroupfs(tmp_path, monkeypatch)
+    own = _own_groups_at(tmp_path, monkeypatch, layout)
+    assert CgroupPool.available()
+    log.clear()
+    pool = CgroupPool("dsh-1-ab", 64)
+    group = pool.acquire()
+    assert (group.memory, group.pids) == (str(own[0] / "dsh-1-ab-0"), str(own[1] / "dsh-1-ab-0"))
+    assert (Path(group.memory) / "memory.limit_in_bytes").read_text() == str(64 << 20)
+    assert (Path(group.pids) / "pids.max").read_text() == "64"
+    groups = list(dict.fromkeys((group.memory, group.pids)))
+    group.join(4242)
+    assert [Path(path, "cgroup.procs").read_text() for path in groups] == ["4242"] * len(groups)
+    group.leave(4242)  # back to dsh's own groups, not to the hierarchies' roots
+    assert [(path / "cgroup.procs").read_text() for path in dict.fromkeys(own)] == ["4242"] * len(groups)
+    pool.release(group)
+    pool.close()
+    assert log == [f"mkdir {path}" for path in groups] + [f"rmdir {path}" for path in groups]
+
+
+def test_without_both_own_groups_the_pool_is_not_available(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _own_groups_at(tmp_path, monkeypatch, "apart")
+    assert CgroupPool.available()
+    for lines in ("8:pids:/docker/abc/me\n", "4:memory:/process_api/me\n", "4:memory:/process_api/gone\n8:pids:/\n"):
+        (tmp_path / "cgroup").write_text(lines)  # no memory line; no pids line; pids outside what its mount shows
+        assert not CgroupPool.available(), lines
+        assert CgroupPool.sweep_stale() == []
+
+
 def test_stale_cgroups_of_dead_hosts_are_swept_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A host that died without aclose leaves its empty per-run cgroups behind. Under a root of the test's own,
-    # so nothing else that sweeps (another test process's first runtime) can take a group away meanwhile.
-    monkeypatch.setattr(iso, "_CGROUP_ROOT", str(tmp_path))
+    # A host that died without aclose leaves its empty per-run cgroups behind, in its own groups. Under
+    # hierarchies of the test's own, so nothing else that sweeps (another test process's first runtime) can
+    # take a group away meanwhile.
+    own = _own_groups_at(tmp_path, monkeypatch, "apart")
     dead = _dead_pid()
-    roots = [str(tmp_path / hierarchy) for hierarchy in ("memory", "pids")]
+    roots = [str(group) for group in own]
     stale = [os.path.join(root, f"dsh-{dead}-abc123-0") for root in roots]
     live = [os.path.join(root, f"dsh-{os.getpid()}-abc123-7") for root in roots]  # ours: kept
     other = [os.path.join(root, f"not-dsh-{dead}") for root in roots]  # not a pool's: kept
+    outside = [str(tmp_path / "pids" / f"dsh-{dead}-abc123-0")]  # not in dsh's own group: another's, kept
     busy = os.path.join(roots[0], f"dsh-{dead}-abc123-1")  # not empty (a task still in it): rmdir refuses, kept
-    for path in stale + live + other + [busy, os.path.join(busy, "child")]:
+    for path in stale + live + other + outside + [busy, os.path.join(busy, "child")]:
         os.makedirs(path)
     assert sorted(CgroupPool.sweep_stale()) == sorted(stale)
     assert not any(os.path.exists(p) for p in stale)
-    assert all(os.path.exists(p) for p in [*live, *other, busy])
+    assert all(os.path.exists(p) for p in [*live, *other, *outside, busy])
 
 
 @pytest.mark.skipif(not CgroupPool.available(), reason="writable v1 memory and pids cgroups are needed")
@@ -521,7 +641,9 @@ def test_stale_cgroups_of_dead_hosts_are_swept_from_the_real_hierarchies() -> No
     # rmdir still removes it. Another process may sweep meanwhile (a second test worker's first runtime):
     # what is checked is where this test's groups end up, and that the sweep names none it did not remove.
     dead = _dead_pid()
-    roots = [os.path.join("/sys/fs/cgroup", h) for h in ("memory", "pids")]
+    own = CgroupPool.own_groups()
+    assert own is not None
+    roots = list(dict.fromkeys(own))
     stale = [os.path.join(root, f"dsh-{dead}-abc123-0") for root in roots]
     live = [os.path.join(root, f"dsh-{os.getpid()}-abc123-7") for root in roots]  # ours: kept
     other = [os.path.join(root, f"not-dsh-{dead}") for root in roots]  # not a pool's: kept
