@@ -102,10 +102,7 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
     for row in deployment.plugins:
         source = deployment.source_of(f"plugins[{row.id}].use") or "config"
         if row.use not in catalog:
-            raise ConfigError(
-                f"{source}: plugins[{row.id}].use: unknown plugin {row.use!r} "
-                f"(known: {', '.join(catalog.names()) or 'none'})"
-            )
+            raise ConfigError(f"{source}: plugins[{row.id}].use: {catalog.unknown(row.use)}")
         # Always strict: a configured row may be a guard or an approval policy, and
         # running without it would fail open.
         error = failures.get(row.use)

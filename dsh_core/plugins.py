@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
@@ -111,6 +112,36 @@ class PluginSource:
         return f"{self.name!r} ({self.value}{where})"
 
 
+def _installed_entry_points() -> tuple[list[metadata.EntryPoint], tuple[str, ...]]:
+    """The installed entry points of :data:`ENTRY_POINT_GROUP`, and each distribution whose entry points cannot be read.
+
+    A distribution is named ``name version (error)``; its plugins are left out, so a row using one is an unknown plugin
+    and fails the boot (the message names the distribution).
+    """
+    try:
+        return list(metadata.entry_points(group=ENTRY_POINT_GROUP)), ()
+    except Exception:  # whatever one distribution's malformed file makes importlib raise
+        pass
+    # One malformed entry_points.txt, of any package and any group, fails that call as a whole with an error
+    # naming no package (a line without "=" is a bare TypeError): read each distribution on its own instead.
+    found: list[metadata.EntryPoint] = []
+    unreadable: list[str] = []
+    seen: set[str] = set()
+    for dist in metadata.distributions():
+        name: str | None = dist.name
+        key = re.sub(r"[-_.]+", "-", name).lower() if name else None
+        if key is not None:
+            # Only the first of a name on sys.path counts, as importlib.metadata.entry_points() has it.
+            if key in seen:
+                continue
+            seen.add(key)
+        try:
+            found.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+        except Exception as error:  # as above
+            unreadable.append(f"{name} {dist.version} ({describe_exception(error)})")
+    return found, tuple(unreadable)
+
+
 def _distribution_of(entry_point: metadata.EntryPoint) -> str | None:
     dist = getattr(entry_point, "dist", None)
     if dist is None:
@@ -174,10 +205,13 @@ class PluginCatalog:
         self._entry_points: dict[str, metadata.EntryPoint] = {}
         self._sources: dict[str, PluginSource] = {}
         self._loaded: dict[str, Callable[..., Any]] = {}
+        #: Each installed distribution whose entry points could not be read, as ``name version (error)``.
+        self.unreadable: tuple[str, ...] = ()
         from_env: list[metadata.EntryPoint] = []
         if entry_points is None:
             from_env = _env_entry_points(os.environ)
-            found = [*metadata.entry_points(group=ENTRY_POINT_GROUP), *from_env]
+            installed, self.unreadable = _installed_entry_points()
+            found = [*installed, *from_env]
         else:
             found = list(entry_points)
         env_ids = {id(entry_point) for entry_point in from_env}
@@ -227,14 +261,21 @@ class PluginCatalog:
     def __contains__(self, name: object) -> bool:
         return name in self._sources
 
+    def unknown(self, name: str) -> str:
+        """Why ``name`` is no plugin: ``unknown plugin 'x' (known: ...)``, naming the unreadable distributions too."""
+        text = f"unknown plugin {name!r} (known: {', '.join(self.names()) or 'none'}"
+        if self.unreadable:
+            # One of them may be the one that ships it: its entry points were left out, unread.
+            text += f"; the entry points of these distributions could not be read: {'; '.join(self.unreadable)}"
+        return text + ")"
+
     def load(self, name: str) -> Callable[..., Any]:
         """Import and return a plugin factory; :class:`PluginLoadError` names the distribution on failure."""
         if name in self._loaded:
             return self._loaded[name]
         entry_point = self._entry_points.get(name)
         if entry_point is None:
-            known = ", ".join(self.names()) or "none"
-            raise PluginLoadError(f"unknown plugin {name!r} (known: {known})")
+            raise PluginLoadError(self.unknown(name))
         source = self._sources[name]
         try:
             factory: Callable[..., Any] = entry_point.load()

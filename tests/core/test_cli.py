@@ -372,6 +372,35 @@ def test_a_configured_plugin_that_cannot_load_fails_the_boot_with_exit_2(  # typ
     assert "takes no config" not in result.stderr
 
 
+def _installed_distribution(site: Path, name: str, entry_points: str) -> None:
+    """A distribution of ``name`` 1.0 installed in ``site``, with ``entry_points`` as its entry_points.txt."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_a_distribution_whose_entry_points_cannot_be_read_breaks_only_the_plugins_it_ships(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One malformed entry_points.txt, of any package and any group, made importlib.metadata's
+    # entry_points() raise a bare TypeError: every dsh command died with a traceback naming nothing.
+    site = tmp_path / "site"
+    _installed_distribution(site, "unrelated-tool", "[console_scripts]\nno-equals-sign-here\n")
+    monkeypatch.syspath_prepend(str(site))
+    listing = run("tools", "list", "--json", "--config", "base.toml")
+    assert listing.exit_code == 0, listing.stderr
+    assert json.loads(listing.stdout)["visible"] == ["alpha"]
+    # A row using a plugin the broken distribution ships fails the boot, naming the distribution.
+    _installed_distribution(site, "dsh-broken-meta", "[dsh.plugins]\nweather\n")
+    (tmp_path / "weather.toml").write_text('[[plugins]]\nid = "weather"\nuse = "weather"\n')
+    for args in (["config", "dump"], ["tools", "list"]):
+        refused = run(*args, "--config", "weather.toml")
+        assert refused.exit_code == 2 and refused.stdout == ""
+        assert "weather.toml: plugins[weather].use: unknown plugin 'weather'" in refused.stderr
+        assert "dsh-broken-meta 1.0" in refused.stderr and "unrelated-tool 1.0" in refused.stderr
+
+
 def test_the_mode_env_variable_is_checked_at_boot(run, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("DSH_TOOLS_MODE", "turbo")
     result = run("tools", "list", "--config", "base.toml")
