@@ -37,6 +37,7 @@ __all__ = [
     "PluginCatalog",
     "plugin",
     "start_plugin",
+    "installed_entry_points",
     "config_schema_of",
     "CONFIG_DIR_SERVICE",
 ]
@@ -112,7 +113,7 @@ class PluginSource:
         return f"{self.name!r} ({self.value}{where})"
 
 
-def _installed_entry_points() -> tuple[list[metadata.EntryPoint], tuple[str, ...]]:
+def installed_entry_points() -> tuple[list[metadata.EntryPoint], tuple[str, ...]]:
     """The installed entry points of :data:`ENTRY_POINT_GROUP`, and each distribution whose entry points cannot be read.
 
     A distribution is named ``name version (error)``; its plugins are left out, so a row using one is an unknown plugin
@@ -210,7 +211,7 @@ class PluginCatalog:
         from_env: list[metadata.EntryPoint] = []
         if entry_points is None:
             from_env = _env_entry_points(os.environ)
-            installed, self.unreadable = _installed_entry_points()
+            installed, self.unreadable = installed_entry_points()
             found = [*installed, *from_env]
         else:
             found = list(entry_points)

@@ -42,7 +42,7 @@ from dsh_core.model import (
     ToolExecution,
     ToolResult,
 )
-from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, start_plugin
+from dsh_core.plugins import ENTRY_POINT_GROUP, PluginCatalog, config_schema_of, installed_entry_points, start_plugin
 from dsh_core.registry import ToolRegistry
 from dsh_core.runtime import ToolRuntime
 from dsh_core.schema import SchemaEvaluationError, check_schema, compile_validator, validation_errors
@@ -338,12 +338,15 @@ class ToolSpy:
 
 def find_entry_point(name: str) -> metadata.EntryPoint:
     """The entry point ``name`` of group ``dsh.plugins``; :class:`PluginLoadError` lists the known ones."""
-    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    installed, unreadable = installed_entry_points()
+    found = [ep for ep in installed if ep.name == name]
     if not found:
-        known = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        known = ", ".join(sorted({ep.name for ep in installed})) or "none"
+        if unreadable:  # one of them may ship it: its entry points were left out, unread
+            known += f"; the entry points of these distributions could not be read: {'; '.join(unreadable)}"
         raise PluginLoadError(
-            f"no entry point named {name!r} in group {ENTRY_POINT_GROUP!r} "
-            f"(installed: {', '.join(known) or 'none'}); is the distribution installed?"
+            f"no entry point named {name!r} in group {ENTRY_POINT_GROUP!r} (installed: {known}); "
+            "is the distribution installed?"
         )
     return found[0]
 
