@@ -89,7 +89,8 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
     Returns the factory of each row by id. Raises :class:`ConfigError` for an
     unknown ``use`` or a config its plugin's schema refuses, and
     :class:`PluginLoadError` naming every row whose plugin cannot be imported;
-    each message names the file and the row. Nothing is started.
+    each message names the file and the row. Every row at fault is named at once, one
+    line each (a :class:`ConfigError` when any ``use`` is unknown). Nothing is started.
 
     What a plugin module prints while it is imported goes to stderr: stdout is
     the command's output (``dsh config dump --json``, ``dsh -p``'s answer).
@@ -99,10 +100,14 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
     # Keyed by ``use``: two rows of one broken plugin import it once and both are named.
     failures: dict[str, PluginLoadError] = {}
     problems: list[str] = []
+    unknown = False
     for row in deployment.plugins:
         source = deployment.source_of(f"plugins[{row.id}].use") or "config"
         if row.use not in catalog:
-            raise ConfigError(f"{source}: plugins[{row.id}].use: {catalog.unknown(row.use)}")
+            # Named with every other row at fault, in the rows' order: one boot tells the whole of it.
+            problems.append(f"{source}: plugins[{row.id}].use: {catalog.unknown(row.use)}")
+            unknown = True
+            continue
         # Always strict: a configured row may be a guard or an approval policy, and
         # running without it would fail open.
         error = failures.get(row.use)
@@ -119,7 +124,8 @@ def load_plugins(deployment: Deployment, catalog: PluginCatalog | None = None) -
             "enabled = false)"
         )
     if problems:
-        raise PluginLoadError("\n".join(problems))
+        # A row naming no plugin is the configuration's mistake; rows whose plugin fails to import alone, its install's.
+        raise (ConfigError if unknown else PluginLoadError)("\n".join(problems))
     validate_plugin_configs(deployment, lambda row: config_schema_of(factories[row.id]))
     return factories
 

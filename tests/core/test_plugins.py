@@ -138,6 +138,27 @@ async def test_an_unknown_use_is_a_clear_error() -> None:
         await Harness.start(dep, catalog=catalog())
 
 
+async def test_every_unknown_use_and_every_failed_import_is_named_at_once() -> None:
+    # The first unknown row used to end the boot alone: a deployment with three mistyped rows took three tries.
+    dep = deployment(
+        {
+            "plugins": [
+                {"id": "g1", "use": "ghost-one"},
+                {"id": "e", "use": "echo"},
+                {"id": "b", "use": "broken"},
+                {"id": "g2", "use": "ghost-two"},
+            ]
+        }
+    )
+    with pytest.raises(ConfigError) as caught:
+        await Harness.start(dep, catalog=catalog())
+    lines = caught.value.message.splitlines()
+    assert [line.split(": ", 2)[1] for line in lines] == ["plugins[g1].use", "plugins[b].use", "plugins[g2].use"]
+    assert lines[0].startswith("file1.toml: plugins[g1].use: unknown plugin 'ghost-one' (known: ")
+    assert lines[1].startswith("file1.toml: plugins[b].use: plugin 'broken' (tests.core.broken_plugin:plugin)")
+    assert lines[2].startswith("file1.toml: plugins[g2].use: unknown plugin 'ghost-two' (known: ")
+
+
 @pytest.mark.parametrize("strict", [False, True])
 async def test_a_configured_plugin_that_fails_to_load_fails_the_boot_naming_file_row_and_error(
     strict: bool, monkeypatch: pytest.MonkeyPatch
