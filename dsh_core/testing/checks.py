@@ -779,7 +779,8 @@ async def _bounded_call(
     the stages before the body, or, the body having ended, those after it), and ``None`` returned. A body or a
     ``finalize_content`` that blocked the event loop past the limit is named for that first, whatever the call was
     doing once the loop was free and the timeout could fire (still in the body, or already past what blocked), then
-    the stage after it if that one still held the call once aborted (:func:`_held_after`).
+    the stage after it if that one still held the call once aborted (:func:`_held_after`); how long the call ran on
+    once the loop was free is said with the grace it had before the abort counted, not only the one after it.
     Awaited with no bound, a body that never returns hung the check forever, and it reported nothing.
     """
     limit = _call_limit(target)
@@ -788,10 +789,15 @@ async def _bounded_call(
     marks = _CallMarks.before(loaded.spies.get(name), call_id)
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     await _wait(task, limit)
-    if await _grace_if_blocked(task, marks, limit, _stuck_grace(loaded, watch)):
+    first = _stuck_grace(loaded, watch)
+    if await _grace_if_blocked(task, marks, limit, first):
         _blocked_past(target, check, name, f"{what}: the call", limit, marks, found)
         result: ToolResult = task.result()
         return result
+    # The grace the call was just given, if a stage blocked the loop past the limit: it ran on that long once the loop
+    # was free, before the abort. The verdict counts it: said only after the abort, the call read as aborted as soon
+    # as the loop was free, and what held it then as given only the grace after the abort.
+    before = first if marks.blocked(limit) else 0.0
     # What held the call, seen before the abort: the abort ends the ask (withdrawn) and the stages before the body.
     # The spy's runs, not the call's context: a middleware may run the body in a task started elsewhere.
     runs = marks.runs()
@@ -808,11 +814,21 @@ async def _bounded_call(
     fix = hold.fix + (f"; and {late.fix}" if late is not None else "") + _LARGER_LIMIT
     if task.done():
         after = "it returned once its signal was aborted"
+        if before:
+            after = (
+                f"it was still running {before:g} s after the event loop was free, and returned once its signal was "
+                "then aborted"
+            )
     elif await _cancel(task, cancel_grace := _stuck_grace(loaded, watch)):
+        since = (
+            f"{before + grace:g} s after the event loop was free and {grace:g} s after"
+            if before
+            else f"{grace:g} s after"
+        )
         if late is None:
-            after = f"it was still running {grace:g} s after its signal was aborted, and was cancelled"
+            after = f"it was still running {since} its signal was aborted, and was cancelled"
         else:
-            after = f"{late.clause}, still running {grace:g} s after the abort, and was cancelled"
+            after = f"{late.clause}, still running {since} the abort, and was cancelled"
     else:
         after = _IGNORED_CANCEL_PROBLEM.format(grace=cancel_grace)
         fix = f"{_IGNORED_CANCEL_FIX}; and {fix}"

@@ -2158,26 +2158,26 @@ def test_a_finalize_content_that_blocks_the_loop_then_a_result_observer_that_hol
     lead = _lead(name, plugin, "finalized")
     then = re.escape(
         f"its finalize_content had returned, but the call was then held after it ({AFTER_FINALIZE}), still running "
-        "0.2 s"
     )
     fix = f"{FINALIZE_FIX}; and {AFTER_FINALIZE_FIX}"
     if name == "abort":
         expected = (
             lead
-            + rf"the call, aborted as its body began, did not return within 0\.3 s: {FINALIZE_HELD}; {then} later "
-            + r"\(it was cancelled then\)"
+            + rf"the call, aborted as its body began, did not return within 0\.3 s: {FINALIZE_HELD}; {then}0\.2 s "
+            + r"later \(it was cancelled then\)"
         )
     elif name == "pre-abort":
         expected = (
             lead
-            + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD}; {then} later "
-            + r"\(it was cancelled then\)"
+            + rf"the call aborted before dispatch did not return within 0\.2 s: {FINALIZE_HELD}; {then}0\.2 s "
+            + r"later \(it was cancelled then\)"
         )
         fix += LARGER_LIMIT
     else:
+        # The observer had the grace before the abort too: 0.4 s once the loop was free, not the 0.2 s after the abort.
         expected = (
             _past_limit(name, plugin, "finalized")
-            + rf"{FINALIZE_HELD} \({then} after the abort, and was "
+            + rf"{FINALIZE_HELD} \({then}0\.4 s after the event loop was free and 0\.2 s after the abort, and was "
             + r"cancelled\)"
         )
         fix += LARGER_LIMIT
@@ -2342,12 +2342,32 @@ def test_a_body_that_blocks_the_loop_then_awaits_on_is_named_for_blocking_it(fix
     else:
         expected = (
             _past_limit(name, plugin, "blocked") + rf"{BLOCKING_BODY_HELD}, and had not returned \(it was still "
-            r"running 0\.2 s after its signal was aborted, and was cancelled\)"
+            r"running 0\.4 s after the event loop was free and 0\.2 s after its signal was aborted, and was "
+            r"cancelled\)"
         )
         fix += LARGER_LIMIT
     expected += rf"\n    fix: {re.escape(fix)}"
     calls = _each_call(found, name, plugin, "blocked")
     _assert_timed(expected, calls)
+
+
+@pytest.mark.parametrize("check", LIMIT_CHECKS)
+def test_a_body_that_blocks_the_loop_then_returns_once_aborted_is_said_to_have_had_the_grace_first(
+    fixture_plugins: None, check: str
+) -> None:
+    """The body blocks the event loop for 0.6 s, then awaits its signal's abort and returns. Once the loop was free
+    the call-limit checks give the call the grace of a stuck call, then abort it: the verdict said only that it
+    "returned once its signal was aborted", as if it had been aborted as soon as the loop was free. It says the call
+    was still running the grace later, and returned once then aborted."""
+    name = _check_id(check)
+    plugin = "blocks-then-until-aborted"
+    found = _bounded(check, Target(plugin))
+    expected = (
+        _past_limit(name, plugin, "blocked") + rf"{BLOCKING_BODY_HELD}, and had not returned \(it was still "
+        r"running 0\.2 s after the event loop was free, and returned once its signal was then aborted\)"
+        + rf"\n    fix: {re.escape(f'{BLOCKING_BODY_FIX}; and {BODY_FIX}{LARGER_LIMIT}')}"
+    )
+    _assert_timed(expected, _each_call(found, name, plugin, "blocked"))
 
 
 @pytest.mark.parametrize("check", CALLING_CHECKS)
@@ -2392,19 +2412,20 @@ def test_a_body_that_blocks_the_loop_then_a_stage_after_it_that_holds_the_call_a
     name = _check_id(check)
     found = _bounded(check, Target(plugin, abort_bound_s=0.1))
     lead = _lead(name, plugin, "blocked")
-    then = f"its body had returned, but the call was then held after it ({AFTER_BODY}), still running 0.2 s"
+    then = f"its body had returned, but the call was then held after it ({AFTER_BODY}), still running"
     fix = f"{BLOCKING_BODY_FIX}; and {AFTER_FIX}"
     if name == "abort":
         expected = (
             lead
             + rf"the call, aborted as its body began, did not return within 0\.3 s: {BLOCKING_BODY_HELD}; "
-            + re.escape(f"{then} later (it was cancelled then)")
+            + re.escape(f"{then} 0.2 s later (it was cancelled then)")
         )
     else:
+        # The hook had the grace before the abort too: 0.4 s once the loop was free, not the 0.2 s after the abort.
         expected = (
             _past_limit(name, plugin, "blocked")
             + rf"{BLOCKING_BODY_HELD} "
-            + re.escape(f"({then} after the abort, and was cancelled)")
+            + re.escape(f"({then} 0.4 s after the event loop was free and 0.2 s after the abort, and was cancelled)")
         )
         fix += LARGER_LIMIT
     expected += rf"\n    fix: {re.escape(fix)}"
