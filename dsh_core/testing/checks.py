@@ -676,6 +676,8 @@ class _CallMarks:
     earlier check abandoned) may be entered meanwhile: it is told apart by its call id, not counted.
     """
 
+    #: ``None`` where the registry refused the tool the plugin registered through the kit's register callable and the
+    #: plugin went on (it swallowed the error): the kit has its definition, so it calls it, but no spy.
     spy: ToolSpy | None
     call_id: str
     #: Whether the call is dispatched (``False``: its signal was aborted before it was made, so the runtime settles it
@@ -685,20 +687,27 @@ class _CallMarks:
     known: int = 0
     #: ``len(spy.finalizations)`` before the call.
     finalized: int = 0
+    #: Without a spy: whether the registry holds a tool of the name all the same (one the plugin registered straight
+    #: in the registry, which it reaches as ``scope.lookup("tools")``), whose body no spy sees. Without one, the
+    #: runtime finds no tool to run: no body can run for the call.
+    unseen_body: bool = False
 
     @classmethod
-    def before(cls, spy: ToolSpy | None, call_id: str, *, dispatched: bool = True) -> _CallMarks:
-        """The marks of a call about to be made of the tool ``spy`` watches (``None``: no spy sees its body)."""
+    def before(cls, loaded: LoadedPlugin, name: str, call_id: str, *, dispatched: bool = True) -> _CallMarks:
+        """The marks of a call about to be made of the tool ``name`` of ``loaded``."""
+        spy = loaded.spies.get(name)
         if spy is None:
-            return cls(None, call_id, dispatched)
+            return cls(None, call_id, dispatched, unseen_body=loaded.registry.get(name) is not None)
         return cls(spy, call_id, dispatched, len(spy.runs), len(spy.finalizations))
 
     def runs(self) -> list[BodyRun] | None:
         """The body's runs for the call, so far. Where no spy sees the body, ``None`` (taken as running: the body is
-        blamed, as for any dispatched call) if the call is dispatched, else ``[]`` (taken as never run: the runtime
-        runs no body for a call aborted before dispatch, so only its result observers can hold it)."""
+        blamed, as for any dispatched call) if the call is dispatched and the registry holds a body of the name, else
+        ``[]`` (taken as never run: the runtime runs no body for a call aborted before dispatch, so only its result
+        observers can hold it, nor for a tool it does not hold, so only the stages before the body and after it
+        can)."""
         if self.spy is None:
-            return None if self.dispatched else []
+            return None if self.dispatched and self.unseen_body else []
         return self.spy.runs_of(self.call_id, self.known)
 
     def finalize_s(self) -> float:
@@ -786,7 +795,7 @@ async def _bounded_call(
     limit = _call_limit(target)
     controller = AbortController()
     watch = CallWatch(call_id)
-    marks = _CallMarks.before(loaded.spies.get(name), call_id)
+    marks = _CallMarks.before(loaded, name, call_id)
     task = asyncio.ensure_future(_call(loaded, name, arguments, controller.signal, call_id=call_id, watch=watch))
     await _wait(task, limit)
     first = _stuck_grace(loaded, watch)
@@ -1767,7 +1776,7 @@ async def _pre_aborted_call(
     limit = _call_limit(target)
     call_id = "conformance"
     what = "the call aborted before dispatch"
-    marks = _CallMarks.before(loaded.spies.get(name), call_id, dispatched=False)
+    marks = _CallMarks.before(loaded, name, call_id, dispatched=False)
     grace = _stuck_grace(loaded, None)
     task = asyncio.ensure_future(
         _call(

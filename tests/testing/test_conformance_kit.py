@@ -1990,6 +1990,30 @@ def test_a_call_held_before_its_body_is_not_taken_as_entered_when_another_call_r
     assert not any(blame in f for f in calls for blame in BODY_BLAME), found
 
 
+@pytest.mark.parametrize(
+    ("plugin", "tool", "held"),
+    [
+        ("refused-then-held", "bad name", f"it was held before its body ({BEFORE_BODY}), so the body never ran"),
+        ("refused-and-shadowed", "shadowed", "it was held by its body, which had not returned"),
+    ],
+)
+@pytest.mark.parametrize("check", ["check_example_calls", "check_dispose"])
+def test_a_call_of_a_tool_the_registry_refused_is_blamed_on_a_body_only_if_the_registry_holds_one(
+    fixture_plugins: None, check: str, plugin: str, tool: str, held: str
+) -> None:
+    """The plugin swallows the registry's refusal of its tool: the kit has the definition, so it calls the tool, but
+    no spy of its body. Where the registry holds no tool of that name (refused-then-held: an invalid name), no body
+    can run, and a pre-execute hook holds the call: the kit took a body no spy sees as running, and said the call
+    was held by its body. Where it holds one all the same (refused-and-shadowed: registered straight in the
+    registry, then refused as a duplicate), that body runs unseen and holds the call: it is blamed."""
+    name = _check_id(check)
+    (call,) = _call_failures(_bounded(check, Target(plugin)), name, plugin, tool)
+    assert call.startswith(
+        f'[dsh:{name}] plugin "{plugin}", tool "{tool}": examples[0] {{"x": 1}}: the call did not return within '
+        f"0.2 s: {held} (it was still running 0.2 s after its signal was aborted, and was cancelled)\n"
+    ), call
+
+
 def test_an_error_an_abandoned_call_raises_late_is_not_blamed_on_the_call_running_then(fixture_plugins: None) -> None:
     """typed-errors abandons the example call (its body ignores abort and cancellation); that body raises an untyped
     error later, while the next call ({"x": 0}) runs, whose body returns normally. The spy's error list runs across
