@@ -49,6 +49,9 @@ QUIET = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 LIMIT_CHECKS = ("check_example_calls", "check_typed_errors", "check_dispose")
 #: Those and the abort check (its call bounded by the abort bound): every check whose call runs the tool's body.
 BODY_CHECKS = ("check_abort", *LIMIT_CHECKS)
+#: Those that make a single call of a fixture tool (its one example; typed-errors adds two variants): the tests of a
+#: call held before its body expect one failure of each (the pre-abort check's call reaches no stage before the body).
+SINGLE_CALL_CHECKS = ("check_abort", "check_example_calls", "check_dispose")
 #: Those and the pre-abort check, whose call runs no body but still reaches finalize_content and the result observers.
 CALLING_CHECKS = (*BODY_CHECKS, "check_pre_abort")
 
@@ -1624,7 +1627,7 @@ def test_a_call_waiting_for_an_approval_nobody_gives_is_blamed_on_the_ask_not_th
     assert len(found) == (3 if name == "typed-errors" else 1), found
 
 
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
+@pytest.mark.parametrize("check", SINGLE_CALL_CHECKS)
 def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grace_and_blames_the_channel(
     fixture_plugins: None, monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
@@ -1670,7 +1673,7 @@ def test_a_call_whose_ask_ignores_its_withdrawal_gets_the_runtimes_approval_grac
     assert "fix: end dsh_approve's ask as soon as it is cancelled" in left and "scope.spawn" not in left, left
 
 
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
+@pytest.mark.parametrize("check", SINGLE_CALL_CHECKS)
 def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: None, check: str) -> None:
     """A guard that never returns holds the call before its body: the kit told the author to make the body honour
     ctx.signal, though it never ran."""
@@ -1697,7 +1700,7 @@ def test_a_call_held_before_its_body_is_not_blamed_on_the_body(fixture_plugins: 
     assert not any(blame in found for blame in BODY_BLAME), found
 
 
-@pytest.mark.parametrize("check", ["check_abort", "check_example_calls", "check_dispose"])
+@pytest.mark.parametrize("check", SINGLE_CALL_CHECKS)
 def test_a_call_held_by_an_approval_observer_names_the_observer_not_the_stages_it_never_reached(
     fixture_plugins: None, check: str
 ) -> None:
