@@ -1112,6 +1112,21 @@ def _body_end(runs: list[BodyRun]) -> str | None:
     return "returned" if error is None else f"raised {type(error).__name__}"
 
 
+def _spied(loaded: LoadedPlugin) -> Iterator[tuple[ToolDefinition, ToolSpy]]:
+    """Each tool ``loaded`` registered that the registry took, with the spy of its body, in registration order.
+
+    A tool the registry refused, the plugin going on (it swallowed the error), has a definition but no spy: the
+    checks that judge what its body did (ran, raised, how it took an abort) cannot see it run, so they skip it,
+    and the tool-names check reports it. The checks that only time a call make it all the same
+    (:meth:`_CallMarks.before`).
+    """
+    for definition in loaded.definitions:
+        spy = loaded.spies.get(definition.name)
+        # A refused duplicate of a tool the plugin registered first finds that tool's spy, which is not its own.
+        if spy is not None and spy.definition is definition:
+            yield definition, spy
+
+
 def _schemas_valid(definition: ToolDefinition) -> bool:
     """False when a schema is invalid: such a tool is reported by the tool-schemas check and skipped elsewhere."""
     try:
@@ -1813,8 +1828,7 @@ def check_pre_abort(target: Target) -> list[str]:
     within ``Target.call_timeout_s`` (else :data:`CALL_TIMEOUT_S`)."""
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
-        for definition in loaded.definitions:
-            spy = loaded.spies[definition.name]
+        for definition, spy in _spied(loaded):
             for example in definition.examples[:1]:
                 result = await _pre_aborted_call(target, loaded, definition.name, example, found)
                 if spy.runs_of("conformance"):  # this call's (the plugin may run the tool for calls of its own)
@@ -1849,10 +1863,9 @@ def check_abort(target: Target) -> list[str]:
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
         loop = asyncio.get_running_loop()
         call_id = "conformance"  # one call of each tool
-        for definition in loaded.definitions:
+        for definition, spy in _spied(loaded):
             if not definition.examples:
                 continue
-            spy = loaded.spies[definition.name]
             controller = AbortController()
             aborted_at: list[float] = []
 
@@ -2034,8 +2047,7 @@ def check_typed_errors(target: Target) -> list[str]:
     for the examples and edge variants."""
 
     async def probe(loaded: LoadedPlugin, found: list[str]) -> None:
-        for definition in loaded.definitions:
-            spy = loaded.spies[definition.name]
+        for definition, spy in _spied(loaded):
             for index, arguments in enumerate(_perturbations(definition)):
                 call_id = f"typed-errors-{index}"
                 result = await _bounded_call(
