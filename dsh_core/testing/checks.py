@@ -1513,9 +1513,33 @@ def check_tool_schemas(target: Target) -> list[str]:
     return failures
 
 
+def _refused_and_gone_on(target: Target) -> list[tuple[ToolDefinition, str]]:
+    """The registry's refusals of tools the plugin registered (:attr:`LoadedPlugin.refusals`), when it started all
+    the same: it swallowed each and went on without the tool.
+
+    A load of its own, each tool registered: :func:`_recorded` registers none, so the registry refuses nothing
+    there (a duplicate of a tool the plugin put straight in the registry, which the names alone do not show,
+    included). None when the plugin does not start so: it let a refusal out, as it should, or failed otherwise,
+    which the entry-point check reports.
+    """
+
+    async def scenario() -> list[tuple[ToolDefinition, str]]:
+        try:
+            loaded = await load_plugin(target.name, target.config)
+        except Exception:
+            return []
+        await loaded.dispose()
+        return loaded.refusals
+
+    with _ending_processes():
+        result: list[tuple[ToolDefinition, str]] = _run(scenario)
+    return result
+
+
 @_guarded
 def check_tool_names(target: Target) -> list[str]:
-    """Tool names are unique within the plugin, valid, and never the reserved ``run_code``."""
+    """Tool names are unique within the plugin, valid, and never the reserved ``run_code``; and the plugin never
+    goes on after the registry refuses a tool it registers, starting without the tool."""
     failures = []
     seen: set[str] = set()
     for definition in _recorded(target, "tool-names"):
@@ -1547,6 +1571,19 @@ def check_tool_names(target: Target) -> list[str]:
                 )
             )
         seen.add(name)
+    for definition, refusal in _refused_and_gone_on(target):
+        failures.append(
+            failure(
+                target,
+                "tool-names",
+                f"the registry refused to register the tool ({refusal}), and the plugin swallowed the error and "
+                "went on: it started without the tool, and nothing said so",
+                "let the error propagate out of dsh_register_tools, so the plugin fails to start naming the tool; "
+                "and fix what the registry's message names (register a valid name no other tool has, built with "
+                "define_tool)",
+                str(definition.name),
+            )
+        )
     return failures
 
 

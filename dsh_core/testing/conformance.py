@@ -207,7 +207,7 @@ class ToolPluginConformance:
 
     @_check("tool-names")
     def test_tool_names_are_unique_valid_and_not_reserved(self, dsh_target: Target) -> None:
-        """Names are unique, match [A-Za-z0-9_-]{1,64} and are not run_code."""
+        """Names are unique, match [A-Za-z0-9_-]{1,64} and are not run_code; no refused registration is swallowed."""
         _verify(checks.check_tool_names, dsh_target)
 
     @_check("examples")

@@ -399,6 +399,10 @@ class LoadedPlugin:
         self.scope: Scope | None = None
         self.definitions: list[ToolDefinition] = []
         self.spies: dict[str, ToolSpy] = {}
+        #: Each registration through the kit's register callable that the registry refused, and the registry's
+        #: message, in order. Recorded before the error is raised to the plugin: one that swallows it and goes on
+        #: starts without the tool, which has a definition here but no spy (the tool-names check reports it).
+        self.refusals: list[tuple[ToolDefinition, str]] = []
         # What the registry holds before the plugin starts: not the plugin's to undo.
         self.baseline = Counter(registry.inventory())
 
@@ -467,6 +471,7 @@ async def load_plugin(
                 finalize = spy.finalize if definition.finalize_content is not None else None
                 registry.register(attrs.evolve(definition, execute=spy.execute, finalize_content=finalize), scope=scope)
             except DshError as error:
+                loaded.refusals.append((definition, error.message))
                 raise type(error)(f"plugin {plugin_id!r}: {error.message}") from None
             loaded.spies[definition.name] = spy
 

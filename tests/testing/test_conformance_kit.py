@@ -39,6 +39,7 @@ bad-tools = broken_plugins:bad_tools
 bad-hooks = broken_plugins:bad_hooks
 leaky = broken_plugins:leaky
 swallows-cancel = broken_plugins:swallows_cancel
+refused-and-shadowed = broken_plugins:refused_and_shadowed
 """
 
 
@@ -2026,6 +2027,44 @@ def test_a_call_of_a_tool_the_registry_refused_is_blamed_on_a_body_only_if_the_r
     ), call
 
 
+#: What the tool-names check says of a tool the registry refused, after the registry's message, and the fix.
+REFUSED_THEN_ON = (
+    "), and the plugin swallowed the error and went on: it started without the tool, and nothing said so\n"
+    "    fix: let the error propagate out of dsh_register_tools, so the plugin fails to start naming the tool; and "
+    "fix what the registry's message names (register a valid name no other tool has, built with define_tool)"
+)
+
+
+@pytest.mark.parametrize(
+    ("plugin", "tool", "refusal"),
+    [
+        ("refused-then-held", "bad name", "invalid tool name 'bad name': use 1-64 characters from [A-Za-z0-9_-]"),
+        ("refused-and-shadowed", "shadowed", 'tool "shadowed" is already registered globally; '),
+    ],
+)
+def test_a_tool_the_registry_refused_the_plugin_going_on_fails_the_tool_names_check(
+    fixture_plugins: None, plugin: str, tool: str, refusal: str
+) -> None:
+    """The plugin swallows the registry's refusal of a tool it registers through the kit's register callable, and
+    starts without it: nothing failed, and dsh silently lacks the tool. The tool-names check read the names alone
+    (a duplicate of a tool the plugin put straight in the registry, refused-and-shadowed, it could not see), and
+    never said the plugin went on: it reports the refusal, naming the tool and the registry's error."""
+    found = checks.check_tool_names(Target(plugin))
+    lead = f'[dsh:tool-names] plugin "{plugin}", tool "{tool}": the registry refused to register the tool ('
+    refused = [f for f in found if f.startswith(lead)]
+    assert len(refused) == 1, found
+    assert refused[0].startswith(lead + refusal), refused
+    assert refused[0].endswith(REFUSED_THEN_ON), refused
+
+
+def test_a_refusal_the_plugin_lets_out_is_left_to_the_entry_point_check(fixture_plugins: None) -> None:
+    """bad-names lets the registry's refusal of its first tool out, so it fails to start: the tool-names check
+    reports the names it would refuse, and no refusal gone on from (the plugin went on from none)."""
+    found = checks.check_tool_names(Target("bad-names"))
+    assert len(found) == 3, found
+    assert not any("the registry refused" in f for f in found), found
+
+
 @pytest.mark.parametrize("plugin", ["refused-then-held", "refused-and-shadowed"])
 @pytest.mark.parametrize("check", ["check_typed_errors", "check_pre_abort", "check_abort"])
 def test_the_checks_that_watch_a_body_skip_a_tool_the_registry_refused(
@@ -2035,6 +2074,23 @@ def test_the_checks_that_watch_a_body_skip_a_tool_the_registry_refused(
     looked its spy up by name and crashed with a bare KeyError. They judge what the spy sees, so they skip it (the
     tool-names check reports it); the plugin's hooks hold no call they make, as they make none."""
     assert _bounded(check, Target(plugin)) == []
+
+
+def test_a_tool_the_registry_refused_is_reported_by_the_suite_without_a_key_error(kit: pytest.Pytester) -> None:
+    """Through the pytest plugin: the tool-names test fails naming the refused tool, and the tests of the checks
+    that watch its body pass, no KeyError in sight."""
+    result = kit.runpytest_subprocess(
+        "--dsh-conformance=refused-and-shadowed",
+        *QUIET,
+        "-rf",
+        "-k",
+        "dsh:tool-names or dsh:typed-errors or dsh:pre-abort or dsh:abort",
+    )
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        ['*[[]dsh:tool-names[]] plugin "refused-and-shadowed", tool "shadowed": the registry refused to register*']
+    )
+    assert "KeyError" not in result.stdout.str() + result.stderr.str()
 
 
 def test_an_error_an_abandoned_call_raises_late_is_not_blamed_on_the_call_running_then(fixture_plugins: None) -> None:
