@@ -9,8 +9,8 @@ cancels it, a third exits at once.
 Exit codes: 0 for an answer (final message or a concluding tool), 1 for a
 run that stopped without one (turn limit, provider or other error), 2 for
 bad usage or config, 130 for an interrupted run. An answer whose reply the
-model did not finish (``finish_reason`` ``length`` or ``content_filter``)
-still exits 0, with a warning on stderr.
+model did not finish (``finish_reason`` ``length`` or ``content_filter``),
+or that is the model's refusal, still exits 0, with a warning on stderr.
 """
 
 from __future__ import annotations
@@ -143,6 +143,9 @@ def run_prompt(
             f"dsh: warning: the answer may be incomplete: {unfinished} (finish_reason {result.finish_reason!r})",
             err=True,
         )
+    if result.ok and result.refusal:
+        # The answer on stdout is the refusal's text: a script reading it should not take it for the result.
+        click.echo("dsh: warning: the model refused; the answer is its refusal", err=True)
     if not result.ok:
         detail = result.error or str(result.reason)
         resume = f" (session {result.session_id})" if result.session_id else ""

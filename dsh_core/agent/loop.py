@@ -136,6 +136,9 @@ class RunResult:
     #: The ``finish_reason`` of the last reply, as the provider reported it (``length``: cut off at the
     #: output limit, ``content_filter``: stopped by a filter); ``None`` if it reported none.
     finish_reason: str | None = None
+    #: The last reply was the model's refusal (``_meta`` ``refusal``, from OpenAI's ``refusal`` field):
+    #: the answer is the refusal's text, not what was asked for.
+    refusal: bool = False
 
     @property
     def ok(self) -> bool:
@@ -424,6 +427,7 @@ class AgentLoop:
         turns = 0
         answer: str | None = None
         finish_reason: str | None = None
+        refusal = False
         reason: StopReason
         error: str | None = None
         failure: Exception | None = None
@@ -445,6 +449,7 @@ class AgentLoop:
                 meta = assistant.pop("_meta", None)
                 finish = meta.get("finish_reason") if isinstance(meta, Mapping) else None
                 finish_reason = finish if isinstance(finish, str) else None
+                refusal = isinstance(meta, Mapping) and meta.get("refusal") is True
                 messages.append(assistant)
                 payload: dict[str, Any] = {"message": assistant, "step": step}
                 if meta is not None:
@@ -527,6 +532,7 @@ class AgentLoop:
             error,
             tuple(self._request_chars),
             finish_reason,
+            refusal,
         )
         self.observer.on_end(result)
         return result

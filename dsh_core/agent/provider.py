@@ -12,7 +12,8 @@ The returned message is ``{"role": "assistant", "content": str | None,
 "tool_calls": [...]}`` (``tool_calls`` omitted or empty for a final answer),
 with each call ``{"id", "type": "function", "function": {"name",
 "arguments": <JSON text>}}``. Optional metadata (``finish_reason``,
-``usage``) rides in a ``"_meta"`` key, which the loop records and strips.
+``usage``, and ``refusal``: true when the content is the model's refusal)
+rides in a ``"_meta"`` key, which the loop records and strips.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ one. A body is read up to 4 MiB (an event stream: 64 MiB); a larger one is
 a ``malformed-response``, not read further. Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, ``-0.0``)
 in the usage the server reports become null (``-0.0``: 0), never a failed
 run; in tool-call arguments they reach the loop as written, which tells the
-model its arguments are not valid JSON. The key is read from the
+model its arguments are not valid JSON. A model's refusal (``refusal``, streamed
+or not) is the answer's content when it has none, and ``_meta`` says
+``"refusal": true``. The key is read from the
 environment at each request and never appears in a message, a repr or a log.
 """
 
@@ -202,20 +204,37 @@ def _null_constant(name: str) -> None:
     return None  # NaN, Infinity, -Infinity
 
 
-def _meta(finish_reason: object, usage: object) -> dict[str, Any]:
-    """An answer's ``_meta`` (what is set of ``finish_reason`` and ``usage``) as lossless JSON.
+def _meta(finish_reason: object, usage: object, refusal: bool = False) -> dict[str, Any]:
+    """An answer's ``_meta`` (what is set of ``finish_reason`` and ``usage``; ``refusal``) as lossless JSON.
 
     Python's parser accepts ``NaN`` and ``Infinity`` (and reads ``1e400`` as
     infinity, and keeps ``-0.0``), none of which JSON can carry: the session
     event of the assistant message would be refused and a good answer lost.
     This is metadata, so such a number becomes null (``-0.0`` becomes 0).
+    ``"refusal": true`` is set when the model refused (see :func:`_with_refusal`).
     """
     meta = {key: value for key, value in (("finish_reason", finish_reason), ("usage", usage)) if value is not None}
     try:
         cleaned: dict[str, Any] = json.loads(json.dumps(meta), parse_constant=_null_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):  # nested too deep to copy: keep what is certainly plain
-        return {"finish_reason": finish_reason} if isinstance(finish_reason, str) else {}
+        cleaned = {"finish_reason": finish_reason} if isinstance(finish_reason, str) else {}
+    if refusal:
+        cleaned["refusal"] = True
     return cleaned
+
+
+def _with_refusal(message: Message, refusal: object) -> bool:
+    """Make a refusal the content of ``message`` when it has none; whether the model refused.
+
+    OpenAI puts a refusal (typically to a JSON-schema ``response_format``) in
+    ``refusal``, with ``content`` null: ignored, it ended the run with an empty
+    answer that passed for a good one. Content the message does have is kept.
+    """
+    if not isinstance(refusal, str) or not refusal:
+        return False
+    if not message.get("content"):
+        message["content"] = refusal
+    return True
 
 
 def _fallback_ids() -> Callable[[int], str]:
@@ -478,6 +497,7 @@ class OpenAICompatProvider:
             choice = data["choices"][0]
             raw = choice["message"]
             finish, usage = choice.get("finish_reason"), data.get("usage")
+            refusal = raw.get("refusal") if isinstance(raw, Mapping) else None  # normalize_assistant names a non-object
         except RecursionError:
             raise ProviderError(
                 "malformed-response",
@@ -489,7 +509,7 @@ class OpenAICompatProvider:
                 f"{self.name}: {self.shown_url}: the response is not a chat completion: {self._quote(text)}",
             ) from None
         message = normalize_assistant(raw, who=f"{self.name}: {self.shown_url}", fallback_ids=_fallback_ids())
-        message["_meta"] = _meta(finish, usage)
+        message["_meta"] = _meta(finish, usage, _with_refusal(message, refusal))
         return message
 
     async def _once(self, body: dict[str, Any], model: str) -> Message:
@@ -708,6 +728,7 @@ class _StreamAssembler:
         self.who = who
         self.redact = redact  # chunks quoted in errors are quoted without the API key
         self.parts: list[str] = []
+        self.refusal_parts: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self.slot_of_index: dict[int, int] = {}
         self.finish_reason: str | None = None
@@ -756,6 +777,12 @@ class _StreamAssembler:
             if isinstance(text, str) and text:
                 self.parts.append(text)
                 fragment = (fragment or "") + text
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self.refusal_parts.append(refusal)
+                if not self.parts:
+                    # Shown as content is: without content, the refusal is the answer (see _with_refusal).
+                    fragment = (fragment or "") + refusal
             tool_calls = delta.get("tool_calls") or []
             if not isinstance(tool_calls, list):
                 raise ProviderError(
@@ -805,7 +832,7 @@ class _StreamAssembler:
         if self.calls:
             raw["tool_calls"] = self.calls
         message = normalize_assistant(raw, who=self.who, fallback_ids=_fallback_ids())
-        message["_meta"] = _meta(self.finish_reason, self.usage)
+        message["_meta"] = _meta(self.finish_reason, self.usage, _with_refusal(message, "".join(self.refusal_parts)))
         return message
 
 

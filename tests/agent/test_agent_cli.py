@@ -726,3 +726,12 @@ def test_an_answer_the_model_did_not_finish_is_printed_with_a_warning(
         assert done.stderr == ""
     else:
         assert done.stderr == f"dsh: warning: the answer may be incomplete: {warning}\n"
+
+
+def test_a_refusal_is_printed_as_the_answer_with_a_warning(tmp_path: Path) -> None:
+    # A refusal (OpenAI's message.refusal, which the provider makes the content) passed for an answer.
+    refusal = "I'm sorry, I can't help with that."
+    answer = {"role": "assistant", "content": refusal, "_meta": {"finish_reason": "stop", "refusal": True}}
+    done = dsh("--config", str(config(tmp_path, [answer])), "-p", "go", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == refusal + "\n"
+    assert done.stderr == "dsh: warning: the model refused; the answer is its refusal\n"

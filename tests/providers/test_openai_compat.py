@@ -1113,3 +1113,186 @@ async def test_an_endless_body_is_read_only_up_to_a_limit(
     assert caught.value.kind == kind and text in caught.value.message
     assert len(caught.value.message) < 600
     assert body.sent <= 3 * 2**20
+
+
+REFUSAL = "I'm sorry, I can't help with that."
+
+
+def _mock_client(responses: list[Any], **options: Any) -> tuple[OpenAICompatProvider, list[float]]:
+    """A provider answering each request with the next of ``responses`` (a JSON body, or a list of SSE chunks)."""
+    import httpx
+
+    queue = list(responses)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        response = queue.pop(0)
+        if isinstance(response, httpx.Response):
+            return response
+        if isinstance(response, list):
+            events = "".join(
+                f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n" for chunk in response
+            )
+            return httpx.Response(200, headers={"Content-Type": "text/event-stream"}, content=events.encode())
+        return httpx.Response(200, json=response)
+
+    client = OpenAICompatProvider(
+        base_url="http://model.invalid/v1",
+        model="m",
+        transport=httpx.MockTransport(answer),
+        backoff_base_s=0.01,
+        sleep=sleep,
+        **options,
+    )
+    return client, slept
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"), [(None, REFUSAL), ("", REFUSAL), ("Here is the JSON.", "Here is the JSON.")]
+)
+async def test_a_refusal_is_the_answer_when_there_is_no_content(content: str | None, expected: str) -> None:
+    # With a JSON-schema response_format, OpenAI puts a refusal in message.refusal and leaves content null:
+    # the run ended with an empty answer, exit 0, and nothing said the model had refused.
+    body = completion(content)
+    body["choices"][0]["message"]["refusal"] = REFUSAL
+    client, _ = _mock_client([body])
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == expected
+    assert message["_meta"] == {
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        "refusal": True,
+    }
+
+
+@pytest.mark.parametrize("refusal", [None, ""])
+async def test_a_null_or_empty_refusal_is_no_refusal(refusal: str | None) -> None:
+    body = completion("fine")
+    body["choices"][0]["message"]["refusal"] = refusal
+    client, _ = _mock_client([body, [delta_chunk({"content": "fine", "refusal": refusal}, "stop")]])
+    try:
+        plain = await client.complete([{"role": "user", "content": "x"}], [])
+        client.stream = True
+        streamed = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert plain["content"] == streamed["content"] == "fine"
+    assert "refusal" not in plain["_meta"] and "refusal" not in streamed["_meta"]
+
+
+async def test_a_streamed_refusal_is_shown_and_is_the_answer() -> None:
+    chunks = [
+        delta_chunk({"role": "assistant", "content": None, "refusal": ""}),
+        delta_chunk({"refusal": "I'm sorry, "}),
+        delta_chunk({"refusal": "I can't help with that."}),
+        delta_chunk({}, "stop"),
+    ]
+    fragments: list[str] = []
+
+    async def on_text(text: str) -> None:
+        fragments.append(text)
+
+    client, _ = _mock_client([chunks], stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [], on_text=on_text)
+    finally:
+        await client.aclose()
+    assert fragments == ["I'm sorry, ", "I can't help with that."]
+    assert message["content"] == REFUSAL
+    assert message["_meta"] == {"finish_reason": "stop", "refusal": True}
+
+
+def _refusing_deployment(server: FakeServer, tmp_path: Path, stream: bool) -> dict[str, Any]:
+    return {
+        "sessions": {"home": str(tmp_path / "home")},
+        "agents": [{"id": "main", "provider": "openai"}],
+        "plugins": [
+            {"id": "sessions", "use": "sqlite-sessions"},
+            {"id": "openai", "use": "openai", "config": {"base_url": server.url, "model": "m", "stream": stream}},
+        ],
+    }
+
+
+def _queue_refusal(server: FakeServer, stream: bool) -> None:
+    if stream:
+        server.stream(
+            [delta_chunk({"role": "assistant", "content": None, "refusal": REFUSAL}), delta_chunk({}, "stop")]
+        )
+    else:
+        body = completion(None)
+        body["choices"][0]["message"]["refusal"] = REFUSAL
+        server.reply(body=body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_refusal_ends_the_run_with_it_as_the_answer_and_the_session_keeps_it(
+    server: FakeServer, tmp_path: Path, stream: bool
+) -> None:
+    _queue_refusal(server, stream)
+    deployment = compose([("test", _refusing_deployment(server, tmp_path, stream))], env={})
+    harness = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
+    try:
+        result = await run_agent(harness, "extract the fields")
+        store = open_session_store(harness)
+        try:
+            assert result.session_id is not None
+            events = await store.load(result.session_id)
+        finally:
+            await store.close()
+    finally:
+        await harness.aclose()
+    assert result.ok and result.answer == REFUSAL and result.refusal, result.error
+    (assistant,) = [event for event in events if event.kind == "message/assistant"]
+    assert assistant.payload["message"] == {"role": "assistant", "content": REFUSAL}
+    assert assistant.payload["meta"]["refusal"] is True
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_dsh_p_prints_a_refusal_with_a_warning(server: FakeServer, tmp_path: Path, stream: bool) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import anyio
+
+    _queue_refusal(server, stream)
+    path = tmp_path / "dsh.toml"
+    # JSON strings and booleans are TOML ones too.
+    path.write_text(f"""
+[sessions]
+home = {json.dumps(str(tmp_path / "home"))}
+
+[[agents]]
+id = "main"
+provider = "openai"
+
+[[plugins]]
+id = "sessions"
+use = "sqlite-sessions"
+
+[[plugins]]
+id = "openai"
+use = "openai"
+config = {{ base_url = {json.dumps(server.url)}, model = "m", stream = {json.dumps(stream)} }}
+""")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [sys.executable, "-m", "dsh_core", "--config", str(path), "-p", "extract the fields"],
+            cwd=tmp_path,
+            env=environ,
+            text=True,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == REFUSAL + "\n"
+    assert done.stderr == "dsh: warning: the model refused; the answer is its refusal\n"
