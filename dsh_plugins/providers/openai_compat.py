@@ -18,6 +18,10 @@ says the prompt is too long), ``malformed-response`` / ``malformed-tool-call``,
 ``rate-limited`` / ``server`` / ``connection`` (after the retries; a stream
 that ends before its ``finish_reason`` or ``[DONE]`` is a ``connection``
 failure too), ``http`` (any other status or HTTP failure) and ``no-model``.
+An error event in a stream before any of the answer came is judged by the
+status it names (``code`` 429, ``server_error``, ``overloaded_error``...) as a
+response with that status is, retries included; after part of the answer, it
+is an ``http`` failure, not retried (the part was shown already).
 A streaming request answered with a plain JSON completion is accepted as
 one. A body is read up to 4 MiB (an event stream: 64 MiB); a larger one is
 a ``malformed-response``, not read further. Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, ``-0.0``)
@@ -119,6 +123,51 @@ _CONTEXT_MARKERS: Final = (
     "n_ctx",
     "input is too long",
 )
+
+
+#: Error types and codes of an error event that stand for an HTTP status (OpenAI, Anthropic-style servers), so that
+#: :meth:`OpenAICompatProvider._failure` can judge the event as it judges that status.
+_ERROR_NAME_STATUS: Final = {
+    "rate_limit_exceeded": 429,
+    "rate_limit_error": 429,
+    "server_error": 500,
+    "internal_server_error": 500,
+    "api_error": 500,
+    "service_unavailable": 503,
+}
+
+
+def _error_status(error: object) -> int | None:
+    """The HTTP status a stream's error event stands for (a status number or a known type or code), if any.
+
+    vLLM and OpenRouter send the status as ``code``; OpenAI and Anthropic-style servers name it
+    (``server_error``, ``overloaded_error``); some send just a string.
+    """
+    names: list[object] = [error]
+    if isinstance(error, Mapping):
+        for field in (error.get("status"), error.get("code")):
+            value = int(field) if isinstance(field, str) and field.isascii() and field.isdigit() else field
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+                return value
+        names = [error.get("type"), error.get("code")]
+    for name in names:
+        if isinstance(name, str):
+            lowered = name.strip().lower()
+            if "overloaded" in lowered:
+                return 503
+            if lowered in _ERROR_NAME_STATUS:
+                return _ERROR_NAME_STATUS[lowered]
+    return None
+
+
+class _ErrorEvent(Exception):
+    """A stream chunk that is an error event; ``error`` is what to raise unless it is judged as a status."""
+
+    def __init__(self, error: ProviderError, status: int | None, text: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.status = status
+        self.text = text
 
 
 class _Retry(Exception):
@@ -431,8 +480,11 @@ class OpenAICompatProvider:
                     ) from None
                 await self._sleep(delay)
 
-    def _failure(self, status: int, text: str, headers: httpx.Headers, model: str) -> Exception:
-        """The error for an HTTP error status: a :class:`_Retry` or a final :class:`ProviderError`."""
+    def _failure(self, status: int, text: str, headers: httpx.Headers, model: str, *, label: str = "HTTP") -> Exception:
+        """The error for an HTTP error status: a :class:`_Retry` or a final :class:`ProviderError`.
+
+        ``label`` names where the status came from in the message (``HTTP 503``; a stream's error event).
+        """
         detail = self._quote(text)
         where = f"{self.name}: {self.shown_url}"
         if status in (401, 403):
@@ -444,12 +496,12 @@ class OpenAICompatProvider:
                 else "no API key is configured (set api_key_env to the name of the variable holding it)"
             )
             return ProviderError(
-                "auth", f"{where}: authentication failed (HTTP {status}): {detail}; {hint}", status=status
+                "auth", f"{where}: authentication failed ({label} {status}): {detail}; {hint}", status=status
             )
         if status == 404:
             return ProviderError(
                 "model-not-found",
-                f"{where}: model {model!r} not found (HTTP 404): {detail} "
+                f"{where}: model {model!r} not found ({label} 404): {detail} "
                 "(check `model` and that base_url ends before "
                 "/chat/completions)",
                 status=status,
@@ -458,15 +510,15 @@ class OpenAICompatProvider:
         if status in (400, 413, 422) and any(marker in lowered for marker in _CONTEXT_MARKERS):
             return ProviderError(
                 "context-length",
-                f"{where}: the conversation is too long for model {model!r} (HTTP {status}): {detail}",
+                f"{where}: the conversation is too long for model {model!r} ({label} {status}): {detail}",
                 status=status,
             )
         if status in RETRY_STATUSES or status >= 500:
             kind = "rate-limited" if status == 429 else "server"
             return _Retry(
-                ProviderError(kind, f"{where}: HTTP {status}: {detail}", status=status), _retry_after(headers)
+                ProviderError(kind, f"{where}: {label} {status}: {detail}", status=status), _retry_after(headers)
             )
-        return ProviderError("http", f"{where}: HTTP {status}: {detail}", status=status)
+        return ProviderError("http", f"{where}: {label} {status}: {detail}", status=status)
 
     def _connection(self, error: httpx.HTTPError) -> _Retry:
         what = "timed out" if isinstance(error, httpx.TimeoutException) else "failed"
@@ -554,7 +606,16 @@ class OpenAICompatProvider:
                     if data == "[DONE]":
                         done = True
                         break
-                    fragment = assembler.feed(data)
+                    try:
+                        fragment = assembler.feed(data)
+                    except _ErrorEvent as event:
+                        if event.status is None or assembler.received:
+                            # After part of the answer, a retry would show that part again (as a broken stream).
+                            raise event.error from None
+                        # None of the answer came: the request failed as one answered with that status does.
+                        raise self._failure(
+                            event.status, event.text, httpx.Headers(), model, label="mid-stream error"
+                        ) from None
                     if fragment and on_text is not None:
                         await on_text(fragment)
         except httpx.TransportError as error:
@@ -735,7 +796,7 @@ class _StreamAssembler:
         self.usage: object = None
 
     def feed(self, data: str) -> str | None:
-        """Apply one chunk; return its text fragment (if any)."""
+        """Apply one chunk; return its text fragment (if any). An error event raises :class:`_ErrorEvent`."""
         try:
             chunk = json.loads(data)
         except ValueError:
@@ -749,10 +810,12 @@ class _StreamAssembler:
             ) from None
         if not isinstance(chunk, Mapping):
             raise ProviderError("malformed-response", f"{self.who}: a stream chunk is not an object")
-        if "error" in chunk:
-            raise ProviderError(
-                "http", f"{self.who}: the server reported an error mid-stream: {_quote(json.dumps(chunk), self.redact)}"
+        if chunk.get("error") is not None:  # some servers send "error": null in every chunk
+            quoted = json.dumps(chunk)
+            error = ProviderError(
+                "http", f"{self.who}: the server reported an error mid-stream: {_quote(quoted, self.redact)}"
             )
+            raise _ErrorEvent(error, _error_status(chunk["error"]), quoted)
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
         fragment: str | None = None
@@ -825,6 +888,11 @@ class _StreamAssembler:
             entry["function"]["arguments"] += arguments
         elif isinstance(arguments, Mapping):
             entry["function"]["arguments"] += json.dumps(arguments, ensure_ascii=False)
+
+    @property
+    def received(self) -> bool:
+        """Whether any of the answer came (text, shown through ``on_text``, a refusal or a tool call)."""
+        return bool(self.parts or self.refusal_parts or self.calls)
 
     def message(self) -> Message:
         """The assembled assistant message (checked)."""

@@ -1296,3 +1296,103 @@ config = {{ base_url = {json.dumps(server.url)}, model = "m", stream = {json.dum
     assert done.returncode == 0, done.stderr
     assert done.stdout == REFUSAL + "\n"
     assert done.stderr == "dsh: warning: the model refused; the answer is its refusal\n"
+
+
+ANSWER_CHUNKS = [delta_chunk({"role": "assistant", "content": "4"}), delta_chunk({"content": "2"}, "stop")]
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ({"message": "Rate limit reached", "code": 429}, "rate-limited"),
+        ({"message": "Provider returned error", "code": "502"}, "server"),
+        ({"message": "Overloaded", "type": "overloaded_error"}, "server"),
+        ({"message": "The server had an error while processing your request.", "type": "server_error"}, "server"),
+        ("overloaded", "server"),
+    ],
+)
+@pytest.mark.parametrize("role_first", [False, True])
+async def test_an_error_event_before_anything_was_received_is_retried_as_a_failed_request(
+    error: Any, kind: str, role_first: bool
+) -> None:
+    # The request failed before any of the answer came (a role-only delta carries none of it): nothing was
+    # shown, so it is retried as a 429/5xx response is. It failed the run at once.
+    failed = ([delta_chunk({"role": "assistant"})] if role_first else []) + [{"error": error}]
+    fragments: list[str] = []
+
+    async def on_text(text: str) -> None:
+        fragments.append(text)
+
+    client, slept = _mock_client([failed, ANSWER_CHUNKS], stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [], on_text=on_text)
+    finally:
+        await client.aclose()
+    assert message["content"] == "42" and fragments == ["4", "2"]
+    assert client.last_attempts == 2 and len(slept) == 1
+
+    client, slept = _mock_client([failed] * 3, stream=True, max_retries=2)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind and "(gave up after 3 attempts)" in caught.value.message
+    assert "mid-stream" in caught.value.message and len(slept) == 2
+
+
+@pytest.mark.parametrize(
+    "received",
+    [
+        delta_chunk({"content": "The answer is "}),
+        delta_chunk({"refusal": "I'm sorry"}),
+        delta_chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "add", "arguments": ""}}]}),
+    ],
+)
+async def test_an_error_event_after_part_of_the_answer_is_not_retried(received: dict[str, Any]) -> None:
+    # Part of the answer was received (text shown through on_text): a retry would show it again.
+    client, slept = _mock_client(
+        [[received, {"error": {"message": "Overloaded", "code": 503}}], ANSWER_CHUNKS], stream=True
+    )
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == "http" and "mid-stream: Overloaded" in caught.value.message
+    assert client.last_attempts == 1 and slept == []
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "text"),
+    [
+        ({"message": "model crashed"}, "http", "mid-stream: model crashed"),
+        ({"message": "bad request", "code": 400}, "http", "mid-stream error 400: bad request"),
+        (
+            {"message": "This model's maximum context length is 8192 tokens", "code": 400},
+            "context-length",
+            "the conversation is too long for model 'm' (mid-stream error 400)",
+        ),
+        ("something went wrong", "http", "mid-stream: something went wrong"),
+    ],
+)
+async def test_an_error_event_that_is_not_worth_retrying_is_not_retried(error: Any, kind: str, text: str) -> None:
+    client, slept = _mock_client([[{"error": error}], ANSWER_CHUNKS], stream=True)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert caught.value.kind == kind and text in caught.value.message, caught.value.message
+    assert client.last_attempts == 1 and slept == []
+
+
+async def test_a_null_error_in_a_stream_chunk_is_no_error() -> None:
+    # Some servers send "error": null in every chunk: the first one failed the request.
+    chunks = [{**chunk, "error": None} for chunk in ANSWER_CHUNKS]
+    client, _ = _mock_client([chunks], stream=True)
+    try:
+        message = await client.complete([{"role": "user", "content": "x"}], [])
+    finally:
+        await client.aclose()
+    assert message["content"] == "42" and client.last_attempts == 1
