@@ -555,7 +555,15 @@ class AgentLoop:
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
         if pending.cancelled():
-            return None
+            if signal.aborted:
+                return None
+            # Nobody cancelled it: the provider let out the cancellation of something it awaited. An abort would
+            # tell the user they had interrupted the run (dsh -p: exit 130); it is the provider's failure.
+            raise ProviderError(
+                "cancelled",
+                "the request was cancelled although the run was not aborted "
+                "(the provider let out the cancellation of something it awaited)",
+            )
         raw = pending.result()
         return normalize_assistant(
             raw, who=f"provider {self.provider_name!r}", fallback_ids=lambda index: f"call_{step}_{index + 1}"

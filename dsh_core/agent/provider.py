@@ -45,7 +45,8 @@ class ProviderError(DshError):
 
     Kinds: ``auth``, ``model-not-found``, ``context-length``, ``malformed-response``,
     ``malformed-tool-call``, ``rate-limited``, ``server``, ``http``, ``connection``,
-    ``no-model``, ``script-diverged``, ``script-exhausted``, ``script-invalid``.
+    ``no-model``, ``script-diverged``, ``script-exhausted``, ``script-invalid``, and
+    ``cancelled`` (the loop's: a request cancelled though the run was not aborted).
     """
 
     code = "PROVIDER_FAILED"

@@ -534,6 +534,32 @@ async def test_a_provider_failure_is_recorded_as_the_end_reason(tmp_path: Path) 
         await harness.aclose()
 
 
+async def test_a_provider_letting_out_a_stray_cancellation_is_a_provider_error_not_an_abort(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A provider that awaited something cancelled elsewhere let its CancelledError out: the run ended as
+    # "aborted" (dsh -p exit 130), as if the user had interrupted it, when nobody had.
+    harness = await start(tmp_path, turns=[final("never given")])
+
+    async def stray(*args: Any, **kwargs: Any) -> Any:
+        elsewhere = asyncio.get_running_loop().create_future()
+        elsewhere.cancel()
+        return await elsewhere
+
+    monkeypatch.setattr(scripted(harness), "complete", stray)
+    try:
+        result = await run_agent(harness, "go")
+        assert result.reason is StopReason.PROVIDER_ERROR
+        assert result.error == (
+            "provider 'scripted': the request was cancelled although the run was not aborted "
+            "(the provider let out the cancellation of something it awaited)"
+        )
+        assert result.session_id is not None
+        assert (await events_of(harness, result.session_id))[-1].payload["reason"] == "provider-error"
+    finally:
+        await harness.aclose()
+
+
 async def test_resuming_a_session_rebuilds_the_history(tmp_path: Path) -> None:
     turns = [
         calls(call("add", {"a": 1, "b": 2}, "c1")),
