@@ -683,8 +683,11 @@ class ProgramScheduler:
                 future.set_result(thaw(result.value))
             else:
                 future.add_done_callback(_mark_retrieved)
-                # Only the tool's error text reaches the program: no "Error: " prefix, no code.
-                future.set_exception(SubCallError(error.message))
+                # Only the tool's error text reaches the program: no "Error: " prefix, no code. An
+                # empty text would reach it as no message at all (a bridge may even put a class name
+                # of ours in its place): then it is told which tool failed, and how.
+                text = error.message or f'tool "{call.name}" failed ({error.code}) with no error message'
+                future.set_exception(SubCallError(text))
         if self._on_commit is not None:
             try:
                 self._on_commit(call, result)

@@ -185,6 +185,23 @@ except ToolCallError as error:
     assert result.text == "ToolCallError read 'file not found: a.txt'"
 
 
+async def test_a_tool_error_without_text_still_gives_the_program_a_message_naming_the_tool(env: Env) -> None:
+    # An empty error text must not reach the program as an empty message (the worker's bridge then
+    # fell back to the exception's class name, and the program read "SubCallError", an internal name).
+    async def fails(args: Any, ctx: Any) -> Any:
+        raise ToolError("")
+
+    env.add(tool("read", fails))
+    program = """
+try:
+    await tools.read({})
+except ToolCallError as error:
+    print(type(error).__name__, error.tool_name, repr(str(error)))
+"""
+    result = await env.run(program)
+    assert result.text == "ToolCallError read 'tool \"read\" failed (TOOL_FAILED) with no error message'"
+
+
 async def test_an_uncaught_tool_call_error_fails_the_run_with_code_run_failed(env: Env) -> None:
     async def fails(args: Any, ctx: Any) -> Any:
         raise RuntimeError("disk on fire")
