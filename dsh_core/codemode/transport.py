@@ -447,9 +447,11 @@ async def _quiesce(work: Awaitable[None], on_cancel: Callable[[], None]) -> None
             await asyncio.shield(task)
             break
         except asyncio.CancelledError:
+            # Held back even if ``work`` ended meanwhile (it may end in the same loop turn as the
+            # cancel arrives): a swallowed cancellation would leave the caller's task running on.
+            cancelled = True
             if task.done():
                 break
-            cancelled = True
             on_cancel()
     if cancelled:
         raise asyncio.CancelledError

@@ -129,6 +129,39 @@ async def test_cancelling_the_outer_task_still_drains_before_propagating() -> No
     assert env.sink is not None and [k for k, _ in env.sink.kinds()][-1] == "tool/code-dispatch"
 
 
+class _CancelsItsCaller(FakeCodeRuntime):
+    """A fake runtime whose run, as it returns, has the awaiting task cancelled ``hops`` loop callbacks later."""
+
+    def __init__(self, hops: int) -> None:
+        super().__init__()
+        self.hops = hops
+
+    async def run(self, program: str, bindings: Any, signal: Any = None) -> Any:
+        result = await super().run(program, bindings, signal)
+        loop = asyncio.get_running_loop()
+        caller = asyncio.current_task()
+        assert caller is not None
+
+        def hop(left: int) -> None:
+            if left:
+                loop.call_soon(hop, left - 1)
+            else:
+                caller.cancel()
+
+        loop.call_soon(hop, self.hops)
+        return result
+
+
+async def test_a_cancel_arriving_as_the_drain_ends_still_cancels_run_code() -> None:
+    # The cancel lands while run_code awaits its (instantly quiescent) drain, which ends in that same
+    # loop turn: the cancellation must still propagate, not be swallowed with run_code returning as
+    # if nobody had cancelled it (the caller's task would run on, its asyncio.timeout never firing).
+    for hops in range(3):
+        run = asyncio.ensure_future(Env(code_runtime=_CancelsItsCaller(hops)).run("return 1"))
+        outcome = await asyncio.gather(run, return_exceptions=True)
+        assert run.cancelled(), (hops, outcome)
+
+
 async def test_each_program_owns_its_scheduler() -> None:
     env = Env(cap=2)
     active = {"n": 0, "peak": 0}
