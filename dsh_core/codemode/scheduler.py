@@ -65,8 +65,9 @@ a call whose body had already ended commits as it ended. A future cancelled beca
 run settled (the run's control signal is aborted first) is left to the run's own abort,
 which reaches every call not yet committed.
 
-Nothing in dsh cancels the scheduler's tasks, but loop teardown or a foreign
-task-killer may, at any point (before a task's first step included). Each
+Besides :meth:`ProgramScheduler.cancel_bodies` (a cancelled run cuts the bodies and a
+call's policy), nothing in dsh cancels the scheduler's tasks, but loop teardown or a
+foreign task-killer may, at any point (before a task's first step included). Each
 task's done-callback repairs what a cancelled one left: its body counts as
 ended (the call commits as aborted), the lane it held is let go and handed on
 if there is work, and an exclusive barrier is cleared by its commit's
@@ -221,6 +222,8 @@ class ProgramScheduler:
         self._parked: SubCall | None = None
         #: The call being committed (popped from ``_commits``; the run's abort still reaches it).
         self._committing: SubCall | None = None
+        #: The lane's task while it runs a call's policy stages (``prepare``): a cancelled run cuts it.
+        self._in_policy: asyncio.Task[Any] | None = None
         #: The code runtime's run control (set by the transport from the first binding call).
         self.run_control: object | None = None
         self._unlisten = signal.add_listener(self._on_abort)
@@ -501,6 +504,7 @@ class ProgramScheduler:
                 call.failure = aborted_result()
                 call.settled = True
                 raise
+        self._in_policy = asyncio.current_task()
         try:
             # A person answering an approval ask is not the program's doing: that wait (and only
             # it, not a slow pre-execute hook or guard) does not use up the run's wall clock.
@@ -518,6 +522,8 @@ class ProgramScheduler:
             call.failure = ToolResult.failure(ErrorCode.ABORTED_BEFORE_DISPATCH, ABORTED_BEFORE_DISPATCH_MESSAGE)
             call.settled = True
             raise
+        finally:
+            self._in_policy = None
         call.staged = staged
         if staged.kind != "dispatch":
             call.settled = True
@@ -714,16 +720,22 @@ class ProgramScheduler:
     # -- settlement -------------------------------------------------------------------------------------
 
     def cancel_bodies(self) -> None:
-        """Cancel the tasks running a body now, for a run cancelled rather than settled.
+        """Cancel the tasks running a body or a call's policy now, for a run cancelled rather than settled.
 
         The run's abort asks every body to stop; a body that ignores its signal would
-        otherwise hold :meth:`drain` (and whoever cancelled the run) until it returns.
-        Only around-dispatch and the body are cut: each such call commits as aborted
-        (its task's done-callback hands the lane on), and commits and log writes run
-        to their end as usual.
+        otherwise hold :meth:`drain` (and whoever cancelled the run) until it returns,
+        and so would a pre-execute hook or guard that ignores it (a native call's policy
+        is cut by its caller's cancel too). Only policy, around-dispatch and the body
+        are cut: each such call commits as aborted (its task's done-callback hands the
+        lane on), and commits and log writes run to their end as usual.
         """
         for task in list(self._dispatching.values()):
             task.cancel()
+        policy = self._in_policy
+        if policy is not None:
+            # The lane's task itself: its call commits as aborted before dispatch (prepare emits
+            # its one result event), and its done-callback hands the lane on to commit it.
+            policy.cancel()
 
     async def drain(self) -> None:
         """Wait for quiescence after the run was aborted or settled.

@@ -8,6 +8,7 @@ from typing import Any
 
 from codemode_kit import Env, FakeCodeRuntime, Recorder, tool
 
+from dsh_core import hookimpl
 from dsh_core.abort import AbortController
 from dsh_core.errors import ErrorCode
 
@@ -299,3 +300,51 @@ async def test_a_cancel_during_the_drain_after_an_abort_cuts_the_bodies_still_ru
         "tool/code-dispatch-start",
         "tool/code-dispatch",
     ]
+
+
+async def test_cancelling_the_outer_task_cuts_a_policy_hook_that_ignores_its_signal() -> None:
+    """As a native call in a slow pre-execute hook is cut by a cancel, so is a program's call in one."""
+    entered: list[str] = []
+    cut: list[str] = []
+
+    class SlowPolicy:
+        @hookimpl
+        def dsh_pre_execute(self, execution: Any) -> Any:
+            if not execution.nested:
+                return None
+
+            async def remote_policy_service() -> None:
+                entered.append(execution.call_id)
+                try:
+                    await asyncio.sleep(60)  # ignores the call's signal
+                except asyncio.CancelledError:
+                    cut.append(execution.call_id)
+                    raise
+
+            return remote_policy_service()
+
+    env = Env()
+    recorder = Recorder()
+    env.plug(SlowPolicy())
+    env.plug(recorder)
+    env.add(tool("read"))
+    tasks_before = asyncio.all_tasks()
+    # The program catches its call's error: the fake runtime leaves a cancelled run's program task
+    # behind, and nobody would retrieve that error.
+    run = asyncio.ensure_future(env.run("try:\n    await tools.read({})\nexcept ToolCallError:\n    pass"))
+    while not entered:
+        await asyncio.sleep(0.001)
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(run, 10)  # a hang guard: before the fix this waited out the 60 s hook
+    assert run.cancelled()
+    assert cut == ["call-1:code:1"]
+    assert env.sink is not None
+    assert [(e["kind"], e["payload"].get("error_code")) for e in env.sink.events] == [
+        ("tool/code-dispatch-start", None),
+        ("tool/code-dispatch", "ABORTED_BEFORE_DISPATCH"),
+    ]
+    nested = [result.code for execution, result in recorder.results if execution.call_id == "call-1:code:1"]
+    assert nested == [ErrorCode.ABORTED_BEFORE_DISPATCH]  # its one result event
+    await asyncio.sleep(0)
+    assert [t for t in asyncio.all_tasks() - tasks_before if not t.done()] == []
