@@ -15,6 +15,10 @@ annotations you doubt (a glob over its name, whatever it claims).
 
 ``allow`` and ``deny`` list tool names (``fnmatch`` globs) that are always
 allowed or always denied, whatever the preset; they apply to ``run_code`` too.
+They are read as the ``guards`` plugin reads its tool lists: brace groups
+expand (``{bash,write}`` is ``bash`` and ``write``), and a glob no tool name
+can match (``mcp.exec``, ``bash ``: names use A-Z, a-z, 0-9, ``_`` and ``-``)
+is a config error rather than a deny that silently denies nothing.
 Where the code runtime's isolation in force is L2 or above, the presets do not
 vote on ``run_code`` itself: its program can reach nothing but through tool
 calls, and every call it makes passes this policy on its own. Below L2 (or when
@@ -72,6 +76,7 @@ from dsh_core import (
     plugin,
 )
 from dsh_core.registry import judged_definition
+from dsh_plugins.guards import tool_globs
 
 __all__ = ["plugin", "ApprovalPolicy", "PRESETS", "describe_arguments"]
 
@@ -126,8 +131,11 @@ PROMPT_CHARS = 6000
 WHITESPACE_RUN = 16
 
 
-def _matches(name: str, patterns: list[str]) -> str | None:
-    return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
+def _matches(name: str, globs: list[tuple[str, list[str]]]) -> str | None:
+    """The first glob (as written) one of whose brace alternatives matches ``name``, or ``None``."""
+    return next(
+        (written for written, alternatives in globs if any(fnmatch.fnmatchcase(name, g) for g in alternatives)), None
+    )
 
 
 def open_terminal(path: str) -> int | None:
@@ -152,6 +160,11 @@ class ApprovalPolicy:
         self.preset: str = config.get("preset", "workspace-write")
         self.allow: list[str] = list(config.get("allow", []))
         self.deny: list[str] = list(config.get("deny", []))
+        # Read as the guards plugin reads its tool lists, configured beside these: brace groups expand, and a
+        # glob no tool name can match ("{bash,write}" to fnmatch, "bash ") is refused, since in deny it would
+        # silently deny nothing and let the tool run unasked under the preset "full".
+        self._allow_globs = tool_globs(self.allow, "allow", self.row, "approval")
+        self._deny_globs = tool_globs(self.deny, "deny", self.row, "approval")
         self.interactive: bool = config.get("interactive", True)
         self.terminal: str = config.get("terminal", "/dev/tty")
         self.root: str | None = config.get("root")
@@ -176,13 +189,13 @@ class ApprovalPolicy:
         ``run_code`` gets a coroutine: its vote depends on the code runtime's isolation.
         """
         name = execution.name
-        denied_by = _matches(name, self.deny)
+        denied_by = _matches(name, self._deny_globs)
         if denied_by is not None:
             return PreDecision.deny(
                 f'tool "{name}" is denied by the approval config '
                 f'(deny pattern "{denied_by}" in plugin row "{self.row}")'
             )
-        if _matches(name, self.allow) is not None or self.preset == "full":
+        if _matches(name, self._allow_globs) is not None or self.preset == "full":
             return PreDecision.allow()
         annotations = self._annotations(execution)
         if annotations is None:

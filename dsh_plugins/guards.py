@@ -108,7 +108,7 @@ from dsh_core import Scope, ToolError, ToolExecution, hookimpl, plugin
 from dsh_core.registry import judged_definition
 from dsh_plugins._path_rules import SERVICE, DenyRule, PathRules, PublishedRules, lexical
 
-__all__ = ["plugin", "Guards", "glob_to_regex"]
+__all__ = ["plugin", "Guards", "glob_to_regex", "tool_globs"]
 
 DEFAULT_PATH_ARGUMENTS = ["path", "paths", "file", "file_path", "filename", "directory", "dir", "cwd"]
 
@@ -195,8 +195,8 @@ class Guards:
         self.allow_tools: list[str] = list(config.get("allow_tools", []))
         self.deny_tools: list[str] = list(config.get("deny_tools", []))
         #: Each tool glob as written, with the globs its brace groups stand for.
-        self._allow_globs = _tool_globs(self.allow_tools, "allow_tools", self.row)
-        self._deny_globs = _tool_globs(self.deny_tools, "deny_tools", self.row)
+        self._allow_globs = tool_globs(self.allow_tools, "allow_tools", self.row)
+        self._deny_globs = tool_globs(self.deny_tools, "deny_tools", self.row)
         # As ruff's select and extend-select: path_arguments replaces the defaults, extend_path_arguments
         # adds to them, so naming one extra argument cannot silently stop `path` and `file` being judged.
         self.path_arguments = frozenset(config.get("path_arguments", DEFAULT_PATH_ARGUMENTS)) | frozenset(
@@ -436,13 +436,14 @@ def _brace_group(pattern: str, start: int) -> tuple[int, list[int]]:
 _TOOL_NAME_CHARS: Final = re.compile(r"[A-Za-z0-9_-]*")
 
 
-def _tool_globs(patterns: list[str], key: str, row: str) -> list[tuple[str, list[str]]]:
+def tool_globs(patterns: list[str], key: str, row: str, owner: str = "guards") -> list[tuple[str, list[str]]]:
     """Each of ``key``'s tool globs as written, with the globs its brace groups stand for. A glob no tool
     name can match (a ``.``, a space, a ``/`` outside a class: names use ``[A-Za-z0-9_-]`` only) is
-    refused: in ``deny_tools`` it would silently deny nothing."""
+    refused: in ``deny_tools`` it would silently deny nothing. ``owner`` is the plugin whose config is
+    read (the ``approval`` plugin's ``allow`` and ``deny`` are tool globs too), named in refusals."""
     globs = []
     for pattern in patterns:
-        alternatives = _brace_alternatives(pattern, row, key)
+        alternatives = _brace_alternatives(pattern, row, key, owner)
         for alternative in alternatives:
             literal, index = [], 0
             while index < len(alternative):
@@ -454,7 +455,7 @@ def _tool_globs(patterns: list[str], key: str, row: str) -> list[tuple[str, list
                 index += 1
             if not _TOOL_NAME_CHARS.fullmatch("".join(literal)):
                 raise ToolError(
-                    f'guards: {key} pattern "{pattern}" of plugin row "{row}" can never match a tool '
+                    f'{owner}: {key} pattern "{pattern}" of plugin row "{row}" can never match a tool '
                     'name (names use only A-Z, a-z, 0-9, "_" and "-"; globs add "*", "?", "[...]" '
                     'and "{a,b}")'
                 )
@@ -462,14 +463,14 @@ def _tool_globs(patterns: list[str], key: str, row: str) -> list[tuple[str, list
     return globs
 
 
-def _brace_alternatives(pattern: str, row: str, key: str = "deny_paths") -> list[str]:
+def _brace_alternatives(pattern: str, row: str, key: str = "deny_paths", owner: str = "guards") -> list[str]:
     """The globs ``pattern`` stands for with its brace groups expanded as bash expands them:
     ``*.{pem,key}`` is ``*.pem`` and ``*.key`` (nested and several groups too); a group with no comma
     (``{x}``) and a brace in a class (``[{]``) are literal. Unbalanced braces are refused (no path would
     match what was meant), as is an entry expanding past :data:`MAX_BRACE_ALTERNATIVES` globs."""
 
     def refuse(why: str) -> ToolError:
-        return ToolError(f'guards: {key} pattern "{pattern}" of plugin row "{row}" {why}')
+        return ToolError(f'{owner}: {key} pattern "{pattern}" of plugin row "{row}" {why}')
 
     depth, index = 0, 0
     while index < len(pattern):

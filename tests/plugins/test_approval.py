@@ -8,6 +8,7 @@ import gc
 import inspect
 import os
 import pty
+import re
 import subprocess
 import sys
 import termios
@@ -77,6 +78,26 @@ async def test_full_allow_and_deny_lists(boot: Any, tmp_path: Path) -> None:
         assert (await h.call("bash", {"command": "true"})).error is None
     async with boot(*rows(tmp_path, interactive=False)) as h:
         assert (await h.call("bash", {"command": "true"})).code == "DENIED"
+
+
+async def test_allow_and_deny_globs_expand_braces_and_one_no_tool_name_can_match_is_refused(
+    boot: Any, tmp_path: Path
+) -> None:
+    """deny = ["{bash,write}"] under preset full denied nothing and let bash run unasked (fnmatch has no
+    braces, and no tool name holds one), as did "bash " or "mcp.exec": the guards plugin's tool globs
+    expand braces and refuse such a glob, and the approval lists, configured beside them, do the same."""
+    async with boot(*rows(tmp_path, preset="full", deny=["{bash,wr[i]te}"])) as h:
+        denied = await h.call("bash", {"command": "touch x"})
+        assert denied.code == "DENIED" and 'deny pattern "{bash,wr[i]te}" in plugin row "policy"' in denied.text
+        assert (await h.call("write", {"path": "y", "content": ""})).code == "DENIED"
+        assert (await h.call("list", {})).error is None
+    async with boot(*rows(tmp_path, preset="read-only", allow=["{bash,list}"])) as h:
+        assert (await h.call("bash", {"command": "touch x"})).error is None
+    assert (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    for key, pattern in (("deny", "mcp.exec"), ("deny", "bash "), ("allow", "read/*"), ("deny", "{bash,exec")):
+        with pytest.raises(Exception, match=re.escape(f'{key} pattern "{pattern}" of plugin row "policy"')):
+            async with boot(*rows(tmp_path, **{key: [pattern]})):
+                pass  # pragma: no cover
 
 
 @pytest.fixture
