@@ -361,11 +361,13 @@ class Guards:
                 f'"{denial.pattern}" (deny_paths of plugin row "{self.row}")'
             )
         if denial.kind == "outside_root":
+            # Counted, not listed: naming every pattern would hand the model the whole deny list (file names
+            # that list and search withhold without naming) for one call naming "/"; the row is where to look.
+            count = len(self.rules.relative_deny)
             return (
                 f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the guard '
-                f"root {self.rules.root}, where the relative deny_paths patterns "
-                f'({", ".join(self.rules.relative_deny)}) of plugin row "{self.row}" cannot be checked; '
-                "denied (use a path inside the root)"
+                f'root {self.rules.root}, where the relative deny_paths patterns of plugin row "{self.row}" '
+                f"({count} pattern{'' if count == 1 else 's'}) cannot be checked; denied (use a path inside the root)"
             )
         return (
             f'guards: path "{given}" ({where}) resolves to {denial.candidate}, outside the allowed '

@@ -175,12 +175,26 @@ async def test_path_guard_checks_the_file_the_workspace_tool_opens(
         outside = await h.call("read", {"path": str(tmp_path / "outside.txt")})
         assert outside.code == "DENIED"
         assert (
-            f"outside the guard root {ws.resolve()}, where the relative deny_paths patterns (secrets/**)"
-            in outside.text
+            f"outside the guard root {ws.resolve()}, where the relative deny_paths patterns of plugin row "
+            '"guards" (1 pattern) cannot be checked' in outside.text
         )
         assert (await h.call("read", {"path": "../outside.txt"})).code == "DENIED"
         assert (await h.call("read", {"path": "notes.txt"})).error is None
         assert (await h.call("read", {"path": str(ws / "notes.txt")})).error is None
+
+
+async def test_a_path_outside_the_root_is_denied_without_listing_the_deny_patterns(boot: Any, tmp_path: Path) -> None:
+    """The denial of a path outside the root names the rule (the relative deny_paths of the row, counted), not
+    every pattern: one call naming "/" read back the whole deny list, file names the guard keeps from list
+    and search included (they withhold entries without naming them), where a pattern denial names only the
+    pattern that matched the path the model gave."""
+    (tmp_path / "ws").mkdir()
+    patterns = ["finance/2026-layoffs.xlsx", "**/.env"]
+    async with boot(*rows(tmp_path / "ws", deny_paths=patterns)) as h:
+        denied = await h.call("read", {"path": str(tmp_path)})
+    assert denied.code == "DENIED"
+    assert 'relative deny_paths patterns of plugin row "guards" (2 patterns) cannot be checked' in denied.text
+    assert not any(pattern in denied.text for pattern in patterns), denied.text
 
 
 async def test_path_rules_require_a_root(boot: Any, tmp_path: Path) -> None:
