@@ -30,7 +30,8 @@ answers at once; otherwise the level is detected once, off the event loop).
 
 An ask is answered on the controlling terminal (``/dev/tty``, or ``terminal``
 in the config): a prompt names the tool and its arguments and reads ``y``/``n``
-without blocking the event loop. Only keys typed once the terminal has sent the
+without blocking the event loop, one question at a time on each terminal,
+whichever approval row asks (rows started in two agents' scopes too). Only keys typed once the terminal has sent the
 whole question count: what was typed before (type-ahead, or while output was
 stopped with Ctrl-S) is discarded. Nothing of the arguments is dropped unsaid:
 short scalar arguments come first, in full, in the order the tool declares them;
@@ -62,6 +63,7 @@ import os
 import re
 import struct
 import termios
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
@@ -168,7 +170,6 @@ class ApprovalPolicy:
         self.interactive: bool = config.get("interactive", True)
         self.terminal: str = config.get("terminal", "/dev/tty")
         self.root: str | None = config.get("root")
-        self._lock: asyncio.Lock | None = None
         # The code runtime whose isolation is being (or was) read, and the reading.
         self._isolation: tuple[object, asyncio.Future[str]] | None = None
 
@@ -296,10 +297,10 @@ class ApprovalPolicy:
         if fd is None:  # gone since dsh_approve looked: nobody can answer
             return ApprovalOutcome.CANCELLED
         try:
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            # One question at a time on one terminal, even when parallel sub-calls ask together.
-            async with self._lock:
+            # One question at a time on one terminal, even when parallel sub-calls ask together, or rows
+            # started in two agents' scopes do: two questions on screen at once, read by two readers of one
+            # terminal, and the answer typed under one could be read as the other's.
+            async with _terminal_lock(self.terminal):
                 if request.signal.aborted:
                     return ApprovalOutcome.CANCELLED
                 full = False
@@ -352,6 +353,18 @@ class ApprovalPolicy:
         parameters = None if definition is None else definition.parameters
         properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
         return [str(name) for name in properties] if isinstance(properties, Mapping) else []
+
+
+#: Per event loop, the lock of each terminal (by its real path) that approval rows ask on: shared by every row.
+_TERMINAL_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _terminal_lock(terminal: str) -> asyncio.Lock:
+    """The lock of the terminal at ``terminal`` on the running loop, whichever approval row asks on it."""
+    locks = _TERMINAL_LOCKS.setdefault(asyncio.get_running_loop(), {})
+    return locks.setdefault(os.path.realpath(terminal), asyncio.Lock())
 
 
 def _failed(future: asyncio.Future[Any]) -> bool:

@@ -195,6 +195,45 @@ async def test_arguments_cannot_drive_the_terminal(boot: Any, tmp_path: Path, te
     assert b"\x1b" not in prompt and b"\\u001b[2J\\u0007" in prompt
 
 
+async def test_two_approval_rows_on_one_terminal_ask_one_question_at_a_time(
+    tmp_path: Path, terminal: tuple[int, str]
+) -> None:
+    """Two approval rows started in two agents' scopes (each judges its own agent's calls) ask on the same
+    terminal. Each row serialised its own asks only, so both questions were on screen at once, read by two
+    readers of one terminal: the "y" typed under the last question shown could answer the other one. One
+    question at a time holds per terminal, whichever row asks."""
+    from dsh_core.plugins import start_plugin
+
+    master, path = terminal
+    deployment = compose([("test", {"plugins": rows(tmp_path)[:2], "agents": [{"id": "a"}, {"id": "b"}]})], env={})
+    h = await Harness.start(deployment, catalog=PluginCatalog(strict=True))
+    try:
+        for agent in ("a", "b"):
+            await start_plugin(
+                plugin_id=f"policy-{agent}",
+                factory=approval_module.plugin,
+                parent=h.agent(agent),
+                hooks=h.hooks,
+                config={"terminal": path},
+                registrars={},
+            )
+        first = asyncio.ensure_future(h.call("bash", {"command": "touch by-a"}, agent="a"))
+        assert b"touch by-a" in await _read_until(master, b"[y/N] ")
+        second = asyncio.ensure_future(h.call("bash", {"command": "touch by-b"}, agent="b"))
+        await asyncio.sleep(0.3)
+        with contextlib.suppress(BlockingIOError):
+            shown = os.read(master, 65536)
+            assert b"touch by-b" not in shown, "a second question was asked while the first was on screen"
+        os.write(master, b"n\n")
+        assert (await asyncio.wait_for(first, 5)).code == "DENIED"
+        assert b"touch by-b" in await _read_until(master, b"[y/N] ")
+        os.write(master, b"y\n")
+        assert (await asyncio.wait_for(second, 5)).error is None
+    finally:
+        await h.aclose()
+    assert not (tmp_path / "by-a").exists() and (tmp_path / "by-b").exists()
+
+
 class _AskAll:
     """A third-party policy that asks about every call, a call to a tool that does not exist too."""
 
