@@ -100,13 +100,12 @@ def _files(
     """``(directory, directory_fd, name)`` of every non-directory under the directory ``fd``, sorted, but
     for the temporary files of writers (:data:`TEMPORARY`).
 
-    ``directory`` is relative to ``fd`` (``"."`` for it). :func:`os.fwalk` opens each subdirectory
+    ``directory`` is relative to ``fd`` (``"."`` for it). :func:`_walk` opens each subdirectory
     relative to its parent and checks it is the one listed (a symlink to a directory is not walked).
     A subdirectory whose path (relative to ``fd``) is ``closed`` is not entered: it is yielded once,
     as ``(its path, directory_fd, None)``.
     """
-    walk = os.fwalk(os.curdir, dir_fd=fd, follow_symlinks=False)
-    for directory, dirs, files, directory_fd in walk:
+    for directory, dirs, files, directory_fd in _walk(fd):
         kept = []
         for name in sorted(d for d in dirs if d not in exclude):
             if closed(os.path.join(directory, name)):
@@ -117,6 +116,79 @@ def _files(
         for name in sorted(files):
             if not TEMPORARY.fullmatch(name):
                 yield directory, directory_fd, name
+
+
+def _walk(fd: int) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """:func:`os.fwalk` of the directory ``fd``, top-down and following no symlink, without recursion.
+
+    ``os.fwalk`` (before Python 3.13) recurses once per level: a tree about a thousand levels deep, which
+    one ``write`` of a 2 KB path makes, would end the worker with ``RecursionError``, and every search of
+    the root with it. Here the open directories are a stack: ``(directory, dirs, files, directory_fd)``
+    as ``os.fwalk`` gives them, the subdirectories entered being what is left in ``dirs`` once the
+    caller resumes the walk; one that cannot be opened, or was swapped for another (a symlink) after it
+    was listed, is skipped, as there.
+    """
+    top = os.open(os.curdir, os.O_RDONLY | os.O_NONBLOCK | os.O_DIRECTORY, dir_fd=fd)
+    # Each: a directory's path, its descriptor, and its subdirectories still to enter (a mutable list,
+    # since the caller prunes them only after seeing them).
+    stack: list[tuple[str, int, list[str]]] = []
+    try:
+        current: tuple[str, int] | None = (os.curdir, top)
+        while current is not None:
+            directory, directory_fd = current
+            dirs, files = _entries(directory_fd)
+            stack.append((directory, directory_fd, dirs))
+            yield directory, dirs, files, directory_fd
+            dirs.reverse()  # popped from the end: entered in the order the caller left them in
+            current = None
+            while stack and current is None:
+                parent, parent_fd, left = stack[-1]
+                if not left:
+                    stack.pop()
+                    os.close(parent_fd)
+                    continue
+                name = left.pop()
+                child = _open_directory(parent_fd, name)
+                if child is not None:
+                    current = (os.path.join(parent, name), child)
+    finally:
+        for _, open_fd, _ in stack:
+            os.close(open_fd)
+
+
+def _entries(directory_fd: int) -> tuple[list[str], list[str]]:
+    """The names of the subdirectories and of the other entries of ``directory_fd``, as ``os.fwalk`` sorts
+    them: a symlink to a directory among the subdirectories (:func:`_open_directory` then refuses it)."""
+    dirs: list[str] = []
+    files: list[str] = []
+    try:
+        with os.scandir(directory_fd) as scan:
+            for entry in scan:
+                try:
+                    (dirs if entry.is_dir() else files).append(entry.name)
+                except OSError:
+                    files.append(entry.name)
+    except OSError:
+        pass  # listed as far as it could be, as os.fwalk does
+    return dirs, files
+
+
+def _open_directory(parent_fd: int, name: str) -> int | None:
+    """The subdirectory ``name`` of ``parent_fd``, opened; ``None`` if it cannot be, or if what was opened is
+    not the entry found there unfollowed (a symlink, or a directory swapped for one meanwhile)."""
+    try:
+        found = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        child = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=parent_fd)
+    except OSError:
+        return None
+    try:
+        opened = os.fstat(child)
+    except OSError:
+        opened = None
+    if opened is None or (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):
+        os.close(child)
+        return None
+    return child
 
 
 def _read_regular(name: str, dir_fd: int, max_bytes: int) -> bytes | None:

@@ -651,19 +651,19 @@ async def test_the_search_worker_never_opens_a_withheld_file(tmp_path: Path, mon
         await loaded.dispose()
     opened: list[str] = []
     walked: list[str] = []
-    read_regular, fwalk = _search_worker._read_regular, _search_worker.os.fwalk
+    read_regular, walk = _search_worker._read_regular, _search_worker._walk
 
     def recording_read(name: str, dir_fd: int, max_bytes: int) -> bytes | None:
         opened.append(name)
         return read_regular(name, dir_fd, max_bytes)
 
     def recording_walk(*args: Any, **kwargs: Any) -> Any:
-        for step in fwalk(*args, **kwargs):
+        for step in walk(*args, **kwargs):
             walked.append(step[0])
             yield step
 
     monkeypatch.setattr(_search_worker, "_read_regular", recording_read)
-    monkeypatch.setattr(_search_worker.os, "fwalk", recording_walk)
+    monkeypatch.setattr(_search_worker, "_walk", recording_walk)
     events: list[dict[str, Any]] = []
     try:
         _search_worker.search(request, events.append)

@@ -1369,6 +1369,42 @@ async def test_search_reports_a_match_deeper_than_path_max(boot: Any, tmp_path: 
     assert [m["path"] for m in found.value["matches"]] == ["/".join([name] * 300 + ["deep.txt"])]
 
 
+async def test_search_walks_a_tree_deeper_than_the_recursion_limit(boot: Any, tmp_path: Path) -> None:
+    """A directory tree 1,000 levels deep, which one write makes (a 2 KB path), is searched like any:
+    a walk that recursed once per level (``os.fwalk`` before Python 3.13) would end the worker with
+    RecursionError, failing every search of the root until the tree is removed. (Not deeper: the walk
+    holds a descriptor per level, and 1,024 is a common limit.)"""
+    deep = "d/" * 1000 + "deep.txt"
+    try:
+        async with boot(ws(tmp_path)) as h:
+            written = await h.call("write", {"path": deep, "content": "needle\n"})
+            assert written.error is None, written.text
+            (tmp_path / "top.txt").write_text("needle\n")
+            (tmp_path / "d" / "d" / "z.txt").write_text("needle\n")
+            found = await h.call("search", {"pattern": "needle"})
+        assert found.error is None, found.text
+        # In the order of a top-down walk: a directory's files, then its subdirectories, by name.
+        assert [m["path"] for m in found.value["matches"]] == ["top.txt", "d/d/z.txt", deep]
+    finally:
+        _remove_chain(tmp_path / "d")
+
+
+def _remove_chain(level: Path) -> None:
+    """Remove a tree of directories each named ``d`` one level at a time: pytest's clean-up, ``shutil.rmtree``,
+    recurses per level too."""
+    while level.is_dir():
+        for child in level.iterdir():
+            if child.name != "d":
+                child.unlink()
+        below, spare = level / "d", level.with_name("d.below")
+        if below.is_dir():
+            below.rename(spare)
+            level.rmdir()
+            spare.rename(level)
+        else:
+            level.rmdir()
+
+
 async def test_write_and_edit_leave_git_alone_however_the_path_is_spelled(boot: Any, tmp_path: Path) -> None:
     """A hook or a config line (core.fsmonitor) written into .git is a command git runs later, unapproved."""
     git = tmp_path / ".git"
