@@ -583,7 +583,10 @@ class Workspace:
             raise ToolError(
                 f"{what} {path!r} is outside the workspace {self.root}; use a path relative to the workspace root"
             )
-        real = os.path.realpath(lexical)
+        try:
+            real = os.path.realpath(lexical)
+        except RecursionError:  # realpath recurses once per link of a chain, which the kernel stops at 40
+            raise ToolError(f"cannot resolve {what} {path!r}: too many levels of symbolic links") from None
         if not self._inside(real):
             raise ToolError(
                 f"{what} {path!r} leads outside the workspace {self.root} through a symlink "

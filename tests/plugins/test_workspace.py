@@ -934,6 +934,26 @@ async def test_a_symlink_loop_on_the_way_is_named_not_taken_for_a_race(boot: Any
             assert "'loop' is a symlink loop" in result.text and "changed" not in result.text, (name, result.text)
 
 
+async def test_a_chain_of_too_many_symlinks_is_refused_by_name(boot: Any, tmp_path: Path) -> None:
+    """A chain of 1,200 symlinks (the kernel follows 40) is refused with the path named, for every tool,
+    not reported as the RecursionError of resolving it link by link."""
+    for index in range(1200):
+        (tmp_path / f"l{index}").symlink_to(f"l{index + 1}")
+    (tmp_path / "l1200").write_text("end\n")
+    async with boot(ws(tmp_path)) as h:
+        for name, args in [
+            ("read", {"path": "l0"}),
+            ("write", {"path": "l0", "content": "x"}),
+            ("edit", {"path": "l0", "old_string": "end", "new_string": "x"}),
+            ("list", {"path": "l0"}),
+            ("search", {"pattern": "x", "path": "l0"}),
+        ]:
+            result = await h.call(name, args)
+            assert result.code == "TOOL_FAILED", (name, result)
+            assert "'l0'" in result.text and "too many levels of symbolic links" in result.text, (name, result.text)
+    assert (tmp_path / "l1200").read_text() == "end\n"
+
+
 def test_a_directory_that_can_be_crossed_but_not_listed_still_works(tmp_path: Path) -> None:
     """A drop-box directory (mode 0333: search, no read) is crossed as before the O_NOFOLLOW walk.
 
