@@ -1822,7 +1822,12 @@ NOT_UTF8_NAMED = 10
 
 def _render_read(_args: Any, value: Any) -> str:
     text = value["content"] or "(no lines in this range)"
-    if value["truncated"]:
+    if value["truncated"] and value["next_offset"] is None:
+        # A line cut to fit is the file's last: no offset shows the rest of it (read shows lines whole or cut).
+        text += (
+            "\n[output truncated to fit the read limit; the cut line is the file's last: see the rest of it with bash]"
+        )
+    elif value["truncated"]:
         text += f"\n[output truncated to fit the read limit; continue with offset={value['next_offset']}]"
     elif value["next_offset"] is not None:
         text += f"\n[more lines follow; continue with offset={value['next_offset']}]"

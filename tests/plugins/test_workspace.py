@@ -892,6 +892,8 @@ async def test_a_single_long_line_is_cut_to_fit_max_read_bytes(boot: Any, tmp_pa
     async with boot(ws(tmp_path, max_read_bytes=1024)) as h:
         last = await h.call("read", {"path": "wide.txt"})
         assert last.value["truncated"] is True and last.value["next_offset"] is None
+        assert "offset=None" not in last.text, last.text[-200:]  # no offset to continue with is offered
+        assert last.text.endswith("the cut line is the file's last: see the rest of it with bash]"), last.text[-200:]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
