@@ -33,7 +33,7 @@ A walk leaves out the temporary files of the plugin's writers (:data:`TEMPORARY`
 The deadline is checked per file and per line; lines are searched in their first
 :data:`LINE_SEARCH_CHARS` characters only, so the work per line is bounded
 for every pattern that does not backtrack exponentially (the parent's kill
-covers the rest). Lines end at ``\n`` only (a ``\r`` before it is dropped), or at
+covers the rest). Lines end at ``\n`` only (the ``\r`` before it dropped), or at
 ``\r`` in a file without ``\n`` (:func:`ends_lines_with_cr`), as the ``read`` tool
 counts them, so a reported line number is the one read shows.
 """
@@ -237,8 +237,9 @@ def ends_lines_with_cr(data: str | bytes) -> bool:
 
 
 def _lines(data: bytes) -> list[str]:
-    """The lines of ``data`` as ``read`` numbers them: ended by ``\n`` only, without it or a ``\r`` before it
-    (by ``\r`` in a file without ``\n``: :func:`ends_lines_with_cr`).
+    """The lines of ``data`` as ``read`` numbers and shows them: ended by ``\n`` only, without it or the ``\r``
+    before it (every one: ``\r\r\n`` is one break to read and ``edit`` too), or by ``\r`` in a file without
+    ``\n`` (:func:`ends_lines_with_cr`).
 
     Not :meth:`str.splitlines`, which also ends a line at a form feed, a lone ``\r``, U+2028 and
     others: the numbers it gives would not be the ones read shows.
@@ -247,7 +248,7 @@ def _lines(data: bytes) -> list[str]:
     lines = data.decode("utf-8", errors="replace").split(end)
     if lines[-1] == "":
         lines.pop()  # the break that ends the last line starts no line of its own
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return [line.rstrip("\r") for line in lines]
 
 
 def search(request: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:

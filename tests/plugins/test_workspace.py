@@ -1098,6 +1098,20 @@ async def test_search_numbers_lines_as_read_does(boot: Any, tmp_path: Path) -> N
         assert blank.value["matches"] == []
 
 
+async def test_search_shows_a_line_ending_in_several_crs_as_read_does(boot: Any, tmp_path: Path) -> None:
+    """A line ending "\\r\\r\\n" (CRLF converted twice) is "foo" to read and edit, whose line break is the LF
+    and every CR before it: search matched "foo$" nowhere, and showed the line with a CR left on."""
+    (tmp_path / "f.txt").write_bytes(b"foo\r\r\nbar\r\r\r\n")
+    async with boot(ws(tmp_path)) as h:
+        read = await h.call("read", {"path": "f.txt"})
+        assert read.value["content"] == "     1\tfoo\n     2\tbar"
+        found = await h.call("search", {"pattern": "(foo|bar)$"})
+        assert found.value["matches"] == [
+            {"path": "f.txt", "line": 1, "text": "foo"},
+            {"path": "f.txt", "line": 2, "text": "bar"},
+        ], found.value
+
+
 async def test_an_edit_treats_overlapping_occurrences_as_several(boot: Any, tmp_path: Path) -> None:
     """'aa' occurs twice in 'aaa' (at 0 and 1): taking the first as the unique match edits by chance."""
     (tmp_path / "f.txt").write_text("x = aaa\n")
