@@ -15,7 +15,7 @@ never touched). ``read``, ``list`` and
 ``search`` are read-only (annotated so, and run unasked by the ``read-only`` approval preset), so they sweep
 nothing: ``list`` and ``search`` leave every file so named out by name (see
 :data:`~dsh_plugins._search_worker.TEMPORARY`), and ``read`` or ``search`` of a path naming one reads it
-as any file.
+as any file; ``write`` and ``edit`` refuse to make or change a file so named, which would be hidden, then swept.
 
 With a ``guards`` row that has path rules (``deny_paths``, ``allowed_roots``),
 ``list`` and ``search`` also withhold what they reach that the path guard would
@@ -306,6 +306,18 @@ def _refuse_hard_link(info: os.stat_result, given: str) -> None:
             "(writing through it instead would change a file that may lie outside the workspace); "
             "nothing was changed: to change every name, change it in place with bash; to give "
             f"{given!r} content of its own, remove it with bash first, then write it"
+        )
+
+
+def _refuse_temporary_name(real: str, given: str, verb: str) -> None:
+    """Refuse to write or edit a file named as a writer's temporary file (:data:`_TEMPORARY`), ``real`` being
+    where ``given`` leads: list and search leave such a file out, and a sweep removes it once it is a minute
+    old and unlocked (:func:`_sweep`), so the model's file would be hidden, then lost."""
+    if _TEMPORARY.fullmatch(os.path.basename(real)):
+        raise ToolError(
+            f"{verb} refused: {given!r} is named as write and edit name their temporary files "
+            "(.dsh-<12 hex>.tmp), which list and search leave out and a later write removes; "
+            "nothing was changed: choose another name"
         )
 
 
@@ -1221,6 +1233,7 @@ class WorkspaceTools:
         if given.endswith(("/", "/.", "/..")):
             raise ToolError(f"{given!r} names a directory; give a file path")
         real = self.workspace.resolve(given)
+        _refuse_temporary_name(real, given, "write")
         self._refuse_protected(real, given, "write")
         if real == self.workspace.root or os.path.isdir(real):
             raise ToolError(f"{given!r} is a directory; give a file path")
@@ -1473,6 +1486,7 @@ class WorkspaceTools:
             raise ToolError("old_string and new_string are identical; nothing would change")
         _utf8(new, "new_string")
         real = self.workspace.resolve(given)
+        _refuse_temporary_name(real, given, "edit")
         self._refuse_protected(real, given, "edit")
         info, text = self._read_text(real, given)
         # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file: in a file

@@ -2061,6 +2061,23 @@ def _hold_lock(path: Path) -> Any:
     return child
 
 
+async def test_write_and_edit_refuse_the_name_of_a_writers_temporary_file(boot: Any, tmp_path: Path) -> None:
+    """A file named ``.dsh-<12 hex>.tmp`` is taken for a writer's temporary file: list and search leave it
+    out, and a sweep removes it once it is a minute old and unlocked. Written by the model, it was reported
+    created, then hidden, then lost; write and edit refuse the name, saying why, and change nothing."""
+    (tmp_path / ".dsh-fedcba987654.tmp").write_text("a\n")  # made by another program: edit refuses it too
+    async with boot(ws(tmp_path)) as h:
+        written = await h.call("write", {"path": "sub/.dsh-0123456789ab.tmp", "content": "precious\n"})
+        edited = await h.call("edit", {"path": ".dsh-fedcba987654.tmp", "old_string": "a", "new_string": "b"})
+        readable = await h.call("read", {"path": ".dsh-fedcba987654.tmp"})  # read-only tools still read it
+    for result, name in [(written, "sub/.dsh-0123456789ab.tmp"), (edited, ".dsh-fedcba987654.tmp")]:
+        assert result.code == "TOOL_FAILED", result
+        assert f"{name!r}" in result.text and "temporary files" in result.text, result.text
+    assert not (tmp_path / "sub").exists()
+    assert (tmp_path / ".dsh-fedcba987654.tmp").read_text() == "a\n"
+    assert readable.value["content"] == "     1\ta"
+
+
 async def test_temporary_files_of_dead_writers_are_swept_and_live_ones_never(boot: Any, tmp_path: Path) -> None:
     """A writer killed between creating its temporary file and renaming it (a crash, a SIGKILL, an OOM kill)
     left ``.dsh-<12 hex>.tmp`` behind for good, shown by list and searched by search. The root is swept at
