@@ -1488,6 +1488,36 @@ class WorkspaceTools:
         real = self.workspace.resolve(given)
         _refuse_temporary_name(real, given, "edit")
         self._refuse_protected(real, given, "edit")
+        # In a thread: reading up to max_file_bytes and mapping the lines of a CRLF file (a Python step per break)
+        # takes seconds for a large file (about 3 s for 10 MiB of short lines), which the event loop would wait.
+        info, text, data, replacements = await _in_thread(
+            ctx, lambda _stop: self._edited(real, given, old, new, replace_all)
+        )
+        ctx.signal.raise_if_aborted()
+        original = text.encode("utf-8")
+        parent = self._open_parent(real, given)
+        try:
+            await _in_thread(
+                ctx,
+                lambda _stop: self._replace(  # in a thread, as write's (see there)
+                    parent,
+                    real,
+                    given,
+                    data,
+                    info,
+                    before_rename=lambda: self._check_unchanged(real, given, info, original),
+                ),
+            )
+        finally:
+            os.close(parent)
+        return {"path": self.workspace.relative(real), "replacements": replacements}
+
+    def _edited(
+        self, real: str, given: str, old: str, new: str, replace_all: bool
+    ) -> tuple[os.stat_result, str, bytes, int]:
+        """The file ``real``'s stat and text as read, its edited content and the number of replacements; the
+        edit's refusals (not found, not unique, no change, too large) as :class:`ToolError`. Blocking on the
+        file and linear in its size: run it in a thread (:func:`_in_thread`)."""
         info, text = self._read_text(real, given)
         # Lines copied from read end in LF alone, whatever ending (CRLF, LF) each has in the file: in a file
         # holding a CR, old_string is found in the text as read shows it, its own CRs before an LF left out too.
@@ -1541,24 +1571,7 @@ class WorkspaceTools:
                 f"the edited file would be {_format_size(len(data))}, larger than the "
                 f"{_format_size(self.max_file_bytes)} limit"
             )
-        ctx.signal.raise_if_aborted()
-        original = text.encode("utf-8")
-        parent = self._open_parent(real, given)
-        try:
-            await _in_thread(
-                ctx,
-                lambda _stop: self._replace(  # in a thread, as write's (see there)
-                    parent,
-                    real,
-                    given,
-                    data,
-                    info,
-                    before_rename=lambda: self._check_unchanged(real, given, info, original),
-                ),
-            )
-        finally:
-            os.close(parent)
-        return {"path": self.workspace.relative(real), "replacements": count if replace_all else 1}
+        return info, text, data, count if replace_all else 1
 
     def _check_unchanged(self, real: str, given: str, info: os.stat_result, original: bytes) -> None:
         """Refuse to replace a file that another program changed since the edit read it.

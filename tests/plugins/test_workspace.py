@@ -2520,6 +2520,38 @@ async def test_write_and_edit_sync_the_file_before_the_rename_and_its_directory_
     assert (tmp_path / "sub" / "a.txt").read_text() == "beta\n"
 
 
+async def test_edit_reads_and_changes_the_text_off_the_event_loop(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a file of up to max_file_bytes and mapping its lines (a CRLF file: each break, a Python step)
+    takes seconds for a large one, about 3 s for 10 MiB of short CRLF lines: on the event loop, every other
+    call (an abort, another agent's tool) would wait that long."""
+    import threading
+
+    from dsh_plugins import workspace
+
+    loop_thread = threading.get_ident()
+    on_loop: list[tuple[str, bool]] = []
+    read_text, line_view = workspace.WorkspaceTools._read_text, workspace._LineView
+
+    def recording_read_text(self: Any, real: str, given: str) -> Any:
+        on_loop.append(("read", threading.get_ident() == loop_thread))
+        return read_text(self, real, given)
+
+    def recording_line_view(text: str) -> Any:
+        on_loop.append(("lines", threading.get_ident() == loop_thread))
+        return line_view(text)
+
+    monkeypatch.setattr(workspace.WorkspaceTools, "_read_text", recording_read_text)
+    monkeypatch.setattr(workspace, "_LineView", recording_line_view)
+    (tmp_path / "win.txt").write_bytes(b"one\r\ntwo\r\n")
+    async with boot(ws(tmp_path)) as h:
+        edited = await h.call("edit", {"path": "win.txt", "old_string": "one\ntwo", "new_string": "1\n2"})
+    assert edited.error is None, edited.text
+    assert (tmp_path / "win.txt").read_bytes() == b"1\r\n2\r\n"
+    assert on_loop == [("read", False), ("lines", False)]
+
+
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOTSUP], ids=["EINVAL", "ENOTSUP"])
 async def test_a_directory_that_cannot_be_synced_is_no_failure(
     boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
