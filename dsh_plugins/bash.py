@@ -156,10 +156,12 @@ def build_environment(source: dict[str, str], allowlist: list[str], fixed: dict[
 
 
 class _Output:
-    """Keeps the first and last ``cap / 2`` bytes of a stream and counts what it dropped."""
+    """Keeps the first ``cap // 2`` and the last ``cap - cap // 2`` bytes of a stream and counts what it dropped."""
 
     def __init__(self, cap: int) -> None:
         self.half = cap // 2
+        # The tail takes the odd byte of an odd cap: all ``cap`` bytes are kept, as the config promises.
+        self.tail_cap = cap - self.half
         self.head = bytearray()
         self.tail = bytearray()
         self.dropped = 0
@@ -172,7 +174,7 @@ class _Output:
         if not chunk:
             return
         self.tail += chunk
-        excess = len(self.tail) - self.half
+        excess = len(self.tail) - self.tail_cap
         if excess > 0:
             del self.tail[:excess]
             self.dropped += excess

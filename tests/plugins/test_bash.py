@@ -306,6 +306,20 @@ async def test_the_output_cap_never_splits_a_utf8_character(boot: Any, tmp_path:
     assert omitted == len(odd.encode()) - len(head.encode()) - len(tail.encode())
 
 
+async def test_an_odd_output_cap_keeps_every_byte_it_allows(boot: Any, tmp_path: Path) -> None:
+    """``max_output_bytes`` is the number of bytes kept, odd or even: an output of exactly that many comes
+    back whole, and one byte more leaves out one byte (the tail holds the odd one)."""
+    async with boot(bash(tmp_path, max_output_bytes=257)) as h:
+        exact = await h.call("bash", {"command": "printf 'y%.0s' $(seq 257)"})
+        over = await h.call("bash", {"command": "printf 'y%.0s' $(seq 258)"})
+    assert exact.value == {"exit_code": 0, "output": "y" * 257, "truncated": False}
+    assert over.value == {
+        "exit_code": 0,
+        "output": "y" * 128 + "\n[... 1 byte left out ...]\n" + "y" * 129,
+        "truncated": True,
+    }
+
+
 async def test_abort_kills_the_process_group_promptly(boot: Any, tmp_path: Path) -> None:
     """Aborting the call's signal ends it as ABORTED and kills what the command started."""
     async with boot(bash(tmp_path)) as h:
