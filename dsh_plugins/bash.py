@@ -325,6 +325,11 @@ class BashTool:
         except OSError as error:
             if group is not None and self.cgroups is not None:
                 self.cgroups.discard(group)
+            if error.filename == self.root:  # the chdir failed, not the exec: the shell is not the one missing
+                raise ToolError(
+                    f"could not start {self.shell}: the workspace root {self.root} cannot be its working "
+                    f"directory: {error.strerror}"
+                ) from None
             raise ToolError(f"could not start {self.shell}: {error.strerror}") from None
         except BaseException:
             if group is not None and self.cgroups is not None:

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -986,6 +987,28 @@ async def test_a_shell_that_cannot_start_is_refused_as_without_a_cgroup(
     assert texts == {
         name: ("TOOL_FAILED", f"Error: could not start {tmp_path / name}: {error}") for name, error in expected.items()
     }
+    assert our_groups() == []
+
+
+@pytest.mark.parametrize("version", backends())
+async def test_a_workspace_root_gone_since_the_load_is_named_as_the_cause(
+    boot: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int | None
+) -> None:
+    """A root removed (or replaced by a file) after the load fails the call naming the root, not the shell:
+    the shell is there, and "could not start /usr/bin/bash: No such file or directory" sent the reader
+    looking for it."""
+    only(monkeypatch, version)
+    root = tmp_path / "workspace"
+    root.mkdir()
+    async with boot(bash(root)) as h:
+        shell = shutil.which("bash")  # the shell the plugin found on PATH
+        root.rmdir()
+        gone = await h.call("bash", {"command": "echo ran"})
+        root.write_text("")
+        a_file = await h.call("bash", {"command": "echo ran"})
+    cause = f"Error: could not start {shell}: the workspace root {root.resolve()} cannot be its working directory"
+    for result, error in ((gone, "No such file or directory"), (a_file, "Not a directory")):
+        assert (result.code, result.text) == ("TOOL_FAILED", f"{cause}: {error}")
     assert our_groups() == []
 
 
