@@ -238,6 +238,12 @@ class BashTool:
             )
         self.allowlist = allowlist
         self.fixed_env: dict[str, str] = dict(config.get("env", {}))
+        # What no environment can hold fails the spawn of every call with a bare ValueError: refused here, named.
+        for name, value in self.fixed_env.items():
+            if "=" in name or "\0" in name:
+                raise ToolError(f"bash: env variable {name!r}: a name cannot hold '=' or a NUL")
+            if "\0" in value:
+                raise ToolError(f"bash: env variable {name!r}: a value cannot hold a NUL")
         # Probed once per instance (and stale groups swept once per process): None where no
         # hierarchy is writable, and every command then goes without a group, as before cgroups.
         self.cgroups = CommandCgroups.probe(CGROUP_PREFIX)

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -84,6 +85,19 @@ async def test_credentials_are_never_passed_through(boot: Any, tmp_path: Path, m
     with pytest.raises(PluginLoadError, match="env_allowlist names credential-like variables"):
         async with boot(bash(tmp_path, env_allowlist=["PATH", "GITHUB_TOKEN"])):
             pass
+
+
+async def test_an_env_entry_no_environment_can_hold_is_refused_at_load(boot: Any, tmp_path: Path) -> None:
+    """A name with ``=`` or a NUL, or a value with a NUL, cannot be put in an environment: the load says so,
+    naming the variable, rather than every call failing with a bare ``ValueError``."""
+    for env, what in (
+        ({"A=B": "x"}, "'A=B': a name cannot hold '=' or a NUL"),
+        ({"A\0B": "x"}, "'A\\x00B': a name cannot hold '=' or a NUL"),
+        ({"OK": "1", "A": "x\0y"}, "'A': a value cannot hold a NUL"),
+    ):
+        with pytest.raises(PluginLoadError, match=re.escape(f"bash: env variable {what}")):
+            async with boot(bash(tmp_path, env=env)):
+                pass
 
 
 def test_credential_names_and_environment_building() -> None:
