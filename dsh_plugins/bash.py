@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -335,6 +336,13 @@ class BashTool:
                 raise ToolError(
                     f"could not start {self.shell}: the workspace root {self.root} cannot be its working "
                     f"directory: {error.strerror}"
+                ) from None
+            if error.errno == errno.E2BIG:  # the exec's own words name no culprit: the command is the long one
+                size = len(os.fsencode(args["command"]))
+                raise ToolError(
+                    f"could not start {self.shell}: {error.strerror} (the command, {size:,} bytes, is one argument "
+                    "of the shell, and the system bounds its length: write a long script to a file in the "
+                    "workspace and run that)"
                 ) from None
             raise ToolError(f"could not start {self.shell}: {error.strerror}") from None
         except BaseException:

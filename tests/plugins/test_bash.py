@@ -1026,6 +1026,20 @@ async def test_a_workspace_root_gone_since_the_load_is_named_as_the_cause(
     assert our_groups() == []
 
 
+async def test_a_command_too_long_for_one_argument_is_refused_naming_its_length(boot: Any, tmp_path: Path) -> None:
+    """The command is one argument of the shell, which the kernel bounds (128 KiB on Linux): past that the
+    exec's "Argument list too long" says what was too long and what to do instead."""
+    command = "x=" + "x" * 140_000 + "; echo ${#x}"
+    async with boot(bash(tmp_path)) as h:
+        result = await h.call("bash", {"command": command})
+    assert result.code == "TOOL_FAILED"
+    assert result.text == (
+        f"Error: could not start {shutil.which('bash')}: Argument list too long (the command, 140,014 bytes, is "
+        "one argument of the shell, and the system bounds its length: write a long script to a file in the "
+        "workspace and run that)"
+    )
+
+
 class _Exited:
     """A subprocess transport whose shell ``pid`` exited with 0."""
 
