@@ -554,6 +554,89 @@ def test_cancelling_a_call_kills_and_reaps_the_worker(tmp_path: Path, monkeypatc
     assert reaped and elapsed < 60  # not the hour of timeout_s
 
 
+def _held_workers(monkeypatch: pytest.MonkeyPatch, hold_s: float) -> dict[str, int]:
+    """Hold each worker ``hold_s`` before it gets its request; counts the workers alive at once (``most``)."""
+    from dsh_sqlite_query import SqliteQuery
+
+    original_spawn, original_exchange, original_reap = SqliteQuery._spawn, SqliteQuery._exchange, SqliteQuery._reap
+    counts = {"alive": 0, "most": 0}
+
+    async def spawn(self: SqliteQuery) -> asyncio.subprocess.Process:
+        process = await original_spawn(self)
+        counts["alive"] += 1
+        counts["most"] = max(counts["most"], counts["alive"])
+        return process
+
+    async def exchange(self: SqliteQuery, process: asyncio.subprocess.Process, request: dict[str, Any]) -> bytes:
+        await asyncio.sleep(hold_s)
+        return await original_exchange(self, process, request)
+
+    async def reap(process: asyncio.subprocess.Process, exchange: asyncio.Future[bytes]) -> None:
+        try:
+            await original_reap(process, exchange)
+        finally:
+            counts["alive"] -= 1
+
+    monkeypatch.setattr(SqliteQuery, "_spawn", spawn)
+    monkeypatch.setattr(SqliteQuery, "_exchange", exchange)
+    monkeypatch.setattr(SqliteQuery, "_reap", staticmethod(reap))
+    return counts
+
+
+def test_max_concurrent_bounds_the_workers_alive_at_once_and_the_rest_wait_their_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every call starts a Python process that may use memory_mb: a model's batch of parallel calls, or a
+    # Code Mode program gathering them, started one process per call all at once, with no bound at all.
+    counts = _held_workers(monkeypatch, 0.3)
+
+    async def scenario(harness: Harness) -> list[ToolResult]:
+        calls = (harness.call("sql_query", {"sql": "SELECT ? AS i", "params": [i]}) for i in range(6))
+        return list(await asyncio.gather(*calls))
+
+    results = run(make_db(tmp_path / "app.db"), scenario, max_concurrent=2)
+    assert [r.value["rows"] for r in results] == [[[i]] for i in range(6)]
+    assert counts == {"alive": 0, "most": 2}
+
+
+def test_a_query_waiting_for_its_turn_is_aborted_at_once_and_times_out_within_timeout_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts = _held_workers(monkeypatch, 3600)  # the holder never finishes on its own
+
+    async def scenario(harness: Harness) -> tuple[ToolResult, float, ToolResult, float]:
+        holder = asyncio.ensure_future(harness.call("sql_query", {"sql": "SELECT 1"}))
+        while not counts["alive"]:  # the holder has its turn and its worker
+            await asyncio.sleep(0.01)
+        controller = AbortController()
+        asyncio.get_running_loop().call_later(0.2, controller.abort, "stop")
+        begun = time.monotonic()
+        aborted = await harness.call("sql_query", {"sql": "SELECT 2"}, signal=controller.signal)
+        aborted_after = time.monotonic() - begun
+        begun = time.monotonic()
+        waited = await harness.call("sql_query", {"sql": "SELECT 3"})
+        waited_after = time.monotonic() - begun
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        return aborted, aborted_after, waited, waited_after
+
+    aborted, aborted_after, waited, waited_after = run(
+        make_db(tmp_path / "app.db"), scenario, max_concurrent=1, timeout_s=1
+    )
+    assert aborted.code == "ABORTED" and aborted_after < 20
+    assert waited.code == "TOOL_FAILED" and waited_after < 20  # not the holder's hour
+    assert (
+        "the query could not start within 1 s: max_concurrent (1) queries were running; try again later" in waited.text
+    )
+    assert counts == {"alive": 0, "most": 1}
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "4"])
+def test_max_concurrent_must_be_a_positive_integer(tmp_path: Path, value: Any) -> None:
+    with pytest.raises(Exception, match=r"config\.max_concurrent: (?!unknown key)"):
+        query(make_db(tmp_path / "app.db"), "SELECT 1", max_concurrent=value)
+
+
 def _spawning(monkeypatch: pytest.MonkeyPatch, code: str) -> list[asyncio.subprocess.Process]:
     """Make the plugin start ``python -c code`` instead of its worker; the list collects the processes."""
     from dsh_sqlite_query import SqliteQuery

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,12 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "description": "memory a query's worker process may use beyond its start (Linux); "
             "one value may take an eighth of it",
         },
+        "max_concurrent": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 4,
+            "description": "most queries (worker processes) running at once; more wait their turn, at most timeout_s",
+        },
     },
 }
 
@@ -85,6 +92,11 @@ class SqliteQuery:
         self.max_bytes: int = config.get("max_bytes", 1 << 20)
         self.timeout_s: float = config.get("timeout_s", 10)
         self.memory_mb: int = config.get("memory_mb", 64)
+        self.max_concurrent: int = config.get("max_concurrent", 4)
+        # One per event loop: a semaphore is bound to the loop it first waits on.
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @hookimpl
     def dsh_register_tools(self, register: Any) -> None:
@@ -200,6 +212,41 @@ class SqliteQuery:
             "timeout_s": self.timeout_s,
             "memory_mb": self.memory_mb,
         }
+        # Each query is a process that may use memory_mb: a batch of parallel calls (or a Code Mode
+        # program gathering a thousand) must not start one per call all at once.
+        slots = await self._turn(ctx)
+        try:
+            return await self._run(request, ctx)
+        finally:
+            slots.release()
+
+    async def _turn(self, ctx: ToolContext) -> asyncio.Semaphore:
+        """Wait for one of the ``max_concurrent`` turns, at most ``timeout_s``; an abort ends the wait at once.
+
+        The semaphore is returned acquired: the caller releases it once its worker is reaped (or, the call
+        cancelled, is being reaped: killed at once).
+        """
+        slots = self._slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.max_concurrent))
+        turn = asyncio.ensure_future(slots.acquire())
+        granted = False
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                granted = await ctx.signal.until(turn)
+        except TimeoutError:
+            raise ToolError(
+                f"the query could not start within {self.timeout_s:g} s: max_concurrent ({self.max_concurrent}) "
+                "queries were running; try again later"
+            ) from None
+        finally:
+            # Not taken (aborted, timed out, cancelled): a turn granted in the meantime is given back.
+            if not granted and not turn.cancel() and not turn.cancelled():
+                slots.release()
+        if not granted:
+            raise AbortedError(ctx.signal.reason)
+        return slots
+
+    async def _run(self, request: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run ``request`` in a worker process, killed on abort, cancellation or a stuck query."""
         process = await self._spawn()
         timed_out = False
 
