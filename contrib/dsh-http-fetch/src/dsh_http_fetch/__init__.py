@@ -145,13 +145,15 @@ class _TextExtractor(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
-        self.title: str | None = None
+        # The title's pieces (markup inside <title> splits its text), joined once: appending each to the whole
+        # title so far copies it every time, quadratic in a title of many pieces.
+        self.title_parts: list[str] = []
         self._skip = 0
         self._pre = 0  # inside <pre>: line breaks and indentation are the text's
         self._in_title = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "title" and not self._skip and self.title is None and not self._in_title:
+        if tag == "title" and not self._skip and not self.title_parts and not self._in_title:
             self._in_title = True
         elif tag in _SKIPPED or tag == "title":
             # Any other <title> (an inline SVG icon's, a stray second one) is not the page's, nor shown.
@@ -173,7 +175,7 @@ class _TextExtractor(HTMLParser):
 
     def handle_data(self, data: str) -> None:
         if self._in_title:
-            self.title = (self.title or "") + data
+            self.title_parts.append(data)
         elif self._skip:
             pass
         elif self._pre:
@@ -201,7 +203,8 @@ def html_to_text(html: str) -> tuple[str | None, str]:
         re.sub(r"\s+", " ", line).strip().translate(_PRE_RESTORE).rstrip() for line in "".join(parser.parts).split("\n")
     )
     text = "\n".join(line for line in lines if line)
-    title = re.sub(r"\s+", " ", parser.title).strip() if parser.title else None
+    raw_title = "".join(parser.title_parts)
+    title = re.sub(r"\s+", " ", raw_title).strip() if raw_title else None
     return title, text
 
 
